@@ -1,0 +1,138 @@
+// pybind11 bindings of the CPU codec: argument checks and GIL release only; the work is in
+// cpu_codec.cpp.  Failures raise ValueError with one-line messages the Python layer turns
+// into unweight.FormatError.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <stdexcept>
+
+#include "cpu_codec.h"
+#include "decode_primitives.h"
+
+namespace py = pybind11;
+using namespace unweight;
+
+namespace {
+template <class T>
+using arr = py::array_t<T, py::array::c_style>;
+
+template <class T>
+const T* cptr(const arr<T>& a) { return a.data(); }
+template <class T>
+T* mptr(arr<T>& a) { return a.mutable_data(); }
+
+void need(bool ok, const char* what) {
+  if (!ok) throw py::value_error(what);
+}
+
+Grid make_grid(int64_t rows, int64_t cols, int64_t R, int64_t C) {
+  need(rows > 0 && cols > 0 && R > 0 && C > 0, "grid dimensions must be positive");
+  return Grid{rows, cols, R, C};
+}
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "unweight C++ CPU codec (format v1)";
+  m.attr("VERSION_MAJOR") = VERSION_MAJOR;
+  m.attr("HUFF_MAX_CODE_LEN") = HUFF_MAX_CODE_LEN;
+  m.attr("HUFF_NUM_CTX") = HUFF_NUM_CTX;
+  m.attr("PAL_BLOCK") = PAL_BLOCK;
+
+  m.def("crc32", [](arr<uint8_t> data, int threads) {
+    const int64_t n = data.size();
+    py::gil_scoped_release nogil;
+    return crc32_parallel(cptr(data), n, threads);
+  }, py::arg("data"), py::arg("threads") = 1);
+
+  m.def("split_histogram", [](arr<uint16_t> w, arr<uint8_t> sm, arr<int64_t> hist, int threads) {
+    need(sm.size() == w.size(), "sm plane size mismatch");
+    need(hist.size() == HUFF_NUM_CTX * 256, "hist must have HUFF_NUM_CTX*256 entries");
+    const int64_t n = w.size();
+    py::gil_scoped_release nogil;
+    return split_histogram(cptr(w), n, mptr(sm), mptr(hist), threads);
+  }, py::arg("w"), py::arg("sm"), py::arg("hist"), py::arg("threads") = 1);
+
+  m.def("huffman_segment_bits", [](arr<uint16_t> w, int64_t R, int64_t C, arr<uint8_t> lens,
+                                   arr<uint64_t> bits, int threads) {
+    need(w.ndim() == 2, "w must be 2-D");
+    Grid g = make_grid(w.shape(0), w.shape(1), R, C);
+    need(lens.size() == HUFF_NUM_CTX * 256, "lens must have HUFF_NUM_CTX*256 entries");
+    need(bits.size() == g.n_groups() * g.n_chunks(), "bits has the wrong size");
+    py::gil_scoped_release nogil;
+    huffman_segment_bits(cptr(w), g, cptr(lens), mptr(bits), threads);
+  });
+
+  m.def("huffman_encode", [](arr<uint16_t> w, int64_t R, int64_t C, arr<uint8_t> lens,
+                             arr<uint16_t> codes, arr<uint32_t> off, arr<uint8_t> stream,
+                             int threads) {
+    need(w.ndim() == 2, "w must be 2-D");
+    Grid g = make_grid(w.shape(0), w.shape(1), R, C);
+    const int64_t nseg = g.n_groups() * g.n_chunks();
+    need(off.size() == nseg + 1, "off has the wrong size");
+    need(static_cast<int64_t>(cptr(off)[nseg]) <= stream.size(), "stream too small");
+    py::gil_scoped_release nogil;
+    huffman_encode(cptr(w), g, cptr(lens), cptr(codes), cptr(off), mptr(stream), threads);
+  });
+
+  m.def("huffman_decode", [](arr<uint8_t> stream, arr<uint32_t> off, int64_t rows, int64_t cols,
+                             int64_t R, int64_t C, arr<uint8_t> table, int exp_lo, int exp_hi,
+                             int64_t g0, int64_t g1, int64_t c0, int64_t c1, arr<uint8_t> sm,
+                             arr<uint16_t> out, int threads) {
+    Grid g = make_grid(rows, cols, R, C);
+    const int64_t nseg = g.n_groups() * g.n_chunks();
+    need(off.size() == nseg + 1, "offset table has the wrong number of entries");
+    need(0 <= exp_lo && exp_lo <= exp_hi && exp_hi <= 255, "bad exponent range");
+    need(table.size() == HUFF_NUM_CTX * (exp_hi - exp_lo + 1), "code table has the wrong size");
+    need(0 <= g0 && g0 < g1 && g1 <= g.n_groups() && 0 <= c0 && c0 < c1 && c1 <= g.n_chunks(),
+         "segment range out of bounds");
+    const int64_t r_first = g0 * R, r_last = std::min(rows, g1 * R);
+    const int64_t k_first = c0 * C, k_last = std::min(cols, c1 * C);
+    need(sm.ndim() == 2 && out.ndim() == 2, "sm and out must be 2-D");
+    need(sm.shape(0) == r_last - r_first && out.shape(0) == r_last - r_first, "row count mismatch");
+    need(sm.shape(1) == k_last - k_first && out.shape(1) == k_last - k_first, "column count mismatch");
+    std::string err;
+    {
+      py::gil_scoped_release nogil;
+      err = huffman_decode(cptr(stream), stream.size(), cptr(off), g, cptr(table), exp_lo, exp_hi,
+                           g0, g1, c0, c1, cptr(sm), sm.shape(1), mptr(out), out.shape(1), threads);
+    }
+    if (!err.empty()) throw py::value_error(err);
+  });
+
+  m.def("palette_encode", [](arr<uint16_t> w, arr<int16_t> map, arr<uint8_t> idx, int threads) {
+    need(w.ndim() == 2, "w must be 2-D");
+    need(map.size() == 256, "map must have 256 entries");
+    const int64_t rows = w.shape(0), cols = w.shape(1);
+    need(idx.size() == rows * ((cols + 1) / 2), "idx has the wrong size");
+    std::vector<uint32_t> vpos;
+    std::vector<uint8_t> vexp;
+    {
+      py::gil_scoped_release nogil;
+      palette_encode(cptr(w), rows, cols, cptr(map), mptr(idx), &vpos, &vexp, threads);
+    }
+    arr<uint32_t> pos(static_cast<py::ssize_t>(vpos.size()));
+    std::copy(vpos.begin(), vpos.end(), pos.mutable_data());
+    arr<uint8_t> ex({static_cast<py::ssize_t>(vpos.size()), static_cast<py::ssize_t>(PAL_BLOCK)});
+    std::copy(vexp.begin(), vexp.end(), ex.mutable_data());
+    return py::make_tuple(pos, ex);
+  });
+
+  m.def("palette_decode", [](arr<uint8_t> sm, arr<uint8_t> idx, int64_t rows_total, int64_t cols,
+                             int64_t r0, int64_t r1, arr<uint8_t> palette, arr<uint32_t> vpos,
+                             arr<uint8_t> vexp, arr<uint16_t> out, int threads) {
+    need(0 <= r0 && r0 < r1 && r1 <= rows_total, "row range out of bounds");
+    const int64_t n = r1 - r0;
+    need(sm.size() == n * cols && out.size() == n * cols, "sm/out size mismatch");
+    need(idx.size() == n * ((cols + 1) / 2), "idx size mismatch");
+    need(palette.size() >= 1 && palette.size() <= 16, "palette must have 1..16 entries");
+    need(vexp.size() == vpos.size() * PAL_BLOCK, "verbatim exponent plane size mismatch");
+    std::string err;
+    {
+      py::gil_scoped_release nogil;
+      err = palette_decode(cptr(sm), cptr(idx), rows_total, cols, r0, r1, cptr(palette),
+                           static_cast<int>(palette.size()), cptr(vpos), vpos.size(), cptr(vexp),
+                           mptr(out), threads);
+    }
+    if (!err.empty()) throw py::value_error(err);
+  });
+}

@@ -1,0 +1,164 @@
+// Decode primitives of unweight format v1, shared by the C++ CPU codec (cpu_codec.cpp) and
+// the CUDA kernels (cuda/*.cu).  Everything here is header-only, branch-light and free of
+// host-only calls so that one definition of "what the bits mean" serves both sides; the
+// pure-NumPy reference decoder (unweight/codec/reference.py) is written independently from
+// docs/FORMAT.md, and all three are tested against the same golden files.
+#pragma once
+#include <cstdint>
+
+#include "unweight_constants.h"
+
+#if defined(__CUDACC__)
+#define UW_HD __host__ __device__ __forceinline__
+#else
+#define UW_HD inline
+#endif
+
+namespace unweight {
+
+// ---------------------------------------------------------------------------------------
+// BF16 <-> planes.  A BF16 word is [15] sign, [14:7] exponent, [6:0] mantissa.  The
+// sign+mantissa byte keeps the sign in bit 7 so that "sm & 0x80" and "sm & 0x7f" are the two
+// halves that go back around the exponent with one shift each.
+// ---------------------------------------------------------------------------------------
+UW_HD uint8_t sm_of(uint16_t w) { return static_cast<uint8_t>(((w >> 8) & 0x80u) | (w & 0x7Fu)); }
+UW_HD uint8_t exp_of(uint16_t w) { return static_cast<uint8_t>((w >> 7) & 0xFFu); }
+UW_HD uint16_t bf16_from_parts(uint8_t sm, uint32_t e) {
+  return static_cast<uint16_t>(((sm & 0x80u) << 8) | ((e & 0xFFu) << 7) | (sm & 0x7Fu));
+}
+// Huffman context of a weight: its top two mantissa bits.  Conditioning the exponent code on
+// them recovers the exponent/mantissa mutual information (~0.04 bit/weight on trained
+// weights) while the sign+mantissa plane stays a dense byte per weight.
+UW_HD uint32_t ctx_of(uint8_t sm) { return (sm >> HUFF_CTX_SHIFT) & (HUFF_NUM_CTX - 1); }
+
+// ---------------------------------------------------------------------------------------
+// Huffman decode table.  One flat table per context, indexed by the next HUFF_MAX_CODE_LEN
+// bits of the stream (MSB first).  Entry layout: [15:4] symbol (exponent), [3:0] code length;
+// an entry of 0 marks code space no symbol owns (only a one-symbol context has any).
+// ---------------------------------------------------------------------------------------
+constexpr uint32_t LUT_SIZE = 1u << HUFF_MAX_CODE_LEN;
+UW_HD uint32_t lut_len(uint16_t entry) { return entry & 0xFu; }
+UW_HD uint32_t lut_sym(uint16_t entry) { return entry >> 4; }
+
+// Canonical code assignment (FORMAT.md "Canonical code"): symbols sorted by (length, value);
+// the first gets all-zero bits, each next one is previous + 1, shifted left when the length
+// grows.  Fills `lut` (LUT_SIZE entries) for one context from its code lengths
+// `lengths[0..n)` of symbols lo..lo+n-1.  Returns false when the lengths do not form a valid
+// code: a length above the limit, an over-full code (Kraft sum > 1), or an incomplete code
+// with more than one symbol.  `codes`, if given, receives each symbol's code (for encoders).
+UW_HD bool build_lut(const uint8_t* lengths, int n, int lo, uint16_t* lut, uint16_t* codes) {
+  for (uint32_t i = 0; i < LUT_SIZE; ++i) lut[i] = 0;
+  uint32_t count[HUFF_MAX_CODE_LEN + 1];
+  for (int l = 0; l <= HUFF_MAX_CODE_LEN; ++l) count[l] = 0;
+  int used = 0;
+  for (int i = 0; i < n; ++i) {
+    if (lengths[i] > HUFF_MAX_CODE_LEN) return false;
+    if (lengths[i]) { ++count[lengths[i]]; ++used; }
+  }
+  if (used == 0) return true;  // context never occurs in this tensor
+  // Kraft sum in units of 2^-MAX.
+  uint32_t kraft = 0;
+  for (int l = 1; l <= HUFF_MAX_CODE_LEN; ++l) kraft += count[l] << (HUFF_MAX_CODE_LEN - l);
+  if (kraft > LUT_SIZE) return false;
+  if (used > 1 && kraft != LUT_SIZE) return false;
+  if (used == 1) {
+    // A lone symbol gets the one-bit code "0" whatever length was stored; FORMAT.md requires 1.
+    for (int i = 0; i < n; ++i)
+      if (lengths[i] && lengths[i] != 1) return false;
+  }
+  uint32_t next[HUFF_MAX_CODE_LEN + 2];
+  uint32_t code = 0;
+  count[0] = 0;
+  for (int l = 1; l <= HUFF_MAX_CODE_LEN; ++l) {
+    code = (code + count[l - 1]) << 1;
+    next[l] = code;
+  }
+  for (int i = 0; i < n; ++i) {
+    const uint32_t l = lengths[i];
+    if (!l) continue;
+    const uint32_t c = next[l]++;
+    if (codes) codes[i] = static_cast<uint16_t>(c);
+    const uint32_t first = c << (HUFF_MAX_CODE_LEN - l);
+    const uint32_t span = 1u << (HUFF_MAX_CODE_LEN - l);
+    const uint16_t entry = static_cast<uint16_t>(((lo + i) << 4) | l);
+    for (uint32_t j = 0; j < span; ++j) lut[first + j] = entry;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
+// Bit reader over one segment: a 64-bit window whose top `nbits` bits are the next stream
+// bits, MSB first.  Refilling a byte at a time keeps it valid on the GPU (no unaligned wide
+// loads) and on the CPU it is cheap next to the table lookup.  Streams carry
+// STREAM_SLACK_BYTES zero bytes after the last segment, so reading ahead never faults.
+// ---------------------------------------------------------------------------------------
+struct BitReader {
+  const uint8_t* p;
+  uint64_t window;
+  int nbits;
+  UW_HD void init(const uint8_t* start) { p = start; window = 0; nbits = 0; refill(); }
+  UW_HD void refill() {
+#if defined(__CUDA_ARCH__)
+    while (nbits <= 56) {
+      window |= static_cast<uint64_t>(*p++) << (56 - nbits);
+      nbits += 8;
+    }
+#else
+    // Host: one unaligned big-endian 8-byte load tops the window up to 56..63 bits, with no
+    // loop (the same bits as the byte loop above, fetched in one go).
+    uint64_t v;
+    __builtin_memcpy(&v, p, 8);
+    v = __builtin_bswap64(v);
+    window |= v >> nbits;
+    p += (63 - nbits) >> 3;
+    nbits |= 56;
+#endif
+  }
+  UW_HD uint32_t peek() const { return static_cast<uint32_t>(window >> (64 - HUFF_MAX_CODE_LEN)); }
+  UW_HD void consume(uint32_t n) { window <<= n; nbits -= static_cast<int>(n); }
+  // Bits consumed since `start`.
+  UW_HD uint64_t consumed(const uint8_t* start) const {
+    return static_cast<uint64_t>(p - start) * 8 - static_cast<uint64_t>(nbits);
+  }
+};
+
+// Decode one exponent with the table of its context; returns 0xFFFF on an invalid code.
+UW_HD uint32_t decode_exp(BitReader& br, const uint16_t* lut_all, uint8_t sm) {
+  const uint16_t e = lut_all[(ctx_of(sm) << HUFF_MAX_CODE_LEN) | br.peek()];
+  br.consume(lut_len(e));
+  return e ? lut_sym(e) : 0xFFFFu;
+}
+
+// Decode one segment of `rows` x `cols` weights (row-major symbol order) into `out`.
+// sm/out are addressed with their own row strides (in elements).  Returns the number of
+// stream bits consumed, or UINT64_MAX when an invalid code is met.  A valid segment consumes
+// exactly the bits that precede its byte-alignment padding.
+UW_HD uint64_t decode_segment(const uint8_t* seg, const uint16_t* lut_all, const uint8_t* sm,
+                              int64_t sm_stride, uint16_t* out, int64_t out_stride, int rows,
+                              int cols) {
+  BitReader br;
+  br.init(seg);
+  uint32_t bad = 0;
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* smr = sm + r * sm_stride;
+    uint16_t* outr = out + r * out_stride;
+    for (int c = 0; c < cols; ++c) {
+      if (br.nbits < HUFF_MAX_CODE_LEN) br.refill();
+      const uint8_t s = smr[c];
+      const uint16_t e = lut_all[(ctx_of(s) << HUFF_MAX_CODE_LEN) | br.peek()];
+      bad |= (e == 0);
+      br.consume(lut_len(e));
+      outr[c] = bf16_from_parts(s, lut_sym(e));
+    }
+  }
+  return bad ? ~static_cast<uint64_t>(0) : br.consumed(seg);
+}
+
+// ---------------------------------------------------------------------------------------
+// Palette tier: a 4-bit index per weight, two per byte, the even column in the low nibble.
+// ---------------------------------------------------------------------------------------
+UW_HD uint32_t pal_nibble(const uint8_t* idx_row, int64_t col) {
+  return (idx_row[col >> 1] >> ((col & 1) * 4)) & 0xFu;
+}
+
+}  // namespace unweight

@@ -1,0 +1,265 @@
+"""Encode and decode one BF16 matrix to and from its format-v1 planes (CPU, C++ codec).
+
+All arrays are NumPy, on the host.  BF16 words travel as ``uint16`` so no dtype conversion
+ever touches the bits.  The planes of an encoded tensor ``<name>`` are keyed by suffix
+(``__hdr``, ``__sm``, ...) as listed in unweight.format.constants.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import numpy as np
+
+from .. import _C
+from ..format import constants as C
+from ..format.errors import ChecksumError, FormatError
+from ..format.header import TensorHeader
+from . import huffman
+
+ENCODINGS = ("huffman", "palette", "auto")
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+@dataclasses.dataclass
+class Encoded:
+    """An encoded matrix: parsed header, planes by suffix, and statistics for reports."""
+
+    header: TensorHeader
+    planes: dict
+    stats: dict
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.planes.values())
+
+
+def choose_grid(rows: int, cols: int, segment_weights: int = C.DEFAULT_SEGMENT_WEIGHTS) -> tuple[int, int]:
+    """Writer policy for the segment grid (R rows x C columns); readers take it from the header.
+
+    Columns split into c in {8, 4, 2} equal chunks when each chunk is a multiple of PAL_BLOCK
+    and at least 512 wide, so a row-parallel shard at TP <= c starts on a chunk boundary.
+    Rows per group is the power of two that brings a segment to at least `segment_weights`
+    (4096 by default: one uint32 offset per >= 4096 weights costs <= 0.008 bit/weight).
+    """
+    C_ = cols
+    for c in (8, 4, 2):
+        if cols % (C.PAL_BLOCK * c) == 0 and cols // c >= 512:
+            C_ = cols // c
+            break
+    want = max(1, math.ceil(segment_weights / C_))
+    R = 1 << (want - 1).bit_length()
+    R = min(R, 1 << (rows - 1).bit_length())
+    return R, C_
+
+
+def _entropy(counts: np.ndarray) -> float:
+    c = counts[counts > 0].astype(np.float64)
+    if c.size == 0:
+        return 0.0
+    p = c / c.sum()
+    return float(-(p * np.log2(p)).sum())
+
+
+def choose_palette(exp_counts: np.ndarray) -> np.ndarray:
+    """The palette of a tensor: up to 16 most frequent exponents, by count desc then value asc."""
+    present = np.flatnonzero(exp_counts)
+    order = sorted(present, key=lambda e: (-int(exp_counts[e]), int(e)))
+    return np.array(order[: C.PAL_MAX_ENTRIES], dtype=np.uint8)
+
+
+def _stats(hist: np.ndarray, palette: np.ndarray) -> dict:
+    exp_counts = hist.sum(axis=0)
+    n = int(exp_counts.sum())
+    cov = float(exp_counts[palette].sum()) / n if n else 1.0
+    return {"exp_entropy": _entropy(exp_counts), "palette_coverage": cov}
+
+
+def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DEFAULT_SEGMENT_WEIGHTS,
+           threads: int | None = None, grid: tuple[int, int] | None = None) -> Encoded:
+    """Encode a BF16 matrix.
+
+    w: uint16 [N, K] (BF16 bit patterns), C-contiguous, host memory.
+    encoding: "huffman", "palette" or "auto" (the smaller of the two).
+    grid: (R, C) to use instead of choose_grid's (transcoding keeps the source grid).
+    """
+    if encoding not in ENCODINGS:
+        raise ValueError(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
+    threads = threads or default_threads()
+    w = np.ascontiguousarray(w, dtype=np.uint16)
+    if w.ndim != 2 or w.size == 0:
+        raise ValueError(f"only non-empty 2-D tensors are encoded, got shape {w.shape}")
+    rows, cols = w.shape
+    sm = np.empty((rows, cols), dtype=np.uint8)
+    hist = np.zeros((C.HUFF_NUM_CTX, 256), dtype=np.int64)
+    crc = _C.split_histogram(w, sm, hist, threads)
+    palette = choose_palette(hist.sum(axis=0))
+    stats = _stats(hist, palette)
+    R, C_ = grid or choose_grid(rows, cols, segment_weights)
+    enc_h = enc_p = None
+    if encoding in ("huffman", "auto"):
+        enc_h = _encode_huffman(w, sm, hist, crc, R, C_, threads)
+    if encoding in ("palette", "auto"):
+        enc_p = _encode_palette(w, sm, palette, crc, R, C_, threads)
+    if encoding == "huffman":
+        out = enc_h
+    elif encoding == "palette":
+        out = enc_p
+    else:
+        out = enc_h if enc_h.nbytes <= enc_p.nbytes else enc_p
+    if enc_p is not None:
+        stats["verbatim_fraction"] = enc_p.stats["verbatim_fraction"]
+    out.stats.update(stats)
+    return out
+
+
+def _encode_huffman(w, sm, hist, crc, R, C_, threads) -> Encoded:
+    rows, cols = w.shape
+    lens = np.zeros((C.HUFF_NUM_CTX, 256), dtype=np.uint8)
+    codes = np.zeros((C.HUFF_NUM_CTX, 256), dtype=np.uint16)
+    for t in range(C.HUFF_NUM_CTX):
+        lens[t] = huffman.code_lengths(hist[t])
+        codes[t] = huffman.canonical_codes(lens[t])
+    present = np.flatnonzero(hist.sum(axis=0))
+    lo, hi = int(present[0]), int(present[-1])
+    n_seg = -(-rows // R) * -(-cols // C_)
+    bits = np.empty(n_seg, dtype=np.uint64)
+    _C.huffman_segment_bits(w, R, C_, lens, bits, threads)
+    seg_bytes = (bits + 7) // 8
+    off = np.zeros(n_seg + 1, dtype=np.uint64)
+    np.cumsum(seg_bytes, out=off[1:])
+    if off[-1] + C.STREAM_SLACK_BYTES >= 1 << 32:
+        raise ValueError("exponent stream of this tensor exceeds 4 GiB; split it before compressing")
+    off = off.astype(np.uint32)
+    stream = np.zeros(int(off[-1]) + C.STREAM_SLACK_BYTES, dtype=np.uint8)
+    _C.huffman_encode(w, R, C_, lens, codes, off, stream, threads)
+    hdr = TensorHeader(encoding=C.ENC_HUFFMAN, rows=rows, cols=cols, rows_per_group=R, cols_per_chunk=C_,
+                       crc32=crc, max_code_len=C.HUFF_MAX_CODE_LEN, num_ctx=C.HUFF_NUM_CTX,
+                       exp_lo=lo, exp_hi=hi, table=lens[:, lo:hi + 1].copy())
+    planes = {C.SUFFIX_HDR: hdr.pack(), C.SUFFIX_SM: sm, C.SUFFIX_EXP: stream, C.SUFFIX_OFF: off}
+    return Encoded(hdr, planes, {"exp_bits_per_weight": float(bits.sum()) / w.size})
+
+
+def _encode_palette(w, sm, palette, crc, R, C_, threads) -> Encoded:
+    rows, cols = w.shape
+    pmap = np.full(256, -1, dtype=np.int16)
+    pmap[palette] = np.arange(len(palette), dtype=np.int16)
+    idx = np.empty((rows, (cols + 1) // 2), dtype=np.uint8)
+    vpos, vexp = _C.palette_encode(w, pmap, idx, threads)
+    nblocks = rows * -(-cols // C.PAL_BLOCK)
+    hdr = TensorHeader(encoding=C.ENC_PALETTE, rows=rows, cols=cols, rows_per_group=R, cols_per_chunk=C_,
+                       crc32=crc, pal_size=len(palette), pal_block=C.PAL_BLOCK, num_verbatim=len(vpos),
+                       palette=bytes(palette.tobytes()).ljust(16, b"\0"))
+    planes = {C.SUFFIX_HDR: hdr.pack(), C.SUFFIX_SM: sm, C.SUFFIX_IDX: idx, C.SUFFIX_VPOS: vpos,
+              C.SUFFIX_VEXP: vexp}
+    return Encoded(hdr, planes, {"verbatim_fraction": len(vpos) / nblocks if nblocks else 0.0})
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def planes_for(header: TensorHeader) -> tuple:
+    return C.HUFFMAN_PLANES if header.encoding == C.ENC_HUFFMAN else C.PALETTE_PLANES
+
+
+def check_planes(header: TensorHeader, planes: dict, where: str = "") -> None:
+    """Validate plane presence, dtypes and shapes against the header; FormatError otherwise."""
+    at = f" of {where}" if where else ""
+    n, k = header.rows, header.cols
+    want = {C.SUFFIX_SM: (np.uint8, (n, k))}
+    if header.encoding == C.ENC_HUFFMAN:
+        want[C.SUFFIX_OFF] = (np.uint32, (header.n_segments + 1,))
+        want[C.SUFFIX_EXP] = (np.uint8, None)
+    else:
+        want[C.SUFFIX_IDX] = (np.uint8, (n, (k + 1) // 2))
+        want[C.SUFFIX_VPOS] = (np.uint32, (header.num_verbatim,))
+        want[C.SUFFIX_VEXP] = (np.uint8, (header.num_verbatim, C.PAL_BLOCK))
+    for suf, (dt, shape) in want.items():
+        if suf not in planes:
+            raise FormatError(f"missing plane {suf}{at}")
+        a = planes[suf]
+        if a.dtype != dt or (shape is not None and tuple(a.shape) != shape):
+            raise FormatError(f"plane {suf}{at} has dtype {a.dtype} shape {tuple(a.shape)}, "
+                              f"expected {np.dtype(dt)} {shape}")
+    if header.encoding == C.ENC_HUFFMAN:
+        exp = planes[C.SUFFIX_EXP]
+        off = planes[C.SUFFIX_OFF]
+        if exp.ndim != 1 or off[0] != 0 or int(off[-1]) + C.STREAM_SLACK_BYTES != exp.size:
+            raise FormatError(f"exponent stream length {exp.size} does not match its offsets{at}")
+
+
+def decode(header: TensorHeader, planes: dict, threads: int | None = None, where: str = "",
+           verify: bool = True) -> np.ndarray:
+    """Decode the whole matrix: uint16 [N, K] BF16 bit patterns, host memory.
+
+    verify: compare the crc32 of the result with the header's (ChecksumError on mismatch).
+    """
+    threads = threads or default_threads()
+    check_planes(header, planes, where)
+    out = np.empty((header.rows, header.cols), dtype=np.uint16)
+    at = f" in {where}" if where else ""
+    try:
+        if header.encoding == C.ENC_HUFFMAN:
+            _C.huffman_decode(planes[C.SUFFIX_EXP], planes[C.SUFFIX_OFF], header.rows, header.cols,
+                              header.rows_per_group, header.cols_per_chunk, header.table, header.exp_lo,
+                              header.exp_hi, 0, header.n_groups, 0, header.n_chunks, planes[C.SUFFIX_SM],
+                              out, threads)
+        else:
+            _C.palette_decode(planes[C.SUFFIX_SM], planes[C.SUFFIX_IDX], header.rows, header.cols, 0,
+                              header.rows, np.frombuffer(header.palette[: header.pal_size], np.uint8),
+                              planes[C.SUFFIX_VPOS], planes[C.SUFFIX_VEXP], out, threads)
+    except ValueError as e:
+        raise FormatError(f"{e}{at}") from None
+    if verify and _C.crc32(out.reshape(-1).view(np.uint8), threads) != header.crc32:
+        raise ChecksumError(f"checksum mismatch{at}: decoded bytes differ from the original")
+    return out
+
+
+def decode_rows(header: TensorHeader, planes: dict, rows: np.ndarray, threads: int = 1) -> np.ndarray:
+    """Decode only the given rows (embedding gather): uint16 [len(rows), K].
+
+    Decodes the row groups that hold the requested rows, never the whole matrix.
+    """
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    out = np.empty((rows.size, header.cols), dtype=np.uint16)
+    if rows.size == 0:
+        return out
+    if rows.min() < 0 or rows.max() >= header.rows:
+        raise IndexError(f"row index out of range [0, {header.rows})")
+    R = header.rows_per_group
+    sm = planes[C.SUFFIX_SM]
+    if header.encoding == C.ENC_PALETTE:
+        pal = np.frombuffer(header.palette[: header.pal_size], np.uint8)
+        for i, r in enumerate(rows):
+            _C.palette_decode(np.ascontiguousarray(sm[r:r + 1]), np.ascontiguousarray(planes[C.SUFFIX_IDX][r:r + 1]),
+                              header.rows, header.cols, int(r), int(r) + 1, pal, planes[C.SUFFIX_VPOS],
+                              planes[C.SUFFIX_VEXP], out[i:i + 1], 1)
+        return out
+    groups = np.unique(rows // R)
+    for g in groups:
+        r0, r1 = int(g) * R, min(header.rows, (int(g) + 1) * R)
+        buf = np.empty((r1 - r0, header.cols), dtype=np.uint16)
+        _C.huffman_decode(planes[C.SUFFIX_EXP], planes[C.SUFFIX_OFF], header.rows, header.cols, R,
+                          header.cols_per_chunk, header.table, header.exp_lo, header.exp_hi, int(g), int(g) + 1,
+                          0, header.n_chunks, np.ascontiguousarray(sm[r0:r1]), buf, threads)
+        sel = (rows // R) == g
+        out[sel] = buf[rows[sel] - r0]
+    return out
+
+
+def transcode_to_palette(header: TensorHeader, planes: dict, threads: int | None = None) -> Encoded:
+    """Huffman -> palette using nothing but the compressed tensor (decode, then re-encode)."""
+    if header.encoding == C.ENC_PALETTE:
+        return Encoded(header, planes, {})
+    w = decode(header, planes, threads)
+    return encode(w, "palette", threads=threads, grid=(header.rows_per_group, header.cols_per_chunk))
+
+
+def encoded_header(planes: dict, where: str = "") -> TensorHeader:
+    if C.SUFFIX_HDR not in planes:
+        raise FormatError(f"missing plane {C.SUFFIX_HDR} of {where}")
+    return TensorHeader.parse(planes[C.SUFFIX_HDR], where)

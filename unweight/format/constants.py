@@ -1,0 +1,62 @@
+"""The one source of every format constant of unweight format v1.
+
+``scripts/gen_constants.py`` renders this module into ``csrc/unweight_constants.h``;
+``tests/format/test_constants.py`` fails when the two drift apart.  Change a value here,
+regenerate the header, and record the change in docs/FORMAT.md's version log.
+"""
+
+# Per-tensor header (the ``<name>__hdr`` uint8 tensor).
+MAGIC = b"UNWT"
+VERSION_MAJOR = 1
+VERSION_MINOR = 0
+HEADER_BYTES = 64  # fixed part; the Huffman code-length table follows it
+
+# Encodings of an encoded tensor.
+ENC_HUFFMAN = 1
+ENC_PALETTE = 2
+
+# Source dtypes an encoded tensor may have had (only BF16 is encoded in v1).
+DTYPE_BF16 = 1
+
+# Huffman tier.  The code is length-limited so a GPU can keep a flat 2^12-entry decode
+# table per context in shared memory (4 contexts x 4096 x 2 bytes = 32 KiB).
+HUFF_MAX_CODE_LEN = 12
+# The exponent's code table is selected by the top two mantissa bits of the same weight,
+# which the decoder already has from the sign+mantissa plane (see FORMAT.md, "Contexts").
+HUFF_NUM_CTX = 4
+HUFF_CTX_SHIFT = 5  # ctx = (sm_byte >> HUFF_CTX_SHIFT) & (HUFF_NUM_CTX - 1)
+# Zero bytes appended after the last segment so decoders may load 8 bytes past any position.
+STREAM_SLACK_BYTES = 8
+
+# Palette tier.
+PAL_MAX_ENTRIES = 16
+PAL_BLOCK = 64  # verbatim granularity: weights of one row
+
+# Writer policy defaults (not normative: readers take R and C from the header).
+DEFAULT_SEGMENT_WEIGHTS = 4096
+MIN_ENCODED_WEIGHTS = 4096
+
+# Suffixes of the plane tensors that replace an encoded tensor ``<name>`` in a shard.
+SUFFIX_HDR = "__hdr"
+SUFFIX_SM = "__sm"
+SUFFIX_EXP = "__exp"
+SUFFIX_OFF = "__off"
+SUFFIX_IDX = "__idx"
+SUFFIX_VPOS = "__vpos"
+SUFFIX_VEXP = "__vexp"
+HUFFMAN_PLANES = (SUFFIX_HDR, SUFFIX_SM, SUFFIX_EXP, SUFFIX_OFF)
+PALETTE_PLANES = (SUFFIX_HDR, SUFFIX_SM, SUFFIX_IDX, SUFFIX_VPOS, SUFFIX_VEXP)
+ALL_SUFFIXES = (SUFFIX_HDR, SUFFIX_SM, SUFFIX_EXP, SUFFIX_OFF, SUFFIX_IDX, SUFFIX_VPOS, SUFFIX_VEXP)
+
+# Checkpoint-level identifiers.
+QUANT_METHOD = "unweight"
+FORMAT_VERSION = f"{VERSION_MAJOR}.{VERSION_MINOR}"
+REPORT_NAME = "unweight_report.json"
+INDEX_NAME = "model.safetensors.index.json"
+
+# Names exported to the generated C++ header, in order.
+CPP_EXPORTS = (
+    "VERSION_MAJOR", "VERSION_MINOR", "HEADER_BYTES", "ENC_HUFFMAN", "ENC_PALETTE",
+    "DTYPE_BF16", "HUFF_MAX_CODE_LEN", "HUFF_NUM_CTX", "HUFF_CTX_SHIFT",
+    "STREAM_SLACK_BYTES", "PAL_MAX_ENTRIES", "PAL_BLOCK",
+)
