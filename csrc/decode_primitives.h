@@ -162,3 +162,71 @@ UW_HD uint32_t pal_nibble(const uint8_t* idx_row, int64_t col) {
 }
 
 }  // namespace unweight
+
+// =======================================================================================
+// Additions for the CUDA kernels (csrc/cuda/kernels.cu).  Appended, never edited in place:
+// the functions above define the format and are shared with the CPU codec unchanged.
+// =======================================================================================
+namespace unweight {
+
+// BitReader::refill that never dereferences at or past `limit`: zero bits are shifted in
+// instead.  A GPU thread decoding a corrupt segment whose symbols claim more bits than the
+// segment has would otherwise read past the end of the stream allocation and take the whole
+// CUDA context down with an illegal-address fault; with the bound, it reads zeros, and the
+// length check after the segment (consumed bits vs. byte length) reports the corruption.
+UW_HD void refill_bounded(BitReader& br, const uint8_t* limit) {
+  while (br.nbits <= 56) {
+    const uint8_t b = br.p < limit ? *br.p : static_cast<uint8_t>(0);
+    br.window |= static_cast<uint64_t>(b) << (56 - br.nbits);
+    br.nbits += 8;
+    ++br.p;
+  }
+}
+
+// decode_segment with a read bound and a choice of output: kExpOnly == false writes BF16
+// words to out16 (as decode_segment), kExpOnly == true writes the bare exponent bytes to out8
+// (the first step of the on-device Huffman -> palette transcode).  Same return convention as
+// decode_segment: bits consumed, or UINT64_MAX on an invalid code.
+template <bool kExpOnly>
+UW_HD uint64_t decode_segment_bounded(const uint8_t* seg, const uint8_t* limit,
+                                      const uint16_t* lut_all, const uint8_t* sm,
+                                      int64_t sm_stride, uint16_t* out16, uint8_t* out8,
+                                      int64_t out_stride, int rows, int cols) {
+  BitReader br;
+  br.p = seg;
+  br.window = 0;
+  br.nbits = 0;
+  refill_bounded(br, limit);
+  uint32_t bad = 0;
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* smr = sm + r * sm_stride;
+    for (int c = 0; c < cols; ++c) {
+      if (br.nbits < HUFF_MAX_CODE_LEN) refill_bounded(br, limit);
+      const uint8_t s = smr[c];
+      const uint16_t e = lut_all[(ctx_of(s) << HUFF_MAX_CODE_LEN) | br.peek()];
+      bad |= (e == 0);
+      br.consume(lut_len(e));
+      if (kExpOnly)
+        out8[r * out_stride + c] = static_cast<uint8_t>(lut_sym(e));
+      else
+        out16[r * out_stride + c] = bf16_from_parts(s, lut_sym(e));
+    }
+  }
+  return bad ? ~static_cast<uint64_t>(0) : br.consumed(seg);
+}
+
+// fp32 bit pattern of the BF16 word with sign+mantissa byte `sm` and exponent `e`: the BF16
+// word in the top half.  The fused GEMV multiplies in fp32 straight from this, so a weight is
+// never rounded or converted through a float intermediate.
+UW_HD uint32_t f32_bits_from_parts(uint8_t sm, uint32_t e) {
+  return static_cast<uint32_t>(bf16_from_parts(sm, e)) << 16;
+}
+
+// fp32 -> BF16 round-to-nearest-even on the bit pattern (NaN stays a quiet NaN), written out
+// so the GPU kernels and their host emulation round identically.
+UW_HD uint16_t bf16_round_bits(uint32_t f) {
+  if ((f & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((f >> 16) | 0x40u);
+  return static_cast<uint16_t>((f + 0x7FFFu + ((f >> 16) & 1u)) >> 16);
+}
+
+}  // namespace unweight

@@ -43,16 +43,17 @@ def choose_grid(rows: int, cols: int, segment_weights: int = C.DEFAULT_SEGMENT_W
 
     Columns split into c in {8, 4, 2} equal chunks when each chunk is a multiple of PAL_BLOCK
     and at least 512 wide, so a row-parallel shard at TP <= c starts on a chunk boundary.
-    Rows per group is the power of two that brings a segment to at least `segment_weights`
-    (4096 by default: one uint32 offset per >= 4096 weights costs <= 0.008 bit/weight).
+    Rows per group is the power of two nearest (in log scale) to `segment_weights / C`
+    (8192 by default: one uint32 offset per ~8K weights costs ~0.004 bit/weight, which the
+    whole-checkpoint ratio needs to stay under ZipNN's; smaller segments buy GPU decode
+    parallelism for ~32/segment_weights bit/weight).
     """
     C_ = cols
     for c in (8, 4, 2):
         if cols % (C.PAL_BLOCK * c) == 0 and cols // c >= 512:
             C_ = cols // c
             break
-    want = max(1, math.ceil(segment_weights / C_))
-    R = 1 << (want - 1).bit_length()
+    R = 1 << max(0, round(math.log2(max(1.0, segment_weights / C_))))
     R = min(R, 1 << (rows - 1).bit_length())
     return R, C_
 
@@ -263,3 +264,27 @@ def encoded_header(planes: dict, where: str = "") -> TensorHeader:
     if C.SUFFIX_HDR not in planes:
         raise FormatError(f"missing plane {C.SUFFIX_HDR} of {where}")
     return TensorHeader.parse(planes[C.SUFFIX_HDR], where)
+
+
+def analyze(w: np.ndarray, threads: int | None = None) -> dict:
+    """Exponent statistics of a BF16 matrix (uint16 [N, K]): entropy, palette coverage and
+    the verbatim-block fraction palette encoding would give."""
+    threads = threads or default_threads()
+    w = np.ascontiguousarray(w, dtype=np.uint16)
+    sm = np.empty(w.shape, dtype=np.uint8)
+    hist = np.zeros((C.HUFF_NUM_CTX, 256), dtype=np.int64)
+    _C.split_histogram(w, sm, hist, threads)
+    palette = choose_palette(hist.sum(axis=0))
+    st = _stats(hist, palette)
+    if w.ndim == 2 and w.size:
+        pmap = np.full(256, -1, dtype=np.int16)
+        pmap[palette] = np.arange(len(palette), dtype=np.int16)
+        idx = np.empty((w.shape[0], (w.shape[1] + 1) // 2), dtype=np.uint8)
+        vpos, _ = _C.palette_encode(w, pmap, idx, threads)
+        st["verbatim_fraction"] = len(vpos) / (w.shape[0] * -(-w.shape[1] // C.PAL_BLOCK))
+    return st
+
+
+def _st_dtype(a: np.ndarray) -> str:
+    """safetensors dtype name of a plane array."""
+    return {np.dtype(np.uint8): "U8", np.dtype(np.uint32): "U32", np.dtype(np.uint16): "U16"}[a.dtype]

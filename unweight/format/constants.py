@@ -33,7 +33,7 @@ PAL_MAX_ENTRIES = 16
 PAL_BLOCK = 64  # verbatim granularity: weights of one row
 
 # Writer policy defaults (not normative: readers take R and C from the header).
-DEFAULT_SEGMENT_WEIGHTS = 4096
+DEFAULT_SEGMENT_WEIGHTS = 8192
 MIN_ENCODED_WEIGHTS = 4096
 
 # Suffixes of the plane tensors that replace an encoded tensor ``<name>`` in a shard.

@@ -1,0 +1,114 @@
+// Host API of the unweight CUDA kernels (implemented in kernels.cu).
+//
+// Deliberately free of CUDA and libtorch types so that bindings_cuda.cpp compiles with the
+// plain host compiler and no CUDA include path: every device buffer is a raw pointer (the
+// caller owns the memory, typically a torch tensor's data_ptr()), every stream a `void*`
+// holding a cudaStream_t (0 = legacy default stream).  Every launcher is asynchronous and
+// returns nullptr on success or a static, human-readable error string (argument problems or
+// cudaGetErrorString of the launch error); data errors found on the device (corrupt
+// streams, bad palette indices) are counted into the caller's int32 `err` device counter,
+// which the caller reads after synchronizing.
+//
+// Layout conventions (all row-major, strides in elements):
+//   sm   uint8  [rows, cols]            sign<<7 | mantissa
+//   idx  uint8  [rows, (cols+1)/2]      palette nibbles, even column in the low nibble
+//   vpos uint32 [nv]                    ascending ids row*ceil(cols/64)+block
+//   vexp uint8  [nv, 64]                exponents of the verbatim blocks (0-padded)
+//   lut  uint16 [4, 4096]               Huffman decode tables, built by uw_huffman_build_lut
+#pragma once
+#include <cstdint>
+
+namespace unweight {
+namespace cuda {
+
+// Number of visible CUDA devices; 0 when no driver or device is present (never an error).
+int device_count();
+// Comma-separated SM targets this module carries device code for, e.g. "800,900".
+const char* compiled_archs();
+
+// The 16-entry palette (unused entries 0), packed little-endian into four words so that a
+// kernel keeps it in registers and looks entries up with byte permutes (no memory access).
+struct Palette {
+  uint32_t w[4];
+  int size;
+};
+
+// ----------------------------------------------------------------------- Huffman tier
+// Builds the 4 decode tables from the header's code lengths table[4][exp_hi-exp_lo+1]
+// (device memory).  Invalid lengths add 1 to *err per bad context.
+const char* huffman_build_lut(const uint8_t* table, int exp_lo, int exp_hi, uint16_t* lut,
+                              int32_t* err, void* stream);
+
+// Decodes segments [g0,g1) x [c0,c1) of a rows x cols matrix with grid R x C.
+// `sm` and `out` point at row g0*R, column c0*C (as the CPU codec); strides in elements.
+// Writes BF16 words (out16 != nullptr) or exponent bytes (out8 != nullptr, exactly one set).
+// Each segment that meets an invalid code or whose consumed bits do not round up to its
+// byte length (or whose offsets are out of range) adds 1 to *err.
+const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
+                           int64_t rows, int64_t cols, int64_t R, int64_t C, const uint16_t* lut,
+                           int64_t g0, int64_t g1, int64_t c0, int64_t c1, const uint8_t* sm,
+                           int64_t sm_stride, uint16_t* out16, uint8_t* out8, int64_t out_stride,
+                           int32_t* err, void* stream_handle);
+
+// ----------------------------------------------------------------------- palette tier
+// Decodes rows [r0,r1) x columns [k0,k1) of the full planes sm/idx (pointers at row 0,
+// column 0) into out (pointer at the rectangle's origin, row stride out_stride), then
+// patches the verbatim blocks that intersect the rectangle.  Nibbles >= palette size and
+// unsorted/out-of-range verbatim ids add to *err.
+const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
+                           int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
+                           const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
+                           int64_t out_stride, int32_t* err, void* stream);
+
+// ----------------------------------------------------------------------- transcode
+// hist[256] (uint64, device, zeroed by the caller) += counts of the n exponent bytes.
+const char* exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist, void* stream);
+
+// Pass 1 of palette encode from an exponent plane exps [rows, cols]: writes idx, one flag
+// byte per (row, block) (1 = verbatim), and row_offsets[rows+1] = exclusive scan of the
+// per-row verbatim counts (row_offsets[rows] = total).  row_counts[rows] is scratch.
+const char* palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palette pal,
+                                 uint8_t* idx, uint8_t* flags, uint32_t* row_counts,
+                                 uint32_t* row_offsets, void* stream);
+// Pass 2: writes the ascending verbatim ids vpos[total] and their exponents vexp[total, 64].
+const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols,
+                                 const uint8_t* flags, const uint32_t* row_offsets,
+                                 uint32_t* vpos, uint8_t* vexp, void* stream);
+
+// ----------------------------------------------------------------------- fused GEMV/GEMM
+// y[m, r] = sum_k x[m, k] * W[r, k] for m < M (1..16), r < N, W the palette-coded [N, K]
+// matrix (K % 8 == 0), x bf16 [M, K] row stride ldx (% 8 == 0), y bf16 [M, N] row stride
+// ldy; fp32 accumulation, one rounding.  corr is fp32 scratch [nv, M] (may be null if nv==0).
+const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
+                         const uint8_t* idx, int64_t N, int64_t K, Palette pal,
+                         const uint32_t* vpos, int64_t nv, const uint8_t* vexp, float* corr,
+                         uint16_t* y, int64_t ldy, void* stream);
+
+// ----------------------------------------------------------------------- host emulation
+// The same per-thread / per-warp bodies the kernels run, executed serially on the host over
+// the same launch geometry (host pointers).  Lets CPU-only CI test the kernels' index math
+// and decode logic without a GPU.  Same signatures and semantics as above; err is a host int.
+namespace emulate {
+const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
+                           int64_t rows, int64_t cols, int64_t R, int64_t C, const uint8_t* table,
+                           int exp_lo, int exp_hi, int64_t g0, int64_t g1, int64_t c0, int64_t c1,
+                           const uint8_t* sm, int64_t sm_stride, uint16_t* out16, uint8_t* out8,
+                           int64_t out_stride, int32_t* err);
+const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
+                           int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
+                           const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
+                           int64_t out_stride, int32_t* err);
+void exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist);
+void palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palette pal,
+                          uint8_t* idx, uint8_t* flags, uint32_t* row_counts,
+                          uint32_t* row_offsets);
+void palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols, const uint8_t* flags,
+                          const uint32_t* row_offsets, uint32_t* vpos, uint8_t* vexp);
+const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
+                         const uint8_t* idx, int64_t N, int64_t K, Palette pal,
+                         const uint32_t* vpos, int64_t nv, const uint8_t* vexp, float* corr,
+                         uint16_t* y, int64_t ldy);
+}  // namespace emulate
+
+}  // namespace cuda
+}  // namespace unweight

@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Write the golden files of unweight format v1 under tests/golden/.
+
+Usage: python scripts/make_golden.py [--out tests/golden]
+
+Every golden tensor is one ``<case>_<encoding>.safetensors`` holding the planes of a tensor
+named ``w`` (``w__hdr``, ``w__sm``, ...) exactly as a checkpoint shard would, next to a
+``<case>.json`` with the original values (or, for the 65536-value tensor, their crc32 and
+sha256) and the grid.  ``corrupt/`` holds damaged copies, each listed in
+``corrupt/manifest.json`` with the error class a decoder must raise.
+
+The bytes are the encoder's output and are frozen on purpose: once committed they are the
+definition of v1 that tests hold the C++ codec, the CUDA kernels and the reference decoder
+to.  Re-running this script must reproduce them bit for bit (tests/golden checks that the
+encoder still does); never regenerate them to make a failing test pass.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pathlib
+import sys
+import zlib
+
+import numpy as np
+from safetensors.numpy import save_file
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from unweight.codec import tensor_codec as tc  # noqa: E402
+from unweight.format import constants as C  # noqa: E402
+from unweight.format.errors import ChecksumError, FormatError, VersionError  # noqa: E402
+
+NAME = "w"
+META = {"unweight_format_version": C.FORMAT_VERSION}
+
+# The worked example of docs/FORMAT.md: 2 x 8 BF16 words chosen to touch every corner the
+# bit split has (signed zero, a NaN with a payload, -Inf, a subnormal, several exponents,
+# all four mantissa contexts).  Grid R=1, C=4 gives 4 segments, enough to show the
+# chunk-major segment order.
+WORKED_VALUES = [
+    [0x3F80, 0xBF80, 0x8000, 0x7FC1, 0x0001, 0x4049, 0x3F00, 0xC000],
+    [0x3F81, 0x3FC0, 0xFF80, 0x3E80, 0x3F80, 0x3F40, 0x3FA0, 0x3EA0],
+]
+WORKED_GRID = (1, 4)
+ALL_PATTERNS_SEED = 20240601
+
+
+def verbatim_values() -> np.ndarray:
+    """3 x 80: 16 common exponents plus three rare ones that force verbatim blocks.
+
+    80 columns make two palette blocks per row, the second one partial (16 weights), and the
+    rare exponents land in blocks 1, 4 and 5, so the verbatim list has three entries.
+    """
+    n, k = 3, 80
+    i = np.arange(n * k).reshape(n, k)
+    e = 120 + (i * 7) % 16
+    e[0, 70], e[2, 5], e[2, 79] = 1, 250, 255
+    sm = (i * 37 + 11) & 0xFF
+    return (((sm & 0x80) << 8) | (e << 7) | (sm & 0x7F)).astype(np.uint16)
+
+
+def all_patterns_values() -> np.ndarray:
+    w = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    return np.random.default_rng(ALL_PATTERNS_SEED).permutation(w).reshape(256, 256)
+
+
+def _save(path: pathlib.Path, planes: dict) -> None:
+    save_file({NAME + s: np.ascontiguousarray(a) for s, a in planes.items()}, str(path), metadata=META)
+
+
+def _encode(w: np.ndarray, enc: str, grid) -> dict:
+    return dict(tc.encode(w, enc, grid=grid, threads=1).planes)
+
+
+def _fix_hdr_crc(hdr: np.ndarray) -> np.ndarray:
+    """Recompute the header crc so that a deliberate change reaches the check behind it."""
+    b = bytearray(hdr.tobytes())
+    b[60:64] = zlib.crc32(bytes(b[:60]) + bytes(b[64:])).to_bytes(4, "little")
+    return np.frombuffer(bytes(b), dtype=np.uint8).copy()
+
+
+def _expect_cpp(planes: dict, cls) -> None:
+    """Check that the C++ path raises exactly `cls`, so a corrupt file tests what it says."""
+    try:
+        h = tc.encoded_header(planes, "golden")
+        tc.decode(h, planes, threads=1)
+    except FormatError as e:  # FormatError family only; anything else is a generator bug
+        if type(e) is not cls:
+            raise SystemExit(f"corrupt case raised {type(e).__name__}, meant {cls.__name__}: {e}")
+        return
+    raise SystemExit(f"corrupt case decoded without error (meant {cls.__name__})")
+
+
+def corrupt_cases(wx_h: dict, wx_p: dict, vb_p: dict) -> dict:
+    """name -> (planes, expected error class, description)."""
+    cases = {}
+
+    def add(name, base, cls, what, **changes):
+        p = {s: a.copy() for s, a in base.items()}
+        for s, a in changes.items():
+            s = "__" + s
+            if a is None:
+                del p[s]
+            else:
+                p[s] = a(p[s]) if callable(a) else a
+        cases[name] = (p, cls, what)
+
+    def hdr_set(off, val, fix=True):
+        def f(h):
+            h = h.copy()
+            h[off] = val
+            return _fix_hdr_crc(h) if fix else h
+        return f
+
+    add("bad_magic", wx_h, FormatError, "magic 'UNWT' -> 'XNWT'", hdr=hdr_set(0, ord("X"), fix=False))
+    add("version_2_0", wx_h, VersionError, "version 2.0 with a valid header crc", hdr=hdr_set(4, 2))
+    add("header_byte_flip", wx_h, FormatError, "rows field changed, header crc left stale",
+        hdr=hdr_set(8, wx_h["__hdr"][8] ^ 0x01, fix=False))
+    add("unknown_encoding", wx_h, FormatError, "encoding code 3 with a valid header crc", hdr=hdr_set(6, 3))
+
+    def bad_kraft(h):
+        # Lengthen the code of the first coded symbol of context 0: the code becomes
+        # incomplete (Kraft sum < 1), which a v1 decoder must refuse.
+        h = h.copy()
+        t = np.flatnonzero(h[64:64 + (int(h[31]) - int(h[30]) + 1)])[0]
+        h[64 + t] += 1
+        return _fix_hdr_crc(h)
+    add("bad_kraft", wx_h, FormatError, "a code length of context 0 raised by one (incomplete code)", hdr=bad_kraft)
+
+    def flip_stream(e):
+        e = e.copy()
+        e[0] ^= 0xFF
+        return e
+    add("stream_byte_flip", wx_h, FormatError, "first byte of segment 0 inverted", exp=flip_stream)
+    add("stream_truncated", wx_h, FormatError, "exponent stream cut 9 bytes short", exp=lambda e: e[:-9].copy())
+
+    def off_swap(o):
+        o = o.copy()
+        o[1] = o[2] + 1
+        return o
+    add("offsets_not_ascending", wx_h, FormatError, "off[1] set above off[2]", off=off_swap)
+
+    def off_shift(o):
+        o = o.copy()
+        o[1] += 1
+        assert o[1] <= o[2]
+        return o
+    add("segment_bits_mismatch", wx_h, FormatError,
+        "off[1] moved one byte later: segment 0 spans a byte its bits do not use", off=off_shift)
+    add("missing_plane", wx_h, FormatError, "the __off plane is absent", off=None)
+    add("wrong_plane_shape", wx_h, FormatError, "__sm stored as [1, 16] instead of [2, 8]",
+        sm=lambda s: s.reshape(1, -1).copy())
+    add("wrong_plane_dtype", wx_h, FormatError, "__off stored as int64 instead of uint32",
+        off=lambda o: o.astype(np.int64))
+
+    def nibble15(i):
+        i = i.copy()
+        i[0, 0] |= 0x0F
+        return i
+    add("palette_index_out_of_range", wx_p, FormatError, "nibble of column 0 set to 15 >= pal_size", idx=nibble15)
+    add("vpos_unsorted", vb_p, FormatError, "first two verbatim block ids swapped",
+        vpos=lambda v: v[[1, 0] + list(range(2, len(v)))].copy(),
+        vexp=lambda v: v[[1, 0] + list(range(2, len(v)))].copy())
+
+    def vpos_oob(v):
+        v = v.copy()
+        v[-1] = 3 * 2  # rows * blocks_per_row: one past the last block
+        return v
+    add("vpos_out_of_range", vb_p, FormatError, "last verbatim block id = rows * blocks_per_row", vpos=vpos_oob)
+
+    def sm_flip(s):
+        s = s.copy()
+        s[0, 0] ^= 0x01  # lowest mantissa bit: not a context bit, so only the crc sees it
+        return s
+    add("sm_bit_flip", wx_h, ChecksumError, "lowest mantissa bit of weight [0, 0] flipped", sm=sm_flip)
+    add("palette_sm_bit_flip", wx_p, ChecksumError, "lowest mantissa bit of weight [1, 7] flipped",
+        sm=lambda s: s ^ np.array([[0] * 8, [0] * 7 + [1]], dtype=np.uint8))
+    return cases
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "tests" / "golden"))
+    out = pathlib.Path(ap.parse_args().out)
+    (out / "corrupt").mkdir(parents=True, exist_ok=True)
+
+    planes = {}
+    # Worked example.
+    wx = np.array(WORKED_VALUES, dtype=np.uint16)
+    vb = verbatim_values()
+    ap_ = all_patterns_values()
+    cases = {
+        "worked_example": (wx, WORKED_GRID),
+        "verbatim": (vb, (2, 32)),
+        "all_patterns": (ap_, tc.choose_grid(*ap_.shape)),
+    }
+    for case, (w, grid) in cases.items():
+        meta = {"shape": list(w.shape), "grid": list(grid), "crc32": zlib.crc32(w.astype("<u2").tobytes()),
+                "sha256": hashlib.sha256(w.astype("<u2").tobytes()).hexdigest(),
+                "files": {}}
+        if case == "all_patterns":
+            meta["note"] = ("every uint16 exactly once, np.random.default_rng(seed).permutation; values are "
+                            "not stored: check crc32/sha256 and that each pattern occurs once")
+            meta["seed"] = ALL_PATTERNS_SEED
+        else:
+            meta["values"] = [[f"0x{int(x):04X}" for x in row] for row in w]
+        for enc in ("huffman", "palette"):
+            p = _encode(w, enc, grid)
+            planes[(case, enc)] = p
+            fname = f"{case}_{enc}.safetensors"
+            _save(out / fname, p)
+            meta["files"][enc] = fname
+        (out / f"{case}.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+    manifest = {}
+    for name, (p, cls, what) in corrupt_cases(planes[("worked_example", "huffman")],
+                                              planes[("worked_example", "palette")],
+                                              planes[("verbatim", "palette")]).items():
+        _expect_cpp(p, cls)
+        _save(out / "corrupt" / f"{name}.safetensors", p)
+        manifest[name] = {"expect": cls.__name__, "what": what}
+    (out / "corrupt" / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,417 @@
+"""Python API of the offline tools: compress, decompress, verify, inspect.
+
+Every function returns a report dict (what the CLI prints) and raises a subclass of
+unweight.UnweightError with a one-line message on bad input.  Outputs are built in a
+temporary folder next to DST and renamed into place only when complete and verified;
+SRC is only ever read.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fnmatch
+import json
+import logging
+import os
+import re
+import shutil
+import time
+
+import numpy as np
+
+from . import __version__, sources
+from .codec import tensor_codec as tc
+from .format import constants as C
+from .format.checkpoint import Checkpoint, CompressedCheckpoint, split_name
+from .format.errors import ChecksumError, FormatError, InputError, MismatchError, UnweightError
+from .format.safetensors_io import ShardWriter
+
+log = logging.getLogger(__name__)
+
+WEIGHT_EXTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".onnx")
+SKIP_FILES = {C.INDEX_NAME, "pytorch_model.bin.index.json", "config.json", C.REPORT_NAME}
+
+
+def parse_size(s) -> int:
+    """'5GB' / '500MB' / '1.5GiB' / 123 -> bytes."""
+    if isinstance(s, int):
+        return s
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?i?B?)\s*", str(s), re.I)
+    if not m:
+        raise InputError(f"bad size {s!r}: use e.g. 5GB or 500MB")
+    unit = m.group(2).upper().rstrip("B")
+    mult = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+            "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
+    return int(float(m.group(1)) * mult)
+
+
+def category(name: str) -> str:
+    """Report bucket of a tensor name (reporting only; nothing depends on it)."""
+    n = name.lower()
+    if re.search(r"embed|wte|wpe|lm_head|word_embeddings|position_embeddings|token_type", n):
+        return "embedding"
+    if re.search(r"attn|attention|q_proj|k_proj|v_proj|o_proj|qkv|query|key|value", n):
+        return "attention"
+    if re.search(r"mlp|ffn|feed_forward|intermediate|gate_proj|up_proj|down_proj|fc1|fc2|w1|w2|w3|experts|\.output\.dense", n):
+        return "mlp"
+    return "other"
+
+
+@contextlib.contextmanager
+def _staged_output(dst: str, overwrite: bool):
+    """Yield a temp folder next to dst; on success swap it into place, on any failure
+    (exception, Ctrl-C) remove it and leave dst as it was."""
+    dst = os.path.abspath(dst)
+    parent = os.path.dirname(dst)
+    if not os.path.isdir(parent):
+        raise InputError(f"{parent}: output folder's parent does not exist")
+    if os.path.exists(dst) and not overwrite:
+        raise InputError(f"{dst} exists: pass --overwrite to replace it")
+    tmp = os.path.join(parent, f".{os.path.basename(dst)}.unweight-tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        yield tmp
+        old = None
+        if os.path.exists(dst):
+            old = os.path.join(parent, f".{os.path.basename(dst)}.unweight-old-{os.getpid()}")
+            os.rename(dst, old)
+        os.rename(tmp, dst)
+        if old:
+            shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.unlink(old)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno == errno.ENOSPC:
+            raise InputError(f"no space left on device while writing {dst}; nothing was written") from None
+        raise InputError(f"cannot write {dst}: {e.strerror or e}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _same_or_inside(a: str, b: str) -> bool:
+    a, b = os.path.realpath(a), os.path.realpath(b)
+    return a == b or a.startswith(b.rstrip(os.sep) + os.sep) or b.startswith(a.rstrip(os.sep) + os.sep)
+
+
+def _copy_side_files(src_folder: str | None, dst: str, skip=SKIP_FILES):
+    """Copy tokenizer, generation config, chat template, README...: every non-weight file."""
+    if not src_folder:
+        return []
+    copied = []
+    for root, dirs, files in os.walk(src_folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        rel = os.path.relpath(root, src_folder)
+        for f in files:
+            if f in skip and rel == "." or f.endswith(WEIGHT_EXTS) or f.startswith("."):
+                continue
+            out_dir = os.path.join(dst, rel) if rel != "." else dst
+            os.makedirs(out_dir, exist_ok=True)
+            shutil.copy2(os.path.join(root, f), os.path.join(out_dir, f))
+            copied.append(os.path.normpath(os.path.join(rel, f)))
+    return copied
+
+
+class _ShardSet:
+    """Rolls over to a new shard file when the current one would pass max_shard_size."""
+
+    def __init__(self, folder: str, max_bytes: int, metadata: dict, crc_meta: bool):
+        self.folder, self.max_bytes, self.metadata, self.crc_meta = folder, max_bytes, metadata, crc_meta
+        self.shards = []  # (temp name, writer)
+        self.weight_map = {}
+        self.crcs = []
+        self.total = 0
+        self._new()
+
+    def _new(self):
+        i = len(self.shards)
+        w = ShardWriter(os.path.join(self.folder, f"shard-{i:05d}.tmp"), dict(self.metadata))
+        self.shards.append(w)
+        self.crcs.append({})
+
+    def add_group(self, items, raw_crc: tuple | None = None):
+        """items: [(name, dtype, shape, array)], written to one shard together."""
+        size = sum(int(a.nbytes) for _, _, _, a in items)
+        if self.shards[-1].nbytes and self.shards[-1].nbytes + size > self.max_bytes:
+            self._new()
+        for name, dt, shape, arr in items:
+            self.shards[-1].add(name, dt, shape, arr)
+            self.weight_map[name] = len(self.shards) - 1
+        if raw_crc:
+            self.crcs[-1][raw_crc[0]] = raw_crc[1]
+        self.total += size
+
+    def finish(self) -> list[str]:
+        n = len(self.shards)
+        names = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+        sizes = []
+        for w, crcs, final in zip(self.shards, self.crcs, names):
+            if self.crc_meta and crcs:
+                w.metadata["unweight_crc32"] = json.dumps(crcs, separators=(",", ":"))
+            sizes.append(w.close())
+            os.rename(w.path, os.path.join(self.folder, final))
+        self.weight_map = {k: names[v] for k, v in self.weight_map.items()}
+        self.file_sizes = dict(zip(names, sizes))
+        return names
+
+    def abort(self):
+        for w in self.shards:
+            w.abort()
+
+
+def _write_index(folder, weight_map, total, extra=None):
+    meta = {"total_size": int(total)}
+    meta.update(extra or {})
+    with open(os.path.join(folder, C.INDEX_NAME), "w") as f:
+        json.dump({"metadata": meta, "weight_map": weight_map}, f, indent=2)
+
+
+def _progress(total, desc, enabled):
+    from tqdm import tqdm  # a dependency of huggingface_hub; writes to stderr, off when not a TTY
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, disable=None if enabled else True,
+                leave=False)
+
+
+def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None = None,
+             overwrite: bool = False, include: list[str] | None = None, exclude: list[str] | None = None,
+             verify: bool = True, max_shard_size="5GB", revision: str | None = None,
+             segment_weights: int = C.DEFAULT_SEGMENT_WEIGHTS, progress: bool = True) -> dict:
+    """Compress a checkpoint (folder, .safetensors file, bundled name or hub id) into dst.
+
+    Returns the report written to dst/unweight_report.json.
+    """
+    if encoding not in tc.ENCODINGS:
+        raise InputError(f"unknown encoding {encoding!r}: choose huffman, palette or auto")
+    jobs = jobs or tc.default_threads()
+    max_bytes = parse_size(max_shard_size)
+    t0 = time.perf_counter()
+    local = sources.resolve(src, revision)
+    if _same_or_inside(local, dst):
+        raise InputError(f"SRC and DST overlap ({local} / {dst}): choose another output folder")
+    ck = Checkpoint(local)
+    names = ck.names()
+    if not names:
+        raise InputError(f"{local}: no tensors found (empty model)")
+    for n in names:
+        if split_name(n)[1] is not None:
+            raise InputError(f"{local}: tensor {n!r} ends in a reserved unweight suffix; cannot compress it")
+    total_in = sum(ck.info(n)[3] - ck.info(n)[2] for n in names)
+    tensors, cats = [], {}
+    passthrough_dtypes = set()
+    with _staged_output(dst, overwrite) as tmp:
+        shards = _ShardSet(tmp, max_bytes, {"format": "pt", "unweight_format_version": C.FORMAT_VERSION}, True)
+        bar = _progress(total_in, "compress", progress)
+        try:
+            for name in names:
+                dt, shape, b, e = ck.info(name)
+                arr = ck.array(name)
+                rec = {"name": name, "dtype": dt, "shape": list(shape), "orig_bytes": e - b,
+                       "category": category(name)}
+                wanted = (not include or any(fnmatch.fnmatchcase(name, p) for p in include)) and \
+                         not any(fnmatch.fnmatchcase(name, p) for p in (exclude or []))
+                enc = None
+                if dt == "BF16" and len(shape) == 2 and arr.size >= C.MIN_ENCODED_WEIGHTS and wanted:
+                    enc = tc.encode(arr, encoding, segment_weights=segment_weights, threads=jobs)
+                    if enc.nbytes >= arr.nbytes:
+                        enc = None
+                        rec["note"] = "not smaller when encoded"
+                elif dt != "BF16":
+                    passthrough_dtypes.add(dt)
+                if enc is None:
+                    crc = tc._C.crc32(np.ascontiguousarray(arr).reshape(-1).view(np.uint8), jobs)
+                    shards.add_group([(name, dt, shape, arr)], raw_crc=(name, crc))
+                    rec.update(encoding="raw", stored_bytes=e - b)
+                else:
+                    items = [(name + suf, tc._st_dtype(a), a.shape, a) for suf, a in enc.planes.items()]
+                    shards.add_group(items)
+                    rec.update(encoding=enc.header.encoding_name, stored_bytes=enc.nbytes,
+                               grid=[enc.header.rows_per_group, enc.header.cols_per_chunk], **enc.stats)
+                tensors.append(rec)
+                c = cats.setdefault(rec["category"], {"orig_bytes": 0, "stored_bytes": 0, "weights": 0})
+                c["orig_bytes"] += rec["orig_bytes"]
+                c["stored_bytes"] += rec["stored_bytes"]
+                c["weights"] += int(arr.size)
+                bar.update(e - b)
+            files = shards.finish()
+        except BaseException:
+            shards.abort()
+            raise
+        finally:
+            bar.close()
+        t_enc = time.perf_counter() - t0
+        cfg = ck.config()
+        quant = {"quant_method": C.QUANT_METHOD, "format_version": C.FORMAT_VERSION, "encoding": encoding,
+                 "encoded_dtype": "bfloat16", "tool_version": __version__}
+        out_cfg = dict(cfg or {})
+        out_cfg["quantization_config"] = quant
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(out_cfg, f, indent=2)
+        _write_index(tmp, shards.weight_map, sum(shards.file_sizes.values()),
+                     {"unweight": {"format_version": C.FORMAT_VERSION}})
+        copied = _copy_side_files(ck.folder, tmp)
+        verified = False
+        if verify:
+            vr = _verify_integrity(tmp, jobs)
+            verified = vr["ok"]
+        total_out = sum(shards.file_sizes.values())
+        in_files = sum(os.path.getsize(f.path) for f in ck.files)
+        enc_recs = [t for t in tensors if t["encoding"] != "raw"]
+        report = {
+            "tool": "unweight", "tool_version": __version__, "format_version": C.FORMAT_VERSION,
+            "source": src, "source_path": os.path.abspath(local), "encoding": encoding, "jobs": jobs,
+            "input_bytes": in_files, "output_bytes": total_out, "tensor_bytes_in": total_in,
+            "ratio": total_out / in_files, "bits_per_weight": 8 * total_out / max(1, sum(c["weights"] for c in cats.values())),
+            "encoded_tensors": len(enc_recs), "raw_tensors": len(tensors) - len(enc_recs),
+            "passthrough_dtypes": sorted(passthrough_dtypes),
+            "categories": cats, "files": files, "copied_files": copied,
+            "encode_seconds": t_enc, "total_seconds": time.perf_counter() - t0, "verified": verified,
+            "tensors": tensors,
+        }
+        report["gb_per_s"] = in_files / report["total_seconds"] / 1e9
+        ck.close()
+        with open(os.path.join(tmp, C.REPORT_NAME), "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+def _verify_integrity(path: str, jobs: int | None = None, progress: bool = False) -> dict:
+    """Decode every encoded tensor and check it, and every raw tensor, against stored crc32s."""
+    ck = CompressedCheckpoint(path)
+    crcs = ck.raw_checksums()
+    checked = 0
+    try:
+        for base in ck.encoded:
+            h = ck.header(base)
+            tc.decode(h, ck.planes(base), jobs, where=ck.location(base), verify=True)
+            checked += 1
+        for name in ck.raw:
+            if name not in crcs:
+                raise FormatError(f"tensor {name!r} ({ck.file_of(name)}) has no stored checksum")
+            got = tc._C.crc32(np.ascontiguousarray(ck.array(name)).reshape(-1).view(np.uint8), jobs or 1)
+            if got != crcs[name]:
+                raise ChecksumError(f"checksum mismatch in tensor {name!r} ({ck.file_of(name)})")
+            checked += 1
+    finally:
+        ck.close()
+    return {"ok": True, "tensors_checked": checked}
+
+
+def decompress(src: str, dst: str, *, overwrite: bool = False, jobs: int | None = None,
+               max_shard_size="5GB", progress: bool = True) -> dict:
+    """Write a standard checkpoint whose tensors are byte-identical to the original ones."""
+    jobs = jobs or tc.default_threads()
+    t0 = time.perf_counter()
+    if not os.path.exists(src):
+        raise InputError(f"{src}: no such file or folder")
+    if _same_or_inside(src, dst):
+        raise InputError(f"SRC and DST overlap ({src} / {dst}): choose another output folder")
+    ck = CompressedCheckpoint(src)
+    n_out = 0
+    with _staged_output(dst, overwrite) as tmp:
+        shards = _ShardSet(tmp, parse_size(max_shard_size), {"format": "pt"}, False)
+        try:
+            for base in ck.tensor_order():
+                if base in ck.encoded:
+                    h = ck.header(base)
+                    w = tc.decode(h, ck.planes(base), jobs, where=ck.location(base), verify=True)
+                    shards.add_group([(base, "BF16", w.shape, w)])
+                else:
+                    dt, shape, b, e = ck.info(base)
+                    shards.add_group([(base, dt, shape, ck.array(base))])
+                n_out += 1
+            files = shards.finish()
+        except BaseException:
+            shards.abort()
+            raise
+        if len(files) > 1:
+            _write_index(tmp, shards.weight_map, sum(shards.file_sizes.values()))
+        cfg = ck.config()
+        if cfg is not None:
+            cfg.pop("quantization_config", None)
+            if cfg:
+                with open(os.path.join(tmp, "config.json"), "w") as f:
+                    json.dump(cfg, f, indent=2)
+        _copy_side_files(ck.folder, tmp)
+        ck.close()
+    return {"tensors": n_out, "files": files, "seconds": time.perf_counter() - t0, "output": os.path.abspath(dst)}
+
+
+def verify(path: str, against: str | None = None, jobs: int | None = None) -> dict:
+    """Check integrity (stored checksums) or, with `against`, byte equality with the original.
+
+    Raises ChecksumError / MismatchError on the first difference.
+    """
+    jobs = jobs or tc.default_threads()
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file or folder")
+    if against is None:
+        r = _verify_integrity(path, jobs)
+        r["mode"] = "checksums"
+        return r
+    orig = Checkpoint(sources.resolve(against))
+    ck = CompressedCheckpoint(path)
+    try:
+        a, b = set(orig.names()), set(ck.tensor_order())
+        if a != b:
+            only_o, only_c = sorted(a - b), sorted(b - a)
+            what = f"missing from compressed: {only_o[0]}" if only_o else f"not in original: {only_c[0]}"
+            raise MismatchError(f"tensor sets differ ({len(only_o)} missing, {len(only_c)} extra; {what})")
+        for name in orig.names():
+            dt, shape, _, _ = orig.info(name)
+            ref = orig.array(name)
+            if name in ck.encoded:
+                h = ck.header(name)
+                got = tc.decode(h, ck.planes(name), jobs, where=ck.location(name), verify=False)
+                got_dt, got_shape = "BF16", (h.rows, h.cols)
+            else:
+                got_dt, got_shape, _, _ = ck.info(name)
+                got = ck.array(name)
+            if got_dt != dt or tuple(got_shape) != tuple(shape):
+                raise MismatchError(f"tensor {name!r}: dtype/shape {got_dt}{list(got_shape)} != original {dt}{list(shape)}")
+            if not np.array_equal(np.ascontiguousarray(got).reshape(-1).view(np.uint8),
+                                  np.ascontiguousarray(ref).reshape(-1).view(np.uint8)):
+                raise MismatchError(f"tensor {name!r} differs from the original")
+        return {"ok": True, "mode": "against", "tensors_checked": len(a)}
+    finally:
+        ck.close()
+        orig.close()
+
+
+def inspect(path: str, jobs: int | None = None) -> dict:
+    """Per-tensor encoding, shape, ratio, exponent entropy, palette coverage, verbatim fraction."""
+    jobs = jobs or tc.default_threads()
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file or folder")
+    ck = CompressedCheckpoint(path)
+    rows, tot_o, tot_s, tot_w = [], 0, 0, 0
+    try:
+        for base in ck.tensor_order():
+            if base in ck.encoded:
+                h = ck.header(base)
+                planes = ck.planes(base)
+                w = tc.decode(h, planes, jobs, where=ck.location(base), verify=False)
+                st = tc.analyze(w, jobs)
+                if h.encoding == C.ENC_PALETTE:
+                    nb = h.rows * -(-h.cols // C.PAL_BLOCK)
+                    st["verbatim_fraction"] = h.num_verbatim / nb
+                stored = sum(int(a.nbytes) for a in planes.values())
+                orig = w.nbytes
+                r = {"name": base, "encoding": h.encoding_name, "shape": [h.rows, h.cols], "dtype": "BF16",
+                     "orig_bytes": orig, "stored_bytes": stored, "ratio": stored / orig,
+                     "grid": [h.rows_per_group, h.cols_per_chunk], **st}
+                tot_w += w.size
+            else:
+                dt, shape, b, e = ck.info(base)
+                r = {"name": base, "encoding": "raw", "shape": list(shape), "dtype": dt,
+                     "orig_bytes": e - b, "stored_bytes": e - b, "ratio": 1.0}
+                tot_w += int(np.prod(shape)) if shape else 1
+            tot_o += r["orig_bytes"]
+            tot_s += r["stored_bytes"]
+            rows.append(r)
+        files = sum(os.path.getsize(f.path) for f in ck.files)
+    finally:
+        ck.close()
+    return {"path": os.path.abspath(path), "tensors": rows,
+            "totals": {"tensors": len(rows), "encoded": sum(r["encoding"] != "raw" for r in rows),
+                       "orig_bytes": tot_o, "stored_bytes": tot_s, "ratio": tot_s / tot_o if tot_o else 1.0,
+                       "file_bytes": files, "bits_per_weight": 8 * files / max(1, tot_w)}}

