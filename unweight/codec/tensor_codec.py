@@ -43,9 +43,9 @@ def choose_grid(rows: int, cols: int, segment_weights: int = C.DEFAULT_SEGMENT_W
 
     Columns split into c in {8, 4, 2} equal chunks when each chunk is a multiple of PAL_BLOCK
     and at least 512 wide, so a row-parallel shard at TP <= c starts on a chunk boundary.
-    Rows per group is the power of two nearest (in log scale) to `segment_weights / C`
-    (8192 by default: one uint32 offset per ~8K weights costs ~0.004 bit/weight, which the
-    whole-checkpoint ratio needs to stay under ZipNN's; smaller segments buy GPU decode
+    Rows per group is the smallest power of two that brings a segment to `segment_weights`
+    (8192 by default: one uint32 offset per >= 8K weights costs <= 0.004 bit/weight, which
+    the whole-checkpoint ratio needs to stay under ZipNN's; smaller segments buy GPU decode
     parallelism for ~32/segment_weights bit/weight).
     """
     C_ = cols
@@ -53,7 +53,7 @@ def choose_grid(rows: int, cols: int, segment_weights: int = C.DEFAULT_SEGMENT_W
         if cols % (C.PAL_BLOCK * c) == 0 and cols // c >= 512:
             C_ = cols // c
             break
-    R = 1 << max(0, round(math.log2(max(1.0, segment_weights / C_))))
+    R = 1 << (max(1, math.ceil(segment_weights / C_)) - 1).bit_length()
     R = min(R, 1 << (rows - 1).bit_length())
     return R, C_
 

@@ -1,0 +1,173 @@
+"""Round-trip properties of the tensor codec: every uint16 bit pattern survives both
+encodings bit for bit, and the C++ codec agrees with the pure-NumPy reference decoder."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from unweight.codec import tensor_codec as tc
+from unweight.codec.reference import decode_reference
+from unweight.format import constants as C
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ENCODINGS = ("huffman", "palette")
+# The pure-Python reference decodes ~10^6 weights/s at best: keep it to small tensors.
+REFERENCE_MAX = 20000
+
+SPECIALS = np.array(
+    [0x0000, 0x8000,                    # +0, -0
+     0x7F80, 0xFF80,                    # +Inf, -Inf
+     0x7FC0, 0xFFC0, 0x7F81, 0xFFFF, 0x7FC1, 0x7FAB, 0xFF81,  # NaNs, quiet and signalling, payloads
+     0x0001, 0x8001, 0x007F, 0x807F, 0x0040,  # subnormals
+     0x0080, 0x7F7F, 0xFF7F, 0x3F80, 0xBF80],  # smallest normal, largest finite, +-1
+    dtype=np.uint16)
+
+DIMS = (1, 2, 3, 7, 63, 64, 65, 130)
+
+
+@st.composite
+def shapes(draw):
+    if draw(st.integers(0, 4)) == 0:
+        big = 4097
+        small = draw(st.sampled_from((1, 2, 3, 5)))
+        return (big, small) if draw(st.booleans()) else (small, big)
+    return draw(st.sampled_from(DIMS)), draw(st.sampled_from(DIMS))
+
+
+def _values(kind: str, shape, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    if kind == "bits":  # uniformly random bit patterns: every exponent, ~8 bits of entropy
+        w = rng.integers(0, 1 << 16, size=n, dtype=np.uint32)
+    elif kind == "trained":  # a narrow exponent distribution, like real weights
+        w = rng.normal(0, 0.02, size=n).astype(np.float32).view(np.uint32) >> 16
+    elif kind == "specials":
+        w = rng.choice(SPECIALS, size=n).astype(np.uint32)
+    elif kind == "exponents":  # every exponent 0..255 in turn, random sign and mantissa
+        e = np.arange(n) % 256
+        sm = rng.integers(0, 256, size=n)
+        w = ((sm & 0x80) << 8) | (e << 7) | (sm & 0x7F)
+    elif kind == "constant":  # one symbol in one context: the lone-symbol code path
+        w = np.full(n, int(rng.integers(0, 1 << 16)))
+    else:  # "mixed": mostly trained-like with sprinkled specials, to force verbatim blocks
+        w = rng.normal(0, 1, size=n).astype(np.float32).view(np.uint32) >> 16
+        hit = rng.random(n) < 0.02
+        w[hit] = rng.choice(SPECIALS, size=int(hit.sum()))
+    return w.astype(np.uint16).reshape(shape)
+
+
+kinds = st.sampled_from(("bits", "trained", "specials", "exponents", "constant", "mixed"))
+
+
+@st.composite
+def cases(draw):
+    shape = draw(shapes())
+    w = _values(draw(kinds), shape, draw(st.integers(0, 2**32 - 1)))
+    if draw(st.booleans()):
+        grid = None
+    else:
+        grid = (draw(st.integers(1, shape[0] + 2)), draw(st.integers(1, shape[1] + 2)))
+    return w, grid
+
+
+def _check(w, enc, grid):
+    e = tc.encode(w, enc, grid=grid, threads=2)
+    h = e.header
+    assert (h.rows, h.cols) == w.shape
+    assert set(e.planes) == set(C.HUFFMAN_PLANES if enc == "huffman" else C.PALETTE_PLANES)
+    out = tc.decode(h, e.planes, threads=2)
+    assert out.dtype == np.uint16 and out.shape == w.shape
+    np.testing.assert_array_equal(out, w)
+    if w.size <= REFERENCE_MAX:
+        np.testing.assert_array_equal(decode_reference(e.planes[C.SUFFIX_HDR], e.planes), out)
+    return e
+
+
+@SETTINGS
+@given(cases(), st.sampled_from(ENCODINGS))
+def test_round_trip(case, enc):
+    w, grid = case
+    _check(w, enc, grid)
+
+
+@SETTINGS
+@given(cases(), st.sampled_from(ENCODINGS), st.data())
+def test_decode_rows(case, enc, data):
+    w, grid = case
+    e = tc.encode(w, enc, grid=grid, threads=1)
+    rows = data.draw(st.lists(st.integers(0, w.shape[0] - 1), min_size=0, max_size=12))
+    got = tc.decode_rows(e.header, e.planes, np.array(rows, dtype=np.int64))
+    assert got.shape == (len(rows), w.shape[1])
+    np.testing.assert_array_equal(got, w[rows])
+
+
+@settings(max_examples=25, deadline=None)
+@given(cases())
+def test_transcode_to_palette_equals_direct_encode(case):
+    w, grid = case
+    h = tc.encode(w, "huffman", grid=grid, threads=1)
+    t = tc.transcode_to_palette(h.header, h.planes, threads=1)
+    d = tc.encode(w, "palette", grid=(h.header.rows_per_group, h.header.cols_per_chunk), threads=1)
+    assert set(t.planes) == set(d.planes)
+    for s in d.planes:
+        assert t.planes[s].dtype == d.planes[s].dtype and t.planes[s].shape == d.planes[s].shape, s
+        assert t.planes[s].tobytes() == d.planes[s].tobytes(), s
+
+
+@settings(max_examples=20, deadline=None)
+@given(cases(), st.sampled_from(ENCODINGS))
+def test_encoding_does_not_depend_on_threads(case, enc):
+    w, grid = case
+    a = tc.encode(w, enc, grid=grid, threads=1).planes
+    b = tc.encode(w, enc, grid=grid, threads=2).planes
+    assert all(a[s].tobytes() == b[s].tobytes() for s in a)
+
+
+@pytest.mark.parametrize("enc", ENCODINGS)
+def test_every_exponent_with_every_sign_and_mantissa_byte(enc):
+    # 256 x 256: row = sign+mantissa byte, column = exponent, so each (context, exponent)
+    # pair occurs and every uint16 appears exactly once.
+    sm = np.arange(256, dtype=np.uint16)[:, None]
+    e = np.arange(256, dtype=np.uint16)[None, :]
+    w = ((sm & 0x80) << 8) | (e << 7) | (sm & 0x7F)
+    assert np.unique(w).size == 65536
+    _check(w, enc, None)
+    _check(w, enc, (3, 100))
+
+
+@pytest.mark.parametrize("enc", ENCODINGS)
+@pytest.mark.parametrize("shape", [(1, 1), (1, 63), (63, 1), (65, 65), (1, 4097), (4097, 1)])
+def test_special_values_odd_shapes(enc, shape):
+    w = np.resize(SPECIALS, shape).astype(np.uint16)
+    _check(w, enc, None)
+
+
+def test_auto_picks_the_smaller():
+    w = _values("trained", (64, 256), 1)
+    a = tc.encode(w, "auto", threads=1)
+    h = tc.encode(w, "huffman", threads=1)
+    p = tc.encode(w, "palette", threads=1)
+    assert a.nbytes == min(h.nbytes, p.nbytes)
+    np.testing.assert_array_equal(tc.decode(a.header, a.planes), w)
+
+
+def test_encode_refuses_bad_input():
+    with pytest.raises(ValueError):
+        tc.encode(np.zeros((0, 4), np.uint16))
+    with pytest.raises(ValueError):
+        tc.encode(np.zeros(8, np.uint16))
+    with pytest.raises(ValueError):
+        tc.encode(np.zeros((2, 2), np.uint16), "zstd")
+
+
+@pytest.mark.parametrize("rows,cols,grid", [
+    (4096, 4096, (2, 512)), (1024, 768, (16, 384)), (100, 4096, (2, 512)), (7, 100, (8, 100)),
+    (3, 5000, (1, 5000)), (1, 64, (1, 64)), (4096, 1024, (8, 512)), (32, 8192, (1, 1024)),
+])
+def test_choose_grid_policy(rows, cols, grid):
+    R, Cc = tc.choose_grid(rows, cols)
+    assert (R, Cc) == grid
+    if Cc != cols:
+        assert cols % Cc == 0 and Cc % C.PAL_BLOCK == 0 and Cc >= 512
+    # A segment has >= 4096 weights unless the whole tensor is smaller: index <= 0.008 bit/weight.
+    assert min(R, rows) * Cc >= min(4096, rows * Cc) or R >= rows
