@@ -52,27 +52,24 @@ PYBIND11_MODULE(_C, m) {
     return split_histogram(cptr(w), n, mptr(sm), mptr(hist), threads);
   }, py::arg("w"), py::arg("sm"), py::arg("hist"), py::arg("threads") = 1);
 
-  m.def("huffman_segment_bits", [](arr<uint16_t> w, int64_t R, int64_t C, arr<uint8_t> lens,
-                                   arr<uint64_t> bits, int threads) {
-    need(w.ndim() == 2, "w must be 2-D");
-    Grid g = make_grid(w.shape(0), w.shape(1), R, C);
-    need(lens.size() == HUFF_NUM_CTX * 256, "lens must have HUFF_NUM_CTX*256 entries");
-    need(bits.size() == g.n_groups() * g.n_chunks(), "bits has the wrong size");
-    py::gil_scoped_release nogil;
-    huffman_segment_bits(cptr(w), g, cptr(lens), mptr(bits), threads);
-  });
-
   m.def("huffman_encode", [](arr<uint16_t> w, int64_t R, int64_t C, arr<uint8_t> lens,
-                             arr<uint16_t> codes, arr<uint32_t> off, arr<uint8_t> stream,
-                             int threads) {
+                             arr<uint16_t> codes, int threads) {
     need(w.ndim() == 2, "w must be 2-D");
     Grid g = make_grid(w.shape(0), w.shape(1), R, C);
-    const int64_t nseg = g.n_groups() * g.n_chunks();
-    need(off.size() == nseg + 1, "off has the wrong size");
-    need(static_cast<int64_t>(cptr(off)[nseg]) <= stream.size(), "stream too small");
-    py::gil_scoped_release nogil;
-    huffman_encode(cptr(w), g, cptr(lens), cptr(codes), cptr(off), mptr(stream), threads);
-  });
+    need(lens.size() == HUFF_NUM_CTX * 256 && codes.size() == HUFF_NUM_CTX * 256,
+         "lens/codes must have HUFF_NUM_CTX*256 entries");
+    std::vector<uint32_t> off;
+    std::vector<uint8_t> stream;
+    {
+      py::gil_scoped_release nogil;
+      huffman_encode_all(cptr(w), g, cptr(lens), cptr(codes), &off, &stream, threads);
+    }
+    arr<uint32_t> o(static_cast<py::ssize_t>(off.size()));
+    std::copy(off.begin(), off.end(), o.mutable_data());
+    arr<uint8_t> st(static_cast<py::ssize_t>(stream.size()));
+    std::copy(stream.begin(), stream.end(), st.mutable_data());
+    return py::make_tuple(o, st);
+  }, py::arg("w"), py::arg("R"), py::arg("C"), py::arg("lens"), py::arg("codes"), py::arg("threads") = 1);
 
   m.def("huffman_decode", [](arr<uint8_t> stream, arr<uint32_t> off, int64_t rows, int64_t cols,
                              int64_t R, int64_t C, arr<uint8_t> table, int exp_lo, int exp_hi,

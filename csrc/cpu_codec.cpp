@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <stdexcept>
 #include <thread>
 
 #include "decode_primitives.h"
@@ -44,6 +45,8 @@ inline void part_range(int64_t n, int parts, int k, int64_t* b, int64_t* e) {
   *e = n * (k + 1) / parts;
 }
 
+constexpr int FAST_BITS = 8;
+
 }  // namespace
 
 uint32_t crc32_parallel(const uint8_t* data, int64_t nbytes, int threads) {
@@ -70,101 +73,126 @@ uint32_t crc32_parallel(const uint8_t* data, int64_t nbytes, int threads) {
   return static_cast<uint32_t>(total);
 }
 
+// Histogram key of a BF16 word: bits [14:5] = exponent << 2 | top two mantissa bits, i.e.
+// exp * 4 + ctx, from one shift and one mask (the C++ side keeps this "exp-major" order
+// internally and transposes to [ctx][exp] at the API boundary).
+static inline uint32_t hkey(uint16_t w) { return (w >> 5) & 0x3FFu; }
+
 uint32_t split_histogram(const uint16_t* w, int64_t n, uint8_t* sm, int64_t* hist, int threads) {
   const int parts = n < (1 << 20) ? 1 : std::max(1, threads);
-  std::vector<int64_t> local(static_cast<size_t>(parts) * HUFF_NUM_CTX * 256, 0);
+  std::vector<int64_t> local(static_cast<size_t>(parts) * 1024, 0);
   parallel_for(parts, threads, 1, [&](int64_t k) {
     int64_t b, e;
     part_range(n, parts, static_cast<int>(k), &b, &e);
-    // Four sub-histograms break the store-to-load dependency when neighbours share a bin.
-    std::vector<uint32_t> h(4 * HUFF_NUM_CTX * 256, 0);
-    int64_t* out = &local[static_cast<size_t>(k) * HUFF_NUM_CTX * 256];
-    const int64_t flush_every = int64_t(1) << 30;  // keep uint32 bins from overflowing
-    int64_t i = b;
-    while (i < e) {
+    const uint16_t* __restrict wp = w;
+    uint8_t* __restrict sp = sm;
+    // Plane split first: a pure map the compiler vectorizes.
+    for (int64_t i = b; i < e; ++i) sp[i] = sm_of(wp[i]);
+    // Then the histogram, four sub-histograms so that equal neighbours do not serialize on
+    // one counter's store-to-load forwarding.
+    std::vector<uint32_t> h(4 * 1024, 0);
+    int64_t* out = &local[static_cast<size_t>(k) * 1024];
+    const int64_t flush_every = int64_t(1) << 30;  // keeps uint32 counters from overflowing
+    for (int64_t i = b; i < e;) {
       const int64_t stop = std::min(e, i + flush_every);
       int64_t j = i;
       for (; j + 4 <= stop; j += 4) {
-        for (int u = 0; u < 4; ++u) {
-          const uint16_t x = w[j + u];
-          const uint8_t s = sm_of(x);
-          sm[j + u] = s;
-          ++h[(u * HUFF_NUM_CTX + ctx_of(s)) * 256 + exp_of(x)];
-        }
+        ++h[hkey(wp[j])];
+        ++h[1024 + hkey(wp[j + 1])];
+        ++h[2048 + hkey(wp[j + 2])];
+        ++h[3072 + hkey(wp[j + 3])];
       }
-      for (; j < stop; ++j) {
-        const uint16_t x = w[j];
-        const uint8_t s = sm_of(x);
-        sm[j] = s;
-        ++h[ctx_of(s) * 256 + exp_of(x)];
+      for (; j < stop; ++j) ++h[hkey(wp[j])];
+      for (int q = 0; q < 1024; ++q) {
+        out[q] += int64_t(h[q]) + h[1024 + q] + h[2048 + q] + h[3072 + q];
+        h[q] = h[1024 + q] = h[2048 + q] = h[3072 + q] = 0;
       }
-      for (int u = 0; u < 4; ++u)
-        for (int q = 0; q < HUFF_NUM_CTX * 256; ++q) {
-          out[q] += h[u * HUFF_NUM_CTX * 256 + q];
-          h[u * HUFF_NUM_CTX * 256 + q] = 0;
-        }
       i = stop;
     }
   });
-  for (int q = 0; q < HUFF_NUM_CTX * 256; ++q) {
-    int64_t s = 0;
-    for (int k = 0; k < parts; ++k) s += local[static_cast<size_t>(k) * HUFF_NUM_CTX * 256 + q];
-    hist[q] = s;
+  for (int q = 0; q < 1024; ++q) {
+    int64_t t = 0;
+    for (int k = 0; k < parts; ++k) t += local[static_cast<size_t>(k) * 1024 + q];
+    hist[(q & 3) * 256 + (q >> 2)] = t;  // [ctx][exp]
   }
   return crc32_parallel(reinterpret_cast<const uint8_t*>(w), n * 2, threads);
 }
 
-void huffman_segment_bits(const uint16_t* w, const Grid& g, const uint8_t* lens, uint64_t* bits,
-                          int threads) {
-  const int64_t ng = g.n_groups(), nc = g.n_chunks();
-  parallel_for(ng * nc, threads, 16, [&](int64_t s) {
-    const int64_t c = s / ng, gi = s % ng;
-    const int64_t r0 = gi * g.R, r1 = std::min(g.rows, r0 + g.R);
-    const int64_t k0 = c * g.C, k1 = std::min(g.cols, k0 + g.C);
-    uint64_t total = 0;
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint16_t* row = w + r * g.cols;
-      for (int64_t k = k0; k < k1; ++k) {
-        const uint16_t x = row[k];
-        total += lens[ctx_of(sm_of(x)) * 256 + exp_of(x)];
+namespace {
+// Appends the codes of one segment to `dst`, MSB first, zero-padded to a byte boundary.
+// tab[hkey] = code << 4 | len.
+inline void encode_segment(const uint16_t* w, const Grid& g, int64_t s, const uint32_t* tab,
+                           std::vector<uint8_t>* dst) {
+  const int64_t ng = g.n_groups();
+  const int64_t c = s / ng, gi = s % ng;
+  const int64_t r0 = gi * g.R, r1 = std::min(g.rows, r0 + g.R);
+  const int64_t k0 = c * g.C, k1 = std::min(g.cols, k0 + g.C);
+  // Worst case: HUFF_MAX_CODE_LEN bits per weight, plus room for the 8-byte stores below.
+  const size_t start = dst->size();
+  dst->resize(start + static_cast<size_t>(((r1 - r0) * (k1 - k0) * HUFF_MAX_CODE_LEN + 7) / 8 + 16));
+  uint8_t* out = dst->data() + start;
+  uint64_t acc = 0;  // pending bits, right-aligned (< 32 of them between flushes)
+  int nacc = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint16_t* row = w + r * g.cols;
+    for (int64_t k = k0; k < k1; ++k) {
+      const uint32_t t = tab[hkey(row[k])];
+      const int l = static_cast<int>(t & 0xF);
+      acc = (acc << l) | (t >> 4);
+      nacc += l;
+      if (nacc >= 32) {
+        nacc -= 32;
+        const uint32_t word = static_cast<uint32_t>(acc >> nacc);
+        const uint32_t be = __builtin_bswap32(word);
+        std::memcpy(out, &be, 4);
+        out += 4;
       }
     }
-    bits[s] = total;
-  });
+  }
+  while (nacc >= 8) { nacc -= 8; *out++ = uint8_t(acc >> nacc); }
+  if (nacc > 0) *out++ = uint8_t(acc << (8 - nacc));
+  dst->resize(static_cast<size_t>(out - dst->data()));
 }
+}  // namespace
 
-void huffman_encode(const uint16_t* w, const Grid& g, const uint8_t* lens, const uint16_t* codes,
-                    const uint32_t* off, uint8_t* stream, int threads) {
-  const int64_t ng = g.n_groups(), nc = g.n_chunks();
-  // One table of (code << 4 | len) per (ctx, exponent) keeps the inner loop at one load.
-  std::vector<uint32_t> tab(HUFF_NUM_CTX * 256);
-  for (int i = 0; i < HUFF_NUM_CTX * 256; ++i) tab[i] = (uint32_t(codes[i]) << 4) | lens[i];
-  parallel_for(ng * nc, threads, 16, [&](int64_t s) {
-    const int64_t c = s / ng, gi = s % ng;
-    const int64_t r0 = gi * g.R, r1 = std::min(g.rows, r0 + g.R);
-    const int64_t k0 = c * g.C, k1 = std::min(g.cols, k0 + g.C);
-    uint8_t* dst = stream + off[s];
-    uint64_t acc = 0;  // pending bits, right-aligned
-    int nacc = 0;
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint16_t* row = w + r * g.cols;
-      for (int64_t k = k0; k < k1; ++k) {
-        const uint16_t x = row[k];
-        const uint32_t t = tab[ctx_of(sm_of(x)) * 256 + exp_of(x)];
-        const int l = static_cast<int>(t & 0xF);
-        acc = (acc << l) | (t >> 4);
-        nacc += l;
-        if (nacc >= 32) {
-          nacc -= 32;
-          const uint32_t word = static_cast<uint32_t>(acc >> nacc);
-          dst[0] = uint8_t(word >> 24); dst[1] = uint8_t(word >> 16);
-          dst[2] = uint8_t(word >> 8);  dst[3] = uint8_t(word);
-          dst += 4;
-        }
-      }
+void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, const uint16_t* codes,
+                        std::vector<uint32_t>* off, std::vector<uint8_t>* stream, int threads) {
+  const int64_t nseg = g.n_groups() * g.n_chunks();
+  std::vector<uint32_t> tab(1024);
+  for (int q = 0; q < 1024; ++q) {
+    const int ctx = q & 3, e = q >> 2;
+    tab[q] = (uint32_t(codes[ctx * 256 + e]) << 4) | lens[ctx * 256 + e];
+  }
+  // Contiguous runs of segments per part, each encoded into its own buffer; the parts are
+  // then concatenated, so the output needs no size pass and no worst-case allocation.
+  const int parts = static_cast<int>(std::min<int64_t>(nseg, std::max(1, threads) * 8));
+  std::vector<std::vector<uint8_t>> buf(parts);
+  std::vector<std::vector<uint32_t>> sizes(parts);
+  parallel_for(parts, threads, 1, [&](int64_t k) {
+    int64_t b, e;
+    part_range(nseg, parts, static_cast<int>(k), &b, &e);
+    buf[k].reserve(static_cast<size_t>((e - b) * g.R * g.C * 3 / 8 + 64));
+    for (int64_t s = b; s < e; ++s) {
+      const size_t before = buf[k].size();
+      encode_segment(w, g, s, tab.data(), &buf[k]);
+      sizes[k].push_back(static_cast<uint32_t>(buf[k].size() - before));
     }
-    while (nacc >= 8) { nacc -= 8; *dst++ = uint8_t(acc >> nacc); }
-    if (nacc > 0) *dst++ = uint8_t(acc << (8 - nacc));  // zero padding to the byte boundary
+  });
+  off->assign(static_cast<size_t>(nseg + 1), 0);
+  uint64_t pos = 0;
+  int64_t s = 0;
+  for (int k = 0; k < parts; ++k)
+    for (uint32_t sz : sizes[k]) {
+      (*off)[s++] = static_cast<uint32_t>(pos);
+      pos += sz;
+      if (pos + STREAM_SLACK_BYTES > 0xFFFFFFFFull) throw std::length_error("exponent stream exceeds 4 GiB");
+    }
+  (*off)[nseg] = static_cast<uint32_t>(pos);
+  stream->assign(static_cast<size_t>(pos + STREAM_SLACK_BYTES), 0);
+  std::vector<uint64_t> base(parts + 1, 0);
+  for (int k = 0; k < parts; ++k) base[k + 1] = base[k] + buf[k].size();
+  parallel_for(parts, threads, 1, [&](int64_t k) {
+    if (!buf[k].empty()) std::memcpy(stream->data() + base[k], buf[k].data(), buf[k].size());
   });
 }
 
@@ -177,6 +205,14 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
   for (int t = 0; t < HUFF_NUM_CTX; ++t)
     if (!build_lut(table + t * n, n, exp_lo, &lut[t * LUT_SIZE], nullptr))
       return "invalid huffman code lengths for context " + std::to_string(t);
+  // First-level table: entries of the full table whose code fits in FAST_BITS bits, else 0.
+  std::vector<uint16_t> fast(static_cast<size_t>(HUFF_NUM_CTX) << FAST_BITS);
+  for (int t = 0; t < HUFF_NUM_CTX; ++t)
+    for (uint32_t i = 0; i < (1u << FAST_BITS); ++i) {
+      const uint16_t e = lut[t * LUT_SIZE + (i << (HUFF_MAX_CODE_LEN - FAST_BITS))];
+      fast[(t << FAST_BITS) | i] =
+          (e && lut_len(e) <= FAST_BITS) ? static_cast<uint16_t>((lut_sym(e) << 8) | lut_len(e)) : 0;
+    }
   const int64_t ng = g.n_groups();
   const int64_t nsel_g = g1 - g0, nsel_c = c1 - c0;
   // Offsets must be monotone and inside the stream before any segment is touched.
@@ -185,20 +221,117 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
     return "exponent stream is shorter than its offsets say (truncated?)";
   for (int64_t s = 0; s < nseg; ++s)
     if (off[s + 1] < off[s]) return "segment offsets are not ascending at segment " + std::to_string(s);
+  const uint8_t* stream_end = stream + stream_bytes;
+  const uint8_t* lim = stream_end - 8;
   std::atomic<int64_t> bad{-1};
-  parallel_for(nsel_g * nsel_c, threads, 8, [&](int64_t i) {
-    const int64_t c = c0 + i / nsel_g, gi = g0 + i % nsel_g;
-    const int64_t s = c * ng + gi;
-    const int64_t r0 = gi * g.R, r1 = std::min(g.rows, r0 + g.R);
+  auto flag = [&](int64_t s) {
+    int64_t expect = -1;
+    bad.compare_exchange_strong(expect, s);
+  };
+  // A valid segment's consumed bits round up to exactly its stored byte length.
+  auto check = [&](int64_t s, uint64_t used) {
+    if (used == ~uint64_t(0) || (used + 7) / 8 != uint64_t(off[s + 1] - off[s])) flag(s);
+  };
+  // Work unit: up to four row groups of one chunk, decoded in lockstep when they have the
+  // same shape: four independent bit readers hide the table-lookup latency that bounds a
+  // single Huffman decode chain.
+  const int64_t quads = (nsel_g + 3) / 4;
+  parallel_for(quads * nsel_c, threads, 1, [&](int64_t u) {
+    const int64_t c = c0 + u / quads, q0 = g0 + (u % quads) * 4;
     const int64_t k0 = c * g.C, k1 = std::min(g.cols, k0 + g.C);
-    const int64_t lr = r0 - g0 * g.R, lk = k0 - c0 * g.C;
-    const uint64_t used = decode_segment(stream + off[s], lut.data(), sm + lr * sm_stride + lk,
-                                         sm_stride, out + lr * out_stride + lk, out_stride,
-                                         static_cast<int>(r1 - r0), static_cast<int>(k1 - k0));
-    const uint64_t have = uint64_t(off[s + 1] - off[s]);
-    if (used == ~uint64_t(0) || (used + 7) / 8 != have) {
-      int64_t expect = -1;
-      bad.compare_exchange_strong(expect, s);
+    const int64_t lk = k0 - c0 * g.C;
+    const int cols = static_cast<int>(k1 - k0);
+    const int64_t qn = std::min<int64_t>(4, g1 - q0);
+    const bool full = qn == 4 && (q0 + 4) * g.R <= g.rows;
+    if (!full) {
+      for (int64_t gi = q0; gi < q0 + qn; ++gi) {
+        const int64_t s = c * ng + gi;
+        const int64_t r0 = gi * g.R, r1 = std::min(g.rows, r0 + g.R);
+        const int64_t lr = r0 - g0 * g.R;
+        // Bounded reads: a corrupt segment may ask for more bits than the stream holds.
+        check(s, decode_segment_bounded<false>(stream + off[s], stream_end, lut.data(),
+                                               sm + lr * sm_stride + lk, sm_stride,
+                                               out + lr * out_stride + lk, nullptr, out_stride,
+                                               static_cast<int>(r1 - r0), cols));
+      }
+      return;
+    }
+    BitReader br[4];
+    const uint8_t* smp[4];
+    uint16_t* op[4];
+    const uint8_t* start[4];
+    for (int j = 0; j < 4; ++j) {
+      const int64_t s = c * ng + q0 + j;
+      start[j] = stream + off[s];
+      br[j].p = start[j];
+      br[j].window = 0;
+      br[j].nbits = 0;
+      // (The bounded refill may leave 64 bits; the 8-byte refill needs nbits <= 63, which
+      // holds at every later refill because each step consumes at least 4 bits.)
+      if (start[j] <= lim) br[j].refill();
+      else refill_bounded(br[j], stream_end);
+      const int64_t lr = (q0 + j) * g.R - g0 * g.R;
+      smp[j] = sm + lr * sm_stride + lk;
+      op[j] = out + lr * out_stride + lk;
+    }
+    const uint16_t* L = lut.data();
+    const uint16_t* P = fast.data();
+    uint32_t badbits = 0;
+    // Exponents of the current row of each of the 4 segments; the BF16 words are assembled
+    // from them in a separate, vectorizable pass, which keeps the serial decode loop short.
+    std::vector<uint8_t> ebuf(static_cast<size_t>(4) * cols + 4);
+    uint8_t* eb[4] = {&ebuf[0], &ebuf[cols], &ebuf[2 * cols], &ebuf[3 * cols]};
+    for (int64_t r = 0; r < g.R; ++r) {
+      int k = 0;
+      // Refill once per 4 symbols: a refill leaves >= 56 bits, 4 codes use <= 48.
+      for (; k + 4 <= cols; k += 4) {
+        // The 8-byte refill is legal while p <= lim; past that (the stream's last bytes, or a
+        // corrupt segment asking for more bits than exist) the byte-wise bounded refill feeds
+        // zeros, and the consumed-bit check below rejects a segment that overran.
+        for (int j = 0; j < 4; ++j) {
+          if (__builtin_expect(br[j].p <= lim, 1)) br[j].refill();
+          else refill_bounded(br[j], stream_end);
+        }
+        for (int t = 0; t < 4; ++t)
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t sv = smp[j][k + t];
+            // Codes of <= FAST_BITS bits (nearly all) resolve in a 2 KiB table that stays in
+            // L1: [15:8] exponent, [7:0] length.  Longer ones take the full table.
+            uint32_t e = P[((sv & 0x60u) << (FAST_BITS - HUFF_CTX_SHIFT)) |
+                           static_cast<uint32_t>(br[j].window >> (64 - FAST_BITS))];
+            if (__builtin_expect(e == 0, 0)) {
+              const uint16_t f = L[(ctx_of(static_cast<uint8_t>(sv)) << HUFF_MAX_CODE_LEN) | br[j].peek()];
+              badbits |= (f == 0);
+              e = (lut_sym(f) << 8) | lut_len(f);
+            }
+            br[j].consume(e & 0xFFu);
+            eb[j][k + t] = static_cast<uint8_t>(e >> 8);
+          }
+      }
+      for (; k < cols; ++k)
+        for (int j = 0; j < 4; ++j) {
+          if (br[j].nbits < HUFF_MAX_CODE_LEN) {
+            if (br[j].p <= lim) br[j].refill();
+            else refill_bounded(br[j], stream_end);
+          }
+          const uint8_t sv = smp[j][k];
+          const uint16_t f = L[(ctx_of(sv) << HUFF_MAX_CODE_LEN) | br[j].peek()];
+          badbits |= (f == 0);
+          br[j].consume(lut_len(f));
+          eb[j][k] = static_cast<uint8_t>(lut_sym(f));
+        }
+      for (int j = 0; j < 4; ++j) {
+        const uint8_t* __restrict sp = smp[j];
+        const uint8_t* __restrict ep = eb[j];
+        uint16_t* __restrict o = op[j];
+        for (int q = 0; q < cols; ++q) o[q] = bf16_from_parts(sp[q], ep[q]);
+        smp[j] += sm_stride;
+        op[j] += out_stride;
+      }
+    }
+    for (int j = 0; j < 4; ++j) {
+      const int64_t s = c * ng + q0 + j;
+      check(s, badbits ? ~uint64_t(0) : br[j].consumed(start[j]));
     }
   });
   if (bad.load() >= 0) {

@@ -21,14 +21,11 @@ struct Grid {
   int64_t n_chunks() const { return (cols + C - 1) / C; }
 };
 
-// Bits of every segment, chunk-major (index = chunk * n_groups + group), given code lengths
-// lens[HUFF_NUM_CTX][256] (0 for absent symbols).
-void huffman_segment_bits(const uint16_t* w, const Grid& g, const uint8_t* lens, uint64_t* bits,
-                          int threads);
-
-// Encodes into `stream` at the byte offsets `off` (n_segments + 1 entries, chunk-major).
-void huffman_encode(const uint16_t* w, const Grid& g, const uint8_t* lens, const uint16_t* codes,
-                    const uint32_t* off, uint8_t* stream, int threads);
+// Encodes every segment (chunk-major order) and returns the byte offsets (n_segments + 1
+// entries) and the stream, STREAM_SLACK_BYTES zero bytes included.  lens/codes are
+// [HUFF_NUM_CTX][256].
+void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, const uint16_t* codes,
+                        std::vector<uint32_t>* off, std::vector<uint8_t>* stream, int threads);
 
 // Decodes the segments [g0,g1) x [c0,c1).  `sm` and `out` point at row g0*R, column c0*C of
 // the sign+mantissa plane and of the output, with row strides in elements.  `table` holds the

@@ -70,9 +70,10 @@ const char* exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hi
 const char* palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palette pal,
                                  uint8_t* idx, uint8_t* flags, uint32_t* row_counts,
                                  uint32_t* row_offsets, void* stream);
-// Pass 2: writes the ascending verbatim ids vpos[total] and their exponents vexp[total, 64].
+// Pass 2: writes the ascending verbatim ids vpos[nv] and their exponents vexp[nv, 64];
+// nv must equal row_offsets[rows] from pass 1 (the caller reads it back to size vexp).
 const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols,
-                                 const uint8_t* flags, const uint32_t* row_offsets,
+                                 const uint8_t* flags, const uint32_t* row_offsets, int64_t nv,
                                  uint32_t* vpos, uint8_t* vexp, void* stream);
 
 // ----------------------------------------------------------------------- fused GEMV/GEMM
@@ -103,7 +104,7 @@ void palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palet
                           uint8_t* idx, uint8_t* flags, uint32_t* row_counts,
                           uint32_t* row_offsets);
 void palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols, const uint8_t* flags,
-                          const uint32_t* row_offsets, uint32_t* vpos, uint8_t* vexp);
+                          const uint32_t* row_offsets, int64_t nv, uint32_t* vpos, uint8_t* vexp);
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
                          const uint8_t* idx, int64_t N, int64_t K, Palette pal,
                          const uint32_t* vpos, int64_t nv, const uint8_t* vexp, float* corr,

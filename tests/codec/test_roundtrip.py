@@ -160,14 +160,41 @@ def test_encode_refuses_bad_input():
         tc.encode(np.zeros((2, 2), np.uint16), "zstd")
 
 
-@pytest.mark.parametrize("rows,cols,grid", [
-    (4096, 4096, (2, 512)), (1024, 768, (16, 384)), (100, 4096, (2, 512)), (7, 100, (8, 100)),
-    (3, 5000, (1, 5000)), (1, 64, (1, 64)), (4096, 1024, (8, 512)), (32, 8192, (1, 1024)),
+def _grid_rule(rows, cols, seg):
+    """FORMAT.md "Index cost and the writer's grid", written out independently."""
+    Cc = cols
+    for p in (8, 4, 2):
+        if cols % (64 * p) == 0 and cols // p >= 512:
+            Cc = cols // p
+            break
+    R = 1
+    while R * Cc < seg:
+        R *= 2
+    cap = 1
+    while cap < rows:
+        cap *= 2
+    return min(R, cap), Cc
+
+
+@pytest.mark.parametrize("rows,cols,chunk", [
+    (4096, 4096, 512),       # K split 8 ways
+    (1024, 768, 768),        # 768 splits only into chunks < 512: one chunk
+    (100, 4096, 512),
+    (7, 100, 100),           # R capped at the power of two >= rows
+    (3, 5000, 5000),         # 5000 is no multiple of 128: one chunk
+    (1, 64, 64),
+    (4096, 1024, 512),       # 1024 / 4 = 256 < 512, so 2 chunks of 512
+    (32, 8192, 1024),
+    (11008, 4096, 512),      # an MLP down-projection
+    (4096, 11008, 2752),     # 11008 = 4 * 2752 = 4 * 43 * 64
+    (151936, 896, 896),      # an embedding
 ])
-def test_choose_grid_policy(rows, cols, grid):
-    R, Cc = tc.choose_grid(rows, cols)
-    assert (R, Cc) == grid
-    if Cc != cols:
-        assert cols % Cc == 0 and Cc % C.PAL_BLOCK == 0 and Cc >= 512
-    # A segment has >= 4096 weights unless the whole tensor is smaller: index <= 0.008 bit/weight.
-    assert min(R, rows) * Cc >= min(4096, rows * Cc) or R >= rows
+@pytest.mark.parametrize("seg", [C.DEFAULT_SEGMENT_WEIGHTS, 4096, 8192])
+def test_choose_grid_policy(rows, cols, chunk, seg):
+    R, Cc = tc.choose_grid(rows, cols, seg)
+    assert (R, Cc) == _grid_rule(rows, cols, seg)
+    assert Cc == chunk
+    assert R & (R - 1) == 0
+    # A segment holds >= seg weights unless the tensor is too small: the index costs
+    # <= 32 / seg bit per weight.
+    assert R * Cc >= seg or R >= rows

@@ -127,22 +127,16 @@ def _encode_huffman(w, sm, hist, crc, R, C_, threads) -> Encoded:
         codes[t] = huffman.canonical_codes(lens[t])
     present = np.flatnonzero(hist.sum(axis=0))
     lo, hi = int(present[0]), int(present[-1])
-    n_seg = -(-rows // R) * -(-cols // C_)
-    bits = np.empty(n_seg, dtype=np.uint64)
-    _C.huffman_segment_bits(w, R, C_, lens, bits, threads)
-    seg_bytes = (bits + 7) // 8
-    off = np.zeros(n_seg + 1, dtype=np.uint64)
-    np.cumsum(seg_bytes, out=off[1:])
-    if off[-1] + C.STREAM_SLACK_BYTES >= 1 << 32:
-        raise ValueError("exponent stream of this tensor exceeds 4 GiB; split it before compressing")
-    off = off.astype(np.uint32)
-    stream = np.zeros(int(off[-1]) + C.STREAM_SLACK_BYTES, dtype=np.uint8)
-    _C.huffman_encode(w, R, C_, lens, codes, off, stream, threads)
+    try:
+        off, stream = _C.huffman_encode(w, R, C_, lens, codes, threads)
+    except ValueError as e:  # the 4 GiB per-tensor stream limit of uint32 offsets
+        raise ValueError(f"{e}; split this tensor before compressing") from None
+    bits = float(stream.size - C.STREAM_SLACK_BYTES) * 8
     hdr = TensorHeader(encoding=C.ENC_HUFFMAN, rows=rows, cols=cols, rows_per_group=R, cols_per_chunk=C_,
                        crc32=crc, max_code_len=C.HUFF_MAX_CODE_LEN, num_ctx=C.HUFF_NUM_CTX,
                        exp_lo=lo, exp_hi=hi, table=lens[:, lo:hi + 1].copy())
     planes = {C.SUFFIX_HDR: hdr.pack(), C.SUFFIX_SM: sm, C.SUFFIX_EXP: stream, C.SUFFIX_OFF: off}
-    return Encoded(hdr, planes, {"exp_bits_per_weight": float(bits.sum()) / w.size})
+    return Encoded(hdr, planes, {"exp_bits_per_weight": bits / w.size})
 
 
 def _encode_palette(w, sm, palette, crc, R, C_, threads) -> Encoded:

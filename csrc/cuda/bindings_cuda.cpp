@@ -1,0 +1,276 @@
+// pybind11 module unweight._cuda: argument checks and conversions only; the kernels and
+// their launchers are in kernels.cu (host API in kernels.cuh, no CUDA types).
+//
+// Device buffers arrive as integers (torch.Tensor.data_ptr()) and the stream as an integer
+// (torch.cuda.current_stream().cuda_stream), so this module has no libtorch ABI dependency
+// and works with any torch build.  Launch errors raise RuntimeError with the CUDA error
+// string; data errors are counted into the caller's int32 `err` device counter.
+//
+// The emulate_* functions run the kernels' bodies on the host over NumPy arrays (see
+// kernels.cuh), and plan_* expose kernel_plan.h so tests can compare the Python mirror.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../decode_primitives.h"
+#include "kernel_plan.h"
+#include "kernels.cuh"
+
+namespace py = pybind11;
+using namespace unweight;
+using unweight::cuda::Palette;
+
+namespace {
+
+template <class T>
+using arr = py::array_t<T, py::array::c_style>;
+
+template <class T>
+T* dev(uintptr_t p) { return reinterpret_cast<T*>(p); }
+void* stream_of(uintptr_t s) { return reinterpret_cast<void*>(s); }
+
+void check(const char* err) {
+  if (err) throw std::runtime_error(std::string("unweight._cuda: ") + err);
+}
+
+void need(bool ok, const char* what) {
+  if (!ok) throw py::value_error(what);
+}
+
+// Palette from its exponent bytes (1..16 of them, Python bytes / bytearray / uint8 array).
+Palette make_palette(const py::bytes& b) {
+  const std::string s = b;
+  need(!s.empty() && s.size() <= static_cast<size_t>(PAL_MAX_ENTRIES), "palette must have 1..16 entries");
+  Palette p{};
+  for (size_t i = 0; i < s.size(); ++i)
+    p.w[i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(s[i])) << (8 * (i % 4));
+  p.size = static_cast<int>(s.size());
+  return p;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_cuda, m) {
+  m.doc() = "unweight CUDA kernels (format v1): raw device pointers + stream, no libtorch ABI";
+
+  m.def("device_count", &cuda::device_count, "Visible CUDA devices (0 without driver/device).");
+  m.def("compiled_archs", []() {
+    std::vector<int> out;
+    std::string s = cuda::compiled_archs();
+    size_t i = 0;
+    while (i < s.size()) {
+      size_t j = s.find(',', i);
+      if (j == std::string::npos) j = s.size();
+      if (j > i) out.push_back(std::stoi(s.substr(i, j - i)));
+      i = j + 1;
+    }
+    return out;
+  }, "SM targets with device code in this build, e.g. [800, 900].");
+
+  // --------------------------------------------------------------------- launch geometry
+  m.attr("HUFF_THREADS") = plan::HUFF_THREADS;
+  m.attr("PAL_VEC") = plan::PAL_VEC;
+  m.attr("PAL_THREADS") = plan::PAL_THREADS;
+  m.attr("WARP_KERNEL_THREADS") = plan::WARP_KERNEL_THREADS;
+  m.attr("ENC_THREADS") = plan::ENC_THREADS;
+  m.attr("HIST_THREADS") = plan::HIST_THREADS;
+  m.attr("HIST_MAX_CTAS") = plan::HIST_MAX_CTAS;
+  m.attr("SCAN_THREADS") = plan::SCAN_THREADS;
+  m.attr("GEMM_THREADS") = plan::GEMM_THREADS;
+  m.attr("GEMM_VEC") = plan::GEMM_VEC;
+  m.attr("GEMM_MAX_M") = plan::GEMM_MAX_M;
+  m.def("plan_huffman_grid", &plan::huffman_grid);
+  m.def("plan_huffman_unit", [](int64_t i, int64_t g0, int64_t c0, int64_t nsg) {
+    int64_t g, c;
+    plan::huffman_unit(i, g0, c0, nsg, &g, &c);
+    return py::make_tuple(g, c);
+  });
+  m.def("plan_pal_grid", &plan::pal_grid);
+  m.def("plan_pal_unit", [](int64_t t, int64_t n_cols) {
+    int64_t r, k;
+    int n;
+    plan::pal_unit(t, n_cols, &r, &k, &n);
+    return py::make_tuple(r, k, n);
+  });
+  m.def("plan_warp_grid", &plan::warp_grid);
+  m.def("plan_enc_grid", &plan::enc_grid);
+  m.def("plan_hist_grid", &plan::hist_grid);
+  m.def("plan_gemm_grid", &plan::gemm_grid);
+  m.def("plan_gemm_steps", &plan::gemm_steps);
+
+  // --------------------------------------------------------------------- device launches
+  m.def("huffman_build_lut", [](uintptr_t table, int exp_lo, int exp_hi, uintptr_t lut, uintptr_t err,
+                                uintptr_t stream) {
+    need(table && lut && err, "null device pointer");
+    check(cuda::huffman_build_lut(dev<const uint8_t>(table), exp_lo, exp_hi, dev<uint16_t>(lut),
+                                  dev<int32_t>(err), stream_of(stream)));
+  }, py::arg("table"), py::arg("exp_lo"), py::arg("exp_hi"), py::arg("lut"), py::arg("err"),
+     py::arg("stream") = 0,
+     "Build the uint16 [4, 4096] decode LUT from the uint8 [4, exp_hi-exp_lo+1] code lengths.");
+
+  m.def("huffman_decode", [](uintptr_t stream_p, int64_t stream_bytes, uintptr_t off, int64_t rows,
+                             int64_t cols, int64_t R, int64_t C, uintptr_t lut, int64_t g0, int64_t g1,
+                             int64_t c0, int64_t c1, uintptr_t sm, int64_t sm_stride, uintptr_t out,
+                             int64_t out_stride, uintptr_t err, uintptr_t stream, bool exp_only) {
+    need(stream_p && off && lut && sm && out && err, "null device pointer");
+    check(cuda::huffman_decode(dev<const uint8_t>(stream_p), stream_bytes, dev<const uint32_t>(off), rows,
+                               cols, R, C, dev<const uint16_t>(lut), g0, g1, c0, c1,
+                               dev<const uint8_t>(sm), sm_stride, exp_only ? nullptr : dev<uint16_t>(out),
+                               exp_only ? dev<uint8_t>(out) : nullptr, out_stride, dev<int32_t>(err),
+                               stream_of(stream)));
+  }, py::arg("exp"), py::arg("exp_bytes"), py::arg("off"), py::arg("rows"), py::arg("cols"), py::arg("R"),
+     py::arg("C"), py::arg("lut"), py::arg("g0"), py::arg("g1"), py::arg("c0"), py::arg("c1"), py::arg("sm"),
+     py::arg("sm_stride"), py::arg("out"), py::arg("out_stride"), py::arg("err"), py::arg("stream") = 0,
+     py::arg("exp_only") = false,
+     "Decode Huffman segments [g0,g1)x[c0,c1); sm/out point at the rectangle origin.");
+
+  m.def("palette_decode", [](uintptr_t sm, uintptr_t idx, int64_t rows, int64_t cols, int64_t r0,
+                             int64_t r1, int64_t k0, int64_t k1, py::bytes palette, uintptr_t vpos,
+                             int64_t nv, uintptr_t vexp, uintptr_t out, int64_t out_stride,
+                             uintptr_t err, uintptr_t stream) {
+    need(sm && idx && out && err, "null device pointer");
+    need(nv == 0 || (vpos && vexp), "null verbatim pointers");
+    check(cuda::palette_decode(dev<const uint8_t>(sm), dev<const uint8_t>(idx), rows, cols, r0, r1, k0, k1,
+                               make_palette(palette), dev<const uint32_t>(vpos), nv,
+                               dev<const uint8_t>(vexp), dev<uint16_t>(out), out_stride,
+                               dev<int32_t>(err), stream_of(stream)));
+  }, py::arg("sm"), py::arg("idx"), py::arg("rows"), py::arg("cols"), py::arg("r0"), py::arg("r1"),
+     py::arg("k0"), py::arg("k1"), py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"),
+     py::arg("out"), py::arg("out_stride"), py::arg("err"), py::arg("stream") = 0,
+     "Decode rows [r0,r1) x cols [k0,k1) of the full sm/idx planes into out (rectangle origin).");
+
+  m.def("exp_histogram", [](uintptr_t exps, int64_t n, uintptr_t hist, uintptr_t stream) {
+    need(exps && hist, "null device pointer");
+    check(cuda::exp_histogram(dev<const uint8_t>(exps), n, dev<unsigned long long>(hist), stream_of(stream)));
+  }, py::arg("exps"), py::arg("n"), py::arg("hist"), py::arg("stream") = 0);
+
+  m.def("palette_encode_pass1", [](uintptr_t exps, int64_t rows, int64_t cols, py::bytes palette,
+                                   uintptr_t idx, uintptr_t flags, uintptr_t row_counts,
+                                   uintptr_t row_offsets, uintptr_t stream) {
+    need(exps && idx && flags && row_counts && row_offsets, "null device pointer");
+    check(cuda::palette_encode_pass1(dev<const uint8_t>(exps), rows, cols, make_palette(palette),
+                                     dev<uint8_t>(idx), dev<uint8_t>(flags), dev<uint32_t>(row_counts),
+                                     dev<uint32_t>(row_offsets), stream_of(stream)));
+  }, py::arg("exps"), py::arg("rows"), py::arg("cols"), py::arg("palette"), py::arg("idx"), py::arg("flags"),
+     py::arg("row_counts"), py::arg("row_offsets"), py::arg("stream") = 0);
+
+  m.def("palette_encode_pass2", [](uintptr_t exps, int64_t rows, int64_t cols, uintptr_t flags,
+                                   uintptr_t row_offsets, int64_t nv, uintptr_t vpos, uintptr_t vexp,
+                                   uintptr_t stream) {
+    need(exps && flags && row_offsets, "null device pointer");
+    need(nv == 0 || (vpos && vexp), "null verbatim pointers");
+    check(cuda::palette_encode_pass2(dev<const uint8_t>(exps), rows, cols, dev<const uint8_t>(flags),
+                                     dev<const uint32_t>(row_offsets), nv, dev<uint32_t>(vpos),
+                                     dev<uint8_t>(vexp), stream_of(stream)));
+  }, py::arg("exps"), py::arg("rows"), py::arg("cols"), py::arg("flags"), py::arg("row_offsets"),
+     py::arg("nv"), py::arg("vpos"), py::arg("vexp"), py::arg("stream") = 0);
+
+  m.def("palette_gemm", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N,
+                           int64_t K, py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp,
+                           uintptr_t corr, uintptr_t y, int64_t ldy, uintptr_t stream) {
+    need(x && sm && idx && y, "null device pointer");
+    need(nv == 0 || (vpos && vexp && corr), "null verbatim pointers");
+    check(cuda::palette_gemm(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx),
+                             N, K, make_palette(palette), dev<const uint32_t>(vpos), nv,
+                             dev<const uint8_t>(vexp), dev<float>(corr), dev<uint16_t>(y), ldy,
+                             stream_of(stream)));
+  }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
+     py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("corr"), py::arg("y"),
+     py::arg("ldy"), py::arg("stream") = 0,
+     "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K]; corr is fp32 scratch [nv, M].");
+
+  // --------------------------------------------------------------------- host emulation
+  m.def("emulate_huffman_decode", [](arr<uint8_t> stream, arr<uint32_t> off, int64_t rows, int64_t cols,
+                                     int64_t R, int64_t C, arr<uint8_t> table, int exp_lo, int exp_hi,
+                                     int64_t g0, int64_t g1, int64_t c0, int64_t c1, arr<uint8_t> sm,
+                                     py::array out, bool exp_only) {
+    need(sm.ndim() == 2 && out.ndim() == 2, "sm and out must be 2-D");
+    need(off.size() == ((rows + R - 1) / R) * ((cols + C - 1) / C) + 1, "offset table has the wrong size");
+    need(table.size() == HUFF_NUM_CTX * (exp_hi - exp_lo + 1), "code table has the wrong size");
+    const int64_t nr = std::min(rows, g1 * R) - g0 * R;
+    need(sm.shape(0) == nr && out.shape(0) == nr, "row count mismatch");
+    need(out.flags() & py::array::c_style, "out must be C-contiguous");
+    int32_t err = 0;
+    uint16_t* o16 = nullptr;
+    uint8_t* o8 = nullptr;
+    if (exp_only) {
+      need(out.dtype().is(py::dtype::of<uint8_t>()), "out must be uint8 when exp_only");
+      o8 = static_cast<uint8_t*>(out.mutable_data());
+    } else {
+      need(out.dtype().is(py::dtype::of<uint16_t>()), "out must be uint16");
+      o16 = static_cast<uint16_t*>(out.mutable_data());
+    }
+    const char* e;
+    {
+      py::gil_scoped_release nogil;
+      e = cuda::emulate::huffman_decode(stream.data(), stream.size(), off.data(), rows, cols, R, C,
+                                        table.data(), exp_lo, exp_hi, g0, g1, c0, c1, sm.data(), sm.shape(1),
+                                        o16, o8, out.shape(1), &err);
+    }
+    check(e);
+    return err;
+  }, "Host run of the Huffman kernel bodies; returns the error count.");
+
+  m.def("emulate_palette_decode", [](arr<uint8_t> sm, arr<uint8_t> idx, int64_t r0, int64_t r1, int64_t k0,
+                                     int64_t k1, py::bytes palette, arr<uint32_t> vpos, arr<uint8_t> vexp,
+                                     arr<uint16_t> out) {
+    need(sm.ndim() == 2 && idx.ndim() == 2 && out.ndim() == 2, "planes must be 2-D");
+    const int64_t rows = sm.shape(0), cols = sm.shape(1);
+    need(idx.shape(0) == rows && idx.shape(1) == (cols + 1) / 2, "idx shape mismatch");
+    need(out.shape(0) == r1 - r0, "out row count mismatch");
+    need(vexp.size() == vpos.size() * PAL_BLOCK, "vexp size mismatch");
+    int32_t err = 0;
+    const char* e = cuda::emulate::palette_decode(sm.data(), idx.data(), rows, cols, r0, r1, k0, k1,
+                                                  make_palette(palette), vpos.data(), vpos.size(), vexp.data(),
+                                                  out.mutable_data(), out.shape(1), &err);
+    check(e);
+    return err;
+  });
+
+  m.def("emulate_exp_histogram", [](arr<uint8_t> exps) {
+    arr<uint64_t> hist(256);
+    std::fill(hist.mutable_data(), hist.mutable_data() + 256, 0);
+    cuda::emulate::exp_histogram(exps.data(), exps.size(),
+                                 reinterpret_cast<unsigned long long*>(hist.mutable_data()));
+    return hist;
+  });
+
+  m.def("emulate_palette_encode", [](arr<uint8_t> exps, py::bytes palette) {
+    need(exps.ndim() == 2, "exps must be 2-D");
+    const int64_t rows = exps.shape(0), cols = exps.shape(1);
+    const int64_t bpr = plan::blocks_per_row(cols);
+    arr<uint8_t> idx({rows, (cols + 1) / 2});
+    std::vector<uint8_t> flags(rows * bpr);
+    std::vector<uint32_t> counts(rows), offsets(rows + 1);
+    cuda::emulate::palette_encode_pass1(exps.data(), rows, cols, make_palette(palette), idx.mutable_data(),
+                                        flags.data(), counts.data(), offsets.data());
+    const int64_t nv = offsets[rows];
+    arr<uint32_t> vpos(nv);
+    arr<uint8_t> vexp({nv, static_cast<int64_t>(PAL_BLOCK)});
+    cuda::emulate::palette_encode_pass2(exps.data(), rows, cols, flags.data(), offsets.data(), nv,
+                                        vpos.mutable_data(), vexp.mutable_data());
+    return py::make_tuple(idx, vpos, vexp);
+  }, "Host run of the transcode's encode kernels: (idx, vpos, vexp) from an exponent plane.");
+
+  m.def("emulate_palette_gemm", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
+                                   arr<uint32_t> vpos, arr<uint8_t> vexp) {
+    need(x.ndim() == 2 && sm.ndim() == 2, "x and sm must be 2-D");
+    const int M = static_cast<int>(x.shape(0));
+    const int64_t N = sm.shape(0), K = sm.shape(1);
+    need(x.shape(1) == K, "x width must equal K");
+    need(idx.size() == N * ((K + 1) / 2), "idx size mismatch");
+    need(vexp.size() == vpos.size() * PAL_BLOCK, "vexp size mismatch");
+    const int64_t nv = vpos.size();
+    std::vector<float> corr(std::max<int64_t>(1, nv * M));
+    arr<uint16_t> y({static_cast<int64_t>(M), N});
+    check(cuda::emulate::palette_gemm(x.data(), K, M, sm.data(), idx.data(), N, K, make_palette(palette),
+                                      vpos.data(), nv, vexp.data(), corr.data(), y.mutable_data(), N));
+    return y;
+  }, "Host run of the fused GEMM kernels: y uint16 (bf16 bits) [M, N].");
+}

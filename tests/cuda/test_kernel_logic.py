@@ -1,0 +1,310 @@
+"""CPU tests of the CUDA kernels' logic (no GPU needed; runs in CI).
+
+Two layers:
+* launch geometry (unweight/runtime/kernel_plan.py, the mirror of csrc/cuda/kernel_plan.h):
+  on odd shapes every thread -> work map covers every element exactly once, and (when
+  unweight._cuda is built) the C++ plan agrees with the Python mirror;
+* kernel bodies: unweight._cuda.emulate_* runs the very __host__ __device__ bodies of
+  kernels.cu serially on the host over the kernels' grids; they must match the CPU codec
+  bit for bit (decode, transcode) and the fp64 reference within bf16 rounding (fused GEMM).
+  Skipped when unweight._cuda is not built (no nvcc at install time).
+"""
+import numpy as np
+import pytest
+
+from unweight.codec import tensor_codec as tc
+from unweight.format import constants as C
+from unweight.runtime import kernel_plan as kp
+
+from .helpers import bf16_to_f64, make_weights
+
+try:
+    from unweight import _cuda
+except ImportError:  # CUDA extension not built
+    _cuda = None
+
+needs_ext = pytest.mark.skipif(_cuda is None, reason="unweight._cuda not built")
+
+ODD = [1, 63, 65, 4097]
+
+
+# ------------------------------------------------------------------------------- geometry
+@pytest.mark.parametrize("rows", ODD)
+@pytest.mark.parametrize("cols", ODD)
+def test_huffman_split_covers_once(rows, cols):
+    R, C_ = tc.choose_grid(rows, cols)
+    ng, nc = kp.cdiv(rows, R), kp.cdiv(cols, C_)
+    # whole grid and a sub-rectangle of segments (tensor-parallel shard)
+    for g0, g1, c0, c1 in {(0, ng, 0, nc), (ng // 2, ng, nc // 2, nc), (0, max(1, ng // 3), 0, 1)}:
+        nsel = (g1 - g0) * (c1 - c0)
+        cover = np.zeros((rows, cols), np.int32)
+        for i in range(kp.huffman_grid(nsel) * kp.HUFF_THREADS):
+            if i >= nsel:
+                continue
+            g, c = kp.huffman_unit(i, g0, c0, g1 - g0)
+            assert g0 <= g < g1 and c0 <= c < c1
+            r0, r1, k0, k1 = kp.segment_rect(g, c, rows, cols, R, C_)
+            cover[r0:r1, k0:k1] += 1
+        want = np.zeros_like(cover)
+        want[g0 * R:min(rows, g1 * R), c0 * C_:min(cols, c1 * C_)] = 1
+        assert np.array_equal(cover, want)
+
+
+@pytest.mark.parametrize("rows", ODD)
+@pytest.mark.parametrize("cols", ODD)
+def test_palette_split_covers_once(rows, cols):
+    for r0, r1, k0, k1 in {(0, rows, 0, cols), (rows // 2, rows, cols // 3, cols)}:
+        nr, nk = r1 - r0, k1 - k0
+        t = np.arange(kp.pal_grid(nr, nk) * kp.PAL_THREADS)
+        t = t[t < nr * kp.pal_threads_per_row(nk)]
+        tpr = kp.pal_threads_per_row(nk)
+        r, k = t // tpr, (t % tpr) * kp.PAL_VEC
+        n = np.minimum(kp.PAL_VEC, nk - k)
+        assert (n >= 1).all() and (n <= kp.PAL_VEC).all()
+        # spot-check the vectorized mirror against the scalar function
+        for tt in t[:: max(1, len(t) // 50)]:
+            assert kp.pal_unit(int(tt), nk) == (int(tt // tpr), int((tt % tpr) * kp.PAL_VEC),
+                                                int(min(kp.PAL_VEC, nk - (tt % tpr) * kp.PAL_VEC)))
+        cover = np.zeros(nr * nk, np.int32)
+        for j in range(kp.PAL_VEC):
+            m = j < n
+            np.add.at(cover, r[m] * nk + k[m] + j, 1)
+        assert (cover == 1).all()
+
+
+@pytest.mark.parametrize("cols", ODD + [64, 128])
+def test_block_splits_cover_once(cols):
+    rows = 3
+    bpr = kp.blocks_per_row(cols)
+    # palette encode: thread per (row, block)
+    cover = np.zeros((rows, cols), np.int32)
+    for t in range(kp.enc_grid(rows, cols) * kp.ENC_THREADS):
+        if t >= rows * bpr:
+            continue
+        r, b = divmod(t, bpr)
+        cover[r, b * 64:min(cols, b * 64 + 64)] += 1
+    assert (cover == 1).all()
+    # verbatim patch / gather / correction: lanes of a block's warp
+    for b in range(bpr):
+        got = sorted(c for lane in range(kp.WARP) for c in kp.verbatim_lane_cols(b, lane, cols))
+        assert got == list(range(b * 64, min(cols, b * 64 + 64)))
+    assert kp.warp_grid(0) == 0 and kp.warp_grid(1) == 1 and kp.warp_grid(kp.WARPS_PER_CTA + 1) == 2
+
+
+@pytest.mark.parametrize("cols", [8, 64, 248, 256, 264, 4096, 4104, 14336])
+def test_gemm_lanes_cover_once(cols):
+    got = sorted(c + j for lane in range(kp.WARP) for c in kp.gemm_lane_cols(lane, cols) for j in range(kp.GEMM_VEC))
+    assert got == list(range(cols))
+    assert kp.gemm_grid(1) == 1 and kp.gemm_grid(kp.GEMM_ROWS_PER_CTA + 1) == 2
+    assert kp.gemm_supported(16, cols) and not kp.gemm_supported(17, cols) and not kp.gemm_supported(1, cols + 1)
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 4097, 16 * 256 * 1024 + 5, 10**9])
+def test_hist_grid_stride_covers_once(n):
+    grid = kp.hist_grid(n)
+    assert 1 <= grid <= kp.HIST_MAX_CTAS
+    nvec, stride = n // 16, grid * kp.HIST_THREADS
+    # each vector index v is visited by thread v % stride at iteration v // stride: once;
+    # the tail (n % 16 bytes) by CTA 0's threads
+    assert stride >= 1 and (n - nvec * 16) < 16 <= kp.HIST_THREADS
+
+
+@needs_ext
+def test_cpp_plan_matches_python():
+    for name in ("HUFF_THREADS", "PAL_VEC", "PAL_THREADS", "WARP_KERNEL_THREADS", "ENC_THREADS", "HIST_THREADS",
+                 "HIST_MAX_CTAS", "SCAN_THREADS", "GEMM_THREADS", "GEMM_VEC", "GEMM_MAX_M"):
+        assert getattr(_cuda, name) == getattr(kp, name), name
+    for n in [0, 1, 63, 64, 65, 4097, 10**6, 10**10]:
+        assert _cuda.plan_huffman_grid(n) == kp.huffman_grid(n)
+        assert _cuda.plan_warp_grid(n) == kp.warp_grid(n)
+        assert _cuda.plan_hist_grid(n) == kp.hist_grid(n)
+        assert _cuda.plan_gemm_grid(n) == kp.gemm_grid(n)
+        assert _cuda.plan_gemm_steps(n) == kp.gemm_steps(n)
+    for a in ODD:
+        for b in ODD:
+            assert _cuda.plan_pal_grid(a, b) == kp.pal_grid(a, b)
+            assert _cuda.plan_enc_grid(a, b) == kp.enc_grid(a, b)
+            for t in (0, 1, 7, 8, 100, a * b // 3):
+                assert tuple(_cuda.plan_pal_unit(t, b)) == kp.pal_unit(t, b)
+                assert tuple(_cuda.plan_huffman_unit(t, 2, 3, a)) == kp.huffman_unit(t, 2, 3, a)
+
+
+@needs_ext
+def test_module_without_gpu_is_clean():
+    """Importing works without a GPU; device calls raise RuntimeError, never crash."""
+    archs = _cuda.compiled_archs()
+    assert all(isinstance(a, int) for a in archs)
+    if _cuda.device_count() == 0:
+        with pytest.raises(RuntimeError):
+            _cuda.huffman_build_lut(16, 100, 120, 16, 16, 0)
+    with pytest.raises(RuntimeError, match="M <= 16"):
+        _cuda.palette_gemm(16, 8, 17, 16, 16, 4, 8, b"\x7f", 0, 0, 0, 0, 16, 4, 0)
+    with pytest.raises(RuntimeError, match="K % 8"):
+        _cuda.palette_gemm(16, 16, 1, 16, 16, 4, 12, b"\x7f", 0, 0, 0, 0, 16, 4, 0)
+    with pytest.raises(ValueError):
+        _cuda.palette_decode(16, 16, 4, 8, 0, 4, 0, 8, b"", 0, 0, 0, 16, 8, 16, 0)
+
+
+# ------------------------------------------------------------------------- kernel bodies
+SHAPES = [(1, 1), (1, 63), (63, 65), (65, 64), (7, 4097), (129, 256), (300, 520)]
+
+
+def _huff_args(enc):
+    h, p = enc.header, enc.planes
+    return (p[C.SUFFIX_EXP], p[C.SUFFIX_OFF], h.rows, h.cols, h.rows_per_group, h.cols_per_chunk, h.table,
+            h.exp_lo, h.exp_hi)
+
+
+@needs_ext
+@pytest.mark.parametrize("shape", SHAPES)
+def test_emulated_huffman_decode_matches_cpu(shape):
+    w = make_weights(*shape, seed=shape[0] * 7 + shape[1])
+    enc = tc.encode(w, "huffman", segment_weights=256)  # many small segments: more grid edges
+    h, p = enc.header, enc.planes
+    out = np.empty_like(w)
+    assert _cuda.emulate_huffman_decode(*_huff_args(enc), 0, h.n_groups, 0, h.n_chunks, p[C.SUFFIX_SM], out,
+                                        False) == 0
+    assert np.array_equal(out, w)
+    exps = np.empty(w.shape, np.uint8)
+    assert _cuda.emulate_huffman_decode(*_huff_args(enc), 0, h.n_groups, 0, h.n_chunks, p[C.SUFFIX_SM], exps,
+                                        True) == 0
+    assert np.array_equal(exps, (w >> 7).astype(np.uint8))
+    # sub-rectangle of segments, as a tensor-parallel shard decodes it
+    g0, g1, c0, c1 = h.n_groups // 2, h.n_groups, h.n_chunks // 2, h.n_chunks
+    R, C_ = h.rows_per_group, h.cols_per_chunk
+    r0, r1, k0, k1 = g0 * R, min(h.rows, g1 * R), c0 * C_, min(h.cols, c1 * C_)
+    sub = np.empty((r1 - r0, k1 - k0), np.uint16)
+    sm_sub = np.ascontiguousarray(p[C.SUFFIX_SM][r0:r1, k0:k1])
+    assert _cuda.emulate_huffman_decode(*_huff_args(enc), g0, g1, c0, c1, sm_sub, sub, False) == 0
+    assert np.array_equal(sub, w[r0:r1, k0:k1])
+
+
+@needs_ext
+def test_emulated_huffman_flags_corruption_without_overrun():
+    w = make_weights(65, 130, seed=3)
+    enc = tc.encode(w, "huffman", segment_weights=256)
+    h, p = enc.header, enc.planes
+    out = np.empty_like(w)
+    # flipped stream bytes: the CPU codec and the kernel body must agree that it is corrupt
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        bad = p[C.SUFFIX_EXP].copy()
+        pos = int(rng.integers(0, bad.size - C.STREAM_SLACK_BYTES))
+        bad[pos] ^= np.uint8(1 << int(rng.integers(0, 8)))
+        nerr = _cuda.emulate_huffman_decode(bad, *_huff_args(enc)[1:], 0, h.n_groups, 0, h.n_chunks,
+                                            p[C.SUFFIX_SM], out, False)
+        try:
+            ref = np.empty_like(w)
+            tc._C.huffman_decode(bad, p[C.SUFFIX_OFF], h.rows, h.cols, h.rows_per_group, h.cols_per_chunk,
+                                 h.table, h.exp_lo, h.exp_hi, 0, h.n_groups, 0, h.n_chunks, p[C.SUFFIX_SM], ref, 1)
+            cpu_ok = True
+        except ValueError:
+            cpu_ok = False
+        assert (nerr == 0) == cpu_ok
+        if cpu_ok:
+            assert np.array_equal(out, ref)
+    # an offset table that points past the stream: counted, never read out of bounds
+    off = p[C.SUFFIX_OFF].copy()
+    off[-1] = off[-1] + 1000
+    short = p[C.SUFFIX_EXP][: max(C.STREAM_SLACK_BYTES, p[C.SUFFIX_EXP].size // 2)].copy()
+    nerr = _cuda.emulate_huffman_decode(short, off, *_huff_args(enc)[2:], 0, h.n_groups, 0, h.n_chunks,
+                                        p[C.SUFFIX_SM], out, False)
+    assert nerr >= 1
+
+
+def _pal(enc):
+    return bytes(enc.header.palette[: enc.header.pal_size])
+
+
+@needs_ext
+@pytest.mark.parametrize("shape", SHAPES + [(33, 4096)])
+def test_emulated_palette_decode_matches_cpu(shape):
+    w = make_weights(*shape, seed=shape[0] + 13 * shape[1])
+    enc = tc.encode(w, "palette")
+    h, p = enc.header, enc.planes
+    if shape[0] * shape[1] > 4000:
+        assert h.num_verbatim > 0  # the generator's outliers exercise the patch kernel
+    out = np.empty_like(w)
+    assert _cuda.emulate_palette_decode(p[C.SUFFIX_SM], p[C.SUFFIX_IDX], 0, h.rows, 0, h.cols, _pal(enc),
+                                        p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], out) == 0
+    assert np.array_equal(out, w)
+    # rectangles: odd origin (scalar path) and 8-aligned origin (vector path when cols % 8 == 0)
+    for r0, r1, k0, k1 in {(h.rows // 3, h.rows, h.cols // 2, h.cols), (0, h.rows, (h.cols // 16) * 8, h.cols)}:
+        sub = np.empty((r1 - r0, k1 - k0), np.uint16)
+        assert _cuda.emulate_palette_decode(p[C.SUFFIX_SM], p[C.SUFFIX_IDX], r0, r1, k0, k1, _pal(enc),
+                                            p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], sub) == 0
+        assert np.array_equal(sub, w[r0:r1, k0:k1])
+
+
+@needs_ext
+def test_emulated_palette_decode_flags_bad_index():
+    w = make_weights(16, 64, seed=5, spread=False)
+    enc = tc.encode(w, "palette")
+    h, p = enc.header, enc.planes
+    if h.pal_size == 16:
+        pytest.skip("palette is full; no out-of-range nibble exists")
+    idx = p[C.SUFFIX_IDX].copy()
+    idx[3, 5] = (idx[3, 5] & 0xF0) | 0x0F
+    out = np.empty_like(w)
+    assert _cuda.emulate_palette_decode(p[C.SUFFIX_SM], idx, 0, h.rows, 0, h.cols, _pal(enc), p[C.SUFFIX_VPOS],
+                                        p[C.SUFFIX_VEXP], out) >= 1
+
+
+@needs_ext
+@pytest.mark.parametrize("shape", SHAPES + [(40, 4096)])
+def test_emulated_transcode_matches_cpu_encoder(shape):
+    """Huffman -> exponents -> histogram -> palette -> idx/vpos/vexp, vs the CPU transcode."""
+    w = make_weights(*shape, seed=11 + shape[1])
+    enc = tc.encode(w, "huffman")
+    h, p = enc.header, enc.planes
+    exps = np.empty(w.shape, np.uint8)
+    assert _cuda.emulate_huffman_decode(*_huff_args(enc), 0, h.n_groups, 0, h.n_chunks, p[C.SUFFIX_SM], exps,
+                                        True) == 0
+    hist = _cuda.emulate_exp_histogram(exps)
+    assert np.array_equal(hist, np.bincount(exps.reshape(-1), minlength=256))
+    pal = tc.choose_palette(hist.astype(np.int64))
+    idx, vpos, vexp = _cuda.emulate_palette_encode(exps, bytes(pal.tobytes()))
+    ref = tc.transcode_to_palette(h, p)
+    assert bytes(pal.tobytes()) == bytes(ref.header.palette[: ref.header.pal_size])
+    assert np.array_equal(idx, ref.planes[C.SUFFIX_IDX])
+    assert np.array_equal(vpos, ref.planes[C.SUFFIX_VPOS])
+    assert np.array_equal(vexp, ref.planes[C.SUFFIX_VEXP])
+
+
+def _rel_err(y, ref):
+    return float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+@needs_ext
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 8, 16])
+@pytest.mark.parametrize("NK", [(1, 8), (5, 64), (33, 264), (64, 4096), (7, 1000)])
+def test_emulated_gemm_matches_reference(M, NK):
+    N, K = NK
+    w = make_weights(N, K, seed=N * 31 + K)
+    enc = tc.encode(w, "palette")
+    p = enc.planes
+    rng = np.random.default_rng(M)
+    x = (rng.standard_normal((M, K)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    y = _cuda.emulate_palette_gemm(x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP])
+    ref = bf16_to_f64(x) @ bf16_to_f64(w).T
+    got = bf16_to_f64(y)
+    finite = np.isfinite(ref)
+    # one bf16 rounding of an fp32-accumulated sum: |err| <= 2^-8 |y| + fp32 accumulation slack
+    scale = np.abs(bf16_to_f64(x)) @ np.abs(bf16_to_f64(w)).T
+    assert np.all(np.abs(got - ref)[finite] <= (2.0 ** -8 * np.abs(ref) + 1e-5 * scale)[finite] + 1e-30)
+    # the verbatim correction matters: without it (exponents from palette entry 0) it differs
+    if enc.header.num_verbatim:
+        y0 = _cuda.emulate_palette_gemm(x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS][:0],
+                                        p[C.SUFFIX_VEXP][:0])
+        assert _rel_err(bf16_to_f64(y0), ref) > _rel_err(got, ref)
+
+
+@needs_ext
+def test_emulated_gemm_is_deterministic():
+    w = make_weights(96, 512, seed=9)
+    enc = tc.encode(w, "palette")
+    p = enc.planes
+    x = make_weights(4, 512, seed=10, spread=False)
+    ys = [_cuda.emulate_palette_gemm(x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS],
+                                     p[C.SUFFIX_VEXP]) for _ in range(3)]
+    assert all(np.array_equal(ys[0], y) for y in ys[1:])

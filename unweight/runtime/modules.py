@@ -1,0 +1,292 @@
+"""nn.Modules whose weight stays compressed: CompressedLinear and CompressedEmbedding.
+
+The planes of the encoded weight are buffers named ``weight__hdr``, ``weight__sm``,
+``weight__exp``/``weight__off`` (huffman) or ``weight__idx``/``weight__vpos``/``weight__vexp``
+(palette), so a module's state-dict keys are exactly the checkpoint's plane names and
+transformers' loader fills them with no renaming.  Planes are uint8/uint32 tensors on the
+module's device; the weight is decoded per forward into the per-device scratch buffer
+(runtime/dispatch.py), never kept decoded.
+
+A tied output projection (SmolLM2's lm_head = embed_tokens) is a CompressedLinear that owns
+no planes: it reads its source embedding's buffers at every forward.  The source is held in
+a plain list, not as a submodule, so state_dict() and .to() see the planes exactly once.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from ..codec import tensor_codec as tc
+from ..format import constants as C
+from ..format.errors import FormatError
+from ..format.header import TensorHeader
+
+_TORCH_DTYPES = {np.dtype(np.uint8): torch.uint8, np.dtype(np.uint32): torch.uint32}
+_ST_TORCH = {"U8": torch.uint8, "U32": torch.uint32}
+
+
+def plane_tensor(a) -> Tensor:
+    """Torch tensor of a NumPy plane (uint8 / uint32), sharing memory when possible."""
+    a = np.ascontiguousarray(a)
+    if not a.flags.writeable:
+        a = a.copy()  # mmap views are read-only; torch needs writable storage
+    return torch.from_numpy(a)
+
+
+class _Info:
+    """Plain-int copy of the header fields a forward needs (cheap attribute reads, and
+    constants under torch.compile)."""
+
+    __slots__ = ("encoding", "n_rows", "n_cols", "rows_per_group", "cols_per_chunk", "exp_lo", "exp_hi",
+                 "palette", "table_bytes")
+
+    def __init__(self, h: TensorHeader):
+        self.encoding = int(h.encoding)
+        self.n_rows, self.n_cols = int(h.rows), int(h.cols)
+        self.rows_per_group, self.cols_per_chunk = int(h.rows_per_group), int(h.cols_per_chunk)
+        self.exp_lo, self.exp_hi = int(h.exp_lo), int(h.exp_hi)
+        self.palette = [int(b) for b in h.palette[: h.pal_size]]
+        self.table_bytes = 0 if h.table is None else int(h.table.size)
+
+
+class CompressedWeightMixin:
+    """Shared plane handling of CompressedLinear / CompressedEmbedding (an nn.Module mixin)."""
+
+    _tied: list  # [source module] for a tied module, [] otherwise
+
+    # -------------------------------------------------------------- construction
+    def _init_planes(self, header: TensorHeader, shapes: dict | None = None, device=None,
+                     planes: dict | None = None):
+        """Register the plane buffers.  shapes: {suffix: (shape, torch dtype)} for empty (e.g.
+        meta) buffers to be filled by a state-dict load; planes: {suffix: array/tensor}."""
+        self._tied = []
+        self.header = header
+        self._info = _Info(header)
+        self._suffixes = tc.planes_for(header)
+        for suf in self._suffixes:
+            if planes is not None:
+                t = planes[suf] if isinstance(planes[suf], Tensor) else plane_tensor(planes[suf])
+                t = t.to(device) if device is not None else t
+            else:
+                shape, dt = shapes[suf]
+                t = torch.empty(shape, dtype=dt, device=device)
+            self.register_buffer("weight" + suf, t, persistent=True)
+        # Huffman decode tables for the CUDA kernels (built at prepare time); empty on CPU,
+        # where the C++ codec builds its tables from the code lengths in the header.
+        self.register_buffer("weight_lut", torch.empty(0, dtype=torch.uint16, device=device), persistent=False)
+
+    def replace_planes(self, header: TensorHeader, planes: dict):
+        """Swap in another encoding of the same weight (e.g. huffman -> palette transcode)."""
+        if (header.rows, header.cols) != (self.n_rows, self.n_cols):
+            raise ValueError("replace_planes: shape differs")
+        device = self.device
+        for suf in self._suffixes:
+            delattr(self, "weight" + suf)
+        delattr(self, "weight_lut")
+        self._init_planes(header, planes=planes, device=device)
+
+    # -------------------------------------------------------------- accessors
+    def owner(self):
+        return self._tied[0] if self._tied else self
+
+    @property
+    def is_tied(self) -> bool:
+        return bool(self._tied)
+
+    def planes(self) -> dict:
+        o = self.owner()
+        return {suf: getattr(o, "weight" + suf) for suf in o._suffixes}
+
+    def code_table(self) -> Tensor:
+        """Huffman code lengths uint8 [4, exp_hi-exp_lo+1]: a view into the header plane."""
+        hdr = self.owner().weight__hdr
+        return hdr[C.HEADER_BYTES:].view(C.HUFF_NUM_CTX, -1)
+
+    def lut(self) -> Tensor:
+        return self.owner().weight_lut
+
+    @property
+    def info(self) -> _Info:
+        return self.owner()._info
+
+    @property
+    def encoding(self) -> int:
+        return self.info.encoding
+
+    @property
+    def encoding_name(self) -> str:
+        return {C.ENC_HUFFMAN: "huffman", C.ENC_PALETTE: "palette"}[self.encoding]
+
+    @property
+    def n_rows(self) -> int:
+        return self.info.n_rows
+
+    @property
+    def n_cols(self) -> int:
+        return self.info.n_cols
+
+    @property
+    def rows_per_group(self) -> int:
+        return self.info.rows_per_group
+
+    @property
+    def cols_per_chunk(self) -> int:
+        return self.info.cols_per_chunk
+
+    @property
+    def exp_lo(self) -> int:
+        return self.info.exp_lo
+
+    @property
+    def exp_hi(self) -> int:
+        return self.info.exp_hi
+
+    @property
+    def palette(self) -> list:
+        return self.info.palette
+
+    @property
+    def device(self) -> torch.device:
+        return self.owner().weight__sm.device
+
+    def held_bytes(self) -> int:
+        """Bytes of planes this module owns (0 for a tied module)."""
+        if self._tied:
+            return 0
+        return sum(int(t.numel() * t.element_size()) for t in self.planes().values())
+
+    def decoded_bytes(self) -> int:
+        return self.n_rows * self.n_cols * 2
+
+    def host_planes(self) -> dict:
+        """{suffix: NumPy array} of the planes on the host (zero-copy on CPU)."""
+        out = {}
+        for suf, t in self.planes().items():
+            t = t.detach().cpu()
+            out[suf] = t.numpy()
+        return out
+
+    def check_loaded(self, where: str = ""):
+        """After a state-dict load: the header plane must parse and agree with the planes."""
+        o = self.owner()
+        hdr = TensorHeader.parse(o.weight__hdr.detach().cpu().numpy(), where)
+        if (hdr.rows, hdr.cols, hdr.encoding) != (o.header.rows, o.header.cols, o.header.encoding):
+            raise FormatError(f"loaded header of {where} differs from the checkpoint's")
+        tc.check_planes(hdr, {s: _ShapeOnly(t) for s, t in o.planes().items()}, where)
+        o.header, o._info = hdr, _Info(hdr)
+
+    def decode_weight(self) -> Tensor:
+        """The weight as a new bf16 [rows, cols] tensor on the module's device (not cached)."""
+        from . import dispatch
+        return dispatch.decode_weight(self, self.device)
+
+
+class _ShapeOnly:
+    """dtype/shape stand-in so tc.check_planes validates device tensors without copying them."""
+
+    _NP = {torch.uint8: np.dtype(np.uint8), torch.uint32: np.dtype(np.uint32)}
+
+    def __init__(self, t: Tensor):
+        self.t = t
+        self.dtype = self._NP.get(t.dtype, np.dtype(np.float64))
+        self.shape = tuple(t.shape)
+        self.ndim = t.dim()
+        self.size = t.numel()
+
+    def __getitem__(self, i):
+        # Only the huffman offsets' first/last entries are read (two scalars).
+        return int(self.t[i].item())
+
+
+class CompressedLinear(CompressedWeightMixin, nn.Module):
+    """Drop-in for nn.Linear(in_features=K, out_features=N) with a compressed [N, K] weight.
+
+    forward: x [..., K] (bf16; other float dtypes get a cast copy of the weight) on the planes'
+    device -> [..., N], via unweight.runtime.dispatch.linear.
+    """
+
+    def __init__(self, header: TensorHeader, shapes: dict | None = None, bias: Tensor | None = None,
+                 device=None, planes: dict | None = None):
+        super().__init__()
+        self._init_planes(header, shapes, device, planes)
+        self.in_features, self.out_features = header.cols, header.rows
+        if bias is not None and not isinstance(bias, nn.Parameter):
+            bias = nn.Parameter(bias, requires_grad=False)
+        self.bias = bias
+
+    @classmethod
+    def tied_to(cls, source: "CompressedEmbedding", bias: Tensor | None = None) -> "CompressedLinear":
+        """An output projection sharing `source`'s planes (no copy, no decoded weight)."""
+        m = cls.__new__(cls)
+        nn.Module.__init__(m)
+        m._tied = [source]
+        m.in_features, m.out_features = source.n_cols, source.n_rows
+        m.bias = bias
+        return m
+
+    @classmethod
+    def from_linear(cls, lin: nn.Linear, encoding: str = "huffman", **kw) -> "CompressedLinear":
+        """Encode a bf16 nn.Linear (tests, benchmarks).  Planes land on lin's device."""
+        w = lin.weight.detach().to(torch.bfloat16).cpu().contiguous().view(torch.uint16).numpy()
+        enc = tc.encode(w, encoding, **kw)
+        bias = None if lin.bias is None else nn.Parameter(lin.bias.detach().clone(), requires_grad=False)
+        return cls(enc.header, bias=bias, device=lin.weight.device, planes=enc.planes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        from . import dispatch
+        return dispatch.linear(self, x)
+
+    def to_dense(self) -> nn.Linear:
+        """An nn.Linear holding the decoded weight (dense mode)."""
+        w = self.decode_weight()
+        lin = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        lin.weight = nn.Parameter(w, requires_grad=False)
+        if self.bias is not None:
+            lin.bias = self.bias
+        return lin
+
+    def extra_repr(self) -> str:
+        tied = ", tied" if self._tied else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"encoding={self.encoding_name}{tied}")
+
+
+class CompressedEmbedding(CompressedWeightMixin, nn.Module):
+    """Drop-in for nn.Embedding(N, K) with a compressed [N, K] table.
+
+    forward: integer ids [...] -> bf16 [..., K].  On CPU only the row groups holding the
+    requested ids are decoded (tensor_codec.decode_rows semantics).
+    """
+
+    def __init__(self, header: TensorHeader, shapes: dict | None = None, padding_idx: int | None = None,
+                 device=None, planes: dict | None = None):
+        super().__init__()
+        self._init_planes(header, shapes, device, planes)
+        self.num_embeddings, self.embedding_dim = header.rows, header.cols
+        self.padding_idx = padding_idx
+
+    @classmethod
+    def from_embedding(cls, emb: nn.Embedding, encoding: str = "huffman", **kw) -> "CompressedEmbedding":
+        w = emb.weight.detach().to(torch.bfloat16).cpu().contiguous().view(torch.uint16).numpy()
+        enc = tc.encode(w, encoding, **kw)
+        return cls(enc.header, padding_idx=emb.padding_idx, device=emb.weight.device, planes=enc.planes)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        from . import dispatch
+        return dispatch.embedding(self, ids)
+
+    def to_dense(self) -> nn.Embedding:
+        w = self.decode_weight()
+        emb = nn.Embedding(self.num_embeddings, self.embedding_dim, padding_idx=self.padding_idx, device="meta")
+        emb.weight = nn.Parameter(w, requires_grad=False)
+        return emb
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, encoding={self.encoding_name}"
+
+
+def compressed_modules(model: nn.Module):
+    """(name, module) of every compressed module of a model, tied ones included."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, CompressedWeightMixin)]
