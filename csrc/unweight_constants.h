@@ -16,5 +16,5 @@ constexpr int HUFF_NUM_CTX = 4;
 constexpr int HUFF_CTX_SHIFT = 5;
 constexpr int STREAM_SLACK_BYTES = 8;
 constexpr int PAL_MAX_ENTRIES = 16;
-constexpr int PAL_BLOCK = 64;
+constexpr int PAL_BLOCK = 32;
 }  // namespace unweight

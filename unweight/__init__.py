@@ -5,6 +5,7 @@ Public API (see README and docs/FORMAT.md):
     unweight.decompress(src, dst, ...)     -> report dict
     unweight.verify(path, against=None)    -> report dict (raises on any difference)
     unweight.inspect(path)                 -> report dict
+    unweight.load(path, device, mode)      -> transformers model, weights kept compressed
 """
 import logging
 
@@ -20,8 +21,20 @@ def __getattr__(name):
     if name in ("compress", "decompress", "verify", "inspect"):
         from . import api
         return getattr(api, name)
+    if name == "load":
+        from .runtime.loader import load
+        return load
     raise AttributeError(name)
 
 
-__all__ = ["compress", "decompress", "verify", "inspect", "FORMAT_VERSION", "UnweightError", "FormatError",
+# Registers the "unweight" quant method with transformers when (and only when) transformers'
+# quantizer registry gets imported; costs nothing here (stdlib import hook, see runtime/hf_hook.py).
+try:
+    from .runtime import hf_hook as _hf_hook
+    _hf_hook.install()
+except Exception:  # noqa: BLE001 - never let the integration break the offline tools
+    logging.getLogger(__name__).debug("transformers hook not installed", exc_info=True)
+
+
+__all__ = ["compress", "decompress", "verify", "inspect", "load", "FORMAT_VERSION", "UnweightError", "FormatError",
            "VersionError", "ChecksumError", "InputError", "MismatchError"]

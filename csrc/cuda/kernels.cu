@@ -32,6 +32,15 @@
 #include "kernel_plan.h"
 #include "kernels.cuh"
 
+// `#pragma unroll` only where nvcc compiles device code: the host pass (the emulation) would
+// warn about an unknown pragma under -Wall.
+#if defined(__CUDA_ARCH__)
+#define UW_PRAGMA(x) _Pragma(#x)
+#define UW_UNROLL(...) UW_PRAGMA(unroll __VA_ARGS__)
+#else
+#define UW_UNROLL(...)
+#endif
+
 namespace unweight {
 namespace cuda {
 namespace {
@@ -240,7 +249,7 @@ UW_HD bool pal_decode_body(int64_t t, const PalArgs& a) {
     uint32_t s0, s1;
     ld_stream_v2(smr + col, s0, s1);
     uint32_t w[4];
-#pragma unroll
+UW_UNROLL()
     for (int j = 0; j < 8; j += 2) {
       const uint32_t sw = j < 4 ? s0 : s1;
       const uint32_t na = (nib >> (4 * j)) & 0xFu, nb = (nib >> (4 * j + 4)) & 0xFu;
@@ -326,7 +335,7 @@ __global__ void __launch_bounds__(plan::HIST_THREADS) exp_hist_kernel(const uint
        v += stride) {
     uint32_t q[4];
     ld_stream_v4(e + 16 * v, q);
-#pragma unroll
+UW_UNROLL()
     for (int j = 0; j < 16; ++j) atomicAdd(&mine[(q[j / 4] >> (8 * (j % 4))) & 0xFFu], 1u);
   }
   if (blockIdx.x == 0)
@@ -503,7 +512,7 @@ UW_HD void gemm_lane_body(int64_t row, int lane, const GemmArgs& a, float (&acc)
   const uint8_t* smr = a.sm + row * a.K;
   const uint8_t* ir = a.idx + row * (a.K / 2);
   const int64_t steps = plan::gemm_steps(a.K);
-#pragma unroll 2
+UW_UNROLL(2)
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t c = s * plan::GEMM_STEP + static_cast<int64_t>(lane) * plan::GEMM_VEC;
     if (c >= a.K) break;  // last step only; K % 8 == 0 so a chunk is all-in or all-out
@@ -511,16 +520,16 @@ UW_HD void gemm_lane_body(int64_t row, int lane, const GemmArgs& a, float (&acc)
     uint32_t s0, s1;
     ld_stream_v2(smr + c, s0, s1);
     float w[8];
-#pragma unroll
+UW_UNROLL()
     for (int j = 0; j < 8; ++j) {
       const uint8_t sb = static_cast<uint8_t>((j < 4 ? s0 : s1) >> (8 * (j & 3)));
       w[j] = f32_from_bits(f32_bits_from_parts(sb, pal_exp(a.pal, (nib >> (4 * j)) & 0xFu)));
     }
-#pragma unroll
+UW_UNROLL()
     for (int m = 0; m < MT; ++m) {
       uint32_t xv[4];
       ld_reuse_v4(a.x + m * a.ldx + c, xv);
-#pragma unroll
+UW_UNROLL()
       for (int j = 0; j < 8; ++j) {
         const uint32_t xb = (j & 1) ? (xv[j / 2] & 0xFFFF0000u) : (xv[j / 2] << 16);
         acc[m] = fmaf(w[j], f32_from_bits(xb), acc[m]);
@@ -537,10 +546,10 @@ UW_HD void gemm_finish_row(int64_t row, const GemmArgs& a, float (&acc)[MT]) {
     const int64_t lo = lower_bound_u32(a.vpos, a.nv, static_cast<uint64_t>(row) * bpr);
     const int64_t hi = lower_bound_u32(a.vpos, a.nv, static_cast<uint64_t>(row + 1) * bpr);
     for (int64_t v = lo; v < hi; ++v)
-#pragma unroll
+UW_UNROLL()
       for (int m = 0; m < MT; ++m) acc[m] += a.corr[v * MT + m];
   }
-#pragma unroll
+UW_UNROLL()
   for (int m = 0; m < MT; ++m) a.y[m * a.ldy + row] = bf16_round_bits(bits_from_f32(acc[m]));
 }
 
@@ -550,10 +559,10 @@ __global__ void __launch_bounds__(plan::GEMM_THREADS) palette_gemm_kernel(GemmAr
   const int64_t row = static_cast<int64_t>(blockIdx.x) * plan::GEMM_ROWS_PER_CTA + threadIdx.x / plan::WARP;
   if (row >= a.N) return;  // uniform per warp: the shuffles below stay full-mask
   float acc[MT];
-#pragma unroll
+UW_UNROLL()
   for (int m = 0; m < MT; ++m) acc[m] = 0.f;
   gemm_lane_body<MT>(row, lane, a, acc);
-#pragma unroll
+UW_UNROLL()
   for (int m = 0; m < MT; ++m)
     for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xFFFFFFFFu, acc[m], o);
   if (lane == 0) gemm_finish_row<MT>(row, a, acc);

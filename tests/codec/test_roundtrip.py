@@ -164,7 +164,7 @@ def _grid_rule(rows, cols, seg):
     """FORMAT.md "Index cost and the writer's grid", written out independently."""
     Cc = cols
     for p in (8, 4, 2):
-        if cols % (64 * p) == 0 and cols // p >= 512:
+        if cols % (32 * p) == 0 and cols // p >= 512:
             Cc = cols // p
             break
     R = 1
@@ -186,7 +186,7 @@ def _grid_rule(rows, cols, seg):
     (4096, 1024, 512),       # 1024 / 4 = 256 < 512, so 2 chunks of 512
     (32, 8192, 1024),
     (11008, 4096, 512),      # an MLP down-projection
-    (4096, 11008, 2752),     # 11008 = 4 * 2752 = 4 * 43 * 64
+    (4096, 11008, 1376),     # 11008 = 8 * 1376 = 8 * 43 * 32
     (151936, 896, 896),      # an embedding
 ])
 @pytest.mark.parametrize("seg", [C.DEFAULT_SEGMENT_WEIGHTS, 4096, 8192])

@@ -20,7 +20,7 @@ def _huffman_header():
 
 def _palette_header():
     return TensorHeader(encoding=C.ENC_PALETTE, rows=7, cols=65, rows_per_group=8, cols_per_chunk=65,
-                        crc32=1, pal_size=3, pal_block=64, num_verbatim=2,
+                        crc32=1, pal_size=3, pal_block=C.PAL_BLOCK, num_verbatim=2,
                         palette=bytes([126, 127, 0]).ljust(16, b"\0"))
 
 
@@ -132,7 +132,7 @@ def test_semantic_checks_behind_a_valid_crc(off, val):
             parse(raw)
 
 
-@pytest.mark.parametrize("off,val", [(32, 0), (32, 17), (33, 32)])
+@pytest.mark.parametrize("off,val", [(32, 0), (32, 17), (33, 64), (33, 16)])
 def test_palette_parameter_checks(off, val):
     raw = _palette_header().pack()
     raw[off] = val

@@ -83,7 +83,7 @@ def parse_header_reference(header_bytes) -> dict:
             raise FormatError("huffman table size does not match the exponent range")
         h["table"] = [list(table[t * width:(t + 1) * width]) for t in range(h["num_ctx"])]
     elif h["encoding"] == 2:
-        if not 1 <= h["pal_size"] <= 16 or h["pal_block"] != 64 or h["table_bytes"] != 0:
+        if not 1 <= h["pal_size"] <= 16 or h["pal_block"] != 32 or h["table_bytes"] != 0:
             raise FormatError("bad palette parameters in header")
         if len(set(h["palette"][:h["pal_size"]])) != h["pal_size"]:
             raise FormatError("palette has duplicate entries")
@@ -182,8 +182,8 @@ def _decode_palette(h: dict, planes: dict) -> np.ndarray:
     nv, pal_size = h["num_verbatim"], h["pal_size"]
     idx = _want_plane(planes, "__idx", np.uint8, (n, (k + 1) // 2))
     vpos = _want_plane(planes, "__vpos", np.uint32, (nv,)).astype(np.int64)
-    vexp = _want_plane(planes, "__vexp", np.uint8, (nv, 64))
-    bpr = -(-k // 64)
+    vexp = _want_plane(planes, "__vexp", np.uint8, (nv, 32))
+    bpr = -(-k // 32)
     if nv and (vpos.max() >= n * bpr or (nv > 1 and (np.diff(vpos) <= 0).any())):
         raise FormatError("verbatim block list is not strictly ascending or out of range")
     # Column j's index is the low nibble of byte j//2 when j is even, the high one when odd.
@@ -196,7 +196,7 @@ def _decode_palette(h: dict, planes: dict) -> np.ndarray:
     out_exp = palette[nib]
     for v in range(nv):
         r, blk = divmod(int(vpos[v]), bpr)
-        k0, k1 = blk * 64, min(k, blk * 64 + 64)
+        k0, k1 = blk * 32, min(k, blk * 32 + 32)
         out_exp[r, k0:k1] = vexp[v, : k1 - k0]
     return out_exp
 

@@ -30,7 +30,7 @@ STREAM_SLACK_BYTES = 8
 
 # Palette tier.
 PAL_MAX_ENTRIES = 16
-PAL_BLOCK = 64  # verbatim granularity: weights of one row
+PAL_BLOCK = 32  # verbatim granularity: weights of one row (one warp's worth on a GPU)
 
 # Writer policy defaults (not normative: readers take R and C from the header).
 DEFAULT_SEGMENT_WEIGHTS = 8192

@@ -1,0 +1,99 @@
+"""Shared pieces of the GPU benchmark harnesses (scripts/bench_*.py): environment check,
+CUDA-event timing, shape table, result JSON.  Not part of the library."""
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def require_gpu():
+    """Exit with status 2 and one line on stderr when there is no CUDA GPU or no _cuda module."""
+    try:
+        import torch
+    except ImportError:
+        print("bench: torch is not installed; this benchmark needs torch with CUDA", file=sys.stderr)
+        sys.exit(2)
+    if not torch.cuda.is_available():
+        print("bench: no CUDA GPU visible (torch.cuda.is_available() is False); nothing to measure", file=sys.stderr)
+        sys.exit(2)
+    try:
+        from unweight import _cuda  # noqa: F401
+    except ImportError:
+        print("bench: unweight._cuda is not built (reinstall with nvcc available)", file=sys.stderr)
+        sys.exit(2)
+    return torch
+
+
+def load_shapes(path=None, models=None):
+    """Rows of benchmarks/shapes.csv as dicts (model, layer, N, K); '#' lines are comments."""
+    path = path or os.path.join(ROOT, "benchmarks", "shapes.csv")
+    with open(path) as f:
+        lines = [ln for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+    rows = [dict(r, N=int(r["N"]), K=int(r["K"])) for r in csv.DictReader(lines)]
+    return [r for r in rows if not models or r["model"] in models]
+
+
+def time_cuda(torch, fn, warmup=5, iters=50):
+    """Median milliseconds of fn() over `iters` runs, each bracketed by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def environment(torch):
+    dev = torch.cuda.get_device_properties(0)
+    driver = ""
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+    except Exception:  # noqa: BLE001 - informative only
+        pass
+    try:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+    except Exception:  # noqa: BLE001
+        commit = ""
+    return {"gpu": dev.name, "sm": f"{dev.major}{dev.minor}", "driver": driver, "torch": torch.__version__,
+            "cuda_runtime": torch.version.cuda, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "git_commit": commit}
+
+
+def write_results(name, env, rows):
+    out_dir = os.path.join(ROOT, "benchmarks", "results")
+    os.makedirs(out_dir, exist_ok=True)
+    dev = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-").lower()
+    path = os.path.join(out_dir, f"{name}-{dev}-{datetime.date.today().isoformat()}.json")
+    with open(path, "w") as f:
+        json.dump({"benchmark": name, "environment": env, "results": rows}, f, indent=1)
+    return path
+
+
+def print_table(rows, cols):
+    widths = [max(len(c), *(len(f"{r[c]}") for r in rows)) for c in cols]
+    print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
+    for r in rows:
+        print("  ".join(f"{r[c]}".rjust(w) for c, w in zip(cols, widths)))
+
+
+def bf16_weights(torch, N, K, seed=0):
+    """Trained-like BF16 weights on the GPU: N(0, 0.02) (exponent statistics like real layers)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn((N, K), generator=g, device="cuda") * 0.02).to(torch.bfloat16)

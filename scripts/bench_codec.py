@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""Codec benchmark: unweight vs ZipNN side by side, in one run, on real and synthetic weights.
+
+Models: MiniLM-L6 (BF16), SmolLM2-135M (BF16), and a Gaussian N(0, 0.02) BF16 file of
+>= 256M weights with Llama-3.1-8B layer shapes.  For each: whole-checkpoint ratio (every
+output byte counted) for huffman and palette; the order-0 bound; in-memory compress and
+decompress GB/s (of BF16) at 1 and 2 threads, median of --repeat runs, for unweight and
+ZipNN 0.5.4; end-to-end CLI GB/s (files in, files out) and peak RSS of `unweight compress`.
+
+Usage: python scripts/bench_codec.py [--models minilm,smollm2,gaussian] [--out benchmarks/results/X.json]
+Prints a table and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from unweight import api, sources  # noqa: E402
+from unweight.codec import tensor_codec as tc  # noqa: E402
+from unweight.format.checkpoint import Checkpoint  # noqa: E402
+
+LLAMA8B_LAYER = [("q_proj", 4096, 4096), ("k_proj", 1024, 4096), ("v_proj", 1024, 4096), ("o_proj", 4096, 4096),
+                 ("gate_proj", 14336, 4096), ("up_proj", 14336, 4096), ("down_proj", 4096, 14336)]
+
+
+def gaussian_checkpoint(folder: str, min_weights: int = 256 * 2**20, seed: int = 0) -> str:
+    """Write N(0, 0.02) BF16 matrices with Llama-3.1-8B layer shapes until >= min_weights."""
+    from unweight.format.safetensors_io import ShardWriter
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "model.safetensors")
+    if os.path.exists(path):
+        return folder
+    rng = np.random.default_rng(seed)
+    w = ShardWriter(path, {"format": "pt"})
+    total, layer = 0, 0
+    while total < min_weights:
+        for name, n, k in LLAMA8B_LAYER:
+            f = (rng.standard_normal((n, k), dtype=np.float32) * 0.02).view(np.uint32)
+            bf = ((f + 0x7FFF + ((f >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+            w.add(f"model.layers.{layer}.{'mlp' if 'proj' in name and name[0] in 'gud' else 'self_attn'}.{name}.weight",
+                  "BF16", (n, k), bf)
+            total += n * k
+            if total >= min_weights:
+                break
+        layer += 1
+    w.close()
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump({"model_type": "synthetic-gaussian", "weights": total}, fh)
+    return folder
+
+
+def entropy_bound(ck: Checkpoint) -> float:
+    """Order-0 bound: exponent at its per-tensor entropy, sign+mantissa raw, other tensors raw."""
+    bits, nbytes = 0.0, 0
+    for n in ck.names():
+        dt, shape, b, e = ck.info(n)
+        nbytes += e - b
+        a = ck.array(n)
+        if dt == "BF16" and len(shape) == 2 and a.size >= 4096:
+            cnt = np.bincount(((a.reshape(-1) >> 7) & 0xFF), minlength=256).astype(np.float64)
+            p = cnt[cnt > 0] / a.size
+            bits += a.size * (8 - (p * np.log2(p)).sum())
+        else:
+            bits += 8 * (e - b)
+    return bits / 8 / nbytes
+
+
+def timed(fn, repeat):
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts), out
+
+
+def bench_model(label, folder, threads_list, repeat, zipnn_ok):
+    ck = Checkpoint(folder)
+    mats = [n for n in ck.names() if ck.info(n)[0] == "BF16" and len(ck.info(n)[1]) == 2 and ck.array(n).size >= 4096]
+    tensors = {n: np.ascontiguousarray(ck.array(n)) for n in ck.names()}
+    raw_bytes = sum(a.nbytes for a in tensors.values())
+    res = {"model": label, "path": folder, "tensors": len(tensors), "tensor_bytes": raw_bytes,
+           "weights": int(sum(a.size for a in tensors.values())), "order0_bound": entropy_bound(ck)}
+    # Whole-checkpoint ratios through the real writer (every byte of the output counted).
+    with tempfile.TemporaryDirectory() as td:
+        for enc in ("huffman", "palette"):
+            r = api.compress(folder, os.path.join(td, enc), encoding=enc, verify=False, progress=False)
+            res[f"ratio_{enc}"] = r["ratio"]
+            res[f"file_bytes_{enc}"] = r["output_bytes"]
+        res["input_file_bytes"] = r["input_bytes"]
+    # In-memory codec speed, per tensor as ZipNN is measured (bytes in, bytes out).
+    enc_bytes = sum(tensors[n].nbytes for n in mats)
+    res["encoded_tensor_bytes"] = enc_bytes
+    for th in threads_list:
+        for enc in ("huffman", "palette"):
+            t_c, encs = timed(lambda: [tc.encode(tensors[n], enc, threads=th) for n in mats], repeat)
+            t_d, _ = timed(lambda: [tc.decode(e.header, e.planes, threads=th, verify=False) for e in encs], repeat)
+            t_dc, dec = timed(lambda: [tc.decode(e.header, e.planes, threads=th, verify=True) for e in encs], repeat)
+            assert all(np.array_equal(d, tensors[n]) for d, n in zip(dec, mats)), "round trip failed"
+            res[f"unweight_{enc}_t{th}"] = {"compress_gbps": enc_bytes / t_c / 1e9,
+                                            "decompress_gbps": enc_bytes / t_d / 1e9,
+                                            "decompress_crc_gbps": enc_bytes / t_dc / 1e9,
+                                            "tensor_ratio": sum(e.nbytes for e in encs) / enc_bytes}
+        if zipnn_ok:
+            from zipnn import ZipNN
+            z = ZipNN(method="huffman", input_format="byte", bytearray_dtype="bfloat16", threads=th)
+            blobs = [tensors[n].tobytes() for n in mats]
+            # ZipNN rewrites its input buffer in place: hand it a fresh copy each run, copy
+            # time excluded.
+            def zc():
+                copies = [bytes(bytearray(b)) for b in blobs]
+                t = time.perf_counter()
+                out = [z.compress(c) for c in copies]
+                return time.perf_counter() - t, out
+            runs = [zc() for _ in range(repeat)]
+            t_c = statistics.median(r[0] for r in runs)
+            comp = runs[-1][1]
+            t_d, dec = timed(lambda: [z.decompress(c) for c in comp], repeat)
+            assert all(bytes(d) == b for d, b in zip(dec, blobs)), "ZipNN round trip failed"
+            # ZipNN ratio over the whole checkpoint: its streams for the encoded matrices, the rest raw.
+            zbytes = sum(len(c) for c in comp) + raw_bytes - enc_bytes
+            res[f"zipnn_t{th}"] = {"compress_gbps": enc_bytes / t_c / 1e9, "decompress_gbps": enc_bytes / t_d / 1e9,
+                                   "tensor_ratio": sum(len(c) for c in comp) / enc_bytes,
+                                   "checkpoint_ratio": zbytes / raw_bytes}
+    # End-to-end CLI: files in, files out, and the child's peak RSS.
+    with tempfile.TemporaryDirectory() as td:
+        out = os.path.join(td, "o")
+        t = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "unweight.cli", "compress", folder, out, "-j", str(max(threads_list))],
+                           capture_output=True, text=True)
+        dt = time.perf_counter() - t
+        if p.returncode != 0:
+            raise RuntimeError(p.stderr)
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        res["cli_compress_gbps"] = res["input_file_bytes"] / dt / 1e9
+        res["cli_compress_seconds"] = dt
+        res["cli_peak_rss_bytes_max_so_far"] = rss
+        res["largest_tensor_bytes"] = max(a.nbytes for a in tensors.values())
+        t = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "unweight.cli", "decompress", out, os.path.join(td, "d"),
+                            "-j", str(max(threads_list))], capture_output=True, text=True)
+        res["cli_decompress_gbps"] = res["input_file_bytes"] / (time.perf_counter() - t) / 1e9
+    ck.close()
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="minilm,smollm2,gaussian")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--gaussian-weights", type=int, default=256 * 2**20)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    try:
+        import zipnn  # noqa: F401
+        zipnn_ok = True
+    except ImportError:
+        sys.stderr.write("zipnn not installed (pip install zipnn==0.5.4): running without the side-by-side\n")
+        zipnn_ok = False
+    threads = [int(t) for t in args.threads.split(",")]
+    folders = {"minilm": ("MiniLM-L6 (BF16)", sources.bundled_minilm),
+               "smollm2": ("SmolLM2-135M (BF16)", sources.bundled_smollm2),
+               "gaussian": ("Gaussian, Llama-8B shapes", lambda: gaussian_checkpoint(
+                   os.path.join(sources.cache_dir(), f"gaussian-{args.gaussian_weights}"), args.gaussian_weights))}
+    results = []
+    for m in args.models.split(","):
+        label, get = folders[m]
+        results.append(bench_model(label, get(), threads, args.repeat, zipnn_ok))
+    rows = []
+    for r in results:
+        for th in threads:
+            h, p = r[f"unweight_huffman_t{th}"], r[f"unweight_palette_t{th}"]
+            z = r.get(f"zipnn_t{th}", {})
+            rows.append([r["model"], th, f"{r['ratio_huffman']:.4f}", f"{r['ratio_palette']:.4f}",
+                         f"{z.get('checkpoint_ratio', float('nan')):.4f}", f"{r['order0_bound']:.4f}",
+                         f"{h['compress_gbps']:.2f}", f"{z.get('compress_gbps', float('nan')):.2f}",
+                         f"{h['decompress_gbps']:.2f}", f"{z.get('decompress_gbps', float('nan')):.2f}",
+                         f"{p['compress_gbps']:.2f}", f"{p['decompress_gbps']:.2f}"])
+    hdr = ["model", "thr", "uw huff", "uw pal", "zipnn", "order0", "uw c GB/s", "zn c", "uw d GB/s", "zn d",
+           "pal c", "pal d"]
+    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]
+    out = sys.stdout
+    out.write("  ".join(h.ljust(w) for h, w in zip(hdr, widths)) + "\n")
+    for row in rows:
+        out.write("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "\n")
+    for r in results:
+        out.write(f"{r['model']}: CLI compress {r['cli_compress_gbps']:.2f} GB/s, decompress {r['cli_decompress_gbps']:.2f} GB/s "
+                  f"(files), peak RSS so far {r['cli_peak_rss_bytes_max_so_far'] / 1e6:.0f} MB, largest tensor "
+                  f"{r['largest_tensor_bytes'] / 1e6:.0f} MB\n")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    doc = {"benchmark": "bench_codec", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "commit": commit, "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+           "zipnn_version": "0.5.4" if zipnn_ok else None, "results": results}
+    path = args.out or os.path.join(ROOT, "benchmarks", "results",
+                                    f"codec-{datetime.date.today().isoformat()}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+    out.write(f"wrote {path}\n")
+
+
+if __name__ == "__main__":
+    main()
