@@ -52,6 +52,21 @@ PYBIND11_MODULE(_C, m) {
     return split_histogram(cptr(w), n, mptr(sm), mptr(hist), threads);
   }, py::arg("w"), py::arg("sm"), py::arg("hist"), py::arg("threads") = 1);
 
+  m.def("huffman_tables", [](arr<int64_t> hist) {
+    need(hist.size() == HUFF_NUM_CTX * 256, "hist must have HUFF_NUM_CTX*256 entries");
+    arr<uint8_t> lens({HUFF_NUM_CTX, 256});
+    arr<uint16_t> codes({HUFF_NUM_CTX, 256});
+    uint16_t lut[LUT_SIZE];
+    for (int t = 0; t < HUFF_NUM_CTX; ++t) {
+      uint8_t* l = lens.mutable_data() + t * 256;
+      uint16_t* c = codes.mutable_data() + t * 256;
+      code_lengths(cptr(hist) + t * 256, 256, HUFF_MAX_CODE_LEN, l);
+      for (int i = 0; i < 256; ++i) c[i] = 0;
+      if (!build_lut(l, 256, 0, lut, c)) throw py::value_error("internal: package-merge made an invalid code");
+    }
+    return py::make_tuple(lens, codes);
+  }, "Per-context code lengths and canonical codes, uint8/uint16 [HUFF_NUM_CTX, 256].");
+
   m.def("huffman_encode", [](arr<uint16_t> w, int64_t R, int64_t C, arr<uint8_t> lens,
                              arr<uint16_t> codes, int threads) {
     need(w.ndim() == 2, "w must be 2-D");

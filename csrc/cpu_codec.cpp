@@ -118,6 +118,45 @@ uint32_t split_histogram(const uint16_t* w, int64_t n, uint8_t* sm, int64_t* his
   return crc32_parallel(reinterpret_cast<const uint8_t*>(w), n * 2, threads);
 }
 
+void code_lengths(const int64_t* counts, int n, int max_len, uint8_t* out) {
+  struct Item { int64_t w; int leaf; };  // leaf < 0: a package of two items of the level below
+  std::vector<Item> leaves;
+  for (int i = 0; i < n; ++i) {
+    out[i] = 0;
+    if (counts[i] > 0) leaves.push_back({counts[i], i});
+  }
+  const int m = static_cast<int>(leaves.size());
+  if (m == 0) return;
+  if (m == 1) { out[leaves[0].leaf] = 1; return; }
+  if (m > (1 << max_len)) throw std::invalid_argument("too many symbols for the code length limit");
+  std::stable_sort(leaves.begin(), leaves.end(), [](const Item& a, const Item& b) { return a.w < b.w; });
+  std::vector<std::vector<Item>> lists(max_len);
+  lists[0] = leaves;
+  for (int l = 1; l < max_len; ++l) {
+    const auto& prev = lists[l - 1];
+    std::vector<Item> pk;
+    for (size_t i = 0; i + 1 < prev.size(); i += 2) pk.push_back({prev[i].w + prev[i + 1].w, -1});
+    auto& cur = lists[l];
+    size_t a = 0, b = 0;
+    while (a < leaves.size() || b < pk.size()) {
+      if (b == pk.size() || (a < leaves.size() && leaves[a].w <= pk[b].w)) cur.push_back(leaves[a++]);
+      else cur.push_back(pk[b++]);
+    }
+  }
+  // Walk back down: the first `take` items of a level are chosen; each chosen leaf gains one
+  // bit, and p chosen packages choose the first 2p items of the level below.
+  int take = 2 * m - 2;
+  for (int l = max_len - 1; l >= 0 && take > 0; --l) {
+    int packages = 0;
+    for (int i = 0; i < take; ++i) {
+      const Item& it = lists[l][i];
+      if (it.leaf >= 0) ++out[it.leaf];
+      else ++packages;
+    }
+    take = 2 * packages;
+  }
+}
+
 namespace {
 // Appends the codes of one segment to `dst`, MSB first, zero-padded to a byte boundary.
 // tab[hkey] = code << 4 | len.

@@ -21,6 +21,12 @@ struct Grid {
   int64_t n_chunks() const { return (cols + C - 1) / C; }
 };
 
+// Optimal length-limited code lengths (package-merge) for counts[n]: out[n] gets 0 for
+// absent symbols, 1 for a lone symbol, else a complete code with lengths <= max_len.  Ties
+// are broken exactly as unweight/codec/huffman.py does (leaves sorted by (count, symbol),
+// leaves before packages of equal weight), so both give the same bytes.
+void code_lengths(const int64_t* counts, int n, int max_len, uint8_t* out);
+
 // Encodes every segment (chunk-major order) and returns the byte offsets (n_segments + 1
 // entries) and the stream, STREAM_SLACK_BYTES zero bytes included.  lens/codes are
 // [HUFF_NUM_CTX][256].

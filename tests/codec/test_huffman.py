@@ -144,3 +144,21 @@ def test_reference_rejects_invalid_lengths(lens):
     assert not huffman.kraft_ok(np.array(lens))
     with pytest.raises(FormatError):
         canonical_code_table(lens, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 10**9), min_size=256, max_size=256), st.integers(0, 3))
+def test_cpp_tables_match_python(counts, zero_mod):
+    """The C++ package-merge and canonical codes give the Python implementation's bytes."""
+    from unweight import _C
+    hist = np.zeros((C.HUFF_NUM_CTX, 256), dtype=np.int64)
+    for t in range(C.HUFF_NUM_CTX):
+        row = np.array(counts, dtype=np.int64)
+        if zero_mod:
+            row[np.arange(256) % (zero_mod + t + 1) != 0] = 0  # sparse alphabets, lone symbols
+        hist[t] = row
+    lens, codes = _C.huffman_tables(hist)
+    for t in range(C.HUFF_NUM_CTX):
+        want = huffman.code_lengths(hist[t])
+        assert np.array_equal(lens[t], want)
+        assert np.array_equal(codes[t], huffman.canonical_codes(want))

@@ -16,7 +16,6 @@ from .. import _C
 from ..format import constants as C
 from ..format.errors import ChecksumError, FormatError
 from ..format.header import TensorHeader
-from . import huffman
 
 ENCODINGS = ("huffman", "palette", "auto")
 
@@ -120,11 +119,9 @@ def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DE
 
 def _encode_huffman(w, sm, hist, crc, R, C_, threads) -> Encoded:
     rows, cols = w.shape
-    lens = np.zeros((C.HUFF_NUM_CTX, 256), dtype=np.uint8)
-    codes = np.zeros((C.HUFF_NUM_CTX, 256), dtype=np.uint16)
-    for t in range(C.HUFF_NUM_CTX):
-        lens[t] = huffman.code_lengths(hist[t])
-        codes[t] = huffman.canonical_codes(lens[t])
+    # C++ package-merge + canonical codes; unweight.codec.huffman is the Python twin the
+    # tests compare it with.
+    lens, codes = _C.huffman_tables(hist)
     present = np.flatnonzero(hist.sum(axis=0))
     lo, hi = int(present[0]), int(present[-1])
     try:

@@ -135,8 +135,8 @@ def _scratch_weight(m, device) -> Tensor:
     if buf is None or buf.numel() < need:
         # Only reachable when a module was built outside unweight.load / from_pretrained (or
         # moved to another device afterwards): grow once, loudly, then stay allocation-free.
-        log.warning("unweight: scratch on %s grown to %d weights outside load; call "
-                    "unweight.runtime.loader.prepare(model) after moving a model", device, need)
+        log.info("unweight: scratch on %s grown to %d weights outside load (modules built by hand, or "
+                 "a model moved after loading: call unweight.runtime.loader.prepare(model))", device, need)
         buf = reserve_scratch(device, need)
     return decode_into(m, buf)
 
@@ -148,9 +148,11 @@ def linear(m, x: Tensor) -> Tensor:
         if y is not None:
             return y
     w = _scratch_weight(m, x.device)
-    if w.dtype != x.dtype:
+    b = m.bias
+    if w.dtype != x.dtype:  # e.g. a model cast to fp32: same bits, converted copy
         w = w.to(x.dtype)
-    return F.linear(x, w, m.bias)
+        b = None if b is None else b.to(x.dtype)
+    return F.linear(x, w, b)
 
 
 def embedding(m, ids: Tensor) -> Tensor:

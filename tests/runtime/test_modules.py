@@ -1,0 +1,172 @@
+"""CompressedLinear / CompressedEmbedding: bitwise equality with nn.Linear / nn.Embedding,
+plane buffers, tying, row-group-only embedding decode, scratch reuse."""
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from unweight import ops
+from unweight.format import constants as C
+from unweight.runtime import dispatch, loader
+from unweight.runtime.modules import CompressedEmbedding, CompressedLinear
+
+ENCODINGS = ["huffman", "palette"]
+
+
+def _linear(n_out, n_in, bias=True, seed=0):
+    torch.manual_seed(seed)
+    lin = nn.Linear(n_in, n_out, bias=bias).to(torch.bfloat16)
+    nn.init.normal_(lin.weight, std=0.02)  # trained-weight-like exponents
+    return lin
+
+
+def _embedding(n, k, seed=0):
+    torch.manual_seed(seed)
+    emb = nn.Embedding(n, k).to(torch.bfloat16)
+    nn.init.normal_(emb.weight, std=0.02)
+    return emb
+
+
+@pytest.mark.parametrize("enc", ENCODINGS)
+@pytest.mark.parametrize("shape", [(256, 512), (100, 130), (37, 1000), (4096, 64)])
+def test_linear_bitwise(enc, shape):
+    lin = _linear(*shape)
+    cl = CompressedLinear.from_linear(lin, enc)
+    assert cl.encoding_name == enc
+    assert torch.equal(cl.decode_weight(), lin.weight)
+    for x_shape in [(1, shape[1]), (3, 5, shape[1])]:
+        x = torch.randn(*x_shape, dtype=torch.bfloat16)
+        with torch.no_grad():
+            assert torch.equal(cl(x), lin(x))
+    # fp32 input: the weight is cast (the decoded bits are still the original ones)
+    x = torch.randn(2, shape[1])
+    with torch.no_grad():
+        assert torch.equal(cl(x), nn.functional.linear(x, lin.weight.float(), lin.bias.float()))
+
+
+def test_linear_no_bias_and_state_dict_keys():
+    lin = _linear(64, 128, bias=False)
+    cl = CompressedLinear.from_linear(lin, "huffman")
+    assert cl.bias is None
+    keys = set(cl.state_dict())
+    assert keys == {"weight" + s for s in C.HUFFMAN_PLANES}
+    cp = CompressedLinear.from_linear(lin, "palette")
+    assert set(cp.state_dict()) == {"weight" + s for s in C.PALETTE_PLANES}
+    assert cl.held_bytes() < 0.7 * cl.decoded_bytes()
+
+
+@pytest.mark.parametrize("enc", ENCODINGS)
+def test_embedding_bitwise(enc):
+    emb = _embedding(1000, 96)
+    ce = CompressedEmbedding.from_embedding(emb, enc)
+    for ids in [torch.tensor([0]), torch.tensor([[5, 999, 0], [17, 17, 300]]), torch.arange(1000)]:
+        assert torch.equal(ce(ids), emb(ids))
+    with pytest.raises(IndexError):
+        ce(torch.tensor([1000]))
+
+
+def test_embedding_decodes_only_needed_groups(monkeypatch):
+    emb = _embedding(4096, 64)
+    ce = CompressedEmbedding.from_embedding(emb, "huffman")
+    R = ce.rows_per_group
+    assert R < 4096
+    calls = []
+    real = ops._C
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def huffman_decode(self, *a):
+            calls.append((a[9], a[10]))  # g0, g1
+            return real.huffman_decode(*a)
+
+    monkeypatch.setattr(ops, "_C", Spy())
+    ids = torch.tensor([3, 3 * R + 1, 3 * R + 2, 4 * R, 4000])
+    assert torch.equal(ce(ids), emb(ids))
+    groups = sum(g1 - g0 for g0, g1 in calls)
+    assert groups == len({int(i) // R for i in ids}) == 3 + (4000 // R != 4)
+    assert groups * R < 4096
+
+
+def test_tied_linear_shares_planes():
+    emb = _embedding(512, 64)
+    ce = CompressedEmbedding.from_embedding(emb, "huffman")
+    head = CompressedLinear.tied_to(ce)
+    assert head.held_bytes() == 0 and list(head.state_dict()) == []
+    assert head.planes()[C.SUFFIX_SM].data_ptr() == ce.weight__sm.data_ptr()
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    assert torch.equal(head(x), nn.functional.linear(x, emb.weight))
+    # transcoding the source is seen by the tied head
+    loader._transcode(ce, "palette")
+    assert head.encoding_name == "palette"
+    assert torch.equal(head(x), nn.functional.linear(x, emb.weight))
+
+
+def test_scratch_is_reused_not_reallocated():
+    dispatch.release_scratch()
+    a = CompressedLinear.from_linear(_linear(256, 256), "huffman")
+    b = CompressedLinear.from_linear(_linear(128, 256, seed=1), "palette")
+    dispatch.reserve_scratch("cpu", 256 * 256)
+    buf = dispatch._SCRATCH["cpu"]
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    for _ in range(3):
+        a(x), b(x)
+    assert dispatch._SCRATCH["cpu"] is buf and buf.numel() == 256 * 256
+
+
+def test_to_dense():
+    lin = _linear(64, 256)
+    d = CompressedLinear.from_linear(lin, "palette").to_dense()
+    assert type(d) is nn.Linear and torch.equal(d.weight, lin.weight) and torch.equal(d.bias, lin.bias)
+    emb = _embedding(300, 64)
+    e = CompressedEmbedding.from_embedding(emb, "huffman").to_dense()
+    assert type(e) is nn.Embedding and torch.equal(e.weight, emb.weight)
+
+
+def test_transcode_both_ways():
+    lin = _linear(200, 192)
+    cl = CompressedLinear.from_linear(lin, "huffman")
+    loader._transcode(cl, "palette")
+    assert cl.encoding_name == "palette" and set(cl.state_dict()) == {"weight" + s for s in C.PALETTE_PLANES}
+    assert torch.equal(cl.decode_weight(), lin.weight)
+    loader._transcode(cl, "huffman")
+    assert cl.encoding_name == "huffman" and torch.equal(cl.decode_weight(), lin.weight)
+
+
+def test_dispatch_hook_plugs_in_and_passes():
+    cl = CompressedLinear.from_linear(_linear(64, 64), "huffman")
+    x = torch.randn(1, 64, dtype=torch.bfloat16)
+    seen = []
+
+    def fused(m, inp):
+        seen.append(m)
+        return None if inp.shape[0] > 1 else torch.zeros(1, m.out_features, dtype=inp.dtype)
+
+    dispatch.register_linear_impl(fused)
+    try:
+        assert torch.count_nonzero(cl(x)) == 0
+        assert torch.equal(cl(torch.cat([x, x])), nn.functional.linear(torch.cat([x, x]), cl.decode_weight(), cl.bias))
+    finally:
+        dispatch.unregister_impl(fused)
+    assert len(seen) == 2
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("enc", ENCODINGS)
+def test_cuda_linear_and_embedding_bitwise(enc):
+    if not loader.cuda_kernels_available():
+        pytest.skip("unweight._cuda not built")
+    lin = _linear(1024, 768).cuda()
+    cl = CompressedLinear.from_linear(lin, enc)
+    loader._build_lut(cl)
+    x = torch.randn(16, 768, dtype=torch.bfloat16, device="cuda")
+    assert torch.equal(cl.decode_weight(), lin.weight)
+    assert torch.equal(cl(x), lin(x))
+    emb = _embedding(4000, 256).cuda()
+    ce = CompressedEmbedding.from_embedding(emb, enc)
+    loader._build_lut(ce)
+    ids = torch.randint(0, 4000, (3, 7), device="cuda")
+    assert torch.equal(ce(ids), emb(ids))
+    assert dispatch.device_errors("cuda") == 0
