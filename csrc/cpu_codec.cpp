@@ -158,39 +158,95 @@ void code_lengths(const int64_t* counts, int n, int max_len, uint8_t* out) {
 }
 
 namespace {
-// Appends the codes of one segment to `dst`, MSB first, zero-padded to a byte boundary.
-// tab[hkey] = code << 4 | len.
-inline void encode_segment(const uint16_t* w, const Grid& g, int64_t s, const uint32_t* tab,
-                           std::vector<uint8_t>* dst) {
+// MSB-first bit writer: `acc` holds `n` pending bits left-aligned.  put() of up to 4 codes
+// (<= 48 bits) between flushes always fits because a flush leaves n < 8; flush() stores 8
+// bytes unconditionally and advances by whole bytes, so there is no per-symbol branch.
+struct BitWriter {
+  uint64_t acc = 0;
+  int n = 0;
+  uint8_t* out = nullptr;
+  inline void put(uint32_t code, int len) {
+    acc |= static_cast<uint64_t>(code) << (64 - n - len);
+    n += len;
+  }
+  inline void flush() {
+    const uint64_t be = __builtin_bswap64(acc);
+    std::memcpy(out, &be, 8);
+    out += n >> 3;
+    acc = (n & ~7) == 64 ? 0 : acc << (n & ~7);
+    n &= 7;
+  }
+  inline void finish() {  // pending bits, zero-padded to a byte boundary
+    flush();
+    if (n) { *out++ = static_cast<uint8_t>(acc >> 56); n = 0; acc = 0; }
+  }
+};
+
+// Worst-case bytes of a segment of `count` weights, plus room for the 8-byte stores.
+inline size_t seg_capacity(int64_t count) {
+  return static_cast<size_t>((count * HUFF_MAX_CODE_LEN + 7) / 8 + 16);
+}
+
+// Encodes segments [s, s + k) (k <= 4, same chunk, consecutive row groups) and appends them,
+// in order, to `dst`, recording each one's byte size.  Full quads run four writers in
+// lockstep so their shift/or chains overlap.  tab[hkey] = code << 4 | len.
+void encode_run(const uint16_t* w, const Grid& g, int64_t s, int k, const uint32_t* tab,
+                std::vector<uint8_t>* scratch, std::vector<uint8_t>* dst,
+                std::vector<uint32_t>* sizes) {
   const int64_t ng = g.n_groups();
-  const int64_t c = s / ng, gi = s % ng;
-  const int64_t r0 = gi * g.R, r1 = std::min(g.rows, r0 + g.R);
+  const int64_t c = s / ng, gi0 = s % ng;
   const int64_t k0 = c * g.C, k1 = std::min(g.cols, k0 + g.C);
-  // Worst case: HUFF_MAX_CODE_LEN bits per weight, plus room for the 8-byte stores below.
-  const size_t start = dst->size();
-  dst->resize(start + static_cast<size_t>(((r1 - r0) * (k1 - k0) * HUFF_MAX_CODE_LEN + 7) / 8 + 16));
-  uint8_t* out = dst->data() + start;
-  uint64_t acc = 0;  // pending bits, right-aligned (< 32 of them between flushes)
-  int nacc = 0;
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint16_t* row = w + r * g.cols;
-    for (int64_t k = k0; k < k1; ++k) {
-      const uint32_t t = tab[hkey(row[k])];
-      const int l = static_cast<int>(t & 0xF);
-      acc = (acc << l) | (t >> 4);
-      nacc += l;
-      if (nacc >= 32) {
-        nacc -= 32;
-        const uint32_t word = static_cast<uint32_t>(acc >> nacc);
-        const uint32_t be = __builtin_bswap32(word);
-        std::memcpy(out, &be, 4);
-        out += 4;
+  const int cols = static_cast<int>(k1 - k0);
+  const bool full = k == 4 && (gi0 + 4) * g.R <= g.rows;
+  BitWriter bw[4];
+  int64_t rows[4];
+  size_t cap = 0;
+  for (int j = 0; j < k; ++j) {
+    const int64_t r0 = (gi0 + j) * g.R;
+    rows[j] = std::min(g.rows, r0 + g.R) - r0;
+    cap = std::max(cap, seg_capacity(rows[j] * cols));
+  }
+  if (scratch->size() < 4 * cap) scratch->resize(4 * cap);
+  for (int j = 0; j < k; ++j) bw[j].out = scratch->data() + j * cap;
+  if (full) {
+    const uint16_t* wr[4];
+    for (int j = 0; j < 4; ++j) wr[j] = w + (gi0 + j) * g.R * g.cols + k0;
+    for (int64_t r = 0; r < g.R; ++r) {
+      int q = 0;
+      for (; q + 4 <= cols; q += 4) {
+        for (int t = 0; t < 4; ++t)
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t e = tab[hkey(wr[j][q + t])];
+            bw[j].put(e >> 4, static_cast<int>(e & 0xF));
+          }
+        for (int j = 0; j < 4; ++j) bw[j].flush();
       }
+      for (; q < cols; ++q)
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t e = tab[hkey(wr[j][q])];
+          bw[j].put(e >> 4, static_cast<int>(e & 0xF));
+          bw[j].flush();
+        }
+      for (int j = 0; j < 4; ++j) wr[j] += g.cols;
+    }
+  } else {
+    for (int j = 0; j < k; ++j) {
+      const uint16_t* wr = w + (gi0 + j) * g.R * g.cols + k0;
+      for (int64_t r = 0; r < rows[j]; ++r, wr += g.cols)
+        for (int q = 0; q < cols; ++q) {
+          const uint32_t e = tab[hkey(wr[q])];
+          bw[j].put(e >> 4, static_cast<int>(e & 0xF));
+          bw[j].flush();
+        }
     }
   }
-  while (nacc >= 8) { nacc -= 8; *out++ = uint8_t(acc >> nacc); }
-  if (nacc > 0) *out++ = uint8_t(acc << (8 - nacc));
-  dst->resize(static_cast<size_t>(out - dst->data()));
+  for (int j = 0; j < k; ++j) {
+    bw[j].finish();
+    const uint8_t* base = scratch->data() + j * cap;
+    const size_t len = static_cast<size_t>(bw[j].out - base);
+    dst->insert(dst->end(), base, base + len);
+    sizes->push_back(static_cast<uint32_t>(len));
+  }
 }
 }  // namespace
 
@@ -211,10 +267,13 @@ void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, c
     int64_t b, e;
     part_range(nseg, parts, static_cast<int>(k), &b, &e);
     buf[k].reserve(static_cast<size_t>((e - b) * g.R * g.C * 3 / 8 + 64));
-    for (int64_t s = b; s < e; ++s) {
-      const size_t before = buf[k].size();
-      encode_segment(w, g, s, tab.data(), &buf[k]);
-      sizes[k].push_back(static_cast<uint32_t>(buf[k].size() - before));
+    std::vector<uint8_t> scratch;
+    for (int64_t s = b; s < e;) {
+      // Runs of up to 4 row groups that stay inside one chunk.
+      const int64_t ng = g.n_groups();
+      const int run = static_cast<int>(std::min<int64_t>({4, e - s, ng - s % ng}));
+      encode_run(w, g, s, run, tab.data(), &scratch, &buf[k], &sizes[k]);
+      s += run;
     }
   });
   off->assign(static_cast<size_t>(nseg + 1), 0);

@@ -57,6 +57,31 @@ def category(name: str) -> str:
     return "other"
 
 
+def _remove_stale_temps(parent: str, base: str):
+    """Delete temp folders that a killed run (kill -9, power loss) left next to dst: their
+    owning process is gone, so nobody will finish or rename them."""
+    prefix = f".{base}.unweight-"
+    for f in os.listdir(parent):
+        if not f.startswith(prefix):
+            continue
+        try:
+            pid = int(f.rsplit("-", 1)[1])
+        except ValueError:
+            continue
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # still running: another unweight writing the same dst
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        p = os.path.join(parent, f)
+        log.info("removing %s left by an interrupted run", p)
+        shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)
+
+
 @contextlib.contextmanager
 def _staged_output(dst: str, overwrite: bool):
     """Yield a temp folder next to dst; on success swap it into place, on any failure
@@ -67,6 +92,7 @@ def _staged_output(dst: str, overwrite: bool):
         raise InputError(f"{parent}: output folder's parent does not exist")
     if os.path.exists(dst) and not overwrite:
         raise InputError(f"{dst} exists: pass --overwrite to replace it")
+    _remove_stale_temps(parent, os.path.basename(dst))
     tmp = os.path.join(parent, f".{os.path.basename(dst)}.unweight-tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)

@@ -11,6 +11,8 @@
 #pragma once
 #include <cstdint>
 
+#include "../unweight_constants.h"
+
 #if defined(__CUDACC__)
 #define UW_PLAN_HD __host__ __device__ __forceinline__
 #else
@@ -34,7 +36,7 @@ constexpr int PAL_THREADS = 256;
 constexpr int WARP = 32;
 constexpr int WARP_KERNEL_THREADS = 256;
 constexpr int WARPS_PER_CTA = WARP_KERNEL_THREADS / WARP;
-// Palette encode: one thread per (row, 64-weight block).
+// Palette encode: one thread per (row, PAL_BLOCK-weight block).
 constexpr int ENC_THREADS = 256;
 // Exponent histogram: grid-stride loop over 16-byte vectors, capped grid (each CTA flushes a
 // 256-bin shared histogram with 256 global atomics, so more CTAs than needed only add
@@ -81,7 +83,7 @@ UW_PLAN_HD void pal_unit(int64_t t, int64_t n_cols, int64_t* r, int64_t* k, int*
 UW_PLAN_HD int64_t warp_grid(int64_t n_items) { return cdiv(n_items, WARPS_PER_CTA); }
 
 // --- palette encode ---------------------------------------------------------------------
-UW_PLAN_HD int64_t blocks_per_row(int64_t cols) { return cdiv(cols, 64); }
+UW_PLAN_HD int64_t blocks_per_row(int64_t cols) { return cdiv(cols, PAL_BLOCK); }
 UW_PLAN_HD int64_t enc_grid(int64_t rows, int64_t cols) {
   return cdiv(rows * blocks_per_row(cols), ENC_THREADS);
 }

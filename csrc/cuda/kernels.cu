@@ -287,7 +287,7 @@ struct PatchArgs {
   int64_t out_stride;
 };
 
-// Lane `lane` of the warp for verbatim block v writes its columns 2*lane, 2*lane+1 of the
+// Lane `lane` of the warp for verbatim block v writes its columns lane, lane+32, ... of the
 // block when they fall inside the decoded rectangle.  Returns false (lane 0 only) on an id
 // that is out of range or not strictly ascending.
 UW_HD bool patch_lane_body(int64_t v, int lane, const PatchArgs& a) {
@@ -296,8 +296,8 @@ UW_HD bool patch_lane_body(int64_t v, int lane, const PatchArgs& a) {
   if (static_cast<int64_t>(id) >= a.rows * bpr || (v > 0 && a.vpos[v - 1] >= id)) return lane != 0;
   const int64_t r = id / bpr, b = id % bpr;
   if (r < a.r0 || r >= a.r1) return true;
-  for (int j = 0; j < 2; ++j) {
-    const int64_t jb = 2 * lane + j, c = b * PAL_BLOCK + jb;
+  for (int64_t jb = lane; jb < PAL_BLOCK; jb += plan::WARP) {  // lane-strided: coalesced
+    const int64_t c = b * PAL_BLOCK + jb;
     if (c < a.k0 || c >= a.k1) continue;
     a.out[(r - a.r0) * a.out_stride + (c - a.k0)] =
         bf16_from_parts(a.sm[r * a.cols + c], a.vexp[v * PAL_BLOCK + jb]);
@@ -358,7 +358,7 @@ struct EncArgs {
 constexpr uint8_t kMiss = 0x10;
 static_assert(plan::ENC_THREADS == 256, "palette_encode_kernel fills its 256-entry map one per thread");  // pmap value of an exponent outside the palette
 
-// One thread per (row, 64-weight block): the verbatim decision is per block, so a thread that
+// One thread per (row, PAL_BLOCK-weight block): the verbatim decision is per block, so a thread that
 // owns the whole block decides it with no inter-thread traffic.  Writes the block's index
 // bytes (all 0 for a verbatim block, as the format requires) and its flag.
 UW_HD void enc_block_body(int64_t t, const EncArgs& a, const uint8_t* pmap) {
@@ -449,14 +449,14 @@ compact_kernel(const uint8_t* __restrict__ flags, int64_t rows, int64_t bpr,
   }
 }
 
-// Lane `lane` of the warp for verbatim entry v copies exponents 2*lane, 2*lane+1 of the block
+// Lane `lane` of the warp for verbatim entry v copies exponents lane, lane+32, ... of the block
 // (0 past the end of the row, as the CPU encoder pads).
 UW_HD void gather_lane_body(int64_t v, int lane, const uint8_t* exps, int64_t cols,
                             const uint32_t* vpos, uint8_t* vexp) {
   const int64_t bpr = plan::blocks_per_row(cols);
   const int64_t r = vpos[v] / bpr, b = vpos[v] % bpr;
-  for (int j = 0; j < 2; ++j) {
-    const int64_t jb = 2 * lane + j, c = b * PAL_BLOCK + jb;
+  for (int64_t jb = lane; jb < PAL_BLOCK; jb += plan::WARP) {  // lane-strided: coalesced
+    const int64_t c = b * PAL_BLOCK + jb;
     vexp[v * PAL_BLOCK + jb] = c < cols ? exps[r * cols + c] : 0;
   }
 }
@@ -569,13 +569,13 @@ UW_UNROLL()
 }
 
 // Lane partials of the correction of verbatim block v for one m: (w_true - w_decoded) * x
-// over the lane's two columns of the block.
+// over the lane's columns of the block.
 UW_HD float corr_lane_body(int64_t v, int lane, int m, const GemmArgs& a) {
   const int64_t bpr = plan::blocks_per_row(a.K);
   const int64_t r = a.vpos[v] / bpr, b = a.vpos[v] % bpr;
   float p = 0.f;
-  for (int j = 0; j < 2; ++j) {
-    const int64_t jb = 2 * lane + j, c = b * PAL_BLOCK + jb;
+  for (int64_t jb = lane; jb < PAL_BLOCK; jb += plan::WARP) {  // lane-strided: coalesced
+    const int64_t c = b * PAL_BLOCK + jb;
     if (c >= a.K) continue;
     const uint8_t s = a.sm[r * a.K + c];
     const float wt = f32_from_bits(f32_bits_from_parts(s, a.vexp[v * PAL_BLOCK + jb]));

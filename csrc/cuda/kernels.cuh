@@ -12,8 +12,8 @@
 // Layout conventions (all row-major, strides in elements):
 //   sm   uint8  [rows, cols]            sign<<7 | mantissa
 //   idx  uint8  [rows, (cols+1)/2]      palette nibbles, even column in the low nibble
-//   vpos uint32 [nv]                    ascending ids row*ceil(cols/64)+block
-//   vexp uint8  [nv, 64]                exponents of the verbatim blocks (0-padded)
+//   vpos uint32 [nv]                    ascending ids row*ceil(cols/PAL_BLOCK)+block
+//   vexp uint8  [nv, PAL_BLOCK]              exponents of the verbatim blocks (0-padded)
 //   lut  uint16 [4, 4096]               Huffman decode tables, built by uw_huffman_build_lut
 #pragma once
 #include <cstdint>
@@ -70,7 +70,7 @@ const char* exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hi
 const char* palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palette pal,
                                  uint8_t* idx, uint8_t* flags, uint32_t* row_counts,
                                  uint32_t* row_offsets, void* stream);
-// Pass 2: writes the ascending verbatim ids vpos[nv] and their exponents vexp[nv, 64];
+// Pass 2: writes the ascending verbatim ids vpos[nv] and their exponents vexp[nv, PAL_BLOCK];
 // nv must equal row_offsets[rows] from pass 1 (the caller reads it back to size vexp).
 const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols,
                                  const uint8_t* flags, const uint32_t* row_offsets, int64_t nv,

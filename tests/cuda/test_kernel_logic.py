@@ -72,9 +72,9 @@ def test_palette_split_covers_once(rows, cols):
         assert (cover == 1).all()
 
 
-@pytest.mark.parametrize("cols", ODD + [64, 128])
+@pytest.mark.parametrize("cols", ODD + [31, 32, 33, 64, 128])
 def test_block_splits_cover_once(cols):
-    rows = 3
+    rows, B = 3, C.PAL_BLOCK
     bpr = kp.blocks_per_row(cols)
     # palette encode: thread per (row, block)
     cover = np.zeros((rows, cols), np.int32)
@@ -82,12 +82,12 @@ def test_block_splits_cover_once(cols):
         if t >= rows * bpr:
             continue
         r, b = divmod(t, bpr)
-        cover[r, b * 64:min(cols, b * 64 + 64)] += 1
+        cover[r, b * B:min(cols, b * B + B)] += 1
     assert (cover == 1).all()
     # verbatim patch / gather / correction: lanes of a block's warp
     for b in range(bpr):
         got = sorted(c for lane in range(kp.WARP) for c in kp.verbatim_lane_cols(b, lane, cols))
-        assert got == list(range(b * 64, min(cols, b * 64 + 64)))
+        assert got == list(range(b * B, min(cols, b * B + B)))
     assert kp.warp_grid(0) == 0 and kp.warp_grid(1) == 1 and kp.warp_grid(kp.WARPS_PER_CTA + 1) == 2
 
 

@@ -128,7 +128,7 @@ def test_transcode_both_ways():
     lin = _linear(200, 192)
     cl = CompressedLinear.from_linear(lin, "huffman")
     loader._transcode(cl, "palette")
-    assert cl.encoding_name == "palette" and set(cl.state_dict()) == {"weight" + s for s in C.PALETTE_PLANES}
+    assert cl.encoding_name == "palette" and set(cl.state_dict()) == {"weight" + s for s in C.PALETTE_PLANES} | {"bias"}
     assert torch.equal(cl.decode_weight(), lin.weight)
     loader._transcode(cl, "huffman")
     assert cl.encoding_name == "huffman" and torch.equal(cl.decode_weight(), lin.weight)

@@ -70,10 +70,10 @@ def warp_grid(n_items: int) -> int:
 def verbatim_lane_cols(vid: int, lane: int, cols: int) -> list[int]:
     """Columns (absolute, < cols) lane `lane` handles in verbatim block id `vid`."""
     b = vid % blocks_per_row(cols)
-    return [c for c in (b * C.PAL_BLOCK + 2 * lane, b * C.PAL_BLOCK + 2 * lane + 1) if c < cols]
+    return [b * C.PAL_BLOCK + j for j in range(lane, C.PAL_BLOCK, WARP) if b * C.PAL_BLOCK + j < cols]
 
 
-# --- palette encode: one thread per (row, 64-weight block) --------------------------------
+# --- palette encode: one thread per (row, PAL_BLOCK block) -----------------------------
 def blocks_per_row(cols: int) -> int:
     return cdiv(cols, C.PAL_BLOCK)
 

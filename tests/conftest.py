@@ -1,0 +1,56 @@
+"""Shared fixtures: small synthetic checkpoints made in the test itself."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+
+def bf16_gaussian(rng, shape, std=0.02):
+    """uint16 [shape] BF16 bit patterns of N(0, std) (round to nearest even)."""
+    f = (rng.standard_normal(shape, dtype=np.float32) * std).view(np.uint32)
+    return ((f + 0x7FFF + ((f >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def write_checkpoint(folder, tensors: dict, config: dict | None = None, extra_files: dict | None = None):
+    """Write {name: (dtype, np array)} with the safetensors package; returns the folder."""
+    import torch
+    from safetensors.torch import save_file
+    os.makedirs(folder, exist_ok=True)
+    td = {}
+    for name, (dt, arr) in tensors.items():
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+        if dt == "BF16":
+            t = t.view(torch.bfloat16)
+        elif dt == "F16":
+            t = t.view(torch.float16)
+        td[name] = t
+    save_file(td, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    if config is not None:
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(config, f)
+    for fname, text in (extra_files or {}).items():
+        with open(os.path.join(folder, fname), "w") as f:
+            f.write(text)
+    return folder
+
+
+@pytest.fixture
+def tiny_model(tmp_path):
+    """A small mixed checkpoint: BF16 matrices (odd shapes, special values), 1-D, F32, I64."""
+    rng = np.random.default_rng(1234)
+    special = bf16_gaussian(rng, (65, 130))
+    special[0, :8] = [0x7FC1, 0xFF81, 0x7F80, 0xFF80, 0x0001, 0x8001, 0x0000, 0x8000]  # NaNs, ±Inf, subnormals, ±0
+    tensors = {
+        "model.embed_tokens.weight": ("BF16", bf16_gaussian(rng, (300, 64))),
+        "model.layers.0.self_attn.q_proj.weight": ("BF16", bf16_gaussian(rng, (64, 64))),
+        "model.layers.0.mlp.up_proj.weight": ("BF16", special),
+        "model.layers.0.mlp.down_proj.weight": ("BF16", bf16_gaussian(rng, (63, 4097))),
+        "model.norm.weight": ("BF16", bf16_gaussian(rng, (64,))),
+        "model.tiny.weight": ("BF16", bf16_gaussian(rng, (4, 4))),
+        "model.f32_proj.weight": ("F32", rng.standard_normal((32, 32), dtype=np.float32)),
+        "model.position_ids": ("I64", np.arange(16, dtype=np.int64)[None]),
+    }
+    folder = write_checkpoint(str(tmp_path / "src"), tensors, {"model_type": "toy", "hidden_size": 64},
+                              {"tokenizer.json": "{}", "generation_config.json": "{}", "README.md": "toy"})
+    return folder, tensors

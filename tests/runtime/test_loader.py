@@ -1,0 +1,213 @@
+"""unweight.load: modes, bitwise logits vs the BF16 model, generation, memory, ties,
+odd architectures, corrupt input, torch.compile of a whole model."""
+import json
+import logging
+import os
+import shutil
+
+import pytest
+import torch
+
+import unweight
+from unweight.format.errors import ChecksumError, FormatError
+from unweight.format.safetensors_io import SafetensorsFile
+from unweight.runtime import dispatch
+from unweight.runtime.modules import CompressedEmbedding, CompressedLinear, compressed_modules
+
+from .conftest import save_and_compress
+
+IDS = torch.tensor([[1, 17, 45, 200, 3, 99, 310, 5]])
+
+
+def _ref(src):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).eval()
+
+
+def _logits(model, ids=IDS):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("enc", ["huffman", "palette"])
+@pytest.mark.parametrize("mode", ["huffman", "palette", "dense", "auto"])
+def test_modes_bitwise_logits(llama_ck, enc, mode):
+    src, cks = llama_ck
+    ref = _ref(src)
+    m = unweight.load(cks[enc], device="cpu", mode=mode)
+    info = m.unweight_info
+    assert torch.equal(_logits(m), _logits(ref))
+    if mode in ("huffman", "palette"):
+        # q,o,gate,up,down per layer + embedding + tied head (k,v are 64x32 < 4096 weights: stored raw)
+        assert info["modules"][mode] == 2 * 5 + 2
+        assert isinstance(m.model.embed_tokens, CompressedEmbedding)
+        assert isinstance(m.lm_head, CompressedLinear) and m.lm_head.is_tied
+    else:  # auto on CPU with plenty of memory = dense
+        assert info["modules"]["dense"] == 12
+        assert type(m.lm_head) is torch.nn.Linear and m.lm_head.weight is m.model.embed_tokens.weight
+
+
+def test_greedy_generation_identical(llama_ck):
+    src, cks = llama_ck
+    ref = _ref(src)
+    m = unweight.load(cks["huffman"], device="cpu", mode="huffman")
+    a = m.generate(IDS, max_new_tokens=6, do_sample=False)
+    b = ref.generate(IDS, max_new_tokens=6, do_sample=False)
+    assert torch.equal(a, b)
+
+
+def test_memory_accounting_and_scratch(llama_ck):
+    src, cks = llama_ck
+    dispatch.release_scratch()
+    m = unweight.load(cks["huffman"], device="cpu", mode="huffman")
+    info = m.unweight_info
+    owners = [mod for _, mod in compressed_modules(m) if not mod.is_tied]
+    assert info["held_bytes"] == sum(mod.held_bytes() for mod in owners)
+    assert info["held_bytes"] <= 0.70 * info["bf16_bytes"]  # tiny random model; real-model bound in the slow test
+    largest_linear = max(mod.decoded_bytes() for _, mod in compressed_modules(m) if isinstance(mod, CompressedLinear))
+    assert info["scratch_bytes"]["cpu"] == largest_linear  # the tied head: vocab x hidden
+    # no plane is stored twice, no decoded weight is kept
+    ptrs = [t.data_ptr() for t in m.state_dict().values()]
+    assert len(ptrs) == len(set(ptrs))
+    for _, mod in compressed_modules(m):
+        assert all(t.dtype in (torch.uint8, torch.uint32) for k, t in mod.state_dict().items() if k != "bias")
+
+
+def test_compiled_model_matches(llama_ck):
+    src, cks = llama_ck
+    torch._dynamo.reset()
+    m = unweight.load(cks["palette"], device="cpu", mode="palette")
+    ref = _logits(_ref(src))
+    f = torch.compile(m, backend="eager")
+    assert torch.equal(_logits(f), ref)
+
+
+def _flip(path, tensor, delta=1, at=0.5):
+    f = SafetensorsFile(path)
+    dt, shape, b, e = f.info(tensor)
+    start = f.data_start
+    f.close()
+    pos = start + b + int((e - b) * at)
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        v = fh.read(1)[0]
+        fh.seek(pos)
+        fh.write(bytes([(v + delta) & 0xFF]))
+
+
+def _copy(ck, tmp_path):
+    dst = str(tmp_path / "ck")
+    shutil.copytree(ck, dst)
+    return dst, os.path.join(dst, "model.safetensors")
+
+
+@pytest.mark.parametrize("plane", ["__exp", "__sm", "__off"])
+def test_corrupt_plane_fails_load_naming_tensor_and_file(llama_ck, tmp_path, plane):
+    dst, shard = _copy(llama_ck[1]["huffman"], tmp_path)
+    name = "model.layers.1.mlp.down_proj.weight"
+    _flip(shard, name + plane, delta=0x40 if plane == "__off" else 1, at=0.5)
+    with pytest.raises(FormatError) as ei:
+        unweight.load(dst, device="cpu", mode="huffman")
+    msg = str(ei.value)
+    assert "\n" not in msg and name in msg and "model.safetensors" in msg
+
+
+def test_corrupt_raw_tensor_fails_checksum(llama_ck, tmp_path):
+    dst, shard = _copy(llama_ck[1]["huffman"], tmp_path)
+    _flip(shard, "model.norm.weight")
+    with pytest.raises(ChecksumError, match="model.norm.weight"):
+        unweight.load(dst, device="cpu", mode="huffman")
+
+
+def test_truncated_shard(llama_ck, tmp_path):
+    dst, shard = _copy(llama_ck[1]["palette"], tmp_path)
+    size = os.path.getsize(shard)
+    with open(shard, "r+b") as fh:
+        fh.truncate(size * 2 // 3)
+    with pytest.raises(FormatError) as ei:
+        unweight.load(dst, device="cpu")
+    assert "model.safetensors" in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_verify_off_still_validates_structure(llama_ck, tmp_path, monkeypatch):
+    dst, shard = _copy(llama_ck[1]["huffman"], tmp_path)
+    _flip(shard, "model.layers.0.self_attn.q_proj.weight__sm")  # data error: only the checksum pass sees it
+    m = unweight.load(dst, device="cpu", mode="huffman", verify=False)
+    assert m.unweight_info["modules"]["huffman"] == 12
+    monkeypatch.setenv("UNWEIGHT_VERIFY", "1")
+    with pytest.raises(ChecksumError, match="q_proj"):
+        unweight.load(dst, device="cpu", mode="huffman", verify=False)
+
+
+def test_odd_architecture_falls_back_to_dense(ckroot, caplog):
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4, initializer_range=0.02)
+    model = GPT2LMHeadModel(cfg).to(torch.bfloat16).eval()
+    src, dst = save_and_compress(model, ckroot, "gpt2", "huffman")
+    with caplog.at_level(logging.INFO, logger="unweight"):
+        m = unweight.load(dst, device="cpu", mode="huffman")
+    info = m.unweight_info
+    assert any("c_attn" in s and "Conv1D" in s for s in info["dense_fallback"])
+    assert "c_attn" in caplog.text and "dense" in caplog.text
+    assert isinstance(m.transformer.wte, CompressedEmbedding) and m.lm_head.is_tied
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).eval()
+    ids = IDS % 300
+    assert torch.equal(_logits(m, ids), _logits(ref, ids))
+
+
+def test_bad_mode_and_not_a_checkpoint(llama_ck):
+    with pytest.raises(unweight.InputError):
+        unweight.load(llama_ck[1]["huffman"], mode="fast")
+    with pytest.raises(unweight.InputError):
+        unweight.load(llama_ck[0], device="cpu")
+
+
+# ----------------------------------------------------------------------------- real models
+
+
+@pytest.mark.slow
+def test_smollm2_all_modes_bitwise(smol_ck):
+    src, dst = smol_ck
+    ref = _ref(src)
+    ids = torch.tensor([[1, 504, 3458, 314, 260, 3622, 28, 2593, 30]])
+    want = _logits(ref, ids)
+    gen_want = ref.generate(ids, max_new_tokens=4, do_sample=False)
+    for mode, bound in [("huffman", 0.68), ("palette", 0.76), ("dense", None)]:
+        dispatch.release_scratch()
+        m = unweight.load(dst, device="cpu", mode=mode)
+        assert torch.equal(_logits(m, ids), want), mode
+        info = m.unweight_info
+        if bound:
+            assert info["held_bytes"] <= bound * info["bf16_bytes"], (mode, info["ratio"])
+            assert info["scratch_bytes"]["cpu"] == 49152 * 576 * 2  # the (tied) lm_head, the largest layer
+            assert info["tied"] == [{"module": "lm_head", "source": "model.embed_tokens"}]
+        if mode == "huffman":
+            assert torch.equal(m.generate(ids, max_new_tokens=4, do_sample=False), gen_want)
+        del m
+
+
+@pytest.mark.slow
+def test_minilm_automodel(minilm_ck):
+    from transformers import AutoModel
+    src, dst = minilm_ck
+    ref = AutoModel.from_pretrained(src, dtype=torch.bfloat16).eval()
+    x = torch.tensor([[101, 7592, 2088, 2003, 1037, 3231, 102]])
+    for mode in ("huffman", "palette"):
+        m = unweight.load(dst, device="cpu", mode=mode, model_class=AutoModel)
+        assert isinstance(m.embeddings.word_embeddings, CompressedEmbedding)
+        with torch.no_grad():
+            assert torch.equal(m(x).last_hidden_state, ref(x).last_hidden_state), mode
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["huffman", "palette", "dense"])
+def test_cuda_load_matches_cuda_reference(llama_ck, mode):
+    src, cks = llama_ck
+    from transformers import AutoModelForCausalLM
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, device_map="cuda").eval()
+    m = unweight.load(cks["huffman"], device="cuda", mode=mode)
+    ids = IDS.cuda()
+    assert torch.equal(_logits(m, ids), _logits(ref, ids))
+    assert dispatch.device_errors("cuda") == 0

@@ -1,0 +1,239 @@
+"""Compress / decompress / verify / inspect through the Python API on synthetic checkpoints."""
+import errno
+import json
+import os
+
+import numpy as np
+import pytest
+
+import unweight
+from unweight import api
+from unweight.format import constants as C
+from unweight.format.errors import ChecksumError, FormatError, InputError, MismatchError
+
+from .conftest import bf16_gaussian, write_checkpoint
+
+
+def _tensors_of(folder):
+    from safetensors.numpy import load_file  # noqa: F401 - numpy lacks bf16; use torch
+    import torch
+    from safetensors.torch import load_file as load_pt
+    out = {}
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".safetensors"):
+            for k, v in load_pt(os.path.join(folder, f)).items():
+                out[k] = (str(v.dtype), tuple(v.shape), v.contiguous().view(torch.uint8).numpy().tobytes())
+    return out
+
+
+@pytest.mark.parametrize("encoding", ["huffman", "palette", "auto"])
+def test_round_trip_is_byte_identical(tiny_model, tmp_path, encoding):
+    src, _ = tiny_model
+    r = unweight.compress(src, str(tmp_path / "c"), encoding=encoding, progress=False)
+    assert r["verified"] and r["encoded_tensors"] == 4
+    assert r["passthrough_dtypes"] == ["F32", "I64"]
+    cfg = json.load(open(tmp_path / "c" / "config.json"))
+    assert cfg["quantization_config"]["quant_method"] == "unweight"
+    assert cfg["quantization_config"]["format_version"] == C.FORMAT_VERSION
+    for f in ("tokenizer.json", "generation_config.json", "README.md", C.REPORT_NAME, C.INDEX_NAME):
+        assert (tmp_path / "c" / f).exists(), f
+    unweight.verify(str(tmp_path / "c"))
+    unweight.verify(str(tmp_path / "c"), against=src)
+    unweight.decompress(str(tmp_path / "c"), str(tmp_path / "d"), progress=False)
+    assert _tensors_of(src) == _tensors_of(str(tmp_path / "d"))
+    cfg = json.load(open(tmp_path / "d" / "config.json"))
+    assert "quantization_config" not in cfg
+
+
+def test_single_file_source_and_sharding(tiny_model, tmp_path):
+    src, _ = tiny_model
+    r = unweight.compress(os.path.join(src, "model.safetensors"), str(tmp_path / "c"), max_shard_size="200KB",
+                          progress=False)
+    assert len(r["files"]) > 1
+    idx = json.load(open(tmp_path / "c" / C.INDEX_NAME))
+    # All planes of one tensor live in one shard.
+    by_base = {}
+    for name, f in idx["weight_map"].items():
+        by_base.setdefault(name.split("__")[0], set()).add(f)
+    assert all(len(v) == 1 for v in by_base.values())
+    unweight.verify(str(tmp_path / "c"), against=os.path.join(src, "model.safetensors"))
+
+
+def test_include_exclude(tiny_model, tmp_path):
+    src, _ = tiny_model
+    r = unweight.compress(src, str(tmp_path / "c"), include=["*mlp*"], exclude=["*down_proj*"], progress=False)
+    enc = [t["name"] for t in r["tensors"] if t["encoding"] != "raw"]
+    assert enc == ["model.layers.0.mlp.up_proj.weight"]
+
+
+def test_inspect_reports_every_tensor(tiny_model, tmp_path):
+    src, tensors = tiny_model
+    unweight.compress(src, str(tmp_path / "c"), progress=False)
+    r = unweight.inspect(str(tmp_path / "c"))
+    names = [t["name"] for t in r["tensors"]]
+    assert sorted(names) == sorted(tensors)
+    enc = [t for t in r["tensors"] if t["encoding"] != "raw"]
+    assert all(0 < t["exp_entropy"] < 8 and 0 < t["palette_coverage"] <= 1 and 0 <= t["verbatim_fraction"] <= 1
+               for t in enc)
+
+
+def test_dst_exists_needs_overwrite(tiny_model, tmp_path):
+    src, _ = tiny_model
+    dst = tmp_path / "c"
+    dst.mkdir()
+    (dst / "keep").write_text("x")
+    with pytest.raises(InputError, match="--overwrite"):
+        unweight.compress(src, str(dst), progress=False)
+    assert (dst / "keep").read_text() == "x"
+    unweight.compress(src, str(dst), overwrite=True, progress=False)
+    assert not (dst / "keep").exists()
+
+
+def test_src_equal_or_inside_dst_is_refused(tiny_model):
+    src, _ = tiny_model
+    with pytest.raises(InputError, match="overlap"):
+        unweight.compress(src, src, overwrite=True, progress=False)
+    with pytest.raises(InputError, match="overlap"):
+        unweight.compress(src, os.path.join(src, "out"), progress=False)
+
+
+def test_empty_model_is_refused(tmp_path):
+    folder = write_checkpoint(str(tmp_path / "e"), {})
+    with pytest.raises(InputError, match="empty"):
+        unweight.compress(folder, str(tmp_path / "c"), progress=False)
+
+
+def test_non_bf16_model_passes_through(tmp_path):
+    rng = np.random.default_rng(0)
+    folder = write_checkpoint(str(tmp_path / "f"), {"w": ("F32", rng.standard_normal((128, 128), dtype=np.float32))})
+    r = unweight.compress(folder, str(tmp_path / "c"), progress=False)
+    assert r["encoded_tensors"] == 0 and r["passthrough_dtypes"] == ["F32"]
+    unweight.verify(str(tmp_path / "c"), against=folder)
+
+
+def test_inputs_are_never_modified(tiny_model, tmp_path):
+    import hashlib
+    src, _ = tiny_model
+    before = {f: hashlib.sha256(open(os.path.join(src, f), "rb").read()).hexdigest() for f in os.listdir(src)}
+    unweight.compress(src, str(tmp_path / "c"), progress=False)
+    unweight.decompress(str(tmp_path / "c"), str(tmp_path / "d"), progress=False)
+    after = {f: hashlib.sha256(open(os.path.join(src, f), "rb").read()).hexdigest() for f in os.listdir(src)}
+    assert before == after
+
+
+def test_disk_full_leaves_nothing(tiny_model, tmp_path, monkeypatch):
+    from unweight.format import safetensors_io
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(safetensors_io.ShardWriter, "add", full)
+    with pytest.raises(InputError, match="no space left"):
+        unweight.compress(tiny_model[0], str(tmp_path / "c"), progress=False)
+    assert os.listdir(tmp_path) == ["src"]
+
+
+def _corrupt_copy(tmp_path, src, mutate):
+    import shutil
+    out = tmp_path / "bad"
+    shutil.copytree(src, out)
+    mutate(out)
+    return str(out)
+
+
+def _flip_byte_of_plane(folder, plane_suffix, delta=1):
+    from unweight.format.safetensors_io import SafetensorsFile
+    path = os.path.join(folder, "model.safetensors")
+    f = SafetensorsFile(path)
+    name = next(n for n in f.names() if n.endswith(plane_suffix))
+    _, _, b, e = f.info(name)
+    pos = f.data_start + b + (e - b) // 2
+    f.close()
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        v = fh.read(1)[0]
+        fh.seek(pos)
+        fh.write(bytes([(v + delta) & 0xFF]))
+
+
+@pytest.mark.parametrize("suffix,err", [("__sm", ChecksumError), ("__exp", FormatError), ("__hdr", FormatError)])
+def test_bit_flips_are_caught(tiny_model, tmp_path, suffix, err):
+    src, _ = tiny_model
+    unweight.compress(src, str(tmp_path / "c"), progress=False)
+    bad = _corrupt_copy(tmp_path, str(tmp_path / "c"), lambda d: _flip_byte_of_plane(str(d), suffix))
+    with pytest.raises(err):
+        unweight.verify(bad)
+    with pytest.raises(FormatError):
+        unweight.decompress(bad, str(tmp_path / "d"), progress=False)
+    assert not (tmp_path / "d").exists()
+
+
+def test_truncated_and_foreign_and_missing(tiny_model, tmp_path):
+    src, _ = tiny_model
+    c = str(tmp_path / "c")
+    unweight.compress(src, c, progress=False)
+
+    def trunc(d):
+        p = d / "model.safetensors"
+        p.write_bytes(p.read_bytes()[:-1000])
+    with pytest.raises(FormatError, match="truncated"):
+        unweight.verify(_corrupt_copy(tmp_path, c, trunc))
+    import shutil
+    shutil.rmtree(tmp_path / "bad")
+    # A plain checkpoint is not an unweight one.
+    with pytest.raises(InputError, match="not an unweight checkpoint"):
+        unweight.verify(src)
+    # An index entry whose shard lacks the tensor.
+    def extra_entry(d):
+        idx = json.load(open(d / C.INDEX_NAME))
+        idx["weight_map"]["ghost.weight"] = "model.safetensors"
+        json.dump(idx, open(d / C.INDEX_NAME, "w"))
+    with pytest.raises(FormatError, match="ghost.weight"):
+        unweight.verify(_corrupt_copy(tmp_path, c, extra_entry))
+    shutil.rmtree(tmp_path / "bad")
+    def missing_shard(d):
+        idx = json.load(open(d / C.INDEX_NAME))
+        idx["weight_map"]["x"] = "model-00002-of-00002.safetensors"
+        json.dump(idx, open(d / C.INDEX_NAME, "w"))
+    with pytest.raises(InputError, match="missing"):
+        unweight.verify(_corrupt_copy(tmp_path, c, missing_shard))
+
+
+def test_wrong_version_is_refused_by_name(tiny_model, tmp_path):
+    src, _ = tiny_model
+    c = str(tmp_path / "c")
+    unweight.compress(src, c, progress=False)
+    cfg = json.load(open(os.path.join(c, "config.json")))
+    cfg["quantization_config"]["format_version"] = "2.0"
+    json.dump(cfg, open(os.path.join(c, "config.json"), "w"))
+    with pytest.raises(unweight.VersionError, match="2.0"):
+        unweight.verify(c)
+
+
+def test_verify_against_detects_a_difference(tiny_model, tmp_path):
+    src, tensors = tiny_model
+    unweight.compress(src, str(tmp_path / "c"), progress=False)
+    changed = dict(tensors)
+    arr = tensors["model.layers.0.mlp.down_proj.weight"][1].copy()
+    arr[5, 7] ^= 1
+    changed["model.layers.0.mlp.down_proj.weight"] = ("BF16", arr)
+    other = write_checkpoint(str(tmp_path / "other"), changed)
+    with pytest.raises(MismatchError, match="down_proj"):
+        unweight.verify(str(tmp_path / "c"), against=other)
+
+
+def test_hub_id_offline_gives_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    import importlib
+
+    import huggingface_hub.constants as hc
+    importlib.reload(hc)
+    with pytest.raises(InputError, match="HF_HUB_OFFLINE|not in the local cache|cannot"):
+        unweight.compress("someorg/somemodel", str(tmp_path / "c"), progress=False)
+
+
+def test_reserved_suffix_is_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    folder = write_checkpoint(str(tmp_path / "r"), {"x__sm": ("BF16", bf16_gaussian(rng, (64, 64)))})
+    with pytest.raises(InputError, match="reserved"):
+        unweight.compress(folder, str(tmp_path / "c"), progress=False)

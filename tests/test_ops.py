@@ -1,0 +1,168 @@
+"""torch.library ops (unweight::*): schemas + fake impls (opcheck), CPU impls against the
+codec, torch.compile (eager and inductor backends), errors."""
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import unweight.ops  # noqa: F401  (registers torch.ops.unweight.*)
+from unweight.codec import tensor_codec as tc
+from unweight.format import constants as C
+from unweight.format.errors import FormatError
+from unweight.runtime import dispatch
+from unweight.runtime.modules import CompressedEmbedding, CompressedLinear, plane_tensor
+
+
+def _weights(rows, cols, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, cols, generator=g) * 0.02).to(torch.bfloat16)
+
+
+def _planes(w, enc):
+    e = tc.encode(w.view(torch.uint16).numpy(), enc)
+    return e.header, {s: plane_tensor(a) for s, a in e.planes.items()}
+
+
+def _huffman_args(rows=96, cols=200):
+    w = _weights(rows, cols)
+    h, p = _planes(w, "huffman")
+    table = p[C.SUFFIX_HDR][C.HEADER_BYTES:].view(4, -1)
+    out = torch.empty(rows, cols, dtype=torch.bfloat16)
+    err = torch.zeros(1, dtype=torch.int32)
+    args = (p[C.SUFFIX_SM], p[C.SUFFIX_EXP], p[C.SUFFIX_OFF], table, torch.empty(0, dtype=torch.uint16), out, err,
+            rows, cols, h.rows_per_group, h.cols_per_chunk, h.exp_lo, h.exp_hi)
+    return w, h, p, args
+
+
+def _palette_args(rows=96, cols=201):
+    w = _weights(rows, cols)
+    h, p = _planes(w, "palette")
+    out = torch.empty(rows, cols, dtype=torch.bfloat16)
+    err = torch.zeros(1, dtype=torch.int32)
+    pal = [int(b) for b in h.palette[: h.pal_size]]
+    args = (p[C.SUFFIX_SM], p[C.SUFFIX_IDX], p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], out, err, rows, cols, pal)
+    return w, h, p, args
+
+
+def test_decode_huffman_cpu_bitwise():
+    w, h, p, args = _huffman_args()
+    torch.ops.unweight.decode_huffman(*args)
+    assert torch.equal(args[5], w)
+
+
+def test_decode_palette_cpu_bitwise():
+    w, h, p, args = _palette_args()
+    torch.ops.unweight.decode_palette(*args)
+    assert torch.equal(args[4], w)
+
+
+def test_gather_rows_cpu():
+    w = _weights(700, 64)
+    ids = torch.tensor([[0, 699, 5], [5, 350, 351]])
+    h, p = _planes(w, "huffman")
+    got = torch.ops.unweight.gather_rows_huffman(ids, p[C.SUFFIX_SM], p[C.SUFFIX_EXP], p[C.SUFFIX_OFF],
+                                                 p[C.SUFFIX_HDR][C.HEADER_BYTES:].view(4, -1), 700, 64,
+                                                 h.rows_per_group, h.cols_per_chunk, h.exp_lo, h.exp_hi)
+    assert torch.equal(got, w[ids.reshape(-1)])
+    h, p = _planes(w, "palette")
+    got = torch.ops.unweight.gather_rows_palette(ids, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], p[C.SUFFIX_VPOS],
+                                                 p[C.SUFFIX_VEXP], 700, 64, [int(b) for b in h.palette[:h.pal_size]])
+    assert torch.equal(got, w[ids.reshape(-1)])
+
+
+@pytest.mark.parametrize("which", ["huffman", "palette"])
+def test_opcheck(which):
+    # Schema, fake (meta) impl and dispatcher registration, as torch.compile will use them.
+    if which == "huffman":
+        _, _, p, args = _huffman_args(40, 64)
+        torch.library.opcheck(torch.ops.unweight.decode_huffman.default, args,
+                              test_utils=("test_schema", "test_faketensor"))
+        ids = torch.tensor([1, 39, 7])
+        h = tc.encoded_header({C.SUFFIX_HDR: p[C.SUFFIX_HDR].numpy()})
+        gargs = (ids, p[C.SUFFIX_SM], p[C.SUFFIX_EXP], p[C.SUFFIX_OFF], p[C.SUFFIX_HDR][C.HEADER_BYTES:].view(4, -1),
+                 40, 64, h.rows_per_group, h.cols_per_chunk, h.exp_lo, h.exp_hi)
+        torch.library.opcheck(torch.ops.unweight.gather_rows_huffman.default, gargs)
+    else:
+        _, h, p, args = _palette_args(40, 64)
+        torch.library.opcheck(torch.ops.unweight.decode_palette.default, args,
+                              test_utils=("test_schema", "test_faketensor"))
+        gargs = (torch.tensor([1, 39, 7]), p[C.SUFFIX_SM], p[C.SUFFIX_IDX], p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], 40, 64,
+                 [int(b) for b in h.palette[: h.pal_size]])
+        torch.library.opcheck(torch.ops.unweight.gather_rows_palette.default, gargs)
+
+
+def test_corrupt_stream_raises_format_error():
+    w, h, p, args = _huffman_args()
+    exp = p[C.SUFFIX_EXP].clone()
+    exp[: exp.numel() - 8] ^= 0x5A
+    args = list(args)
+    args[1] = exp
+    with pytest.raises(FormatError):
+        torch.ops.unweight.decode_huffman(*args)
+
+
+def _lin(enc):
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 192).to(torch.bfloat16)
+    nn.init.normal_(lin.weight, std=0.02)
+    return lin, CompressedLinear.from_linear(lin, enc)
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+@pytest.mark.parametrize("enc", ["huffman", "palette"])
+def test_torch_compile_linear(backend, enc):
+    torch._dynamo.reset()
+    lin, cl = _lin(enc)
+    dispatch.reserve_scratch("cpu", 256 * 192)
+    f = torch.compile(cl, backend=backend, fullgraph=True)
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(f(x), lin(x))
+        assert torch.equal(f(x * 2), lin(x * 2))  # scratch reused on the second call
+
+
+@pytest.mark.parametrize("enc", ["huffman", "palette"])
+def test_torch_compile_embedding(enc):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    emb = nn.Embedding(500, 64).to(torch.bfloat16)
+    nn.init.normal_(emb.weight, std=0.02)
+    ce = CompressedEmbedding.from_embedding(emb, enc)
+    f = torch.compile(ce, backend="eager", fullgraph=True)
+    ids = torch.tensor([[3, 499, 3]])
+    assert torch.equal(f(ids), emb(ids))
+
+
+def test_fake_tensor_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    _, _, p, _ = _huffman_args(40, 64)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        ids = torch.empty(2, 5, dtype=torch.int64)
+        out = torch.ops.unweight.gather_rows_huffman(ids, p[C.SUFFIX_SM], p[C.SUFFIX_EXP], p[C.SUFFIX_OFF],
+                                                     p[C.SUFFIX_HDR][C.HEADER_BYTES:].view(4, -1), 40, 64, 16, 64,
+                                                     100, 120)
+        assert out.shape == (10, 64) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_ops_bitwise_and_graph_capture():
+    from unweight.ops import build_lut, cuda_module
+    if cuda_module() is None:
+        pytest.skip("unweight._cuda not built")
+    w, h, p, args = _huffman_args(1024, 768)
+    dev = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    dev[4] = build_lut(dev[3], h.exp_lo, h.exp_hi, dev[6])
+    torch.ops.unweight.decode_huffman(*dev)
+    assert torch.equal(dev[5].cpu(), w)
+    dev[5].zero_()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        torch.ops.unweight.decode_huffman(*dev)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(dev[5].cpu(), w) and int(dev[6].item()) == 0
+    w, h, p, args = _palette_args(1024, 768)
+    dev = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    torch.ops.unweight.decode_palette(*dev)
+    assert torch.equal(dev[4].cpu(), w)
