@@ -27,6 +27,25 @@ def find_nvcc():
     return shutil.which("nvcc")
 
 
+def find_cuda_home(nvcc):
+    """The toolkit root holding include/cuda_runtime.h.  nvcc may be a wrapper script (as on
+    machines where /usr/local/bin/nvcc execs the real one), so its own path is not enough."""
+    cands = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+             os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))]
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "--version"], capture_output=True, text=True, timeout=60)
+        for line in (out.stdout + out.stderr).splitlines():
+            if "TOP=" in line:
+                cands.append(line.split("TOP=", 1)[1].strip().strip('"'))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    cands += ["/usr/local/cuda"]
+    for c in cands:
+        if c and os.path.exists(os.path.join(c, "include", "cuda_runtime.h")):
+            return c
+    raise RuntimeError("CUDA toolkit headers not found (set CUDA_HOME)")
+
+
 class CudaExtension(Pybind11Extension):
     """Marker: sources ending in .cu go through nvcc, the rest through the C++ compiler."""
 
@@ -36,12 +55,17 @@ class BuildExt(build_ext):
         cuda = [e for e in self.extensions if isinstance(e, CudaExtension)]
         self.extensions = [e for e in self.extensions if not isinstance(e, CudaExtension)]
         super().build_extensions()
+        built = []
         for ext in cuda:
             try:
                 self._build_cuda(ext)
+                built.append(ext)
             except Exception as exc:  # noqa: BLE001 - any failure leaves the CPU build usable
                 sys.stderr.write(f"WARNING: unweight CUDA extension not built ({exc}); "
                                  "the CPU codec is installed and GPU modes fall back to dense.\n")
+        # Back on the list so setuptools copies them in place (--inplace, editable installs)
+        # and into wheels like any other extension.
+        self.extensions += built
 
     def _build_cuda(self, ext):
         nvcc = find_nvcc()
@@ -50,7 +74,7 @@ class BuildExt(build_ext):
         for a in archs:
             a = a.strip()
             gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
-        cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+        cuda_home = find_cuda_home(nvcc)
         build_temp = os.path.join(self.build_temp, "cuda")
         os.makedirs(build_temp, exist_ok=True)
         objects = []

@@ -1,6 +1,5 @@
 """torch.library ops (unweight::*): schemas + fake impls (opcheck), CPU impls against the
 codec, torch.compile (eager and inductor backends), errors."""
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn

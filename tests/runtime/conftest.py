@@ -5,7 +5,6 @@ import os
 import pytest
 import torch
 
-import unweight
 from unweight import api
 
 

@@ -1,6 +1,5 @@
 """unweight.load: modes, bitwise logits vs the BF16 model, generation, memory, ties,
 odd architectures, corrupt input, torch.compile of a whole model."""
-import json
 import logging
 import os
 import shutil

@@ -1,6 +1,5 @@
 """CompressedLinear / CompressedEmbedding: bitwise equality with nn.Linear / nn.Embedding,
 plane buffers, tying, row-group-only embedding decode, scratch reuse."""
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn

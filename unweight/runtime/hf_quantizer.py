@@ -8,9 +8,9 @@ tensors (runtime/loader.py convert_model), verify the checkpoint, let transforme
 plane tensors into the modules' buffers by name, then apply the mode (default "auto").
 device_map, generate and lm-eval's HFLM need nothing else.
 
-The mode can be set with ``from_pretrained(..., quantization_config=UnweightConfig(mode=...))``
-is NOT how transformers merges configs for custom methods (the checkpoint's config wins);
-use ``unweight.load(path, mode=...)`` or edit ``config.quantization_config["mode"]``.
+Choosing the mode: transformers keeps the checkpoint's quantization_config over one passed to
+from_pretrained for custom methods, so use ``unweight.load(path, mode=...)`` or pass a config
+whose ``quantization_config["mode"]`` is set (``AutoConfig.from_pretrained`` + edit).
 """
 from __future__ import annotations
 

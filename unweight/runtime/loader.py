@@ -426,6 +426,9 @@ def prepare(model: nn.Module, mode: str = "auto") -> dict:
         bad = sorted({str(m.device) for _, m in owners if m.device.type not in ("cpu", "cuda")})
         if mode != "dense":
             log.warning("unweight: modules on %s run dense (no decode kernels there)", ", ".join(bad))
+    # CUDA decode tables first: auto's timing and the on-device transcode decode through them.
+    for _, m in owners:
+        _build_lut(m)
     choice = {}
     auto = _auto_modes(owners) if mode == "auto" else {}
     for n, m in owners:
@@ -437,9 +440,6 @@ def prepare(model: nn.Module, mode: str = "auto") -> dict:
             choice[id(m)] = "dense"
         else:
             choice[id(m)] = mode
-    # Build CUDA tables first: the on-device transcode decodes through them.
-    for _, m in owners:
-        _build_lut(m)
     dense_of = {}
     counts = {"dense": 0, "huffman": 0, "palette": 0}
     # Owners first so a tied module finds its source's dense Parameter.

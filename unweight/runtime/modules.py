@@ -23,10 +23,6 @@ from ..format import constants as C
 from ..format.errors import FormatError
 from ..format.header import TensorHeader
 
-_TORCH_DTYPES = {np.dtype(np.uint8): torch.uint8, np.dtype(np.uint32): torch.uint32}
-_ST_TORCH = {"U8": torch.uint8, "U32": torch.uint32}
-
-
 def plane_tensor(a) -> Tensor:
     """Torch tensor of a NumPy plane (uint8 / uint32), sharing memory when possible."""
     a = np.ascontiguousarray(a)

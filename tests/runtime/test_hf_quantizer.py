@@ -1,0 +1,89 @@
+"""transformers integration: registration on `import unweight`, from_pretrained with the
+Auto classes, device_map, config round trip, lm-eval's HFLM."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import unweight
+from unweight.runtime.modules import CompressedLinear
+
+
+def test_import_unweight_stays_cheap_and_registers_lazily(llama_ck):
+    path = llama_ck[1]["huffman"]
+    code = (
+        "import sys, json, torch\n"
+        "import unweight\n"
+        "assert 'transformers' not in sys.modules\n"
+        "from transformers import AutoModelForCausalLM\n"
+        f"m = AutoModelForCausalLM.from_pretrained({path!r})\n"
+        "print(json.dumps({'cls': type(m).__name__, 'q': type(m.config.quantization_config).__name__,\n"
+        "                  'mode': m.unweight_info['mode']}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r == {"cls": "LlamaForCausalLM", "q": "UnweightConfig", "mode": "auto"}
+    out = subprocess.run([sys.executable, "-c", "import sys, unweight; print('torch' in sys.modules)"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("device_map", [None, "cpu", "auto", {"": "cpu"}])
+def test_from_pretrained_device_maps(llama_ck, device_map):
+    from transformers import AutoModelForCausalLM
+    src, cks = llama_ck
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).eval()
+    kw = {} if device_map is None else {"device_map": device_map}
+    m = AutoModelForCausalLM.from_pretrained(cks["huffman"], **kw).eval()
+    ids = torch.tensor([[1, 5, 9, 77]])
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, ref(ids).logits)
+    assert m.is_quantized and m.config.quantization_config.quant_method == "unweight"
+
+
+def test_mode_through_config(llama_ck):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    path = llama_ck[1]["huffman"]
+    cfg = AutoConfig.from_pretrained(path)
+    cfg.quantization_config = dict(cfg.quantization_config, mode="palette")
+    m = AutoModelForCausalLM.from_pretrained(path, config=cfg)
+    assert isinstance(m.lm_head, CompressedLinear) and m.lm_head.encoding_name == "palette"
+    d = m.config.quantization_config.to_dict()
+    with open(os.path.join(path, "config.json")) as f:
+        on_disk = json.load(f)["quantization_config"]
+    assert d["mode"] == "palette"
+    assert {k: d[k] for k in on_disk} == on_disk  # every key compress wrote survives
+
+
+def test_config_rejects_other_major_version():
+    from unweight.runtime.hf_quantizer import UnweightConfig
+    with pytest.raises(unweight.VersionError):
+        UnweightConfig(format_version="2.0")
+    c = UnweightConfig.from_dict({"quant_method": "unweight", "format_version": "1.0", "tool_version": "0.1.0"})
+    assert c.to_dict()["tool_version"] == "0.1.0" and c.mode == "auto"
+
+
+@pytest.mark.slow
+def test_automodel_minilm(minilm_ck):
+    from transformers import AutoModel
+    src, dst = minilm_ck
+    ref = AutoModel.from_pretrained(src, dtype=torch.bfloat16).eval()
+    m = AutoModel.from_pretrained(dst).eval()
+    x = torch.tensor([[101, 7592, 2088, 102]])
+    with torch.no_grad():
+        assert torch.equal(m(x).last_hidden_state, ref(x).last_hidden_state)
+
+
+def test_lm_eval_hflm(llama_ck):
+    lm_eval = pytest.importorskip("lm_eval")  # noqa: F841
+    from lm_eval.models.huggingface import HFLM
+    from transformers import PreTrainedTokenizerFast
+    pytest.importorskip("tokenizers")
+    m = unweight.load(llama_ck[1]["huffman"], device="cpu", mode="huffman")
+    from unweight.sources import bundled_smollm2
+    tok = PreTrainedTokenizerFast.from_pretrained(bundled_smollm2())
+    lm = HFLM(pretrained=m, tokenizer=tok, batch_size=1)
+    assert lm.model is m
