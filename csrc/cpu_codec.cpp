@@ -158,27 +158,27 @@ void code_lengths(const int64_t* counts, int n, int max_len, uint8_t* out) {
 }
 
 namespace {
-// MSB-first bit writer: `acc` holds `n` pending bits left-aligned.  put() of up to 4 codes
-// (<= 48 bits) between flushes always fits because a flush leaves n < 8; flush() stores 8
-// bytes unconditionally and advances by whole bytes, so there is no per-symbol branch.
+// MSB-first bit writer: `acc` holds the `n` pending bits right-aligned (bits above them are
+// stale and never read).  Up to 4 codes (<= 48 bits) go in between flushes, since a flush
+// leaves n < 8, so put() is a shift, an or and an add with no branch; flush() stores 8 bytes
+// unconditionally and advances by whole bytes.
 struct BitWriter {
   uint64_t acc = 0;
   int n = 0;
   uint8_t* out = nullptr;
   inline void put(uint32_t code, int len) {
-    acc |= static_cast<uint64_t>(code) << (64 - n - len);
+    acc = (acc << len) | code;
     n += len;
   }
   inline void flush() {
-    const uint64_t be = __builtin_bswap64(acc);
+    const uint64_t be = __builtin_bswap64(n ? acc << (64 - n) : 0);
     std::memcpy(out, &be, 8);
     out += n >> 3;
-    acc = (n & ~7) == 64 ? 0 : acc << (n & ~7);
     n &= 7;
   }
   inline void finish() {  // pending bits, zero-padded to a byte boundary
     flush();
-    if (n) { *out++ = static_cast<uint8_t>(acc >> 56); n = 0; acc = 0; }
+    if (n) { *out++ = static_cast<uint8_t>(acc << (8 - n)); n = 0; }
   }
 };
 
@@ -187,9 +187,12 @@ inline size_t seg_capacity(int64_t count) {
   return static_cast<size_t>((count * HUFF_MAX_CODE_LEN + 7) / 8 + 16);
 }
 
-// Encodes segments [s, s + k) (k <= 4, same chunk, consecutive row groups) and appends them,
-// in order, to `dst`, recording each one's byte size.  Full quads run four writers in
-// lockstep so their shift/or chains overlap.  tab[hkey] = code << 4 | len.
+constexpr int ENC_WAYS = 2;
+
+// Encodes segments [s, s + k) (k <= ENC_WAYS, same chunk, consecutive row groups) and appends
+// them, in order, to `dst`, recording each one's byte size.  A full run drives ENC_WAYS
+// writers in lockstep so their shift/or chains overlap (more ways spill registers on
+// x86-64).  tab[hkey] = code << 4 | len.
 void encode_run(const uint16_t* w, const Grid& g, int64_t s, int k, const uint32_t* tab,
                 std::vector<uint8_t>* scratch, std::vector<uint8_t>* dst,
                 std::vector<uint32_t>* sizes) {
@@ -197,37 +200,39 @@ void encode_run(const uint16_t* w, const Grid& g, int64_t s, int k, const uint32
   const int64_t c = s / ng, gi0 = s % ng;
   const int64_t k0 = c * g.C, k1 = std::min(g.cols, k0 + g.C);
   const int cols = static_cast<int>(k1 - k0);
-  const bool full = k == 4 && (gi0 + 4) * g.R <= g.rows;
-  BitWriter bw[4];
-  int64_t rows[4];
+  const bool full = k == ENC_WAYS && (gi0 + ENC_WAYS) * g.R <= g.rows;
+  BitWriter bw[ENC_WAYS];
+  int64_t rows[ENC_WAYS];
   size_t cap = 0;
   for (int j = 0; j < k; ++j) {
     const int64_t r0 = (gi0 + j) * g.R;
     rows[j] = std::min(g.rows, r0 + g.R) - r0;
     cap = std::max(cap, seg_capacity(rows[j] * cols));
   }
-  if (scratch->size() < 4 * cap) scratch->resize(4 * cap);
+  if (scratch->size() < ENC_WAYS * cap) scratch->resize(ENC_WAYS * cap);
   for (int j = 0; j < k; ++j) bw[j].out = scratch->data() + j * cap;
   if (full) {
-    const uint16_t* wr[4];
-    for (int j = 0; j < 4; ++j) wr[j] = w + (gi0 + j) * g.R * g.cols + k0;
-    for (int64_t r = 0; r < g.R; ++r) {
+    const uint16_t* wr = w + gi0 * g.R * g.cols + k0;
+    const int64_t seg = g.R * g.cols;  // distance between the ways' rows
+    for (int64_t r = 0; r < g.R; ++r, wr += g.cols) {
       int q = 0;
       for (; q + 4 <= cols; q += 4) {
+#pragma GCC unroll 4
         for (int t = 0; t < 4; ++t)
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t e = tab[hkey(wr[j][q + t])];
+#pragma GCC unroll 8
+          for (int j = 0; j < ENC_WAYS; ++j) {
+            const uint32_t e = tab[hkey(wr[j * seg + q + t])];
             bw[j].put(e >> 4, static_cast<int>(e & 0xF));
           }
-        for (int j = 0; j < 4; ++j) bw[j].flush();
+#pragma GCC unroll 8
+        for (int j = 0; j < ENC_WAYS; ++j) bw[j].flush();
       }
       for (; q < cols; ++q)
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t e = tab[hkey(wr[j][q])];
+        for (int j = 0; j < ENC_WAYS; ++j) {
+          const uint32_t e = tab[hkey(wr[j * seg + q])];
           bw[j].put(e >> 4, static_cast<int>(e & 0xF));
           bw[j].flush();
         }
-      for (int j = 0; j < 4; ++j) wr[j] += g.cols;
     }
   } else {
     for (int j = 0; j < k; ++j) {
@@ -271,7 +276,7 @@ void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, c
     for (int64_t s = b; s < e;) {
       // Runs of up to 4 row groups that stay inside one chunk.
       const int64_t ng = g.n_groups();
-      const int run = static_cast<int>(std::min<int64_t>({4, e - s, ng - s % ng}));
+      const int run = static_cast<int>(std::min<int64_t>({ENC_WAYS, e - s, ng - s % ng}));
       encode_run(w, g, s, run, tab.data(), &scratch, &buf[k], &sizes[k]);
       s += run;
     }
@@ -293,6 +298,94 @@ void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, c
     if (!buf[k].empty()) std::memcpy(stream->data() + base[k], buf[k].data(), buf[k].size());
   });
 }
+
+namespace {
+constexpr int WAYS = 2;
+
+// Decodes W same-shaped segments in lockstep: rows x cols weights each, segment j's sign+
+// mantissa rows at sm + j*sm_seg + r*sm_stride, output likewise.  Exponents of a row go to a
+// small buffer first and the BF16 words are assembled in a separate vectorizable pass, which
+// keeps the serial decode loop at about a dozen instructions per symbol.  `used[j]` receives
+// the bits consumed; returns false on an invalid code.
+template <int W>
+bool decode_ways(const uint8_t* const* starts, const uint8_t* stream_end, const uint16_t* P,
+                 const uint16_t* L, const uint8_t* sm, int64_t sm_seg, int64_t sm_stride, uint16_t* out,
+                 int64_t out_seg, int64_t out_stride, int rows, int cols, uint64_t* used) {
+  const uint8_t* lim = stream_end - 8;
+  BitReader br[W];
+  for (int j = 0; j < W; ++j) {
+    br[j].p = starts[j];
+    br[j].window = 0;
+    br[j].nbits = 0;
+    // (The bounded refill may leave 64 bits; the 8-byte refill needs nbits <= 63, which holds
+    // at every later refill because each step consumes at least 4 bits.)
+    if (starts[j] <= lim) br[j].refill();
+    else refill_bounded(br[j], stream_end);
+  }
+  std::vector<uint8_t> ebuf(static_cast<size_t>(W) * cols + 8);
+  uint32_t bad = 0;
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* srow = sm + r * sm_stride;
+    uint8_t* eb = ebuf.data();
+    int k = 0;
+    for (; k + 4 <= cols; k += 4) {
+      // The 8-byte refill is legal while p <= lim; past that (the stream's last bytes, or a
+      // corrupt segment asking for more bits than exist) the byte-wise bounded refill feeds
+      // zeros, and the caller's consumed-bit check rejects a segment that overran.
+      bool near_end = false;
+#pragma GCC unroll 8
+      for (int j = 0; j < W; ++j) near_end |= br[j].p > lim;
+      if (__builtin_expect(!near_end, 1)) {
+#pragma GCC unroll 8
+        for (int j = 0; j < W; ++j) br[j].refill();
+      } else {
+        for (int j = 0; j < W; ++j) {
+          if (br[j].p <= lim) br[j].refill();
+          else refill_bounded(br[j], stream_end);
+        }
+      }
+      // A refill leaves >= 56 bits; 4 codes use <= 48.
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t)
+#pragma GCC unroll 8
+        for (int j = 0; j < W; ++j) {
+          const uint32_t sv = srow[j * sm_seg + k + t];
+          // Codes of <= FAST_BITS bits (nearly all) resolve in a 2 KiB table that stays in
+          // L1: [15:8] exponent, [7:0] length.  Longer ones take the full table.
+          uint32_t e = P[((sv & 0x60u) << (FAST_BITS - HUFF_CTX_SHIFT)) |
+                         static_cast<uint32_t>(br[j].window >> (64 - FAST_BITS))];
+          if (__builtin_expect(e == 0, 0)) {
+            const uint16_t f = L[(ctx_of(static_cast<uint8_t>(sv)) << HUFF_MAX_CODE_LEN) | br[j].peek()];
+            bad |= (f == 0);
+            e = (lut_sym(f) << 8) | lut_len(f);
+          }
+          br[j].consume(e & 0xFFu);
+          eb[j * cols + k + t] = static_cast<uint8_t>(e >> 8);
+        }
+    }
+    for (; k < cols; ++k)
+      for (int j = 0; j < W; ++j) {
+        if (br[j].nbits < HUFF_MAX_CODE_LEN) {
+          if (br[j].p <= lim) br[j].refill();
+          else refill_bounded(br[j], stream_end);
+        }
+        const uint8_t sv = srow[j * sm_seg + k];
+        const uint16_t f = L[(ctx_of(sv) << HUFF_MAX_CODE_LEN) | br[j].peek()];
+        bad |= (f == 0);
+        br[j].consume(lut_len(f));
+        eb[j * cols + k] = static_cast<uint8_t>(lut_sym(f));
+      }
+    for (int j = 0; j < W; ++j) {
+      const uint8_t* __restrict sp = srow + j * sm_seg;
+      const uint8_t* __restrict ep = eb + j * cols;
+      uint16_t* __restrict o = out + j * out_seg + r * out_stride;
+      for (int q = 0; q < cols; ++q) o[q] = bf16_from_parts(sp[q], ep[q]);
+    }
+  }
+  for (int j = 0; j < W; ++j) used[j] = br[j].consumed(starts[j]);
+  return bad == 0;
+}
+}  // namespace
 
 std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
                            const Grid& g, const uint8_t* table, int exp_lo, int exp_hi,
@@ -330,17 +423,17 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
   auto check = [&](int64_t s, uint64_t used) {
     if (used == ~uint64_t(0) || (used + 7) / 8 != uint64_t(off[s + 1] - off[s])) flag(s);
   };
-  // Work unit: up to four row groups of one chunk, decoded in lockstep when they have the
-  // same shape: four independent bit readers hide the table-lookup latency that bounds a
-  // single Huffman decode chain.
-  const int64_t quads = (nsel_g + 3) / 4;
-  parallel_for(quads * nsel_c, threads, 1, [&](int64_t u) {
-    const int64_t c = c0 + u / quads, q0 = g0 + (u % quads) * 4;
+  // Work unit: up to WAYS row groups of one chunk, decoded in lockstep when they have the
+  // same shape: independent bit readers hide the table-lookup latency that bounds a single
+  // Huffman decode chain (more ways than WAYS run out of x86-64 registers and spill).
+  const int64_t runs = (nsel_g + WAYS - 1) / WAYS;
+  parallel_for(runs * nsel_c, threads, 1, [&](int64_t u) {
+    const int64_t c = c0 + u / runs, q0 = g0 + (u % runs) * WAYS;
     const int64_t k0 = c * g.C, k1 = std::min(g.cols, k0 + g.C);
     const int64_t lk = k0 - c0 * g.C;
     const int cols = static_cast<int>(k1 - k0);
-    const int64_t qn = std::min<int64_t>(4, g1 - q0);
-    const bool full = qn == 4 && (q0 + 4) * g.R <= g.rows;
+    const int64_t qn = std::min<int64_t>(WAYS, g1 - q0);
+    const bool full = qn == WAYS && (q0 + WAYS) * g.R <= g.rows;
     if (!full) {
       for (int64_t gi = q0; gi < q0 + qn; ++gi) {
         const int64_t s = c * ng + gi;
@@ -354,83 +447,14 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
       }
       return;
     }
-    BitReader br[4];
-    const uint8_t* smp[4];
-    uint16_t* op[4];
-    const uint8_t* start[4];
-    for (int j = 0; j < 4; ++j) {
-      const int64_t s = c * ng + q0 + j;
-      start[j] = stream + off[s];
-      br[j].p = start[j];
-      br[j].window = 0;
-      br[j].nbits = 0;
-      // (The bounded refill may leave 64 bits; the 8-byte refill needs nbits <= 63, which
-      // holds at every later refill because each step consumes at least 4 bits.)
-      if (start[j] <= lim) br[j].refill();
-      else refill_bounded(br[j], stream_end);
-      const int64_t lr = (q0 + j) * g.R - g0 * g.R;
-      smp[j] = sm + lr * sm_stride + lk;
-      op[j] = out + lr * out_stride + lk;
-    }
-    const uint16_t* L = lut.data();
-    const uint16_t* P = fast.data();
-    uint32_t badbits = 0;
-    // Exponents of the current row of each of the 4 segments; the BF16 words are assembled
-    // from them in a separate, vectorizable pass, which keeps the serial decode loop short.
-    std::vector<uint8_t> ebuf(static_cast<size_t>(4) * cols + 4);
-    uint8_t* eb[4] = {&ebuf[0], &ebuf[cols], &ebuf[2 * cols], &ebuf[3 * cols]};
-    for (int64_t r = 0; r < g.R; ++r) {
-      int k = 0;
-      // Refill once per 4 symbols: a refill leaves >= 56 bits, 4 codes use <= 48.
-      for (; k + 4 <= cols; k += 4) {
-        // The 8-byte refill is legal while p <= lim; past that (the stream's last bytes, or a
-        // corrupt segment asking for more bits than exist) the byte-wise bounded refill feeds
-        // zeros, and the consumed-bit check below rejects a segment that overran.
-        for (int j = 0; j < 4; ++j) {
-          if (__builtin_expect(br[j].p <= lim, 1)) br[j].refill();
-          else refill_bounded(br[j], stream_end);
-        }
-        for (int t = 0; t < 4; ++t)
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t sv = smp[j][k + t];
-            // Codes of <= FAST_BITS bits (nearly all) resolve in a 2 KiB table that stays in
-            // L1: [15:8] exponent, [7:0] length.  Longer ones take the full table.
-            uint32_t e = P[((sv & 0x60u) << (FAST_BITS - HUFF_CTX_SHIFT)) |
-                           static_cast<uint32_t>(br[j].window >> (64 - FAST_BITS))];
-            if (__builtin_expect(e == 0, 0)) {
-              const uint16_t f = L[(ctx_of(static_cast<uint8_t>(sv)) << HUFF_MAX_CODE_LEN) | br[j].peek()];
-              badbits |= (f == 0);
-              e = (lut_sym(f) << 8) | lut_len(f);
-            }
-            br[j].consume(e & 0xFFu);
-            eb[j][k + t] = static_cast<uint8_t>(e >> 8);
-          }
-      }
-      for (; k < cols; ++k)
-        for (int j = 0; j < 4; ++j) {
-          if (br[j].nbits < HUFF_MAX_CODE_LEN) {
-            if (br[j].p <= lim) br[j].refill();
-            else refill_bounded(br[j], stream_end);
-          }
-          const uint8_t sv = smp[j][k];
-          const uint16_t f = L[(ctx_of(sv) << HUFF_MAX_CODE_LEN) | br[j].peek()];
-          badbits |= (f == 0);
-          br[j].consume(lut_len(f));
-          eb[j][k] = static_cast<uint8_t>(lut_sym(f));
-        }
-      for (int j = 0; j < 4; ++j) {
-        const uint8_t* __restrict sp = smp[j];
-        const uint8_t* __restrict ep = eb[j];
-        uint16_t* __restrict o = op[j];
-        for (int q = 0; q < cols; ++q) o[q] = bf16_from_parts(sp[q], ep[q]);
-        smp[j] += sm_stride;
-        op[j] += out_stride;
-      }
-    }
-    for (int j = 0; j < 4; ++j) {
-      const int64_t s = c * ng + q0 + j;
-      check(s, badbits ? ~uint64_t(0) : br[j].consumed(start[j]));
-    }
+    const uint8_t* starts[WAYS];
+    for (int j = 0; j < WAYS; ++j) starts[j] = stream + off[c * ng + q0 + j];
+    const int64_t lr = q0 * g.R - g0 * g.R;
+    uint64_t used[WAYS];
+    const bool ok = decode_ways<WAYS>(starts, stream_end, fast.data(), lut.data(), sm + lr * sm_stride + lk,
+                                      g.R * sm_stride, sm_stride, out + lr * out_stride + lk, g.R * out_stride,
+                                      out_stride, static_cast<int>(g.R), cols, used);
+    for (int j = 0; j < WAYS; ++j) check(c * ng + q0 + j, ok ? used[j] : ~uint64_t(0));
   });
   if (bad.load() >= 0) {
     const int64_t s = bad.load();

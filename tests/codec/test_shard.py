@@ -1,0 +1,154 @@
+"""Tensor-parallel shards of encoded tensors (unweight.codec.shard): bitwise equal to the
+slice of the full decode, only the shard's segments touched, clear errors off the grid."""
+import zlib
+
+import numpy as np
+import pytest
+
+from tests.conftest import bf16_gaussian
+from unweight.codec import shard as sh
+from unweight.codec import tensor_codec as tc
+from unweight.format import constants as C
+from unweight.format.header import TensorHeader
+
+TPS = (1, 2, 4, 8)
+
+
+def _enc(shape, encoding, seed=0, grid=None, outliers=False):
+    rng = np.random.default_rng(seed)
+    w = bf16_gaussian(rng, shape)
+    if outliers:  # force verbatim palette blocks / rare exponents in a few places
+        w.reshape(-1)[rng.integers(0, w.size, 40)] = 0x7F00 | rng.integers(0, 0x7F, 40).astype(np.uint16)
+    e = tc.encode(w, encoding, threads=2, grid=grid)
+    return w, e
+
+
+SHAPES = [((256, 1024), None), ((96, 2048), None), ((128, 4096), (8, 512)), ((224, 64 * 33), (16, 64 * 33))]
+
+
+def _check_shard(w, e, rows, cols):
+    h, p = sh.shard_planes(e.header, e.planes, rows=rows, cols=cols)
+    r0, r1 = rows or (0, w.shape[0])
+    c0, c1 = cols or (0, w.shape[1])
+    want = np.ascontiguousarray(w[r0:r1, c0:c1])
+    # The shard is a self-contained v1 tensor: re-parse the packed header, check planes, decode.
+    h2 = TensorHeader.parse(p[C.SUFFIX_HDR])
+    got = tc.decode(h2, p, threads=2, verify=False)
+    assert got.tobytes() == want.tobytes()
+    crc = sh.shard_crc32(h2, p)
+    assert crc == zlib.crc32(want.tobytes())
+    h3, p3 = sh.with_crc(h2, p, crc)
+    assert tc.decode(h3, p3, verify=True).tobytes() == want.tobytes()
+    return h2, p
+
+
+@pytest.mark.parametrize("encoding", ["huffman", "palette"])
+@pytest.mark.parametrize("shape,grid", SHAPES)
+@pytest.mark.parametrize("axis", ["rows", "cols"])
+def test_tp_shards_bitwise(encoding, shape, grid, axis):
+    w, e = _enc(shape, encoding, grid=grid, outliers=True)
+    full = tc.decode(e.header, e.planes)
+    assert full.tobytes() == w.tobytes()
+    n = shape[0] if axis == "rows" else shape[1]
+    g = sh.row_grid(e.header) if axis == "rows" else sh.col_grid(e.header)
+    tested = 0
+    for tp in TPS:
+        if tp not in sh.allowed_tp_sizes(n, g):
+            with pytest.raises(sh.ShardError, match="allowed --tensor-parallel-size"):
+                sh.tp_shard_range(n, tp, 0, g)
+            continue
+        crcs, sizes, row_crcs, widths = [], [], [], []
+        for rank in range(tp):
+            rng_ = sh.tp_shard_range(n, tp, rank, g)
+            kw = {axis: rng_}
+            h, p = _check_shard(full, e, kw.get("rows"), kw.get("cols"))
+            dec = tc.decode(h, p, verify=False)
+            crcs.append(zlib.crc32(dec.tobytes()))
+            sizes.append(dec.nbytes)
+            row_crcs.append(sh.row_crcs(dec))
+            widths.append(dec.shape[1] * 2)
+        # The ranks' shard crcs combine to the original tensor's stored crc32.
+        if axis == "rows":
+            assert sh.combine_row_shard_crcs(crcs, sizes) == e.header.crc32
+        else:
+            assert sh.combine_col_shard_crcs(row_crcs, widths) == e.header.crc32
+        tested += 1
+    assert tested >= 1  # TP=1 always; the aligned shapes also run 2, 4, 8
+
+
+@pytest.mark.parametrize("encoding", ["huffman", "palette"])
+def test_block_shards_and_tensor_end(encoding):
+    # Rectangular blocks (both axes) and ranges ending at a partial last group / chunk.
+    w, e = _enc((200, 64 * 33), encoding, grid=(16, 64 * 4))
+    _check_shard(w, e, (32, 200), (64 * 8, 64 * 33))
+    _check_shard(w, e, (16, 48), (0, 64 * 4))
+    _check_shard(w, e, (192, 200), None)
+
+
+def test_huffman_shard_touches_only_its_segments():
+    w, e = _enc((256, 2048), "huffman", grid=(16, 512))
+    h = e.header
+    off = e.planes[C.SUFFIX_OFF].astype(np.int64)
+    ng = h.n_groups
+    # Column shard 1 of 4 (chunk 1), row shard 2 of 4 (groups 8..11): the copied byte ranges
+    # are exactly those segments' bytes.
+    src = sh.shard_source_ranges(h, e.planes[C.SUFFIX_OFF], rows=None, cols=(512, 1024))
+    assert src.segments == list(range(1 * ng, 2 * ng))
+    assert src.exp_ranges == [(off[ng], off[2 * ng])]
+    src = sh.shard_source_ranges(h, e.planes[C.SUFFIX_OFF], rows=(128, 192), cols=None)
+    assert src.segments == [k * ng + g for k in range(4) for g in range(8, 12)]
+    assert src.exp_ranges == [(off[k * ng + 8], off[k * ng + 12]) for k in range(4)]
+    # Poison every byte outside those ranges: the shard must still decode to the same slice.
+    exp = e.planes[C.SUFFIX_EXP].copy()
+    keep = np.zeros(exp.size, dtype=bool)
+    for a, b in src.exp_ranges:
+        keep[a:b] = True
+    exp[~keep] = 0xA5
+    sm = e.planes[C.SUFFIX_SM].copy()
+    sm[:128] ^= 0x5A
+    sm[192:] ^= 0x5A
+    planes = dict(e.planes, **{C.SUFFIX_EXP: exp, C.SUFFIX_SM: sm})
+    hs, ps = sh.shard_planes(h, planes, rows=(128, 192))
+    assert tc.decode(hs, ps, verify=False).tobytes() == w[128:192].tobytes()
+    # Shard size is the shard's segments, not the tensor's.
+    assert ps[C.SUFFIX_EXP].size == sum(b - a for a, b in src.exp_ranges) + C.STREAM_SLACK_BYTES
+    assert ps[C.SUFFIX_OFF].size == len(src.segments) + 1
+
+
+def test_palette_shard_keeps_only_its_verbatim_blocks():
+    w, e = _enc((64, 1024), "palette", outliers=True)
+    assert e.header.num_verbatim > 0
+    h, p = sh.shard_planes(e.header, e.planes, rows=(16, 48), cols=(256, 512))
+    bpr = 1024 // 32
+    vp = e.planes[C.SUFFIX_VPOS].astype(np.int64)
+    inside = ((vp // bpr >= 16) & (vp // bpr < 48) & (vp % bpr >= 8) & (vp % bpr < 16)).sum()
+    assert h.num_verbatim == inside == p[C.SUFFIX_VPOS].size
+    assert tc.decode(h, p, verify=False).tobytes() == w[16:48, 256:512].tobytes()
+
+
+@pytest.mark.parametrize("encoding", ["huffman", "palette"])
+def test_misaligned_requests_raise_clear_errors(encoding):
+    w, e = _enc((96, 2048), encoding, grid=(32, 512))
+    if encoding == "huffman":
+        with pytest.raises(sh.ShardError, match="segment grid"):
+            sh.shard_planes(e.header, e.planes, rows=(16, 96))
+        with pytest.raises(sh.ShardError, match="multiples of 512"):
+            sh.shard_planes(e.header, e.planes, cols=(0, 256))
+        # 96 rows in R=32 groups: TP 3 is allowed, 2 is not (48 is not a multiple of 32).
+        with pytest.raises(sh.ShardError, match=r"allowed --tensor-parallel-size values: \[1, 3\]"):
+            sh.tp_shard_range(96, 2, 0, sh.row_grid(e.header), what="q_proj")
+    else:
+        with pytest.raises(sh.ShardError, match="multiples of 32"):
+            sh.shard_planes(e.header, e.planes, cols=(0, 100))
+        sh.shard_planes(e.header, e.planes, rows=(5, 7))  # palette rows split anywhere
+    with pytest.raises(sh.ShardError, match="do not split into 5 equal"):
+        sh.tp_shard_range(96, 5, 0, 1, what="x")
+    with pytest.raises(sh.ShardError, match="outside"):
+        sh.shard_planes(e.header, e.planes, rows=(0, 97))
+
+
+def test_crc32_combine_matches_zlib():
+    rng = np.random.default_rng(3)
+    for la, lb in [(0, 5), (1, 1), (7, 1000), (4096, 3), (123, 65536)]:
+        a, b = rng.bytes(la), rng.bytes(lb)
+        assert sh.crc32_combine(zlib.crc32(a), zlib.crc32(b), lb) == zlib.crc32(a + b)

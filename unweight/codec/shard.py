@@ -1,0 +1,302 @@
+"""Cut an encoded tensor into the encoded tensor of a sub-matrix, without decoding it.
+
+Tensor parallelism gives each rank a block of rows (column-parallel layers, vocab-parallel
+embeddings) or of columns (row-parallel layers) of every weight matrix.  A huffman tensor is
+a grid of independently decodable segments (docs/FORMAT.md, "The segment grid"), so when the
+block's edges lie on segment edges the rank's block *is* a set of segments: this module copies
+those segments' bytes into a new, self-contained format-v1 tensor (same code table, same grid,
+offsets rebased, chunk-major order kept) that any decoder reads like a whole tensor.  Palette
+tensors split on any row and on any multiple of PAL_BLOCK columns.
+
+Everything here is NumPy on the host; nothing imports torch or vLLM.
+
+Checksums.  The header's crc32 covers the *whole* original tensor.  The crc32 of a shard's
+bytes cannot be known without decoding them, and a rank must not decode the whole tensor.
+Choice made here: ``shard_planes`` stores ``crc32 = 0`` unless it is told the shard's crc
+(``crc32=``); :func:`shard_crc32` decodes *only the shard's segments* (the owning rank does
+this once, at load) and returns its crc.  The link back to the original checksum is kept by
+crc32 arithmetic: :func:`crc32_combine` joins the crcs of consecutive byte ranges, so the
+crcs of the TP row-shards, in rank order, combine to the header's crc32
+(:func:`combine_row_shard_crcs`), and per-row crcs of column shards combine likewise
+(:func:`combine_col_shard_crcs`).  A TP group can therefore check the stored checksum of
+every tensor at load while each rank decodes only its own segments.
+"""
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import numpy as np
+
+from ..format import constants as C
+from ..format.errors import FormatError
+from ..format.header import TensorHeader
+
+__all__ = ["ShardError", "shard_planes", "shard_source_ranges", "tp_shard_range", "allowed_tp_sizes",
+           "row_grid", "col_grid", "shard_crc32", "crc32_combine", "combine_row_shard_crcs",
+           "combine_col_shard_crcs", "row_crcs"]
+
+
+class ShardError(ValueError):
+    """A requested shard does not lie on the tensor's segment grid (message names the fix)."""
+
+
+# ------------------------------------------------------------------------------ grid rules
+
+
+def row_grid(header: TensorHeader) -> int:
+    """Row granularity a shard boundary must be a multiple of (huffman R, palette 1)."""
+    return header.rows_per_group if header.encoding == C.ENC_HUFFMAN else 1
+
+
+def col_grid(header: TensorHeader) -> int:
+    """Column granularity a shard boundary must be a multiple of (huffman C, palette PAL_BLOCK)."""
+    return header.cols_per_chunk if header.encoding == C.ENC_HUFFMAN else C.PAL_BLOCK
+
+
+def allowed_tp_sizes(n: int, grid: int, limit: int = 64) -> list[int]:
+    """TP sizes t <= limit that split n into t equal parts whose edges are multiples of grid."""
+    return [t for t in range(1, limit + 1) if n % t == 0 and (t == 1 or (n // t) % grid == 0)]
+
+
+def tp_shard_range(n: int, tp: int, rank: int, grid: int = 1, *, what: str = "tensor", axis: str = "rows"
+                   ) -> tuple[int, int]:
+    """[start, end) of rank's equal share of n along one axis, checked against the grid.
+
+    Raises ShardError naming the allowed TP sizes when n does not split into tp equal parts
+    whose edges are multiples of ``grid`` (the last edge may be n itself).
+    """
+    if tp < 1 or not 0 <= rank < tp:
+        raise ShardError(f"{what}: bad tensor-parallel rank {rank} of {tp}")
+    if n % tp:
+        raise ShardError(f"{what}: {n} {axis} do not split into {tp} equal tensor-parallel shards; "
+                         f"allowed --tensor-parallel-size values: {allowed_tp_sizes(n, grid)}")
+    size = n // tp
+    start = rank * size
+    if tp > 1 and size % grid:
+        raise ShardError(
+            f"{what}: a {axis} shard of {size} is not a multiple of the segment grid ({grid} {axis}), so a rank "
+            f"could not decode its shard alone; allowed --tensor-parallel-size values: "
+            f"{allowed_tp_sizes(n, grid)} (or re-compress with a finer grid, or use --load-format unweight)")
+    return start, start + size
+
+
+def _check_range(rng, n: int, grid: int, axis: str, where: str) -> tuple[int, int]:
+    if rng is None:
+        return 0, n
+    a, b = int(rng[0]), int(rng[1])
+    if not 0 <= a < b <= n:
+        raise ShardError(f"{where}: {axis} range [{a}, {b}) is empty or outside [0, {n})")
+    if a % grid or (b % grid and b != n):
+        raise ShardError(f"{where}: {axis} range [{a}, {b}) is not on the segment grid (edges must be "
+                         f"multiples of {grid} or the tensor end {n})")
+    return a, b
+
+
+# ------------------------------------------------------------------------------ slicing
+
+
+@dataclasses.dataclass
+class ShardSource:
+    """Which bytes of the source planes a shard uses (for tests and load-time accounting).
+
+    exp_ranges: [(byte_start, byte_end)] of ``__exp`` copied, in the shard's order (huffman).
+    segments: source segment ids copied, in the shard's order (huffman).
+    vpos_rows: indices into ``__vpos``/``__vexp`` kept (palette).
+    """
+
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    exp_ranges: list
+    segments: list
+    vpos_rows: np.ndarray | None = None
+
+
+def shard_source_ranges(header: TensorHeader, off: np.ndarray | None, rows=None, cols=None,
+                        where: str = "tensor") -> ShardSource:
+    """The source byte ranges / segments a shard reads, after checking it lies on the grid."""
+    r0, r1 = _check_range(rows, header.rows, row_grid(header), "rows", where)
+    c0, c1 = _check_range(cols, header.cols, col_grid(header), "cols", where)
+    if header.encoding != C.ENC_HUFFMAN:
+        return ShardSource((r0, r1), (c0, c1), [], [])
+    R, Cc, ng = header.rows_per_group, header.cols_per_chunk, header.n_groups
+    g0, g1 = r0 // R, -(-r1 // R)
+    k0, k1 = c0 // Cc, -(-c1 // Cc)
+    segs, ranges = [], []
+    for k in range(k0, k1):
+        s0, s1 = k * ng + g0, k * ng + g1  # chunk-major: this chunk's groups are contiguous
+        segs.extend(range(s0, s1))
+        a, b = int(off[s0]), int(off[s1])
+        if ranges and ranges[-1][1] == a:
+            ranges[-1] = (ranges[-1][0], b)  # whole columns of groups: merge into one copy
+        else:
+            ranges.append((a, b))
+    return ShardSource((r0, r1), (c0, c1), ranges, segs)
+
+
+def shard_planes(header: TensorHeader, planes: dict, *, rows=None, cols=None, crc32: int = 0,
+                 where: str = "tensor") -> tuple[TensorHeader, dict]:
+    """Encoded planes of the sub-matrix ``[rows[0]:rows[1], cols[0]:cols[1]]`` of an encoded tensor.
+
+    header, planes: as read from a checkpoint (planes keyed by suffix, NumPy arrays on the host;
+        only the shard's bytes are read from them, so memory-mapped planes stay mostly unread).
+    rows, cols: (start, end) or None for the whole axis.  Huffman: multiples of R / C or the
+        tensor end; palette: any rows, columns multiples of PAL_BLOCK or the tensor end.
+        ShardError otherwise.
+    crc32: the shard's crc32 if known (see the module docstring), else 0; compute it with
+        :func:`shard_crc32` before decoding with ``verify=True``.
+    Returns (header, planes) of a self-contained format-v1 tensor (fresh arrays, no views into
+    the source).  The huffman code table, the exponent range and the grid (R, C) are kept.
+    """
+    src = shard_source_ranges(header, planes.get(C.SUFFIX_OFF), rows, cols, where)
+    (r0, r1), (c0, c1) = src.rows, src.cols
+    n, k = r1 - r0, c1 - c0
+    sm = np.ascontiguousarray(planes[C.SUFFIX_SM][r0:r1, c0:c1])
+    new = dataclasses.replace(header, rows=n, cols=k, crc32=int(crc32))
+    if header.encoding == C.ENC_HUFFMAN:
+        off = planes[C.SUFFIX_OFF]
+        exp = planes[C.SUFFIX_EXP]
+        lens = np.diff(off.astype(np.int64))[src.segments]
+        new_off = np.zeros(len(src.segments) + 1, dtype=np.uint32)
+        new_off[1:] = np.cumsum(lens)
+        parts = [exp[a:b] for a, b in src.exp_ranges]
+        parts.append(np.zeros(C.STREAM_SLACK_BYTES, dtype=np.uint8))
+        new_exp = np.concatenate(parts).astype(np.uint8, copy=False)
+        out = {C.SUFFIX_HDR: new.pack(), C.SUFFIX_SM: sm, C.SUFFIX_EXP: new_exp, C.SUFFIX_OFF: new_off}
+        return new, out
+    # Palette: nibble pairs never straddle the edge because c0 is a multiple of 32 (even).
+    idx = np.ascontiguousarray(planes[C.SUFFIX_IDX][r0:r1, c0 // 2: c0 // 2 + (k + 1) // 2])
+    if k % 2 and c1 != header.cols:  # unreachable (c1 is a multiple of 32 unless it is the end)
+        raise FormatError(f"{where}: odd shard width inside the tensor")
+    bpr = -(-header.cols // C.PAL_BLOCK)
+    b0, b1 = c0 // C.PAL_BLOCK, -(-c1 // C.PAL_BLOCK)
+    vpos = planes[C.SUFFIX_VPOS].astype(np.int64)
+    vr, vb = vpos // bpr, vpos % bpr
+    keep = np.flatnonzero((vr >= r0) & (vr < r1) & (vb >= b0) & (vb < b1))
+    new_bpr = b1 - b0
+    new_vpos = ((vr[keep] - r0) * new_bpr + (vb[keep] - b0)).astype(np.uint32)
+    new_vexp = np.ascontiguousarray(planes[C.SUFFIX_VEXP][keep])
+    new.num_verbatim = int(keep.size)
+    src.vpos_rows = keep
+    out = {C.SUFFIX_HDR: new.pack(), C.SUFFIX_SM: sm, C.SUFFIX_IDX: idx, C.SUFFIX_VPOS: new_vpos,
+           C.SUFFIX_VEXP: new_vexp}
+    return new, out
+
+
+def with_crc(header: TensorHeader, planes: dict, crc: int) -> tuple[TensorHeader, dict]:
+    """The same shard with its header's crc32 set (re-packs ``__hdr``)."""
+    h = dataclasses.replace(header, crc32=int(crc) & 0xFFFFFFFF)
+    out = dict(planes)
+    out[C.SUFFIX_HDR] = h.pack()
+    return h, out
+
+
+def shard_crc32(header: TensorHeader, planes: dict, threads: int | None = None, where: str = "") -> int:
+    """Decode a (shard) tensor once, checking its structure, and return the crc32 of its bytes.
+
+    Raises FormatError on any structural error (bad codes, segment bit counts, palette
+    indices).  Cost: one decode of this shard only.
+    """
+    from .tensor_codec import decode
+    w = decode(header, planes, threads=threads, where=where, verify=False)
+    return zlib.crc32(w.reshape(-1).view(np.uint8))
+
+
+def row_crcs(w: np.ndarray) -> np.ndarray:
+    """uint32 [N]: crc32 of each row's bytes of a uint16 [N, K] matrix (column-shard checking)."""
+    w = np.ascontiguousarray(w)
+    return np.array([zlib.crc32(w[r].view(np.uint8)) for r in range(w.shape[0])], dtype=np.uint32)
+
+
+# ------------------------------------------------------------------------------ crc32 arithmetic
+#
+# zlib's crc32 is affine over GF(2): crc(A || B) = M_len(B) * crc(A) XOR crc(B), where M_n is
+# the linear map "append n zero bytes" applied to the register (init/xorout cancel out, as in
+# zlib's crc32_combine).  M_n is built by squaring the one-zero-bit operator; applying it is
+# four 256-entry table lookups, vectorised over many crcs at once.
+
+_POLY = 0xEDB88320
+
+
+def _gf2_times(mat: np.ndarray, vec: int) -> int:
+    s, i = 0, 0
+    while vec:
+        if vec & 1:
+            s ^= int(mat[i])
+        vec >>= 1
+        i += 1
+    return s
+
+
+def _gf2_square(mat: np.ndarray) -> np.ndarray:
+    return np.array([_gf2_times(mat, int(mat[n])) for n in range(32)], dtype=np.uint64)
+
+
+_SHIFT_CACHE: dict = {}
+
+
+def _shift_tables(nbytes: int) -> np.ndarray:
+    """uint32 [4, 256]: byte-sliced tables of M_nbytes (crc register after nbytes zero bytes)."""
+    t = _SHIFT_CACHE.get(nbytes)
+    if t is not None:
+        return t
+    odd = np.zeros(32, dtype=np.uint64)
+    odd[0] = _POLY
+    for n in range(1, 32):
+        odd[n] = 1 << (n - 1)
+    odd = _gf2_square(_gf2_square(odd))  # 2, then 4 zero bits
+    mat = np.zeros(32, dtype=np.uint64)
+    for n in range(32):  # identity
+        mat[n] = 1 << n
+    length = nbytes
+    cur = odd
+    while length:
+        cur = _gf2_square(cur)  # 1, 2, 4, ... zero bytes
+        if length & 1:
+            mat = np.array([_gf2_times(cur, int(mat[n])) for n in range(32)], dtype=np.uint64)
+        length >>= 1
+    tables = np.zeros((4, 256), dtype=np.uint32)
+    for byte in range(4):
+        for v in range(256):
+            tables[byte, v] = _gf2_times(mat, v << (8 * byte))
+    _SHIFT_CACHE[nbytes] = tables
+    return tables
+
+
+def _shift(crcs, nbytes: int):
+    t = _shift_tables(nbytes)
+    c = np.asarray(crcs, dtype=np.uint32)
+    return (t[0][c & 0xFF] ^ t[1][(c >> 8) & 0xFF] ^ t[2][(c >> 16) & 0xFF] ^ t[3][c >> 24]).astype(np.uint32)
+
+
+def crc32_combine(crc_a, crc_b, len_b: int):
+    """crc32 of A || B from crc32(A), crc32(B) and len(B) in bytes (arrays broadcast)."""
+    if len_b == 0:
+        return crc_a
+    out = _shift(crc_a, len_b) ^ np.asarray(crc_b, dtype=np.uint32)
+    return int(out) if np.ndim(out) == 0 else out
+
+
+def combine_row_shard_crcs(crcs, nbytes) -> int:
+    """crc32 of the whole tensor from the crcs of its row shards (rank order) and their byte sizes."""
+    total = int(crcs[0])
+    for c, n in zip(crcs[1:], nbytes[1:]):
+        total = crc32_combine(total, int(c), int(n))
+    return total
+
+
+def combine_col_shard_crcs(per_rank_row_crcs, widths_bytes) -> int:
+    """crc32 of the whole tensor from per-row crcs of its column shards.
+
+    per_rank_row_crcs: list over ranks (column order) of uint32 [N] row crcs of that rank's
+    columns; widths_bytes: each rank's row width in bytes.  Row r of the tensor is the
+    concatenation of the ranks' row r, and the tensor is the rows in order.
+    """
+    rows = np.asarray(per_rank_row_crcs[0], dtype=np.uint32)
+    for c, w in zip(per_rank_row_crcs[1:], widths_bytes[1:]):
+        rows = np.asarray(crc32_combine(rows, np.asarray(c, dtype=np.uint32), int(w)), dtype=np.uint32)
+    row_bytes = int(sum(widths_bytes))
+    total = int(rows[0])
+    for c in rows[1:]:
+        total = crc32_combine(total, int(c), row_bytes)
+    return total
