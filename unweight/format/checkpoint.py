@@ -73,6 +73,10 @@ class Checkpoint:
     def array(self, name) -> np.ndarray:
         return self.where[name].array(name)
 
+    def release(self, name):
+        """Let the OS drop the pages of a tensor we are done with (see SafetensorsFile.release)."""
+        self.where[name].release(name)
+
     def file_of(self, name) -> str:
         return self.where[name].path
 
@@ -141,6 +145,10 @@ class CompressedCheckpoint(Checkpoint):
 
     def planes(self, base: str) -> dict:
         return {suf: self.array(n) for suf, n in self.encoded[base].items()}
+
+    def release_encoded(self, base: str):
+        for n in self.encoded[base].values():
+            self.release(n)
 
     def location(self, base: str) -> str:
         return f"{base} ({self.file_of(self.encoded[base][C.SUFFIX_HDR])})"

@@ -83,6 +83,22 @@ class SafetensorsFile:
         a = np.frombuffer(self._mm, dtype=np.uint8, count=e - b, offset=self.data_start + b)
         return a.view(np_dt).reshape(shape)
 
+    def release(self, name):
+        """Drop the pages of a tensor already processed from this process's resident set, so
+        streaming a checkpoint keeps memory at the largest tensor, not the model (file-backed
+        mmap pages otherwise stay counted in RSS until unmapped)."""
+        if self._mm is None or not hasattr(self._mm, "madvise"):
+            return
+        _, _, b, e = self.entries[name]
+        page = mmap.PAGESIZE
+        start = (self.data_start + b) // page * page
+        end = self.data_start + e
+        if end > start:
+            try:
+                self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+            except (OSError, ValueError):
+                pass  # an optimisation only
+
     def close(self):
         # Views handed out keep the mmap alive; closing the file handle is enough.
         self._fh.close()
