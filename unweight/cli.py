@@ -154,5 +154,50 @@ def inspect(path, as_json, jobs):
                f"{tot['bits_per_weight']:.3f} bits/weight")
 
 
+@main.command("eval")
+@click.argument("original")
+@click.argument("compressed")
+@click.option("--tasks", default=",".join(("arc_easy", "piqa", "hellaswag")), show_default=True,
+              help="Comma-separated: arc_easy, arc_challenge, hellaswag, piqa, winogrande, boolq, lambada, "
+                   "lambada_ppl, mmlu, mmlu_<subject>.")
+@click.option("--limit", type=int, default=None, help="Examples per task (default: the whole validation set).")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N (both models).")
+@click.option("--mode", type=click.Choice(["dense", "huffman", "palette", "auto"]), default="dense", show_default=True,
+              help="unweight.load mode of the compressed model.")
+@click.option("--batch-size", type=int, default=16, show_default=True)
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
+@click.option("--ll-tolerance", type=float, default=0.05, show_default=True,
+              help="Fused-kernel modes: max per-request |delta log-likelihood| (nats).")
+@click.option("--metric-tolerance", type=float, default=0.02, show_default=True,
+              help="Fused-kernel modes: max absolute metric difference.")
+@click.option("--output", default=None, help="Write the full result (settings, metrics, check) as JSON here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of the table.")
+def eval_(original, compressed, tasks, limit, device, mode, batch_size, threads, ll_tolerance, metric_tolerance,
+          output, as_json):
+    """Run lm-eval on ORIGINAL and COMPRESSED, print them side by side, check per-sample equality.
+
+    ORIGINAL: model folder or bundled name (smollm2-135m); COMPRESSED: a folder from `unweight
+    compress`.  Dense mode (and decode + F.linear/cuBLAS) must give bitwise-identical per-sample
+    log-likelihoods; fused-kernel modes must stay within the tolerances.  Exits 4 otherwise."""
+    from . import evaluation
+    from .format.errors import MismatchError
+    say = (lambda s: click.echo(s, err=True)) if not as_json else None
+    r = _run(evaluation.run, original, compressed, tasks=tasks, limit=limit, device=device, mode=mode,
+             batch_size=batch_size, ll_tolerance=ll_tolerance, metric_tolerance=metric_tolerance, threads=threads,
+             progress=say)
+    if output:
+        def write():
+            d = os.path.dirname(os.path.abspath(output))
+            os.makedirs(d, exist_ok=True)
+            with open(output, "w") as f:
+                json.dump(r, f, indent=2)
+                f.write("\n")
+        _run(write)
+    click.echo(json.dumps(r, indent=2) if as_json else evaluation.format_table(r))
+    if not r["check"]["passed"]:
+        click.echo(f"error: {r['check']['message']}", err=True)
+        sys.exit(MismatchError.exit_code)
+
+
 if __name__ == "__main__":
     main()

@@ -472,8 +472,30 @@ def prepare(model: nn.Module, mode: str = "auto") -> dict:
             "dense_fallback": [f"{fb['module']}.{fb['attr']} ({fb['type']})" for fb in plan.get("dense_fallback", [])],
             "unmatched": plan.get("unmatched", [])}
     model.unweight_info = info
+    _guard_tie_weights(model)
     log.info("unweight: %s", json.dumps({k: v for k, v in info.items() if k != "tied"}))
     return info
+
+
+def _guard_tie_weights(model: nn.Module) -> None:
+    """Make later ``model.tie_weights()`` calls (lm-eval's HFLM makes one) keep the tie map
+    pruned at load.  Recomputing it from the config would try to tie an lm_head to an
+    embedding ``weight`` Parameter that no longer exists: those modules share compressed
+    planes structurally instead."""
+    orig = getattr(model, "tie_weights", None)
+    if orig is None or getattr(orig, "_unweight_guard", False):
+        return
+
+    def tie_weights(*args, **kwargs):
+        kwargs["recompute_mapping"] = False
+        try:
+            return orig(*args, **kwargs)
+        except TypeError:  # transformers versions without recompute_mapping
+            kwargs.pop("recompute_mapping")
+            return orig(*args, **kwargs)
+
+    tie_weights._unweight_guard = True
+    model.tie_weights = tie_weights
 
 
 # ------------------------------------------------------------------------ unweight.load

@@ -1,0 +1,27 @@
+"""A small synthetic Llama (bf16) whose head counts divide by 2 and whose matrices split on
+the default segment grid at TP=2 (every K >= 1024 so choose_grid cuts >= 2 column chunks)."""
+from __future__ import annotations
+
+import os
+
+PROMPTS = [[1, 17, 230, 5, 901, 44], [3, 3, 3, 3], [600, 12, 999, 250, 8, 77, 1000, 2]]
+
+
+def make_llama(dst: str, *, tie: bool = False, heads: int = 8, kv_heads: int = 2, seed: int = 0) -> str:
+    """Write a 2-layer Llama [hidden 1024, ffn 2048, vocab 1024] in bf16 to dst; return dst."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+                      tie_word_embeddings=tie, initializer_range=0.05, bos_token_id=1, eos_token_id=2,
+                      torch_dtype="bfloat16")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    with torch.no_grad():  # norms at 1.0 are exact in any format; give them some spread
+        for n, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p, dtype=torch.float32))
+    os.makedirs(dst, exist_ok=True)
+    model.save_pretrained(dst, safe_serialization=True)
+    return dst

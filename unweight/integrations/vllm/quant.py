@@ -1,0 +1,482 @@
+"""vLLM quantization method "unweight": weights stay compressed in each rank's memory.
+
+Imported by :func:`unweight.integrations.vllm.plugin.register` only (it imports vLLM).
+
+Loading, per layer and rank:
+  * create_weights registers empty *placeholder* parameters named like the checkpoint's
+    planes (``weight__hdr``, ``weight__sm``, ...), so vLLM's own name mapping
+    (q_proj -> qkv_proj with shard id "q", ...) routes each plane to the right layer.
+  * each placeholder's weight_loader takes the plane (a lazily mapped safetensors tensor),
+    keeps a reference until the tensor's planes are complete, then copies out only the
+    segments of this rank's rows (column-parallel, vocab-parallel) or columns (row-parallel)
+    with unweight.codec.shard.shard_planes.  The full planes are dropped.
+  * process_weights_after_loading decodes each piece once (structure check + crc of the
+    shard), checks the TP group's shard crcs against the stored crc32 of every tensor by
+    crc32 arithmetic (no rank decodes a whole tensor), registers the pieces as buffers and
+    removes the placeholders.
+Forward: one ``unweight_vllm::linear`` / ``::embedding`` op call per layer.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vllm.model_executor.layers.linear import (ColumnParallelLinear, LinearBase, LinearMethodBase,
+                                               MergedColumnParallelLinear, QKVParallelLinear,
+                                               ReplicatedLinear, RowParallelLinear, UnquantizedLinearMethod)
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+from ...codec import shard as sh
+from ...codec import tensor_codec as tc
+from ...format import constants as C
+from ...format.checkpoint import CompressedCheckpoint
+from ...format.errors import ChecksumError, FormatError, InputError, VersionError
+from ...format.header import TensorHeader
+from . import ops as uvops
+
+log = logging.getLogger("unweight.vllm")
+
+_PLANE_DTYPES = {C.SUFFIX_HDR: torch.uint8, C.SUFFIX_SM: torch.uint8, C.SUFFIX_EXP: torch.uint8,
+                 C.SUFFIX_OFF: torch.uint32, C.SUFFIX_IDX: torch.uint8, C.SUFFIX_VPOS: torch.uint32,
+                 C.SUFFIX_VEXP: torch.uint8}
+_DEFAULT_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+# Per-process record of what each layer holds (the test and the bench read it back).
+LOAD_REPORT: dict = {}
+
+
+def _report_path(rank: int) -> str | None:
+    d = os.environ.get("UNWEIGHT_VLLM_REPORT_DIR")
+    return os.path.join(d, f"rank{rank}.json") if d else None
+
+
+def _write_report(rank: int):
+    p = _report_path(rank)
+    if p:
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        tmp = f"{p}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(LOAD_REPORT, f, indent=1, sort_keys=True)
+        os.replace(tmp, p)
+
+
+@register_quantization_config(C.QUANT_METHOD)
+class UnweightConfig(QuantizationConfig):
+    """quantization_config of a checkpoint written by ``unweight compress``."""
+
+    def __init__(self, format_version: str = C.FORMAT_VERSION, encoding: str | None = None):
+        super().__init__()
+        major = str(format_version).split(".")[0]
+        if major != str(C.VERSION_MAJOR):
+            raise VersionError(f"unsupported unweight format version {format_version} (this unweight reads "
+                               f"{C.VERSION_MAJOR}.x; upgrade unweight)")
+        self.format_version = format_version
+        self.encoding = encoding
+        # base tensor name -> [rows, cols, encoding, R, C]; filled by maybe_update_config
+        self.encoded: dict[str, list] = {}
+        self.model_path: str | None = None
+        self.tie_word_embeddings = False
+        # set by the "unweight" load format: every layer unquantized, planes decoded at load
+        self.decode_at_load = False
+
+    def __repr__(self):
+        return f"UnweightConfig(format_version={self.format_version}, encoding={self.encoding})"
+
+    def get_name(self):
+        return C.QUANT_METHOD
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 70
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "UnweightConfig":
+        return cls(format_version=config.get("format_version", C.FORMAT_VERSION), encoding=config.get("encoding"))
+
+    def maybe_update_config(self, model_name: str, hf_config=None, revision: str | None = None):
+        """Read every encoded tensor's header (small ``__hdr`` planes only) from the checkpoint.
+
+        Runs in the main process when vLLM builds its config, so a bad checkpoint (missing
+        shard, missing plane, version mismatch) stops the server here with a one-line cause,
+        before any worker starts or any request can arrive.
+        """
+        path = model_name
+        if not os.path.isdir(path):
+            try:
+                from huggingface_hub import snapshot_download
+                path = snapshot_download(model_name, revision=revision, local_files_only=True)
+            except Exception as e:  # noqa: BLE001 - turned into a one-line cause
+                raise InputError(f"{model_name}: unweight needs the checkpoint on local disk "
+                                 f"({type(e).__name__}); download it first") from None
+        self.model_path = path
+        if hf_config is not None:
+            self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        cp = CompressedCheckpoint(path)
+        try:
+            for base, planes in cp.encoded.items():
+                h = cp.header(base)
+                need = tc.planes_for(h)
+                missing = [s for s in need if s not in planes]
+                if missing:
+                    raise FormatError(f"{cp.location(base)}: compressed tensor is missing plane {missing[0]} "
+                                      f"(re-run unweight compress, or copy the complete checkpoint)")
+                self.encoded[base] = [h.rows, h.cols, h.encoding, h.rows_per_group, h.cols_per_chunk]
+        finally:
+            cp.close()
+        log.info("unweight: %d compressed tensors in %s", len(self.encoded), path)
+
+    # -------------------------------------------------------------------- layer routing
+
+    def _parts(self, prefix: str) -> list[tuple[str, Any]]:
+        """Checkpoint names (and shard ids) that make up the vLLM layer ``prefix``."""
+        head, _, last = prefix.rpartition(".")
+        packed = self.packed_modules_mapping or {}
+        subs = packed.get(last) or _DEFAULT_PACKED.get(last)
+        if not subs:
+            return [(f"{prefix}.weight", None)]
+        ids = ["q", "k", "v"] if last == "qkv_proj" and len(subs) == 3 else list(range(len(subs)))
+        return [(f"{head}.{s}.weight" if head else f"{s}.weight", i) for s, i in zip(subs, ids)]
+
+    def _embedding_name(self, layer: VocabParallelEmbedding, prefix: str) -> str | None:
+        if prefix:
+            name = f"{prefix}.weight"
+            if name in self.encoded:
+                return name
+            if isinstance(layer, ParallelLMHead) and self.tie_word_embeddings:
+                return self._embedding_name(layer, "")  # tied: lm_head reads the embedding
+            return None
+        # vLLM builds some input embeddings without a prefix: find the one encoded matrix of
+        # the layer's shape that is not the output head.
+        cands = [n for n, m in self.encoded.items()
+                 if m[0] == layer.org_vocab_size and m[1] == layer.embedding_dim and "lm_head" not in n]
+        cands.sort(key=lambda n: ("embed" not in n, n))
+        return cands[0] if cands else None
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        if isinstance(layer, LinearBase):
+            if self.decode_at_load:
+                return UnquantizedLinearMethod()
+            parts = self._parts(prefix)
+            enc = [n in self.encoded for n, _ in parts]
+            if all(enc):
+                return UnweightLinearMethod(self, prefix, parts)
+            if not any(enc):
+                LOAD_REPORT[prefix] = {"path": "raw-bf16"}
+                return UnquantizedLinearMethod()
+            raw = [n for (n, _), e in zip(parts, enc) if not e]
+            raise InputError(f"{prefix}: merged layer mixes compressed and raw parts ({', '.join(raw)} raw); "
+                             f"serve it with --load-format unweight (decodes to bf16 at load)")
+        if isinstance(layer, VocabParallelEmbedding):
+            if self.decode_at_load:
+                return None
+            name = self._embedding_name(layer, prefix)
+            if name is None:
+                LOAD_REPORT[prefix or "embedding"] = {"path": "raw-bf16"}
+                return None
+            return UnweightEmbeddingMethod(self, prefix or name.rsplit(".", 1)[0], [(name, None)])
+        return None
+
+
+# ------------------------------------------------------------------------------ shared machinery
+
+
+def _tp_info(layer) -> tuple[int, int]:
+    rank = getattr(layer, "tp_rank", None)
+    size = getattr(layer, "tp_size", None)
+    if rank is None or size is None:
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+        rank, size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    return int(rank), int(size)
+
+
+class _UnweightMethodBase(QuantizeMethodBase):
+    """Placeholder params at create time, per-rank pieces after load, one op per forward."""
+
+    # Planes stay on the load device as they are; nothing needs the target device early.
+    requires_device_loading = True
+
+    def __init__(self, config: UnweightConfig, prefix: str, parts: list):
+        self.config = config
+        self.prefix = prefix
+        self.parts = parts  # [(checkpoint name, shard id)]
+        self.shard_ids = [sid for _, sid in parts]
+
+    # ---- create
+
+    def _register_placeholders(self, layer: nn.Module, out_rows: int, cols: int):
+        layer._uw_pending = {}
+        layer._uw_pieces = {}
+        layer._uw_out_rows = int(out_rows)
+        layer._uw_cols = int(cols)
+        layer._uw_method = self
+        for suf in C.ALL_SUFFIXES:
+            # empty: vLLM's device context puts it on the load device; holds nothing
+            p = nn.Parameter(torch.empty(0, dtype=_PLANE_DTYPES[suf]), requires_grad=False)
+            p.weight_loader = self._make_loader(layer, suf)
+            layer.register_parameter("weight" + suf, p)
+        self._check_shapes_early(layer)
+
+    def _check_shapes_early(self, layer):
+        """Fail at model construction (before reading weights) when TP cannot split the grid."""
+        rank, size = _tp_info(layer)
+        for name, sid in self.parts:
+            m = self.config.encoded.get(name)
+            if m is not None:
+                h = TensorHeader(encoding=m[2], rows=m[0], cols=m[1], rows_per_group=m[3], cols_per_chunk=m[4],
+                                 crc32=0)
+                self._shard_range(layer, h, sid, name)
+
+    def _make_loader(self, layer, suffix):
+        def load(param, loaded_weight, shard_id=None):
+            if shard_id is None:
+                shard_id = getattr(loaded_weight, "shard_id", None)
+            pend = layer._uw_pending.setdefault(shard_id, {})
+            pend[suffix] = loaded_weight
+            self._maybe_finish_piece(layer, shard_id)
+        return load
+
+    # ---- shard geometry
+
+    def _shard_range(self, layer, h: TensorHeader, shard_id, name: str):
+        """(rows, cols) of this rank's block of the checkpoint tensor, checked against the grid."""
+        rank, size = _tp_info(layer)
+        rg, cg = sh.row_grid(h), sh.col_grid(h)
+        what = f"{name} [{h.rows}x{h.cols}, {h.encoding_name} grid {h.rows_per_group}x{h.cols_per_chunk}]"
+        if isinstance(layer, VocabParallelEmbedding):
+            si = layer.shard_indices
+            a, b = si.org_vocab_start_index, si.org_vocab_end_index
+            if h.rows != layer.org_vocab_size or h.cols != layer.embedding_dim:
+                raise InputError(f"{what}: model expects [{layer.org_vocab_size}x{layer.embedding_dim}]")
+            if size > 1 and (a % rg or (b % rg and b != h.rows)):
+                ok = [t for t in (1, 2, 4, 8, 16) if (-(-h.rows // 64) * 64 // t) % rg == 0]
+                raise sh.ShardError(f"{what}: the vocab shard [{a}, {b}) of rank {rank} is not on the segment grid; "
+                                    f"allowed --tensor-parallel-size values: {ok} (or --load-format unweight)")
+            return (a, b), None
+        if isinstance(layer, RowParallelLinear):
+            if h.cols != layer.input_size or h.rows != layer.output_size:
+                raise InputError(f"{what}: model expects [{layer.output_size}x{layer.input_size}]")
+            return None, sh.tp_shard_range(h.cols, size, rank, cg, what=what, axis="cols")
+        if isinstance(layer, QKVParallelLinear):
+            hs = layer.v_head_size if shard_id == "v" else layer.head_size
+            if shard_id == "q":
+                n, idx, total = layer.num_heads * hs, rank, layer.total_num_heads
+            else:
+                n, idx, total = layer.num_kv_heads * hs, rank // layer.num_kv_head_replicas, layer.total_num_kv_heads
+            if h.rows != total * hs or h.cols != layer.input_size:
+                raise InputError(f"{what}: model expects [{total * hs}x{layer.input_size}]")
+            a, b = idx * n, idx * n + n
+            if size > 1 and (a % rg or (b % rg and b != h.rows)):
+                heads_ok = [t for t in (1, 2, 4, 8, 16) if layer.total_num_heads % t == 0
+                            and (layer.total_num_heads // t * layer.head_size) % rg == 0
+                            and (layer.total_num_kv_heads <= t or
+                                 (layer.total_num_kv_heads // t * layer.head_size) % rg == 0)]
+                raise sh.ShardError(f"{what}: rank {rank}'s {shard_id} rows [{a}, {b}) are not on the segment grid "
+                                    f"({rg} rows); allowed --tensor-parallel-size values: {heads_ok} "
+                                    f"(or --load-format unweight)")
+            return (a, b), None
+        if isinstance(layer, MergedColumnParallelLinear):
+            full = layer.output_sizes[shard_id]
+            if h.rows != full or h.cols != layer.input_size:
+                raise InputError(f"{what}: model expects [{full}x{layer.input_size}]")
+            return sh.tp_shard_range(full, size, rank, rg, what=what, axis="rows"), None
+        if isinstance(layer, ColumnParallelLinear):
+            if h.rows != layer.output_size or h.cols != layer.input_size:
+                raise InputError(f"{what}: model expects [{layer.output_size}x{layer.input_size}]")
+            return sh.tp_shard_range(h.rows, size, rank, rg, what=what, axis="rows"), None
+        if isinstance(layer, ReplicatedLinear):
+            return None, None
+        raise InputError(f"{self.prefix}: unweight has no tensor-parallel rule for {type(layer).__name__}; "
+                         f"use --load-format unweight")
+
+    def _maybe_finish_piece(self, layer, shard_id):
+        pend = layer._uw_pending[shard_id]
+        if C.SUFFIX_HDR not in pend:
+            return
+        name = dict((sid, n) for n, sid in self.parts).get(shard_id, self.parts[0][0])
+        h = TensorHeader.parse(pend[C.SUFFIX_HDR].numpy(), name)
+        need = tc.planes_for(h)
+        if any(s not in pend for s in need):
+            return
+        planes = {s: pend[s].numpy() for s in need}
+        tc.check_planes(h, planes, name)
+        rows, cols = self._shard_range(layer, h, shard_id, name)
+        hs, ps = sh.shard_planes(h, planes, rows=rows, cols=cols, where=name)
+        full_bytes = int(sum(a.nbytes for a in planes.values()))
+        layer._uw_pieces[shard_id] = {"name": name, "header": hs, "planes": ps, "full_header": h,
+                                      "rows": rows or (0, h.rows), "cols": cols or (0, h.cols),
+                                      "full_bytes": full_bytes}
+        del layer._uw_pending[shard_id]  # drop the references to the full (mapped) planes
+
+    # ---- after load
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        rank, size = _tp_info(layer)
+        for sid, pend in layer._uw_pending.items():
+            name = dict((s, n) for n, s in self.parts).get(sid, self.parts[0][0])
+            if C.SUFFIX_HDR not in pend:
+                raise FormatError(f"{name}: compressed tensor is missing plane {C.SUFFIX_HDR} in the checkpoint")
+            h = TensorHeader.parse(pend[C.SUFFIX_HDR].numpy(), name)
+            miss = [s for s in tc.planes_for(h) if s not in pend]
+            raise FormatError(f"{name}: compressed tensor is missing plane {miss[0]} in the checkpoint")
+        missing = [n for n, sid in self.parts if sid not in layer._uw_pieces]
+        if missing:
+            raise FormatError(f"{self.prefix}: no planes of {missing[0]} were found in the checkpoint "
+                              f"(missing safetensors shard?)")
+        dev = next((p.device for p in layer.parameters(recurse=False)), torch.device("cpu"))
+        verify = os.environ.get("UNWEIGHT_VLLM_VERIFY", "1") != "0"
+        tensors, meta, report = [], [], []
+        for i, sid in enumerate(self.shard_ids):
+            pc = layer._uw_pieces[sid]
+            hs, ps = pc["header"], pc["planes"]
+            if verify:
+                self._verify_piece(layer, pc)
+            t = self._piece_tensors(hs, ps, dev)
+            for j, tt in enumerate(t):
+                layer.register_buffer(f"uw_{i}_{j}", tt, persistent=False)
+            tensors.extend(t)
+            m = [hs.encoding, hs.rows, hs.cols, hs.rows_per_group, hs.cols_per_chunk, hs.exp_lo, hs.exp_hi,
+                 hs.pal_size] + list(bytes(hs.palette).ljust(16, b"\0")[:16])
+            meta.extend(int(v) for v in m)
+            held = int(sum(tt.numel() * tt.element_size() for tt in t))
+            report.append({"name": pc["name"], "shard_id": sid, "encoding": hs.encoding_name,
+                           "full_shape": [pc["full_header"].rows, pc["full_header"].cols],
+                           "rows": list(pc["rows"]), "cols": list(pc["cols"]),
+                           "held_shape": [hs.rows, hs.cols], "held_bytes": held, "full_planes_bytes": pc["full_bytes"],
+                           "bf16_shard_bytes": hs.rows * hs.cols * 2})
+        for suf in C.ALL_SUFFIXES:
+            delattr(layer, "weight" + suf)
+        layer._uw_n = len(tensors)
+        layer._uw_meta = meta
+        del layer._uw_pieces, layer._uw_pending
+        held = sum(r["held_bytes"] for r in report)
+        bf16 = sum(r["bf16_shard_bytes"] for r in report)
+        LOAD_REPORT[self.prefix] = {"path": "compressed", "tp_rank": rank, "tp_size": size, "pieces": report,
+                                    "held_bytes": held, "bf16_bytes": bf16, "verified": verify}
+        log.info("unweight: %s -> compressed in memory (%s, rank %d/%d holds %s, %.3fx of its bf16 shard)",
+                 self.prefix, report[0]["encoding"], rank, size,
+                 ", ".join(f"{r['name'].rsplit('.', 2)[-2]} rows {r['rows']} cols {r['cols']}" for r in report),
+                 held / max(1, bf16))
+        _write_report(rank)
+
+    @staticmethod
+    def _piece_tensors(hs: TensorHeader, ps: dict, dev) -> list:
+        def t(a):
+            return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+        if hs.encoding == C.ENC_HUFFMAN:
+            table = t(hs.table)
+            lut = torch.empty(0, dtype=torch.uint16, device=dev)
+            if dev.type == "cuda":
+                from ... import ops as uops
+                lut = uops.build_lut(table, hs.exp_lo, hs.exp_hi, torch.zeros(1, dtype=torch.int32, device=dev))
+            return [t(ps[C.SUFFIX_SM]), t(ps[C.SUFFIX_EXP]), t(ps[C.SUFFIX_OFF]), table, lut]
+        return [t(ps[C.SUFFIX_SM]), t(ps[C.SUFFIX_IDX]), t(ps[C.SUFFIX_VPOS]), t(ps[C.SUFFIX_VEXP]),
+                torch.empty(0, dtype=torch.uint8, device=dev)]
+
+    def _verify_piece(self, layer, pc):
+        """Decode this rank's shard once and check the TP group's shards against the stored crc32."""
+        hs, ps, h = pc["header"], pc["planes"], pc["full_header"]
+        w = tc.decode(hs, ps, verify=False, where=pc["name"])
+        (r0, r1), (c0, c1) = pc["rows"], pc["cols"]
+        rank, size = _tp_info(layer)
+        if (c0, c1) == (0, h.cols):
+            import zlib
+            mine = np.array([r0, r1, zlib.crc32(w.reshape(-1).view(np.uint8))], dtype=np.int64)
+            allv = self._gather(layer, mine, size)
+            uniq = {int(v[0]): (int(v[1]), int(v[2])) for v in allv}  # replicated KV heads dedupe here
+            starts = sorted(uniq)
+            covered = [(s, uniq[s][0]) for s in starts]
+            if covered[0][0] == 0 and covered[-1][1] == h.rows and all(
+                    covered[i][1] == covered[i + 1][0] for i in range(len(covered) - 1)):
+                crc = sh.combine_row_shard_crcs([uniq[s][1] for s in starts],
+                                                [(uniq[s][0] - s) * h.cols * 2 for s in starts])
+                if crc != h.crc32:
+                    raise ChecksumError(f"{pc['name']}: checksum mismatch across the tensor-parallel shards "
+                                        f"(decoded bytes differ from the original)")
+            return
+        rc = sh.row_crcs(w).astype(np.int64)
+        mine = np.concatenate([[c0, c1], rc])
+        allv = self._gather(layer, mine, size)
+        order = np.argsort(allv[:, 0])
+        crc = sh.combine_col_shard_crcs([allv[i, 2:].astype(np.uint32) for i in order],
+                                        [int(allv[i, 1] - allv[i, 0]) * 2 for i in order])
+        if crc != h.crc32:
+            raise ChecksumError(f"{pc['name']}: checksum mismatch across the tensor-parallel shards")
+
+    @staticmethod
+    def _gather(layer, vec: np.ndarray, size: int) -> np.ndarray:
+        if size == 1:
+            return vec[None]
+        import torch.distributed as dist
+        from vllm.distributed import get_tp_group
+        g = getattr(layer, "parallel_group", None) or get_tp_group()
+        t = torch.from_numpy(vec).to(torch.int64)
+        out = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(out, t, group=g.cpu_group)
+        return torch.stack(out).numpy()
+
+    def _planes(self, layer) -> list:
+        return [getattr(layer, f"uw_{i // uvops.PLANES_PER_PIECE}_{i % uvops.PLANES_PER_PIECE}")
+                for i in range(layer._uw_n)]
+
+
+class UnweightLinearMethod(_UnweightMethodBase, LinearMethodBase):
+    """Linear layer whose rank-local weight is kept as compressed pieces."""
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
+                       params_dtype, **extra_weight_attrs):
+        self._register_placeholders(layer, sum(output_partition_sizes), input_size_per_partition)
+
+    def apply(self, layer, x, bias=None):
+        return torch.ops.unweight_vllm.linear(x, self._planes(layer), layer._uw_meta, bias, layer._uw_out_rows,
+                                              layer._uw_cols)
+
+
+class UnweightEmbeddingMethod(_UnweightMethodBase):
+    """Vocab-parallel embedding / lm_head kept as the rank's compressed vocab rows."""
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
+                       params_dtype, **extra_weight_attrs):
+        self._register_placeholders(layer, sum(output_partition_sizes), input_size_per_partition)
+
+    def tie_weights(self, layer, embed_tokens):
+        # lm_head computes with the embedding's pieces; it holds no copy of its own.
+        layer._uw_tied_to = embed_tokens
+        for suf in C.ALL_SUFFIXES:
+            if hasattr(layer, "weight" + suf):
+                delattr(layer, "weight" + suf)
+        layer._uw_method = None
+        return layer
+
+    def process_weights_after_loading(self, layer):
+        if getattr(layer, "_uw_tied_to", None) is not None:
+            LOAD_REPORT[self.prefix] = {"path": "compressed (tied to the embedding)"}
+            return
+        super().process_weights_after_loading(layer)
+
+    def _src(self, layer):
+        return getattr(layer, "_uw_tied_to", None) or layer
+
+    def embedding(self, layer, input_):
+        src = self._src(layer)
+        return torch.ops.unweight_vllm.embedding(input_, self._planes(src), src._uw_meta, src._uw_out_rows,
+                                                 src._uw_cols)
+
+    def apply(self, layer, x, bias=None):
+        src = self._src(layer)
+        return torch.ops.unweight_vllm.linear(x, self._planes(src), src._uw_meta, bias, src._uw_out_rows,
+                                              src._uw_cols)
