@@ -418,8 +418,8 @@ def run(original: str, compressed: str, tasks=None, limit: int | None = None, de
     os.environ.update(OFFLINE_ENV)
     if threads:
         torch.set_num_threads(int(threads))
-    if quiet:
-        for name in ("lm_eval", "lm-eval", "transformers.modeling_utils"):
+    if quiet:  # lm-eval warns about every pre-built model and custom dataset; transformers about device maps
+        for name in ("lm_eval", "lm-eval", "transformers"):
             logging.getLogger(name).setLevel(logging.ERROR)
 
     from lm_eval.tasks import TaskManager

@@ -85,6 +85,11 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("GEMM_THREADS") = plan::GEMM_THREADS;
   m.attr("GEMM_VEC") = plan::GEMM_VEC;
   m.attr("GEMM_MAX_M") = plan::GEMM_MAX_M;
+  m.attr("HGEMM_THREADS") = plan::HGEMM_THREADS;
+  m.attr("HGEMM_MAX_M") = plan::HGEMM_MAX_M;
+  m.attr("HGEMM_REDUCE_THREADS") = plan::HGEMM_REDUCE_THREADS;
+  m.attr("HGEMM_MAX_CHUNKS") = plan::HGEMM_MAX_CHUNKS;
+  m.attr("HGEMM_LUT_BYTES") = plan::HGEMM_LUT_BYTES;
   m.def("plan_huffman_grid", &plan::huffman_grid);
   m.def("plan_huffman_unit", [](int64_t i, int64_t g0, int64_t c0, int64_t nsg) {
     int64_t g, c;
@@ -103,6 +108,15 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("plan_hist_grid", &plan::hist_grid);
   m.def("plan_gemm_grid", &plan::gemm_grid);
   m.def("plan_gemm_steps", &plan::gemm_steps);
+  m.def("plan_hgemm_mtile", &plan::hgemm_mtile);
+  m.def("plan_hgemm_grid_x", &plan::hgemm_grid_x);
+  m.def("plan_hgemm_unit", [](int64_t bx, int64_t by, int tid) {
+    int64_t g, c;
+    plan::hgemm_unit(bx, by, tid, &g, &c);
+    return py::make_tuple(g, c);
+  });
+  m.def("plan_hgemm_smem_bytes", &plan::hgemm_smem_bytes);
+  m.def("plan_hgemm_reduce_grid", &plan::hgemm_reduce_grid);
 
   // --------------------------------------------------------------------- device launches
   m.def("huffman_build_lut", [](uintptr_t table, int exp_lo, int exp_hi, uintptr_t lut, uintptr_t err,
@@ -184,6 +198,19 @@ PYBIND11_MODULE(_cuda, m) {
      py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("corr"), py::arg("y"),
      py::arg("ldy"), py::arg("stream") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K]; corr is fp32 scratch [nv, M].");
+
+  m.def("huffman_gemm", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t exp, int64_t exp_bytes,
+                           uintptr_t off, int64_t N, int64_t K, int64_t R, int64_t C, uintptr_t lut,
+                           uintptr_t part, uintptr_t y, int64_t ldy, uintptr_t err, uintptr_t stream) {
+    need(x && sm && exp && off && lut && part && y && err, "null device pointer");
+    check(cuda::huffman_gemm(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(exp),
+                             exp_bytes, dev<const uint32_t>(off), N, K, R, C, dev<const uint16_t>(lut),
+                             dev<float>(part), dev<uint16_t>(y), ldy, dev<int32_t>(err), stream_of(stream)));
+  }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("exp"), py::arg("exp_bytes"),
+     py::arg("off"), py::arg("N"), py::arg("K"), py::arg("R"), py::arg("C"), py::arg("lut"), py::arg("part"),
+     py::arg("y"), py::arg("ldy"), py::arg("err"), py::arg("stream") = 0,
+     "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for Huffman-coded W [N,K] (grid R x C); part is fp32 scratch "
+     "[ceil(K/C), M, N]; corrupt segments add to the int32 err counter.");
 
   // --------------------------------------------------------------------- host emulation
   m.def("emulate_huffman_decode", [](arr<uint8_t> stream, arr<uint32_t> off, int64_t rows, int64_t cols,
@@ -273,4 +300,28 @@ PYBIND11_MODULE(_cuda, m) {
                                       vpos.data(), nv, vexp.data(), corr.data(), y.mutable_data(), N));
     return y;
   }, "Host run of the fused GEMM kernels: y uint16 (bf16 bits) [M, N].");
+
+  m.def("emulate_huffman_gemm", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> stream, arr<uint32_t> off,
+                                   int64_t R, int64_t C, arr<uint8_t> table, int exp_lo, int exp_hi) {
+    need(x.ndim() == 2 && sm.ndim() == 2, "x and sm must be 2-D");
+    const int M = static_cast<int>(x.shape(0));
+    const int64_t N = sm.shape(0), K = sm.shape(1);
+    need(x.shape(1) == K, "x width must equal K");
+    need(R > 0 && C > 0, "grid dimensions must be positive");
+    const int64_t nc = (K + C - 1) / C;
+    need(off.size() == ((N + R - 1) / R) * nc + 1, "offset table has the wrong size");
+    need(exp_lo >= 0 && exp_lo <= exp_hi && exp_hi <= 255, "bad exponent range");
+    need(table.size() == HUFF_NUM_CTX * (exp_hi - exp_lo + 1), "code table has the wrong size");
+    arr<uint16_t> y({static_cast<int64_t>(M), N});
+    std::vector<float> part(static_cast<size_t>(std::max<int64_t>(1, nc * M * N)));
+    int32_t err = 0;
+    const char* e;
+    {
+      py::gil_scoped_release nogil;
+      e = cuda::emulate::huffman_gemm(x.data(), K, M, sm.data(), stream.data(), stream.size(), off.data(), N, K,
+                                      R, C, table.data(), exp_lo, exp_hi, part.data(), y.mutable_data(), N, &err);
+    }
+    check(e);
+    return py::make_tuple(y, err);
+  }, "Host run of the fused Huffman GEMM kernels: (y uint16 (bf16 bits) [M, N], corrupt-segment count).");
 }

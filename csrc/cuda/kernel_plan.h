@@ -52,6 +52,21 @@ constexpr int GEMM_ROWS_PER_CTA = GEMM_THREADS / WARP;
 constexpr int GEMM_VEC = 8;
 constexpr int GEMM_STEP = WARP * GEMM_VEC;
 constexpr int GEMM_MAX_M = 16;
+// Fused Huffman GEMV/GEMM: one thread per segment, HGEMM_THREADS segments per CTA, all of one
+// column chunk (blockIdx.y) so the CTA stages that chunk of x once in shared memory next to
+// the 32 KiB decode LUT.  64 threads (2 warps): the LUT fill (2048 16-byte vectors) stays
+// cheap per CTA, and a 4096-row matrix with 16-row groups still gives 4 CTAs per chunk.
+// Batch tiles: the kernel is instantiated for MT in {1, 2, 4, 8, 16} and a batch of M rows
+// runs the smallest MT >= M with the staged x zero-padded (5 instantiations instead of 16:
+// the padded FMAs are free next to the serial decode, and nvcc time stays bounded).
+// Partial sums go to an fp32 workspace [n_chunks, M, N]; a second kernel with one thread per
+// output sums the chunks in ascending order (deterministic, no atomics).
+constexpr int HGEMM_THREADS = 64;
+constexpr int HGEMM_MAX_M = 16;
+constexpr int HGEMM_REDUCE_THREADS = 256;
+constexpr int64_t HGEMM_MAX_CHUNKS = 65535;  // gridDim.y limit
+// Bytes of the LUT at the front of the dynamic shared memory (x follows, 16-byte aligned).
+constexpr int64_t HGEMM_LUT_BYTES = int64_t(HUFF_NUM_CTX) << (HUFF_MAX_CODE_LEN + 1);
 
 UW_PLAN_HD int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -97,6 +112,25 @@ UW_PLAN_HD int64_t hist_grid(int64_t n_bytes) {
 // --- fused GEMV/GEMM --------------------------------------------------------------------
 UW_PLAN_HD int64_t gemm_grid(int64_t n_rows) { return cdiv(n_rows, GEMM_ROWS_PER_CTA); }
 UW_PLAN_HD int64_t gemm_steps(int64_t cols) { return cdiv(cols, GEMM_STEP); }
+
+// --- fused Huffman GEMV/GEMM ------------------------------------------------------------
+// Batch tile the kernel runs for M (0 when M is out of range).
+UW_PLAN_HD int hgemm_mtile(int M) {
+  return M < 1 ? 0 : M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : M <= 8 ? 8 : M <= HGEMM_MAX_M ? 16 : 0;
+}
+// CTAs along x: row groups of one chunk, HGEMM_THREADS per CTA.  (gridDim.y = n_chunks.)
+UW_PLAN_HD int64_t hgemm_grid_x(int64_t n_groups) { return cdiv(n_groups, HGEMM_THREADS); }
+// Thread `tid` of CTA (bx, by) -> segment (row group g, column chunk c); g may be >= n_groups
+// for the threads the grid rounds up to (they only help stage x and fill the LUT).
+UW_PLAN_HD void hgemm_unit(int64_t bx, int64_t by, int tid, int64_t* g, int64_t* c) {
+  *g = bx * HGEMM_THREADS + tid;
+  *c = by;
+}
+// Dynamic shared memory of one CTA: LUT + x chunk transposed to [chunk width][MT] bf16.
+UW_PLAN_HD int64_t hgemm_smem_bytes(int64_t chunk_width, int mtile) {
+  return HGEMM_LUT_BYTES + cdiv(chunk_width * mtile * 2, 16) * 16;
+}
+UW_PLAN_HD int64_t hgemm_reduce_grid(int64_t M, int64_t N) { return cdiv(M * N, HGEMM_REDUCE_THREADS); }
 
 }  // namespace plan
 }  // namespace unweight

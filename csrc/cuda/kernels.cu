@@ -1,5 +1,5 @@
 // CUDA kernels of unweight format v1: Huffman and palette decode to BF16, the on-device
-// Huffman -> palette transcode, and the fused palette GEMV/GEMM.
+// Huffman -> palette transcode, and the fused palette and Huffman GEMV/GEMM.
 //
 // Structure.  Every kernel is a thin __global__ shell around a __host__ __device__ "body"
 // that does one thread's (or one warp lane's) unit of work, addressed through the launch
@@ -597,6 +597,212 @@ __global__ void __launch_bounds__(plan::WARP_KERNEL_THREADS) gemm_correction_ker
   }
 }
 
+// =======================================================================================
+// Fused Huffman GEMV/GEMM, y[M, N] = x[M, K] @ W^T, M <= 16, W Huffman-coded.
+//
+// Why this shape.  A Huffman segment is a serial bit stream: its i-th symbol's position is
+// known only after decoding symbols 0..i-1, and its code table is selected by the weight's
+// own sign+mantissa byte (the context), so neither multi-symbol tables nor splitting a
+// segment across lanes is possible (FORMAT.md, "Contexts").  Parallelism therefore comes
+// from segments alone, and the kernel is organized around keeping each segment-thread's
+// serial loop short: one LUT lookup, one FMA per batch row, no memory access but shared
+// memory and the thread's own streams.
+//   * Work unit: one thread per segment (R rows x one column chunk), HGEMM_THREADS = 64
+//     segments of consecutive row groups per CTA, all in the same chunk (blockIdx.y).
+//   * Shared memory: the 32 KiB LUT (4 contexts x 4096 entries: a symbol is one shared load
+//     indexed by ctx and the next 12 bits) and the CTA's chunk of x, transposed to
+//     [column][MT] bf16 so one column's MT batch values are one 4/8/16/32-byte load.  The
+//     threads of a CTA all walk their segments in the same row-major (row, column) order,
+//     one weight per iteration, so a warp reads the same x column in lockstep: a shared
+//     broadcast, no bank conflict.  (Threads of a partial last row group drop out early;
+//     that only idles lanes.)  The x chunk is staged once per CTA: chunk width x MT values
+//     against R x width x 64 weights decoded, so its cost vanishes for R >= 4.
+//   * Loads: the sign+mantissa bytes are read 16 at a time per thread (kVec, when K and C
+//     are multiples of 16) with ld.global.nc *L1-allocating*: unlike the coalesced decode
+//     kernels (no_allocate), each thread here owns a different row, so a 32-byte sector is
+//     consumed by two consecutive loads of the same thread and must survive in L1 between
+//     them.  The exponent stream is read a byte at a time by refill_bounded (a thread's bytes
+//     are consecutive, so all but the first of each line hit L1) and never past the stream
+//     allocation, so a corrupt segment cannot fault.  Nothing else lives in L1 here (LUT and
+//     x are in shared memory), so allocating there evicts nothing useful.
+//   * Accumulation: weights decode straight to fp32 bit patterns (never rounded), fp32
+//     acc[MT] per W row in registers; at each row end the thread writes its MT partial sums
+//     to part[chunk, m, row].  A second kernel, one thread per output, sums the chunks in
+//     ascending order and rounds once (RNE) to bf16: no atomics, so repeated runs are
+//     bitwise equal, and the host emulation reproduces the device bits.
+//   * MT (batch tile) is a template parameter in {1, 2, 4, 8, 16} so acc[] and the FMA loop
+//     unroll in registers; x rows >= M are staged as zeros.
+// When this loses to decode + cuBLAS (large M, or few segments for 132 SMs), the measured
+// dispatch table (unweight/runtime/tuning.py) keeps decode + cuBLAS.
+// =======================================================================================
+struct HGemmArgs {
+  const uint16_t* x;
+  int64_t ldx;
+  int M;
+  const uint8_t* sm;
+  const uint8_t* stream;
+  int64_t stream_bytes;
+  const uint32_t* off;
+  int64_t N, K, R, C;
+  float* part;
+  uint16_t* y;
+  int64_t ldy;
+};
+
+UW_HD int64_t hgemm_chunk_width(int64_t c, const HGemmArgs& a) {
+  return std::min(a.K, (c + 1) * a.C) - c * a.C;
+}
+
+// Staging element e (< width * MT) of chunk c: (m = e / width, col = e % width), so
+// consecutive threads read consecutive columns of one x row (coalesced global loads); the
+// transposed shared stores conflict on banks, but they are a one-off per CTA.
+template <int MT>
+UW_HD void hgemm_stage_x(int64_t e, int64_t c, const HGemmArgs& a, uint16_t* xs) {
+  const int64_t w = hgemm_chunk_width(c, a);
+  const int64_t m = e / w, col = e % w;
+  xs[col * MT + m] = m < a.M ? a.x[m * a.ldx + c * a.C + col] : static_cast<uint16_t>(0);
+}
+
+// The MT staged batch values of column `col` as fp32 (bf16 bits in the top half).
+template <int MT>
+UW_HD void hgemm_load_x(const uint16_t* xs, int col, float (&xf)[MT]) {
+  const uint16_t* p = xs + static_cast<int64_t>(col) * MT;
+  if constexpr (MT == 1) {
+    xf[0] = f32_from_bits(static_cast<uint32_t>(p[0]) << 16);
+  } else {
+    uint32_t v[MT / 2];
+#if defined(__CUDA_ARCH__)
+    // Widest shared load the tile allows (column stride MT * 2 bytes keeps it aligned).
+    if constexpr (MT >= 8) {
+UW_UNROLL()
+      for (int q = 0; q < MT / 8; ++q) {
+        const uint4 t = reinterpret_cast<const uint4*>(p)[q];
+        v[4 * q] = t.x; v[4 * q + 1] = t.y; v[4 * q + 2] = t.z; v[4 * q + 3] = t.w;
+      }
+    } else if constexpr (MT == 4) {
+      const uint2 t = *reinterpret_cast<const uint2*>(p);
+      v[0] = t.x; v[1] = t.y;
+    } else {
+      v[0] = *reinterpret_cast<const uint32_t*>(p);
+    }
+#else
+    std::memcpy(v, p, MT * 2);
+#endif
+UW_UNROLL()
+    for (int q = 0; q < MT / 2; ++q) {
+      xf[2 * q] = f32_from_bits(v[q] << 16);  // little-endian: even row in the low half
+      xf[2 * q + 1] = f32_from_bits(v[q] & 0xFFFF0000u);
+    }
+  }
+}
+
+// 16 sign+mantissa bytes of one row (kVec path): read-only, L1-allocating (see above).
+UW_HD void ld_rowbytes_v4(const uint8_t* p, uint32_t (&v)[4]) {
+#if defined(__CUDA_ARCH__)
+  asm("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+      : "l"(p));
+#else
+  std::memcpy(v, p, 16);
+#endif
+}
+
+// One thread's segment (row group g, chunk c): decode every weight, multiply with the staged
+// x column, write the rows' partial sums.  False when the segment is corrupt (bad offsets,
+// invalid code, or consumed bits that do not round up to its byte length).
+template <int MT, bool kVec>
+UW_HD bool hgemm_segment_body(int64_t g, int64_t c, const HGemmArgs& a, const uint16_t* lut,
+                              const uint16_t* xs) {
+  const int64_t ng = cdiv(a.N, a.R);
+  const int64_t s = c * ng + g;
+  const uint32_t b0 = a.off[s], b1 = a.off[s + 1];
+  // Checked per segment so a corrupt offset table never sends a thread outside the stream.
+  if (b1 < b0 || static_cast<int64_t>(b1) + STREAM_SLACK_BYTES > a.stream_bytes) return false;
+  const int64_t r0 = g * a.R, r1 = std::min(a.N, r0 + a.R);
+  const int64_t k0 = c * a.C;
+  const int w = static_cast<int>(hgemm_chunk_width(c, a));
+  const uint8_t* seg = a.stream + b0;
+  const uint8_t* limit = a.stream + a.stream_bytes;
+  BitReader br;
+  br.p = seg;
+  br.window = 0;
+  br.nbits = 0;
+  refill_bounded(br, limit);
+  uint32_t bad = 0;
+  constexpr int kV = kVec ? 16 : 1;  // weights per sign+mantissa load
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* smr = a.sm + r * a.K + k0;
+    float acc[MT];
+UW_UNROLL()
+    for (int m = 0; m < MT; ++m) acc[m] = 0.f;
+    for (int col0 = 0; col0 < w; col0 += kV) {
+      uint32_t sv[4] = {0u, 0u, 0u, 0u};
+      if (kVec) ld_rowbytes_v4(smr + col0, sv); else sv[0] = smr[col0];
+UW_UNROLL()
+      for (int j = 0; j < kV; ++j) {
+        // The bounded refill tops the window up to >= 57 bits; one symbol takes <= 12.
+        if (br.nbits < HUFF_MAX_CODE_LEN) refill_bounded(br, limit);
+        const uint8_t sb = static_cast<uint8_t>(sv[j / 4] >> (8 * (j % 4)));
+        const uint16_t e = lut[(ctx_of(sb) << HUFF_MAX_CODE_LEN) | br.peek()];
+        bad |= (e == 0);
+        br.consume(lut_len(e));
+        const float wf = f32_from_bits(f32_bits_from_parts(sb, lut_sym(e)));
+        float xf[MT];
+        hgemm_load_x<MT>(xs, col0 + j, xf);
+UW_UNROLL()
+        for (int m = 0; m < MT; ++m) acc[m] = fmaf(wf, xf[m], acc[m]);
+      }
+    }
+    // Once per W row: MT scattered 4-byte stores, nothing next to the row's w weights.
+UW_UNROLL()
+    for (int m = 0; m < MT; ++m)
+      if (m < a.M) a.part[(c * a.M + m) * a.N + r] = acc[m];
+  }
+  const uint64_t used = br.consumed(seg);
+  return bad == 0 && (used + 7) / 8 == static_cast<uint64_t>(b1 - b0);
+}
+
+// Output t = m * N + n: the chunks' partial sums in ascending chunk order, one rounding.
+UW_HD void hgemm_reduce_body(int64_t t, const HGemmArgs& a) {
+  const int64_t m = t / a.N, n = t % a.N;
+  const int64_t nc = cdiv(a.K, a.C);
+  float acc = 0.f;
+  for (int64_t c = 0; c < nc; ++c) acc += a.part[(c * a.M + m) * a.N + n];
+  a.y[m * a.ldy + n] = bf16_round_bits(bits_from_f32(acc));
+}
+
+template <int MT, bool kVec>
+__global__ void __launch_bounds__(plan::HGEMM_THREADS)
+huffman_gemm_kernel(HGemmArgs a, const uint16_t* __restrict__ lut_g, int32_t* err) {
+  // Dynamic: LUT (HGEMM_LUT_BYTES) then x [width][MT]; sized by plan::hgemm_smem_bytes and
+  // opted in above 48 KiB by the launcher.
+  extern __shared__ __align__(16) unsigned char hgemm_smem[];
+  uint16_t* lut = reinterpret_cast<uint16_t*>(hgemm_smem);
+  uint16_t* xs = reinterpret_cast<uint16_t*>(hgemm_smem + plan::HGEMM_LUT_BYTES);
+  // LUT fill as in huffman_decode_kernel: 16-byte __ldg (L1/L2-allocating: every CTA reads
+  // the same 32 KiB, so after the first CTA of an SM it comes from L1/L2, not DRAM).
+  const uint4* src = reinterpret_cast<const uint4*>(lut_g);
+  uint4* dst = reinterpret_cast<uint4*>(lut);
+  constexpr int kVecs = static_cast<int>(plan::HGEMM_LUT_BYTES / 16);
+  for (int j = threadIdx.x; j < kVecs; j += plan::HGEMM_THREADS) dst[j] = __ldg(src + j);
+  const int64_t c = blockIdx.y;
+  const int64_t nstage = hgemm_chunk_width(c, a) * MT;
+  for (int64_t e = threadIdx.x; e < nstage; e += plan::HGEMM_THREADS) hgemm_stage_x<MT>(e, c, a, xs);
+  __syncthreads();
+  int64_t g, cc;
+  plan::hgemm_unit(blockIdx.x, blockIdx.y, threadIdx.x, &g, &cc);
+  if (g >= cdiv(a.N, a.R)) return;  // after the only barrier: rounded-up threads only staged
+  if (!hgemm_segment_body<MT, kVec>(g, cc, a, lut, xs)) atomicAdd(err, 1);
+}
+
+__global__ void __launch_bounds__(plan::HGEMM_REDUCE_THREADS) huffman_gemm_reduce_kernel(HGemmArgs a) {
+  // Consecutive threads -> consecutive n: coalesced reads of each chunk's partial row and a
+  // coalesced bf16 store.
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * plan::HGEMM_REDUCE_THREADS + threadIdx.x;
+  if (t >= a.M * a.N) return;
+  hgemm_reduce_body(t, a);
+}
+
 // ---------------------------------------------------------------------------------------
 // Launch helpers.
 // ---------------------------------------------------------------------------------------
@@ -648,6 +854,24 @@ const char* check_gemm(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, co
   return nullptr;
 }
 
+const char* check_hgemm(int M, int64_t N, int64_t K, int64_t R, int64_t C, int64_t ldx, int64_t ldy,
+                        int64_t stream_bytes, const float* part) {
+  if (M < 1 || M > plan::HGEMM_MAX_M) return "huffman_gemm supports 1 <= M <= 16";
+  if (N <= 0 || K <= 0 || R <= 0 || C <= 0) return "matrix and grid dimensions must be positive";
+  if (R > (1 << 30) || C > (1 << 30)) return "segment too large";
+  if (cdiv(K, C) > plan::HGEMM_MAX_CHUNKS) return "huffman_gemm: too many column chunks for one launch";
+  if (!grid_ok(plan::hgemm_grid_x(cdiv(N, R))) || !grid_ok(plan::hgemm_reduce_grid(M, N)))
+    return "matrix too large for one launch";
+  if (ldx < K) return "x row stride must be >= K";
+  if (ldy < N) return "y row stride must be >= N";
+  if (stream_bytes < STREAM_SLACK_BYTES) return "exponent stream shorter than its slack";
+  if (part == nullptr) return "huffman_gemm needs the fp32 workspace [n_chunks, M, N]";
+  return nullptr;
+}
+
+// The 16-byte sign+mantissa path needs every (row, chunk) start 16-byte aligned.
+bool hgemm_vec(const uint8_t* sm, int64_t K, int64_t C) { return K % 16 == 0 && C % 16 == 0 && aligned(sm, 16); }
+
 template <int MT>
 void launch_gemm_m(const GemmArgs& a, cudaStream_t s) {
   palette_gemm_kernel<MT><<<static_cast<unsigned>(plan::gemm_grid(a.N)), plan::GEMM_THREADS, 0, s>>>(a);
@@ -693,6 +917,67 @@ struct EmuGemmTable {
     (void)std::initializer_list<int>{(M == Ms ? (emulate_gemm_m<Ms>(a), 0) : 0)...};
   }
 };
+
+template <int MT, bool kVec>
+const char* launch_hgemm_t(const HGemmArgs& a, const uint16_t* lut, int32_t* err, cudaStream_t s) {
+  const int64_t smem = plan::hgemm_smem_bytes(std::min(a.C, a.K), MT);
+  int dev = 0, optin = 0;
+  cudaError_t ce = cudaGetDevice(&dev);
+  if (ce == cudaSuccess) ce = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (ce != cudaSuccess) {
+    (void)cudaGetLastError();  // report it here, leave no sticky error for the next call
+    return cudaGetErrorString(ce);
+  }
+  if (smem > optin) return "huffman_gemm: the column chunk of x does not fit in shared memory (use decode + matmul)";
+  // Above 48 KiB dynamic shared memory needs an explicit per-kernel opt-in; setting it on
+  // every launch costs a host call, not a device operation, so it is capture-safe.
+  ce = cudaFuncSetAttribute(huffman_gemm_kernel<MT, kVec>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            static_cast<int>(smem));
+  if (ce != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cudaGetErrorString(ce);
+  }
+  const dim3 grid(static_cast<unsigned>(plan::hgemm_grid_x(cdiv(a.N, a.R))), static_cast<unsigned>(cdiv(a.K, a.C)));
+  huffman_gemm_kernel<MT, kVec><<<grid, plan::HGEMM_THREADS, static_cast<size_t>(smem), s>>>(a, lut, err);
+  if (const char* e = launch_status()) return e;
+  // Same stream: every partial is written before the reduction reads it.
+  huffman_gemm_reduce_kernel<<<static_cast<unsigned>(plan::hgemm_reduce_grid(a.M, a.N)),
+                               plan::HGEMM_REDUCE_THREADS, 0, s>>>(a);
+  return launch_status();
+}
+
+template <int MT>
+const char* launch_hgemm_m(const HGemmArgs& a, bool vec, const uint16_t* lut, int32_t* err, cudaStream_t s) {
+  return vec ? launch_hgemm_t<MT, true>(a, lut, err, s) : launch_hgemm_t<MT, false>(a, lut, err, s);
+}
+
+// Host emulation over the kernel's grid: per CTA, stage x (all threads' staging elements),
+// then every thread's segment; then the reduction's threads.  No thread reads what another
+// writes before the barrier / the second launch, so the serial order reproduces the device.
+template <int MT, bool kVec>
+void emulate_hgemm_t(const HGemmArgs& a, const uint16_t* lut, int32_t* err) {
+  const int64_t ng = cdiv(a.N, a.R), nc = cdiv(a.K, a.C);
+  std::vector<uint16_t> xs(static_cast<size_t>(std::min(a.C, a.K) * MT));
+  for (int64_t by = 0; by < nc; ++by)
+    for (int64_t bx = 0; bx < plan::hgemm_grid_x(ng); ++bx) {
+      const int64_t nstage = hgemm_chunk_width(by, a) * MT;
+      for (int64_t e = 0; e < nstage; ++e) hgemm_stage_x<MT>(e, by, a, xs.data());
+      for (int tid = 0; tid < plan::HGEMM_THREADS; ++tid) {
+        int64_t g, c;
+        plan::hgemm_unit(bx, by, tid, &g, &c);
+        if (g >= ng) continue;
+        if (!hgemm_segment_body<MT, kVec>(g, c, a, lut, xs.data())) ++*err;
+      }
+    }
+  const int64_t total = a.M * a.N;
+  for (int64_t t = 0; t < plan::hgemm_reduce_grid(a.M, a.N) * plan::HGEMM_REDUCE_THREADS; ++t)
+    if (t < total) hgemm_reduce_body(t, a);
+}
+
+template <int MT>
+void emulate_hgemm_m(const HGemmArgs& a, bool vec, const uint16_t* lut, int32_t* err) {
+  if (vec) emulate_hgemm_t<MT, true>(a, lut, err); else emulate_hgemm_t<MT, false>(a, lut, err);
+}
 
 #define UW_STR2(...) #__VA_ARGS__
 #define UW_STR(...) UW_STR2(__VA_ARGS__)
@@ -830,6 +1115,24 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   return launch_status();
 }
 
+const char* huffman_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
+                         const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
+                         int64_t N, int64_t K, int64_t R, int64_t C, const uint16_t* lut,
+                         float* part, uint16_t* y, int64_t ldy, int32_t* err, void* stream_handle) {
+  if (const char* e = check_hgemm(M, N, K, R, C, ldx, ldy, stream_bytes, part)) return e;
+  if (!aligned(lut, 16)) return "lut must be 16-byte aligned";
+  const HGemmArgs a{x, ldx, M, sm, stream, stream_bytes, off, N, K, R, C, part, y, ldy};
+  const bool vec = hgemm_vec(sm, K, C);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream_handle);
+  switch (plan::hgemm_mtile(M)) {
+    case 1: return launch_hgemm_m<1>(a, vec, lut, err, s);
+    case 2: return launch_hgemm_m<2>(a, vec, lut, err, s);
+    case 4: return launch_hgemm_m<4>(a, vec, lut, err, s);
+    case 8: return launch_hgemm_m<8>(a, vec, lut, err, s);
+    default: return launch_hgemm_m<16>(a, vec, lut, err, s);
+  }
+}
+
 // =======================================================================================
 // Host emulation: the bodies above, serially, over the kernels' launch geometry (including
 // the threads a grid rounds up to, which must do nothing).
@@ -945,6 +1248,29 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
       corr[v * M + m] = warp_sum_lane0(p);
     }
   EmuGemmTable<1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16>::run(M, a);
+  return nullptr;
+}
+
+const char* huffman_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
+                         const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
+                         int64_t N, int64_t K, int64_t R, int64_t C, const uint8_t* table,
+                         int exp_lo, int exp_hi, float* part, uint16_t* y, int64_t ldy,
+                         int32_t* err) {
+  if (const char* e = check_hgemm(M, N, K, R, C, ldx, ldy, stream_bytes, part)) return e;
+  if (!(0 <= exp_lo && exp_lo <= exp_hi && exp_hi <= 255)) return "bad exponent range";
+  const int n = exp_hi - exp_lo + 1;
+  std::vector<uint16_t> lut(HUFF_NUM_CTX * LUT_SIZE);
+  for (int t = 0; t < HUFF_NUM_CTX; ++t)
+    if (!build_lut(table + t * n, n, exp_lo, &lut[t * LUT_SIZE], nullptr)) ++*err;
+  const HGemmArgs a{x, ldx, M, sm, stream, stream_bytes, off, N, K, R, C, part, y, ldy};
+  const bool vec = hgemm_vec(sm, K, C);
+  switch (plan::hgemm_mtile(M)) {
+    case 1: emulate_hgemm_m<1>(a, vec, lut.data(), err); break;
+    case 2: emulate_hgemm_m<2>(a, vec, lut.data(), err); break;
+    case 4: emulate_hgemm_m<4>(a, vec, lut.data(), err); break;
+    case 8: emulate_hgemm_m<8>(a, vec, lut.data(), err); break;
+    default: emulate_hgemm_m<16>(a, vec, lut.data(), err); break;
+  }
   return nullptr;
 }
 

@@ -85,6 +85,18 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
                          const uint32_t* vpos, int64_t nv, const uint8_t* vexp, float* corr,
                          uint16_t* y, int64_t ldy, void* stream);
 
+// y[m, r] = sum_k x[m, k] * W[r, k] for m < M (1..16), W the Huffman-coded [N, K] matrix with
+// grid R x C (full planes: sm [N, K], the exponent stream of stream_bytes bytes, off
+// [n_seg + 1]), lut the [4, 4096] tables of huffman_build_lut, x bf16 [M, K] row stride ldx,
+// y bf16 [M, N] row stride ldy.  part is fp32 scratch [ceil(K / C), M, N] (every entry is
+// written before it is read).  fp32 accumulation, chunks summed in ascending order, one
+// rounding: deterministic.  Corrupt segments add 1 each to *err (their outputs are garbage).
+// Fails (error string) when the chunk of x does not fit in the device's shared memory.
+const char* huffman_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
+                         const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
+                         int64_t N, int64_t K, int64_t R, int64_t C, const uint16_t* lut,
+                         float* part, uint16_t* y, int64_t ldy, int32_t* err, void* stream_handle);
+
 // ----------------------------------------------------------------------- host emulation
 // The same per-thread / per-warp bodies the kernels run, executed serially on the host over
 // the same launch geometry (host pointers).  Lets CPU-only CI test the kernels' index math
@@ -109,6 +121,12 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
                          const uint8_t* idx, int64_t N, int64_t K, Palette pal,
                          const uint32_t* vpos, int64_t nv, const uint8_t* vexp, float* corr,
                          uint16_t* y, int64_t ldy);
+// As huffman_gemm; the LUT is built here from the code lengths table[4][exp_hi-exp_lo+1].
+const char* huffman_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
+                         const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
+                         int64_t N, int64_t K, int64_t R, int64_t C, const uint8_t* table,
+                         int exp_lo, int exp_hi, float* part, uint16_t* y, int64_t ldy,
+                         int32_t* err);
 }  // namespace emulate
 
 }  // namespace cuda

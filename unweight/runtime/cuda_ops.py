@@ -1,4 +1,4 @@
-"""Torch-facing wrappers of the ``unweight._cuda`` kernels (decode, transcode, fused GEMM).
+"""Torch-facing wrappers of the ``unweight._cuda`` kernels (decode, transcode, fused GEMMs).
 
 Planes live on the GPU as torch tensors keyed by suffix (``__sm``, ``__exp`` ...) exactly as
 ``unweight.codec.tensor_codec`` produces them on the host; ``to_device`` moves them.  uint32
@@ -176,4 +176,36 @@ def palette_gemm(x, header: TensorHeader, planes: dict, out=None):
     _ext().palette_gemm(x.data_ptr(), x.stride(0), M, planes[C.SUFFIX_SM].data_ptr(), planes[C.SUFFIX_IDX].data_ptr(),
                         N, K, palette_bytes(header), vpos.data_ptr(), nv, vexp.data_ptr(), corr.data_ptr(),
                         y.data_ptr(), y.stride(0), _stream())
+    return y
+
+
+def huffman_gemm(x, header: TensorHeader, planes: dict, lut=None, out=None, err=None, check: bool = True):
+    """y = x @ W^T with W Huffman-coded on the GPU (fused decode, no decoded weight in memory).
+
+    x: bf16 [M, K] CUDA (1 <= M <= 16, unit column stride).  planes: the tensor's CUDA planes
+    (``__sm`` uint8 [N, K], ``__exp`` uint8, ``__off`` uint32/int32 [n_seg + 1]); lut: the uint16
+    [4, 4096] decode tables (built here when None); out: optional bf16 [M, N] (row stride >= N).
+    err: int32 [1] device counter that corrupt segments add to; when None a fresh one is used
+    and, with check=True, read back (a sync) so corruption raises FormatError.  Returns bf16
+    [M, N].  Workspace: fp32 [ceil(K / C), M, N] from the caching allocator.
+    """
+    torch = _torch()
+    M, K = x.shape
+    if K != header.cols or plan.hgemm_mtile(M) == 0:
+        raise ValueError(f"huffman_gemm takes x [1<=M<=16, K={header.cols}], got {tuple(x.shape)}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    N, R, Cc = header.rows, header.rows_per_group, header.cols_per_chunk
+    dev = x.device
+    lut = huffman_lut(header, dev) if lut is None else lut
+    y = out if out is not None else torch.empty((M, N), dtype=torch.bfloat16, device=dev)
+    own_err = err is None
+    err = torch.zeros(1, dtype=torch.int32, device=dev) if own_err else err
+    part = torch.empty(plan.hgemm_workspace_elems(M, N, K, Cc), dtype=torch.float32, device=dev)
+    exp = planes[C.SUFFIX_EXP]
+    _ext().huffman_gemm(x.data_ptr(), x.stride(0), M, planes[C.SUFFIX_SM].data_ptr(), exp.data_ptr(), exp.numel(),
+                        planes[C.SUFFIX_OFF].data_ptr(), N, K, R, Cc, lut.data_ptr(), part.data_ptr(), y.data_ptr(),
+                        y.stride(0), err.data_ptr(), _stream())
+    if own_err and check:
+        _check_err(err, "corrupt exponent stream")
     return y

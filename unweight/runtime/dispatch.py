@@ -174,3 +174,12 @@ def embedding(m, ids: Tensor) -> Tensor:
     # Device without a row-gather kernel: finding the needed row groups would need the ids on
     # the host (a sync per forward), so decode the table into scratch and gather there.
     return F.embedding(ids, _scratch_weight(m, ids.device))
+
+
+# Measured fused-kernel dispatch (unweight/runtime/tuning.py): on CUDA it runs a fused kernel
+# only where the tuning table recorded it beating decode + cuBLAS; off CUDA it returns None,
+# so CPU forwards stay decode + F.linear.  Appended behind (first=False) the impls callers
+# register, so an explicit register_linear_impl still takes precedence.
+from . import tuning as _tuning  # noqa: E402
+
+register_linear_impl(_tuning.fused_linear, first=False)

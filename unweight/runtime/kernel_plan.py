@@ -24,6 +24,14 @@ GEMM_ROWS_PER_CTA = GEMM_THREADS // WARP
 GEMM_VEC = 8
 GEMM_STEP = WARP * GEMM_VEC
 GEMM_MAX_M = 16
+HGEMM_THREADS = 64
+HGEMM_MAX_M = 16
+HGEMM_REDUCE_THREADS = 256
+HGEMM_MAX_CHUNKS = 65535
+HGEMM_LUT_BYTES = C.HUFF_NUM_CTX << (C.HUFF_MAX_CODE_LEN + 1)
+# Shared memory one CTA may opt in to on the smallest supported target (sm_80: 163 KiB);
+# sm_90 allows 227 KiB, and the launcher checks the real device limit.
+HGEMM_SMEM_LIMIT_SM80 = 166912
 
 
 def cdiv(a: int, b: int) -> int:
@@ -104,3 +112,42 @@ def gemm_lane_cols(lane: int, cols: int) -> list[int]:
 def gemm_supported(M: int, K: int) -> bool:
     """Whether palette_gemm takes this problem (else: decode + dense matmul)."""
     return 1 <= M <= GEMM_MAX_M and K % GEMM_VEC == 0
+
+
+# --- fused Huffman GEMV/GEMM: one thread per segment, a CTA = HGEMM_THREADS row groups of one chunk
+def hgemm_mtile(M: int) -> int:
+    """Batch tile (template MT) the kernel runs for M rows; 0 when M is out of range."""
+    if M < 1 or M > HGEMM_MAX_M:
+        return 0
+    return next(t for t in (1, 2, 4, 8, 16) if M <= t)
+
+
+def hgemm_grid_x(n_groups: int) -> int:
+    """CTAs along x (row groups); gridDim.y is the number of column chunks."""
+    return cdiv(n_groups, HGEMM_THREADS)
+
+
+def hgemm_unit(bx: int, by: int, tid: int) -> tuple[int, int]:
+    """Thread tid of CTA (bx, by) -> (row group, column chunk); the group may be past the end."""
+    return bx * HGEMM_THREADS + tid, by
+
+
+def hgemm_smem_bytes(chunk_width: int, mtile: int) -> int:
+    """Dynamic shared memory of a CTA: LUT + x chunk [chunk_width, mtile] bf16 (16-byte rounded)."""
+    return HGEMM_LUT_BYTES + cdiv(chunk_width * mtile * 2, 16) * 16
+
+
+def hgemm_reduce_grid(M: int, N: int) -> int:
+    return cdiv(M * N, HGEMM_REDUCE_THREADS)
+
+
+def hgemm_workspace_elems(M: int, N: int, K: int, C_: int) -> int:
+    """fp32 partial sums [ceil(K / C), M, N] the fused Huffman GEMM writes before reducing."""
+    return cdiv(K, C_) * M * N
+
+
+def huffman_gemm_supported(M: int, K: int, C_: int, smem_limit: int = HGEMM_SMEM_LIMIT_SM80) -> bool:
+    """Whether huffman_gemm takes this problem on a device with `smem_limit` bytes of opt-in
+    shared memory per CTA (else: decode + dense matmul)."""
+    mt = hgemm_mtile(M)
+    return mt > 0 and cdiv(K, C_) <= HGEMM_MAX_CHUNKS and hgemm_smem_bytes(min(C_, K), mt) <= smem_limit

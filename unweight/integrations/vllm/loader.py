@@ -23,7 +23,8 @@ from ...format.errors import FormatError
 from ...format.header import TensorHeader
 from . import quant
 
-log = logging.getLogger("unweight.vllm")
+# a child of vLLM's logger, so the lines show up in every vLLM process with vLLM's formatting
+log = logging.getLogger("vllm.unweight")
 
 LOAD_FORMAT = "unweight"
 

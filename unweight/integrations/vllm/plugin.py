@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 
-log = logging.getLogger("unweight.vllm")
+# a child of vLLM's logger, so the lines show up in every vLLM process with vLLM's formatting
+log = logging.getLogger("vllm.unweight")
 
 _DONE = False
 

@@ -42,7 +42,8 @@ from ...format.errors import ChecksumError, FormatError, InputError, VersionErro
 from ...format.header import TensorHeader
 from . import ops as uvops
 
-log = logging.getLogger("unweight.vllm")
+# a child of vLLM's logger, so the lines show up in every vLLM process with vLLM's formatting
+log = logging.getLogger("vllm.unweight")
 
 _PLANE_DTYPES = {C.SUFFIX_HDR: torch.uint8, C.SUFFIX_SM: torch.uint8, C.SUFFIX_EXP: torch.uint8,
                  C.SUFFIX_OFF: torch.uint32, C.SUFFIX_IDX: torch.uint8, C.SUFFIX_VPOS: torch.uint32,
@@ -124,6 +125,7 @@ class UnweightConfig(QuantizationConfig):
                 raise InputError(f"{model_name}: unweight needs the checkpoint on local disk "
                                  f"({type(e).__name__}); download it first") from None
         self.model_path = path
+        LOAD_REPORT.clear()  # a new model in this process (several LLMs in one interpreter)
         if hf_config is not None:
             self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         cp = CompressedCheckpoint(path)

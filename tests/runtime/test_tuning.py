@@ -1,0 +1,148 @@
+"""The measured dispatch table (unweight/runtime/tuning.py): buckets, the never-slower rule,
+cache files, shipped defaults, and that CPU forwards never leave decode + F.linear."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from unweight.runtime import dispatch, tuning
+from unweight.runtime.modules import CompressedLinear
+
+DEV = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    """Every test gets its own empty user cache and a fresh process-wide table."""
+    monkeypatch.setenv(tuning.ENV_CACHE, str(tmp_path / "cache" / "tuning.json"))
+    tuning.reset()
+    yield
+    tuning.reset()
+
+
+def test_bucket_mapping():
+    want = {1: "1", 2: "2-4", 4: "2-4", 5: "5-16", 16: "5-16", 17: "17-64", 64: "17-64", 65: "65-256",
+            256: "65-256", 257: ">256", 4096: ">256"}
+    for M, b in want.items():
+        assert tuning.bucket(M) == b, M
+    assert tuple(tuning.BUCKET_BATCH) == tuning.BUCKETS
+    for b, M in tuning.BUCKET_BATCH.items():
+        assert tuning.bucket(M) == b  # each bucket is measured at a batch inside it
+
+
+def test_cache_path_from_env_and_default(monkeypatch, tmp_path):
+    assert tuning.default_cache_path() == str(tmp_path / "cache" / "tuning.json")
+    monkeypatch.delenv(tuning.ENV_CACHE)
+    assert tuning.default_cache_path() == os.path.join(os.path.expanduser("~"), ".cache", "unweight", "tuning.json")
+
+
+def test_shipped_defaults_have_no_measurement_and_pick_decode_cublas():
+    with open(tuning.DEFAULTS_PATH) as f:
+        doc = json.load(f)
+    assert doc["schema"] == tuning.SCHEMA and doc["entries"] == {}
+    assert "No GPU measurement" in doc["comment"]
+    t = tuning.table()
+    for enc in ("huffman", "palette"):
+        for M in (1, 3, 16, 17, 300):
+            assert t.lookup(DEV, 4096, 4096, enc, M) == tuning.DECODE_CUBLAS
+
+
+def test_choose_never_picks_a_path_not_faster_than_decode_cublas():
+    c = tuning.choose
+    assert c({}) == tuning.DECODE_CUBLAS
+    assert c({"palette_gemm": 0.001}) == tuning.DECODE_CUBLAS  # no baseline measured in the same run
+    assert c({"decode_cublas": 1.0, "palette_gemm": 1.0}) == tuning.DECODE_CUBLAS  # a tie is not a win
+    assert c({"decode_cublas": 1.0, "palette_gemm": 1.5}) == tuning.DECODE_CUBLAS
+    assert c({"decode_cublas": 1.0, "palette_gemm": 0.5}) == tuning.PALETTE_GEMM
+    assert c({"decode_cublas": 1.0, "huffman_gemm": 0.9, "palette_gemm": 0.95}) == tuning.HUFFMAN_GEMM
+    for bad in (float("nan"), float("inf"), -1.0, 0.0, "0.1", None, True):
+        assert c({"decode_cublas": 1.0, "huffman_gemm": bad}) == tuning.DECODE_CUBLAS
+        assert c({"decode_cublas": bad, "huffman_gemm": 0.1}) == tuning.DECODE_CUBLAS
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        times = {k: float(v) for k, v in zip(tuning.CHOICES, rng.uniform(0.01, 1, 3)) if rng.random() < 0.8}
+        ch = c(times)
+        if ch != tuning.DECODE_CUBLAS:
+            assert times[ch] < times["decode_cublas"] and times[ch] == min(times.values())
+
+
+def test_record_save_load_roundtrip(tmp_path):
+    t = tuning.TuningTable(comment="test")
+    assert t.record(DEV, 4096, 4096, "palette", 1, {"decode_cublas": 0.03, "palette_gemm": 0.02}) == "palette_gemm"
+    assert t.record(DEV, 4096, 4096, "palette", 16, {"decode_cublas": 0.03, "palette_gemm": 0.04}) == "decode_cublas"
+    assert t.record(DEV, 4096, 14336, "huffman", 3, {"decode_cublas": 0.1, "huffman_gemm": 0.05,
+                                                     "bogus": 0.0001}) == "huffman_gemm"
+    path = t.save(str(tmp_path / "sub" / "t.json"))
+    u = tuning.TuningTable.load(path)
+    assert u.entries == t.entries and u.comment == "test"
+    assert u.lookup(DEV, 4096, 4096, "palette", 1) == "palette_gemm"
+    assert u.lookup(DEV, 4096, 4096, "palette", 5) == "decode_cublas"   # bucket 5-16 measured slower
+    assert u.lookup(DEV, 4096, 4096, "palette", 2) == "decode_cublas"   # bucket 2-4 never measured
+    assert u.lookup(DEV, 4096, 14336, "huffman", 4) == "huffman_gemm"   # same bucket as M = 3
+    assert u.lookup("NVIDIA A100-SXM4-80GB", 4096, 4096, "palette", 1) == "decode_cublas"  # other device
+    assert u.lookup(DEV, 4096, 4096, "huffman", 1) == "decode_cublas"   # other encoding
+    assert "bogus" not in u.entries[tuning.entry_key(DEV, 4096, 14336, "huffman", "2-4")]["times_ms"]
+
+
+def test_lookup_rederives_choice_from_times(tmp_path):
+    """A stale or hand-edited "choice" can never select a path recorded as slower."""
+    key = tuning.entry_key(DEV, 64, 64, "palette", "1")
+    doc = {"schema": 1, "comment": "", "entries": {
+        key: {"M": 1, "choice": "palette_gemm", "times_ms": {"decode_cublas": 0.01, "palette_gemm": 0.02}}}}
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    assert tuning.TuningTable.load(str(p)).lookup(DEV, 64, 64, "palette", 1) == "decode_cublas"
+
+
+@pytest.mark.parametrize("text", ["{not json", json.dumps({"schema": 99, "entries": {}}), json.dumps([1, 2]),
+                                  json.dumps({"schema": 1, "entries": {"k": 3}})])
+def test_unreadable_cache_is_ignored(tmp_path, text):
+    p = tmp_path / "t.json"
+    p.write_text(text)
+    t = tuning.TuningTable.load(str(p))
+    assert t.entries == {} or all(isinstance(v, dict) for v in t.entries.values())
+    assert t.lookup(DEV, 64, 64, "palette", 1) == "decode_cublas"
+    assert tuning.TuningTable.load(str(tmp_path / "missing.json")).entries == {}
+
+
+def test_user_cache_overrides_shipped_defaults(tmp_path):
+    user = tuning.TuningTable()
+    user.record(DEV, 128, 256, "palette", 1, {"decode_cublas": 0.02, "palette_gemm": 0.01})
+    user.save(tuning.default_cache_path())
+    tuning.reset()
+    assert tuning.table().lookup(DEV, 128, 256, "palette", 1) == "palette_gemm"
+    assert tuning.table().lookup(DEV, 128, 256, "palette", 200) == "decode_cublas"
+
+
+def test_candidates():
+    assert tuning.candidates("palette", 1, 4096, 512) == ["palette_gemm"]
+    assert tuning.candidates("palette", 16, 4100, 4100) == []  # K % 8 != 0
+    assert tuning.candidates("palette", 17, 4096, 512) == []
+    assert tuning.candidates("huffman", 16, 4097, 4097) == ["huffman_gemm"]
+    assert tuning.candidates("huffman", 17, 4096, 512) == []
+
+
+def test_fused_linear_is_registered_and_cpu_stays_decode_plus_linear():
+    assert tuning.fused_linear in dispatch._LINEAR_IMPLS
+    torch.manual_seed(0)
+    lin = nn.Linear(96, 40).to(torch.bfloat16)
+    nn.init.normal_(lin.weight, std=0.02)
+    for enc in ("palette", "huffman"):
+        cl = CompressedLinear.from_linear(lin, enc)
+        # a cache claiming the fused kernels win everywhere, keyed by a CPU "device" too
+        t = tuning.table()
+        for dev in (DEV, "cpu"):
+            for M in (1, 4, 16):
+                t.record(dev, 40, 96, enc, M, {"decode_cublas": 1.0, "palette_gemm": 0.1, "huffman_gemm": 0.1})
+        for M in (1, 3, 16):
+            x = torch.randn(M, 96, dtype=torch.bfloat16)
+            assert tuning.fused_linear(cl, x) is None
+            assert torch.equal(cl(x), nn.functional.linear(x, cl.decode_weight(), cl.bias))
+
+
+def test_tune_refuses_cpu():
+    with pytest.raises(ValueError):
+        tuning.tune([(64, 64, "palette")], device="cpu")
