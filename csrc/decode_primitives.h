@@ -183,6 +183,14 @@ UW_HD void refill_bounded(BitReader& br, const uint8_t* limit) {
   }
 }
 
+// Starts a reader at `start` that never loads at or past `limit` (zeros come in instead).
+UW_HD void init_bounded(BitReader& br, const uint8_t* start, const uint8_t* limit) {
+  br.p = start;
+  br.window = 0;
+  br.nbits = 0;
+  refill_bounded(br, limit);
+}
+
 // decode_segment with a read bound and a choice of output: kExpOnly == false writes BF16
 // words to out16 (as decode_segment), kExpOnly == true writes the bare exponent bytes to out8
 // (the first step of the on-device Huffman -> palette transcode).  Same return convention as
@@ -193,10 +201,7 @@ UW_HD uint64_t decode_segment_bounded(const uint8_t* seg, const uint8_t* limit,
                                       int64_t sm_stride, uint16_t* out16, uint8_t* out8,
                                       int64_t out_stride, int rows, int cols) {
   BitReader br;
-  br.p = seg;
-  br.window = 0;
-  br.nbits = 0;
-  refill_bounded(br, limit);
+  init_bounded(br, seg, limit);
   uint32_t bad = 0;
   for (int r = 0; r < rows; ++r) {
     const uint8_t* smr = sm + r * sm_stride;

@@ -7,7 +7,6 @@ import datetime
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 
@@ -42,20 +41,10 @@ def load_shapes(path=None, models=None):
 
 
 def time_cuda(torch, fn, warmup=5, iters=50):
-    """Median milliseconds of fn() over `iters` runs, each bracketed by CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    """Median milliseconds of fn() over `iters` runs, each bracketed by CUDA events (the same
+    measurement the runtime's dispatch tuning uses)."""
+    from unweight.runtime.tuning import time_cuda as _time_cuda
+    return _time_cuda(fn, warmup=warmup, iters=iters)
 
 
 def environment(torch):

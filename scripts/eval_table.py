@@ -23,7 +23,8 @@ def tables() -> str:
     for p in sorted(glob.glob(os.path.join(ROOT, "evals", "results", "*.json"))):
         with open(p) as f:
             runs.append((os.path.basename(p), json.load(f)))
-    out = ["| run | docs | mode | device | threads | time (orig + comp) | per-sample check |", "|---|---|---|---|---|---|---|"]
+    out = ["| run | docs | mode | device | threads | wall time (orig + comp) | per-sample check |",
+           "|---|---|---|---|---|---|---|"]
     for name, r in runs:
         docs = ", ".join(f"{t} {n}" for t, n in r["docs_per_task"].items())
         s = r["seconds"]
@@ -38,8 +39,8 @@ def tables() -> str:
     for name, r in runs:
         for m in r["metrics"]:
             d = "-" if m["diff"] is None else ("0" if m["diff"] == 0 else f"{m['diff']:+.6f}")
-            out.append(f"| {name.removesuffix('.json')} | {m['task']} | {m['metric']} | {_f(m['original'], m['metric'])} | "
-                       f"{_f(m['compressed'], m['metric'])} | {d} |")
+            out.append(f"| {name.removesuffix('.json')} | {m['task']} | {m['metric']} | "
+                       f"{_f(m['original'], m['metric'])} | {_f(m['compressed'], m['metric'])} | {d} |")
     commits = sorted({(r.get("commit") or "?")[:10] + ("+dirty" if r.get("dirty") else "") for _, r in runs})
     out += ["", f"Commits: {', '.join(commits)}; dates: "
             f"{', '.join(sorted({r['date'][:10] for _, r in runs}))}."]

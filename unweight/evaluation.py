@@ -210,15 +210,15 @@ def _evaluate(model, tokenizer, tasks: list[str], limit, batch_size: int, task_m
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, softmax_dtype="float32")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = simple_evaluate(model=lm, tasks=list(tasks), limit=limit, log_samples=True, task_manager=task_manager,
                           bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
                           fewshot_random_seed=seed)
-    secs = time.perf_counter() - t0
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     if out is None:  # pragma: no cover - only on non-zero ranks
         raise InputError("lm-eval returned no results")
     return {"results": out["results"], "samples": out.get("samples", {}), "n-samples": out.get("n-samples", {}),
-            "seconds": secs}
+            "seconds": secs, "cpu_seconds": cpu}
 
 
 def _metrics(results: dict) -> dict:
@@ -338,8 +338,8 @@ def judge(sample_cmp: dict, metric_rows: list[dict], bitwise: bool, ll_tolerance
             f"samples (max |diff| {sample_cmp['max_abs_ll_diff']:.3g}); first: "
             f"{describe_difference(sample_cmp['first_difference'])}")
         return {**out, "passed": ok, "message": msg}
-    worst_metric = max((abs(r["diff"]) for r in metric_rows if r["diff"] is not None and "perplexity" not in r["metric"]),
-                       default=0.0)
+    worst_metric = max((abs(r["diff"]) for r in metric_rows
+                        if r["diff"] is not None and "perplexity" not in r["metric"]), default=0.0)
     missing = [f"{r['task']}/{r['metric']}" for r in metric_rows if r["diff"] is None]
     problems = []
     if sample_cmp["first_difference"] and sample_cmp["first_difference"].get("why"):
@@ -459,11 +459,15 @@ def run(original: str, compressed: str, tasks=None, limit: int | None = None, de
         "batch_size": batch_size, "threads": torch.get_num_threads(), **_git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
         "versions": _versions(),
+        "machine": {"cpus": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
         "lm_eval_settings": {"model": "HFLM(pretrained=<model>, tokenizer=<tokenizer>)", "softmax_dtype": "float32",
                              "num_fewshot": None, "bootstrap_iters": 0, "log_samples": True, "seed": 1234},
         "seconds": {"load_original": round(load_o, 2), "eval_original": round(ro["seconds"], 2),
                     "load_compressed": round(load_c, 2), "eval_compressed": round(rc["seconds"], 2),
-                    "total": round(time.perf_counter() - t_start, 2)},
+                    "total": round(time.perf_counter() - t_start, 2),
+                    # CPU time of this process (all threads): what the run costs on an idle machine
+                    "cpu_eval_original": round(ro["cpu_seconds"], 2),
+                    "cpu_eval_compressed": round(rc["cpu_seconds"], 2)},
         "compressed_runtime": {"unweight_info": {k: v for k, v in info.items() if k in ("mode", "modules", "held_bytes",
                                                                                           "bf16_bytes", "ratio")},
                                "fused_kernels": fused},

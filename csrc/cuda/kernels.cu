@@ -724,10 +724,7 @@ UW_HD bool hgemm_segment_body(int64_t g, int64_t c, const HGemmArgs& a, const ui
   const uint8_t* seg = a.stream + b0;
   const uint8_t* limit = a.stream + a.stream_bytes;
   BitReader br;
-  br.p = seg;
-  br.window = 0;
-  br.nbits = 0;
-  refill_bounded(br, limit);
+  init_bounded(br, seg, limit);
   uint32_t bad = 0;
   constexpr int kV = kVec ? 16 : 1;  // weights per sign+mantissa load
   for (int64_t r = r0; r < r1; ++r) {

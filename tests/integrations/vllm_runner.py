@@ -38,7 +38,8 @@ def run_one(cfg: dict) -> dict:
                   enforce_eager=cfg.get("eager", True), max_model_len=256, skip_tokenizer_init=True,
                   load_format=cfg.get("load_format", "auto"), seed=0, max_num_seqs=8, **kw)
     except Exception as e:  # one line for the caller to assert on
-        return {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        # vLLM wraps config-time errors (pydantic); keep every line, joined, for asserting
+        return {"error": " | ".join(f"{type(e).__name__}: {e}".splitlines())}
     res = {"load_s": time.perf_counter() - t0}
     try:
         sp = SamplingParams(temperature=0.0, max_tokens=cfg.get("max_tokens", 12), ignore_eos=True, detokenize=False)
