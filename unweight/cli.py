@@ -177,10 +177,12 @@ def inspect(path, as_json, jobs):
               help="Fused-kernel modes: max per-request |delta log-likelihood| (nats).")
 @click.option("--metric-tolerance", type=float, default=0.02, show_default=True,
               help="Fused-kernel modes: max absolute metric difference.")
+@click.option("--check", type=click.Choice(["auto", "bitwise", "tolerance"]), default="auto", show_default=True,
+              help="auto: bitwise where the compressed path is bitwise by construction, else tolerance.")
 @click.option("--output", default=None, help="Write the full result (settings, metrics, check) as JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of the table.")
 def eval_(original, compressed, tasks, limit, device, mode, batch_size, threads, ll_tolerance, metric_tolerance,
-          output, as_json):
+          check, output, as_json):
     """Run lm-eval on ORIGINAL and COMPRESSED, print them side by side, check per-sample equality.
 
     ORIGINAL: model folder or bundled name (smollm2-135m); COMPRESSED: a folder from `unweight
@@ -191,7 +193,7 @@ def eval_(original, compressed, tasks, limit, device, mode, batch_size, threads,
     say = (lambda s: click.echo(s, err=True)) if not as_json else None
     r = _run(evaluation.run, original, compressed, tasks=tasks, limit=limit, device=device, mode=mode,
              batch_size=batch_size, ll_tolerance=ll_tolerance, metric_tolerance=metric_tolerance, threads=threads,
-             progress=say)
+             check=check, progress=say)
     if output:
         def write():
             d = os.path.dirname(os.path.abspath(output))

@@ -11,9 +11,10 @@ The check, per-sample: lm-eval's ``resps`` (the raw log-likelihoods of every req
 logged with log_samples=True) of the two runs are compared.
 
 * bitwise (the model is lossless by construction): mode "dense" (weights decoded once at
-  load into ordinary nn.Linear / nn.Embedding), or any mode while no fused kernel is
-  registered with ``unweight.runtime.dispatch`` (the baseline decodes into scratch and calls
-  the same F.linear / cuBLAS GEMM on the same bits).  Every log-likelihood must be the same
+  load into ordinary nn.Linear / nn.Embedding); any mode on CPU (the fused kernels decline
+  off CUDA, so every forward decodes into scratch and calls the same F.linear on the same
+  bits); any mode on CUDA while no fused kernel is registered with
+  ``unweight.runtime.dispatch`` (decode + the same cuBLAS GEMM).  Every log-likelihood must be the same
   float64 bit pattern (and the is-greedy flags equal); the first differing sample is named.
 * tolerance (a fused decode-inside-the-GEMM kernel is registered, so the summation order
   differs): max |delta log-likelihood| per request <= ``ll_tolerance`` nats (default 0.05) and
@@ -193,13 +194,17 @@ def fused_kernels() -> list[str]:
     return [getattr(f, "__qualname__", repr(f)) for f in impls]
 
 
-def bitwise_by_construction(model, mode: str) -> bool:
-    """True when the compressed model computes with exactly the original bits in the original order."""
+def bitwise_by_construction(model, mode: str, device: str = "cpu") -> bool:
+    """True when the compressed model computes with exactly the original bits in the original order:
+    dense mode (or auto resolved to all-dense), CPU (fused kernels decline off CUDA: decode +
+    F.linear), or no fused kernel registered (decode + cuBLAS)."""
     if mode == "dense":
         return True
     counts = (getattr(model, "unweight_info", None) or {}).get("modules") or {}
     if counts and not counts.get("huffman") and not counts.get("palette"):
         return True  # e.g. auto mode resolved to all-dense
+    if device == "cpu":
+        return True  # runtime/tuning.py: CPU tensors never reach the fused kernels
     return not fused_kernels()
 
 
@@ -388,17 +393,21 @@ def _versions() -> dict:
 
 def run(original: str, compressed: str, tasks=None, limit: int | None = None, device: str = "cpu",
         mode: str = "dense", batch_size: int = 16, ll_tolerance: float = LL_TOLERANCE,
-        metric_tolerance: float = METRIC_TOLERANCE, threads: int | None = None, quiet: bool = True,
-        progress=None) -> dict:
+        metric_tolerance: float = METRIC_TOLERANCE, threads: int | None = None, check: str = "auto",
+        quiet: bool = True, progress=None) -> dict:
     """Evaluate ORIGINAL and COMPRESSED with lm-eval and compare them (see module docstring).
 
-    Returns a JSON-able dict; result["check"]["passed"] is the verdict.  Bad input raises
-    InputError (one line).  progress: optional callable(str) for status lines."""
+    check: "auto" (bitwise where the compressed path is bitwise by construction, else
+    tolerance), "bitwise" or "tolerance" to force one.  Returns a JSON-able dict;
+    result["check"]["passed"] is the verdict.  Bad input raises InputError (one line).
+    progress: optional callable(str) for status lines."""
     say = progress or (lambda s: None)
     if mode not in MODES:
         raise InputError(f"unknown mode {mode!r}: choose {', '.join(MODES)}")
     if limit is not None and limit <= 0:
         raise InputError(f"--limit must be positive, got {limit}")
+    if check not in ("auto", "bitwise", "tolerance"):
+        raise InputError(f"unknown check {check!r}: choose auto, bitwise, tolerance")
     if batch_size <= 0:
         raise InputError(f"--batch-size must be positive, got {batch_size}")
     _require_lm_eval()
@@ -439,7 +448,7 @@ def run(original: str, compressed: str, tasks=None, limit: int | None = None, de
     t0 = time.perf_counter()
     model = _load_compressed(compressed, device, mode)
     load_c = time.perf_counter() - t0
-    bitwise = bitwise_by_construction(model, mode)
+    bitwise = bitwise_by_construction(model, mode, device) if check == "auto" else check == "bitwise"
     info = dict(getattr(model, "unweight_info", None) or {})
     fused = fused_kernels()
     say(f"compressed: evaluating ({'bitwise' if bitwise else 'tolerance'} check)")
