@@ -204,12 +204,14 @@ void encode_run(const uint16_t* w, const Grid& g, int64_t s, int k, const uint32
   BitWriter bw[ENC_WAYS];
   int64_t rows[ENC_WAYS];
   size_t cap = 0;
+  #pragma GCC unroll 8
   for (int j = 0; j < k; ++j) {
     const int64_t r0 = (gi0 + j) * g.R;
     rows[j] = std::min(g.rows, r0 + g.R) - r0;
     cap = std::max(cap, seg_capacity(rows[j] * cols));
   }
   if (scratch->size() < ENC_WAYS * cap) scratch->resize(ENC_WAYS * cap);
+  #pragma GCC unroll 8
   for (int j = 0; j < k; ++j) bw[j].out = scratch->data() + j * cap;
   if (full) {
     const uint16_t* wr = w + gi0 * g.R * g.cols + k0;
@@ -228,6 +230,7 @@ void encode_run(const uint16_t* w, const Grid& g, int64_t s, int k, const uint32
         for (int j = 0; j < ENC_WAYS; ++j) bw[j].flush();
       }
       for (; q < cols; ++q)
+        #pragma GCC unroll 8
         for (int j = 0; j < ENC_WAYS; ++j) {
           const uint32_t e = tab[hkey(wr[j * seg + q])];
           bw[j].put(e >> 4, static_cast<int>(e & 0xF));
@@ -235,6 +238,7 @@ void encode_run(const uint16_t* w, const Grid& g, int64_t s, int k, const uint32
         }
     }
   } else {
+    #pragma GCC unroll 8
     for (int j = 0; j < k; ++j) {
       const uint16_t* wr = w + (gi0 + j) * g.R * g.cols + k0;
       for (int64_t r = 0; r < rows[j]; ++r, wr += g.cols)
@@ -245,6 +249,7 @@ void encode_run(const uint16_t* w, const Grid& g, int64_t s, int k, const uint32
         }
     }
   }
+  #pragma GCC unroll 8
   for (int j = 0; j < k; ++j) {
     bw[j].finish();
     const uint8_t* base = scratch->data() + j * cap;
@@ -302,17 +307,25 @@ void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, c
 namespace {
 constexpr int WAYS = 2;
 
+// refill_bounded on a copy: passing the readers by value keeps their address from being
+// taken, so the compiler can hold them in registers across the whole decode loop.
+inline BitReader refilled_bounded(BitReader b, const uint8_t* end) {
+  refill_bounded(b, end);
+  return b;
+}
+
 // Decodes W same-shaped segments in lockstep: rows x cols weights each, segment j's sign+
 // mantissa rows at sm + j*sm_seg + r*sm_stride, output likewise.  Exponents of a row go to a
 // small buffer first and the BF16 words are assembled in a separate vectorizable pass, which
 // keeps the serial decode loop at about a dozen instructions per symbol.  `used[j]` receives
 // the bits consumed; returns false on an invalid code.
 template <int W>
-bool decode_ways(const uint8_t* const* starts, const uint8_t* stream_end, const uint16_t* P,
-                 const uint16_t* L, const uint8_t* sm, int64_t sm_seg, int64_t sm_stride, uint16_t* out,
+bool decode_ways(const uint8_t* const* starts, const uint8_t* stream_end, const uint32_t* PP,
+                 const uint16_t* P, const uint16_t* L, const uint8_t* sm, int64_t sm_seg, int64_t sm_stride, uint16_t* out,
                  int64_t out_seg, int64_t out_stride, int rows, int cols, uint64_t* used) {
   const uint8_t* lim = stream_end - 8;
   BitReader br[W];
+  #pragma GCC unroll 8
   for (int j = 0; j < W; ++j) {
     br[j].p = starts[j];
     br[j].window = 0;
@@ -320,7 +333,7 @@ bool decode_ways(const uint8_t* const* starts, const uint8_t* stream_end, const 
     // (The bounded refill may leave 64 bits; the 8-byte refill needs nbits <= 63, which holds
     // at every later refill because each step consumes at least 4 bits.)
     if (starts[j] <= lim) br[j].refill();
-    else refill_bounded(br[j], stream_end);
+    else br[j] = refilled_bounded(br[j], stream_end);
   }
   std::vector<uint8_t> ebuf(static_cast<size_t>(W) * cols + 8);
   uint32_t bad = 0;
@@ -339,35 +352,50 @@ bool decode_ways(const uint8_t* const* starts, const uint8_t* stream_end, const 
 #pragma GCC unroll 8
         for (int j = 0; j < W; ++j) br[j].refill();
       } else {
+        #pragma GCC unroll 8
         for (int j = 0; j < W; ++j) {
           if (br[j].p <= lim) br[j].refill();
-          else refill_bounded(br[j], stream_end);
+          else br[j] = refilled_bounded(br[j], stream_end);
         }
       }
-      // A refill leaves >= 56 bits; 4 codes use <= 48.
-#pragma GCC unroll 4
-      for (int t = 0; t < 4; ++t)
+      // A refill leaves >= 56 bits; 4 codes use <= 48.  Weights go in pairs: one lookup
+      // indexed by both weights' contexts yields both exponents for most pairs.
+#pragma GCC unroll 2
+      for (int t = 0; t < 4; t += 2)
 #pragma GCC unroll 8
         for (int j = 0; j < W; ++j) {
-          const uint32_t sv = srow[j * sm_seg + k + t];
-          // Codes of <= FAST_BITS bits (nearly all) resolve in a 2 KiB table that stays in
-          // L1: [15:8] exponent, [7:0] length.  Longer ones take the full table.
-          uint32_t e = P[((sv & 0x60u) << (FAST_BITS - HUFF_CTX_SHIFT)) |
-                         static_cast<uint32_t>(br[j].window >> (64 - FAST_BITS))];
-          if (__builtin_expect(e == 0, 0)) {
-            const uint16_t f = L[(ctx_of(static_cast<uint8_t>(sv)) << HUFF_MAX_CODE_LEN) | br[j].peek()];
-            bad |= (f == 0);
-            e = (lut_sym(f) << 8) | lut_len(f);
+          uint16_t two;
+          std::memcpy(&two, srow + j * sm_seg + k + t, 2);
+          // ctx of the first weight in bits [9:8], of the second in [11:10]: the two
+          // mantissa-bit pairs sit at bits 5-6 and 13-14; *65 copies the first next to the
+          // second without overlap.
+          const uint32_t ci = ((static_cast<uint32_t>(two & 0x6060u) * 65u) >> 3) & 0xF00u;
+          const uint32_t e = PP[ci | static_cast<uint32_t>(br[j].window >> (64 - FAST_BITS))];
+          if (__builtin_expect(e != 0, 1)) {
+            br[j].consume(e & 0xFFu);
+            const uint16_t ex = static_cast<uint16_t>(e >> 16);
+            std::memcpy(eb + j * cols + k + t, &ex, 2);
+            continue;
           }
-          br[j].consume(e & 0xFFu);
-          eb[j * cols + k + t] = static_cast<uint8_t>(e >> 8);
+          for (int h = 0; h < 2; ++h) {
+            const uint8_t sv = srow[j * sm_seg + k + t + h];
+            uint32_t f = P[(ctx_of(sv) << FAST_BITS) | static_cast<uint32_t>(br[j].window >> (64 - FAST_BITS))];
+            if (!f) {
+              const uint16_t q = L[(ctx_of(sv) << HUFF_MAX_CODE_LEN) | br[j].peek()];
+              bad |= (q == 0);
+              f = (lut_sym(q) << 8) | lut_len(q);
+            }
+            br[j].consume(f & 0xFFu);
+            eb[j * cols + k + t + h] = static_cast<uint8_t>(f >> 8);
+          }
         }
     }
     for (; k < cols; ++k)
+      #pragma GCC unroll 8
       for (int j = 0; j < W; ++j) {
         if (br[j].nbits < HUFF_MAX_CODE_LEN) {
           if (br[j].p <= lim) br[j].refill();
-          else refill_bounded(br[j], stream_end);
+          else br[j] = refilled_bounded(br[j], stream_end);
         }
         const uint8_t sv = srow[j * sm_seg + k];
         const uint16_t f = L[(ctx_of(sv) << HUFF_MAX_CODE_LEN) | br[j].peek()];
@@ -375,6 +403,7 @@ bool decode_ways(const uint8_t* const* starts, const uint8_t* stream_end, const 
         br[j].consume(lut_len(f));
         eb[j * cols + k] = static_cast<uint8_t>(lut_sym(f));
       }
+    #pragma GCC unroll 8
     for (int j = 0; j < W; ++j) {
       const uint8_t* __restrict sp = srow + j * sm_seg;
       const uint8_t* __restrict ep = eb + j * cols;
@@ -382,6 +411,7 @@ bool decode_ways(const uint8_t* const* starts, const uint8_t* stream_end, const 
       for (int q = 0; q < cols; ++q) o[q] = bf16_from_parts(sp[q], ep[q]);
     }
   }
+  #pragma GCC unroll 8
   for (int j = 0; j < W; ++j) used[j] = br[j].consumed(starts[j]);
   return bad == 0;
 }
@@ -404,6 +434,22 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
       fast[(t << FAST_BITS) | i] =
           (e && lut_len(e) <= FAST_BITS) ? static_cast<uint16_t>((lut_sym(e) << 8) | lut_len(e)) : 0;
     }
+  // Pair table: for the contexts of two neighbouring weights and the next FAST_BITS bits,
+  // both exponents when both codes fit in those bits (most pairs: codes average ~2.6 bits).
+  // Entry [31:16] exp0 | exp1 << 8, [7:0] total length; 0 sends the pair to the slow path.
+  std::vector<uint32_t> pair(static_cast<size_t>(HUFF_NUM_CTX * HUFF_NUM_CTX) << FAST_BITS, 0);
+  for (int c0x = 0; c0x < HUFF_NUM_CTX; ++c0x)
+    for (int c1x = 0; c1x < HUFF_NUM_CTX; ++c1x)
+      for (uint32_t i = 0; i < (1u << FAST_BITS); ++i) {
+        const uint16_t a = fast[(c0x << FAST_BITS) | i];
+        if (!a) continue;
+        const uint32_t la = a & 0xFF;
+        const uint32_t rest = (i << la) & ((1u << FAST_BITS) - 1);  // bits after the first code
+        const uint16_t b = fast[(c1x << FAST_BITS) | rest];
+        if (!b || la + (b & 0xFFu) > FAST_BITS) continue;
+        pair[((c0x | (c1x << 2)) << FAST_BITS) | i] =
+            (static_cast<uint32_t>(a >> 8) << 16) | (static_cast<uint32_t>(b >> 8) << 24) | (la + (b & 0xFFu));
+      }
   const int64_t ng = g.n_groups();
   const int64_t nsel_g = g1 - g0, nsel_c = c1 - c0;
   // Offsets must be monotone and inside the stream before any segment is touched.
@@ -451,7 +497,7 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
     for (int j = 0; j < WAYS; ++j) starts[j] = stream + off[c * ng + q0 + j];
     const int64_t lr = q0 * g.R - g0 * g.R;
     uint64_t used[WAYS];
-    const bool ok = decode_ways<WAYS>(starts, stream_end, fast.data(), lut.data(), sm + lr * sm_stride + lk,
+    const bool ok = decode_ways<WAYS>(starts, stream_end, pair.data(), fast.data(), lut.data(), sm + lr * sm_stride + lk,
                                       g.R * sm_stride, sm_stride, out + lr * out_stride + lk, g.R * out_stride,
                                       out_stride, static_cast<int>(g.R), cols, used);
     for (int j = 0; j < WAYS; ++j) check(c * ng + q0 + j, ok ? used[j] : ~uint64_t(0));

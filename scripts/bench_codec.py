@@ -105,36 +105,56 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok):
     # In-memory codec speed, per tensor as ZipNN is measured (bytes in, bytes out).
     enc_bytes = sum(tensors[n].nbytes for n in mats)
     res["encoded_tensor_bytes"] = enc_bytes
+    z = None
+    if zipnn_ok:
+        from zipnn import ZipNN
+        blobs = [tensors[n].tobytes() for n in mats]
     for th in threads_list:
-        for enc in ("huffman", "palette"):
-            t_c, encs = timed(lambda: [tc.encode(tensors[n], enc, threads=th) for n in mats], repeat)
-            t_d, _ = timed(lambda: [tc.decode(e.header, e.planes, threads=th, verify=False) for e in encs], repeat)
-            t_dc, dec = timed(lambda: [tc.decode(e.header, e.planes, threads=th, verify=True) for e in encs], repeat)
-            assert all(np.array_equal(d, tensors[n]) for d, n in zip(dec, mats)), "round trip failed"
-            res[f"unweight_{enc}_t{th}"] = {"compress_gbps": enc_bytes / t_c / 1e9,
-                                            "decompress_gbps": enc_bytes / t_d / 1e9,
-                                            "decompress_crc_gbps": enc_bytes / t_dc / 1e9,
-                                            "tensor_ratio": sum(e.nbytes for e in encs) / enc_bytes}
+        # Every repeat times each contender once, alternating, so a load change on a shared
+        # machine hits all of them alike; medians are taken per contender.
+        times = {}
+
+        def rec(key, dt):
+            times.setdefault(key, []).append(dt)
+        encs = {}
+        zcomp = None
         if zipnn_ok:
-            from zipnn import ZipNN
             z = ZipNN(method="huffman", input_format="byte", bytearray_dtype="bfloat16", threads=th)
-            blobs = [tensors[n].tobytes() for n in mats]
-            # ZipNN rewrites its input buffer in place: hand it a fresh copy each run, copy
-            # time excluded.
-            def zc():
+        for _ in range(repeat):
+            for enc in ("huffman", "palette"):
+                t = time.perf_counter()
+                encs[enc] = [tc.encode(tensors[n], enc, threads=th) for n in mats]
+                rec(f"{enc}_c", time.perf_counter() - t)
+                t = time.perf_counter()
+                dec = [tc.decode(e.header, e.planes, threads=th, verify=False) for e in encs[enc]]
+                rec(f"{enc}_d", time.perf_counter() - t)
+                t = time.perf_counter()
+                dec = [tc.decode(e.header, e.planes, threads=th, verify=True) for e in encs[enc]]
+                rec(f"{enc}_dc", time.perf_counter() - t)
+                assert all(np.array_equal(d, tensors[n]) for d, n in zip(dec, mats)), "round trip failed"
+                del dec
+            if zipnn_ok:
+                # ZipNN rewrites its input buffer in place: hand it fresh copies (copy untimed).
                 copies = [bytes(bytearray(b)) for b in blobs]
                 t = time.perf_counter()
-                out = [z.compress(c) for c in copies]
-                return time.perf_counter() - t, out
-            runs = [zc() for _ in range(repeat)]
-            t_c = statistics.median(r[0] for r in runs)
-            comp = runs[-1][1]
-            t_d, dec = timed(lambda: [z.decompress(c) for c in comp], repeat)
-            assert all(bytes(d) == b for d, b in zip(dec, blobs)), "ZipNN round trip failed"
-            # ZipNN ratio over the whole checkpoint: its streams for the encoded matrices, the rest raw.
-            zbytes = sum(len(c) for c in comp) + raw_bytes - enc_bytes
-            res[f"zipnn_t{th}"] = {"compress_gbps": enc_bytes / t_c / 1e9, "decompress_gbps": enc_bytes / t_d / 1e9,
-                                   "tensor_ratio": sum(len(c) for c in comp) / enc_bytes,
+                zcomp = [z.compress(c) for c in copies]
+                rec("z_c", time.perf_counter() - t)
+                t = time.perf_counter()
+                zdec = [z.decompress(c) for c in zcomp]
+                rec("z_d", time.perf_counter() - t)
+                assert all(bytes(d) == b for d, b in zip(zdec, blobs)), "ZipNN round trip failed"
+                del zdec, copies
+        med = {k: statistics.median(v) for k, v in times.items()}
+        for enc in ("huffman", "palette"):
+            res[f"unweight_{enc}_t{th}"] = {"compress_gbps": enc_bytes / med[f"{enc}_c"] / 1e9,
+                                            "decompress_gbps": enc_bytes / med[f"{enc}_d"] / 1e9,
+                                            "decompress_crc_gbps": enc_bytes / med[f"{enc}_dc"] / 1e9,
+                                            "tensor_ratio": sum(e.nbytes for e in encs[enc]) / enc_bytes}
+        if zipnn_ok:
+            zbytes = sum(len(c) for c in zcomp) + raw_bytes - enc_bytes
+            res[f"zipnn_t{th}"] = {"compress_gbps": enc_bytes / med["z_c"] / 1e9,
+                                   "decompress_gbps": enc_bytes / med["z_d"] / 1e9,
+                                   "tensor_ratio": sum(len(c) for c in zcomp) / enc_bytes,
                                    "checkpoint_ratio": zbytes / raw_bytes}
     # End-to-end CLI: files in, files out, and the child's peak RSS.
     with tempfile.TemporaryDirectory() as td:
@@ -204,6 +224,7 @@ def main():
                   f"{r['largest_tensor_bytes'] / 1e6:.0f} MB\n")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     doc = {"benchmark": "bench_codec", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "load_average_at_end": os.getloadavg(), "repeat": args.repeat,
            "commit": commit, "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
            "zipnn_version": "0.5.4" if zipnn_ok else None, "results": results}
     path = args.out or os.path.join(ROOT, "benchmarks", "results",
