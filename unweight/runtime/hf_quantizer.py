@@ -24,6 +24,7 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from ..format import constants as C
 from ..format.errors import InputError
+from . import tp
 
 log = logging.getLogger(__name__)
 
@@ -86,15 +87,30 @@ class UnweightHfQuantizer(HfQuantizer):
         ck = CompressedCheckpoint(folder)
         try:
             verify = loader._env_verify(bool(getattr(self.quantization_config, "verify", True)))
-            loader.verify_checkpoint(ck, decode=verify)
+            # Under torch.distributed (transformers' tensor parallelism) each rank reads and
+            # decodes only its shard of every encoded tensor after loading (runtime/tp.py); here
+            # only the structure and the raw tensors' checksums are checked.
+            deferred = tp.distributed_world() > 1
+            loader.verify_checkpoint(ck, decode=verify and not deferred)
             loader.convert_model(model, ck)
+            if deferred:
+                tp.defer_planes(model, ck, folder)
         finally:
             ck.close()
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):
         from . import loader
-        loader.prepare(model, getattr(self.quantization_config, "mode", "auto") or "auto")
+        mode = getattr(self.quantization_config, "mode", "auto") or "auto"
+        if getattr(model, "_unweight_tp", None):
+            tp.load_tp_planes(model, verify=loader._env_verify(bool(getattr(self.quantization_config, "verify",
+                                                                                True))))
+            mode = tp.resolve_mode(mode, model)
+            before = dict(model.named_modules())
+            loader.prepare(model, mode)
+            tp.reinstall_styles(model, before)
+            return model
+        loader.prepare(model, mode)
         return model
 
     def is_serializable(self):

@@ -1,0 +1,289 @@
+"""Tensor parallelism in transformers for unweight checkpoints (``DistributedConfig(tp_plan=...)``).
+
+``torchrun --nproc-per-node N script.py`` with ``AutoModelForCausalLM.from_pretrained(folder,
+distributed_config=DistributedConfig(tp_plan="auto"))`` after ``import unweight``:
+
+1. Before weights load (model on meta, torch.distributed already initialized by transformers):
+   ``convert_model`` swaps in compressed modules as usual; then :func:`defer_planes` turns
+   every compressed module's plane buffers into empty non-persistent placeholders, so
+   transformers' loader never materializes a whole encoded tensor on any rank (the checkpoint's
+   plane keys are listed in ``_keys_to_ignore_on_load_unexpected``).
+2. transformers applies its TP plan to the skeleton (``apply_tensor_parallelism``): our
+   CompressedLinear modules have no ``weight`` Parameter to shard, so they only get the style's
+   forward wrapper (``ColwiseParallel`` / ``RowwiseParallel`` ``install_forward``).  Every
+   compressed module carries ``_hf_quantized_needs_local_tp = True``, transformers' flag for
+   "this forward runs on local tensors", so its styles take their local fast paths: colwise
+   feeds the replicated input and returns (or all-gathers, for ``colwise_gather_output``) the
+   local output shard; rowwise feeds the local input shard and all-reduces the partial output.
+   No collective here is ours: they are the TP classes' own.
+3. After weights load, :func:`load_tp_planes` reads each encoded tensor from the memory-mapped
+   checkpoint and keeps only this rank's block with :func:`unweight.codec.shard.shard_planes`
+   (colwise style: rows; rowwise style: columns; anything replicated: the whole tensor), so only
+   the shard's bytes are ever read.  ``in_features``/``out_features`` keep the full widths (the TP
+   classes use them to build the global DTensor shapes).
+4. Integrity: with verify on, each rank decodes only its shard, and the TP group checks every
+   sharded tensor's stored crc32 by crc32 arithmetic over the shards' crcs
+   (codec/shard.py ``combine_*_shard_crcs``), the same policy as the vLLM integration.
+   Replicated tensors are decoded and checked whole; raw tensors keep their crc check.
+
+Embeddings and tied output projections stay replicated and compressed: a vocab-parallel
+embedding / ``colwise_gather_output`` lm_head tied to a replicated embedding computes the same
+full result locally, so its TP forward wrapper is removed.  Mode "auto" keeps the weights
+compressed under TP (the point of loading a shard); "dense" decodes each rank's shard and
+re-installs the style on the new nn.Linear.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import zlib
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ..codec import shard as sh
+from ..codec import tensor_codec as tc
+from ..format import constants as C
+from ..format.checkpoint import CompressedCheckpoint
+from ..format.errors import ChecksumError, InputError
+from .modules import CompressedEmbedding, CompressedLinear, CompressedWeightMixin, compressed_modules
+
+log = logging.getLogger(__name__)
+
+_ATTR = "_unweight_tp"  # model attribute: {"folder", "bases": {module name: checkpoint base}}
+
+
+def distributed_world() -> int:
+    """World size when torch.distributed is initialized (transformers initializes it for TP), else 1."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return 1
+    return torch.distributed.get_world_size()
+
+
+# ------------------------------------------------------------------------ before loading
+
+
+def defer_planes(model: nn.Module, ck: CompressedCheckpoint, folder: str) -> int:
+    """Replace the plane buffers of every compressed module by empty non-persistent placeholders
+    (loaded later, shard by shard, by load_tp_planes).  Returns how many modules were deferred."""
+    owners = {n: m for n, m in compressed_modules(model) if not m.is_tied}
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    by_module = {}
+    for base in ck.encoded:
+        cands = [base]
+        if prefix:
+            cands.append(f"{prefix}.{base}")
+            if base.startswith(prefix + "."):
+                cands.append(base[len(prefix) + 1:])
+        for c in cands:
+            mod, _, attr = c.rpartition(".")
+            if attr == "weight" and mod in owners:
+                by_module[mod] = base
+                break
+    bases, pats = {}, set(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
+    for name, m in compressed_modules(model):
+        if m.is_tied or name not in by_module:
+            continue
+        for suf in m._suffixes:
+            key = "weight" + suf
+            m._buffers[key] = torch.empty(0, dtype=m._buffers[key].dtype, device="meta")
+            m._non_persistent_buffers_set.add(key)
+        base = by_module[name]
+        bases[name] = base
+        for stored in ck.encoded[base].values():
+            pats.add("^" + re.escape(stored) + "$")
+        for suf in m._suffixes:
+            pats.add("^" + re.escape(f"{name}.weight{suf}") + "$")
+    for _, m in compressed_modules(model):
+        m._hf_quantized_needs_local_tp = True
+    model._keys_to_ignore_on_load_unexpected = pats
+    setattr(model, _ATTR, {"folder": folder, "bases": bases})
+    return len(bases)
+
+
+# ------------------------------------------------------------------------ after loading
+
+
+def _tp_mesh(model):
+    mm = getattr(model, "_mesh_manager", None)
+    if mm is None or (getattr(model, "_tp_size", None) or 1) <= 1:
+        return None
+    return mm.get_mesh("tp")
+
+
+def _resolved_plan(model) -> dict:
+    dc = getattr(model.config, "distributed_config", None)
+    if dc is None:
+        return {}
+    return model._resolve_parallel_plans(dc)[0]
+
+
+def _style(plan: dict, name: str):
+    from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
+    s = plan.get(name)
+    return s, (ALL_PARALLEL_STYLES[s] if s is not None else None)
+
+
+def _unhook(m: nn.Module):
+    """Drop a TP forward wrapper installed on the instance (the class forward runs again)."""
+    m.__dict__.pop("forward", None)
+    m._is_hooked = False
+
+
+def _shard_kind(name: str, m: CompressedWeightMixin, style_name, style) -> str:
+    """"rows" | "cols" | "full" | "unhook" (replicated, wrapper removed) for one module."""
+    from transformers.distributed.tensor_parallel import (ColwiseParallel, EmbeddingParallel, RowwiseParallel,
+                                                          TensorParallelLayer)
+    if style is None or type(style) is TensorParallelLayer:  # no rule / "replicate"
+        return "full"
+    if isinstance(m, CompressedEmbedding) and isinstance(style, EmbeddingParallel):
+        return "unhook"  # the replicated table gives the reduced/gathered result directly
+    if isinstance(m, CompressedLinear) and m.is_tied and isinstance(style, ColwiseParallel) \
+            and style.output_layouts == style.input_layouts:  # colwise_gather_output: full logits locally
+        return "unhook"
+    if isinstance(m, CompressedLinear) and not m.is_tied:
+        if isinstance(style, ColwiseParallel):
+            return "rows"
+        if isinstance(style, RowwiseParallel):
+            return "cols"
+    raise InputError(f"unweight: tensor-parallel style {style_name!r} of {name} ({type(m).__name__}"
+                     f"{', tied' if m.is_tied else ''}) is not supported for compressed weights; "
+                     f"override it in DistributedConfig(tp_plan=...) or load without tensor parallelism")
+
+
+def _gather(group, obj):
+    out = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(out, obj, group=group)
+    return out
+
+
+def _check_group_crcs(mine: dict, headers: dict, group):
+    """Check every sharded tensor's stored crc32 from the TP group's shard crcs."""
+    everyone = _gather(group, mine)
+    for base, h in headers.items():
+        parts = [d[base] for d in everyone if base in d]
+        if parts[0][0] == "rows":
+            uniq = {p[1]: (p[2], p[3]) for p in parts}
+            starts = sorted(uniq)
+            crc = sh.combine_row_shard_crcs([uniq[s][1] for s in starts],
+                                            [(uniq[s][0] - s) * h.cols * 2 for s in starts])
+        else:
+            uniq = {p[1]: (p[2], p[3]) for p in parts}
+            starts = sorted(uniq)
+            crc = sh.combine_col_shard_crcs([np.asarray(uniq[s][1], dtype=np.uint32) for s in starts],
+                                            [(uniq[s][0] - s) * 2 for s in starts])
+        if crc != h.crc32:
+            raise ChecksumError(f"{base}: checksum mismatch across the tensor-parallel shards "
+                                f"(decoded bytes differ from the original)")
+
+
+def _install(m: CompressedWeightMixin, header, planes: dict, device):
+    for suf in m._suffixes:
+        m._buffers.pop("weight" + suf, None)
+        m._non_persistent_buffers_set.discard("weight" + suf)
+    m._buffers.pop("weight_lut", None)
+    keep = (getattr(m, "in_features", None), getattr(m, "out_features", None))
+    m._init_planes(header, planes=planes, device=device)
+    if isinstance(m, CompressedLinear):
+        m.in_features, m.out_features = keep  # full widths: the TP classes build global shapes from them
+
+
+def _device_of(model) -> torch.device:
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.device.type != "meta":
+            return t.device
+    return torch.device("cpu")
+
+
+def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
+    """Fill the deferred compressed modules with this rank's shard (see the module doc).
+    Returns {module name: (kind, rows range, cols range)}."""
+    info = getattr(model, _ATTR, None)
+    if not info:
+        return {}
+    mesh = _tp_mesh(model)
+    plan = _resolved_plan(model) if mesh is not None else {}
+    rank, size = (mesh.get_local_rank(), mesh.size()) if mesh is not None else (0, 1)
+    group = mesh.get_group() if mesh is not None else None
+    modules = dict(model.named_modules())
+    device = _device_of(model)
+    # Every compressed module of the model, tied ones included, gets its kind checked first.
+    kinds = {}
+    for name, m in compressed_modules(model):
+        kinds[name] = _shard_kind(name, m, *_style(plan, name)) if mesh is not None else "full"
+    done, mine_crcs, sharded_headers = {}, {}, {}
+    ck = CompressedCheckpoint(info["folder"])
+    try:
+        for name, base in info["bases"].items():
+            m = modules[name]
+            h = ck.header(base)
+            where = ck.location(base)
+            planes = ck.planes(base)  # memory-mapped: shard_planes reads only the shard's bytes
+            kind = kinds[name]
+            rows = cols = None
+            if kind == "rows":
+                rows = sh.tp_shard_range(h.rows, size, rank, sh.row_grid(h), what=base, axis="rows")
+            elif kind == "cols":
+                cols = sh.tp_shard_range(h.cols, size, rank, sh.col_grid(h), what=base, axis="cols")
+            if rows is None and cols is None:
+                hs, ps = h, {k: np.array(v) for k, v in planes.items()}  # own copy of the whole tensor
+                if verify:
+                    tc.decode(hs, ps, where=where, verify=True)
+                else:
+                    tc.check_planes(hs, ps, where)
+            else:
+                hs, ps = sh.shard_planes(h, planes, rows=rows, cols=cols, where=where)
+                tc.check_planes(hs, ps, where)
+                if verify:
+                    w = tc.decode(hs, ps, where=where, verify=False)
+                    if rows is not None:
+                        mine_crcs[base] = ("rows", rows[0], rows[1], zlib.crc32(w.reshape(-1).view(np.uint8)))
+                    else:
+                        mine_crcs[base] = ("cols", cols[0], cols[1], sh.row_crcs(w).tolist())
+                    sharded_headers[base] = h
+            del planes
+            ck.release_encoded(base)
+            _install(m, hs, ps, device)
+            done[name] = (kind, rows, cols)
+    finally:
+        ck.close()
+    if verify and mesh is not None:
+        _check_group_crcs(mine_crcs, sharded_headers, group)
+    for name, kind in kinds.items():
+        if kind == "unhook":
+            _unhook(modules[name])
+            log.info("unweight: %s stays replicated (compressed) under tensor parallelism", name)
+    model._unweight_tp_layout = {n: {"kind": k, "rows": r, "cols": c} for n, (k, r, c) in done.items()}
+    if mesh is not None:
+        log.info("unweight: tensor-parallel rank %d/%d loaded %d compressed tensors (%d sharded)", rank, size,
+                 len(done), sum(1 for k, _, _ in done.values() if k in ("rows", "cols")))
+    return done
+
+
+def reinstall_styles(model: nn.Module, before: dict):
+    """After prepare(): modules it replaced (dense mode) get their TP style installed again."""
+    mesh = _tp_mesh(model)
+    if mesh is None:
+        return
+    plan = _resolved_plan(model)
+    layout = getattr(model, "_unweight_tp_layout", {})
+    for name, m in model.named_modules():
+        old = before.get(name)
+        if old is None or old is m:
+            continue
+        style_name, style = _style(plan, name)
+        kind = layout.get(name, {}).get("kind")
+        if style is None or kind not in ("rows", "cols"):
+            continue  # replicated: the plain module computes the full result
+        m._hf_quantized_needs_local_tp = True
+        style.install_forward(m, mesh)
+        m._is_hooked = True
+
+
+def resolve_mode(mode: str, model: nn.Module) -> str:
+    """Mode "auto" under tensor parallelism keeps the shards compressed (the checkpoint's encoding)."""
+    if mode != "auto" or _tp_mesh(model) is None:
+        return mode
+    owners = [m for _, m in compressed_modules(model) if not m.is_tied]
+    return owners[0].encoding_name if owners else mode
