@@ -44,7 +44,6 @@ import torch.nn as nn
 
 from ..codec import shard as sh
 from ..codec import tensor_codec as tc
-from ..format import constants as C
 from ..format.checkpoint import CompressedCheckpoint
 from ..format.errors import ChecksumError, InputError
 from .modules import CompressedEmbedding, CompressedLinear, CompressedWeightMixin, compressed_modules

@@ -1,0 +1,203 @@
+"""transformers tensor parallelism on unweight checkpoints (runtime/tp.py): torchrun, 2 ranks,
+gloo on CPU, ``DistributedConfig(tp_plan="auto")``.
+
+One torchrun launch loads four models in turn (BF16 and compressed, tied and untied Llama);
+one plain process gives the TP=1 references.  Checked: logits bit-identical and greedy tokens
+identical to the BF16 model under the same TP=2 run; tokens identical to TP=1 wherever the
+BF16 model itself agrees between TP=1 and TP=2; each rank holds only its block of every
+column-/row-parallel weight, still compressed, decoding to exactly that block of the original.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from unweight import api
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+
+# Wide enough that the writer's segment grid splits the columns (C = 512): row-parallel
+# shards of huffman tensors must start on a column-chunk edge (codec/shard.py).
+CFG = dict(vocab_size=320, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
+           num_key_value_heads=4, max_position_embeddings=64, initializer_range=0.05, pad_token_id=0,
+           bos_token_id=1, eos_token_id=2)
+
+WORKER = r'''
+import hashlib, json, os, sys
+import torch
+import torch.distributed as dist
+import unweight
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+from transformers.distributed import DistributedConfig
+from unweight.runtime.modules import compressed_modules
+
+tp, out_path, paths = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+rank = int(os.environ.get("RANK", 0))
+ids = torch.tensor([[1, 5, 9, 77, 100, 3, 250, 17]])
+res = {}
+for key, (path, src) in paths.items():
+    kw = {"distributed_config": DistributedConfig(tp_plan="auto")} if tp > 1 else {}
+    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, **kw).eval()
+    with torch.no_grad():
+        logits = m(ids).logits
+        toks = m.generate(ids, max_new_tokens=10, do_sample=False)[0].tolist()
+    r = {"tokens": toks, "logits": hashlib.sha1(logits.float().numpy().tobytes()).hexdigest(), "modules": {}}
+    if src is not None:
+        ref = load_file(os.path.join(src, "model.safetensors"))
+        layout = getattr(m, "_unweight_tp_layout", {})
+        for n, mod in compressed_modules(m):
+            info = {"n_rows": mod.n_rows, "n_cols": mod.n_cols, "held": mod.held_bytes(), "tied": mod.is_tied,
+                    "full": [mod.in_features, mod.out_features] if hasattr(mod, "in_features") else None,
+                    "sm": list(mod.owner().weight__sm.shape), "encoding": mod.encoding_name}
+            lay = layout.get(n)
+            info["layout"] = lay
+            if not mod.is_tied:
+                w = ref[n + ".weight"]
+                if lay and lay["rows"]:
+                    w = w[lay["rows"][0]:lay["rows"][1]]
+                if lay and lay["cols"]:
+                    w = w[:, lay["cols"][0]:lay["cols"][1]]
+                info["matches_block"] = bool(torch.equal(mod.decode_weight(), w))
+            r["modules"][n] = info
+    res[key] = r
+    del m
+with open(f"{out_path}.{rank}.json", "w") as f:
+    json.dump(res, f)
+if dist.is_initialized():
+    dist.barrier()
+    dist.destroy_process_group()
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tp_models(tmp_path_factory):
+    """(root, {key: [folder, BF16 source folder or None]}) of tied and untied Llamas."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    root = tmp_path_factory.mktemp("unweight_tp")
+    paths = {}
+    for tie in (False, True):
+        torch.manual_seed(0)
+        m = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=tie, **CFG)).to(torch.bfloat16).eval()
+        src, dst = str(root / f"tie{int(tie)}-src"), str(root / f"tie{int(tie)}-huffman")
+        m.save_pretrained(src)
+        api.compress(src, dst, progress=False)
+        paths[f"bf16-tie{int(tie)}"] = [src, None]
+        paths[f"uw-tie{int(tie)}"] = [dst, src]
+    (root / "worker.py").write_text(WORKER)
+    return root, paths
+
+
+def _env():
+    return dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+
+
+def _torchrun(root, *args):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(_free_port()), str(root / "worker.py"), "2", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=str(root))
+
+
+@pytest.fixture(scope="module")
+def tp_runs(tp_models):
+    root, paths = tp_models
+    out = {}
+    cmd1 = [sys.executable, str(root / "worker.py"), "1", str(root / "tp1"), json.dumps(paths)]
+    for tp in (2, 1):
+        if tp == 2:
+            p = _torchrun(root, str(root / "tp2"), json.dumps(paths))
+        else:
+            p = subprocess.run(cmd1, capture_output=True, text=True, timeout=300, env=_env(), cwd=str(root))
+        assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-6000:])
+        for rank in range(tp):
+            with open(root / f"tp{tp}.{rank}.json") as f:
+                out[(tp, rank)] = json.load(f)
+    return out
+
+
+@pytest.mark.parametrize("tie", [0, 1])
+def test_tp2_matches_bf16_tp2_and_tp1(tp_runs, tie):
+    bf, uw = f"bf16-tie{tie}", f"uw-tie{tie}"
+    for rank in (0, 1):
+        assert tp_runs[(2, rank)][uw]["logits"] == tp_runs[(2, rank)][bf]["logits"]
+        assert tp_runs[(2, rank)][uw]["tokens"] == tp_runs[(2, rank)][bf]["tokens"]
+    assert tp_runs[(2, 0)][uw]["tokens"] == tp_runs[(2, 1)][uw]["tokens"]
+    # TP=1: compressed equals BF16 exactly; TP=2 equals TP=1 wherever BF16 itself does
+    # (transformers' TP reduces partial sums in another order: near-tied logits can flip).
+    assert tp_runs[(1, 0)][uw]["logits"] == tp_runs[(1, 0)][bf]["logits"]
+    assert tp_runs[(1, 0)][uw]["tokens"] == tp_runs[(1, 0)][bf]["tokens"]
+    if tp_runs[(1, 0)][bf]["tokens"] == tp_runs[(2, 0)][bf]["tokens"]:
+        assert tp_runs[(2, 0)][uw]["tokens"] == tp_runs[(1, 0)][uw]["tokens"]
+    if tie == 0:  # this seed's untied model agrees between TP=1 and TP=2 (checked in BF16 above)
+        assert tp_runs[(1, 0)][bf]["tokens"] == tp_runs[(2, 0)][bf]["tokens"]
+
+
+COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROWWISE = ("o_proj", "down_proj")
+
+
+@pytest.mark.parametrize("tie", [0, 1])
+def test_each_rank_holds_only_its_compressed_shard(tp_runs, tie):
+    H, I, V = CFG["hidden_size"], CFG["intermediate_size"], CFG["vocab_size"]
+    kv = CFG["num_key_value_heads"] * H // CFG["num_attention_heads"]
+    full = {"q_proj": (H, H), "k_proj": (kv, H), "v_proj": (kv, H), "o_proj": (H, H), "gate_proj": (I, H),
+            "up_proj": (I, H), "down_proj": (H, I)}
+    for rank in (0, 1):
+        mods = tp_runs[(2, rank)][f"uw-tie{tie}"]["modules"]
+        assert len(mods) == 7 * CFG["num_hidden_layers"] + 2
+        for n, info in mods.items():
+            assert info["encoding"] == "huffman"  # mode "auto" keeps TP shards compressed
+            leaf = n.rsplit(".", 1)[-1]
+            if leaf in full:
+                N, K = full[leaf]
+                if leaf in COLWISE:
+                    assert (info["n_rows"], info["n_cols"]) == (N // 2, K)
+                    assert info["layout"]["rows"] == [rank * N // 2, (rank + 1) * N // 2]
+                else:
+                    assert (info["n_rows"], info["n_cols"]) == (N, K // 2)
+                    assert info["layout"]["cols"] == [rank * K // 2, (rank + 1) * K // 2]
+                assert info["sm"] == [info["n_rows"], info["n_cols"]]  # the planes are the shard's
+                assert info["full"] == [K, N]  # in/out_features keep the global widths
+                assert 0 < info["held"] < info["n_rows"] * info["n_cols"] * 2  # compressed, below the BF16 shard
+                assert info["matches_block"], n
+        emb = mods["model.embed_tokens"]
+        assert (emb["n_rows"], emb["n_cols"]) == (V, H) and emb["matches_block"]  # replicated, compressed
+        head = mods["lm_head"]
+        if tie:
+            assert head["tied"] and head["held"] == 0 and (head["n_rows"], head["n_cols"]) == (V, H)
+        else:  # colwise_gather_output: a vocab block of rows, gathered by transformers' TP class
+            assert (head["n_rows"], head["n_cols"]) == (V // 2, H) and head["matches_block"]
+            assert head["layout"]["rows"] == [rank * V // 2, (rank + 1) * V // 2]
+
+
+def test_corrupt_shard_fails_the_tp_load(tp_models):
+    """A flipped bit in rank 1's rows of one colwise weight: every rank stops with the
+    tensor's name (each rank decodes only its shard; the group checks the stored crc32)."""
+    import struct
+    root, paths = tp_models
+    bad = root / "bad"
+    if not bad.exists():
+        shutil.copytree(paths["uw-tie0"][0], bad)
+        f = bad / "model.safetensors"
+        b = bytearray(f.read_bytes())
+        n = struct.unpack("<Q", bytes(b[:8]))[0]
+        meta = json.loads(bytes(b[8:8 + n]))
+        e = meta["model.layers.0.self_attn.q_proj.weight__sm"]
+        b[8 + n + e["data_offsets"][0] + 700 * CFG["hidden_size"] + 5] ^= 0x40  # row 700: rank 1's half
+        f.write_bytes(bytes(b))
+    p = _torchrun(root, str(root / "bad-out"), json.dumps({"bad": [str(bad), None]}))
+    assert p.returncode != 0
+    msg = p.stdout + p.stderr
+    assert "model.layers.0.self_attn.q_proj.weight: checksum mismatch across the tensor-parallel shards" in msg
+    assert msg.count("ChecksumError") >= 2  # both ranks, not only the one holding the bad bytes
