@@ -125,6 +125,17 @@ def _set_module(model: nn.Module, name: str, new: nn.Module):
     setattr(model.get_submodule(parent) if parent else model, child, new)
 
 
+
+def prefixed_names(name: str, prefix: str) -> list:
+    """Where a checkpoint name may live in a model: as is, under the base-model prefix, or
+    without it (a BertModel checkpoint into BertForMaskedLM and back)."""
+    cands = [name]
+    if prefix:
+        cands.append(f"{prefix}.{name}")
+        if name.startswith(prefix + "."):
+            cands.append(name[len(prefix) + 1:])
+    return cands
+
 def _resolver(model: nn.Module, ck_names: set):
     """checkpoint tensor name -> (module name, attribute) in this model, or None.
 
@@ -134,12 +145,7 @@ def _resolver(model: nn.Module, ck_names: set):
     prefix = getattr(model, "base_model_prefix", "") or ""
 
     def resolve(name: str):
-        cands = [name]
-        if prefix:
-            cands.append(f"{prefix}.{name}")
-            if name.startswith(prefix + "."):
-                cands.append(name[len(prefix) + 1:])
-        for c in cands:
+        for c in prefixed_names(name, prefix):
             mod, _, attr = c.rpartition(".")
             m = modules.get(mod)
             if m is not None and (attr in m._parameters or attr in m._buffers):

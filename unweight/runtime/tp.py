@@ -46,6 +46,7 @@ from ..codec import shard as sh
 from ..codec import tensor_codec as tc
 from ..format.checkpoint import CompressedCheckpoint
 from ..format.errors import ChecksumError, InputError
+from .loader import prefixed_names
 from .modules import CompressedEmbedding, CompressedLinear, CompressedWeightMixin, compressed_modules
 
 log = logging.getLogger(__name__)
@@ -70,12 +71,7 @@ def defer_planes(model: nn.Module, ck: CompressedCheckpoint, folder: str) -> int
     prefix = getattr(model, "base_model_prefix", "") or ""
     by_module = {}
     for base in ck.encoded:
-        cands = [base]
-        if prefix:
-            cands.append(f"{prefix}.{base}")
-            if base.startswith(prefix + "."):
-                cands.append(base[len(prefix) + 1:])
-        for c in cands:
+        for c in prefixed_names(base, prefix):
             mod, _, attr = c.rpartition(".")
             if attr == "weight" and mod in owners:
                 by_module[mod] = base

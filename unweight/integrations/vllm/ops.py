@@ -47,14 +47,7 @@ META_LEN = 8 + C.PAL_MAX_ENTRIES
 PLANES_PER_PIECE = 5
 
 
-def _threads() -> int:
-    return max(1, torch.get_num_threads())
-
-
-def _np(t: Tensor) -> np.ndarray:
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.uint16)
-    return t.numpy()
+from ...ops import _np, _threads  # noqa: E402 - one definition of the tensor<->codec bridge
 
 
 def pieces(planes: List[Tensor], meta: List[int]):
