@@ -96,7 +96,6 @@ struct BitReader {
   const uint8_t* p;
   uint64_t window;
   int nbits;
-  UW_HD void init(const uint8_t* start) { p = start; window = 0; nbits = 0; refill(); }
   UW_HD void refill() {
 #if defined(__CUDA_ARCH__)
     while (nbits <= 56) {
@@ -121,38 +120,6 @@ struct BitReader {
     return static_cast<uint64_t>(p - start) * 8 - static_cast<uint64_t>(nbits);
   }
 };
-
-// Decode one exponent with the table of its context; returns 0xFFFF on an invalid code.
-UW_HD uint32_t decode_exp(BitReader& br, const uint16_t* lut_all, uint8_t sm) {
-  const uint16_t e = lut_all[(ctx_of(sm) << HUFF_MAX_CODE_LEN) | br.peek()];
-  br.consume(lut_len(e));
-  return e ? lut_sym(e) : 0xFFFFu;
-}
-
-// Decode one segment of `rows` x `cols` weights (row-major symbol order) into `out`.
-// sm/out are addressed with their own row strides (in elements).  Returns the number of
-// stream bits consumed, or UINT64_MAX when an invalid code is met.  A valid segment consumes
-// exactly the bits that precede its byte-alignment padding.
-UW_HD uint64_t decode_segment(const uint8_t* seg, const uint16_t* lut_all, const uint8_t* sm,
-                              int64_t sm_stride, uint16_t* out, int64_t out_stride, int rows,
-                              int cols) {
-  BitReader br;
-  br.init(seg);
-  uint32_t bad = 0;
-  for (int r = 0; r < rows; ++r) {
-    const uint8_t* smr = sm + r * sm_stride;
-    uint16_t* outr = out + r * out_stride;
-    for (int c = 0; c < cols; ++c) {
-      if (br.nbits < HUFF_MAX_CODE_LEN) br.refill();
-      const uint8_t s = smr[c];
-      const uint16_t e = lut_all[(ctx_of(s) << HUFF_MAX_CODE_LEN) | br.peek()];
-      bad |= (e == 0);
-      br.consume(lut_len(e));
-      outr[c] = bf16_from_parts(s, lut_sym(e));
-    }
-  }
-  return bad ? ~static_cast<uint64_t>(0) : br.consumed(seg);
-}
 
 // ---------------------------------------------------------------------------------------
 // Palette tier: a 4-bit index per weight, two per byte, the even column in the low nibble.
@@ -191,10 +158,12 @@ UW_HD void init_bounded(BitReader& br, const uint8_t* start, const uint8_t* limi
   refill_bounded(br, limit);
 }
 
-// decode_segment with a read bound and a choice of output: kExpOnly == false writes BF16
-// words to out16 (as decode_segment), kExpOnly == true writes the bare exponent bytes to out8
-// (the first step of the on-device Huffman -> palette transcode).  Same return convention as
-// decode_segment: bits consumed, or UINT64_MAX on an invalid code.
+// Decode one segment of `rows` x `cols` weights (row-major symbol order) without reading at
+// or past `limit`.  kExpOnly == false writes BF16 words to out16; kExpOnly == true writes the
+// bare exponent bytes to out8 (the first step of the on-device Huffman -> palette transcode).
+// sm/out are addressed with their own row strides (in elements).  Returns the stream bits
+// consumed, or UINT64_MAX on an invalid code; a valid segment consumes exactly the bits that
+// precede its byte-alignment padding, which callers check against its stored length.
 template <bool kExpOnly>
 UW_HD uint64_t decode_segment_bounded(const uint8_t* seg, const uint8_t* limit,
                                       const uint16_t* lut_all, const uint8_t* sm,
