@@ -45,14 +45,20 @@ def test_huffman_decode_bitwise(shape):
     assert np.array_equal(_bits(sub), w[g0 * h.rows_per_group:, c0 * h.cols_per_chunk:])
 
 
-def test_huffman_decode_reports_corruption():
-    ops = _ops()
+def _corrupt_huffman():
+    """A 128x512 huffman tensor whose exponent stream (slack excluded) is scrambled."""
     w = make_weights(128, 512, seed=1)
     enc = tc.encode(w, "huffman", segment_weights=512)
     planes = dict(enc.planes)
     bad = planes[C.SUFFIX_EXP].copy()
     bad[: bad.size - C.STREAM_SLACK_BYTES] ^= 0x5A
     planes[C.SUFFIX_EXP] = bad
+    return enc, planes
+
+
+def test_huffman_decode_reports_corruption():
+    ops = _ops()
+    enc, planes = _corrupt_huffman()
     with pytest.raises(FormatError):
         ops.decode_huffman(enc.header, ops.to_device(planes))
     torch.cuda.synchronize()  # the context must still be healthy
@@ -143,12 +149,7 @@ def test_fused_huffman_gemm_accuracy_determinism_and_emulation(M, N, K, grid):
 
 def test_fused_huffman_gemm_reports_corruption():
     ops = _ops()
-    w = make_weights(128, 512, seed=1)
-    enc = tc.encode(w, "huffman", segment_weights=512)
-    planes = dict(enc.planes)
-    bad = planes[C.SUFFIX_EXP].copy()
-    bad[: bad.size - C.STREAM_SLACK_BYTES] ^= 0x5A
-    planes[C.SUFFIX_EXP] = bad
+    enc, planes = _corrupt_huffman()
     x = torch.randn(4, 512, device="cuda").to(torch.bfloat16)
     with pytest.raises(FormatError):
         ops.huffman_gemm(x, enc.header, ops.to_device(planes))
