@@ -38,6 +38,8 @@ PYBIND11_MODULE(_C, m) {
   m.attr("HUFF_NUM_CTX") = HUFF_NUM_CTX;
   m.attr("PAL_BLOCK") = PAL_BLOCK;
 
+  m.def("_force_baseline_cpu", &set_force_baseline_cpu, py::arg("on"),
+        "Tests only: decode with the baseline x86-64 loop even on AVX2/BMI2 CPUs.");
   m.def("crc32", [](arr<uint8_t> data, int threads) {
     const int64_t n = data.size();
     py::gil_scoped_release nogil;

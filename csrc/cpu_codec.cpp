@@ -3,6 +3,12 @@
 #include "cpu_codec.h"
 
 #include <zlib.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -45,7 +51,7 @@ inline void part_range(int64_t n, int parts, int k, int64_t* b, int64_t* e) {
   *e = n * (k + 1) / parts;
 }
 
-constexpr int FAST_BITS = 8;
+constexpr int FAST_BITS = 9;
 
 }  // namespace
 
@@ -305,117 +311,267 @@ void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, c
 }
 
 namespace {
-constexpr int WAYS = 2;
+// ---------------------------------------------------------------------------------------
+// Fast CPU Huffman decoder.  What the bits mean comes from decode_primitives.h (build_lut,
+// ctx_of, bf16_from_parts); this part only arranges the work for a superscalar core:
+//  * W segments (same chunk, consecutive row groups) are decoded in lockstep, so W
+//    independent table-lookup chains overlap (one chain is bound by load latency);
+//  * a pair table indexed by both weights' contexts and the next FAST_BITS bits yields two
+//    exponents per lookup for ~95% of pairs; the per-pair table row is computed ahead, in a
+//    vectorizable pass over the sign+mantissa bytes, so the serial loop does no context math;
+//  * the bit reader keeps a sentinel 1 bit at the bottom of its 64-bit window: consuming a
+//    code is a single shift, and the bits consumed since the last load are the window's
+//    trailing-zero count, so no bit counter is updated per code;
+//  * pair entries are stored raw and the exponents are pulled out of them in a separate
+//    vectorizable pass that also assembles the BF16 words.
+// ---------------------------------------------------------------------------------------
+constexpr int DEC_WAYS = 4;
 
-// refill_bounded on a copy: passing the readers by value keeps their address from being
-// taken, so the compiler can hold them in registers across the whole decode loop.
-inline BitReader refilled_bounded(BitReader b, const uint8_t* end) {
-  refill_bounded(b, end);
-  return b;
+// Tests set this to run the baseline x86-64 build of the decode loop on an AVX2 machine.
+std::atomic<bool> g_force_baseline{false};
+constexpr int PAIRS_PER_REFILL = 4;  // fast pairs use <= FAST_BITS bits each
+
+// Big-endian 8 bytes at p; bytes at or past `end` read as zero (a corrupt segment may ask
+// for bits past the stream).  `lim` = end - 8: below it the plain load is in bounds.
+inline uint64_t load_be64(const uint8_t* p, const uint8_t* lim, const uint8_t* end) {
+  uint64_t v;
+  if (__builtin_expect(p <= lim, 1)) {
+    std::memcpy(&v, p, 8);
+    return __builtin_bswap64(v);
+  }
+  v = 0;
+  const uintptr_t e = reinterpret_cast<uintptr_t>(end);
+  for (int i = 0; i < 8; ++i) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p) + i;
+    v = (v << 8) | (a < e ? *reinterpret_cast<const uint8_t*>(a) : 0u);
+  }
+  return v;
 }
 
-// Decodes W same-shaped segments in lockstep: rows x cols weights each, segment j's sign+
-// mantissa rows at sm + j*sm_seg + r*sm_stride, output likewise.  Exponents of a row go to a
-// small buffer first and the BF16 words are assembled in a separate vectorizable pass, which
-// keeps the serial decode loop at about a dozen instructions per symbol.  `used[j]` receives
-// the bits consumed; returns false on an invalid code.
-template <int W>
-bool decode_ways(const uint8_t* const* starts, const uint8_t* stream_end, const uint32_t* PP,
-                 const uint16_t* P, const uint16_t* L, const uint8_t* sm, int64_t sm_seg, int64_t sm_stride, uint16_t* out,
-                 int64_t out_seg, int64_t out_stride, int rows, int cols, uint64_t* used) {
-  const uint8_t* lim = stream_end - 8;
-  BitReader br[W];
-  #pragma GCC unroll 8
-  for (int j = 0; j < W; ++j) {
-    br[j].p = starts[j];
-    br[j].window = 0;
-    br[j].nbits = 0;
-    // (The bounded refill may leave 64 bits; the 8-byte refill needs nbits <= 63, which holds
-    // at every later refill because each step consumes at least 4 bits.)
-    if (starts[j] <= lim) br[j].refill();
-    else br[j] = refilled_bounded(br[j], stream_end);
+// Window invariant: the top bits are the next stream bits, MSB first; the lowest set bit is
+// the sentinel, at position (bits consumed since p).  A load keeps 63 stream bits (the
+// sentinel overwrites the 64th), so bits consumed since p plus the width of any peek must stay
+// <= 63.  Worst cases between refills (each refill leaves <= 7 bits consumed): a fast group,
+// 7 + PAIRS_PER_REFILL * FAST_BITS; a slow pair, which refills first and peeks 12 bits per
+// code, followed by the rest of its group's fast pairs: 7 + 2 * 12 + (PAIRS_PER_REFILL - 1) *
+// FAST_BITS.  Both are checked below.
+static_assert(7 + PAIRS_PER_REFILL * FAST_BITS <= 63, "fast group overruns the window");
+static_assert(7 + 2 * HUFF_MAX_CODE_LEN + (PAIRS_PER_REFILL - 1) * FAST_BITS <= 63, "slow pair overruns the window");
+struct SentinelReader {
+  uint64_t win;
+  const uint8_t* p;
+  inline void start(const uint8_t* s, const uint8_t* lim, const uint8_t* end) {
+    p = s;
+    win = load_be64(p, lim, end) | 1u;
   }
-  std::vector<uint8_t> ebuf(static_cast<size_t>(W) * cols + 8);
+  inline void refill(const uint8_t* lim, const uint8_t* end) {
+    const unsigned t = static_cast<unsigned>(__builtin_ctzll(win));
+    p += t >> 3;
+    win = (load_be64(p, lim, end) | 1u) << (t & 7u);
+  }
+  inline uint64_t consumed(const uint8_t* s) const {
+    return static_cast<uint64_t>(p - s) * 8 + static_cast<uint64_t>(__builtin_ctzll(win));
+  }
+};
+
+struct DecodeScratch {
+  std::vector<const uint32_t*> rowp;  // per pair: its pair-table row, layout [group][way][pair]
+  std::vector<uint32_t> ent;          // per pair: raw pair entry, same layout
+};
+
+// The per-row passes around the serial loop, on 4 pairs (8 weights) of one way at a time:
+// table rows from the sign+mantissa bytes, and BF16 words from sign+mantissa and entries.
+// SSE2 is part of every x86-64, so these need no run-time dispatch.
+inline void pair_rows4(const uint8_t* sp, const uint32_t* PP, const uint32_t** rp) {
+#if defined(__SSE2__)
+  uint64_t b8;
+  std::memcpy(&b8, sp, 8);
+  const __m128i v = _mm_cvtsi64_si128(static_cast<long long>(b8));  // 4 pairs, one per 16-bit lane
+  // ctx of the first weight -> bits [1:0], of the second -> [3:2], then * the row size.
+  __m128i c = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 5), _mm_set1_epi16(0x3)),
+                           _mm_and_si128(_mm_srli_epi16(v, 11), _mm_set1_epi16(0xC)));
+  const __m128i zero = _mm_setzero_si128();
+  c = _mm_unpacklo_epi16(c, zero);  // 4 x u32
+  const __m128i lo = _mm_slli_epi64(_mm_unpacklo_epi32(c, zero), FAST_BITS + 2);
+  const __m128i hi = _mm_slli_epi64(_mm_unpackhi_epi32(c, zero), FAST_BITS + 2);
+  const __m128i base = _mm_set1_epi64x(static_cast<long long>(reinterpret_cast<uintptr_t>(PP)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(rp), _mm_add_epi64(lo, base));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(rp + 2), _mm_add_epi64(hi, base));
+#else
+  for (int t = 0; t < 4; ++t) rp[t] = PP + ((ctx_of(sp[2 * t]) | (ctx_of(sp[2 * t + 1]) << 2)) << FAST_BITS);
+#endif
+}
+
+// Entry bits [23:16] = first exponent, [31:24] = second: as 32-bit lanes holding two BF16
+// words, (entry >> 9) & 0x7F80 puts the first at bits [14:7] and (entry >> 1) & 0x7F800000
+// the second at [30:23]; the sign+mantissa bytes, zero-extended to 16 bits, fill the rest.
+inline void merge4(const uint8_t* sp, const uint32_t* ent, uint16_t* o) {
+#if defined(__SSE2__)
+  uint64_t b8;
+  std::memcpy(&b8, sp, 8);
+  const __m128i x = _mm_unpacklo_epi8(_mm_cvtsi64_si128(static_cast<long long>(b8)), _mm_setzero_si128());
+  const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ent));
+  __m128i w = _mm_or_si128(_mm_slli_epi32(_mm_and_si128(x, _mm_set1_epi32(0x00800080)), 8),
+                           _mm_and_si128(x, _mm_set1_epi32(0x007F007F)));
+  w = _mm_or_si128(w, _mm_and_si128(_mm_srli_epi32(e, 9), _mm_set1_epi32(0x7F80)));
+  w = _mm_or_si128(w, _mm_and_si128(_mm_srli_epi32(e, 1), _mm_set1_epi32(0x7F800000)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(o), w);
+#else
+  for (int t = 0; t < 4; ++t) {
+    o[2 * t] = bf16_from_parts(sp[2 * t], (ent[t] >> 16) & 0xFF);
+    o[2 * t + 1] = bf16_from_parts(sp[2 * t + 1], ent[t] >> 24);
+  }
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define UW_HAVE_AVX2_PATH 1
+// AVX2 forms of pair_rows4 / merge4 on two groups (8 pairs) of one way; `step` is the
+// distance in pairs between the two groups' entries in the [group][way][pair] layout.
+__attribute__((target("avx2"))) inline void pair_rows8_avx2(const uint8_t* sp, const uint32_t* PP,
+                                                                           const uint32_t** rp, int step) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp));  // 8 pairs
+  const __m128i c = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 5), _mm_set1_epi16(0x3)),
+                                 _mm_and_si128(_mm_srli_epi16(v, 11), _mm_set1_epi16(0xC)));
+  const __m256i base = _mm256_set1_epi64x(static_cast<long long>(reinterpret_cast<uintptr_t>(PP)));
+  const __m256i lo = _mm256_add_epi64(_mm256_slli_epi64(_mm256_cvtepu16_epi64(c), FAST_BITS + 2), base);
+  const __m256i hi = _mm256_add_epi64(_mm256_slli_epi64(_mm256_cvtepu16_epi64(_mm_srli_si128(c, 8)), FAST_BITS + 2), base);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(rp), lo);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(rp + step), hi);
+}
+__attribute__((target("avx2"))) inline void merge8_avx2(const uint8_t* sp, const uint32_t* ent, int step,
+                                                                       uint16_t* o) {
+  const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp)));
+  const __m256i e = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ent))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(ent + step)), 1);
+  __m256i w = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x00800080)), 8),
+                              _mm256_and_si256(x, _mm256_set1_epi32(0x007F007F)));
+  w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(e, 9), _mm256_set1_epi32(0x7F80)));
+  w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(e, 1), _mm256_set1_epi32(0x7F800000)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), w);
+}
+#endif
+
+// Decodes W same-shaped segments: rows x cols weights each, segment j's sign+mantissa rows at
+// sm + j*sm_seg + r*sm_stride, output likewise.  PP is the pair table, L the full 12-bit
+// table (both [ctx...][bits]).  used[j] receives the bits consumed; returns false on an
+// invalid code.
+template <int W, bool kAvx2>
+__attribute__((always_inline)) inline bool decode_ways_body(
+    const uint8_t* const* starts, const uint8_t* stream_end, const uint32_t* PP, const uint16_t* L,
+    const uint8_t* sm, int64_t sm_seg, int64_t sm_stride, uint16_t* out, int64_t out_seg,
+    int64_t out_stride, int rows, int cols, uint64_t* used, DecodeScratch& s) {
+  constexpr int G = PAIRS_PER_REFILL;
+  static_assert(G == 4, "pair_rows4/merge4 work on groups of 4 pairs");
+  const uint8_t* lim = stream_end - 8;
+  SentinelReader br[W];
+#pragma GCC unroll 8
+  for (int j = 0; j < W; ++j) br[j].start(starts[j], lim, stream_end);
+  const int ngroups = cols / (2 * G);
+  const int tail0 = ngroups * 2 * G;  // first weight decoded one code at a time
+  s.rowp.resize(static_cast<size_t>(ngroups) * W * G + 1);
+  s.ent.resize(static_cast<size_t>(ngroups) * W * G + 1);
   uint32_t bad = 0;
+  // One code from the full table: the tail of a row, and pairs the pair table leaves out.
+  auto single = [&](SentinelReader& b, uint8_t sv) -> uint32_t {
+    const uint16_t q = L[(ctx_of(sv) << HUFF_MAX_CODE_LEN) | static_cast<uint32_t>(b.win >> (64 - HUFF_MAX_CODE_LEN))];
+    bad |= (q == 0);
+    b.win <<= lut_len(q);
+    return lut_sym(q);
+  };
   for (int r = 0; r < rows; ++r) {
     const uint8_t* srow = sm + r * sm_stride;
-    uint8_t* eb = ebuf.data();
-    int k = 0;
-    for (; k + 4 <= cols; k += 4) {
-      // The 8-byte refill is legal while p <= lim; past that (the stream's last bytes, or a
-      // corrupt segment asking for more bits than exist) the byte-wise bounded refill feeds
-      // zeros, and the caller's consumed-bit check rejects a segment that overran.
-      bool near_end = false;
+    const uint32_t** rowp = s.rowp.data();
+    uint32_t* ent = s.ent.data();
+    {
+      int g = 0;
+#if defined(UW_HAVE_AVX2_PATH)
+      if constexpr (kAvx2)
+        for (; g + 2 <= ngroups; g += 2)
 #pragma GCC unroll 8
-      for (int j = 0; j < W; ++j) near_end |= br[j].p > lim;
-      if (__builtin_expect(!near_end, 1)) {
+          for (int j = 0; j < W; ++j)
+            pair_rows8_avx2(srow + j * sm_seg + g * 2 * G, PP, rowp + (g * W + j) * G, W * G);
+#endif
+      for (; g < ngroups; ++g)
 #pragma GCC unroll 8
-        for (int j = 0; j < W; ++j) br[j].refill();
-      } else {
-        #pragma GCC unroll 8
-        for (int j = 0; j < W; ++j) {
-          if (br[j].p <= lim) br[j].refill();
-          else br[j] = refilled_bounded(br[j], stream_end);
-        }
-      }
-      // A refill leaves >= 56 bits; 4 codes use <= 48.  Weights go in pairs: one lookup
-      // indexed by both weights' contexts yields both exponents for most pairs.
-#pragma GCC unroll 2
-      for (int t = 0; t < 4; t += 2)
+        for (int j = 0; j < W; ++j) pair_rows4(srow + j * sm_seg + g * 2 * G, PP, rowp + (g * W + j) * G);
+    }
+    for (int g = 0; g < ngroups; ++g, rowp += W * G, ent += W * G) {
+#pragma GCC unroll 8
+      for (int j = 0; j < W; ++j) br[j].refill(lim, stream_end);
+#pragma GCC unroll 4
+      for (int t = 0; t < G; ++t)
 #pragma GCC unroll 8
         for (int j = 0; j < W; ++j) {
-          uint16_t two;
-          std::memcpy(&two, srow + j * sm_seg + k + t, 2);
-          // ctx of the first weight in bits [9:8], of the second in [11:10]: the two
-          // mantissa-bit pairs sit at bits 5-6 and 13-14; *65 copies the first next to the
-          // second without overlap.
-          const uint32_t ci = ((static_cast<uint32_t>(two & 0x6060u) * 65u) >> 3) & 0xF00u;
-          const uint32_t e = PP[ci | static_cast<uint32_t>(br[j].window >> (64 - FAST_BITS))];
+          const uint32_t e = rowp[j * G + t][br[j].win >> (64 - FAST_BITS)];
           if (__builtin_expect(e != 0, 1)) {
-            br[j].consume(e & 0xFFu);
-            const uint16_t ex = static_cast<uint16_t>(e >> 16);
-            std::memcpy(eb + j * cols + k + t, &ex, 2);
-            continue;
-          }
-          for (int h = 0; h < 2; ++h) {
-            const uint8_t sv = srow[j * sm_seg + k + t + h];
-            uint32_t f = P[(ctx_of(sv) << FAST_BITS) | static_cast<uint32_t>(br[j].window >> (64 - FAST_BITS))];
-            if (!f) {
-              const uint16_t q = L[(ctx_of(sv) << HUFF_MAX_CODE_LEN) | br[j].peek()];
-              bad |= (q == 0);
-              f = (lut_sym(q) << 8) | lut_len(q);
-            }
-            br[j].consume(f & 0xFFu);
-            eb[j * cols + k + t + h] = static_cast<uint8_t>(f >> 8);
+            br[j].win <<= (e & 63u);  // the length sits in the low bits: one shift
+            ent[j * G + t] = e;
+          } else {
+            br[j].refill(lim, stream_end);
+            const uint8_t* sp = srow + j * sm_seg + g * 2 * G + 2 * t;
+            const uint32_t e0 = single(br[j], sp[0]);
+            const uint32_t e1 = single(br[j], sp[1]);
+            ent[j * G + t] = (e0 << 16) | (e1 << 24);
           }
         }
     }
-    for (; k < cols; ++k)
-      #pragma GCC unroll 8
-      for (int j = 0; j < W; ++j) {
-        if (br[j].nbits < HUFF_MAX_CODE_LEN) {
-          if (br[j].p <= lim) br[j].refill();
-          else br[j] = refilled_bounded(br[j], stream_end);
-        }
-        const uint8_t sv = srow[j * sm_seg + k];
-        const uint16_t f = L[(ctx_of(sv) << HUFF_MAX_CODE_LEN) | br[j].peek()];
-        bad |= (f == 0);
-        br[j].consume(lut_len(f));
-        eb[j * cols + k] = static_cast<uint8_t>(lut_sym(f));
-      }
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < W; ++j) {
-      const uint8_t* __restrict sp = srow + j * sm_seg;
-      const uint8_t* __restrict ep = eb + j * cols;
-      uint16_t* __restrict o = out + j * out_seg + r * out_stride;
-      for (int q = 0; q < cols; ++q) o[q] = bf16_from_parts(sp[q], ep[q]);
+      const uint8_t* sp = srow + j * sm_seg;
+      uint16_t* o = out + j * out_seg + r * out_stride;
+      for (int k = tail0; k < cols; ++k) {
+        br[j].refill(lim, stream_end);
+        o[k] = bf16_from_parts(sp[k], single(br[j], sp[k]));
+      }
+      int g = 0;
+#if defined(UW_HAVE_AVX2_PATH)
+      if constexpr (kAvx2)
+        for (; g + 2 <= ngroups; g += 2)
+          merge8_avx2(sp + g * 2 * G, s.ent.data() + (g * W + j) * G, W * G, o + g * 2 * G);
+#endif
+      for (; g < ngroups; ++g) merge4(sp + g * 2 * G, s.ent.data() + (g * W + j) * G, o + g * 2 * G);
     }
   }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int j = 0; j < W; ++j) used[j] = br[j].consumed(starts[j]);
   return bad == 0;
 }
+
+#define UW_DECODE_ARGS                                                                            \
+  const uint8_t *const *starts, const uint8_t *stream_end, const uint32_t *PP, const uint16_t *L, \
+      const uint8_t *sm, int64_t sm_seg, int64_t sm_stride, uint16_t *out, int64_t out_seg,       \
+      int64_t out_stride, int rows, int cols, uint64_t *used, DecodeScratch &s
+#define UW_DECODE_PASS starts, stream_end, PP, L, sm, sm_seg, sm_stride, out, out_seg, out_stride, rows, cols, used, s
+
+// Two builds of the same loop: a baseline x86-64 one, and one for cores with BMI2 (one-uop
+// variable shifts, tzcnt) and AVX2 (wider merge pass), picked at run time so a wheel built
+// on one machine still runs on any x86-64.
+template <int W>
+bool decode_ways_base(UW_DECODE_ARGS) { return decode_ways_body<W, false>(UW_DECODE_PASS); }
+#if defined(__x86_64__) && defined(__GNUC__)
+template <int W>
+__attribute__((target("avx2,bmi,bmi2"))) bool decode_ways_avx2(UW_DECODE_ARGS) {
+  return decode_ways_body<W, true>(UW_DECODE_PASS);
+}
+inline bool cpu_has_avx2_bmi2() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
+  return ok && !g_force_baseline.load(std::memory_order_relaxed);
+}
+#endif
+template <int W>
+bool decode_ways(UW_DECODE_ARGS) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (cpu_has_avx2_bmi2()) return decode_ways_avx2<W>(UW_DECODE_PASS);
+#endif
+  return decode_ways_base<W>(UW_DECODE_PASS);
+}
+#undef UW_DECODE_ARGS
+#undef UW_DECODE_PASS
 }  // namespace
+
+void set_force_baseline_cpu(bool on) { g_force_baseline.store(on); }
 
 std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
                            const Grid& g, const uint8_t* table, int exp_lo, int exp_hi,
@@ -459,7 +615,6 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
   for (int64_t s = 0; s < nseg; ++s)
     if (off[s + 1] < off[s]) return "segment offsets are not ascending at segment " + std::to_string(s);
   const uint8_t* stream_end = stream + stream_bytes;
-  const uint8_t* lim = stream_end - 8;
   std::atomic<int64_t> bad{-1};
   auto flag = [&](int64_t s) {
     int64_t expect = -1;
@@ -472,35 +627,38 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
   // Work unit: up to WAYS row groups of one chunk, decoded in lockstep when they have the
   // same shape: independent bit readers hide the table-lookup latency that bounds a single
   // Huffman decode chain (more ways than WAYS run out of x86-64 registers and spill).
-  const int64_t runs = (nsel_g + WAYS - 1) / WAYS;
+  const int64_t runs = (nsel_g + DEC_WAYS - 1) / DEC_WAYS;
   parallel_for(runs * nsel_c, threads, 1, [&](int64_t u) {
-    const int64_t c = c0 + u / runs, q0 = g0 + (u % runs) * WAYS;
+    thread_local DecodeScratch scratch;
+    const int64_t c = c0 + u / runs, q0 = g0 + (u % runs) * DEC_WAYS;
     const int64_t k0 = c * g.C, k1 = std::min(g.cols, k0 + g.C);
     const int64_t lk = k0 - c0 * g.C;
     const int cols = static_cast<int>(k1 - k0);
-    const int64_t qn = std::min<int64_t>(WAYS, g1 - q0);
-    const bool full = qn == WAYS && (q0 + WAYS) * g.R <= g.rows;
+    const int64_t qn = std::min<int64_t>(DEC_WAYS, g1 - q0);
+    const bool full = qn == DEC_WAYS && (q0 + DEC_WAYS) * g.R <= g.rows;
     if (!full) {
+      // A run cut short by the grid's edge: one segment at a time (rows may differ).
       for (int64_t gi = q0; gi < q0 + qn; ++gi) {
         const int64_t s = c * ng + gi;
         const int64_t r0 = gi * g.R, r1 = std::min(g.rows, r0 + g.R);
         const int64_t lr = r0 - g0 * g.R;
-        // Bounded reads: a corrupt segment may ask for more bits than the stream holds.
-        check(s, decode_segment_bounded<false>(stream + off[s], stream_end, lut.data(),
-                                               sm + lr * sm_stride + lk, sm_stride,
-                                               out + lr * out_stride + lk, nullptr, out_stride,
-                                               static_cast<int>(r1 - r0), cols));
+        const uint8_t* start = stream + off[s];
+        uint64_t used;
+        const bool ok = decode_ways<1>(&start, stream_end, pair.data(), lut.data(), sm + lr * sm_stride + lk, 0,
+                                       sm_stride, out + lr * out_stride + lk, 0, out_stride,
+                                       static_cast<int>(r1 - r0), cols, &used, scratch);
+        check(s, ok ? used : ~uint64_t(0));
       }
       return;
     }
-    const uint8_t* starts[WAYS];
-    for (int j = 0; j < WAYS; ++j) starts[j] = stream + off[c * ng + q0 + j];
+    const uint8_t* starts[DEC_WAYS];
+    for (int j = 0; j < DEC_WAYS; ++j) starts[j] = stream + off[c * ng + q0 + j];
     const int64_t lr = q0 * g.R - g0 * g.R;
-    uint64_t used[WAYS];
-    const bool ok = decode_ways<WAYS>(starts, stream_end, pair.data(), fast.data(), lut.data(), sm + lr * sm_stride + lk,
-                                      g.R * sm_stride, sm_stride, out + lr * out_stride + lk, g.R * out_stride,
-                                      out_stride, static_cast<int>(g.R), cols, used);
-    for (int j = 0; j < WAYS; ++j) check(c * ng + q0 + j, ok ? used[j] : ~uint64_t(0));
+    uint64_t used[DEC_WAYS];
+    const bool ok = decode_ways<DEC_WAYS>(starts, stream_end, pair.data(), lut.data(), sm + lr * sm_stride + lk,
+                                          g.R * sm_stride, sm_stride, out + lr * out_stride + lk, g.R * out_stride,
+                                          out_stride, static_cast<int>(g.R), cols, used, scratch);
+    for (int j = 0; j < DEC_WAYS; ++j) check(c * ng + q0 + j, ok ? used[j] : ~uint64_t(0));
   });
   if (bad.load() >= 0) {
     const int64_t s = bad.load();

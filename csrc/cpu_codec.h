@@ -42,6 +42,10 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
                            int64_t g0, int64_t g1, int64_t c0, int64_t c1, const uint8_t* sm,
                            int64_t sm_stride, uint16_t* out, int64_t out_stride, int threads);
 
+// Tests: true makes the decoders use their baseline x86-64 build even where the CPU has AVX2
+// and BMI2, so both builds are checked on one machine.
+void set_force_baseline_cpu(bool on);
+
 // Palette encode: map[256] gives the palette index of each exponent or -1.  Writes the nibble
 // plane idx [rows][(cols+1)/2] and returns the ids (row * blocks_per_row + block) of the
 // verbatim blocks in ascending order; their exponents go to vexp (PAL_BLOCK bytes each).

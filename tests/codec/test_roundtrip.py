@@ -5,6 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from unweight import _C
 from unweight.codec import tensor_codec as tc
 from unweight.codec.reference import decode_reference
 from unweight.format import constants as C
@@ -140,6 +141,36 @@ def test_every_exponent_with_every_sign_and_mantissa_byte(enc):
 def test_special_values_odd_shapes(enc, shape):
     w = np.resize(SPECIALS, shape).astype(np.uint16)
     _check(w, enc, None)
+
+
+@pytest.mark.parametrize("cols", [1, 2, 7, 8, 9, 15, 16, 17, 24, 31, 33, 40, 130])
+@pytest.mark.parametrize("n_groups", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize("baseline", [False, True], ids=["dispatch", "baseline"])
+def test_fast_decoder_ways_groups_and_tails(cols, n_groups, baseline):
+    # The CPU decoder runs 4 segments in lockstep (1 at a time at the grid's edge), refills
+    # every 4 pairs and decodes a row's last cols % 8 weights one code at a time.  A
+    # heavy-tailed exponent distribution gives 12-bit codes, so pairs that miss the pair table
+    # (the slow path) occur in every position; a ragged last row group covers partial runs.
+    rng = np.random.default_rng(cols * 100 + n_groups)
+    R = 40
+    rows = R * n_groups - (1 if n_groups > 2 else 0)
+    e = np.clip(np.round(120 - rng.exponential(3.0, size=rows * cols)), 0, 255).astype(np.uint32)
+    rare = rng.random(e.size) < 0.02  # a long tail of rare exponents: long codes
+    e[rare] = rng.integers(0, 256, size=int(rare.sum()))
+    sm = rng.integers(0, 256, size=rows * cols).astype(np.uint32)
+    w = (((sm & 0x80) << 8) | (e << 7) | (sm & 0x7F)).astype(np.uint16).reshape(rows, cols)
+    enc = tc.encode(w, "huffman", grid=(R, cols), threads=1)
+    # Pairs longer than the pair table's 9 bits (two 5-bit codes) take the slow path.
+    assert w.size < 200 or int(enc.header.table.max()) >= 5, "the case must exercise long codes"
+    # Both builds of the loop: the one picked for this CPU, and the baseline x86-64 one.
+    _C._force_baseline_cpu(baseline)
+    try:
+        for threads in (1, 2):
+            assert tc.decode(enc.header, enc.planes, threads=threads).tobytes() == w.tobytes()
+    finally:
+        _C._force_baseline_cpu(False)
+    if w.size <= REFERENCE_MAX:
+        assert decode_reference(enc.planes[C.SUFFIX_HDR], enc.planes).tobytes() == w.tobytes()
 
 
 def test_auto_picks_the_smaller():
