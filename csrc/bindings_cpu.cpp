@@ -39,7 +39,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("PAL_BLOCK") = PAL_BLOCK;
 
   m.def("_force_baseline_cpu", &set_force_baseline_cpu, py::arg("on"),
-        "Tests only: decode with the baseline x86-64 loop even on AVX2/BMI2 CPUs.");
+        "Tests only: use the baseline x86-64 decode loop and zlib crc32 even where faster ones exist.");
   m.def("crc32", [](arr<uint8_t> data, int threads) {
     const int64_t n = data.size();
     py::gil_scoped_release nogil;

@@ -10,8 +10,13 @@
 #include <immintrin.h>
 #endif
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -20,6 +25,76 @@
 
 namespace unweight {
 namespace {
+
+// Persistent worker threads.  Spawning and joining threads on every call cost ~50 us, as
+// much as decoding a whole 384 x 384 matrix, so small tensors ran no faster on 2 threads than
+// on 1; the pool keeps its threads parked on a condition variable between calls.  One job
+// runs at a time: a caller that finds the pool busy (another Python thread, or a nested
+// call) falls back to plain threads.  After fork() the child starts a fresh pool, since the
+// parent's threads do not exist there.
+class ThreadPool {
+ public:
+  static ThreadPool& get() {
+    static std::once_flag once;
+    std::call_once(once, [] { pthread_atfork(nullptr, nullptr, [] { instance() = nullptr; }); });
+    ThreadPool*& p = instance();
+    if (!p) p = new ThreadPool();  // never destroyed: parked threads end with the process
+    return *p;
+  }
+  // Runs fn on the calling thread and on up to `helpers` pool threads; returns when every
+  // thread that started fn has finished.  fn must tolerate helpers that join late or never.
+  void run(int helpers, const std::function<void()>& fn) {
+    std::unique_lock<std::mutex> own(busy_, std::try_to_lock);
+    if (!own.owns_lock()) {
+      std::vector<std::thread> ts;
+      for (int t = 0; t < helpers; ++t) ts.emplace_back(fn);
+      fn();
+      for (auto& t : ts) t.join();
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      // A new thread starts from the generation before this job's, so it takes part in it.
+      while (static_cast<int>(threads_.size()) < helpers) threads_.emplace_back([this, g = gen_] { loop(g); });
+      job_ = &fn;
+      wanted_ = helpers;
+      ++gen_;
+    }
+    start_.notify_all();
+    fn();
+    std::unique_lock<std::mutex> lk(mu_);
+    wanted_ = 0;  // helpers that have not woken yet are not needed any more
+    done_.wait(lk, [this] { return running_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  static ThreadPool*& instance() {
+    static ThreadPool* p = nullptr;
+    return p;
+  }
+  void loop(uint64_t seen) {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      start_.wait(lk, [&] { return gen_ != seen; });
+      seen = gen_;
+      if (wanted_ == 0) continue;
+      --wanted_;
+      ++running_;
+      const std::function<void()>* fn = job_;
+      lk.unlock();
+      (*fn)();
+      lk.lock();
+      if (--running_ == 0) done_.notify_all();
+    }
+  }
+  std::mutex busy_, mu_;
+  std::condition_variable start_, done_;
+  std::vector<std::thread> threads_;
+  const std::function<void()>* job_ = nullptr;
+  uint64_t gen_ = 0;
+  int wanted_ = 0, running_ = 0;
+};
 
 // Runs fn(i) for i in [0, n) on `threads` workers pulling indices from a shared counter, so
 // uneven units (segments whose rows differ in cost) still balance.
@@ -38,11 +113,7 @@ void parallel_for(int64_t n, int threads, int64_t grain, F&& fn) {
     }
   };
   if (workers == 1) { work(); return; }
-  std::vector<std::thread> pool;
-  pool.reserve(workers - 1);
-  for (int t = 1; t < workers; ++t) pool.emplace_back(work);
-  work();
-  for (auto& th : pool) th.join();
+  ThreadPool::get().run(workers - 1, std::function<void()>(work));
 }
 
 // Splits [0, n) into `parts` contiguous ranges.
@@ -53,25 +124,76 @@ inline void part_range(int64_t n, int parts, int k, int64_t* b, int64_t* e) {
 
 constexpr int FAST_BITS = 9;
 
+// Tests set this to run the baseline builds (no AVX2/BMI2 decode loop, zlib's crc32) on a
+// machine that has the faster ones, so both are checked on one machine.
+std::atomic<bool> g_force_baseline{false};
+
+}  // namespace
+
+namespace {
+// CRC-32 (zlib's polynomial) of `n` bytes continuing from `crc`, as zlib's crc32() returns.
+// zlib 1.2.x computes it a byte-slice at a time (~2-3 GB/s), which made the checksum a fifth
+// of compress time; CPUs with carry-less multiply fold 64 bytes per step instead (the method
+// of Intel's "Fast CRC computation for generic polynomials using PCLMULQDQ"): four 128-bit
+// lanes are folded forward by 512 bits, then into one lane by 128 bits, and zlib finishes
+// the last 16 folded bytes plus the tail.  Fold constants are x^k mod P (bit-reflected) for
+// the gzip polynomial, k = 4*128 +- 32 and 128 +- 32.  Checked against zlib in the tests.
+inline uint32_t crc32_zlib(uint32_t crc, const uint8_t* p, size_t n) {
+  while (n) {  // zlib takes uInt lengths: < 4 GiB steps
+    const size_t step = std::min<size_t>(n, size_t(1) << 30);
+    crc = static_cast<uint32_t>(crc32(crc, p, static_cast<uInt>(step)));
+    p += step;
+    n -= step;
+  }
+  return crc;
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("pclmul,sse4.1"))) inline __m128i crc_fold(__m128i x, __m128i k, __m128i d) {
+  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)), d);
+}
+__attribute__((target("pclmul,sse4.1"))) uint32_t crc32_clmul(uint32_t crc, const uint8_t* p, size_t n) {
+  if (n < 64) return crc32_zlib(crc, p, n);
+  const __m128i k512 = _mm_set_epi64x(0x1c6e41596LL, 0x154442bd4LL);
+  const __m128i k128 = _mm_set_epi64x(0x0ccaa009eLL, 0x1751997d0LL);
+  auto ld = [](const uint8_t* q) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)); };
+  // The running state (~crc) enters as an xor into the first 32 message bits.
+  __m128i x0 = _mm_xor_si128(ld(p), _mm_cvtsi32_si128(static_cast<int>(~crc)));
+  __m128i x1 = ld(p + 16), x2 = ld(p + 32), x3 = ld(p + 48);
+  p += 64;
+  n -= 64;
+  for (; n >= 64; p += 64, n -= 64) {
+    x0 = crc_fold(x0, k512, ld(p));
+    x1 = crc_fold(x1, k512, ld(p + 16));
+    x2 = crc_fold(x2, k512, ld(p + 32));
+    x3 = crc_fold(x3, k512, ld(p + 48));
+  }
+  x0 = crc_fold(crc_fold(crc_fold(x0, k128, x1), k128, x2), k128, x3);
+  for (; n >= 16; p += 16, n -= 16) x0 = crc_fold(x0, k128, ld(p));
+  uint8_t last[16];
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(last), x0);
+  // The folded lane is a 16-byte message with a zero start state: zlib's crc32 starting
+  // from 0xFFFFFFFF (its own inversion undone) yields the final crc, and goes on over the tail.
+  return crc32_zlib(crc32_zlib(0xFFFFFFFFu, last, 16), p, n);
+}
+#endif
+inline uint32_t crc32_any(uint32_t crc, const uint8_t* p, size_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+  if (clmul && !g_force_baseline.load(std::memory_order_relaxed)) return crc32_clmul(crc, p, n);
+#endif
+  return crc32_zlib(crc, p, n);
+}
 }  // namespace
 
 uint32_t crc32_parallel(const uint8_t* data, int64_t nbytes, int threads) {
-  // zlib's crc32 + crc32_combine: a well-kept implementation; combining lets the pieces run
-  // on separate threads and still yield the crc of the whole buffer.
+  // Pieces on separate threads, joined with zlib's crc32_combine into the crc of the whole.
   const int parts = nbytes < (8 << 20) ? 1 : std::max(1, threads);
   std::vector<uLong> crc(parts);
   std::vector<int64_t> len(parts);
   parallel_for(parts, threads, 1, [&](int64_t k) {
     int64_t b, e;
     part_range(nbytes, parts, static_cast<int>(k), &b, &e);
-    uLong c = crc32(0L, Z_NULL, 0);
-    // zlib takes uInt lengths: feed in < 4 GiB steps.
-    for (int64_t p = b; p < e;) {
-      const int64_t step = std::min<int64_t>(e - p, int64_t(1) << 30);
-      c = crc32(c, data + p, static_cast<uInt>(step));
-      p += step;
-    }
-    crc[k] = c;
+    crc[k] = crc32_any(0, data + b, static_cast<size_t>(e - b));
     len[k] = e - b;
   });
   uLong total = crc[0];
@@ -326,9 +448,6 @@ namespace {
 //    vectorizable pass that also assembles the BF16 words.
 // ---------------------------------------------------------------------------------------
 constexpr int DEC_WAYS = 4;
-
-// Tests set this to run the baseline x86-64 build of the decode loop on an AVX2 machine.
-std::atomic<bool> g_force_baseline{false};
 constexpr int PAIRS_PER_REFILL = 4;  // fast pairs use <= FAST_BITS bits each
 
 // Big-endian 8 bytes at p; bytes at or past `end` read as zero (a corrupt segment may ask
@@ -459,8 +578,8 @@ __attribute__((target("avx2"))) inline void merge8_avx2(const uint8_t* sp, const
 // invalid code.
 template <int W, bool kAvx2>
 __attribute__((always_inline)) inline bool decode_ways_body(
-    const uint8_t* const* starts, const uint8_t* stream_end, const uint32_t* PP, const uint16_t* L,
-    const uint8_t* sm, int64_t sm_seg, int64_t sm_stride, uint16_t* out, int64_t out_seg,
+    const uint8_t* const* starts, const uint8_t* stream_end, const uint32_t* PP, const uint16_t* F,
+    const uint16_t* L, const uint8_t* sm, int64_t sm_seg, int64_t sm_stride, uint16_t* out, int64_t out_seg,
     int64_t out_stride, int rows, int cols, uint64_t* used, DecodeScratch& s) {
   constexpr int G = PAIRS_PER_REFILL;
   static_assert(G == 4, "pair_rows4/merge4 work on groups of 4 pairs");
@@ -474,7 +593,14 @@ __attribute__((always_inline)) inline bool decode_ways_body(
   s.ent.resize(static_cast<size_t>(ngroups) * W * G + 1);
   uint32_t bad = 0;
   // One code from the full table: the tail of a row, and pairs the pair table leaves out.
+  // Codes up to FAST_BITS long come from the small per-context table F, so the rare slow
+  // pair does not pull the 32 KB full table L into L1 over the pair table.
   auto single = [&](SentinelReader& b, uint8_t sv) -> uint32_t {
+    const uint16_t f = F[(ctx_of(sv) << FAST_BITS) | static_cast<uint32_t>(b.win >> (64 - FAST_BITS))];
+    if (__builtin_expect(f != 0, 1)) {
+      b.win <<= (f & 0xFFu);
+      return f >> 8;
+    }
     const uint16_t q = L[(ctx_of(sv) << HUFF_MAX_CODE_LEN) | static_cast<uint32_t>(b.win >> (64 - HUFF_MAX_CODE_LEN))];
     bad |= (q == 0);
     b.win <<= lut_len(q);
@@ -540,10 +666,10 @@ __attribute__((always_inline)) inline bool decode_ways_body(
 }
 
 #define UW_DECODE_ARGS                                                                            \
-  const uint8_t *const *starts, const uint8_t *stream_end, const uint32_t *PP, const uint16_t *L, \
+  const uint8_t *const *starts, const uint8_t *stream_end, const uint32_t *PP, const uint16_t *F, const uint16_t *L, \
       const uint8_t *sm, int64_t sm_seg, int64_t sm_stride, uint16_t *out, int64_t out_seg,       \
       int64_t out_stride, int rows, int cols, uint64_t *used, DecodeScratch &s
-#define UW_DECODE_PASS starts, stream_end, PP, L, sm, sm_seg, sm_stride, out, out_seg, out_stride, rows, cols, used, s
+#define UW_DECODE_PASS starts, stream_end, PP, F, L, sm, sm_seg, sm_stride, out, out_seg, out_stride, rows, cols, used, s
 
 // Two builds of the same loop: a baseline x86-64 one, and one for cores with BMI2 (one-uop
 // variable shifts, tzcnt) and AVX2 (wider merge pass), picked at run time so a wheel built
@@ -644,7 +770,7 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
         const int64_t lr = r0 - g0 * g.R;
         const uint8_t* start = stream + off[s];
         uint64_t used;
-        const bool ok = decode_ways<1>(&start, stream_end, pair.data(), lut.data(), sm + lr * sm_stride + lk, 0,
+        const bool ok = decode_ways<1>(&start, stream_end, pair.data(), fast.data(), lut.data(), sm + lr * sm_stride + lk, 0,
                                        sm_stride, out + lr * out_stride + lk, 0, out_stride,
                                        static_cast<int>(r1 - r0), cols, &used, scratch);
         check(s, ok ? used : ~uint64_t(0));
@@ -655,7 +781,7 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
     for (int j = 0; j < DEC_WAYS; ++j) starts[j] = stream + off[c * ng + q0 + j];
     const int64_t lr = q0 * g.R - g0 * g.R;
     uint64_t used[DEC_WAYS];
-    const bool ok = decode_ways<DEC_WAYS>(starts, stream_end, pair.data(), lut.data(), sm + lr * sm_stride + lk,
+    const bool ok = decode_ways<DEC_WAYS>(starts, stream_end, pair.data(), fast.data(), lut.data(), sm + lr * sm_stride + lk,
                                           g.R * sm_stride, sm_stride, out + lr * out_stride + lk, g.R * out_stride,
                                           out_stride, static_cast<int>(g.R), cols, used, scratch);
     for (int j = 0; j < DEC_WAYS; ++j) check(c * ng + q0 + j, ok ? used[j] : ~uint64_t(0));

@@ -42,8 +42,8 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
                            int64_t g0, int64_t g1, int64_t c0, int64_t c1, const uint8_t* sm,
                            int64_t sm_stride, uint16_t* out, int64_t out_stride, int threads);
 
-// Tests: true makes the decoders use their baseline x86-64 build even where the CPU has AVX2
-// and BMI2, so both builds are checked on one machine.
+// Tests: true makes the codec use its baseline builds (x86-64 decode loop without AVX2/BMI2,
+// zlib's crc32 instead of the carry-less-multiply one) so both are checked on one machine.
 void set_force_baseline_cpu(bool on);
 
 // Palette encode: map[256] gives the palette index of each exponent or -1.  Writes the nibble
