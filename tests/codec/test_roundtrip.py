@@ -229,3 +229,16 @@ def test_choose_grid_policy(rows, cols, chunk, seg):
     # A segment holds >= seg weights unless the tensor is too small: the index costs
     # <= 32 / seg bit per weight.
     assert R * Cc >= seg or R >= rows
+
+
+def test_large_outputs_are_plain_writable_arrays():
+    # >= 4 MiB comes from an anonymous mapping (no MADV_HUGEPAGE compaction stalls); it must
+    # still behave as an ordinary array for torch.from_numpy, slicing and writes.
+    a = tc.empty((1024, 4096), np.uint16)
+    assert a.shape == (1024, 4096) and a.dtype == np.uint16 and a.flags.writeable and a.flags.c_contiguous
+    a[:] = 7
+    assert int(a.sum()) == 7 * a.size
+    assert tc.empty((3, 5), np.uint8).shape == (3, 5)
+    w = _values("trained", (1100, 2048), 3)  # a 4.5 MB matrix: decoded into a mapping
+    e = tc.encode(w, "huffman", threads=2)
+    assert tc.decode(e.header, e.planes, threads=2).tobytes() == w.tobytes()
