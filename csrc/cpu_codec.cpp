@@ -1,5 +1,6 @@
-// C++ CPU codec of unweight format v1.  Decode loops call the shared primitives of
-// decode_primitives.h, the same ones the CUDA kernels use.
+// C++ CPU codec of unweight format v1.  What the bits mean (canonical tables, contexts, BF16
+// assembly) comes from the shared primitives of decode_primitives.h, the same ones the CUDA
+// kernels use; the CPU Huffman decoder reads bits with its own sentinel-bit reader (below).
 #include "cpu_codec.h"
 
 #include <zlib.h>

@@ -88,31 +88,13 @@ UW_HD bool build_lut(const uint8_t* lengths, int n, int lo, uint16_t* lut, uint1
 
 // ---------------------------------------------------------------------------------------
 // Bit reader over one segment: a 64-bit window whose top `nbits` bits are the next stream
-// bits, MSB first.  Refilling a byte at a time keeps it valid on the GPU (no unaligned wide
-// loads) and on the CPU it is cheap next to the table lookup.  Streams carry
-// STREAM_SLACK_BYTES zero bytes after the last segment, so reading ahead never faults.
+// bits, MSB first, refilled a byte at a time by refill_bounded below (valid on the GPU: no
+// unaligned wide loads).  Used by the CUDA kernels and their host emulation.
 // ---------------------------------------------------------------------------------------
 struct BitReader {
   const uint8_t* p;
   uint64_t window;
   int nbits;
-  UW_HD void refill() {
-#if defined(__CUDA_ARCH__)
-    while (nbits <= 56) {
-      window |= static_cast<uint64_t>(*p++) << (56 - nbits);
-      nbits += 8;
-    }
-#else
-    // Host: one unaligned big-endian 8-byte load tops the window up to 56..63 bits, with no
-    // loop (the same bits as the byte loop above, fetched in one go).
-    uint64_t v;
-    __builtin_memcpy(&v, p, 8);
-    v = __builtin_bswap64(v);
-    window |= v >> nbits;
-    p += (63 - nbits) >> 3;
-    nbits |= 56;
-#endif
-  }
   UW_HD uint32_t peek() const { return static_cast<uint32_t>(window >> (64 - HUFF_MAX_CODE_LEN)); }
   UW_HD void consume(uint32_t n) { window <<= n; nbits -= static_cast<int>(n); }
   // Bits consumed since `start`.
@@ -136,8 +118,8 @@ UW_HD uint32_t pal_nibble(const uint8_t* idx_row, int64_t col) {
 // =======================================================================================
 namespace unweight {
 
-// BitReader::refill that never dereferences at or past `limit`: zero bits are shifted in
-// instead.  A GPU thread decoding a corrupt segment whose symbols claim more bits than the
+// Tops a BitReader's window up to > 56 bits a byte at a time, never dereferencing at or past
+// `limit`: zero bits are shifted in instead.  A GPU thread decoding a corrupt segment whose symbols claim more bits than the
 // segment has would otherwise read past the end of the stream allocation and take the whole
 // CUDA context down with an illegal-address fault; with the bound, it reads zeros, and the
 // length check after the segment (consumed bits vs. byte length) reports the corruption.
