@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import mmap
 import os
 
 import numpy as np
@@ -21,22 +20,24 @@ from ..format.header import TensorHeader
 ENCODINGS = ("huffman", "palette", "auto")
 
 
-# Large outputs come from their own anonymous mapping rather than np.empty: NumPy marks
-# arrays >= 4 MiB MADV_HUGEPAGE, and with the common THP setting "defrag=madvise" a first
-# touch may then stall in direct compaction; measured here, decoding ~0.5 GB of matrices on one
-# thread ran at 0.17-0.64 GB/s with np.empty and 0.60-0.79 GB/s with plain mappings.
-_MMAP_MIN_BYTES = 4 << 20
+# Large outputs come from the C allocator rather than np.empty or a fresh mapping: NumPy
+# marks arrays >= 4 MiB MADV_HUGEPAGE, and with the common THP setting "defrag=madvise" a first
+# touch may then stall in direct compaction (decoding ~0.5 GB of matrices on one thread ran
+# at 0.17-0.64 GB/s with np.empty); a fresh anonymous mapping per array pays a page fault per
+# 4 KiB on every call instead (~0.5 ns per byte here, as much as the decode itself).  malloc
+# reuses freed blocks up to its dynamic mmap threshold, which is what bytes/bytearray outputs
+# (ZipNN's, for one) get too.
+_MALLOC_MIN_BYTES = 1 << 20
 
 
 def empty(shape, dtype) -> np.ndarray:
-    """np.empty(shape, dtype), host memory; large arrays are backed by an anonymous mapping
-    (freed with the array)."""
+    """Uninitialized host array of `shape` and `dtype`; large ones come from malloc (freed
+    with the array)."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes < _MMAP_MIN_BYTES or not hasattr(mmap, "MAP_ANONYMOUS"):
+    if nbytes < _MALLOC_MIN_BYTES:
         return np.empty(shape, dtype=dtype)
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    return _C.host_empty(nbytes).view(dtype).reshape(shape)
 
 
 def default_threads() -> int:
