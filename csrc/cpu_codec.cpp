@@ -706,33 +706,42 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
                            int64_t sm_stride, uint16_t* out, int64_t out_stride, int threads) {
   const int n = exp_hi - exp_lo + 1;
   std::vector<uint16_t> lut(static_cast<size_t>(HUFF_NUM_CTX) * LUT_SIZE);
+  std::vector<uint16_t> codes(static_cast<size_t>(HUFF_NUM_CTX) * n);
   for (int t = 0; t < HUFF_NUM_CTX; ++t)
-    if (!build_lut(table + t * n, n, exp_lo, &lut[t * LUT_SIZE], nullptr))
+    if (!build_lut(table + t * n, n, exp_lo, &lut[t * LUT_SIZE], &codes[t * n]))
       return "invalid huffman code lengths for context " + std::to_string(t);
-  // First-level table: entries of the full table whose code fits in FAST_BITS bits, else 0.
-  std::vector<uint16_t> fast(static_cast<size_t>(HUFF_NUM_CTX) << FAST_BITS);
+  // The two small tables are filled by code ranges, from each context's list of codes of at
+  // most FAST_BITS bits: a tensor is decoded once, so building them entry by entry (~30 us,
+  // with a data-dependent branch per entry) was a visible share of decoding a small matrix.
+  struct Code { uint32_t sym, len, bits; };
+  std::vector<Code> short_codes[HUFF_NUM_CTX];
   for (int t = 0; t < HUFF_NUM_CTX; ++t)
-    for (uint32_t i = 0; i < (1u << FAST_BITS); ++i) {
-      const uint16_t e = lut[t * LUT_SIZE + (i << (HUFF_MAX_CODE_LEN - FAST_BITS))];
-      fast[(t << FAST_BITS) | i] =
-          (e && lut_len(e) <= FAST_BITS) ? static_cast<uint16_t>((lut_sym(e) << 8) | lut_len(e)) : 0;
+    for (int i = 0; i < n; ++i) {
+      const uint32_t l = table[t * n + i];
+      if (l && l <= FAST_BITS) short_codes[t].push_back({static_cast<uint32_t>(exp_lo + i), l, codes[t * n + i]});
+    }
+  // First-level table: entries of the full table whose code fits in FAST_BITS bits, else 0.
+  std::vector<uint16_t> fast(static_cast<size_t>(HUFF_NUM_CTX) << FAST_BITS, 0);
+  for (int t = 0; t < HUFF_NUM_CTX; ++t)
+    for (const Code& a : short_codes[t]) {
+      uint16_t* f = &fast[(static_cast<uint32_t>(t) << FAST_BITS) | (a.bits << (FAST_BITS - a.len))];
+      std::fill(f, f + (1u << (FAST_BITS - a.len)), static_cast<uint16_t>((a.sym << 8) | a.len));
     }
   // Pair table: for the contexts of two neighbouring weights and the next FAST_BITS bits,
   // both exponents when both codes fit in those bits (most pairs: codes average ~2.6 bits).
   // Entry [31:16] exp0 | exp1 << 8, [7:0] total length; 0 sends the pair to the slow path.
   std::vector<uint32_t> pair(static_cast<size_t>(HUFF_NUM_CTX * HUFF_NUM_CTX) << FAST_BITS, 0);
-  for (int c0x = 0; c0x < HUFF_NUM_CTX; ++c0x)
-    for (int c1x = 0; c1x < HUFF_NUM_CTX; ++c1x)
-      for (uint32_t i = 0; i < (1u << FAST_BITS); ++i) {
-        const uint16_t a = fast[(c0x << FAST_BITS) | i];
-        if (!a) continue;
-        const uint32_t la = a & 0xFF;
-        const uint32_t rest = (i << la) & ((1u << FAST_BITS) - 1);  // bits after the first code
-        const uint16_t b = fast[(c1x << FAST_BITS) | rest];
-        if (!b || la + (b & 0xFFu) > FAST_BITS) continue;
-        pair[((c0x | (c1x << 2)) << FAST_BITS) | i] =
-            (static_cast<uint32_t>(a >> 8) << 16) | (static_cast<uint32_t>(b >> 8) << 24) | (la + (b & 0xFFu));
-      }
+  for (uint32_t c0x = 0; c0x < HUFF_NUM_CTX; ++c0x)
+    for (uint32_t c1x = 0; c1x < HUFF_NUM_CTX; ++c1x) {
+      uint32_t* row = &pair[(c0x | (c1x << 2)) << FAST_BITS];
+      for (const Code& a : short_codes[c0x])
+        for (const Code& b : short_codes[c1x]) {
+          const uint32_t l = a.len + b.len;
+          if (l > FAST_BITS) continue;
+          const uint32_t first = (a.bits << (FAST_BITS - a.len)) | (b.bits << (FAST_BITS - l));
+          std::fill(row + first, row + first + (1u << (FAST_BITS - l)), (a.sym << 16) | (b.sym << 24) | l);
+        }
+    }
   const int64_t ng = g.n_groups();
   const int64_t nsel_g = g1 - g0, nsel_c = c1 - c0;
   // Offsets must be monotone and inside the stream before any segment is touched.
