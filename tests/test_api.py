@@ -57,6 +57,11 @@ def test_single_file_source_and_sharding(tiny_model, tmp_path):
         by_base.setdefault(name.split("__")[0], set()).add(f)
     assert all(len(v) == 1 for v in by_base.values())
     unweight.verify(str(tmp_path / "c"), against=os.path.join(src, "model.safetensors"))
+    # Decompressing into shards: each shard's header is written before its data.
+    unweight.decompress(str(tmp_path / "c"), str(tmp_path / "d"), max_shard_size="200KB", progress=False)
+    idx = json.load(open(tmp_path / "d" / C.INDEX_NAME))
+    assert len(set(idx["weight_map"].values())) > 1
+    assert _tensors_of(src) == _tensors_of(str(tmp_path / "d"))
 
 
 def test_include_exclude(tiny_model, tmp_path):

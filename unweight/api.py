@@ -141,17 +141,32 @@ def _copy_side_files(src_folder: str | None, dst: str, skip=SKIP_FILES):
 class _ShardSet:
     """Rolls over to a new shard file when the current one would pass max_shard_size."""
 
-    def __init__(self, folder: str, max_bytes: int, metadata: dict, crc_meta: bool):
+    def __init__(self, folder: str, max_bytes: int, metadata: dict, crc_meta: bool, plan: list | None = None):
+        """plan: every group's items as (name, dtype, shape, nbytes), in the order add_group
+        will get them, when known up front; each shard then writes its header first (see
+        ShardWriter)."""
         self.folder, self.max_bytes, self.metadata, self.crc_meta = folder, max_bytes, metadata, crc_meta
         self.shards = []  # (temp name, writer)
         self.weight_map = {}
         self.crcs = []
         self.total = 0
+        self._plans = None
+        if plan is not None:
+            # The same roll-over rule as add_group, applied to the known sizes.
+            self._plans, size = [[]], 0
+            for group in plan:
+                g = sum(int(nb) for _, _, _, nb in group)
+                if size and size + g > max_bytes:
+                    self._plans.append([])
+                    size = 0
+                self._plans[-1].extend(group)
+                size += g
         self._new()
 
     def _new(self):
         i = len(self.shards)
-        w = ShardWriter(os.path.join(self.folder, f"shard-{i:05d}.tmp"), dict(self.metadata))
+        plan = self._plans[i] if self._plans is not None else None
+        w = ShardWriter(os.path.join(self.folder, f"shard-{i:05d}.tmp"), dict(self.metadata), plan)
         self.shards.append(w)
         self.crcs.append({})
 
@@ -339,7 +354,15 @@ def decompress(src: str, dst: str, *, overwrite: bool = False, jobs: int | None 
     ck = CompressedCheckpoint(src)
     n_out = 0
     with _staged_output(dst, overwrite) as tmp:
-        shards = _ShardSet(tmp, parse_size(max_shard_size), {"format": "pt"}, False)
+        plan = []
+        for base in ck.tensor_order():
+            if base in ck.encoded:
+                h = ck.header(base)
+                plan.append([(base, "BF16", (h.rows, h.cols), h.rows * h.cols * 2)])
+            else:
+                dt, shape, b, e = ck.info(base)
+                plan.append([(base, dt, shape, e - b)])
+        shards = _ShardSet(tmp, parse_size(max_shard_size), {"format": "pt"}, False, plan)
         try:
             for base in ck.tensor_order():
                 if base in ck.encoded:
