@@ -698,6 +698,42 @@ bool decode_ways(UW_DECODE_ARGS) {
 #undef UW_DECODE_PASS
 }  // namespace
 
+#if defined(UW_HAVE_AVX2_PATH)
+// Palette decode of one row, 32 weights per step: nibbles split and interleaved back into
+// column order, mapped through the 16-entry palette with one byte shuffle, and merged with
+// the sign+mantissa bytes.  Returns the first column it did not decode (the caller finishes
+// the row); *max_nibble receives the largest index seen, for the range check.
+__attribute__((target("avx2"))) static int64_t palette_row_avx2(const uint8_t* srow, const uint8_t* irow,
+                                                                const uint8_t* pal8, int64_t cols, uint16_t* orow,
+                                                                uint32_t* max_nibble) {
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pal8)));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  __m256i vmax = _mm256_setzero_si256();
+  int64_t c = 0;
+  for (; c + 32 <= cols; c += 32) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(irow + c / 2));
+    const __m128i lo = _mm_and_si128(v, low4);                     // even columns
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);  // odd columns
+    const __m256i nib = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    vmax = _mm256_max_epu8(vmax, nib);
+    const __m256i ex = _mm256_shuffle_epi8(table, nib);  // 32 exponents, column order
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(srow + c));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i s16 = _mm256_cvtepu8_epi16(h ? _mm256_extracti128_si256(x, 1) : _mm256_castsi256_si128(x));
+      const __m256i e16 = _mm256_cvtepu8_epi16(h ? _mm256_extracti128_si256(ex, 1) : _mm256_castsi256_si128(ex));
+      __m256i w = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(s16, _mm256_set1_epi16(0x80)), 8),
+                                  _mm256_and_si256(s16, _mm256_set1_epi16(0x7F)));
+      w = _mm256_or_si256(w, _mm256_slli_epi16(e16, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(orow + c + 16 * h), w);
+    }
+  }
+  alignas(32) uint8_t m[32];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(m), vmax);
+  *max_nibble = *std::max_element(m, m + 32);
+  return c;
+}
+#endif
+
 void set_force_baseline_cpu(bool on) { g_force_baseline.store(on); }
 
 std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
@@ -854,14 +890,27 @@ std::string palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows_t
   // Nibbles beyond pal_size map to a sentinel that fails the check below.
   uint16_t pal[16];
   for (int i = 0; i < 16; ++i) pal[i] = i < pal_size ? palette[i] : 0x100;
+  uint8_t pal8[16];
+  for (int i = 0; i < 16; ++i) pal8[i] = static_cast<uint8_t>(pal[i]);
   const int64_t n = r1 - r0;
   std::atomic<int> bad{0};
+#if defined(UW_HAVE_AVX2_PATH)
+  const bool simd = cpu_has_avx2_bmi2();
+#endif
   parallel_for(n, threads, 64, [&](int64_t lr) {
     const uint8_t* srow = sm + lr * cols;
     const uint8_t* irow = idx + lr * ib;
     uint16_t* orow = out + lr * cols;
+    int64_t c = 0;
     uint32_t seen = 0;
-    for (int64_t c = 0; c < cols; ++c) {
+#if defined(UW_HAVE_AVX2_PATH)
+    if (simd) {
+      uint32_t mx = 0;
+      c = palette_row_avx2(srow, irow, pal8, cols, orow, &mx);
+      if (mx >= static_cast<uint32_t>(pal_size)) seen = 0x100;
+    }
+#endif
+    for (; c < cols; ++c) {
       const uint32_t e = pal[pal_nibble(irow, c)];
       seen |= e;
       orow[c] = bf16_from_parts(srow[c], e);

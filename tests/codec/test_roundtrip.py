@@ -9,6 +9,7 @@ from unweight import _C
 from unweight.codec import tensor_codec as tc
 from unweight.codec.reference import decode_reference
 from unweight.format import constants as C
+from unweight.format.errors import FormatError
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ENCODINGS = ("huffman", "palette")
@@ -167,6 +168,38 @@ def test_fast_decoder_ways_groups_and_tails(cols, n_groups, baseline):
     try:
         for threads in (1, 2):
             assert tc.decode(enc.header, enc.planes, threads=threads).tobytes() == w.tobytes()
+    finally:
+        _C._force_baseline_cpu(False)
+    if w.size <= REFERENCE_MAX:
+        assert decode_reference(enc.planes[C.SUFFIX_HDR], enc.planes).tobytes() == w.tobytes()
+
+
+@pytest.mark.parametrize("cols", [1, 31, 32, 33, 64, 95, 130])
+@pytest.mark.parametrize("baseline", [False, True], ids=["dispatch", "baseline"])
+def test_palette_decoder_rows_and_tails(cols, baseline):
+    # The palette decoder maps 32 weights per step with a byte shuffle (AVX2 build) and
+    # finishes each row one weight at a time; out-of-palette exponents make verbatim blocks.
+    rng = np.random.default_rng(cols)
+    rows = 37
+    e = rng.choice(np.arange(112, 126), size=rows * cols).astype(np.uint32)
+    e[rng.random(e.size) < 0.01] = 3  # rare: outside the 14-entry palette -> verbatim blocks
+    sm = rng.integers(0, 256, size=rows * cols).astype(np.uint32)
+    w = (((sm & 0x80) << 8) | (e << 7) | (sm & 0x7F)).astype(np.uint16).reshape(rows, cols)
+    enc = tc.encode(w, "palette", threads=1)
+    _C._force_baseline_cpu(baseline)
+    try:
+        for threads in (1, 2):
+            assert tc.decode(enc.header, enc.planes, threads=threads).tobytes() == w.tobytes()
+        # A nibble past the palette is corruption wherever it sits in a row.
+        pal_size = enc.header.pal_size
+        if pal_size < 16:
+            for col in {0, cols - 1, min(cols - 1, 40)}:
+                planes = dict(enc.planes)
+                idx = planes[C.SUFFIX_IDX].copy()
+                idx.reshape(rows, -1)[5, col // 2] |= np.uint8(15 << (4 * (col % 2)))
+                planes[C.SUFFIX_IDX] = idx
+                with pytest.raises(FormatError, match="palette index out of range"):
+                    tc.decode(enc.header, planes, threads=1, verify=False)
     finally:
         _C._force_baseline_cpu(False)
     if w.size <= REFERENCE_MAX:
