@@ -398,13 +398,18 @@ void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, c
     tab[q] = (uint32_t(codes[ctx * 256 + e]) << 4) | lens[ctx * 256 + e];
   }
   // Contiguous runs of segments per part, each encoded into its own buffer; the parts are
-  // then concatenated, so the output needs no size pass and no worst-case allocation.
-  const int parts = static_cast<int>(std::min<int64_t>(nseg, std::max(1, threads) * 8));
+  // then concatenated, so the output needs no size pass and no worst-case allocation.  Parts
+  // hold whole ENC_WAYS-segment runs: a part of one segment would encode it one way at a
+  // time, which on a small matrix cost as much as the second thread gained.  Several parts
+  // per thread keep each buffer small enough for malloc to hand out reused memory.
+  const int64_t nruns = (nseg + ENC_WAYS - 1) / ENC_WAYS;
+  const int parts = static_cast<int>(std::min<int64_t>(nruns, int64_t(std::max(1, threads)) * 8));
   std::vector<std::vector<uint8_t>> buf(parts);
   std::vector<std::vector<uint32_t>> sizes(parts);
   parallel_for(parts, threads, 1, [&](int64_t k) {
-    int64_t b, e;
-    part_range(nseg, parts, static_cast<int>(k), &b, &e);
+    int64_t rb, re;
+    part_range(nruns, parts, static_cast<int>(k), &rb, &re);
+    const int64_t b = rb * ENC_WAYS, e = std::min(nseg, re * ENC_WAYS);
     buf[k].reserve(static_cast<size_t>((e - b) * g.R * g.C * 3 / 8 + 64));
     std::vector<uint8_t> scratch;
     for (int64_t s = b; s < e;) {
