@@ -43,18 +43,24 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("_force_baseline_cpu", &set_force_baseline_cpu, py::arg("on"),
         "Tests only: use the baseline x86-64 decode loop and zlib crc32 even where faster ones exist.");
-  // Host buffers from the C allocator.  NumPy advises MADV_HUGEPAGE on arrays >= 4 MiB,
-  // which with THP "defrag=madvise" can stall a first touch in direct compaction; and a plain
-  // anonymous mapping per array pays a page fault per 4 KiB on every call (~0.5 ns per byte
-  // measured here, as much as decoding).  malloc keeps freed blocks up to its dynamic mmap
-  // threshold (32 MiB in glibc) for reuse, as it does for any bytes/bytearray output.
-  m.def("host_empty", [](int64_t nbytes) {
+  m.def("host_empty", [](int64_t nbytes, int threads) {
     need(nbytes >= 0, "negative size");
-    void* p = std::malloc(static_cast<size_t>(std::max<int64_t>(nbytes, 1)));
+    const size_t n = static_cast<size_t>(nbytes);
+    void* p;
+    {
+      py::gil_scoped_release nogil;
+      p = host_alloc(n, threads);
+    }
     if (!p) throw std::bad_alloc();
-    py::capsule owner(p, [](void* q) { std::free(q); });
+    struct Block { void* p; size_t n; };
+    py::capsule owner(new Block{p, n}, [](void* b) {
+      auto* blk = static_cast<Block*>(b);
+      host_free(blk->p, blk->n);
+      delete blk;
+    });
     return arr<uint8_t>({static_cast<py::ssize_t>(nbytes)}, {1}, static_cast<uint8_t*>(p), owner);
-  }, py::arg("nbytes"), "Uninitialized uint8 [nbytes] host array from malloc (freed with the array).");
+  }, py::arg("nbytes"), py::arg("threads") = 1,
+     "Uninitialized uint8 [nbytes] host array (freed with the array); see host_alloc in cpu_codec.cpp.");
 
   m.def("crc32", [](arr<uint8_t> data, int threads) {
     const int64_t n = data.size();

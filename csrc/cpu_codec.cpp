@@ -12,6 +12,9 @@
 #endif
 
 #include <pthread.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -200,6 +203,51 @@ uint32_t crc32_parallel(const uint8_t* data, int64_t nbytes, int threads) {
   uLong total = crc[0];
   for (int k = 1; k < parts; ++k) total = crc32_combine(total, crc[k], static_cast<z_off_t>(len[k]));
   return static_cast<uint32_t>(total);
+}
+
+// Host buffers for decoded tensors.  NumPy's own arrays are not used: it advises
+// MADV_HUGEPAGE on every array >= 4 MiB, which with THP "defrag=madvise" can stall a first
+// touch in direct compaction (measured here: a 117 MB decode fell from 0.85 to 0.60 GB/s in
+// a loop), and a fresh mapping pays a page fault per 4 KiB on first touch (~0.5 ns per byte
+// here, as much as decoding).
+//  * Below kPrefaultMin: malloc, which keeps freed blocks up to its dynamic mmap threshold
+//    (32 MiB in glibc) and hands them out again, as it does for any bytes/bytearray output.
+//  * From kPrefaultMin, where malloc maps fresh memory anyway: a mapping whose pages are
+//    faulted in up front, in bulk and split across the threads (MADV_POPULATE_WRITE, Linux
+//    5.14+; elsewhere the pages fault in on first touch as before): 0.30-0.36 vs 0.42-0.52 ns
+//    per byte on one thread, 0.19-0.22 vs 0.28-0.31 on two, measured here on 117 MB.
+constexpr size_t kPrefaultMin = size_t(32) << 20;
+
+void* host_alloc(size_t n, int threads) {
+  n = std::max<size_t>(n, 1);
+#if defined(__linux__)
+  if (n >= kPrefaultMin) {
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+    constexpr size_t kSlice = size_t(8) << 20;  // page-aligned, as madvise needs
+    const int64_t slices = static_cast<int64_t>((n + kSlice - 1) / kSlice);
+    parallel_for(slices, threads, 1, [&](int64_t k) {
+      const size_t b = static_cast<size_t>(k) * kSlice;
+      madvise(static_cast<char*>(p) + b, std::min(kSlice, n - b), MADV_POPULATE_WRITE);  // advisory
+    });
+    return p;
+  }
+#endif
+  return std::malloc(n);
+}
+
+void host_free(void* p, size_t n) {
+  if (!p) return;
+#if defined(__linux__)
+  if (std::max<size_t>(n, 1) >= kPrefaultMin) {
+    munmap(p, std::max<size_t>(n, 1));
+    return;
+  }
+#endif
+  std::free(p);
 }
 
 // Histogram key of a BF16 word: bits [14:5] = exponent << 2 | top two mantissa bits, i.e.

@@ -265,9 +265,9 @@ def test_choose_grid_policy(rows, cols, chunk, seg):
 
 
 def test_large_outputs_are_plain_writable_arrays():
-    # >= 1 MiB comes from malloc through _C.host_empty (no MADV_HUGEPAGE compaction stalls, no
-    # fresh mapping per call); it must still behave as an ordinary array for torch.from_numpy,
-    # slicing and writes, and free its memory with the last view.
+    # >= 1 MiB comes from _C.host_empty (malloc, or pre-faulted pages from 32 MiB); it must
+    # still behave as an ordinary array for torch.from_numpy, slicing and writes, and free its
+    # memory with the last view.
     a = tc.empty((1024, 4096), np.uint16)
     assert a.shape == (1024, 4096) and a.dtype == np.uint16 and a.flags.writeable and a.flags.c_contiguous
     a[:] = 7
@@ -277,6 +277,12 @@ def test_large_outputs_are_plain_writable_arrays():
     assert int(v.sum()) == 7 * v.size  # the view keeps the buffer alive
     assert tc.empty((3, 5), np.uint8).shape == (3, 5)
     assert tc.empty((0, 4096), np.uint16).shape == (0, 4096)
+    # >= 32 MiB: a pre-faulted mapping (split across threads); released with its last view.
+    b = tc.empty((5000, 4000), np.uint16, threads=2)
+    b[-1, -1] = 9
+    tail = b[-1:]
+    del b
+    assert int(tail[0, -1]) == 9
     w = _values("trained", (1100, 2048), 3)  # a 4.5 MB matrix: decoded into a malloc buffer
     e = tc.encode(w, "huffman", threads=2)
     assert tc.decode(e.header, e.planes, threads=2).tobytes() == w.tobytes()

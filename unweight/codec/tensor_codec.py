@@ -20,24 +20,21 @@ from ..format.header import TensorHeader
 ENCODINGS = ("huffman", "palette", "auto")
 
 
-# Large outputs come from the C allocator rather than np.empty or a fresh mapping: NumPy
-# marks arrays >= 4 MiB MADV_HUGEPAGE, and with the common THP setting "defrag=madvise" a first
-# touch may then stall in direct compaction (decoding ~0.5 GB of matrices on one thread ran
-# at 0.17-0.64 GB/s with np.empty); a fresh anonymous mapping per array pays a page fault per
-# 4 KiB on every call instead (~0.5 ns per byte here, as much as the decode itself).  malloc
-# reuses freed blocks up to its dynamic mmap threshold, which is what bytes/bytearray outputs
-# (ZipNN's, for one) get too.
-_MALLOC_MIN_BYTES = 1 << 20
+# Outputs of 1 MiB and more come from _C.host_empty rather than np.empty: NumPy advises
+# MADV_HUGEPAGE on arrays >= 4 MiB, which can stall first touches in compaction, and the
+# first touch of fresh pages costs as much as decoding; host_alloc in csrc/cpu_codec.cpp has
+# the policy and the measurements.
+_HOST_MIN_BYTES = 1 << 20
 
 
-def empty(shape, dtype) -> np.ndarray:
-    """Uninitialized host array of `shape` and `dtype`; large ones come from malloc (freed
-    with the array)."""
+def empty(shape, dtype, threads: int = 1) -> np.ndarray:
+    """Uninitialized host array of `shape` and `dtype` (freed with the array); `threads`
+    share the pre-faulting of a large one."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes < _MALLOC_MIN_BYTES:
+    if nbytes < _HOST_MIN_BYTES:
         return np.empty(shape, dtype=dtype)
-    return _C.host_empty(nbytes).view(dtype).reshape(shape)
+    return _C.host_empty(nbytes, threads).view(dtype).reshape(shape)
 
 
 def default_threads() -> int:
@@ -114,7 +111,7 @@ def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DE
     if w.ndim != 2 or w.size == 0:
         raise ValueError(f"only non-empty 2-D tensors are encoded, got shape {w.shape}")
     rows, cols = w.shape
-    sm = empty((rows, cols), np.uint8)
+    sm = empty((rows, cols), np.uint8, threads)
     hist = np.zeros((C.HUFF_NUM_CTX, 256), dtype=np.int64)
     crc = _C.split_histogram(w, sm, hist, threads)
     palette = choose_palette(hist.sum(axis=0))
@@ -160,7 +157,7 @@ def _encode_palette(w, sm, palette, crc, R, C_, threads) -> Encoded:
     rows, cols = w.shape
     pmap = np.full(256, -1, dtype=np.int16)
     pmap[palette] = np.arange(len(palette), dtype=np.int16)
-    idx = empty((rows, (cols + 1) // 2), np.uint8)
+    idx = empty((rows, (cols + 1) // 2), np.uint8, threads)
     vpos, vexp = _C.palette_encode(w, pmap, idx, threads)
     nblocks = rows * -(-cols // C.PAL_BLOCK)
     hdr = TensorHeader(encoding=C.ENC_PALETTE, rows=rows, cols=cols, rows_per_group=R, cols_per_chunk=C_,
@@ -212,7 +209,7 @@ def decode(header: TensorHeader, planes: dict, threads: int | None = None, where
     """
     threads = threads or default_threads()
     check_planes(header, planes, where)
-    out = empty((header.rows, header.cols), np.uint16)
+    out = empty((header.rows, header.cols), np.uint16, threads)
     at = f" in {where}" if where else ""
     try:
         if header.encoding == C.ENC_HUFFMAN:
