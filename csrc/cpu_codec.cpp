@@ -256,7 +256,9 @@ void host_free(void* p, size_t n) {
 static inline uint32_t hkey(uint16_t w) { return (w >> 5) & 0x3FFu; }
 
 uint32_t split_histogram(const uint16_t* w, int64_t n, uint8_t* sm, int64_t* hist, int threads) {
-  const int parts = n < (1 << 20) ? 1 : std::max(1, threads);
+  // Split from 256K weights (384x1536 on 2 threads: +55% measured); at 147K the pool's
+  // hand-off cost about what it saved.
+  const int parts = n < (1 << 18) ? 1 : std::max(1, threads);
   std::vector<int64_t> local(static_cast<size_t>(parts) * 1024, 0);
   parallel_for(parts, threads, 1, [&](int64_t k) {
     int64_t b, e;
