@@ -47,20 +47,24 @@ PYBIND11_MODULE(_C, m) {
     need(nbytes >= 0, "negative size");
     const size_t n = static_cast<size_t>(nbytes);
     void* p;
+    size_t cap = 0;
     {
       py::gil_scoped_release nogil;
-      p = host_alloc(n, threads);
+      p = host_alloc(n, threads, &cap);
     }
     if (!p) throw std::bad_alloc();
-    struct Block { void* p; size_t n; };
-    py::capsule owner(new Block{p, n}, [](void* b) {
+    struct Block { void* p; size_t cap; };
+    py::capsule owner(new Block{p, cap}, [](void* b) {
       auto* blk = static_cast<Block*>(b);
-      host_free(blk->p, blk->n);
+      host_free(blk->p, blk->cap);
       delete blk;
     });
     return arr<uint8_t>({static_cast<py::ssize_t>(nbytes)}, {1}, static_cast<uint8_t*>(p), owner);
   }, py::arg("nbytes"), py::arg("threads") = 1,
      "Uninitialized uint8 [nbytes] host array (freed with the array); see host_alloc in cpu_codec.cpp.");
+
+  m.def("host_cache_clear", &host_cache_clear,
+        "Unmap the freed decode buffers kept for reuse; returns the bytes released.");
 
   m.def("crc32", [](arr<uint8_t> data, int threads) {
     const int64_t n = data.size();

@@ -14,10 +14,13 @@ uint32_t split_histogram(const uint16_t* w, int64_t n, uint8_t* sm, int64_t* his
 
 uint32_t crc32_parallel(const uint8_t* data, int64_t nbytes, int threads);
 
-// Uninitialized host buffer of n bytes for a decoded or split tensor, released with
-// host_free(p, n).  See cpu_codec.cpp for the policy (malloc, or pre-faulted pages).
-void* host_alloc(size_t n, int threads);
-void host_free(void* p, size_t n);
+// Uninitialized host buffer of at least n bytes for a decoded or split tensor; *cap receives
+// its capacity, which host_free(p, cap) needs back.  See cpu_codec.cpp for the policy (malloc,
+// or pre-faulted pages with a bounded cache of freed ones); host_cache_clear() unmaps the
+// cache and returns the bytes released.
+void* host_alloc(size_t n, int threads, size_t* cap);
+void host_free(void* p, size_t cap);
+size_t host_cache_clear();
 
 // Grid description shared by the Huffman functions.
 struct Grid {

@@ -206,6 +206,35 @@ def test_palette_decoder_rows_and_tails(cols, baseline):
         assert decode_reference(enc.planes[C.SUFFIX_HDR], enc.planes).tobytes() == w.tobytes()
 
 
+def test_freed_big_buffers_are_reused_and_released():
+    # Buffers from 4 MiB go back to a bounded cache when freed and serve the next request of
+    # the same size (no page touched); release_host_cache() unmaps them.
+    import os
+    tc.release_host_cache()
+    a = tc.empty((1024, 3000), np.uint16)
+    addr = a.ctypes.data
+    a[:] = 1
+    del a
+    b = tc.empty((1024, 3000), np.uint16)
+    assert b.ctypes.data == addr
+    del b
+    c = tc.empty((1024, 2900), np.uint16)  # a little smaller: the same buffer serves it
+    assert c.ctypes.data == addr
+    del c
+    assert tc.release_host_cache() >= 1024 * 3000 * 2
+    assert tc.release_host_cache() == 0
+    # Still usable in a forked child (the cache's lock is held across fork()).
+    d = tc.empty((1024, 3000), np.uint16)
+    del d
+    pid = os.fork()
+    if pid == 0:
+        e = tc.empty((1024, 3000), np.uint16)
+        e[:] = 3
+        os._exit(0 if int(e[-1, -1]) == 3 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+
+
 def test_auto_picks_the_smaller():
     w = _values("trained", (64, 256), 1)
     a = tc.encode(w, "auto", threads=1)

@@ -23,7 +23,7 @@ ENCODINGS = ("huffman", "palette", "auto")
 # Outputs of 1 MiB and more come from _C.host_empty rather than np.empty: NumPy advises
 # MADV_HUGEPAGE on arrays >= 4 MiB, which can stall first touches in compaction, and the
 # first touch of fresh pages costs as much as decoding; host_alloc in csrc/cpu_codec.cpp has
-# the policy and the measurements.
+# the policy (pre-faulted pages, a bounded cache of freed buffers) and the measurements.
 _HOST_MIN_BYTES = 1 << 20
 
 
@@ -35,6 +35,12 @@ def empty(shape, dtype, threads: int = 1) -> np.ndarray:
     if nbytes < _HOST_MIN_BYTES:
         return np.empty(shape, dtype=dtype)
     return _C.host_empty(nbytes, threads).view(dtype).reshape(shape)
+
+
+def release_host_cache() -> int:
+    """Unmap the freed decode buffers the codec keeps for reuse (at most 128 MiB); returns the
+    bytes released."""
+    return int(_C.host_cache_clear())
 
 
 def default_threads() -> int:
