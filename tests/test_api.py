@@ -137,6 +137,25 @@ def test_disk_full_leaves_nothing(tiny_model, tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["src"]
 
 
+def test_disk_full_during_decompress_leaves_nothing(tiny_model, tmp_path, monkeypatch):
+    # Decompress writes shards header-first (planned sizes); a failure mid-write must still
+    # leave no output and no temporary file behind.
+    from unweight.format import safetensors_io
+    unweight.compress(tiny_model[0], str(tmp_path / "c"), progress=False)
+    real_add = safetensors_io.ShardWriter.add
+    calls = {"n": 0}
+
+    def full_later(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_add(self, *a, **k)
+    monkeypatch.setattr(safetensors_io.ShardWriter, "add", full_later)
+    with pytest.raises(InputError, match="no space left"):
+        unweight.decompress(str(tmp_path / "c"), str(tmp_path / "d"), progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["c", "src"]
+
+
 def _corrupt_copy(tmp_path, src, mutate):
     import shutil
     out = tmp_path / "bad"
