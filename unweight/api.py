@@ -354,19 +354,21 @@ def decompress(src: str, dst: str, *, overwrite: bool = False, jobs: int | None 
     ck = CompressedCheckpoint(src)
     n_out = 0
     with _staged_output(dst, overwrite) as tmp:
+        order = ck.tensor_order()
+        headers = {base: ck.header(base) for base in order if base in ck.encoded}
         plan = []
-        for base in ck.tensor_order():
-            if base in ck.encoded:
-                h = ck.header(base)
+        for base in order:
+            if base in headers:
+                h = headers[base]
                 plan.append([(base, "BF16", (h.rows, h.cols), h.rows * h.cols * 2)])
             else:
                 dt, shape, b, e = ck.info(base)
                 plan.append([(base, dt, shape, e - b)])
         shards = _ShardSet(tmp, parse_size(max_shard_size), {"format": "pt"}, False, plan)
         try:
-            for base in ck.tensor_order():
-                if base in ck.encoded:
-                    h = ck.header(base)
+            for base in order:
+                if base in headers:
+                    h = headers[base]
                     w = tc.decode(h, ck.planes(base), jobs, where=ck.location(base), verify=True)
                     shards.add_group([(base, "BF16", w.shape, w)])
                     ck.release_encoded(base)

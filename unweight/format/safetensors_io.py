@@ -127,6 +127,7 @@ class ShardWriter:
         self._entries = {}
         self._pos = 0
         self._plan = None
+        self._added = 0  # tensors written so far (plan mode checks them in order)
         if plan is None:
             self._data_path = path + ".data.tmp"
             self._data = open(self._data_path, "wb")
@@ -151,25 +152,25 @@ class ShardWriter:
 
     def add(self, name: str, dtype: str, shape, data: np.ndarray):
         buf = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        dims = [int(s) for s in shape]
         if self._plan is not None:
-            k = self._added = getattr(self, "_added", 0)
-            if k >= len(self._plan) or self._plan[k][0] != name or self._plan[k][1] != dtype or \
-                    self._plan[k][2] != [int(x) for x in shape] or self._plan[k][3] != buf.nbytes:
+            k = self._added
+            if k >= len(self._plan) or self._plan[k] != (name, dtype, dims, buf.nbytes):
                 raise ValueError(f"tensor {name!r} does not match the shard plan")
-            self._added = k + 1
         elif name in self._entries:
             raise ValueError(f"duplicate tensor name {name!r}")
         self._data.write(memoryview(buf))
         if self._plan is None:
-            self._entries[name] = {"dtype": dtype, "shape": [int(s) for s in shape],
+            self._entries[name] = {"dtype": dtype, "shape": dims,
                                    "data_offsets": [self._pos, self._pos + buf.nbytes]}
+        self._added += 1
         self._pos += buf.nbytes
 
     def close(self) -> int:
         """Finish the file (flushed to disk) and return its size in bytes."""
         if self._plan is not None:
-            if getattr(self, "_added", 0) != len(self._plan):
-                raise ValueError(f"{self.path}: {len(self._plan) - getattr(self, '_added', 0)} planned tensors never written")
+            if self._added != len(self._plan):
+                raise ValueError(f"{self.path}: {len(self._plan) - self._added} planned tensors never written")
             self._data.flush()
             os.fsync(self._data.fileno())
             self._data.close()
