@@ -693,6 +693,21 @@ __attribute__((target("avx2"))) inline void merge8_avx2(const uint8_t* sp, const
   w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(e, 1), _mm256_set1_epi32(0x7F800000)));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), w);
 }
+// The same with a non-temporal store, for outputs too big to stay in cache: the line is
+// written without being read first (no read-for-ownership) and without evicting the table
+// and scratch rows.  `o` must be 32-byte aligned.
+__attribute__((target("avx2"))) inline void merge8_avx2_nt(const uint8_t* sp, const uint32_t* ent, int step,
+                                                                       uint16_t* o) {
+  const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp)));
+  const __m256i e = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ent))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(ent + step)), 1);
+  __m256i w = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x00800080)), 8),
+                              _mm256_and_si256(x, _mm256_set1_epi32(0x007F007F)));
+  w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(e, 9), _mm256_set1_epi32(0x7F80)));
+  w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(e, 1), _mm256_set1_epi32(0x7F800000)));
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(o), w);
+}
 #endif
 
 // Decodes W same-shaped segments: rows x cols weights each, segment j's sign+mantissa rows at
@@ -785,11 +800,19 @@ __attribute__((always_inline)) inline bool decode_ways_body(
       }
       int g = 0;
 #if defined(UW_HAVE_AVX2_PATH)
-      if constexpr (kAvx2)
-        for (; g + 2 <= ngroups; g += 2) {
-          if (pf_next && (g & 3) == 0) __builtin_prefetch(o + out_stride + g * 2 * G, 1, 2);
-          merge8_avx2(sp + g * 2 * G, s.ent.data() + (g * W + j) * G, W * G, o + g * 2 * G);
+      if constexpr (kAvx2) {
+        if (prefetch && (reinterpret_cast<uintptr_t>(o) & 31) == 0) {
+          // Big output: streaming stores, +8-11% over prefetched plain stores on 14336 x
+          // 4096, one or two threads, also when a crc32 pass reads the output right after.
+          for (; g + 2 <= ngroups; g += 2)
+            merge8_avx2_nt(sp + g * 2 * G, s.ent.data() + (g * W + j) * G, W * G, o + g * 2 * G);
+        } else {
+          for (; g + 2 <= ngroups; g += 2) {
+            if (pf_next && (g & 3) == 0) __builtin_prefetch(o + out_stride + g * 2 * G, 1, 2);
+            merge8_avx2(sp + g * 2 * G, s.ent.data() + (g * W + j) * G, W * G, o + g * 2 * G);
+          }
         }
+      }
 #endif
       for (; g < ngroups; ++g) {
         if (pf_next && (g & 3) == 0) __builtin_prefetch(o + out_stride + g * 2 * G, 1, 2);
@@ -797,6 +820,11 @@ __attribute__((always_inline)) inline bool decode_ways_body(
       }
     }
   }
+#if defined(UW_HAVE_AVX2_PATH)
+  if constexpr (kAvx2) {
+    if (prefetch) _mm_sfence();  // streaming stores are weakly ordered: drain before returning
+  }
+#endif
 #pragma GCC unroll 8
   for (int j = 0; j < W; ++j) used[j] = br[j].consumed(starts[j]);
   return bad == 0;

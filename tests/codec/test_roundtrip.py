@@ -174,6 +174,28 @@ def test_fast_decoder_ways_groups_and_tails(cols, n_groups, baseline):
         assert decode_reference(enc.planes[C.SUFFIX_HDR], enc.planes).tobytes() == w.tobytes()
 
 
+@pytest.mark.parametrize("cols", [2048, 2049])
+@pytest.mark.parametrize("baseline", [False, True], ids=["dispatch", "baseline"])
+def test_huffman_decoder_big_output(cols, baseline):
+    # From 16 MB of output the decoder prefetches the next row and, where a row starts on a
+    # 32-byte boundary, writes it with streaming stores; an odd width puts rows on and off the
+    # boundary in turn.  A row range decodes into a buffer of its own (plain stores).
+    rng = np.random.default_rng(cols)
+    rows = (16 << 20) // (2 * cols) + 70
+    f = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).view(np.uint32)
+    w = ((f + 0x7FFF + ((f >> 16) & 1)) >> 16).astype(np.uint16)
+    w[rng.integers(0, rows, 50), rng.integers(0, cols, 50)] = 0x7FC1  # NaN payloads: long codes
+    enc = tc.encode(w, "huffman", threads=2)
+    _C._force_baseline_cpu(baseline)
+    try:
+        for threads in (1, 2):
+            assert tc.decode(enc.header, enc.planes, threads=threads).tobytes() == w.tobytes()
+        rows_sel = np.array([0, 1, rows // 2, rows - 1])
+        assert tc.decode_rows(enc.header, enc.planes, rows_sel).tobytes() == w[rows_sel].tobytes()
+    finally:
+        _C._force_baseline_cpu(False)
+
+
 @pytest.mark.parametrize("cols", [1, 31, 32, 33, 64, 95, 130])
 @pytest.mark.parametrize("baseline", [False, True], ids=["dispatch", "baseline"])
 def test_palette_decoder_rows_and_tails(cols, baseline):
