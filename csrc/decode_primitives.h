@@ -42,12 +42,11 @@ UW_HD uint32_t lut_sym(uint16_t entry) { return entry >> 4; }
 
 // Canonical code assignment (FORMAT.md "Canonical code"): symbols sorted by (length, value);
 // the first gets all-zero bits, each next one is previous + 1, shifted left when the length
-// grows.  Fills `lut` (LUT_SIZE entries) for one context from its code lengths
-// `lengths[0..n)` of symbols lo..lo+n-1.  Returns false when the lengths do not form a valid
-// code: a length above the limit, an over-full code (Kraft sum > 1), or an incomplete code
-// with more than one symbol.  `codes`, if given, receives each symbol's code (for encoders).
-UW_HD bool build_lut(const uint8_t* lengths, int n, int lo, uint16_t* lut, uint16_t* codes) {
-  for (uint32_t i = 0; i < LUT_SIZE; ++i) lut[i] = 0;
+// grows.  From the code lengths `lengths[0..n)` of symbols lo..lo+n-1 of one context, writes
+// each used symbol's code to codes[i] (unused symbols are left alone).  Returns false when
+// the lengths do not form a valid code: a length above the limit, an over-full code (Kraft
+// sum > 1), or an incomplete code with more than one symbol.
+UW_HD bool canonical_codes(const uint8_t* lengths, int n, uint16_t* codes) {
   uint32_t count[HUFF_MAX_CODE_LEN + 1];
   for (int l = 0; l <= HUFF_MAX_CODE_LEN; ++l) count[l] = 0;
   int used = 0;
@@ -73,14 +72,30 @@ UW_HD bool build_lut(const uint8_t* lengths, int n, int lo, uint16_t* lut, uint1
     code = (code + count[l - 1]) << 1;
     next[l] = code;
   }
+  for (int i = 0; i < n; ++i)
+    if (lengths[i]) codes[i] = static_cast<uint16_t>(next[lengths[i]]++);
+  return true;
+}
+
+// Decode table entry of symbol lo+i: [15:4] symbol, [3:0] code length.
+UW_HD uint16_t lut_entry(int sym, uint32_t len) { return static_cast<uint16_t>((static_cast<uint32_t>(sym) << 4) | len); }
+
+// The full decode table of one context: fills `lut` (LUT_SIZE entries) from the code lengths
+// (see canonical_codes; same failures).  Every index whose first bits are a symbol's code
+// holds that symbol's entry; code space no symbol owns (only a one-symbol context has any)
+// holds 0.  `codes`, if given, receives each symbol's code (for encoders).
+UW_HD bool build_lut(const uint8_t* lengths, int n, int lo, uint16_t* lut, uint16_t* codes) {
+  uint16_t local[256];
+  uint16_t* c = codes ? codes : local;
+  if (n > 256) return false;
+  for (uint32_t i = 0; i < LUT_SIZE; ++i) lut[i] = 0;
+  if (!canonical_codes(lengths, n, c)) return false;
   for (int i = 0; i < n; ++i) {
     const uint32_t l = lengths[i];
     if (!l) continue;
-    const uint32_t c = next[l]++;
-    if (codes) codes[i] = static_cast<uint16_t>(c);
-    const uint32_t first = c << (HUFF_MAX_CODE_LEN - l);
+    const uint32_t first = static_cast<uint32_t>(c[i]) << (HUFF_MAX_CODE_LEN - l);
     const uint32_t span = 1u << (HUFF_MAX_CODE_LEN - l);
-    const uint16_t entry = static_cast<uint16_t>(((lo + i) << 4) | l);
+    const uint16_t entry = lut_entry(lo + i, l);
     for (uint32_t j = 0; j < span; ++j) lut[first + j] = entry;
   }
   return true;
