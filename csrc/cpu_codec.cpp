@@ -681,6 +681,10 @@ __attribute__((target("avx2"))) inline void pair_rows8_avx2(const uint8_t* sp, c
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(rp), lo);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(rp + step), hi);
 }
+// kStream: a non-temporal store, for outputs too big to stay in cache: the line is written
+// without being read first (no read-for-ownership) and without evicting the table and
+// scratch rows; `o` must then be 32-byte aligned.
+template <bool kStream = false>
 __attribute__((target("avx2"))) inline void merge8_avx2(const uint8_t* sp, const uint32_t* ent, int step,
                                                                        uint16_t* o) {
   const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp)));
@@ -691,22 +695,10 @@ __attribute__((target("avx2"))) inline void merge8_avx2(const uint8_t* sp, const
                               _mm256_and_si256(x, _mm256_set1_epi32(0x007F007F)));
   w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(e, 9), _mm256_set1_epi32(0x7F80)));
   w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(e, 1), _mm256_set1_epi32(0x7F800000)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), w);
-}
-// The same with a non-temporal store, for outputs too big to stay in cache: the line is
-// written without being read first (no read-for-ownership) and without evicting the table
-// and scratch rows.  `o` must be 32-byte aligned.
-__attribute__((target("avx2"))) inline void merge8_avx2_nt(const uint8_t* sp, const uint32_t* ent, int step,
-                                                                       uint16_t* o) {
-  const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp)));
-  const __m256i e = _mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ent))),
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(ent + step)), 1);
-  __m256i w = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x00800080)), 8),
-                              _mm256_and_si256(x, _mm256_set1_epi32(0x007F007F)));
-  w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(e, 9), _mm256_set1_epi32(0x7F80)));
-  w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(e, 1), _mm256_set1_epi32(0x7F800000)));
-  _mm256_stream_si256(reinterpret_cast<__m256i*>(o), w);
+  if constexpr (kStream)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(o), w);
+  else
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), w);
 }
 #endif
 
@@ -747,6 +739,13 @@ __attribute__((always_inline)) inline bool decode_ways_body(
   for (int r = 0; r < rows; ++r) {
     const uint8_t* srow = sm + r * sm_stride;
     const bool pf_next = prefetch && r + 1 < rows;
+    // The next row's sign+mantissa line of each way under group g: one 64-byte line every
+    // 8 groups (64 weights), issued from the table-row pass.
+    auto prefetch_sm = [&](int g) {
+      if (pf_next && (g & 7) == 0)
+#pragma GCC unroll 8
+        for (int j = 0; j < W; ++j) __builtin_prefetch(srow + sm_stride + j * sm_seg + g * 2 * G, 0, 2);
+    };
     const uint32_t** rowp = s.rowp.data();
     uint32_t* ent = s.ent.data();
     {
@@ -754,18 +753,14 @@ __attribute__((always_inline)) inline bool decode_ways_body(
 #if defined(UW_HAVE_AVX2_PATH)
       if constexpr (kAvx2)
         for (; g + 2 <= ngroups; g += 2) {
-          if (pf_next && (g & 7) == 0)  // one 64-byte line per way every 4 steps
-#pragma GCC unroll 8
-            for (int j = 0; j < W; ++j) __builtin_prefetch(srow + sm_stride + j * sm_seg + g * 2 * G, 0, 2);
+          prefetch_sm(g);
 #pragma GCC unroll 8
           for (int j = 0; j < W; ++j)
             pair_rows8_avx2(srow + j * sm_seg + g * 2 * G, PP, rowp + (g * W + j) * G, W * G);
         }
 #endif
       for (; g < ngroups; ++g) {
-        if (pf_next && (g & 7) == 0)
-#pragma GCC unroll 8
-          for (int j = 0; j < W; ++j) __builtin_prefetch(srow + sm_stride + j * sm_seg + g * 2 * G, 0, 2);
+        prefetch_sm(g);
 #pragma GCC unroll 8
         for (int j = 0; j < W; ++j) pair_rows4(srow + j * sm_seg + g * 2 * G, PP, rowp + (g * W + j) * G);
       }
@@ -794,6 +789,10 @@ __attribute__((always_inline)) inline bool decode_ways_body(
     for (int j = 0; j < W; ++j) {
       const uint8_t* sp = srow + j * sm_seg;
       uint16_t* o = out + j * out_seg + r * out_stride;
+      // The next row's output line under group g: one 64-byte line every 4 groups.
+      auto prefetch_out = [&](int g) {
+        if (pf_next && (g & 3) == 0) __builtin_prefetch(o + out_stride + g * 2 * G, 1, 2);
+      };
       for (int k = tail0; k < cols; ++k) {
         br[j].refill(lim, stream_end);
         o[k] = bf16_from_parts(sp[k], single(br[j], sp[k]));
@@ -805,17 +804,17 @@ __attribute__((always_inline)) inline bool decode_ways_body(
           // Big output: streaming stores, +8-11% over prefetched plain stores on 14336 x
           // 4096, one or two threads, also when a crc32 pass reads the output right after.
           for (; g + 2 <= ngroups; g += 2)
-            merge8_avx2_nt(sp + g * 2 * G, s.ent.data() + (g * W + j) * G, W * G, o + g * 2 * G);
+            merge8_avx2<true>(sp + g * 2 * G, s.ent.data() + (g * W + j) * G, W * G, o + g * 2 * G);
         } else {
           for (; g + 2 <= ngroups; g += 2) {
-            if (pf_next && (g & 3) == 0) __builtin_prefetch(o + out_stride + g * 2 * G, 1, 2);
+            prefetch_out(g);
             merge8_avx2(sp + g * 2 * G, s.ent.data() + (g * W + j) * G, W * G, o + g * 2 * G);
           }
         }
       }
 #endif
       for (; g < ngroups; ++g) {
-        if (pf_next && (g & 3) == 0) __builtin_prefetch(o + out_stride + g * 2 * G, 1, 2);
+        prefetch_out(g);
         merge4(sp + g * 2 * G, s.ent.data() + (g * W + j) * G, o + g * 2 * G);
       }
     }

@@ -77,7 +77,7 @@ UW_HD bool canonical_codes(const uint8_t* lengths, int n, uint16_t* codes) {
   return true;
 }
 
-// Decode table entry of symbol lo+i: [15:4] symbol, [3:0] code length.
+// Decode table entry of a symbol (exponent) whose code is `len` bits: [15:4] symbol, [3:0] length.
 UW_HD uint16_t lut_entry(int sym, uint32_t len) { return static_cast<uint16_t>((static_cast<uint32_t>(sym) << 4) | len); }
 
 // The full decode table of one context: fills `lut` (LUT_SIZE entries) from the code lengths
@@ -134,8 +134,8 @@ UW_HD uint32_t pal_nibble(const uint8_t* idx_row, int64_t col) {
 namespace unweight {
 
 // Tops a BitReader's window up to > 56 bits a byte at a time, never dereferencing at or past
-// `limit`: zero bits are shifted in instead.  A GPU thread decoding a corrupt segment whose symbols claim more bits than the
-// segment has would otherwise read past the end of the stream allocation and take the whole
+// `limit`: zero bits are shifted in instead.  A GPU thread decoding a corrupt segment whose
+// symbols claim more bits than the segment has would otherwise read past the end of the stream allocation and take the whole
 // CUDA context down with an illegal-address fault; with the bound, it reads zeros, and the
 // length check after the segment (consumed bits vs. byte length) reports the corruption.
 UW_HD void refill_bounded(BitReader& br, const uint8_t* limit) {
