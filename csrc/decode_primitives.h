@@ -135,9 +135,10 @@ namespace unweight {
 
 // Tops a BitReader's window up to > 56 bits a byte at a time, never dereferencing at or past
 // `limit`: zero bits are shifted in instead.  A GPU thread decoding a corrupt segment whose
-// symbols claim more bits than the segment has would otherwise read past the end of the stream allocation and take the whole
-// CUDA context down with an illegal-address fault; with the bound, it reads zeros, and the
-// length check after the segment (consumed bits vs. byte length) reports the corruption.
+// symbols claim more bits than the segment has would otherwise read past the end of the
+// stream allocation and take the whole CUDA context down with an illegal-address fault; with
+// the bound, it reads zeros, and the length check after the segment (consumed bits vs. byte
+// length) reports the corruption.
 UW_HD void refill_bounded(BitReader& br, const uint8_t* limit) {
   while (br.nbits <= 56) {
     const uint8_t b = br.p < limit ? *br.p : static_cast<uint8_t>(0);
