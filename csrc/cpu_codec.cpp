@@ -567,8 +567,9 @@ namespace {
 //  * the bit reader keeps a sentinel 1 bit at the bottom of its 64-bit window: consuming a
 //    code is a single shift, and the bits consumed since the last load are the window's
 //    trailing-zero count, so no bit counter is updated per code;
-//  * pair entries are stored raw and the exponents are pulled out of them in a separate
-//    vectorizable pass that also assembles the BF16 words.
+//  * a pair entry holds both exponents already at their place in two BF16 words, so the
+//    separate vectorizable pass that assembles the words only masks it; the serial loop
+//    writes each entry over the table-row pointer it came from (one array, one register).
 // ---------------------------------------------------------------------------------------
 constexpr int DEC_WAYS = 4;
 constexpr int PAIRS_PER_REFILL = 4;  // fast pairs use <= FAST_BITS bits each
@@ -597,6 +598,7 @@ inline uint64_t load_be64(const uint8_t* p, const uint8_t* lim, const uint8_t* e
 // 7 + PAIRS_PER_REFILL * FAST_BITS; a slow pair, which refills first and peeks 12 bits per
 // code, followed by the rest of its group's fast pairs: 7 + 2 * 12 + (PAIRS_PER_REFILL - 1) *
 // FAST_BITS.  Both are checked below.
+static_assert(FAST_BITS <= 15, "a pair entry keeps its length in bits [3:0], under the first exponent");
 static_assert(7 + PAIRS_PER_REFILL * FAST_BITS <= 63, "fast group overruns the window");
 static_assert(7 + 2 * HUFF_MAX_CODE_LEN + (PAIRS_PER_REFILL - 1) * FAST_BITS <= 63, "slow pair overruns the window");
 struct SentinelReader {
@@ -617,14 +619,15 @@ struct SentinelReader {
 };
 
 struct DecodeScratch {
-  std::vector<const uint32_t*> rowp;  // per pair: its pair-table row, layout [group][way][pair]
-  std::vector<uint32_t> ent;          // per pair: raw pair entry, same layout
+  // Per pair, layout [group][way][pair]: its pair-table row (a pointer), overwritten by the
+  // serial loop with the pair's raw entry, so one register walks both.
+  std::vector<uint64_t> slot;
 };
 
 // The per-row passes around the serial loop, on 4 pairs (8 weights) of one way at a time:
 // table rows from the sign+mantissa bytes, and BF16 words from sign+mantissa and entries.
 // SSE2 is part of every x86-64, so these need no run-time dispatch.
-inline void pair_rows4(const uint8_t* sp, const uint32_t* PP, const uint32_t** rp) {
+inline void pair_rows4(const uint8_t* sp, const uint32_t* PP, uint64_t* rp) {
 #if defined(__SSE2__)
   uint64_t b8;
   std::memcpy(&b8, sp, 8);
@@ -640,28 +643,28 @@ inline void pair_rows4(const uint8_t* sp, const uint32_t* PP, const uint32_t** r
   _mm_storeu_si128(reinterpret_cast<__m128i*>(rp), _mm_add_epi64(lo, base));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(rp + 2), _mm_add_epi64(hi, base));
 #else
-  for (int t = 0; t < 4; ++t) rp[t] = PP + ((ctx_of(sp[2 * t]) | (ctx_of(sp[2 * t + 1]) << 2)) << FAST_BITS);
+  for (int t = 0; t < 4; ++t) rp[t] = reinterpret_cast<uintptr_t>(PP + ((ctx_of(sp[2 * t]) | (ctx_of(sp[2 * t + 1]) << 2)) << FAST_BITS));
 #endif
 }
 
-// Entry bits [23:16] = first exponent, [31:24] = second: as 32-bit lanes holding two BF16
-// words, (entry >> 9) & 0x7F80 puts the first at bits [14:7] and (entry >> 1) & 0x7F800000
-// the second at [30:23]; the sign+mantissa bytes, zero-extended to 16 bits, fill the rest.
-inline void merge4(const uint8_t* sp, const uint32_t* ent, uint16_t* o) {
+// A pair entry, read as two 16-bit words, has each weight's exponent at bits [14:7] of its
+// word (the code length sits in bits [3:0] of the first and is masked off); a sign+mantissa
+// byte s becomes (s | s << 8) & 0x807F.  Entries sit in the low half of each 8-byte slot.
+inline void merge4(const uint8_t* sp, const uint64_t* ent, uint16_t* o) {
 #if defined(__SSE2__)
   uint64_t b8;
   std::memcpy(&b8, sp, 8);
   const __m128i x = _mm_unpacklo_epi8(_mm_cvtsi64_si128(static_cast<long long>(b8)), _mm_setzero_si128());
-  const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ent));
-  __m128i w = _mm_or_si128(_mm_slli_epi32(_mm_and_si128(x, _mm_set1_epi32(0x00800080)), 8),
-                           _mm_and_si128(x, _mm_set1_epi32(0x007F007F)));
-  w = _mm_or_si128(w, _mm_and_si128(_mm_srli_epi32(e, 9), _mm_set1_epi32(0x7F80)));
-  w = _mm_or_si128(w, _mm_and_si128(_mm_srli_epi32(e, 1), _mm_set1_epi32(0x7F800000)));
+  const __m128i e = _mm_castps_si128(_mm_shuffle_ps(_mm_castsi128_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ent))),
+                                                     _mm_castsi128_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ent + 2))),
+                                                     _MM_SHUFFLE(2, 0, 2, 0)));
+  const __m128i w = _mm_or_si128(_mm_and_si128(_mm_or_si128(x, _mm_slli_epi16(x, 8)), _mm_set1_epi16(static_cast<short>(0x807F))),
+                                 _mm_and_si128(e, _mm_set1_epi16(0x7F80)));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(o), w);
 #else
   for (int t = 0; t < 4; ++t) {
-    o[2 * t] = bf16_from_parts(sp[2 * t], (ent[t] >> 16) & 0xFF);
-    o[2 * t + 1] = bf16_from_parts(sp[2 * t + 1], ent[t] >> 24);
+    o[2 * t] = bf16_from_parts(sp[2 * t], (ent[t] >> 7) & 0xFF);
+    o[2 * t + 1] = bf16_from_parts(sp[2 * t + 1], (ent[t] >> 23) & 0xFF);
   }
 #endif
 }
@@ -671,7 +674,7 @@ inline void merge4(const uint8_t* sp, const uint32_t* ent, uint16_t* o) {
 // AVX2 forms of pair_rows4 / merge4 on two groups (8 pairs) of one way; `step` is the
 // distance in pairs between the two groups' entries in the [group][way][pair] layout.
 __attribute__((target("avx2"))) inline void pair_rows8_avx2(const uint8_t* sp, const uint32_t* PP,
-                                                                           const uint32_t** rp, int step) {
+                                                                           uint64_t* rp, int step) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp));  // 8 pairs
   const __m128i c = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 5), _mm_set1_epi16(0x3)),
                                  _mm_and_si128(_mm_srli_epi16(v, 11), _mm_set1_epi16(0xC)));
@@ -685,16 +688,18 @@ __attribute__((target("avx2"))) inline void pair_rows8_avx2(const uint8_t* sp, c
 // without being read first (no read-for-ownership) and without evicting the table and
 // scratch rows; `o` must then be 32-byte aligned.
 template <bool kStream = false>
-__attribute__((target("avx2"))) inline void merge8_avx2(const uint8_t* sp, const uint32_t* ent, int step,
+__attribute__((target("avx2"))) inline void merge8_avx2(const uint8_t* sp, const uint64_t* ent, int step,
                                                                        uint16_t* o) {
   const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp)));
-  const __m256i e = _mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ent))),
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(ent + step)), 1);
-  __m256i w = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x00800080)), 8),
-                              _mm256_and_si256(x, _mm256_set1_epi32(0x007F007F)));
-  w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(e, 9), _mm256_set1_epi32(0x7F80)));
-  w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(e, 1), _mm256_set1_epi32(0x7F800000)));
+  // The low halves of 4 + 4 slots: lanes 0,2,4,6 of each load, then the two 128-bit halves.
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ent));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ent + step));
+  const __m256i e = _mm256_permute4x64_epi64(
+      _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), _MM_SHUFFLE(2, 0, 2, 0))),
+      _MM_SHUFFLE(3, 1, 2, 0));
+  const __m256i w = _mm256_or_si256(
+      _mm256_and_si256(_mm256_or_si256(x, _mm256_slli_epi16(x, 8)), _mm256_set1_epi16(static_cast<short>(0x807F))),
+      _mm256_and_si256(e, _mm256_set1_epi16(0x7F80)));
   if constexpr (kStream)
     _mm256_stream_si256(reinterpret_cast<__m256i*>(o), w);
   else
@@ -719,9 +724,14 @@ __attribute__((always_inline)) inline bool decode_ways_body(
   for (int j = 0; j < W; ++j) br[j].start(starts[j], lim, stream_end);
   const int ngroups = cols / (2 * G);
   const int tail0 = ngroups * 2 * G;  // first weight decoded one code at a time
-  s.rowp.resize(static_cast<size_t>(ngroups) * W * G + 1);
-  s.ent.resize(static_cast<size_t>(ngroups) * W * G + 1);
+  s.slot.resize(static_cast<size_t>(ngroups) * W * G + 1);
   uint32_t bad = 0;
+  // The peek shift as a run-time value: with BMI2 it becomes one shrx, where a constant
+  // shift is a register copy and a shr (one more uop per pair in a loop bound by uops).
+  unsigned peek_sh = 64 - FAST_BITS;
+#if defined(__GNUC__)
+  asm("" : "+r"(peek_sh));
+#endif
   // One code from the full table: the tail of a row, and pairs the pair table leaves out.
   // Codes up to FAST_BITS long come from the small per-context table F, so the rare slow
   // pair does not pull the 32 KB full table L into L1 over the pair table.
@@ -746,8 +756,7 @@ __attribute__((always_inline)) inline bool decode_ways_body(
 #pragma GCC unroll 8
         for (int j = 0; j < W; ++j) __builtin_prefetch(srow + sm_stride + j * sm_seg + g * 2 * G, 0, 2);
     };
-    const uint32_t** rowp = s.rowp.data();
-    uint32_t* ent = s.ent.data();
+    uint64_t* rowp = s.slot.data();
     {
       int g = 0;
 #if defined(UW_HAVE_AVX2_PATH)
@@ -765,23 +774,23 @@ __attribute__((always_inline)) inline bool decode_ways_body(
         for (int j = 0; j < W; ++j) pair_rows4(srow + j * sm_seg + g * 2 * G, PP, rowp + (g * W + j) * G);
       }
     }
-    for (int g = 0; g < ngroups; ++g, rowp += W * G, ent += W * G) {
+    for (int g = 0; g < ngroups; ++g, rowp += W * G) {
 #pragma GCC unroll 8
       for (int j = 0; j < W; ++j) br[j].refill(lim, stream_end);
 #pragma GCC unroll 4
       for (int t = 0; t < G; ++t)
 #pragma GCC unroll 8
         for (int j = 0; j < W; ++j) {
-          const uint32_t e = rowp[j * G + t][br[j].win >> (64 - FAST_BITS)];
+          const uint32_t e = reinterpret_cast<const uint32_t*>(rowp[j * G + t])[br[j].win >> peek_sh];
           if (__builtin_expect(e != 0, 1)) {
             br[j].win <<= (e & 63u);  // the length sits in the low bits: one shift
-            ent[j * G + t] = e;
+            rowp[j * G + t] = e;
           } else {
             br[j].refill(lim, stream_end);
             const uint8_t* sp = srow + j * sm_seg + g * 2 * G + 2 * t;
             const uint32_t e0 = single(br[j], sp[0]);
             const uint32_t e1 = single(br[j], sp[1]);
-            ent[j * G + t] = (e0 << 16) | (e1 << 24);
+            rowp[j * G + t] = (e0 << 7) | (e1 << 23);
           }
         }
     }
@@ -804,18 +813,18 @@ __attribute__((always_inline)) inline bool decode_ways_body(
           // Big output: streaming stores, +8-11% over prefetched plain stores on 14336 x
           // 4096, one or two threads, also when a crc32 pass reads the output right after.
           for (; g + 2 <= ngroups; g += 2)
-            merge8_avx2<true>(sp + g * 2 * G, s.ent.data() + (g * W + j) * G, W * G, o + g * 2 * G);
+            merge8_avx2<true>(sp + g * 2 * G, s.slot.data() + (g * W + j) * G, W * G, o + g * 2 * G);
         } else {
           for (; g + 2 <= ngroups; g += 2) {
             prefetch_out(g);
-            merge8_avx2(sp + g * 2 * G, s.ent.data() + (g * W + j) * G, W * G, o + g * 2 * G);
+            merge8_avx2(sp + g * 2 * G, s.slot.data() + (g * W + j) * G, W * G, o + g * 2 * G);
           }
         }
       }
 #endif
       for (; g < ngroups; ++g) {
         prefetch_out(g);
-        merge4(sp + g * 2 * G, s.ent.data() + (g * W + j) * G, o + g * 2 * G);
+        merge4(sp + g * 2 * G, s.slot.data() + (g * W + j) * G, o + g * 2 * G);
       }
     }
   }
@@ -939,7 +948,8 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
     }
   // Pair table: for the contexts of two neighbouring weights and the next FAST_BITS bits,
   // both exponents when both codes fit in those bits (most pairs: codes average ~2.6 bits).
-  // Entry [31:16] exp0 | exp1 << 8, [7:0] total length; 0 sends the pair to the slow path.
+  // Entry: exp0 << 7 | exp1 << 23 | total length (bits [3:0], <= FAST_BITS), i.e. the
+  // exponent fields of two BF16 words; 0 sends the pair to the slow path.
   std::vector<uint32_t> pair(static_cast<size_t>(HUFF_NUM_CTX * HUFF_NUM_CTX) << FAST_BITS, 0);
   for (uint32_t c0x = 0; c0x < HUFF_NUM_CTX; ++c0x)
     for (uint32_t c1x = 0; c1x < HUFF_NUM_CTX; ++c1x) {
@@ -949,7 +959,7 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
           const uint32_t l = a.len + b.len;
           if (l > FAST_BITS) continue;
           const uint32_t first = (a.bits << (FAST_BITS - a.len)) | (b.bits << (FAST_BITS - l));
-          std::fill(row + first, row + first + (1u << (FAST_BITS - l)), (a.sym << 16) | (b.sym << 24) | l);
+          std::fill(row + first, row + first + (1u << (FAST_BITS - l)), (a.sym << 7) | (b.sym << 23) | l);
         }
     }
   const int64_t ng = g.n_groups();

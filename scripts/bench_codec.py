@@ -162,6 +162,12 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok):
                                    "best_decompress_gbps": enc_bytes / best["z_d"] / 1e9,
                                    "tensor_ratio": sum(len(c) for c in zcomp) / enc_bytes,
                                    "checkpoint_ratio": zbytes / raw_bytes}
+            # Within one repeat the two ran back to back, so the ratio of their times there is
+            # what a load change between repeats (this VM's steal time) disturbs least; the
+            # median of these per-repeat ratios is reported beside the ratio of the medians.
+            res[f"paired_speed_ratio_t{th}"] = {
+                "compress": statistics.median(z / u for z, u in zip(times["z_c"], times["huffman_c"])),
+                "decompress": statistics.median(z / u for z, u in zip(times["z_d"], times["huffman_d"]))}
         res[f"raw_seconds_t{th}"] = times
     # End-to-end CLI: files in, files out, and the child's peak RSS.
     with tempfile.TemporaryDirectory() as td:
@@ -234,6 +240,12 @@ def main():
             h, z = r[f"unweight_huffman_t{th}"], r.get(f"zipnn_t{th}", {})
             out.write(f"  {r['model']} t{th}: {h['best_compress_gbps']:.2f} / {h['best_decompress_gbps']:.2f} vs "
                       f"{z.get('best_compress_gbps', float('nan')):.2f} / {z.get('best_decompress_gbps', float('nan')):.2f}\n")
+    out.write("unweight huffman speed / ZipNN's, median of per-repeat ratios, compress / decompress:\n")
+    for r in results:
+        for th in threads:
+            q = r.get(f"paired_speed_ratio_t{th}")
+            if q:
+                out.write(f"  {r['model']} t{th}: {q['compress']:.2f}x / {q['decompress']:.2f}x\n")
     for r in results:
         out.write(f"{r['model']}: CLI compress {r['cli_compress_gbps']:.2f} GB/s, decompress {r['cli_decompress_gbps']:.2f} GB/s "
                   f"(files), peak RSS of compress {(r['cli_peak_rss_bytes'] or 0) / 1e6:.0f} MB, largest tensor "
