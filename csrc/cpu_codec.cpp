@@ -574,6 +574,12 @@ namespace {
 constexpr int DEC_WAYS = 4;
 constexpr int PAIRS_PER_REFILL = 4;  // fast pairs use <= FAST_BITS bits each
 
+// A pair entry: the two exponents at bits [14:7] of two BF16 words (exp0 << 7, exp1 << 23)
+// and the bits it consumes in bits [3:0] (0 for a slow pair's entry, which never is shifted by).
+inline uint32_t pair_entry(uint32_t e0, uint32_t e1, uint32_t len) { return (e0 << 7) | (e1 << 23) | len; }
+inline uint32_t pair_exp0(uint64_t ent) { return static_cast<uint32_t>(ent >> 7) & 0xFFu; }
+inline uint32_t pair_exp1(uint64_t ent) { return static_cast<uint32_t>(ent >> 23) & 0xFFu; }
+
 // Big-endian 8 bytes at p; bytes at or past `end` read as zero (a corrupt segment may ask
 // for bits past the stream).  `lim` = end - 8: below it the plain load is in bounds.
 inline uint64_t load_be64(const uint8_t* p, const uint8_t* lim, const uint8_t* end) {
@@ -663,8 +669,8 @@ inline void merge4(const uint8_t* sp, const uint64_t* ent, uint16_t* o) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(o), w);
 #else
   for (int t = 0; t < 4; ++t) {
-    o[2 * t] = bf16_from_parts(sp[2 * t], (ent[t] >> 7) & 0xFF);
-    o[2 * t + 1] = bf16_from_parts(sp[2 * t + 1], (ent[t] >> 23) & 0xFF);
+    o[2 * t] = bf16_from_parts(sp[2 * t], pair_exp0(ent[t]));
+    o[2 * t + 1] = bf16_from_parts(sp[2 * t + 1], pair_exp1(ent[t]));
   }
 #endif
 }
@@ -790,7 +796,7 @@ __attribute__((always_inline)) inline bool decode_ways_body(
             const uint8_t* sp = srow + j * sm_seg + g * 2 * G + 2 * t;
             const uint32_t e0 = single(br[j], sp[0]);
             const uint32_t e1 = single(br[j], sp[1]);
-            rowp[j * G + t] = (e0 << 7) | (e1 << 23);
+            rowp[j * G + t] = pair_entry(e0, e1, 0);
           }
         }
     }
@@ -948,8 +954,7 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
     }
   // Pair table: for the contexts of two neighbouring weights and the next FAST_BITS bits,
   // both exponents when both codes fit in those bits (most pairs: codes average ~2.6 bits).
-  // Entry: exp0 << 7 | exp1 << 23 | total length (bits [3:0], <= FAST_BITS), i.e. the
-  // exponent fields of two BF16 words; 0 sends the pair to the slow path.
+  // Entry: pair_entry(exp0, exp1, total length); 0 sends the pair to the slow path.
   std::vector<uint32_t> pair(static_cast<size_t>(HUFF_NUM_CTX * HUFF_NUM_CTX) << FAST_BITS, 0);
   for (uint32_t c0x = 0; c0x < HUFF_NUM_CTX; ++c0x)
     for (uint32_t c1x = 0; c1x < HUFF_NUM_CTX; ++c1x) {
@@ -959,7 +964,7 @@ std::string huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
           const uint32_t l = a.len + b.len;
           if (l > FAST_BITS) continue;
           const uint32_t first = (a.bits << (FAST_BITS - a.len)) | (b.bits << (FAST_BITS - l));
-          std::fill(row + first, row + first + (1u << (FAST_BITS - l)), (a.sym << 7) | (b.sym << 23) | l);
+          std::fill(row + first, row + first + (1u << (FAST_BITS - l)), pair_entry(a.sym, b.sym, l));
         }
     }
   const int64_t ng = g.n_groups();
