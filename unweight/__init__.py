@@ -22,15 +22,16 @@ def __getattr__(name):
         from . import api
         return getattr(api, name)
     if name == "load":
-        from .runtime.loader import load
+        from .integrations.transformers.load import load
         return load
     raise AttributeError(name)
 
 
 # Registers the "unweight" quant method with transformers when (and only when) transformers'
-# quantizer registry gets imported; costs nothing here (stdlib import hook, see runtime/hf_hook.py).
+# quantizer registry gets imported; costs nothing here (stdlib import hook, see
+# integrations/transformers/hook.py).
 try:
-    from .runtime import hf_hook as _hf_hook
+    from .integrations.transformers import hook as _hf_hook
     _hf_hook.install()
 except Exception:  # noqa: BLE001 - never let the integration break the offline tools
     logging.getLogger(__name__).debug("transformers hook not installed", exc_info=True)
