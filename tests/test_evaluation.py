@@ -87,15 +87,31 @@ def test_which_paths_must_be_bitwise(monkeypatch):
     class M:
         unweight_info = {"modules": {"dense": 0, "huffman": 212, "palette": 0}}
 
-    monkeypatch.setattr(ev, "fused_kernels", lambda: ["fused_linear"])
+    monkeypatch.setattr(ev, "fused_kernels", lambda model: ["model.layers.0.mlp.up_proj"])
     assert ev.bitwise_by_construction(M(), "dense", "cuda")
-    assert ev.bitwise_by_construction(M(), "huffman", "cpu")  # fused kernels decline off CUDA
     assert not ev.bitwise_by_construction(M(), "huffman", "cuda")
     dense = M()
     dense.unweight_info = {"modules": {"dense": 212, "huffman": 0, "palette": 0}}
     assert ev.bitwise_by_construction(dense, "auto", "cuda")  # auto resolved to all-dense
-    monkeypatch.setattr(ev, "fused_kernels", lambda: [])
+    monkeypatch.setattr(ev, "fused_kernels", lambda model: [])
     assert ev.bitwise_by_construction(M(), "palette", "cuda")  # decode + cuBLAS
+
+
+def test_cpu_models_never_have_fused_layers():
+    import torch
+    import torch.nn as nn
+
+    from unweight.runtime.modules import CompressedLinear
+    from unweight.runtime.policy import DispatchPolicy
+    from unweight.runtime.tuning_table import TuningTable
+    lin = nn.Linear(64, 32).to(torch.bfloat16)
+    cl = CompressedLinear.from_linear(lin, "palette")
+    t = TuningTable()
+    t.record("cpu", 32, 64, "palette", 1, {"decode_cublas": 1.0, "palette_gemm": 0.1})
+    cl.policy = DispatchPolicy(t)
+    model = nn.Sequential(cl)
+    assert ev.fused_kernels(model) == []
+    assert ev.bitwise_by_construction(model, "palette", "cpu")
 
 
 def test_format_table():

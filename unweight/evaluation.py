@@ -178,34 +178,29 @@ def _load_original(path: str, device: str):
 
 
 def _load_compressed(path: str, device: str, mode: str):
-    from .runtime.loader import load
+    from .integrations.transformers.load import load
     from transformers import AutoModelForCausalLM
     # AutoModelForCausalLM: the same class choice as the original (config.architectures[0] for a causal LM).
     return load(path, device=device, mode=mode, model_class=AutoModelForCausalLM, dtype="auto")
 
 
-def fused_kernels() -> list[str]:
-    """Names of fused linear/embedding implementations registered with the runtime dispatch."""
-    try:
-        from .runtime import dispatch
-    except ImportError:
-        return []
-    impls = list(getattr(dispatch, "_LINEAR_IMPLS", [])) + list(getattr(dispatch, "_EMBEDDING_IMPLS", []))
-    return [getattr(f, "__qualname__", repr(f)) for f in impls]
+def fused_kernels(model) -> list[str]:
+    """Compressed layers of `model` whose dispatch policy may run a fused kernel on their device
+    (anything else computes decode + the same dense GEMM as the original)."""
+    from .runtime.modules import compressed_modules
+    return [n for n, m in compressed_modules(model) if m.policy is not None and m.policy.may_fuse(m.device)]
 
 
 def bitwise_by_construction(model, mode: str, device: str = "cpu") -> bool:
     """True when the compressed model computes with exactly the original bits in the original order:
-    dense mode (or auto resolved to all-dense), CPU (fused kernels decline off CUDA: decode +
-    F.linear), or no fused kernel registered (decode + cuBLAS)."""
+    dense mode (or auto resolved to all-dense), or no layer whose policy can pick a fused kernel
+    (CPU never does: decode + F.linear; CUDA without a measured fused win: decode + cuBLAS)."""
     if mode == "dense":
         return True
     counts = (getattr(model, "unweight_info", None) or {}).get("modules") or {}
     if counts and not counts.get("huffman") and not counts.get("palette"):
         return True  # e.g. auto mode resolved to all-dense
-    if device == "cpu":
-        return True  # runtime/tuning.py: CPU tensors never reach the fused kernels
-    return not fused_kernels()
+    return not fused_kernels(model)
 
 
 # ------------------------------------------------------------------------ lm-eval
@@ -450,7 +445,7 @@ def run(original: str, compressed: str, tasks=None, limit: int | None = None, de
     load_c = time.perf_counter() - t0
     bitwise = bitwise_by_construction(model, mode, device) if check == "auto" else check == "bitwise"
     info = dict(getattr(model, "unweight_info", None) or {})
-    fused = fused_kernels()
+    fused = fused_kernels(model)
     say(f"compressed: evaluating ({'bitwise' if bitwise else 'tolerance'} check)")
     rc = _evaluate(model, comp_tok, task_names, limit, batch_size, tm)
     del model

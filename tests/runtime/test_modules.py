@@ -6,7 +6,8 @@ import torch.nn as nn
 
 from unweight import ops
 from unweight.format import constants as C
-from unweight.runtime import dispatch, loader
+from unweight.ops import _ext
+from unweight.runtime import prepare, scratch
 from unweight.runtime.modules import CompressedEmbedding, CompressedLinear
 
 ENCODINGS = ["huffman", "palette"]
@@ -70,7 +71,7 @@ def test_embedding_decodes_only_needed_groups(monkeypatch):
     R = ce.rows_per_group
     assert R < 4096
     calls = []
-    real = ops._C
+    real = _ext._C
 
     class Spy:
         def __getattr__(self, name):
@@ -80,7 +81,7 @@ def test_embedding_decodes_only_needed_groups(monkeypatch):
             calls.append((a[9], a[10]))  # g0, g1
             return real.huffman_decode(*a)
 
-    monkeypatch.setattr(ops, "_C", Spy())
+    monkeypatch.setattr(_ext, "_C", Spy())
     ids = torch.tensor([3, 3 * R + 1, 3 * R + 2, 4 * R, 4000])
     assert torch.equal(ce(ids), emb(ids))
     groups = sum(g1 - g0 for g0, g1 in calls)
@@ -97,21 +98,20 @@ def test_tied_linear_shares_planes():
     x = torch.randn(2, 64, dtype=torch.bfloat16)
     assert torch.equal(head(x), nn.functional.linear(x, emb.weight))
     # transcoding the source is seen by the tied head
-    loader._transcode(ce, "palette")
+    prepare._transcode(ce, "palette")
     assert head.encoding_name == "palette"
     assert torch.equal(head(x), nn.functional.linear(x, emb.weight))
 
 
 def test_scratch_is_reused_not_reallocated():
-    dispatch.release_scratch()
+    scratch.release()
     a = CompressedLinear.from_linear(_linear(256, 256), "huffman")
     b = CompressedLinear.from_linear(_linear(128, 256, seed=1), "palette")
-    dispatch.reserve_scratch("cpu", 256 * 256)
-    buf = dispatch._SCRATCH["cpu"]
+    buf = scratch.reserve("cpu", 256 * 256)
     x = torch.randn(4, 256, dtype=torch.bfloat16)
     for _ in range(3):
         a(x), b(x)
-    assert dispatch._SCRATCH["cpu"] is buf and buf.numel() == 256 * 256
+    assert scratch.weights("cpu", 1) is buf and buf.numel() == 256 * 256
 
 
 def test_to_dense():
@@ -126,46 +126,28 @@ def test_to_dense():
 def test_transcode_both_ways():
     lin = _linear(200, 192)
     cl = CompressedLinear.from_linear(lin, "huffman")
-    loader._transcode(cl, "palette")
+    prepare._transcode(cl, "palette")
     assert cl.encoding_name == "palette" and set(cl.state_dict()) == {"weight" + s for s in C.PALETTE_PLANES} | {"bias"}
     assert torch.equal(cl.decode_weight(), lin.weight)
-    loader._transcode(cl, "huffman")
+    prepare._transcode(cl, "huffman")
     assert cl.encoding_name == "huffman" and torch.equal(cl.decode_weight(), lin.weight)
-
-
-def test_dispatch_hook_plugs_in_and_passes():
-    cl = CompressedLinear.from_linear(_linear(64, 64), "huffman")
-    x = torch.randn(1, 64, dtype=torch.bfloat16)
-    seen = []
-
-    def fused(m, inp):
-        seen.append(m)
-        return None if inp.shape[0] > 1 else torch.zeros(1, m.out_features, dtype=inp.dtype)
-
-    dispatch.register_linear_impl(fused)
-    try:
-        assert torch.count_nonzero(cl(x)) == 0
-        assert torch.equal(cl(torch.cat([x, x])), nn.functional.linear(torch.cat([x, x]), cl.decode_weight(), cl.bias))
-    finally:
-        dispatch.unregister_impl(fused)
-    assert len(seen) == 2
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("enc", ENCODINGS)
 def test_cuda_linear_and_embedding_bitwise(enc):
-    if not loader.cuda_kernels_available():
+    if not ops.cuda_kernels_built():
         pytest.skip("unweight._cuda not built")
     lin = _linear(1024, 768).cuda()
     cl = CompressedLinear.from_linear(lin, enc)
-    loader._build_lut(cl)
+    prepare.prepare_module(cl)
     x = torch.randn(16, 768, dtype=torch.bfloat16, device="cuda")
     assert torch.equal(cl.decode_weight(), lin.weight)
     assert torch.equal(cl(x), lin(x))
     emb = _embedding(4000, 256).cuda()
     ce = CompressedEmbedding.from_embedding(emb, enc)
-    loader._build_lut(ce)
+    prepare.prepare_module(ce)
     ids = torch.randint(0, 4000, (3, 7), device="cuda")
     assert torch.equal(ce(ids), emb(ids))
-    assert dispatch.device_errors("cuda") == 0
+    assert scratch.device_errors("cuda") == 0

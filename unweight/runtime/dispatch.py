@@ -1,185 +1,130 @@
-"""The single dispatch point between compressed modules and the ops that run them.
+"""The single dispatch point between compressed weights and the ops that run them.
 
-CompressedLinear.forward -> linear(); CompressedEmbedding.forward -> embedding().  The
-baseline is "decode into the per-device scratch buffer, then F.linear / F.embedding".  Fused
-kernels (a later issue) plug in with register_linear_impl(): each registered function gets
-(module, x) and returns the output, or None to pass; the first non-None answer wins, so a
-fused palette GEMV can claim M <= 16 on CUDA and leave everything else to the baseline.
+Every compressed layer, a transformers module (runtime/modules.py) or a vLLM layer
+(integrations/vllm), is a list of EncodedWeight pieces stacked along rows (one piece, or the
+q/k/v pieces of a merged projection) plus the padded row count the layer presents.
 
-Scratch: ONE bf16 buffer per device, sized at load time (reserve_scratch) to the largest
-decoded layer that will decode into it.  Every compressed module on that device decodes into
-a prefix view of it and consumes it immediately, so forwards never allocate for weights and
-CUDA-graph capture sees no allocation.  The consequence: forwards on one device must not run
-concurrently from several host threads (CUDA work on one stream is ordered, so GPU overlap
-is fine).
+    linear(pieces, x, bias, out_rows, cols, policy)  ->  y [..., out_rows]
+    embedding(pieces, ids, out_rows, cols)           ->  e [..., cols]
+    decode_into(pieces, out, out_rows, cols)         ->  the decoded [out_rows, cols] weight
+
+The baseline is "decode into the per-device scratch (runtime/scratch.py), then the policy's
+dense GEMM"; the policy (runtime/policy.py) may pick a fused kernel for a single-piece layer
+on CUDA, and a fused launcher that refuses the problem falls back to the baseline with one
+warning.  Nothing here allocates a weight, syncs with the host or polls the error counter,
+so forwards are CUDA-graph capturable.
 """
 from __future__ import annotations
-
-import logging
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import ops  # noqa: F401  (registers torch.ops.unweight.*)
-from ..format import constants as C
+from .. import ops
+from . import scratch
+from .policy import DECODE_CUBLAS, PALETTE_GEMM, DispatchPolicy
+from .weights import EncodedWeight
 
-log = logging.getLogger(__name__)
+__all__ = ["linear", "embedding", "decode_into", "decode_new", "fused"]
 
-_SCRATCH: dict[str, Tensor] = {}
-_ERR: dict[str, Tensor] = {}
-_LINEAR_IMPLS: list[Callable] = []
-_EMBEDDING_IMPLS: list[Callable] = []
-
-
-def _key(device) -> str:
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())
-    return str(d)
+_DECODE_ONLY = DispatchPolicy(None)
 
 
-def reserve_scratch(device, numel: int) -> Tensor:
-    """Make the scratch buffer of `device` hold at least `numel` bf16 words; return it.
-
-    Called at load time; it only ever grows (a second model on the same device shares it).
-    """
-    k = _key(device)
-    buf = _SCRATCH.get(k)
-    if buf is None or buf.numel() < numel:
-        buf = torch.empty(int(numel), dtype=torch.bfloat16, device=k)
-        _SCRATCH[k] = buf
-        log.info("unweight scratch on %s: %.1f MiB", k, buf.numel() * 2 / 2**20)
-    return buf
-
-
-def scratch_bytes(device) -> int:
-    buf = _SCRATCH.get(_key(device))
-    return 0 if buf is None else buf.numel() * 2
-
-
-def release_scratch(device=None):
-    """Drop the scratch buffer(s) (tests, or after unloading every compressed model)."""
-    if device is None:
-        _SCRATCH.clear()
+def _decode_piece(w: EncodedWeight, out: Tensor, err: Tensor) -> None:
+    if w.is_huffman:
+        torch.ops.unweight.decode_huffman(w.sm, w.exp, w.off, w.table, w.lut, out, err, w.rows, w.cols,
+                                          w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi)
     else:
-        _SCRATCH.pop(_key(device), None)
+        torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette)
 
 
-def error_counter(device) -> Tensor:
-    """int32 [1] counter on `device` that device-side decodes add data errors to."""
-    k = _key(device)
-    e = _ERR.get(k)
-    if e is None:
-        e = torch.zeros(1, dtype=torch.int32, device=k)
-        _ERR[k] = e
-    return e
-
-
-def device_errors(device) -> int:
-    """Data errors counted by device decodes so far (synchronizes; call outside forward)."""
-    return int(error_counter(device).item())
-
-
-def register_linear_impl(fn: Callable, first: bool = True):
-    """Plug in a fused linear: fn(module, x) -> Tensor | None.  Returns fn (usable as decorator)."""
-    if first:
-        _LINEAR_IMPLS.insert(0, fn)
-    else:
-        _LINEAR_IMPLS.append(fn)
-    return fn
-
-
-def register_embedding_impl(fn: Callable):
-    """Plug in a device gather: fn(module, ids) -> Tensor | None."""
-    _EMBEDDING_IMPLS.insert(0, fn)
-    return fn
-
-
-def unregister_impl(fn: Callable):
-    for lst in (_LINEAR_IMPLS, _EMBEDDING_IMPLS):
-        while fn in lst:
-            lst.remove(fn)
-
-
-# ------------------------------------------------------------------------ decoding
-
-
-def decode_into(m, out: Tensor) -> Tensor:
-    """Decode module m's whole weight into out (bf16, >= rows*cols words, m's device).
-
-    Returns the [rows, cols] view of out that now holds the weight.
-    """
-    w = out[: m.n_rows * m.n_cols].view(m.n_rows, m.n_cols)
-    p = m.planes()
-    err = error_counter(w.device)
-    if m.encoding == C.ENC_HUFFMAN:
-        torch.ops.unweight.decode_huffman(p[C.SUFFIX_SM], p[C.SUFFIX_EXP], p[C.SUFFIX_OFF], m.code_table(),
-                                          m.lut(), w, err, m.n_rows, m.n_cols, m.rows_per_group, m.cols_per_chunk,
-                                          m.exp_lo, m.exp_hi)
-    else:
-        torch.ops.unweight.decode_palette(p[C.SUFFIX_SM], p[C.SUFFIX_IDX], p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], w,
-                                          err, m.n_rows, m.n_cols, m.palette)
+def decode_into(pieces: list, out: Tensor, out_rows: int, cols: int) -> Tensor:
+    """Decode the pieces, stacked, into the first out_rows*cols words of `out` (bf16, the
+    pieces' device); rows past the pieces (vocab padding) are zero.  Returns the
+    [out_rows, cols] view."""
+    w = out[: out_rows * cols].view(out_rows, cols)
+    err = scratch.error_counter(w.device)
+    r = 0
+    for p in pieces:
+        _decode_piece(p, w[r:r + p.rows], err)
+        r += p.rows
+    if r < out_rows:
+        w[r:].zero_()
     return w
 
 
-def decode_weight(m, device=None) -> Tensor:
-    """The weight of m as a new bf16 [rows, cols] tensor (load-time dense conversion only)."""
-    return decode_into(m, torch.empty(m.n_rows * m.n_cols, dtype=torch.bfloat16, device=device or m.device))
+def decode_new(pieces: list, out_rows: int, cols: int) -> Tensor:
+    """The decoded weight as a new bf16 [out_rows, cols] tensor (load-time dense conversion)."""
+    dev = pieces[0].device
+    return decode_into(pieces, torch.empty(out_rows * cols, dtype=torch.bfloat16, device=dev), out_rows, cols)
 
 
-def _scratch_weight(m, device) -> Tensor:
-    buf = _SCRATCH.get(_key(device))
-    need = m.n_rows * m.n_cols
-    if buf is None or buf.numel() < need:
-        # Only reachable when a module was built outside unweight.load / from_pretrained (or
-        # moved to another device afterwards): grow once, loudly, then stay allocation-free.
-        log.info("unweight: scratch on %s grown to %d weights outside load (modules built by hand, or "
-                 "a model moved after loading: call unweight.runtime.loader.prepare(model))", device, need)
-        buf = reserve_scratch(device, need)
-    return decode_into(m, buf)
+def fused(w: EncodedWeight, x2: Tensor, path: str) -> Tensor:
+    """y = x2 @ W^T through fused kernel `path` (PALETTE_GEMM | HUFFMAN_GEMM).  x2: bf16 [M, cols]
+    unit column stride.  Raises what the op raises when the kernel refuses the problem."""
+    M = x2.size(0)
+    if path == PALETTE_GEMM:
+        nv = w.vpos.numel()
+        ws = scratch.workspace(x2.device, ops.palette_workspace_elems(M, nv))
+        return torch.ops.unweight.palette_matmul(x2, w.sm, w.idx, w.vpos, w.vexp, ws, w.rows, w.cols, w.palette)
+    ws = scratch.workspace(x2.device, ops.huffman_workspace_elems(M, w.rows, w.cols, w.cols_per_chunk))
+    return torch.ops.unweight.huffman_matmul(x2, w.sm, w.exp, w.off, w.table, w.lut, ws,
+                                             scratch.error_counter(x2.device), w.rows, w.cols, w.rows_per_group,
+                                             w.cols_per_chunk, w.exp_lo, w.exp_hi)
 
 
-def linear(m, x: Tensor) -> Tensor:
-    """y = x @ W.T + b for a CompressedLinear m.  x: [..., cols] on m's device; y: [..., rows]."""
-    for impl in _LINEAR_IMPLS:
-        y = impl(m, x)
-        if y is not None:
-            return y
-    w = _scratch_weight(m, x.device)
-    b = m.bias
-    if w.dtype != x.dtype:  # e.g. a model cast to fp32: same bits, converted copy
+def linear(pieces: list, x: Tensor, bias: Tensor | None, out_rows: int, cols: int,
+           policy: DispatchPolicy | None = None) -> Tensor:
+    """y = x @ W.T + b.  x: [..., cols] on the pieces' device; y: [..., out_rows] in x's dtype
+    (a non-bf16 x, e.g. a model cast to fp32, multiplies with a converted copy of W)."""
+    policy = policy or _DECODE_ONLY
+    if len(pieces) == 1 and out_rows == pieces[0].rows and x.dtype == torch.bfloat16 and x.device.type == "cuda":
+        w = pieces[0]
+        M = x.numel() // cols if cols else 0
+        path = policy.linear_path(w, M, x.device)
+        if path != DECODE_CUBLAS:
+            x2 = x.reshape(M, cols)
+            if x2.stride(1) != 1:
+                x2 = x2.contiguous()
+            try:
+                y = fused(w, x2, path)
+            except (ValueError, RuntimeError) as e:
+                policy.refuse(w, M, x.device, path, str(e))
+            else:
+                if bias is not None:
+                    y = y + bias.to(y.dtype)
+                return y.view(*x.shape[:-1], out_rows)
+    w = decode_into(pieces, scratch.weights(x.device, out_rows * cols), out_rows, cols)
+    if w.dtype != x.dtype:
         w = w.to(x.dtype)
-        b = None if b is None else b.to(x.dtype)
-    return F.linear(x, w, b)
+        bias = None if bias is None else bias.to(x.dtype)
+    return policy.dense_linear(x, w, bias)
 
 
-def embedding(m, ids: Tensor) -> Tensor:
-    """Rows of a CompressedEmbedding m.  ids: int64/int32 [...] ; result bf16 [..., cols]."""
-    for impl in _EMBEDDING_IMPLS:
-        y = impl(m, ids)
-        if y is not None:
-            return y
-    p = m.planes()
-    if ids.device.type == "cpu":
-        if m.encoding == C.ENC_HUFFMAN:
-            flat = torch.ops.unweight.gather_rows_huffman(ids, p[C.SUFFIX_SM], p[C.SUFFIX_EXP], p[C.SUFFIX_OFF],
-                                                          m.code_table(), m.n_rows, m.n_cols, m.rows_per_group,
-                                                          m.cols_per_chunk, m.exp_lo, m.exp_hi)
-        else:
-            flat = torch.ops.unweight.gather_rows_palette(ids, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], p[C.SUFFIX_VPOS],
-                                                          p[C.SUFFIX_VEXP], m.n_rows, m.n_cols, m.palette)
-        return flat.view(*ids.shape, m.n_cols)
-    # Device without a row-gather kernel: finding the needed row groups would need the ids on
-    # the host (a sync per forward), so decode the table into scratch and gather there.
-    return F.embedding(ids, _scratch_weight(m, ids.device))
+def _gather_piece(w: EncodedWeight, ids: Tensor) -> Tensor:
+    if w.is_huffman:
+        return torch.ops.unweight.gather_rows_huffman(ids, w.sm, w.exp, w.off, w.table, w.rows, w.cols,
+                                                      w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi)
+    return torch.ops.unweight.gather_rows_palette(ids, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette)
 
 
-# Measured fused-kernel dispatch (unweight/runtime/tuning.py): on CUDA it runs a fused kernel
-# only where the tuning table recorded it beating decode + cuBLAS; off CUDA it returns None,
-# so CPU forwards stay decode + F.linear.  Appended behind (first=False) the impls callers
-# register, so an explicit register_linear_impl still takes precedence.
-from . import tuning as _tuning  # noqa: E402
-
-register_linear_impl(_tuning.fused_linear, first=False)
+def embedding(pieces: list, ids: Tensor, out_rows: int, cols: int) -> Tensor:
+    """Rows of the stacked pieces.  ids: integer [...], each in [0, out_rows); rows past the
+    pieces (vocab padding) are zero.  Returns bf16 [..., cols]."""
+    if ids.device.type != "cpu":
+        # No device row-gather kernel yet: finding the needed row groups would need the ids on
+        # the host (a sync per forward), so decode the table into scratch and gather there.
+        return F.embedding(ids, decode_into(pieces, scratch.weights(ids.device, out_rows * cols), out_rows, cols))
+    if len(pieces) == 1 and out_rows == pieces[0].rows:
+        return _gather_piece(pieces[0], ids).view(*ids.shape, cols)
+    flat = ids.reshape(-1)
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= out_rows):
+        raise IndexError(f"index out of range in self (embedding of {out_rows} rows)")
+    out = torch.zeros((flat.numel(), cols), dtype=torch.bfloat16)
+    r = 0
+    for p in pieces:
+        sel = (flat >= r) & (flat < r + p.rows)
+        if bool(sel.any()):
+            out[sel] = _gather_piece(p, flat[sel] - r)
+        r += p.rows
+    return out.view(*ids.shape, cols)

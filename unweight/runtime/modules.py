@@ -5,7 +5,8 @@ The planes of the encoded weight are buffers named ``weight__hdr``, ``weight__sm
 (palette), so a module's state-dict keys are exactly the checkpoint's plane names and
 transformers' loader fills them with no renaming.  Planes are uint8/uint32 tensors on the
 module's device; the weight is decoded per forward into the per-device scratch buffer
-(runtime/dispatch.py), never kept decoded.
+(runtime/dispatch.py), never kept decoded.  ``policy`` (a runtime.policy.DispatchPolicy, set
+by runtime/prepare.py; None = always decode + F.linear) decides where a fused kernel runs.
 
 A tied output projection (SmolLM2's lm_head = embed_tokens) is a CompressedLinear that owns
 no planes: it reads its source embedding's buffers at every forward.  The source is held in
@@ -22,6 +23,9 @@ from ..codec import tensor_codec as tc
 from ..format import constants as C
 from ..format.errors import FormatError
 from ..format.header import TensorHeader
+from . import dispatch
+from .weights import EncodedWeight
+
 
 def plane_tensor(a) -> Tensor:
     """Torch tensor of a NumPy plane (uint8 / uint32), sharing memory when possible."""
@@ -58,6 +62,7 @@ class CompressedWeightMixin:
         """Register the plane buffers.  shapes: {suffix: (shape, torch dtype)} for empty (e.g.
         meta) buffers to be filled by a state-dict load; planes: {suffix: array/tensor}."""
         self._tied = []
+        self.__dict__.setdefault("policy", None)  # kept across replace_planes (a transcode)
         self.header = header
         self._info = _Info(header)
         self._suffixes = tc.planes_for(header)
@@ -173,10 +178,19 @@ class CompressedWeightMixin:
         tc.check_planes(hdr, {s: _ShapeOnly(t) for s, t in o.planes().items()}, where)
         o.header, o._info = hdr, _Info(hdr)
 
+    def encoded(self) -> EncodedWeight:
+        """The weight as the ops take it (built per call: buffers may be swapped by .to() or a load)."""
+        o = self.owner()
+        i = o._info
+        p = {suf: getattr(o, "weight" + suf) for suf in o._suffixes}
+        return EncodedWeight(i.encoding, i.n_rows, i.n_cols, i.rows_per_group, i.cols_per_chunk, i.exp_lo, i.exp_hi,
+                             i.palette, p[C.SUFFIX_SM], exp=p.get(C.SUFFIX_EXP), off=p.get(C.SUFFIX_OFF),
+                             table=o.code_table() if i.encoding == C.ENC_HUFFMAN else None, lut=o.weight_lut,
+                             idx=p.get(C.SUFFIX_IDX), vpos=p.get(C.SUFFIX_VPOS), vexp=p.get(C.SUFFIX_VEXP))
+
     def decode_weight(self) -> Tensor:
         """The weight as a new bf16 [rows, cols] tensor on the module's device (not cached)."""
-        from . import dispatch
-        return dispatch.decode_weight(self, self.device)
+        return dispatch.decode_new([self.encoded()], self.n_rows, self.n_cols)
 
 
 class _ShapeOnly:
@@ -218,6 +232,7 @@ class CompressedLinear(CompressedWeightMixin, nn.Module):
         m = cls.__new__(cls)
         nn.Module.__init__(m)
         m._tied = [source]
+        m.policy = None
         m.in_features, m.out_features = source.n_cols, source.n_rows
         m.bias = bias
         return m
@@ -231,8 +246,7 @@ class CompressedLinear(CompressedWeightMixin, nn.Module):
         return cls(enc.header, bias=bias, device=lin.weight.device, planes=enc.planes)
 
     def forward(self, x: Tensor) -> Tensor:
-        from . import dispatch
-        return dispatch.linear(self, x)
+        return dispatch.linear([self.encoded()], x, self.bias, self.n_rows, self.n_cols, self.policy)
 
     def to_dense(self) -> nn.Linear:
         """An nn.Linear holding the decoded weight (dense mode)."""
@@ -270,8 +284,7 @@ class CompressedEmbedding(CompressedWeightMixin, nn.Module):
         return cls(enc.header, padding_idx=emb.padding_idx, device=emb.weight.device, planes=enc.planes)
 
     def forward(self, ids: Tensor) -> Tensor:
-        from . import dispatch
-        return dispatch.embedding(self, ids)
+        return dispatch.embedding([self.encoded()], ids, self.n_rows, self.n_cols)
 
     def to_dense(self) -> nn.Embedding:
         w = self.decode_weight()

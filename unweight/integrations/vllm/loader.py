@@ -40,7 +40,6 @@ def decode_planes_iterator(weights, where: str = "") -> Generator[tuple[str, tor
     for name, t in weights:
         base, suf = split_name(name)
         if suf is None:
-            quant.LOAD_REPORT.setdefault(name, {"path": "raw"})
             yield name, t
             continue
         pl = pending.setdefault(base, {})
@@ -53,7 +52,7 @@ def decode_planes_iterator(weights, where: str = "") -> Generator[tuple[str, tor
             continue
         w = tc.decode(h, {s: pl[s].numpy() for s in need}, where=base)
         del pending[base]
-        quant.LOAD_REPORT[base] = {"path": "decoded-to-bf16-at-load", "encoding": h.encoding_name}
+        quant.report_layer(base, {"path": "decoded-to-bf16-at-load", "encoding": h.encoding_name})
         log.info("unweight: %s -> decoded to bf16 at load (%s)", base, h.encoding_name)
         yield base, torch.from_numpy(w).view(torch.bfloat16)
     for base, pl in pending.items():

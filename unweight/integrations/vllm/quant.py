@@ -14,7 +14,15 @@ Loading, per layer and rank:
     shard), checks the TP group's shard crcs against the stored crc32 of every tensor by
     crc32 arithmetic (no rank decodes a whole tensor), registers the pieces as buffers and
     removes the placeholders.
-Forward: one ``unweight_vllm::linear`` / ``::embedding`` op call per layer.
+Forward: one ``unweight_vllm::linear`` / ``::embedding`` op call per layer, running the
+shared runtime dispatch (decode into the per-device scratch, then vLLM's own GEMM; a fused
+kernel where the measured policy picks one).
+
+Modes (``quantization_config.mode``, as unweight.load's): "huffman" / "palette" keep the
+shards compressed (transcoding a piece stored in the other encoding), "auto" keeps the
+stored encoding (serving is where memory is short), "dense" decodes each rank's shard to
+BF16 at load.  Every layer logs one ``unweight layer report {json}`` line: its path, and per
+piece the block of the tensor this rank holds and its bytes.
 """
 from __future__ import annotations
 
@@ -34,12 +42,20 @@ from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
+from ... import ops
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
+from ...codec.shard_check import check_shard_records, shard_record
 from ...format import constants as C
 from ...format.checkpoint import CompressedCheckpoint
-from ...format.errors import ChecksumError, FormatError, InputError, VersionError
+from ...format.errors import FormatError, InputError
 from ...format.header import TensorHeader
+from ...format.quant_config import check_format_version
+from ...runtime import dispatch, scratch
+from ...runtime.modes import check_mode, sharded_mode
+from ...runtime.policy import DispatchPolicy
+from ...runtime.tuning_table import load_table
+from ...runtime.weights import EncodedWeight
 from . import ops as uvops
 
 # a child of vLLM's logger, so the lines show up in every vLLM process with vLLM's formatting
@@ -50,37 +66,47 @@ _PLANE_DTYPES = {C.SUFFIX_HDR: torch.uint8, C.SUFFIX_SM: torch.uint8, C.SUFFIX_E
                  C.SUFFIX_VEXP: torch.uint8}
 _DEFAULT_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
-# Per-process record of what each layer holds (the test and the bench read it back).
-LOAD_REPORT: dict = {}
 
 
-def _report_path(rank: int) -> str | None:
-    d = os.environ.get("UNWEIGHT_VLLM_REPORT_DIR")
-    return os.path.join(d, f"rank{rank}.json") if d else None
+def report_layer(prefix: str, record: dict) -> None:
+    """One log line per layer saying what this rank holds (operators read it; so do the tests)."""
+    log.info("unweight layer report %s", json.dumps({"layer": prefix, **record}, sort_keys=True))
 
 
-def _write_report(rank: int):
-    p = _report_path(rank)
-    if p:
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        tmp = f"{p}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(LOAD_REPORT, f, indent=1, sort_keys=True)
-        os.replace(tmp, p)
+def _cpu_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """vLLM's own CPU GEMM dispatch (oneDNN on x86), so a compressed model computes with the
+    same kernel, hence the same bits, as vLLM serving the BF16 original; F.linear elsewhere."""
+    if x.device.type != "cpu":
+        return torch.nn.functional.linear(x, w, bias)
+    try:
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    except ImportError:
+        return torch.nn.functional.linear(x, w, bias)
+
+    class _Tmp(torch.nn.Module):
+        pass
+
+    tmp = _Tmp()
+    tmp.weight = torch.nn.Parameter(w, requires_grad=False)
+    if bias is not None:
+        # the sgl path may convert a bias in place; keep the caller's tensor untouched
+        tmp.bias = torch.nn.Parameter(bias.clone(), requires_grad=False)
+    dispatch_cpu_unquantized_gemm(tmp, remove_weight=False)
+    return tmp.cpu_linear(x, tmp.weight, tmp.bias if bias is not None else None)
+
+
+uvops.set_policy(DispatchPolicy(load_table(), dense_linear=_cpu_gemm))
 
 
 @register_quantization_config(C.QUANT_METHOD)
 class UnweightConfig(QuantizationConfig):
     """quantization_config of a checkpoint written by ``unweight compress``."""
 
-    def __init__(self, format_version: str = C.FORMAT_VERSION, encoding: str | None = None):
+    def __init__(self, format_version: str = C.FORMAT_VERSION, encoding: str | None = None, mode: str = "auto"):
         super().__init__()
-        major = str(format_version).split(".")[0]
-        if major != str(C.VERSION_MAJOR):
-            raise VersionError(f"unsupported unweight format version {format_version} (this unweight reads "
-                               f"{C.VERSION_MAJOR}.x; upgrade unweight)")
-        self.format_version = format_version
+        self.format_version = check_format_version(format_version)
         self.encoding = encoding
+        self.mode = check_mode(mode or "auto")
         # base tensor name -> [rows, cols, encoding, R, C]; filled by maybe_update_config
         self.encoded: dict[str, list] = {}
         self.model_path: str | None = None
@@ -89,7 +115,7 @@ class UnweightConfig(QuantizationConfig):
         self.decode_at_load = False
 
     def __repr__(self):
-        return f"UnweightConfig(format_version={self.format_version}, encoding={self.encoding})"
+        return f"UnweightConfig(format_version={self.format_version}, encoding={self.encoding}, mode={self.mode})"
 
     def get_name(self):
         return C.QUANT_METHOD
@@ -107,7 +133,8 @@ class UnweightConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "UnweightConfig":
-        return cls(format_version=config.get("format_version", C.FORMAT_VERSION), encoding=config.get("encoding"))
+        return cls(format_version=config.get("format_version", C.FORMAT_VERSION), encoding=config.get("encoding"),
+                   mode=os.environ.get("UNWEIGHT_MODE") or config.get("mode") or "auto")
 
     def maybe_update_config(self, model_name: str, hf_config=None, revision: str | None = None):
         """Read every encoded tensor's header (small ``__hdr`` planes only) from the checkpoint.
@@ -125,7 +152,6 @@ class UnweightConfig(QuantizationConfig):
                 raise InputError(f"{model_name}: unweight needs the checkpoint on local disk "
                                  f"({type(e).__name__}); download it first") from None
         self.model_path = path
-        LOAD_REPORT.clear()  # a new model in this process (several LLMs in one interpreter)
         if hf_config is not None:
             self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         cp = CompressedCheckpoint(path)
@@ -178,7 +204,7 @@ class UnweightConfig(QuantizationConfig):
             if all(enc):
                 return UnweightLinearMethod(self, prefix, parts)
             if not any(enc):
-                LOAD_REPORT[prefix] = {"path": "raw-bf16"}
+                report_layer(prefix, {"path": "raw-bf16"})
                 return UnquantizedLinearMethod()
             raw = [n for (n, _), e in zip(parts, enc) if not e]
             raise InputError(f"{prefix}: merged layer mixes compressed and raw parts ({', '.join(raw)} raw); "
@@ -188,7 +214,7 @@ class UnweightConfig(QuantizationConfig):
                 return None
             name = self._embedding_name(layer, prefix)
             if name is None:
-                LOAD_REPORT[prefix or "embedding"] = {"path": "raw-bf16"}
+                report_layer(prefix or "embedding", {"path": "raw-bf16"})
                 return None
             return UnweightEmbeddingMethod(self, prefix or name.rsplit(".", 1)[0], [(name, None)])
         return None
@@ -340,100 +366,104 @@ class _UnweightMethodBase(QuantizeMethodBase):
             raise FormatError(f"{self.prefix}: no planes of {missing[0]} were found in the checkpoint "
                               f"(missing safetensors shard?)")
         dev = next((p.device for p in layer.parameters(recurse=False)), torch.device("cpu"))
-        verify = os.environ.get("UNWEIGHT_VLLM_VERIFY", "1") != "0"
-        tensors, meta, report = [], [], []
-        for i, sid in enumerate(self.shard_ids):
+        verify = os.environ.get("UNWEIGHT_VERIFY", "1") not in ("0", "false", "no")
+        mode = sharded_mode(self.config.mode, layer._uw_pieces[self.shard_ids[0]]["header"].encoding_name)
+        weights, report = [], []
+        for sid in self.shard_ids:
             pc = layer._uw_pieces[sid]
-            hs, ps = pc["header"], pc["planes"]
             if verify:
                 self._verify_piece(layer, pc)
-            t = self._piece_tensors(hs, ps, dev)
-            for j, tt in enumerate(t):
-                layer.register_buffer(f"uw_{i}_{j}", tt, persistent=False)
-            tensors.extend(t)
-            m = [hs.encoding, hs.rows, hs.cols, hs.rows_per_group, hs.cols_per_chunk, hs.exp_lo, hs.exp_hi,
-                 hs.pal_size] + list(bytes(hs.palette).ljust(16, b"\0")[:16])
-            meta.extend(int(v) for v in m)
-            held = int(sum(tt.numel() * tt.element_size() for tt in t))
-            report.append({"name": pc["name"], "shard_id": sid, "encoding": hs.encoding_name,
+            w = self._device_piece(pc["header"], pc["planes"], dev, mode, pc["name"])
+            weights.append(w)
+            held = sum(int(t.numel() * t.element_size()) for t in uvops.piece_planes(w, _EMPTY) if t is not None)
+            hs = pc["header"]
+            report.append({"name": pc["name"], "shard_id": sid, "encoding": w.encoding_name,
                            "full_shape": [pc["full_header"].rows, pc["full_header"].cols],
-                           "rows": list(pc["rows"]), "cols": list(pc["cols"]),
-                           "held_shape": [hs.rows, hs.cols], "held_bytes": held, "full_planes_bytes": pc["full_bytes"],
+                           "rows": list(pc["rows"]), "cols": list(pc["cols"]), "held_shape": [hs.rows, hs.cols],
+                           "held_bytes": held, "full_planes_bytes": pc["full_bytes"],
                            "bf16_shard_bytes": hs.rows * hs.cols * 2})
         for suf in C.ALL_SUFFIXES:
             delattr(layer, "weight" + suf)
-        layer._uw_n = len(tensors)
-        layer._uw_meta = meta
         del layer._uw_pieces, layer._uw_pending
+        record = {"tp_rank": rank, "tp_size": size, "verified": verify, "mode": mode}
+        if mode == "dense":
+            w = dispatch.decode_new(weights, layer._uw_out_rows, layer._uw_cols)
+            layer.register_buffer("uw_dense", w, persistent=False)
+            layer._uw_n, layer._uw_meta = 0, []
+            for r in report:
+                r["held_bytes"] = r["bf16_shard_bytes"]
+            record["path"] = "decoded-to-bf16-at-load"
+        else:
+            tensors, meta = [], []
+            for i, w in enumerate(weights):
+                for j, t in enumerate(uvops.piece_planes(w, torch.empty(0, dtype=torch.uint8, device=dev))):
+                    layer.register_buffer(f"uw_{i}_{j}", t, persistent=False)
+                    tensors.append(t)
+                meta.extend(uvops.piece_meta(w))
+            layer._uw_n, layer._uw_meta = len(tensors), meta
+            scratch.reserve(dev, layer._uw_out_rows * layer._uw_cols)
+            record["path"] = "compressed"
         held = sum(r["held_bytes"] for r in report)
         bf16 = sum(r["bf16_shard_bytes"] for r in report)
-        LOAD_REPORT[self.prefix] = {"path": "compressed", "tp_rank": rank, "tp_size": size, "pieces": report,
-                                    "held_bytes": held, "bf16_bytes": bf16, "verified": verify}
-        log.info("unweight: %s -> compressed in memory (%s, rank %d/%d holds %s, %.3fx of its bf16 shard)",
-                 self.prefix, report[0]["encoding"], rank, size,
-                 ", ".join(f"{r['name'].rsplit('.', 2)[-2]} rows {r['rows']} cols {r['cols']}" for r in report),
-                 held / max(1, bf16))
-        _write_report(rank)
+        report_layer(self.prefix, {**record, "pieces": report, "held_bytes": held, "bf16_bytes": bf16})
+        log.info("unweight: %s -> %s (%s, rank %d/%d holds %s, %.3fx of its bf16 shard)", self.prefix,
+                 "compressed in memory" if mode != "dense" else "decoded to bf16 at load", report[0]["encoding"],
+                 rank, size, ", ".join(f"{r['name'].rsplit('.', 2)[-2]} rows {r['rows']} cols {r['cols']}"
+                                       for r in report), held / max(1, bf16))
 
     @staticmethod
-    def _piece_tensors(hs: TensorHeader, ps: dict, dev) -> list:
-        def t(a):
-            return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+    def _device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> EncodedWeight:
+        """The rank's piece on the layer's device, in the mode's encoding (dense: as stored,
+        decoded by the caller)."""
+        planes = {s: torch.from_numpy(np.ascontiguousarray(a)).to(dev) for s, a in ps.items()}
+        table = lut = None
         if hs.encoding == C.ENC_HUFFMAN:
-            table = t(hs.table)
+            table = torch.from_numpy(np.ascontiguousarray(hs.table, dtype=np.uint8)).to(dev)
             lut = torch.empty(0, dtype=torch.uint16, device=dev)
-            if dev.type == "cuda":
-                from ... import ops as uops
-                lut = uops.build_lut(table, hs.exp_lo, hs.exp_hi, torch.zeros(1, dtype=torch.int32, device=dev))
-            return [t(ps[C.SUFFIX_SM]), t(ps[C.SUFFIX_EXP]), t(ps[C.SUFFIX_OFF]), table, lut]
-        return [t(ps[C.SUFFIX_SM]), t(ps[C.SUFFIX_IDX]), t(ps[C.SUFFIX_VPOS]), t(ps[C.SUFFIX_VEXP]),
-                torch.empty(0, dtype=torch.uint8, device=dev)]
+            if dev.type == "cuda" and ops.cuda_kernels_built():
+                lut = ops.build_lut(table, hs.exp_lo, hs.exp_hi, scratch.error_counter(dev))
+        if mode in ("huffman", "palette") and mode != hs.encoding_name:
+            if mode == "palette" and (dev.type == "cpu" or ops.cuda_kernels_built()):
+                hs, planes = ops.transcode_to_palette(hs, planes, lut, scratch.error_counter(dev))
+            else:
+                w = tc.decode(hs, {s: np.ascontiguousarray(a) for s, a in ps.items()}, verify=False)
+                enc = tc.encode(w, mode, grid=(hs.rows_per_group, hs.cols_per_chunk))
+                return _UnweightMethodBase._device_piece(enc.header, enc.planes, dev, mode, name)
+            table = lut = None
+        return EncodedWeight.from_header(hs, planes, table=table, lut=lut, name=name)
 
     def _verify_piece(self, layer, pc):
         """Decode this rank's shard once and check the TP group's shards against the stored crc32."""
         hs, ps, h = pc["header"], pc["planes"], pc["full_header"]
         w = tc.decode(hs, ps, verify=False, where=pc["name"])
         (r0, r1), (c0, c1) = pc["rows"], pc["cols"]
-        rank, size = _tp_info(layer)
-        if (c0, c1) == (0, h.cols):
-            import zlib
-            mine = np.array([r0, r1, zlib.crc32(w.reshape(-1).view(np.uint8))], dtype=np.int64)
-            allv = self._gather(layer, mine, size)
-            uniq = {int(v[0]): (int(v[1]), int(v[2])) for v in allv}  # replicated KV heads dedupe here
-            starts = sorted(uniq)
-            covered = [(s, uniq[s][0]) for s in starts]
-            if covered[0][0] == 0 and covered[-1][1] == h.rows and all(
-                    covered[i][1] == covered[i + 1][0] for i in range(len(covered) - 1)):
-                crc = sh.combine_row_shard_crcs([uniq[s][1] for s in starts],
-                                                [(uniq[s][0] - s) * h.cols * 2 for s in starts])
-                if crc != h.crc32:
-                    raise ChecksumError(f"{pc['name']}: checksum mismatch across the tensor-parallel shards "
-                                        f"(decoded bytes differ from the original)")
-            return
-        rc = sh.row_crcs(w).astype(np.int64)
-        mine = np.concatenate([[c0, c1], rc])
-        allv = self._gather(layer, mine, size)
-        order = np.argsort(allv[:, 0])
-        crc = sh.combine_col_shard_crcs([allv[i, 2:].astype(np.uint32) for i in order],
-                                        [int(allv[i, 1] - allv[i, 0]) * 2 for i in order])
-        if crc != h.crc32:
-            raise ChecksumError(f"{pc['name']}: checksum mismatch across the tensor-parallel shards")
+        mine = shard_record(w, rows=(r0, r1)) if (c0, c1) == (0, h.cols) else shard_record(w, cols=(c0, c1))
+        check_shard_records(self._gather(layer, mine), h, pc["name"])
 
     @staticmethod
-    def _gather(layer, vec: np.ndarray, size: int) -> np.ndarray:
+    def _gather(layer, record: tuple) -> list:
+        rank, size = _tp_info(layer)
         if size == 1:
-            return vec[None]
+            return [record]
         import torch.distributed as dist
         from vllm.distributed import get_tp_group
         g = getattr(layer, "parallel_group", None) or get_tp_group()
-        t = torch.from_numpy(vec).to(torch.int64)
-        out = [torch.empty_like(t) for _ in range(size)]
-        dist.all_gather(out, t, group=g.cpu_group)
-        return torch.stack(out).numpy()
+        out = [None] * size
+        dist.all_gather_object(out, record, group=g.cpu_group)
+        return out
 
     def _planes(self, layer) -> list:
         return [getattr(layer, f"uw_{i // uvops.PLANES_PER_PIECE}_{i % uvops.PLANES_PER_PIECE}")
                 for i in range(layer._uw_n)]
+
+    def _linear(self, layer, x, bias):
+        if hasattr(layer, "uw_dense"):
+            return _cpu_gemm(x, layer.uw_dense, bias)
+        return torch.ops.unweight_vllm.linear(x, self._planes(layer), layer._uw_meta, bias, layer._uw_out_rows,
+                                              layer._uw_cols)
+
+
+_EMPTY = torch.empty(0, dtype=torch.uint8)
 
 
 class UnweightLinearMethod(_UnweightMethodBase, LinearMethodBase):
@@ -444,8 +474,7 @@ class UnweightLinearMethod(_UnweightMethodBase, LinearMethodBase):
         self._register_placeholders(layer, sum(output_partition_sizes), input_size_per_partition)
 
     def apply(self, layer, x, bias=None):
-        return torch.ops.unweight_vllm.linear(x, self._planes(layer), layer._uw_meta, bias, layer._uw_out_rows,
-                                              layer._uw_cols)
+        return self._linear(layer, x, bias)
 
 
 class UnweightEmbeddingMethod(_UnweightMethodBase):
@@ -466,7 +495,7 @@ class UnweightEmbeddingMethod(_UnweightMethodBase):
 
     def process_weights_after_loading(self, layer):
         if getattr(layer, "_uw_tied_to", None) is not None:
-            LOAD_REPORT[self.prefix] = {"path": "compressed (tied to the embedding)"}
+            report_layer(self.prefix, {"path": "compressed (tied to the embedding)"})
             return
         super().process_weights_after_loading(layer)
 
@@ -475,10 +504,10 @@ class UnweightEmbeddingMethod(_UnweightMethodBase):
 
     def embedding(self, layer, input_):
         src = self._src(layer)
+        if hasattr(src, "uw_dense"):
+            return torch.nn.functional.embedding(input_, src.uw_dense)
         return torch.ops.unweight_vllm.embedding(input_, self._planes(src), src._uw_meta, src._uw_out_rows,
                                                  src._uw_cols)
 
     def apply(self, layer, x, bias=None):
-        src = self._src(layer)
-        return torch.ops.unweight_vllm.linear(x, self._planes(src), src._uw_meta, bias, src._uw_out_rows,
-                                              src._uw_cols)
+        return self._linear(self._src(layer), x, bias)

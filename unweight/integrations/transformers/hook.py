@@ -25,7 +25,7 @@ _TARGET = "transformers.quantizers.auto"
 
 def _register():
     try:
-        from .hf_quantizer import register
+        from .quantizer import register
         register()
     except Exception as e:  # noqa: BLE001 - a broken transformers must not break `import unweight`
         log.warning("unweight: could not register with transformers (%s: %s); use unweight.load", type(e).__name__, e)

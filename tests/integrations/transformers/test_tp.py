@@ -1,4 +1,4 @@
-"""transformers tensor parallelism on unweight checkpoints (runtime/tp.py): torchrun, 2 ranks,
+"""transformers tensor parallelism on unweight checkpoints (integrations/transformers/tp.py): torchrun, 2 ranks,
 gloo on CPU, ``DistributedConfig(tp_plan="auto")``.
 
 One torchrun launch loads four models in turn (BF16 and compressed, tied and untied Llama);

@@ -59,7 +59,7 @@ def test_mode_through_config(llama_ck):
 
 
 def test_config_rejects_other_major_version():
-    from unweight.runtime.hf_quantizer import UnweightConfig
+    from unweight.integrations.transformers.quantizer import UnweightConfig
     with pytest.raises(unweight.VersionError):
         UnweightConfig(format_version="2.0")
     c = UnweightConfig.from_dict({"quant_method": "unweight", "format_version": "1.0", "tool_version": "0.1.0"})

@@ -10,10 +10,10 @@ import torch
 import unweight
 from unweight.format.errors import ChecksumError, FormatError
 from unweight.format.safetensors_io import SafetensorsFile
-from unweight.runtime import dispatch
+from unweight.runtime import scratch
 from unweight.runtime.modules import CompressedEmbedding, CompressedLinear, compressed_modules
 
-from .conftest import save_and_compress
+from tests.conftest import save_and_compress
 
 IDS = torch.tensor([[1, 17, 45, 200, 3, 99, 310, 5]])
 
@@ -57,7 +57,7 @@ def test_greedy_generation_identical(llama_ck):
 
 def test_memory_accounting_and_scratch(llama_ck):
     src, cks = llama_ck
-    dispatch.release_scratch()
+    scratch.release()
     m = unweight.load(cks["huffman"], device="cpu", mode="huffman")
     info = m.unweight_info
     owners = [mod for _, mod in compressed_modules(m) if not mod.is_tied]
@@ -173,7 +173,7 @@ def test_smollm2_all_modes_bitwise(smol_ck):
     want = _logits(ref, ids)
     gen_want = ref.generate(ids, max_new_tokens=4, do_sample=False)
     for mode, bound in [("huffman", 0.68), ("palette", 0.76), ("dense", None)]:
-        dispatch.release_scratch()
+        scratch.release()
         m = unweight.load(dst, device="cpu", mode=mode)
         assert torch.equal(_logits(m, ids), want), mode
         info = m.unweight_info
@@ -209,4 +209,4 @@ def test_cuda_load_matches_cuda_reference(llama_ck, mode):
     m = unweight.load(cks["huffman"], device="cuda", mode=mode)
     ids = IDS.cuda()
     assert torch.equal(_logits(m, ids), _logits(ref, ids))
-    assert dispatch.device_errors("cuda") == 0
+    assert scratch.device_errors("cuda") == 0

@@ -1,12 +1,14 @@
 """transformers integration: ``quant_method: "unweight"`` config + HfQuantizer.
 
 After ``register()`` (done automatically once ``import unweight`` has happened and
-transformers' quantizer registry is imported, see runtime/hf_hook.py),
+transformers' quantizer registry is imported, see hook.py),
 ``AutoModelForCausalLM.from_pretrained(compressed_folder)`` / ``AutoModel.from_pretrained``
-build the model on the meta device, swap in compressed modules found from the checkpoint's
-tensors (runtime/loader.py convert_model), verify the checkpoint, let transformers load the
-plane tensors into the modules' buffers by name, then apply the mode (default "auto").
-device_map, generate and lm-eval's HFLM need nothing else.
+build the model on the meta device, verify the checkpoint (codec/verify.py), swap in
+compressed modules found from the checkpoint's tensors (runtime/convert.py), let
+transformers load the plane tensors into the modules' buffers by name, refuse a partial
+load (a stored tensor not consumed, a parameter left at its initial value), then apply the
+mode (runtime/prepare.py, default "auto").  device_map, generate and lm-eval's HFLM need
+nothing else.
 
 Choosing the mode: transformers keeps the checkpoint's quantization_config over one passed to
 from_pretrained for custom methods, so use ``unweight.load(path, mode=...)`` or pass a config
@@ -22,8 +24,13 @@ from transformers.quantizers.auto import (AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO
 from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ..format import constants as C
-from ..format.errors import InputError
+from ...codec.verify import verify_checkpoint
+from ...format import constants as C
+from ...format.checkpoint import CompressedCheckpoint
+from ...format.errors import InputError
+from ...format.quant_config import check_format_version
+from ...runtime import convert
+from ...runtime.prepare import prepare
 from . import tp
 
 log = logging.getLogger(__name__)
@@ -47,11 +54,7 @@ class UnweightConfig(QuantizationConfigMixin):
         self.verify = verify
         for k, v in kwargs.items():
             setattr(self, k, v)
-        major = self.format_version.split(".")[0]
-        if major != str(C.VERSION_MAJOR):
-            from ..format.errors import VersionError
-            raise VersionError(f"unsupported unweight format version {self.format_version} "
-                               f"(this reader knows {C.VERSION_MAJOR}.x; upgrade unweight)")
+        check_format_version(self.format_version)
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -70,7 +73,6 @@ class UnweightHfQuantizer(HfQuantizer):
         self._ck = None
 
     def validate_environment(self, *args, **kwargs):
-        from .. import _C  # noqa: F401  (the CPU codec must be importable)
         dm = kwargs.get("device_map")
         if isinstance(dm, dict) and "disk" in dm.values():
             raise InputError("unweight checkpoints cannot be disk-offloaded (device_map has 'disk')")
@@ -79,38 +81,38 @@ class UnweightHfQuantizer(HfQuantizer):
         return dtype
 
     def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
-        from ..format.checkpoint import CompressedCheckpoint
-        from . import loader
         if not checkpoint_files:
             raise InputError("unweight: from_pretrained gave no checkpoint files")
         folder = os.path.dirname(os.path.abspath(checkpoint_files[0]))
         ck = CompressedCheckpoint(folder)
         try:
-            verify = loader._env_verify(bool(getattr(self.quantization_config, "verify", True)))
+            verify = env_verify(bool(getattr(self.quantization_config, "verify", True)))
             # Under torch.distributed (transformers' tensor parallelism) each rank reads and
-            # decodes only its shard of every encoded tensor after loading (runtime/tp.py); here
-            # only the structure and the raw tensors' checksums are checked.
+            # decodes only its shard of every encoded tensor after loading (tp.py); here only the
+            # structure and the raw tensors' checksums are checked.
             deferred = tp.distributed_world() > 1
-            loader.verify_checkpoint(ck, decode=verify and not deferred)
-            loader.convert_model(model, ck)
+            verify_checkpoint(ck, decode=verify and not deferred)
+            convert.convert_model(model, ck)
             if deferred:
                 tp.defer_planes(model, ck, folder)
         finally:
             ck.close()
+        convert.capture_loading_info(model)
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):
-        from . import loader
+        loading = getattr(model, "_unweight_loading", None)
+        if loading is not None:
+            convert.check_loading(model, *loading)
         mode = getattr(self.quantization_config, "mode", "auto") or "auto"
         if getattr(model, "_unweight_tp", None):
-            tp.load_tp_planes(model, verify=loader._env_verify(bool(getattr(self.quantization_config, "verify",
-                                                                                True))))
+            tp.load_tp_planes(model, verify=env_verify(bool(getattr(self.quantization_config, "verify", True))))
             mode = tp.resolve_mode(mode, model)
             before = dict(model.named_modules())
-            loader.prepare(model, mode)
+            prepare(model, mode)
             tp.reinstall_styles(model, before)
             return model
-        loader.prepare(model, mode)
+        prepare(model, mode)
         return model
 
     def is_serializable(self):
@@ -125,6 +127,13 @@ class UnweightHfQuantizer(HfQuantizer):
     @property
     def is_compileable(self) -> bool:
         return True
+
+
+def env_verify(default: bool) -> bool:
+    """The decode-and-checksum pass at load: on unless UNWEIGHT_VERIFY=0 (structure and raw
+    tensors' checksums are always checked)."""
+    v = os.environ.get("UNWEIGHT_VERIFY")
+    return default if v is None else v not in ("0", "false", "no")
 
 
 def register() -> bool:

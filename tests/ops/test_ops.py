@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-import unweight.ops  # noqa: F401  (registers torch.ops.unweight.*)
+from unweight import ops
 from unweight.codec import tensor_codec as tc
 from unweight.format import constants as C
 from unweight.format.errors import FormatError
-from unweight.runtime import dispatch
+from unweight.runtime import scratch
 from unweight.runtime.modules import CompressedEmbedding, CompressedLinear, plane_tensor
 
 
@@ -112,7 +112,7 @@ def _lin(enc):
 def test_torch_compile_linear(backend, enc):
     torch._dynamo.reset()
     lin, cl = _lin(enc)
-    dispatch.reserve_scratch("cpu", 256 * 192)
+    scratch.reserve("cpu", 256 * 192)
     f = torch.compile(cl, backend=backend, fullgraph=True)
     x = torch.randn(3, 256, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -146,8 +146,8 @@ def test_fake_tensor_shapes():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_ops_bitwise_and_graph_capture():
-    from unweight.ops import build_lut, cuda_module
-    if cuda_module() is None:
+    from unweight.ops import build_lut
+    if not ops.cuda_kernels_built():
         pytest.skip("unweight._cuda not built")
     w, h, p, args = _huffman_args(1024, 768)
     dev = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
@@ -165,3 +165,62 @@ def test_cuda_ops_bitwise_and_graph_capture():
     dev = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
     torch.ops.unweight.decode_palette(*dev)
     assert torch.equal(dev[4].cpu(), w)
+
+
+def test_decode_huffman_exponents_and_histogram_cpu():
+    w, h, p, args = _huffman_args(70, 130)
+    args = list(args)
+    args[5] = torch.empty(70, 130, dtype=torch.uint8)
+    torch.ops.unweight.decode_huffman_exponents(*args)
+    want = (w.view(torch.int16).to(torch.int32) >> 7) & 0xFF
+    assert torch.equal(args[5].to(torch.int32), want)
+    hist = torch.zeros(256, dtype=torch.int64)
+    ops.exp_histogram(args[5], hist)
+    assert torch.equal(hist, torch.bincount(want.reshape(-1), minlength=256))
+
+
+@pytest.mark.parametrize("enc", ["huffman", "palette"])
+def test_matmul_cpu_is_the_fp32_reference(enc):
+    # The CPU implementations are the reference the CUDA kernels are held to: decode, fp32
+    # products and sums, one rounding to bf16.
+    if enc == "huffman":
+        w, h, p, args = _huffman_args(48, 64)
+        x = torch.randn(3, 64, dtype=torch.bfloat16)
+        ws = torch.empty(ops.huffman_workspace_elems(3, 48, 64, h.cols_per_chunk))
+        y = torch.ops.unweight.huffman_matmul(x, *args[:5], ws, args[6], *args[7:])
+        op, oargs = torch.ops.unweight.huffman_matmul.default, (x, *args[:5], ws, args[6], *args[7:])
+    else:
+        w, h, p, args = _palette_args(48, 64)
+        x = torch.randn(3, 64, dtype=torch.bfloat16)
+        ws = torch.empty(ops.palette_workspace_elems(3, h.num_verbatim))
+        y = torch.ops.unweight.palette_matmul(x, *args[:4], ws, *args[6:])
+        op, oargs = torch.ops.unweight.palette_matmul.default, (x, *args[:4], ws, *args[6:])
+    assert y.shape == (3, 48) and y.dtype == torch.bfloat16
+    assert torch.equal(y, (x.float() @ w.float().T).to(torch.bfloat16))
+    torch.library.opcheck(op, oargs, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_transcode_to_palette_cpu_matches_codec():
+    w, h, p, _ = _huffman_args(90, 200)
+    hp, pp = ops.transcode_to_palette(h, p, torch.empty(0, dtype=torch.uint16), torch.zeros(1, dtype=torch.int32))
+    want = tc.transcode_to_palette(h, {s: t.numpy() for s, t in p.items()})
+    assert hp.pack().tobytes() == want.header.pack().tobytes()
+    for s, a in want.planes.items():
+        assert pp[s].numpy().tobytes() == a.tobytes(), s
+
+
+def test_empty_matrix_decodes_to_nothing():
+    out = torch.empty(0, 64, dtype=torch.bfloat16)
+    err = torch.zeros(1, dtype=torch.int32)
+    e = torch.empty(0, dtype=torch.uint8)
+    torch.ops.unweight.decode_palette(e.view(0, 64), e.view(0, 32), torch.empty(0, dtype=torch.uint32), e.view(0, 64),
+                                      out, err, 0, 64, [120])
+    assert int(err) == 0
+
+
+def test_bad_output_shape_is_refused():
+    w, h, p, args = _huffman_args(40, 64)
+    args = list(args)
+    args[5] = torch.empty(40, 63, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="out must be"):
+        torch.ops.unweight.decode_huffman(*args)

@@ -23,7 +23,7 @@ distributed_config=DistributedConfig(tp_plan="auto"))`` after ``import unweight`
    classes use them to build the global DTensor shapes).
 4. Integrity: with verify on, each rank decodes only its shard, and the TP group checks every
    sharded tensor's stored crc32 by crc32 arithmetic over the shards' crcs
-   (codec/shard.py ``combine_*_shard_crcs``), the same policy as the vLLM integration.
+   (codec/shard_check.py), the same policy as the vLLM integration.
    Replicated tensors are decoded and checked whole; raw tensors keep their crc check.
 
 Embeddings and tied output projections stay replicated and compressed: a vocab-parallel
@@ -36,18 +36,19 @@ from __future__ import annotations
 
 import logging
 import re
-import zlib
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from ..codec import shard as sh
-from ..codec import tensor_codec as tc
-from ..format.checkpoint import CompressedCheckpoint
-from ..format.errors import ChecksumError, InputError
-from .loader import prefixed_names
-from .modules import CompressedEmbedding, CompressedLinear, CompressedWeightMixin, compressed_modules
+from ...codec import shard as sh
+from ...codec import tensor_codec as tc
+from ...codec.shard_check import check_shard_records, shard_record
+from ...format.checkpoint import CompressedCheckpoint
+from ...format.errors import InputError
+from ...runtime.convert import prefixed_names
+from ...runtime.modes import sharded_mode
+from ...runtime.modules import CompressedEmbedding, CompressedLinear, CompressedWeightMixin, compressed_modules
 
 log = logging.getLogger(__name__)
 
@@ -154,23 +155,10 @@ def _gather(group, obj):
 
 
 def _check_group_crcs(mine: dict, headers: dict, group):
-    """Check every sharded tensor's stored crc32 from the TP group's shard crcs."""
+    """Check every sharded tensor's stored crc32 from the TP group's shard records."""
     everyone = _gather(group, mine)
     for base, h in headers.items():
-        parts = [d[base] for d in everyone if base in d]
-        if parts[0][0] == "rows":
-            uniq = {p[1]: (p[2], p[3]) for p in parts}
-            starts = sorted(uniq)
-            crc = sh.combine_row_shard_crcs([uniq[s][1] for s in starts],
-                                            [(uniq[s][0] - s) * h.cols * 2 for s in starts])
-        else:
-            uniq = {p[1]: (p[2], p[3]) for p in parts}
-            starts = sorted(uniq)
-            crc = sh.combine_col_shard_crcs([np.asarray(uniq[s][1], dtype=np.uint32) for s in starts],
-                                            [(uniq[s][0] - s) * 2 for s in starts])
-        if crc != h.crc32:
-            raise ChecksumError(f"{base}: checksum mismatch across the tensor-parallel shards "
-                                f"(decoded bytes differ from the original)")
+        check_shard_records([d[base] for d in everyone if base in d], h, base)
 
 
 def _install(m: CompressedWeightMixin, header, planes: dict, device):
@@ -232,10 +220,7 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
                 tc.check_planes(hs, ps, where)
                 if verify:
                     w = tc.decode(hs, ps, where=where, verify=False)
-                    if rows is not None:
-                        mine_crcs[base] = ("rows", rows[0], rows[1], zlib.crc32(w.reshape(-1).view(np.uint8)))
-                    else:
-                        mine_crcs[base] = ("cols", cols[0], cols[1], sh.row_crcs(w).tolist())
+                    mine_crcs[base] = shard_record(w, rows=rows, cols=cols)
                     sharded_headers[base] = h
             del planes
             ck.release_encoded(base)
@@ -278,7 +263,7 @@ def reinstall_styles(model: nn.Module, before: dict):
 
 def resolve_mode(mode: str, model: nn.Module) -> str:
     """Mode "auto" under tensor parallelism keeps the shards compressed (the checkpoint's encoding)."""
-    if mode != "auto" or _tp_mesh(model) is None:
+    if _tp_mesh(model) is None:
         return mode
     owners = [m for _, m in compressed_modules(model) if not m.is_tied]
-    return owners[0].encoding_name if owners else mode
+    return sharded_mode(mode, owners[0].encoding_name) if owners else mode

@@ -1,0 +1,63 @@
+"""The single dispatch point (unweight/runtime/dispatch.py): stacked pieces, vocab padding,
+decode into scratch, dtype handling, and the policy's GEMM."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from unweight.codec import tensor_codec as tc
+from unweight.runtime import dispatch, scratch
+from unweight.runtime.modules import plane_tensor
+from unweight.runtime.policy import DispatchPolicy
+from unweight.runtime.weights import EncodedWeight
+
+
+def _piece(rows, cols, enc, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(rows, cols, generator=g) * 0.02).to(torch.bfloat16)
+    e = tc.encode(w.view(torch.uint16).numpy(), enc)
+    planes = {s: plane_tensor(a) for s, a in e.planes.items()}
+    table = torch.from_numpy(e.header.table.copy()) if enc == "huffman" else None
+    return w, EncodedWeight.from_header(e.header, planes, table=table, lut=torch.empty(0, dtype=torch.uint16))
+
+
+def _stack(encs, rows=(48, 16, 16), cols=96):
+    ws, ps = zip(*[_piece(r, cols, e, i) for i, (r, e) in enumerate(zip(rows, encs))])
+    return torch.cat(ws), list(ps)
+
+
+@pytest.mark.parametrize("encs", [("huffman",) * 3, ("palette",) * 3, ("huffman", "palette", "huffman")])
+def test_stacked_pieces_with_padding(encs):
+    w, pieces = _stack(encs)
+    pad = 8
+    out_rows = w.shape[0] + pad
+    full = torch.cat([w, torch.zeros(pad, w.shape[1], dtype=torch.bfloat16)])
+    assert torch.equal(dispatch.decode_new(pieces, out_rows, 96), full)
+    x = torch.randn(2, 3, 96, dtype=torch.bfloat16)
+    b = torch.randn(out_rows, dtype=torch.bfloat16)
+    assert torch.equal(dispatch.linear(pieces, x, b, out_rows, 96), F.linear(x, full, b))
+    ids = torch.tensor([[0, 47, 48, 63], [64, 79, 80, 87]])  # every piece's edges, and padding rows
+    assert torch.equal(dispatch.embedding(pieces, ids, out_rows, 96), F.embedding(ids, full))
+    with pytest.raises(IndexError):
+        dispatch.embedding(pieces, torch.tensor([out_rows]), out_rows, 96)
+
+
+def test_fp32_input_gets_a_converted_copy_and_policy_gemm_is_used():
+    w, pieces = _stack(("huffman",), rows=(32,))
+    seen = []
+
+    def gemm(x, wt, b):
+        seen.append(wt.dtype)
+        return F.linear(x, wt, b)
+
+    x = torch.randn(4, 96)
+    y = dispatch.linear(pieces, x, None, 32, 96, DispatchPolicy(None, dense_linear=gemm))
+    assert torch.equal(y, F.linear(x, w.float())) and seen == [torch.float32]
+
+
+def test_decode_lands_in_the_shared_scratch():
+    scratch.release()
+    w, pieces = _stack(("palette",), rows=(40,))
+    buf = scratch.reserve("cpu", 40 * 96)
+    got = dispatch.decode_into(pieces, scratch.weights("cpu", 40 * 96), 40, 96)
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(got, w)
+    scratch.release()

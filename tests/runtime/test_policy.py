@@ -1,0 +1,74 @@
+"""The dispatch policy (unweight/runtime/policy.py): explicit, never fused off CUDA, never a
+path the table did not measure faster, and a refused launch remembered with one warning."""
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+from unweight.runtime import policy as pol
+from unweight.runtime import prepare
+from unweight.runtime.modules import CompressedLinear
+from unweight.runtime.tuning_table import TuningTable
+
+DEV = "NVIDIA H100 80GB HBM3"
+
+
+def _module(enc, n=40, k=96):
+    torch.manual_seed(0)
+    lin = nn.Linear(k, n).to(torch.bfloat16)
+    nn.init.normal_(lin.weight, std=0.02)
+    return lin, CompressedLinear.from_linear(lin, enc)
+
+
+def _winning_table(n=40, k=96):
+    t = TuningTable()
+    for dev in (DEV, "cpu"):
+        for enc in ("huffman", "palette"):
+            for M in (1, 4, 16):
+                t.record(dev, n, k, enc, M, {"decode_cublas": 1.0, "palette_gemm": 0.1, "huffman_gemm": 0.1})
+    return t
+
+
+@pytest.mark.parametrize("enc", ["huffman", "palette"])
+def test_cpu_never_fused_even_when_the_table_says_so(enc):
+    lin, cl = _module(enc)
+    p = pol.DispatchPolicy(_winning_table())
+    prepare.prepare_module(cl, p)
+    for M in (1, 3, 16):
+        assert p.linear_path(cl.encoded(), M, torch.device("cpu")) == pol.DECODE_CUBLAS
+        x = torch.randn(M, 96, dtype=torch.bfloat16)
+        with torch.no_grad():
+            assert torch.equal(cl(x), lin(x))
+    assert not p.may_fuse("cpu")
+
+
+def test_cuda_lookup_follows_the_table_and_supports(monkeypatch):
+    _, cl = _module("palette")
+    p = pol.DispatchPolicy(_winning_table())
+    monkeypatch.setattr(p, "device_name", lambda device: DEV)
+    cuda = torch.device("cuda", 0)
+    w = cl.encoded()
+    assert p.linear_path(w, 1, cuda) == pol.PALETTE_GEMM
+    assert p.linear_path(w, 17, cuda) == pol.DECODE_CUBLAS  # no fused kernel above 16 rows
+    assert pol.DispatchPolicy(None).linear_path(w, 1, cuda) == pol.DECODE_CUBLAS
+    assert pol.DispatchPolicy(TuningTable()).linear_path(w, 1, cuda) == pol.DECODE_CUBLAS  # nothing measured
+    # huffman without device decode tables (a CPU-built module) cannot take the fused path
+    _, ch = _module("huffman")
+    assert p.linear_path(ch.encoded(), 1, cuda) == pol.DECODE_CUBLAS
+    assert p.may_fuse(cuda)
+
+
+def test_refusal_is_remembered_with_one_warning(monkeypatch):
+    _, cl = _module("palette")
+    p = pol.DispatchPolicy(_winning_table())
+    monkeypatch.setattr(p, "device_name", lambda device: DEV)
+    cuda = torch.device("cuda", 0)
+    w = cl.encoded()
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        p.refuse(w, 1, cuda, pol.PALETTE_GEMM, "too much shared memory")
+        p.refuse(w, 1, cuda, pol.PALETTE_GEMM, "too much shared memory")
+    assert len(got) == 1 and "too much shared memory" in str(got[0].message)
+    assert p.linear_path(w, 1, cuda) == pol.DECODE_CUBLAS
+    assert p.linear_path(w, 4, cuda) == pol.PALETTE_GEMM  # another bucket is unaffected

@@ -1,0 +1,61 @@
+"""``unweight.load``: a compressed checkpoint folder as a ready transformers model."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ...format import constants as C
+from ...format.checkpoint import CompressedCheckpoint
+from ...format.errors import InputError
+from ...runtime.modes import check_mode
+from .quantizer import register
+
+
+def _model_class(config):
+    import transformers
+    for arch in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls
+    return transformers.AutoModel
+
+
+def load(path: str, device: str | torch.device | None = None, mode: str = "auto", *, model_class=None,
+         verify: bool = True, **from_pretrained_kwargs):
+    """Load an unweight checkpoint folder as a ready transformers model.
+
+    path: folder written by ``unweight compress`` (config.json + safetensors shards).
+    device: "cuda", "cuda:1", "cpu" (default: "cuda" when available, else "cpu"), or "auto"
+        / a device_map dict, passed to from_pretrained as device_map.
+    mode: "auto" | "huffman" | "palette" | "dense" (runtime/prepare.py).
+    model_class: the transformers class to instantiate (default: config.architectures[0]
+        when transformers has it, else AutoModel).
+    verify: decode-and-checksum pass at load (structure and raw checksums are always checked).
+    Returns the model in eval mode; model.unweight_info summarizes what was done.  A checkpoint
+    the model cannot take whole (a stored tensor with no place, a parameter the checkpoint
+    does not fill) fails with one InputError line.
+    """
+    check_mode(mode)
+    if not os.path.isdir(path):
+        raise InputError(f"{path}: not a folder (unweight.load takes a compressed checkpoint folder)")
+    from transformers import AutoConfig
+
+    register()
+    # Fail on a corrupt/truncated folder with our one-line error before transformers opens it.
+    CompressedCheckpoint(path).close()
+    config = AutoConfig.from_pretrained(path)
+    qc = getattr(config, "quantization_config", None)
+    qc = dict(qc) if qc is not None else {}
+    if qc.get("quant_method") != C.QUANT_METHOD:
+        raise InputError(f"{path}: config.json has no unweight quantization_config (compress it with unweight)")
+    qc.update(mode=mode, verify=verify)
+    config.quantization_config = qc
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if isinstance(device, torch.device):
+        device = str(device)
+    cls = model_class or _model_class(config)
+    model = cls.from_pretrained(path, config=config, device_map=device, **from_pretrained_kwargs)
+    model.eval()
+    return model

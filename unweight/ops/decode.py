@@ -1,0 +1,187 @@
+"""Whole-matrix decode ops (out-variant: the caller passes the destination).
+
+    torch.ops.unweight.decode_huffman(sm, exp, off, table, lut, out, err, rows, cols, R, C, exp_lo, exp_hi)
+    torch.ops.unweight.decode_palette(sm, idx, vpos, vexp, out, err, rows, cols, palette)
+        out: bf16 [rows, cols] (row-major, any row stride >= cols), mutated; returns nothing.
+    torch.ops.unweight.decode_huffman_exponents(sm, exp, off, table, lut, out, err, rows, cols, R, C, exp_lo, exp_hi)
+        out: uint8 [rows, cols] exponent bytes only (the GPU palette transcode's first pass).
+
+Planes (docs/FORMAT.md), on the device of ``out``:
+    sm    uint8  [rows, cols]           exp   uint8 [stream bytes]     off  uint32 [n_seg + 1]
+    table uint8  [4, exp_hi-exp_lo+1]   code lengths (the header's table; the CPU decoder builds
+                                        its own tables from it)
+    lut   uint16 [4, 4096] on CUDA (ops.build_lut), empty on CPU
+    idx   uint8  [rows, ceil(cols/2)]   vpos  uint32 [nv]              vexp uint8 [nv, 64]
+    err   int32  [1] device error counter
+
+Out-variant ops let a forward decode into a view of one preallocated scratch buffer, so
+weights never allocate and CUDA-graph capture sees no allocation.  Data errors: the CPU
+kernels raise FormatError (a host op can); the CUDA kernels cannot without a host sync, so
+they add to ``err``, which the runtime reads outside the forward (runtime/scratch.py).
+"""
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..format.errors import FormatError
+from . import _ext
+
+__all__ = ["decode_huffman", "decode_palette", "decode_huffman_exponents", "n_units"]
+
+
+def n_units(n: int, unit: int) -> int:
+    """Row groups (or column chunks) of a grid: ceil(n / unit)."""
+    return -(-n // unit)
+
+
+def _check_huffman(sm, exp, off, lut, out, rows, cols, on_cuda: bool):
+    _ext.require_rowmajor(out, "out", rows, cols)
+    _ext.require_contiguous("decode_huffman", sm, exp, off)
+    _ext.same_device("decode_huffman", out, sm, exp, off)
+    if on_cuda and (lut.numel() != 4 * 4096 or lut.device != out.device):
+        raise ValueError("decode_huffman on CUDA needs the uint16 [4, 4096] decode tables on the output's device "
+                         "(ops.build_lut)")
+
+
+def _cpu_huffman(sm, exp, off, table, out, rows, cols, R, C, exp_lo, exp_hi):
+    try:
+        _ext._C.huffman_decode(_ext.np_view(exp), _ext.np_view(off), rows, cols, R, C, _ext.np_view(table), exp_lo,
+                               exp_hi, 0, n_units(rows, R), 0, n_units(cols, C), _ext.np_view(sm),
+                               _ext.np_view(out), _ext.threads())
+    except ValueError as e:
+        raise FormatError(f"huffman decode failed: {e}") from None
+
+
+def _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, R, C, exp_only: bool):
+    with torch.cuda.device_of(out):
+        _ext.cuda_module().huffman_decode(_ext.ptr(exp), exp.numel(), _ext.ptr(off), rows, cols, R, C, _ext.ptr(lut),
+                                          0, n_units(rows, R), 0, n_units(cols, C), _ext.ptr(sm), cols,
+                                          _ext.ptr(out), out.stride(0), _ext.ptr(err), _ext.stream(out), exp_only)
+
+
+# ------------------------------------------------------------------------ decode_huffman
+
+
+@torch.library.custom_op("unweight::decode_huffman", mutates_args=("out", "err"))
+def decode_huffman(sm: Tensor, exp: Tensor, off: Tensor, table: Tensor, lut: Tensor, out: Tensor, err: Tensor,
+                   rows: int, cols: int, rows_per_group: int, cols_per_chunk: int, exp_lo: int,
+                   exp_hi: int) -> None:
+    raise NotImplementedError(f"unweight::decode_huffman has no kernel for device {out.device}")
+
+
+@decode_huffman.register_fake
+def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
+    return None
+
+
+@decode_huffman.register_kernel("cpu")
+def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
+    if rows == 0 or cols == 0:
+        return
+    _check_huffman(sm, exp, off, lut, out, rows, cols, False)
+    if not out.is_contiguous():
+        raise ValueError("decode_huffman on CPU writes a contiguous [rows, cols] output")
+    try:
+        _cpu_huffman(sm, exp, off, table, out, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi)
+    except FormatError:
+        err.add_(1)
+        raise
+
+
+@decode_huffman.register_kernel("cuda")
+def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
+    if rows == 0 or cols == 0:
+        return
+    _check_huffman(sm, exp, off, lut, out, rows, cols, True)
+    _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, False)
+
+
+# ------------------------------------------------------------------------ decode_huffman_exponents
+
+
+@torch.library.custom_op("unweight::decode_huffman_exponents", mutates_args=("out", "err"))
+def decode_huffman_exponents(sm: Tensor, exp: Tensor, off: Tensor, table: Tensor, lut: Tensor, out: Tensor,
+                             err: Tensor, rows: int, cols: int, rows_per_group: int, cols_per_chunk: int,
+                             exp_lo: int, exp_hi: int) -> None:
+    raise NotImplementedError(f"unweight::decode_huffman_exponents has no kernel for device {out.device}")
+
+
+@decode_huffman_exponents.register_fake
+def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
+    return None
+
+
+@decode_huffman_exponents.register_kernel("cpu")
+def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
+    if rows == 0 or cols == 0:
+        return
+    _check_huffman(sm, exp, off, lut, out, rows, cols, False)
+    w = np.empty((rows, cols), dtype=np.uint16)
+    try:
+        _cpu_huffman(sm, exp, off, table, torch.from_numpy(w), rows, cols, rows_per_group, cols_per_chunk, exp_lo,
+                     exp_hi)
+    except FormatError:
+        err.add_(1)
+        raise
+    _ext.np_view(out)[...] = (w >> 7) & 0xFF
+
+
+@decode_huffman_exponents.register_kernel("cuda")
+def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
+    if rows == 0 or cols == 0:
+        return
+    _check_huffman(sm, exp, off, lut, out, rows, cols, True)
+    _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, True)
+
+
+# ------------------------------------------------------------------------ decode_palette
+
+
+def _check_palette(sm, idx, vpos, vexp, out, rows, cols, palette):
+    _ext.require_rowmajor(out, "out", rows, cols)
+    _ext.require_contiguous("decode_palette", sm, idx, vpos, vexp)
+    _ext.same_device("decode_palette", out, sm, idx, vpos, vexp)
+    if not 1 <= len(palette) <= 16:
+        raise ValueError(f"decode_palette: palette must have 1..16 entries, got {len(palette)}")
+
+
+@torch.library.custom_op("unweight::decode_palette", mutates_args=("out", "err"))
+def decode_palette(sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, out: Tensor, err: Tensor, rows: int,
+                   cols: int, palette: List[int]) -> None:
+    raise NotImplementedError(f"unweight::decode_palette has no kernel for device {out.device}")
+
+
+@decode_palette.register_fake
+def _(sm, idx, vpos, vexp, out, err, rows, cols, palette):
+    return None
+
+
+@decode_palette.register_kernel("cpu")
+def _(sm, idx, vpos, vexp, out, err, rows, cols, palette):
+    if rows == 0 or cols == 0:
+        return
+    _check_palette(sm, idx, vpos, vexp, out, rows, cols, palette)
+    if not out.is_contiguous():
+        raise ValueError("decode_palette on CPU writes a contiguous [rows, cols] output")
+    try:
+        _ext._C.palette_decode(_ext.np_view(sm), _ext.np_view(idx), rows, cols, 0, rows,
+                               np.asarray(palette, dtype=np.uint8), _ext.np_view(vpos), _ext.np_view(vexp),
+                               _ext.np_view(out), _ext.threads())
+    except ValueError as e:
+        err.add_(1)
+        raise FormatError(f"palette decode failed: {e}") from None
+
+
+@decode_palette.register_kernel("cuda")
+def _(sm, idx, vpos, vexp, out, err, rows, cols, palette):
+    if rows == 0 or cols == 0:
+        return
+    _check_palette(sm, idx, vpos, vexp, out, rows, cols, palette)
+    with torch.cuda.device_of(out):
+        _ext.cuda_module().palette_decode(_ext.ptr(sm), _ext.ptr(idx), rows, cols, 0, rows, 0, cols, bytes(palette),
+                                          _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), _ext.ptr(out),
+                                          out.stride(0), _ext.ptr(err), _ext.stream(out))

@@ -1,0 +1,100 @@
+"""Embedding row gathers that decode only what the ids touch.
+
+    torch.ops.unweight.gather_rows_huffman(ids, sm, exp, off, table, rows, cols, R, C, exp_lo, exp_hi)
+    torch.ops.unweight.gather_rows_palette(ids, sm, idx, vpos, vexp, rows, cols, palette)
+        ids: integer [...] on the planes' device, each in [0, rows); returns bf16 [ids.numel(), cols].
+
+Huffman decodes the row groups holding the ids (consecutive groups in one call, so threads
+split their segments); palette decodes the rows themselves.  CPU only for now: on other
+devices the runtime decodes into its scratch buffer and gathers there (runtime/dispatch.py).
+"""
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..format.errors import FormatError
+from . import _ext
+from .decode import n_units
+
+__all__ = ["gather_rows_huffman", "gather_rows_palette"]
+
+
+def _host_ids(ids: Tensor, rows: int) -> np.ndarray:
+    flat = ids.reshape(-1).to(torch.int64).numpy()
+    if flat.size and (flat.min() < 0 or flat.max() >= rows):
+        raise IndexError(f"index out of range in self (embedding of {rows} rows, got ids in "
+                         f"[{int(flat.min())}, {int(flat.max())}])")
+    return flat
+
+
+def _runs(sorted_unique: np.ndarray):
+    """Split sorted unique ints into runs of consecutive values: [(first, last + 1), ...]."""
+    if sorted_unique.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(sorted_unique) != 1) + 1
+    return [(int(r[0]), int(r[-1]) + 1) for r in np.split(sorted_unique, breaks)]
+
+
+@torch.library.custom_op("unweight::gather_rows_huffman", mutates_args=())
+def gather_rows_huffman(ids: Tensor, sm: Tensor, exp: Tensor, off: Tensor, table: Tensor, rows: int, cols: int,
+                        rows_per_group: int, cols_per_chunk: int, exp_lo: int, exp_hi: int) -> Tensor:
+    raise NotImplementedError(f"unweight::gather_rows_huffman has no kernel for device {ids.device}")
+
+
+@gather_rows_huffman.register_fake
+def _(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
+    return sm.new_empty((ids.numel(), cols), dtype=torch.bfloat16)
+
+
+@gather_rows_huffman.register_kernel("cpu")
+def _(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
+    flat = _host_ids(ids, rows)
+    R = rows_per_group
+    out = np.empty((flat.size, cols), dtype=np.uint16)
+    groups = flat // R
+    sm_np, exp_np, off_np, tab = _ext.np_view(sm), _ext.np_view(exp), _ext.np_view(off), _ext.np_view(table)
+    n_chunks = n_units(cols, cols_per_chunk)
+    for g0, g1 in _runs(np.unique(groups)):
+        r0, r1 = g0 * R, min(rows, g1 * R)
+        buf = np.empty((r1 - r0, cols), dtype=np.uint16)
+        try:
+            _ext._C.huffman_decode(exp_np, off_np, rows, cols, R, cols_per_chunk, tab, exp_lo, exp_hi, g0, g1, 0,
+                                   n_chunks, sm_np[r0:r1], buf, _ext.threads())
+        except ValueError as e:
+            raise FormatError(f"huffman decode failed: {e}") from None
+        sel = (groups >= g0) & (groups < g1)
+        out[sel] = buf[flat[sel] - r0]
+    return torch.from_numpy(out).view(torch.bfloat16)
+
+
+@torch.library.custom_op("unweight::gather_rows_palette", mutates_args=())
+def gather_rows_palette(ids: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, rows: int, cols: int,
+                        palette: List[int]) -> Tensor:
+    raise NotImplementedError(f"unweight::gather_rows_palette has no kernel for device {ids.device}")
+
+
+@gather_rows_palette.register_fake
+def _(ids, sm, idx, vpos, vexp, rows, cols, palette):
+    return sm.new_empty((ids.numel(), cols), dtype=torch.bfloat16)
+
+
+@gather_rows_palette.register_kernel("cpu")
+def _(ids, sm, idx, vpos, vexp, rows, cols, palette):
+    flat = _host_ids(ids, rows)
+    out = np.empty((flat.size, cols), dtype=np.uint16)
+    sm_np, idx_np, vpos_np, vexp_np = _ext.np_view(sm), _ext.np_view(idx), _ext.np_view(vpos), _ext.np_view(vexp)
+    pal = np.asarray(palette, dtype=np.uint8)
+    for r0, r1 in _runs(np.unique(flat)):
+        buf = np.empty((r1 - r0, cols), dtype=np.uint16)
+        try:
+            _ext._C.palette_decode(sm_np[r0:r1], idx_np[r0:r1], rows, cols, r0, r1, pal, vpos_np, vexp_np, buf,
+                                   _ext.threads())
+        except ValueError as e:
+            raise FormatError(f"palette decode failed: {e}") from None
+        sel = (flat >= r0) & (flat < r1)
+        out[sel] = buf[flat[sel] - r0]
+    return torch.from_numpy(out).view(torch.bfloat16)

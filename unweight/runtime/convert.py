@@ -1,0 +1,216 @@
+"""Model surgery: swap compressed modules in before weights load, check after loading.
+
+``convert_model`` (model on the meta device) turns every module whose weight is an encoded
+tensor of the checkpoint into a compressed module, found from the tensors alone (no
+per-architecture tables): exact ``nn.Linear`` -> CompressedLinear, exact ``nn.Embedding`` ->
+CompressedEmbedding, an output projection tied to a compressed weight and absent from the
+checkpoint -> CompressedLinear sharing the source's planes.  Anything else holding an
+encoded tensor (Conv1D, a subclass with its own forward, a bare Parameter...) gets the plane
+buffers attached and is decoded to a dense weight after loading (``decode_fallbacks``).
+
+``check_loading`` enforces that a model that loads is the original model: every stored
+tensor consumed, no parameter left at its initial value (transformers only warns).
+Name resolution handles the one renaming every transformers model shares: the base-model
+prefix (a BertModel checkpoint into BertForMaskedLM and back).
+"""
+from __future__ import annotations
+
+import logging
+import re
+
+import torch
+import torch.nn as nn
+
+from ..codec import tensor_codec as tc
+from ..format import constants as C
+from ..format.checkpoint import CompressedCheckpoint
+from ..format.errors import FormatError, InputError
+from ..format.header import TensorHeader
+from .modules import CompressedEmbedding, CompressedLinear
+
+log = logging.getLogger(__name__)
+
+_ST_TORCH = {"U8": torch.uint8, "U32": torch.uint32}
+
+
+def _plane_shapes(ck: CompressedCheckpoint, base: str) -> dict:
+    out = {}
+    for suf, stored in ck.encoded[base].items():
+        dt, shape, _, _ = ck.info(stored)
+        if dt not in _ST_TORCH:
+            raise FormatError(f"plane {stored!r} ({ck.file_of(stored)}) has dtype {dt}, expected U8/U32")
+        out[suf] = (tuple(shape), _ST_TORCH[dt])
+    return out
+
+
+def set_module(model: nn.Module, name: str, new: nn.Module):
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+
+def prefixed_names(name: str, prefix: str) -> list:
+    """Where a checkpoint name may live in a model: as is, under the base-model prefix, or
+    without it (a BertModel checkpoint into BertForMaskedLM and back)."""
+    cands = [name]
+    if prefix:
+        cands.append(f"{prefix}.{name}")
+        if name.startswith(prefix + "."):
+            cands.append(name[len(prefix) + 1:])
+    return cands
+
+
+def _resolver(model: nn.Module, ck_names: set):
+    """checkpoint tensor name -> (module name, attribute) in this model, or None.
+
+    Handles the only renaming every transformers model shares: the base-model prefix
+    (a BertModel checkpoint into BertForMaskedLM and back)."""
+    modules = dict(model.named_modules())
+    prefix = getattr(model, "base_model_prefix", "") or ""
+
+    def resolve(name: str):
+        for c in prefixed_names(name, prefix):
+            mod, _, attr = c.rpartition(".")
+            m = modules.get(mod)
+            if m is not None and (attr in m._parameters or attr in m._buffers):
+                return mod, attr
+        return None
+
+    return modules, resolve
+
+
+def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
+    """Replace (on the meta device) every module holding an encoded tensor; see module doc.
+
+    An encoded tensor that resolves to no parameter of the model fails with InputError (one
+    line naming it): a model that loads must be the original model.
+    Returns a report {"compressed": [...], "tied": [...], "dense_fallback": [...]}
+    which is also stored as model._unweight_plan.
+    """
+    modules, resolve = _resolver(model, set(ck.names()))
+    report = {"compressed": [], "tied": [], "dense_fallback": []}
+    replaced = {}  # module name -> compressed module
+    ck_params = set()  # model param names present in the checkpoint (encoded or raw)
+    for name in ck.raw:
+        r = resolve(name)
+        if r:
+            ck_params.add(f"{r[0]}.{r[1]}" if r[0] else r[1])
+    for base in ck.encoded:
+        h = ck.header(base)
+        shapes = _plane_shapes(ck, base)
+        tc.check_planes(h, ck.planes(base), ck.location(base))  # mmap views: shapes + two offsets read
+        r = resolve(base)
+        if r is None:
+            raise InputError(f"unweight: checkpoint tensor {base!r} ({ck.location(base)}) has no place in "
+                             f"{type(model).__name__}: no parameter or buffer of that name")
+        mod_name, attr = r
+        full = f"{mod_name}.{attr}" if mod_name else attr
+        ck_params.add(full)
+        mod = modules[mod_name]
+        w = getattr(mod, attr)
+        fits = attr == "weight" and tuple(w.shape) == (h.rows, h.cols)
+        if fits and type(mod) is nn.Linear:
+            new = CompressedLinear(h, shapes, bias=mod.bias, device="meta")
+        elif fits and type(mod) is nn.Embedding and mod.max_norm is None:
+            new = CompressedEmbedding(h, shapes, padding_idx=mod.padding_idx, device="meta")
+        else:
+            # Not a module we can run compressed: carry the planes on it, decode after load.
+            for suf, (shp, dt) in shapes.items():
+                mod.register_buffer(attr + suf, torch.empty(shp, dtype=dt, device="meta"), persistent=True)
+            report["dense_fallback"].append({"module": mod_name, "attr": attr, "type": type(mod).__name__,
+                                             "header": h})
+            log.info("unweight: %s (%s.%s) cannot run compressed; it will be decoded to a dense weight at load",
+                     full, type(mod).__name__, attr)
+            continue
+        set_module(model, mod_name, new)
+        modules[mod_name] = new
+        replaced[mod_name] = new
+        report["compressed"].append(mod_name)
+
+    # Ties: an output projection tied to a compressed weight and absent from the checkpoint
+    # shares the source's planes.  Every tie touching a replaced module leaves transformers'
+    # tie map (its params no longer exist; the sharing is structural now).
+    tied_map = dict(getattr(model, "all_tied_weights_keys", None) or {})
+    for target, source in tied_map.items():
+        t_mod, _, t_attr = target.rpartition(".")
+        s_mod, _, s_attr = source.rpartition(".")
+        if s_mod not in replaced and t_mod not in replaced:
+            continue
+        model.all_tied_weights_keys.pop(target, None)
+        tgt = modules.get(t_mod)
+        src = replaced.get(s_mod)
+        if (src is not None and t_attr == "weight" and s_attr == "weight" and target not in ck_params
+                and type(tgt) is nn.Linear and tuple(tgt.weight.shape) == (src.n_rows, src.n_cols)):
+            new = CompressedLinear.tied_to(src, bias=tgt.bias)
+            set_module(model, t_mod, new)
+            modules[t_mod] = new
+            report["tied"].append({"module": t_mod, "source": s_mod})
+        elif t_mod not in replaced:
+            log.warning("unweight: %s is tied to %s, which is stored compressed, but %s cannot share its planes; "
+                        "it is left untied", target, source, type(tgt).__name__)
+
+    # Dense fallbacks lose their original weight from the checkpoint: keep transformers from
+    # reporting it missing (it is decoded into place after loading).
+    if report["dense_fallback"]:
+        pats = set(getattr(model, "_keys_to_ignore_on_load_missing", None) or [])
+        for fb in report["dense_fallback"]:
+            full = f"{fb['module']}.{fb['attr']}" if fb["module"] else fb["attr"]
+            pats.add("^" + re.escape(full) + "$")
+        model._keys_to_ignore_on_load_missing = sorted(pats)
+    model._unweight_plan = report
+    return report
+
+
+def decode_fallbacks(model: nn.Module, plan: dict) -> None:
+    """After loading: decode the planes carried by modules that cannot run compressed (see
+    convert_model) into their dense weight, checksum-verified."""
+    for fb in plan.get("dense_fallback", []):
+        mod = model.get_submodule(fb["module"]) if fb["module"] else model
+        attr, h = fb["attr"], fb["header"]
+        planes = {suf: getattr(mod, attr + suf).detach().cpu().numpy() for suf in tc.planes_for(h)}
+        where = f"{fb['module']}.{attr}"
+        h = TensorHeader.parse(planes[C.SUFFIX_HDR], where)
+        w = torch.from_numpy(tc.decode(h, planes, where=where, verify=True)).view(torch.bfloat16)
+        dev = getattr(mod, attr + C.SUFFIX_SM).device
+        old = getattr(mod, attr, None)
+        w = w.view(old.shape) if old is not None and old.numel() == w.numel() else w
+        for suf in tc.planes_for(h):
+            delattr(mod, attr + suf)
+        setattr(mod, attr, nn.Parameter(w.to(dev), requires_grad=False))
+    if plan.get("dense_fallback") and hasattr(model, "tie_weights"):
+        try:
+            model.tie_weights(recompute_mapping=False)
+        except (AttributeError, TypeError) as e:  # models without transformers' tie API
+            log.debug("tie_weights after dense fallback: %s", e)
+
+
+def check_loading(model: nn.Module, missing, unexpected) -> None:
+    """Fail with one InputError line when transformers reported checkpoint tensors it could not
+    place (unexpected) or model parameters it left at their initial values (missing), after
+    the model's own ignore rules were applied."""
+    missing, unexpected = sorted(missing or ()), sorted(unexpected or ())
+    if unexpected:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise InputError(f"unweight: checkpoint tensor {unexpected[0]!r}{more} has no place in "
+                         f"{type(model).__name__}; the model would not be the original")
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise InputError(f"unweight: {type(model).__name__} parameter {missing[0]!r}{more} is not in the "
+                         f"checkpoint and would be left at its initial value")
+
+
+def capture_loading_info(model: nn.Module) -> None:
+    """Record transformers' final missing/unexpected keys on the model (model._unweight_loading)
+    so the quantizer can refuse a partial load after it.  transformers 5 hands its loading
+    report to ``_adjust_missing_and_unexpected_keys`` and otherwise only logs it."""
+    orig = getattr(model, "_adjust_missing_and_unexpected_keys", None)
+    if orig is None:
+        return
+
+    def adjust(loading_info, *args, **kwargs):
+        out = orig(loading_info, *args, **kwargs)
+        model._unweight_loading = (set(getattr(loading_info, "missing_keys", ()) or ()),
+                                   set(getattr(loading_info, "unexpected_keys", ()) or ()))
+        return out
+
+    model._adjust_missing_and_unexpected_keys = adjust

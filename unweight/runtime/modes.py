@@ -1,0 +1,26 @@
+"""Runtime modes of a compressed model (stdlib only, so the offline tools can name them).
+
+    "huffman" / "palette": weights stay encoded on the device (a checkpoint in the other
+        encoding is transcoded at load) and are decoded per forward.
+    "dense": decoded once at load into ordinary nn.Linear / nn.Embedding weights.
+    "auto": dense where the memory allows it, compressed otherwise (runtime/prepare.py).
+"""
+from __future__ import annotations
+
+from ..format.errors import InputError
+
+MODES = ("auto", "huffman", "palette", "dense")
+
+
+def check_mode(mode: str) -> str:
+    """Return mode, or raise InputError naming the choices."""
+    if mode not in MODES:
+        raise InputError(f"unknown mode {mode!r}: choose {', '.join(MODES)}")
+    return mode
+
+
+def sharded_mode(mode: str, stored_encoding: str) -> str:
+    """The mode a tensor-parallel shard runs in: "auto" keeps the stored encoding (loading a
+    shard at all means memory is what matters), any other mode as asked."""
+    check_mode(mode)
+    return stored_encoding if mode == "auto" else mode

@@ -1,0 +1,88 @@
+"""Dispatch policy: which path runs a compressed linear, decided per layer and batch bucket.
+
+A policy is an explicit object handed to the compressed modules (runtime/prepare.py sets it)
+or to the vLLM adapter, never state registered by an import.  ``DispatchPolicy(None)`` always
+decodes into scratch and runs the dense GEMM; ``measured()`` consults the tuning table
+(runtime/tuning_table.py) and runs a fused kernel only where it was measured faster on this
+device.  CPU tensors never reach a fused kernel, so CPU forwards stay decode + F.linear,
+bit for bit.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import kernel_plan as kp
+from .tuning_table import DECODE_CUBLAS, HUFFMAN_GEMM, PALETTE_GEMM, TuningTable, bucket, load_table
+from .weights import EncodedWeight
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DispatchPolicy", "measured", "DECODE_CUBLAS", "PALETTE_GEMM", "HUFFMAN_GEMM"]
+
+
+class DispatchPolicy:
+    """table: measured choices (None: never fused); dense_linear: the GEMM run after a decode,
+    fn(x, w, bias) -> y (F.linear by default; vLLM passes its own CPU GEMM so a compressed
+    model computes with the same kernel as vLLM's BF16 path)."""
+
+    def __init__(self, table: TuningTable | None = None, dense_linear: Callable | None = None):
+        self.table = table
+        self.dense_linear = dense_linear or F.linear
+        self._names: dict[int, str] = {}
+        self._refused: set = set()
+
+    def device_name(self, device: torch.device) -> str:
+        """torch.cuda.get_device_name of a CUDA device (cached per index: the table's key)."""
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        n = self._names.get(idx)
+        if n is None:
+            n = self._names[idx] = torch.cuda.get_device_name(idx)
+        return n
+
+    def linear_path(self, w: EncodedWeight, M: int, device: torch.device) -> str:
+        """The path for y = x @ W^T with x of M rows on `device`."""
+        if self.table is None or not self.table.entries or device.type != "cuda" or not 1 <= M <= kp.GEMM_MAX_M:
+            return DECODE_CUBLAS
+        key = (self.device_name(device), w.rows, w.cols, w.encoding_name, bucket(M))
+        if key in self._refused:
+            return DECODE_CUBLAS
+        choice = self.table.lookup(*key[:4], M)
+        if choice == PALETTE_GEMM and not (not w.is_huffman and kp.gemm_supported(M, w.cols)):
+            return DECODE_CUBLAS
+        if choice == HUFFMAN_GEMM and not (w.is_huffman and w.lut is not None and w.lut.numel()
+                                           and kp.huffman_gemm_supported(M, w.cols, w.cols_per_chunk)):
+            return DECODE_CUBLAS
+        return choice
+
+    def refuse(self, w: EncodedWeight, M: int, device: torch.device, path: str, reason: str) -> None:
+        """A fused launcher refused this problem: run decode + GEMM for it from now on (one warning)."""
+        key = (self.device_name(device), w.rows, w.cols, w.encoding_name, bucket(M))
+        if key not in self._refused:
+            self._refused.add(key)
+            msg = (f"unweight: {path} refused {w.name or 'a layer'} [{w.rows}x{w.cols}] at batch {M} on {key[0]} "
+                   f"({reason}); using decode + cuBLAS for it")
+            warnings.warn(msg, stacklevel=3)
+            log.warning(msg)
+
+    def may_fuse(self, device) -> bool:
+        """Whether any forward on `device` can take a fused kernel (else every output is the
+        decode + dense GEMM result, bitwise the original model's)."""
+        device = torch.device(device)
+        if self.table is None or device.type != "cuda":
+            return False
+        name = self.device_name(device)
+        for key, e in self.table.entries.items():
+            dev, n, k, enc, _bucket = key.split("|")
+            if dev == name and self.table.lookup(dev, int(n), int(k), enc, int(e.get("M", 1))) != DECODE_CUBLAS:
+                return True
+        return False
+
+
+def measured() -> DispatchPolicy:
+    """Policy from the shipped tuning defaults overlaid with the user's cache."""
+    return DispatchPolicy(load_table())

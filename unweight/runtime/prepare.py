@@ -1,0 +1,265 @@
+"""Mode selection: finish a model whose compressed modules hold loaded planes.
+
+``prepare(model, mode, policy)`` runs after the weights are in (``unweight.load`` and
+``from_pretrained`` through the quantizer both call it): it decodes the dense fallbacks,
+validates every loaded header, applies the mode per module, builds the CUDA decode tables,
+hands each compressed module its dispatch policy and reserves the per-device scratch.
+
+Modes (runtime/modes.py):
+    "huffman" / "palette": weights stay compressed on the device; a checkpoint in the other
+        encoding is transcoded at load (on the GPU when the CUDA kernels are built, else with
+        the CPU codec).
+    "dense": decode once at load into ordinary nn.Linear / nn.Embedding (ties preserved).
+    "auto": CPU: dense when the decoded encoded weights take <= 50 % of MemAvailable, else
+        the checkpoint's encoding (decode-per-forward is only worth it when memory is short).
+        CUDA: dense when everything fits in 80 % of free device memory; otherwise every
+        compressed layer shape is timed (compressed forward vs dense F.linear, CUDA events,
+        batch 1) and layers are densified greedily by slowdown-per-saved-byte while the
+        budget lasts.
+    A CUDA device without the compiled ``unweight._cuda`` module runs dense (one warning).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from .. import ops
+from ..codec import tensor_codec as tc
+from ..format import constants as C
+from . import policy as policies
+from . import scratch
+from .convert import decode_fallbacks, set_module
+from .modes import check_mode
+from .modules import CompressedEmbedding, CompressedWeightMixin, compressed_modules
+
+log = logging.getLogger(__name__)
+
+_WARNED = set()
+
+
+def _warn_once(key: str, msg: str):
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(msg, stacklevel=3)
+        log.warning(msg)
+
+
+def _meminfo_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
+def _dense_weight(m: CompressedWeightMixin) -> torch.Tensor:
+    """Decoded bf16 [rows, cols] weight on m's device (device kernels when usable)."""
+    dev = m.device
+    if dev.type == "cpu" or (dev.type == "cuda" and ops.cuda_kernels_built()):
+        return m.decode_weight()
+    o = m.owner()
+    return torch.from_numpy(tc.decode(o.header, o.host_planes(), verify=False)).view(torch.bfloat16).to(dev)
+
+
+def _to_dense(model: nn.Module, name: str, m: CompressedWeightMixin, dense_of: dict):
+    if isinstance(m, CompressedEmbedding):
+        new = nn.Embedding(m.num_embeddings, m.embedding_dim, padding_idx=m.padding_idx, device="meta")
+    else:
+        new = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device="meta")
+        if m.bias is not None:
+            new.bias = m.bias
+    src = m.owner()
+    if m.is_tied and id(src) in dense_of:
+        new.weight = dense_of[id(src)]  # keep the tie: one Parameter, two modules
+    else:
+        new.weight = nn.Parameter(_dense_weight(m), requires_grad=False)
+        dense_of[id(src)] = new.weight
+    set_module(model, name, new)
+    return new
+
+
+def _transcode(m: CompressedWeightMixin, target: str):
+    """Re-encode m's planes as `target` ("palette" or "huffman") on its device."""
+    if target == m.encoding_name:
+        return
+    h = m.header
+    if target == "palette" and (m.device.type == "cpu" or ops.cuda_kernels_built()):
+        hdr, planes = ops.transcode_to_palette(h, m.planes(), m.lut(), scratch.error_counter(m.device))
+    else:
+        o = m.owner()
+        w = tc.decode(h, o.host_planes(), verify=False)
+        enc = tc.encode(w, target, grid=(h.rows_per_group, h.cols_per_chunk))
+        hdr, planes = enc.header, enc.planes
+    m.replace_planes(hdr, planes)
+
+
+def _build_lut(m: CompressedWeightMixin):
+    if m.is_tied or m.encoding != C.ENC_HUFFMAN or m.device.type != "cuda":
+        return
+    m.weight_lut = ops.build_lut(m.code_table(), m.exp_lo, m.exp_hi, scratch.error_counter(m.device))
+
+
+def prepare_module(m: CompressedWeightMixin, policy: policies.DispatchPolicy | None = None) -> None:
+    """Ready one compressed module built by hand (tests, benchmarks) to run on its device:
+    CUDA decode tables, scratch, policy (None: decode + F.linear only)."""
+    _build_lut(m)
+    if not (isinstance(m, CompressedEmbedding) and m.device.type == "cpu"):
+        scratch.reserve(m.device, m.n_rows * m.n_cols)
+    m.policy = policy
+
+
+def _time_cuda(fn, reps: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+def _auto_modes(owners: list) -> dict:
+    """{id(owner): "dense" | "compressed"} by the rule in the module docstring."""
+    out = {}
+    by_dev = {}
+    for n, m in owners:
+        by_dev.setdefault(m.device, []).append((n, m))
+    for dev, items in by_dev.items():
+        extra = sum(m.decoded_bytes() - m.held_bytes() for _, m in items)
+        if dev.type == "cpu":
+            choice = "dense" if sum(m.decoded_bytes() for _, m in items) <= 0.5 * _meminfo_available() else "compressed"
+            out.update({id(m): choice for _, m in items})
+            continue
+        free, _total = torch.cuda.mem_get_info(dev)
+        budget = 0.8 * free
+        if extra <= budget:
+            out.update({id(m): "dense" for _, m in items})
+            continue
+        # Time one layer per distinct shape/encoding: compressed forward vs dense forward.
+        cost = {}
+        for _, m in items:
+            key = (m.n_rows, m.n_cols, m.encoding, type(m).__name__)
+            if key in cost or isinstance(m, CompressedEmbedding):
+                continue
+            x = torch.randn(1, m.n_cols, dtype=torch.bfloat16, device=dev)
+            w = m.decode_weight()
+            t_c = _time_cuda(lambda: m(x))
+            t_d = _time_cuda(lambda w=w: torch.nn.functional.linear(x, w))
+            del w
+            cost[key] = max(0.0, t_c - t_d)
+        ranked = sorted(items, key=lambda it: -cost.get((it[1].n_rows, it[1].n_cols, it[1].encoding,
+                                                         type(it[1]).__name__), 0.0)
+                        / max(1, it[1].decoded_bytes() - it[1].held_bytes()))
+        for _, m in ranked:
+            add = m.decoded_bytes() - m.held_bytes()
+            if add <= budget and cost.get((m.n_rows, m.n_cols, m.encoding, type(m).__name__), 0.0) > 0:
+                out[id(m)] = "dense"
+                budget -= add
+            else:
+                out[id(m)] = "compressed"
+    return out
+
+
+def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolicy | None = None) -> dict:
+    """Finish a model whose compressed modules hold loaded planes: validate, apply `mode`,
+    build device tables, set the dispatch policy (default: the measured one, which only ever
+    picks a fused kernel on CUDA), reserve scratch.  Returns the summary stored as
+    model.unweight_info."""
+    check_mode(mode)
+    plan = getattr(model, "_unweight_plan", {}) or {}
+    decode_fallbacks(model, plan)
+    cms = compressed_modules(model)
+    owners = [(n, m) for n, m in cms if not m.is_tied]
+    for n, m in owners:
+        m.check_loaded(n)
+    if any(m.device.type == "cuda" for _, m in owners) and not ops.cuda_kernels_built() and mode != "dense":
+        _warn_once("nocuda", "unweight: the CUDA kernels (unweight._cuda) are not built; compressed modules on "
+                   "the GPU are decoded to dense weights at load")
+        mode = "dense"
+    if any(m.device.type not in ("cpu", "cuda") for _, m in owners):
+        bad = sorted({str(m.device) for _, m in owners if m.device.type not in ("cpu", "cuda")})
+        if mode != "dense":
+            log.warning("unweight: modules on %s run dense (no decode kernels there)", ", ".join(bad))
+    # CUDA decode tables first: auto's timing and the on-device transcode decode through them.
+    for _, m in owners:
+        _build_lut(m)
+    choice = {}
+    auto = _auto_modes(owners) if mode == "auto" else {}
+    for n, m in owners:
+        if m.device.type not in ("cpu", "cuda"):
+            choice[id(m)] = "dense"
+        elif mode == "auto":
+            choice[id(m)] = auto[id(m)]
+        elif mode == "dense":
+            choice[id(m)] = "dense"
+        else:
+            choice[id(m)] = mode
+    dense_of = {}
+    counts = {"dense": 0, "huffman": 0, "palette": 0}
+    # Owners first so a tied module finds its source's dense Parameter.
+    for n, m in sorted(cms, key=lambda it: it[1].is_tied):
+        c = choice[id(m.owner())]
+        if c == "dense":
+            _to_dense(model, n, m, dense_of)
+            counts["dense"] += 1
+            continue
+        if not m.is_tied and c in ("huffman", "palette"):
+            _transcode(m, c)
+            _build_lut(m)
+        counts[m.encoding_name] += 1
+    # Scratch: one per device, the largest decoded weight that decodes into it.
+    need = {}
+    for n, m in compressed_modules(model):
+        if isinstance(m, CompressedEmbedding) and m.device.type == "cpu":
+            continue  # CPU embeddings gather rows without the scratch
+        k = str(m.device)
+        need[k] = max(need.get(k, 0), m.n_rows * m.n_cols)
+    for dev, numel in need.items():
+        scratch.reserve(dev, numel)
+    policy = policy if policy is not None else policies.measured()
+    for _, m in compressed_modules(model):
+        m.policy = policy
+    remaining = compressed_modules(model)
+    held = sum(m.held_bytes() for _, m in remaining)
+    bf16 = sum(m.decoded_bytes() for _, m in remaining if not m.is_tied)
+    info = {"mode": mode, "modules": counts, "held_bytes": held, "bf16_bytes": bf16,
+            "ratio": held / bf16 if bf16 else None,
+            "scratch_bytes": {d: scratch.scratch_bytes(d) for d in need},
+            "tied": plan.get("tied", []),
+            "dense_fallback": [f"{fb['module']}.{fb['attr']} ({fb['type']})" for fb in plan.get("dense_fallback", [])]}
+    model.unweight_info = info
+    _guard_tie_weights(model)
+    log.info("unweight: %s", json.dumps({k: v for k, v in info.items() if k != "tied"}))
+    return info
+
+
+def _guard_tie_weights(model: nn.Module) -> None:
+    """Make later ``model.tie_weights()`` calls (lm-eval's HFLM makes one) keep the tie map
+    pruned at load.  Recomputing it from the config would try to tie an lm_head to an
+    embedding ``weight`` Parameter that no longer exists: those modules share compressed
+    planes structurally instead."""
+    orig = getattr(model, "tie_weights", None)
+    if orig is None or getattr(orig, "_unweight_guard", False):
+        return
+
+    def tie_weights(*args, **kwargs):
+        kwargs["recompute_mapping"] = False
+        try:
+            return orig(*args, **kwargs)
+        except TypeError:  # transformers versions without recompute_mapping
+            kwargs.pop("recompute_mapping")
+            return orig(*args, **kwargs)
+
+    tie_weights._unweight_guard = True
+    model.tie_weights = tie_weights

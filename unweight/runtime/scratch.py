@@ -1,0 +1,110 @@
+"""Per-device scratch memory and the device error counters.
+
+Scratch: ONE bf16 buffer per device, sized at load time (reserve) to the largest decoded
+weight that decodes into it, and one fp32 workspace per device for the fused kernels'
+partial sums.  Every compressed layer on a device decodes into a prefix view of the buffer
+and consumes it at once, so forwards never allocate for weights and CUDA-graph capture sees
+no allocation.  The consequence: forwards on one device must not run concurrently from
+several host threads (work on one CUDA stream is ordered, so GPU overlap is fine).
+
+Error counters: int32 [1] per device that the CUDA decoders add data errors to (they cannot
+raise without a host sync).  ``check_device_errors`` reads one back outside the forward.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor
+
+from ..format.errors import FormatError
+
+log = logging.getLogger(__name__)
+
+_WEIGHTS: dict[str, Tensor] = {}
+_WORKSPACE: dict[str, Tensor] = {}
+_ERR: dict[str, Tensor] = {}
+
+
+def device_key(device) -> str:
+    """Canonical name of a device ("cuda" resolved to "cuda:<current>")."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return str(d)
+
+
+def _grow(store: dict, device, numel: int, dtype, what: str) -> Tensor:
+    k = device_key(device)
+    buf = store.get(k)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(int(numel), dtype=dtype, device=k)
+        store[k] = buf
+        log.info("unweight %s on %s: %.1f MiB", what, k, buf.numel() * buf.element_size() / 2**20)
+    return buf
+
+
+def reserve(device, numel: int) -> Tensor:
+    """Make the bf16 scratch of `device` hold at least `numel` weights; return it (load time;
+    it only grows, and every model on the device shares it)."""
+    return _grow(_WEIGHTS, device, numel, torch.bfloat16, "scratch")
+
+
+def reserve_workspace(device, numel: int) -> Tensor:
+    """Make the fp32 fused-kernel workspace of `device` hold at least `numel` floats."""
+    return _grow(_WORKSPACE, device, numel, torch.float32, "workspace")
+
+
+def weights(device, numel: int) -> Tensor:
+    """A bf16 view of >= numel words of the device's scratch (grown, with a log line, only
+    for modules built outside the loader, which reserves at load)."""
+    buf = _WEIGHTS.get(device_key(device))
+    if buf is None or buf.numel() < numel:
+        log.info("unweight: scratch on %s grown to %d weights outside load (modules built by hand or moved after "
+                 "loading: call unweight.runtime.prepare.prepare(model))", device, numel)
+        buf = reserve(device, numel)
+    return buf
+
+
+def workspace(device, numel: int) -> Tensor:
+    buf = _WORKSPACE.get(device_key(device))
+    if buf is None or buf.numel() < numel:
+        buf = reserve_workspace(device, numel)
+    return buf
+
+
+def scratch_bytes(device) -> int:
+    k = device_key(device)
+    return sum(int(s[k].numel() * s[k].element_size()) for s in (_WEIGHTS, _WORKSPACE) if k in s)
+
+
+def release(device=None) -> None:
+    """Drop the scratch buffers (of one device, or all) after unloading compressed models."""
+    for store in (_WEIGHTS, _WORKSPACE):
+        if device is None:
+            store.clear()
+        else:
+            store.pop(device_key(device), None)
+
+
+def error_counter(device) -> Tensor:
+    """int32 [1] counter on `device` that device-side decodes add data errors to."""
+    k = device_key(device)
+    e = _ERR.get(k)
+    if e is None:
+        e = torch.zeros(1, dtype=torch.int32, device=k)
+        _ERR[k] = e
+    return e
+
+
+def device_errors(device) -> int:
+    """Data errors counted on `device` so far (synchronizes: call outside forwards)."""
+    return int(error_counter(device).item())
+
+
+def check_device_errors(device, where: str = "") -> None:
+    """Raise FormatError when a device decode counted corrupt data (synchronizes)."""
+    n = device_errors(device)
+    if n:
+        raise FormatError(f"{where + ': ' if where else ''}{n} corrupt segment(s) or block(s) found by the decoders "
+                          f"on {device_key(device)} (memory corrupted after load?)")

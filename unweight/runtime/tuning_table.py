@@ -1,0 +1,181 @@
+"""The measured dispatch table: which path runs a compressed linear on a given device.
+
+Pure data (no torch): the dispatch policy (runtime/policy.py) looks a choice up per forward
+under the key
+
+    (device name, N, K, encoding, batch bucket)  ->  "decode_cublas" | "palette_gemm" | "huffman_gemm"
+
+with N, K the weight's [N, K] shape, encoding "huffman" / "palette", and the batch bucket of
+M = x.numel() // K one of BUCKETS ("1", "2-4", "5-16", "17-64", "65-256", ">256").
+
+Rules:
+  * a fused path is chosen only from measurements, and only when it was strictly faster than
+    decode + cuBLAS timed in the same run (``choose``); the lookup re-applies that rule to
+    the recorded times, so a hand-edited or stale entry can never select a slower path;
+  * no measurement for the device / shape / bucket -> decode + cuBLAS.
+
+Where the measurements live:
+  * shipped defaults: ``unweight/runtime/tuning_defaults.json``, written by
+    ``scripts/bench_kernels.py --write-defaults`` from a benchmark run;
+  * the user's tuning cache: ``$UNWEIGHT_TUNING_CACHE`` or ``~/.cache/unweight/tuning.json``,
+    written by ``unweight.tools.tune.tune()`` (or ``bench_kernels.py --write-cache``); its
+    entries override the shipped ones key by key.
+
+File format (both files)::
+
+    {"schema": 1, "comment": "...",
+     "entries": {"<device>|<N>|<K>|<encoding>|<bucket>":
+                 {"M": 16, "choice": "palette_gemm",
+                  "times_ms": {"decode_cublas": 0.031, "palette_gemm": 0.019}}}}
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+
+from . import kernel_plan as kp
+
+log = logging.getLogger(__name__)
+
+SCHEMA = 1
+DECODE_CUBLAS = "decode_cublas"
+PALETTE_GEMM = "palette_gemm"
+HUFFMAN_GEMM = "huffman_gemm"
+CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, HUFFMAN_GEMM)
+
+# (upper bound inclusive, name); the last bucket is open-ended.
+_BUCKET_BOUNDS = ((1, "1"), (4, "2-4"), (16, "5-16"), (64, "17-64"), (256, "65-256"))
+BUCKETS = tuple(name for _, name in _BUCKET_BOUNDS) + (">256",)
+# The batch a bucket is measured at: its upper end (the slowest case a bucket must cover for
+# the memory-bound fused kernels), 512 for the open bucket.
+BUCKET_BATCH = {"1": 1, "2-4": 4, "5-16": 16, "17-64": 64, "65-256": 256, ">256": 512}
+
+ENV_CACHE = "UNWEIGHT_TUNING_CACHE"
+DEFAULTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_defaults.json")
+NO_MEASUREMENT_COMMENT = ("Shipped dispatch defaults, written by scripts/bench_kernels.py --write-defaults. "
+                          "No entries: every (device, shape, batch) runs decode + cuBLAS.")
+
+
+def bucket(M: int) -> str:
+    """Batch bucket of M rows (M >= 1; M <= 0 maps to "1", an empty batch costs nothing)."""
+    for hi, name in _BUCKET_BOUNDS:
+        if M <= hi:
+            return name
+    return BUCKETS[-1]
+
+
+def default_cache_path() -> str:
+    """The user's tuning cache: $UNWEIGHT_TUNING_CACHE, else ~/.cache/unweight/tuning.json."""
+    env = os.environ.get(ENV_CACHE)
+    if env:
+        return os.path.expanduser(env)
+    return os.path.join(os.path.expanduser("~"), ".cache", "unweight", "tuning.json")
+
+
+def _finite(t) -> bool:
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0
+
+
+def choose(times_ms: dict) -> str:
+    """The path to run from times measured in one run: the fastest fused path that is strictly
+    faster than decode_cublas; decode_cublas when it was not measured (or not validly)."""
+    base = times_ms.get(DECODE_CUBLAS)
+    if not _finite(base):
+        return DECODE_CUBLAS
+    best, best_t = DECODE_CUBLAS, base
+    for name in (PALETTE_GEMM, HUFFMAN_GEMM):  # fixed order: ties keep the earlier one
+        t = times_ms.get(name)
+        if _finite(t) and t < best_t:
+            best, best_t = name, t
+    return best
+
+
+def candidates(encoding: str, M: int, K: int, cols_per_chunk: int) -> list[str]:
+    """Fused paths that can run y = x @ W^T for this encoding and problem (besides decode_cublas)."""
+    if encoding == "palette" and kp.gemm_supported(M, K):
+        return [PALETTE_GEMM]
+    if encoding == "huffman" and kp.huffman_gemm_supported(M, K, cols_per_chunk):
+        return [HUFFMAN_GEMM]
+    return []
+
+
+def entry_key(device: str, N: int, K: int, encoding: str, bucket_name: str) -> str:
+    return f"{device}|{int(N)}|{int(K)}|{encoding}|{bucket_name}"
+
+
+class TuningTable:
+    """The dispatch table: entries keyed by entry_key(), each {"M", "choice", "times_ms"}."""
+
+    def __init__(self, entries: dict | None = None, comment: str = ""):
+        self.entries: dict = dict(entries or {})
+        self.comment = comment
+
+    # ------------------------------------------------------------------ files
+    @classmethod
+    def load(cls, path: str) -> "TuningTable":
+        """Read a table file; a missing file is an empty table, an unreadable one is logged and
+        ignored (a broken cache must never break inference; it only loses the fused paths)."""
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except FileNotFoundError:
+            return cls()
+        except (OSError, ValueError) as e:
+            log.warning("unweight: ignoring unreadable tuning file %s (%s)", path, e)
+            return cls()
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("entries", {}), dict):
+            log.warning("unweight: ignoring tuning file %s (not schema %d)", path, SCHEMA)
+            return cls()
+        entries = {k: v for k, v in doc.get("entries", {}).items()
+                   if isinstance(v, dict) and isinstance(v.get("times_ms"), dict)}
+        return cls(entries, str(doc.get("comment", "")))
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "comment": self.comment, "entries": dict(sorted(self.entries.items()))}
+
+    def save(self, path: str) -> str:
+        """Write atomically (temp file + rename), creating the folder.  Returns the path."""
+        path = os.path.expanduser(path)
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tuning-", suffix=".json", dir=folder)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_json(), f, indent=1)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+    # ------------------------------------------------------------------ entries
+    def record(self, device: str, N: int, K: int, encoding: str, M: int, times_ms: dict) -> str:
+        """Store the times measured at batch M (into M's bucket) and return the choice they give."""
+        times = {k: float(v) for k, v in times_ms.items() if k in CHOICES and _finite(v)}
+        choice = choose(times)
+        self.entries[entry_key(device, N, K, encoding, bucket(M))] = {"M": int(M), "choice": choice,
+                                                                       "times_ms": times}
+        return choice
+
+    def lookup(self, device: str, N: int, K: int, encoding: str, M: int) -> str:
+        """The path for a forward with M rows; decode_cublas when nothing was measured."""
+        e = self.entries.get(entry_key(device, N, K, encoding, bucket(M)))
+        if e is None:
+            return DECODE_CUBLAS
+        # Re-derived from the times, not read from e["choice"]: only a recorded win counts.
+        return choose(e["times_ms"])
+
+    def update(self, other: "TuningTable") -> "TuningTable":
+        """Overlay other's entries on this table (other wins key by key).  Returns self."""
+        self.entries.update(other.entries)
+        return self
+
+
+def load_table() -> TuningTable:
+    """The shipped defaults overlaid with the user's cache (read from disk on each call)."""
+    return TuningTable.load(DEFAULTS_PATH).update(TuningTable.load(default_cache_path()))

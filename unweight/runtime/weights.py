@@ -1,0 +1,64 @@
+"""EncodedWeight: one encoded matrix as the ops take it (header ints + plane tensors).
+
+A compressed nn.Module holds one (runtime/modules.py); a vLLM layer may hold several
+stacked along rows (the q, k, v pieces of a merged qkv projection).  Dispatch
+(runtime/dispatch.py) works on lists of them, so transformers and vLLM share every decode,
+gather and matmul path.
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..format import constants as C
+from ..format.header import TensorHeader
+
+
+class EncodedWeight:
+    """Plain record of an encoded [rows, cols] bf16 matrix on one device.
+
+    encoding: C.ENC_HUFFMAN | C.ENC_PALETTE; rows, cols; rows_per_group, cols_per_chunk (the
+    segment grid); exp_lo, exp_hi (Huffman symbol range); palette: list of 1..16 exponent
+    bytes (palette); planes (uint8/uint32 tensors, same device):
+        huffman: sm [rows, cols], exp [stream bytes], off [n_seg + 1], table [4, exp_hi-exp_lo+1],
+                 lut [4, 4096] uint16 on CUDA (empty on CPU)
+        palette: sm [rows, cols], idx [rows, ceil(cols/2)], vpos [nv], vexp [nv, PAL_BLOCK]
+    Unused planes are None.
+    """
+
+    __slots__ = ("encoding", "rows", "cols", "rows_per_group", "cols_per_chunk", "exp_lo", "exp_hi", "palette",
+                 "sm", "exp", "off", "table", "lut", "idx", "vpos", "vexp", "name")
+
+    def __init__(self, encoding: int, rows: int, cols: int, rows_per_group: int, cols_per_chunk: int, exp_lo: int,
+                 exp_hi: int, palette: list, sm: Tensor, exp: Tensor | None = None, off: Tensor | None = None,
+                 table: Tensor | None = None, lut: Tensor | None = None, idx: Tensor | None = None,
+                 vpos: Tensor | None = None, vexp: Tensor | None = None, name: str = ""):
+        self.encoding, self.rows, self.cols = encoding, rows, cols
+        self.rows_per_group, self.cols_per_chunk = rows_per_group, cols_per_chunk
+        self.exp_lo, self.exp_hi, self.palette = exp_lo, exp_hi, palette
+        self.sm, self.exp, self.off, self.table, self.lut = sm, exp, off, table, lut
+        self.idx, self.vpos, self.vexp = idx, vpos, vexp
+        self.name = name
+
+    @classmethod
+    def from_header(cls, header: TensorHeader, planes: dict, table: Tensor | None = None, lut: Tensor | None = None,
+                    name: str = "") -> "EncodedWeight":
+        """From a parsed header and {suffix: tensor} planes (table: the code lengths as a tensor
+        on the planes' device, for Huffman)."""
+        return cls(int(header.encoding), int(header.rows), int(header.cols), int(header.rows_per_group),
+                   int(header.cols_per_chunk), int(header.exp_lo), int(header.exp_hi),
+                   [int(b) for b in header.palette[: header.pal_size]], planes[C.SUFFIX_SM],
+                   exp=planes.get(C.SUFFIX_EXP), off=planes.get(C.SUFFIX_OFF), table=table, lut=lut,
+                   idx=planes.get(C.SUFFIX_IDX), vpos=planes.get(C.SUFFIX_VPOS), vexp=planes.get(C.SUFFIX_VEXP),
+                   name=name)
+
+    @property
+    def is_huffman(self) -> bool:
+        return self.encoding == C.ENC_HUFFMAN
+
+    @property
+    def encoding_name(self) -> str:
+        return "huffman" if self.is_huffman else "palette"
+
+    @property
+    def device(self):
+        return self.sm.device

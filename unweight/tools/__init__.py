@@ -1,0 +1,1 @@
+"""Tools built on the runtime (tuning measurements); the runtime never imports them."""

@@ -1,0 +1,116 @@
+"""Measure the dispatch table: fused kernels against decode + cuBLAS on this GPU.
+
+    tune(shapes, device="cuda")   times every shape and batch bucket and writes the user's
+                                  tuning cache (runtime/tuning_table.py), read by the
+                                  measured dispatch policy of models prepared afterwards.
+
+A tool on top of the runtime (it builds modules and runs forwards); nothing in the runtime
+imports it.  ``scripts/bench_kernels.py`` uses the same measurements for its tables.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from ..codec import tensor_codec as tc
+from ..runtime import dispatch
+from ..runtime.modules import CompressedLinear
+from ..runtime.policy import DispatchPolicy
+from ..runtime.prepare import prepare_module
+from ..runtime.tuning_table import BUCKET_BATCH, DECODE_CUBLAS, TuningTable, candidates, default_cache_path
+
+log = logging.getLogger(__name__)
+
+_DECODE_ONLY = DispatchPolicy(None)
+
+
+def time_cuda(fn, warmup: int = 5, iters: int = 50) -> float:
+    """Median milliseconds of fn() over `iters` runs after `warmup`, each between CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def gaussian_bf16(rows: int, cols: int, seed: int = 0, std: float = 0.02) -> np.ndarray:
+    """uint16 [rows, cols] BF16 bit patterns of N(0, std), rounded to nearest even (a
+    trained-like weight for benchmarks)."""
+    rng = np.random.default_rng(seed)
+    f = (rng.standard_normal((rows, cols), dtype=np.float32) * std).view(np.uint32)
+    return ((f + 0x7FFF + ((f >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def synthetic_module(N: int, K: int, encoding: str, device, seed: int = 0) -> CompressedLinear:
+    """A CompressedLinear [N, K] of N(0, 0.02) bf16 weights on `device`, ready to run (LUT built)."""
+    enc = tc.encode(gaussian_bf16(N, K, seed), encoding)
+    m = CompressedLinear(enc.header, device=torch.device(device), planes=enc.planes)
+    prepare_module(m)
+    return m
+
+
+def measure(m: CompressedLinear, M: int, warmup: int = 5, iters: int = 50) -> dict:
+    """Times (ms, CUDA-event medians) of decode_cublas and every fused candidate for module m
+    (on CUDA) at batch M, measured back to back in this process.  A candidate whose launch
+    fails (e.g. the x chunk exceeds this device's shared memory) is left out."""
+    dev = m.device
+    K, N = m.n_cols, m.n_rows
+    x = torch.randn((M, K), device=dev).to(torch.bfloat16)
+    w = m.encoded()
+    times = {DECODE_CUBLAS: time_cuda(lambda: dispatch.linear([w], x, None, N, K, _DECODE_ONLY), warmup, iters)}
+    for cand in candidates(m.encoding_name, M, K, m.cols_per_chunk):
+        try:
+            times[cand] = time_cuda(lambda cand=cand: dispatch.fused(w, x, cand), warmup, iters)
+        except RuntimeError as e:  # launcher refusal: not a candidate on this device
+            log.info("unweight tune: %s skipped for [%d, %d] M=%d: %s", cand, N, K, M, e)
+    return times
+
+
+def tune(module_shapes: Iterable, device="cuda", buckets: Iterable[str] | None = None, warmup: int = 5,
+         iters: int = 50, path: str | None = None, save: bool = True) -> TuningTable:
+    """Measure and record the dispatch choice for every shape and batch bucket on `device`.
+
+    module_shapes: compressed modules (CompressedLinear, timed with their own planes on
+    `device`) and/or (N, K, encoding) tuples (timed on synthetic N(0, 0.02) weights encoded
+    with the writer's grid).  buckets: subset of BUCKETS (default: those with a fused
+    candidate, "1" .. "5-16"; larger buckets have none and stay decode_cublas unmeasured).
+    The table at `path` (default: the user cache) is updated and, with save, written back;
+    models prepared afterwards pick the new entries up.  Returns the updated table.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError("tune() measures CUDA devices only (CPU always runs decode + F.linear)")
+    path = path or default_cache_path()
+    tab = TuningTable.load(path)
+    if not tab.comment:
+        tab.comment = "unweight tuning cache, written by unweight.runtime.tuning.tune()"
+    name = DispatchPolicy().device_name(device)
+    buckets = list(buckets) if buckets is not None else ["1", "2-4", "5-16"]
+    with torch.no_grad():
+        for i, item in enumerate(module_shapes):
+            if isinstance(item, tuple):
+                N, K, enc = item
+                m = synthetic_module(int(N), int(K), enc, device, seed=i)
+            else:
+                m = item
+            for b in buckets:
+                M = BUCKET_BATCH[b]
+                times = measure(m, M, warmup, iters)
+                choice = tab.record(name, m.n_rows, m.n_cols, m.encoding_name, M, times)
+                log.info("unweight tune: %s [%d, %d] %s M=%d -> %s %s", name, m.n_rows, m.n_cols,
+                         m.encoding_name, M, choice, times)
+    if save:
+        tab.save(path)
+    return tab
