@@ -9,7 +9,7 @@ tokens/s (one sequence, 64 tokens).  JSON goes to benchmarks/results/.
 
 Weight bytes: on GPU vLLM logs "Model loading took X GiB memory" (its DeviceMemoryProfiler),
 which this script parses when present; vLLM's CPU runner keeps no such account, so on CPU the
-per-rank bytes come from the load report each rank writes (the bytes of the plane buffers
+per-rank bytes come from the layer reports each rank logs (the bytes of the plane buffers
 the rank holds) and BF16 is the rank's share of the BF16 matrices it replaces.
 """
 from __future__ import annotations
@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 import tempfile
 
@@ -28,16 +27,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def run(configs, tp):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-               VLLM_CPU_OMP_THREADS_BIND="0|1" if tp > 1 else "auto")
-    p = subprocess.run([sys.executable, "-m", "tests.integrations.vllm_runner", json.dumps(configs)], cwd=ROOT,
-                       env=env, capture_output=True, text=True)
-    res = [json.loads(line[7:]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
-    if len(res) != len(configs):
-        sys.stderr.write(p.stdout[-3000:] + p.stderr[-5000:])
-        raise SystemExit(f"vLLM run failed (rc={p.returncode})")
-    gib = [float(x) for x in re.findall(r"Model loading took ([0-9.]+) GiB", p.stdout + p.stderr)]
+def run(configs):
+    from tests.integrations.vllm_runner import run_configs
+    try:
+        res, output = run_configs(configs, timeout=None)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
+    gib = [float(x) for x in re.findall(r"Model loading took ([0-9.]+) GiB", output)]
     return res, gib
 
 
@@ -62,25 +58,21 @@ def main():
     for tp in a.tp:
         cfgs = []
         for kind in ("bf16", "huffman", "palette"):
-            c = {"model": dirs[kind], "tp": tp, "eager": True, "timing": True, "max_tokens": 16}
-            if kind != "bf16":
-                c["report_dir"] = os.path.join(work, f"rep_{kind}_tp{tp}")
-            cfgs.append(c)
-        res, gib = run(cfgs, tp)
+            cfgs.append({"model": dirs[kind], "tp": tp, "eager": True, "timing": True, "max_tokens": 16})
+        res, gib = run(cfgs)
         base = res[0]
         for kind, c, r in zip(("bf16", "huffman", "palette"), cfgs, res):
             row = {"tp": tp, "weights": kind, "ttft_s": r["ttft_s"], "decode_tok_s": r["decode_tok_s"],
                    "load_s": r["load_s"], "tokens_match_bf16": r["tokens"] == base["tokens"]}
             if kind != "bf16":
                 ranks = {}
-                for f in sorted(os.listdir(c["report_dir"])):
-                    rep = json.load(open(os.path.join(c["report_dir"], f)))
+                for rank, rep in sorted(r["reports"].items()):
                     comp = [v for v in rep.values() if v.get("path") == "compressed"]
                     held, bf16 = sum(v["held_bytes"] for v in comp), sum(v["bf16_bytes"] for v in comp)
-                    ranks[f[:-5]] = {"held_bytes": held, "bf16_bytes": bf16, "ratio": held / bf16,
-                                     "layers_compressed": len(comp)}
+                    ranks[f"rank{rank}"] = {"held_bytes": held, "bf16_bytes": bf16, "ratio": held / bf16,
+                                            "layers_compressed": len(comp)}
                 row["per_rank"] = ranks
-                row["held_source"] = "unweight load report (vLLM's CPU runner does not account model memory)"
+                row["held_source"] = "unweight layer reports (vLLM's CPU runner does not account model memory)"
                 row["ttft_vs_bf16"] = r["ttft_s"] / base["ttft_s"]
                 row["decode_vs_bf16"] = r["decode_tok_s"] / base["decode_tok_s"]
             results.append(row)

@@ -72,18 +72,39 @@ def run_one(cfg: dict) -> dict:
     return res
 
 
+def run_configs(configs: list, timeout: float | None = 420, extra_env: dict | None = None) -> tuple[list, str]:
+    """Run configurations in a child process (this module as a script); returns (results,
+    output).  Each result carries "reports": {tp rank: {layer: record}}, the layer reports the
+    unweight vLLM plugin logs while loading that configuration."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_CPU_OMP_THREADS_BIND="0|1" if any(c.get("tp", 1) > 1 for c in configs) else "auto")
+    env.update(extra_env or {})
+    p = subprocess.run([sys.executable, "-m", "tests.integrations.vllm_runner", json.dumps(configs)], cwd=root,
+                       env=env, capture_output=True, text=True, timeout=timeout)
+    res = [json.loads(line[len("RESULT "):]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+    if len(res) != len(configs):
+        raise RuntimeError(f"vLLM runner failed (rc={p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
+    # vLLM's log lines go to stdout or stderr: attribute them by the BEGIN markers on stdout.
+    for r in res:
+        r["reports"] = {}
+    cur = None
+    for line in (p.stdout + "\n" + p.stderr).splitlines():
+        if line.startswith("BEGIN "):
+            cur = int(line.split()[1])
+        elif "unweight layer report " in line and cur is not None:
+            rec = json.loads(line.split("unweight layer report ", 1)[1])
+            res[cur]["reports"].setdefault(rec.get("tp_rank", 0), {})[rec["layer"]] = rec
+    return res, p.stdout + p.stderr
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("configs", help="JSON list of run_one configurations")
-    ap.add_argument("--report-dir", default=None)
     a = ap.parse_args(argv)
-    if a.report_dir:
-        os.environ["UNWEIGHT_VLLM_REPORT_DIR"] = a.report_dir
-    for cfg in json.loads(a.configs):
-        if cfg.get("report_dir"):
-            os.environ["UNWEIGHT_VLLM_REPORT_DIR"] = cfg["report_dir"]
-        elif not a.report_dir:
-            os.environ.pop("UNWEIGHT_VLLM_REPORT_DIR", None)
+    for i, cfg in enumerate(json.loads(a.configs)):
+        print(f"BEGIN {i}", flush=True)
         res = run_one(cfg)
         res["config"] = cfg
         print("RESULT " + json.dumps(res), flush=True)
