@@ -99,23 +99,21 @@ def llama_ck(ckroot):
     return src, {"huffman": h, "palette": p}
 
 
-@pytest.fixture(scope="session")
-def smol_ck(ckroot):
-    from unweight import api
-    from unweight.sources import bundled_smollm2
-    src = bundled_smollm2()
-    dst = os.path.join(ckroot, "smol-huffman")
+def _bundled_compressed(root, name):
+    """(BF16 folder, huffman-compressed folder) of a bundled real model, compressed once."""
+    from unweight import api, sources
+    src = sources.resolve(name)
+    dst = os.path.join(root, f"{name}-huffman")
     if not os.path.exists(dst):
         api.compress(src, dst, progress=False)
     return src, dst
+
+
+@pytest.fixture(scope="session")
+def smol_ck(ckroot):
+    return _bundled_compressed(ckroot, "smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def minilm_ck(ckroot):
-    from unweight import api
-    from unweight.sources import bundled_minilm
-    src = bundled_minilm()
-    dst = os.path.join(ckroot, "minilm-huffman")
-    if not os.path.exists(dst):
-        api.compress(src, dst, progress=False)
-    return src, dst
+    return _bundled_compressed(ckroot, "minilm-l6")

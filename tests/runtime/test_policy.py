@@ -43,12 +43,16 @@ def test_cpu_never_fused_even_when_the_table_says_so(enc):
     assert not p.may_fuse("cpu")
 
 
-def test_cuda_lookup_follows_the_table_and_supports(monkeypatch):
-    _, cl = _module("palette")
+@pytest.fixture
+def on_cuda(monkeypatch):
+    """(policy with a table of fused wins, a CUDA device whose name the table knows, palette weight)."""
     p = pol.DispatchPolicy(_winning_table())
     monkeypatch.setattr(p, "device_name", lambda device: DEV)
-    cuda = torch.device("cuda", 0)
-    w = cl.encoded()
+    return p, torch.device("cuda", 0), _module("palette")[1].encoded()
+
+
+def test_cuda_lookup_follows_the_table_and_supports(on_cuda):
+    p, cuda, w = on_cuda
     assert p.linear_path(w, 1, cuda) == pol.PALETTE_GEMM
     assert p.linear_path(w, 17, cuda) == pol.DECODE_CUBLAS  # no fused kernel above 16 rows
     assert pol.DispatchPolicy(None).linear_path(w, 1, cuda) == pol.DECODE_CUBLAS
@@ -59,12 +63,8 @@ def test_cuda_lookup_follows_the_table_and_supports(monkeypatch):
     assert p.may_fuse(cuda)
 
 
-def test_refusal_is_remembered_with_one_warning(monkeypatch):
-    _, cl = _module("palette")
-    p = pol.DispatchPolicy(_winning_table())
-    monkeypatch.setattr(p, "device_name", lambda device: DEV)
-    cuda = torch.device("cuda", 0)
-    w = cl.encoded()
+def test_refusal_is_remembered_with_one_warning(on_cuda):
+    p, cuda, w = on_cuda
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
         p.refuse(w, 1, cuda, pol.PALETTE_GEMM, "too much shared memory")

@@ -5,7 +5,7 @@ place that passes raw device pointers; everything above it (runtime modules, dis
 integrations) calls these ops.  Every op has a fake implementation (torch.compile, FakeTensor
 tracing, CUDA-graph capture) and a CPU implementation where one exists.
 
-    decode.py     decode_huffman, decode_palette, decode_huffman_exponents   (out-variant)
+    decode.py     decode_huffman, decode_palette                             (out-variant)
     gather.py     gather_rows_huffman, gather_rows_palette                   (embedding lookups)
     matmul.py     palette_matmul, huffman_matmul                             (fused decode + GEMM)
     transcode.py  build_lut, exp_histogram, palette_encode, palette_verbatim,
@@ -14,12 +14,12 @@ tracing, CUDA-graph capture) and a CPU implementation where one exists.
 Importing it imports torch and registers the ops; it never touches a CUDA device.
 """
 from ._ext import cuda_available, cuda_kernels_built
-from .decode import decode_huffman, decode_huffman_exponents, decode_palette
+from .decode import decode_huffman, decode_palette
 from .gather import gather_rows_huffman, gather_rows_palette
 from .matmul import huffman_matmul, huffman_workspace_elems, palette_matmul, palette_workspace_elems
 from .transcode import build_lut, exp_histogram, palette_encode, palette_verbatim, transcode_to_palette
 
-__all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_huffman_exponents", "decode_palette",
+__all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_palette",
            "gather_rows_huffman", "gather_rows_palette", "palette_matmul", "huffman_matmul",
            "palette_workspace_elems", "huffman_workspace_elems", "build_lut", "exp_histogram", "palette_encode",
            "palette_verbatim", "transcode_to_palette"]

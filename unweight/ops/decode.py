@@ -3,8 +3,8 @@
     torch.ops.unweight.decode_huffman(sm, exp, off, table, lut, out, err, rows, cols, R, C, exp_lo, exp_hi)
     torch.ops.unweight.decode_palette(sm, idx, vpos, vexp, out, err, rows, cols, palette)
         out: bf16 [rows, cols] (row-major, any row stride >= cols), mutated; returns nothing.
-    torch.ops.unweight.decode_huffman_exponents(sm, exp, off, table, lut, out, err, rows, cols, R, C, exp_lo, exp_hi)
-        out: uint8 [rows, cols] exponent bytes only (the GPU palette transcode's first pass).
+        decode_huffman with a uint8 `out` writes the exponent bytes only (the palette
+        transcode's first pass).
 
 Planes (docs/FORMAT.md), on the device of ``out``:
     sm    uint8  [rows, cols]           exp   uint8 [stream bytes]     off  uint32 [n_seg + 1]
@@ -30,7 +30,7 @@ from torch import Tensor
 from ..format.errors import FormatError
 from . import _ext
 
-__all__ = ["decode_huffman", "decode_palette", "decode_huffman_exponents", "n_units"]
+__all__ = ["decode_huffman", "decode_palette", "n_units"]
 
 
 def n_units(n: int, unit: int) -> int:
@@ -83,13 +83,17 @@ def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_c
     if rows == 0 or cols == 0:
         return
     _check_huffman(sm, exp, off, lut, out, rows, cols, False)
+    exponents_only = out.dtype == torch.uint8
     if not out.is_contiguous():
         raise ValueError("decode_huffman on CPU writes a contiguous [rows, cols] output")
+    dst = torch.empty((rows, cols), dtype=torch.bfloat16) if exponents_only else out
     try:
-        _cpu_huffman(sm, exp, off, table, out, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi)
+        _cpu_huffman(sm, exp, off, table, dst, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi)
     except FormatError:
         err.add_(1)
         raise
+    if exponents_only:
+        _ext.np_view(out)[...] = (_ext.np_view(dst) >> 7) & 0xFF
 
 
 @decode_huffman.register_kernel("cuda")
@@ -97,45 +101,7 @@ def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_c
     if rows == 0 or cols == 0:
         return
     _check_huffman(sm, exp, off, lut, out, rows, cols, True)
-    _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, False)
-
-
-# ------------------------------------------------------------------------ decode_huffman_exponents
-
-
-@torch.library.custom_op("unweight::decode_huffman_exponents", mutates_args=("out", "err"))
-def decode_huffman_exponents(sm: Tensor, exp: Tensor, off: Tensor, table: Tensor, lut: Tensor, out: Tensor,
-                             err: Tensor, rows: int, cols: int, rows_per_group: int, cols_per_chunk: int,
-                             exp_lo: int, exp_hi: int) -> None:
-    raise NotImplementedError(f"unweight::decode_huffman_exponents has no kernel for device {out.device}")
-
-
-@decode_huffman_exponents.register_fake
-def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
-    return None
-
-
-@decode_huffman_exponents.register_kernel("cpu")
-def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
-    if rows == 0 or cols == 0:
-        return
-    _check_huffman(sm, exp, off, lut, out, rows, cols, False)
-    w = np.empty((rows, cols), dtype=np.uint16)
-    try:
-        _cpu_huffman(sm, exp, off, table, torch.from_numpy(w), rows, cols, rows_per_group, cols_per_chunk, exp_lo,
-                     exp_hi)
-    except FormatError:
-        err.add_(1)
-        raise
-    _ext.np_view(out)[...] = (w >> 7) & 0xFF
-
-
-@decode_huffman_exponents.register_kernel("cuda")
-def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
-    if rows == 0 or cols == 0:
-        return
-    _check_huffman(sm, exp, off, lut, out, rows, cols, True)
-    _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, True)
+    _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, out.dtype == torch.uint8)
 
 
 # ------------------------------------------------------------------------ decode_palette

@@ -166,7 +166,7 @@ def transcode_to_palette(header: TensorHeader, planes: dict, lut: Tensor, err: T
     before = int(err.item())
     exps = torch.empty((rows, cols), dtype=torch.uint8, device=dev)
     table = torch.from_numpy(np.ascontiguousarray(header.table, dtype=np.uint8)).to(dev)
-    torch.ops.unweight.decode_huffman_exponents(sm, planes[C.SUFFIX_EXP], planes[C.SUFFIX_OFF], table, lut, exps, err,
+    torch.ops.unweight.decode_huffman(sm, planes[C.SUFFIX_EXP], planes[C.SUFFIX_OFF], table, lut, exps, err,
                                                 rows, cols, header.rows_per_group, header.cols_per_chunk,
                                                 header.exp_lo, header.exp_hi)
     hist = torch.zeros(256, dtype=torch.int64, device=dev)
