@@ -100,10 +100,12 @@ class BuildExt(build_ext):
         subprocess.check_call(cmd)
 
 
+CPU_SOURCES = ("thread_pool.cpp", "cpu_features.cpp", "crc32.cpp", "host_alloc.cpp", "huffman_encode.cpp",
+               "huffman_decode.cpp", "palette.cpp")
 ext_modules = [
     Pybind11Extension(
         "unweight._C",
-        ["csrc/cpu_codec.cpp", "csrc/bindings_cpu.cpp"],
+        [os.path.join("csrc", "cpu", f) for f in CPU_SOURCES] + ["csrc/bindings_cpu.cpp"],
         include_dirs=["csrc"],
         cxx_std=17,
         extra_compile_args=["-O3"],

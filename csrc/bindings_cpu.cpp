@@ -1,5 +1,5 @@
 // pybind11 bindings of the CPU codec: argument checks and GIL release only; the work is in
-// cpu_codec.cpp.  Failures raise ValueError with one-line messages the Python layer turns
+// cpu/*.cpp.  Failures raise ValueError with one-line messages the Python layer turns
 // into unweight.FormatError.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -61,7 +61,7 @@ PYBIND11_MODULE(_C, m) {
     });
     return arr<uint8_t>({static_cast<py::ssize_t>(nbytes)}, {1}, static_cast<uint8_t*>(p), owner);
   }, py::arg("nbytes"), py::arg("threads") = 1,
-     "Uninitialized uint8 [nbytes] host array (freed with the array); see host_alloc in cpu_codec.cpp.");
+     "Uninitialized uint8 [nbytes] host array (freed with the array); see csrc/cpu/host_alloc.cpp.");
 
   m.def("host_cache_clear", &host_cache_clear,
         "Unmap the freed decode buffers kept for reuse; returns the bytes released.");

@@ -1,4 +1,4 @@
-// Decode primitives of unweight format v1, shared by the C++ CPU codec (cpu_codec.cpp) and
+// Decode primitives of unweight format v1, shared by the C++ CPU codec (csrc/cpu/) and
 // the CUDA kernels (cuda/*.cu).  Everything here is header-only, branch-light and free of
 // host-only calls so that one definition of "what the bits mean" serves both sides; the
 // pure-NumPy reference decoder (unweight/codec/reference.py) is written independently from
@@ -128,7 +128,7 @@ UW_HD uint32_t pal_nibble(const uint8_t* idx_row, int64_t col) {
 }  // namespace unweight
 
 // =======================================================================================
-// Additions for the CUDA kernels (csrc/cuda/kernels.cu).  Appended, never edited in place:
+// Additions for the CUDA kernels (csrc/cuda/*.cu).  Appended, never edited in place:
 // the functions above define the format and are shared with the CPU codec unchanged.
 // =======================================================================================
 namespace unweight {

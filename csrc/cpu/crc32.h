@@ -1,0 +1,11 @@
+// CRC-32 (zlib's polynomial) of the raw tensor bytes, the checksum the container stores.
+#pragma once
+#include <cstdint>
+
+namespace unweight {
+
+// crc32 of data[0, nbytes), as zlib's crc32(0, data, nbytes) returns; from 8 MiB the buffer is
+// split across `threads` and the pieces' crcs combined.
+uint32_t crc32_parallel(const uint8_t* data, int64_t nbytes, int threads);
+
+}  // namespace unweight
