@@ -1,5 +1,5 @@
 // pybind11 module unweight._cuda: argument checks and conversions only; the kernels and
-// their launchers are in kernels.cu (host API in kernels.cuh, no CUDA types).
+// their launchers are in the *.cu files beside it (host API in kernels.cuh, no CUDA types).
 //
 // Device buffers arrive as integers (torch.Tensor.data_ptr()) and the stream as an integer
 // (torch.cuda.current_stream().cuda_stream), so this module has no libtorch ABI dependency

@@ -2,7 +2,7 @@
 // unit of work (segment, 8-weight chunk, verbatim block, row) each thread or warp owns.
 //
 // Plain C++17 with no CUDA headers so that three parties can share it:
-//   * kernels.cu (host launchers and device code, via UW_PLAN_HD),
+//   * the kernels, their launchers and emulation (csrc/cuda/*.cu, device code via UW_PLAN_HD),
 //   * bindings_cuda.cpp (exposes plan_* so tests can compare it with the Python mirror),
 //   * unweight/runtime/kernel_plan.py mirrors every function here line for line; the CPU
 //     tests in tests/cuda/test_kernel_logic.py check on odd shapes that the Python mirror

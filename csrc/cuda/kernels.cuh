@@ -1,4 +1,23 @@
-// Host API of the unweight CUDA kernels (implemented in kernels.cu).
+// Host API of the unweight CUDA kernels.
+//
+// Structure.  Every kernel is a thin __global__ shell around a __host__ __device__ "body"
+// that does one thread's (or one warp lane's) unit of work, addressed through the launch
+// geometry of kernel_plan.h.  The bodies decode with the shared primitives of
+// ../decode_primitives.h (build_lut, BitReader / decode_segment_bounded, ctx_of, lut_*,
+// bf16_from_parts, pal_nibble), i.e. with the very code the CPU codec runs.  One translation
+// unit per kernel family, its argument block and bodies in a header beside it:
+//   huffman_decode.cu/.cuh    Huffman -> BF16 or exponent bytes, decode-table build
+//   palette_decode.cu/.cuh    palette -> BF16, verbatim-block patch
+//   transcode.cu/.cuh         exponent histogram, palette encode passes, row count/scan/compact/gather
+//   palette_matmul.cu/.cuh    fused palette GEMV/GEMM + verbatim correction
+//   huffman_matmul.cu/.cuh    fused Huffman GEMV/GEMM + chunk reduction
+//   launch.cu, launch_util.h  the functions below: argument checks, grid sizing, batch-size tables
+//   emulate.cu                the `emulate::` functions below
+//   device_util.cuh           cache-hinted loads (and the cache policy), bit casts, palette lookup
+// The emulation runs the same bodies serially on the host over the same geometry, so CPU-only
+// CI checks the kernels' index math and decode logic bit for bit
+// (tests/cuda/test_kernel_logic.py); only the shells (shared-memory staging, warp collectives,
+// cache-hinted loads) are GPU-only, and they are kept small.
 //
 // Deliberately free of CUDA and libtorch types so that bindings_cuda.cpp compiles with the
 // plain host compiler and no CUDA include path: every device buffer is a raw pointer (the

@@ -5,7 +5,7 @@ Two layers:
   on odd shapes every thread -> work map covers every element exactly once, and (when
   unweight._cuda is built) the C++ plan agrees with the Python mirror;
 * kernel bodies: unweight._cuda.emulate_* runs the very __host__ __device__ bodies of
-  kernels.cu serially on the host over the kernels' grids; they must match the CPU codec
+  csrc/cuda/*.cuh serially on the host over the kernels' grids; they must match the CPU codec
   bit for bit (decode, transcode) and the fp64 reference within bf16 rounding (fused GEMM).
   Skipped when unweight._cuda is not built (no nvcc at install time).
 """

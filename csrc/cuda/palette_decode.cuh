@@ -1,0 +1,99 @@
+// Palette -> BF16 and the verbatim-block patch: the argument blocks and the per-thread /
+// per-lane bodies, run by the kernels of palette_decode.cu (design notes there) and,
+// serially on the host, by emulate.cu.
+#pragma once
+#include "device_util.cuh"
+
+namespace unweight {
+namespace cuda {
+namespace detail {
+
+struct PalArgs {
+  const uint8_t* sm;
+  const uint8_t* idx;
+  int64_t rows, cols, r0, r1, k0, k1;
+  Palette pal;
+  uint16_t* out;
+  int64_t out_stride;
+};
+
+// kVec: the launcher proved 8-byte alignment of sm rows, 4-byte of idx rows and 16-byte of
+// output chunks (cols, k0, out_stride multiples of 8); a tail chunk (< 8 weights) of a
+// rectangle whose width is not a multiple of 8 takes the scalar path (one branch per thread).
+template <bool kVec>
+UW_HD bool pal_decode_body(int64_t t, const PalArgs& a) {
+  int64_t r, k;
+  int n;
+  plan::pal_unit(t, a.k1 - a.k0, &r, &k, &n);
+  const int64_t row = a.r0 + r, col = a.k0 + k;
+  const int64_t ib = (a.cols + 1) / 2;
+  const uint8_t* smr = a.sm + row * a.cols;
+  const uint8_t* ir = a.idx + row * ib;
+  uint16_t* o = a.out + r * a.out_stride + k;
+  const uint32_t size = static_cast<uint32_t>(a.pal.size);
+  uint32_t bad = 0;
+  if (kVec && n == plan::PAL_VEC) {
+    const uint32_t nib = ld_stream_u32(ir + col / 2);  // 8 nibbles, column j at bits 4j
+    uint32_t s0, s1;
+    ld_stream_v2(smr + col, s0, s1);
+    uint32_t w[4];
+UW_UNROLL()
+    for (int j = 0; j < 8; j += 2) {
+      const uint32_t sw = j < 4 ? s0 : s1;
+      const uint32_t na = (nib >> (4 * j)) & 0xFu, nb = (nib >> (4 * j + 4)) & 0xFu;
+      bad |= (na >= size) | (nb >= size);
+      const uint16_t ha = bf16_from_parts(static_cast<uint8_t>(sw >> (8 * (j & 3))), pal_exp(a.pal, na));
+      const uint16_t hb = bf16_from_parts(static_cast<uint8_t>(sw >> (8 * ((j & 3) + 1))), pal_exp(a.pal, nb));
+      w[j / 2] = static_cast<uint32_t>(ha) | (static_cast<uint32_t>(hb) << 16);
+    }
+    st_v4(o, w);
+  } else {
+    for (int j = 0; j < n; ++j) {
+      const uint32_t nb = pal_nibble(ir, col + j);
+      bad |= nb >= size;
+      o[j] = bf16_from_parts(smr[col + j], pal_exp(a.pal, nb));
+    }
+  }
+  return bad == 0;
+}
+
+struct PatchArgs {
+  const uint8_t* sm;
+  int64_t rows, cols, r0, r1, k0, k1;
+  const uint32_t* vpos;
+  int64_t nv;
+  const uint8_t* vexp;
+  uint16_t* out;
+  int64_t out_stride;
+};
+
+// Lane `lane` of the warp for verbatim block v writes its columns lane, lane+32, ... of the
+// block when they fall inside the decoded rectangle.  Returns false (lane 0 only) on an id
+// that is out of range or not strictly ascending.
+UW_HD bool patch_lane_body(int64_t v, int lane, const PatchArgs& a) {
+  const int64_t bpr = plan::blocks_per_row(a.cols);
+  const uint32_t id = a.vpos[v];
+  if (static_cast<int64_t>(id) >= a.rows * bpr || (v > 0 && a.vpos[v - 1] >= id)) return lane != 0;
+  const int64_t r = id / bpr, b = id % bpr;
+  if (r < a.r0 || r >= a.r1) return true;
+  for (int64_t jb = lane; jb < PAL_BLOCK; jb += plan::WARP) {  // lane-strided: coalesced
+    const int64_t c = b * PAL_BLOCK + jb;
+    if (c < a.k0 || c >= a.k1) continue;
+    a.out[(r - a.r0) * a.out_stride + (c - a.k0)] =
+        bf16_from_parts(a.sm[r * a.cols + c], a.vexp[v * PAL_BLOCK + jb]);
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
+// Launchers (palette_decode.cu): the launch alone; launch.cu checks the arguments and
+// sizes the grid first.
+// ---------------------------------------------------------------------------------------
+// kVec: see pal_decode_body.  `total` threads of work over `grid` CTAs.
+void launch_palette_decode(const PalArgs& a, bool vec, int64_t grid, int64_t total, int32_t* err, cudaStream_t s);
+// One warp per verbatim block (p.nv > 0).
+void launch_verbatim_patch(const PatchArgs& p, int32_t* err, cudaStream_t s);
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace unweight
