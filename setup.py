@@ -1,21 +1,64 @@
 """Build of unweight's native parts.
 
-* ``unweight._C``: the pybind11 C++17 CPU codec.  Always built.
-* ``unweight._cuda``: the CUDA decode kernels (pybind11, raw device pointers + stream, no
-  libtorch ABI).  Built when ``nvcc`` is found (``$CUDA_HOME/bin/nvcc`` or on PATH) unless
-  ``UNWEIGHT_SKIP_CUDA=1``.  A failed CUDA build prints a warning and leaves a working CPU
-  install.  ``UNWEIGHT_CUDA_ARCHS`` (default "80;90a") selects the SM targets.
+* ``unweight._C``: the pybind11 C++17 CPU codec (csrc/cpu/, csrc/bindings_cpu.cpp).  Always
+  built.
+* ``unweight._cuda``: the CUDA decode kernels (csrc/cuda/; pybind11, raw device pointers +
+  stream, no libtorch ABI).  Built when ``nvcc`` is found (``$CUDA_HOME/bin/nvcc`` or on PATH).
+  A failed CUDA build prints a warning and leaves a working CPU install.
+
+Environment switches:
+
+* ``UNWEIGHT_SKIP_CUDA=1``: do not build ``unweight._cuda``.
+* ``UNWEIGHT_CUDA_ARCHS`` (default ``"80;90a"``): the SM targets, ``;``-separated.
+* ``CUDA_HOME`` (or ``CUDA_PATH``): the toolkit, when ``nvcc`` on PATH is not the one wanted.
+* ``UNWEIGHT_LINEINFO=1``: compile the kernels with ``-lineinfo`` (source lines in profiler and
+  sanitizer reports); release builds leave it out.
+* ``UNWEIGHT_WERROR=0``: warnings in our own sources stay warnings (default: errors, for host
+  and device code; third-party and toolkit headers are included as system headers, so their
+  warnings never count).  For a compiler newer than the ones the sources were checked with.
+* ``UNWEIGHT_BUILD_JOBS`` (default: the number of CPUs): how many compiler processes run at
+  once, for each extension's sources.
+
+Every CUDA build writes ptxas's per-kernel registers, shared memory, stack and spills to
+``build/ptxas-sm_<arch>.txt`` (one file per target); ``scripts/ptxas_report.py`` turns them
+into a table and JSON.
 """
+import concurrent.futures
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def env_flag(name, default):
+    return os.environ.get(name, "1" if default else "0") == "1"
+
+
+def build_jobs():
+    """UNWEIGHT_BUILD_JOBS, else (unset or 0) the CPU count: pybind11's ParallelCompile rule."""
+    n = os.environ.get("UNWEIGHT_BUILD_JOBS", "0").strip()
+    if not n.isdigit():
+        raise SystemExit(f"UNWEIGHT_BUILD_JOBS must be a whole number, not {n!r}")
+    return int(n) or os.cpu_count() or 1
+
+
+WERROR = env_flag("UNWEIGHT_WERROR", True)
+# Warning flags for host code we write (the CPU codec, the CUDA bindings, the host side of the
+# .cu files).  pybind11's and Python's headers come in through -isystem, so a warning inside
+# them is not ours to fix and does not fail the build.
+HOST_WARNINGS = ["-Wall", "-Wextra"] + (["-Werror"] if WERROR else [])
+
+
+def third_party_includes():
+    import pybind11
+    return [pybind11.get_include(), sysconfig.get_paths()["include"]]
 
 
 def find_nvcc():
@@ -33,7 +76,7 @@ def find_cuda_home(nvcc):
     cands = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
              os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))]
     try:
-        out = subprocess.run([nvcc, "--dryrun", "--version"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([nvcc, "--dryrun", "--version"], capture_output=True, text=True, timeout=60, check=False)
         for line in (out.stdout + out.stderr).splitlines():
             if "TOP=" in line:
                 cands.append(line.split("TOP=", 1)[1].strip().strip('"'))
@@ -44,6 +87,29 @@ def find_cuda_home(nvcc):
         if c and os.path.exists(os.path.join(c, "include", "cuda_runtime.h")):
             return c
     raise RuntimeError("CUDA toolkit headers not found (set CUDA_HOME)")
+
+
+# ptxas -v lines kept for the report: the entry being compiled (and its target), its stack
+# and spills, its registers and static shared memory.
+PTXAS_KEEP = re.compile(r"Compiling entry function|Function properties for|bytes stack frame|Used \d+ registers")
+PTXAS_TARGET = re.compile(r"for '(sm_\w+)'")
+PTXAS_INFO = re.compile(r"^ptxas info|^\s+\d+ bytes stack frame")
+
+
+def split_ptxas(source, text, per_arch):
+    """Appends the ptxas -v lines of one translation unit to per_arch[sm_xx], each unit's
+    lines under a '# <source>' line."""
+    arch = None
+    for line in text.splitlines():
+        if not PTXAS_KEEP.search(line):
+            continue
+        m = PTXAS_TARGET.search(line)
+        if m:
+            arch = m.group(1)
+        if arch is None:
+            continue
+        lines = per_arch.setdefault(arch, {}).setdefault(source, [])
+        lines.append(line)
 
 
 class CudaExtension(Pybind11Extension):
@@ -69,36 +135,75 @@ class BuildExt(build_ext):
 
     def _build_cuda(self, ext):
         nvcc = find_nvcc()
-        archs = os.environ.get("UNWEIGHT_CUDA_ARCHS", "80;90a").split(";")
+        archs = [a.strip() for a in os.environ.get("UNWEIGHT_CUDA_ARCHS", "80;90a").split(";") if a.strip()]
         gencode = []
         for a in archs:
-            a = a.strip()
             gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
         cuda_home = find_cuda_home(nvcc)
         build_temp = os.path.join(self.build_temp, "cuda")
         os.makedirs(build_temp, exist_ok=True)
-        objects = []
-        import pybind11
-        includes = [os.path.join(HERE, "csrc"), pybind11.get_include(), sysconfig.get_paths()["include"]]
+        ours = [f"-I{os.path.join(HERE, 'csrc')}"]
+        system = [f for i in third_party_includes() for f in ("-isystem", i)]
+        # nvcc: -Werror all-warnings covers its own front end and ptxas; the host compiler gets
+        # HOST_WARNINGS through -Xcompiler.  The CUDA 13 headers are system headers to both,
+        # so nothing needed backing off.  -Xptxas -v: per-kernel resource lines (see run()).
+        nvcc_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler", ",".join(["-fPIC"] + HOST_WARNINGS),
+                      "-Xptxas", "-v"] + gencode
+        if WERROR:
+            nvcc_flags += ["-Werror", "all-warnings"]
+        if env_flag("UNWEIGHT_LINEINFO", False):
+            nvcc_flags.append("-lineinfo")
+        cxx = os.environ.get("CXX", "c++")
+        jobs = []
         for src in ext.sources:
             obj = os.path.join(build_temp, os.path.basename(src) + ".o")
             if src.endswith(".cu"):
-                cmd = [nvcc, "-c", src, "-o", obj, "-O3", "-std=c++17", "--expt-relaxed-constexpr",
-                       "-Xcompiler", "-fPIC", "-lineinfo"] + gencode + [f"-I{i}" for i in includes]
+                cmd = [nvcc, "-c", src, "-o", obj] + nvcc_flags + ours
             else:
-                cmd = [os.environ.get("CXX", "c++"), "-c", src, "-o", obj, "-O3", "-std=c++17", "-fPIC",
-                       "-fvisibility=hidden", f"-I{os.path.join(cuda_home, 'include')}"] + [f"-I{i}" for i in includes]
+                cmd = [cxx, "-c", src, "-o", obj, "-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden"] + HOST_WARNINGS + \
+                      ours + ["-isystem", os.path.join(cuda_home, "include")] + system
+            jobs.append((src, obj, cmd))
+
+        def run(job):
+            cmd = job[2]
             sys.stderr.write(" ".join(cmd) + "\n")
-            subprocess.check_call(cmd)
-            objects.append(obj)
+            return subprocess.run(cmd, capture_output=True, text=True, check=False)  # failures reported below
+
+        # nvcc invocations are independent and each mostly single-threaded: run them side by side.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=build_jobs()) as pool:
+            results = list(pool.map(run, jobs))
+        per_arch = {}
+        failed = []
+        for (src, _, _), res in zip(jobs, results):
+            out = res.stdout + res.stderr
+            split_ptxas(src, out, per_arch)
+            # Everything but ptxas's resource lines is worth showing (warnings, errors).
+            rest = "\n".join(line for line in out.splitlines() if not PTXAS_INFO.search(line))
+            if rest.strip():
+                sys.stderr.write(rest + "\n")
+            if res.returncode != 0:
+                failed.append(src)
+        if failed:
+            raise RuntimeError("compiling " + ", ".join(failed) + " failed")
+        report_dir = os.path.join(HERE, "build")
+        os.makedirs(report_dir, exist_ok=True)
+        for arch, units in sorted(per_arch.items()):
+            path = os.path.join(report_dir, f"ptxas-{arch}.txt")
+            with open(path, "w") as fh:
+                for src, lines in units.items():
+                    fh.write(f"# {src}\n" + "\n".join(lines) + "\n")
+            sys.stderr.write(f"ptxas resource usage ({arch}): {path}\n")
         out = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(out), exist_ok=True)
         libdirs = [os.path.join(cuda_home, d) for d in ("lib64", "lib", "targets/x86_64-linux/lib")]
-        cmd = [os.environ.get("CXX", "c++"), "-shared", "-o", out] + objects + \
+        cmd = [cxx, "-shared", "-o", out] + [obj for _, obj, _ in jobs] + \
               [f"-L{d}" for d in libdirs if os.path.isdir(d)] + ["-lcudart_static", "-ldl", "-lrt", "-lpthread"]
         sys.stderr.write(" ".join(cmd) + "\n")
         subprocess.check_call(cmd)
 
+
+# The C++ sources of each extension compile side by side (UNWEIGHT_BUILD_JOBS processes).
+ParallelCompile("UNWEIGHT_BUILD_JOBS").install()
 
 CPU_SOURCES = ("thread_pool.cpp", "cpu_features.cpp", "crc32.cpp", "host_alloc.cpp", "huffman_encode.cpp",
                "huffman_decode.cpp", "palette.cpp")
@@ -108,7 +213,7 @@ ext_modules = [
         [os.path.join("csrc", "cpu", f) for f in CPU_SOURCES] + ["csrc/bindings_cpu.cpp"],
         include_dirs=["csrc"],
         cxx_std=17,
-        extra_compile_args=["-O3"],
+        extra_compile_args=["-O3"] + HOST_WARNINGS + [f for i in third_party_includes() for f in ("-isystem", i)],
         libraries=["z"],
     )
 ]
