@@ -24,6 +24,7 @@ Every CUDA build writes ptxas's per-kernel registers, shared memory, stack and s
 into a table and JSON.
 """
 import concurrent.futures
+import glob
 import os
 import re
 import shutil
@@ -187,6 +188,8 @@ class BuildExt(build_ext):
             raise RuntimeError("compiling " + ", ".join(failed) + " failed")
         report_dir = os.path.join(HERE, "build")
         os.makedirs(report_dir, exist_ok=True)
+        for stale in glob.glob(os.path.join(report_dir, "ptxas-sm_*.txt")):  # targets this build dropped
+            os.remove(stale)
         for arch, units in sorted(per_arch.items()):
             path = os.path.join(report_dir, f"ptxas-{arch}.txt")
             with open(path, "w") as fh:
