@@ -9,6 +9,7 @@ tests, which keeps the two compatible.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import shutil
@@ -38,6 +39,13 @@ class SafetensorsFile:
             self._fh = open(path, "rb")
         except OSError as e:
             raise InputError(f"cannot open {path}: {e.strerror}") from None
+        try:
+            self._parse(path)
+        except BaseException:
+            self._fh.close()
+            raise
+
+    def _parse(self, path: str):
         size = os.fstat(self._fh.fileno()).st_size
         head = self._fh.read(8)
         if len(head) < 8:
@@ -46,26 +54,21 @@ class SafetensorsFile:
         if n < 2 or n > MAX_HEADER or 8 + n > size:
             raise FormatError(f"{path}: not a safetensors file or truncated (header length {n}, file {size} bytes)")
         try:
-            header = json.loads(self._fh.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+            header = json.loads(self._fh.read(n).decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+        except (UnicodeDecodeError, ValueError, RecursionError):
             raise FormatError(f"{path}: corrupt safetensors header (invalid JSON)") from None
+        except _DuplicateKey as e:
+            raise FormatError(f"{path}: corrupt safetensors header (key {e.args[0]!r} appears twice)") from None
         if not isinstance(header, dict):
-            raise FormatError(f"{path}: corrupt safetensors header")
-        self.metadata = header.pop("__metadata__", None) or {}
+            raise FormatError(f"{path}: corrupt safetensors header (not a JSON object)")
+        meta = header.pop("__metadata__", None) or {}
+        if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+            raise FormatError(f"{path}: corrupt safetensors __metadata__ (must map strings to strings)")
+        self.metadata = meta
         self.data_start = 8 + n
         self.data_size = size - self.data_start
-        self.entries = {}
-        for name, info in header.items():
-            try:
-                dt, shape, (b, e) = info["dtype"], [int(x) for x in info["shape"]], info["data_offsets"]
-            except (KeyError, TypeError, ValueError):
-                raise FormatError(f"{path}: corrupt safetensors entry for {name!r}") from None
-            if dt not in DTYPES:
-                raise InputError(f"{path}: tensor {name!r} has unsupported dtype {dt}")
-            count = int(np.prod(shape)) if shape else 1
-            if not (0 <= b <= e <= self.data_size) or e - b != count * DTYPES[dt][0]:
-                raise FormatError(f"{path}: tensor {name!r} lies outside the file or has a wrong size (truncated?)")
-            self.entries[name] = (dt, tuple(shape), b, e)
+        self.entries = {name: _entry(path, name, info, self.data_size) for name, info in header.items()}
+        _check_coverage(path, self.entries, self.data_size)
         self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
 
     def names(self):
@@ -102,6 +105,69 @@ class SafetensorsFile:
     def close(self):
         # Views handed out keep the mmap alive; closing the file handle is enough.
         self._fh.close()
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicate_keys(pairs):
+    # json.loads keeps the last of repeated keys; two entries for one tensor name would let
+    # two readers see different tensors in the same file.
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _is_count(x) -> bool:
+    """A non-negative JSON integer (bool is an int subclass in Python, not in JSON)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _entry(path: str, name: str, info, data_size: int) -> tuple:
+    """(dtype, shape, begin, end) of one header entry; FormatError naming file and tensor."""
+    at = f"{path}: tensor {name!r}"
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+        raise FormatError(f"{at}: corrupt safetensors entry (needs dtype, shape and data_offsets)")
+    dt, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dt, str):
+        raise FormatError(f"{at}: dtype {dt!r} is not a string")
+    if dt not in DTYPES:
+        raise InputError(f"{at} has unsupported dtype {dt}")
+    if not isinstance(shape, list) or not all(_is_count(x) for x in shape):
+        raise FormatError(f"{at}: shape {shape!r} is not a list of non-negative integers")
+    if not isinstance(offs, list) or len(offs) != 2 or not all(_is_count(x) for x in offs):
+        raise FormatError(f"{at}: data_offsets {offs!r} is not a pair of non-negative integers")
+    b, e = offs
+    if b > e:
+        raise FormatError(f"{at}: data_offsets [{b}, {e}] end before they begin")
+    if e > data_size:
+        raise FormatError(f"{at}: data_offsets [{b}, {e}] run past the end of the data ({data_size} bytes; "
+                          f"truncated file?)")
+    need = math.prod(shape) * DTYPES[dt][0]  # Python ints: no overflow on a hostile shape
+    if e - b != need:
+        raise FormatError(f"{at}: holds {e - b} bytes but dtype {dt} shape {shape} needs {need}")
+    return dt, tuple(shape), b, e
+
+
+def _check_coverage(path: str, entries: dict, data_size: int) -> None:
+    """The safetensors rule: the tensors tile the data buffer exactly, no overlap, no hole, no
+    trailing bytes.  Overlapping tensors would alias each other's bytes (a write through one
+    changes the other; a checksum of one vouches for bytes of another)."""
+    pos, prev = 0, None
+    for name, (_, _, b, e) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
+        if b < pos:
+            raise FormatError(f"{path}: tensor {name!r} (data_offsets [{b}, {e}]) overlaps tensor {prev!r} "
+                              f"(which ends at {pos})")
+        if b > pos:
+            what = f"after tensor {prev!r}" if prev is not None else "at the start of the data"
+            raise FormatError(f"{path}: bytes [{pos}, {b}) {what} belong to no tensor (before {name!r})")
+        pos, prev = e, name
+    if pos != data_size:
+        raise FormatError(f"{path}: the last {data_size - pos} bytes of the data belong to no tensor")
 
 
 def _header_bytes(entries: dict, metadata: dict) -> bytes:
