@@ -1,5 +1,6 @@
-"""Shared pieces of the GPU benchmark harnesses (scripts/bench_*.py): environment check,
-CUDA-event timing, shape table, result JSON.  Not part of the library."""
+"""Shared pieces of the benchmark harnesses (scripts/bench_*.py): environment check,
+CUDA-event timing, shape table, result JSON and its name (benchmarks/README.md).  Not part of
+the library."""
 from __future__ import annotations
 
 import csv
@@ -65,11 +66,42 @@ def environment(torch):
             "git_commit": commit}
 
 
-def write_results(name, env, rows):
+def short_commit():
+    """HEAD's short hash, with '-dirty' when tracked files differ from it ('' outside git)."""
+    def git(*a):
+        return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True, timeout=10).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        return commit + ("-dirty" if commit and git("status", "--porcelain", "--untracked-files=no") else "")
+    except Exception:  # noqa: BLE001 - informative only
+        return ""
+
+
+def machine_tag(gpu_name=None):
+    """Short name of the measuring machine: the GPU's model ('h100-80gb-hbm3') or, for a
+    CPU-only run, 'cpu' and the core count ('cpu2')."""
+    if gpu_name:
+        return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-").removeprefix("nvidia-")
+    return f"cpu{os.cpu_count()}"
+
+
+def result_path(name, machine, commit=None):
+    """benchmarks/results/<name>-<UTC date>-<machine>-<short commit>.json; a repeated run on the
+    same day and commit gets -run2, -run3, ... rather than overwriting the first."""
     out_dir = os.path.join(ROOT, "benchmarks", "results")
     os.makedirs(out_dir, exist_ok=True)
-    dev = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-").lower()
-    path = os.path.join(out_dir, f"{name}-{dev}-{datetime.date.today().isoformat()}.json")
+    day = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    stem = "-".join(p for p in (name, day, machine, commit if commit is not None else short_commit()) if p)
+    path, n = os.path.join(out_dir, stem + ".json"), 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(out_dir, f"{stem}-run{n}.json")
+    return path
+
+
+def write_results(name, env, rows):
+    commit = env.get("git_commit", "")[:7]
+    path = result_path(name, machine_tag(env["gpu"]), commit or None)
     with open(path, "w") as f:
         json.dump({"benchmark": name, "environment": env, "results": rows}, f, indent=1)
     return path

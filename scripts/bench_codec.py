@@ -7,8 +7,9 @@ output byte counted) for huffman and palette; the order-0 bound; in-memory compr
 decompress GB/s (of BF16) at 1 and 2 threads, median of --repeat runs, for unweight and
 ZipNN 0.5.4; end-to-end CLI GB/s (files in, files out) and peak RSS of `unweight compress`.
 
-Usage: python scripts/bench_codec.py [--models minilm,smollm2,gaussian] [--out benchmarks/results/X.json]
-Prints a table and writes JSON.
+Usage: python scripts/bench_codec.py [--models minilm,smollm2,gaussian] [--repeat 7] [--out PATH]
+Prints a table and writes JSON, by default benchmarks/results/codec-<date>-<machine>-<commit>.json
+(benchmarks/README.md: method and names).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import _bench_util as bench_util  # noqa: E402  (scripts/, beside this file)
 from unweight import api, sources  # noqa: E402
 from unweight.codec import tensor_codec as tc  # noqa: E402
 from unweight.format.checkpoint import Checkpoint  # noqa: E402
@@ -250,14 +252,13 @@ def main():
         out.write(f"{r['model']}: CLI compress {r['cli_compress_gbps']:.2f} GB/s, decompress {r['cli_decompress_gbps']:.2f} GB/s "
                   f"(files), peak RSS of compress {(r['cli_peak_rss_bytes'] or 0) / 1e6:.0f} MB, largest tensor "
                   f"{r['largest_tensor_bytes'] / 1e6:.0f} MB\n")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = bench_util.short_commit()
     doc = {"benchmark": "bench_codec", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "load_average_at_end": os.getloadavg(), "repeat": args.repeat,
            "commit": commit, "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
            "zipnn_version": "0.5.4" if zipnn_ok else None, "results": results}
-    path = args.out or os.path.join(ROOT, "benchmarks", "results",
-                                    f"codec-{datetime.date.today().isoformat()}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    path = args.out or bench_util.result_path("codec", bench_util.machine_tag(), commit)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
     out.write(f"wrote {path}\n")
