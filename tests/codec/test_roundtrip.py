@@ -277,11 +277,19 @@ def test_encode_refuses_bad_input():
 
 def _grid_rule(rows, cols, seg):
     """FORMAT.md "Index cost and the writer's grid", written out independently."""
-    Cc = cols
-    for p in (8, 4, 2):
-        if cols % (32 * p) == 0 and cols // p >= 512:
-            Cc = cols // p
-            break
+    if cols % 256 == 0:
+        Cc = cols // 8
+    else:
+        Cc = cols
+        for p in (4, 2):
+            if cols % (32 * p) == 0 and cols // p >= 512:
+                Cc = cols // p
+                break
+    p = next((p for p in (8, 4, 2) if rows % (32 * p) == 0), 1)
+    if p > 1:
+        unit = rows // p
+        divisors = [d for d in range(1, unit + 1) if unit % d == 0]
+        return next((d for d in divisors if d * Cc >= seg), unit), Cc
     R = 1
     while R * Cc < seg:
         R *= 2
@@ -293,26 +301,33 @@ def _grid_rule(rows, cols, seg):
 
 @pytest.mark.parametrize("rows,cols,chunk", [
     (4096, 4096, 512),       # K split 8 ways
-    (1024, 768, 768),        # 768 splits only into chunks < 512: one chunk
+    (1024, 768, 96),         # a multiple of 256: 8 chunks however narrow; R grows instead (R | 1024 / 8)
+    (768, 512, 64),          # R = 768 / 8 = 96: the target is out of reach, segments of 6144
+    (1152, 1152, 576),       # 1152 = 4.5 * 256: chunks >= 512 only, so 2; rows split 4 ways (R | 288)
     (100, 4096, 512),
     (7, 100, 100),           # R capped at the power of two >= rows
     (3, 5000, 5000),         # 5000 is no multiple of 128: one chunk
     (1, 64, 64),
-    (4096, 1024, 512),       # 1024 / 4 = 256 < 512, so 2 chunks of 512
+    (4096, 1024, 128),
     (32, 8192, 1024),
     (11008, 4096, 512),      # an MLP down-projection
     (4096, 11008, 1376),     # 11008 = 8 * 1376 = 8 * 43 * 32
-    (151936, 896, 896),      # an embedding
+    (151936, 896, 896),      # an embedding: 896 = 3.5 * 256
+    (7168, 2048, 256),       # a Kimi-K2 expert down-projection: TP 8 on chunk edges
+    (2048, 7168, 896),       # its gate/up projections: R | 2048 / 8
 ])
 @pytest.mark.parametrize("seg", [C.DEFAULT_SEGMENT_WEIGHTS, 4096, 8192])
 def test_choose_grid_policy(rows, cols, chunk, seg):
     R, Cc = tc.choose_grid(rows, cols, seg)
     assert (R, Cc) == _grid_rule(rows, cols, seg)
     assert Cc == chunk
-    assert R & (R - 1) == 0
-    # A segment holds >= seg weights unless the tensor is too small: the index costs
-    # <= 32 / seg bit per weight.
-    assert R * Cc >= seg or R >= rows
+    # Both axes split 2, 4 and 8 ways on segment edges when they are multiples of 256.
+    for n, unit in ((rows, R), (cols, Cc)):
+        if n % 256 == 0:
+            assert all((n // tp) % unit == 0 for tp in (2, 4, 8)), (n, unit)
+    # A segment holds >= seg weights unless the tensor is too small or TP caps R at rows / 8:
+    # the index costs <= 32 / seg bit per weight.
+    assert R * Cc >= seg or R >= rows or (rows % 256 == 0 and R == rows // 8)
 
 
 def test_large_outputs_are_plain_writable_arrays():

@@ -60,23 +60,45 @@ class Encoded:
         return sum(int(a.nbytes) for a in self.planes.values())
 
 
+def tp_splits(n: int) -> int:
+    """Ways the writer's grid lets a matrix's rows (n of them) split for tensor parallelism:
+    the largest p in (8, 4, 2) that cuts n into p equal parts, each a multiple of PAL_BLOCK;
+    1 if none."""
+    return next((p for p in (8, 4, 2) if n % (C.PAL_BLOCK * p) == 0), 1)
+
+
+def col_splits(n: int) -> int:
+    """Column chunks the writer cuts n columns into: 8 when n is a multiple of 256 (row-parallel
+    shards at TP 2, 4 and 8 start on chunk edges); otherwise the largest p in (4, 2) that
+    leaves chunks of >= 512 columns, each a multiple of PAL_BLOCK (narrow chunks cost the
+    CPU decoder up to ~15% on small matrices, so they are cut only where TP needs them); 1 if
+    none."""
+    if n % (8 * C.PAL_BLOCK) == 0:
+        return 8
+    return next((p for p in (4, 2) if n % (C.PAL_BLOCK * p) == 0 and n // p >= 512), 1)
+
+
 def choose_grid(rows: int, cols: int, segment_weights: int = C.DEFAULT_SEGMENT_WEIGHTS) -> tuple[int, int]:
     """Writer policy for the segment grid (R rows x C columns); readers take it from the header.
 
-    Columns split into c in {8, 4, 2} equal chunks when each chunk is a multiple of PAL_BLOCK
-    and at least 512 wide, so a row-parallel shard at TP <= c starts on a chunk boundary.
-    Rows per group is the smallest power of two that brings a segment to `segment_weights`
-    (8192 by default: one uint32 offset per >= 8K weights costs <= 0.004 bit/weight, which
-    the whole-checkpoint ratio needs to stay under ZipNN's; smaller segments buy GPU decode
-    parallelism for ~32/segment_weights bit/weight).
+    The writer does not know whether a matrix will be column-parallel (split by rows) or
+    row-parallel (split by columns), so both axes split on segment edges: C = cols /
+    col_splits(cols), and R divides rows / p for p = tp_splits(rows).  Segments are kept large
+    by growing R, never by widening C: R is the smallest divisor of rows / p with R * C >=
+    segment_weights (rows / p itself when none is big enough).  Rows that do not split (p = 1)
+    take the smallest power of two with R * C >= segment_weights, capped at the power of two
+    >= rows.  With 8192 weights per segment (the default) one uint32 offset costs <= 0.004
+    bit/weight wherever the target is reached; smaller segments buy GPU decode parallelism for
+    ~32/segment_weights bit/weight.
     """
-    C_ = cols
-    for c in (8, 4, 2):
-        if cols % (C.PAL_BLOCK * c) == 0 and cols // c >= 512:
-            C_ = cols // c
-            break
-    R = 1 << (max(1, math.ceil(segment_weights / C_)) - 1).bit_length()
-    R = min(R, 1 << (rows - 1).bit_length())
+    C_ = cols // col_splits(cols)
+    want = max(1, math.ceil(segment_weights / C_))
+    p = tp_splits(rows)
+    if p > 1:
+        unit = rows // p
+        R = next((d for d in range(min(want, unit), unit + 1) if unit % d == 0), unit)
+    else:
+        R = min(1 << (want - 1).bit_length(), 1 << (rows - 1).bit_length())
     return R, C_
 
 
