@@ -261,3 +261,191 @@ def test_reserved_suffix_is_refused(tmp_path):
     folder = write_checkpoint(str(tmp_path / "r"), {"x__sm": ("BF16", bf16_gaussian(rng, (64, 64)))})
     with pytest.raises(InputError, match="reserved"):
         unweight.compress(folder, str(tmp_path / "c"), progress=False)
+
+
+# ------------------------------------------------------------------ damage every reader must refuse
+
+
+def _raw_tensor_span(folder, name):
+    """(shard path, absolute file offset, nbytes) of a stored tensor."""
+    from unweight.format.checkpoint import CompressedCheckpoint
+    ck = CompressedCheckpoint(folder)
+    f = ck.where[name]
+    _, _, b, e = f.info(name)
+    out = (f.path, f.data_start + b, e - b)
+    ck.close()
+    return out
+
+
+def _refused_everywhere(bad, tmp_path, err, match):
+    """verify, inspect and decompress all raise `err` (exactly) and decompress writes nothing."""
+    for call in (lambda: unweight.verify(bad), lambda: unweight.inspect(bad),
+                 lambda: unweight.decompress(bad, str(tmp_path / "d"), progress=False)):
+        with pytest.raises(err, match=match) as e:
+            call()
+        assert type(e.value) is err and "\n" not in str(e.value)
+    assert not (tmp_path / "d").exists() and not [f for f in os.listdir(tmp_path) if f.startswith(".d.")]
+
+
+def test_raw_tensor_bit_flip_is_caught_by_every_command(tiny_model, tmp_path):
+    src, _ = tiny_model
+    unweight.compress(src, str(tmp_path / "c"), progress=False)
+
+    def flip(d):
+        path, pos, _ = _raw_tensor_span(str(d), "model.f32_proj.weight")
+        with open(path, "r+b") as fh:
+            fh.seek(pos + 5)
+            v = fh.read(1)[0]
+            fh.seek(pos + 5)
+            fh.write(bytes([v ^ 0x01]))
+    bad = _corrupt_copy(tmp_path, str(tmp_path / "c"), flip)
+    _refused_everywhere(bad, tmp_path, ChecksumError, "model.f32_proj.weight")
+    with pytest.raises(ChecksumError, match="f32_proj"):
+        unweight.verify(bad, against=src)
+
+
+def _rewrite_header(path, change):
+    """Rewrite a shard's safetensors header through change(header dict); data unchanged."""
+    import struct
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    change(header)
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(hb)) + hb + raw[8 + n:])
+
+
+def test_overlapping_raw_tensor_is_refused(tiny_model, tmp_path):
+    # The position ids' offsets moved onto the norm's bytes (sizes kept): without the overlap
+    # check decompress would write the norm's bytes as position ids.
+    src, _ = tiny_model
+    unweight.compress(src, str(tmp_path / "c"), progress=False)
+
+    def overlap(d):
+        path = os.path.join(str(d), "model.safetensors")
+
+        def change(h):
+            b = h["model.norm.weight"]["data_offsets"][0]
+            n = h["model.position_ids"]["data_offsets"][1] - h["model.position_ids"]["data_offsets"][0]
+            h["model.position_ids"]["data_offsets"] = [b, b + n]
+        _rewrite_header(path, change)
+    bad = _corrupt_copy(tmp_path, str(tmp_path / "c"), overlap)
+    _refused_everywhere(bad, tmp_path, FormatError, "overlaps")
+
+
+def _two_shards(tiny_model, tmp_path):
+    src, _ = tiny_model
+    c = str(tmp_path / "c")
+    r = unweight.compress(src, c, max_shard_size="60KB", progress=False)
+    assert len(r["files"]) >= 2
+    return c, r["files"]
+
+
+def _drop_shard_from_index(d, shard, records=True):
+    idx = json.load(open(d / C.INDEX_NAME))
+    idx["weight_map"] = {k: v for k, v in idx["weight_map"].items() if v != shard}
+    if not records:  # an index as older writers wrote it: no shard list, no tensor count
+        idx["metadata"]["unweight"] = {"format_version": C.FORMAT_VERSION}
+    json.dump(idx, open(d / C.INDEX_NAME, "w"))
+
+
+@pytest.mark.parametrize("records", [True, False])
+def test_index_that_lost_a_shard_is_refused(tiny_model, tmp_path, records):
+    c, files = _two_shards(tiny_model, tmp_path)
+    unweight.verify(c)
+    bad = _corrupt_copy(tmp_path, c, lambda d: _drop_shard_from_index(d, files[-1], records))
+    _refused_everywhere(bad, tmp_path, FormatError, files[-1])
+
+
+def test_index_records_are_written(tiny_model, tmp_path):
+    c, files = _two_shards(tiny_model, tmp_path)
+    idx = json.load(open(os.path.join(c, C.INDEX_NAME)))
+    rec = idx["metadata"]["unweight"]
+    assert rec == {"format_version": C.FORMAT_VERSION, "shards": files, "stored_tensors": len(idx["weight_map"])}
+    assert idx["metadata"]["total_size"] == sum(os.path.getsize(os.path.join(c, f)) for f in files)
+
+
+def test_records_that_disagree_are_refused(tiny_model, tmp_path):
+    import shutil
+    c, files = _two_shards(tiny_model, tmp_path)
+
+    def edit(fname, change):
+        def f(d):
+            p = d / fname
+            v = json.load(open(p))
+            change(v)
+            json.dump(v, open(p, "w"))
+        return f
+
+    cases = [
+        (C.INDEX_NAME, lambda v: v["metadata"]["unweight"].update(stored_tensors=3), "records 3"),
+        (C.INDEX_NAME, lambda v: v["weight_map"].pop("model.norm.weight"), r"lists \d+ tensors.*records \d+"),
+        (C.INDEX_NAME, lambda v: (v["weight_map"].pop("model.norm.weight"),
+                                  v["metadata"]["unweight"].update(stored_tensors=19)), "'model.norm.weight'"),
+        (C.INDEX_NAME, lambda v: v["metadata"].update(total_size=5), "total_size"),
+        (C.INDEX_NAME, lambda v: v["metadata"]["unweight"].update(shards=files[:1]), "does not record"),
+        (C.REPORT_NAME, lambda v: v.update(raw_tensors=v["raw_tensors"] + 1), "raw_tensors"),
+        (C.REPORT_NAME, lambda v: v.update(files=files[:1]), "files"),
+    ]
+    for fname, change, match in cases:
+        bad = _corrupt_copy(tmp_path, c, edit(fname, change))
+        _refused_everywhere(bad, tmp_path, FormatError, match)
+        shutil.rmtree(bad)
+
+
+def test_raw_checksum_records_must_match_the_shard(tiny_model, tmp_path):
+    import shutil
+    src, _ = tiny_model
+    c = str(tmp_path / "c")
+    unweight.compress(src, c, progress=False)
+    path = "model.safetensors"
+
+    def drop(h):
+        crcs = json.loads(h["__metadata__"]["unweight_crc32"])
+        del crcs["model.norm.weight"]
+        h["__metadata__"]["unweight_crc32"] = json.dumps(crcs)
+
+    def ghost(h):
+        crcs = json.loads(h["__metadata__"]["unweight_crc32"])
+        crcs["ghost"] = 1
+        h["__metadata__"]["unweight_crc32"] = json.dumps(crcs)
+
+    for change, match in ((drop, "'model.norm.weight'.*no stored checksum"), (ghost, "'ghost'")):
+        def mutate(d):
+            _rewrite_header(str(d / path), change)
+            # keep the size records true, so the checksum record is the only defect
+            size = os.path.getsize(d / path)
+            for fname, key in ((C.INDEX_NAME, None), (C.REPORT_NAME, "output_bytes")):
+                v = json.load(open(d / fname))
+                if key:
+                    v[key] = size
+                else:
+                    v["metadata"]["total_size"] = size
+                json.dump(v, open(d / fname, "w"))
+        bad = _corrupt_copy(tmp_path, c, mutate)
+        _refused_everywhere(bad, tmp_path, FormatError, match)
+        shutil.rmtree(bad)
+
+
+def test_old_index_without_records_still_reads(tiny_model, tmp_path):
+    c, files = _two_shards(tiny_model, tmp_path)
+
+    def old(d):
+        idx = json.load(open(d / C.INDEX_NAME))
+        idx["metadata"]["unweight"] = {"format_version": C.FORMAT_VERSION}
+        json.dump(idx, open(d / C.INDEX_NAME, "w"))
+        os.unlink(d / C.REPORT_NAME)
+    bad = _corrupt_copy(tmp_path, c, old)
+    unweight.verify(bad)
+    unweight.inspect(bad)
+    unweight.decompress(bad, str(tmp_path / "d"), progress=False)
+    assert _tensors_of(tiny_model[0]) == _tensors_of(str(tmp_path / "d"))
+
+
+def test_verify_report_counts(tiny_model, tmp_path):
+    src, tensors = tiny_model
+    unweight.compress(src, str(tmp_path / "c"), progress=False)
+    r = unweight.verify(str(tmp_path / "c"))
+    assert r["encoded_checked"] == 4 and r["raw_checked"] == len(tensors) - 4
+    assert r["tensors_checked"] == len(tensors) and r["decoded"] is True

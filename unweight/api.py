@@ -7,28 +7,27 @@ SRC is only ever read.
 """
 from __future__ import annotations
 
-import contextlib
-import errno
 import fnmatch
 import json
 import logging
 import os
 import re
-import shutil
 import time
 
 import numpy as np
 
 from . import __version__, sources
 from .codec import tensor_codec as tc
+from .codec.verify import check_raw, check_records, raw_crc32, verify_checkpoint
 from .format import constants as C
 from .format.checkpoint import Checkpoint, CompressedCheckpoint, split_name
-from .format.errors import ChecksumError, FormatError, InputError, MismatchError, UnweightError
-from .format.safetensors_io import ShardWriter
+from .format.errors import InputError, MismatchError
+from .format.shards import ShardSet, write_index
+from .format.staging import copy_side_files, same_or_inside, staged_output
 
 log = logging.getLogger(__name__)
 
-WEIGHT_EXTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".onnx")
+# Files of a source folder that compress and decompress write themselves.
 SKIP_FILES = {C.INDEX_NAME, "pytorch_model.bin.index.json", "config.json", C.REPORT_NAME}
 
 
@@ -57,156 +56,6 @@ def category(name: str) -> str:
     return "other"
 
 
-def _remove_stale_temps(parent: str, base: str):
-    """Delete temp folders that a killed run (kill -9, power loss) left next to dst: their
-    owning process is gone, so nobody will finish or rename them."""
-    prefix = f".{base}.unweight-"
-    for f in os.listdir(parent):
-        if not f.startswith(prefix):
-            continue
-        try:
-            pid = int(f.rsplit("-", 1)[1])
-        except ValueError:
-            continue
-        if pid == os.getpid():
-            continue
-        try:
-            os.kill(pid, 0)
-            continue  # still running: another unweight writing the same dst
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        p = os.path.join(parent, f)
-        log.info("removing %s left by an interrupted run", p)
-        shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)
-
-
-@contextlib.contextmanager
-def _staged_output(dst: str, overwrite: bool):
-    """Yield a temp folder next to dst; on success swap it into place, on any failure
-    (exception, Ctrl-C) remove it and leave dst as it was."""
-    dst = os.path.abspath(dst)
-    parent = os.path.dirname(dst)
-    if not os.path.isdir(parent):
-        raise InputError(f"{parent}: output folder's parent does not exist")
-    if os.path.exists(dst) and not overwrite:
-        raise InputError(f"{dst} exists: pass --overwrite to replace it")
-    _remove_stale_temps(parent, os.path.basename(dst))
-    tmp = os.path.join(parent, f".{os.path.basename(dst)}.unweight-tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
-        yield tmp
-        old = None
-        if os.path.exists(dst):
-            old = os.path.join(parent, f".{os.path.basename(dst)}.unweight-old-{os.getpid()}")
-            os.rename(dst, old)
-        os.rename(tmp, dst)
-        if old:
-            shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.unlink(old)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno == errno.ENOSPC:
-            raise InputError(f"no space left on device while writing {dst}; nothing was written") from None
-        raise InputError(f"cannot write {dst}: {e.strerror or e}") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _same_or_inside(a: str, b: str) -> bool:
-    a, b = os.path.realpath(a), os.path.realpath(b)
-    return a == b or a.startswith(b.rstrip(os.sep) + os.sep) or b.startswith(a.rstrip(os.sep) + os.sep)
-
-
-def _copy_side_files(src_folder: str | None, dst: str, skip=SKIP_FILES):
-    """Copy tokenizer, generation config, chat template, README...: every non-weight file."""
-    if not src_folder:
-        return []
-    copied = []
-    for root, dirs, files in os.walk(src_folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        rel = os.path.relpath(root, src_folder)
-        for f in files:
-            if f in skip and rel == "." or f.endswith(WEIGHT_EXTS) or f.startswith("."):
-                continue
-            out_dir = os.path.join(dst, rel) if rel != "." else dst
-            os.makedirs(out_dir, exist_ok=True)
-            shutil.copy2(os.path.join(root, f), os.path.join(out_dir, f))
-            copied.append(os.path.normpath(os.path.join(rel, f)))
-    return copied
-
-
-class _ShardSet:
-    """Rolls over to a new shard file when the current one would pass max_shard_size."""
-
-    def __init__(self, folder: str, max_bytes: int, metadata: dict, crc_meta: bool, plan: list | None = None):
-        """plan: every group's items as (name, dtype, shape, nbytes), in the order add_group
-        will get them, when known up front; each shard then writes its header first (see
-        ShardWriter)."""
-        self.folder, self.max_bytes, self.metadata, self.crc_meta = folder, max_bytes, metadata, crc_meta
-        self.shards = []  # (temp name, writer)
-        self.weight_map = {}
-        self.crcs = []
-        self.total = 0
-        self._plans = None
-        if plan is not None:
-            # The same roll-over rule as add_group, applied to the known sizes.
-            self._plans, size = [[]], 0
-            for group in plan:
-                g = sum(int(nb) for _, _, _, nb in group)
-                if size and size + g > max_bytes:
-                    self._plans.append([])
-                    size = 0
-                self._plans[-1].extend(group)
-                size += g
-        self._new()
-
-    def _new(self):
-        i = len(self.shards)
-        plan = self._plans[i] if self._plans is not None else None
-        w = ShardWriter(os.path.join(self.folder, f"shard-{i:05d}.tmp"), dict(self.metadata), plan)
-        self.shards.append(w)
-        self.crcs.append({})
-
-    def add_group(self, items, raw_crc: tuple | None = None):
-        """items: [(name, dtype, shape, array)], written to one shard together."""
-        size = sum(int(a.nbytes) for _, _, _, a in items)
-        if self.shards[-1].nbytes and self.shards[-1].nbytes + size > self.max_bytes:
-            self._new()
-        for name, dt, shape, arr in items:
-            self.shards[-1].add(name, dt, shape, arr)
-            self.weight_map[name] = len(self.shards) - 1
-        if raw_crc:
-            self.crcs[-1][raw_crc[0]] = raw_crc[1]
-        self.total += size
-
-    def finish(self) -> list[str]:
-        n = len(self.shards)
-        names = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-        sizes = []
-        for w, crcs, final in zip(self.shards, self.crcs, names):
-            if self.crc_meta and crcs:
-                w.metadata["unweight_crc32"] = json.dumps(crcs, separators=(",", ":"))
-            sizes.append(w.close())
-            os.rename(w.path, os.path.join(self.folder, final))
-        self.weight_map = {k: names[v] for k, v in self.weight_map.items()}
-        self.file_sizes = dict(zip(names, sizes))
-        return names
-
-    def abort(self):
-        for w in self.shards:
-            w.abort()
-
-
-def _write_index(folder, weight_map, total, extra=None):
-    meta = {"total_size": int(total)}
-    meta.update(extra or {})
-    with open(os.path.join(folder, C.INDEX_NAME), "w") as f:
-        json.dump({"metadata": meta, "weight_map": weight_map}, f, indent=2)
-
-
 def _progress(total, desc, enabled):
     from tqdm import tqdm  # a dependency of huggingface_hub; writes to stderr, off when not a TTY
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, disable=None if enabled else True,
@@ -228,7 +77,7 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
     t0 = time.perf_counter()
     local = sources.resolve(src, revision)
     t0 = time.perf_counter()  # GB/s counts our work, not a hub download or bundled conversion
-    if _same_or_inside(local, dst):
+    if same_or_inside(local, dst):
         raise InputError(f"SRC and DST overlap ({local} / {dst}): choose another output folder")
     ck = Checkpoint(local)
     names = ck.names()
@@ -240,8 +89,8 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
     total_in = sum(ck.info(n)[3] - ck.info(n)[2] for n in names)
     tensors, cats = [], {}
     passthrough_dtypes = set()
-    with _staged_output(dst, overwrite) as tmp:
-        shards = _ShardSet(tmp, max_bytes, {"format": "pt", "unweight_format_version": C.FORMAT_VERSION}, True)
+    with staged_output(dst, overwrite) as tmp:
+        shards = ShardSet(tmp, max_bytes, {"format": "pt", "unweight_format_version": C.FORMAT_VERSION}, True)
         bar = _progress(total_in, "compress", progress)
         try:
             for name in names:
@@ -260,8 +109,7 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
                 elif dt != "BF16":
                     passthrough_dtypes.add(dt)
                 if enc is None:
-                    crc = tc._C.crc32(np.ascontiguousarray(arr).reshape(-1).view(np.uint8), jobs)
-                    shards.add_group([(name, dt, shape, arr)], raw_crc=(name, crc))
+                    shards.add_group([(name, dt, shape, arr)], raw_crc=(name, raw_crc32(arr, jobs)))
                     rec.update(encoding="raw", stored_bytes=e - b)
                 else:
                     items = [(name + suf, tc._st_dtype(a), a.shape, a) for suf, a in enc.planes.items()]
@@ -290,13 +138,16 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
         out_cfg["quantization_config"] = quant
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(out_cfg, f, indent=2)
-        _write_index(tmp, shards.weight_map, sum(shards.file_sizes.values()),
-                     {"unweight": {"format_version": C.FORMAT_VERSION}})
-        copied = _copy_side_files(ck.folder, tmp)
+        write_index(tmp, shards.weight_map, shards.file_sizes, {"format_version": C.FORMAT_VERSION})
+        copied = copy_side_files(ck.folder, tmp, SKIP_FILES)
         verified = False
         if verify:
-            vr = _verify_integrity(tmp, jobs)
-            verified = vr["ok"]
+            out = CompressedCheckpoint(tmp)
+            try:
+                verify_checkpoint(out, jobs)
+            finally:
+                out.close()
+            verified = True
         total_out = sum(shards.file_sizes.values())
         in_files = sum(os.path.getsize(f.path) for f in ck.files)
         enc_recs = [t for t in tensors if t["encoding"] != "raw"]
@@ -318,96 +169,90 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
     return report
 
 
-def _verify_integrity(path: str, jobs: int | None = None, progress: bool = False) -> dict:
-    """Decode every encoded tensor and check it, and every raw tensor, against stored crc32s."""
-    ck = CompressedCheckpoint(path)
-    crcs = ck.raw_checksums()
-    checked = 0
-    try:
-        for base in ck.encoded:
-            h = ck.header(base)
-            tc.decode(h, ck.planes(base), jobs, where=ck.location(base), verify=True)
-            ck.release_encoded(base)
-            checked += 1
-        for name in ck.raw:
-            if name not in crcs:
-                raise FormatError(f"tensor {name!r} ({ck.file_of(name)}) has no stored checksum")
-            got = tc._C.crc32(np.ascontiguousarray(ck.array(name)).reshape(-1).view(np.uint8), jobs or 1)
-            if got != crcs[name]:
-                raise ChecksumError(f"checksum mismatch in tensor {name!r} ({ck.file_of(name)})")
-            ck.release(name)
-            checked += 1
-    finally:
-        ck.close()
-    return {"ok": True, "tensors_checked": checked}
-
-
 def decompress(src: str, dst: str, *, overwrite: bool = False, jobs: int | None = None,
                max_shard_size="5GB", progress: bool = True) -> dict:
-    """Write a standard checkpoint whose tensors are byte-identical to the original ones."""
+    """Write a standard checkpoint whose tensors are byte-identical to the original ones.
+
+    Every tensor is checked against its stored crc32 (encoded and raw alike) before the
+    output is renamed into place; any mismatch leaves no output."""
     jobs = jobs or tc.default_threads()
     t0 = time.perf_counter()
     if not os.path.exists(src):
         raise InputError(f"{src}: no such file or folder")
-    if _same_or_inside(src, dst):
+    if same_or_inside(src, dst):
         raise InputError(f"SRC and DST overlap ({src} / {dst}): choose another output folder")
     ck = CompressedCheckpoint(src)
     n_out = 0
-    with _staged_output(dst, overwrite) as tmp:
-        order = ck.tensor_order()
-        headers = {base: ck.header(base) for base in order if base in ck.encoded}
-        plan = []
-        for base in order:
-            if base in headers:
-                h = headers[base]
-                plan.append([(base, "BF16", (h.rows, h.cols), h.rows * h.cols * 2)])
-            else:
-                dt, shape, b, e = ck.info(base)
-                plan.append([(base, dt, shape, e - b)])
-        shards = _ShardSet(tmp, parse_size(max_shard_size), {"format": "pt"}, False, plan)
-        try:
+    try:
+        check_records(ck)
+        with staged_output(dst, overwrite) as tmp:
+            order = ck.tensor_order()
+            headers = {base: ck.header(base) for base in order if base in ck.encoded}
+            plan = []
             for base in order:
                 if base in headers:
                     h = headers[base]
-                    w = tc.decode(h, ck.planes(base), jobs, where=ck.location(base), verify=True)
-                    shards.add_group([(base, "BF16", w.shape, w)])
-                    ck.release_encoded(base)
+                    plan.append([(base, "BF16", (h.rows, h.cols), h.rows * h.cols * 2)])
                 else:
                     dt, shape, b, e = ck.info(base)
-                    shards.add_group([(base, dt, shape, ck.array(base))])
-                n_out += 1
-            files = shards.finish()
-        except BaseException:
-            shards.abort()
-            raise
-        if len(files) > 1:
-            _write_index(tmp, shards.weight_map, sum(shards.file_sizes.values()))
-        cfg = ck.config()
-        if cfg is not None:
-            cfg.pop("quantization_config", None)
-            if cfg:
-                with open(os.path.join(tmp, "config.json"), "w") as f:
-                    json.dump(cfg, f, indent=2)
-        _copy_side_files(ck.folder, tmp)
+                    plan.append([(base, dt, shape, e - b)])
+            shards = ShardSet(tmp, parse_size(max_shard_size), {"format": "pt"}, False, plan)
+            try:
+                for base in order:
+                    if base in headers:
+                        h = headers[base]
+                        w = tc.decode(h, ck.planes(base), jobs, where=ck.location(base), verify=True)
+                        shards.add_group([(base, "BF16", w.shape, w)])
+                        ck.release_encoded(base)
+                    else:
+                        dt, shape, b, e = ck.info(base)
+                        arr = ck.array(base)
+                        check_raw(ck, base, arr, jobs)
+                        shards.add_group([(base, dt, shape, arr)])
+                        ck.release(base)
+                    n_out += 1
+                files = shards.finish()
+            except BaseException:
+                shards.abort()
+                raise
+            if len(files) > 1:
+                write_index(tmp, shards.weight_map, shards.file_sizes)
+            cfg = ck.config()
+            if cfg is not None:
+                cfg.pop("quantization_config", None)
+                if cfg:
+                    with open(os.path.join(tmp, "config.json"), "w") as f:
+                        json.dump(cfg, f, indent=2)
+            copy_side_files(ck.folder, tmp, SKIP_FILES)
+    finally:
         ck.close()
     return {"tensors": n_out, "files": files, "seconds": time.perf_counter() - t0, "output": os.path.abspath(dst)}
 
 
 def verify(path: str, against: str | None = None, jobs: int | None = None) -> dict:
-    """Check integrity (stored checksums) or, with `against`, byte equality with the original.
+    """Check integrity (stored checksums and the checkpoint's records) or, with `against`,
+    also byte equality with the original.
 
-    Raises ChecksumError / MismatchError on the first difference.
+    Raises ChecksumError / FormatError / MismatchError on the first difference.
     """
     jobs = jobs or tc.default_threads()
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file or folder")
     if against is None:
-        r = _verify_integrity(path, jobs)
-        r["mode"] = "checksums"
-        return r
+        ck = CompressedCheckpoint(path)
+        try:
+            r = verify_checkpoint(ck, jobs)
+        finally:
+            ck.close()
+        return {"ok": True, "mode": "checksums", "tensors_checked": r["encoded_checked"] + r["raw_checked"], **r}
     orig = Checkpoint(sources.resolve(against))
-    ck = CompressedCheckpoint(path)
     try:
+        ck = CompressedCheckpoint(path)
+    except BaseException:
+        orig.close()
+        raise
+    try:
+        check_records(ck)
         a, b = set(orig.names()), set(ck.tensor_order())
         if a != b:
             only_o, only_c = sorted(a - b), sorted(b - a)
@@ -418,11 +263,12 @@ def verify(path: str, against: str | None = None, jobs: int | None = None) -> di
             ref = orig.array(name)
             if name in ck.encoded:
                 h = ck.header(name)
-                got = tc.decode(h, ck.planes(name), jobs, where=ck.location(name), verify=False)
+                got = tc.decode(h, ck.planes(name), jobs, where=ck.location(name), verify=True)
                 got_dt, got_shape = "BF16", (h.rows, h.cols)
             else:
                 got_dt, got_shape, _, _ = ck.info(name)
                 got = ck.array(name)
+                check_raw(ck, name, got, jobs)
             if got_dt != dt or tuple(got_shape) != tuple(shape):
                 raise MismatchError(f"tensor {name!r}: dtype/shape {got_dt}{list(got_shape)} != original {dt}{list(shape)}")
             if not np.array_equal(np.ascontiguousarray(got).reshape(-1).view(np.uint8),
@@ -435,18 +281,21 @@ def verify(path: str, against: str | None = None, jobs: int | None = None) -> di
 
 
 def inspect(path: str, jobs: int | None = None) -> dict:
-    """Per-tensor encoding, shape, ratio, exponent entropy, palette coverage, verbatim fraction."""
+    """Per-tensor encoding, shape, ratio, exponent entropy, palette coverage, verbatim fraction.
+
+    Reads every tensor, so it checks each against its stored crc32 on the way."""
     jobs = jobs or tc.default_threads()
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file or folder")
     ck = CompressedCheckpoint(path)
     rows, tot_o, tot_s, tot_w = [], 0, 0, 0
     try:
+        check_records(ck)
         for base in ck.tensor_order():
             if base in ck.encoded:
                 h = ck.header(base)
                 planes = ck.planes(base)
-                w = tc.decode(h, planes, jobs, where=ck.location(base), verify=False)
+                w = tc.decode(h, planes, jobs, where=ck.location(base), verify=True)
                 st = tc.analyze(w, jobs)
                 if h.encoding == C.ENC_PALETTE:
                     nb = h.rows * -(-h.cols // C.PAL_BLOCK)
@@ -459,6 +308,7 @@ def inspect(path: str, jobs: int | None = None) -> dict:
                 tot_w += w.size
             else:
                 dt, shape, b, e = ck.info(base)
+                check_raw(ck, base, threads=jobs)
                 r = {"name": base, "encoding": "raw", "shape": list(shape), "dtype": dt,
                      "orig_bytes": e - b, "stored_bytes": e - b, "ratio": 1.0}
                 tot_w += int(np.prod(shape)) if shape else 1

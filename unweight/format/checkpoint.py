@@ -8,21 +8,38 @@ import os
 import numpy as np
 
 from . import constants as C
-from .errors import FormatError, InputError
+from .errors import FormatError, InputError, UnweightError
 from .header import TensorHeader
 from .safetensors_io import SafetensorsFile
 
 
-def list_weight_files(folder: str) -> list[str]:
-    """Safetensors files of a folder, in index order when an index exists."""
+def read_index(folder: str) -> dict | None:
+    """The folder's INDEX_NAME as {"metadata": dict, "weight_map": {tensor: file}}, or None
+    when there is none; FormatError when it is not that shape."""
     idx = os.path.join(folder, C.INDEX_NAME)
-    if os.path.exists(idx):
-        try:
-            with open(idx) as f:
-                wm = json.load(f)["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError):
-            raise FormatError(f"{idx}: corrupt index (no weight_map)") from None
-        files = list(dict.fromkeys(wm.values()))
+    if not os.path.exists(idx):
+        return None
+    try:
+        with open(idx) as f:
+            d = json.load(f)
+        wm, meta = d["weight_map"], d.get("metadata") or {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise FormatError(f"{idx}: corrupt index (no weight_map)") from None
+    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()) \
+            or not isinstance(meta, dict):
+        raise FormatError(f"{idx}: corrupt index (weight_map must map tensor names to file names)")
+    for fname in set(wm.values()):
+        # A shard name is a file of this folder, never a path out of it.
+        if os.path.basename(fname) != fname or fname in (".", ".."):
+            raise FormatError(f"{idx}: shard name {fname!r} is not a file name")
+    return {"metadata": meta, "weight_map": wm}
+
+
+def list_weight_files(folder: str, index: dict | None = None) -> list[str]:
+    """Safetensors files of a folder, in index order when an index exists."""
+    index = index if index is not None else read_index(folder)
+    if index is not None:
+        files = list(dict.fromkeys(index["weight_map"].values()))
         missing = [f for f in files if not os.path.exists(os.path.join(folder, f))]
         if missing:
             raise InputError(f"{folder}: shard {missing[0]} named in {C.INDEX_NAME} is missing")
@@ -36,9 +53,11 @@ class Checkpoint:
 
     def __init__(self, path: str):
         self.path = path
+        self.index = None
         if os.path.isdir(path):
             self.folder = path
-            self.files = [SafetensorsFile(p) for p in list_weight_files(path)]
+            self.index = read_index(path)
+            self.files = [SafetensorsFile(p) for p in list_weight_files(path, self.index)]
         elif os.path.isfile(path):
             self.folder = None
             self.files = [SafetensorsFile(path)]
@@ -53,15 +72,11 @@ class Checkpoint:
         self._check_index()
 
     def _check_index(self):
-        if not self.folder:
+        if self.index is None:
             return
         idx = os.path.join(self.folder, C.INDEX_NAME)
-        if not os.path.exists(idx):
-            return
-        with open(idx) as f:
-            wm = json.load(f)["weight_map"]
-        for name, fname in wm.items():
-            if name not in self.where:
+        for name, fname in self.index["weight_map"].items():
+            if name not in self.where or os.path.basename(self.where[name].path) != fname:
                 raise FormatError(f"{idx}: tensor {name!r} listed for {fname} is not in that shard")
 
     def names(self) -> list[str]:
@@ -97,6 +112,16 @@ class Checkpoint:
             f.close()
 
 
+def _is_unweight_shard(path: str) -> bool:
+    """True when path is a readable safetensors file written by unweight compress."""
+    try:
+        f = SafetensorsFile(path)
+    except UnweightError:
+        return False  # not a shard we wrote: not ours to judge
+    f.close()
+    return bool(f.metadata.get("unweight_format_version"))
+
+
 def split_name(name: str):
     """('model.x.weight', '__sm') for a plane name, else (name, None)."""
     for suf in C.ALL_SUFFIXES:
@@ -112,6 +137,7 @@ class CompressedCheckpoint(Checkpoint):
         super().__init__(path)
         self.encoded = {}  # base name -> {suffix: stored name}
         self.raw = []
+        self._raw_crcs = None
         for n in self.names():
             base, suf = split_name(n)
             if suf is None:
@@ -138,6 +164,49 @@ class CompressedCheckpoint(Checkpoint):
                     break
             else:
                 raise InputError(f"{path}: not an unweight checkpoint (no encoded tensors and no unweight metadata)")
+        self._check_records()
+
+    def _check_records(self):
+        """Check the folder against its index's own records (docs/FORMAT.md, "Checkpoint
+        container"): a shard whose tensors the weight map no longer names, a tensor it lost,
+        a shard of another size.  Each would otherwise make every reader skip tensors
+        silently: what is left still verifies."""
+        if self.index is None:
+            return
+        idx = os.path.join(self.folder, C.INDEX_NAME)
+        meta, wm = self.index["metadata"], self.index["weight_map"]
+        listed = list(dict.fromkeys(wm.values()))
+        rec = meta.get("unweight")
+        rec = rec if isinstance(rec, dict) else {}
+        shards = rec.get("shards")
+        if shards is not None:
+            if not isinstance(shards, list) or not all(isinstance(f, str) for f in shards):
+                raise FormatError(f"{idx}: corrupt index metadata (unweight.shards must list file names)")
+            lost = [f for f in shards if f not in listed]
+            if lost:
+                raise FormatError(f"{idx}: shard {lost[0]} is recorded in the index metadata but the weight_map "
+                                  f"names none of its tensors")
+            extra = [f for f in listed if f not in shards]
+            if extra:
+                raise FormatError(f"{idx}: the weight_map names shard {extra[0]}, which the index metadata does "
+                                  f"not record")
+        n = rec.get("stored_tensors")
+        if n is not None and n != len(wm):
+            raise FormatError(f"{idx}: the weight_map lists {len(wm)} tensors, the index metadata records {n}")
+        for f in self.files:
+            for name in f.names():
+                if name not in wm:
+                    raise FormatError(f"{idx}: tensor {name!r} of {os.path.basename(f.path)} is not in the weight_map")
+        for fname in sorted(os.listdir(self.folder)):
+            if fname.endswith(".safetensors") and fname not in listed and _is_unweight_shard(
+                    os.path.join(self.folder, fname)):
+                raise FormatError(f"{idx}: shard {fname} holds unweight tensors but the weight_map names none of "
+                                  f"them")
+        total = meta.get("total_size")
+        if total is not None:
+            got = sum(os.path.getsize(f.path) for f in self.files)
+            if total != got:
+                raise FormatError(f"{idx}: total_size is {total} bytes but the shards it lists hold {got}")
 
     def header(self, base: str) -> TensorHeader:
         planes = self.encoded[base]
@@ -154,14 +223,30 @@ class CompressedCheckpoint(Checkpoint):
         return f"{base} ({self.file_of(self.encoded[base][C.SUFFIX_HDR])})"
 
     def raw_checksums(self) -> dict:
+        """{raw tensor name: crc32 of its stored bytes} from every shard's unweight_crc32
+        metadata.  FormatError when the metadata is corrupt or names a tensor its shard does
+        not hold raw (a record that disagrees with the shard)."""
+        if self._raw_crcs is not None:
+            return self._raw_crcs
         out = {}
+        raw = set(self.raw)
         for f in self.files:
             s = f.metadata.get("unweight_crc32")
-            if s:
-                try:
-                    out.update(json.loads(s))
-                except ValueError:
-                    raise FormatError(f"{f.path}: corrupt unweight_crc32 metadata") from None
+            if not s:
+                continue
+            try:
+                d = json.loads(s)
+            except ValueError:
+                d = None
+            if not isinstance(d, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32
+                                                  for v in d.values()):
+                raise FormatError(f"{f.path}: corrupt unweight_crc32 metadata")
+            for name in d:
+                if name not in raw or self.where[name] is not f:
+                    raise FormatError(f"{f.path}: unweight_crc32 records tensor {name!r}, which this shard does not "
+                                      f"hold as a raw tensor")
+            out.update(d)
+        self._raw_crcs = out
         return out
 
     def tensor_order(self) -> list[str]:

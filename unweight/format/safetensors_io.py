@@ -157,18 +157,19 @@ def _check_coverage(path: str, entries: dict, data_size: int) -> None:
     """The safetensors rule: the tensors tile the data buffer exactly, no overlap, no hole, no
     trailing bytes.  Overlapping tensors would alias each other's bytes (a write through one
     changes the other; a checksum of one vouches for bytes of another)."""
-    pos, prev = 0, None
+    pos, prev, hole = 0, None, None
     for name, (_, _, b, e) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
         if b < pos:
             raise FormatError(f"{path}: tensor {name!r} (data_offsets [{b}, {e}]) overlaps tensor {prev!r} "
                               f"(which ends at {pos})")
-        if b > pos:
+        if b > pos and hole is None:  # reported after the sweep: an overlap further on says more
             what = f"after tensor {prev!r}" if prev is not None else "at the start of the data"
-            raise FormatError(f"{path}: bytes [{pos}, {b}) {what} belong to no tensor (before {name!r})")
+            hole = f"{path}: bytes [{pos}, {b}) {what} belong to no tensor (before {name!r})"
         pos, prev = e, name
+    if hole:
+        raise FormatError(hole)
     if pos != data_size:
         raise FormatError(f"{path}: the last {data_size - pos} bytes of the data belong to no tensor")
-
 
 def _header_bytes(entries: dict, metadata: dict) -> bytes:
     header = dict(entries)
