@@ -9,6 +9,7 @@ from tests.conftest import bf16_gaussian
 from unweight.codec import shard as sh
 from unweight.codec import tensor_codec as tc
 from unweight.format import constants as C
+from unweight.format.errors import ChecksumError
 from unweight.format.header import TensorHeader
 
 TPS = (1, 2, 4, 8)
@@ -152,3 +153,79 @@ def test_crc32_combine_matches_zlib():
     for la, lb in [(0, 5), (1, 1), (7, 1000), (4096, 3), (123, 65536)]:
         a, b = rng.bytes(la), rng.bytes(lb)
         assert sh.crc32_combine(zlib.crc32(a), zlib.crc32(b), lb) == zlib.crc32(a + b)
+
+
+@pytest.mark.parametrize("shape", [(512, 512), (768, 256), (256, 1536), (7168, 2048), (2048, 7168), (1024, 768)])
+def test_default_grid_splits_multiples_of_256_eight_ways(shape):
+    """The writer's grid serves TP 2, 4 and 8 on both axes of any matrix whose sides are
+    multiples of 256, however small (docs/FORMAT.md, "Index cost and the writer's grid")."""
+    R, Cc = tc.choose_grid(*shape)
+    h = TensorHeader(encoding=C.ENC_HUFFMAN, rows=shape[0], cols=shape[1], rows_per_group=R, cols_per_chunk=Cc,
+                     crc32=0)
+    for tp in (2, 4, 8):
+        for role in ("rows", "cols"):
+            assert len(sh.tp_plan(h, tp, role)) == tp
+
+
+def test_old_grid_keeps_loading_with_its_tp_limit():
+    """A file written under the earlier rule (one 512-wide chunk for K = 512) still decodes,
+    shards where its grid allows, and names the allowed sizes where it does not."""
+    w, e = _enc((512, 512), "huffman", grid=(16, 512))
+    assert tc.decode(e.header, e.planes).tobytes() == w.tobytes()
+    assert len(sh.tp_plan(e.header, 8, "rows")) == 8  # rows: R = 16 divides 512 / 8
+    with pytest.raises(sh.ShardError, match=r"o_proj.*allowed --tensor-parallel-size values: \[1\]"):
+        sh.tp_plan(e.header, 2, "cols", what="o_proj")
+
+
+# A Kimi-K2 layer (hidden 7168, 64 heads of MLA, MoE intermediate 2048, 384 experts, one shared
+# expert), per-expert 2-D tensors as transformers saves them; a few of the experts.
+KIMI_K2_LAYER = [
+    ("self_attn.q_a_proj", (1536, 7168), "full"),          # MLA low-rank projections: replicated
+    ("self_attn.q_b_proj", (64 * 192, 1536), "rows"),
+    ("self_attn.kv_a_proj_with_mqa", (576, 7168), "full"),
+    ("self_attn.kv_b_proj", (64 * 256, 512), "rows"),
+    ("self_attn.o_proj", (7168, 64 * 128), "cols"),
+    ("mlp.gate", (384, 7168), "full"),                    # the router
+    *[(f"mlp.{e}.{p}", shp, role) for e in ("experts.0", "experts.1", "experts.383", "shared_experts")
+      for p, shp, role in (("gate_proj", (2048, 7168), "rows"), ("up_proj", (2048, 7168), "rows"),
+                           ("down_proj", (7168, 2048), "cols"))],
+]
+
+
+def test_kimi_k2_layer_plans_tp8_and_each_rank_decodes_its_shard_alone():
+    """Dry run of TP=8 on a Kimi-K2-shaped MoE layer, experts included: every sharded tensor
+    splits 8 ways on the default grid; each rank's shard is a self-contained tensor holding
+    ~1/8 of the planes that decodes alone to exactly its block of the original; the eight
+    ranks' shard crcs check the stored crc32 (codec/shard_check.py); no rank decodes a whole
+    tensor."""
+    from unweight.codec.shard_check import check_shard_records, shard_record
+    rng = np.random.default_rng(0)
+    tp = 8
+    for name, shape, role in KIMI_K2_LAYER:
+        name = f"model.layers.1.{name}.weight"
+        if role == "full":  # replicated: every rank holds the whole tensor
+            R, Cc = tc.choose_grid(*shape)
+            h = TensorHeader(encoding=C.ENC_HUFFMAN, rows=shape[0], cols=shape[1], rows_per_group=R,
+                             cols_per_chunk=Cc, crc32=0)
+            assert sh.tp_plan(h, tp, role) == [(None, None)] * tp
+            continue
+        w = bf16_gaussian(rng, shape)
+        e = tc.encode(w, "huffman", threads=2)
+        plan = sh.tp_plan(e.header, tp, role, what=name)
+        full_bytes = sum(a.nbytes for a in e.planes.values())
+        records = []
+        for rank, (rows, cols) in enumerate(plan):
+            hs, ps = sh.shard_planes(e.header, e.planes, rows=rows, cols=cols, where=name)
+            got = tc.decode(TensorHeader.parse(ps[C.SUFFIX_HDR]), ps, threads=2, verify=False)
+            r0, r1 = rows or (0, shape[0])
+            c0, c1 = cols or (0, shape[1])
+            assert got.tobytes() == np.ascontiguousarray(w[r0:r1, c0:c1]).tobytes(), (name, rank)
+            assert sum(a.nbytes for a in ps.values()) < full_bytes / tp + 8192, (name, rank)
+            records.append(shard_record(got, rows=rows, cols=cols))
+        assert check_shard_records(records, e.header, name)
+        # One flipped bit in one rank's block is caught by the group check.
+        bad = list(records)
+        kind, a, b, crc = bad[3]
+        bad[3] = (kind, a, b, crc ^ 1 if kind == "rows" else [crc[0] ^ 1] + crc[1:])
+        with pytest.raises(ChecksumError, match="across the tensor-parallel shards"):
+            check_shard_records(bad, e.header, name)

@@ -32,7 +32,7 @@ from ..format import constants as C
 from ..format.errors import FormatError
 from ..format.header import TensorHeader
 
-__all__ = ["ShardError", "shard_planes", "shard_source_ranges", "tp_shard_range", "allowed_tp_sizes",
+__all__ = ["ShardError", "shard_planes", "shard_source_ranges", "tp_shard_range", "tp_plan", "allowed_tp_sizes",
            "row_grid", "col_grid", "shard_crc32", "crc32_combine", "combine_row_shard_crcs",
            "combine_col_shard_crcs", "row_crcs"]
 
@@ -79,6 +79,24 @@ def tp_shard_range(n: int, tp: int, rank: int, grid: int = 1, *, what: str = "te
             f"could not decode its shard alone; allowed --tensor-parallel-size values: "
             f"{allowed_tp_sizes(n, grid)} (or re-compress with a finer grid, or use --load-format unweight)")
     return start, start + size
+
+
+def tp_plan(header: TensorHeader, tp: int, role: str, what: str = "tensor") -> list[tuple]:
+    """Every rank's block of one encoded tensor under tensor parallelism, in rank order.
+
+    role: "rows" (column-parallel layers, vocab-parallel embeddings, expert gate/up
+    projections: each rank a block of rows), "cols" (row-parallel layers, expert down
+    projections: a block of columns) or "full" (replicated).  Returns [(rows, cols)] with
+    (start, end) ranges or None for a whole axis.  Raises ShardError naming the allowed TP
+    sizes when the tensor's grid cannot serve tp.
+    """
+    if role == "full":
+        return [(None, None)] * tp
+    if role not in ("rows", "cols"):
+        raise ValueError(f"{what}: unknown tensor-parallel role {role!r}")
+    n, grid = (header.rows, row_grid(header)) if role == "rows" else (header.cols, col_grid(header))
+    blocks = [tp_shard_range(n, tp, rank, grid, what=what, axis=role) for rank in range(tp)]
+    return [(b, None) if role == "rows" else (None, b) for b in blocks]
 
 
 def _check_range(rng, n: int, grid: int, axis: str, where: str) -> tuple[int, int]:
