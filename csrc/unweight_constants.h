@@ -6,7 +6,7 @@ namespace unweight {
 // b"UNWT" read as a little-endian uint32
 constexpr uint32_t MAGIC_LE = 0x54574E55u;
 constexpr int VERSION_MAJOR = 1;
-constexpr int VERSION_MINOR = 0;
+constexpr int VERSION_MINOR = 1;
 constexpr int HEADER_BYTES = 64;
 constexpr int ENC_HUFFMAN = 1;
 constexpr int ENC_PALETTE = 2;

@@ -8,8 +8,16 @@ regenerate the header, and record the change in docs/FORMAT.md's version log.
 # Per-tensor header (the ``<name>__hdr`` uint8 tensor).
 MAGIC = b"UNWT"
 VERSION_MAJOR = 1
-VERSION_MINOR = 0
+VERSION_MINOR = 1  # what this writer emits (FORMAT.md "Version changes")
+# Minor version that introduced an optional feature.  A writer stamps each tensor header with the
+# smallest minor whose features that tensor uses, so a tensor without them stays byte-identical
+# to what an older writer produced.
+MINOR_STACK = 1  # stacked tensors [E, N, K] (header field stack, offset 34)
 HEADER_BYTES = 64  # fixed part; the Huffman code-length table follows it
+
+# Stacked tensors (format 1.1): a 3-D tensor [E, N, K] is E matrices in one set of planes; the
+# header's uint16 stack field holds E.
+MAX_STACK = 0xFFFF
 
 # Encodings of an encoded tensor.
 ENC_HUFFMAN = 1

@@ -18,8 +18,8 @@ Layout (little-endian, docs/FORMAT.md "Tensor header"):
      30   1  exp_lo          huffman: smallest coded exponent
      31   1  exp_hi          huffman: largest coded exponent
      32   1  pal_size        palette: entries used (1..16)
-     33   1  pal_block       palette: 64
-     34   2  reserved (0)
+     33   1  pal_block       palette: 32
+     34   2  stack           0: a matrix [N, K]; E >= 1: a stack [E, N, K] of E matrices (v1.1)
      36   4  num_verbatim    palette: verbatim blocks
      40  16  palette         palette: exponents, unused entries 0
      56   4  table_bytes     huffman: num_ctx * (exp_hi - exp_lo + 1); palette: 0
@@ -61,8 +61,27 @@ class TensorHeader:
     palette: bytes = bytes(16)
     table: np.ndarray | None = None
     version_major: int = C.VERSION_MAJOR
-    version_minor: int = C.VERSION_MINOR
+    # The smallest minor whose features the tensor uses (constants.MINOR_*): a tensor without
+    # them stays byte-identical to a 1.0 tensor.
+    version_minor: int = 0
     src_dtype: int = C.DTYPE_BF16
+    # 0: the tensor is the matrix [rows, cols]; E >= 1: a stack [E, rows, cols] of E matrices
+    # that share the code table / palette and each have their own segment grid (FORMAT.md,
+    # "Stacked tensors").
+    stack: int = 0
+
+    @property
+    def n_matrices(self) -> int:
+        return max(1, self.stack)
+
+    @property
+    def shape(self) -> tuple:
+        """The original tensor's shape: (rows, cols), or (stack, rows, cols) for a stack."""
+        return (self.stack, self.rows, self.cols) if self.stack else (self.rows, self.cols)
+
+    @property
+    def numel(self) -> int:
+        return self.n_matrices * self.rows * self.cols
 
     @property
     def n_groups(self) -> int:
@@ -74,6 +93,7 @@ class TensorHeader:
 
     @property
     def n_segments(self) -> int:
+        """Segments of one matrix (a stack has n_matrices * n_segments)."""
         return self.n_groups * self.n_chunks
 
     @property
@@ -87,7 +107,7 @@ class TensorHeader:
             C.MAGIC, self.version_major, self.version_minor, self.encoding, self.src_dtype,
             self.rows, self.cols, self.rows_per_group, self.cols_per_chunk, self.crc32,
             self.max_code_len, self.num_ctx, self.exp_lo, self.exp_hi, self.pal_size, self.pal_block,
-            0, self.num_verbatim, bytes(self.palette).ljust(16, b"\0"), len(table),
+            self.stack, self.num_verbatim, bytes(self.palette).ljust(16, b"\0"), len(table),
         )
         crc = zlib.crc32(table, zlib.crc32(fixed))
         return np.frombuffer(fixed + struct.pack("<I", crc) + table, dtype=np.uint8).copy()
@@ -100,7 +120,7 @@ class TensorHeader:
         if len(b) < C.HEADER_BYTES:
             raise FormatError(f"tensor header truncated{at}: {len(b)} bytes, need {C.HEADER_BYTES}")
         f = _FIXED.unpack_from(b, 0)
-        (magic, vmaj, vmin, enc, dt, n, k, r, cc, crc, mcl, nctx, lo, hi, psz, pblk, _res, nverb, pal,
+        (magic, vmaj, vmin, enc, dt, n, k, r, cc, crc, mcl, nctx, lo, hi, psz, pblk, stack, nverb, pal,
          tbytes) = f
         if magic != C.MAGIC:
             raise FormatError(f"bad magic {magic!r}{at}: not an unweight tensor header")
@@ -120,7 +140,8 @@ class TensorHeader:
             raise FormatError(f"zero dimension or grid in header{at}")
         h = cls(encoding=enc, rows=n, cols=k, rows_per_group=r, cols_per_chunk=cc, crc32=crc,
                 max_code_len=mcl, num_ctx=nctx, exp_lo=lo, exp_hi=hi, pal_size=psz, pal_block=pblk,
-                num_verbatim=nverb, palette=pal, version_major=vmaj, version_minor=vmin, src_dtype=dt)
+                num_verbatim=nverb, palette=pal, version_major=vmaj, version_minor=vmin, src_dtype=dt,
+                stack=stack)
         if enc == C.ENC_HUFFMAN:
             if mcl != C.HUFF_MAX_CODE_LEN or nctx != C.HUFF_NUM_CTX or lo > hi:
                 raise FormatError(f"bad huffman parameters (max_code_len={mcl}, num_ctx={nctx}, "
