@@ -9,6 +9,12 @@ named ``w`` (``w__hdr``, ``w__sm``, ...) exactly as a checkpoint shard would, ne
 sha256) and the grid.  ``corrupt/`` holds damaged copies, each listed in
 ``corrupt/manifest.json`` with the error class a decoder must raise.
 
+``checkpoint/`` is a whole compressed checkpoint (two shards, two encoded and two raw
+tensors, index, config, report) built from the same tensors, and
+``corrupt/checkpoints/<case>/`` damaged copies of it (a raw tensor's bit, overlapping
+offsets, an index that lost a shard, records that disagree), listed in
+``corrupt/checkpoints/manifest.json`` with the error class every reader must raise.
+
 The bytes are the encoder's output and are frozen on purpose: once committed they are the
 definition of v1 that tests hold the C++ codec, the CUDA kernels and the reference decoder
 to.  Re-running this script must reproduce them bit for bit (tests/golden checks that the
@@ -20,6 +26,8 @@ import argparse
 import hashlib
 import json
 import pathlib
+import shutil
+import struct
 import sys
 import zlib
 
@@ -29,6 +37,7 @@ from safetensors.numpy import save_file
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from unweight import api  # noqa: E402
 from unweight.codec import tensor_codec as tc  # noqa: E402
 from unweight.format import constants as C  # noqa: E402
 from unweight.format.errors import ChecksumError, FormatError, VersionError  # noqa: E402
@@ -45,6 +54,12 @@ WORKED_VALUES = [
     [0x3F81, 0x3FC0, 0xFF80, 0x3E80, 0x3F80, 0x3F40, 0x3FA0, 0x3EA0],
 ]
 WORKED_GRID = (1, 4)
+# The stacked example of FORMAT.md (format 1.1): a [2, 2, 8] stack whose matrix 0 is the
+# worked example and matrix 1 the same words with the sign bit flipped.  The exponents and
+# contexts are the worked example's twice over, so the code lengths (and codes) are the same
+# and each matrix's segments are the worked example's bytes: what the stack adds is easy to see.
+STACK_GRID = WORKED_GRID
+STACK_META = {"unweight_format_version": "1.1"}  # pinned: a 1.1 file stays one
 ALL_PATTERNS_SEED = 20240601
 
 
@@ -65,6 +80,31 @@ def verbatim_values() -> np.ndarray:
 def all_patterns_values() -> np.ndarray:
     w = np.arange(65536, dtype=np.uint32).astype(np.uint16)
     return np.random.default_rng(ALL_PATTERNS_SEED).permutation(w).reshape(256, 256)
+
+
+def stack_values() -> np.ndarray:
+    wx = np.array(WORKED_VALUES, dtype=np.uint16)
+    return np.stack([wx, wx ^ 0x8000])
+
+
+def stack_corrupt_cases(st_h: dict, st_p: dict) -> dict:
+    """name -> (planes, expected error class, description) for the stacked example."""
+    def flip_matrix1(e):
+        e = e.copy()
+        e[int(st_h[C.SUFFIX_OFF][4])] ^= 0xFF  # first byte of matrix 1's segment 0
+        return e
+    cases = {
+        "stack_sm_unstacked": (dict(st_h, **{C.SUFFIX_SM: st_h[C.SUFFIX_SM].reshape(4, 8).copy()}), FormatError,
+                               "stack: __sm stored as [4, 8] instead of [2, 2, 8]"),
+        "stack_offsets_one_matrix": (dict(st_h, **{C.SUFFIX_OFF: st_h[C.SUFFIX_OFF][:5].copy()}), FormatError,
+                                     "stack: __off holds the 5 offsets of one matrix instead of 2 * 4 + 1"),
+        "stack_matrix1_stream_flip": (dict(st_h, **{C.SUFFIX_EXP: flip_matrix1(st_h[C.SUFFIX_EXP])}), FormatError,
+                                      "stack: first byte of matrix 1's segment 0 inverted"),
+        "stack_palette_sm_bit_flip": (dict(st_p, **{C.SUFFIX_SM: st_p[C.SUFFIX_SM] ^ np.eye(1, 32, 31, dtype=np.uint8)
+                                                    .reshape(2, 2, 8)}), ChecksumError,
+                                      "stack: lowest mantissa bit of weight [1, 1, 7] flipped"),
+    }
+    return cases
 
 
 def _save(path: pathlib.Path, planes: dict) -> None:
@@ -181,6 +221,161 @@ def corrupt_cases(wx_h: dict, wx_p: dict, vb_p: dict) -> dict:
     return cases
 
 
+# ----------------------------------------------------------------------------- checkpoints
+
+CK_SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+# Pinned, not C.FORMAT_VERSION: the golden checkpoint is a 1.0 checkpoint, which every 1.x
+# reader must go on accepting.
+CK_VERSION = "1.0"
+CK_META = {"format": "pt", "unweight_format_version": CK_VERSION}
+
+
+def _st_bytes(tensors: list, metadata: dict, offsets: dict | None = None) -> bytes:
+    """A safetensors file of tensors [(name, dtype, array)], data back to back in that order.
+    offsets: {name: (begin, end)} written in the header instead of the true ones, and the
+    tensor's own bytes left out of the data (for damaged files)."""
+    header, data = {}, b""
+    offsets = offsets or {}
+    for name, dt, a in tensors:
+        b = np.ascontiguousarray(a).tobytes()
+        if name in offsets:
+            header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": list(offsets[name])}
+            continue
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [len(data), len(data) + len(b)]}
+        data += b
+    header["__metadata__"] = dict(metadata)
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    return struct.pack("<Q", len(hb)) + hb + data
+
+
+def _ck_shard_tensors(wx_h: dict, vb_p: dict) -> list:
+    """The tensors of each shard: [(name, dtype, array)]; encoded tensors as their planes."""
+    b = np.array(WORKED_VALUES[0], dtype=np.uint16)          # a BF16 bias, stored raw
+    norm = np.array([1.0, -0.5, 0.25, 2.0], dtype=np.float32)  # an F32 norm, stored raw
+    planes = lambda base, p: [(base + s, tc._st_dtype(a), a) for s, a in sorted(p.items())]  # noqa: E731
+    return [planes("layers.0.w", wx_h) + [("layers.0.b", "BF16", b)],
+            planes("layers.1.w", vb_p) + [("norm", "F32", norm)]]
+
+
+def _ck_files(shards: list, offsets: dict | None = None, crc_of: dict | None = None,
+              drop_crcs: tuple = ()) -> dict:
+    """file name -> bytes of a compressed checkpoint holding `shards` (see _ck_shard_tensors),
+    with every record (crc32 metadata, index, report) true to the shard files written.
+    offsets / crc_of / drop_crcs: damage one record-keeping layer only (see checkpoint_cases)."""
+    files, weight_map, n_enc, n_raw = {}, {}, 0, 0
+    for fname, tensors in zip(CK_SHARDS, shards):
+        crcs = {}
+        for name, dt, a in tensors:
+            weight_map[name] = fname
+            if "__" in name:
+                n_enc += name.endswith(C.SUFFIX_HDR)
+            else:
+                n_raw += 1
+                if name not in drop_crcs:
+                    crcs[name] = (crc_of or {}).get(name, zlib.crc32(np.ascontiguousarray(a).tobytes()))
+        meta = dict(CK_META, **({"unweight_crc32": json.dumps(crcs, separators=(",", ":"))} if crcs else {}))
+        files[fname] = _st_bytes(tensors, meta, offsets)
+    sizes = {f: len(files[f]) for f in CK_SHARDS}
+    files[C.INDEX_NAME] = json.dumps({"metadata": {"total_size": sum(sizes.values()), "unweight": {
+        "format_version": CK_VERSION, "shards": list(CK_SHARDS), "stored_tensors": len(weight_map)}},
+        "weight_map": weight_map}, indent=2).encode()
+    files["config.json"] = json.dumps({"model_type": "golden", "quantization_config": {
+        "quant_method": C.QUANT_METHOD, "format_version": CK_VERSION, "encoding": "auto",
+        "encoded_dtype": "bfloat16", "tool_version": "golden"}}, indent=2).encode()
+    files[C.REPORT_NAME] = json.dumps({"tool": "unweight", "format_version": CK_VERSION, "files": list(CK_SHARDS),
+                                       "encoded_tensors": n_enc, "raw_tensors": n_raw,
+                                       "output_bytes": sum(sizes.values())}, indent=2).encode()
+    return files
+
+
+def _edit_json(files: dict, fname: str, change) -> dict:
+    files = dict(files)
+    d = json.loads(files[fname])
+    change(d)
+    files[fname] = json.dumps(d, indent=2).encode()
+    return files
+
+
+def checkpoint_cases(wx_h: dict, vb_p: dict) -> tuple[dict, dict]:
+    """(the valid checkpoint's files, {case: (files, expected error class, description)})."""
+    shards = _ck_shard_tensors(wx_h, vb_p)
+    valid = _ck_files(shards)
+    cases = {}
+
+    flipped = bytearray(valid[CK_SHARDS[0]])
+    pos = flipped.index(np.array(WORKED_VALUES[0], dtype=np.uint16).tobytes())
+    flipped[pos] ^= 0x01
+    cases["raw_bit_flip"] = (dict(valid, **{CK_SHARDS[0]: bytes(flipped)}), ChecksumError,
+                             "lowest bit of raw tensor layers.0.b's first byte flipped")
+
+    # "norm" points at the first 16 bytes of layers.1.w__sm, its own bytes gone, its crc32
+    # record that of the bytes it now reads: only the overlap tells.
+    sm = vb_p[C.SUFFIX_SM]
+    sm_at = sum(a.nbytes for n, _, a in shards[1][:[n for n, _, _ in shards[1]].index("layers.1.w__sm")])
+    cases["raw_overlap"] = (_ck_files(shards, offsets={"norm": (sm_at, sm_at + 16)},
+                                      crc_of={"norm": zlib.crc32(sm.tobytes()[:16])}), FormatError,
+                            "raw tensor norm's data_offsets overlap layers.1.w__sm (records true to the files)")
+
+    def lose_shard(d):
+        d["weight_map"] = {k: v for k, v in d["weight_map"].items() if v != CK_SHARDS[1]}
+    cases["index_lost_shard"] = (_edit_json(valid, C.INDEX_NAME, lose_shard), FormatError,
+                                 "the weight_map names no tensor of shard 2 (file still there)")
+
+    def lose_shard_old(d):
+        lose_shard(d)
+        d["metadata"]["unweight"] = {"format_version": CK_VERSION}
+    cases["index_lost_shard_no_records"] = (
+        _edit_json(valid, C.INDEX_NAME, lose_shard_old), FormatError,
+        "as index_lost_shard, in an index without the shards / stored_tensors records")
+    cases["stored_tensors_mismatch"] = (
+        _edit_json(valid, C.INDEX_NAME, lambda d: d["metadata"]["unweight"].update(stored_tensors=3)), FormatError,
+        "index records 3 stored tensors, its weight_map lists 11")
+    cases["raw_without_checksum"] = (_ck_files(shards, drop_crcs=("norm",)), FormatError,
+                                     "shard 2's unweight_crc32 has no entry for raw tensor norm")
+    cases["report_disagrees"] = (
+        _edit_json(valid, C.REPORT_NAME, lambda d: d.update(raw_tensors=3)), FormatError,
+        "the compress report records 3 raw tensors, the checkpoint holds 2")
+    return valid, cases
+
+
+def _write_folder(folder: pathlib.Path, files: dict) -> None:
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    for fname, data in files.items():
+        (folder / fname).write_bytes(data)
+
+
+def _expect_api(folder: pathlib.Path, cls) -> None:
+    """Check that `unweight verify` raises exactly `cls` (None: passes) on folder."""
+    try:
+        api.verify(str(folder), jobs=1)
+    except FormatError as e:
+        if type(e) is not cls:
+            raise SystemExit(f"{folder.name}: verify raised {type(e).__name__}, meant "
+                             f"{getattr(cls, '__name__', 'none')}: {e}")
+        return
+    if cls is not None:
+        raise SystemExit(f"{folder.name}: verify passed (meant {cls.__name__})")
+
+
+def write_checkpoints(out: pathlib.Path, wx_h: dict, vb_p: dict) -> None:
+    """Write checkpoint/ and corrupt/checkpoints/ under out, checking each case's error."""
+    valid, ck_cases = checkpoint_cases(wx_h, vb_p)
+    _write_folder(out / "checkpoint", valid)
+    _expect_api(out / "checkpoint", None)
+    ck_dir = out / "corrupt" / "checkpoints"
+    if ck_dir.exists():
+        shutil.rmtree(ck_dir)
+    manifest = {}
+    for name, (files, cls, what) in ck_cases.items():
+        _write_folder(ck_dir / name, files)
+        _expect_api(ck_dir / name, cls)
+        manifest[name] = {"expect": cls.__name__, "what": what}
+    (ck_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "tests" / "golden"))
@@ -224,7 +419,26 @@ def main() -> int:
         _expect_cpp(p, cls)
         _save(out / "corrupt" / f"{name}.safetensors", p)
         manifest[name] = {"expect": cls.__name__, "what": what}
+    # Stacked example (format 1.1): one file per encoding, values nested [matrix][row][col].
+    st = stack_values()
+    meta = {"shape": list(st.shape), "grid": list(STACK_GRID), "crc32": zlib.crc32(st.astype("<u2").tobytes()),
+            "sha256": hashlib.sha256(st.astype("<u2").tobytes()).hexdigest(), "files": {},
+            "values": [[[f"0x{int(x):04X}" for x in row] for row in m] for m in st]}
+    for enc in ("huffman", "palette"):
+        p = _encode(st, enc, STACK_GRID)
+        planes[("stack_example", enc)] = p
+        meta["files"][enc] = f"stack_example_{enc}.safetensors"
+        save_file({NAME + s: np.ascontiguousarray(a) for s, a in p.items()}, str(out / meta["files"][enc]),
+                  metadata=STACK_META)
+    (out / "stack_example.json").write_text(json.dumps(meta, indent=1) + "\n")
+    for name, (p, cls, what) in stack_corrupt_cases(planes[("stack_example", "huffman")],
+                                                    planes[("stack_example", "palette")]).items():
+        _expect_cpp(p, cls)
+        _save(out / "corrupt" / f"{name}.safetensors", p)
+        manifest[name] = {"expect": cls.__name__, "what": what}
     (out / "corrupt" / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+    write_checkpoints(out, planes[("worked_example", "huffman")], planes[("verbatim", "palette")])
     return 0
 
 

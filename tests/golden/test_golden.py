@@ -137,3 +137,64 @@ def test_format_md_shows_the_golden_bytes():
             shown = a[: C.HEADER_BYTES] if s == C.SUFFIX_HDR else a
             if shown.size:
                 assert _hex(shown) in doc, f"FORMAT.md does not show the {enc} {s} bytes: {_hex(shown)}"
+
+
+# ------------------------------------------------------------------ whole checkpoints
+
+CHECKPOINT = HERE / "checkpoint"
+CK_CORRUPT = HERE / "corrupt" / "checkpoints"
+CK_MANIFEST = json.loads((CK_CORRUPT / "manifest.json").read_text())
+
+
+def _make_golden():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_golden", ROOT / "scripts" / "make_golden.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_make_golden_reproduces_the_checkpoints():
+    # Built from the frozen golden planes, so only the checkpoint layer is under test here.
+    valid, cases = _make_golden().checkpoint_cases(load_planes(HERE / "worked_example_huffman.safetensors"),
+                                                   load_planes(HERE / "verbatim_palette.safetensors"))
+    for folder, files in [(CHECKPOINT, valid)] + [(CK_CORRUPT / n, f) for n, (f, _, _) in cases.items()]:
+        assert {p.name for p in folder.iterdir()} == set(files), folder
+        for fname, data in files.items():
+            assert (folder / fname).read_bytes() == data, f"{folder.name}/{fname} changed"
+    assert set(cases) == set(CK_MANIFEST)
+
+
+def test_golden_checkpoint_reads_back_exactly(tmp_path):
+    from unweight import api
+    from unweight.format.safetensors_io import SafetensorsFile
+    r = api.verify(str(CHECKPOINT), jobs=1)
+    assert (r["encoded_checked"], r["raw_checked"]) == (2, 2)
+    api.decompress(str(CHECKPOINT), str(tmp_path / "d"), progress=False)
+    f = SafetensorsFile(str(tmp_path / "d" / "model.safetensors"))
+    try:
+        assert f.names() == ["layers.0.w", "layers.0.b", "layers.1.w", "norm"]
+        assert f.array("layers.0.w").tobytes() == original("worked_example").tobytes()
+        assert f.array("layers.1.w").tobytes() == original("verbatim").tobytes()
+        assert f.array("layers.0.b").tobytes() == original("worked_example")[0].tobytes()
+        assert f.array("norm").view(np.float32).tolist() == [1.0, -0.5, 0.25, 2.0]
+    finally:
+        f.close()
+
+
+def test_checkpoint_manifest_lists_every_folder():
+    assert {p.name for p in CK_CORRUPT.iterdir() if p.is_dir()} == set(CK_MANIFEST)
+
+
+@pytest.mark.parametrize("name", sorted(CK_MANIFEST))
+def test_corrupt_checkpoints_are_refused_by_every_command(name, tmp_path):
+    from unweight import api
+    want = getattr(errors, CK_MANIFEST[name]["expect"])
+    path = str(CK_CORRUPT / name)
+    for what, call in (("verify", lambda: api.verify(path, jobs=1)), ("inspect", lambda: api.inspect(path, jobs=1)),
+                       ("decompress", lambda: api.decompress(path, str(tmp_path / "d"), jobs=1, progress=False))):
+        with pytest.raises(errors.FormatError) as e:
+            call()
+        assert type(e.value) is want, f"{what} raised {e.value!r}"
+        assert "\n" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []
