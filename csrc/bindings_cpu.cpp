@@ -95,24 +95,43 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(lens, codes);
   }, "Per-context code lengths and canonical codes, uint8/uint16 [HUFF_NUM_CTX, 256].");
 
-  m.def("huffman_encode", [](arr<uint16_t> w, int64_t R, int64_t C, arr<uint8_t> lens,
-                             arr<uint16_t> codes, int threads) {
+  // (off, stream, chk) of one matrix; chk is the checkpoint index uint16 [n_seg, P], P = 0 when
+  // chk_interval is 0 or every segment fits in one chain (FORMAT.md "Checkpoint index").
+  auto encode = [](arr<uint16_t> w, int64_t R, int64_t C, arr<uint8_t> lens, arr<uint16_t> codes, int threads,
+                   int64_t chk_interval) {
     need(w.ndim() == 2, "w must be 2-D");
     Grid g = make_grid(w.shape(0), w.shape(1), R, C);
     need(lens.size() == HUFF_NUM_CTX * 256 && codes.size() == HUFF_NUM_CTX * 256,
          "lens/codes must have HUFF_NUM_CTX*256 entries");
+    need(chk_interval == 0 || (chk_interval > 0 && chk_interval % CHK_ALIGN == 0 && chk_interval <= CHK_MAX_INTERVAL),
+         "checkpoint interval must be 0 or a multiple of CHK_ALIGN up to CHK_MAX_INTERVAL");
+    const int64_t seg_max = std::min(R, g.rows) * std::min(C, g.cols);
+    const int64_t P = chk_interval ? (seg_max + chk_interval - 1) / chk_interval - 1 : 0;
+    const int64_t nseg = g.n_groups() * g.n_chunks();
+    arr<uint16_t> chk({static_cast<py::ssize_t>(nseg), static_cast<py::ssize_t>(P)});
+    std::fill(chk.mutable_data(), chk.mutable_data() + nseg * P, uint16_t(0));
     std::vector<uint32_t> off;
     std::vector<uint8_t> stream;
     {
       py::gil_scoped_release nogil;
-      huffman_encode_all(cptr(w), g, cptr(lens), cptr(codes), &off, &stream, threads);
+      huffman_encode_all(cptr(w), g, cptr(lens), cptr(codes), &off, &stream, threads, chk_interval, P,
+                         P ? chk.mutable_data() : nullptr);
     }
     arr<uint32_t> o(static_cast<py::ssize_t>(off.size()));
     std::copy(off.begin(), off.end(), o.mutable_data());
     arr<uint8_t> st(static_cast<py::ssize_t>(stream.size()));
     std::copy(stream.begin(), stream.end(), st.mutable_data());
-    return py::make_tuple(o, st);
-  }, py::arg("w"), py::arg("R"), py::arg("C"), py::arg("lens"), py::arg("codes"), py::arg("threads") = 1);
+    return py::make_tuple(o, st, chk);
+  };
+  m.def("huffman_encode", [encode](arr<uint16_t> w, int64_t R, int64_t C, arr<uint8_t> lens,
+                                   arr<uint16_t> codes, int threads) {
+    py::tuple t = encode(w, R, C, lens, codes, threads, 0);
+    return py::make_tuple(t[0], t[1]);
+  }, py::arg("w"), py::arg("R"), py::arg("C"), py::arg("lens"), py::arg("codes"), py::arg("threads") = 1,
+     "(off uint32 [n_seg + 1], stream uint8) of a BF16 matrix.");
+  m.def("huffman_encode_indexed", encode, py::arg("w"), py::arg("R"), py::arg("C"), py::arg("lens"),
+        py::arg("codes"), py::arg("threads"), py::arg("chk_interval"),
+        "(off uint32 [n_seg + 1], stream uint8, chk uint16 [n_seg, P]) of a BF16 matrix and its checkpoint index.");
 
   m.def("huffman_decode", [](arr<uint8_t> stream, arr<uint32_t> off, int64_t rows, int64_t cols,
                              int64_t R, int64_t C, arr<uint8_t> table, int exp_lo, int exp_hi,

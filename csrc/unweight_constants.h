@@ -6,7 +6,7 @@ namespace unweight {
 // b"UNWT" read as a little-endian uint32
 constexpr uint32_t MAGIC_LE = 0x54574E55u;
 constexpr int VERSION_MAJOR = 1;
-constexpr int VERSION_MINOR = 1;
+constexpr int VERSION_MINOR = 2;
 constexpr int HEADER_BYTES = 64;
 constexpr int ENC_HUFFMAN = 1;
 constexpr int ENC_PALETTE = 2;
@@ -17,4 +17,7 @@ constexpr int HUFF_CTX_SHIFT = 5;
 constexpr int STREAM_SLACK_BYTES = 8;
 constexpr int PAL_MAX_ENTRIES = 16;
 constexpr int PAL_BLOCK = 32;
+constexpr int DEFAULT_CHK_INTERVAL = 1024;
+constexpr int CHK_ALIGN = 16;
+constexpr int CHK_MAX_INTERVAL = 4096;
 }  // namespace unweight

@@ -20,8 +20,11 @@ void code_lengths(const int64_t* counts, int n, int max_len, uint8_t* out);
 
 // Encodes every segment (chunk-major order) and returns the byte offsets (n_segments + 1
 // entries) and the stream, STREAM_SLACK_BYTES zero bytes included.  lens/codes are
-// [HUFF_NUM_CTX][256].
+// [HUFF_NUM_CTX][256].  With chk_interval S > 0, chk (n_segments * chk_cols entries, zeroed by
+// the caller) receives the checkpoint index (FORMAT.md "Checkpoint index"): row s, entry m-1 is
+// the bit distance from symbol (m-1)*S to symbol m*S of segment s, for m*S inside the segment.
 void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, const uint16_t* codes,
-                        std::vector<uint32_t>* off, std::vector<uint8_t>* stream, int threads);
+                        std::vector<uint32_t>* off, std::vector<uint8_t>* stream, int threads,
+                        int64_t chk_interval = 0, int64_t chk_cols = 0, uint16_t* chk = nullptr);
 
 }  // namespace unweight

@@ -46,5 +46,5 @@ def test_derived_relations():
     assert C.FORMAT_VERSION == f"{C.VERSION_MAJOR}.{C.VERSION_MINOR}"
     assert C.HUFF_NUM_CTX == 1 << 2 and C.HUFF_CTX_SHIFT + 2 == 7  # the top two mantissa bits
     assert C.PAL_MAX_ENTRIES == 16  # a palette index is one nibble
-    assert set(C.HUFFMAN_PLANES) | set(C.PALETTE_PLANES) == set(C.ALL_SUFFIXES)
+    assert set(C.HUFFMAN_PLANES) | set(C.HUFFMAN_OPTIONAL_PLANES) | set(C.PALETTE_PLANES) == set(C.ALL_SUFFIXES)
     assert C.HEADER_BYTES == struct.calcsize("<4sBBBBIIIIIBBBBBBHI16sI") + 4

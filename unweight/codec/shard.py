@@ -181,6 +181,8 @@ def shard_planes(header: TensorHeader, planes: dict, *, rows=None, cols=None, cr
         parts.append(np.zeros(C.STREAM_SLACK_BYTES, dtype=np.uint8))
         new_exp = np.concatenate(parts).astype(np.uint8, copy=False)
         out = {C.SUFFIX_HDR: new.pack(), C.SUFFIX_SM: sm, C.SUFFIX_EXP: new_exp, C.SUFFIX_OFF: new_off}
+        if header.chk_interval:
+            _shard_index(header, new, planes[C.SUFFIX_CHK], src.segments, out, where)
         return new, out
     # Palette: nibble pairs never straddle the edge because c0 is a multiple of 32 (even).
     idx = np.ascontiguousarray(planes[C.SUFFIX_IDX][r0:r1, c0 // 2: c0 // 2 + (k + 1) // 2])
@@ -199,6 +201,23 @@ def shard_planes(header: TensorHeader, planes: dict, *, rows=None, cols=None, cr
     out = {C.SUFFIX_HDR: new.pack(), C.SUFFIX_SM: sm, C.SUFFIX_IDX: idx, C.SUFFIX_VPOS: new_vpos,
            C.SUFFIX_VEXP: new_vexp}
     return new, out
+
+
+def _shard_index(header: TensorHeader, new: TensorHeader, chk: np.ndarray, segments: list, out: dict,
+                 where: str) -> None:
+    """The shard's part of the checkpoint index: the rows of its segments.  Checkpoints count
+    symbols from their own segment's start, so a row is valid as it stands in any tensor the
+    segment lands in.  A shard of tail segments only (smaller than a full R x C) needs fewer
+    checkpoints per row: the columns it drops are zero, as unused entries must be."""
+    rows = np.ascontiguousarray(chk[segments])
+    P = new.chk_cols
+    if rows[:, P:].any():
+        raise FormatError(f"{where}: checkpoint index has entries past the end of its segments")
+    if P == 0:  # every segment of the shard fits in one chain: no index to carry
+        new.chk_interval = 0
+        out[C.SUFFIX_HDR] = new.pack()
+        return
+    out[C.SUFFIX_CHK] = np.ascontiguousarray(rows[:, :P])
 
 
 def with_crc(header: TensorHeader, planes: dict, crc: int) -> tuple[TensorHeader, dict]:

@@ -8,11 +8,12 @@ regenerate the header, and record the change in docs/FORMAT.md's version log.
 # Per-tensor header (the ``<name>__hdr`` uint8 tensor).
 MAGIC = b"UNWT"
 VERSION_MAJOR = 1
-VERSION_MINOR = 1  # what this writer emits (FORMAT.md "Version changes")
+VERSION_MINOR = 2  # what this writer emits (FORMAT.md "Version changes")
 # Minor version that introduced an optional feature.  A writer stamps each tensor header with the
 # smallest minor whose features that tensor uses, so a tensor without them stays byte-identical
 # to what an older writer produced.
 MINOR_STACK = 1  # stacked tensors [E, N, K] (header field stack, offset 34)
+MINOR_CHK = 2  # the checkpoint index (huffman header field chk_interval, plane __chk)
 HEADER_BYTES = 64  # fixed part; the Huffman code-length table follows it
 
 # Stacked tensors (format 1.1): a 3-D tensor [E, N, K] is E matrices in one set of planes; the
@@ -36,6 +37,14 @@ HUFF_CTX_SHIFT = 5  # ctx = (sm_byte >> HUFF_CTX_SHIFT) & (HUFF_NUM_CTX - 1)
 # Zero bytes appended after the last segment so decoders may load 8 bytes past any position.
 STREAM_SLACK_BYTES = 8
 
+# Checkpoint index (format 1.2): the bit offset of every CHK-th symbol of a segment, as uint16
+# deltas, so a GPU decoder starts one independent chain per S symbols instead of one per
+# segment.  S comes from the header (chk_interval, 0 = no index); FORMAT.md "Checkpoint index"
+# derives the writer default from the per-symbol latency of a decode chain.
+DEFAULT_CHK_INTERVAL = 1024
+CHK_ALIGN = 16  # S is a multiple of this, so every chain starts 16-weight aligned in its segment
+CHK_MAX_INTERVAL = 4096  # S * HUFF_MAX_CODE_LEN bits must fit a uint16 delta (4096 * 12 < 65536)
+
 # Palette tier.
 PAL_MAX_ENTRIES = 16
 PAL_BLOCK = 32  # verbatim granularity: weights of one row (one warp's worth on a GPU)
@@ -52,9 +61,11 @@ SUFFIX_OFF = "__off"
 SUFFIX_IDX = "__idx"
 SUFFIX_VPOS = "__vpos"
 SUFFIX_VEXP = "__vexp"
+SUFFIX_CHK = "__chk"  # optional huffman plane (1.2): present exactly when chk_interval > 0
 HUFFMAN_PLANES = (SUFFIX_HDR, SUFFIX_SM, SUFFIX_EXP, SUFFIX_OFF)
 PALETTE_PLANES = (SUFFIX_HDR, SUFFIX_SM, SUFFIX_IDX, SUFFIX_VPOS, SUFFIX_VEXP)
-ALL_SUFFIXES = (SUFFIX_HDR, SUFFIX_SM, SUFFIX_EXP, SUFFIX_OFF, SUFFIX_IDX, SUFFIX_VPOS, SUFFIX_VEXP)
+HUFFMAN_OPTIONAL_PLANES = (SUFFIX_CHK,)  # a huffman tensor may carry these (header says which)
+ALL_SUFFIXES = (SUFFIX_HDR, SUFFIX_SM, SUFFIX_EXP, SUFFIX_OFF, SUFFIX_IDX, SUFFIX_VPOS, SUFFIX_VEXP, SUFFIX_CHK)
 
 # Checkpoint-level identifiers.
 QUANT_METHOD = "unweight"
@@ -66,5 +77,6 @@ INDEX_NAME = "model.safetensors.index.json"
 CPP_EXPORTS = (
     "VERSION_MAJOR", "VERSION_MINOR", "HEADER_BYTES", "ENC_HUFFMAN", "ENC_PALETTE",
     "DTYPE_BF16", "HUFF_MAX_CODE_LEN", "HUFF_NUM_CTX", "HUFF_CTX_SHIFT",
-    "STREAM_SLACK_BYTES", "PAL_MAX_ENTRIES", "PAL_BLOCK",
+    "STREAM_SLACK_BYTES", "PAL_MAX_ENTRIES", "PAL_BLOCK", "DEFAULT_CHK_INTERVAL", "CHK_ALIGN",
+    "CHK_MAX_INTERVAL",
 )

@@ -21,6 +21,7 @@ Layout (little-endian, docs/FORMAT.md "Tensor header"):
      33   1  pal_block       palette: 32
      34   2  stack           0: a matrix [N, K]; E >= 1: a stack [E, N, K] of E matrices (v1.1)
      36   4  num_verbatim    palette: verbatim blocks
+                 chk_interval    huffman: symbols S between index checkpoints, 0 = no __chk (v1.2)
      40  16  palette         palette: exponents, unused entries 0
      56   4  table_bytes     huffman: num_ctx * (exp_hi - exp_lo + 1); palette: 0
      60   4  header_crc32    crc32 of bytes [0, 60) followed by the table
@@ -60,6 +61,9 @@ class TensorHeader:
     num_verbatim: int = 0
     palette: bytes = bytes(16)
     table: np.ndarray | None = None
+    # Huffman only (format 1.2, stored where a palette header keeps num_verbatim): S, the
+    # symbols between two checkpoints of the __chk index; 0 = the tensor has no index.
+    chk_interval: int = 0
     version_major: int = C.VERSION_MAJOR
     # The smallest minor whose features the tensor uses (constants.MINOR_*): a tensor without
     # them stays byte-identical to a 1.0 tensor.
@@ -97,6 +101,15 @@ class TensorHeader:
         return self.n_groups * self.n_chunks
 
     @property
+    def chk_cols(self) -> int:
+        """P, the checkpoints per segment of the __chk plane [n_segments, P] (0 without an index):
+        ceil(n / S) - 1 for the largest segment's n = min(R, rows) * min(C, cols) weights."""
+        if not self.chk_interval:
+            return 0
+        n = min(self.rows_per_group, self.rows) * min(self.cols_per_chunk, self.cols)
+        return -(-n // self.chk_interval) - 1
+
+    @property
     def encoding_name(self) -> str:
         return {C.ENC_HUFFMAN: "huffman", C.ENC_PALETTE: "palette"}[self.encoding]
 
@@ -107,7 +120,8 @@ class TensorHeader:
             C.MAGIC, self.version_major, self.version_minor, self.encoding, self.src_dtype,
             self.rows, self.cols, self.rows_per_group, self.cols_per_chunk, self.crc32,
             self.max_code_len, self.num_ctx, self.exp_lo, self.exp_hi, self.pal_size, self.pal_block,
-            self.stack, self.num_verbatim, bytes(self.palette).ljust(16, b"\0"), len(table),
+            self.stack, self.chk_interval if self.encoding == C.ENC_HUFFMAN else self.num_verbatim,
+            bytes(self.palette).ljust(16, b"\0"), len(table),
         )
         crc = zlib.crc32(table, zlib.crc32(fixed))
         return np.frombuffer(fixed + struct.pack("<I", crc) + table, dtype=np.uint8).copy()
@@ -149,6 +163,10 @@ class TensorHeader:
             if tbytes != nctx * (hi - lo + 1):
                 raise FormatError(f"huffman table size {tbytes} does not match exp range{at}")
             h.table = np.frombuffer(table_raw, dtype=np.uint8).reshape(nctx, hi - lo + 1).copy()
+            h.num_verbatim, h.chk_interval = 0, nverb
+            if nverb and (nverb % C.CHK_ALIGN or nverb > C.CHK_MAX_INTERVAL):
+                raise FormatError(f"bad checkpoint interval {nverb} (0, or a multiple of {C.CHK_ALIGN} "
+                                  f"up to {C.CHK_MAX_INTERVAL}){at}")
         elif enc == C.ENC_PALETTE:
             if not (1 <= psz <= C.PAL_MAX_ENTRIES) or pblk != C.PAL_BLOCK or tbytes != 0:
                 raise FormatError(f"bad palette parameters (size={psz}, block={pblk}){at}")
