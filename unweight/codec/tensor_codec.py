@@ -125,12 +125,16 @@ def _stats(hist: np.ndarray, palette: np.ndarray) -> dict:
 
 
 def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DEFAULT_SEGMENT_WEIGHTS,
-           threads: int | None = None, grid: tuple[int, int] | None = None) -> Encoded:
+           threads: int | None = None, grid: tuple[int, int] | None = None,
+           chk_interval: int = C.DEFAULT_CHK_INTERVAL) -> Encoded:
     """Encode a BF16 matrix.
 
     w: uint16 [N, K] (BF16 bit patterns), C-contiguous, host memory.
     encoding: "huffman", "palette" or "auto" (the smaller of the two).
     grid: (R, C) to use instead of choose_grid's (transcoding keeps the source grid).
+    chk_interval: huffman 2-D matrices: S, the symbols between checkpoints of the ``__chk`` index
+        (FORMAT.md "Checkpoint index"); 0 writes no index, nor does a grid whose segments hold
+        at most S weights.
     """
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
@@ -147,7 +151,7 @@ def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DE
     R, C_ = grid or choose_grid(rows, cols, segment_weights)
     enc_h = enc_p = None
     if encoding in ("huffman", "auto"):
-        enc_h = _encode_huffman(w, sm, hist, crc, R, C_, threads)
+        enc_h = _encode_huffman(w, sm, hist, crc, R, C_, threads, chk_interval)
     if encoding in ("palette", "auto"):
         enc_p = _encode_palette(w, sm, palette, crc, R, C_, threads)
     if encoding == "huffman":
@@ -162,23 +166,29 @@ def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DE
     return out
 
 
-def _encode_huffman(w, sm, hist, crc, R, C_, threads) -> Encoded:
+def _encode_huffman(w, sm, hist, crc, R, C_, threads, chk_interval=0) -> Encoded:
     rows, cols = w.shape
     # C++ package-merge + canonical codes; unweight.codec.huffman is the Python twin the
     # tests compare it with.
     lens, codes = _C.huffman_tables(hist)
     present = np.flatnonzero(hist.sum(axis=0))
     lo, hi = int(present[0]), int(present[-1])
+    chk = None  # the checkpoint index: uint16 [n_seg, P], 2-D matrices only
     try:
-        off, stream = _C.huffman_encode(w, R, C_, lens, codes, threads)
+        off, stream, chk = _C.huffman_encode_indexed(w, R, C_, lens, codes, threads, chk_interval)
     except ValueError as e:  # the 4 GiB per-tensor stream limit of uint32 offsets
         raise ValueError(f"{e}; split this tensor before compressing") from None
     bits = float(stream.size - C.STREAM_SLACK_BYTES) * 8
+    indexed = chk is not None and chk.shape[1] > 0  # none when every segment fits in one chain
     hdr = TensorHeader(encoding=C.ENC_HUFFMAN, rows=rows, cols=cols, rows_per_group=R, cols_per_chunk=C_,
                        crc32=crc, max_code_len=C.HUFF_MAX_CODE_LEN, num_ctx=C.HUFF_NUM_CTX,
-                       exp_lo=lo, exp_hi=hi, table=lens[:, lo:hi + 1].copy())
+                       exp_lo=lo, exp_hi=hi, table=lens[:, lo:hi + 1].copy(),
+                       chk_interval=chk_interval if indexed else 0, version_minor=C.MINOR_CHK if indexed else 0)
     planes = {C.SUFFIX_HDR: hdr.pack(), C.SUFFIX_SM: sm, C.SUFFIX_EXP: stream, C.SUFFIX_OFF: off}
-    return Encoded(hdr, planes, {"exp_bits_per_weight": bits / w.size})
+    if indexed:
+        planes[C.SUFFIX_CHK] = chk
+    return Encoded(hdr, planes, {"exp_bits_per_weight": bits / w.size,
+                                 "index_bits_per_weight": (chk.size * 16 / w.size) if indexed else 0.0})
 
 
 def _encode_palette(w, sm, palette, crc, R, C_, threads) -> Encoded:
@@ -200,7 +210,10 @@ def _encode_palette(w, sm, palette, crc, R, C_, threads) -> Encoded:
 
 
 def planes_for(header: TensorHeader) -> tuple:
-    return C.HUFFMAN_PLANES if header.encoding == C.ENC_HUFFMAN else C.PALETTE_PLANES
+    """Suffixes of the planes the tensor stores: the encoding's, plus ``__chk`` when indexed."""
+    if header.encoding != C.ENC_HUFFMAN:
+        return C.PALETTE_PLANES
+    return C.HUFFMAN_PLANES + ((C.SUFFIX_CHK,) if header.chk_interval else ())
 
 
 def check_planes(header: TensorHeader, planes: dict, where: str = "") -> None:
@@ -211,6 +224,10 @@ def check_planes(header: TensorHeader, planes: dict, where: str = "") -> None:
     if header.encoding == C.ENC_HUFFMAN:
         want[C.SUFFIX_OFF] = (np.uint32, (header.n_segments + 1,))
         want[C.SUFFIX_EXP] = (np.uint8, None)
+        if header.chk_interval:
+            want[C.SUFFIX_CHK] = (np.uint16, (header.n_matrices * header.n_segments, header.chk_cols))
+        elif C.SUFFIX_CHK in planes:
+            raise FormatError(f"plane {C.SUFFIX_CHK}{at} is present but the header has no checkpoint interval")
     else:
         want[C.SUFFIX_IDX] = (np.uint8, (n, (k + 1) // 2))
         want[C.SUFFIX_VPOS] = (np.uint32, (header.num_verbatim,))
@@ -227,6 +244,35 @@ def check_planes(header: TensorHeader, planes: dict, where: str = "") -> None:
         off = planes[C.SUFFIX_OFF]
         if exp.ndim != 1 or off[0] != 0 or int(off[-1]) + C.STREAM_SLACK_BYTES != exp.size:
             raise FormatError(f"exponent stream length {exp.size} does not match its offsets{at}")
+        if header.chk_interval and isinstance(off, np.ndarray):  # device stand-ins: shapes only
+            check_index_bounds(header, off, planes[C.SUFFIX_CHK], where)
+
+
+def index_sizes(header: TensorHeader) -> np.ndarray:
+    """int64 [n_seg]: the checkpoints each segment uses, ceil(n_s / S) - 1 for its n_s weights
+    (its row's entries past that count are 0)."""
+    R, Cc, S = header.rows_per_group, header.cols_per_chunk, header.chk_interval
+    ng, nc = header.n_groups, header.n_chunks
+    rows = np.minimum(R, header.rows - np.arange(ng) * R)  # rows of each group
+    cols = np.minimum(Cc, header.cols - np.arange(nc) * Cc)  # columns of each chunk
+    n_s = (cols[:, None] * rows[None, :]).reshape(-1)  # chunk-major: s = c * ng + g
+    return np.tile(-(-n_s // S) - 1, header.n_matrices)
+
+
+def check_index_bounds(header: TensorHeader, off: np.ndarray, chk: np.ndarray, where: str = "") -> None:
+    """The checks of the ``__chk`` index that need no decoding (FORMAT.md "Checkpoint index"):
+    unused entries are 0, a used one is between S and 12 S bits, and a segment's checkpoints
+    lie inside it.  Whether each one lands exactly on its symbol only a decoder that starts
+    there can tell (the reference decoder and the CUDA kernels check it)."""
+    at = f" of {where}" if where else ""
+    S = header.chk_interval
+    used = np.arange(chk.shape[1])[None, :] < index_sizes(header)[:, None]
+    d = chk.astype(np.int64)
+    seg_bits = np.diff(off.astype(np.int64)) * 8
+    if (d[~used] != 0).any() or ((d < S) & used).any() or (d > S * C.HUFF_MAX_CODE_LEN).any() \
+            or (d.sum(axis=1) >= np.maximum(seg_bits, 1)).any():
+        raise FormatError(f"checkpoint index{at} does not fit its segments (unused entries not 0, an entry "
+                          f"outside [{S}, {S * C.HUFF_MAX_CODE_LEN}] bits, or checkpoints past a segment's end)")
 
 
 def decode(header: TensorHeader, planes: dict, threads: int | None = None, where: str = "",
