@@ -82,6 +82,12 @@ def parse_header_reference(header_bytes) -> dict:
         if h["table_bytes"] != h["num_ctx"] * width:
             raise FormatError("huffman table size does not match the exponent range")
         h["table"] = [list(table[t * width:(t + 1) * width]) for t in range(h["num_ctx"])]
+        # 1.2: a huffman header keeps the checkpoint interval S where a palette one keeps
+        # num_verbatim; 0 = no __chk index.
+        h["chk_interval"], h["num_verbatim"] = h["num_verbatim"], 0
+        S = h["chk_interval"]
+        if S and (S % 16 or S > 4096):
+            raise FormatError(f"checkpoint interval {S} is not 0 or a multiple of 16 up to 4096")
     elif h["encoding"] == 2:
         if not 1 <= h["pal_size"] <= 16 or h["pal_block"] != 32 or h["table_bytes"] != 0:
             raise FormatError("bad palette parameters in header")
@@ -177,6 +183,52 @@ def _decode_huffman(h: dict, planes: dict, sm: np.ndarray) -> np.ndarray:
     return out_exp
 
 
+def _check_chains(h: dict, planes: dict, sm: np.ndarray) -> None:
+    """Decode every chain of a huffman tensor's checkpoint index from its checkpoint and check
+    that it ends where the next one starts (FORMAT.md "Checkpoint index").  Runs after the
+    segment-by-segment decode has validated the stream, so only the index can fail here."""
+    S = h["chk_interval"]
+    n, k, R, Cc = h["rows"], h["cols"], h["rows_per_group"], h["cols_per_chunk"]
+    n_groups, n_chunks = -(-n // R), -(-k // Cc)
+    n_seg = n_groups * n_chunks
+    n_mat = max(1, h.get("stack", 0))
+    if not S:
+        if "__chk" in planes:
+            raise FormatError("a __chk plane is present but the header's checkpoint interval is 0")
+        return
+    P = -(-(min(R, n) * min(Cc, k)) // S) - 1
+    chk = _want_plane(planes, "__chk", np.uint16, (n_mat * n_seg, P)).astype(np.int64)
+    exp, off = planes["__exp"], [int(x) for x in planes["__off"]]
+    codes = [canonical_code_table(lens, h["exp_lo"]) for lens in h["table"]]
+    ctx = ((sm.reshape(n_mat, n, k) >> 5) & 3).astype(np.int64)
+    for t in range(n_mat * n_seg):
+        m_i, (c, g) = t // n_seg, divmod(t % n_seg, n_groups)
+        r0, k0 = g * R, c * Cc
+        width = min(k, k0 + Cc) - k0
+        n_s = (min(n, r0 + R) - r0) * width
+        used = -(-n_s // S) - 1
+        if chk[t, used:].any():
+            raise FormatError(f"checkpoint index row {t} has entries past the end of its segment")
+        bits = np.unpackbits(exp[off[t]:off[t + 1]], bitorder="big").tolist()
+        start = 0
+        for m in range(used):  # chain m: weights m*S .. (m+1)*S - 1 from bit `start`
+            pos = start
+            for i in range(m * S, (m + 1) * S):
+                table, key = codes[ctx[m_i, r0 + i // width, k0 + i % width]], 1
+                for _ in range(12):
+                    if pos >= len(bits):
+                        raise FormatError(f"checkpoint {m} of segment {t} runs past the segment's end")
+                    key, pos = (key << 1) | bits[pos], pos + 1
+                    if key in table:
+                        break
+                else:
+                    raise FormatError(f"checkpoint {m} of segment {t} does not start on a code")
+            if pos != start + chk[t, m]:
+                raise FormatError(f"chain {m} of segment {t} ends at bit {pos}, its next checkpoint is at "
+                                  f"{start + chk[t, m]}: the checkpoint index is wrong")
+            start = pos
+
+
 def _decode_palette(h: dict, planes: dict) -> np.ndarray:
     n, k = h["rows"], h["cols"]
     nv, pal_size = h["num_verbatim"], h["pal_size"]
@@ -215,6 +267,7 @@ def decode_reference(header_bytes, planes: dict) -> np.ndarray:
     sm = _want_plane(planes, "__sm", np.uint8, (n, k))
     if h["encoding"] == 1:
         e = _decode_huffman(h, planes, sm)
+        _check_chains(h, planes, sm)
     else:
         e = _decode_palette(h, planes)
     sm16 = sm.astype(np.uint16)
