@@ -62,6 +62,12 @@ def _progress(total, desc, enabled):
                 leave=False)
 
 
+def _encodable_shape(shape) -> bool:
+    """Matrices, and 3-D tensors as stacks of matrices (stacked MoE experts, FORMAT.md
+    "Stacked tensors"); other ranks are stored raw."""
+    return len(shape) == 2 or (len(shape) == 3 and 1 <= shape[0] <= C.MAX_STACK)
+
+
 def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None = None,
              overwrite: bool = False, include: list[str] | None = None, exclude: list[str] | None = None,
              verify: bool = True, max_shard_size="5GB", revision: str | None = None,
@@ -101,7 +107,7 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
                 wanted = (not include or any(fnmatch.fnmatchcase(name, p) for p in include)) and \
                          not any(fnmatch.fnmatchcase(name, p) for p in (exclude or []))
                 enc = None
-                if dt == "BF16" and len(shape) == 2 and arr.size >= C.MIN_ENCODED_WEIGHTS and wanted:
+                if dt == "BF16" and _encodable_shape(shape) and arr.size >= C.MIN_ENCODED_WEIGHTS and wanted:
                     enc = tc.encode(arr, encoding, segment_weights=segment_weights, threads=jobs)
                     if enc.nbytes >= arr.nbytes:
                         enc = None
@@ -192,7 +198,7 @@ def decompress(src: str, dst: str, *, overwrite: bool = False, jobs: int | None 
             for base in order:
                 if base in headers:
                     h = headers[base]
-                    plan.append([(base, "BF16", (h.rows, h.cols), h.rows * h.cols * 2)])
+                    plan.append([(base, "BF16", h.shape, h.numel * 2)])
                 else:
                     dt, shape, b, e = ck.info(base)
                     plan.append([(base, dt, shape, e - b)])
@@ -264,7 +270,7 @@ def verify(path: str, against: str | None = None, jobs: int | None = None) -> di
             if name in ck.encoded:
                 h = ck.header(name)
                 got = tc.decode(h, ck.planes(name), jobs, where=ck.location(name), verify=True)
-                got_dt, got_shape = "BF16", (h.rows, h.cols)
+                got_dt, got_shape = "BF16", h.shape
             else:
                 got_dt, got_shape, _, _ = ck.info(name)
                 got = ck.array(name)
@@ -298,11 +304,11 @@ def inspect(path: str, jobs: int | None = None) -> dict:
                 w = tc.decode(h, planes, jobs, where=ck.location(base), verify=True)
                 st = tc.analyze(w, jobs)
                 if h.encoding == C.ENC_PALETTE:
-                    nb = h.rows * -(-h.cols // C.PAL_BLOCK)
+                    nb = h.n_matrices * h.rows * -(-h.cols // C.PAL_BLOCK)
                     st["verbatim_fraction"] = h.num_verbatim / nb
                 stored = sum(int(a.nbytes) for a in planes.values())
                 orig = w.nbytes
-                r = {"name": base, "encoding": h.encoding_name, "shape": [h.rows, h.cols], "dtype": "BF16",
+                r = {"name": base, "encoding": h.encoding_name, "shape": list(h.shape), "dtype": "BF16",
                      "orig_bytes": orig, "stored_bytes": stored, "ratio": stored / orig,
                      "grid": [h.rows_per_group, h.cols_per_chunk], **st}
                 tot_w += w.size

@@ -58,7 +58,7 @@ def parse_header_reference(header_bytes) -> dict:
         "max_code_len": _u8(b, 28), "num_ctx": _u8(b, 29),
         "exp_lo": _u8(b, 30), "exp_hi": _u8(b, 31),
         "pal_size": _u8(b, 32), "pal_block": _u8(b, 33),
-        "reserved": _u16(b, 34),
+        "stack": _u16(b, 34),  # 1.1: 0 = a matrix [N, K], E >= 1 = a stack [E, N, K]
         "num_verbatim": _u32(b, 36),
         "palette": list(b[40:56]),
         "table_bytes": _u32(b, 56),
@@ -138,26 +138,38 @@ def _want_plane(planes: dict, suffix: str, dtype, shape) -> np.ndarray:
     return a
 
 
-def _decode_huffman(h: dict, planes: dict, sm: np.ndarray) -> np.ndarray:
+def _decode_huffman(h: dict, planes: dict, sm: np.ndarray, only: int | None = None) -> np.ndarray:
+    """Exponents of every matrix: uint16 [E, N, K] (E = 1 for a plain matrix); with `only`,
+    matrix `only` alone is decoded (the others stay 0)."""
     n, k, R, Cc = h["rows"], h["cols"], h["rows_per_group"], h["cols_per_chunk"]
     n_groups, n_chunks = -(-n // R), -(-k // Cc)
     n_seg = n_groups * n_chunks
+    n_mat = max(1, h["stack"])
     exp = _want_plane(planes, "__exp", np.uint8, None)
-    off = _want_plane(planes, "__off", np.uint32, (n_seg + 1,))
+    off = _want_plane(planes, "__off", np.uint32, (n_mat * n_seg + 1,))
     if exp.ndim != 1:
         raise FormatError("exponent stream must be 1-D")
     off = [int(x) for x in off]
     if off[0] != 0:
         raise FormatError("first segment offset is not 0")
-    for s in range(n_seg):
+    for s in range(n_mat * n_seg):
         if off[s + 1] < off[s]:
             raise FormatError(f"segment offsets are not ascending at segment {s}")
     if off[-1] + 8 != exp.size:
         raise FormatError(f"exponent stream is {exp.size} bytes, offsets say {off[-1]} + 8 slack (truncated?)")
     codes = [canonical_code_table(lens, h["exp_lo"]) for lens in h["table"]]
-    out_exp = np.zeros((n, k), dtype=np.uint16)
+    sm = sm.reshape(n_mat, n, k)
+    out = np.zeros((n_mat, n, k), dtype=np.uint16)
+    for m in range(n_mat) if only is None else [only]:  # a stack: segments matrix after matrix
+        _decode_huffman_matrix(exp, off[m * n_seg:(m + 1) * n_seg + 1], codes, h, sm[m], out[m])
+    return out
+
+
+def _decode_huffman_matrix(exp, off, codes, h, sm, out_exp) -> None:
+    n, k, R, Cc = h["rows"], h["cols"], h["rows_per_group"], h["cols_per_chunk"]
+    n_groups, n_chunks = -(-n // R), -(-k // Cc)
     ctx = ((sm >> 5) & 3).astype(np.int64)
-    for s in range(n_seg):
+    for s in range(n_groups * n_chunks):
         c, g = divmod(s, n_groups)  # chunk-major: s = c * n_groups + g
         r0, r1 = g * R, min(n, (g + 1) * R)
         k0, k1 = c * Cc, min(k, (c + 1) * Cc)
@@ -180,7 +192,6 @@ def _decode_huffman(h: dict, planes: dict, sm: np.ndarray) -> np.ndarray:
                 out_exp[r, col] = sym
         if (pos + 7) // 8 != off[s + 1] - off[s]:
             raise FormatError(f"segment {s} decodes to {pos} bits but spans {off[s + 1] - off[s]} bytes")
-    return out_exp
 
 
 def _check_chains(h: dict, planes: dict, sm: np.ndarray) -> None:
@@ -230,9 +241,12 @@ def _check_chains(h: dict, planes: dict, sm: np.ndarray) -> None:
 
 
 def _decode_palette(h: dict, planes: dict) -> np.ndarray:
-    n, k = h["rows"], h["cols"]
+    """Exponents uint16 [E*N, K]: a stack's rows are numbered over all its matrices."""
+    k = h["cols"]
+    n = max(1, h["stack"]) * h["rows"]
     nv, pal_size = h["num_verbatim"], h["pal_size"]
-    idx = _want_plane(planes, "__idx", np.uint8, (n, (k + 1) // 2))
+    shape = (h["stack"], h["rows"]) if h["stack"] else (n,)
+    idx = _want_plane(planes, "__idx", np.uint8, shape + ((k + 1) // 2,)).reshape(n, (k + 1) // 2)
     vpos = _want_plane(planes, "__vpos", np.uint32, (nv,)).astype(np.int64)
     vexp = _want_plane(planes, "__vexp", np.uint8, (nv, 32))
     bpr = -(-k // 32)
@@ -253,26 +267,41 @@ def _decode_palette(h: dict, planes: dict) -> np.ndarray:
     return out_exp
 
 
-def decode_reference(header_bytes, planes: dict) -> np.ndarray:
+def _join(sm: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """BF16 words (little-endian uint16) from sign+mantissa bytes and exponents."""
+    sm16 = sm.astype(np.uint16)
+    return (((sm16 & 0x80) << 8) | (e << 7) | (sm16 & 0x7F)).astype("<u2")
+
+
+def decode_reference(header_bytes, planes: dict, matrix: int | None = None) -> np.ndarray:
     """Decode one encoded tensor from its planes.
 
     header_bytes: the ``__hdr`` plane, uint8 [64 + table_bytes] (host).
     planes: suffix (``"__sm"``, ``"__exp"``, ...) -> NumPy array, as stored in the shard.
-    Returns uint16 [N, K] BF16 bit patterns (host).  Raises FormatError for any violation of
-    FORMAT.md, VersionError for an unknown major version, ChecksumError when the decoded
-    bytes do not hash to the header's crc32.
+    Returns uint16 [N, K] BF16 bit patterns, or [E, N, K] for a stack (host).  Raises
+    FormatError for any violation of FORMAT.md, VersionError for an unknown major version,
+    ChecksumError when the decoded bytes do not hash to the header's crc32.
+    matrix: decode only matrix `matrix` of a stack, returned as uint16 [N, K] (not checksummed).
     """
     h = parse_header_reference(header_bytes)
-    n, k = h["rows"], h["cols"]
-    sm = _want_plane(planes, "__sm", np.uint8, (n, k))
+    shape = (h["stack"], h["rows"], h["cols"]) if h["stack"] else (h["rows"], h["cols"])
+    sm = _want_plane(planes, "__sm", np.uint8, shape)
+    if matrix is not None:
+        # One matrix of a stack alone (an expert): only its own segments are read.  The crc32
+        # covers the whole stack, so a lone matrix is returned unchecked.
+        if not 0 <= matrix < h["stack"]:
+            raise IndexError(f"matrix {matrix} of a tensor of shape {shape}")
+        if h["encoding"] == 1:
+            e = _decode_huffman(h, planes, sm, only=matrix)[matrix]
+        else:
+            e = _decode_palette(h, planes).reshape(shape)[matrix]
+        return _join(sm[matrix], e).astype(np.uint16)
     if h["encoding"] == 1:
-        e = _decode_huffman(h, planes, sm)
+        e = _decode_huffman(h, planes, sm).reshape(shape)
         _check_chains(h, planes, sm)
     else:
-        e = _decode_palette(h, planes)
-    sm16 = sm.astype(np.uint16)
-    out = ((sm16 & 0x80) << 8) | (e << 7) | (sm16 & 0x7F)
-    out = out.astype("<u2")
+        e = _decode_palette(h, planes).reshape(shape)
+    out = _join(sm, e)
     if zlib.crc32(out.tobytes()) != h["crc32"]:
         raise ChecksumError("decoded tensor does not match its crc32: the data planes are corrupt")
     return out.astype(np.uint16)

@@ -127,9 +127,11 @@ def _stats(hist: np.ndarray, palette: np.ndarray) -> dict:
 def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DEFAULT_SEGMENT_WEIGHTS,
            threads: int | None = None, grid: tuple[int, int] | None = None,
            chk_interval: int = C.DEFAULT_CHK_INTERVAL) -> Encoded:
-    """Encode a BF16 matrix.
+    """Encode a BF16 matrix, or a stack of matrices.
 
-    w: uint16 [N, K] (BF16 bit patterns), C-contiguous, host memory.
+    w: uint16 [N, K] (BF16 bit patterns), or [E, N, K] with 1 <= E <= MAX_STACK (a stack:
+        E matrices sharing one code table / palette, each cut on its own grid, so one of them
+        decodes alone; FORMAT.md "Stacked tensors"), C-contiguous, host memory.
     encoding: "huffman", "palette" or "auto" (the smaller of the two).
     grid: (R, C) to use instead of choose_grid's (transcoding keeps the source grid).
     chk_interval: huffman 2-D matrices: S, the symbols between checkpoints of the ``__chk`` index
@@ -140,10 +142,15 @@ def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DE
         raise ValueError(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
     threads = threads or default_threads()
     w = np.ascontiguousarray(w, dtype=np.uint16)
-    if w.ndim != 2 or w.size == 0:
-        raise ValueError(f"only non-empty 2-D tensors are encoded, got shape {w.shape}")
-    rows, cols = w.shape
-    sm = empty((rows, cols), np.uint8, threads)
+    if w.ndim not in (2, 3) or w.size == 0 or (w.ndim == 3 and w.shape[0] > C.MAX_STACK):
+        raise ValueError(f"only non-empty 2-D tensors and 3-D stacks of at most {C.MAX_STACK} matrices are "
+                         f"encoded, got shape {w.shape}")
+    stack = w.shape[0] if w.ndim == 3 else 0
+    rows, cols = w.shape[-2:]
+    if stack and encoding != "huffman" and stack * rows * -(-cols // C.PAL_BLOCK) > 0xFFFFFFFF:
+        raise ValueError(f"a palette stack of shape {w.shape} has more blocks than uint32 verbatim ids can "
+                         f"name; split this tensor before compressing")
+    sm = empty(w.shape, np.uint8, threads)
     hist = np.zeros((C.HUFF_NUM_CTX, 256), dtype=np.int64)
     crc = _C.split_histogram(w, sm, hist, threads)
     palette = choose_palette(hist.sum(axis=0))
@@ -154,6 +161,11 @@ def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DE
         enc_h = _encode_huffman(w, sm, hist, crc, R, C_, threads, chk_interval)
     if encoding in ("palette", "auto"):
         enc_p = _encode_palette(w, sm, palette, crc, R, C_, threads)
+    for enc in (enc_h, enc_p):
+        if enc is not None and stack:
+            enc.header.stack = stack
+            enc.header.version_minor = max(enc.header.version_minor, C.MINOR_STACK)
+            enc.planes[C.SUFFIX_HDR] = enc.header.pack()
     if encoding == "huffman":
         out = enc_h
     elif encoding == "palette":
@@ -166,8 +178,26 @@ def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DE
     return out
 
 
+def _encode_stack(w, R, C_, lens, codes, threads):
+    """Huffman-encode the matrices of a stack w [E, N, K] one after another: their segments
+    back to back in one stream, offsets counted from the stream's start (uint32 [E*S + 1])."""
+    offs, parts, base = [], [], 0
+    for e in range(w.shape[0]):
+        off_e, stream_e = _C.huffman_encode(w[e], R, C_, lens, codes, threads)
+        n = int(off_e[-1])
+        if base + n > 0xFFFFFFFF:
+            raise ValueError(f"the exponent stream of this {w.shape} stack reaches 4 GiB, more than uint32 "
+                             f"offsets index")
+        offs.append(off_e[:-1].astype(np.uint64) + base)
+        parts.append(stream_e[:n])
+        base += n
+    off = np.concatenate(offs + [np.array([base], dtype=np.uint64)]).astype(np.uint32)
+    stream = np.concatenate(parts + [np.zeros(C.STREAM_SLACK_BYTES, dtype=np.uint8)])
+    return off, stream
+
+
 def _encode_huffman(w, sm, hist, crc, R, C_, threads, chk_interval=0) -> Encoded:
-    rows, cols = w.shape
+    rows, cols = w.shape[-2:]
     # C++ package-merge + canonical codes; unweight.codec.huffman is the Python twin the
     # tests compare it with.
     lens, codes = _C.huffman_tables(hist)
@@ -175,7 +205,10 @@ def _encode_huffman(w, sm, hist, crc, R, C_, threads, chk_interval=0) -> Encoded
     lo, hi = int(present[0]), int(present[-1])
     chk = None  # the checkpoint index: uint16 [n_seg, P], 2-D matrices only
     try:
-        off, stream, chk = _C.huffman_encode_indexed(w, R, C_, lens, codes, threads, chk_interval)
+        if w.ndim == 3:
+            off, stream = _encode_stack(w, R, C_, lens, codes, threads)
+        else:
+            off, stream, chk = _C.huffman_encode_indexed(w, R, C_, lens, codes, threads, chk_interval)
     except ValueError as e:  # the 4 GiB per-tensor stream limit of uint32 offsets
         raise ValueError(f"{e}; split this tensor before compressing") from None
     bits = float(stream.size - C.STREAM_SLACK_BYTES) * 8
@@ -192,12 +225,13 @@ def _encode_huffman(w, sm, hist, crc, R, C_, threads, chk_interval=0) -> Encoded
 
 
 def _encode_palette(w, sm, palette, crc, R, C_, threads) -> Encoded:
-    rows, cols = w.shape
+    rows, cols = w.shape[-2:]
     pmap = np.full(256, -1, dtype=np.int16)
     pmap[palette] = np.arange(len(palette), dtype=np.int16)
-    idx = empty((rows, (cols + 1) // 2), np.uint8, threads)
-    vpos, vexp = _C.palette_encode(w, pmap, idx, threads)
-    nblocks = rows * -(-cols // C.PAL_BLOCK)
+    idx = empty(w.shape[:-1] + ((cols + 1) // 2,), np.uint8, threads)
+    # A stack's blocks are numbered over its rows taken as one [E*N, K] matrix.
+    vpos, vexp = _C.palette_encode(w.reshape(-1, cols), pmap, idx.reshape(-1, idx.shape[-1]), threads)
+    nblocks = (w.size // cols) * -(-cols // C.PAL_BLOCK)
     hdr = TensorHeader(encoding=C.ENC_PALETTE, rows=rows, cols=cols, rows_per_group=R, cols_per_chunk=C_,
                        crc32=crc, pal_size=len(palette), pal_block=C.PAL_BLOCK, num_verbatim=len(vpos),
                        palette=bytes(palette.tobytes()).ljust(16, b"\0"))
@@ -219,17 +253,17 @@ def planes_for(header: TensorHeader) -> tuple:
 def check_planes(header: TensorHeader, planes: dict, where: str = "") -> None:
     """Validate plane presence, dtypes and shapes against the header; FormatError otherwise."""
     at = f" of {where}" if where else ""
-    n, k = header.rows, header.cols
-    want = {C.SUFFIX_SM: (np.uint8, (n, k))}
+    k = header.cols
+    want = {C.SUFFIX_SM: (np.uint8, header.shape)}
     if header.encoding == C.ENC_HUFFMAN:
-        want[C.SUFFIX_OFF] = (np.uint32, (header.n_segments + 1,))
+        want[C.SUFFIX_OFF] = (np.uint32, (header.n_matrices * header.n_segments + 1,))
         want[C.SUFFIX_EXP] = (np.uint8, None)
         if header.chk_interval:
             want[C.SUFFIX_CHK] = (np.uint16, (header.n_matrices * header.n_segments, header.chk_cols))
         elif C.SUFFIX_CHK in planes:
             raise FormatError(f"plane {C.SUFFIX_CHK}{at} is present but the header has no checkpoint interval")
     else:
-        want[C.SUFFIX_IDX] = (np.uint8, (n, (k + 1) // 2))
+        want[C.SUFFIX_IDX] = (np.uint8, header.shape[:-1] + ((k + 1) // 2,))
         want[C.SUFFIX_VPOS] = (np.uint32, (header.num_verbatim,))
         want[C.SUFFIX_VEXP] = (np.uint8, (header.num_verbatim, C.PAL_BLOCK))
     for suf, (dt, shape) in want.items():
@@ -277,16 +311,19 @@ def check_index_bounds(header: TensorHeader, off: np.ndarray, chk: np.ndarray, w
 
 def decode(header: TensorHeader, planes: dict, threads: int | None = None, where: str = "",
            verify: bool = True) -> np.ndarray:
-    """Decode the whole matrix: uint16 [N, K] BF16 bit patterns, host memory.
+    """Decode the whole tensor: uint16 [N, K] (a stack: [E, N, K]) BF16 bit patterns, host memory.
 
     verify: compare the crc32 of the result with the header's (ChecksumError on mismatch).
     """
     threads = threads or default_threads()
     check_planes(header, planes, where)
-    out = empty((header.rows, header.cols), np.uint16, threads)
+    out = empty(header.shape, np.uint16, threads)
     at = f" in {where}" if where else ""
     try:
-        if header.encoding == C.ENC_HUFFMAN:
+        if header.stack:
+            for e in range(header.stack):
+                _decode_matrix_into(header, planes, e, out[e], threads)
+        elif header.encoding == C.ENC_HUFFMAN:
             _C.huffman_decode(planes[C.SUFFIX_EXP], planes[C.SUFFIX_OFF], header.rows, header.cols,
                               header.rows_per_group, header.cols_per_chunk, header.table, header.exp_lo,
                               header.exp_hi, 0, header.n_groups, 0, header.n_chunks, planes[C.SUFFIX_SM],
@@ -299,6 +336,46 @@ def decode(header: TensorHeader, planes: dict, threads: int | None = None, where
         raise FormatError(f"{e}{at}") from None
     if verify and _C.crc32(out.reshape(-1).view(np.uint8), threads) != header.crc32:
         raise ChecksumError(f"checksum mismatch{at}: decoded bytes differ from the original")
+    return out
+
+
+def matrix_segments(header: TensorHeader, e: int) -> tuple[int, int]:
+    """The entries [s0, s1] (inclusive) of a stack's ``__off`` plane that index matrix e: its
+    segments are s0 .. s1-1, its stream bytes off[s0] .. off[s1]."""
+    s = header.n_segments
+    return e * s, (e + 1) * s
+
+
+def _decode_matrix_into(header: TensorHeader, planes: dict, e: int, out: np.ndarray, threads: int) -> None:
+    n, k = header.rows, header.cols
+    if header.encoding == C.ENC_HUFFMAN:
+        # Matrix e is a 2-D huffman tensor whose offsets start at off[s0] instead of 0: its
+        # segments' byte positions are absolute in the shared stream.
+        s0, s1 = matrix_segments(header, e)
+        _C.huffman_decode(planes[C.SUFFIX_EXP], planes[C.SUFFIX_OFF][s0:s1 + 1], n, k, header.rows_per_group,
+                          header.cols_per_chunk, header.table, header.exp_lo, header.exp_hi, 0, header.n_groups, 0,
+                          header.n_chunks, planes[C.SUFFIX_SM][e], out, threads)
+    else:
+        # Verbatim block ids count rows over the whole stack: matrix e is rows [e*N, (e+1)*N).
+        _C.palette_decode(planes[C.SUFFIX_SM][e], planes[C.SUFFIX_IDX][e], header.n_matrices * n, k, e * n,
+                          (e + 1) * n, np.frombuffer(header.palette[: header.pal_size], np.uint8),
+                          planes[C.SUFFIX_VPOS], planes[C.SUFFIX_VEXP], out, threads)
+
+
+def decode_matrix(header: TensorHeader, planes: dict, e: int, threads: int | None = None,
+                  where: str = "") -> np.ndarray:
+    """Decode matrix e of a stack alone (an expert of a stacked MoE tensor): uint16 [N, K],
+    host memory.  Reads only matrix e's segments / rows.  Not checksummed: the tensor's crc32
+    covers the whole stack (``decode`` checks it)."""
+    threads = threads or default_threads()
+    if not header.stack or not 0 <= e < header.stack:
+        raise IndexError(f"matrix {e} of a tensor of shape {header.shape}")
+    check_planes(header, planes, where)
+    out = np.empty((header.rows, header.cols), dtype=np.uint16)
+    try:
+        _decode_matrix_into(header, planes, e, out, threads)
+    except ValueError as ex:
+        raise FormatError(f"{ex}{' in ' + where if where else ''}") from None
     return out
 
 
@@ -358,6 +435,8 @@ def analyze(w: np.ndarray, threads: int | None = None) -> dict:
     _C.split_histogram(w, sm, hist, threads)
     palette = choose_palette(hist.sum(axis=0))
     st = _stats(hist, palette)
+    if w.ndim == 3 and w.size:
+        w = w.reshape(-1, w.shape[-1])  # a stack's blocks are those of its rows taken as one matrix
     if w.ndim == 2 and w.size:
         pmap = np.full(256, -1, dtype=np.int16)
         pmap[palette] = np.arange(len(palette), dtype=np.int16)
