@@ -43,7 +43,7 @@ from unweight.format import constants as C  # noqa: E402
 from unweight.format.errors import ChecksumError, FormatError, VersionError  # noqa: E402
 
 NAME = "w"
-META = {"unweight_format_version": C.FORMAT_VERSION}
+META = {"unweight_format_version": "1.0"}  # pinned: the 1.0 golden files stay 1.0 files
 
 # The worked example of docs/FORMAT.md: 2 x 8 BF16 words chosen to touch every corner the
 # bit split has (signed zero, a NaN with a payload, -Inf, a subnormal, several exponents,
@@ -61,6 +61,12 @@ WORKED_GRID = (1, 4)
 STACK_GRID = WORKED_GRID
 STACK_META = {"unweight_format_version": "1.1"}  # pinned: a 1.1 file stays one
 ALL_PATTERNS_SEED = 20240601
+# The checkpoint index (format 1.2).  index_example is FORMAT.md's: 3 x 32 words on a 2 x 16
+# grid with S = 16, so the two full segments (32 weights) carry one checkpoint each and the
+# two one-row segments (16 weights) none, which shows an unused (zero) entry.
+# all_patterns_indexed holds the 65536 patterns on all_patterns' grid with the writers' S.
+INDEX_META = {"unweight_format_version": "1.2"}  # pinned: a 1.2 file stays one
+INDEX_CASES = {"index_example": ((2, 16), 16), "all_patterns_indexed": ((16, 256), C.DEFAULT_CHK_INTERVAL)}
 
 
 def verbatim_values() -> np.ndarray:
@@ -80,6 +86,47 @@ def verbatim_values() -> np.ndarray:
 def all_patterns_values() -> np.ndarray:
     w = np.arange(65536, dtype=np.uint32).astype(np.uint16)
     return np.random.default_rng(ALL_PATTERNS_SEED).permutation(w).reshape(256, 256)
+
+
+def index_values() -> np.ndarray:
+    """3 x 32: mostly exponents 126/127 with some 125, 128 and one 120, so the code lengths
+    differ and the checkpoint deltas are not a multiple of anything."""
+    i = np.arange(3 * 32).reshape(3, 32)
+    e = np.where(i % 3 == 0, 126, 127)
+    e[i % 7 == 0] = 125
+    e[i % 11 == 5] = 128
+    e[1, 9] = 120
+    sm = (i * 29 + 3) & 0xFF
+    return (((sm & 0x80) << 8) | (e << 7) | (sm & 0x7F)).astype(np.uint16)
+
+
+def index_corrupt_cases(ix_h: dict) -> dict:
+    """name -> (planes, expected error class, description, decoded by index-free decoders) for
+    the index example.  A wrong entry that passes the bounds every reader checks is refused
+    only by decoders that use the index; a decoder that ignores it still decodes exactly."""
+    def chk(f):
+        c = ix_h[C.SUFFIX_CHK].copy()
+        f(c)
+        return dict(ix_h, **{C.SUFFIX_CHK: c})
+
+    def interval(v):
+        h = ix_h[C.SUFFIX_HDR].copy()
+        h[36:40] = np.frombuffer(int(v).to_bytes(4, "little"), np.uint8)
+        return _fix_hdr_crc(h)
+    no_chk = {s: a for s, a in ix_h.items() if s != C.SUFFIX_CHK}
+    return {
+        "chk_entry_off_by_one": (chk(lambda c: c.__setitem__((0, 0), c[0, 0] + 1)), FormatError,
+                                 "index: checkpoint 1 of segment 0 one bit late (inside every bound)", True),
+        "chk_unused_entry": (chk(lambda c: c.__setitem__((1, 0), 16)), FormatError,
+                             "index: entry of one-row segment 1, which has no checkpoint, set to 16", False),
+        "chk_interval_unaligned": (dict(ix_h, **{C.SUFFIX_HDR: interval(24)}), FormatError,
+                                   "index: chk_interval 24, not a multiple of 16", False),
+        "chk_missing": (no_chk, FormatError, "index: chk_interval 16 but no __chk plane", False),
+        "chk_without_interval": (dict(ix_h, **{C.SUFFIX_HDR: interval(0)}), FormatError,
+                                 "index: __chk present but chk_interval 0", False),
+        "chk_wrong_shape": (chk(lambda c: None) | {C.SUFFIX_CHK: ix_h[C.SUFFIX_CHK].reshape(1, -1).copy()},
+                            FormatError, "index: __chk stored as [1, 4] instead of [4, 1]", False),
+    }
 
 
 def stack_values() -> np.ndarray:
@@ -111,8 +158,8 @@ def _save(path: pathlib.Path, planes: dict) -> None:
     save_file({NAME + s: np.ascontiguousarray(a) for s, a in planes.items()}, str(path), metadata=META)
 
 
-def _encode(w: np.ndarray, enc: str, grid) -> dict:
-    return dict(tc.encode(w, enc, grid=grid, threads=1).planes)
+def _encode(w: np.ndarray, enc: str, grid, chk_interval: int = 0) -> dict:
+    return dict(tc.encode(w, enc, grid=grid, threads=1, chk_interval=chk_interval).planes)
 
 
 def _fix_hdr_crc(hdr: np.ndarray) -> np.ndarray:
@@ -132,6 +179,21 @@ def _expect_cpp(planes: dict, cls) -> None:
             raise SystemExit(f"corrupt case raised {type(e).__name__}, meant {cls.__name__}: {e}")
         return
     raise SystemExit(f"corrupt case decoded without error (meant {cls.__name__})")
+
+
+def _expect_index_users(planes: dict, cls, w: np.ndarray) -> None:
+    """An index-only corruption: the reference decoder (which decodes from every checkpoint)
+    raises `cls`, the C++ decoder (which ignores the index) still returns the original."""
+    from unweight.codec.reference import decode_reference
+    try:
+        decode_reference(planes[C.SUFFIX_HDR], planes)
+    except FormatError as e:
+        if type(e) is not cls:
+            raise SystemExit(f"index case raised {type(e).__name__}, meant {cls.__name__}: {e}")
+    else:
+        raise SystemExit(f"index case decoded by the reference without error (meant {cls.__name__})")
+    if not np.array_equal(tc.decode(tc.encoded_header(planes, "golden"), planes, threads=1), w):
+        raise SystemExit("index case: the C++ decoder, which ignores the index, did not decode the original")
 
 
 def corrupt_cases(wx_h: dict, wx_p: dict, vb_p: dict) -> dict:
@@ -436,6 +498,32 @@ def main() -> int:
         _expect_cpp(p, cls)
         _save(out / "corrupt" / f"{name}.safetensors", p)
         manifest[name] = {"expect": cls.__name__, "what": what}
+    # Checkpoint index (format 1.2): huffman only, the palette encoding has no index.
+    for case, (grid, S) in INDEX_CASES.items():
+        w = index_values() if case == "index_example" else ap_
+        meta = {"shape": list(w.shape), "grid": list(grid), "chk_interval": S, "format_version": "1.2",
+                "crc32": zlib.crc32(w.astype("<u2").tobytes()),
+                "sha256": hashlib.sha256(w.astype("<u2").tobytes()).hexdigest(),
+                "files": {"huffman": f"{case}_huffman.safetensors"}}
+        if case == "index_example":
+            meta["values"] = [[f"0x{int(x):04X}" for x in row] for row in w]
+        else:
+            meta["note"] = "all_patterns' values (see all_patterns.json) with a checkpoint index"
+        p = _encode(w, "huffman", grid, S)
+        planes[(case, "huffman")] = p
+        save_file({NAME + s: np.ascontiguousarray(a) for s, a in p.items()}, str(out / meta["files"]["huffman"]),
+                  metadata=INDEX_META)
+        (out / f"{case}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    for name, (p, cls, what, index_only) in index_corrupt_cases(planes[("index_example", "huffman")]).items():
+        if index_only:
+            _expect_index_users(p, cls, index_values())
+        else:
+            _expect_cpp(p, cls)
+        save_file({NAME + s: np.ascontiguousarray(a) for s, a in p.items()}, str(out / "corrupt" / f"{name}.safetensors"),
+                  metadata=INDEX_META)
+        manifest[name] = {"expect": cls.__name__, "what": what}
+        if index_only:
+            manifest[name]["only_index_decoders"] = True
     (out / "corrupt" / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
 
     write_checkpoints(out, planes[("worked_example", "huffman")], planes[("verbatim", "palette")])
