@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../decode_primitives.h"
+#include "emu/selftest.h"
 #include "kernel_plan.h"
 #include "kernels.cuh"
 
@@ -211,6 +212,32 @@ PYBIND11_MODULE(_cuda, m) {
      py::arg("y"), py::arg("ldy"), py::arg("err"), py::arg("stream") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for Huffman-coded W [N,K] (grid R x C); part is fp32 scratch "
      "[ceil(K/C), M, N]; corrupt segments add to the int32 err counter.");
+
+  // --------------------------------------------------------------------- warp emulator self-tests
+  m.def("emu_selftest_mma", [](arr<uint16_t> A, arr<uint16_t> B, arr<float> C) {
+    need(A.size() == 256 && B.size() == 128 && C.size() == 128, "A [16,16], B [16,8] bf16 bits and C [16,8] fp32");
+    arr<float> D({16, 8});
+    check(emu::selftest_mma_host(A.data(), B.data(), C.data(), D.mutable_data()));
+    return D;
+  }, "D [16,8] fp32 = A @ B + C through one emulated warp's mma.sync m16n8k16 (bf16 bits in, PTX layouts).");
+  m.def("selftest_mma", [](uintptr_t A, uintptr_t B, uintptr_t C, uintptr_t D, uintptr_t stream) {
+    need(A && B && C && D, "null device pointer");
+    check(emu::selftest_mma_device(dev<const uint16_t>(A), dev<const uint16_t>(B), dev<const float>(C),
+                                   dev<float>(D), stream_of(stream)));
+  }, py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"), py::arg("stream") = 0,
+     "The emu_selftest_mma body on the GPU (device pointers), to compare the emulator with the hardware.");
+  m.def("emu_selftest_collectives", [](arr<uint32_t> src) {
+    need(src.size() == 64 * 8, "src must hold 512 uint32 words");
+    arr<int32_t> out({64, emu::kCollectiveFields});
+    check(emu::selftest_collectives_host(src.data(), out.mutable_data()));
+    return out;
+  }, "Per-thread results [64, 9] of shuffles, ballots, barriers and cp.async groups in one emulated CTA.");
+  m.def("emu_selftest_error", [](int kind) -> py::object {
+    const char* e = emu::selftest_error_host(kind);
+    if (e == nullptr) return py::none();
+    return py::str(e);
+  }, "The error the emulator reports for a body that breaks a rule (0: hang in a syncwarp, 1: mixed masks, "
+     "2: hang across syncthreads/syncwarp); None if it reports none.");
 
   // --------------------------------------------------------------------- host emulation
   m.def("emulate_huffman_decode", [](arr<uint8_t> stream, arr<uint32_t> off, int64_t rows, int64_t cols,

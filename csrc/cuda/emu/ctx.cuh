@@ -1,0 +1,156 @@
+// The thread context a kernel body is written against, and its device implementation.
+//
+// A kernel whose threads cooperate (warp shuffles and ballots, shared memory and barriers,
+// mma.sync, cp.async) is written ONCE as a template over a context type:
+//
+//     template <class Ctx> UW_HD void my_body(Ctx& c, const MyArgs& a) { ... c.ballot(p) ... }
+//
+//     __global__ void my_kernel(MyArgs a) { emu::DeviceCtx c; my_body(c, a); }      // GPU
+//     emu::launch(grid, threads, smem, [&](emu::ThreadCtx& c) { my_body(c, a); });  // host
+//
+// DeviceCtx (here) maps every call to the hardware instruction; emu::ThreadCtx (warp_emu.h)
+// runs each thread of a CTA as a fiber on the host and gives the same calls their CUDA / PTX
+// meaning, so CPU-only CI runs the very code the GPU runs (index math, data layout,
+// fragment shapes, pipeline order).  The interface, with CUDA's rules (every lane named in
+// `mask` calls the same collective; `mask` includes the calling lane):
+//
+//   identity   tid() lane() warp() nthreads() block_x() block_y() grid_x() grid_y()
+//   memory     smem()                         dynamic shared memory (bodies use no static
+//                                             __shared__, so one buffer serves both sides)
+//              cp_async16(dst, src, n)        16-byte async copy global -> shared; bytes n..15
+//                                             zero-filled (n in 0..16; src is still read as a
+//                                             16-byte aligned address)
+//              cp_async_commit()  cp_async_wait<N>()   PTX cp.async.commit_group / wait_group N
+//   sync       syncthreads()  syncwarp(mask)  threadfence()  atomic_add(int*, v)
+//   warp       shfl(v, src, mask)  shfl_xor(v, lanemask, mask)  ballot(pred, mask)
+//   tensor     mma_bf16_16816(d, a, b, c)     mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+//
+// Free functions beside it (both sides): prmt (PTX prmt.b32, default mode) and the
+// m16n8k16 fragment layout (frag_a_row/col, frag_b_row/col, frag_c_row/col) as the PTX ISA
+// states it, "Matrix Fragments for mma.m16n8k16 with floating point type".
+#pragma once
+#include <cstdint>
+
+#include "../../decode_primitives.h"  // UW_HD
+
+namespace unweight {
+namespace emu {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// ---------------------------------------------------------------------------------------
+// prmt.b32 d, a, b, s (default mode): byte n of d is byte s[4n+2:4n] of {b, a} (a holds
+// bytes 0-3, b bytes 4-7); when s[4n+3] is set, that byte's msb is replicated over all 8
+// bits instead.  The replicate mode is part of the meaning: palette decodes rely on it.
+// ---------------------------------------------------------------------------------------
+UW_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+  return d;
+#else
+  const uint64_t src = (static_cast<uint64_t>(b) << 32) | a;
+  uint32_t d = 0;
+  for (int n = 0; n < 4; ++n) {
+    const uint32_t sel = (s >> (4 * n)) & 0xFu;
+    uint32_t v = static_cast<uint32_t>(src >> (8 * (sel & 7u))) & 0xFFu;
+    if (sel & 8u) v = (v & 0x80u) ? 0xFFu : 0u;
+    d |= v << (8 * n);
+  }
+  return d;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// m16n8k16 fragments (bf16 A 16x16 row-major, B 16x8 "col", C/D 16x8 fp32), per the PTX
+// ISA: groupID = lane >> 2, threadID_in_group = lane % 4.  Element i of a lane's fragment:
+//   A (8 bf16 in 4 regs, reg = i/2, low half first): row = groupID (+8 for i in 2,3,6,7),
+//     col = 2*threadID_in_group + (i & 1) (+8 for i >= 4)
+//   B (4 bf16 in 2 regs): row (k) = 2*threadID_in_group + (i & 1) (+8 for i >= 2), col = groupID
+//   C/D (4 fp32): row = groupID (+8 for i >= 2), col = 2*threadID_in_group + (i & 1)
+// ---------------------------------------------------------------------------------------
+UW_HD int frag_a_row(int lane, int i) { return (lane >> 2) + (((i >> 1) & 1) ? 8 : 0); }
+UW_HD int frag_a_col(int lane, int i) { return 2 * (lane & 3) + (i & 1) + (i >= 4 ? 8 : 0); }
+UW_HD int frag_b_row(int lane, int i) { return 2 * (lane & 3) + (i & 1) + (i >= 2 ? 8 : 0); }
+UW_HD int frag_b_col(int lane, int /*i*/) { return lane >> 2; }
+UW_HD int frag_c_row(int lane, int i) { return (lane >> 2) + (i >= 2 ? 8 : 0); }
+UW_HD int frag_c_col(int lane, int i) { return 2 * (lane & 3) + (i & 1); }
+
+// ---------------------------------------------------------------------------------------
+// The GPU side: each call is the instruction (inline PTX where the CUDA intrinsic would
+// hide a detail the emulator has to reproduce: cp.async's zero fill, wait_group's count).
+// Methods are __host__ __device__ so that a body instantiated for either context compiles
+// in both nvcc passes; only the device pass ever runs these.
+// ---------------------------------------------------------------------------------------
+struct DeviceCtx {
+#if defined(__CUDA_ARCH__)
+  UW_HD int tid() const { return static_cast<int>(threadIdx.x); }
+  UW_HD int lane() const { return static_cast<int>(threadIdx.x) & (kWarpSize - 1); }
+  UW_HD int warp() const { return static_cast<int>(threadIdx.x) / kWarpSize; }
+  UW_HD int nthreads() const { return static_cast<int>(blockDim.x); }
+  UW_HD int64_t block_x() const { return blockIdx.x; }
+  UW_HD int64_t block_y() const { return blockIdx.y; }
+  UW_HD int64_t grid_x() const { return gridDim.x; }
+  UW_HD int64_t grid_y() const { return gridDim.y; }
+  UW_HD unsigned char* smem() const {
+    extern __shared__ __align__(16) unsigned char uw_dynamic_smem[];
+    return uw_dynamic_smem;
+  }
+  UW_HD void syncthreads() { __syncthreads(); }
+  UW_HD void syncwarp(unsigned mask = kFullMask) { __syncwarp(mask); }
+  UW_HD void threadfence() { __threadfence(); }
+  UW_HD int atomic_add(int* p, int v) { return atomicAdd(p, v); }
+  template <class T>
+  UW_HD T shfl(T v, int src, unsigned mask = kFullMask) { return __shfl_sync(mask, v, src); }
+  template <class T>
+  UW_HD T shfl_xor(T v, int lanemask, unsigned mask = kFullMask) { return __shfl_xor_sync(mask, v, lanemask); }
+  UW_HD unsigned ballot(bool p, unsigned mask = kFullMask) { return __ballot_sync(mask, p); }
+  // .cg: the data goes to shared memory through L2 only (weights are read once; keep L1 for
+  // what is reused).  src-size < 16 zero-fills the rest of the 16 bytes.
+  UW_HD void cp_async16(void* smem_dst, const void* gmem_src, int src_bytes = 16) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem_src), "r"(src_bytes)
+                 : "memory");
+  }
+  UW_HD void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+  template <int N>
+  UW_HD void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+  UW_HD void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %11, %12, %13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+          "f"(c[3]));
+  }
+#else
+  // Host pass: declarations only (a body instantiated for DeviceCtx never runs on the host).
+  UW_HD int tid() const { return 0; }
+  UW_HD int lane() const { return 0; }
+  UW_HD int warp() const { return 0; }
+  UW_HD int nthreads() const { return 0; }
+  UW_HD int64_t block_x() const { return 0; }
+  UW_HD int64_t block_y() const { return 0; }
+  UW_HD int64_t grid_x() const { return 0; }
+  UW_HD int64_t grid_y() const { return 0; }
+  UW_HD unsigned char* smem() const { return nullptr; }
+  UW_HD void syncthreads() {}
+  UW_HD void syncwarp(unsigned = kFullMask) {}
+  UW_HD void threadfence() {}
+  UW_HD int atomic_add(int*, int) { return 0; }
+  template <class T>
+  UW_HD T shfl(T v, int, unsigned = kFullMask) { return v; }
+  template <class T>
+  UW_HD T shfl_xor(T v, int, unsigned = kFullMask) { return v; }
+  UW_HD unsigned ballot(bool, unsigned = kFullMask) { return 0; }
+  UW_HD void cp_async16(void*, const void*, int = 16) {}
+  UW_HD void cp_async_commit() {}
+  template <int N>
+  UW_HD void cp_async_wait() {}
+  UW_HD void mma_bf16_16816(float (&)[4], const uint32_t (&)[4], const uint32_t (&)[2], const float (&)[4]) {}
+#endif
+};
+
+}  // namespace emu
+}  // namespace unweight

@@ -1,0 +1,131 @@
+// Self-test bodies of the warp emulator (declared in selftest.h).  Each body is written
+// once against the context interface; the host entry points run it through emu::launch,
+// selftest_mma_device runs the mma body on a GPU.
+#include <cuda_runtime.h>
+
+#include "selftest.h"
+#include "warp_emu.h"
+
+namespace unweight {
+namespace emu {
+namespace {
+
+struct MmaArgs {
+  const uint16_t* A;
+  const uint16_t* B;
+  const float* C;
+  float* D;
+};
+
+// The PTX ISA formulas spelled out here on purpose (not frag_*): a layout slip in either the
+// emulator or the helpers shows up as a mismatch.
+template <class Ctx>
+UW_HD void mma_body(Ctx& c, const MmaArgs& a) {
+  const int lane = c.lane(), group = lane >> 2, tig = lane % 4;
+  uint32_t ra[4], rb[2];
+  float rc[4], rd[4];
+  for (int r = 0; r < 4; ++r) {  // A register r holds a[2r], a[2r+1]
+    uint32_t w = 0;
+    for (int h = 0; h < 2; ++h) {
+      const int i = 2 * r + h;
+      const int row = (i < 2 || (i >= 4 && i < 6)) ? group : group + 8;
+      const int col = tig * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+      w |= static_cast<uint32_t>(a.A[row * 16 + col]) << (16 * h);
+    }
+    ra[r] = w;
+  }
+  for (int r = 0; r < 2; ++r) {
+    uint32_t w = 0;
+    for (int h = 0; h < 2; ++h) {
+      const int i = 2 * r + h;
+      const int row = tig * 2 + (i & 1) + (i >= 2 ? 8 : 0);
+      w |= static_cast<uint32_t>(a.B[row * 8 + group]) << (16 * h);
+    }
+    rb[r] = w;
+  }
+  for (int i = 0; i < 4; ++i) rc[i] = a.C[((i < 2) ? group : group + 8) * 8 + tig * 2 + (i & 1)];
+  c.mma_bf16_16816(rd, ra, rb, rc);
+  for (int i = 0; i < 4; ++i) a.D[((i < 2) ? group : group + 8) * 8 + tig * 2 + (i & 1)] = rd[i];
+}
+
+__global__ void mma_kernel(MmaArgs a) {
+  DeviceCtx c;
+  mma_body(c, a);
+}
+
+struct CollArgs {
+  const uint32_t* src;  // [64 * 4 * 2] words: two 16-byte rows per thread
+  int32_t* out;
+};
+
+template <class Ctx>
+UW_HD void collectives_body(Ctx& c, const CollArgs& a) {
+  const int tid = c.tid(), lane = c.lane();
+  int32_t* o = a.out + tid * kCollectiveFields;
+  int s = lane;
+  for (int m = 16; m > 0; m >>= 1) s += c.shfl_xor(s, m);
+  o[0] = s;
+  o[1] = static_cast<int32_t>(c.ballot(lane % 3 == 0));
+  o[2] = c.shfl(lane, (lane + 5) % 32);
+  uint32_t* sq = reinterpret_cast<uint32_t*>(c.smem());  // [64] then stages
+  sq[tid] = static_cast<uint32_t>(tid * tid);
+  c.syncthreads();
+  o[3] = static_cast<int32_t>(sq[63 - tid]);
+  uint32_t* stage = sq + 64 + tid * 8;  // two 16-byte stages per thread
+  c.cp_async16(stage, a.src + tid * 8, 16);
+  c.cp_async_commit();
+  o[4] = static_cast<int32_t>(stage[0]);
+  c.template cp_async_wait<0>();
+  o[5] = static_cast<int32_t>(stage[0]);
+  stage[0] = 0xA5A5A5A5u;
+  stage[4] = 0xA5A5A5A5u;
+  c.cp_async16(stage, a.src + tid * 8, 16);
+  c.cp_async_commit();
+  c.cp_async16(stage + 4, a.src + tid * 8 + 4, 16);
+  c.cp_async_commit();
+  c.template cp_async_wait<1>();
+  o[6] = static_cast<int32_t>(stage[0]);
+  o[7] = static_cast<int32_t>(stage[4]);
+  c.template cp_async_wait<0>();
+  o[8] = lane < 16 ? c.shfl(lane * 7, 3, 0x0000FFFFu) : -1;
+}
+
+template <class Ctx>
+UW_HD void error_body(Ctx& c, int kind) {
+  if (kind == 0) {
+    if (c.lane() != 0) c.syncwarp();
+  } else if (kind == 1) {
+    (void)c.ballot(true, c.lane() == 5 ? 0x0000FFFFu : kFullMask);
+  } else if (c.tid() == 32) {
+    c.syncthreads();  // the rest of its warp waits for it in a syncwarp: a hang on the GPU
+  } else if (c.warp() == 1) {
+    c.syncwarp();
+  } else {
+    c.syncthreads();
+  }
+}
+
+}  // namespace
+
+const char* selftest_mma_host(const uint16_t* A, const uint16_t* B, const float* C, float* D) {
+  const MmaArgs a{A, B, C, D};
+  return launch(1, 1, kWarpSize, 0, [&](ThreadCtx& c) { mma_body(c, a); });
+}
+
+const char* selftest_mma_device(const uint16_t* A, const uint16_t* B, const float* C, float* D, void* stream) {
+  mma_kernel<<<1, kWarpSize, 0, static_cast<cudaStream_t>(stream)>>>(MmaArgs{A, B, C, D});
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+
+const char* selftest_collectives_host(const uint32_t* src, int32_t* out) {
+  const CollArgs a{src, out};
+  return launch(1, 1, 64, (64 + 64 * 8) * sizeof(uint32_t), [&](ThreadCtx& c) { collectives_body(c, a); });
+}
+
+const char* selftest_error_host(int kind) {
+  return launch(1, 1, 64, 0, [&](ThreadCtx& c) { error_body(c, kind); });
+}
+
+}  // namespace emu
+}  // namespace unweight

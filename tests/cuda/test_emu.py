@@ -1,0 +1,80 @@
+"""CPU tests of the warp emulator (csrc/cuda/emu/): its mma.sync m16n8k16 against plain
+matmuls of the same tiles, its warp collectives, barriers and cp.async groups against their
+CUDA / PTX meaning, and the errors it reports for bodies that would hang or break a rule."""
+import numpy as np
+import pytest
+
+try:
+    from unweight import _cuda
+except ImportError:  # CUDA extension not built
+    _cuda = None
+
+pytestmark = pytest.mark.skipif(_cuda is None, reason="unweight._cuda not built")
+
+
+def _bf16(f):
+    """bf16 bits (round to nearest even) of float32 values."""
+    u = np.asarray(f, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _f(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def test_mma_places_every_element_where_the_ptx_layout_says():
+    # Distinct small integers: every product and sum is exact, so any element taken from the
+    # wrong lane, register or half changes the result.
+    A = _bf16(np.arange(256, dtype=np.float32).reshape(16, 16) % 23 - 11)
+    B = _bf16(np.arange(128, dtype=np.float32).reshape(16, 8) % 19 - 9)
+    C = (np.arange(128, dtype=np.float32).reshape(16, 8) * 3).astype(np.float32)
+    D = _cuda.emu_selftest_mma(A, B, C)
+    assert np.array_equal(D, _f(A).astype(np.float64) @ _f(B).astype(np.float64) + C)
+    for r in range(16):  # one-hot rows of A pick single rows of B
+        for k in (0, 5, 8, 15):
+            e = np.zeros((16, 16), np.uint16)
+            e[r, k] = 0x3F80
+            D = _cuda.emu_selftest_mma(e, B, np.zeros((16, 8), np.float32))
+            want = np.zeros((16, 8), np.float32)
+            want[r] = _f(B[k])
+            assert np.array_equal(D, want)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_mma_matches_fp32_matmul_of_the_same_fragments(seed):
+    rng = np.random.default_rng(seed)
+    A = _bf16(rng.standard_normal((16, 16)) * np.exp2(rng.integers(-8, 8, (16, 16))))
+    B = _bf16(rng.standard_normal((16, 8)))
+    C = rng.standard_normal((16, 8)).astype(np.float32)
+    D = _cuda.emu_selftest_mma(A, B, C).astype(np.float64)
+    a, b = _f(A), _f(B)
+    exact = a.astype(np.float64) @ b.astype(np.float64) + C
+    f32 = (a @ b + C).astype(np.float64)  # a plain fp32 matmul: 16 roundings per element
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + np.abs(C)
+    # The emulator rounds once: within half an ulp of fp32 of the exact value, and within the
+    # fp32 matmul's own error bound of it.
+    assert np.all(np.abs(D - exact) <= 2.0 ** -24 * np.abs(exact) + 1e-45)
+    assert np.all(np.abs(D - f32) <= 18 * 2.0 ** -24 * scale)
+
+
+def test_collectives_barriers_and_cp_async_groups():
+    src = (1000 + np.arange(512)).astype(np.uint32)
+    out = _cuda.emu_selftest_collectives(src).astype(np.int64) & 0xFFFFFFFF
+    tid = np.arange(64)
+    lane = tid % 32
+    a5 = 0xA5A5A5A5
+    assert (out[:, 0] == sum(range(32))).all()                       # shfl_xor butterfly
+    assert (out[:, 1] == sum(1 << l for l in range(0, 32, 3))).all()  # ballot
+    assert (out[:, 2] == (lane + 5) % 32).all()                      # shfl from a lane
+    assert (out[:, 3] == (63 - tid) ** 2).all()                      # smem across a barrier
+    assert (out[:, 4] == a5).all()                                   # cp.async not yet waited for
+    assert (out[:, 5] == src[8 * tid]).all()                         # ... and after wait_group 0
+    assert (out[:, 6] == src[8 * tid]).all()                         # wait_group 1: older group in
+    assert (out[:, 7] == a5).all()                                   #   newer still pending
+    assert (out[lane < 16, 8] == 21).all() and (out[lane >= 16, 8] == 0xFFFFFFFF).all()  # partial mask
+
+
+def test_errors_instead_of_hangs():
+    assert "deadlock" in _cuda.emu_selftest_error(0)
+    assert "different masks" in _cuda.emu_selftest_error(1)
+    assert "deadlock" in _cuda.emu_selftest_error(2)
