@@ -1,5 +1,16 @@
-"""Shared helpers of the CUDA kernel tests."""
+"""Shared helpers of the CUDA kernel tests and of scripts/gpu_check.py.
+
+Host-only functions (weights, bit conversions, error bounds) import NumPy alone; the device
+helpers import torch and the ops layer when called, so this module is importable on a
+machine without CUDA (the GPU tests are then collected and skipped).
+"""
+from __future__ import annotations
+
 import numpy as np
+
+# Values that a kernel never writes: decoded outputs are poisoned with each in turn, so an
+# element the kernel skipped cannot match the expected bits by luck.
+POISONS = (0x5555, 0xAAAA)
 
 
 def make_weights(rows: int, cols: int, seed: int = 0, spread: bool = True) -> np.ndarray:
@@ -14,5 +25,125 @@ def make_weights(rows: int, cols: int, seed: int = 0, spread: bool = True) -> np
     return (x.view(np.uint32) >> 16).astype(np.uint16)
 
 
+def all_bf16_patterns(rows: int = 256, seed: int = 7) -> np.ndarray:
+    """uint16 [rows, 65536 // rows]: every BF16 bit pattern exactly once (NaNs, infinities,
+    subnormals, both zeros), shuffled so every segment sees a mix."""
+    w = np.random.default_rng(seed).permutation(65536).astype(np.uint16)
+    return w.reshape(rows, 65536 // rows)
+
+
 def bf16_to_f64(w: np.ndarray) -> np.ndarray:
     return (w.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def max_abs_err(y: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(y - ref).max()) if y.size else 0.0
+
+
+def fused_bound(err_cublas: float, ref: np.ndarray) -> float:
+    """The accuracy bar of a fused kernel: 2x cuBLAS BF16's own max error against the same fp64
+    reference (flash-attention's rule), plus 1/1000 of a bf16 ulp of the largest output so an
+    exact cuBLAS result does not demand an exact kernel."""
+    return 2.0 * err_cublas + 2.0 ** -18 * (float(np.abs(ref).max()) if ref.size else 0.0)
+
+
+# --------------------------------------------------------------------------- device helpers
+
+
+def bits(t) -> np.ndarray:
+    """uint16 bit patterns of a bf16 / uint16 tensor on any device (host NumPy copy)."""
+    import torch
+    return t.detach().view(torch.int16).cpu().numpy().view(np.uint16)
+
+
+def bf16_tensor(w: np.ndarray, device):
+    """bf16 tensor on `device` holding the bit patterns w (uint16)."""
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(w).view(np.int16)).to(device).view(torch.bfloat16)
+
+
+def device_planes(planes: dict, device) -> dict:
+    """{suffix: tensor on device} of host planes (uint8 / uint32 NumPy arrays)."""
+    import torch
+    return {s: torch.from_numpy(np.ascontiguousarray(a)).to(device) for s, a in planes.items()}
+
+
+def encoded_weight(enc, device, err=None):
+    """EncodedWeight of a host ``tensor_codec.Encoded`` on `device` (CUDA: decode tables built).
+
+    err: int32 [1] device counter that the table build adds invalid code lengths to (default:
+    the runtime's per-device counter)."""
+    import torch
+
+    from unweight import ops
+    from unweight.format import constants as C
+    from unweight.runtime import scratch
+    from unweight.runtime.weights import EncodedWeight
+    h = enc.header
+    planes = device_planes(enc.planes, device)
+    err = scratch.error_counter(device) if err is None else err
+    table = lut = None
+    if h.encoding == C.ENC_HUFFMAN:
+        table = torch.from_numpy(np.ascontiguousarray(h.table, dtype=np.uint8)).to(device)
+        # The CPU decoder builds its own tables from the code lengths: an empty LUT there.
+        lut = (ops.build_lut(table, h.exp_lo, h.exp_hi, err) if torch.device(device).type == "cuda"
+               else torch.empty(0, dtype=torch.uint16))
+    return EncodedWeight.from_header(h, planes, table, lut)
+
+
+def decode_op(w, out, err) -> None:
+    """Run the decode op of w's encoding into `out` (bf16 [rows, cols], or uint8 for the
+    Huffman exponent bytes)."""
+    import torch
+    if w.is_huffman:
+        torch.ops.unweight.decode_huffman(w.sm, w.exp, w.off, w.table, w.lut, out, err, w.rows, w.cols,
+                                          w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi)
+    else:
+        torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette)
+
+
+def decode_poisoned(w, err) -> list:
+    """Decode w once per poison value into a poisoned bf16 buffer; returns the uint16 results."""
+    import torch
+    outs = []
+    for p in POISONS:
+        out = torch.full((w.rows, w.cols), p - 65536 if p >= 32768 else p, dtype=torch.int16,
+                         device=w.device).view(torch.bfloat16)
+        decode_op(w, out, err)
+        outs.append(bits(out))
+    return outs
+
+
+def fused_op(w, x, err):
+    """y = x @ W^T through the fused kernel of w's encoding (bf16 [M, rows] on x's device)."""
+    import torch
+
+    from unweight import ops
+    M = x.size(0)
+    if w.is_huffman:
+        ws = torch.empty(ops.huffman_workspace_elems(M, w.rows, w.cols, w.cols_per_chunk), dtype=torch.float32,
+                         device=x.device)
+        return torch.ops.unweight.huffman_matmul(x, w.sm, w.exp, w.off, w.table, w.lut, ws, err, w.rows, w.cols,
+                                                 w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi)
+    ws = torch.empty(ops.palette_workspace_elems(M, w.vpos.numel()), dtype=torch.float32, device=x.device)
+    return torch.ops.unweight.palette_matmul(x, w.sm, w.idx, w.vpos, w.vexp, ws, w.rows, w.cols, w.palette)
+
+
+def fused_vs_cublas(w, x, w_bits: np.ndarray, err) -> dict:
+    """Accuracy of the fused kernel against cuBLAS BF16 on the same weights: max errors of both
+    against a float64 reference, the bound, and whether a repeat is bitwise equal."""
+    import torch
+    y = fused_op(w, x, err)
+    y2 = fused_op(w, x, err)
+    wt = bf16_tensor(w_bits, x.device)
+    y_cublas = x @ wt.T
+    ref = (x.double() @ wt.double().T).cpu().numpy()
+    got = y.double().cpu().numpy()
+    e_k, e_c = max_abs_err(got, ref), max_abs_err(y_cublas.double().cpu().numpy(), ref)
+    bound = fused_bound(e_c, ref)
+    rel = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-300))
+    return {"max_err": e_k, "max_err_cublas": e_c, "bound": bound, "rel_err": rel,
+            "finite": bool(np.isfinite(got).all()), "deterministic": bool(torch.equal(y.view(torch.int16),
+                                                                                     y2.view(torch.int16))),
+            "passed": bool(np.isfinite(got).all() and e_k <= bound and torch.equal(y.view(torch.int16),
+                                                                                   y2.view(torch.int16)))}

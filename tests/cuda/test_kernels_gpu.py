@@ -1,191 +1,229 @@
-"""GPU tests of the unweight._cuda kernels against the CPU codec (skipped without a GPU)."""
+"""GPU tests of the CUDA kernels through the ops layer (``torch.ops.unweight.*``), against the
+CPU codec, the NumPy reference decoder and cuBLAS.  Collected everywhere, skipped without a
+CUDA GPU and the compiled ``unweight._cuda`` (marker ``cuda``)."""
 import numpy as np
 import pytest
 
 from unweight.codec import tensor_codec as tc
+from unweight.codec.reference import decode_reference
 from unweight.format import constants as C
 from unweight.format.errors import FormatError
 
-from .helpers import bf16_to_f64, make_weights
+from .helpers import (all_bf16_patterns, bf16_tensor, bits, decode_poisoned, encoded_weight, fused_op,
+                      fused_vs_cublas, make_weights)
 
 torch = pytest.importorskip("torch")
-try:
-    from unweight import _cuda
-except ImportError:
-    _cuda = None
-
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(_cuda is None or not torch.cuda.is_available() or _cuda.device_count() == 0,
-                       reason="needs a CUDA GPU and unweight._cuda"),
-]
-
-SHAPES = [(1, 1), (1, 63), (63, 65), (65, 64), (7, 4097), (129, 256), (300, 520), (1024, 4096)]
 
 
-def _ops():
-    from unweight.runtime import cuda_ops
-    return cuda_ops
+def _gpu_ready() -> bool:
+    try:
+        from unweight import ops
+        return ops.cuda_available()
+    except ImportError:
+        return False
 
 
-def _bits(t):
-    return t.view(torch.int16).cpu().numpy().view(np.uint16)
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not _gpu_ready(), reason="needs a CUDA GPU and unweight._cuda")]
+
+SHAPES = [(1, 1), (1, 63), (63, 65), (65, 64), (7, 4097), (4097, 7), (129, 256), (300, 520), (1024, 4096)]
+ENCODINGS = ("huffman", "palette")
+
+
+def _err():
+    return torch.zeros(1, dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("enc_name", ENCODINGS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_decode_bitwise(shape, enc_name):
+    w = make_weights(*shape, seed=shape[0] * 7 + shape[1])
+    enc = tc.encode(w, enc_name, segment_weights=512)
+    err = _err()
+    ew = encoded_weight(enc, "cuda", err)
+    for got in decode_poisoned(ew, err):
+        assert np.array_equal(got, w)
+    if w.size <= 1 << 18:
+        assert np.array_equal(decode_reference(enc.planes[C.SUFFIX_HDR], enc.planes), w)
+    assert int(err.item()) == 0
+
+
+@pytest.mark.parametrize("enc_name", ENCODINGS)
+def test_decode_all_bf16_patterns(enc_name):
+    w = all_bf16_patterns()
+    enc = tc.encode(w, enc_name)
+    err = _err()
+    for got in decode_poisoned(encoded_weight(enc, "cuda", err), err):
+        assert np.array_equal(got, w)
+    assert int(err.item()) == 0
+
+
+def test_decode_exponents_only():
+    w = make_weights(130, 260, seed=5)
+    enc = tc.encode(w, "huffman", segment_weights=512)
+    err = _err()
+    ew = encoded_weight(enc, "cuda", err)
+    out = torch.empty(w.shape, dtype=torch.uint8, device="cuda")
+    torch.ops.unweight.decode_huffman(ew.sm, ew.exp, ew.off, ew.table, ew.lut, out, err, ew.rows, ew.cols,
+                                      ew.rows_per_group, ew.cols_per_chunk, ew.exp_lo, ew.exp_hi)
+    assert np.array_equal(out.cpu().numpy(), ((w >> 7) & 0xFF).astype(np.uint8))
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_huffman_decode_bitwise(shape):
-    ops = _ops()
-    w = make_weights(*shape, seed=shape[0] + shape[1])
-    enc = tc.encode(w, "huffman", segment_weights=512)
-    g = ops.to_device(enc.planes)
-    assert np.array_equal(_bits(ops.decode_huffman(enc.header, g)), w)
-    h = enc.header
-    g0, c0 = h.n_groups // 2, h.n_chunks // 2
-    sub = ops.decode_huffman(h, g, groups=(g0, h.n_groups), chunks=(c0, h.n_chunks))
-    assert np.array_equal(_bits(sub), w[g0 * h.rows_per_group:, c0 * h.cols_per_chunk:])
+def test_transcode_bitwise(shape):
+    from unweight import ops
+    w = make_weights(*shape, seed=shape[1])
+    enc = tc.encode(w, "huffman")
+    err = _err()
+    ew = encoded_weight(enc, "cuda", err)
+    planes = {C.SUFFIX_SM: ew.sm, C.SUFFIX_EXP: ew.exp, C.SUFFIX_OFF: ew.off,
+              C.SUFFIX_HDR: torch.from_numpy(enc.planes[C.SUFFIX_HDR]).cuda()}
+    hdr, g = ops.transcode_to_palette(enc.header, planes, ew.lut, err)
+    ref = tc.transcode_to_palette(enc.header, enc.planes)
+    assert np.array_equal(hdr.pack(), ref.header.pack())
+    for s in (C.SUFFIX_IDX, C.SUFFIX_VEXP):
+        assert np.array_equal(g[s].cpu().numpy(), ref.planes[s])
+    assert np.array_equal(g[C.SUFFIX_VPOS].view(torch.int32).cpu().numpy().view(np.uint32), ref.planes[C.SUFFIX_VPOS])
 
 
 def _corrupt_huffman():
-    """A 128x512 huffman tensor whose exponent stream (slack excluded) is scrambled."""
+    """(original bits, encoded, corrupt planes): a 128x512 huffman tensor whose exponent stream
+    (slack excluded) is scrambled."""
     w = make_weights(128, 512, seed=1)
     enc = tc.encode(w, "huffman", segment_weights=512)
     planes = dict(enc.planes)
     bad = planes[C.SUFFIX_EXP].copy()
     bad[: bad.size - C.STREAM_SLACK_BYTES] ^= 0x5A
     planes[C.SUFFIX_EXP] = bad
-    return enc, planes
+    return w, enc, planes
 
 
 def test_huffman_decode_reports_corruption():
-    ops = _ops()
-    enc, planes = _corrupt_huffman()
-    with pytest.raises(FormatError):
-        ops.decode_huffman(enc.header, ops.to_device(planes))
+    w, enc, planes = _corrupt_huffman()
+    err = _err()
+    bad = encoded_weight(tc.Encoded(enc.header, planes, {}), "cuda", err)
+    out = torch.empty((bad.rows, bad.cols), dtype=torch.bfloat16, device="cuda")
+    from .helpers import decode_op
+    decode_op(bad, out, err)
+    assert int(err.item()) > 0
     torch.cuda.synchronize()  # the context must still be healthy
-    assert np.array_equal(_bits(ops.decode_huffman(enc.header, ops.to_device(enc.planes))), w)
+    good = _err()
+    for got in decode_poisoned(encoded_weight(enc, "cuda", good), good):
+        assert np.array_equal(got, w)
+    assert int(good.item()) == 0
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-def test_palette_decode_bitwise(shape):
-    ops = _ops()
-    w = make_weights(*shape, seed=3 * shape[0] + shape[1])
+def test_palette_decode_reports_bad_index():
+    w = make_weights(64, 256, seed=2)
     enc = tc.encode(w, "palette")
-    g = ops.to_device(enc.planes)
-    h = enc.header
-    assert np.array_equal(_bits(ops.decode_palette(h, g)), w)
-    r0, k0 = h.rows // 3, (h.cols // 16) * 8
-    assert np.array_equal(_bits(ops.decode_palette(h, g, rows=(r0, h.rows), cols=(k0, h.cols))), w[r0:, k0:])
-
-
-@pytest.mark.parametrize("shape", SHAPES)
-def test_transcode_bitwise(shape):
-    ops = _ops()
-    w = make_weights(*shape, seed=shape[1])
-    enc = tc.encode(w, "huffman")
-    hdr, g = ops.transcode_to_palette(enc.header, ops.to_device(enc.planes))
-    ref = tc.transcode_to_palette(enc.header, enc.planes)
-    assert hdr.palette == ref.header.palette and hdr.num_verbatim == ref.header.num_verbatim
-    assert np.array_equal(g[C.SUFFIX_IDX].cpu().numpy(), ref.planes[C.SUFFIX_IDX])
-    assert np.array_equal(g[C.SUFFIX_VPOS].cpu().numpy().view(np.uint32), ref.planes[C.SUFFIX_VPOS])
-    assert np.array_equal(g[C.SUFFIX_VEXP].cpu().numpy(), ref.planes[C.SUFFIX_VEXP])
-    assert np.array_equal(hdr.pack(), ref.header.pack())
-
-
-def _err(y, ref):
-    return float(np.abs(y - ref).max())
-
-
-@pytest.mark.parametrize("M", [1, 2, 4, 8, 16])
-@pytest.mark.parametrize("NK", [(1, 8), (33, 264), (1024, 4096), (4096, 1024)])
-def test_fused_gemm_accuracy_and_determinism(M, NK):
-    ops = _ops()
-    N, K = NK
-    w = make_weights(N, K, seed=N + K)
-    enc = tc.encode(w, "palette")
-    g = ops.to_device(enc.planes)
-    xb = make_weights(M, K, seed=M, spread=False)
-    x = torch.from_numpy(xb.view(np.int16)).cuda().view(torch.bfloat16)
-    ref = bf16_to_f64(xb) @ bf16_to_f64(w).T
-    y = ops.palette_gemm(x, enc.header, g)
-    wt = torch.from_numpy(w.view(np.int16)).cuda().view(torch.bfloat16)
-    y_cublas = (x @ wt.T).float().cpu().numpy().astype(np.float64)
-    got = y.float().cpu().numpy().astype(np.float64)
-    # 2x cuBLAS' own error, with a floor of 1/1000 bf16 ulp of the largest output for exact cases
-    assert _err(got, ref) <= 2 * _err(y_cublas, ref) + 2.0 ** -18 * float(np.abs(ref).max())
-    for _ in range(3):
-        assert torch.equal(ops.palette_gemm(x, enc.header, g).view(torch.int16), y.view(torch.int16))
-
-
-# ------------------------------------------------------------------ fused Huffman GEMV/GEMM
-HGEMM_CASES = [(1, 8, None), (33, 264, None), (63, 65, (3, 7)), (7, 4097, (2, 512)), (1024, 4096, None),
-               (4096, 1024, None), (4096, 14336, None), (300, 520, (4, 40))]
+    if enc.header.pal_size == 16:
+        pytest.skip("every nibble is a valid index when the palette is full")
+    planes = dict(enc.planes)
+    planes[C.SUFFIX_IDX] = np.full_like(planes[C.SUFFIX_IDX], 0xFF)
+    err = _err()
+    bad = encoded_weight(tc.Encoded(enc.header, planes, {}), "cuda", err)
+    decode_poisoned(bad, err)
+    assert int(err.item()) > 0
 
 
 @pytest.mark.parametrize("M", [1, 2, 3, 8, 16])
-@pytest.mark.parametrize("N,K,grid", HGEMM_CASES)
-def test_fused_huffman_gemm_accuracy_determinism_and_emulation(M, N, K, grid):
-    ops = _ops()
+@pytest.mark.parametrize("enc_name", ENCODINGS)
+@pytest.mark.parametrize("NK", [(1, 16), (33, 264), (63, 520), (1024, 4096), (4096, 1024)])
+def test_fused_accuracy_and_determinism(M, enc_name, NK):
+    N, K = NK
     w = make_weights(N, K, seed=N + 3 * K)
-    enc = tc.encode(w, "huffman", grid=grid) if grid else tc.encode(w, "huffman")
-    g = ops.to_device(enc.planes)
-    lut = ops.huffman_lut(enc.header, "cuda")
-    xb = make_weights(M, K, seed=M, spread=False)
-    x = torch.from_numpy(xb.view(np.int16)).cuda().view(torch.bfloat16)
-    ref = bf16_to_f64(xb) @ bf16_to_f64(w).T
-    y = ops.huffman_gemm(x, enc.header, g, lut=lut)
-    got = y.float().cpu().numpy().astype(np.float64)
-    assert np.isfinite(got).all()
-    wt = torch.from_numpy(w.view(np.int16)).cuda().view(torch.bfloat16)
-    y_cublas = (x @ wt.T).float().cpu().numpy().astype(np.float64)
-    assert _err(got, ref) <= 2 * _err(y_cublas, ref) + 2.0 ** -18 * float(np.abs(ref).max())
-    for _ in range(3):  # no race: repeated runs are bitwise equal
-        assert torch.equal(ops.huffman_gemm(x, enc.header, g, lut=lut).view(torch.int16), y.view(torch.int16))
-    # the device computes exactly what the host emulation of its bodies computes
+    enc = tc.encode(w, enc_name)
+    err = _err()
+    ew = encoded_weight(enc, "cuda", err)
+    x = bf16_tensor(make_weights(M, K, seed=M, spread=False), "cuda")
+    r = fused_vs_cublas(ew, x, w, err)
+    assert r["passed"], r
+    assert int(err.item()) == 0
+
+
+@pytest.mark.parametrize("M", [1, 3, 16])
+@pytest.mark.parametrize("enc_name", ENCODINGS)
+def test_fused_matches_host_emulation(M, enc_name):
+    from unweight.ops import _ext
+    cu = _ext.cuda_module()
+    w = make_weights(300, 520, seed=11)
+    enc = tc.encode(w, enc_name, grid=(4, 40))
+    err = _err()
+    ew = encoded_weight(enc, "cuda", err)
+    xb = make_weights(M, 520, seed=M, spread=False)
+    y = bits(fused_op(ew, bf16_tensor(xb, "cuda"), err))
     h, p = enc.header, enc.planes
-    y_emu, nerr = _cuda.emulate_huffman_gemm(xb, p[C.SUFFIX_SM], p[C.SUFFIX_EXP], p[C.SUFFIX_OFF],
-                                             h.rows_per_group, h.cols_per_chunk, h.table, h.exp_lo, h.exp_hi)
-    assert nerr == 0 and np.array_equal(_bits(y), y_emu)
+    if enc_name == "huffman":
+        y_emu, nerr = cu.emulate_huffman_gemm(xb, p[C.SUFFIX_SM], p[C.SUFFIX_EXP], p[C.SUFFIX_OFF],
+                                              h.rows_per_group, h.cols_per_chunk, h.table, h.exp_lo, h.exp_hi)
+        assert nerr == 0
+    else:
+        y_emu = cu.emulate_palette_gemm(xb, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], bytes(h.palette[: h.pal_size]),
+                                        p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP])
+    assert np.array_equal(y, y_emu)
 
 
-def test_fused_huffman_gemm_reports_corruption():
-    ops = _ops()
-    enc, planes = _corrupt_huffman()
+def test_fused_huffman_reports_corruption():
+    _, enc, planes = _corrupt_huffman()
+    err = _err()
+    bad = encoded_weight(tc.Encoded(enc.header, planes, {}), "cuda", err)
     x = torch.randn(4, 512, device="cuda").to(torch.bfloat16)
-    with pytest.raises(FormatError):
-        ops.huffman_gemm(x, enc.header, ops.to_device(planes))
+    fused_op(bad, x, err)
+    assert int(err.item()) > 0
     torch.cuda.synchronize()  # the context must still be healthy
-    ops.huffman_gemm(x, enc.header, ops.to_device(enc.planes))
+    good = _err()
+    fused_op(encoded_weight(enc, "cuda", good), x, good)
+    assert int(good.item()) == 0
 
 
-@pytest.mark.parametrize("enc_name", ["palette", "huffman"])
-def test_tuned_dispatch_runs_fused_kernel_only_when_recorded_faster(enc_name, tmp_path, monkeypatch):
-    from unweight.runtime import dispatch, loader, tuning
+@pytest.mark.parametrize("enc_name", ENCODINGS)
+def test_measured_dispatch_runs_fused_kernel_only_when_recorded_faster(enc_name, tmp_path):
+    from unweight.runtime import dispatch, scratch
     from unweight.runtime.modules import CompressedLinear
-    monkeypatch.setenv(tuning.ENV_CACHE, str(tmp_path / "tuning.json"))
-    tuning.reset()
+    from unweight.runtime.policy import DispatchPolicy
+    from unweight.runtime.prepare import prepare_module
+    from unweight.runtime.tuning_table import TuningTable
     torch.manual_seed(0)
     lin = torch.nn.Linear(1024, 768).to(torch.bfloat16).cuda()
     torch.nn.init.normal_(lin.weight, std=0.02)
     cl = CompressedLinear.from_linear(lin, enc_name)
-    loader._build_lut(cl)
+    prepare_module(cl, DispatchPolicy(None))
     x = torch.randn(2, 3, 1024, dtype=torch.bfloat16, device="cuda")
     base = torch.nn.functional.linear(x, cl.decode_weight(), cl.bias)
     assert torch.equal(cl(x), base)  # no measurement: decode + cuBLAS, bitwise
     fused = "palette_gemm" if enc_name == "palette" else "huffman_gemm"
-    t = tuning.TuningTable()
-    t.record(tuning.device_name("cuda"), 768, 1024, enc_name, 6, {"decode_cublas": 1.0, fused: 0.5})  # M = 2 * 3
-    t.save(tuning.default_cache_path())
-    tuning.reset()
-    from unweight.runtime import cuda_ops
-    calls = []
-    real = getattr(cuda_ops, fused)
-    monkeypatch.setattr(cuda_ops, fused, lambda *a, **k: calls.append(1) or real(*a, **k))
-    try:
-        y = cl(x)
-        assert calls, "the recorded win did not route to the fused kernel"
-        assert y.shape == base.shape and y.dtype == torch.bfloat16
-        ref = x.double() @ lin.weight.double().T + lin.bias.double()
-        assert float((y.double() - ref).abs().max()) <= 2 * float((base.double() - ref).abs().max()) + 1e-3
-        assert dispatch.device_errors("cuda") == 0
-    finally:
-        tuning.reset()
+    t = TuningTable()
+    t.record(torch.cuda.get_device_name(0), 768, 1024, enc_name, 6, {"decode_cublas": 1.0, fused: 0.5})  # M = 2*3
+    policy = DispatchPolicy(t)
+    assert policy.linear_path(cl.encoded(), 6, x.device) == fused
+    cl.policy = policy
+    y = cl(x)
+    assert y.shape == base.shape and y.dtype == torch.bfloat16
+    ref = x.double() @ lin.weight.double().T + lin.bias.double()
+    assert float((y.double() - ref).abs().max()) <= 2 * float((base.double() - ref).abs().max()) + 1e-3
+    y_direct = dispatch.fused(cl.encoded(), x.reshape(6, 1024), fused) + lin.bias
+    assert torch.equal(y.reshape(6, 768), y_direct)
+    assert scratch.device_errors("cuda") == 0
+
+
+def test_zero_size_problems_launch_nothing():
+    err = _err()
+    for shape in ((0, 5), (5, 0), (0, 0)):
+        out = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+        e8 = torch.empty(0, dtype=torch.uint8, device="cuda")
+        e32 = torch.empty(0, dtype=torch.uint32, device="cuda")
+        torch.ops.unweight.decode_huffman(e8, e8, e32, e8, torch.empty(0, dtype=torch.uint16, device="cuda"), out,
+                                          err, shape[0], shape[1], 16, 512, 0, 0)
+        torch.ops.unweight.decode_palette(e8, e8, e32, e8, out, err, shape[0], shape[1], [120])
+    torch.cuda.synchronize()
+    assert int(err.item()) == 0
+
+
+def test_format_error_raised_by_transcode_of_corrupt_tensor():
+    from unweight import ops
+    _, enc, planes = _corrupt_huffman()
+    err = _err()
+    bad = encoded_weight(tc.Encoded(enc.header, planes, {}), "cuda", err)
+    dev = {C.SUFFIX_SM: bad.sm, C.SUFFIX_EXP: bad.exp, C.SUFFIX_OFF: bad.off,
+           C.SUFFIX_HDR: torch.from_numpy(enc.planes[C.SUFFIX_HDR]).cuda()}
+    with pytest.raises(FormatError):
+        ops.transcode_to_palette(enc.header, dev, bad.lut, err)
