@@ -63,7 +63,7 @@ log = logging.getLogger("vllm.unweight")
 
 _PLANE_DTYPES = {C.SUFFIX_HDR: torch.uint8, C.SUFFIX_SM: torch.uint8, C.SUFFIX_EXP: torch.uint8,
                  C.SUFFIX_OFF: torch.uint32, C.SUFFIX_IDX: torch.uint8, C.SUFFIX_VPOS: torch.uint32,
-                 C.SUFFIX_VEXP: torch.uint8}
+                 C.SUFFIX_VEXP: torch.uint8, C.SUFFIX_CHK: torch.uint16}
 _DEFAULT_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
 
