@@ -127,6 +127,7 @@ def _drop_plane(src, dst, victim):
     rec = j["metadata"].get("unweight", {})
     if "stored_tensors" in rec:
         rec["stored_tensors"] -= 1
+    j["metadata"]["total_size"] = os.path.getsize(f)
     json.dump(j, open(idx, "w"))
 
 
