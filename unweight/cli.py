@@ -1,18 +1,21 @@
-"""The ``unweight`` command: compress, decompress, verify, inspect (eval and bench come with
-their issues).  Every failure prints ``error: <one line>`` and exits non-zero; set
-UNWEIGHT_DEBUG=1 to see a traceback instead."""
+"""The ``unweight`` command: compress, decompress, verify, inspect, eval.  Every failure
+prints ``error: <one line>`` and exits non-zero; set UNWEIGHT_DEBUG=1 to see a traceback
+instead.  The console entry point is unweight/__main__.py (it installs the signal handling
+before this module's imports); ``run`` is the command line."""
 from __future__ import annotations
 
 import errno
 import json
 import logging
 import os
-import signal
 import sys
 
 import click
 
+from . import _signals
 from .format.errors import UnweightError
+
+_signals.pause_point("cli-import")  # a test interrupts start-up here, between click and the rest
 
 CATS = ("mlp", "attention", "embedding", "other")
 
@@ -53,8 +56,7 @@ def _run(fn, *a, **k):
         click.echo(f"error: {e}", err=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        click.echo("error: interrupted; the output was not written and the source is untouched", err=True)
-        sys.exit(130)
+        sys.exit(_signals.say_interrupted())
     except MemoryError:
         click.echo("error: out of memory", err=True)
         sys.exit(1)
@@ -79,12 +81,6 @@ def _run(fn, *a, **k):
 def main(verbose):
     """Lossless BF16 weight compression (format v1)."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
-    # A service manager's SIGTERM gets the same clean abort as Ctrl-C: temp output removed.
-    signal.signal(signal.SIGTERM, _terminate)
-
-
-def _terminate(signum, frame):
-    raise KeyboardInterrupt
 
 
 @main.command()
@@ -208,5 +204,21 @@ def eval_(original, compressed, tasks, limit, device, mode, batch_size, threads,
         sys.exit(MismatchError.exit_code)
 
 
+def run(argv=None) -> int:
+    """Run the command line (argv: sys.argv[1:] when None); returns the exit status.  Errors
+    inside a command exit through _run; this handles what click raises around them."""
+    try:
+        rv = main.main(args=argv, prog_name="unweight", standalone_mode=False)
+    except click.exceptions.Abort:
+        # click turns a KeyboardInterrupt during its own work (parsing arguments, echoing a
+        # result) into Abort.
+        return _signals.say_interrupted()
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    return rv if isinstance(rv, int) else 0
+
+
 if __name__ == "__main__":
-    main()
+    _signals.install()
+    sys.exit(run())

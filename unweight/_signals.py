@@ -1,0 +1,62 @@
+"""Ctrl-C and SIGTERM for the ``unweight`` command (stdlib only, so the entry point can install
+them before it imports anything heavy).
+
+The first SIGINT or SIGTERM raises KeyboardInterrupt wherever the command is; the output
+staging (format/staging.py) then removes its temp folder and the command prints one
+``error: interrupted ...`` line and exits 130.  Later signals are ignored, so an impatient
+second Ctrl-C cannot cut that clean-up short or print a second message.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+INTERRUPTED = "error: interrupted; the output was not written and the source is untouched"
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C'd command
+
+
+def _interrupt(signum, frame):
+    # Later signals go to a no-op handler, not SIG_IGN: one already delivered but not yet
+    # handled would find SIG_IGN and make CPython print "Signal ignored due to race condition".
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, _ignore)
+    raise KeyboardInterrupt
+
+
+def _ignore(signum, frame):
+    pass
+
+
+def install() -> None:
+    """Route SIGINT and SIGTERM (a service manager's stop) to one clean abort; a signal the
+    parent set to be ignored (e.g. SIGINT of a background job) stays ignored."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, _interrupt)
+
+
+def say_interrupted() -> int:
+    """Print the one interrupted line; returns the exit status to use."""
+    sys.stderr.write(INTERRUPTED + "\n")
+    sys.stderr.flush()
+    return EXIT_INTERRUPTED
+
+
+def pause_point(name: str) -> None:
+    """Test hook: with UNWEIGHT_TEST_PAUSE="<name>:<path>" the process creates <path> on
+    reaching point <name> and sleeps there, so a test can send a signal at exactly that point
+    instead of racing the process.  Unset (always, outside tests), it costs one lookup."""
+    spec = os.environ.get("UNWEIGHT_TEST_PAUSE")
+    if not spec:
+        return
+    point, _, path = spec.partition(":")
+    if point == name:
+        with open(path, "w"):
+            pass
+        # Short sleeps: the kernel may deliver the signal to another thread (numpy's, the
+        # codec's), which does not cut a long sleep of the main thread short; the handler runs
+        # when the main thread next wakes.
+        for _ in range(600):
+            time.sleep(0.1)
