@@ -196,7 +196,7 @@ class CompressedWeightMixin:
 class _ShapeOnly:
     """dtype/shape stand-in so tc.check_planes validates device tensors without copying them."""
 
-    _NP = {torch.uint8: np.dtype(np.uint8), torch.uint32: np.dtype(np.uint32)}
+    _NP = {torch.uint8: np.dtype(np.uint8), torch.uint16: np.dtype(np.uint16), torch.uint32: np.dtype(np.uint32)}
 
     def __init__(self, t: Tensor):
         self.t = t
