@@ -16,6 +16,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed (scripts/test_vllm.sh 
 from tests.integrations.vllm_model import make_llama  # noqa: E402
 from tests.integrations.vllm_runner import run_configs  # noqa: E402
 
+# Hidden size under 1024: its row-parallel o_proj (K = 512) shards at TP=2 only because the
+# writer's grid cuts every multiple of 256 into 8 column chunks (64 wide here).
+HIDDEN, FFN, VOCAB = 512, 1024, 1024
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -35,7 +39,7 @@ def _run(configs, timeout=420, extra_env=None):
 def models(tmp_path_factory):
     import unweight
     d = tmp_path_factory.mktemp("vllm")
-    src = make_llama(str(d / "bf16"))
+    src = make_llama(str(d / "bf16"), hidden=HIDDEN, ffn=FFN)
     out = {"bf16": src}
     for enc in ("huffman", "palette"):
         out[enc] = str(d / enc)
@@ -83,7 +87,11 @@ def test_tp2_each_rank_holds_only_its_compressed_shard(models):
     assert _ok(res[1]) == _ok(res[0])
     reps = res[1]["reports"]
     assert sorted(reps) == [0, 1]
-    hidden, kv_rows, ffn = 1024, 256, 2048
+    hidden, kv_rows, ffn = HIDDEN, 2 * HIDDEN // 8, FFN  # 8 heads, 2 KV heads
+    from unweight.format.checkpoint import CompressedCheckpoint
+    ck = CompressedCheckpoint(models["huffman"])
+    assert ck.header("model.layers.0.self_attn.o_proj.weight").cols_per_chunk == hidden // 8
+    ck.close()
     for rank, r in reps.items():
         for name, v in r.items():
             if v["path"] == "compressed (tied to the embedding)":
@@ -105,8 +113,8 @@ def test_tp2_each_rank_holds_only_its_compressed_shard(models):
         assert r["model.layers.0.self_attn.o_proj"]["pieces"][0]["cols"] == [rank * hidden // 2,
                                                                               (rank + 1) * hidden // 2]
         assert r["model.layers.1.mlp.down_proj"]["pieces"][0]["cols"] == [rank * ffn // 2, (rank + 1) * ffn // 2]
-        assert r["model.embed_tokens"]["pieces"][0]["rows"] == [rank * 512, (rank + 1) * 512]
-        assert r["lm_head"]["pieces"][0]["rows"] == [rank * 512, (rank + 1) * 512]
+        assert r["model.embed_tokens"]["pieces"][0]["rows"] == [rank * VOCAB // 2, (rank + 1) * VOCAB // 2]
+        assert r["lm_head"]["pieces"][0]["rows"] == [rank * VOCAB // 2, (rank + 1) * VOCAB // 2]
         assert r["lm_head"]["verified"]  # shard crcs of the TP group combined to the stored crc32
 
 
@@ -131,8 +139,20 @@ def _drop_plane(src, dst, victim):
     json.dump(j, open(idx, "w"))
 
 
-def test_bad_checkpoints_stop_at_load_with_one_line_cause(models, tmp_path):
+def _old_grid(rows, cols, segment_weights):
+    """The writer's grid before every multiple of 256 split 8 ways: chunks of >= 512 columns
+    only, R a power of two."""
+    import math
+    c = next((cols // p for p in (8, 4, 2) if cols % (32 * p) == 0 and cols // p >= 512), cols)
+    r = 1 << (max(1, math.ceil(segment_weights / c)) - 1).bit_length()
+    return min(r, 1 << (rows - 1).bit_length()), c
+
+
+def test_bad_checkpoints_stop_at_load_with_one_line_cause(models, tmp_path, monkeypatch):
     import shutil
+
+    import unweight
+    from unweight.codec import tensor_codec as tc
     miss = str(tmp_path / "missing_plane")
     _drop_plane(models["huffman"], miss, "model.layers.0.mlp.down_proj.weight__exp")
     ver = str(tmp_path / "version")
@@ -141,12 +161,23 @@ def test_bad_checkpoints_stop_at_load_with_one_line_cause(models, tmp_path):
     cfg["quantization_config"]["format_version"] = "2.0"
     json.dump(cfg, open(os.path.join(ver, "config.json"), "w"))
     tp3 = models["huffman"]
-    res, _ = _run([{"model": miss}, {"model": ver}, {"model": tp3, "tp": 3}], timeout=240)
+    old = str(tmp_path / "old_grid")
+    monkeypatch.setattr(tc, "choose_grid", _old_grid)
+    unweight.compress(models["bf16"], old, progress=False)
+    monkeypatch.undo()
+    res, log = _run([{"model": miss}, {"model": ver}, {"model": tp3, "tp": 3}, {"model": old, "tp": 2}],
+                    timeout=300)
     # Each stops in vLLM's config step (main process, before any worker or request) with our
     # one-line cause inside vLLM's wrapper.
     assert "down_proj.weight" in res[0]["error"] and "missing plane __exp" in res[0]["error"]
     assert "unsupported unweight format version 2.0" in res[1]["error"]
     assert "divisible" in res[2]["error"]  # head count vs TP: vLLM's own check names both numbers
+    # A file from the earlier writer (one 512-wide chunk for o_proj's K = 512): at TP=2 each
+    # rank stops building the model with the tensor and the TP sizes its grid allows.
+    assert "error" in res[3]
+    assert ("model.layers.0.self_attn.o_proj.weight [512x512, huffman grid 16x512]: a cols shard of 256 is not a "
+            "multiple of the segment grid (512 cols)") in log
+    assert "allowed --tensor-parallel-size values: [1] (or re-compress" in log
 
 
 def test_misaligned_tp_names_allowed_sizes():

@@ -1,5 +1,6 @@
-"""A small synthetic Llama (bf16) whose head counts divide by 2 and whose matrices split on
-the default segment grid at TP=2 (every K >= 1024 so choose_grid cuts >= 2 column chunks)."""
+"""A small synthetic Llama (bf16) whose head counts divide by 2.  Every side is a multiple of
+256, so the writer's grid splits each matrix 2, 4 and 8 ways on both axes (docs/FORMAT.md,
+"Index cost and the writer's grid"), at hidden sizes under 1024 too."""
 from __future__ import annotations
 
 import os
@@ -7,12 +8,13 @@ import os
 PROMPTS = [[1, 17, 230, 5, 901, 44], [3, 3, 3, 3], [600, 12, 999, 250, 8, 77, 1000, 2]]
 
 
-def make_llama(dst: str, *, tie: bool = False, heads: int = 8, kv_heads: int = 2, seed: int = 0) -> str:
-    """Write a 2-layer Llama [hidden 1024, ffn 2048, vocab 1024] in bf16 to dst; return dst."""
+def make_llama(dst: str, *, tie: bool = False, heads: int = 8, kv_heads: int = 2, seed: int = 0,
+               hidden: int = 1024, ffn: int = 2048) -> str:
+    """Write a 2-layer Llama [hidden, ffn, vocab 1024] in bf16 to dst; return dst."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=2,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
                       tie_word_embeddings=tie, initializer_range=0.05, bos_token_id=1, eos_token_id=2,
                       torch_dtype="bfloat16")
