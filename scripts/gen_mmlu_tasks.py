@@ -1,11 +1,11 @@
-"""Write evals/mmlu/mmlu_<subject>.yaml (one per subject) and the `mmlu` group file.
+"""Write unweight/evaluation/lm_eval_tasks/mmlu/mmlu_<subject>.yaml (one per subject) and the `mmlu` group file.
 
     python scripts/gen_mmlu_tasks.py
 """
 import importlib.util
 import os
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "evals")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "unweight", "evaluation", "lm_eval_tasks")
 spec = importlib.util.spec_from_file_location("evals_tasks", os.path.join(ROOT, "tasks.py"))
 tasks = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tasks)

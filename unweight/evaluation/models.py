@@ -1,0 +1,77 @@
+"""The two models of a comparison: resolving, loading, and refusing pairs that differ in
+architecture or tokenizer."""
+from __future__ import annotations
+
+import os
+
+from ..format.errors import InputError
+
+# config.json keys that may differ between an original and its compressed copy
+_CONFIG_IGNORE = {"quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version", "dtype",
+                  "torch_dtype", "_commit_hash", "_attn_implementation_autoset", "_attn_implementation_internal"}
+
+
+
+def _resolve_original(src: str) -> str:
+    from ..sources import resolve
+    path = resolve(src)
+    if not os.path.isdir(path):
+        raise InputError(f"{src}: ORIGINAL must be a model folder (config.json, tokenizer, weights)")
+    return path
+
+
+def _config_dict(path: str, role: str) -> dict:
+    import json
+    f = os.path.join(path, "config.json")
+    if not os.path.isfile(f):
+        raise InputError(f"{path}: no config.json (the {role} model must be a transformers model folder)")
+    with open(f) as fh:
+        return json.load(fh)
+
+
+def _load_tokenizer(path: str, role: str):
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot load the {role} model's tokenizer ({str(e).splitlines()[0]})") from None
+
+
+def check_compatible(orig_cfg: dict, comp_cfg: dict, orig_tok, comp_tok):
+    """Refuse to compare models of different architectures or tokenizers (InputError naming the difference)."""
+    if not (comp_cfg.get("quantization_config") or {}).get("quant_method") == "unweight":
+        raise InputError("COMPRESSED has no unweight quantization_config in config.json: "
+                         "pass a folder written by `unweight compress`")
+    if (orig_cfg.get("quantization_config") or {}).get("quant_method") == "unweight":
+        raise InputError("ORIGINAL is itself an unweight-compressed checkpoint: pass the uncompressed source "
+                         "(or `unweight decompress` it first)")
+    keys = sorted((set(orig_cfg) | set(comp_cfg)) - _CONFIG_IGNORE)
+    for k in keys:
+        if orig_cfg.get(k) != comp_cfg.get(k):
+            raise InputError(f"the models differ in architecture: config.json {k!r} is {orig_cfg.get(k)!r} in "
+                             f"ORIGINAL and {comp_cfg.get(k)!r} in COMPRESSED; refusing to compare")
+    probe = "Lossless? 0.5 + ½ = 1 — naïve café 東京\n\tdone."
+    checks = [("tokenizer class", type(orig_tok).__name__, type(comp_tok).__name__),
+              ("special tokens", orig_tok.all_special_tokens, comp_tok.all_special_tokens),
+              ("bos/eos/pad ids", (orig_tok.bos_token_id, orig_tok.eos_token_id, orig_tok.pad_token_id),
+               (comp_tok.bos_token_id, comp_tok.eos_token_id, comp_tok.pad_token_id)),
+              ("vocabulary", orig_tok.get_vocab(), comp_tok.get_vocab()),
+              ("tokenization of a probe text", orig_tok(probe)["input_ids"], comp_tok(probe)["input_ids"])]
+    for what, a, b in checks:
+        if a != b:
+            raise InputError(f"the models have different tokenizers ({what} differ); refusing to compare")
+
+
+def _load_original(path: str, device: str):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", device_map=None if device == "cpu" else device)
+    model.eval()
+    return model
+
+
+def _load_compressed(path: str, device: str, mode: str):
+    from ..integrations.transformers.load import load
+    from transformers import AutoModelForCausalLM
+    # AutoModelForCausalLM: the same class choice as the original (config.architectures[0] for a causal LM).
+    return load(path, device=device, mode=mode, model_class=AutoModelForCausalLM, dtype="auto")
+
