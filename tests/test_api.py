@@ -449,3 +449,13 @@ def test_verify_report_counts(tiny_model, tmp_path):
     r = unweight.verify(str(tmp_path / "c"))
     assert r["encoded_checked"] == 4 and r["raw_checked"] == len(tensors) - 4
     assert r["tensors_checked"] == len(tensors) and r["decoded"] is True
+
+
+def test_one_version_everywhere(tiny_model, tmp_path):
+    from importlib.metadata import version
+
+    from unweight._version import __version__
+    r = unweight.compress(tiny_model[0], str(tmp_path / "c"), progress=False)
+    cfg = json.load(open(tmp_path / "c" / "config.json"))
+    assert r["tool_version"] == cfg["quantization_config"]["tool_version"] == unweight.__version__ == __version__
+    assert version("unweight") == __version__  # pyproject.toml reads unweight/_version.py

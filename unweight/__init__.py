@@ -9,10 +9,10 @@ Public API (see README and docs/FORMAT.md):
 """
 import logging
 
+from ._version import __version__
 from .format.constants import FORMAT_VERSION
 from .format.errors import ChecksumError, FormatError, InputError, MismatchError, UnweightError, VersionError
 
-__version__ = "0.1.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 
@@ -37,5 +37,5 @@ except Exception:  # noqa: BLE001 - never let the integration break the offline 
     logging.getLogger(__name__).debug("transformers hook not installed", exc_info=True)
 
 
-__all__ = ["compress", "decompress", "verify", "inspect", "load", "FORMAT_VERSION", "UnweightError", "FormatError",
-           "VersionError", "ChecksumError", "InputError", "MismatchError"]
+__all__ = ["__version__", "compress", "decompress", "verify", "inspect", "load", "FORMAT_VERSION", "UnweightError",
+           "FormatError", "VersionError", "ChecksumError", "InputError", "MismatchError"]
