@@ -21,8 +21,8 @@ from unweight import api
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 
-# Wide enough that the writer's segment grid splits the columns (C = 512): row-parallel
-# shards of huffman tensors must start on a column-chunk edge (codec/shard.py).
+# Row-parallel shards of huffman tensors must start on a column-chunk edge (codec/shard.py);
+# the writer's grid cuts every multiple of 256 into 8 chunks (C = 128 here).
 CFG = dict(vocab_size=320, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
            num_key_value_heads=4, max_position_embeddings=64, initializer_range=0.05, pad_token_id=0,
            bos_token_id=1, eos_token_id=2)
@@ -103,10 +103,10 @@ def _env():
     return dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 
 
-def _torchrun(root, *args):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(_free_port()), str(root / "worker.py"), "2", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=str(root))
+def _torchrun(root, *args, nproc=2, timeout=300):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+           str(_free_port()), str(root / "worker.py"), str(nproc), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=str(root))
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +201,47 @@ def test_corrupt_shard_fails_the_tp_load(tp_models):
     msg = p.stdout + p.stderr
     assert "model.layers.0.self_attn.q_proj.weight: checksum mismatch across the tensor-parallel shards" in msg
     assert msg.count("ChecksumError") >= 2  # both ranks, not only the one holding the bad bytes
+
+
+# Every side a multiple of 256 (vocab included, for the colwise lm_head) and head counts that
+# divide 8: the writer's grid splits each matrix 8 ways on both axes however small it is.
+CFG8 = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=8,
+            num_key_value_heads=8, max_position_embeddings=64, initializer_range=0.05, pad_token_id=0,
+            bos_token_id=1, eos_token_id=2)
+
+
+def test_tp8_logits_bitwise_equal_to_bf16_tp8(tmp_path):
+    """TP=8 (8 gloo processes) on a tiny untied Llama: compressed logits and tokens bitwise equal
+    to the BF16 model's under the same TP=8 run; every rank holds exactly its 1/8 block of every
+    column- and row-parallel weight, compressed."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **CFG8)).to(torch.bfloat16).eval()
+    src, dst = str(tmp_path / "src"), str(tmp_path / "huffman")
+    m.save_pretrained(src)
+    api.compress(src, dst, progress=False)
+    (tmp_path / "worker.py").write_text(WORKER)
+    paths = {"bf16": [src, None], "uw": [dst, src]}
+    p = _torchrun(tmp_path, str(tmp_path / "tp8"), json.dumps(paths), nproc=8, timeout=600)
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-6000:])
+    H, I, V = CFG8["hidden_size"], CFG8["intermediate_size"], CFG8["vocab_size"]
+    full = {"q_proj": (H, H), "k_proj": (H, H), "v_proj": (H, H), "o_proj": (H, H), "gate_proj": (I, H),
+            "up_proj": (I, H), "down_proj": (H, I), "lm_head": (V, H)}
+    for rank in range(8):
+        with open(tmp_path / f"tp8.{rank}.json") as f:
+            r = json.load(f)
+        assert r["uw"]["logits"] == r["bf16"]["logits"], rank
+        assert r["uw"]["tokens"] == r["bf16"]["tokens"], rank
+        for n, info in r["uw"]["modules"].items():
+            leaf = n.rsplit(".", 1)[-1]
+            if leaf not in full:
+                continue
+            N, K = full[leaf]
+            lay = info["layout"]
+            if leaf in ROWWISE:
+                assert (info["n_rows"], info["n_cols"]) == (N, K // 8) and lay["cols"] == [rank * K // 8,
+                                                                                          (rank + 1) * K // 8]
+            else:  # colwise, lm_head included (colwise_gather_output)
+                assert (info["n_rows"], info["n_cols"]) == (N // 8, K) and lay["rows"] == [rank * N // 8,
+                                                                                          (rank + 1) * N // 8]
+            assert info["matches_block"] and 0 < info["held"] < info["n_rows"] * info["n_cols"] * 2, (rank, n)
