@@ -19,3 +19,49 @@ if command -v nvcc >/dev/null && [ "${UNWEIGHT_SKIP_CUDA:-0}" != 1 ]; then
   $PY -c "import unweight._cuda" || { echo "CUDA extension did not build"; exit 1; }
 fi
 $PY -m pytest -q -p no:cacheprovider tests "$@"
+
+# The offline CLI without torch, as a storage or CI machine installs it: a fresh venv, a plain
+# `pip install .` (build isolation builds the C++ codec; the CUDA extension is skipped to save
+# time), then compress / verify / inspect / decompress of a synthetic BF16 file made with numpy
+# and safetensors alone, the tensors byte-compared, and torch checked absent.
+NT=.venv-notorch
+rm -rf "$NT"
+$PY -m venv "$NT"
+UNWEIGHT_SKIP_CUDA=1 "$NT/bin/pip" install -q .
+if "$NT/bin/python" -c "import torch" 2>/dev/null; then echo "torch is installed in $NT"; exit 1; fi
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+"$NT/bin/python" - "$W/src.safetensors" <<'PYEOF'
+import sys
+import numpy as np
+import safetensors
+rng = np.random.default_rng(0)
+f = (rng.standard_normal((256, 512), dtype=np.float32) * 0.02).view(np.uint32)
+tensors = {"model.layers.0.mlp.up_proj.weight": ("bfloat16", ((f + 0x7FFF + ((f >> 16) & 1)) >> 16).astype(np.uint16)),
+           "model.norm.weight": ("bfloat16", np.full(512, 0x3F80, np.uint16)),
+           "model.f32.weight": ("float32", rng.standard_normal((8, 8), dtype=np.float32))}
+if hasattr(safetensors, "TensorSpec"):  # safetensors >= 0.8
+    specs = {k: safetensors.TensorSpec(dtype=dt, shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes)
+             for k, (dt, a) in tensors.items()}
+else:
+    specs = {k: {"dtype": dt, "shape": list(a.shape), "data": a.tobytes()} for k, (dt, a) in tensors.items()}
+safetensors.serialize_file(specs, sys.argv[1], metadata={"format": "pt"})
+PYEOF
+UW="$NT/bin/unweight"
+"$UW" compress "$W/src.safetensors" "$W/c" -j 2 >/dev/null
+"$UW" verify "$W/c"
+"$UW" verify "$W/c" --against "$W/src.safetensors"
+"$UW" inspect "$W/c" >/dev/null
+"$UW" decompress "$W/c" "$W/d" >/dev/null
+"$NT/bin/python" - "$W/src.safetensors" "$W/d/model.safetensors" <<'PYEOF'
+import sys
+from safetensors import deserialize
+a, b = (dict(deserialize(open(p, "rb").read())) for p in sys.argv[1:3])
+assert a.keys() == b.keys() and all(a[k] == b[k] for k in a), "decompressed tensors differ from the source"
+assert "torch" not in sys.modules
+print(f"no-torch install: {len(a)} tensors byte-identical after compress/decompress")
+PYEOF
+# `unweight eval` without lm-eval: one line naming the extra; the task files are in the wheel.
+if out=$("$UW" eval smollm2-135m "$W/c" 2>&1); then echo "eval ran without lm-eval"; exit 1; fi
+[ "$(echo "$out" | wc -l)" = 1 ] && echo "$out" | grep -q 'pip install "unweight\[eval\]"' || { echo "$out"; exit 1; }
+"$NT/bin/python" -c "import glob, os, unweight.evaluation as e; assert len(glob.glob(os.path.join(e.evals_dir(), '**', '*.yaml'), recursive=True)) == 66"
