@@ -8,10 +8,16 @@ checkpoint -> CompressedLinear sharing the source's planes.  Anything else holdi
 encoded tensor (Conv1D, a subclass with its own forward, a bare Parameter...) gets the plane
 buffers attached and is decoded to a dense weight after loading (``decode_fallbacks``).
 
+Mixture-of-experts parameters (3-D, fused by transformers from per-expert checkpoint
+tensors, or stored as a format-1.1 stack) become ExpertStack stand-ins whose experts decode one
+at a time (runtime/experts.py).
+
 ``check_loading`` enforces that a model that loads is the original model: every stored
 tensor consumed, no parameter left at its initial value (transformers only warns).
-Name resolution handles the one renaming every transformers model shares: the base-model
-prefix (a BertModel checkpoint into BertForMaskedLM and back).
+Name resolution applies what transformers' loader does to a checkpoint key of this model (its
+conversion mapping's renamings, e.g. Mixtral's ``block_sparse_moe`` -> ``mlp``), then the one
+renaming every transformers model shares: the base-model prefix (a BertModel checkpoint into
+BertForMaskedLM and back).
 """
 from __future__ import annotations
 
@@ -26,11 +32,12 @@ from ..format import constants as C
 from ..format.checkpoint import CompressedCheckpoint
 from ..format.errors import FormatError, InputError
 from ..format.header import TensorHeader
+from . import experts
 from .modules import CompressedEmbedding, CompressedLinear
 
 log = logging.getLogger(__name__)
 
-_ST_TORCH = {"U8": torch.uint8, "U32": torch.uint32}
+_ST_TORCH = {"U8": torch.uint8, "U16": torch.uint16, "U32": torch.uint32}
 
 
 def _plane_shapes(ck: CompressedCheckpoint, base: str) -> dict:
@@ -38,7 +45,7 @@ def _plane_shapes(ck: CompressedCheckpoint, base: str) -> dict:
     for suf, stored in ck.encoded[base].items():
         dt, shape, _, _ = ck.info(stored)
         if dt not in _ST_TORCH:
-            raise FormatError(f"plane {stored!r} ({ck.file_of(stored)}) has dtype {dt}, expected U8/U32")
+            raise FormatError(f"plane {stored!r} ({ck.file_of(stored)}) has dtype {dt}, expected U8/U16/U32")
         out[suf] = (tuple(shape), _ST_TORCH[dt])
     return out
 
@@ -79,27 +86,71 @@ def _resolver(model: nn.Module, ck_names: set):
     return modules, resolve
 
 
+def _plane_key(rename, ck: CompressedCheckpoint, base: str) -> str:
+    """What transformers' loader renames encoded tensor `base`'s plane keys to, less the
+    suffix; every plane of the tensor must land beside the others (InputError otherwise)."""
+    keys = {}
+    for suf, stored in ck.encoded[base].items():
+        key, fusion = rename(stored)
+        if fusion is not None or not key.endswith(suf):
+            raise InputError(f"unweight: transformers would load plane {stored!r} ({ck.location(base)}) as "
+                             f"{key!r}, away from its tensor's other planes; this model cannot load it compressed")
+        keys[suf] = key[: -len(suf)]
+    if len(set(keys.values())) != 1:
+        raise InputError(f"unweight: transformers renames the planes of {base!r} ({ck.location(base)}) apart")
+    return keys[C.SUFFIX_HDR]
+
+
+def _check_distributed_experts(report: dict) -> None:
+    if report["experts"] and torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        e = report["experts"][0]
+        raise InputError(f"unweight: compressed MoE experts ({e['module']}.{e['attr']}) under transformers tensor "
+                         f"parallelism are not supported; decompress the checkpoint or load it on one process")
+
+
 def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
     """Replace (on the meta device) every module holding an encoded tensor; see module doc.
 
     An encoded tensor that resolves to no parameter of the model fails with InputError (one
     line naming it): a model that loads must be the original model.
-    Returns a report {"compressed": [...], "tied": [...], "dense_fallback": [...]}
-    which is also stored as model._unweight_plan.
+    Returns a report {"compressed": [...], "tied": [...], "dense_fallback": [...], "experts":
+    [...]} which is also stored as model._unweight_plan.
     """
+    rename = experts.hf_renamer(model)
     modules, resolve = _resolver(model, set(ck.names()))
-    report = {"compressed": [], "tied": [], "dense_fallback": []}
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    report = {"compressed": [], "tied": [], "dense_fallback": [], "experts": []}
     replaced = {}  # module name -> compressed module
     ck_params = set()  # model param names present in the checkpoint (encoded or raw)
+    raw_fused = {}  # fused experts parameter (transformers' name) -> a raw checkpoint tensor fused into it
     for name in ck.raw:
-        r = resolve(name)
+        key, fusion = rename(name)
+        if fusion is not None:  # transformers fuses it itself
+            raw_fused.setdefault(fusion.target, name)
+            continue
+        r = resolve(key)
         if r:
             ck_params.add(f"{r[0]}.{r[1]}" if r[0] else r[1])
+    fused = {}  # fused experts parameter (transformers' name) -> {"n": sources, "pieces": {(source, expert): ...}}
     for base in ck.encoded:
         h = ck.header(base)
         shapes = _plane_shapes(ck, base)
         tc.check_planes(h, ck.planes(base), ck.location(base))  # mmap views: shapes + two offsets read
-        r = resolve(base)
+        key, fusion = rename(base)
+        pkey = _plane_key(rename, ck, base)
+        if fusion is not None and not fusion.supported:
+            raise InputError(f"unweight: transformers loads checkpoint tensor {base!r} ({ck.location(base)}) through "
+                             f"[{fusion.ops}], which compressed experts cannot follow; decompress the checkpoint to "
+                             f"load this model")
+        if fusion is not None:
+            g = fused.setdefault(fusion.target, {"n": fusion.n_sources, "pieces": {}})
+            g["pieces"][(fusion.source, fusion.expert)] = (base, h, shapes, pkey)
+            continue
+        if key != pkey:
+            raise InputError(f"unweight: transformers would load checkpoint tensor {base!r} ({ck.location(base)}) as "
+                             f"{key!r} but its planes as {pkey!r}; this model cannot load it compressed")
+        r = resolve(key)
         if r is None:
             raise InputError(f"unweight: checkpoint tensor {base!r} ({ck.location(base)}) has no place in "
                              f"{type(model).__name__}: no parameter or buffer of that name")
@@ -108,6 +159,9 @@ def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
         ck_params.add(full)
         mod = modules[mod_name]
         w = getattr(mod, attr)
+        if h.stack and experts.is_experts_param(mod, attr, h):
+            report["experts"].append(experts.install_stack(mod_name, mod, attr, shapes, h))
+            continue
         fits = attr == "weight" and tuple(w.shape) == (h.rows, h.cols)
         if fits and type(mod) is nn.Linear:
             new = CompressedLinear(h, shapes, bias=mod.bias, device="meta")
@@ -126,6 +180,31 @@ def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
         modules[mod_name] = new
         replaced[mod_name] = new
         report["compressed"].append(mod_name)
+
+    for target, g in fused.items():
+        r = resolve(target)
+        if r is None:
+            raise InputError(f"unweight: transformers fuses checkpoint experts into {target!r}, which "
+                             f"{type(model).__name__} does not have")
+        if target in raw_fused:
+            raise InputError(f"unweight: {target} is fused from compressed and raw experts ({raw_fused[target]!r} is "
+                             f"raw); compressed experts need every piece encoded")
+        mod_name, attr = r
+        full = f"{mod_name}.{attr}" if mod_name else attr
+
+        def plane_path(base, _t=target, _f=full, _g=g):
+            # The loader adds or strips the base-model prefix of a key the way it does for the
+            # fused parameter itself; the holders go where it will look.
+            pkey = next(p for b, _, _, p in _g["pieces"].values() if b == base)
+            if _f != _t and prefix:
+                pkey = f"{prefix}.{pkey}" if _f == f"{prefix}.{_t}" else pkey.removeprefix(prefix + ".")
+            path, _, leaf = pkey.rpartition(".")
+            return path, leaf
+
+        pieces = {k: v[:3] for k, v in g["pieces"].items()}
+        report["experts"].append(experts.install_fused(model, mod_name, attr, pieces, g["n"], plane_path))
+        ck_params.add(full)
+    _check_distributed_experts(report)
 
     # Ties: an output projection tied to a compressed weight and absent from the checkpoint
     # shares the source's planes.  Every tie touching a replaced module leaves transformers'

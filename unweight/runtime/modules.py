@@ -35,6 +35,78 @@ def plane_tensor(a) -> Tensor:
     return torch.from_numpy(a)
 
 
+class LazyTensor:
+    """Tensor-like stand-in for a weight that stays compressed (a compressed module's
+    ``weight``, an experts parameter): ``shape``, ``dtype`` and ``device`` cost nothing; any
+    other use (a tensor method, a torch function, indexing) gets the decoded tensor from
+    ``materialize()``, a new tensor decoded at each use.  Code that only asks a weight where
+    it lives (``embed_tokens.weight.device``) keeps working without a decode."""
+
+    _is_hf_initialized = True  # transformers' weight init leaves it alone (its bytes come from the checkpoint)
+    shape: torch.Size
+    dtype: torch.dtype
+
+    @property
+    def device(self) -> torch.device:
+        raise NotImplementedError
+
+    def materialize(self) -> Tensor:
+        raise NotImplementedError
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, idx):
+        return self.materialize()[idx]
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        def dense(a):
+            if isinstance(a, LazyTensor):
+                return a.materialize()
+            if isinstance(a, (list, tuple)):
+                return type(a)(dense(b) for b in a)
+            return a
+        return func(*dense(tuple(args)), **{k: dense(v) for k, v in (kwargs or {}).items()})
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # copy/pickle probes and private names are not tensor methods
+            raise AttributeError(name)
+        return getattr(self.materialize(), name)
+
+
+class _LazyWeight(LazyTensor):
+    """``module.weight`` of a compressed module: bf16 [rows, cols] on the planes' device."""
+
+    def __init__(self, module: "CompressedWeightMixin"):
+        self._module = module
+        self.shape = torch.Size((module.n_rows, module.n_cols))
+        self.dtype = torch.bfloat16
+
+    @property
+    def device(self) -> torch.device:
+        return self._module.device
+
+    def materialize(self) -> Tensor:
+        return self._module.decode_weight()
+
+    def __repr__(self) -> str:
+        return f"compressed weight {list(self.shape)} ({self._module.encoding_name}, {self.device})"
+
+
 class _Info:
     """Plain-int copy of the header fields a forward needs (cheap attribute reads, and
     constants under torch.compile)."""
@@ -191,6 +263,12 @@ class CompressedWeightMixin:
     def decode_weight(self) -> Tensor:
         """The weight as a new bf16 [rows, cols] tensor on the module's device (not cached)."""
         return dispatch.decode_new([self.encoded()], self.n_rows, self.n_cols)
+
+    @property
+    def weight(self) -> LazyTensor:
+        """A stand-in for the dense weight (bf16 [rows, cols]): shape, dtype and device without
+        decoding; anything else decodes it (see LazyTensor)."""
+        return _LazyWeight(self)
 
 
 class _ShapeOnly:

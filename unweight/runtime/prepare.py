@@ -17,6 +17,14 @@ Modes (runtime/modes.py):
         batch 1) and layers are densified greedily by slowdown-per-saved-byte while the
         budget lasts.
     A CUDA device without the compiled ``unweight._cuda`` module runs dense (one warning).
+
+Mixture-of-experts parameters (runtime/experts.py ExpertStack) follow the same modes: dense
+decodes them into ordinary 3-D parameters; huffman / palette keep them compressed, decode
+only the experts a forward routes to, each into its own slot of the scratch, and switch the
+model's experts implementation to one that takes one routed expert at a time
+(experts.routed_experts_forward, bitwise the default implementation's result).  "auto" counts their decoded bytes with everything else; on CUDA, when not everything
+fits, the experts stay compressed (they are the bulk of such a model) and the remaining
+budget goes to the other layers as above.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ import torch.nn as nn
 from .. import ops
 from ..codec import tensor_codec as tc
 from ..format import constants as C
+from . import experts
 from . import policy as policies
 from . import scratch
 from .convert import decode_fallbacks, set_module
@@ -129,20 +138,33 @@ def _time_cuda(fn, reps: int = 5) -> float:
     return float(np.median(times))
 
 
-def _auto_modes(owners: list) -> dict:
-    """{id(owner): "dense" | "compressed"} by the rule in the module docstring."""
+def _auto_modes(owners: list, stacks: list = ()) -> dict:
+    """{id(owner or ExpertStack): "dense" | "compressed"} by the rule in the module docstring."""
     out = {}
     by_dev = {}
     for n, m in owners:
         by_dev.setdefault(m.device, []).append((n, m))
+    st_by_dev = {}
+    for st in stacks:
+        st_by_dev.setdefault(st.device, []).append(st)
+        by_dev.setdefault(st.device, [])
     for dev, items in by_dev.items():
+        sts = st_by_dev.get(dev, [])
         extra = sum(m.decoded_bytes() - m.held_bytes() for _, m in items)
+        st_extra = sum(st.decoded_bytes() - st.held_bytes() for st in sts)
         if dev.type == "cpu":
-            choice = "dense" if sum(m.decoded_bytes() for _, m in items) <= 0.5 * _meminfo_available() else "compressed"
+            total = sum(m.decoded_bytes() for _, m in items) + sum(st.decoded_bytes() for st in sts)
+            choice = "dense" if total <= 0.5 * _meminfo_available() else "compressed"
             out.update({id(m): choice for _, m in items})
+            out.update({id(st): choice for st in sts})
             continue
         free, _total = torch.cuda.mem_get_info(dev)
         budget = 0.8 * free
+        if extra + st_extra <= budget:
+            out.update({id(m): "dense" for _, m in items})
+            out.update({id(st): "dense" for st in sts})
+            continue
+        out.update({id(st): "compressed" for st in sts})
         if extra <= budget:
             out.update({id(m): "dense" for _, m in items})
             continue
@@ -183,19 +205,24 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     owners = [(n, m) for n, m in cms if not m.is_tied]
     for n, m in owners:
         m.check_loaded(n)
-    if any(m.device.type == "cuda" for _, m in owners) and not ops.cuda_kernels_built() and mode != "dense":
+    stacks = experts.expert_stacks(model)
+    for n, _, _, st in stacks:
+        for p in st.planes():
+            p.check_loaded(n)
+    devices = [m.device for _, m in owners] + [st.device for *_, st in stacks]
+    if any(d.type == "cuda" for d in devices) and not ops.cuda_kernels_built() and mode != "dense":
         _warn_once("nocuda", "unweight: the CUDA kernels (unweight._cuda) are not built; compressed modules on "
                    "the GPU are decoded to dense weights at load")
         mode = "dense"
-    if any(m.device.type not in ("cpu", "cuda") for _, m in owners):
-        bad = sorted({str(m.device) for _, m in owners if m.device.type not in ("cpu", "cuda")})
+    if any(d.type not in ("cpu", "cuda") for d in devices):
+        bad = sorted({str(d) for d in devices if d.type not in ("cpu", "cuda")})
         if mode != "dense":
             log.warning("unweight: modules on %s run dense (no decode kernels there)", ", ".join(bad))
     # CUDA decode tables first: auto's timing and the on-device transcode decode through them.
     for _, m in owners:
         _build_lut(m)
     choice = {}
-    auto = _auto_modes(owners) if mode == "auto" else {}
+    auto = _auto_modes(owners, [st for *_, st in stacks]) if mode == "auto" else {}
     for n, m in owners:
         if m.device.type not in ("cpu", "cuda"):
             choice[id(m)] = "dense"
@@ -218,8 +245,10 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
             _transcode(m, c)
             _build_lut(m)
         counts[m.encoding_name] += 1
-    # Scratch: one per device, the largest decoded weight that decodes into it.
-    need = {}
+    experts_info = _prepare_experts(model, plan, stacks, mode, auto)
+    # Scratch: one per device, the largest decoded weight that decodes into it (an experts
+    # module's parameters each have a slot: their sum).
+    need = dict(experts_info.pop("scratch"))
     for n, m in compressed_modules(model):
         if isinstance(m, CompressedEmbedding) and m.device.type == "cpu":
             continue  # CPU embeddings gather rows without the scratch
@@ -231,9 +260,9 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     for _, m in compressed_modules(model):
         m.policy = policy
     remaining = compressed_modules(model)
-    held = sum(m.held_bytes() for _, m in remaining)
-    bf16 = sum(m.decoded_bytes() for _, m in remaining if not m.is_tied)
-    info = {"mode": mode, "modules": counts, "held_bytes": held, "bf16_bytes": bf16,
+    held = sum(m.held_bytes() for _, m in remaining) + experts_info["held_bytes"]
+    bf16 = sum(m.decoded_bytes() for _, m in remaining if not m.is_tied) + experts_info["bf16_bytes"]
+    info = {"mode": mode, "modules": counts, "experts": experts_info, "held_bytes": held, "bf16_bytes": bf16,
             "ratio": held / bf16 if bf16 else None,
             "scratch_bytes": {d: scratch.scratch_bytes(d) for d in need},
             "tied": plan.get("tied", []),
@@ -241,6 +270,43 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     model.unweight_info = info
     _guard_tie_weights(model)
     log.info("unweight: %s", json.dumps({k: v for k, v in info.items() if k != "tied"}))
+    return info
+
+
+def _stack_mode(st, mode: str, auto: dict) -> str:
+    if st.device.type not in ("cpu", "cuda") or mode == "dense":
+        return "dense"
+    if mode == "auto":
+        return "dense" if auto.get(id(st)) == "dense" else next(iter(sorted(st.encodings())))
+    return mode
+
+
+def _prepare_experts(model: nn.Module, plan: dict, stacks: list, mode: str, auto: dict) -> dict:
+    """Apply the mode to every ExpertStack; returns the summary for model.unweight_info plus
+    the scratch each device needs ("scratch": {device: weights})."""
+    created = {(e["module"], e["attr"]): e.get("created", []) for e in plan.get("experts", [])}
+    info = {"stacks": 0, "experts": 0, "dense": 0, "held_bytes": 0, "bf16_bytes": 0, "encodings": [],
+            "scratch": {}}
+    slots = {}  # id(experts module) -> next free scratch offset
+    for name, mod, attr, st in stacks:
+        m = _stack_mode(st, mode, auto)
+        if m == "dense":
+            experts.to_dense(model, mod, attr, st, created.get((name.rpartition(".")[0], attr), []))
+            info["dense"] += 1
+            continue
+        experts.transcode(st, m)
+        experts.prepare_planes(st)
+        st.slot = slots.get(id(mod), 0)
+        slots[id(mod)] = st.slot + st.rows * st.cols
+        k = str(st.device)
+        info["scratch"][k] = max(info["scratch"].get(k, 0), slots[id(mod)])
+        info["stacks"] += 1
+        info["experts"] += st.num_experts
+        info["held_bytes"] += st.held_bytes()
+        info["bf16_bytes"] += st.decoded_bytes()
+        info["encodings"] = sorted(set(info["encodings"]) | st.encodings())
+    if info["stacks"]:
+        info["implementation"] = experts.use_routed_forward(model)
     return info
 
 
