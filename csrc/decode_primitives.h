@@ -187,6 +187,48 @@ UW_HD uint64_t decode_segment_bounded(const uint8_t* seg, const uint8_t* limit,
   return bad ? ~static_cast<uint64_t>(0) : br.consumed(seg);
 }
 
+// Starts a bounded reader (see init_bounded) at stream bit `bit`: a chain of the checkpoint
+// index (FORMAT.md "Checkpoint index") begins anywhere inside a byte.  Its consumed() count
+// is then taken from base + (bit >> 3) and includes the (bit & 7) bits skipped here.
+UW_HD void init_bounded_at(BitReader& br, const uint8_t* base, uint64_t bit, const uint8_t* limit) {
+  init_bounded(br, base + (bit >> 3), limit);
+  br.consume(static_cast<uint32_t>(bit & 7));
+}
+
+// Decodes weights [first, end) of one segment, taken row-major in a segment `w` weights wide,
+// from a reader standing at weight `first`'s code, never loading at or past `limit`.  sm and
+// out address the segment's first weight, each with its own row stride.  Weights in
+// [wlo, whi) are written (kExpOnly: exponent bytes to out8, else BF16 words to out16); the
+// rest are decoded only, because a weight's code can be found only after every code before it
+// (a row gather decodes its chain from the checkpoint up to its row).  Returns false on a bit
+// pattern that is no code of its context.
+template <bool kExpOnly>
+UW_HD bool decode_run_bounded(BitReader& br, const uint8_t* limit, const uint16_t* lut_all,
+                              const uint8_t* sm, int64_t sm_stride, uint16_t* out16, uint8_t* out8,
+                              int64_t out_stride, int64_t w, int64_t first, int64_t end, int64_t wlo,
+                              int64_t whi) {
+  uint32_t bad = 0;
+  int64_t r = first / w, c = first % w;
+  for (int64_t i = first; i < end; ++i) {
+    if (br.nbits < HUFF_MAX_CODE_LEN) refill_bounded(br, limit);
+    const uint8_t s = sm[r * sm_stride + c];
+    const uint16_t e = lut_all[(ctx_of(s) << HUFF_MAX_CODE_LEN) | br.peek()];
+    bad |= (e == 0);
+    br.consume(lut_len(e));
+    if (i >= wlo && i < whi) {
+      if (kExpOnly)
+        out8[r * out_stride + c] = static_cast<uint8_t>(lut_sym(e));
+      else
+        out16[r * out_stride + c] = bf16_from_parts(s, lut_sym(e));
+    }
+    if (++c == w) {
+      c = 0;
+      ++r;
+    }
+  }
+  return bad == 0;
+}
+
 // fp32 bit pattern of the BF16 word with sign+mantissa byte `sm` and exponent `e`: the BF16
 // word in the top half.  The fused GEMV multiplies in fp32 straight from this, so a weight is
 // never rounded or converted through a float intermediate.

@@ -92,6 +92,18 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("HGEMM_MAX_CHUNKS") = plan::HGEMM_MAX_CHUNKS;
   m.attr("HGEMM_LUT_BYTES") = plan::HGEMM_LUT_BYTES;
   m.def("plan_huffman_grid", &plan::huffman_grid);
+  m.def("plan_huffman_chains_per_segment", &plan::huffman_chains_per_segment);
+  m.def("plan_huffman_chain", [](int64_t t, int64_t cps) {
+    int64_t i, j;
+    plan::huffman_chain(t, cps, &i, &j);
+    return py::make_tuple(i, j);
+  });
+  m.def("plan_hgather_units", &plan::hgather_units);
+  m.def("plan_hgather_unit", [](int64_t t, int64_t n_chunks, int64_t units) {
+    int64_t id, c, u;
+    plan::hgather_unit(t, n_chunks, units, &id, &c, &u);
+    return py::make_tuple(id, c, u);
+  });
   m.def("plan_huffman_unit", [](int64_t i, int64_t g0, int64_t c0, int64_t nsg) {
     int64_t g, c;
     plan::huffman_unit(i, g0, c0, nsg, &g, &c);
@@ -132,18 +144,48 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("huffman_decode", [](uintptr_t stream_p, int64_t stream_bytes, uintptr_t off, int64_t rows,
                              int64_t cols, int64_t R, int64_t C, uintptr_t lut, int64_t g0, int64_t g1,
                              int64_t c0, int64_t c1, uintptr_t sm, int64_t sm_stride, uintptr_t out,
-                             int64_t out_stride, uintptr_t err, uintptr_t stream, bool exp_only) {
+                             int64_t out_stride, uintptr_t err, uintptr_t stream, bool exp_only, uintptr_t chk,
+                             int64_t S, int64_t P) {
     need(stream_p && off && lut && sm && out && err, "null device pointer");
     check(cuda::huffman_decode(dev<const uint8_t>(stream_p), stream_bytes, dev<const uint32_t>(off), rows,
                                cols, R, C, dev<const uint16_t>(lut), g0, g1, c0, c1,
                                dev<const uint8_t>(sm), sm_stride, exp_only ? nullptr : dev<uint16_t>(out),
-                               exp_only ? dev<uint8_t>(out) : nullptr, out_stride, dev<int32_t>(err),
-                               stream_of(stream)));
+                               exp_only ? dev<uint8_t>(out) : nullptr, out_stride, dev<const uint16_t>(chk), S, P,
+                               dev<int32_t>(err), stream_of(stream)));
   }, py::arg("exp"), py::arg("exp_bytes"), py::arg("off"), py::arg("rows"), py::arg("cols"), py::arg("R"),
      py::arg("C"), py::arg("lut"), py::arg("g0"), py::arg("g1"), py::arg("c0"), py::arg("c1"), py::arg("sm"),
      py::arg("sm_stride"), py::arg("out"), py::arg("out_stride"), py::arg("err"), py::arg("stream") = 0,
-     py::arg("exp_only") = false,
-     "Decode Huffman segments [g0,g1)x[c0,c1); sm/out point at the rectangle origin.");
+     py::arg("exp_only") = false, py::arg("chk") = 0, py::arg("S") = 0, py::arg("P") = 0,
+     "Decode Huffman segments [g0,g1)x[c0,c1), chain by chain with the checkpoint index chk [n_seg, P] of "
+     "interval S (chk 0 and S 0: one chain per segment); sm/out point at the rectangle origin.");
+
+  m.def("huffman_gather_rows", [](uintptr_t ids, int64_t n_ids, uintptr_t stream_p, int64_t stream_bytes,
+                                  uintptr_t off, int64_t rows, int64_t cols, int64_t R, int64_t C, uintptr_t lut,
+                                  uintptr_t sm, uintptr_t chk, int64_t S, int64_t P, uintptr_t out,
+                                  int64_t out_stride, uintptr_t err, uintptr_t stream) {
+    need((ids || n_ids == 0) && stream_p && off && lut && sm && out && err, "null device pointer");
+    check(cuda::huffman_gather_rows(dev<const int64_t>(ids), n_ids, dev<const uint8_t>(stream_p), stream_bytes,
+                                    dev<const uint32_t>(off), rows, cols, R, C, dev<const uint16_t>(lut),
+                                    dev<const uint8_t>(sm), dev<const uint16_t>(chk), S, P, dev<uint16_t>(out),
+                                    out_stride, dev<int32_t>(err), stream_of(stream)));
+  }, py::arg("ids"), py::arg("n_ids"), py::arg("exp"), py::arg("exp_bytes"), py::arg("off"), py::arg("rows"),
+     py::arg("cols"), py::arg("R"), py::arg("C"), py::arg("lut"), py::arg("sm"), py::arg("chk"), py::arg("S"),
+     py::arg("P"), py::arg("out"), py::arg("out_stride"), py::arg("err"), py::arg("stream") = 0,
+     "out[i] = row ids[i] (int64 device ids) of a Huffman matrix, decoding only the chains that hold the rows.");
+
+  m.def("palette_gather_rows", [](uintptr_t ids, int64_t n_ids, uintptr_t sm, uintptr_t idx, int64_t rows,
+                                  int64_t cols, py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp,
+                                  uintptr_t out, int64_t out_stride, uintptr_t err, uintptr_t stream) {
+    need((ids || n_ids == 0) && sm && idx && out && err, "null device pointer");
+    need(nv == 0 || (vpos && vexp), "null verbatim pointers");
+    check(cuda::palette_gather_rows(dev<const int64_t>(ids), n_ids, dev<const uint8_t>(sm), dev<const uint8_t>(idx),
+                                    rows, cols, make_palette(palette), dev<const uint32_t>(vpos), nv,
+                                    dev<const uint8_t>(vexp), dev<uint16_t>(out), out_stride, dev<int32_t>(err),
+                                    stream_of(stream)));
+  }, py::arg("ids"), py::arg("n_ids"), py::arg("sm"), py::arg("idx"), py::arg("rows"), py::arg("cols"),
+     py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("out"), py::arg("out_stride"),
+     py::arg("err"), py::arg("stream") = 0,
+     "out[i] = row ids[i] (int64 device ids) of a palette matrix.");
 
   m.def("palette_decode", [](uintptr_t sm, uintptr_t idx, int64_t rows, int64_t cols, int64_t r0,
                              int64_t r1, int64_t k0, int64_t k1, py::bytes palette, uintptr_t vpos,
@@ -243,7 +285,8 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("emulate_huffman_decode", [](arr<uint8_t> stream, arr<uint32_t> off, int64_t rows, int64_t cols,
                                      int64_t R, int64_t C, arr<uint8_t> table, int exp_lo, int exp_hi,
                                      int64_t g0, int64_t g1, int64_t c0, int64_t c1, arr<uint8_t> sm,
-                                     py::array out, bool exp_only) {
+                                     py::array out, bool exp_only, arr<uint16_t> chk, int64_t S, int64_t max_ctas,
+                                     bool force_scalar) {
     need(sm.ndim() == 2 && out.ndim() == 2, "sm and out must be 2-D");
     need(off.size() == ((rows + R - 1) / R) * ((cols + C - 1) / C) + 1, "offset table has the wrong size");
     need(table.size() == HUFF_NUM_CTX * (exp_hi - exp_lo + 1), "code table has the wrong size");
@@ -265,11 +308,56 @@ PYBIND11_MODULE(_cuda, m) {
       py::gil_scoped_release nogil;
       e = cuda::emulate::huffman_decode(stream.data(), stream.size(), off.data(), rows, cols, R, C,
                                         table.data(), exp_lo, exp_hi, g0, g1, c0, c1, sm.data(), sm.shape(1),
-                                        o16, o8, out.shape(1), &err);
+                                        o16, o8, out.shape(1), S ? chk.data() : nullptr, S,
+                                        chk.ndim() == 2 ? chk.shape(1) : 0, &err, max_ctas, force_scalar);
     }
     check(e);
     return err;
-  }, "Host run of the Huffman kernel bodies; returns the error count.");
+  }, py::arg("stream"), py::arg("off"), py::arg("rows"), py::arg("cols"), py::arg("R"), py::arg("C"),
+     py::arg("table"), py::arg("exp_lo"), py::arg("exp_hi"), py::arg("g0"), py::arg("g1"), py::arg("c0"),
+     py::arg("c1"), py::arg("sm"), py::arg("out"), py::arg("exp_only") = false,
+     py::arg("chk") = arr<uint16_t>(std::vector<py::ssize_t>{0, 0}), py::arg("S") = 0, py::arg("max_ctas") = 0,
+     py::arg("force_scalar") = false,
+     "Host run of the Huffman chain bodies (chk uint16 [n_seg, P] of interval S, or empty and 0; max_ctas caps "
+     "the grid as occupancy does, 0 = no cap); returns the error count.");
+
+  m.def("emulate_huffman_gather_rows", [](arr<int64_t> ids, arr<uint8_t> stream, arr<uint32_t> off, int64_t rows,
+                                          int64_t cols, int64_t R, int64_t C, arr<uint8_t> table, int exp_lo,
+                                          int exp_hi, arr<uint8_t> sm, arr<uint16_t> chk, int64_t S,
+                                          arr<uint16_t> out, int64_t max_ctas) {
+    need(sm.ndim() == 2 && sm.shape(0) == rows && sm.shape(1) == cols, "sm must be [rows, cols]");
+    need(off.size() == ((rows + R - 1) / R) * ((cols + C - 1) / C) + 1, "offset table has the wrong size");
+    need(table.size() == HUFF_NUM_CTX * (exp_hi - exp_lo + 1), "code table has the wrong size");
+    need(out.ndim() == 2 && out.shape(0) == ids.size() && out.shape(1) >= cols, "out must be [len(ids), >= cols]");
+    int32_t err = 0;
+    const char* e;
+    {
+      py::gil_scoped_release nogil;
+      e = cuda::emulate::huffman_gather_rows(ids.data(), ids.size(), stream.data(), stream.size(), off.data(), rows,
+                                             cols, R, C, table.data(), exp_lo, exp_hi, sm.data(),
+                                             S ? chk.data() : nullptr, S, chk.ndim() == 2 ? chk.shape(1) : 0,
+                                             out.mutable_data(), out.shape(1), &err, max_ctas);
+    }
+    check(e);
+    return err;
+  }, py::arg("ids"), py::arg("stream"), py::arg("off"), py::arg("rows"), py::arg("cols"), py::arg("R"),
+     py::arg("C"), py::arg("table"), py::arg("exp_lo"), py::arg("exp_hi"), py::arg("sm"), py::arg("chk"),
+     py::arg("S"), py::arg("out"), py::arg("max_ctas") = 0,
+     "Host run of the Huffman row-gather bodies; returns the error count.");
+
+  m.def("emulate_palette_gather_rows", [](arr<int64_t> ids, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
+                                          arr<uint32_t> vpos, arr<uint8_t> vexp, arr<uint16_t> out) {
+    need(sm.ndim() == 2 && idx.ndim() == 2 && out.ndim() == 2, "planes must be 2-D");
+    const int64_t rows = sm.shape(0), cols = sm.shape(1);
+    need(idx.shape(0) == rows && idx.shape(1) == (cols + 1) / 2, "idx shape mismatch");
+    need(out.shape(0) == ids.size() && out.shape(1) >= cols, "out must be [len(ids), >= cols]");
+    need(vexp.size() == vpos.size() * PAL_BLOCK, "vexp size mismatch");
+    int32_t err = 0;
+    check(cuda::emulate::palette_gather_rows(ids.data(), ids.size(), sm.data(), idx.data(), rows, cols,
+                                             make_palette(palette), vpos.data(), vpos.size(), vexp.data(),
+                                             out.mutable_data(), out.shape(1), &err));
+    return err;
+  }, "Host run of the palette row-gather bodies; returns the error count.");
 
   m.def("emulate_palette_decode", [](arr<uint8_t> sm, arr<uint8_t> idx, int64_t r0, int64_t r1, int64_t k0,
                                      int64_t k1, py::bytes palette, arr<uint32_t> vpos, arr<uint8_t> vexp,

@@ -91,33 +91,6 @@ void emulate_hgemm_m(const HGemmArgs& a, bool vec, const uint16_t* lut, int32_t*
 // =======================================================================================
 namespace emulate {
 
-const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
-                           int64_t rows, int64_t cols, int64_t R, int64_t C, const uint8_t* table,
-                           int exp_lo, int exp_hi, int64_t g0, int64_t g1, int64_t c0, int64_t c1,
-                           const uint8_t* sm, int64_t sm_stride, uint16_t* out16, uint8_t* out8,
-                           int64_t out_stride, int32_t* err) {
-  if (const char* e = check_huff(stream_bytes, rows, cols, R, C, g0, g1, c0, c1, sm_stride, out16,
-                                 out8, out_stride))
-    return e;
-  if (!(0 <= exp_lo && exp_lo <= exp_hi && exp_hi <= 255)) return "bad exponent range";
-  const int n = exp_hi - exp_lo + 1;
-  std::vector<uint16_t> lut(HUFF_NUM_CTX * LUT_SIZE);
-  for (int t = 0; t < HUFF_NUM_CTX; ++t)
-    if (!build_lut(table + t * n, n, exp_lo, &lut[t * LUT_SIZE], nullptr)) ++*err;
-  const HuffArgs a{stream, stream_bytes, off, rows, cols, R, C, g0, g1, c0, c1,
-                   sm, sm_stride, out16, out8, out_stride};
-  const int64_t nsel = (g1 - g0) * (c1 - c0);
-  const int64_t grid = plan::huffman_grid(nsel);
-  for (int64_t b = 0; b < grid; ++b)
-    for (int t = 0; t < plan::HUFF_THREADS; ++t) {
-      const int64_t i = b * plan::HUFF_THREADS + t;
-      if (i >= nsel) continue;
-      const bool ok = out8 ? huff_segment_body<true>(i, a, lut.data()) : huff_segment_body<false>(i, a, lut.data());
-      if (!ok) ++*err;
-    }
-  return nullptr;
-}
-
 const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,

@@ -1,9 +1,36 @@
 // =======================================================================================
-// Huffman -> BF16 / exponents.  One thread per segment: a segment is an independent bit
-// stream that starts byte aligned, so threads need no coordination; the format makes
-// segments >= 4096 weights so the per-thread serial decode amortizes the CTA's LUT fill.
+// Huffman -> BF16 / exponent bytes, and the Huffman row gather.  Its own host API (argument
+// checks, grid sizing) and host emulation are at the end of this file.
+//
+// Parallelism.  One thread per chain (huffman_decode.cuh): with the checkpoint index a
+// 4096 x 4096 matrix is 16,384 independent chains of S = 1024 weights (FORMAT.md
+// "Checkpoint index", "Choosing S"), against 2,048 one-thread segments without it.  A chain
+// is a serial dependency -- peek 12 bits, one shared-memory LUT load, shift by the code
+// length -- of roughly 40 cycles per symbol (an estimate: nothing here has been timed on a
+// GPU), so throughput comes from many chains in flight per SM, not from work inside one.
+//
+// Grid.  CTAs of HUFF_THREADS threads loop over chains (grid stride), and the grid is capped
+// at the CTAs the device holds at once (occupancy API): each CTA then fills its 32 KiB LUT
+// once however large the matrix, instead of once per HUFF_THREADS chains.
+//
+// Memory.  Per 32-weight step a lane loads 32 sign+mantissa bytes (two 16-byte loads, a full
+// sector) and stores 64 bytes of BF16 (four 16-byte stores) assembled in registers; the
+// stream comes in 16-byte blocks a block ahead of use (StreamBlocks).  Lanes of a warp work
+// on chains S weights apart, so their accesses do not coalesce across lanes: every access is
+// a whole sector (or two) of one lane's own, in address order.  Matrices whose shape or
+// alignment rule the vector path out (K or C not a multiple of 32, S not a multiple of 32,
+// unaligned planes) run the same chains through the scalar reader of decode_primitives.h.
+//
+// Corrupt data.  A chain decodes exactly its weight count (no data-dependent loop bound, so
+// no hang), writes only its own weights, never loads outside the stream allocation (blocks
+// past it read as zero), and adds 1 to *err when its offsets, checkpoint, codes or end
+// position are wrong.
 // =======================================================================================
+#include <algorithm>
+#include <vector>
+
 #include "huffman_decode.cuh"
+#include "launch_util.h"
 
 namespace unweight {
 namespace cuda {
@@ -18,22 +45,58 @@ __global__ void build_lut_kernel(const uint8_t* table, int n, int lo, uint16_t* 
   if (!build_lut(table + t * n, n, lo, lut + t * LUT_SIZE, nullptr)) atomicAdd(err, 1);
 }
 
-template <bool kExp>
-__global__ void __launch_bounds__(plan::HUFF_THREADS)
-huffman_decode_kernel(HuffArgs a, const uint16_t* __restrict__ lut_g, int32_t* err) {
-  // 4 contexts x 4096 entries x 2 B = 32 KiB: the whole code space of a <=12-bit code, so a
-  // symbol is one shared load indexed by the next 12 stream bits (no tree walk, no branch).
-  // Copied from the global tables (built once per tensor) with 16-byte loads: 2048 vectors
-  // over 64 threads.  They are read by every CTA, so the default (L1/L2-allocating) __ldg.
-  __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
+// 4 contexts x 4096 entries x 2 B = 32 KiB: the whole code space of a <=12-bit code, so a
+// symbol is one shared load indexed by the next 12 stream bits (no tree walk, no branch).
+// Copied from the global tables (built once per tensor) with 16-byte loads.  They are read by
+// every CTA, so the default (L1/L2-allocating) __ldg.
+__device__ __forceinline__ void fill_lut(uint16_t* lut, const uint16_t* __restrict__ lut_g) {
   const uint4* src = reinterpret_cast<const uint4*>(lut_g);
   uint4* dst = reinterpret_cast<uint4*>(lut);
   constexpr int kVecs = HUFF_NUM_CTX * LUT_SIZE * 2 / 16;
   for (int j = threadIdx.x; j < kVecs; j += plan::HUFF_THREADS) dst[j] = __ldg(src + j);
   __syncthreads();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * plan::HUFF_THREADS + threadIdx.x;
-  if (i >= (a.g1 - a.g0) * (a.c1 - a.c0)) return;
-  if (!huff_segment_body<kExp>(i, a, lut)) atomicAdd(err, 1);
+}
+
+template <bool kExp, bool kVec>
+__global__ void __launch_bounds__(plan::HUFF_THREADS)
+huffman_chain_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ lut_g, int32_t* err) {
+  __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
+  fill_lut(lut, lut_g);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * plan::HUFF_THREADS;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * plan::HUFF_THREADS + threadIdx.x; t < n_chains; t += stride)
+    if (!huff_chain_body<kExp, kVec>(t, a, lut)) atomicAdd(err, 1);
+}
+
+__global__ void __launch_bounds__(plan::HUFF_THREADS)
+huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict__ lut_g, int32_t* err) {
+  __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
+  fill_lut(lut, lut_g);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * plan::HUFF_THREADS;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * plan::HUFF_THREADS + threadIdx.x; t < n_units; t += stride)
+    if (!hgather_body(t, a, lut)) atomicAdd(err, 1);
+}
+
+// CTAs of `kernel` the current device holds at once: the cap of a grid-stride launch.  The
+// two queries cost a few microseconds, so each kernel's answer is kept per device.
+int64_t resident_ctas(const void* kernel, int slot) {
+  constexpr int kDevices = 64, kSlots = 5;
+  static int64_t cache[kSlots][kDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) return 1;
+  if (cache[slot][dev] > 0) return cache[slot][dev];
+  int sms = 0, per_sm = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan::HUFF_THREADS, 0) != cudaSuccess)
+    return 1;  // the launch that follows reports the error
+  cache[slot][dev] = std::max<int64_t>(1, static_cast<int64_t>(sms) * std::max(1, per_sm));
+  return cache[slot][dev];
+}
+
+template <bool kExp, bool kVec>
+void launch_chains(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s, int slot) {
+  const void* k = reinterpret_cast<const void*>(&huffman_chain_kernel<kExp, kVec>);
+  const int64_t grid = plan::huffman_grid(n_chains, resident_ctas(k, slot));
+  huffman_chain_kernel<kExp, kVec><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, s>>>(a, n_chains, lut, err);
 }
 
 }  // namespace
@@ -42,13 +105,164 @@ void launch_build_lut(const uint8_t* table, int n, int lo, uint16_t* lut, int32_
   build_lut_kernel<<<1, 32, 0, s>>>(table, n, lo, lut, err);
 }
 
-void launch_huffman_decode(const HuffArgs& a, int64_t grid, const uint16_t* lut, int32_t* err, cudaStream_t s) {
-  if (a.out8)
-    huffman_decode_kernel<true><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, s>>>(a, lut, err);
-  else
-    huffman_decode_kernel<false><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, s>>>(a, lut, err);
+}  // namespace detail
+
+using namespace detail;
+
+namespace {
+
+// The checkpoint index arguments: none (S = 0, P = 0, no plane), or S as FORMAT.md allows it
+// with P = ceil(n_max / S) - 1 entries per segment.
+const char* check_index(const uint16_t* chk, int64_t S, int64_t P, int64_t rows, int64_t cols, int64_t R, int64_t C) {
+  if (S == 0) return P == 0 && chk == nullptr ? nullptr : "checkpoint index given without its interval";
+  if (S < 0 || S % CHK_ALIGN || S > CHK_MAX_INTERVAL) return "bad checkpoint interval";
+  if (chk == nullptr) return "checkpoint interval given without the index";
+  if (P != cdiv(std::min(R, rows) * std::min(C, cols), S) - 1)
+    return "checkpoint index has the wrong number of entries per segment";
+  return nullptr;
 }
 
-}  // namespace detail
+// Arguments of a decode, checked the same way by the launch and its emulation.
+const char* check_chain_args(const HuffArgs& a) {
+  if (const char* e = check_huff(a.stream_bytes, a.rows, a.cols, a.R, a.C, a.g0, a.g1, a.c0, a.c1, a.sm_stride,
+                                 a.out16, a.out8, a.out_stride))
+    return e;
+  return check_index(a.chk, a.S, a.P, a.rows, a.cols, a.R, a.C);
+}
+
+// The vector path's conditions: every chain starts and ends on a 32-weight step inside one
+// row of its segment (S, C and K multiples of 32), and the planes are 16-byte aligned.
+bool huff_vec_ok(const HuffArgs& a) {
+  if (a.S % kChainStep || a.C % kChainStep || a.cols % kChainStep) return false;
+  if (!aligned(a.stream, 16) || !aligned(a.sm, 16) || a.sm_stride % 16) return false;
+  return a.out16 ? aligned(a.out16, 16) && a.out_stride % 8 == 0 : aligned(a.out8, 16) && a.out_stride % 16 == 0;
+}
+
+int64_t n_chains_of(const HuffArgs& a) {
+  return (a.g1 - a.g0) * (a.c1 - a.c0) * plan::huffman_chains_per_segment(a.S, a.P);
+}
+
+const char* check_gather_args(const HGatherArgs& a) {
+  if (a.rows <= 0 || a.cols <= 0 || a.R <= 0 || a.C <= 0) return "grid dimensions must be positive";
+  if (a.R > (1 << 30) || a.C > (1 << 30)) return "segment too large";
+  if (a.n_ids < 0 || a.out_stride < a.cols) return "bad id count or output row stride";
+  if (a.stream_bytes < STREAM_SLACK_BYTES) return "exponent stream shorter than its slack";
+  return check_index(a.chk, a.S, a.P, a.rows, a.cols, a.R, a.C);
+}
+
+int64_t n_units_of(const HGatherArgs& a) {
+  return a.n_ids * cdiv(a.cols, a.C) * plan::hgather_units(a.S, a.P, std::min(a.C, a.cols));
+}
+
+std::vector<uint16_t> host_lut(const uint8_t* table, int exp_lo, int exp_hi, int32_t* err) {
+  const int n = exp_hi - exp_lo + 1;
+  std::vector<uint16_t> lut(HUFF_NUM_CTX * LUT_SIZE);
+  for (int t = 0; t < HUFF_NUM_CTX; ++t)
+    if (!build_lut(table + t * n, n, exp_lo, &lut[t * LUT_SIZE], nullptr)) ++*err;
+  return lut;
+}
+
+// Runs `body(t)` for t < n over a grid-stride launch of `grid` CTAs in the kernels' order.
+template <class F>
+void emulate_grid_stride(int64_t n, int64_t grid, F body) {
+  for (int64_t b = 0; b < grid; ++b)
+    for (int tid = 0; tid < plan::HUFF_THREADS; ++tid)
+      for (int64_t t = b * plan::HUFF_THREADS + tid; t < n; t += grid * plan::HUFF_THREADS) body(t);
+}
+
+}  // namespace
+
+// =======================================================================================
+// Host API.
+// =======================================================================================
+const char* huffman_build_lut(const uint8_t* table, int exp_lo, int exp_hi, uint16_t* lut,
+                              int32_t* err, void* stream) {
+  if (!(0 <= exp_lo && exp_lo <= exp_hi && exp_hi <= 255)) return "bad exponent range";
+  if (!aligned(lut, 16)) return "lut must be 16-byte aligned";
+  launch_build_lut(table, exp_hi - exp_lo + 1, exp_lo, lut, err, static_cast<cudaStream_t>(stream));
+  return launch_status();
+}
+
+const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
+                           int64_t rows, int64_t cols, int64_t R, int64_t C, const uint16_t* lut,
+                           int64_t g0, int64_t g1, int64_t c0, int64_t c1, const uint8_t* sm,
+                           int64_t sm_stride, uint16_t* out16, uint8_t* out8, int64_t out_stride,
+                           const uint16_t* chk, int64_t S, int64_t P, int32_t* err, void* stream_handle) {
+  const HuffArgs a{stream, stream_bytes, off, rows, cols, R, C, g0, g1, c0, c1,
+                   sm, sm_stride, out16, out8, out_stride, chk, S, P};
+  if (const char* e = check_chain_args(a)) return e;
+  if (!aligned(lut, 16)) return "lut must be 16-byte aligned";
+  const int64_t n = n_chains_of(a);
+  if (!grid_ok(cdiv(n, plan::HUFF_THREADS))) return "too many chains for one launch";
+  const cudaStream_t s = static_cast<cudaStream_t>(stream_handle);
+  const bool vec = huff_vec_ok(a);
+  if (out8)
+    vec ? launch_chains<true, true>(a, n, lut, err, s, 0) : launch_chains<true, false>(a, n, lut, err, s, 1);
+  else
+    vec ? launch_chains<false, true>(a, n, lut, err, s, 2) : launch_chains<false, false>(a, n, lut, err, s, 3);
+  return launch_status();
+}
+
+const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* stream, int64_t stream_bytes,
+                                const uint32_t* off, int64_t rows, int64_t cols, int64_t R, int64_t C,
+                                const uint16_t* lut, const uint8_t* sm, const uint16_t* chk, int64_t S, int64_t P,
+                                uint16_t* out, int64_t out_stride, int32_t* err, void* stream_handle) {
+  const HGatherArgs a{ids, n_ids, stream, stream_bytes, off, rows, cols, R, C, sm, chk, S, P, out, out_stride};
+  if (const char* e = check_gather_args(a)) return e;
+  if (!aligned(lut, 16)) return "lut must be 16-byte aligned";
+  const int64_t n = n_units_of(a);
+  if (n == 0) return nullptr;
+  if (!grid_ok(cdiv(n, plan::HUFF_THREADS))) return "too many ids for one launch";
+  const void* k = reinterpret_cast<const void*>(&huffman_gather_kernel);
+  const int64_t grid = plan::huffman_grid(n, resident_ctas(k, 4));
+  huffman_gather_kernel<<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, static_cast<cudaStream_t>(stream_handle)>>>(
+      a, n, lut, err);
+  return launch_status();
+}
+
+// =======================================================================================
+// Host emulation: the bodies over the kernels' grid-stride order, with the grid capped at
+// `max_ctas` (a small cap runs each thread through several chains, as a big matrix does).
+// =======================================================================================
+namespace emulate {
+
+const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
+                           int64_t rows, int64_t cols, int64_t R, int64_t C, const uint8_t* table,
+                           int exp_lo, int exp_hi, int64_t g0, int64_t g1, int64_t c0, int64_t c1,
+                           const uint8_t* sm, int64_t sm_stride, uint16_t* out16, uint8_t* out8,
+                           int64_t out_stride, const uint16_t* chk, int64_t S, int64_t P, int32_t* err,
+                           int64_t max_ctas, bool force_scalar) {
+  const HuffArgs a{stream, stream_bytes, off, rows, cols, R, C, g0, g1, c0, c1,
+                   sm, sm_stride, out16, out8, out_stride, chk, S, P};
+  if (const char* e = check_chain_args(a)) return e;
+  if (!(0 <= exp_lo && exp_lo <= exp_hi && exp_hi <= 255)) return "bad exponent range";
+  const std::vector<uint16_t> lut = host_lut(table, exp_lo, exp_hi, err);
+  const int64_t n = n_chains_of(a);
+  const bool vec = !force_scalar && huff_vec_ok(a);
+  emulate_grid_stride(n, plan::huffman_grid(n, max_ctas > 0 ? max_ctas : INT64_MAX), [&](int64_t t) {
+    const bool ok = out8 ? (vec ? huff_chain_body<true, true>(t, a, lut.data()) : huff_chain_body<true, false>(t, a, lut.data()))
+                         : (vec ? huff_chain_body<false, true>(t, a, lut.data()) : huff_chain_body<false, false>(t, a, lut.data()));
+    if (!ok) ++*err;
+  });
+  return nullptr;
+}
+
+const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* stream, int64_t stream_bytes,
+                                const uint32_t* off, int64_t rows, int64_t cols, int64_t R, int64_t C,
+                                const uint8_t* table, int exp_lo, int exp_hi, const uint8_t* sm, const uint16_t* chk,
+                                int64_t S, int64_t P, uint16_t* out, int64_t out_stride, int32_t* err,
+                                int64_t max_ctas) {
+  const HGatherArgs a{ids, n_ids, stream, stream_bytes, off, rows, cols, R, C, sm, chk, S, P, out, out_stride};
+  if (const char* e = check_gather_args(a)) return e;
+  if (!(0 <= exp_lo && exp_lo <= exp_hi && exp_hi <= 255)) return "bad exponent range";
+  const std::vector<uint16_t> lut = host_lut(table, exp_lo, exp_hi, err);
+  const int64_t n = n_units_of(a);
+  emulate_grid_stride(n, plan::huffman_grid(n, max_ctas > 0 ? max_ctas : INT64_MAX), [&](int64_t t) {
+    if (!hgather_body(t, a, lut.data())) ++*err;
+  });
+  return nullptr;
+}
+
+}  // namespace emulate
 }  // namespace cuda
 }  // namespace unweight

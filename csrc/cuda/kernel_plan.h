@@ -22,11 +22,14 @@
 namespace unweight {
 namespace plan {
 
-// Huffman -> BF16/exponents: one thread per segment.  64 threads per CTA because each CTA
-// first fills a 32 KiB shared LUT: small CTAs keep that fill cheap per segment decoded while
-// still letting ~7 CTAs (448 threads) share an SM's 228 KiB of shared memory, and a typical
-// 4096x4096 matrix (4096 segments) still spreads over 64 CTAs.
-constexpr int HUFF_THREADS = 64;
+// Huffman -> BF16/exponents and the Huffman row gather: one thread per chain (a segment's
+// weights from one checkpoint of the index to the next, FORMAT.md "Checkpoint index"; the
+// whole segment without an index), grid-stride, the grid capped at the CTAs the device holds
+// at once so each CTA fills its 32 KiB shared LUT once.  128 threads per CTA: 7 CTAs (the
+// most an SM's 228 KiB of shared memory holds) are 896 lanes, far more chains in flight than
+// the ~90-160 per SM the decode's latency needs (FORMAT.md "Choosing S"), and a 4096 x 4096
+// matrix (16,384 chains at S = 1024) still fills 128 CTAs, about one per SM of an H100.
+constexpr int HUFF_THREADS = 128;
 // Palette -> BF16: each thread decodes PAL_VEC consecutive weights of one row: 4 index bytes
 // (one 32-bit load), 8 sign+mantissa bytes (one 64-bit load), one 16-byte store.
 constexpr int PAL_VEC = 8;
@@ -71,13 +74,41 @@ constexpr int64_t HGEMM_LUT_BYTES = int64_t(HUFF_NUM_CTX) << (HUFF_MAX_CODE_LEN 
 UW_PLAN_HD int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // --- huffman decode ---------------------------------------------------------------------
-UW_PLAN_HD int64_t huffman_grid(int64_t n_sel_segments) { return cdiv(n_sel_segments, HUFF_THREADS); }
+// Chains of one segment: P + 1 with a checkpoint index of P entries per segment (S > 0; a
+// partial segment leaves its last ones without work), 1 without.
+UW_PLAN_HD int64_t huffman_chains_per_segment(int64_t S, int64_t P) { return S > 0 ? P + 1 : 1; }
+// CTAs for n work items (chains, gather units), at most max_ctas (they loop, grid stride).
+UW_PLAN_HD int64_t huffman_grid(int64_t n_items, int64_t max_ctas) {
+  const int64_t want = cdiv(n_items, HUFF_THREADS);
+  return want < max_ctas ? want : max_ctas;
+}
+// Chain t -> i, the selected segment (for huffman_unit), and j, its checkpoint.
+UW_PLAN_HD void huffman_chain(int64_t t, int64_t chains_per_segment, int64_t* i, int64_t* j) {
+  *i = t / chains_per_segment;
+  *j = t % chains_per_segment;
+}
 // Global thread index i (< n_sel_g * n_sel_c) -> segment (group, chunk) of the selection
 // [g0, g0+n_sel_g) x [c0, c0+n_sel_c).  Group-fastest, the same order as the CPU codec.
 UW_PLAN_HD void huffman_unit(int64_t i, int64_t g0, int64_t c0, int64_t n_sel_g, int64_t* g,
                              int64_t* c) {
   *g = g0 + i % n_sel_g;
   *c = c0 + i / n_sel_g;
+}
+
+// --- huffman row gather -----------------------------------------------------------------
+// Parts per (id, chunk): the chains a row of a chunk `width` weights wide can touch,
+// ceil(width / S) + 1 (the row may start mid-chain), at most the segment's P + 1; 1 without
+// an index (the part decodes the segment from its start up to the row).
+UW_PLAN_HD int64_t hgather_units(int64_t S, int64_t P, int64_t width) {
+  if (S <= 0) return 1;
+  const int64_t u = cdiv(width, S) + 1;
+  return u < P + 1 ? u : P + 1;
+}
+// Unit t -> id index, chunk c, part u.  Id-major, so the parts of one row are neighbours.
+UW_PLAN_HD void hgather_unit(int64_t t, int64_t n_chunks, int64_t units, int64_t* id, int64_t* c, int64_t* u) {
+  *id = t / (n_chunks * units);
+  *c = (t / units) % n_chunks;
+  *u = t % units;
 }
 
 // --- palette decode ---------------------------------------------------------------------
@@ -95,6 +126,8 @@ UW_PLAN_HD void pal_unit(int64_t t, int64_t n_cols, int64_t* r, int64_t* k, int*
 }
 
 // --- warp-per-item kernels --------------------------------------------------------------
+// Palette row gather: pal_unit's threads per row, over n_ids rows.
+UW_PLAN_HD int64_t pgather_grid(int64_t n_ids, int64_t n_cols) { return pal_grid(n_ids, n_cols); }
 UW_PLAN_HD int64_t warp_grid(int64_t n_items) { return cdiv(n_items, WARPS_PER_CTA); }
 
 // --- palette encode ---------------------------------------------------------------------

@@ -6,7 +6,8 @@
 // ../decode_primitives.h (build_lut, BitReader / decode_segment_bounded, ctx_of, lut_*,
 // bf16_from_parts, pal_nibble), i.e. with the very code the CPU codec runs.  One translation
 // unit per kernel family, its argument block and bodies in a header beside it:
-//   huffman_decode.cu/.cuh    Huffman -> BF16 or exponent bytes, decode-table build
+//   huffman_decode.cu/.cuh    Huffman -> BF16 or exponent bytes, decode-table build, Huffman
+//                             row gather (its own host API and emulation, chain by chain)
 //   palette_decode.cu/.cuh    palette -> BF16, verbatim-block patch
 //   transcode.cu/.cuh         exponent histogram, palette encode passes, row count/scan/compact/gather
 //   palette_matmul.cu/.cuh    fused palette GEMV/GEMM + verbatim correction
@@ -61,13 +62,25 @@ const char* huffman_build_lut(const uint8_t* table, int exp_lo, int exp_hi, uint
 // Decodes segments [g0,g1) x [c0,c1) of a rows x cols matrix with grid R x C.
 // `sm` and `out` point at row g0*R, column c0*C (as the CPU codec); strides in elements.
 // Writes BF16 words (out16 != nullptr) or exponent bytes (out8 != nullptr, exactly one set).
-// Each segment that meets an invalid code or whose consumed bits do not round up to its
-// byte length (or whose offsets are out of range) adds 1 to *err.
+// chk: the checkpoint index uint16 [n_seg, P] of interval S (FORMAT.md "Checkpoint index"),
+// each segment then decoded as independent chains of S weights; null with S = P = 0 (one
+// chain per segment).  Each chain that meets an invalid code, or does not end where the index
+// or its segment's byte length says, or whose offsets are out of range, adds 1 to *err.
 const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
                            int64_t rows, int64_t cols, int64_t R, int64_t C, const uint16_t* lut,
                            int64_t g0, int64_t g1, int64_t c0, int64_t c1, const uint8_t* sm,
                            int64_t sm_stride, uint16_t* out16, uint8_t* out8, int64_t out_stride,
-                           int32_t* err, void* stream_handle);
+                           const uint16_t* chk, int64_t S, int64_t P, int32_t* err, void* stream_handle);
+
+// out[i, :] = row ids[i] of the Huffman matrix (full planes sm [rows, cols], stream, off,
+// chk / S / P as above; ids int64 [n_ids] on the device), BF16 [n_ids, cols] with row stride
+// out_stride.  Decodes only the chains that hold those rows (without an index, each row's
+// segments up to the row).  No host sync: an id outside [0, rows) gives a zero row and adds
+// 1 to *err, as do corrupt chains.
+const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* stream, int64_t stream_bytes,
+                                const uint32_t* off, int64_t rows, int64_t cols, int64_t R, int64_t C,
+                                const uint16_t* lut, const uint8_t* sm, const uint16_t* chk, int64_t S, int64_t P,
+                                uint16_t* out, int64_t out_stride, int32_t* err, void* stream_handle);
 
 // ----------------------------------------------------------------------- palette tier
 // Decodes rows [r0,r1) x columns [k0,k1) of the full planes sm/idx (pointers at row 0,
@@ -78,6 +91,15 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
                            int64_t out_stride, int32_t* err, void* stream);
+
+// out[i, :] = row ids[i] of the palette matrix (full planes; ids int64 [n_ids] on the
+// device), BF16 [n_ids, cols] with row stride out_stride, verbatim blocks found by binary
+// search in vpos.  No host sync: an id outside [0, rows) gives a zero row and adds 1 to *err,
+// as do nibbles >= the palette size.
+const char* palette_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* sm, const uint8_t* idx,
+                                int64_t rows, int64_t cols, Palette pal, const uint32_t* vpos, int64_t nv,
+                                const uint8_t* vexp, uint16_t* out, int64_t out_stride, int32_t* err,
+                                void* stream);
 
 // ----------------------------------------------------------------------- transcode
 // hist[256] (uint64, device, zeroed by the caller) += counts of the n exponent bytes.
@@ -121,11 +143,23 @@ const char* huffman_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 // the same launch geometry (host pointers).  Lets CPU-only CI test the kernels' index math
 // and decode logic without a GPU.  Same signatures and semantics as above; err is a host int.
 namespace emulate {
+// The LUT is built here from the code lengths table[4][exp_hi-exp_lo+1].  max_ctas caps the
+// grid as the device's occupancy does (0: no cap); force_scalar runs the scalar chain reader
+// where the vector one applies (both are tested).
 const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
                            int64_t rows, int64_t cols, int64_t R, int64_t C, const uint8_t* table,
                            int exp_lo, int exp_hi, int64_t g0, int64_t g1, int64_t c0, int64_t c1,
                            const uint8_t* sm, int64_t sm_stride, uint16_t* out16, uint8_t* out8,
-                           int64_t out_stride, int32_t* err);
+                           int64_t out_stride, const uint16_t* chk, int64_t S, int64_t P, int32_t* err,
+                           int64_t max_ctas, bool force_scalar);
+const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* stream, int64_t stream_bytes,
+                                const uint32_t* off, int64_t rows, int64_t cols, int64_t R, int64_t C,
+                                const uint8_t* table, int exp_lo, int exp_hi, const uint8_t* sm, const uint16_t* chk,
+                                int64_t S, int64_t P, uint16_t* out, int64_t out_stride, int32_t* err,
+                                int64_t max_ctas);
+const char* palette_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* sm, const uint8_t* idx,
+                                int64_t rows, int64_t cols, Palette pal, const uint32_t* vpos, int64_t nv,
+                                const uint8_t* vexp, uint16_t* out, int64_t out_stride, int32_t* err);
 const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,

@@ -128,32 +128,6 @@ const char* compiled_archs() {
 #endif
 }
 
-const char* huffman_build_lut(const uint8_t* table, int exp_lo, int exp_hi, uint16_t* lut,
-                              int32_t* err, void* stream) {
-  if (!(0 <= exp_lo && exp_lo <= exp_hi && exp_hi <= 255)) return "bad exponent range";
-  if (!aligned(lut, 16)) return "lut must be 16-byte aligned";
-  launch_build_lut(table, exp_hi - exp_lo + 1, exp_lo, lut, err, static_cast<cudaStream_t>(stream));
-  return launch_status();
-}
-
-const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
-                           int64_t rows, int64_t cols, int64_t R, int64_t C, const uint16_t* lut,
-                           int64_t g0, int64_t g1, int64_t c0, int64_t c1, const uint8_t* sm,
-                           int64_t sm_stride, uint16_t* out16, uint8_t* out8, int64_t out_stride,
-                           int32_t* err, void* stream_handle) {
-  if (const char* e = check_huff(stream_bytes, rows, cols, R, C, g0, g1, c0, c1, sm_stride, out16,
-                                 out8, out_stride))
-    return e;
-  if (!aligned(lut, 16)) return "lut must be 16-byte aligned";
-  const int64_t grid = plan::huffman_grid((g1 - g0) * (c1 - c0));
-  if (!grid_ok(grid)) return "too many segments for one launch";
-  const HuffArgs a{stream, stream_bytes, off, rows, cols, R, C, g0, g1, c0, c1,
-                   sm, sm_stride, out16, out8, out_stride};
-  const cudaStream_t s = static_cast<cudaStream_t>(stream_handle);
-  launch_huffman_decode(a, grid, lut, err, s);
-  return launch_status();
-}
-
 const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,

@@ -6,6 +6,8 @@
 // Verbatim blocks decode through palette entry 0 here (their nibbles are 0) and are then
 // overwritten by a separate patch kernel, one warp per block, in stream order.
 // =======================================================================================
+// The row gather (palette_gather_rows) has its host API and emulation at the end of this file.
+#include "launch_util.h"
 #include "palette_decode.cuh"
 
 namespace unweight {
@@ -28,6 +30,13 @@ __global__ void __launch_bounds__(plan::WARP_KERNEL_THREADS) verbatim_patch_kern
   if (!patch_lane_body(v, threadIdx.x % plan::WARP, a)) atomicAdd(err, 1);
 }
 
+__global__ void __launch_bounds__(plan::PAL_THREADS) palette_gather_kernel(PGatherArgs a, int64_t total,
+                                                                            int32_t* err) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * plan::PAL_THREADS + threadIdx.x;
+  if (t >= total) return;
+  if (!pgather_body(t, a)) atomicAdd(err, 1);
+}
+
 }  // namespace
 
 void launch_palette_decode(const PalArgs& a, bool vec, int64_t grid, int64_t total, int32_t* err, cudaStream_t s) {
@@ -42,5 +51,46 @@ void launch_verbatim_patch(const PatchArgs& p, int32_t* err, cudaStream_t s) {
 }
 
 }  // namespace detail
+
+using namespace detail;
+
+namespace {
+const char* check_pgather(const PGatherArgs& a) {
+  if (a.rows <= 0 || a.cols <= 0) return "matrix dimensions must be positive";
+  if (a.n_ids < 0 || a.out_stride < a.cols) return "bad id count or output row stride";
+  if (a.pal.size < 1 || a.pal.size > PAL_MAX_ENTRIES) return "palette must have 1..16 entries";
+  if (a.nv < 0 || a.nv > a.rows * plan::blocks_per_row(a.cols)) return "bad verbatim block count";
+  if (a.rows * plan::blocks_per_row(a.cols) > 0xFFFFFFFFll) return "matrix too large for uint32 block ids";
+  return nullptr;
+}
+}  // namespace
+
+const char* palette_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* sm, const uint8_t* idx,
+                                int64_t rows, int64_t cols, Palette pal, const uint32_t* vpos, int64_t nv,
+                                const uint8_t* vexp, uint16_t* out, int64_t out_stride, int32_t* err,
+                                void* stream) {
+  const PGatherArgs a{ids, n_ids, sm, idx, rows, cols, pal, vpos, nv, vexp, out, out_stride};
+  if (const char* e = check_pgather(a)) return e;
+  if (n_ids == 0) return nullptr;
+  const int64_t grid = plan::pgather_grid(n_ids, cols);
+  if (!grid_ok(grid)) return "too many ids for one launch";
+  palette_gather_kernel<<<static_cast<unsigned>(grid), plan::PAL_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
+      a, n_ids * plan::pal_threads_per_row(cols), err);
+  return launch_status();
+}
+
+namespace emulate {
+const char* palette_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* sm, const uint8_t* idx,
+                                int64_t rows, int64_t cols, Palette pal, const uint32_t* vpos, int64_t nv,
+                                const uint8_t* vexp, uint16_t* out, int64_t out_stride, int32_t* err) {
+  const PGatherArgs a{ids, n_ids, sm, idx, rows, cols, pal, vpos, nv, vexp, out, out_stride};
+  if (const char* e = check_pgather(a)) return e;
+  const int64_t total = n_ids * plan::pal_threads_per_row(cols);
+  for (int64_t t = 0; t < plan::pgather_grid(n_ids, cols) * plan::PAL_THREADS; ++t)
+    if (t < total && !pgather_body(t, a)) ++*err;
+  return nullptr;
+}
+}  // namespace emulate
+
 }  // namespace cuda
 }  // namespace unweight

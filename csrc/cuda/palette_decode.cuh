@@ -86,6 +86,54 @@ UW_HD bool patch_lane_body(int64_t v, int lane, const PatchArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Row gather (embeddings): out[i] = row ids[i], decoded from the full planes.
+// ---------------------------------------------------------------------------------------
+struct PGatherArgs {
+  const int64_t* ids;
+  int64_t n_ids;
+  const uint8_t* sm;
+  const uint8_t* idx;
+  int64_t rows, cols;
+  Palette pal;
+  const uint32_t* vpos;
+  int64_t nv;
+  const uint8_t* vexp;
+  uint16_t* out;  // [n_ids, cols], row stride out_stride
+  int64_t out_stride;
+};
+
+// Thread t: PAL_VEC weights of one id's row (pal_unit over n_ids rows).  All of them lie in one
+// PAL_BLOCK-wide block, whose verbatim entry (if any) a binary search of the ascending vpos
+// finds, so the row needs no patch pass.  An id outside [0, rows) gives zeros and one error
+// (from its first thread); a nibble >= the palette size is an error too.
+UW_HD bool pgather_body(int64_t t, const PGatherArgs& a) {
+  int64_t i, k;
+  int n;
+  plan::pal_unit(t, a.cols, &i, &k, &n);
+  const int64_t r = a.ids[i];
+  uint16_t* o = a.out + i * a.out_stride + k;
+  if (r < 0 || r >= a.rows) {
+    for (int j = 0; j < n; ++j) o[j] = 0;
+    return k != 0;
+  }
+  const int64_t bpr = plan::blocks_per_row(a.cols);
+  const uint64_t key = static_cast<uint64_t>(r * bpr + k / PAL_BLOCK);
+  const int64_t v = lower_bound_u32(a.vpos, a.nv, key);
+  const bool verbatim = v < a.nv && a.vpos[v] == key;
+  const uint8_t* smr = a.sm + r * a.cols;
+  const uint8_t* ir = a.idx + r * ((a.cols + 1) / 2);
+  const uint32_t size = static_cast<uint32_t>(a.pal.size);
+  uint32_t bad = 0;
+  for (int j = 0; j < n; ++j) {
+    const uint32_t nb = pal_nibble(ir, k + j);
+    bad |= nb >= size;
+    const uint32_t e = verbatim ? a.vexp[v * PAL_BLOCK + (k % PAL_BLOCK) + j] : pal_exp(a.pal, nb);
+    o[j] = bf16_from_parts(smr[k + j], e);
+  }
+  return bad == 0;
+}
+
+// ---------------------------------------------------------------------------------------
 // Launchers (palette_decode.cu): the launch alone; launch.cu checks the arguments and
 // sizes the grid first.
 // ---------------------------------------------------------------------------------------

@@ -38,9 +38,7 @@ def test_huffman_split_covers_once(rows, cols):
     for g0, g1, c0, c1 in {(0, ng, 0, nc), (ng // 2, ng, nc // 2, nc), (0, max(1, ng // 3), 0, 1)}:
         nsel = (g1 - g0) * (c1 - c0)
         cover = np.zeros((rows, cols), np.int32)
-        for i in range(kp.huffman_grid(nsel) * kp.HUFF_THREADS):
-            if i >= nsel:
-                continue
+        for i in range(nsel):  # segment i of the selection (huffman_chain: chains i * cps .. i * cps + cps - 1)
             g, c = kp.huffman_unit(i, g0, c0, g1 - g0)
             assert g0 <= g < g1 and c0 <= c < c1
             r0, r1, k0, k1 = kp.segment_rect(g, c, rows, cols, R, C_)
@@ -115,7 +113,7 @@ def test_cpp_plan_matches_python():
                  "HIST_MAX_CTAS", "SCAN_THREADS", "GEMM_THREADS", "GEMM_VEC", "GEMM_MAX_M"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     for n in [0, 1, 63, 64, 65, 4097, 10**6, 10**10]:
-        assert _cuda.plan_huffman_grid(n) == kp.huffman_grid(n)
+        assert _cuda.plan_huffman_grid(n, 1 + n % 1000) == kp.huffman_grid(n, 1 + n % 1000)
         assert _cuda.plan_warp_grid(n) == kp.warp_grid(n)
         assert _cuda.plan_hist_grid(n) == kp.hist_grid(n)
         assert _cuda.plan_gemm_grid(n) == kp.gemm_grid(n)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..format import constants as C
 
-HUFF_THREADS = 64
+HUFF_THREADS = 128
 PAL_VEC = 8
 PAL_THREADS = 256
 WARP = 32
@@ -38,10 +38,37 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# --- huffman decode: one thread per segment ------------------------------------------------
-def huffman_grid(n_sel_segments: int) -> int:
-    """CTAs (of HUFF_THREADS threads) for a selection of n segments."""
-    return cdiv(n_sel_segments, HUFF_THREADS)
+# --- huffman decode: one thread per chain (FORMAT.md "Checkpoint index"), grid stride ------
+def huffman_chains_per_segment(S: int, P: int) -> int:
+    """Chains of one segment: P + 1 with an index of interval S > 0, else 1."""
+    return P + 1 if S > 0 else 1
+
+
+def huffman_grid(n_items: int, max_ctas: int) -> int:
+    """CTAs (of HUFF_THREADS threads) for n chains or gather units, at most max_ctas."""
+    return min(cdiv(n_items, HUFF_THREADS), max_ctas)
+
+
+def huffman_chain(t: int, chains_per_segment: int) -> tuple[int, int]:
+    """Chain t -> (selected segment i for huffman_unit, checkpoint j)."""
+    return t // chains_per_segment, t % chains_per_segment
+
+
+def chain_weights(j: int, n_s: int, S: int) -> tuple[int, int]:
+    """Weights [first, end) of segment weights 0..n_s-1 that chain j decodes (empty past the end)."""
+    if S <= 0:
+        return (0, n_s) if j == 0 else (n_s, n_s)
+    return min(n_s, j * S), min(n_s, (j + 1) * S)
+
+
+def hgather_units(S: int, P: int, width: int) -> int:
+    """Parts per (id, chunk) of the Huffman row gather: the chains a row `width` weights wide can touch."""
+    return 1 if S <= 0 else min(cdiv(width, S) + 1, P + 1)
+
+
+def hgather_unit(t: int, n_chunks: int, units: int) -> tuple[int, int, int]:
+    """Unit t -> (id index, chunk, part); id-major."""
+    return t // (n_chunks * units), (t // units) % n_chunks, t % units
 
 
 def huffman_unit(i: int, g0: int, c0: int, n_sel_g: int) -> tuple[int, int]:
@@ -71,6 +98,11 @@ def pal_unit(t: int, n_cols: int) -> tuple[int, int, int]:
 
 
 # --- warp-per-item kernels (verbatim patch/gather, row counts, compaction, GEMM correction)
+def pgather_grid(n_ids: int, n_cols: int) -> int:
+    """CTAs of the palette row gather: pal_unit's threads per row over n_ids rows."""
+    return pal_grid(n_ids, n_cols)
+
+
 def warp_grid(n_items: int) -> int:
     return cdiv(n_items, WARPS_PER_CTA)
 
