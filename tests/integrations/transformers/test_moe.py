@@ -1,0 +1,197 @@
+"""Mixture-of-experts models through unweight.load and AutoModelForCausalLM, every mode, each
+checkpoint layout: per-expert 2-D tensors (Qwen3-MoE, Mixtral, DeepSeek-V3) and stacked 3-D
+tensors (Llama 4, gpt-oss).  Logits are compared with torch.equal against the BF16 model as
+transformers loads it (its default experts implementation); in huffman / palette modes a spy
+on the one decode point shows that only the experts the routers picked are decoded."""
+import collections
+import os
+
+import pytest
+import torch
+
+import unweight
+from unweight import api
+from unweight.format.errors import InputError
+from unweight.runtime import experts as ex
+
+transformers = pytest.importorskip("transformers")
+
+COMMON = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+LAYOUTS = {
+    # model_type: (config kwargs, how the checkpoint stores the experts)
+    "qwen3_moe": (dict(COMMON, head_dim=32, intermediate_size=256, moe_intermediate_size=64, num_experts=8,
+                       num_experts_per_tok=2), "per-expert"),
+    "mixtral": (dict(COMMON, head_dim=32, intermediate_size=128, num_local_experts=4, num_experts_per_tok=2),
+                "per-expert"),
+    "deepseek_v3": (dict(COMMON, intermediate_size=256, moe_intermediate_size=64, n_routed_experts=8,
+                         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                         kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32),
+                    "per-expert"),
+    "llama4_text": (dict(COMMON, head_dim=32, intermediate_size=64, intermediate_size_mlp=128, num_local_experts=4,
+                         num_experts_per_tok=1), "stacked"),
+    "gpt_oss": (dict(COMMON, head_dim=32, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2),
+                "stacked"),
+}
+IDS = torch.tensor([[5, 17, 45, 200, 3, 99, 310, 7, 11, 400], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]])
+
+
+def _make(kind: str, folder: str) -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **LAYOUTS[kind][0]))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    model.to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    """{kind: (bf16 folder, {encoding: compressed folder}, reference logits)}."""
+    from transformers import AutoModelForCausalLM
+    root = tmp_path_factory.mktemp("moe")
+    out = {}
+    for kind in LAYOUTS:
+        src = _make(kind, str(root / kind))
+        cks = {}
+        for enc in ("huffman", "palette"):
+            cks[enc] = str(root / f"{kind}-{enc}")
+            api.compress(src, cks[enc], encoding=enc, progress=False)
+        with torch.no_grad():
+            ref = AutoModelForCausalLM.from_pretrained(src).eval()(IDS).logits
+        out[kind] = (src, cks, ref)
+    return out
+
+
+class Spy:
+    """Records every expert decode (ExpertStack.decode_expert, the one decode point) and every
+    routing decision (the experts forward's top_k_index; Llama 4: its router's non-zero scores)."""
+
+    def __init__(self, model, monkeypatch):
+        self.decoded = collections.defaultdict(collections.Counter)  # layer -> Counter((param, expert))
+        self.routed = collections.defaultdict(set)  # layer -> experts
+        orig = ex.ExpertStack.decode_expert
+        spy = self
+
+        def decode_expert(stack, e, out):
+            layer, _, attr = stack.name.rpartition(".experts.")
+            spy.decoded[layer][(attr, e)] += 1
+            return orig(stack, e, out)
+
+        monkeypatch.setattr(ex.ExpertStack, "decode_expert", decode_expert)
+        for name, mod in model.named_modules():
+            if name.endswith(".experts") and hasattr(mod, "has_gate"):
+                mod.register_forward_pre_hook(self._experts_hook(name.rpartition(".experts")[0]), with_kwargs=True)
+            if name.endswith(".router") and type(mod).__name__ == "Llama4Router":
+                mod.register_forward_hook(self._router_hook(name.rpartition(".router")[0]))
+
+    def _experts_hook(self, layer):
+        def hook(mod, args, kwargs):
+            idx = args[1] if len(args) > 1 else kwargs["top_k_index"]
+            self.routed[layer] |= {int(e) for e in idx.reshape(-1) if int(e) < mod.num_experts}
+        return hook
+
+    def _router_hook(self, layer):
+        def hook(mod, args, out):
+            scores = out[0]  # [tokens, experts], zero where a token was not routed
+            self.routed[layer] |= {int(e) for e in (scores != 0).any(dim=0).nonzero().reshape(-1)}
+        return hook
+
+
+def _load(path, mode):
+    return unweight.load(path, device="cpu", mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["huffman", "palette", "dense", "auto"])
+@pytest.mark.parametrize("kind", list(LAYOUTS))
+def test_logits_bitwise_and_only_routed_experts_decoded(moe, kind, mode, monkeypatch):
+    src, cks, ref = moe[kind]
+    model = _load(cks["huffman"], mode)
+    info = model.unweight_info["experts"]
+    with torch.no_grad():
+        logits = model(IDS).logits
+    assert torch.equal(logits, ref), f"{kind} {mode}: logits differ from the BF16 model's"
+    spy = Spy(model, monkeypatch)
+    with torch.no_grad():  # one token: its top-k experts, fewer than all
+        model(IDS[:1, :1])
+    n_moe_layers = 1 if kind == "deepseek_v3" else 2
+    if mode in ("dense", "auto"):  # auto on a CPU with memory to spare: dense
+        assert info["stacks"] == 0 and info["dense"] == 2 * n_moe_layers
+        assert not ex.expert_stacks(model) and not spy.decoded
+        return
+    assert info["stacks"] == 2 * n_moe_layers and info["encodings"] == [mode]
+    assert set(spy.routed) == set(spy.decoded) and len(spy.routed) == n_moe_layers
+    for layer, routed in spy.routed.items():
+        assert 0 < len(routed) < model.get_submodule(layer + ".experts").num_experts
+        for attr in ("gate_up_proj", "down_proj"):
+            got = {e for (a, e) in spy.decoded[layer] if a == attr}
+            assert got == routed, f"{layer}.{attr}: decoded {sorted(got)}, router picked {sorted(routed)}"
+        assert max(spy.decoded[layer].values()) == 1  # each routed expert decoded once per forward
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "llama4_text"])
+def test_held_bytes_are_the_compressed_size(moe, kind):
+    src, cks, _ = moe[kind]
+    model = _load(cks["huffman"], "huffman")
+    info = model.unweight_info
+    held = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers())
+               if t.dtype != torch.float32)  # rotary tables are computed, not stored
+    stored = sum(os.path.getsize(os.path.join(cks["huffman"], f)) for f in os.listdir(cks["huffman"])
+                 if f.endswith(".safetensors"))
+    assert held <= stored  # the model holds the checkpoint's planes and raw tensors, nothing decoded
+    assert held > 0.95 * (stored - 64 * 1024)  # (less the safetensors headers)
+    e = info["experts"]
+    assert e["held_bytes"] < 0.7 * e["bf16_bytes"]
+    for *_, st in ex.expert_stacks(model):
+        assert st.held_bytes() < 0.7 * st.decoded_bytes()
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "gpt_oss"])
+def test_palette_checkpoint_and_from_pretrained(moe, kind):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    src, cks, ref = moe[kind]
+    cfg = AutoConfig.from_pretrained(cks["palette"])
+    cfg.quantization_config["mode"] = "palette"
+    model = AutoModelForCausalLM.from_pretrained(cks["palette"], config=cfg)
+    assert model.unweight_info["experts"]["encodings"] == ["palette"]
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, ref)
+    huff = _load(cks["palette"], "huffman")  # transcoded at load
+    with torch.no_grad():
+        assert torch.equal(huff(IDS).logits, ref)
+
+
+def test_greedy_generation_identical(moe):
+    from transformers import AutoModelForCausalLM
+    src, cks, _ = moe["qwen3_moe"]
+    ref = AutoModelForCausalLM.from_pretrained(src).eval()
+    model = _load(cks["huffman"], "huffman")
+    a = model.generate(IDS[:1], max_new_tokens=5, do_sample=False)
+    assert torch.equal(a, ref.generate(IDS[:1], max_new_tokens=5, do_sample=False))
+
+
+def test_eager_implementation_is_kept(moe):
+    src, cks, _ = moe["mixtral"]
+    model = unweight.load(cks["huffman"], device="cpu", mode="huffman", experts_implementation="eager")
+    assert model.unweight_info["experts"]["implementation"] == "eager"
+    ref = transformers.AutoModelForCausalLM.from_pretrained(src, experts_implementation="eager")
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, ref(IDS).logits)
+
+
+def test_experts_partly_raw_fail_with_one_line(moe, tmp_path):
+    src, _, _ = moe["qwen3_moe"]
+    dst = str(tmp_path / "mixed")
+    api.compress(src, dst, exclude=["*layers.1.mlp.experts.3.up_proj*"], progress=False)
+    with pytest.raises(InputError, match="fused from compressed and raw experts") as e:
+        _load(dst, "huffman")
+    assert "\n" not in str(e.value)
+
+
+def test_experts_of_another_model_fail_with_one_line(moe):
+    from transformers import AutoModelForCausalLM
+    _, cks, _ = moe["qwen3_moe"]
+    with pytest.raises(InputError) as e:  # 8 experts stored, a model of 4 asked for
+        AutoModelForCausalLM.from_pretrained(cks["huffman"], num_experts=4)
+    assert "\n" not in str(e.value) and "experts" in str(e.value)

@@ -1,0 +1,240 @@
+"""runtime/experts.py: the ExpertStack stand-in over per-expert pieces and over a stored stack,
+routed bmm, the routed experts forward against transformers' own implementations, the names
+transformers' conversion mapping gives checkpoint keys, and the lazy weight of compressed
+modules."""
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from tests.conftest import bf16_gaussian
+from unweight.codec import tensor_codec as tc
+from unweight.format import constants as C
+from unweight.runtime import experts as ex
+from unweight.runtime import scratch
+from unweight.runtime.modules import CompressedEmbedding, CompressedLinear
+
+E, ROWS, COLS = 5, 48, 96
+
+
+def _bf16(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(a).view(torch.bfloat16)
+
+
+def _register(mod: nn.Module, attr: str, enc) -> ex._Planes:
+    for suf, a in enc.planes.items():
+        mod.register_buffer(attr + suf, torch.from_numpy(np.ascontiguousarray(a)))
+    return ex._Planes(mod, attr, enc.header)
+
+
+def _per_expert_stack(w_gate, w_up, encoding):
+    """An ExpertStack over per-expert pieces: expert e = [gate[e]; up[e]] stacked along rows."""
+    holder = ex.PlaneHolder()
+    sources = []
+    for name, w in (("gate", w_gate), ("up", w_up)):
+        src = []
+        for e in range(w.shape[0]):
+            h = ex.PlaneHolder()
+            holder.add_module(f"{name}{e}", h)
+            src.append(_register(h, "weight", tc.encode(w[e], encoding, threads=1)))
+        sources.append(src)
+    st = ex.ExpertStack("t.gate_up_proj", (w_gate.shape[0], w_gate.shape[1] + w_up.shape[1], w_gate.shape[2]),
+                        torch.bfloat16, sources)
+    ex.prepare_planes(st)
+    return holder, st
+
+
+def _stored_stack(w, encoding):
+    mod = ex.PlaneHolder()
+    st = ex.ExpertStack("t.down_proj", w.shape, torch.bfloat16, [_register(mod, "down_proj", tc.encode(w, encoding,
+                                                                                                         threads=1))])
+    ex.prepare_planes(st)
+    return mod, st
+
+
+@pytest.fixture
+def weights():
+    rng = np.random.default_rng(7)
+    w = bf16_gaussian(rng, (E, ROWS, COLS))
+    w[1, 0, :4] = [0x7FC1, 0xFF80, 0x0001, 0x8000]  # NaN payload, -Inf, subnormal, -0
+    w[3, 5, 7] = 0x0003  # a rare exponent: a palette verbatim block in matrix 3
+    return w, bf16_gaussian(rng, (E, 16, COLS)), bf16_gaussian(rng, (E, 32, COLS))
+
+
+@pytest.mark.parametrize("encoding", ["huffman", "palette"])
+def test_expert_index_decodes_each_expert_bitwise(weights, encoding):
+    w, gate, up = weights
+    _, stored = _stored_stack(w, encoding)
+    _, fused = _per_expert_stack(gate, up, encoding)
+    assert stored.shape == (E, ROWS, COLS) and fused.shape == (E, 48, COLS)
+    for e in range(E):
+        assert torch.equal(stored[e].view(torch.uint16), torch.from_numpy(w[e]))
+        assert torch.equal(stored[torch.tensor(e)].view(torch.uint16), torch.from_numpy(w[e]))
+        assert torch.equal(fused[e].view(torch.uint16), torch.from_numpy(np.concatenate([gate[e], up[e]])))
+    assert torch.equal(stored[-1].view(torch.uint16), torch.from_numpy(w[-1]))
+    with pytest.raises(IndexError):
+        stored[E]
+    assert torch.equal(stored.materialize().view(torch.uint16), torch.from_numpy(w))
+    assert stored.held_bytes() < 0.8 * stored.decoded_bytes()
+
+
+def test_scratch_slots_keep_two_parameters_apart(weights):
+    w, gate, up = weights
+    _, a = _stored_stack(w, "huffman")
+    _, b = _stored_stack(w[:, :, ::-1].copy(), "huffman")
+    b.slot = ROWS * COLS
+    scratch.reserve("cpu", 2 * ROWS * COLS)
+    x, y = a[1], b[2]
+    assert torch.equal(x.view(torch.uint16), torch.from_numpy(w[1]))  # b's decode did not overwrite a's slot
+    assert torch.equal(y.view(torch.uint16), torch.from_numpy(w[2, :, ::-1].copy()))
+
+
+def test_batched_ids_slices_and_tensor_methods(weights, monkeypatch):
+    w, _, _ = weights
+    _, st = _stored_stack(w, "huffman")
+    dense = _bf16(w)
+    seen = []
+    orig = ex.ExpertStack.decode_expert
+    monkeypatch.setattr(ex.ExpertStack, "decode_expert", lambda s, e, out: seen.append(e) or orig(s, e, out))
+    def same(a, b):  # bit patterns: w holds a NaN
+        return torch.equal(a.contiguous().view(torch.uint16), b.contiguous().view(torch.uint16))
+    ids = torch.tensor([[3, 1], [3, 0]])
+    assert same(st[ids], dense[ids])
+    assert sorted(seen) == [0, 1, 3]  # each distinct id once
+    assert same(st[1:3], dense[1:3])
+    assert same(st.transpose(1, 2), dense.transpose(1, 2))
+    assert same(torch.cat([st, st]), torch.cat([dense, dense]))
+    assert st.size(2) == COLS and st.dim() == 3 and len(st) == E and st.numel() == w.size
+
+
+@pytest.mark.parametrize("encoding", ["huffman", "palette"])
+def test_routed_bmm_decodes_only_experts_with_input(weights, encoding, monkeypatch):
+    w, _, _ = weights
+    w = w.copy()
+    w[1, 0, :4] = 0x3F80  # finite weights: the full product's zero rows are exact zeros
+    _, st = _stored_stack(w, encoding)
+    x = torch.randn(E, 3, ROWS).to(torch.bfloat16)
+    x[0] = 0
+    x[2] = -0.0  # negative zeros count as zero input too
+    x[4, 1] = 0
+    seen = []
+    orig = ex.ExpertStack.decode_expert
+    monkeypatch.setattr(ex.ExpertStack, "decode_expert", lambda s, e, out: seen.append(e) or orig(s, e, out))
+    want = torch.bmm(x, _bf16(w))
+    for got in (torch.bmm(x, st), x @ st, torch.matmul(x, st)):
+        assert torch.equal(got, want)
+    assert seen == [1, 3, 4] * 3
+
+
+def _experts_module(cls_path: str, config_kwargs: dict, seed: int = 0):
+    import importlib
+
+    from transformers import AutoConfig
+    mod_name, cls_name = cls_path.rsplit(".", 1)
+    cls = getattr(importlib.import_module(mod_name), cls_name)
+    cfg = AutoConfig.for_model(config_kwargs.pop("model_type"), **config_kwargs)
+    m = cls(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    return m.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("cls_path, cfg", [
+    ("transformers.models.mixtral.modeling_mixtral.MixtralExperts",
+     dict(model_type="mixtral", hidden_size=64, intermediate_size=32, num_local_experts=6)),
+    ("transformers.models.gpt_oss.modeling_gpt_oss.GptOssExperts",
+     dict(model_type="gpt_oss", hidden_size=64, intermediate_size=32, num_local_experts=6)),
+])
+@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16])
+def test_routed_forward_is_batched_mm_bitwise(cls_path, cfg, weights_dtype):
+    pytest.importorskip("transformers")
+    from transformers.integrations.moe import batched_mm_experts_forward, grouped_mm_experts_forward
+    m = _experts_module(cls_path, dict(cfg))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(9, 64, generator=g).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(9)])
+    wts = torch.softmax(torch.randn(9, 2, generator=g), -1).to(weights_dtype)
+    with torch.no_grad():
+        want = batched_mm_experts_forward(m, x, idx, wts)
+        assert torch.equal(grouped_mm_experts_forward(m, x, idx, wts), want)
+        assert torch.equal(ex.routed_experts_forward(m, x, idx, wts), want)
+        # an expert-parallel sentinel (id >= num_experts, weight 0) contributes nothing
+        idx2, wts2 = idx.clone(), wts.clone()
+        idx2[0, 1], wts2[0, 1] = 6, 0
+        m._is_expert_parallel = True
+        assert torch.equal(ex.routed_experts_forward(m, x, idx2, wts2), batched_mm_experts_forward(m, x, idx2, wts2))
+
+
+def test_hf_renamer_follows_transformers_mapping():
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.for_model("mixtral", hidden_size=32, intermediate_size=32, num_local_experts=3,
+                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, vocab_size=64)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    rename = ex.hf_renamer(model)
+    key, f = rename("model.layers.0.block_sparse_moe.experts.2.w3.weight")
+    assert key == "model.layers.0.mlp.experts.gate_up_proj"
+    assert (f.target, f.source, f.n_sources, f.expert, f.supported) == (key, 1, 2, 2, True)
+    key, f = rename("model.layers.0.block_sparse_moe.experts.1.w2.weight")
+    assert (key, f.source, f.n_sources, f.expert) == ("model.layers.0.mlp.experts.down_proj", 0, 1, 1)
+    # plane keys are only renamed: a converter's pattern ends on a name boundary
+    assert rename("model.layers.0.block_sparse_moe.experts.2.w3.weight__sm") == (
+        "model.layers.0.mlp.experts.2.w3.weight__sm", None)
+    assert rename("model.layers.0.block_sparse_moe.gate.weight") == ("model.layers.0.mlp.gate.weight", None)
+    assert ex.hf_renamer(nn.Linear(2, 2))("a.weight") == ("a.weight", None)
+
+
+def test_ensure_holder_and_dense_conversion(weights):
+    _, gate, up = weights
+    root = nn.Module()
+    root.experts = nn.Module()
+    root.experts.gate_up_proj = nn.Parameter(torch.empty(E, 48, COLS, dtype=torch.bfloat16))
+    made = []
+    src = []
+    for name, w in (("gate_proj", gate), ("up_proj", up)):
+        per = []
+        for e in range(E):
+            h, created = ex.ensure_holder(root, f"experts.{e}.{name}")
+            made += created
+            per.append(_register(h, "weight", tc.encode(w[e], "huffman", threads=1)))
+        src.append(per)
+    assert "experts.0" in made and "experts.0.gate_proj" in made and made.count("experts.0") == 1
+    st = ex.ExpertStack("experts.gate_up_proj", (E, 48, COLS), torch.bfloat16, src)
+    del root.experts._parameters["gate_up_proj"]
+    root.experts.gate_up_proj = st
+    assert ex.expert_stacks(root)[0][3] is st
+    ex.to_dense(root, root.experts, "gate_up_proj", st, made)
+    p = root.experts.gate_up_proj
+    assert isinstance(p, nn.Parameter) and list(root.experts.children()) == []
+    want = np.concatenate([gate, up], axis=1)
+    assert torch.equal(p.detach().view(torch.uint16), torch.from_numpy(want))
+    with pytest.raises(Exception, match="not a module"):
+        root.experts.x = 1
+        ex.ensure_holder(root, "experts.x.y")
+
+
+def test_transcode_keeps_every_expert(weights):
+    w, _, _ = weights
+    _, st = _stored_stack(w, "huffman")
+    ex.transcode(st, "palette")
+    ex.prepare_planes(st)
+    assert st.encodings() == {"palette"} and st.planes()[0].header.stack == E
+    for e in range(E):
+        assert torch.equal(st[e].view(torch.uint16), torch.from_numpy(w[e]))
+
+
+def test_compressed_modules_have_a_lazy_weight(monkeypatch):
+    torch.manual_seed(0)
+    emb = CompressedEmbedding.from_embedding(nn.Embedding(300, 64).to(torch.bfloat16))
+    lin = CompressedLinear.from_linear(nn.Linear(64, 96).to(torch.bfloat16))
+    calls = []
+    monkeypatch.setattr(CompressedEmbedding, "decode_weight",
+                        lambda self: calls.append(1) or CompressedLinear.decode_weight(self))
+    assert emb.weight.device.type == "cpu" and emb.weight.dtype == torch.bfloat16
+    assert emb.weight.shape == (300, 64) and calls == []  # nothing decoded for shape/dtype/device
+    assert torch.equal(emb.weight[3], emb(torch.tensor([3]))[0]) and calls == [1]
+    assert torch.equal(lin.weight.t().contiguous(), lin.decode_weight().t().contiguous())
+    assert C.SUFFIX_SM not in dict(lin.named_parameters())
