@@ -14,8 +14,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../decode_primitives.h"
@@ -83,14 +85,18 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("HIST_THREADS") = plan::HIST_THREADS;
   m.attr("HIST_MAX_CTAS") = plan::HIST_MAX_CTAS;
   m.attr("SCAN_THREADS") = plan::SCAN_THREADS;
-  m.attr("GEMM_THREADS") = plan::GEMM_THREADS;
-  m.attr("GEMM_VEC") = plan::GEMM_VEC;
-  m.attr("GEMM_MAX_M") = plan::GEMM_MAX_M;
-  m.attr("HGEMM_THREADS") = plan::HGEMM_THREADS;
-  m.attr("HGEMM_MAX_M") = plan::HGEMM_MAX_M;
-  m.attr("HGEMM_REDUCE_THREADS") = plan::HGEMM_REDUCE_THREADS;
-  m.attr("HGEMM_MAX_CHUNKS") = plan::HGEMM_MAX_CHUNKS;
-  m.attr("HGEMM_LUT_BYTES") = plan::HGEMM_LUT_BYTES;
+  m.attr("PMMA_WARPS") = plan::PMMA_WARPS;
+  m.attr("PMMA_THREADS") = plan::PMMA_THREADS;
+  m.attr("PMMA_TILE_N") = plan::PMMA_TILE_N;
+  m.attr("PMMA_ROWS") = plan::PMMA_ROWS;
+  m.attr("PMMA_TILE_K") = plan::PMMA_TILE_K;
+  m.attr("PMMA_STAGES") = plan::PMMA_STAGES;
+  m.attr("PMMA_TILE_BYTES") = plan::PMMA_TILE_BYTES;
+  m.attr("PMMA_SMEM_BYTES") = plan::PMMA_SMEM_BYTES;
+  m.attr("PMMA_MAX_M") = plan::PMMA_MAX_M;
+  m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
+  m.attr("PMMA_MIN_SPLIT_TILES") = plan::PMMA_MIN_SPLIT_TILES;
+  m.attr("PMMA_MAX_SPLITS") = plan::PMMA_MAX_SPLITS;
   m.def("plan_huffman_grid", &plan::huffman_grid);
   m.def("plan_huffman_chains_per_segment", &plan::huffman_chains_per_segment);
   m.def("plan_huffman_chain", [](int64_t t, int64_t cps) {
@@ -119,17 +125,12 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("plan_warp_grid", &plan::warp_grid);
   m.def("plan_enc_grid", &plan::enc_grid);
   m.def("plan_hist_grid", &plan::hist_grid);
-  m.def("plan_gemm_grid", &plan::gemm_grid);
-  m.def("plan_gemm_steps", &plan::gemm_steps);
-  m.def("plan_hgemm_mtile", &plan::hgemm_mtile);
-  m.def("plan_hgemm_grid_x", &plan::hgemm_grid_x);
-  m.def("plan_hgemm_unit", [](int64_t bx, int64_t by, int tid) {
-    int64_t g, c;
-    plan::hgemm_unit(bx, by, tid, &g, &c);
-    return py::make_tuple(g, c);
-  });
-  m.def("plan_hgemm_smem_bytes", &plan::hgemm_smem_bytes);
-  m.def("plan_hgemm_reduce_grid", &plan::hgemm_reduce_grid);
+  m.def("plan_pmma_ntiles", &plan::pmma_ntiles);
+  m.def("plan_pmma_grid_x", &plan::pmma_grid_x);
+  m.def("plan_pmma_splits", &plan::pmma_splits);
+  m.def("plan_pmma_split_tiles", &plan::pmma_split_tiles);
+  m.def("plan_pmma_workspace_elems", &plan::pmma_workspace_elems);
+  m.def("plan_pmma_counters", &plan::pmma_counters);
 
   // --------------------------------------------------------------------- device launches
   m.def("huffman_build_lut", [](uintptr_t table, int exp_lo, int exp_hi, uintptr_t lut, uintptr_t err,
@@ -228,32 +229,19 @@ PYBIND11_MODULE(_cuda, m) {
   }, py::arg("exps"), py::arg("rows"), py::arg("cols"), py::arg("flags"), py::arg("row_offsets"),
      py::arg("nv"), py::arg("vpos"), py::arg("vexp"), py::arg("stream") = 0);
 
-  m.def("palette_gemm", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N,
-                           int64_t K, py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp,
-                           uintptr_t corr, uintptr_t y, int64_t ldy, uintptr_t stream) {
+  m.def("palette_gemm", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
+                           py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int splits, uintptr_t ws,
+                           uintptr_t counters, uintptr_t y, int64_t ldy, uintptr_t stream) {
     need(x && sm && idx && y, "null device pointer");
-    need(nv == 0 || (vpos && vexp && corr), "null verbatim pointers");
-    check(cuda::palette_gemm(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx),
-                             N, K, make_palette(palette), dev<const uint32_t>(vpos), nv,
-                             dev<const uint8_t>(vexp), dev<float>(corr), dev<uint16_t>(y), ldy,
-                             stream_of(stream)));
+    need(nv == 0 || (vpos && vexp), "null verbatim pointers");
+    check(cuda::palette_gemm(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx), N, K,
+                             make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp), splits,
+                             dev<float>(ws), dev<int32_t>(counters), dev<uint16_t>(y), ldy, stream_of(stream)));
   }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
-     py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("corr"), py::arg("y"),
-     py::arg("ldy"), py::arg("stream") = 0,
-     "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K]; corr is fp32 scratch [nv, M].");
-
-  m.def("huffman_gemm", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t exp, int64_t exp_bytes,
-                           uintptr_t off, int64_t N, int64_t K, int64_t R, int64_t C, uintptr_t lut,
-                           uintptr_t part, uintptr_t y, int64_t ldy, uintptr_t err, uintptr_t stream) {
-    need(x && sm && exp && off && lut && part && y && err, "null device pointer");
-    check(cuda::huffman_gemm(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(exp),
-                             exp_bytes, dev<const uint32_t>(off), N, K, R, C, dev<const uint16_t>(lut),
-                             dev<float>(part), dev<uint16_t>(y), ldy, dev<int32_t>(err), stream_of(stream)));
-  }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("exp"), py::arg("exp_bytes"),
-     py::arg("off"), py::arg("N"), py::arg("K"), py::arg("R"), py::arg("C"), py::arg("lut"), py::arg("part"),
-     py::arg("y"), py::arg("ldy"), py::arg("err"), py::arg("stream") = 0,
-     "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for Huffman-coded W [N,K] (grid R x C); part is fp32 scratch "
-     "[ceil(K/C), M, N]; corrupt segments add to the int32 err counter.");
+     py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("splits"), py::arg("ws"),
+     py::arg("counters"), py::arg("y"), py::arg("ldy"), py::arg("stream") = 0,
+     "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on the tensor cores (M <= 64, K % 64 == 0); "
+     "with splits > 1, ws is fp32 scratch [splits, M, N] and counters int32 [ceil(N/64)], zero.");
 
   // --------------------------------------------------------------------- warp emulator self-tests
   m.def("emu_selftest_mma", [](arr<uint16_t> A, arr<uint16_t> B, arr<float> C) {
@@ -401,7 +389,7 @@ PYBIND11_MODULE(_cuda, m) {
   }, "Host run of the transcode's encode kernels: (idx, vpos, vexp) from an exponent plane.");
 
   m.def("emulate_palette_gemm", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
-                                   arr<uint32_t> vpos, arr<uint8_t> vexp) {
+                                   arr<uint32_t> vpos, arr<uint8_t> vexp, int splits, bool force_general) {
     need(x.ndim() == 2 && sm.ndim() == 2, "x and sm must be 2-D");
     const int M = static_cast<int>(x.shape(0));
     const int64_t N = sm.shape(0), K = sm.shape(1);
@@ -409,34 +397,30 @@ PYBIND11_MODULE(_cuda, m) {
     need(idx.size() == N * ((K + 1) / 2), "idx size mismatch");
     need(vexp.size() == vpos.size() * PAL_BLOCK, "vexp size mismatch");
     const int64_t nv = vpos.size();
-    std::vector<float> corr(std::max<int64_t>(1, nv * M));
+    // The kernel's 16-byte loads want aligned planes: copy into aligned host buffers.
+    auto aligned_copy = [](const void* p, size_t n) {
+      std::vector<uint64_t> v(n / 8 + 3);
+      unsigned char* b = reinterpret_cast<unsigned char*>(v.data());
+      b += (16 - reinterpret_cast<uintptr_t>(b) % 16) % 16;
+      std::memcpy(b, p, n);
+      return std::make_pair(std::move(v), b);
+    };
+    auto xs = aligned_copy(x.data(), x.nbytes()), ss = aligned_copy(sm.data(), sm.nbytes()),
+         is = aligned_copy(idx.data(), idx.nbytes()), vs = aligned_copy(vexp.data(), vexp.nbytes());
+    std::vector<float> ws(static_cast<size_t>(std::max<int64_t>(1, plan::pmma_workspace_elems(M, N, splits))));
+    std::vector<int32_t> counters(static_cast<size_t>(plan::pmma_counters(N)), 0);
     arr<uint16_t> y({static_cast<int64_t>(M), N});
-    check(cuda::emulate::palette_gemm(x.data(), K, M, sm.data(), idx.data(), N, K, make_palette(palette),
-                                      vpos.data(), nv, vexp.data(), corr.data(), y.mutable_data(), N));
-    return y;
-  }, "Host run of the fused GEMM kernels: y uint16 (bf16 bits) [M, N].");
-
-  m.def("emulate_huffman_gemm", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> stream, arr<uint32_t> off,
-                                   int64_t R, int64_t C, arr<uint8_t> table, int exp_lo, int exp_hi) {
-    need(x.ndim() == 2 && sm.ndim() == 2, "x and sm must be 2-D");
-    const int M = static_cast<int>(x.shape(0));
-    const int64_t N = sm.shape(0), K = sm.shape(1);
-    need(x.shape(1) == K, "x width must equal K");
-    need(R > 0 && C > 0, "grid dimensions must be positive");
-    const int64_t nc = (K + C - 1) / C;
-    need(off.size() == ((N + R - 1) / R) * nc + 1, "offset table has the wrong size");
-    need(exp_lo >= 0 && exp_lo <= exp_hi && exp_hi <= 255, "bad exponent range");
-    need(table.size() == HUFF_NUM_CTX * (exp_hi - exp_lo + 1), "code table has the wrong size");
-    arr<uint16_t> y({static_cast<int64_t>(M), N});
-    std::vector<float> part(static_cast<size_t>(std::max<int64_t>(1, nc * M * N)));
-    int32_t err = 0;
     const char* e;
     {
       py::gil_scoped_release nogil;
-      e = cuda::emulate::huffman_gemm(x.data(), K, M, sm.data(), stream.data(), stream.size(), off.data(), N, K,
-                                      R, C, table.data(), exp_lo, exp_hi, part.data(), y.mutable_data(), N, &err);
+      e = cuda::emulate::palette_gemm(reinterpret_cast<const uint16_t*>(xs.second), K, M, ss.second, is.second, N, K,
+                                      make_palette(palette), vpos.data(), nv, vs.second, splits, ws.data(),
+                                      counters.data(), y.mutable_data(), N, force_general ? 1 : 0);
     }
     check(e);
-    return py::make_tuple(y, err);
-  }, "Host run of the fused Huffman GEMM kernels: (y uint16 (bf16 bits) [M, N], corrupt-segment count).");
+    for (int32_t c : counters) need(c == 0, "emulated palette_gemm left an arrival counter non-zero");
+    return y;
+  }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
+     py::arg("splits") = 1, py::arg("force_general") = false,
+     "The fused GEMM's kernel body through the warp emulator: y uint16 (bf16 bits) [M, N].");
 }

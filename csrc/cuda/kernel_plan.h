@@ -34,8 +34,8 @@ constexpr int HUFF_THREADS = 128;
 // (one 32-bit load), 8 sign+mantissa bytes (one 64-bit load), one 16-byte store.
 constexpr int PAL_VEC = 8;
 constexpr int PAL_THREADS = 256;
-// Warp-per-item kernels (verbatim patch, verbatim gather, row counts, compaction, GEMV
-// correction): 8 warps per CTA.
+// Warp-per-item kernels (verbatim patch, verbatim gather, row counts, compaction): 8 warps
+// per CTA.
 constexpr int WARP = 32;
 constexpr int WARP_KERNEL_THREADS = 256;
 constexpr int WARPS_PER_CTA = WARP_KERNEL_THREADS / WARP;
@@ -48,28 +48,28 @@ constexpr int HIST_THREADS = 256;
 constexpr int64_t HIST_MAX_CTAS = 1024;
 // Single-CTA exclusive scan of per-row verbatim counts.
 constexpr int SCAN_THREADS = 1024;
-// Fused palette GEMV/GEMM: one warp per output row (W row), 4 warps per CTA; each lane owns
-// GEMM_VEC consecutive columns per step, so a warp step covers GEMM_STEP columns.
-constexpr int GEMM_THREADS = 128;
-constexpr int GEMM_ROWS_PER_CTA = GEMM_THREADS / WARP;
-constexpr int GEMM_VEC = 8;
-constexpr int GEMM_STEP = WARP * GEMM_VEC;
-constexpr int GEMM_MAX_M = 16;
-// Fused Huffman GEMV/GEMM: one thread per segment, HGEMM_THREADS segments per CTA, all of one
-// column chunk (blockIdx.y) so the CTA stages that chunk of x once in shared memory next to
-// the 32 KiB decode LUT.  64 threads (2 warps): the LUT fill (2048 16-byte vectors) stays
-// cheap per CTA, and a 4096-row matrix with 16-row groups still gives 4 CTAs per chunk.
-// Batch tiles: the kernel is instantiated for MT in {1, 2, 4, 8, 16} and a batch of M rows
-// runs the smallest MT >= M with the staged x zero-padded (5 instantiations instead of 16:
-// the padded FMAs are free next to the serial decode, and nvcc time stays bounded).
-// Partial sums go to an fp32 workspace [n_chunks, M, N]; a second kernel with one thread per
-// output sums the chunks in ascending order (deterministic, no atomics).
-constexpr int HGEMM_THREADS = 64;
-constexpr int HGEMM_MAX_M = 16;
-constexpr int HGEMM_REDUCE_THREADS = 256;
-constexpr int64_t HGEMM_MAX_CHUNKS = 65535;  // gridDim.y limit
-// Bytes of the LUT at the front of the dynamic shared memory (x follows, 16-byte aligned).
-constexpr int64_t HGEMM_LUT_BYTES = int64_t(HUFF_NUM_CTX) << (HUFF_MAX_CODE_LEN + 1);
+// Fused palette GEMM on tensor cores (palette_matmul.cu, design in docs/design/gpu-kernels.md):
+// y^T = W x^T as mma.sync m16n8k16 with W the A operand.  A CTA of PMMA_WARPS warps covers
+// PMMA_ROWS rows of W and one K-split; each warp owns a PMMA_TILE_N-row tile and streams it
+// PMMA_TILE_K columns at a time through a PMMA_STAGES-deep cp.async ring of its own.  The
+// batch (M <= PMMA_MAX_M) is the mma's n: 1, 2, 4 or 8 n-tiles of 8.  K is split so that a
+// batch-1 launch still puts ~PMMA_CTAS_PER_SM CTAs on every SM; split partials go to an fp32
+// workspace and the last CTA of a row block (an arrival counter) sums them in split order.
+constexpr int PMMA_WARPS = 4;
+constexpr int PMMA_THREADS = PMMA_WARPS * WARP;
+constexpr int PMMA_TILE_N = 16;
+constexpr int PMMA_ROWS = PMMA_WARPS * PMMA_TILE_N;
+constexpr int PMMA_TILE_K = 64;
+constexpr int PMMA_STAGES = 4;
+// One stage: the tile's sign+mantissa bytes [16][64], then its index bytes [16][32].
+constexpr int PMMA_SM_BYTES = PMMA_TILE_N * PMMA_TILE_K;
+constexpr int PMMA_TILE_BYTES = PMMA_SM_BYTES + PMMA_SM_BYTES / 2;
+// Dynamic shared memory: the warps' rings, then one int (the "last CTA" flag of the fix-up).
+constexpr int PMMA_SMEM_BYTES = PMMA_WARPS * PMMA_STAGES * PMMA_TILE_BYTES + 16;
+constexpr int PMMA_MAX_M = 64;
+constexpr int PMMA_CTAS_PER_SM = 4;
+constexpr int PMMA_MIN_SPLIT_TILES = 4;
+constexpr int64_t PMMA_MAX_SPLITS = 65535;  // gridDim.y
 
 UW_PLAN_HD int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -142,28 +142,31 @@ UW_PLAN_HD int64_t hist_grid(int64_t n_bytes) {
   return want < 1 ? 1 : (want > HIST_MAX_CTAS ? HIST_MAX_CTAS : want);
 }
 
-// --- fused GEMV/GEMM --------------------------------------------------------------------
-UW_PLAN_HD int64_t gemm_grid(int64_t n_rows) { return cdiv(n_rows, GEMM_ROWS_PER_CTA); }
-UW_PLAN_HD int64_t gemm_steps(int64_t cols) { return cdiv(cols, GEMM_STEP); }
-
-// --- fused Huffman GEMV/GEMM ------------------------------------------------------------
-// Batch tile the kernel runs for M (0 when M is out of range).
-UW_PLAN_HD int hgemm_mtile(int M) {
-  return M < 1 ? 0 : M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : M <= 8 ? 8 : M <= HGEMM_MAX_M ? 16 : 0;
+// --- fused palette GEMM (tensor cores) -------------------------------------------------
+// n-tiles of 8 batch rows the kernel runs for M (0 when M is out of range).
+UW_PLAN_HD int pmma_ntiles(int M) {
+  return M < 1 ? 0 : M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : M <= PMMA_MAX_M ? 8 : 0;
 }
-// CTAs along x: row groups of one chunk, HGEMM_THREADS per CTA.  (gridDim.y = n_chunks.)
-UW_PLAN_HD int64_t hgemm_grid_x(int64_t n_groups) { return cdiv(n_groups, HGEMM_THREADS); }
-// Thread `tid` of CTA (bx, by) -> segment (row group g, column chunk c); g may be >= n_groups
-// for the threads the grid rounds up to (they only help stage x and fill the LUT).
-UW_PLAN_HD void hgemm_unit(int64_t bx, int64_t by, int tid, int64_t* g, int64_t* c) {
-  *g = bx * HGEMM_THREADS + tid;
-  *c = by;
+UW_PLAN_HD int64_t pmma_grid_x(int64_t N) { return cdiv(N, PMMA_ROWS); }
+// K splits for an [N, K] weight on a device with num_sms SMs: enough CTAs for
+// PMMA_CTAS_PER_SM per SM, each split at least PMMA_MIN_SPLIT_TILES tiles (a short split
+// spends its time filling the pipeline), no empty split.  Independent of M, so a row's
+// result does not depend on the batch it came in.
+UW_PLAN_HD int64_t pmma_splits(int64_t N, int64_t K, int64_t num_sms) {
+  const int64_t n_kt = K / PMMA_TILE_K, n_rb = pmma_grid_x(N);
+  if (n_kt < 1 || n_rb < 1) return 1;
+  int64_t s = (num_sms * PMMA_CTAS_PER_SM + n_rb / 2) / n_rb;
+  const int64_t most = n_kt / PMMA_MIN_SPLIT_TILES;
+  s = s < most ? s : most;
+  s = s < PMMA_MAX_SPLITS ? s : PMMA_MAX_SPLITS;
+  if (s < 1) return 1;
+  return cdiv(n_kt, cdiv(n_kt, s));
 }
-// Dynamic shared memory of one CTA: LUT + x chunk transposed to [chunk width][MT] bf16.
-UW_PLAN_HD int64_t hgemm_smem_bytes(int64_t chunk_width, int mtile) {
-  return HGEMM_LUT_BYTES + cdiv(chunk_width * mtile * 2, 16) * 16;
-}
-UW_PLAN_HD int64_t hgemm_reduce_grid(int64_t M, int64_t N) { return cdiv(M * N, HGEMM_REDUCE_THREADS); }
+// K tiles per split (the last split may hold fewer).
+UW_PLAN_HD int64_t pmma_split_tiles(int64_t K, int64_t splits) { return cdiv(K / PMMA_TILE_K, splits); }
+// fp32 partial sums [splits, M, N] (none without a split) and arrival counters [grid_x].
+UW_PLAN_HD int64_t pmma_workspace_elems(int64_t M, int64_t N, int64_t splits) { return splits > 1 ? splits * M * N : 0; }
+UW_PLAN_HD int64_t pmma_counters(int64_t N) { return pmma_grid_x(N); }
 
 }  // namespace plan
 }  // namespace unweight

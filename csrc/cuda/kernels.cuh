@@ -10,10 +10,11 @@
 //                             row gather (its own host API and emulation, chain by chain)
 //   palette_decode.cu/.cuh    palette -> BF16, verbatim-block patch
 //   transcode.cu/.cuh         exponent histogram, palette encode passes, row count/scan/compact/gather
-//   palette_matmul.cu/.cuh    fused palette GEMV/GEMM + verbatim correction
-//   huffman_matmul.cu/.cuh    fused Huffman GEMV/GEMM + chunk reduction
-//   launch.cu, launch_util.h  the functions below: argument checks, grid sizing, batch-size tables
-//   emulate.cu                the `emulate::` functions below
+//   palette_matmul.cu/.cuh    fused palette GEMM on tensor cores (its own host API and
+//                             emulation: the body is written once over emu/ctx.cuh)
+//   launch.cu, launch_util.h  the other functions below: argument checks, grid sizing
+//   emulate.cu                the other `emulate::` functions below
+//   emu/                      the warp emulator (thread context, host fibers, mma.sync)
 //   device_util.cuh           cache-hinted loads (and the cache policy), bit casts, palette lookup
 // The emulation runs the same bodies serially on the host over the same geometry, so CPU-only
 // CI checks the kernels' index math and decode logic bit for bit
@@ -117,26 +118,16 @@ const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols
                                  const uint8_t* flags, const uint32_t* row_offsets, int64_t nv,
                                  uint32_t* vpos, uint8_t* vexp, void* stream);
 
-// ----------------------------------------------------------------------- fused GEMV/GEMM
-// y[m, r] = sum_k x[m, k] * W[r, k] for m < M (1..16), r < N, W the palette-coded [N, K]
-// matrix (K % 8 == 0), x bf16 [M, K] row stride ldx (% 8 == 0), y bf16 [M, N] row stride
-// ldy; fp32 accumulation, one rounding.  corr is fp32 scratch [nv, M] (may be null if nv==0).
-const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
-                         const uint8_t* idx, int64_t N, int64_t K, Palette pal,
-                         const uint32_t* vpos, int64_t nv, const uint8_t* vexp, float* corr,
-                         uint16_t* y, int64_t ldy, void* stream);
-
-// y[m, r] = sum_k x[m, k] * W[r, k] for m < M (1..16), W the Huffman-coded [N, K] matrix with
-// grid R x C (full planes: sm [N, K], the exponent stream of stream_bytes bytes, off
-// [n_seg + 1]), lut the [4, 4096] tables of huffman_build_lut, x bf16 [M, K] row stride ldx,
-// y bf16 [M, N] row stride ldy.  part is fp32 scratch [ceil(K / C), M, N] (every entry is
-// written before it is read).  fp32 accumulation, chunks summed in ascending order, one
-// rounding: deterministic.  Corrupt segments add 1 each to *err (their outputs are garbage).
-// Fails (error string) when the chunk of x does not fit in the device's shared memory.
-const char* huffman_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
-                         const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
-                         int64_t N, int64_t K, int64_t R, int64_t C, const uint16_t* lut,
-                         float* part, uint16_t* y, int64_t ldy, int32_t* err, void* stream_handle);
+// ----------------------------------------------------------------------- fused GEMM
+// y[m, r] = sum_k x[m, k] * W[r, k] for m < M (1..64), r < N, on the tensor cores: W the
+// palette-coded [N, K] matrix (K % 64 == 0) in its file-order planes, x bf16 [M, K] row stride
+// ldx (% 8 == 0), y bf16 [M, N] row stride ldy; fp32 accumulation, one rounding.  x, sm, idx
+// (and vexp when nv > 0) 16-byte aligned.  splits: the K split (plan::pmma_splits); when > 1,
+// ws is fp32 scratch [splits, M, N] and counters int32 [plan::pmma_counters(N)], all zero
+// before the launch and left zero after it (launches sharing them must be stream-ordered).
+const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
+                         float* ws, int32_t* counters, uint16_t* y, int64_t ldy, void* stream);
 
 // ----------------------------------------------------------------------- host emulation
 // The same per-thread / per-warp bodies the kernels run, executed serially on the host over
@@ -170,16 +161,11 @@ void palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palet
                           uint32_t* row_offsets);
 void palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols, const uint8_t* flags,
                           const uint32_t* row_offsets, int64_t nv, uint32_t* vpos, uint8_t* vexp);
-const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
-                         const uint8_t* idx, int64_t N, int64_t K, Palette pal,
-                         const uint32_t* vpos, int64_t nv, const uint8_t* vexp, float* corr,
-                         uint16_t* y, int64_t ldy);
-// As huffman_gemm; the LUT is built here from the code lengths table[4][exp_hi-exp_lo+1].
-const char* huffman_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
-                         const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
-                         int64_t N, int64_t K, int64_t R, int64_t C, const uint8_t* table,
-                         int exp_lo, int exp_hi, float* part, uint16_t* y, int64_t ldy,
-                         int32_t* err);
+// As palette_gemm, through the warp emulator; force_general runs the general palette decode
+// even where the paired one applies (both are tested).
+const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
+                         float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int force_general);
 }  // namespace emulate
 
 }  // namespace cuda

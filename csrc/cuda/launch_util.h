@@ -20,12 +20,6 @@ const char* check_huff(int64_t stream_bytes, int64_t rows, int64_t cols, int64_t
                        const uint16_t* out16, const uint8_t* out8, int64_t out_stride);
 const char* check_pal(int64_t rows, int64_t cols, int64_t r0, int64_t r1, int64_t k0, int64_t k1,
                       const Palette& pal, int64_t nv, int64_t out_stride);
-const char* check_gemm(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal,
-                       int64_t nv, const float* corr);
-const char* check_hgemm(int M, int64_t N, int64_t K, int64_t R, int64_t C, int64_t ldx, int64_t ldy,
-                        int64_t stream_bytes, const float* part);
-// The 16-byte sign+mantissa path needs every (row, chunk) start 16-byte aligned.
-bool hgemm_vec(const uint8_t* sm, int64_t K, int64_t C);
 
 }  // namespace detail
 }  // namespace cuda

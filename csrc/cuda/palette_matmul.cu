@@ -1,24 +1,19 @@
-// =======================================================================================
-// Fused palette GEMV/GEMM, y[M, N] = x[M, K] @ W^T, M <= 16, on CUDA cores.
+// Fused palette GEMM on tensor cores: the kernel instantiations, the host API
+// (palette_gemm: argument checks, palette tables, grid) and its host emulation through the
+// warp emulator.  The body is pmma_body in palette_matmul.cuh; the design and its arithmetic
+// are in docs/design/gpu-kernels.md.
 //
-// Why this shape.  At M <= 16 the product is bound by reading W (1.5 B/weight here vs 2 B for
-// dense BF16), so the kernel is organized around streaming W once at full coalescing:
-//   * one warp per W row, lanes on consecutive 8-column chunks: a warp step reads 128 B of
-//     nibbles + 256 B of sign/mantissa, contiguous, and the fp32 dot products need only a
-//     final 5-step butterfly (no shared memory, no atomics -> deterministic);
-//   * 4 warps (rows) per CTA: small CTAs fill all SMs even for N = 1024 (256 CTAs) while the
-//     4 warps share x through L1 (x is read with L1-allocating __ldg, W with no_allocate);
-//   * weights are decoded in registers straight to fp32 bit patterns (sign/mantissa byte +
-//     register-permute palette lookup), never rounded, so the only rounding is fp32
-//     accumulation + one final RNE to bf16 -- the same error budget as cuBLAS' fp32-accum.
-//   * M is a template parameter so acc[M] stays in registers and every m-loop unrolls.
-// Verbatim blocks are not special-cased in the main loop: their nibbles are 0, so it
-// multiplies with palette entry 0; a correction kernel that runs first computes, per verbatim
-// block v, corr[v, m] = sum_c (w_true - w_decoded) * x[m, c], and lane 0 of the row's warp
-// adds the row's corrections (a binary search in the sorted vpos, in ascending v order:
-// deterministic) before rounding.  mma.sync (m16n8k16) for M >= 8 is left to a follow-up:
-// at M <= 16 the fp32 FMA rate still exceeds what the memory system feeds on H100.
-// =======================================================================================
+// Instantiations: NT (n-tiles of 8 batch rows) in {1, 2, 4, 8} times the paired / general
+// palette decode.  __launch_bounds__(128, 4): four CTAs (16 warps) per SM is what the split
+// heuristic plans for, and it caps registers at 128 per thread.  NT = 8 holds 32 fp32
+// accumulators more and spills under that cap, so it runs three CTAs per SM (168 registers):
+// at batch 33-64 the kernel is no longer bound by the weight stream alone.
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "emu/warp_emu.h"
+#include "launch_util.h"
 #include "palette_matmul.cuh"
 
 namespace unweight {
@@ -26,64 +21,99 @@ namespace cuda {
 namespace detail {
 namespace {
 
-template <int MT>
-__global__ void __launch_bounds__(plan::GEMM_THREADS) palette_gemm_kernel(GemmArgs a) {
-  const int lane = threadIdx.x % plan::WARP;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * plan::GEMM_ROWS_PER_CTA + threadIdx.x / plan::WARP;
-  if (row >= a.N) return;  // uniform per warp: the shuffles below stay full-mask
-  float acc[MT];
-UW_UNROLL()
-  for (int m = 0; m < MT; ++m) acc[m] = 0.f;
-  gemm_lane_body<MT>(row, lane, a, acc);
-UW_UNROLL()
-  for (int m = 0; m < MT; ++m)
-    for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xFFFFFFFFu, acc[m], o);
-  if (lane == 0) gemm_finish_row<MT>(row, a, acc);
+template <int NT, bool kPaired>
+__global__ void __launch_bounds__(plan::PMMA_THREADS, NT == 8 ? 3 : plan::PMMA_CTAS_PER_SM) pmma_kernel(PmmaArgs a) {
+  emu::DeviceCtx c;
+  pmma_body<NT, kPaired>(c, a);
 }
 
+const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
+                       int splits, const void* x, const void* sm, const void* idx, const void* vexp,
+                       const float* ws, const int32_t* counters) {
+  if (plan::pmma_ntiles(M) == 0) return "palette_gemm supports 1 <= M <= 64";
+  if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
+  if (K % plan::PMMA_TILE_K != 0) return "palette_gemm needs K % 64 == 0 (decode + matmul instead)";
+  if (ldx < K || ldx % 8 != 0) return "x row stride must be >= K and a multiple of 8";
+  if (ldy < N) return "y row stride must be >= N";
+  if (pal.size < 1 || pal.size > PAL_MAX_ENTRIES) return "palette must have 1..16 entries";
+  if (nv < 0 || nv > N * plan::blocks_per_row(K)) return "bad verbatim block count";
+  if (N * plan::blocks_per_row(K) > 0xFFFFFFFFll) return "matrix too large for uint32 block ids";
+  if (splits < 1 || splits > plan::PMMA_MAX_SPLITS || splits > K / plan::PMMA_TILE_K)
+    return "palette_gemm: splits must be in 1 .. K / 64";
+  if (!grid_ok(plan::pmma_grid_x(N))) return "matrix too large for one launch";
+  if (!aligned(x, 16) || !aligned(sm, 16) || !aligned(idx, 16) || (nv > 0 && !aligned(vexp, 16)))
+    return "palette_gemm needs x, sm, idx and vexp 16-byte aligned";
+  if (splits > 1 && (ws == nullptr || counters == nullptr))
+    return "palette_gemm: a split launch needs the fp32 workspace [splits, M, N] and the zeroed counters";
+  return nullptr;
+}
 
-__global__ void __launch_bounds__(plan::WARP_KERNEL_THREADS) gemm_correction_kernel(GemmArgs a) {
-  const int64_t v = static_cast<int64_t>(blockIdx.x) * plan::WARPS_PER_CTA + threadIdx.x / plan::WARP;
-  if (v >= a.nv) return;
-  const int lane = threadIdx.x % plan::WARP;
-  for (int m = 0; m < a.M; ++m) {
-    float p = corr_lane_body(v, lane, m, a);
-    for (int o = 16; o > 0; o >>= 1) p += __shfl_xor_sync(0xFFFFFFFFu, p, o);
-    if (lane == 0) a.corr[v * a.M + m] = p;
+// Runs f(NT, paired) with both as compile-time constants.
+template <class F>
+void with_variant(int M, bool paired, F&& f) {
+  auto go = [&](auto nt) {
+    if (paired) f(nt, std::true_type{}); else f(nt, std::false_type{});
+  };
+  switch (plan::pmma_ntiles(M)) {
+    case 1: go(std::integral_constant<int, 1>{}); break;
+    case 2: go(std::integral_constant<int, 2>{}); break;
+    case 4: go(std::integral_constant<int, 4>{}); break;
+    default: go(std::integral_constant<int, 8>{}); break;
   }
+}
+
+PmmaArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                   int64_t K, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits, float* ws,
+                   int32_t* counters, uint16_t* y, int64_t ldy) {
+  PmmaArgs a{};
+  a.x = x; a.ldx = ldx; a.M = M;
+  a.sm = sm; a.idx = idx; a.N = N; a.K = K;
+  a.vpos = vpos; a.nv = nv; a.vexp = vexp;
+  a.split_tiles = plan::pmma_split_tiles(K, splits);
+  a.ws = ws; a.counters = counters;
+  a.y = y; a.ldy = ldy;
+  return a;
 }
 
 }  // namespace
 
-void launch_gemm_correction(const GemmArgs& a, cudaStream_t s) {
-  gemm_correction_kernel<<<static_cast<unsigned>(plan::warp_grid(a.nv)), plan::WARP_KERNEL_THREADS, 0, s>>>(a);
+template <int NT, bool kPaired>
+void launch_pmma(const PmmaArgs& a, int64_t splits, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(plan::pmma_grid_x(a.N)), static_cast<unsigned>(splits));
+  pmma_kernel<NT, kPaired><<<grid, plan::PMMA_THREADS, plan::PMMA_SMEM_BYTES, s>>>(a);
 }
-
-template <int MT>
-void launch_palette_gemm(const GemmArgs& a, cudaStream_t s) {
-  palette_gemm_kernel<MT><<<static_cast<unsigned>(plan::gemm_grid(a.N)), plan::GEMM_THREADS, 0, s>>>(a);
-}
-
-// One kernel per batch size, for launch.cu's table (M is a template parameter so that acc[M]
-// stays in registers).
-static_assert(plan::GEMM_MAX_M == 16, "one instantiation per M = 1..GEMM_MAX_M below");
-template void launch_palette_gemm<1>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<2>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<3>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<4>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<5>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<6>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<7>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<8>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<9>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<10>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<11>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<12>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<13>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<14>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<15>(const GemmArgs&, cudaStream_t);
-template void launch_palette_gemm<16>(const GemmArgs&, cudaStream_t);
 
 }  // namespace detail
+
+using namespace detail;
+
+const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
+                         float* ws, int32_t* counters, uint16_t* y, int64_t ldy, void* stream) {
+  if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters)) return e;
+  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy);
+  const bool paired = pmma_tables(pal, a);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  with_variant(M, paired, [&](auto nt, auto p) { launch_pmma<decltype(nt)::value, decltype(p)::value>(a, splits, s); });
+  return launch_status();
+}
+
+namespace emulate {
+
+const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
+                         float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int force_general) {
+  if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters)) return e;
+  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy);
+  const bool paired = pmma_tables(pal, a) && !force_general;
+  const char* err = nullptr;
+  with_variant(M, paired, [&](auto nt, auto p) {
+    err = emu::launch(plan::pmma_grid_x(N), splits, plan::PMMA_THREADS, plan::PMMA_SMEM_BYTES,
+                      [&](emu::ThreadCtx& c) { pmma_body<decltype(nt)::value, decltype(p)::value>(c, a); });
+  });
+  return err;
+}
+
+}  // namespace emulate
 }  // namespace cuda
 }  // namespace unweight

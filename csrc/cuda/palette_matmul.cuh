@@ -1,104 +1,371 @@
-// Fused palette GEMV/GEMM: the argument block and the per-lane bodies (dot products, row
-// finish, verbatim correction), run by the kernels of palette_matmul.cu (design notes there)
-// and, serially on the host, by emulate.cu.
+// Fused palette GEMM on tensor cores: the argument block, the in-register decode and the
+// CTA body, written once over the thread context of emu/ctx.cuh.  palette_matmul.cu runs
+// the body as the kernel (emu::DeviceCtx) and, for CPU-only tests, through the warp
+// emulator (emu::ThreadCtx).  Design and arithmetic: docs/design/gpu-kernels.md.
+//
+// The product is computed transposed, y^T[N, M] = W[N, K] x^T[K, M], so that W is the mma's
+// A operand (16 rows of W per mma) and the batch is its n (8 columns per mma): every decoded
+// weight is used by all batch rows of its n-tiles, and a batch of one wastes 7/8 of an mma
+// that costs nothing next to the memory stream.
+//
+// Column order inside a 64-column tile.  An mma contracts over 16 k; which physical columns
+// they are is free as long as A and B agree.  Lane (g = lane/4, t = lane%4) owns the 16
+// physical columns [16t, 16t+16) of the tile, and mma step j (0..3) contracts over columns
+// 16t + 4j + {0,1,2,3} of every lane t: the fragment's logical k = 2t, 2t+1 are the first two,
+// k = 2t+8, 2t+9 the last two.  So a lane's weights of a tile row are 16 consecutive bytes of
+// sign+mantissa and 8 consecutive bytes of index (one 16-byte and one 8-byte shared load),
+// and its x values are 16 consecutive bf16 of one x row (two 16-byte loads): the planes stay
+// in file order (no load-time permutation, no second copy), and the same planes serve
+// decode, row gather and this kernel.
 #pragma once
 #include "device_util.cuh"
+#include "emu/ctx.cuh"
 
 namespace unweight {
 namespace cuda {
 namespace detail {
 
-struct GemmArgs {
-  const uint16_t* x;
+struct PmmaArgs {
+  const uint16_t* x;  // bf16 [M, ldx]
   int64_t ldx;
   int M;
-  const uint8_t* sm;
-  const uint8_t* idx;
+  const uint8_t* sm;   // [N, K]
+  const uint8_t* idx;  // [N, K / 2]
   int64_t N, K;
-  Palette pal;
-  const uint32_t* vpos;
+  // Palette as rotated exponent bytes ror8(e) = (e & 1) << 7 | e >> 1, four per word:
+  // tab = entries 0..15; dtab = entry k ^ entry k+8 for k < 8 (the paired decode).
+  uint32_t tab[4];
+  uint32_t dtab[2];
+  const uint32_t* vpos;  // [nv] ascending block ids r * (K / 32) + b
   int64_t nv;
-  const uint8_t* vexp;
-  float* corr;
-  uint16_t* y;
+  const uint8_t* vexp;  // [nv, 32]
+  int64_t split_tiles;  // K tiles per split (gridDim.y splits)
+  float* ws;            // fp32 [splits, M, N] when splits > 1
+  int32_t* counters;    // int32 [grid_x], zero before and after a launch (splits > 1)
+  uint16_t* y;          // bf16 [M, ldy]
   int64_t ldy;
 };
 
-// Lane partial dot products of W row `row` with x[0..MT), columns lane*8 + s*256.
-template <int MT>
-UW_HD void gemm_lane_body(int64_t row, int lane, const GemmArgs& a, float (&acc)[MT]) {
-  const uint8_t* smr = a.sm + row * a.K;
-  const uint8_t* ir = a.idx + row * (a.K / 2);
-  const int64_t steps = plan::gemm_steps(a.K);
-UW_UNROLL(2)
-  for (int64_t s = 0; s < steps; ++s) {
-    const int64_t c = s * plan::GEMM_STEP + static_cast<int64_t>(lane) * plan::GEMM_VEC;
-    if (c >= a.K) break;  // last step only; K % 8 == 0 so a chunk is all-in or all-out
-    const uint32_t nib = ld_stream_u32(ir + c / 2);
-    uint32_t s0, s1;
-    ld_stream_v2(smr + c, s0, s1);
-    float w[8];
+// Rotated exponent byte: the byte layout that lets the decode assemble BF16 with byte
+// selects only (bit 7 -> BF16 bit 7, bits 0..6 -> BF16 bits 8..14).
+UW_HD uint32_t ror8(uint32_t e) { return ((e & 1u) << 7) | ((e >> 1) & 0x7Fu); }
+
+// Fills a.tab / a.dtab from the palette; returns whether the paired decode applies: every
+// entry k < 8 and its partner k + 8 have exponents of the same parity (unused entries take
+// their partner's parity), which is what one byte-select per table needs (bit 7 of a prmt
+// result depends only on the low three bits of the index).  A contiguous run of 16
+// exponents, the usual palette of trained weights, always pairs.
+inline bool pmma_tables(const Palette& pal, PmmaArgs& a) {
+  uint32_t t[16];
+  for (int i = 0; i < 16; ++i) t[i] = i < pal.size ? ror8((pal.w[i / 4] >> (8 * (i % 4))) & 0xFFu) : 0u;
+  bool paired = true;
+  for (int k = 0; k < 8; ++k) {
+    if (k + 8 >= pal.size) t[k + 8] = t[k] & 0x80u;  // unused: never indexed by valid data
+    if ((t[k] ^ t[k + 8]) & 0x80u) paired = false;
+  }
+  for (int w = 0; w < 4; ++w) a.tab[w] = t[4 * w] | t[4 * w + 1] << 8 | t[4 * w + 2] << 16 | t[4 * w + 3] << 24;
+  for (int w = 0; w < 2; ++w) {
+    a.dtab[w] = 0;
+    for (int i = 0; i < 4; ++i) a.dtab[w] |= (t[4 * w + i] ^ t[4 * w + i + 8]) << (8 * i);
+  }
+  return paired;
+}
+
+// Four weights -> two A registers (BF16 pairs, lower column in the low half).  s: their
+// sign+mantissa bytes (weight j in byte j); sel: their palette indices (weight j in bits
+// 4j..4j+3; bits 16+ are ignored).  With r = ror8(exponent) per weight, the BF16 low bytes
+// are Z = s & 0x7F | r & 0x80 and the high bytes H = s & 0x80 | r & 0x7F; two byte
+// interleaves give the pairs.  The palette lookup is prmt on table words in registers:
+// paired:  r = prmt(dtab, idx) ^ prmt(tab[8..15], idx & 7)  -- an index >= 8 makes the first
+//          prmt replicate the msb of dtab[idx & 7], which pairing made 0;  7 ops / 4 weights
+// general: two 8-entry lookups, a byte mask from prmt's replicate mode (0x7F / 0x00) for
+//          bits 0..6 and that mask + 1 (0x80 / 0x01) for bit 7;  11 ops / 4 weights
+template <bool kPaired>
+UW_HD void pmma_decode4(uint32_t s, uint32_t sel, const PmmaArgs& a, uint32_t& lo, uint32_t& hi) {
+  const uint32_t s7 = sel & 0x7777u;
+  uint32_t zb, hb;  // sources of the low-byte bit 7 and of the high-byte bits 0..6
+  if (kPaired) {
+    const uint32_t r = emu::prmt(a.dtab[0], a.dtab[1], sel) ^ emu::prmt(a.tab[2], a.tab[3], s7);
+    zb = r;
+    hb = r;
+  } else {
+    const uint32_t e_lo = emu::prmt(a.tab[0], a.tab[1], s7), e_hi = emu::prmt(a.tab[2], a.tab[3], s7);
+    const uint32_t m = emu::prmt(0x7F7F7F7Fu, 0x7F7F7F7Fu, sel);  // 0x7F: index < 8; 0x00: >= 8
+    const uint32_t m2 = m + 0x01010101u;                          // bit 7 set: index < 8
+    zb = (e_lo & m2) | (e_hi & ~m2);
+    hb = (e_lo & m) | (e_hi & ~m);
+  }
+  const uint32_t z = (s & 0x7F7F7F7Fu) | (zb & 0x80808080u);
+  const uint32_t h = (s & 0x80808080u) | (hb & 0x7F7F7F7Fu);
+  lo = emu::prmt(z, h, 0x5140u);
+  hi = emu::prmt(z, h, 0x7362u);
+}
+
+// Shared-memory reads (device: one LDS.128 / LDS.64; host: memcpy).
+UW_HD void lds_v4(const unsigned char* p, uint32_t (&v)[4]) {
+#if defined(__CUDA_ARCH__)
+  const uint4 q = *reinterpret_cast<const uint4*>(p);
+  v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+#else
+  std::memcpy(v, p, 16);
+#endif
+}
+UW_HD void lds_v2(const unsigned char* p, uint32_t (&v)[2]) {
+#if defined(__CUDA_ARCH__)
+  const uint2 q = *reinterpret_cast<const uint2*>(p);
+  v[0] = q.x; v[1] = q.y;
+#else
+  std::memcpy(v, p, 8);
+#endif
+}
+// Split partials written by other CTAs: read through L2 (ld.global.cg), never a stale L1 line.
+UW_HD float ld_cg_f32(const float* p) {
+#if defined(__CUDA_ARCH__)
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+#else
+  return *p;
+#endif
+}
+UW_HD int lowest_bit(unsigned v) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(v) - 1;
+#else
+  return __builtin_ctz(v);
+#endif
+}
+UW_HD int popc(unsigned v) {
+#if defined(__CUDA_ARCH__)
+  return __popc(v);
+#else
+  return __builtin_popcount(v);
+#endif
+}
+
+// First index in sorted v[0, n) with v[i] >= key, found by the whole warp: each round
+// probes 32 evenly spaced entries and keeps the gap the key falls in, so ~log32(n) dependent
+// loads instead of log2(n).  Warp-uniform arguments and result.
+template <class Ctx>
+UW_HD int64_t warp_lower_bound(Ctx& c, const uint32_t* v, int64_t n, uint64_t key) {
+  const int lane = c.lane();
+  int64_t lo = 0, hi = n;  // the answer is in [lo, hi]
+  while (hi - lo > emu::kWarpSize) {
+    const int64_t step = cdiv(hi - lo, emu::kWarpSize);
+    int64_t p = lo + step * (lane + 1) - 1;
+    p = p < hi - 1 ? p : hi - 1;
+    const int below = popc(c.ballot(static_cast<uint64_t>(v[p]) < key));
+    const int64_t nlo = lo + step * below;
+    const int64_t nhi = below < emu::kWarpSize ? lo + step * (below + 1) - 1 : hi;
+    lo = nlo < hi ? nlo : hi;
+    hi = nhi < hi ? nhi : hi;
+  }
+  const int64_t p = lo + lane;
+  return lo + popc(c.ballot(p < hi && static_cast<uint64_t>(v[p]) < key));
+}
+
+// One stage of the warp's ring: lane (g, t) copies the 16 sign+mantissa bytes it will read
+// of rows g and g+8 (so those need no other lane), and one 16-byte half row of indices
+// (lane/2, lane%2), which lanes read across: hence the syncwarp after the wait.
+template <class Ctx>
+UW_HD void pmma_issue(Ctx& c, bool valid, unsigned char* st, const uint8_t* sm_lo, const uint8_t* sm_hi,
+                      const uint8_t* ix, int64_t col, int g, int t, int lane) {
+  if (valid) {
+    c.cp_async16(st + g * plan::PMMA_TILE_K + 16 * t, sm_lo + col);
+    c.cp_async16(st + (g + 8) * plan::PMMA_TILE_K + 16 * t, sm_hi + col);
+    c.cp_async16(st + plan::PMMA_SM_BYTES + (lane >> 1) * (plan::PMMA_TILE_K / 2) + 16 * (lane & 1), ix + col / 2);
+  }
+  c.cp_async_commit();  // empty past the end: the group count stays uniform for wait<N>
+}
+
+// Eight bf16 of an x row (B registers of two mma steps); zeros for a batch row past M.
+UW_HD void pmma_load_x(bool valid, const uint16_t* p, uint32_t (&v)[4]) {
+  if (valid) {
+    ld_reuse_v4(p, v);
+  } else {
+    v[0] = v[1] = v[2] = v[3] = 0u;
+  }
+}
+
+// Replaces the exponents of the BF16 pair `reg` with e0 (low half) and e1 (high half).
+UW_HD uint32_t set_exponents(uint32_t reg, uint32_t e0, uint32_t e1) {
+  return (reg & 0x807F807Fu) | ((e0 & 0xFFu) << 7) | ((e1 & 0xFFu) << 23);
+}
+
+// One CTA: PMMA_WARPS row tiles x one K split, NT n-tiles of 8 batch rows.
+template <int NT, bool kPaired, class Ctx>
+UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
+  constexpr int S = plan::PMMA_STAGES, TK = plan::PMMA_TILE_K;
+  const int lane = c.lane(), warp = c.warp(), g = lane >> 2, t = lane & 3;
+  const int64_t rb = c.block_x(), split = c.block_y();
+  const int64_t row0 = rb * plan::PMMA_ROWS + warp * plan::PMMA_TILE_N;
+  const int64_t n_kt = a.K / TK, kt0 = split * a.split_tiles;
+  const int64_t kt1 = kt0 + a.split_tiles < n_kt ? kt0 + a.split_tiles : n_kt;
+  const bool active = row0 < a.N;  // warp-uniform
+  const int ntiles = active && kt1 > kt0 ? static_cast<int>(kt1 - kt0) : 0;
+  unsigned char* ring = c.smem() + warp * S * plan::PMMA_TILE_BYTES;
+
+  // Rows past N (the last tile) load row N-1 again: valid memory, results never stored.
+  const int64_t last = a.N - 1;
+  const int64_t r_lo = row0 + g < last ? row0 + g : last, r_hi = row0 + g + 8 < last ? row0 + g + 8 : last;
+  const int64_t r_ix = row0 + (lane >> 1) < last ? row0 + (lane >> 1) : last;
+  const uint8_t* sm_lo = a.sm + r_lo * a.K + 16 * t;
+  const uint8_t* sm_hi = a.sm + r_hi * a.K + 16 * t;
+  const uint8_t* ix = a.idx + r_ix * (a.K / 2) + 16 * (lane & 1);
 UW_UNROLL()
-    for (int j = 0; j < 8; ++j) {
-      const uint8_t sb = static_cast<uint8_t>((j < 4 ? s0 : s1) >> (8 * (j & 3)));
-      w[j] = f32_from_bits(f32_bits_from_parts(sb, pal_exp(a.pal, (nib >> (4 * j)) & 0xFu)));
+  for (int i = 0; i < S - 1; ++i)
+    pmma_issue(c, i < ntiles, ring + i * plan::PMMA_TILE_BYTES, sm_lo, sm_hi, ix, (kt0 + i) * TK, g, t, lane);
+
+  // x rows of this lane's n-tile columns (B fragment: n = g); rows past M read as zero.
+  const uint16_t* xr[NT];
+  bool xv[NT];
+UW_UNROLL()
+  for (int nt = 0; nt < NT; ++nt) {
+    const int m = nt * 8 + g;
+    xv[nt] = m < a.M;
+    xr[nt] = a.x + (xv[nt] ? m : 0) * a.ldx + 16 * t;
+  }
+
+  // Verbatim blocks: lane i < 16 follows row row0 + i with a cursor into vpos (the first
+  // entry at or after the tile being processed); `nid` is that entry's block id.
+  const int64_t bpr = a.K / PAL_BLOCK;
+  int64_t cur = 0;
+  uint32_t nid = 0xFFFFFFFFu;
+  if (a.nv > 0 && ntiles > 0) {
+    const uint64_t first = static_cast<uint64_t>(row0) * bpr + 2 * kt0;
+    const uint64_t end = static_cast<uint64_t>(row0 + plan::PMMA_TILE_N - 1) * bpr + 2 * kt1;
+    const int64_t v_lo = warp_lower_bound(c, a.vpos, a.nv, first);
+    const int64_t v_hi = warp_lower_bound(c, a.vpos, a.nv, end);
+    if (lane < plan::PMMA_TILE_N && v_hi > v_lo) {
+      const uint64_t key = static_cast<uint64_t>(row0 + lane) * bpr + 2 * kt0;
+      cur = v_lo + lower_bound_u32(a.vpos + v_lo, v_hi - v_lo, key);
+      if (cur < a.nv) nid = a.vpos[cur];
+    }
+  }
+
+  float acc[NT][4];
+UW_UNROLL()
+  for (int nt = 0; nt < NT; ++nt)
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+
+  for (int i = 0; i < ntiles; ++i) {
+    const int64_t kt = kt0 + i, col = kt * TK;
+    uint32_t xb[NT][4];  // x[nt*8+g][col + 16t .. +8): B registers of steps 0, 1 (then 2, 3)
+UW_UNROLL()
+    for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xr[nt] + col, xb[nt]);
+    c.template cp_async_wait<S - 2>();
+    c.syncwarp();  // other lanes' index copies of this stage are in; their reads of the stage refilled below are done
+    pmma_issue(c, i + S - 1 < ntiles, ring + ((i + S - 1) % S) * plan::PMMA_TILE_BYTES, sm_lo, sm_hi, ix,
+               (kt + S - 1) * TK, g, t, lane);
+    const unsigned char* st = ring + (i % S) * plan::PMMA_TILE_BYTES;
+    uint32_t s_lo[4], s_hi[4], n_lo[2], n_hi[2];
+    lds_v4(st + g * TK + 16 * t, s_lo);
+    lds_v4(st + (g + 8) * TK + 16 * t, s_hi);
+    lds_v2(st + plan::PMMA_SM_BYTES + g * (TK / 2) + 8 * t, n_lo);
+    lds_v2(st + plan::PMMA_SM_BYTES + (g + 8) * (TK / 2) + 8 * t, n_hi);
+    uint32_t af[4][4];  // [step][A register]: regs 0, 2 row g; 1, 3 row g + 8
+UW_UNROLL()
+    for (int j = 0; j < 4; ++j) {
+      const int sh = 16 * (j & 1);
+      pmma_decode4<kPaired>(s_lo[j], n_lo[j >> 1] >> sh, a, af[j][0], af[j][2]);
+      pmma_decode4<kPaired>(s_hi[j], n_hi[j >> 1] >> sh, a, af[j][1], af[j][3]);
+    }
+    if (a.nv > 0) {  // rare: a row of this tile has a verbatim block here
+      const uint64_t tile_key = static_cast<uint64_t>(row0 + lane) * bpr + 2 * kt;
+      unsigned hits = c.ballot(lane < plan::PMMA_TILE_N && nid >= tile_key && nid < tile_key + 2);
+      while (hits) {
+        const int r = lowest_bit(hits);  // tile row
+        const int64_t v = c.shfl(cur, r);
+        const uint32_t id = c.shfl(nid, r);
+        const int blk = static_cast<int>(id - (static_cast<uint64_t>(row0 + r) * bpr + 2 * kt));
+        if ((r & 7) == g && (t >> 1) == blk) {
+          // This lane's 16 columns of the block: exponents 16 (t & 1) .. +16 of the entry.
+          uint32_t e[4];
+          ld_stream_v4(a.vexp + v * PAL_BLOCK + 16 * (t & 1), e);
+          const bool upper = r >= 8;  // row g + 8: registers 1, 3 (constant indices keep af in registers)
+UW_UNROLL()
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t p0 = set_exponents(upper ? af[j][1] : af[j][0], e[j], e[j] >> 8);
+            const uint32_t p1 = set_exponents(upper ? af[j][3] : af[j][2], e[j] >> 16, e[j] >> 24);
+            af[j][0] = upper ? af[j][0] : p0;
+            af[j][1] = upper ? p0 : af[j][1];
+            af[j][2] = upper ? af[j][2] : p1;
+            af[j][3] = upper ? p1 : af[j][3];
+          }
+        }
+        if (lane == r) {
+          ++cur;
+          nid = cur < a.nv ? a.vpos[cur] : 0xFFFFFFFFu;
+        }
+        hits = c.ballot(lane < plan::PMMA_TILE_N && nid >= tile_key && nid < tile_key + 2);
+      }
     }
 UW_UNROLL()
-    for (int m = 0; m < MT; ++m) {
-      uint32_t xv[4];
-      ld_reuse_v4(a.x + m * a.ldx + c, xv);
+    for (int j = 0; j < 4; ++j) {
+      if (j == 2) {  // second half of the lane's 16 columns: x loaded late keeps NT = 8 in registers
 UW_UNROLL()
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t xb = (j & 1) ? (xv[j / 2] & 0xFFFF0000u) : (xv[j / 2] << 16);
-        acc[m] = fmaf(w[j], f32_from_bits(xb), acc[m]);
+        for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xr[nt] + col + 8, xb[nt]);
+      }
+UW_UNROLL()
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t b[2] = {xb[nt][2 * (j & 1)], xb[nt][2 * (j & 1) + 1]};
+        c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
       }
     }
   }
-}
+  c.template cp_async_wait<0>();
 
-// Lane 0 after the butterfly: add the row's verbatim corrections, round, store.
-template <int MT>
-UW_HD void gemm_finish_row(int64_t row, const GemmArgs& a, float (&acc)[MT]) {
-  if (a.nv > 0) {
-    const int64_t bpr = plan::blocks_per_row(a.K);
-    const int64_t lo = lower_bound_u32(a.vpos, a.nv, static_cast<uint64_t>(row) * bpr);
-    const int64_t hi = lower_bound_u32(a.vpos, a.nv, static_cast<uint64_t>(row + 1) * bpr);
-    for (int64_t v = lo; v < hi; ++v)
+  // Epilogue.  acc[nt][e]: W row row0 + g (+8 for e >= 2), batch row nt*8 + 2t + (e & 1).
+  const int64_t splits = c.grid_y();
+  if (splits == 1) {
+    if (active) {
 UW_UNROLL()
-      for (int m = 0; m < MT; ++m) acc[m] += a.corr[v * MT + m];
+      for (int nt = 0; nt < NT; ++nt)
+        for (int e = 0; e < 4; ++e) {
+          const int m = nt * 8 + 2 * t + (e & 1);
+          const int64_t r = row0 + g + (e >> 1) * 8;
+          if (m < a.M && r < a.N) a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(acc[nt][e]));
+        }
+    }
+    return;
   }
+  if (active) {
 UW_UNROLL()
-  for (int m = 0; m < MT; ++m) a.y[m * a.ldy + row] = bf16_round_bits(bits_from_f32(acc[m]));
-}
-
-// Lane partials of the correction of verbatim block v for one m: (w_true - w_decoded) * x
-// over the lane's columns of the block.
-UW_HD float corr_lane_body(int64_t v, int lane, int m, const GemmArgs& a) {
-  const int64_t bpr = plan::blocks_per_row(a.K);
-  const int64_t r = a.vpos[v] / bpr, b = a.vpos[v] % bpr;
-  float p = 0.f;
-  for (int64_t jb = lane; jb < PAL_BLOCK; jb += plan::WARP) {  // lane-strided: coalesced
-    const int64_t c = b * PAL_BLOCK + jb;
-    if (c >= a.K) continue;
-    const uint8_t s = a.sm[r * a.K + c];
-    const float wt = f32_from_bits(f32_bits_from_parts(s, a.vexp[v * PAL_BLOCK + jb]));
-    const float wd = f32_from_bits(f32_bits_from_parts(s, pal_exp(a.pal, pal_nibble(a.idx + r * (a.K / 2), c))));
-    const float xf = f32_from_bits(static_cast<uint32_t>(a.x[m * a.ldx + c]) << 16);
-    p = fmaf(wt - wd, xf, p);
+    for (int nt = 0; nt < NT; ++nt)
+      for (int e = 0; e < 4; ++e) {
+        const int m = nt * 8 + 2 * t + (e & 1);
+        const int64_t r = row0 + g + (e >> 1) * 8;
+        if (m < a.M && r < a.N) a.ws[(split * a.M + m) * a.N + r] = acc[nt][e];
+      }
   }
-  return p;
+  // Serial split-K fix-up: the last CTA of this row block to arrive sums the partials in
+  // split order (deterministic whichever CTA it is) and resets the counter for the next launch.
+  c.threadfence();
+  c.syncthreads();
+  int* last_flag = reinterpret_cast<int*>(c.smem() + plan::PMMA_WARPS * S * plan::PMMA_TILE_BYTES);
+  if (c.tid() == 0) {
+    const int is_last = c.atomic_add(a.counters + rb, 1) == splits - 1;
+    if (is_last) a.counters[rb] = 0;
+    *last_flag = is_last;
+  }
+  c.syncthreads();
+  if (!*last_flag || !active) return;
+  c.threadfence();
+UW_UNROLL()
+  for (int nt = 0; nt < NT; ++nt)
+    for (int e = 0; e < 4; ++e) {
+      const int m = nt * 8 + 2 * t + (e & 1);
+      const int64_t r = row0 + g + (e >> 1) * 8;
+      if (m >= a.M || r >= a.N) continue;
+      float sum = 0.f;
+      for (int64_t s = 0; s < splits; ++s) sum += ld_cg_f32(a.ws + (s * a.M + m) * a.N + r);
+      a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(sum));
+    }
 }
 
-// ---------------------------------------------------------------------------------------
-// Launchers (palette_matmul.cu): the launch alone; launch.cu checks the arguments and
-// sizes the grid first.
-// ---------------------------------------------------------------------------------------
-// One warp per verbatim block: corr[v, m] (a.nv > 0); must run before the product.
-void launch_gemm_correction(const GemmArgs& a, cudaStream_t s);
-// The product for batch size MT == a.M; instantiated for MT = 1..GEMM_MAX_M (launch.cu's
-// table picks one).
-template <int MT>
-void launch_palette_gemm(const GemmArgs& a, cudaStream_t s);
+// Launchers of the kernel instantiations (palette_matmul.cu).
+template <int NT, bool kPaired>
+void launch_pmma(const PmmaArgs& a, int64_t splits, cudaStream_t s);
 
 }  // namespace detail
 }  // namespace cuda

@@ -1,12 +1,16 @@
-"""CPU tests of the fused Huffman GEMV/GEMM kernel's logic (no GPU needed; runs in CI).
+"""CPU tests of the fused palette GEMM on tensor cores (csrc/cuda/palette_matmul.cuh).
 
-* launch geometry (kernel_plan.py's hgemm_* mirror of csrc/cuda/kernel_plan.h): every segment
-  of odd grids is owned by exactly one (CTA, thread), batch tiles and shared-memory sizes;
-* kernel bodies: ``unweight._cuda.emulate_huffman_gemm`` runs the kernel's __host__ __device__
-  bodies (x staging, per-thread segment decode + FMA, fixed-order chunk reduction) serially
-  over the launch grid; its output must match an fp64 reference computed from the CPU-decoded
-  weights within a bf16-derived bound, be deterministic and batch-invariant, and flag
-  corrupt streams like the CPU codec does.
+* launch geometry: kernel_plan.py's pmma_* mirror of csrc/cuda/kernel_plan.h, the K-split
+  heuristic on the Llama-3-8B shapes, and the column order inside a tile (A and B fragments
+  of every mma step contract over the same physical columns, each column exactly once);
+* kernel body: ``unweight._cuda.emulate_palette_gemm`` runs the kernel's body through the
+  warp emulator (csrc/cuda/emu: lanes, shuffles, ballots, cp.async groups, mma.sync m16n8k16)
+  over the launch grid; its output is checked against fp32 references on odd shapes, on every
+  finite BF16 bit pattern (exact, through one-hot activations), with heavy verbatim blocks,
+  K splits, both palette decodes, and for determinism and batch invariance;
+* the numerical bound as flash-attention states it: the kernel's largest error against an
+  fp32 reference is at most twice that of a BF16 GEMM (torch's CPU bf16 matmul standing in
+  for cuBLAS) against the same reference.
 """
 import numpy as np
 import pytest
@@ -17,6 +21,7 @@ from unweight.runtime import kernel_plan as kp
 
 from .helpers import bf16_to_f64, make_weights
 
+torch = pytest.importorskip("torch")
 try:
     from unweight import _cuda
 except ImportError:  # CUDA extension not built
@@ -24,20 +29,7 @@ except ImportError:  # CUDA extension not built
 
 needs_ext = pytest.mark.skipif(_cuda is None, reason="unweight._cuda not built")
 
-# (N, K, (R, C)): odd N/K (1, 63, 65, 4097-ish) with small grids so there are many segments,
-# partial last groups/chunks, a single chunk wider than a segment row, and the 16-byte
-# sign/mantissa path (K % 16 == 0 and C % 16 == 0) as well as the byte path.
-CASES = [
-    (1, 1, (1, 1)),
-    (1, 63, (1, 16)),
-    (63, 65, (3, 7)),
-    (65, 63, (4, 32)),
-    (65, 64, (4, 32)),      # vector path, partial last group
-    (7, 4097, (2, 512)),    # K not a multiple of the chunk: a 1-column last chunk
-    (4097, 9, (64, 9)),     # many groups: several CTAs along x
-    (33, 256, (2, 64)),     # vector path
-    (130, 4096, (16, 512)),  # the writer's 8192-weight segments (vector path)
-]
+LLAMA_8B = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
 
 
 def _x(M, K, seed):
@@ -46,187 +38,220 @@ def _x(M, K, seed):
     return (rng.standard_normal((M, K)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def _encode(N, K, grid, seed=0, spread=True):
-    w = make_weights(N, K, seed=seed, spread=spread)
-    enc = tc.encode(w, "huffman", grid=grid)
-    assert (enc.header.rows_per_group, enc.header.cols_per_chunk) == grid
-    return w, enc
+def _pal(enc):
+    return bytes(int(b) for b in enc.header.palette[: enc.header.pal_size])
 
 
-def _emulate(x, enc):
-    h, p = enc.header, enc.planes
-    return _cuda.emulate_huffman_gemm(x, p[C.SUFFIX_SM], p[C.SUFFIX_EXP], p[C.SUFFIX_OFF], h.rows_per_group,
-                                      h.cols_per_chunk, h.table, h.exp_lo, h.exp_hi)
+def _emulate(x, enc, splits=1, general=False):
+    p = enc.planes
+    return _cuda.emulate_palette_gemm(x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS],
+                                      p[C.SUFFIX_VEXP], splits, general)
 
 
-def _bound(xf, wf, ref, chunk_width, n_chunks):
-    """|y - ref| bound for fp32 serial FMA over a chunk (<= width roundings), n_chunks fp32
-    adds, then one bf16 RNE: 2^-8 |ref| + (1 + 2^-8) (width + n_chunks) 2^-24 sum|x||w|."""
-    scale = np.abs(xf) @ np.abs(wf).T
-    gamma = (chunk_width + n_chunks + 1) * 2.0 ** -24
-    return 2.0 ** -8 * np.abs(ref) + (1 + 2.0 ** -8) * gamma * scale + 1e-38
+def _fa_check(y, x, w):
+    """flash-attention's criterion: max |kernel - fp32 ref| <= 2 max |bf16 GEMM - fp32 ref|."""
+    xt = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    wt = torch.from_numpy(w.view(np.int16)).view(torch.bfloat16)
+    ref = (xt.float() @ wt.float().T).double()
+    base = (xt @ wt.T).double()
+    got = torch.from_numpy(bf16_to_f64(y))
+    assert torch.isfinite(got).all()
+    err, base_err = (got - ref).abs().max().item(), (base - ref).abs().max().item()
+    assert err <= 2 * base_err + 1e-30, (err, base_err)
+    return err, base_err
 
 
 # ------------------------------------------------------------------------------- geometry
-@pytest.mark.parametrize("N,K,grid", CASES)
-def test_hgemm_units_cover_every_segment_once(N, K, grid):
-    R, C_ = grid
-    ng, nc = kp.cdiv(N, R), kp.cdiv(K, C_)
-    seen = np.zeros((ng, nc), np.int32)
-    for by in range(nc):
-        for bx in range(kp.hgemm_grid_x(ng)):
-            for tid in range(kp.HGEMM_THREADS):
-                g, c = kp.hgemm_unit(bx, by, tid)
-                assert c == by
-                if g < ng:
-                    seen[g, c] += 1
-    assert (seen == 1).all()
-    # the reduction's threads cover [M, N] once
-    for M in (1, 3, 16):
-        assert kp.hgemm_reduce_grid(M, N) * kp.HGEMM_REDUCE_THREADS >= M * N
-        assert (kp.hgemm_reduce_grid(M, N) - 1) * kp.HGEMM_REDUCE_THREADS < M * N
+def test_tile_column_order_matches_the_mma_fragments():
+    """Lane (g, t) decodes W columns 16t + 4j + {0,1} into A registers 0 (row g) / 1 (row g+8)
+    and 16t + 4j + {2,3} into registers 2 / 3 at mma step j, and loads x columns 16t + 4j +
+    {0,1} / {2,3} into B registers 0 / 1.  Read through the PTX fragment layouts, every logical
+    k of a step is then one physical column, the same in A and in B, and the 4 steps x 16 k
+    cover the tile's 64 columns once."""
+    covered = []
+    for j in range(4):
+        a_cols, b_cols = {}, {}
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            for i in range(8):  # A element i: register i // 2, half i & 1
+                reg = i // 2
+                assert g + 8 * (reg & 1) == g + (8 if (i >> 1) & 1 else 0)  # PTX row of a_i
+                k = 2 * t + (i & 1) + (8 if i >= 4 else 0)                   # PTX column of a_i
+                a_cols.setdefault(k, set()).add(16 * t + 4 * j + 2 * (reg >> 1) + (i & 1))
+            for i in range(4):  # B element i: register i // 2
+                k = 2 * t + (i & 1) + (8 if i >= 2 else 0)                   # PTX row of b_i
+                b_cols.setdefault(k, set()).add(16 * t + 4 * j + 2 * (i // 2) + (i & 1))
+        assert sorted(a_cols) == sorted(b_cols) == list(range(16))
+        for k in range(16):
+            assert len(a_cols[k]) == 1 and a_cols[k] == b_cols[k]
+            covered += list(a_cols[k])
+    assert sorted(covered) == list(range(64))
 
 
-def test_hgemm_tiles_and_smem():
-    assert [kp.hgemm_mtile(M) for M in range(0, 18)] == [0, 1, 2, 4, 4] + [8] * 4 + [16] * 8 + [0]
-    assert kp.HGEMM_LUT_BYTES == 4 * 4096 * 2
-    assert kp.hgemm_smem_bytes(1, 1) == kp.HGEMM_LUT_BYTES + 16
-    assert kp.hgemm_smem_bytes(512, 16) == kp.HGEMM_LUT_BYTES + 512 * 16 * 2
-    # the widest writer chunk of the benchmark shapes (K = 28672 -> C = 3584) fits on sm_80 at M = 16
-    R, C_ = tc.choose_grid(8192, 28672)
-    assert kp.huffman_gemm_supported(16, 28672, C_)
-    assert not kp.huffman_gemm_supported(17, 4096, 512)
-    assert not kp.huffman_gemm_supported(16, 10 ** 6, 10 ** 6)  # one huge chunk: x does not fit
-    assert kp.hgemm_workspace_elems(3, 10, 100, 30) == 4 * 3 * 10
+def test_splits_heuristic():
+    for N, K in LLAMA_8B + [(64, 64), (65, 4096), (1, 128), (4097, 14336), (512, 256)]:
+        n_kt = K // kp.PMMA_TILE_K
+        for sms in (1, 8, 108, 132, 144):
+            s = kp.pmma_splits(N, K, sms)
+            per = kp.pmma_split_tiles(K, s)
+            assert 1 <= s <= max(1, n_kt)
+            assert (s - 1) * per < n_kt <= s * per  # no empty split, every tile covered
+            if s > 1:
+                assert per >= kp.PMMA_MIN_SPLIT_TILES
+    # batch 1 on an H100 (132 SMs): every shape fills the SMs (>= 2.9 CTAs per SM)
+    plan = {(N, K): (kp.pmma_splits(N, K, 132), kp.pmma_grid_x(N)) for N, K in LLAMA_8B}
+    assert plan[(4096, 4096)] == (8, 64) and plan[(4096, 14336)] == (8, 64)
+    assert plan[(14336, 4096)] == (2, 224) and plan[(6144, 4096)] == (6, 96)
+    assert plan[(128256, 4096)] == (1, 2004)
+    for s, gx in plan.values():
+        assert s * gx >= 2.9 * 132
+    assert [kp.pmma_ntiles(M) for M in (0, 1, 8, 9, 16, 17, 32, 33, 64, 65)] == [0, 1, 1, 2, 2, 4, 4, 8, 8, 0]
+    assert kp.pmma_supported(64, 4096) and not kp.pmma_supported(65, 4096) and not kp.pmma_supported(1, 4000)
+    assert kp.pmma_workspace_elems(3, 100, 1) == 0 and kp.pmma_workspace_elems(3, 100, 4) == 1200
 
 
 @needs_ext
-def test_cpp_hgemm_plan_matches_python():
-    for name in ("HGEMM_THREADS", "HGEMM_MAX_M", "HGEMM_REDUCE_THREADS", "HGEMM_MAX_CHUNKS", "HGEMM_LUT_BYTES"):
+def test_cpp_plan_matches_python():
+    for name in ("PMMA_WARPS", "PMMA_THREADS", "PMMA_TILE_N", "PMMA_ROWS", "PMMA_TILE_K", "PMMA_STAGES",
+                 "PMMA_TILE_BYTES", "PMMA_SMEM_BYTES", "PMMA_MAX_M", "PMMA_CTAS_PER_SM", "PMMA_MIN_SPLIT_TILES",
+                 "PMMA_MAX_SPLITS"):
         assert getattr(_cuda, name) == getattr(kp, name), name
-    for M in range(0, 20):
-        assert _cuda.plan_hgemm_mtile(M) == kp.hgemm_mtile(M)
-    for n in (0, 1, 63, 64, 65, 4097, 10 ** 7):
-        assert _cuda.plan_hgemm_grid_x(n) == kp.hgemm_grid_x(n)
-        for M in (1, 16):
-            assert _cuda.plan_hgemm_reduce_grid(M, n) == kp.hgemm_reduce_grid(M, n)
-    for w in (1, 7, 512, 4097):
-        for mt in (1, 2, 4, 8, 16):
-            assert _cuda.plan_hgemm_smem_bytes(w, mt) == kp.hgemm_smem_bytes(w, mt)
-    for bx, by, tid in ((0, 0, 0), (3, 2, 63), (7, 1, 5)):
-        assert tuple(_cuda.plan_hgemm_unit(bx, by, tid)) == kp.hgemm_unit(bx, by, tid)
+    for M in range(-1, 70):
+        assert _cuda.plan_pmma_ntiles(M) == kp.pmma_ntiles(M)
+    for N in (1, 63, 64, 65, 4096, 6144, 14336, 128256, 10 ** 7):
+        assert _cuda.plan_pmma_grid_x(N) == kp.pmma_grid_x(N)
+        assert _cuda.plan_pmma_counters(N) == kp.pmma_counters(N)
+        for K in (64, 128, 320, 4096, 14336, 65536 * 64):
+            for sms in (1, 108, 132, 1000):
+                s = kp.pmma_splits(N, K, sms)
+                assert _cuda.plan_pmma_splits(N, K, sms) == s
+                assert _cuda.plan_pmma_split_tiles(K, s) == kp.pmma_split_tiles(K, s)
+                assert _cuda.plan_pmma_workspace_elems(7, N, s) == kp.pmma_workspace_elems(7, N, s)
 
 
-# ------------------------------------------------------------------------- kernel bodies
+# ------------------------------------------------------------------------- kernel body
+CASES = [(1, 64), (15, 64), (17, 128), (63, 192), (65, 320), (130, 256), (33, 1024)]
+
+
 @needs_ext
-@pytest.mark.parametrize("M", [1, 3, 16])
-@pytest.mark.parametrize("N,K,grid", CASES)
-def test_emulated_huffman_gemm_matches_fp64_reference(M, N, K, grid):
-    w, enc = _encode(N, K, grid, seed=N * 131 + K)
-    wd = tc.decode(enc.header, enc.planes)  # the CPU codec's decode is the weight the kernel sees
-    assert np.array_equal(wd, w)
+@pytest.mark.parametrize("M", [1, 3, 8, 9, 17, 40, 64])
+@pytest.mark.parametrize("N,K", CASES)
+def test_emulated_gemm_meets_the_bf16_gemm_bound(M, N, K):
+    w = make_weights(N, K, seed=N * 131 + K)
+    enc = tc.encode(w, "palette")
     x = _x(M, K, seed=M + K)
-    y, nerr = _emulate(x, enc)
-    assert nerr == 0 and y.shape == (M, N) and y.dtype == np.uint16
-    xf, wf = bf16_to_f64(x), bf16_to_f64(wd)
-    ref = xf @ wf.T
-    got = bf16_to_f64(y)
-    assert np.isfinite(got).all()  # finite inputs: no NaN / Inf from the kernel
-    cw, nc = min(grid[1], K), kp.cdiv(K, grid[1])
-    assert np.all(np.abs(got - ref) <= _bound(xf, wf, ref, cw, nc))
+    splits = min(3, K // 64)
+    for s in sorted({1, splits}):
+        y = _emulate(x, enc, s)
+        assert y.shape == (M, N) and y.dtype == np.uint16
+        _fa_check(y, x, w)
 
 
 @needs_ext
-@pytest.mark.parametrize("M", range(1, 17))
-def test_emulated_huffman_gemm_every_batch_size(M):
-    """Each M runs the smallest tile >= M with zero-padded x: rows must not leak across."""
-    w, enc = _encode(40, 96, (4, 32), seed=7)
-    x = _x(M, 96, seed=100 + M)
-    y, nerr = _emulate(x, enc)
-    assert nerr == 0
-    xf, wf = bf16_to_f64(x), bf16_to_f64(w)
-    ref = xf @ wf.T
-    assert np.all(np.abs(bf16_to_f64(y) - ref) <= _bound(xf, wf, ref, 32, 3))
-
-
-@needs_ext
-def test_emulated_huffman_gemm_is_deterministic_and_batch_invariant():
-    w, enc = _encode(65, 200, (4, 48), seed=3)
-    x = _x(16, 200, seed=5)
-    ys = [_emulate(x, enc)[0] for _ in range(3)]
-    assert all(np.array_equal(ys[0], y) for y in ys[1:])
-    # a row's sums use only that row of x, in a fixed order: the same bits at any batch size
-    for M in (1, 3, 8):
-        assert np.array_equal(_emulate(np.ascontiguousarray(x[:M]), enc)[0], ys[0][:M])
-    y1 = _emulate(np.ascontiguousarray(x[9:10]), enc)[0]
-    assert np.array_equal(y1[0], ys[0][9])
-
-
-@needs_ext
-def test_emulated_huffman_gemm_special_weights():
-    """Zeros, subnormals and a wide exponent spread (long codes) in W; exact small cases."""
+@pytest.mark.parametrize("general", [False, True])
+def test_every_finite_bf16_pattern_decodes_exactly(general):
+    """W holds all 65280 finite BF16 patterns (the exponent-255 ones are the next test's): a
+    one-hot x row picks one column of W, a single exact product, so y must equal W's column
+    bit for bit (-0 becomes +0: the accumulator starts at +0)."""
+    pats = np.arange(65536, dtype=np.uint32)
+    finite = pats[((pats >> 7) & 0xFF) != 0xFF].astype(np.uint16)
     rng = np.random.default_rng(0)
-    N, K = 33, 80
-    f = (rng.standard_normal((N, K)) * np.exp2(rng.integers(-30, 10, (N, K)))).astype(np.float32)
-    f[rng.random((N, K)) < 0.1] = 0.0
+    w = rng.permutation(finite).reshape(255, 256)
+    enc = tc.encode(w, "palette")
+    assert enc.header.num_verbatim > 0
+    for c0 in range(0, 256, 64):
+        x = np.zeros((64, 256), np.uint16)
+        x[np.arange(64), c0 + np.arange(64)] = 0x3F80  # 1.0
+        y = _emulate(x, enc, splits=2 if c0 else 1, general=general)
+        want = w[:, c0:c0 + 64].T.copy()
+        want[want == 0x8000] = 0
+        assert np.array_equal(y, want)
+
+
+@needs_ext
+def test_inf_and_nan_weights_follow_ieee():
+    w = make_weights(40, 128, seed=4, spread=False)
+    w[3, 5], w[7, 70], w[9, 127] = 0x7F80, 0xFF80, 0x7FC1  # +inf, -inf, NaN
+    enc = tc.encode(w, "palette")
+    x = _x(5, 128, seed=6)
+    y = bf16_to_f64(_emulate(x, enc))
+    ref = bf16_to_f64(x) @ bf16_to_f64(w).T
+    assert np.array_equal(np.isnan(y), np.isnan(ref))
+    inf = np.isinf(ref)
+    assert np.array_equal(y[inf], ref[inf])
+
+
+@needs_ext
+def test_decodes_agree_and_match_the_palette_cases():
+    """The paired and the general palette decode are exact, so they agree bit for bit; both on a
+    palette that pairs (16 consecutive exponents) and on one that cannot (zero exponent + 15)."""
+    rng = np.random.default_rng(3)
+    for exps in (np.arange(110, 126), np.r_[0, np.arange(111, 126)]):
+        e = rng.choice(exps, size=(70, 192))
+        sm = rng.integers(0, 256, size=(70, 192), dtype=np.uint32)
+        w = (((sm & 0x80) << 8) | (e.astype(np.uint32) << 7) | (sm & 0x7F)).astype(np.uint16)
+        enc = tc.encode(w, "palette")
+        assert enc.header.pal_size == 16 and enc.header.num_verbatim == 0
+        x = _x(9, 192, seed=8)
+        y1, y2 = _emulate(x, enc), _emulate(x, enc, general=True)
+        assert np.array_equal(y1, y2)
+        _fa_check(y1, x, w)
+
+
+@needs_ext
+def test_heavy_verbatim_blocks_and_tail_rows():
+    """Weights whose exponents spread over 40 values: most 32-column blocks are verbatim,
+    rows with both blocks of a tile verbatim, and verbatim blocks in the last, partial row tile."""
+    rng = np.random.default_rng(11)
+    f = (rng.standard_normal((77, 384)) * np.exp2(rng.integers(-20, 20, (77, 384)))).astype(np.float32)
     w = (f.view(np.uint32) >> 16).astype(np.uint16)
-    w[0, :4] = [0x0001, 0x8001, 0x0000, 0x8000]  # subnormals, signed zeros
-    enc = tc.encode(w, "huffman", grid=(2, 16))
-    x = _x(4, K, seed=1)
-    y, nerr = _emulate(x, enc)
-    assert nerr == 0
-    xf, wf = bf16_to_f64(x), bf16_to_f64(w)
-    ref = xf @ wf.T
-    got = bf16_to_f64(y)
-    assert np.isfinite(got).all()
-    assert np.all(np.abs(got - ref) <= _bound(xf, wf, ref, 16, 5))
-    # one-hot x picks columns of W exactly (single nonzero product, exact in fp32 and bf16)
-    for k in (0, 17, K - 1):
-        e = np.zeros((1, K), np.uint16)
-        e[0, k] = 0x3F80  # 1.0
-        yk, _ = _emulate(e, enc)
-        want = w[:, k].copy()
-        want[want == 0x8000] = 0x0000  # 0 + (-0) * 1 = +0 in the fp32 accumulator
-        assert np.array_equal(yk[0], want)
+    enc = tc.encode(w, "palette")
+    bpr = 384 // 32
+    assert enc.header.num_verbatim > 0.5 * 77 * bpr
+    x = _x(12, 384, seed=12)
+    for s in (1, 2, 6):
+        _fa_check(_emulate(x, enc, s), x, w)
+    # dropping the verbatim blocks must change the result (the kernel applies them)
+    p = dict(enc.planes)
+    y0 = _cuda.emulate_palette_gemm(x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS][:0],
+                                    p[C.SUFFIX_VEXP][:0], 1, False)
+    assert not np.array_equal(y0, _emulate(x, enc))
 
 
 @needs_ext
-def test_emulated_huffman_gemm_flags_corruption_like_the_cpu_codec():
-    w, enc = _encode(65, 130, (4, 32), seed=11)
-    h, p = enc.header, enc.planes
-    x = _x(2, 130, seed=2)
-    rng = np.random.default_rng(0)
-    for _ in range(20):
-        bad = p[C.SUFFIX_EXP].copy()
-        pos = int(rng.integers(0, bad.size - C.STREAM_SLACK_BYTES))
-        bad[pos] ^= np.uint8(1 << int(rng.integers(0, 8)))
-        _, nerr = _cuda.emulate_huffman_gemm(x, p[C.SUFFIX_SM], bad, p[C.SUFFIX_OFF], h.rows_per_group,
-                                             h.cols_per_chunk, h.table, h.exp_lo, h.exp_hi)
-        try:
-            ref = np.empty_like(w)
-            tc._C.huffman_decode(bad, p[C.SUFFIX_OFF], h.rows, h.cols, h.rows_per_group, h.cols_per_chunk, h.table,
-                                 h.exp_lo, h.exp_hi, 0, h.n_groups, 0, h.n_chunks, p[C.SUFFIX_SM], ref, 1)
-            cpu_ok = True
-        except ValueError:
-            cpu_ok = False
-        assert (nerr == 0) == cpu_ok
-    # offsets pointing past a truncated stream: counted, never read out of bounds
-    off = p[C.SUFFIX_OFF].copy()
-    off[-1] += 1000
-    short = p[C.SUFFIX_EXP][: max(C.STREAM_SLACK_BYTES, p[C.SUFFIX_EXP].size // 2)].copy()
-    _, nerr = _cuda.emulate_huffman_gemm(x, p[C.SUFFIX_SM], short, off, h.rows_per_group, h.cols_per_chunk,
-                                         h.table, h.exp_lo, h.exp_hi)
-    assert nerr >= 1
+def test_deterministic_and_batch_invariant():
+    w = make_weights(96, 512, seed=9)
+    enc = tc.encode(w, "palette")
+    x = _x(64, 512, seed=10)
+    for s in (1, 4):
+        ys = [_emulate(x, enc, s) for _ in range(2)]
+        assert np.array_equal(ys[0], ys[1])
+        # a row's sums use only that row of x in a fixed order: the same bits at any batch size
+        for M in (1, 5, 8, 16, 33):
+            assert np.array_equal(_emulate(np.ascontiguousarray(x[:M]), enc, s), ys[0][:M])
+        assert np.array_equal(_emulate(np.ascontiguousarray(x[40:41]), enc, s)[0], ys[0][40])
 
 
 @needs_ext
-def test_huffman_gemm_launcher_rejects_bad_arguments_without_a_gpu():
-    with pytest.raises(RuntimeError, match="M <= 16"):
-        _cuda.huffman_gemm(16, 8, 17, 16, 16, 64, 16, 4, 8, 1, 8, 16, 16, 16, 4, 16, 0)
-    with pytest.raises(RuntimeError, match="column chunks"):
-        _cuda.huffman_gemm(16, 70000, 1, 16, 16, 64, 16, 4, 70000, 1, 1, 16, 16, 16, 4, 16, 0)
-    with pytest.raises(ValueError):  # null workspace pointer: refused by the binding
-        _cuda.huffman_gemm(16, 8, 1, 16, 16, 64, 16, 4, 8, 1, 8, 16, 0, 16, 4, 16, 0)
+def test_launcher_rejects_bad_arguments_without_a_gpu():
+    base = {"x": 16, "ldx": 64, "M": 1, "sm": 16, "idx": 16, "N": 8, "K": 64, "palette": b"\x7f", "vpos": 0, "nv": 0,
+            "vexp": 0, "splits": 1, "ws": 0, "counters": 0, "y": 16, "ldy": 8}
+
+    def call(**kw):
+        return _cuda.palette_gemm(**{**base, **kw})
+
+    with pytest.raises(RuntimeError, match="M <= 64"):
+        call(M=65)
+    with pytest.raises(RuntimeError, match="K % 64"):
+        call(K=96, ldx=96)
+    with pytest.raises(RuntimeError, match="splits"):
+        call(splits=2)
+    with pytest.raises(RuntimeError, match="aligned"):
+        call(sm=8)
+    with pytest.raises(RuntimeError, match="workspace"):
+        call(K=128, ldx=128, splits=2)
+    with pytest.raises(ValueError):  # null pointers are refused by the binding
+        call(x=0)
     if _cuda.device_count() == 0:  # valid arguments, no device: an error, never a crash
         with pytest.raises(RuntimeError):
-            _cuda.huffman_gemm(16, 8, 1, 16, 16, 64, 16, 4, 8, 1, 8, 16, 16, 16, 4, 16, 0)
+            call()

@@ -179,25 +179,19 @@ def test_decode_huffman_exponents_only_and_histogram_cpu():
     assert torch.equal(hist, torch.bincount(want.reshape(-1), minlength=256))
 
 
-@pytest.mark.parametrize("enc", ["huffman", "palette"])
-def test_matmul_cpu_is_the_fp32_reference(enc):
-    # The CPU implementations are the reference the CUDA kernels are held to: decode, fp32
-    # products and sums, one rounding to bf16.
-    if enc == "huffman":
-        w, h, p, args = _huffman_args(48, 64)
-        x = torch.randn(3, 64, dtype=torch.bfloat16)
-        ws = torch.empty(ops.huffman_workspace_elems(3, 48, 64, h.cols_per_chunk))
-        y = torch.ops.unweight.huffman_matmul(x, *args[:5], ws, args[6], *args[7:])
-        op, oargs = torch.ops.unweight.huffman_matmul.default, (x, *args[:5], ws, args[6], *args[7:])
-    else:
-        w, h, p, args = _palette_args(48, 64)
-        x = torch.randn(3, 64, dtype=torch.bfloat16)
-        ws = torch.empty(ops.palette_workspace_elems(3, h.num_verbatim))
-        y = torch.ops.unweight.palette_matmul(x, *args[:4], ws, *args[6:])
-        op, oargs = torch.ops.unweight.palette_matmul.default, (x, *args[:4], ws, *args[6:])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_matmul_cpu_is_the_fp32_reference(splits):
+    # The CPU implementation is the reference the CUDA kernel is held to: decode, fp32 products
+    # and sums, one rounding to bf16 (splits, workspace and counters only shape the CUDA launch).
+    w, h, p, args = _palette_args(48, 192)
+    x = torch.randn(3, 192, dtype=torch.bfloat16)
+    ws = torch.empty(ops.palette_workspace_elems(3, 48, splits))
+    cnt = torch.zeros(ops.palette_counters_elems(48), dtype=torch.int32)
+    oargs = (x, *args[:4], ws, cnt, *args[6:], splits)
+    y = torch.ops.unweight.palette_matmul(*oargs)
     assert y.shape == (3, 48) and y.dtype == torch.bfloat16
     assert torch.equal(y, (x.float() @ w.float().T).to(torch.bfloat16))
-    torch.library.opcheck(op, oargs, test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.unweight.palette_matmul.default, oargs, test_utils=("test_schema", "test_faketensor"))
 
 
 def test_transcode_to_palette_cpu_matches_codec():

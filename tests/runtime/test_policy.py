@@ -1,5 +1,6 @@
 """The dispatch policy (unweight/runtime/policy.py): explicit, never fused off CUDA, never a
-path the table did not measure faster, and a refused launch remembered with one warning."""
+path the table did not measure faster, a refused launch remembered with one warning, and a
+shape no kernel covers falling back with one warning."""
 import warnings
 
 import pytest
@@ -14,18 +15,18 @@ from unweight.runtime.tuning_table import TuningTable
 DEV = "NVIDIA H100 80GB HBM3"
 
 
-def _module(enc, n=40, k=96):
+def _module(enc, n=40, k=128):
     torch.manual_seed(0)
     lin = nn.Linear(k, n).to(torch.bfloat16)
     nn.init.normal_(lin.weight, std=0.02)
     return lin, CompressedLinear.from_linear(lin, enc)
 
 
-def _winning_table(n=40, k=96):
+def _winning_table(n=40, k=128):
     t = TuningTable()
     for dev in (DEV, "cpu"):
         for enc in ("huffman", "palette"):
-            for M in (1, 4, 16):
+            for M in (1, 4, 16, 64):  # a time under a name no path has ("huffman_gemm") is dropped
                 t.record(dev, n, k, enc, M, {"decode_cublas": 1.0, "palette_gemm": 0.1, "huffman_gemm": 0.1})
     return t
 
@@ -37,7 +38,7 @@ def test_cpu_never_fused_even_when_the_table_says_so(enc):
     prepare.prepare_module(cl, p)
     for M in (1, 3, 16):
         assert p.linear_path(cl.encoded(), M, torch.device("cpu")) == pol.DECODE_CUBLAS
-        x = torch.randn(M, 96, dtype=torch.bfloat16)
+        x = torch.randn(M, 128, dtype=torch.bfloat16)
         with torch.no_grad():
             assert torch.equal(cl(x), lin(x))
     assert not p.may_fuse("cpu")
@@ -54,13 +55,24 @@ def on_cuda(monkeypatch):
 def test_cuda_lookup_follows_the_table_and_supports(on_cuda):
     p, cuda, w = on_cuda
     assert p.linear_path(w, 1, cuda) == pol.PALETTE_GEMM
-    assert p.linear_path(w, 17, cuda) == pol.DECODE_CUBLAS  # no fused kernel above 16 rows
+    assert p.linear_path(w, 64, cuda) == pol.PALETTE_GEMM
+    assert p.linear_path(w, 65, cuda) == pol.DECODE_CUBLAS  # no fused kernel above 64 rows
     assert pol.DispatchPolicy(None).linear_path(w, 1, cuda) == pol.DECODE_CUBLAS
     assert pol.DispatchPolicy(TuningTable()).linear_path(w, 1, cuda) == pol.DECODE_CUBLAS  # nothing measured
-    # huffman without device decode tables (a CPU-built module) cannot take the fused path
+    # huffman weights have no fused kernel, whatever the table says
     _, ch = _module("huffman")
     assert p.linear_path(ch.encoded(), 1, cuda) == pol.DECODE_CUBLAS
     assert p.may_fuse(cuda)
+
+
+def test_uncovered_shape_falls_back_with_one_warning(on_cuda):
+    p, cuda, _ = on_cuda
+    w = _module("palette", k=96)[1].encoded()  # in_features % 64 != 0
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        assert p.linear_path(w, 1, cuda) == pol.DECODE_CUBLAS
+        assert p.linear_path(w, 8, cuda) == pol.DECODE_CUBLAS
+    assert len(got) == 1 and "no fused kernel covers" in str(got[0].message)
 
 
 def test_refusal_is_remembered_with_one_warning(on_cuda):

@@ -51,13 +51,15 @@ def test_choose_never_picks_a_path_not_faster_than_decode_cublas():
     assert c({"decode_cublas": 1.0, "palette_gemm": 1.0}) == tuning.DECODE_CUBLAS  # a tie is not a win
     assert c({"decode_cublas": 1.0, "palette_gemm": 1.5}) == tuning.DECODE_CUBLAS
     assert c({"decode_cublas": 1.0, "palette_gemm": 0.5}) == tuning.PALETTE_GEMM
-    assert c({"decode_cublas": 1.0, "huffman_gemm": 0.9, "palette_gemm": 0.95}) == tuning.HUFFMAN_GEMM
+    # a time under a name no path has (a fused Huffman kernel of earlier tables) never wins
+    assert c({"decode_cublas": 1.0, "huffman_gemm": 0.5, "palette_gemm": 0.95}) == tuning.PALETTE_GEMM
+    assert c({"decode_cublas": 1.0, "huffman_gemm": 0.5}) == tuning.DECODE_CUBLAS
     for bad in (float("nan"), float("inf"), -1.0, 0.0, "0.1", None, True):
-        assert c({"decode_cublas": 1.0, "huffman_gemm": bad}) == tuning.DECODE_CUBLAS
-        assert c({"decode_cublas": bad, "huffman_gemm": 0.1}) == tuning.DECODE_CUBLAS
+        assert c({"decode_cublas": 1.0, "palette_gemm": bad}) == tuning.DECODE_CUBLAS
+        assert c({"decode_cublas": bad, "palette_gemm": 0.1}) == tuning.DECODE_CUBLAS
     rng = np.random.default_rng(0)
     for _ in range(500):
-        times = {k: float(v) for k, v in zip(tuning.CHOICES, rng.uniform(0.01, 1, 3)) if rng.random() < 0.8}
+        times = {k: float(v) for k, v in zip(tuning.CHOICES, rng.uniform(0.01, 1, 2)) if rng.random() < 0.8}
         ch = c(times)
         if ch != tuning.DECODE_CUBLAS:
             assert times[ch] < times["decode_cublas"] and times[ch] == min(times.values())
@@ -67,18 +69,18 @@ def test_record_save_load_roundtrip(tmp_path):
     t = tuning.TuningTable(comment="test")
     assert t.record(DEV, 4096, 4096, "palette", 1, {"decode_cublas": 0.03, "palette_gemm": 0.02}) == "palette_gemm"
     assert t.record(DEV, 4096, 4096, "palette", 16, {"decode_cublas": 0.03, "palette_gemm": 0.04}) == "decode_cublas"
-    assert t.record(DEV, 4096, 14336, "huffman", 3, {"decode_cublas": 0.1, "huffman_gemm": 0.05,
-                                                     "bogus": 0.0001}) == "huffman_gemm"
+    assert t.record(DEV, 4096, 14336, "palette", 3, {"decode_cublas": 0.1, "palette_gemm": 0.05,
+                                                     "bogus": 0.0001}) == "palette_gemm"
     path = t.save(str(tmp_path / "sub" / "t.json"))
     u = tuning.TuningTable.load(path)
     assert u.entries == t.entries and u.comment == "test"
     assert u.lookup(DEV, 4096, 4096, "palette", 1) == "palette_gemm"
     assert u.lookup(DEV, 4096, 4096, "palette", 5) == "decode_cublas"   # bucket 5-16 measured slower
     assert u.lookup(DEV, 4096, 4096, "palette", 2) == "decode_cublas"   # bucket 2-4 never measured
-    assert u.lookup(DEV, 4096, 14336, "huffman", 4) == "huffman_gemm"   # same bucket as M = 3
+    assert u.lookup(DEV, 4096, 14336, "palette", 4) == "palette_gemm"   # same bucket as M = 3
     assert u.lookup("NVIDIA A100-SXM4-80GB", 4096, 4096, "palette", 1) == "decode_cublas"  # other device
     assert u.lookup(DEV, 4096, 4096, "huffman", 1) == "decode_cublas"   # other encoding
-    assert "bogus" not in u.entries[tuning.entry_key(DEV, 4096, 14336, "huffman", "2-4")]["times_ms"]
+    assert "bogus" not in u.entries[tuning.entry_key(DEV, 4096, 14336, "palette", "2-4")]["times_ms"]
 
 
 def test_lookup_rederives_choice_from_times(tmp_path):
@@ -112,7 +114,7 @@ def test_user_cache_overrides_shipped_defaults(tmp_path):
 
 def test_candidates():
     assert tuning.candidates("palette", 1, 4096, 512) == ["palette_gemm"]
-    assert tuning.candidates("palette", 16, 4100, 4100) == []  # K % 8 != 0
-    assert tuning.candidates("palette", 17, 4096, 512) == []
-    assert tuning.candidates("huffman", 16, 4097, 4097) == ["huffman_gemm"]
-    assert tuning.candidates("huffman", 17, 4096, 512) == []
+    assert tuning.candidates("palette", 64, 14336) == ["palette_gemm"]
+    assert tuning.candidates("palette", 16, 4100, 4100) == []  # K % 64 != 0
+    assert tuning.candidates("palette", 65, 4096, 512) == []   # past the kernel's batch range
+    assert tuning.candidates("huffman", 1, 4096, 512) == []    # no fused Huffman kernel

@@ -1,15 +1,27 @@
-"""Fused decode + matmul ops: y = x @ W^T with W kept encoded.
+"""Fused decode + matmul: y = x @ W^T with W kept palette-coded, on the tensor cores.
 
-    torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, workspace, rows, cols, palette) -> y
-    torch.ops.unweight.huffman_matmul(x, sm, exp, off, lut, workspace, err, rows, cols, R, C) -> y
-        x: bf16 [M, cols] (unit column stride); y: bf16 [M, rows]; fp32 accumulation, one rounding.
-        workspace: fp32 [>= workspace_elems(...)] on x's device (a view of the runtime's
-        per-device workspace, so a forward allocates nothing but y).
+    torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, workspace, counters, rows, cols,
+                                      palette, splits) -> y
+        x: bf16 [M, cols] (unit column stride), 1 <= M <= 64 on CUDA; y: bf16 [M, rows];
+        fp32 accumulation, one rounding.  sm, idx, vpos, vexp: the palette planes in file order
+        (docs/FORMAT.md), on x's device.
+        splits: how many K slices the CUDA kernel works on in parallel (palette_splits(); any
+            value in 1 .. cols // 64 is correct, the choice only moves work between SMs).
+        workspace: fp32 [>= palette_workspace_elems(M, rows, splits)] (may be empty when splits
+            is 1): the slices' partial sums.
+        counters: int32 [>= palette_counters_elems(rows)], all zero; a launch leaves them zero,
+            so one buffer serves every launch ordered on a stream.
+        Both are views of the runtime's per-device buffers (runtime/scratch.py), so a forward
+        allocates nothing but y.
 
-The CUDA kernels take M <= 16 (kernel_plan.gemm_supported / huffman_gemm_supported) and
-raise ValueError/RuntimeError for problems they refuse; the runtime dispatch then falls back
-to decode + cuBLAS (runtime/dispatch.py).  The CPU implementations decode and multiply in
-fp32 with one rounding: the reference the kernels are tested against.
+The CUDA kernel needs cols % 64 == 0 and 16-byte aligned planes (palette_supported); it
+raises ValueError / RuntimeError for what it refuses and the runtime dispatch falls back to
+decode + cuBLAS.  The CPU implementation decodes and multiplies in fp32 with one rounding
+(the reference the kernel is tested against) and ignores splits, workspace and counters.
+
+There is no fused Huffman matmul: a Huffman exponent stream decodes serially per segment, so
+fusing its decode into a GEMM runs the GEMM at the decoder's speed (docs/design/gpu-kernels.md
+gives the arithmetic); Huffman layers decode into scratch and run cuBLAS.
 """
 from __future__ import annotations
 
@@ -21,19 +33,43 @@ from torch import Tensor
 
 from ..runtime import kernel_plan as plan
 from . import _ext
-from .decode import n_units
 
-__all__ = ["palette_matmul", "huffman_matmul", "palette_workspace_elems", "huffman_workspace_elems"]
+__all__ = ["palette_matmul", "palette_splits", "palette_workspace_elems", "palette_counters_elems",
+           "palette_supported"]
 
-
-def palette_workspace_elems(M: int, nv: int) -> int:
-    """fp32 elements palette_matmul needs: the verbatim-block corrections [nv, M]."""
-    return max(1, nv * M)
+_SMS: dict = {}
 
 
-def huffman_workspace_elems(M: int, rows: int, cols: int, cols_per_chunk: int) -> int:
-    """fp32 elements huffman_matmul needs: partial sums [ceil(cols / C), M, rows]."""
-    return max(1, plan.hgemm_workspace_elems(M, rows, cols, cols_per_chunk))
+def _num_sms(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    n = _SMS.get(idx)
+    if n is None:
+        n = _SMS[idx] = int(torch.cuda.get_device_properties(idx).multi_processor_count)
+    return n
+
+
+def palette_splits(rows: int, cols: int, device) -> int:
+    """K splits for an [rows, cols] weight on `device`: enough CTAs to fill its SMs at batch 1
+    (kernel_plan.pmma_splits; 1 off CUDA).  Independent of the batch size, so results are too."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1
+    return plan.pmma_splits(rows, cols, _num_sms(device))
+
+
+def palette_workspace_elems(M: int, rows: int, splits: int) -> int:
+    """fp32 elements palette_matmul needs at batch M: the splits' partial sums [splits, M, rows]."""
+    return plan.pmma_workspace_elems(M, rows, splits)
+
+
+def palette_counters_elems(rows: int) -> int:
+    """int32 arrival counters palette_matmul needs (one per 64-row block of W)."""
+    return plan.pmma_counters(rows)
+
+
+def palette_supported(M: int, cols: int) -> bool:
+    """Whether the CUDA kernel takes a batch of M rows against a weight with `cols` columns."""
+    return plan.pmma_supported(M, cols)
 
 
 def _reference(x: Tensor, w_bits: np.ndarray) -> Tensor:
@@ -41,31 +77,21 @@ def _reference(x: Tensor, w_bits: np.ndarray) -> Tensor:
     return (x.float() @ w.T).to(torch.bfloat16)
 
 
-def _check_x(name: str, x: Tensor, cols: int, max_m: int):
-    if x.dim() != 2 or x.size(1) != cols or x.dtype != torch.bfloat16:
-        raise ValueError(f"{name} takes bf16 x [M, {cols}], got {x.dtype} {tuple(x.shape)}")
-    if not 1 <= x.size(0) <= max_m:
-        raise ValueError(f"{name} takes 1..{max_m} rows of x, got {x.size(0)}")
-    if x.stride(1) != 1:
-        raise ValueError(f"{name}: x must have unit column stride")
-
-
-# ------------------------------------------------------------------------ palette_matmul
-
-
-@torch.library.custom_op("unweight::palette_matmul", mutates_args=("workspace",))
-def palette_matmul(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, workspace: Tensor, rows: int,
-                   cols: int, palette: List[int]) -> Tensor:
+@torch.library.custom_op("unweight::palette_matmul", mutates_args=("workspace", "counters"))
+def palette_matmul(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, workspace: Tensor,
+                   counters: Tensor, rows: int, cols: int, palette: List[int], splits: int) -> Tensor:
     raise NotImplementedError(f"unweight::palette_matmul has no kernel for device {x.device}")
 
 
 @palette_matmul.register_fake
-def _(x, sm, idx, vpos, vexp, workspace, rows, cols, palette):
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits):
     return x.new_empty((x.size(0), rows))
 
 
 @palette_matmul.register_kernel("cpu")
-def _(x, sm, idx, vpos, vexp, workspace, rows, cols, palette):
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits):
+    if x.dim() != 2 or x.size(1) != cols:
+        raise ValueError(f"palette_matmul takes x [M, {cols}], got {tuple(x.shape)}")
     w = np.empty((rows, cols), dtype=np.uint16)
     torch.ops.unweight.decode_palette(sm, idx, vpos, vexp, torch.from_numpy(w).view(torch.bfloat16),
                                       torch.zeros(1, dtype=torch.int32), rows, cols, palette)
@@ -73,62 +99,26 @@ def _(x, sm, idx, vpos, vexp, workspace, rows, cols, palette):
 
 
 @palette_matmul.register_kernel("cuda")
-def _(x, sm, idx, vpos, vexp, workspace, rows, cols, palette):
-    _check_x("palette_matmul", x, cols, plan.GEMM_MAX_M)
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits):
+    if x.dim() != 2 or x.size(1) != cols or x.dtype != torch.bfloat16:
+        raise ValueError(f"palette_matmul takes bf16 x [M, {cols}], got {x.dtype} {tuple(x.shape)}")
     M = x.size(0)
-    if not plan.gemm_supported(M, cols):
-        raise ValueError("palette_matmul needs cols % 8 == 0")
-    if x.stride(0) % plan.GEMM_VEC or x.data_ptr() % 16:
+    if not palette_supported(M, cols):
+        raise ValueError(f"palette_matmul takes 1..{plan.PMMA_MAX_M} rows of x and cols % {plan.PMMA_TILE_K} == 0, "
+                         f"got {M} rows, {cols} cols")
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)  # fresh and aligned: the kernel's 16-byte x loads
-    _ext.require_contiguous("palette_matmul", sm, idx, vpos, vexp, workspace)
-    _ext.same_device("palette_matmul", x, sm, idx, vpos, vexp, workspace)
-    nv = vpos.numel()
-    if workspace.dtype != torch.float32 or workspace.numel() < palette_workspace_elems(M, nv):
-        raise ValueError("palette_matmul: workspace too small")
+    _ext.require_contiguous("palette_matmul", sm, idx, vpos, vexp)
+    _ext.same_device("palette_matmul", x, sm, idx, vpos, vexp, workspace, counters)
+    if splits > 1:
+        if workspace.dtype != torch.float32 or workspace.numel() < palette_workspace_elems(M, rows, splits):
+            raise ValueError("palette_matmul: workspace too small")
+        if counters.dtype != torch.int32 or counters.numel() < palette_counters_elems(rows):
+            raise ValueError("palette_matmul: counters too small")
     y = torch.empty((M, rows), dtype=torch.bfloat16, device=x.device)
     with torch.cuda.device_of(x):
         _ext.cuda_module().palette_gemm(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
-                                        bytes(palette), _ext.ptr(vpos), nv, _ext.ptr(vexp), _ext.ptr(workspace),
-                                        _ext.ptr(y), y.stride(0), _ext.stream(x))
-    return y
-
-
-# ------------------------------------------------------------------------ huffman_matmul
-
-
-@torch.library.custom_op("unweight::huffman_matmul", mutates_args=("workspace", "err"))
-def huffman_matmul(x: Tensor, sm: Tensor, exp: Tensor, off: Tensor, table: Tensor, lut: Tensor, workspace: Tensor,
-                   err: Tensor, rows: int, cols: int, rows_per_group: int, cols_per_chunk: int, exp_lo: int,
-                   exp_hi: int) -> Tensor:
-    raise NotImplementedError(f"unweight::huffman_matmul has no kernel for device {x.device}")
-
-
-@huffman_matmul.register_fake
-def _(x, sm, exp, off, table, lut, workspace, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
-    return x.new_empty((x.size(0), rows))
-
-
-@huffman_matmul.register_kernel("cpu")
-def _(x, sm, exp, off, table, lut, workspace, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
-    w = np.empty((rows, cols), dtype=np.uint16)
-    torch.ops.unweight.decode_huffman(sm, exp, off, table, lut, torch.from_numpy(w).view(torch.bfloat16), err, rows,
-                                      cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi)
-    return _reference(x, w)
-
-
-@huffman_matmul.register_kernel("cuda")
-def _(x, sm, exp, off, table, lut, workspace, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
-    _check_x("huffman_matmul", x, cols, plan.HGEMM_MAX_M)
-    M = x.size(0)
-    _ext.require_contiguous("huffman_matmul", sm, exp, off, lut, workspace)
-    _ext.same_device("huffman_matmul", x, sm, exp, off, lut, workspace, err)
-    if workspace.dtype != torch.float32 or workspace.numel() < huffman_workspace_elems(M, rows, cols, cols_per_chunk):
-        raise ValueError("huffman_matmul: workspace too small")
-    if n_units(cols, cols_per_chunk) > plan.HGEMM_MAX_CHUNKS:
-        raise ValueError("huffman_matmul: too many column chunks")
-    y = torch.empty((M, rows), dtype=torch.bfloat16, device=x.device)
-    with torch.cuda.device_of(x):
-        _ext.cuda_module().huffman_gemm(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(exp), exp.numel(),
-                                        _ext.ptr(off), rows, cols, rows_per_group, cols_per_chunk, _ext.ptr(lut),
-                                        _ext.ptr(workspace), _ext.ptr(y), y.stride(0), _ext.ptr(err), _ext.stream(x))
+                                        bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), splits,
+                                        _ext.ptr(workspace), _ext.ptr(counters), _ext.ptr(y), y.stride(0),
+                                        _ext.stream(x))
     return y

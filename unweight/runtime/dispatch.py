@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import ops
+from . import kernel_plan as kp
 from . import scratch
 from .policy import DECODE_CUBLAS, PALETTE_GEMM, DispatchPolicy
 from .weights import EncodedWeight
@@ -59,18 +60,19 @@ def decode_new(pieces: list, out_rows: int, cols: int) -> Tensor:
     return decode_into(pieces, torch.empty(out_rows * cols, dtype=torch.bfloat16, device=dev), out_rows, cols)
 
 
-def fused(w: EncodedWeight, x2: Tensor, path: str) -> Tensor:
-    """y = x2 @ W^T through fused kernel `path` (PALETTE_GEMM | HUFFMAN_GEMM).  x2: bf16 [M, cols]
-    unit column stride.  Raises what the op raises when the kernel refuses the problem."""
-    M = x2.size(0)
-    if path == PALETTE_GEMM:
-        nv = w.vpos.numel()
-        ws = scratch.workspace(x2.device, ops.palette_workspace_elems(M, nv))
-        return torch.ops.unweight.palette_matmul(x2, w.sm, w.idx, w.vpos, w.vexp, ws, w.rows, w.cols, w.palette)
-    ws = scratch.workspace(x2.device, ops.huffman_workspace_elems(M, w.rows, w.cols, w.cols_per_chunk))
-    return torch.ops.unweight.huffman_matmul(x2, w.sm, w.exp, w.off, w.table, w.lut, ws,
-                                             scratch.error_counter(x2.device), w.rows, w.cols, w.rows_per_group,
-                                             w.cols_per_chunk, w.exp_lo, w.exp_hi)
+def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
+    """y = x2 @ W^T through the fused palette GEMM (the one fused `path`).  x2: bf16 [M, cols]
+    unit column stride, on W's CUDA device.  The split partials and arrival counters are views
+    of the device's scratch, sized for the largest batch the kernel takes, so only a layer's
+    first fused forward can grow them.  Raises what the op raises when the kernel refuses."""
+    if path != PALETTE_GEMM or w.is_huffman:
+        raise ValueError(f"no fused kernel {path!r} for a {w.encoding_name} weight")
+    dev = x2.device
+    splits = ops.palette_splits(w.rows, w.cols, dev)
+    ws = scratch.workspace(dev, ops.palette_workspace_elems(kp.PMMA_MAX_M, w.rows, splits))
+    cnt = scratch.counters(dev, ops.palette_counters_elems(w.rows))
+    return torch.ops.unweight.palette_matmul(x2, w.sm, w.idx, w.vpos, w.vexp, ws, cnt, w.rows, w.cols, w.palette,
+                                             splits)
 
 
 def linear(pieces: list, x: Tensor, bias: Tensor | None, out_rows: int, cols: int,

@@ -19,20 +19,20 @@ ENC_THREADS = 256
 HIST_THREADS = 256
 HIST_MAX_CTAS = 1024
 SCAN_THREADS = 1024
-GEMM_THREADS = 128
-GEMM_ROWS_PER_CTA = GEMM_THREADS // WARP
-GEMM_VEC = 8
-GEMM_STEP = WARP * GEMM_VEC
-GEMM_MAX_M = 16
-HGEMM_THREADS = 64
-HGEMM_MAX_M = 16
-HGEMM_REDUCE_THREADS = 256
-HGEMM_MAX_CHUNKS = 65535
-HGEMM_LUT_BYTES = C.HUFF_NUM_CTX << (C.HUFF_MAX_CODE_LEN + 1)
-# Shared memory one CTA may opt in to on the smallest supported target (sm_80: 163 KiB);
-# sm_90 allows 227 KiB, and the launcher checks the real device limit.
-HGEMM_SMEM_LIMIT_SM80 = 166912
-
+# Fused palette GEMM on tensor cores (csrc/cuda/palette_matmul.cuh).
+PMMA_WARPS = 4
+PMMA_THREADS = PMMA_WARPS * WARP
+PMMA_TILE_N = 16
+PMMA_ROWS = PMMA_WARPS * PMMA_TILE_N
+PMMA_TILE_K = 64
+PMMA_STAGES = 4
+PMMA_SM_BYTES = PMMA_TILE_N * PMMA_TILE_K
+PMMA_TILE_BYTES = PMMA_SM_BYTES + PMMA_SM_BYTES // 2
+PMMA_SMEM_BYTES = PMMA_WARPS * PMMA_STAGES * PMMA_TILE_BYTES + 16
+PMMA_MAX_M = 64
+PMMA_CTAS_PER_SM = 4
+PMMA_MIN_SPLIT_TILES = 4
+PMMA_MAX_SPLITS = 65535
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -97,7 +97,7 @@ def pal_unit(t: int, n_cols: int) -> tuple[int, int, int]:
     return t // tpr, k, min(PAL_VEC, n_cols - k)
 
 
-# --- warp-per-item kernels (verbatim patch/gather, row counts, compaction, GEMM correction)
+# --- warp-per-item kernels (verbatim patch/gather, row counts, compaction)
 def pgather_grid(n_ids: int, n_cols: int) -> int:
     """CTAs of the palette row gather: pal_unit's threads per row over n_ids rows."""
     return pal_grid(n_ids, n_cols)
@@ -127,59 +127,46 @@ def hist_grid(n_bytes: int) -> int:
     return max(1, min(HIST_MAX_CTAS, cdiv(cdiv(n_bytes, 16), HIST_THREADS)))
 
 
-# --- fused GEMV/GEMM: one warp per W row ---------------------------------------------------
-def gemm_grid(n_rows: int) -> int:
-    return cdiv(n_rows, GEMM_ROWS_PER_CTA)
-
-
-def gemm_steps(cols: int) -> int:
-    return cdiv(cols, GEMM_STEP)
-
-
-def gemm_lane_cols(lane: int, cols: int) -> list[int]:
-    """First columns of the GEMM_VEC-wide chunks lane `lane` accumulates (cols % 8 == 0)."""
-    return [c for s in range(gemm_steps(cols)) for c in (s * GEMM_STEP + lane * GEMM_VEC,) if c < cols]
-
-
-def gemm_supported(M: int, K: int) -> bool:
-    """Whether palette_gemm takes this problem (else: decode + dense matmul)."""
-    return 1 <= M <= GEMM_MAX_M and K % GEMM_VEC == 0
-
-
-# --- fused Huffman GEMV/GEMM: one thread per segment, a CTA = HGEMM_THREADS row groups of one chunk
-def hgemm_mtile(M: int) -> int:
-    """Batch tile (template MT) the kernel runs for M rows; 0 when M is out of range."""
-    if M < 1 or M > HGEMM_MAX_M:
+# --- fused palette GEMM (tensor cores) ----------------------------------------------------
+def pmma_ntiles(M: int) -> int:
+    """n-tiles of 8 batch rows the kernel runs for M rows; 0 when M is out of range."""
+    if M < 1 or M > PMMA_MAX_M:
         return 0
-    return next(t for t in (1, 2, 4, 8, 16) if M <= t)
+    return next(t for t in (1, 2, 4, 8) if M <= 8 * t)
 
 
-def hgemm_grid_x(n_groups: int) -> int:
-    """CTAs along x (row groups); gridDim.y is the number of column chunks."""
-    return cdiv(n_groups, HGEMM_THREADS)
+def pmma_grid_x(N: int) -> int:
+    """CTAs along x: blocks of PMMA_ROWS rows of W (gridDim.y is the K split)."""
+    return cdiv(N, PMMA_ROWS)
 
 
-def hgemm_unit(bx: int, by: int, tid: int) -> tuple[int, int]:
-    """Thread tid of CTA (bx, by) -> (row group, column chunk); the group may be past the end."""
-    return bx * HGEMM_THREADS + tid, by
+def pmma_splits(N: int, K: int, num_sms: int) -> int:
+    """K splits for an [N, K] weight on a device with num_sms SMs (independent of M)."""
+    n_kt, n_rb = K // PMMA_TILE_K, pmma_grid_x(N)
+    if n_kt < 1 or n_rb < 1:
+        return 1
+    s = (num_sms * PMMA_CTAS_PER_SM + n_rb // 2) // n_rb
+    s = min(s, n_kt // PMMA_MIN_SPLIT_TILES, PMMA_MAX_SPLITS)
+    if s < 1:
+        return 1
+    return cdiv(n_kt, cdiv(n_kt, s))
 
 
-def hgemm_smem_bytes(chunk_width: int, mtile: int) -> int:
-    """Dynamic shared memory of a CTA: LUT + x chunk [chunk_width, mtile] bf16 (16-byte rounded)."""
-    return HGEMM_LUT_BYTES + cdiv(chunk_width * mtile * 2, 16) * 16
+def pmma_split_tiles(K: int, splits: int) -> int:
+    """K tiles (of PMMA_TILE_K columns) per split; the last split may hold fewer."""
+    return cdiv(K // PMMA_TILE_K, splits)
 
 
-def hgemm_reduce_grid(M: int, N: int) -> int:
-    return cdiv(M * N, HGEMM_REDUCE_THREADS)
+def pmma_workspace_elems(M: int, N: int, splits: int) -> int:
+    """fp32 partial sums [splits, M, N] a split launch writes (0 without a split)."""
+    return splits * M * N if splits > 1 else 0
 
 
-def hgemm_workspace_elems(M: int, N: int, K: int, C_: int) -> int:
-    """fp32 partial sums [ceil(K / C), M, N] the fused Huffman GEMM writes before reducing."""
-    return cdiv(K, C_) * M * N
+def pmma_counters(N: int) -> int:
+    """int32 arrival counters (one per row block) a split launch uses, zero between launches."""
+    return pmma_grid_x(N)
 
 
-def huffman_gemm_supported(M: int, K: int, C_: int, smem_limit: int = HGEMM_SMEM_LIMIT_SM80) -> bool:
-    """Whether huffman_gemm takes this problem on a device with `smem_limit` bytes of opt-in
-    shared memory per CTA (else: decode + dense matmul)."""
-    mt = hgemm_mtile(M)
-    return mt > 0 and cdiv(K, C_) <= HGEMM_MAX_CHUNKS and hgemm_smem_bytes(min(C_, K), mt) <= smem_limit
+def pmma_supported(M: int, K: int) -> bool:
+    """Whether palette_gemm takes this problem (else: decode + dense matmul)."""
+    return pmma_ntiles(M) > 0 and K > 0 and K % PMMA_TILE_K == 0

@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from . import kernel_plan as kp
-from .tuning_table import DECODE_CUBLAS, HUFFMAN_GEMM, PALETTE_GEMM, TuningTable, bucket, load_table
+from .tuning_table import DECODE_CUBLAS, PALETTE_GEMM, TuningTable, bucket, load_table
 from .weights import EncodedWeight
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DispatchPolicy", "measured", "DECODE_CUBLAS", "PALETTE_GEMM", "HUFFMAN_GEMM"]
+__all__ = ["DispatchPolicy", "measured", "DECODE_CUBLAS", "PALETTE_GEMM"]
 
 
 class DispatchPolicy:
@@ -45,29 +45,38 @@ class DispatchPolicy:
         return n
 
     def linear_path(self, w: EncodedWeight, M: int, device: torch.device) -> str:
-        """The path for y = x @ W^T with x of M rows on `device`."""
-        if self.table is None or not self.table.entries or device.type != "cuda" or not 1 <= M <= kp.GEMM_MAX_M:
+        """The path for y = x @ W^T with x of M rows on `device`.  Only palette weights have a
+        fused kernel, for 1 <= M <= 64 (past that, or for Huffman weights, decode + cuBLAS is
+        the design); a palette shape the kernel cannot take (K % 64 != 0) falls back with one
+        warning per shape."""
+        if (self.table is None or not self.table.entries or device.type != "cuda" or w.is_huffman
+                or not 1 <= M <= kp.PMMA_MAX_M):
+            return DECODE_CUBLAS
+        if not kp.pmma_supported(M, w.cols):
+            self._warn_uncovered(w)
             return DECODE_CUBLAS
         key = (self.device_name(device), w.rows, w.cols, w.encoding_name, bucket(M))
         if key in self._refused:
             return DECODE_CUBLAS
-        choice = self.table.lookup(*key[:4], M)
-        if choice == PALETTE_GEMM and not (not w.is_huffman and kp.gemm_supported(M, w.cols)):
-            return DECODE_CUBLAS
-        if choice == HUFFMAN_GEMM and not (w.is_huffman and w.lut is not None and w.lut.numel()
-                                           and kp.huffman_gemm_supported(M, w.cols, w.cols_per_chunk)):
-            return DECODE_CUBLAS
-        return choice
+        return self.table.lookup(*key[:4], M)
+
+    def _warn_uncovered(self, w: EncodedWeight) -> None:
+        self._remember(("uncovered", w.rows, w.cols),
+                       f"unweight: no fused kernel covers {w.name or 'a layer'} [{w.rows}x{w.cols}] (the palette GEMM "
+                       f"needs in_features % {kp.PMMA_TILE_K} == 0); using decode + cuBLAS for it")
+
+    def _remember(self, key, msg: str) -> None:
+        """Adds key to the fallbacks; the first time, warns with msg (once per key)."""
+        if key not in self._refused:
+            self._refused.add(key)
+            warnings.warn(msg, stacklevel=4)
+            log.warning(msg)
 
     def refuse(self, w: EncodedWeight, M: int, device: torch.device, path: str, reason: str) -> None:
         """A fused launcher refused this problem: run decode + GEMM for it from now on (one warning)."""
         key = (self.device_name(device), w.rows, w.cols, w.encoding_name, bucket(M))
-        if key not in self._refused:
-            self._refused.add(key)
-            msg = (f"unweight: {path} refused {w.name or 'a layer'} [{w.rows}x{w.cols}] at batch {M} on {key[0]} "
-                   f"({reason}); using decode + cuBLAS for it")
-            warnings.warn(msg, stacklevel=3)
-            log.warning(msg)
+        self._remember(key, f"unweight: {path} refused {w.name or 'a layer'} [{w.rows}x{w.cols}] at batch {M} on "
+                            f"{key[0]} ({reason}); using decode + cuBLAS for it")
 
     def may_fuse(self, device) -> bool:
         """Whether any forward on `device` can take a fused kernel (else every output is the

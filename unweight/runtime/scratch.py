@@ -1,11 +1,12 @@
 """Per-device scratch memory and the device error counters.
 
 Scratch: ONE bf16 buffer per device, sized at load time (reserve) to the largest decoded
-weight that decodes into it, and one fp32 workspace per device for the fused kernels'
-partial sums.  Every compressed layer on a device decodes into a prefix view of the buffer
-and consumes it at once, so forwards never allocate for weights and CUDA-graph capture sees
-no allocation.  The consequence: forwards on one device must not run concurrently from
-several host threads (work on one CUDA stream is ordered, so GPU overlap is fine).
+weight that decodes into it, one fp32 workspace per device for the fused kernel's partial
+sums, and one int32 buffer of arrival counters the fused kernel keeps at zero between
+launches.  Every compressed layer on a device decodes into a prefix view of the buffer and
+consumes it at once, so forwards never allocate for weights and CUDA-graph capture sees no
+allocation.  The consequence: forwards on one device must not run concurrently from several
+host threads or streams (work on one CUDA stream is ordered, so GPU overlap is fine).
 
 Error counters: int32 [1] per device that the CUDA decoders add data errors to (they cannot
 raise without a host sync).  ``check_device_errors`` reads one back outside the forward.
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 _WEIGHTS: dict[str, Tensor] = {}
 _WORKSPACE: dict[str, Tensor] = {}
+_COUNTERS: dict[str, Tensor] = {}
 _ERR: dict[str, Tensor] = {}
 
 
@@ -67,9 +69,21 @@ def weights(device, numel: int) -> Tensor:
 
 
 def workspace(device, numel: int) -> Tensor:
+    """The fp32 workspace of `device`, at least `numel` floats (grown when smaller)."""
     buf = _WORKSPACE.get(device_key(device))
     if buf is None or buf.numel() < numel:
         buf = reserve_workspace(device, numel)
+    return buf
+
+
+def counters(device, numel: int) -> Tensor:
+    """int32 [>= numel] zeros on `device` for the fused kernel's arrival counters (a launch
+    leaves them zero; grown as a new zeroed buffer when smaller)."""
+    k = device_key(device)
+    buf = _COUNTERS.get(k)
+    if buf is None or buf.numel() < numel:
+        buf = torch.zeros(max(int(numel), 1024), dtype=torch.int32, device=k)
+        _COUNTERS[k] = buf
     return buf
 
 
@@ -80,7 +94,7 @@ def scratch_bytes(device) -> int:
 
 def release(device=None) -> None:
     """Drop the scratch buffers (of one device, or all) after unloading compressed models."""
-    for store in (_WEIGHTS, _WORKSPACE):
+    for store in (_WEIGHTS, _WORKSPACE, _COUNTERS):
         if device is None:
             store.clear()
         else:

@@ -3,7 +3,7 @@
 Pure data (no torch): the dispatch policy (runtime/policy.py) looks a choice up per forward
 under the key
 
-    (device name, N, K, encoding, batch bucket)  ->  "decode_cublas" | "palette_gemm" | "huffman_gemm"
+    (device name, N, K, encoding, batch bucket)  ->  "decode_cublas" | "palette_gemm"
 
 with N, K the weight's [N, K] shape, encoding "huffman" / "palette", and the batch bucket of
 M = x.numel() // K one of BUCKETS ("1", "2-4", "5-16", "17-64", "65-256", ">256").
@@ -43,8 +43,9 @@ log = logging.getLogger(__name__)
 SCHEMA = 1
 DECODE_CUBLAS = "decode_cublas"
 PALETTE_GEMM = "palette_gemm"
-HUFFMAN_GEMM = "huffman_gemm"
-CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, HUFFMAN_GEMM)
+# Times recorded under other names (a fused Huffman kernel some earlier tables list) are kept
+# out of every choice: only these paths exist.
+CHOICES = (DECODE_CUBLAS, PALETTE_GEMM)
 
 # (upper bound inclusive, name); the last bucket is open-ended.
 _BUCKET_BOUNDS = ((1, "1"), (4, "2-4"), (16, "5-16"), (64, "17-64"), (256, "65-256"))
@@ -85,20 +86,16 @@ def choose(times_ms: dict) -> str:
     base = times_ms.get(DECODE_CUBLAS)
     if not _finite(base):
         return DECODE_CUBLAS
-    best, best_t = DECODE_CUBLAS, base
-    for name in (PALETTE_GEMM, HUFFMAN_GEMM):  # fixed order: ties keep the earlier one
-        t = times_ms.get(name)
-        if _finite(t) and t < best_t:
-            best, best_t = name, t
-    return best
+    t = times_ms.get(PALETTE_GEMM)
+    return PALETTE_GEMM if _finite(t) and t < base else DECODE_CUBLAS
 
 
-def candidates(encoding: str, M: int, K: int, cols_per_chunk: int) -> list[str]:
-    """Fused paths that can run y = x @ W^T for this encoding and problem (besides decode_cublas)."""
-    if encoding == "palette" and kp.gemm_supported(M, K):
+def candidates(encoding: str, M: int, K: int, cols_per_chunk: int = 0) -> list[str]:
+    """Fused paths that can run y = x @ W^T for this encoding and problem (besides
+    decode_cublas): the palette GEMM for palette weights within its batch and shape limits;
+    none for Huffman weights (cols_per_chunk is accepted for callers that pass the grid)."""
+    if encoding == "palette" and kp.pmma_supported(M, K):
         return [PALETTE_GEMM]
-    if encoding == "huffman" and kp.huffman_gemm_supported(M, K, cols_per_chunk):
-        return [HUFFMAN_GEMM]
     return []
 
 
