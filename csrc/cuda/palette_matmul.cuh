@@ -169,13 +169,21 @@ UW_HD int64_t warp_lower_bound(Ctx& c, const uint32_t* v, int64_t n, uint64_t ke
 // (lane/2, lane%2), which lanes read across: hence the syncwarp after the wait.
 template <class Ctx>
 UW_HD void pmma_issue(Ctx& c, bool valid, unsigned char* st, const uint8_t* sm_lo, const uint8_t* sm_hi,
-                      const uint8_t* ix, int64_t col, int g, int t, int lane) {
+                      const uint8_t* ix, int w_lo, int w_hi, int w_ix) {
   if (valid) {
-    c.cp_async16(st + g * plan::PMMA_TILE_K + 16 * t, sm_lo + col);
-    c.cp_async16(st + (g + 8) * plan::PMMA_TILE_K + 16 * t, sm_hi + col);
-    c.cp_async16(st + plan::PMMA_SM_BYTES + (lane >> 1) * (plan::PMMA_TILE_K / 2) + 16 * (lane & 1), ix + col / 2);
+    c.cp_async16(st + w_lo, sm_lo);
+    c.cp_async16(st + w_hi, sm_hi);
+    c.cp_async16(st + w_ix, ix);
   }
   c.cp_async_commit();  // empty past the end: the group count stays uniform for wait<N>
+}
+
+// Block index within its row of vpos[cur] when that entry lies in the row starting at block
+// id rowbase (bpr blocks per row), else 0xFFFFFFFF (none left: the cursor never hits again).
+UW_HD uint32_t pmma_rel(const PmmaArgs& a, uint32_t cur, uint64_t rowbase, uint64_t bpr) {
+  if (cur >= a.nv) return 0xFFFFFFFFu;
+  const uint64_t id = a.vpos[cur];
+  return id >= rowbase && id < rowbase + bpr ? static_cast<uint32_t>(id - rowbase) : 0xFFFFFFFFu;
 }
 
 // Eight bf16 of an x row (B registers of two mma steps); zeros for a batch row past M.
@@ -206,40 +214,51 @@ UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
   unsigned char* ring = c.smem() + warp * S * plan::PMMA_TILE_BYTES;
 
   // Rows past N (the last tile) load row N-1 again: valid memory, results never stored.
+  // Pointers (issue side) and offsets (read side) advance by a tile per step: the loop body
+  // keeps 64-bit arithmetic to three pointer increments.
   const int64_t last = a.N - 1;
   const int64_t r_lo = row0 + g < last ? row0 + g : last, r_hi = row0 + g + 8 < last ? row0 + g + 8 : last;
   const int64_t r_ix = row0 + (lane >> 1) < last ? row0 + (lane >> 1) : last;
-  const uint8_t* sm_lo = a.sm + r_lo * a.K + 16 * t;
-  const uint8_t* sm_hi = a.sm + r_hi * a.K + 16 * t;
-  const uint8_t* ix = a.idx + r_ix * (a.K / 2) + 16 * (lane & 1);
+  const uint8_t* q_lo = a.sm + r_lo * a.K + kt0 * TK + 16 * t;
+  const uint8_t* q_hi = a.sm + r_hi * a.K + kt0 * TK + 16 * t;
+  const uint8_t* q_ix = a.idx + r_ix * (a.K / 2) + kt0 * (TK / 2) + 16 * (lane & 1);
+  const int w_lo = g * TK + 16 * t, w_hi = (g + 8) * TK + 16 * t;  // this lane's copies in a stage
+  const int w_ix = plan::PMMA_SM_BYTES + (lane >> 1) * (TK / 2) + 16 * (lane & 1);
+  const int r_sm_lo = w_lo, r_sm_hi = w_hi;                           // and its reads
+  const int r_n_lo = plan::PMMA_SM_BYTES + g * (TK / 2) + 8 * t, r_n_hi = r_n_lo + 8 * (TK / 2);
 UW_UNROLL()
-  for (int i = 0; i < S - 1; ++i)
-    pmma_issue(c, i < ntiles, ring + i * plan::PMMA_TILE_BYTES, sm_lo, sm_hi, ix, (kt0 + i) * TK, g, t, lane);
+  for (int i = 0; i < S - 1; ++i) {
+    pmma_issue(c, i < ntiles, ring + i * plan::PMMA_TILE_BYTES, q_lo, q_hi, q_ix, w_lo, w_hi, w_ix);
+    q_lo += TK;
+    q_hi += TK;
+    q_ix += TK / 2;
+  }
 
   // x rows of this lane's n-tile columns (B fragment: n = g); rows past M read as zero.
-  const uint16_t* xr[NT];
+  const uint16_t* xp[NT];
   bool xv[NT];
 UW_UNROLL()
   for (int nt = 0; nt < NT; ++nt) {
     const int m = nt * 8 + g;
     xv[nt] = m < a.M;
-    xr[nt] = a.x + (xv[nt] ? m : 0) * a.ldx + 16 * t;
+    xp[nt] = a.x + (xv[nt] ? m : 0) * a.ldx + kt0 * TK + 16 * t;
   }
 
-  // Verbatim blocks: lane i < 16 follows row row0 + i with a cursor into vpos (the first
-  // entry at or after the tile being processed); `nid` is that entry's block id.
-  const int64_t bpr = a.K / PAL_BLOCK;
-  int64_t cur = 0;
-  uint32_t nid = 0xFFFFFFFFu;
+  // Verbatim blocks: lane i < 16 follows row row0 + i with a cursor into vpos (its first
+  // entry at or after the tile being processed); `rel` is that entry's block index within
+  // the row (0xFFFFFFFF: none left in the row), so a tile's test is one subtract and compare.
+  // Block ids fit in 32 bits (the launcher checks N * K / 32 < 2^32).
+  const uint64_t bpr = static_cast<uint64_t>(a.K / PAL_BLOCK);
+  const uint64_t rowbase = static_cast<uint64_t>(row0 + (lane & 15)) * bpr;
+  uint32_t cur = 0, rel = 0xFFFFFFFFu;
   if (a.nv > 0 && ntiles > 0) {
     const uint64_t first = static_cast<uint64_t>(row0) * bpr + 2 * kt0;
     const uint64_t end = static_cast<uint64_t>(row0 + plan::PMMA_TILE_N - 1) * bpr + 2 * kt1;
     const int64_t v_lo = warp_lower_bound(c, a.vpos, a.nv, first);
     const int64_t v_hi = warp_lower_bound(c, a.vpos, a.nv, end);
     if (lane < plan::PMMA_TILE_N && v_hi > v_lo) {
-      const uint64_t key = static_cast<uint64_t>(row0 + lane) * bpr + 2 * kt0;
-      cur = v_lo + lower_bound_u32(a.vpos + v_lo, v_hi - v_lo, key);
-      if (cur < a.nv) nid = a.vpos[cur];
+      cur = static_cast<uint32_t>(v_lo + lower_bound_u32(a.vpos + v_lo, v_hi - v_lo, rowbase + 2 * kt0));
+      rel = pmma_rel(a, cur, rowbase, bpr);
     }
   }
 
@@ -248,21 +267,26 @@ UW_UNROLL()
   for (int nt = 0; nt < NT; ++nt)
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
 
+  int rd = 0, wr = (S - 1) * plan::PMMA_TILE_BYTES;  // stage being read / refilled
+  uint32_t kb = static_cast<uint32_t>(2 * kt0);         // first block of the tile within its row
   for (int i = 0; i < ntiles; ++i) {
-    const int64_t kt = kt0 + i, col = kt * TK;
     uint32_t xb[NT][4];  // x[nt*8+g][col + 16t .. +8): B registers of steps 0, 1 (then 2, 3)
 UW_UNROLL()
-    for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xr[nt] + col, xb[nt]);
+    for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp[nt], xb[nt]);
     c.template cp_async_wait<S - 2>();
     c.syncwarp();  // other lanes' index copies of this stage are in; their reads of the stage refilled below are done
-    pmma_issue(c, i + S - 1 < ntiles, ring + ((i + S - 1) % S) * plan::PMMA_TILE_BYTES, sm_lo, sm_hi, ix,
-               (kt + S - 1) * TK, g, t, lane);
-    const unsigned char* st = ring + (i % S) * plan::PMMA_TILE_BYTES;
+    pmma_issue(c, i + S - 1 < ntiles, ring + wr, q_lo, q_hi, q_ix, w_lo, w_hi, w_ix);
+    q_lo += TK;
+    q_hi += TK;
+    q_ix += TK / 2;
+    wr = wr + plan::PMMA_TILE_BYTES == S * plan::PMMA_TILE_BYTES ? 0 : wr + plan::PMMA_TILE_BYTES;
+    const unsigned char* st = ring + rd;
+    rd = rd + plan::PMMA_TILE_BYTES == S * plan::PMMA_TILE_BYTES ? 0 : rd + plan::PMMA_TILE_BYTES;
     uint32_t s_lo[4], s_hi[4], n_lo[2], n_hi[2];
-    lds_v4(st + g * TK + 16 * t, s_lo);
-    lds_v4(st + (g + 8) * TK + 16 * t, s_hi);
-    lds_v2(st + plan::PMMA_SM_BYTES + g * (TK / 2) + 8 * t, n_lo);
-    lds_v2(st + plan::PMMA_SM_BYTES + (g + 8) * (TK / 2) + 8 * t, n_hi);
+    lds_v4(st + r_sm_lo, s_lo);
+    lds_v4(st + r_sm_hi, s_hi);
+    lds_v2(st + r_n_lo, n_lo);
+    lds_v2(st + r_n_hi, n_hi);
     uint32_t af[4][4];  // [step][A register]: regs 0, 2 row g; 1, 3 row g + 8
 UW_UNROLL()
     for (int j = 0; j < 4; ++j) {
@@ -271,17 +295,15 @@ UW_UNROLL()
       pmma_decode4<kPaired>(s_hi[j], n_hi[j >> 1] >> sh, a, af[j][1], af[j][3]);
     }
     if (a.nv > 0) {  // rare: a row of this tile has a verbatim block here
-      const uint64_t tile_key = static_cast<uint64_t>(row0 + lane) * bpr + 2 * kt;
-      unsigned hits = c.ballot(lane < plan::PMMA_TILE_N && nid >= tile_key && nid < tile_key + 2);
+      unsigned hits = c.ballot(rel - kb < 2u);
       while (hits) {
         const int r = lowest_bit(hits);  // tile row
-        const int64_t v = c.shfl(cur, r);
-        const uint32_t id = c.shfl(nid, r);
-        const int blk = static_cast<int>(id - (static_cast<uint64_t>(row0 + r) * bpr + 2 * kt));
-        if ((r & 7) == g && (t >> 1) == blk) {
+        const uint32_t v = c.shfl(cur, r);
+        const uint32_t blk = c.shfl(rel, r) - kb;
+        if ((r & 7) == g && (t >> 1) == static_cast<int>(blk)) {
           // This lane's 16 columns of the block: exponents 16 (t & 1) .. +16 of the entry.
           uint32_t e[4];
-          ld_stream_v4(a.vexp + v * PAL_BLOCK + 16 * (t & 1), e);
+          ld_stream_v4(a.vexp + static_cast<int64_t>(v) * PAL_BLOCK + 16 * (t & 1), e);
           const bool upper = r >= 8;  // row g + 8: registers 1, 3 (constant indices keep af in registers)
 UW_UNROLL()
           for (int j = 0; j < 4; ++j) {
@@ -293,18 +315,15 @@ UW_UNROLL()
             af[j][3] = upper ? p1 : af[j][3];
           }
         }
-        if (lane == r) {
-          ++cur;
-          nid = cur < a.nv ? a.vpos[cur] : 0xFFFFFFFFu;
-        }
-        hits = c.ballot(lane < plan::PMMA_TILE_N && nid >= tile_key && nid < tile_key + 2);
+        if (lane == r) rel = pmma_rel(a, ++cur, rowbase, bpr);
+        hits = c.ballot(rel - kb < 2u);
       }
     }
 UW_UNROLL()
     for (int j = 0; j < 4; ++j) {
       if (j == 2) {  // second half of the lane's 16 columns: x loaded late keeps NT = 8 in registers
 UW_UNROLL()
-        for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xr[nt] + col + 8, xb[nt]);
+        for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp[nt] + 8, xb[nt]);
       }
 UW_UNROLL()
       for (int nt = 0; nt < NT; ++nt) {
@@ -312,6 +331,9 @@ UW_UNROLL()
         c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
       }
     }
+UW_UNROLL()
+    for (int nt = 0; nt < NT; ++nt) xp[nt] += TK;
+    kb += 2;
   }
   c.template cp_async_wait<0>();
 
