@@ -77,7 +77,7 @@ inline bool pmma_tables(const Palette& pal, PmmaArgs& a) {
 // are Z = s & 0x7F | r & 0x80 and the high bytes H = s & 0x80 | r & 0x7F; two byte
 // interleaves give the pairs.  The palette lookup is prmt on table words in registers:
 // paired:  r = prmt(dtab, idx) ^ prmt(tab[8..15], idx & 7)  -- an index >= 8 makes the first
-//          prmt replicate the msb of dtab[idx & 7], which pairing made 0;  7 ops / 4 weights
+//          prmt replicate the msb of dtab[idx & 7], which pairing made 0;  8 ops / 4 weights
 // general: two 8-entry lookups, a byte mask from prmt's replicate mode (0x7F / 0x00) for
 //          bits 0..6 and that mask + 1 (0x80 / 0x01) for bit 7;  11 ops / 4 weights
 template <bool kPaired>
