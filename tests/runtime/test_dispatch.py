@@ -61,3 +61,14 @@ def test_decode_lands_in_the_shared_scratch():
     got = dispatch.decode_into(pieces, scratch.weights("cpu", 40 * 96), 40, 96)
     assert got.data_ptr() == buf.data_ptr() and torch.equal(got, w)
     scratch.release()
+
+
+def test_fused_wires_the_palette_op_and_refuses_huffman():
+    """dispatch.fused passes planes, scratch views and the split count to palette_matmul in
+    the op's order; on CPU the op is the fp32 reference (one split, no workspace needed)."""
+    w, p = _piece(40, 128, "palette", 3)
+    x = torch.randn(5, 128, dtype=torch.bfloat16)
+    assert torch.equal(dispatch.fused(p, x), (x.float() @ w.float().T).to(torch.bfloat16))
+    _, h = _piece(40, 128, "huffman", 4)
+    with pytest.raises(ValueError, match="no fused kernel"):
+        dispatch.fused(h, x)
