@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""What routed-expert decoding buys on a mixture-of-experts model (CPU, transformers).
+
+Usage: python scripts/bench_moe.py [--experts 64] [--top-k 4] [--layers 4] [--hidden 1024]
+                                   [--moe-intermediate 512] [--steps 24] [--prompt 64] [--rounds 3]
+                                   [--threads 1] [--keep DIR]
+
+Builds a Qwen3-MoE model with transformers' own config (weights N(0, 0.02), BF16), compresses
+it (huffman), then measures, each variant in a fresh process:
+
+    bf16         the BF16 model as transformers loads it (default experts implementation)
+    decode-all   the compressed model decoding every expert of a layer at each forward (what
+                 a loader that rebuilds the dense 3-D experts tensors per forward does: here the
+                 default "grouped_mm" implementation reading the whole ExpertStack)
+    routed       unweight.load(mode="huffman"): only the experts the router picked are decoded
+    routed-pal   the same in palette mode (transcoded at load)
+
+For each: per-token decode time (median of --steps single-token forwards with a KV cache
+after a --prompt-token prefill), the prefill time, bytes the model holds (parameters and
+buffers, plus the decode scratch), peak RSS of the process, experts decoded per layer per
+token (a count at the decode point), and whether the logits equal the BF16 model's bit for
+bit.  --rounds runs every variant that many times, the order rotated each round (a shared
+machine's load drifts); the table gives the median over rounds, the JSON every run.
+--threads sets torch's (and so the codec's) threads; the default 1 because on a machine
+shared with other jobs two spinning OpenMP threads on two cores ran 10-20x slower than one.  Prints a
+table; writes benchmarks/results/moe-<date>-<machine>-<commit>.json.
+GPU: not measured by this script.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+VARIANTS = ("bf16", "decode-all", "routed", "routed-pal")
+
+
+def build(folder: str, a) -> dict:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.for_model("qwen3_moe", hidden_size=a.hidden, intermediate_size=2 * a.hidden,
+                               moe_intermediate_size=a.moe_intermediate, num_experts=a.experts,
+                               num_experts_per_tok=a.top_k, num_hidden_layers=a.layers, num_attention_heads=8,
+                               num_key_value_heads=4, head_dim=a.hidden // 8, vocab_size=a.vocab,
+                               norm_topk_prob=True)
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(0.02))
+    model.save_pretrained(folder)
+    n = sum(p.numel() for p in model.parameters())
+    ne = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    return {"params": n, "expert_params": ne, "bf16_bytes": 2 * n}
+
+
+def _rss() -> int:
+    """Resident bytes of this process now (VmRSS)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
+    """One variant, in this process: load, prefill, decode steps; returns its measurements."""
+    import torch
+    import unweight
+    from transformers import AutoModelForCausalLM
+    from unweight.runtime import experts as ex
+    from unweight.runtime import scratch
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    rss0 = _rss()  # libraries imported, no model yet
+    t0 = time.perf_counter()
+    if variant == "bf16":
+        model = AutoModelForCausalLM.from_pretrained(bf16).eval()
+    else:
+        model = unweight.load(comp, device="cpu", mode="palette" if variant == "routed-pal" else "huffman")
+        if variant == "decode-all":
+            model.set_experts_implementation("grouped_mm")
+    load_s = time.perf_counter() - t0
+    decoded = [0]
+    orig = ex.ExpertStack.decode_expert
+
+    def counting(stack, e, out):
+        decoded[0] += 1
+        return orig(stack, e, out)
+
+    ex.ExpertStack.decode_expert = counting
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, a.vocab, (1, a.prompt), generator=g)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        out = model(prompt, use_cache=True)
+        prefill_s = time.perf_counter() - t0
+        logits = [out.logits[0, -1].float()]
+        cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        decoded[0] = 0
+        times = []
+        for _ in range(a.steps):
+            t0 = time.perf_counter()
+            out = model(tok, past_key_values=cache, use_cache=True)
+            times.append(time.perf_counter() - t0)
+            cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            logits.append(out.logits[0, -1].float())
+    held = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    stacks = ex.expert_stacks(model)
+    n_stacks = len(stacks)
+    return {
+        "variant": variant, "load_s": round(load_s, 3), "prefill_ms": round(1e3 * prefill_s, 2),
+        "ms_per_token": round(1e3 * statistics.median(times), 2), "ms_per_token_min": round(1e3 * min(times), 2),
+        "step_ms": [round(1e3 * t, 3) for t in times],
+        "held_bytes": held, "scratch_bytes": scratch.scratch_bytes("cpu"),
+        "experts_held_bytes": sum(st.held_bytes() for *_, st in stacks),
+        "experts_bf16_bytes": sum(st.decoded_bytes() for *_, st in stacks),
+        # each expert of a layer is one decode per stack (gate_up, down): experts per layer per token
+        "experts_decoded_per_layer_token": round(decoded[0] / max(1, a.steps) / max(1, n_stacks), 2)
+        if n_stacks else 0.0,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        # what loading and running the model added to the process, measured after the steps
+        # (the load-time verify pass and the checkpoint's mapped pages count in the peak only)
+        "rss_added_bytes": _rss() - rss0,
+        "logits": torch.stack(logits).view(torch.int32).tolist(),  # exact bits, compared by the parent
+        "experts_implementation": getattr(model.config, "_experts_implementation", None),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--top-k", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--moe-intermediate", type=int, default=512)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--keep", help="folder to build the checkpoints in and keep (default: a temporary one)")
+    ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # child process
+    ap.add_argument("--dirs", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.variant:
+        res = run_variant(a.variant, a.dirs[0], a.dirs[1], a)
+        with open(a.out, "w") as f:
+            json.dump(res, f)
+        return 0
+
+    import _bench_util as bu
+    import torch
+
+    from unweight import api
+    work = a.keep or tempfile.mkdtemp(prefix="bench_moe_")
+    bf16, comp = os.path.join(work, "bf16"), os.path.join(work, "huffman")
+    try:
+        model_info = build(bf16, a) if not os.path.exists(os.path.join(bf16, "config.json")) else {}
+        if not os.path.exists(os.path.join(comp, "config.json")):
+            rep = api.compress(bf16, comp, encoding="huffman", progress=False)
+            model_info["compressed_file_bytes"] = rep["output_bytes"]
+            model_info["bf16_file_bytes"] = rep["input_bytes"]
+        runs = {v: [] for v in VARIANTS}
+        for rnd in range(a.rounds):
+            for v in VARIANTS[rnd % len(VARIANTS):] + VARIANTS[:rnd % len(VARIANTS)]:
+                out = os.path.join(work, f"{v}.json")
+                argv = [sys.executable, os.path.abspath(__file__), "--variant", v, "--dirs", bf16, comp, "--out", out]
+                argv += [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in
+                         ("experts", "top_k", "layers", "hidden", "moe_intermediate", "vocab", "steps", "prompt",
+                          "threads")]
+                subprocess.run(argv, check=True)
+                with open(out) as f:
+                    runs[v].append(json.load(f))
+        ref = runs["bf16"][0]["logits"]
+        rows = []
+        for v in VARIANTS:
+            r = dict(runs[v][0])
+            r["logits_equal_bf16"] = all(x.pop("logits") == ref for x in runs[v])
+            for k in ("ms_per_token", "prefill_ms", "load_s", "peak_rss_bytes", "rss_added_bytes"):
+                r[k] = statistics.median(x[k] for x in runs[v])
+            r["ms_per_token_rounds"] = [x["ms_per_token"] for x in runs[v]]
+            r["runs"] = runs[v]
+            rows.append(r)
+        base = rows[0]["ms_per_token"]
+        for r in rows:
+            r["vs_bf16"] = round(r["ms_per_token"] / base, 2)
+            r["held_MB"] = round((r["held_bytes"] + r["scratch_bytes"]) / 1e6, 1)
+            r["peak_rss_MB"] = round(r["peak_rss_bytes"] / 1e6, 1)
+            r["rss_added_MB"] = round(r["rss_added_bytes"] / 1e6, 1)
+            r["ms_per_token_spread"] = f"{min(r['ms_per_token_rounds'])}-{max(r['ms_per_token_rounds'])}"
+        config = {k: getattr(a, k) for k in ("experts", "top_k", "layers", "hidden", "moe_intermediate", "vocab",
+                                              "steps", "prompt", "rounds", "threads")}
+        env = bu.environment(torch)
+        env["torch_threads"] = a.threads
+        env["load_average"] = os.getloadavg()
+        path = bu.result_path("moe", bu.machine_tag(None), bu.short_commit())
+        bu.write_json(path, {"benchmark": "moe", "environment": env, "config": config, "model": model_info,
+                             "results": rows})
+        print(f"Qwen3-MoE, {a.layers} layers, {a.experts} experts top-{a.top_k}, hidden {a.hidden}, "
+              f"expert intermediate {a.moe_intermediate}; {a.threads} CPU thread(s), load average "
+              f"{os.getloadavg()[0]:.1f}")
+        bu.print_table(rows, ["variant", "ms_per_token", "ms_per_token_spread", "vs_bf16", "prefill_ms", "held_MB",
+                              "rss_added_MB", "peak_rss_MB",
+                              "experts_decoded_per_layer_token", "logits_equal_bf16", "experts_implementation"])
+        print(f"wrote {os.path.relpath(path, ROOT)}")
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
