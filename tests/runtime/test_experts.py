@@ -238,3 +238,27 @@ def test_compressed_modules_have_a_lazy_weight(monkeypatch):
     assert torch.equal(emb.weight[3], emb(torch.tensor([3]))[0]) and calls == [1]
     assert torch.equal(lin.weight.t().contiguous(), lin.decode_weight().t().contiguous())
     assert C.SUFFIX_SM not in dict(lin.named_parameters())
+
+
+@pytest.mark.parametrize("encoding", ["huffman", "palette"])
+def test_cuda_kernel_logic_decodes_one_expert_from_its_views(weights, encoding):
+    # What the runtime hands the CUDA decode ops for expert e of a stack (absolute offsets into
+    # the shared stream; palette block ids rebased to the matrix), run through the kernels'
+    # host emulation.
+    cu = pytest.importorskip("unweight._cuda")
+    w, _, _ = weights
+    _, st = _stored_stack(w, encoding)
+    for e in range(E):
+        p = st.pieces(e)[0]
+        out = np.empty((ROWS, COLS), dtype=np.uint16)
+        if encoding == "huffman":
+            assert int(p.off[0]) > 0 or e == 0
+            nerr = cu.emulate_huffman_decode(p.exp.numpy(), p.off.numpy(), ROWS, COLS, p.rows_per_group,
+                                             p.cols_per_chunk, p.table.numpy(), p.exp_lo, p.exp_hi, 0,
+                                             -(-ROWS // p.rows_per_group), 0, -(-COLS // p.cols_per_chunk),
+                                             p.sm.numpy(), out)
+        else:
+            nerr = cu.emulate_palette_decode(p.sm.numpy(), p.idx.numpy(), 0, ROWS, 0, COLS, bytes(p.palette),
+                                             p.vpos.numpy(), p.vexp.numpy(), out)
+        assert nerr == 0
+        np.testing.assert_array_equal(out, w[e])

@@ -195,3 +195,19 @@ def test_experts_of_another_model_fail_with_one_line(moe):
     with pytest.raises(InputError) as e:  # 8 experts stored, a model of 4 asked for
         AutoModelForCausalLM.from_pretrained(cks["huffman"], num_experts=4)
     assert "\n" not in str(e.value) and "experts" in str(e.value)
+
+
+def test_stacked_experts_round_trip_offline(moe, tmp_path):
+    from safetensors.torch import load_file
+    src, cks, _ = moe["llama4_text"]
+    orig = load_file(os.path.join(src, "model.safetensors"))
+    for enc, ck in cks.items():
+        stacked = [t for t in api.inspect(ck)["tensors"] if len(t["shape"]) == 3]
+        assert stacked and all(t["encoding"] == enc for t in stacked)  # stored as format-1.1 stacks
+        assert api.verify(ck, against=src)["ok"]
+        api.decompress(ck, str(tmp_path / enc), progress=False)
+        back = load_file(str(tmp_path / enc / "model.safetensors"))
+        assert back.keys() == orig.keys()
+        for k, t in orig.items():
+            assert back[k].shape == t.shape and torch.equal(back[k].view(-1).view(torch.uint8),
+                                                            t.view(-1).view(torch.uint8)), k
