@@ -1,21 +1,43 @@
-"""Shared pieces of the benchmark harnesses (scripts/bench_*.py): environment check,
-CUDA-event timing, shape table, result JSON and its name (benchmarks/README.md).  Not part of
-the library."""
+"""Shared pieces of the benchmark harnesses (scripts/bench_*.py) and the GPU runbook
+(scripts/gpu_check.py): environment record, GPU timing with CUDA graphs and L2-defeating
+rotation, shape table, result JSON and its name (benchmarks/README.md).  Not part of the
+library.
+
+GPU timing method (``graph_time``): every variant is handed as k callables, one per copy of
+its inputs, with k copies spanning at least 4x the L2 so no launch finds its weights in L2;
+L launches (round robin over the copies) are captured in one CUDA graph and the graph is
+replayed between two CUDA events, >= 20 times, with no host synchronization inside the
+timed region; the per-launch time is the replay time / L (median and min reported, every
+run kept).  When capture fails (an op that syncs with the host), the same L launches run as
+an eager loop between the events and the record says so.
+"""
 from __future__ import annotations
 
 import csv
 import datetime
+import hashlib
 import json
+import math
 import os
+import platform
 import re
+import statistics
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# Llama-3.1-8B layer shapes [N, K] (out_features, in_features): y[M, N] = x[M, K] @ W^T.
+LLAMA8B_SHAPES = (("attn_o", 4096, 4096), ("qkv", 6144, 4096), ("mlp_up", 14336, 4096),
+                  ("mlp_down", 4096, 14336), ("lm_head", 128256, 4096))
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+ROTATE_L2_FACTOR = 4  # copies of a variant's inputs span >= this many L2 sizes
+
 
 def require_gpu():
-    """Exit with status 2 and one line on stderr when there is no CUDA GPU or no _cuda module."""
+    """torch, or exit with status 2 and one line on stderr when there is no CUDA GPU or no
+    compiled unweight._cuda."""
     try:
         import torch
     except ImportError:
@@ -27,7 +49,8 @@ def require_gpu():
     try:
         from unweight import _cuda  # noqa: F401
     except ImportError:
-        print("bench: unweight._cuda is not built (reinstall with nvcc available)", file=sys.stderr)
+        print("bench: unweight._cuda is not built (python setup.py build_ext --inplace with nvcc available)",
+              file=sys.stderr)
         sys.exit(2)
     return torch
 
@@ -41,40 +64,65 @@ def load_shapes(path=None, models=None):
     return [r for r in rows if not models or r["model"] in models]
 
 
-def time_cuda(torch, fn, warmup=5, iters=50):
-    """Median milliseconds of fn() over `iters` runs, each bracketed by CUDA events (the same
-    measurement the runtime's dispatch tuning uses)."""
-    from unweight.runtime.tuning import time_cuda as _time_cuda
-    return _time_cuda(fn, warmup=warmup, iters=iters)
+def parse_shapes(spec: str | None):
+    """'4096x4096,6144x4096' -> [(name, N, K)]; None -> LLAMA8B_SHAPES."""
+    if not spec:
+        return list(LLAMA8B_SHAPES)
+    out = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)x(\d+)\s*", part)
+        if not m:
+            raise SystemExit(f"bad shape {part!r}: write NxK, e.g. 4096x14336")
+        out.append((f"{m.group(1)}x{m.group(2)}", int(m.group(1)), int(m.group(2))))
+    return out
 
 
-def environment(torch):
-    dev = torch.cuda.get_device_properties(0)
-    driver = ""
+# --------------------------------------------------------------------------- provenance
+
+
+def _run(cmd, timeout=20) -> str:
     try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
-    except Exception:  # noqa: BLE001 - informative only
-        pass
-    try:
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-    except Exception:  # noqa: BLE001
-        commit = ""
-    return {"gpu": dev.name, "sm": f"{dev.major}{dev.minor}", "driver": driver, "torch": torch.__version__,
-            "cuda_runtime": torch.version.cuda, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "git_commit": commit}
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def short_commit():
     """HEAD's short hash, with '-dirty' when tracked files differ from it ('' outside git)."""
-    def git(*a):
-        return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True, timeout=10).stdout.strip()
-    try:
-        commit = git("rev-parse", "--short", "HEAD")
-        return commit + ("-dirty" if commit and git("status", "--porcelain", "--untracked-files=no") else "")
-    except Exception:  # noqa: BLE001 - informative only
+    commit = _run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"])
+    if not commit:
         return ""
+    return commit + ("-dirty" if _run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"]) else "")
+
+
+SOURCE_GLOBS = ("setup.py", "pyproject.toml", "csrc", "unweight", "scripts", "tests/cuda", "evals")
+SOURCE_EXT = (".py", ".h", ".cuh", ".cu", ".cpp", ".toml", ".yaml", ".sh")
+
+
+def source_files() -> list[str]:
+    """Source files whose content identifies the code measured (relative, sorted)."""
+    out = []
+    for top in SOURCE_GLOBS:
+        p = os.path.join(ROOT, top)
+        if os.path.isfile(p):
+            out.append(top)
+            continue
+        for d, dirs, files in os.walk(p):
+            dirs[:] = sorted(x for x in dirs if x != "__pycache__" and not x.startswith("."))
+            out += [os.path.relpath(os.path.join(d, f), ROOT) for f in files if f.endswith(SOURCE_EXT)]
+    return sorted(out)
+
+
+def source_digest() -> str:
+    """sha256 over the paths and bytes of source_files(): names the code on a machine that has
+    the files but no .git (the device copy of the working tree); render_gpu_results.py
+    matches it against local commits."""
+    h = hashlib.sha256()
+    for rel in source_files():
+        h.update(rel.encode() + b"\0")
+        with open(os.path.join(ROOT, rel), "rb") as f:
+            h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
 
 
 def machine_tag(gpu_name=None):
@@ -99,22 +147,211 @@ def result_path(name, machine, commit=None):
     return path
 
 
-def write_results(name, env, rows):
-    commit = env.get("git_commit", "")[:7]
-    path = result_path(name, machine_tag(env["gpu"]), commit or None)
-    with open(path, "w") as f:
-        json.dump({"benchmark": name, "environment": env, "results": rows}, f, indent=1)
+def environment(torch=None) -> dict:
+    """Where and what was measured: GPU, driver, CUDA, torch, Python, code identity, date.
+    Works without a GPU (the GPU fields are then None)."""
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "python": platform.python_version(), "host_cpus": os.cpu_count(), "commit": short_commit() or None,
+           "source_sha256": source_digest(), "gpu": None}
+    smi = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"])
+    if smi:
+        env["nvidia_smi"] = smi.splitlines()[0]
+        parts = [p.strip() for p in env["nvidia_smi"].split(",")]
+        env["driver"] = parts[1] if len(parts) > 1 else None
+    nvcc = _run(["nvcc", "--version"])
+    env["nvcc"] = (re.findall(r"release [\d.]+, V[\d.]+", nvcc) or [None])[0]
+    if torch is None:
+        try:
+            import torch
+        except ImportError:
+            return env
+    env["torch"] = torch.__version__
+    env["torch_cuda"] = torch.version.cuda
+    try:
+        import transformers
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        env["transformers"] = None
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env.update(gpu=p.name, sm=f"{p.major}{p.minor}", sm_count=p.multi_processor_count,
+                   l2_bytes=int(getattr(p, "L2_cache_size", 0)), memory_bytes=int(p.total_memory),
+                   bf16_reduced_precision_reduction=bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction))
+    return env
+
+
+def json_safe(obj):
+    """obj with NaN / infinity floats as the strings "nan" / "inf" / "-inf" (strict JSON) and
+    unknown objects as their str()."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else ("nan" if obj != obj else ("inf" if obj > 0 else "-inf"))
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    if hasattr(obj, "item") and callable(obj.item):  # NumPy / torch scalars
+        try:
+            return json_safe(obj.item())
+        except (TypeError, ValueError):
+            pass
+    return str(obj)
+
+
+def write_json(path: str, obj) -> str:
+    """Write obj as indented strict JSON atomically (a killed run leaves the previous file whole)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(json_safe(obj), f, indent=1, allow_nan=False)
+        f.write("\n")
+    os.replace(tmp, path)
     return path
 
 
+def write_results(name, env, rows):
+    commit = (env.get("commit") or env.get("git_commit") or "")[:7]
+    path = result_path(name, machine_tag(env.get("gpu")), commit or None)
+    return write_json(path, {"benchmark": name, "environment": env, "results": rows})
+
+
 def print_table(rows, cols):
-    widths = [max(len(c), *(len(f"{r[c]}") for r in rows)) for c in cols]
+    if not rows:
+        print("(no rows)")
+        return
+    widths = [max(len(c), *(len(f"{r.get(c, '')}") for r in rows)) for c in cols]
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
     for r in rows:
-        print("  ".join(f"{r[c]}".rjust(w) for c, w in zip(cols, widths)))
+        print("  ".join(f"{r.get(c, '')}".rjust(w) for c, w in zip(cols, widths)))
 
 
-def bf16_weights(torch, N, K, seed=0):
-    """Trained-like BF16 weights on the GPU: N(0, 0.02) (exponent statistics like real layers)."""
+# --------------------------------------------------------------------------- budgets
+
+
+class Budget:
+    """Seconds left until a deadline; parts of a run ask before starting."""
+
+    def __init__(self, seconds: float):
+        self.t0 = time.monotonic()
+        self.seconds = float(seconds)
+
+    def left(self) -> float:
+        return self.seconds - (time.monotonic() - self.t0)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def sub(self, seconds: float) -> "Budget":
+        """A budget of min(seconds, what is left here)."""
+        return Budget(max(0.0, min(seconds, self.left())))
+
+
+# --------------------------------------------------------------------------- GPU timing
+
+
+def rotation_copies(bytes_per_copy: int, l2_bytes: int, factor: int = ROTATE_L2_FACTOR, cap: int = 64) -> int:
+    """Copies of a variant's inputs so that together they span >= factor x L2 (at least 1)."""
+    if bytes_per_copy <= 0:
+        return 1
+    return max(1, min(cap, math.ceil(factor * max(l2_bytes, 1) / bytes_per_copy)))
+
+
+def l2_bytes(torch) -> int:
+    """The GPU's L2 size (50 MB on an H100 when torch does not report it)."""
+    return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 50 * 2 ** 20)
+
+
+def graph_time(torch, fns, target_ms: float = 3.0, runs: int = 25, max_launches: int = 4096,
+               use_graph: bool = True) -> dict:
+    """Per-launch milliseconds of the callables `fns` (one per rotation copy), by the method in
+    the module docstring.  Returns median_ms, min_ms, runs_ms (every run), launches (L per run),
+    copies (k), graph (captured or eager) and graph_error."""
+    k = len(fns)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # first calls off the capture stream: cuBLAS handles, workspaces
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for f in fns:
+        f()
+    b.record()
+    b.synchronize()
+    est = max(a.elapsed_time(b) / k, 1e-4)
+    per_copy = max(1, math.ceil(target_ms / est / k))
+    L = k * min(per_copy, max(1, max_launches // k))
+
+    def body():
+        for i in range(L):
+            fns[i % k]()
+
+    run, graph, err, g = body, False, None, None
+    if use_graph:
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                body()
+            run, graph = g.replay, True
+        except Exception as e:  # noqa: BLE001 - an op that cannot be captured: time it eagerly
+            err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            g = None
+            torch.cuda.synchronize()
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize()
+    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
+    for s, e in evs:
+        s.record()
+        run()
+        e.record()
+    torch.cuda.synchronize()
+    per = [s.elapsed_time(e) / L for s, e in evs]
+    del g
+    return {"median_ms": statistics.median(per), "min_ms": min(per), "runs_ms": [round(t, 6) for t in per],
+            "launches": L, "copies": k, "graph": graph, "graph_error": err, "eager_estimate_ms": est}
+
+
+def copy_bandwidth(torch, nbytes: int = 1 << 30, runs: int = 20) -> dict:
+    """Device-to-device copy rate (bytes read + written per second): the memory ceiling the
+    decode and GEMV numbers are compared with."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    t = graph_time(torch, [lambda s=src, d=dst: d.copy_(s)], target_ms=20.0, runs=runs)
+    t["GBps_read_plus_write"] = 2 * nbytes / (t["median_ms"] * 1e-3) / 1e9
+    torch.cuda.empty_cache()
+    return t
+
+
+def bf16_weights(torch, N, K, seed=0, std=0.02):
+    """Trained-like BF16 weights made on the GPU: N(0, std) (exponent statistics like real layers)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    return (torch.randn((N, K), generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+    return (torch.randn((N, K), generator=g, device="cuda") * std).to(torch.bfloat16)
+
+
+def clone_encoded(w):
+    """A copy of an EncodedWeight with its own device planes (a rotation copy)."""
+    from unweight.runtime.weights import EncodedWeight
+
+    def c(t):
+        return None if t is None else t.clone()
+    return EncodedWeight(w.encoding, w.rows, w.cols, w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi,
+                         list(w.palette), c(w.sm), exp=c(w.exp), off=c(w.off), table=c(w.table), lut=c(w.lut),
+                         idx=c(w.idx), vpos=c(w.vpos), vexp=c(w.vexp), name=w.name)
+
+
+def encoded_bytes(w) -> int:
+    """Bytes of an EncodedWeight's planes (what a decode or fused launch reads)."""
+    return sum(int(t.numel() * t.element_size()) for t in (w.sm, w.exp, w.off, w.idx, w.vpos, w.vexp)
+               if t is not None)
+
+
+def import_helpers():
+    """tests/cuda/helpers.py (the device helpers the GPU tests use), importable from scripts/."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from tests.cuda import helpers
+    return helpers

@@ -1,11 +1,20 @@
-#!/usr/bin/env python
-"""Benchmark the GPU decode kernels (Huffman -> BF16, palette -> BF16, Huffman -> palette
-transcode) on Llama-3.1 layer shapes, against a dense BF16 copy and torch.matmul (cuBLAS) in
-the same run.  Needs a CUDA GPU; exits with status 2 and one line otherwise.
+#!/usr/bin/env python3
+"""Benchmark the GPU decode kernels: Huffman -> BF16, palette -> BF16 and the Huffman -> palette
+transcode, on Llama-3.1-8B layer shapes, against a device-to-device copy of the dense BF16
+weights measured in the same process.  Needs a CUDA GPU; exits with status 2 and one line
+otherwise.
 
-    python scripts/bench_decode.py [--models llama-3.1-8b] [--iters 50]
+    python scripts/bench_decode.py [--shapes 4096x4096,128256x4096] [--runs 25] [--out PATH]
 
-Prints a table and writes benchmarks/results/decode-<gpu>-<date>.json.
+Method (scripts/_bench_util.py, graph_time): weights are N(0, 0.02) BF16 made on the GPU,
+encoded by the host codec; each variant rotates over copies of its planes and outputs
+spanning >= 4x the L2, launches are captured in a CUDA graph and replayed between CUDA events
+(median and min of >= 20 replays, no host sync inside).  Every decoded weight is first
+checked bitwise against the original.  The transcode reads two values back to the host by
+design (a load-time operation), so it is timed call by call between events.
+
+GB/s: out_GBps counts the BF16 bytes written; moved_GBps counts planes read + BF16 written,
+the number to hold against the copy's read + write rate.
 """
 from __future__ import annotations
 
@@ -17,49 +26,115 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_util as bu  # noqa: E402
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="*", help="model names from benchmarks/shapes.csv (default: all)")
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=5)
-    args = ap.parse_args()
-    torch = bu.require_gpu()
+def _time_transcode(torch, ops, header, planes, lut, err, runs):
+    times = []
+    for _ in range(runs):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        out = ops.transcode_to_palette(header, planes, lut, err)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+        del out
+    return {"median_ms": sorted(times)[len(times) // 2], "min_ms": min(times), "runs_ms": times, "graph": False}
+
+
+def bench_shape(torch, name, N, K, seed, runs, l2):
     import numpy as np
 
+    from unweight import ops
     from unweight.codec import tensor_codec as tc
-    from unweight.runtime import cuda_ops as ops
+    from unweight.format import constants as C
+    h = bu.import_helpers()
+    err = torch.zeros(1, dtype=torch.int32, device="cuda")
+    w = bu.bf16_weights(torch, N, K, seed)
+    w_bits = h.bits(w)
+    dense = N * K * 2
+    row = {"shape": name, "N": N, "K": K, "bf16_bytes": dense}
+    # Dense baseline: copy the BF16 weights (2 B read + 2 B written per weight).
+    k = bu.rotation_copies(2 * dense, l2)
+    srcs = [w] + [w.clone() for _ in range(k - 1)]
+    dsts = [torch.empty_like(w) for _ in range(k)]
+    t = bu.graph_time(torch, [lambda s=s, d=d: d.copy_(s) for s, d in zip(srcs, dsts)], runs=runs)
+    row["copy"] = {**t, "out_GBps": dense / (t["median_ms"] * 1e-3) / 1e9,
+                   "moved_GBps": 2 * dense / (t["median_ms"] * 1e-3) / 1e9}
+    del srcs, dsts
+    encs = {e: tc.encode(w_bits, e) for e in ("huffman", "palette")}
+    for e, enc in encs.items():
+        ew = h.encoded_weight(enc, "cuda", err)
+        bitwise = all(np.array_equal(g, w_bits) for g in h.decode_poisoned(ew, err))
+        nb = bu.encoded_bytes(ew)
+        k = bu.rotation_copies(nb + dense, l2)
+        ws = [ew] + [bu.clone_encoded(ew) for _ in range(k - 1)]
+        outs = [torch.empty((N, K), dtype=torch.bfloat16, device="cuda") for _ in range(k)]
+        t = bu.graph_time(torch, [lambda x=x, o=o: h.decode_op(x, o, err) for x, o in zip(ws, outs)], runs=runs)
+        s = t["median_ms"] * 1e-3
+        row[e] = {**t, "bitwise": bitwise, "planes_bytes": nb, "ratio": nb / dense, "out_GBps": dense / s / 1e9,
+                  "moved_GBps": (nb + dense) / s / 1e9}
+        if e == "huffman":
+            planes = h.huffman_planes(enc, ew)
+            hdr, got = ops.transcode_to_palette(enc.header, planes, ew.lut, err)
+            ref = tc.transcode_to_palette(enc.header, enc.planes)
+            same = bool(np.array_equal(hdr.pack(), ref.header.pack()) and
+                        np.array_equal(got[C.SUFFIX_IDX].cpu().numpy(), ref.planes[C.SUFFIX_IDX]))
+            del got
+            t = _time_transcode(torch, ops, enc.header, planes, ew.lut, err, max(5, runs // 2))
+            row["transcode"] = {**t, "matches_host_codec": same,
+                                "out_GBps": dense / (t["median_ms"] * 1e-3) / 1e9}
+        del ws, outs, ew
+        torch.cuda.empty_cache()
+    row["device_errors"] = int(err.item())
+    return row
 
-    env = bu.environment(torch)
-    rows = []
-    for i, s in enumerate(bu.load_shapes(models=args.models)):
-        N, K = s["N"], s["K"]
-        w = bu.bf16_weights(torch, N, K, seed=i)
-        w_host = w.view(torch.int16).cpu().numpy().view(np.uint16)
-        enc_h = tc.encode(w_host, "huffman")
-        enc_p = tc.encode(w_host, "palette")
-        gh, gp = ops.to_device(enc_h.planes), ops.to_device(enc_p.planes)
-        lut = ops.huffman_lut(enc_h.header)
-        x = torch.randn((1, K), device="cuda").to(torch.bfloat16)
-        t = {
-            "copy_dense": bu.time_cuda(torch, lambda: w.clone(), args.warmup, args.iters),
-            "matmul_m1": bu.time_cuda(torch, lambda: x @ w.T, args.warmup, args.iters),
-            "huffman": bu.time_cuda(torch, lambda: ops.decode_huffman(enc_h.header, gh, lut=lut), args.warmup,
-                                    args.iters),
-            "palette": bu.time_cuda(torch, lambda: ops.decode_palette(enc_p.header, gp), args.warmup, args.iters),
-            "transcode": bu.time_cuda(torch, lambda: ops.transcode_to_palette(enc_h.header, gh), 1,
-                                      max(3, args.iters // 10)),
-        }
-        gbs = lambda ms: round(N * K * 2 / (ms * 1e-3) / 1e9, 1)  # noqa: E731 - output GB/s
-        rows.append({"model": s["model"], "layer": s["layer"], "N": N, "K": K,
-                     "huffman_ratio": round(enc_h.nbytes / (N * K * 2), 4),
-                     "palette_ratio": round(enc_p.nbytes / (N * K * 2), 4),
-                     **{f"{k}_ms": round(v, 4) for k, v in t.items()},
-                     "huffman_GBps": gbs(t["huffman"]), "palette_GBps": gbs(t["palette"]),
-                     "copy_GBps": gbs(t["copy_dense"])})
-    bu.print_table(rows, ["model", "layer", "N", "K", "copy_dense_ms", "matmul_m1_ms", "huffman_ms", "palette_ms",
-                          "transcode_ms", "huffman_GBps", "palette_GBps"])
-    print("wrote", bu.write_results("decode", env, rows))
+
+def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None = None, log=print) -> dict:
+    """Decode benchmark over `shapes` [(name, N, K)] within `budget`; a shape that fails is
+    recorded with its error and the next one still runs.  Writes out_path after every shape."""
+    l2 = bu.l2_bytes(torch)
+    res = {"benchmark": "decode", "environment": bu.environment(torch), "l2_bytes": l2, "runs": runs,
+           "rotate_l2_factor": bu.ROTATE_L2_FACTOR, "rows": [], "skipped": []}
+    res["copy_1GiB"] = bu.copy_bandwidth(torch)
+    for i, (name, N, K) in enumerate(shapes):
+        # ~40 ns/weight covers encoding on the host, two checked decodes and the timings.
+        need = 5 + 4e-8 * N * K
+        if budget.left() < need:
+            res["skipped"].append({"shape": name, "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
+            continue
+        try:
+            row = bench_shape(torch, name, N, K, i, runs, l2)
+        except Exception as e:  # noqa: BLE001 - a failing kernel is a finding; the next shape still runs
+            row = {"shape": name, "N": N, "K": K, "error": f"{type(e).__name__}: {e}"}
+            torch.cuda.synchronize()
+        res["rows"].append(row)
+        log(f"decode {name}: " + ", ".join(f"{e} {row[e]['median_ms']:.4f} ms ({row[e].get('out_GBps', 0):.0f} GB/s)"
+                                           for e in ("copy", "huffman", "palette", "transcode") if e in row)
+            + (f" ERROR {row['error']}" if "error" in row else ""))
+        if out_path:
+            bu.write_json(out_path, res)
+        torch.cuda.empty_cache()
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", help="NxK,... (default: Llama-3.1-8B's o, qkv, mlp up, mlp down, lm_head)")
+    ap.add_argument("--runs", type=int, default=25, help="timed graph replays per variant (>= 20)")
+    ap.add_argument("--budget", type=float, default=600.0, help="seconds; shapes that would not fit are skipped")
+    ap.add_argument("--out", help="result JSON (default: benchmarks/results/decode-<date>-<gpu>-<commit>.json)")
+    args = ap.parse_args(argv)
+    torch = bu.require_gpu()
+    shapes = bu.parse_shapes(args.shapes)
+    out = args.out or bu.result_path("decode", bu.machine_tag(torch.cuda.get_device_name(0)))
+    res = run(torch, shapes, bu.Budget(args.budget), args.runs, out)
+    rows = [{"shape": r["shape"], **{f"{e}_ms": round(r[e]["median_ms"], 4) for e in ("copy", "huffman", "palette",
+                                                                                       "transcode") if e in r},
+             **{f"{e}_GBps": round(r[e]["out_GBps"], 1) for e in ("huffman", "palette") if e in r}}
+            for r in res["rows"] if "error" not in r]
+    bu.print_table(rows, ["shape", "copy_ms", "huffman_ms", "palette_ms", "transcode_ms", "huffman_GBps",
+                          "palette_GBps"])
+    print("wrote", bu.write_json(out, res))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,155 +1,296 @@
-#!/usr/bin/env python
-"""End-to-end decode throughput: BF16 vs huffman vs palette modes on a Llama-3.1-8B-shaped model.
+#!/usr/bin/env python3
+"""End-to-end decode throughput of a Llama-3.1-8B-shaped model: BF16 against the compressed
+modes (huffman, palette, dense; optionally with the fused kernels forced on).
 
-The model is built on the GPU from its config with N(0, 0.02) weights (random, so no download;
-exponent statistics close to trained weights), timed in BF16, then every nn.Linear /
-nn.Embedding is encoded with the CPU codec (tensor_codec, one layer at a time, dense weight
-freed as it goes) and timed in huffman mode, then transcoded in place to palette mode (on
-the GPU when unweight._cuda is built) and timed again.
+The model is built on the GPU from its config (transformers LlamaForCausalLM, sdpa attention)
+with N(0, 0.02) BF16 weights drawn on the device (no download), timed in BF16, then every
+nn.Linear / nn.Embedding is encoded by the host codec (a layer at a time) and the model is
+prepared (unweight.runtime.prepare.prepare) in each mode in turn: huffman, palette (an on-GPU
+transcode), then the forced-fused variants, then dense.
 
-Decode tokens/s = batch / median per-step latency of single-token forwards with a KV cache
-after a short prefill, timed with CUDA events.  Results go to
-benchmarks/results/bench_e2e-<UTC date>.json with GPU name, driver, CUDA, torch, commit.
+Decode step: one token per sequence against a static KV cache (transformers StaticCache) after
+a prefill of --prompt tokens; the step is captured in a CUDA graph and replayed --steps times
+between two CUDA events (no host sync inside), >= 20 such runs, median and min; the same
+step also runs eagerly (host overhead included) for comparison.  Each replay writes the same
+cache position, so every step does the same work.  tokens/s = batch / step time.  The prefill
+logits of every compressed mode are compared with the BF16 model's (decode + cuBLAS must be
+bitwise equal).  Needs a CUDA GPU; exits with status 2 and one line otherwise.
 
-    python scripts/bench_e2e.py                  # full 32-layer model, batch 1 and 16
-    python scripts/bench_e2e.py --layers 4       # quick run
-
-Exits with status 2 and a one-line message when no CUDA device is present.
+    python scripts/bench_e2e.py [--layers 4] [--batches 1,16] [--modes huffman,palette,dense]
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import os
-import subprocess
+import statistics
 import sys
 import time
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bench_util as bu  # noqa: E402
+
+MODES = ("huffman", "palette", "huffman+fused", "palette+fused", "dense")
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def _driver() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
-        return out.splitlines()[0] if out else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def llama8b_config(layers: int):
+def llama8b_config(layers: int, **over):
     from transformers import LlamaConfig
-    return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
-                       num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-                       rope_theta=500000.0, tie_word_embeddings=False, torch_dtype="bfloat16")
+    kw = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
+              num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
+              tie_word_embeddings=False)
+    kw.update(over)
+    cfg = LlamaConfig(**kw)
+    cfg._attn_implementation = "sdpa"
+    return cfg
 
 
-def build_model(layers: int, device: str):
+def build_model(cfg, device: str):
+    """LlamaForCausalLM in bf16 on `device`, 2-D weights N(0, 0.02) drawn there."""
     import torch
     from transformers import LlamaForCausalLM
-    cfg = llama8b_config(layers)
     torch.set_default_dtype(torch.bfloat16)
-    with torch.device(device):
-        model = LlamaForCausalLM(cfg)
-    torch.set_default_dtype(torch.float32)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(torch.float32)
     g = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
-        for n, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.02, generator=g)
     return model.eval()
 
 
-def compress_in_place(model, encoding: str = "huffman") -> dict:
-    """Replace every nn.Linear / nn.Embedding by its compressed form (CPU codec)."""
+def compress_in_place(model, encoding: str = "huffman") -> float:
+    """Swap every nn.Linear / nn.Embedding for its compressed form (host codec, planes on the
+    module's device); returns the seconds it took.  prepare() is left to the caller."""
     import torch
     import torch.nn as nn
-    from unweight.runtime import loader
+
+    from unweight.runtime.convert import set_module
     from unweight.runtime.modules import CompressedEmbedding, CompressedLinear
     t0 = time.perf_counter()
-    names = [(n, m) for n, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
-    for n, m in names:
+    for n, m in [(n, m) for n, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]:
         new = (CompressedLinear.from_linear(m, encoding) if isinstance(m, nn.Linear)
                else CompressedEmbedding.from_embedding(m, encoding))
-        loader._set_module(model, n, new)
+        set_module(model, n, new)
         del m
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    model._unweight_plan = {}
-    info = loader.prepare(model, encoding)
-    info["encode_seconds"] = time.perf_counter() - t0
-    return info
+    return time.perf_counter() - t0
 
 
-def time_decode(model, batch: int, prompt: int, steps: int, warmup: int = 3) -> dict:
+def forced_fused_policy(model, device):
+    """A dispatch policy whose table says the fused kernel won for every compressed layer at
+    every batch bucket it takes (to measure the fused path end to end, not a measured choice)."""
+    from unweight.runtime.modules import CompressedLinear, compressed_modules
+    from unweight.runtime.policy import DispatchPolicy
+    from unweight.runtime.tuning_table import TuningTable
+    t = TuningTable(comment="forced fused (bench_e2e)")
+    pol = DispatchPolicy(t)
+    name = pol.device_name(device) if device.type == "cuda" else "cpu"
+    for _, m in compressed_modules(model):
+        if isinstance(m, CompressedLinear) and not m.is_tied:
+            fused = "huffman_gemm" if m.encoding_name == "huffman" else "palette_gemm"
+            for M in (1, 4, 16):
+                t.record(name, m.n_rows, m.n_cols, m.encoding_name, M, {"decode_cublas": 1.0, fused: 0.5})
+    return pol
+
+
+def _static_cache(model, batch, max_len):
+    from transformers import StaticCache
+    try:
+        return StaticCache(config=model.config, max_cache_len=max_len)
+    except TypeError:  # transformers before 5: batch size, device and dtype up front
+        p = next(model.parameters())
+        return StaticCache(config=model.config, max_batch_size=batch, max_cache_len=max_len, device=p.device,
+                           dtype=p.dtype)
+
+
+def time_decode(model, batch: int, prompt: int, steps: int, runs: int, graphs: bool = True, ref_logits=None):
+    """Decode-step timing of `model` (see module docstring).  Returns a dict; ref_logits: the
+    BF16 model's last prefill logits to compare with (None for the BF16 model itself)."""
     import torch
-    from transformers import DynamicCache
-    dev = next(model.parameters()).device
+    dev = next(model.parameters()).device  # the norms stay parameters in every mode
     g = torch.Generator(device=dev).manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device=dev, generator=g)
-    times = []
+    cache = _static_cache(model, batch, prompt + 8)
+    out = {"batch": batch, "prompt": prompt, "steps_per_run": steps}
     with torch.no_grad():
-        cache = DynamicCache()
-        out = model(ids, past_key_values=cache, use_cache=True)
-        tok = out.logits[:, -1:].argmax(-1)
-        for i in range(warmup + steps):
+        pre = model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(prompt, device=dev),
+                    use_cache=True).logits[:, -1]
+        if ref_logits is not None:
+            out["prefill_logits_bitwise"] = bool(torch.equal(pre.view(torch.int16), ref_logits.view(torch.int16)))
+            out["prefill_logits_max_abs_diff"] = float((pre.float() - ref_logits.float()).abs().max())
+        tok = pre.argmax(-1, keepdim=True).clone()
+        pos = torch.tensor([prompt], device=dev)
+
+        def step():
+            return model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+
+        if dev.type != "cuda":  # CPU self-test of the harness: wall clock, no graphs
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            ms = (time.perf_counter() - t0) * 1e3 / steps
+            out.update(eager_ms=ms, eager_tokens_per_s=batch * 1e3 / ms, last_logits=pre)
+            return out
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        eager = []
+        for _ in range(max(3, runs // 4)):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            out = model(tok, past_key_values=cache, use_cache=True)
+            for _ in range(steps):
+                step()
             b.record()
-            tok = out.logits[:, -1:].argmax(-1)
             b.synchronize()
-            if i >= warmup:
-                times.append(a.elapsed_time(b))
-    med = float(np.median(times))
-    return {"batch": batch, "median_step_ms": med, "tokens_per_s": batch * 1000.0 / med,
-            "p10_ms": float(np.percentile(times, 10)), "p90_ms": float(np.percentile(times, 90)), "steps": steps}
+            eager.append(a.elapsed_time(b) / steps)
+        out.update(eager_ms=statistics.median(eager), eager_min_ms=min(eager),
+                   eager_tokens_per_s=batch * 1e3 / statistics.median(eager))
+        if graphs:
+            try:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        step()
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    step()
+                for _ in range(3):
+                    graph.replay()
+                torch.cuda.synchronize()
+                ts = []
+                evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                       for _ in range(runs)]
+                for a, b in evs:
+                    a.record()
+                    for _ in range(steps):
+                        graph.replay()
+                    b.record()
+                torch.cuda.synchronize()
+                ts = [a.elapsed_time(b) / steps for a, b in evs]
+                out.update(graph_ms=statistics.median(ts), graph_min_ms=min(ts), graph_runs_ms=ts,
+                           graph_tokens_per_s=batch * 1e3 / statistics.median(ts))
+                del graph
+            except Exception as e:  # noqa: BLE001 - a step that cannot be captured is a finding
+                out["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                torch.cuda.synchronize()
+    out["last_logits"] = pre
+    return out
+
+
+def _device_errors(dev):
+    from unweight.runtime import scratch
+    return scratch.device_errors(dev) if dev.type == "cuda" else 0
+
+
+def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 128, steps: int = 16, runs: int = 20,
+        device: str = "cuda", cfg_over: dict | None = None, out_path: str | None = None, log=print) -> dict:
+    """The end-to-end benchmark within `budget` (modes that would not fit are skipped and
+    recorded).  device="cpu" with a tiny cfg_over is the harness' self-test."""
+    from unweight.runtime import prepare as prep
+    dev = torch.device(device)
+    cfg = llama8b_config(layers, **(cfg_over or {}))
+    res = {"benchmark": "e2e", "environment": bu.environment(torch),
+           "model": f"Llama-3.1-8B-shaped, {layers} layers, N(0, 0.02) BF16 weights made on the device",
+           "config": {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
+                                                   "num_hidden_layers", "num_attention_heads",
+                                                   "num_key_value_heads")},
+           "prompt": prompt, "steps_per_run": steps, "runs": runs, "modes": {}, "skipped": []}
+
+    def save():
+        if out_path:
+            bu.write_json(out_path, {k: v for k, v in res.items()})
+
+    t0 = time.perf_counter()
+    model = build_model(cfg, device)
+    res["build_seconds"] = time.perf_counter() - t0
+    weights = sum(p.numel() * 2 for p in model.parameters() if p.dim() == 2)
+    refs = {}
+    entry = {"weight_bytes": weights, "runs": []}
+    for b in batches:
+        r = time_decode(model, b, prompt, steps, runs)
+        refs[b] = r.pop("last_logits")
+        entry["runs"].append(r)
+    res["modes"]["bf16"] = entry
+    log("e2e bf16: " + _summary(entry))
+    save()
+    sec = compress_in_place(model, "huffman")
+    res["encode_seconds"] = sec
+    per_mode = None
+    fused_paths = bu.import_helpers().fused_paths()
+    for mode in modes:
+        if mode.endswith("+fused") and mode.split("+")[0] not in fused_paths:
+            res["skipped"].append({"mode": mode, "why": "this build has no fused kernel for that encoding"})
+            continue
+        need = 2 * (per_mode or 20.0)
+        if budget.left() < need:
+            res["skipped"].append({"mode": mode, "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
+            continue
+        t0 = time.perf_counter()
+        try:
+            base = mode.split("+")[0]
+            info = prep.prepare(model, base, policy=None)
+            if mode.endswith("+fused"):
+                pol = forced_fused_policy(model, dev)
+                info = prep.prepare(model, base, policy=pol)
+            entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio")},
+                     "prepare_seconds": time.perf_counter() - t0, "runs": []}
+            for b in batches:
+                r = time_decode(model, b, prompt, steps, runs, ref_logits=refs[b])
+                r.pop("last_logits", None)
+                entry["runs"].append(r)
+            entry["device_errors"] = _device_errors(dev)
+        except Exception as e:  # noqa: BLE001 - a failing mode is a finding; the next one still runs
+            entry = {"error": f"{type(e).__name__}: {e}"}
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+        per_mode = time.perf_counter() - t0
+        res["modes"][mode] = entry
+        log(f"e2e {mode}: " + (_summary(entry) if "runs" in entry else entry["error"]))
+        save()
+        if mode == "dense":
+            break  # the modules are plain nn.Linear now: nothing compressed is left to prepare
+    del model
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+def _summary(entry) -> str:
+    parts = []
+    for r in entry["runs"]:
+        g = f"{r['graph_tokens_per_s']:.1f}" if "graph_tokens_per_s" in r else "no graph"
+        parts.append(f"batch {r['batch']}: {g} tok/s graph, {r['eager_tokens_per_s']:.1f} eager"
+                     + ("" if r.get("prefill_logits_bitwise", True) else " (prefill logits differ)"))
+    return "; ".join(parts)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--modes", default="huffman,palette,dense", help="comma list of " + ", ".join(MODES))
     ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                  "benchmarks", "results"))
+    ap.add_argument("--steps", type=int, default=16, help="graph replays per timed run")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--budget", type=float, default=900.0)
+    ap.add_argument("--out", help="result JSON (default: benchmarks/results/e2e-<date>-<gpu>-<commit>.json)")
     args = ap.parse_args(argv)
-    import torch
-    if not torch.cuda.is_available():
-        print("bench_e2e: no CUDA device; this benchmark needs a GPU", file=sys.stderr)
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        print(f"bench_e2e: unknown mode {bad[0]!r}: choose from {', '.join(MODES)}", file=sys.stderr)
         return 2
-    from unweight.runtime import loader
-    batches = [int(b) for b in args.batches.split(",")]
-    dev = "cuda"
-    props = torch.cuda.get_device_properties(0)
-    result = {"benchmark": "bench_e2e", "model": f"Llama-3.1-8B-shaped, {args.layers} layers, N(0,0.02) weights",
-              "gpu": props.name, "driver": _driver(), "cuda": torch.version.cuda, "torch": torch.__version__,
-              "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "commit": _git_commit(),
-              "cuda_kernels": loader.cuda_kernels_available(), "prompt": args.prompt, "modes": {}}
-    model = build_model(args.layers, dev)
-    bf16_bytes = sum(p.numel() * 2 for p in model.parameters() if p.dim() == 2)
-    result["modes"]["bf16"] = {"weight_bytes": bf16_bytes,
-                               "runs": [time_decode(model, b, args.prompt, args.steps) for b in batches]}
-    info = compress_in_place(model, "huffman")
-    result["modes"]["huffman"] = {"info": info, "runs": [time_decode(model, b, args.prompt, args.steps) for b in batches]}
-    info = loader.prepare(model, "palette")  # transcodes in place
-    result["modes"]["palette"] = {"info": info, "runs": [time_decode(model, b, args.prompt, args.steps) for b in batches]}
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"bench_e2e-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2, default=str)
-    for mode, r in result["modes"].items():
-        print(mode, " ".join(f"b{x['batch']}={x['tokens_per_s']:.1f} tok/s" for x in r["runs"]))
-    print(f"wrote {path}")
+    torch = bu.require_gpu()
+    out = args.out or bu.result_path("e2e", bu.machine_tag(torch.cuda.get_device_name(0)))
+    run(torch, args.layers, [int(b) for b in args.batches.split(",")], modes, bu.Budget(args.budget), args.prompt,
+        args.steps, args.runs, out_path=out)
+    print("wrote", out)
     return 0
 
 

@@ -1,19 +1,24 @@
-#!/usr/bin/env python
-"""Benchmark y = x @ W^T with W compressed: the fused kernels (palette_gemm, huffman_gemm; M <= 16)
-and decode + cuBLAS for each encoding, against torch.matmul on dense BF16 (cuBLAS) in the same
-run, for batch sizes 1, 4, 16, 64, 256 on Llama-3.1 layer shapes, plus the "auto" column: the
-path the measured dispatch (unweight/runtime/tuning.py) picks from these very timings (a fused
-kernel only where it beat decode + cuBLAS).  Needs a CUDA GPU; exits with status 2 and one line
-otherwise.
+#!/usr/bin/env python3
+"""Benchmark y = x @ W^T with W compressed against cuBLAS BF16 on the dense W, in one process:
+the fused kernels this build has (unweight.runtime.dispatch.fused) and decode + cuBLAS (the
+runtime's baseline) for each encoding, at batch 1, 2, 4, 8, 16, 32, 64 on Llama-3.1-8B layer
+shapes.  Needs a CUDA GPU; exits with status 2 and one line otherwise.
 
-    python scripts/bench_kernels.py [--models llama-3.1-8b] [--batches 1 4 16] [--iters 50]
-                                    [--encodings palette huffman] [--write-cache [PATH]]
-                                    [--write-defaults]
+    python scripts/bench_kernels.py [--shapes 4096x4096] [--batches 1 16 64] [--runs 25]
+                                    [--encodings palette huffman] [--out PATH]
+                                    [--write-cache [PATH]] [--write-defaults]
 
-Prints a table and writes benchmarks/results/kernels-<gpu>-<date>.json.  --write-cache records
-the choices in the user's tuning cache (default $UNWEIGHT_TUNING_CACHE or
-~/.cache/unweight/tuning.json); --write-defaults records them in the shipped defaults
-unweight/runtime/tuning_defaults.json (entries of other devices are kept).
+Method (scripts/_bench_util.py, graph_time): CUDA-graph replays between CUDA events, every
+variant rotating over copies of its weights spanning >= 4x the L2, median and min of >= 20
+replays; cuBLAS is timed the same way on dense copies.  Before timing, each fused kernel's
+output is checked against cuBLAS on the same weights (error vs a float64 reference <= 2x
+cuBLAS BF16's, and a repeat bitwise equal); a launch the kernel refuses (e.g. M > 16) is
+recorded as refused with its message.  time_vs_cublas = time / cuBLAS time (2.0 = twice as slow).
+
+The "auto" entry is the path the measured dispatch (unweight/runtime/tuning_table.py) picks
+from these very timings.  --write-cache records the choices in the user's tuning cache
+($UNWEIGHT_TUNING_CACHE or ~/.cache/unweight/tuning.json, or PATH); --write-defaults in the
+shipped unweight/runtime/tuning_defaults.json (entries of other devices are kept).
 """
 from __future__ import annotations
 
@@ -24,82 +29,144 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_util as bu  # noqa: E402
 
+def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, dev_name, log):
+    import torch.nn.functional as F
 
-def main():
+    from unweight.codec import tensor_codec as tc
+    from unweight.runtime import dispatch, scratch
+    from unweight.runtime.policy import DispatchPolicy
+    h = bu.import_helpers()
+    err = torch.zeros(1, dtype=torch.int32, device="cuda")
+    w = bu.bf16_weights(torch, N, K, seed=N + K)
+    w_bits = h.bits(w)
+    dense = [w] + [w.clone() for _ in range(bu.rotation_copies(N * K * 2, l2) - 1)]
+    copies = {}
+    for e in encodings:
+        ew = h.encoded_weight(tc.encode(w_bits, e), "cuda", err)
+        copies[e] = [ew] + [bu.clone_encoded(ew) for _ in range(bu.rotation_copies(bu.encoded_bytes(ew), l2) - 1)]
+    scratch.reserve("cuda", N * K)
+    baseline = DispatchPolicy(None)
+    rows = []
+    for M in batches:
+        if budget.left() < 3 + 2e-9 * N * K * (1 + 2 * len(encodings)):
+            rows.append({"shape": name, "N": N, "K": K, "M": M, "skipped": f"{budget.left():.0f} s left"})
+            continue
+        x = torch.randn((M, K), device="cuda").to(torch.bfloat16)
+        r = {"shape": name, "N": N, "K": K, "M": M}
+        t = bu.graph_time(torch, [lambda d=d: F.linear(x, d) for d in dense], runs=runs)
+        r["cublas"] = {**t, "weight_GBps": N * K * 2 / (t["median_ms"] * 1e-3) / 1e9}
+        t_cublas = t["median_ms"]
+        for e, ws in copies.items():
+            t = bu.graph_time(torch, [lambda q=q: dispatch.linear([q], x, None, N, K, baseline) for q in ws],
+                              runs=runs)
+            r[f"{e}_decode_cublas"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas}
+            times = {"decode_cublas": t["median_ms"]}
+            try:
+                acc = h.fused_vs_cublas(ws[0], x, w, err)
+            except (ValueError, RuntimeError) as ex:  # no such kernel, or it refused this problem
+                r[f"{e}_fused"] = {"refused": f"{type(ex).__name__}: {ex}"}
+            else:
+                try:
+                    t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x) for q in ws], runs=runs)
+                    r[f"{e}_fused"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "accuracy": acc,
+                                       "weight_GBps": bu.encoded_bytes(ws[0]) / (t["median_ms"] * 1e-3) / 1e9}
+                    times[h.fused_paths()[e]] = t["median_ms"]
+                except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
+                    r[f"{e}_fused"] = {"error": f"{type(ex).__name__}: {ex}", "accuracy": acc}
+            choice = table.record(dev_name, N, K, e, M, times)
+            r[f"{e}_auto"] = {"choice": choice, "time_vs_cublas": times[choice] / t_cublas}
+        r["device_errors"] = int(err.item())
+        rows.append(r)
+        log(f"kernels {name} M={M}: cuBLAS {t_cublas * 1e3:.1f} us; " + "; ".join(
+            f"{e} fused {_ratio(r.get(e + '_fused'))}, decode+cuBLAS {_ratio(r.get(e + '_decode_cublas'))}"
+            for e in copies))
+    del dense, copies
+    torch.cuda.empty_cache()
+    return rows
+
+
+def _ratio(entry) -> str:
+    if not entry:
+        return "-"
+    if "time_vs_cublas" in entry:
+        return f"x{entry['time_vs_cublas']:.2f}"
+    return "refused" if "refused" in entry else "error"
+
+
+def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("palette", "huffman"), runs: int = 25,
+        out_path: str | None = None, log=print) -> dict:
+    """Kernel benchmark within `budget`; a shape that fails is recorded and the next one runs.
+    Returns the result dict (with the measured TuningTable under "_table", not serialized)."""
+    from unweight.runtime.tuning_table import TuningTable
+    l2 = bu.l2_bytes(torch)
+    dev_name = torch.cuda.get_device_name(0)
+    table = TuningTable()
+    res = {"benchmark": "kernels", "environment": bu.environment(torch), "l2_bytes": l2, "runs": runs,
+           "batches": list(batches), "encodings": list(encodings), "rows": [], "skipped": []}
+    for name, N, K in shapes:
+        need = 5 + 1e-8 * N * K * len(batches)
+        if budget.left() < need:
+            res["skipped"].append({"shape": name, "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
+            continue
+        try:
+            res["rows"] += bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, dev_name, log)
+        except Exception as e:  # noqa: BLE001 - a failing shape is a finding; the next one still runs
+            res["rows"].append({"shape": name, "N": N, "K": K, "error": f"{type(e).__name__}: {e}"})
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        if out_path:
+            bu.write_json(out_path, res)
+    res["_table"] = table
+    return res
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="*", help="model names from benchmarks/shapes.csv (default: all)")
-    ap.add_argument("--batches", nargs="*", type=int, default=[1, 4, 16, 64, 256])
+    ap.add_argument("--shapes", help="NxK,... (default: Llama-3.1-8B's o, qkv, mlp up, mlp down, lm_head)")
+    ap.add_argument("--batches", nargs="*", type=int, default=list(bu.BATCHES))
     ap.add_argument("--encodings", nargs="*", default=["palette", "huffman"], choices=["palette", "huffman"])
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=25, help="timed graph replays per variant (>= 20)")
+    ap.add_argument("--budget", type=float, default=900.0, help="seconds; what would not fit is skipped")
+    ap.add_argument("--out", help="result JSON (default: benchmarks/results/kernels-<date>-<gpu>-<commit>.json)")
     ap.add_argument("--write-cache", nargs="?", const="", default=None, metavar="PATH",
                     help="record the dispatch choices in the user's tuning cache (or PATH)")
     ap.add_argument("--write-defaults", action="store_true",
                     help="record the dispatch choices in unweight/runtime/tuning_defaults.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch = bu.require_gpu()
-    import numpy as np
-
-    from unweight.codec import tensor_codec as tc
-    from unweight.runtime import loader, tuning
-    from unweight.runtime.modules import CompressedLinear
-
-    env = bu.environment(torch)
-    dev_name = tuning.device_name("cuda")
-    measured = tuning.TuningTable()
-    rows = []
+    from unweight.runtime import tuning_table as tt
+    out = args.out or bu.result_path("kernels", bu.machine_tag(torch.cuda.get_device_name(0)))
     with torch.no_grad():
-        for i, s in enumerate(bu.load_shapes(models=args.models)):
-            N, K = s["N"], s["K"]
-            w = bu.bf16_weights(torch, N, K, seed=i)
-            w_np = w.view(torch.int16).cpu().numpy().view(np.uint16)
-            mods = {}
-            for enc_name in args.encodings:
-                enc = tc.encode(w_np, enc_name)
-                m = CompressedLinear(enc.header, device=torch.device("cuda"), planes=enc.planes)
-                loader._build_lut(m)
-                mods[enc_name] = m
-            for M in args.batches:
-                x = torch.randn((M, K), device="cuda").to(torch.bfloat16)
-                r = {"model": s["model"], "layer": s["layer"], "N": N, "K": K, "M": M}
-                r["cublas_ms"] = round(bu.time_cuda(torch, lambda: x @ w.T, args.warmup, args.iters), 4)
-                # bandwidth of the weight read: dense 2 B/weight
-                r["cublas_weight_GBps"] = round(N * K * 2 / (r["cublas_ms"] * 1e-3) / 1e9, 1)
-                for enc_name, m in mods.items():
-                    p = enc_name[:3]  # "pal" / "huf" column prefix
-                    times = tuning.measure(m, M, args.warmup, args.iters)
-                    choice = measured.record(dev_name, N, K, enc_name, M, times)
-                    fused = tuning.PALETTE_GEMM if enc_name == "palette" else tuning.HUFFMAN_GEMM
-                    r[f"{p}_decode_cublas_ms"] = round(times[tuning.DECODE_CUBLAS], 4)
-                    r[f"{p}_fused_ms"] = round(times[fused], 4) if fused in times else "-"
-                    r[f"{p}_fused_speedup"] = (round(r["cublas_ms"] / times[fused], 3) if fused in times else "-")
-                    r[f"{p}_auto"] = choice
-                    r[f"{p}_auto_ms"] = round(times[choice], 4)
-                    r[f"{p}_auto_vs_cublas"] = round(r["cublas_ms"] / times[choice], 3)
-                    if enc_name == "palette":
-                        r["verbatim_blocks"] = m.owner().header.num_verbatim
-                rows.append(r)
-            del mods
-            torch.cuda.empty_cache()
-    cols = ["model", "layer", "N", "K", "M", "cublas_ms"]
-    for enc_name in args.encodings:
-        p = enc_name[:3]
-        cols += [f"{p}_fused_ms", f"{p}_fused_speedup", f"{p}_decode_cublas_ms", f"{p}_auto", f"{p}_auto_vs_cublas"]
-    bu.print_table(rows, cols + ["cublas_weight_GBps"])
-    print("wrote", bu.write_results("kernels", env, rows))
-    stamp = f"measured on {env['gpu']} (sm {env['sm']}, driver {env['driver']}, torch {env['torch']}) " \
-            f"at {env['date']}, commit {env['git_commit'][:12]}, by scripts/bench_kernels.py"
+        res = run(torch, bu.parse_shapes(args.shapes), bu.Budget(args.budget), args.batches, args.encodings,
+                  args.runs, out)
+    measured = res.pop("_table")
+    table = []
+    for r in res["rows"]:
+        if "cublas" not in r:
+            continue
+        row = {"shape": r["shape"], "M": r["M"], "cublas_us": round(r["cublas"]["median_ms"] * 1e3, 1)}
+        for e in args.encodings:
+            row[f"{e[:3]}_fused"] = _ratio(r.get(e + "_fused"))
+            row[f"{e[:3]}_dec+cublas"] = _ratio(r.get(e + "_decode_cublas"))
+            row[f"{e[:3]}_auto"] = r.get(e + "_auto", {}).get("choice", "-")
+        table.append(row)
+    bu.print_table(table, list(table[0]) if table else ["shape"])
+    print("wrote", bu.write_json(out, res))
+    env = res["environment"]
+    stamp = (f"measured on {env.get('gpu')} (sm {env.get('sm')}, driver {env.get('driver')}, torch {env.get('torch')}) "
+             f"at {env['date']}, code {env.get('commit') or env['source_sha256'][:12]}, by scripts/bench_kernels.py")
     if args.write_cache is not None:
-        path = args.write_cache or tuning.default_cache_path()
-        t = tuning.TuningTable.load(path).update(measured)
+        path = args.write_cache or tt.default_cache_path()
+        t = tt.TuningTable.load(path).update(measured)
         t.comment = t.comment or "unweight tuning cache"
         print("wrote", t.save(path))
     if args.write_defaults:
-        t = tuning.TuningTable.load(tuning.DEFAULTS_PATH).update(measured)
+        t = tt.TuningTable.load(tt.DEFAULTS_PATH).update(measured)
         t.comment = ("Shipped dispatch defaults, written by scripts/bench_kernels.py --write-defaults; a fused path "
                      "is listed only where it beat decode + cuBLAS in the same run. Last " + stamp + ".")
-        print("wrote", t.save(tuning.DEFAULTS_PATH))
+        print("wrote", t.save(tt.DEFAULTS_PATH))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

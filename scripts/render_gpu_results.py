@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Render the README's "## GPU results" section from the stage JSONs of scripts/gpu_check.py
+kept in benchmarks/results/gpu/.
+
+    python scripts/render_gpu_results.py                  # rewrite the section in README.md
+    python scripts/render_gpu_results.py --import DIR     # first copy a device run's JSONs in
+    python scripts/render_gpu_results.py --out FILE       # write the section alone to FILE
+    python scripts/render_gpu_results.py --check          # exit 1 when README's section is stale
+
+Only the section from its "## GPU results" heading to the next "## " heading is replaced (it is
+appended at the end when absent).  Per stage, the latest record is used; records of a dry run
+("fake": true) are refused unless --allow-fake.  --import names each file
+<date>-<machine>-<stage>.json and, when the record's source digest equals this checkout's,
+stamps this checkout's commit into it (the device copy of the tree has no .git).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bench_util as bu  # noqa: E402
+
+HEADING = "## GPU results"
+DEFAULT_RESULTS = os.path.join(bu.ROOT, "benchmarks", "results", "gpu")
+NONE_YET = "No GPU run is recorded yet; `python scripts/gpu_check.py` produces this section."
+STAGE_ORDER = ("build", "correctness", "sanitizer", "model", "eval", "bench")
+
+
+def load_records(folder: str, allow_fake: bool = False) -> dict:
+    """{stage: latest record} of the stage JSONs in folder."""
+    latest = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        try:
+            with open(path) as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(rec, dict) or "stage" not in rec or "checks" not in rec:
+            continue
+        if rec.get("fake") and not allow_fake:
+            continue
+        rec["_file"] = os.path.relpath(path, bu.ROOT)
+        cur = latest.get(rec["stage"])
+        if cur is None or rec.get("started", "") >= cur.get("started", ""):
+            latest[rec["stage"]] = rec
+    return latest
+
+
+def import_run(src: str, dst: str) -> list[str]:
+    """Copy the stage JSONs of a device run (src) into dst under date-machine-stage names."""
+    os.makedirs(dst, exist_ok=True)
+    here = bu.source_digest()
+    out = []
+    for path in sorted(glob.glob(os.path.join(src, "*.json"))):
+        with open(path) as f:
+            rec = json.load(f)
+        if not isinstance(rec, dict) or "stage" not in rec:
+            continue
+        env = rec.get("env") or {}
+        same = env.get("source_sha256") == here
+        rec["imported"] = {"source_matches_checkout": same, "checkout_commit": bu.short_commit() or None}
+        if same and not env.get("commit"):
+            env["commit"] = bu.short_commit() or None
+        name = f"{rec.get('started', '')[:10]}-{bu.machine_tag(env.get('gpu'))}-{rec['stage']}.json"
+        target = os.path.join(dst, name)
+        if os.path.exists(target):
+            with open(target) as f:
+                old = json.load(f)
+            if old.get("started", "") > rec.get("started", ""):
+                continue  # keep the later run of that stage
+        bu.write_json(target, rec)
+        out.append(target)
+    return out
+
+
+# ------------------------------------------------------------------------------------ formatting
+
+
+def _f(v, fmt="{:.2f}", none="—"):
+    if v is None or isinstance(v, str):
+        return none if v is None else v
+    return fmt.format(v)
+
+
+def _checks_line(rec) -> str:
+    s = rec.get("summary") or {}
+    return f"{s.get('pass', 0)} / {s.get('fail', 0)} / {s.get('skip', 0)}"
+
+
+def stage_table(recs: dict) -> list[str]:
+    lines = ["| stage | result | checks passed / failed / skipped | seconds | raw |", "|---|---|---|---|---|"]
+    for st in STAGE_ORDER:
+        r = recs.get(st)
+        if r is None:
+            lines.append(f"| {st} | not run | — | — | — |")
+            continue
+        lines.append(f"| {st} | {r.get('status', '?')} | {_checks_line(r)} | {_f(r.get('seconds'), '{:.0f}')} | "
+                     f"[json]({r['_file']}) |")
+    return lines
+
+
+def failures(recs: dict, limit: int = 12) -> list[str]:
+    out = []
+    for st in STAGE_ORDER:
+        for c in (recs.get(st) or {}).get("checks", []):
+            if c.get("status") == "fail":
+                why = c.get("error") or c.get("message") or ", ".join(c.get("findings", [])[:2]) or "see the JSON"
+                out.append(f"- {st}: {c['name']}: {str(why)[:160]}")
+    if len(out) > limit:
+        out = out[:limit] + [f"- ... and {len(out) - limit} more (see the JSONs)"]
+    return out
+
+
+def decode_table(bench: dict) -> list[str]:
+    rows = (bench.get("raw", {}).get("decode") or {}).get("rows") or []
+    if not rows:
+        return []
+    lines = ["**Decode** (GB/s of BF16 written; the copy reads and writes the dense weights once):", "",
+             "| shape [N, K] | huffman | palette | huffman -> palette transcode | dense copy |", "|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['N']} x {r['K']} | error: {r['error'][:60]} | | | |")
+            continue
+        cells = [_f((r.get(e) or {}).get("out_GBps"), "{:.0f}") for e in ("huffman", "palette", "transcode", "copy")]
+        lines.append(f"| {r['N']} x {r['K']} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def kernels_table(bench: dict) -> list[str]:
+    rows = (bench.get("raw", {}).get("kernels") or {}).get("rows") or []
+    rows = [r for r in rows if "cublas" in r]
+    if not rows:
+        return []
+    batches = sorted({r["M"] for r in rows})
+    shapes = []
+    for r in rows:
+        if (r["N"], r["K"]) not in shapes:
+            shapes.append((r["N"], r["K"]))
+    variants = [k for k in ("palette_fused", "huffman_fused", "palette_decode_cublas", "huffman_decode_cublas")
+                if any(k in r for r in rows)]
+    label = {"palette_fused": "palette fused", "huffman_fused": "huffman fused",
+             "palette_decode_cublas": "palette decode + cuBLAS", "huffman_decode_cublas": "huffman decode + cuBLAS"}
+    lines = ["**y = x W^T against cuBLAS BF16** (cuBLAS in microseconds; the others as time / cuBLAS time, "
+             "so 2.00 is twice as slow; \"—\" the kernel refuses that batch):", "",
+             "| shape [N, K] | path | " + " | ".join(f"M={m}" for m in batches) + " |",
+             "|---|---|" + "---|" * len(batches)]
+    by = {(r["N"], r["K"], r["M"]): r for r in rows}
+    for N, K in shapes:
+        ms = [((by.get((N, K, m)) or {}).get("cublas") or {}).get("median_ms") for m in batches]
+        cells = ["—" if t is None else f"{t * 1e3:.1f}" for t in ms]
+        lines.append(f"| {N} x {K} | cuBLAS BF16 (us) | " + " | ".join(cells) + " |")
+        for v in variants:
+            cs = []
+            for m in batches:
+                e = (by.get((N, K, m)) or {}).get(v) or {}
+                cs.append(_f(e.get("time_vs_cublas")) if "time_vs_cublas" in e else ("error" if "error" in e else "—"))
+            lines.append(f"| | {label[v]} | " + " | ".join(cs) + " |")
+    return lines + [""]
+
+
+def e2e_table(bench: dict) -> list[str]:
+    e2e = bench.get("raw", {}).get("e2e") or {}
+    modes = e2e.get("modes") or {}
+    if not modes:
+        return []
+    batches = sorted({r["batch"] for m in modes.values() for r in m.get("runs", [])})
+    ref = {r["batch"]: r for r in (modes.get("bf16") or {}).get("runs", [])}
+
+    def tps(r):
+        return r.get("graph_tokens_per_s") or r.get("eager_tokens_per_s")
+    lines = [f"**End-to-end decode** ({e2e.get('model', 'Llama-3.1-8B-shaped model')}; tokens/s of one decode "
+             "step replayed in a CUDA graph, eager where capture failed; relative to BF16 in brackets):", "",
+             "| mode | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---|" * len(batches)]
+    for mode, m in modes.items():
+        if "error" in m:
+            lines.append(f"| {mode} | error: {m['error'][:80]} |" + " |" * (len(batches) - 1))
+            continue
+        runs = {r["batch"]: r for r in m.get("runs", [])}
+        cells = []
+        for b in batches:
+            r = runs.get(b)
+            if not r or not tps(r):
+                cells.append("—")
+                continue
+            rel = tps(r) / tps(ref[b]) if b in ref and tps(ref[b]) and mode != "bf16" else None
+            eager = "" if r.get("graph_tokens_per_s") else " (eager)"
+            cells.append(f"{tps(r):.1f}{eager}" + (f" [{rel:.2f}x]" if rel else ""))
+        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def eval_table(ev: dict) -> list[str]:
+    cells = {}
+    units = []
+    for c in ev.get("checks", []):
+        name = c.get("name", "")
+        if not name.startswith("eval "):
+            continue
+        parts = name.split(" ")
+        if c.get("status") == "skip" and len(parts) == 2:
+            units.append(parts[1])
+            cells[(parts[1], "*")] = "skipped: " + str(c.get("why", ""))[:60]
+            continue
+        if len(parts) != 3:
+            continue
+        unit, mode = parts[1], parts[2]
+        if unit not in units:
+            units.append(unit)
+        n = c.get("samples")
+        if c.get("status") == "pass":
+            cells[(unit, mode)] = f"{c.get('check', '')} ({n} docs)" if c.get("check") == "bitwise" else "within tolerance"
+        else:
+            cells[(unit, mode)] = f"DIFFERS ({c.get('differing_samples')} of {n})"
+    if not units:
+        return []
+    modes = ("dense", "huffman", "palette")
+    lines = ["**Eval** (unweight eval's per-sample check: every log-likelihood of the compressed model against the "
+             "BF16 model, both on CUDA):", "", "| task | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
+    for u in units:
+        if (u, "*") in cells:
+            lines.append(f"| {u} | {cells[(u, '*')]} |" + " |" * (len(modes) - 1))
+        else:
+            lines.append(f"| {u} | " + " | ".join(cells.get((u, m), "—") for m in modes) + " |")
+    return lines + [""]
+
+
+def render(recs: dict) -> str:
+    out = [HEADING, ""]
+    if not recs:
+        return "\n".join(out + [NONE_YET, ""])
+    env = next((r["env"] for st in STAGE_ORDER for r in [recs.get(st)] if r and r.get("env")), {}) or {}
+    code = env.get("commit") or (env.get("source_sha256") or "")[:12] or "unknown"
+    dates = sorted({r.get("started", "")[:10] for r in recs.values()})
+    fake = " (FAKE DATA from a dry run)" if any(r.get("fake") for r in recs.values()) else ""
+    out += [f"Measured on {env.get('gpu') or 'an unrecorded GPU'}{fake} (driver {env.get('driver') or '?'}, "
+            f"CUDA {env.get('torch_cuda') or '?'}, torch {env.get('torch') or '?'}) on {', '.join(dates)}, code "
+            f"{code}, by `python scripts/gpu_check.py` (three device calls, see its docstring); raw JSON in "
+            f"[benchmarks/results/gpu/](benchmarks/results/gpu/).", ""]
+    out += stage_table(recs) + [""]
+    fails = failures(recs)
+    if fails:
+        out += ["Failed checks:", ""] + fails + [""]
+    bench = recs.get("bench") or {}
+    out += decode_table(bench) + kernels_table(bench) + e2e_table(bench)
+    out += eval_table(recs.get("eval") or {})
+    model = recs.get("model") or {}
+    loads = [c for c in model.get("checks", []) if c.get("name", "").startswith("unweight.load(")]
+    if loads:
+        ok = sum(c.get("status") == "pass" for c in loads)
+        bitwise = sum(bool(c.get("logits_bitwise")) for c in loads)
+        out += [f"SmolLM2-135M loaded with `unweight.load(..., device=\"cuda\")`: {ok} of {len(loads)} mode / "
+                f"checkpoint combinations passed, {bitwise} with logits bitwise equal to the BF16 model's.", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def replace_section(text: str, section: str) -> str:
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == HEADING), None)
+    if start is None:
+        return text.rstrip("\n") + "\n\n" + section
+    end = next((j for j in range(start + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
+    tail = "".join(lines[end:])
+    return "".join(lines[:start]) + section + ("\n" + tail if tail else "")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=DEFAULT_RESULTS, help="folder of stage JSONs (default: %(default)s)")
+    ap.add_argument("--readme", default=os.path.join(bu.ROOT, "README.md"))
+    ap.add_argument("--out", help="write the section alone here instead of editing the README")
+    ap.add_argument("--import", dest="import_dir", metavar="DIR", help="copy a device run's stage JSONs in first")
+    ap.add_argument("--check", action="store_true", help="exit 1 when the README's section differs from the render")
+    ap.add_argument("--allow-fake", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.import_dir:
+        if not os.path.isdir(args.import_dir):
+            print(f"render_gpu_results: {args.import_dir}: no such folder", file=sys.stderr)
+            return 2
+        for p in import_run(args.import_dir, args.results):
+            print("imported", os.path.relpath(p, bu.ROOT))
+    section = render(load_records(args.results, args.allow_fake))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(section)
+        return 0
+    if not os.path.exists(args.readme):
+        print(f"render_gpu_results: {args.readme}: no such file", file=sys.stderr)
+        return 2
+    with open(args.readme) as f:
+        text = f.read()
+    new = replace_section(text, section)
+    if args.check:
+        if new != text:
+            print("render_gpu_results: the README's GPU results section is stale; run scripts/render_gpu_results.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        with open(args.readme, "w") as f:
+            f.write(new)
+        print(f"rewrote the {HEADING[3:]} section of {os.path.relpath(args.readme, bu.ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
