@@ -1,17 +1,21 @@
 """Whole-matrix decode ops (out-variant: the caller passes the destination).
 
-    torch.ops.unweight.decode_huffman(sm, exp, off, table, lut, out, err, rows, cols, R, C, exp_lo, exp_hi)
+    torch.ops.unweight.decode_huffman(sm, exp, off, table, lut, out, err, rows, cols, R, C, exp_lo, exp_hi,
+                                      chk=None, chk_interval=0)
     torch.ops.unweight.decode_palette(sm, idx, vpos, vexp, out, err, rows, cols, palette)
         out: bf16 [rows, cols] (row-major, any row stride >= cols), mutated; returns nothing.
         decode_huffman with a uint8 `out` writes the exponent bytes only (the palette
-        transcode's first pass).
+        transcode's first pass).  chk / chk_interval: the checkpoint index (FORMAT.md
+        "Checkpoint index"), with which the CUDA kernel decodes S-weight chains instead of
+        whole segments; the CPU decoder does not need it.
 
 Planes (docs/FORMAT.md), on the device of ``out``:
     sm    uint8  [rows, cols]           exp   uint8 [stream bytes]     off  uint32 [n_seg + 1]
     table uint8  [4, exp_hi-exp_lo+1]   code lengths (the header's table; the CPU decoder builds
                                         its own tables from it)
     lut   uint16 [4, 4096] on CUDA (ops.build_lut), empty on CPU
-    idx   uint8  [rows, ceil(cols/2)]   vpos  uint32 [nv]              vexp uint8 [nv, 64]
+    chk   uint16 [n_seg, P]             checkpoint index (optional, chk_interval = its S)
+    idx   uint8  [rows, ceil(cols/2)]   vpos  uint32 [nv]              vexp uint8 [nv, 32]
     err   int32  [1] device error counter
 
 Out-variant ops let a forward decode into a view of one preallocated scratch buffer, so
@@ -21,7 +25,7 @@ they add to ``err``, which the runtime reads outside the forward (runtime/scratc
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -30,7 +34,7 @@ from torch import Tensor
 from ..format.errors import FormatError
 from . import _ext
 
-__all__ = ["decode_huffman", "decode_palette", "n_units"]
+__all__ = ["decode_huffman", "decode_palette", "n_units", "index_args"]
 
 
 def n_units(n: int, unit: int) -> int:
@@ -56,11 +60,23 @@ def _cpu_huffman(sm, exp, off, table, out, rows, cols, R, C, exp_lo, exp_hi):
         raise FormatError(f"huffman decode failed: {e}") from None
 
 
-def _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, R, C, exp_only: bool):
+def index_args(chk, chk_interval: int, device) -> tuple[int, int, int]:
+    """(pointer, S, P) of a checkpoint index for the CUDA launchers; (0, 0, 0) without one."""
+    if chk is None or not chk_interval or chk.numel() == 0:
+        return 0, 0, 0
+    if chk.dtype != torch.uint16 or chk.dim() != 2 or not chk.is_contiguous() or chk.device != device:
+        raise ValueError(f"checkpoint index must be a contiguous uint16 [n_seg, P] tensor on {device}, got "
+                         f"{chk.dtype} {tuple(chk.shape)} on {chk.device}")
+    return _ext.ptr(chk), int(chk_interval), int(chk.size(1))
+
+
+def _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, R, C, exp_only: bool, chk, chk_interval):
+    pchk, S, P = index_args(chk, chk_interval, out.device)
     with torch.cuda.device_of(out):
         _ext.cuda_module().huffman_decode(_ext.ptr(exp), exp.numel(), _ext.ptr(off), rows, cols, R, C, _ext.ptr(lut),
                                           0, n_units(rows, R), 0, n_units(cols, C), _ext.ptr(sm), cols,
-                                          _ext.ptr(out), out.stride(0), _ext.ptr(err), _ext.stream(out), exp_only)
+                                          _ext.ptr(out), out.stride(0), _ext.ptr(err), _ext.stream(out), exp_only,
+                                          pchk, S, P)
 
 
 # ------------------------------------------------------------------------ decode_huffman
@@ -69,17 +85,19 @@ def _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, R, C, exp_only: bool)
 @torch.library.custom_op("unweight::decode_huffman", mutates_args=("out", "err"))
 def decode_huffman(sm: Tensor, exp: Tensor, off: Tensor, table: Tensor, lut: Tensor, out: Tensor, err: Tensor,
                    rows: int, cols: int, rows_per_group: int, cols_per_chunk: int, exp_lo: int,
-                   exp_hi: int) -> None:
+                   exp_hi: int, chk: Optional[Tensor] = None, chk_interval: int = 0) -> None:
     raise NotImplementedError(f"unweight::decode_huffman has no kernel for device {out.device}")
 
 
 @decode_huffman.register_fake
-def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
+def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, chk=None,
+      chk_interval=0):
     return None
 
 
 @decode_huffman.register_kernel("cpu")
-def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
+def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, chk=None,
+      chk_interval=0):
     if rows == 0 or cols == 0:
         return
     _check_huffman(sm, exp, off, lut, out, rows, cols, False)
@@ -97,11 +115,13 @@ def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_c
 
 
 @decode_huffman.register_kernel("cuda")
-def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
+def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, chk=None,
+      chk_interval=0):
     if rows == 0 or cols == 0:
         return
     _check_huffman(sm, exp, off, lut, out, rows, cols, True)
-    _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, out.dtype == torch.uint8)
+    _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, out.dtype == torch.uint8,
+                  chk, chk_interval)
 
 
 # ------------------------------------------------------------------------ decode_palette

@@ -1,16 +1,23 @@
 """Embedding row gathers that decode only what the ids touch.
 
-    torch.ops.unweight.gather_rows_huffman(ids, sm, exp, off, table, rows, cols, R, C, exp_lo, exp_hi)
-    torch.ops.unweight.gather_rows_palette(ids, sm, idx, vpos, vexp, rows, cols, palette)
+    torch.ops.unweight.gather_rows_huffman(ids, sm, exp, off, table, rows, cols, R, C, exp_lo, exp_hi,
+                                           lut=None, err=None, chk=None, chk_interval=0)
+    torch.ops.unweight.gather_rows_palette(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None)
         ids: integer [...] on the planes' device, each in [0, rows); returns bf16 [ids.numel(), cols].
+        CUDA also takes lut (uint16 [4, 4096], ops.build_lut) and err (int32 [1]) for Huffman, err
+        for palette; chk / chk_interval: the Huffman checkpoint index, when the tensor has one.
 
-Huffman decodes the row groups holding the ids (consecutive groups in one call, so threads
-split their segments); palette decodes the rows themselves.  CPU only for now: on other
-devices the runtime decodes into its scratch buffer and gathers there (runtime/dispatch.py).
+CPU: Huffman decodes the row groups holding the ids (consecutive groups in one call, so
+threads split their segments); palette decodes the rows themselves; an id out of range raises
+IndexError.  CUDA: one kernel with the ids on the device and no host sync (so an embedding
+is CUDA-graph capturable): palette decodes each id's row; Huffman decodes, per id and column
+chunk, only the chains of the checkpoint index that hold the row (without an index, the row's
+segment up to the row).  An id out of range there gives a zero row and adds 1 to err, which
+the runtime reads outside the forward (runtime/scratch.py).
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -18,7 +25,7 @@ from torch import Tensor
 
 from ..format.errors import FormatError
 from . import _ext
-from .decode import n_units
+from .decode import index_args, n_units
 
 __all__ = ["gather_rows_huffman", "gather_rows_palette"]
 
@@ -39,19 +46,56 @@ def _runs(sorted_unique: np.ndarray):
     return [(int(r[0]), int(r[-1]) + 1) for r in np.split(sorted_unique, breaks)]
 
 
-@torch.library.custom_op("unweight::gather_rows_huffman", mutates_args=())
+def _device_ids(ids: Tensor, sm: Tensor) -> Tensor:
+    """The ids as a contiguous int64 vector on the planes' device (a device op, no sync)."""
+    _ext.same_device("gather_rows", sm, ids)
+    return ids.reshape(-1).to(torch.int64).contiguous()
+
+
+def _need_err(err, device) -> Tensor:
+    if err is None or err.dtype != torch.int32 or err.numel() != 1 or err.device != device:
+        raise ValueError(f"gather_rows on CUDA needs the int32 [1] error counter on {device} (runtime scratch)")
+    return err
+
+
+@torch.library.custom_op("unweight::gather_rows_huffman", mutates_args=("err",))
 def gather_rows_huffman(ids: Tensor, sm: Tensor, exp: Tensor, off: Tensor, table: Tensor, rows: int, cols: int,
-                        rows_per_group: int, cols_per_chunk: int, exp_lo: int, exp_hi: int) -> Tensor:
+                        rows_per_group: int, cols_per_chunk: int, exp_lo: int, exp_hi: int,
+                        lut: Optional[Tensor] = None, err: Optional[Tensor] = None, chk: Optional[Tensor] = None,
+                        chk_interval: int = 0) -> Tensor:
     raise NotImplementedError(f"unweight::gather_rows_huffman has no kernel for device {ids.device}")
 
 
 @gather_rows_huffman.register_fake
-def _(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
+def _(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, lut=None, err=None,
+      chk=None, chk_interval=0):
     return sm.new_empty((ids.numel(), cols), dtype=torch.bfloat16)
 
 
+@gather_rows_huffman.register_kernel("cuda")
+def _(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, lut=None, err=None,
+      chk=None, chk_interval=0):
+    flat = _device_ids(ids, sm)
+    out = torch.empty((flat.numel(), cols), dtype=torch.bfloat16, device=sm.device)
+    if flat.numel() == 0 or cols == 0:
+        return out
+    err = _need_err(err, sm.device)
+    _ext.require_contiguous("gather_rows_huffman", sm, exp, off)
+    _ext.same_device("gather_rows_huffman", sm, exp, off)
+    if lut is None or lut.numel() != 4 * 4096 or lut.device != sm.device:
+        raise ValueError("gather_rows_huffman on CUDA needs the uint16 [4, 4096] decode tables (ops.build_lut)")
+    pchk, S, P = index_args(chk, chk_interval, sm.device)
+    with torch.cuda.device_of(sm):
+        _ext.cuda_module().huffman_gather_rows(_ext.ptr(flat), flat.numel(), _ext.ptr(exp), exp.numel(), _ext.ptr(off),
+                                               rows, cols, rows_per_group, cols_per_chunk, _ext.ptr(lut),
+                                               _ext.ptr(sm), pchk, S, P, _ext.ptr(out), out.stride(0), _ext.ptr(err),
+                                               _ext.stream(sm))
+    return out
+
+
 @gather_rows_huffman.register_kernel("cpu")
-def _(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi):
+def _(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, lut=None, err=None,
+      chk=None, chk_interval=0):
     flat = _host_ids(ids, rows)
     R = rows_per_group
     out = np.empty((flat.size, cols), dtype=np.uint16)
@@ -71,19 +115,35 @@ def _(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_
     return torch.from_numpy(out).view(torch.bfloat16)
 
 
-@torch.library.custom_op("unweight::gather_rows_palette", mutates_args=())
+@torch.library.custom_op("unweight::gather_rows_palette", mutates_args=("err",))
 def gather_rows_palette(ids: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, rows: int, cols: int,
-                        palette: List[int]) -> Tensor:
+                        palette: List[int], err: Optional[Tensor] = None) -> Tensor:
     raise NotImplementedError(f"unweight::gather_rows_palette has no kernel for device {ids.device}")
 
 
 @gather_rows_palette.register_fake
-def _(ids, sm, idx, vpos, vexp, rows, cols, palette):
+def _(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None):
     return sm.new_empty((ids.numel(), cols), dtype=torch.bfloat16)
 
 
+@gather_rows_palette.register_kernel("cuda")
+def _(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None):
+    flat = _device_ids(ids, sm)
+    out = torch.empty((flat.numel(), cols), dtype=torch.bfloat16, device=sm.device)
+    if flat.numel() == 0 or cols == 0:
+        return out
+    err = _need_err(err, sm.device)
+    _ext.require_contiguous("gather_rows_palette", sm, idx, vpos, vexp)
+    _ext.same_device("gather_rows_palette", sm, idx, vpos, vexp)
+    with torch.cuda.device_of(sm):
+        _ext.cuda_module().palette_gather_rows(_ext.ptr(flat), flat.numel(), _ext.ptr(sm), _ext.ptr(idx), rows, cols,
+                                               bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp),
+                                               _ext.ptr(out), out.stride(0), _ext.ptr(err), _ext.stream(sm))
+    return out
+
+
 @gather_rows_palette.register_kernel("cpu")
-def _(ids, sm, idx, vpos, vexp, rows, cols, palette):
+def _(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None):
     flat = _host_ids(ids, rows)
     out = np.empty((flat.size, cols), dtype=np.uint16)
     sm_np, idx_np, vpos_np, vexp_np = _ext.np_view(sm), _ext.np_view(idx), _ext.np_view(vpos), _ext.np_view(vexp)

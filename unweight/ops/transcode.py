@@ -166,9 +166,11 @@ def transcode_to_palette(header: TensorHeader, planes: dict, lut: Tensor, err: T
     before = int(err.item())
     exps = torch.empty((rows, cols), dtype=torch.uint8, device=dev)
     table = torch.from_numpy(np.ascontiguousarray(header.table, dtype=np.uint8)).to(dev)
+    # The checkpoint index, when the tensor has one, lets the kernel decode S-weight chains in
+    # parallel instead of whole segments: this pass is the transcode's decode.
     torch.ops.unweight.decode_huffman(sm, planes[C.SUFFIX_EXP], planes[C.SUFFIX_OFF], table, lut, exps, err,
-                                                rows, cols, header.rows_per_group, header.cols_per_chunk,
-                                                header.exp_lo, header.exp_hi)
+                                      rows, cols, header.rows_per_group, header.cols_per_chunk,
+                                      header.exp_lo, header.exp_hi, planes.get(C.SUFFIX_CHK), header.chk_interval)
     hist = torch.zeros(256, dtype=torch.int64, device=dev)
     torch.ops.unweight.exp_histogram(exps, hist)
     palette = tc.choose_palette(hist.cpu().numpy())  # 16 of 256 bins: the host picks, exactly as the codec

@@ -34,7 +34,8 @@ _DECODE_ONLY = DispatchPolicy(None)
 def _decode_piece(w: EncodedWeight, out: Tensor, err: Tensor) -> None:
     if w.is_huffman:
         torch.ops.unweight.decode_huffman(w.sm, w.exp, w.off, w.table, w.lut, out, err, w.rows, w.cols,
-                                          w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi)
+                                          w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi, w.chk,
+                                          w.chk_interval)
     else:
         torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette)
 
@@ -103,19 +104,43 @@ def linear(pieces: list, x: Tensor, bias: Tensor | None, out_rows: int, cols: in
     return policy.dense_linear(x, w, bias)
 
 
-def _gather_piece(w: EncodedWeight, ids: Tensor) -> Tensor:
+def _gather_piece(w: EncodedWeight, ids: Tensor, err: Tensor | None = None) -> Tensor:
     if w.is_huffman:
         return torch.ops.unweight.gather_rows_huffman(ids, w.sm, w.exp, w.off, w.table, w.rows, w.cols,
-                                                      w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi)
-    return torch.ops.unweight.gather_rows_palette(ids, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette)
+                                                      w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi,
+                                                      w.lut, err, w.chk, w.chk_interval)
+    return torch.ops.unweight.gather_rows_palette(ids, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette, err)
+
+
+def _embedding_cuda(pieces: list, ids: Tensor, out_rows: int, cols: int) -> Tensor:
+    """The device path: row-gather kernels that take the ids on the device, so neither the
+    table is decoded nor the ids read back (no host sync; CUDA-graph capturable).  An id out of
+    range gives a zero row and counts one error in the device's counter, where F.embedding
+    would stop the context with a device-side assert."""
+    err = scratch.error_counter(ids.device)
+    if len(pieces) == 1 and out_rows == pieces[0].rows:
+        return _gather_piece(pieces[0], ids, err).view(*ids.shape, cols)
+    flat = ids.reshape(-1).to(torch.int64)
+    err.add_(((flat < 0) | (flat >= out_rows)).sum(dtype=torch.int32).view(1))
+    out = torch.zeros((flat.numel(), cols), dtype=torch.bfloat16, device=ids.device)
+    r = 0
+    for p in pieces:
+        # Every id goes to every piece (a boolean selection would need its count on the host):
+        # ids of other pieces read row 0, and the where() keeps only this piece's rows.
+        mine = (flat >= r) & (flat < r + p.rows)
+        rows = _gather_piece(p, torch.where(mine, flat - r, torch.zeros_like(flat)), err)
+        out = torch.where(mine[:, None], rows, out)
+        r += p.rows
+    return out.view(*ids.shape, cols)
 
 
 def embedding(pieces: list, ids: Tensor, out_rows: int, cols: int) -> Tensor:
     """Rows of the stacked pieces.  ids: integer [...], each in [0, out_rows); rows past the
     pieces (vocab padding) are zero.  Returns bf16 [..., cols]."""
+    if ids.device.type == "cuda":
+        return _embedding_cuda(pieces, ids, out_rows, cols)
     if ids.device.type != "cpu":
-        # No device row-gather kernel yet: finding the needed row groups would need the ids on
-        # the host (a sync per forward), so decode the table into scratch and gather there.
+        # No row-gather kernel for this device: decode the table into scratch and gather there.
         return F.embedding(ids, decode_into(pieces, scratch.weights(ids.device, out_rows * cols), out_rows, cols))
     if len(pieces) == 1 and out_rows == pieces[0].rows:
         return _gather_piece(pieces[0], ids).view(*ids.shape, cols)

@@ -112,7 +112,7 @@ class _Info:
     constants under torch.compile)."""
 
     __slots__ = ("encoding", "n_rows", "n_cols", "rows_per_group", "cols_per_chunk", "exp_lo", "exp_hi",
-                 "palette", "table_bytes")
+                 "palette", "table_bytes", "chk_interval")
 
     def __init__(self, h: TensorHeader):
         self.encoding = int(h.encoding)
@@ -121,6 +121,7 @@ class _Info:
         self.exp_lo, self.exp_hi = int(h.exp_lo), int(h.exp_hi)
         self.palette = [int(b) for b in h.palette[: h.pal_size]]
         self.table_bytes = 0 if h.table is None else int(h.table.size)
+        self.chk_interval = int(h.chk_interval)
 
 
 class CompressedWeightMixin:
@@ -258,7 +259,8 @@ class CompressedWeightMixin:
         return EncodedWeight(i.encoding, i.n_rows, i.n_cols, i.rows_per_group, i.cols_per_chunk, i.exp_lo, i.exp_hi,
                              i.palette, p[C.SUFFIX_SM], exp=p.get(C.SUFFIX_EXP), off=p.get(C.SUFFIX_OFF),
                              table=o.code_table() if i.encoding == C.ENC_HUFFMAN else None, lut=o.weight_lut,
-                             idx=p.get(C.SUFFIX_IDX), vpos=p.get(C.SUFFIX_VPOS), vexp=p.get(C.SUFFIX_VEXP))
+                             idx=p.get(C.SUFFIX_IDX), vpos=p.get(C.SUFFIX_VPOS), vexp=p.get(C.SUFFIX_VEXP),
+                             chk=p.get(C.SUFFIX_CHK), chk_interval=i.chk_interval)
 
     def decode_weight(self) -> Tensor:
         """The weight as a new bf16 [rows, cols] tensor on the module's device (not cached)."""

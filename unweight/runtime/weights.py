@@ -22,22 +22,25 @@ class EncodedWeight:
         huffman: sm [rows, cols], exp [stream bytes], off [n_seg + 1], table [4, exp_hi-exp_lo+1],
                  lut [4, 4096] uint16 on CUDA (empty on CPU)
         palette: sm [rows, cols], idx [rows, ceil(cols/2)], vpos [nv], vexp [nv, PAL_BLOCK]
-    Unused planes are None.
+    chk: the Huffman checkpoint index uint16 [n_seg, P] and chk_interval its S (None and 0
+    without one; FORMAT.md "Checkpoint index").  Unused planes are None.
     """
 
     __slots__ = ("encoding", "rows", "cols", "rows_per_group", "cols_per_chunk", "exp_lo", "exp_hi", "palette",
-                 "sm", "exp", "off", "table", "lut", "idx", "vpos", "vexp", "name")
+                 "sm", "exp", "off", "table", "lut", "idx", "vpos", "vexp", "name", "chk", "chk_interval")
 
     def __init__(self, encoding: int, rows: int, cols: int, rows_per_group: int, cols_per_chunk: int, exp_lo: int,
                  exp_hi: int, palette: list, sm: Tensor, exp: Tensor | None = None, off: Tensor | None = None,
                  table: Tensor | None = None, lut: Tensor | None = None, idx: Tensor | None = None,
-                 vpos: Tensor | None = None, vexp: Tensor | None = None, name: str = ""):
+                 vpos: Tensor | None = None, vexp: Tensor | None = None, name: str = "",
+                 chk: Tensor | None = None, chk_interval: int = 0):
         self.encoding, self.rows, self.cols = encoding, rows, cols
         self.rows_per_group, self.cols_per_chunk = rows_per_group, cols_per_chunk
         self.exp_lo, self.exp_hi, self.palette = exp_lo, exp_hi, palette
         self.sm, self.exp, self.off, self.table, self.lut = sm, exp, off, table, lut
         self.idx, self.vpos, self.vexp = idx, vpos, vexp
         self.name = name
+        self.chk, self.chk_interval = (chk, int(chk_interval)) if chk is not None and chk_interval else (None, 0)
 
     @classmethod
     def from_header(cls, header: TensorHeader, planes: dict, table: Tensor | None = None, lut: Tensor | None = None,
@@ -49,7 +52,7 @@ class EncodedWeight:
                    [int(b) for b in header.palette[: header.pal_size]], planes[C.SUFFIX_SM],
                    exp=planes.get(C.SUFFIX_EXP), off=planes.get(C.SUFFIX_OFF), table=table, lut=lut,
                    idx=planes.get(C.SUFFIX_IDX), vpos=planes.get(C.SUFFIX_VPOS), vexp=planes.get(C.SUFFIX_VEXP),
-                   name=name)
+                   name=name, chk=planes.get(C.SUFFIX_CHK), chk_interval=int(header.chk_interval))
 
     @property
     def is_huffman(self) -> bool:

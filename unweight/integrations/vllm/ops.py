@@ -10,10 +10,12 @@ the pieces as a flat tensor list plus an int list of metadata:
 
     planes: PLANES_PER_PIECE tensors per piece, on the layer's device
         huffman: sm uint8 [n, k], exp uint8 [bytes], off uint32 [n_seg + 1],
-                 table uint8 [4, exp_hi - exp_lo + 1], lut uint16 [4, 4096] (CUDA) or empty
+                 table uint8 [4, exp_hi - exp_lo + 1], lut uint16 [4, 4096] (CUDA) or empty,
+                 chk uint16 [n_seg, P] (the checkpoint index) or the placeholder
         palette: sm uint8 [n, k], idx uint8 [n, ceil(k/2)], vpos uint32 [nv], vexp uint8 [nv, 32],
-                 an empty uint8 placeholder
-    meta: META_LEN ints per piece: encoding, rows, cols, R, C, exp_lo, exp_hi, pal_size, palette[16]
+                 an empty uint8 placeholder twice
+    meta: META_LEN ints per piece: encoding, rows, cols, R, C, exp_lo, exp_hi, pal_size, palette[16],
+          chk_interval (0: no index)
 
     unweight_vllm::linear(x, planes, meta, bias, out_rows, cols) -> y   bf16 [..., out_rows]
     unweight_vllm::embedding(ids, planes, meta, out_rows, cols) -> e   bf16 [..., cols]
@@ -33,8 +35,8 @@ from ...runtime import dispatch
 from ...runtime.policy import DispatchPolicy
 from ...runtime.weights import EncodedWeight
 
-META_LEN = 8 + C.PAL_MAX_ENTRIES
-PLANES_PER_PIECE = 5
+META_LEN = 9 + C.PAL_MAX_ENTRIES
+PLANES_PER_PIECE = 6
 
 _POLICY: dict = {}
 
@@ -46,13 +48,13 @@ def set_policy(policy: DispatchPolicy) -> None:
 
 def piece_meta(w: EncodedWeight) -> list:
     return [w.encoding, w.rows, w.cols, w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi,
-            len(w.palette)] + w.palette + [0] * (C.PAL_MAX_ENTRIES - len(w.palette))
+            len(w.palette)] + w.palette + [0] * (C.PAL_MAX_ENTRIES - len(w.palette)) + [w.chk_interval]
 
 
 def piece_planes(w: EncodedWeight, placeholder: Tensor) -> list:
     if w.is_huffman:
-        return [w.sm, w.exp, w.off, w.table, w.lut]
-    return [w.sm, w.idx, w.vpos, w.vexp, placeholder]
+        return [w.sm, w.exp, w.off, w.table, w.lut, w.chk if w.chk is not None else placeholder]
+    return [w.sm, w.idx, w.vpos, w.vexp, placeholder, placeholder]
 
 
 def pieces(planes: List[Tensor], meta: List[int]) -> list:
@@ -64,7 +66,9 @@ def pieces(planes: List[Tensor], meta: List[int]) -> list:
     for i in range(n):
         m = meta[i * META_LEN:(i + 1) * META_LEN]
         t = planes[i * PLANES_PER_PIECE:(i + 1) * PLANES_PER_PIECE]
-        kw = ({"exp": t[1], "off": t[2], "table": t[3], "lut": t[4]} if m[0] == C.ENC_HUFFMAN
+        S = m[8 + C.PAL_MAX_ENTRIES]
+        kw = ({"exp": t[1], "off": t[2], "table": t[3], "lut": t[4], "chk": t[5] if S else None, "chk_interval": S}
+              if m[0] == C.ENC_HUFFMAN
               else {"idx": t[1], "vpos": t[2], "vexp": t[3]})
         out.append(EncodedWeight(m[0], m[1], m[2], m[3], m[4], m[5], m[6], list(m[8:8 + m[7]]), t[0], **kw))
     return out

@@ -1,0 +1,119 @@
+"""The checkpoint index through the ops and the runtime, and the device embedding path.
+
+The CUDA kernels themselves run in tests/cuda (emulated) and in the GPU runbook; here, on the
+CPU: the ops take the index arguments (the CPU decoder does not need them and must give the
+same bits), the index travels from a header and planes into EncodedWeight, a module and the
+vLLM op arguments, and the piece-combining logic of the device embedding path (which must not
+read ids back to the host) gives F.embedding's rows, zeros for vocab padding and one error per
+id out of range.
+"""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from unweight import ops  # noqa: F401  (registers the ops)
+from unweight.codec import tensor_codec as tc
+from unweight.format import constants as C
+from unweight.integrations.vllm import ops as vops
+from unweight.runtime import dispatch, scratch
+from unweight.runtime.modules import CompressedEmbedding
+from unweight.runtime.weights import EncodedWeight
+
+from ..cuda.helpers import make_weights
+
+
+def _weight(rows, cols, encoding, seed=0, S=C.DEFAULT_CHK_INTERVAL):
+    w = make_weights(rows, cols, seed=seed)
+    enc = tc.encode(w, encoding, threads=1, chk_interval=S)
+    planes = {s: torch.from_numpy(np.ascontiguousarray(a)) for s, a in enc.planes.items()}
+    table = torch.from_numpy(np.ascontiguousarray(enc.header.table)) if enc.header.table is not None else None
+    lut = torch.empty(0, dtype=torch.uint16) if encoding == "huffman" else None
+    return w, enc, EncodedWeight.from_header(enc.header, planes, table, lut)
+
+
+def _bits(t):
+    return t.view(torch.int16).numpy().view(np.uint16)
+
+
+def test_encoded_weight_carries_the_index():
+    w, enc, ew = _weight(256, 512, "huffman")
+    assert enc.header.chk_interval == C.DEFAULT_CHK_INTERVAL and ew.chk_interval == C.DEFAULT_CHK_INTERVAL
+    assert ew.chk.dtype == torch.uint16 and tuple(ew.chk.shape) == enc.planes[C.SUFFIX_CHK].shape
+    _, _, ew0 = _weight(256, 512, "huffman", S=0)
+    assert ew0.chk is None and ew0.chk_interval == 0
+    _, _, ep = _weight(64, 96, "palette")
+    assert ep.chk is None and ep.chk_interval == 0
+
+
+def test_decode_op_takes_the_index_and_gives_the_same_bits():
+    w, enc, ew = _weight(130, 1024, "huffman", seed=3)
+    err = torch.zeros(1, dtype=torch.int32)
+    for chk, S in ((ew.chk, ew.chk_interval), (None, 0)):
+        out = torch.empty((ew.rows, ew.cols), dtype=torch.bfloat16)
+        torch.ops.unweight.decode_huffman(ew.sm, ew.exp, ew.off, ew.table, ew.lut, out, err, ew.rows, ew.cols,
+                                          ew.rows_per_group, ew.cols_per_chunk, ew.exp_lo, ew.exp_hi, chk, S)
+        assert np.array_equal(_bits(out), w)
+    assert int(err) == 0
+    # the fake impl accepts the new arguments (torch.compile / FakeTensor tracing)
+    out = torch.empty((ew.rows, ew.cols), dtype=torch.bfloat16)
+    args = (ew.sm, ew.exp, ew.off, ew.table, ew.lut, out, err, ew.rows, ew.cols, ew.rows_per_group,
+            ew.cols_per_chunk, ew.exp_lo, ew.exp_hi, ew.chk, ew.chk_interval)
+    torch.library.opcheck(torch.ops.unweight.decode_huffman.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("encoding", ["huffman", "palette"])
+def test_gather_ops_take_lut_err_and_index(encoding):
+    w, enc, ew = _weight(300, 512, encoding, seed=4)
+    ids = torch.tensor([[0, 299], [17, 17]])
+    err = torch.zeros(1, dtype=torch.int32)
+    if encoding == "huffman":
+        args = (ids, ew.sm, ew.exp, ew.off, ew.table, ew.rows, ew.cols, ew.rows_per_group, ew.cols_per_chunk,
+                ew.exp_lo, ew.exp_hi, ew.lut, err, ew.chk, ew.chk_interval)
+        op = torch.ops.unweight.gather_rows_huffman
+    else:
+        args = (ids, ew.sm, ew.idx, ew.vpos, ew.vexp, ew.rows, ew.cols, ew.palette, err)
+        op = torch.ops.unweight.gather_rows_palette
+    got = op(*args)
+    assert np.array_equal(_bits(got), w[ids.reshape(-1).numpy()])
+    torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("encoding", ["huffman", "palette"])
+def test_device_embedding_path_combines_pieces_without_host_reads(encoding):
+    """dispatch's CUDA embedding path, run on CPU tensors: same rows as F.embedding over the
+    stacked pieces, zeros for vocab padding, one counted error per id out of range, and the
+    ids never leave their device (no .item(), no boolean indexing)."""
+    (w1, _, p1), (w2, _, p2) = _weight(40, 96, encoding, seed=1), _weight(24, 96, encoding, seed=2)
+    full = np.concatenate([w1, w2, np.zeros((8, 96), np.uint16)])
+    table = torch.from_numpy(full.view(np.int16)).view(torch.bfloat16)
+    ids = torch.tensor([[0, 39, 40, 63], [64, 71, 5, 41]])
+    scratch.error_counter("cpu").zero_()
+    got = dispatch._embedding_cuda([p1, p2], ids, 72, 96)
+    assert got.shape == (2, 4, 96)
+    assert torch.equal(got.view(torch.int16), F.embedding(ids, table).view(torch.int16))
+    assert int(scratch.error_counter("cpu")) == 0
+    bad = torch.tensor([3, 72, -1])
+    got = dispatch._embedding_cuda([p1, p2], bad, 72, 96)
+    assert int(scratch.error_counter("cpu")) == 2
+    assert torch.equal(got[0].view(torch.int16), table[3].view(torch.int16)) and not got[1:].view(torch.int16).any()
+    scratch.error_counter("cpu").zero_()
+
+
+def test_module_and_vllm_arguments_carry_the_index():
+    emb = torch.nn.Embedding(512, 256).to(torch.bfloat16)
+    ce = CompressedEmbedding.from_embedding(emb, "huffman")
+    assert ce.header.chk_interval == C.DEFAULT_CHK_INTERVAL
+    assert "weight" + C.SUFFIX_CHK in ce.state_dict()
+    ew = ce.encoded()
+    assert ew.chk_interval == C.DEFAULT_CHK_INTERVAL and ew.chk is ce.weight__chk
+    placeholder = torch.empty(0, dtype=torch.uint8)
+    planes = vops.piece_planes(ew, placeholder)
+    meta = vops.piece_meta(ew)
+    assert len(planes) == vops.PLANES_PER_PIECE and len(meta) == vops.META_LEN
+    (back,) = vops.pieces(planes, meta)
+    assert back.chk is ew.chk and back.chk_interval == ew.chk_interval
+    ids = torch.tensor([0, 511, 100])
+    assert torch.equal(dispatch.embedding([back], ids, 512, 256).view(torch.int16),
+                       emb.weight.detach()[ids].view(torch.int16))
