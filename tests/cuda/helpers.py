@@ -106,10 +106,31 @@ def decode_op(w, out, err) -> None:
     Huffman exponent bytes)."""
     import torch
     if w.is_huffman:
+        # The checkpoint index, when w has one: the kernel then decodes S-weight chains.
         torch.ops.unweight.decode_huffman(w.sm, w.exp, w.off, w.table, w.lut, out, err, w.rows, w.cols,
-                                          w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi)
+                                          w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi, w.chk,
+                                          w.chk_interval)
     else:
         torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette)
+
+
+def gather_op(w, ids, err):
+    """Rows ids (int tensor on w's device) of w through its row-gather op: bf16 [ids.numel(), cols]."""
+    import torch
+    if w.is_huffman:
+        return torch.ops.unweight.gather_rows_huffman(ids, w.sm, w.exp, w.off, w.table, w.rows, w.cols,
+                                                      w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi,
+                                                      w.lut, err, w.chk, w.chk_interval)
+    return torch.ops.unweight.gather_rows_palette(ids, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette, err)
+
+
+def without_index(w):
+    """The same EncodedWeight with its checkpoint index dropped (one chain per segment), to
+    compare the kernel's two ways of cutting the work."""
+    from unweight.runtime.weights import EncodedWeight
+    return EncodedWeight(w.encoding, w.rows, w.cols, w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi,
+                         w.palette, w.sm, exp=w.exp, off=w.off, table=w.table, lut=w.lut, idx=w.idx, vpos=w.vpos,
+                         vexp=w.vexp, name=w.name)
 
 
 def decode_poisoned(w, err) -> list:

@@ -10,7 +10,8 @@ from unweight.format import constants as C
 from unweight.format.errors import FormatError
 
 from .helpers import (all_bf16_patterns, bf16_tensor, bits, decode_op, decode_poisoned, emulate_fused, encoded_weight,
-                      fused_op, fused_paths, fused_supported, fused_vs_cublas, huffman_planes, make_weights)
+                      fused_op, fused_paths, fused_supported, fused_vs_cublas, gather_op, huffman_planes, make_weights,
+                      without_index)
 
 torch = pytest.importorskip("torch")
 
@@ -225,3 +226,66 @@ def test_format_error_raised_by_transcode_of_corrupt_tensor():
     dev = huffman_planes(tc.Encoded(enc.header, planes, {}), bad)
     with pytest.raises(FormatError):
         ops.transcode_to_palette(enc.header, dev, bad.lut, err)
+
+
+# ------------------------------------------------------------------ checkpoint index, row gather
+@pytest.mark.parametrize("S", [16, 1024])
+@pytest.mark.parametrize("shape", [(1, 1), (63, 65), (7, 4097), (4097, 65), (1024, 4096)])
+def test_chain_decode_with_and_without_index(shape, S):
+    w = make_weights(*shape, seed=shape[0] + shape[1])
+    enc = tc.encode(w, "huffman", chk_interval=S)
+    err = _err()
+    ew = encoded_weight(enc, "cuda", err)
+    for variant in (ew, without_index(ew)):
+        for got in decode_poisoned(variant, err):
+            assert np.array_equal(got, w)
+    assert int(err.item()) == 0
+
+
+def test_chain_decode_counts_a_wrong_checkpoint():
+    w = make_weights(256, 1024, seed=11)
+    enc = tc.encode(w, "huffman", chk_interval=64)
+    planes = dict(enc.planes)
+    chk = planes[C.SUFFIX_CHK].copy()
+    chk[0, 0] += 1  # inside every bound: only a decoder that starts there sees it
+    planes[C.SUFFIX_CHK] = chk
+    err = _err()
+    ew = encoded_weight(tc.Encoded(enc.header, planes, {}), "cuda", err)
+    decode_op(ew, torch.empty((ew.rows, ew.cols), dtype=torch.bfloat16, device="cuda"), err)
+    assert int(err.item()) >= 1
+
+
+@pytest.mark.parametrize("enc_name", ENCODINGS)
+@pytest.mark.parametrize("shape", [(1, 1), (300, 65), (4097, 4096), (65, 4097)])
+def test_gather_rows_bitwise(shape, enc_name):
+    w = make_weights(*shape, seed=shape[0] * 3 + shape[1])
+    enc = tc.encode(w, enc_name)
+    err = _err()
+    ew = encoded_weight(enc, "cuda", err)
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, shape[0], size=(3, 17))).cuda()
+    for variant in ((ew, without_index(ew)) if enc_name == "huffman" else (ew,)):
+        got = gather_op(variant, ids, err)
+        assert np.array_equal(bits(got), w[ids.reshape(-1).cpu().numpy()])
+    assert int(err.item()) == 0
+    bad = torch.tensor([0, shape[0], -1], device="cuda")
+    got = bits(gather_op(ew, bad, err))
+    assert int(err.item()) == 2 and np.array_equal(got[0], w[0]) and not got[1:].any()
+
+
+@pytest.mark.parametrize("enc_name", ENCODINGS)
+def test_embedding_gathers_on_the_device(enc_name):
+    """dispatch.embedding on CUDA: rows from the gather kernels, vocab padding zero, and no
+    decode of the table into scratch."""
+    from unweight.runtime import dispatch, scratch
+    w1, w2 = make_weights(500, 256, seed=1), make_weights(300, 256, seed=2)
+    err = scratch.error_counter("cuda")
+    p1 = encoded_weight(tc.encode(w1, enc_name), "cuda", err)
+    p2 = encoded_weight(tc.encode(w2, enc_name), "cuda", err)
+    table = np.concatenate([w1, w2, np.zeros((16, 256), np.uint16)])
+    ids = torch.tensor([[0, 499, 500, 799], [800, 815, 7, 650]], device="cuda")
+    before = int(err.item())
+    got = dispatch.embedding([p1, p2], ids, 816, 256)
+    assert np.array_equal(bits(got).reshape(-1, 256), table[ids.reshape(-1).cpu().numpy()])
+    assert int(err.item()) == before
+    single = dispatch.embedding([p1], ids[:, :2].contiguous(), 500, 256)
+    assert np.array_equal(bits(single).reshape(-1, 256), w1[ids[:, :2].reshape(-1).cpu().numpy()])
