@@ -27,3 +27,34 @@ def make_llama(dst: str, *, tie: bool = False, heads: int = 8, kv_heads: int = 2
     os.makedirs(dst, exist_ok=True)
     model.save_pretrained(dst, safe_serialization=True)
     return dst
+
+
+def make_moe(dst: str, arch: str, *, seed: int = 0) -> str:
+    """Write a tiny 2-layer MoE in bf16 to dst (transformers saves per-expert 2-D tensors);
+    arch "qwen3_moe" or "mixtral": hidden 256, 8 experts of intermediate 256, top-2, 8 heads /
+    4 KV heads, vocab 1024; every side a multiple of 256.  Returns dst."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    common = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                  vocab_size=1024, max_position_embeddings=512, num_experts_per_tok=2, tie_word_embeddings=False,
+                  bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+    if arch == "qwen3_moe":
+        cfg = AutoConfig.for_model("qwen3_moe", intermediate_size=512, moe_intermediate_size=256, num_experts=8,
+                                   head_dim=32, **common)
+    elif arch == "mixtral":
+        cfg = AutoConfig.for_model("mixtral", intermediate_size=256, num_local_experts=8, **common)
+    else:
+        raise ValueError(arch)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.ndim == 1:  # norms: some spread, as in make_llama
+                p.copy_(1.0 + 0.1 * torch.randn_like(p, dtype=torch.float32))
+            else:
+                p.copy_(0.05 * torch.randn_like(p, dtype=torch.float32))
+    model = model.to(torch.bfloat16)
+    os.makedirs(dst, exist_ok=True)
+    model.save_pretrained(dst, safe_serialization=True)
+    return dst

@@ -5,6 +5,11 @@ included), because the model is built unquantized and sees ordinary BF16 tensors
 original names; vLLM's own loaders then shard them for tensor parallelism.  Each rank decodes
 the whole tensors it is handed (that is the price of the fallback; the quantization path is
 the one that keeps weights compressed).  Every decode is crc-verified.
+
+The quantization path (``--load-format auto`` on an unweight checkpoint) uses the same
+decoding for the layers a model builds without a quantization config (Mixtral's
+embedding, for one): vLLM's default loader is wrapped so that a compressed tensor no unweight
+method claims reaches the model decoded, under its own name.
 """
 from __future__ import annotations
 
@@ -29,9 +34,11 @@ log = logging.getLogger("vllm.unweight")
 LOAD_FORMAT = "unweight"
 
 
-def decode_planes_iterator(weights, where: str = "") -> Generator[tuple[str, torch.Tensor], None, None]:
+def decode_planes_iterator(weights, where: str = "", keep=frozenset()) -> Generator[tuple[str, torch.Tensor], None,
+                                                                                      None]:
     """(name, tensor) stream of a compressed checkpoint -> (name, tensor) with encoded tensors
-    decoded to bf16 [N, K] (host) under their original names; raw tensors pass through.
+    decoded to bf16 [N, K] (host) under their original names; raw tensors, and the planes of
+    the encoded tensors named in `keep`, pass through.
 
     The planes of one tensor are stored next to each other in its shard, so at most one
     tensor's planes are held at a time (apart from interleaved orders, which still work).
@@ -39,7 +46,7 @@ def decode_planes_iterator(weights, where: str = "") -> Generator[tuple[str, tor
     pending: dict[str, dict] = {}
     for name, t in weights:
         base, suf = split_name(name)
-        if suf is None:
+        if suf is None or base in keep:
             yield name, t
             continue
         pl = pending.setdefault(base, {})
@@ -80,3 +87,32 @@ class UnweightDecodingLoader(DefaultModelLoader):
 
     def get_all_weights(self, model_config, model):
         yield from decode_planes_iterator(super().get_all_weights(model_config, model))
+
+
+def claimed_tensors(model: torch.nn.Module) -> set:
+    """Checkpoint names of the encoded tensors the model's unweight methods take as planes."""
+    from .moe import UnweightFusedMoEMethod
+    out = set()
+    for m in model.modules():
+        qm = getattr(m, "quant_method", None)
+        if isinstance(qm, quant._UnweightMethodBase):
+            out.update(n for n, _ in qm.parts)
+        elif isinstance(qm, UnweightFusedMoEMethod):
+            out.update(qm.names.values())
+    return out
+
+
+_DEFAULT_GET_ALL_WEIGHTS = DefaultModelLoader.get_all_weights
+
+
+def _get_all_weights(self, model_config, model):
+    """DefaultModelLoader.get_all_weights for unweight checkpoints: encoded tensors that no
+    unweight method claims (layers built without a quantization config) arrive decoded."""
+    weights = _DEFAULT_GET_ALL_WEIGHTS(self, model_config, model)
+    if getattr(model_config, "quantization", None) != C.QUANT_METHOD:
+        yield from weights
+        return
+    yield from decode_planes_iterator(weights, keep=claimed_tensors(model))
+
+
+DefaultModelLoader.get_all_weights = _get_all_weights

@@ -217,10 +217,35 @@ class UnweightConfig(QuantizationConfig):
                 report_layer(prefix or "embedding", {"path": "raw-bf16"})
                 return None
             return UnweightEmbeddingMethod(self, prefix or name.rsplit(".", 1)[0], [(name, None)])
+        from vllm.model_executor.layers.fused_moe import RoutedExperts
+        if isinstance(layer, RoutedExperts):
+            if self.decode_at_load:
+                return None  # vLLM's unquantized experts, fed decoded bf16 by the loader
+            from .moe import moe_quant_method
+            return moe_quant_method(self, layer, prefix)
         return None
 
 
 # ------------------------------------------------------------------------------ shared machinery
+
+
+def take_shard(pend: dict, name: str, shard_range) -> dict | None:
+    """This rank's piece of one encoded tensor, once `pend` ({suffix: mapped plane}) holds all
+    its planes (None before).  shard_range(full header) -> (rows, cols) of the rank's block.
+    The piece: its header and planes (fresh host arrays, only the block's segments), the full
+    tensor's header, the block's ranges and the full planes' bytes."""
+    if C.SUFFIX_HDR not in pend:
+        return None
+    h = TensorHeader.parse(pend[C.SUFFIX_HDR].numpy(), name)
+    need = tc.planes_for(h)
+    if any(s not in pend for s in need):
+        return None
+    planes = {s: pend[s].numpy() for s in need}
+    tc.check_planes(h, planes, name)
+    rows, cols = shard_range(h)
+    hs, ps = sh.shard_planes(h, planes, rows=rows, cols=cols, where=name)
+    return {"name": name, "header": hs, "planes": ps, "full_header": h, "rows": rows or (0, h.rows),
+            "cols": cols or (0, h.cols), "full_bytes": int(sum(a.nbytes for a in planes.values()))}
 
 
 def _tp_info(layer) -> tuple[int, int]:
@@ -332,23 +357,11 @@ class _UnweightMethodBase(QuantizeMethodBase):
                          f"use --load-format unweight")
 
     def _maybe_finish_piece(self, layer, shard_id):
-        pend = layer._uw_pending[shard_id]
-        if C.SUFFIX_HDR not in pend:
-            return
         name = dict((sid, n) for n, sid in self.parts).get(shard_id, self.parts[0][0])
-        h = TensorHeader.parse(pend[C.SUFFIX_HDR].numpy(), name)
-        need = tc.planes_for(h)
-        if any(s not in pend for s in need):
-            return
-        planes = {s: pend[s].numpy() for s in need}
-        tc.check_planes(h, planes, name)
-        rows, cols = self._shard_range(layer, h, shard_id, name)
-        hs, ps = sh.shard_planes(h, planes, rows=rows, cols=cols, where=name)
-        full_bytes = int(sum(a.nbytes for a in planes.values()))
-        layer._uw_pieces[shard_id] = {"name": name, "header": hs, "planes": ps, "full_header": h,
-                                      "rows": rows or (0, h.rows), "cols": cols or (0, h.cols),
-                                      "full_bytes": full_bytes}
-        del layer._uw_pending[shard_id]  # drop the references to the full (mapped) planes
+        piece = take_shard(layer._uw_pending[shard_id], name, lambda h: self._shard_range(layer, h, shard_id, name))
+        if piece is not None:
+            layer._uw_pieces[shard_id] = piece
+            del layer._uw_pending[shard_id]  # drop the references to the full (mapped) planes
 
     # ---- after load
 

@@ -1,0 +1,298 @@
+"""vLLM fused-MoE experts kept compressed: the "unweight" method of a RoutedExperts layer.
+
+Imported by unweight.integrations.vllm.quant (it imports vLLM's fused-MoE package).
+
+Checkpoints hold per-expert 2-D matrices (``...experts.<e>.gate_proj.weight`` as transformers
+saves them; ``w1``/``w3``/``w2`` for Mixtral), each encoded on its own.  vLLM's expert mapping
+routes every plane of expert e's gate / up / down projection to the layer parameters
+``w13_weight<suffix>`` / ``w2_weight<suffix>`` with shard id w1 / w3 / w2, so the method
+registers one placeholder per plane suffix and collects the planes there.
+
+Loading, per rank: as soon as an expert's projection has all its planes, only this rank's
+segments are copied out with unweight.codec.shard.shard_planes (gate and up: the rank's block
+of intermediate rows; down: its block of intermediate columns, as vLLM's unquantized loader
+narrows them) and the mapped planes are dropped.  After loading, each piece is decoded once
+and the TP group checks every expert tensor's stored crc32 from the ranks' shard crcs (one
+all-gather per layer, codec/shard_check.py).
+
+Forward: the pieces of the experts the batch routes to are decoded into the device's scratch
+as [E', 2I/tp, H] and [E', H, I/tp] bf16 stacks, handed to the same kernel vLLM's unquantized
+method builds for this platform (its weight conversion, e.g. the CPU kernels' prepacking,
+runs on the decoded stacks), and the routed ids are renumbered onto the stack in increasing
+order.  What vLLM's op allows: its experts kernels take any number of experts and ids below
+global_num_experts, so on the CPU only the routed experts are decoded (finding them reads the
+ids on the host); on CUDA, where that read would synchronise the stream and break CUDA-graph
+capture, every local expert is decoded (GPU behaviour is unmeasured).  The scratch then holds
+the BF16 weights of one layer's routed experts; layers run one at a time, so it is one
+layer's worth, never the model's.
+
+Not covered (one-line error at model construction, use --load-format unweight): expert
+parallelism, expert biases, experts stored as 3-D stacks, a layer whose experts are partly
+raw and partly compressed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from torch import nn
+from vllm.model_executor.layers.fused_moe.oracle.unquantized import (
+    convert_to_unquantized_kernel_format,
+)
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+    UnquantizedFusedMoEMethod,
+)
+
+from ...codec import shard as sh
+from ...codec import tensor_codec as tc
+from ...codec.shard_check import check_shard_records, shard_record
+from ...format import constants as C
+from ...format.errors import FormatError, InputError
+from ...format.header import TensorHeader
+from ...runtime import dispatch, scratch
+from ...runtime.modes import sharded_mode
+from .quant import (
+    _PLANE_DTYPES,
+    _tp_info,
+    _UnweightMethodBase,
+    report_layer,
+    take_shard,
+)
+
+log = logging.getLogger("vllm.unweight")
+
+SHARD_IDS = ("w1", "w3", "w2")  # vLLM's names: gate, up (stacked into w13), down
+
+
+def expert_names(layer, prefix: str) -> dict:
+    """{(expert, shard id): checkpoint name} of a RoutedExperts layer's per-expert weights."""
+    ckpt = {"w1": layer.ckpt_gate_proj_name, "w3": layer.ckpt_up_proj_name, "w2": layer.ckpt_down_proj_name}
+    return {(e, sid): f"{prefix}.{e}.{ckpt[sid]}.weight" for e in range(layer.global_num_experts)
+            for sid in SHARD_IDS if ckpt[sid] is not None}
+
+
+def moe_quant_method(config, layer, prefix: str):
+    """The method for a RoutedExperts layer: compressed when every expert weight is stored
+    encoded, None (vLLM's unquantized method) when none is; InputError otherwise."""
+    names = expert_names(layer, prefix)
+    enc = [n in config.encoded for n in names.values()]
+    if not any(enc):
+        stacked = [n for n in config.encoded if n.startswith(prefix + ".")]
+        if stacked:
+            raise InputError(f"{prefix}: experts stored as stacked tensors ({stacked[0]}) are not served compressed; "
+                             f"use --load-format unweight")
+        report_layer(prefix, {"path": "raw-bf16"})
+        return None
+    if not all(enc):
+        raw = next(n for n, e in zip(names.values(), enc) if not e)
+        raise InputError(f"{prefix}: experts mix compressed and raw weights ({raw} raw); serve them with "
+                         f"--load-format unweight (decodes to bf16 at load)")
+    if layer.use_ep:
+        raise InputError(f"{prefix}: compressed experts are served with tensor parallelism only, not expert "
+                         f"parallelism; drop --enable-expert-parallel or use --load-format unweight")
+    if layer.moe_config.has_bias:
+        raise InputError(f"{prefix}: compressed experts with biases are not supported; use --load-format unweight")
+    return UnweightFusedMoEMethod(config, layer.moe_config, prefix, names)
+
+
+class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
+    """Experts kept as per-expert compressed pieces (this rank's rows / columns only)."""
+
+    def __init__(self, config, moe, prefix: str, names: dict):
+        super().__init__(moe)
+        self.config = config
+        self.prefix = prefix
+        self.names = names  # {(expert, shard id): checkpoint name}
+        self.supports_pre_processed_weights = False
+
+    @property
+    def supports_eplb(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------------ create / load
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
+                       **extra_weight_attrs):
+        layer._uw_pending = {}
+        layer._uw_pieces = {}
+        for stem in ("w13_weight", "w2_weight"):
+            for suf in C.ALL_SUFFIXES:
+                # empty: holds nothing; the loader below keeps what reaches it
+                p = nn.Parameter(torch.empty(0, dtype=_PLANE_DTYPES[suf]), requires_grad=False)
+                p.weight_loader = self._make_loader(layer, suf)
+                layer.register_parameter(stem + suf, p)
+        for (_, sid), name in self.names.items():  # a grid TP cannot split fails here, before any read
+            m = self.config.encoded[name]
+            self._shard_range(layer, TensorHeader(encoding=m[2], rows=m[0], cols=m[1], rows_per_group=m[3],
+                                                  cols_per_chunk=m[4], crc32=0), sid, name)
+
+    def _make_loader(self, layer, suffix):
+        def load(param, loaded_weight, weight_name=None, shard_id=None, expert_id=None, return_success=False):
+            local = layer._map_global_expert_id_to_local_expert_id(int(expert_id))
+            if local < 0:
+                return False if return_success else None
+            key = (int(expert_id), shard_id)
+            layer._uw_pending.setdefault(key, {})[suffix] = loaded_weight
+            self._maybe_finish_piece(layer, key)
+            return True if return_success else None
+        load.supports_moe_loading = True
+        return load
+
+    def _shard_range(self, layer, h: TensorHeader, sid: str, name: str):
+        """(rows, cols) of this rank's block of one expert matrix, checked against the grid."""
+        rank, size = _tp_info(layer)
+        moe = layer.moe_config
+        inter, hidden = moe.intermediate_size_per_partition_unpadded * size, moe.hidden_dim_unpadded
+        what = f"{name} [{h.rows}x{h.cols}, {h.encoding_name} grid {h.rows_per_group}x{h.cols_per_chunk}]"
+        want = (inter, hidden) if sid in ("w1", "w3") else (hidden, inter)
+        if (h.rows, h.cols) != want:
+            raise InputError(f"{what}: model expects [{want[0]}x{want[1]}]")
+        if sid == "w2":
+            return None, sh.tp_shard_range(h.cols, size, rank, sh.col_grid(h), what=what, axis="cols")
+        return sh.tp_shard_range(h.rows, size, rank, sh.row_grid(h), what=what, axis="rows"), None
+
+    def _maybe_finish_piece(self, layer, key):
+        name = self.names[key]
+        piece = take_shard(layer._uw_pending[key], name, lambda h: self._shard_range(layer, h, key[1], name))
+        if piece is not None:
+            layer._uw_pieces[key] = piece
+            del layer._uw_pending[key]  # drop the references to the full (mapped) planes
+
+    # ------------------------------------------------------------------ after load
+
+    def process_weights_after_loading(self, layer) -> None:
+        rank, size = _tp_info(layer)
+        for key, pend in layer._uw_pending.items():
+            miss = [s for s in (C.SUFFIX_HDR,) + C.HUFFMAN_PLANES if s not in pend][:1] or ["(planes)"]
+            raise FormatError(f"{self.names[key]}: compressed tensor is missing plane {miss[0]} in the checkpoint")
+        local = [e for e in range(layer.global_num_experts) if layer._map_global_expert_id_to_local_expert_id(e) >= 0]
+        missing = [self.names[(e, sid)] for e in local for sid in SHARD_IDS
+                   if (e, sid) in self.names and (e, sid) not in layer._uw_pieces]
+        if missing:
+            raise FormatError(f"{self.prefix}: no planes of {missing[0]} were found in the checkpoint "
+                              f"(missing safetensors shard?)")
+        dev = next((p.device for p in layer.parameters(recurse=False)), torch.device("cpu"))
+        verify = os.environ.get("UNWEIGHT_VERIFY", "1") not in ("0", "false", "no")
+        first = layer._uw_pieces[(local[0], "w1")]["header"]
+        mode = sharded_mode(self.config.mode, first.encoding_name)
+        if verify:
+            self._verify(layer)
+        w13, w2, report = [], [], []
+        for e in local:
+            ws = {}
+            for sid in SHARD_IDS:
+                pc = layer._uw_pieces[(e, sid)]
+                ws[sid] = _UnweightMethodBase._device_piece(pc["header"], pc["planes"], dev,
+                                                            "auto" if mode == "dense" else mode, pc["name"])
+                hs = pc["header"]
+                held = sum(int(t.numel() * t.element_size()) for t in _piece_tensors(ws[sid]))
+                report.append({"name": pc["name"], "expert": e, "shard_id": sid, "encoding": ws[sid].encoding_name,
+                               "full_shape": [pc["full_header"].rows, pc["full_header"].cols],
+                               "rows": list(pc["rows"]), "cols": list(pc["cols"]), "held_shape": [hs.rows, hs.cols],
+                               "held_bytes": held, "full_planes_bytes": pc["full_bytes"],
+                               "bf16_shard_bytes": hs.rows * hs.cols * 2})
+            w13.append([ws["w1"], ws["w3"]])
+            w2.append([ws["w2"]])
+        for stem in ("w13_weight", "w2_weight"):
+            for suf in C.ALL_SUFFIXES:
+                delattr(layer, stem + suf)
+        del layer._uw_pieces, layer._uw_pending
+        layer._uw_experts = local
+        inter, hidden = w2[0][0].cols, w2[0][0].rows
+        layer._uw_shape = (inter, hidden)
+        record = {"tp_rank": rank, "tp_size": size, "verified": verify, "mode": mode, "experts": len(local)}
+        if mode == "dense":
+            # decoded once here; the unquantized method's own weight conversion then applies
+            w13_t = torch.stack([dispatch.decode_new(p, 2 * inter, hidden) for p in w13])
+            w2_t = torch.stack([dispatch.decode_new(p, hidden, inter) for p in w2])
+            layer.register_parameter("w13_weight", nn.Parameter(w13_t, requires_grad=False))
+            layer.register_parameter("w2_weight", nn.Parameter(w2_t, requires_grad=False))
+            super().process_weights_after_loading(layer)
+            layer._uw_w13 = layer._uw_w2 = None
+            for r in report:
+                r["held_bytes"] = r["bf16_shard_bytes"]
+            record["path"] = "decoded-to-bf16-at-load"
+        else:
+            # keep the planes reachable as module buffers (device moves, memory accounting)
+            for i, pieces in enumerate(w13 + w2):
+                for j, p in enumerate(pieces):
+                    for k, t in enumerate(_piece_tensors(p)):
+                        layer.register_buffer(f"uw_{i}_{j}_{k}", t, persistent=False)
+            layer._uw_w13, layer._uw_w2 = w13, w2
+            scratch.reserve(dev, len(local) * 3 * inter * hidden)
+            self._init_moe_kernel(layer)
+            record["path"] = "compressed"
+        held = sum(r["held_bytes"] for r in report)
+        bf16 = sum(r["bf16_shard_bytes"] for r in report)
+        report_layer(self.prefix, {**record, "pieces": report, "held_bytes": held, "bf16_bytes": bf16})
+        log.info("unweight: %s -> %s (%d experts, rank %d/%d holds intermediate %s of each, %.3fx of its bf16 "
+                 "shard)", self.prefix, "compressed in memory" if mode != "dense" else "decoded to bf16 at load",
+                 len(local), rank, size, report[0]["rows"], held / max(1, bf16))
+
+    def _verify(self, layer) -> None:
+        """Decode each piece once; the TP group checks every expert tensor's stored crc32 from
+        the shard records (one all-gather for the whole layer)."""
+        mine = {}
+        for pc in layer._uw_pieces.values():
+            w = tc.decode(pc["header"], pc["planes"], verify=False, where=pc["name"])
+            h = pc["full_header"]
+            mine[pc["name"]] = (shard_record(w, rows=pc["rows"]) if tuple(pc["cols"]) == (0, h.cols)
+                                else shard_record(w, cols=pc["cols"]))
+        everyone = _UnweightMethodBase._gather(layer, mine)
+        for pc in layer._uw_pieces.values():
+            check_shard_records([d[pc["name"]] for d in everyone if pc["name"] in d], pc["full_header"], pc["name"])
+
+    # ------------------------------------------------------------------ forward
+
+    def _decode_experts(self, layer, sel: list, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """bf16 w13 [len(sel), 2I, H] and w2 [len(sel), H, I] of the local experts `sel`
+        (indices into the layer's local experts), decoded into the device's scratch."""
+        inter, hidden = layer._uw_shape
+        n13, n2 = 2 * inter * hidden, hidden * inter
+        buf = scratch.weights(device, len(sel) * (n13 + n2))
+        w13 = buf[: len(sel) * n13].view(len(sel), 2 * inter, hidden)
+        w2 = buf[len(sel) * n13: len(sel) * (n13 + n2)].view(len(sel), hidden, inter)
+        for i, e in enumerate(sel):
+            dispatch.decode_into(layer._uw_w13[e], w13[i].view(-1), 2 * inter, hidden)
+            dispatch.decode_into(layer._uw_w2[e], w2[i].view(-1), hidden, inter)
+        return w13, w2
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+        if layer._uw_w13 is None:  # dense mode: vLLM's own path on the decoded weights
+            return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+        if x.device.type == "cpu":
+            # Only the routed experts, renumbered in increasing order onto the decoded stack.
+            used = torch.unique(topk_ids)
+            sel = used.tolist()
+            ids = torch.searchsorted(used, topk_ids).to(topk_ids.dtype)
+        else:
+            sel = list(range(len(layer._uw_experts)))
+            ids = topk_ids
+        w13, w2 = self._decode_experts(layer, sel, x.device)
+        w13, w2 = convert_to_unquantized_kernel_format(self.unquantized_backend, moe_config=layer.moe_config,
+                                                       w13_weight=w13, w2_weight=w2, layer=layer)
+        # The experts kernel converts weights on a module (CPU: prepacks them); give it a
+        # stand-in holding the decoded stacks, so the layer's own attributes stay as they are.
+        tmp = _Stacks(layer, w13, w2)
+        self.moe_kernel.fused_experts.process_weights_after_loading(tmp)
+        return self.moe_kernel.apply(hidden_states=x, w1=tmp.w13_weight, w2=tmp.w2_weight, topk_weights=topk_weights,
+                                     topk_ids=ids, activation=layer.activation,
+                                     apply_router_weight_on_input=layer.apply_router_weight_on_input,
+                                     global_num_experts=len(sel), expert_map=None, shared_experts=shared_experts,
+                                     shared_experts_input=shared_experts_input)
+
+
+class _Stacks(nn.Module):
+    """The decoded expert stacks of one forward, shaped like a RoutedExperts layer's weights."""
+
+    def __init__(self, layer, w13: torch.Tensor, w2: torch.Tensor):
+        super().__init__()
+        self.moe_config = layer.moe_config
+        self.activation = layer.activation
+        self.w13_weight = nn.Parameter(w13, requires_grad=False)
+        self.w2_weight = nn.Parameter(w2, requires_grad=False)
+
+
+def _piece_tensors(w) -> list:
+    return [t for t in (w.sm, w.exp, w.off, w.table, w.lut, w.idx, w.vpos, w.vexp) if t is not None and t.numel()]
