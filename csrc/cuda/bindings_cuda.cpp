@@ -93,6 +93,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PMMA_STAGES") = plan::PMMA_STAGES;
   m.attr("PMMA_TILE_BYTES") = plan::PMMA_TILE_BYTES;
   m.attr("PMMA_SMEM_BYTES") = plan::PMMA_SMEM_BYTES;
+  m.attr("PMMA_CHUNK_M") = plan::PMMA_CHUNK_M;
   m.attr("PMMA_MAX_M") = plan::PMMA_MAX_M;
   m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
   m.attr("PMMA_MIN_SPLIT_TILES") = plan::PMMA_MIN_SPLIT_TILES;
@@ -126,11 +127,14 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("plan_enc_grid", &plan::enc_grid);
   m.def("plan_hist_grid", &plan::hist_grid);
   m.def("plan_pmma_ntiles", &plan::pmma_ntiles);
+  m.def("plan_pmma_chunks", &plan::pmma_chunks);
+  m.def("plan_pmma_row_blocks", &plan::pmma_row_blocks);
   m.def("plan_pmma_grid_x", &plan::pmma_grid_x);
   m.def("plan_pmma_splits", &plan::pmma_splits);
   m.def("plan_pmma_split_tiles", &plan::pmma_split_tiles);
   m.def("plan_pmma_workspace_elems", &plan::pmma_workspace_elems);
   m.def("plan_pmma_counters", &plan::pmma_counters);
+  m.def("plan_pmma_workspace_max", &plan::pmma_workspace_max);
 
   // --------------------------------------------------------------------- device launches
   m.def("huffman_build_lut", [](uintptr_t table, int exp_lo, int exp_hi, uintptr_t lut, uintptr_t err,
@@ -240,8 +244,8 @@ PYBIND11_MODULE(_cuda, m) {
   }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
      py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("splits"), py::arg("ws"),
      py::arg("counters"), py::arg("y"), py::arg("ldy"), py::arg("stream") = 0,
-     "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on the tensor cores (M <= 64, K % 64 == 0); "
-     "with splits > 1, ws is fp32 scratch [splits, M, N] and counters int32 [ceil(N/64)], zero.");
+     "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on the tensor cores (M <= 256, K % 64 == 0); "
+     "with splits > 1, ws is fp32 scratch [splits, M, N] and counters int32 [plan_pmma_counters(N)], zero.");
 
   // --------------------------------------------------------------------- warp emulator self-tests
   m.def("emu_selftest_mma", [](arr<uint16_t> A, arr<uint16_t> B, arr<float> C) {

@@ -52,7 +52,8 @@ constexpr int SCAN_THREADS = 1024;
 // y^T = W x^T as mma.sync m16n8k16 with W the A operand.  A CTA of PMMA_WARPS warps covers
 // PMMA_ROWS rows of W and one K-split; each warp owns a PMMA_TILE_N-row tile and streams it
 // PMMA_TILE_K columns at a time through a PMMA_STAGES-deep cp.async ring of its own.  The
-// batch (M <= PMMA_MAX_M) is the mma's n: 1, 2, 4 or 8 n-tiles of 8.  K is split so that a
+// batch is the mma's n: 1, 2, 4 or 8 n-tiles of 8 per CTA; past PMMA_CHUNK_M rows (up to
+// PMMA_MAX_M) the batch is cut into chunks of PMMA_CHUNK_M, one CTA each.  K is split so that a
 // batch-1 launch still puts ~PMMA_CTAS_PER_SM CTAs on every SM; split partials go to an fp32
 // workspace and the last CTA of a row block (an arrival counter) sums them in split order.
 constexpr int PMMA_WARPS = 4;
@@ -66,7 +67,8 @@ constexpr int PMMA_SM_BYTES = PMMA_TILE_N * PMMA_TILE_K;
 constexpr int PMMA_TILE_BYTES = PMMA_SM_BYTES + PMMA_SM_BYTES / 2;
 // Dynamic shared memory: the warps' rings, then one int (the "last CTA" flag of the fix-up).
 constexpr int PMMA_SMEM_BYTES = PMMA_WARPS * PMMA_STAGES * PMMA_TILE_BYTES + 16;
-constexpr int PMMA_MAX_M = 64;
+constexpr int PMMA_CHUNK_M = 64;
+constexpr int PMMA_MAX_M = 256;
 constexpr int PMMA_CTAS_PER_SM = 4;
 constexpr int PMMA_MIN_SPLIT_TILES = 4;
 constexpr int64_t PMMA_MAX_SPLITS = 65535;  // gridDim.y
@@ -143,19 +145,25 @@ UW_PLAN_HD int64_t hist_grid(int64_t n_bytes) {
 }
 
 // --- fused palette GEMM (tensor cores) -------------------------------------------------
-// n-tiles of 8 batch rows the kernel runs for M (0 when M is out of range).
+// n-tiles of 8 batch rows per CTA for a batch of M (0 when M is out of range).
 UW_PLAN_HD int pmma_ntiles(int M) {
   return M < 1 ? 0 : M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : M <= PMMA_MAX_M ? 8 : 0;
 }
-UW_PLAN_HD int64_t pmma_grid_x(int64_t N) { return cdiv(N, PMMA_ROWS); }
-// K splits for an [N, K] weight on a device with num_sms SMs: enough CTAs for
+// Batch chunks of PMMA_CHUNK_M rows (one CTA per row block and chunk).
+UW_PLAN_HD int pmma_chunks(int M) { return M < 1 ? 1 : static_cast<int>(cdiv(M, PMMA_CHUNK_M)); }
+// Row blocks of PMMA_ROWS rows of W.
+UW_PLAN_HD int64_t pmma_row_blocks(int64_t N) { return cdiv(N, PMMA_ROWS); }
+// CTAs along x: row blocks x batch chunks, the chunks of a row block adjacent.
+UW_PLAN_HD int64_t pmma_grid_x(int64_t N, int M) { return pmma_row_blocks(N) * pmma_chunks(M); }
+// K splits for an [N, K] weight at batch M on a device with num_sms SMs: enough CTAs for
 // PMMA_CTAS_PER_SM per SM, each split at least PMMA_MIN_SPLIT_TILES tiles (a short split
-// spends its time filling the pipeline), no empty split.  Independent of M, so a row's
-// result does not depend on the batch it came in.
-UW_PLAN_HD int64_t pmma_splits(int64_t N, int64_t K, int64_t num_sms) {
-  const int64_t n_kt = K / PMMA_TILE_K, n_rb = pmma_grid_x(N);
-  if (n_kt < 1 || n_rb < 1) return 1;
-  int64_t s = (num_sms * PMMA_CTAS_PER_SM + n_rb / 2) / n_rb;
+// spends its time filling the pipeline), no empty split.  It depends on M only through the
+// batch chunks (their CTAs fill the SMs too, and past 64 rows the partials would outweigh W),
+// so results are the same bits at every batch size of 1..64 (and within each chunk count).
+UW_PLAN_HD int64_t pmma_splits(int64_t N, int64_t K, int64_t num_sms, int M) {
+  const int64_t n_kt = K / PMMA_TILE_K, units = pmma_row_blocks(N) * pmma_chunks(M);
+  if (n_kt < 1 || units < 1) return 1;
+  int64_t s = (num_sms * PMMA_CTAS_PER_SM + units / 2) / units;
   const int64_t most = n_kt / PMMA_MIN_SPLIT_TILES;
   s = s < most ? s : most;
   s = s < PMMA_MAX_SPLITS ? s : PMMA_MAX_SPLITS;
@@ -164,9 +172,19 @@ UW_PLAN_HD int64_t pmma_splits(int64_t N, int64_t K, int64_t num_sms) {
 }
 // K tiles per split (the last split may hold fewer).
 UW_PLAN_HD int64_t pmma_split_tiles(int64_t K, int64_t splits) { return cdiv(K / PMMA_TILE_K, splits); }
-// fp32 partial sums [splits, M, N] (none without a split) and arrival counters [grid_x].
+// fp32 partial sums [splits, M, N] (none without a split) and arrival counters: one per CTA
+// column (row block x chunk), counted for the largest batch.
 UW_PLAN_HD int64_t pmma_workspace_elems(int64_t M, int64_t N, int64_t splits) { return splits > 1 ? splits * M * N : 0; }
-UW_PLAN_HD int64_t pmma_counters(int64_t N) { return pmma_grid_x(N); }
+UW_PLAN_HD int64_t pmma_counters(int64_t N) { return pmma_grid_x(N, PMMA_MAX_M); }
+// The most partial sums any batch 1..PMMA_MAX_M needs (the largest batch of each chunk count).
+UW_PLAN_HD int64_t pmma_workspace_max(int64_t N, int64_t K, int64_t num_sms) {
+  int64_t most = 0;
+  for (int M = PMMA_CHUNK_M; M <= PMMA_MAX_M; M += PMMA_CHUNK_M) {
+    const int64_t e = pmma_workspace_elems(M, N, pmma_splits(N, K, num_sms, M));
+    most = e > most ? e : most;
+  }
+  return most;
+}
 
 }  // namespace plan
 }  // namespace unweight

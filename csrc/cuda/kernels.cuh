@@ -119,7 +119,7 @@ const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols
                                  uint32_t* vpos, uint8_t* vexp, void* stream);
 
 // ----------------------------------------------------------------------- fused GEMM
-// y[m, r] = sum_k x[m, k] * W[r, k] for m < M (1..64), r < N, on the tensor cores: W the
+// y[m, r] = sum_k x[m, k] * W[r, k] for m < M (1..256), r < N, on the tensor cores: W the
 // palette-coded [N, K] matrix (K % 64 == 0) in its file-order planes, x bf16 [M, K] row stride
 // ldx (% 8 == 0), y bf16 [M, N] row stride ldy; fp32 accumulation, one rounding.  x, sm, idx
 // (and vexp when nv > 0) 16-byte aligned.  splits: the K split (plan::pmma_splits); when > 1,

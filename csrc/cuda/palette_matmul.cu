@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(plan::PMMA_THREADS, NT == 8 ? 3 : plan::PMMA_C
 const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
                        int splits, const void* x, const void* sm, const void* idx, const void* vexp,
                        const float* ws, const int32_t* counters) {
-  if (plan::pmma_ntiles(M) == 0) return "palette_gemm supports 1 <= M <= 64";
+  if (plan::pmma_ntiles(M) == 0) return "palette_gemm supports 1 <= M <= 256";
   if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
   if (K % plan::PMMA_TILE_K != 0) return "palette_gemm needs K % 64 == 0 (decode + matmul instead)";
   if (ldx < K || ldx % 8 != 0) return "x row stride must be >= K and a multiple of 8";
@@ -40,7 +40,7 @@ const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, co
   if (N * plan::blocks_per_row(K) > 0xFFFFFFFFll) return "matrix too large for uint32 block ids";
   if (splits < 1 || splits > plan::PMMA_MAX_SPLITS || splits > K / plan::PMMA_TILE_K)
     return "palette_gemm: splits must be in 1 .. K / 64";
-  if (!grid_ok(plan::pmma_grid_x(N))) return "matrix too large for one launch";
+  if (!grid_ok(plan::pmma_grid_x(N, M))) return "matrix too large for one launch";
   if (!aligned(x, 16) || !aligned(sm, 16) || !aligned(idx, 16) || (nv > 0 && !aligned(vexp, 16)))
     return "palette_gemm needs x, sm, idx and vexp 16-byte aligned";
   if (splits > 1 && (ws == nullptr || counters == nullptr))
@@ -70,6 +70,7 @@ PmmaArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, con
   a.sm = sm; a.idx = idx; a.N = N; a.K = K;
   a.vpos = vpos; a.nv = nv; a.vexp = vexp;
   a.split_tiles = plan::pmma_split_tiles(K, splits);
+  a.chunks = plan::pmma_chunks(M);
   a.ws = ws; a.counters = counters;
   a.y = y; a.ldy = ldy;
   return a;
@@ -79,7 +80,7 @@ PmmaArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, con
 
 template <int NT, bool kPaired>
 void launch_pmma(const PmmaArgs& a, int64_t splits, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(plan::pmma_grid_x(a.N)), static_cast<unsigned>(splits));
+  const dim3 grid(static_cast<unsigned>(plan::pmma_grid_x(a.N, a.M)), static_cast<unsigned>(splits));
   pmma_kernel<NT, kPaired><<<grid, plan::PMMA_THREADS, plan::PMMA_SMEM_BYTES, s>>>(a);
 }
 
@@ -108,7 +109,7 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   const bool paired = pmma_tables(pal, a) && !force_general;
   const char* err = nullptr;
   with_variant(M, paired, [&](auto nt, auto p) {
-    err = emu::launch(plan::pmma_grid_x(N), splits, plan::PMMA_THREADS, plan::PMMA_SMEM_BYTES,
+    err = emu::launch(plan::pmma_grid_x(N, M), splits, plan::PMMA_THREADS, plan::PMMA_SMEM_BYTES,
                       [&](emu::ThreadCtx& c) { pmma_body<decltype(nt)::value, decltype(p)::value>(c, a); });
   });
   return err;

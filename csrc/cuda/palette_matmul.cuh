@@ -40,8 +40,9 @@ struct PmmaArgs {
   int64_t nv;
   const uint8_t* vexp;  // [nv, 32]
   int64_t split_tiles;  // K tiles per split (gridDim.y splits)
+  int chunks;           // batch chunks of PMMA_CHUNK_M rows (gridDim.x = row blocks x chunks)
   float* ws;            // fp32 [splits, M, N] when splits > 1
-  int32_t* counters;    // int32 [grid_x], zero before and after a launch (splits > 1)
+  int32_t* counters;    // int32 [gridDim.x], zero before and after a launch (splits > 1)
   uint16_t* y;          // bf16 [M, ldy]
   int64_t ldy;
 };
@@ -200,12 +201,16 @@ UW_HD uint32_t set_exponents(uint32_t reg, uint32_t e0, uint32_t e1) {
   return (reg & 0x807F807Fu) | ((e0 & 0xFFu) << 7) | ((e1 & 0xFFu) << 23);
 }
 
-// One CTA: PMMA_WARPS row tiles x one K split, NT n-tiles of 8 batch rows.
+// One CTA: PMMA_WARPS row tiles x one K split x one chunk of NT n-tiles of 8 batch rows.
 template <int NT, bool kPaired, class Ctx>
 UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
   constexpr int S = plan::PMMA_STAGES, TK = plan::PMMA_TILE_K;
   const int lane = c.lane(), warp = c.warp(), g = lane >> 2, t = lane & 3;
-  const int64_t rb = c.block_x(), split = c.block_y();
+  // The chunks of one row block are neighbours in launch order: they stream the same weight
+  // tiles at about the same time, so all but the first read them from L2.
+  const int64_t bx = c.block_x(), split = c.block_y();
+  const int64_t rb = bx / a.chunks;
+  const int m0 = static_cast<int>(bx % a.chunks) * plan::PMMA_CHUNK_M;  // first batch row of the CTA
   const int64_t row0 = rb * plan::PMMA_ROWS + warp * plan::PMMA_TILE_N;
   const int64_t n_kt = a.K / TK, kt0 = split * a.split_tiles;
   const int64_t kt1 = kt0 + a.split_tiles < n_kt ? kt0 + a.split_tiles : n_kt;
@@ -235,14 +240,13 @@ UW_UNROLL()
   }
 
   // x rows of this lane's n-tile columns (B fragment: n = g); rows past M read as zero.
-  const uint16_t* xp[NT];
+  // One pointer (row m0 + g) advances; n-tile nt is 8 * nt rows further (32-bit offsets keep
+  // the 8-tile kernel in registers).
+  const uint16_t* xp = a.x + (m0 + g) * a.ldx + kt0 * TK + 16 * t;
+  const int x_rows = static_cast<int>(a.ldx) * 8;
   bool xv[NT];
 UW_UNROLL()
-  for (int nt = 0; nt < NT; ++nt) {
-    const int m = nt * 8 + g;
-    xv[nt] = m < a.M;
-    xp[nt] = a.x + (xv[nt] ? m : 0) * a.ldx + kt0 * TK + 16 * t;
-  }
+  for (int nt = 0; nt < NT; ++nt) xv[nt] = m0 + nt * 8 + g < a.M;
 
   // Verbatim blocks: lane i < 16 follows row row0 + i with a cursor into vpos (its first
   // entry at or after the tile being processed); `rel` is that entry's block index within
@@ -272,7 +276,7 @@ UW_UNROLL()
   for (int i = 0; i < ntiles; ++i) {
     uint32_t xb[NT][4];  // x[nt*8+g][col + 16t .. +8): B registers of steps 0, 1 (then 2, 3)
 UW_UNROLL()
-    for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp[nt], xb[nt]);
+    for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows, xb[nt]);
     c.template cp_async_wait<S - 2>();
     c.syncwarp();  // other lanes' index copies of this stage are in; their reads of the stage refilled below are done
     pmma_issue(c, i + S - 1 < ntiles, ring + wr, q_lo, q_hi, q_ix, w_lo, w_hi, w_ix);
@@ -323,7 +327,7 @@ UW_UNROLL()
     for (int j = 0; j < 4; ++j) {
       if (j == 2) {  // second half of the lane's 16 columns: x loaded late keeps NT = 8 in registers
 UW_UNROLL()
-        for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp[nt] + 8, xb[nt]);
+        for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows + 8, xb[nt]);
       }
 UW_UNROLL()
       for (int nt = 0; nt < NT; ++nt) {
@@ -331,8 +335,7 @@ UW_UNROLL()
         c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
       }
     }
-UW_UNROLL()
-    for (int nt = 0; nt < NT; ++nt) xp[nt] += TK;
+    xp += TK;
     kb += 2;
   }
   c.template cp_async_wait<0>();
@@ -344,7 +347,7 @@ UW_UNROLL()
 UW_UNROLL()
       for (int nt = 0; nt < NT; ++nt)
         for (int e = 0; e < 4; ++e) {
-          const int m = nt * 8 + 2 * t + (e & 1);
+          const int m = m0 + nt * 8 + 2 * t + (e & 1);
           const int64_t r = row0 + g + (e >> 1) * 8;
           if (m < a.M && r < a.N) a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(acc[nt][e]));
         }
@@ -355,7 +358,7 @@ UW_UNROLL()
 UW_UNROLL()
     for (int nt = 0; nt < NT; ++nt)
       for (int e = 0; e < 4; ++e) {
-        const int m = nt * 8 + 2 * t + (e & 1);
+        const int m = m0 + nt * 8 + 2 * t + (e & 1);
         const int64_t r = row0 + g + (e >> 1) * 8;
         if (m < a.M && r < a.N) a.ws[(split * a.M + m) * a.N + r] = acc[nt][e];
       }
@@ -366,8 +369,8 @@ UW_UNROLL()
   c.syncthreads();
   int* last_flag = reinterpret_cast<int*>(c.smem() + plan::PMMA_WARPS * S * plan::PMMA_TILE_BYTES);
   if (c.tid() == 0) {
-    const int is_last = c.atomic_add(a.counters + rb, 1) == splits - 1;
-    if (is_last) a.counters[rb] = 0;
+    const int is_last = c.atomic_add(a.counters + bx, 1) == splits - 1;
+    if (is_last) a.counters[bx] = 0;
     *last_flag = is_last;
   }
   c.syncthreads();
@@ -376,7 +379,7 @@ UW_UNROLL()
 UW_UNROLL()
   for (int nt = 0; nt < NT; ++nt)
     for (int e = 0; e < 4; ++e) {
-      const int m = nt * 8 + 2 * t + (e & 1);
+      const int m = m0 + nt * 8 + 2 * t + (e & 1);
       const int64_t r = row0 + g + (e >> 1) * 8;
       if (m >= a.M || r >= a.N) continue;
       float sum = 0.f;

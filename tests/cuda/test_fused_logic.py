@@ -92,41 +92,56 @@ def test_splits_heuristic():
     for N, K in LLAMA_8B + [(64, 64), (65, 4096), (1, 128), (4097, 14336), (512, 256)]:
         n_kt = K // kp.PMMA_TILE_K
         for sms in (1, 8, 108, 132, 144):
-            s = kp.pmma_splits(N, K, sms)
-            per = kp.pmma_split_tiles(K, s)
-            assert 1 <= s <= max(1, n_kt)
-            assert (s - 1) * per < n_kt <= s * per  # no empty split, every tile covered
-            if s > 1:
-                assert per >= kp.PMMA_MIN_SPLIT_TILES
+            for M in (1, 64, 65, 256):
+                s = kp.pmma_splits(N, K, sms, M)
+                per = kp.pmma_split_tiles(K, s)
+                assert 1 <= s <= max(1, n_kt)
+                assert (s - 1) * per < n_kt <= s * per  # no empty split, every tile covered
+                if s > 1:
+                    assert per >= kp.PMMA_MIN_SPLIT_TILES
+            # the split (hence the sum order, hence the bits) is the same for every batch of 1..64
+            assert len({kp.pmma_splits(N, K, sms, M) for M in range(1, 65)}) == 1
+            assert kp.pmma_workspace_max(N, K, sms) == max(
+                kp.pmma_workspace_elems(M, N, kp.pmma_splits(N, K, sms, M)) for M in range(1, 257))
     # batch 1 on an H100 (132 SMs): every shape fills the SMs (>= 2.9 CTAs per SM)
-    plan = {(N, K): (kp.pmma_splits(N, K, 132), kp.pmma_grid_x(N)) for N, K in LLAMA_8B}
+    plan = {(N, K): (kp.pmma_splits(N, K, 132), kp.pmma_grid_x(N, 1)) for N, K in LLAMA_8B}
     assert plan[(4096, 4096)] == (8, 64) and plan[(4096, 14336)] == (8, 64)
     assert plan[(14336, 4096)] == (2, 224) and plan[(6144, 4096)] == (6, 96)
     assert plan[(128256, 4096)] == (1, 2004)
     for s, gx in plan.values():
         assert s * gx >= 2.9 * 132
-    assert [kp.pmma_ntiles(M) for M in (0, 1, 8, 9, 16, 17, 32, 33, 64, 65)] == [0, 1, 1, 2, 2, 4, 4, 8, 8, 0]
-    assert kp.pmma_supported(64, 4096) and not kp.pmma_supported(65, 4096) and not kp.pmma_supported(1, 4000)
+    # past 64 rows the batch chunks supply the CTAs and the split shrinks: partials stay small
+    assert [kp.pmma_splits(4096, 4096, 132, M) for M in (64, 128, 256)] == [8, 4, 2]
+    assert kp.pmma_grid_x(4096, 256) == 256
+    assert [kp.pmma_ntiles(M) for M in (0, 1, 8, 9, 16, 17, 32, 33, 64, 65, 256, 257)] == \
+        [0, 1, 1, 2, 2, 4, 4, 8, 8, 8, 8, 0]
+    assert [kp.pmma_chunks(M) for M in (1, 64, 65, 128, 129, 256)] == [1, 1, 2, 2, 3, 4]
+    assert kp.pmma_supported(256, 4096) and not kp.pmma_supported(257, 4096) and not kp.pmma_supported(1, 4000)
     assert kp.pmma_workspace_elems(3, 100, 1) == 0 and kp.pmma_workspace_elems(3, 100, 4) == 1200
 
 
 @needs_ext
 def test_cpp_plan_matches_python():
     for name in ("PMMA_WARPS", "PMMA_THREADS", "PMMA_TILE_N", "PMMA_ROWS", "PMMA_TILE_K", "PMMA_STAGES",
-                 "PMMA_TILE_BYTES", "PMMA_SMEM_BYTES", "PMMA_MAX_M", "PMMA_CTAS_PER_SM", "PMMA_MIN_SPLIT_TILES",
-                 "PMMA_MAX_SPLITS"):
+                 "PMMA_TILE_BYTES", "PMMA_SMEM_BYTES", "PMMA_CHUNK_M", "PMMA_MAX_M", "PMMA_CTAS_PER_SM",
+                 "PMMA_MIN_SPLIT_TILES", "PMMA_MAX_SPLITS"):
         assert getattr(_cuda, name) == getattr(kp, name), name
-    for M in range(-1, 70):
+    for M in range(-1, 260):
         assert _cuda.plan_pmma_ntiles(M) == kp.pmma_ntiles(M)
+        assert _cuda.plan_pmma_chunks(M) == kp.pmma_chunks(M)
     for N in (1, 63, 64, 65, 4096, 6144, 14336, 128256, 10 ** 7):
-        assert _cuda.plan_pmma_grid_x(N) == kp.pmma_grid_x(N)
+        assert _cuda.plan_pmma_row_blocks(N) == kp.pmma_row_blocks(N)
         assert _cuda.plan_pmma_counters(N) == kp.pmma_counters(N)
+        for M in (1, 64, 65, 200):
+            assert _cuda.plan_pmma_grid_x(N, M) == kp.pmma_grid_x(N, M)
         for K in (64, 128, 320, 4096, 14336, 65536 * 64):
             for sms in (1, 108, 132, 1000):
-                s = kp.pmma_splits(N, K, sms)
-                assert _cuda.plan_pmma_splits(N, K, sms) == s
-                assert _cuda.plan_pmma_split_tiles(K, s) == kp.pmma_split_tiles(K, s)
-                assert _cuda.plan_pmma_workspace_elems(7, N, s) == kp.pmma_workspace_elems(7, N, s)
+                assert _cuda.plan_pmma_workspace_max(N, K, sms) == kp.pmma_workspace_max(N, K, sms)
+                for M in (1, 64, 100, 256):
+                    s = kp.pmma_splits(N, K, sms, M)
+                    assert _cuda.plan_pmma_splits(N, K, sms, M) == s
+                    assert _cuda.plan_pmma_split_tiles(K, s) == kp.pmma_split_tiles(K, s)
+                    assert _cuda.plan_pmma_workspace_elems(M, N, s) == kp.pmma_workspace_elems(M, N, s)
 
 
 # ------------------------------------------------------------------------- kernel body
@@ -134,7 +149,7 @@ CASES = [(1, 64), (15, 64), (17, 128), (63, 192), (65, 320), (130, 256), (33, 10
 
 
 @needs_ext
-@pytest.mark.parametrize("M", [1, 3, 8, 9, 17, 40, 64])
+@pytest.mark.parametrize("M", [1, 3, 8, 9, 17, 40, 64, 65, 130])
 @pytest.mark.parametrize("N,K", CASES)
 def test_emulated_gemm_meets_the_bf16_gemm_bound(M, N, K):
     w = make_weights(N, K, seed=N * 131 + K)
@@ -230,6 +245,12 @@ def test_deterministic_and_batch_invariant():
         for M in (1, 5, 8, 16, 33):
             assert np.array_equal(_emulate(np.ascontiguousarray(x[:M]), enc, s), ys[0][:M])
         assert np.array_equal(_emulate(np.ascontiguousarray(x[40:41]), enc, s)[0], ys[0][40])
+    # past 64 rows the batch runs in chunks of 64 rows; with the same split each chunk's rows
+    # get the bits they get alone
+    x2 = _x(150, 512, seed=13)
+    y2 = _emulate(x2, enc, 2)
+    for m0 in (0, 64, 128):
+        assert np.array_equal(_emulate(np.ascontiguousarray(x2[m0:m0 + 64]), enc, 2), y2[m0:m0 + 64])
 
 
 @needs_ext
@@ -240,8 +261,8 @@ def test_launcher_rejects_bad_arguments_without_a_gpu():
     def call(**kw):
         return _cuda.palette_gemm(**{**base, **kw})
 
-    with pytest.raises(RuntimeError, match="M <= 64"):
-        call(M=65)
+    with pytest.raises(RuntimeError, match="M <= 256"):
+        call(M=257)
     with pytest.raises(RuntimeError, match="K % 64"):
         call(K=96, ldx=96)
     with pytest.raises(RuntimeError, match="splits"):

@@ -26,7 +26,7 @@ def _winning_table(n=40, k=128):
     t = TuningTable()
     for dev in (DEV, "cpu"):
         for enc in ("huffman", "palette"):
-            for M in (1, 4, 16, 64):  # a time under a name no path has ("huffman_gemm") is dropped
+            for M in (1, 4, 16, 64, 256):  # a time under a name no path has ("huffman_gemm") is dropped
                 t.record(dev, n, k, enc, M, {"decode_cublas": 1.0, "palette_gemm": 0.1, "huffman_gemm": 0.1})
     return t
 
@@ -56,7 +56,8 @@ def test_cuda_lookup_follows_the_table_and_supports(on_cuda):
     p, cuda, w = on_cuda
     assert p.linear_path(w, 1, cuda) == pol.PALETTE_GEMM
     assert p.linear_path(w, 64, cuda) == pol.PALETTE_GEMM
-    assert p.linear_path(w, 65, cuda) == pol.DECODE_CUBLAS  # no fused kernel above 64 rows
+    assert p.linear_path(w, 256, cuda) == pol.PALETTE_GEMM
+    assert p.linear_path(w, 257, cuda) == pol.DECODE_CUBLAS  # no fused kernel above 256 rows
     assert pol.DispatchPolicy(None).linear_path(w, 1, cuda) == pol.DECODE_CUBLAS
     assert pol.DispatchPolicy(TuningTable()).linear_path(w, 1, cuda) == pol.DECODE_CUBLAS  # nothing measured
     # huffman weights have no fused kernel, whatever the table says

@@ -116,5 +116,6 @@ def test_candidates():
     assert tuning.candidates("palette", 1, 4096, 512) == ["palette_gemm"]
     assert tuning.candidates("palette", 64, 14336) == ["palette_gemm"]
     assert tuning.candidates("palette", 16, 4100, 4100) == []  # K % 64 != 0
-    assert tuning.candidates("palette", 65, 4096, 512) == []   # past the kernel's batch range
+    assert tuning.candidates("palette", 256, 4096) == ["palette_gemm"]
+    assert tuning.candidates("palette", 257, 4096, 512) == []  # past the kernel's batch range
     assert tuning.candidates("huffman", 1, 4096, 512) == []    # no fused Huffman kernel

@@ -16,10 +16,11 @@ Importing it imports torch and registers the ops; it never touches a CUDA device
 from ._ext import cuda_available, cuda_kernels_built
 from .decode import decode_huffman, decode_palette
 from .gather import gather_rows_huffman, gather_rows_palette
-from .matmul import palette_counters_elems, palette_matmul, palette_splits, palette_supported, palette_workspace_elems
+from .matmul import (palette_counters_elems, palette_matmul, palette_splits, palette_supported, palette_workspace_elems,
+                     palette_workspace_max)
 from .transcode import build_lut, exp_histogram, palette_encode, palette_verbatim, transcode_to_palette
 
 __all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_palette",
            "gather_rows_huffman", "gather_rows_palette", "palette_matmul", "palette_splits", "palette_supported",
-           "palette_workspace_elems", "palette_counters_elems", "build_lut", "exp_histogram", "palette_encode",
+           "palette_workspace_elems", "palette_workspace_max", "palette_counters_elems", "build_lut", "exp_histogram", "palette_encode",
            "palette_verbatim", "transcode_to_palette"]

@@ -2,11 +2,12 @@
 
     torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, workspace, counters, rows, cols,
                                       palette, splits) -> y
-        x: bf16 [M, cols] (unit column stride), 1 <= M <= 64 on CUDA; y: bf16 [M, rows];
+        x: bf16 [M, cols] (unit column stride), 1 <= M <= 256 on CUDA; y: bf16 [M, rows];
         fp32 accumulation, one rounding.  sm, idx, vpos, vexp: the palette planes in file order
         (docs/FORMAT.md), on x's device.
         splits: how many K slices the CUDA kernel works on in parallel (palette_splits(); any
-            value in 1 .. cols // 64 is correct, the choice only moves work between SMs).
+            value in 1 .. cols // 64 is correct: the choice moves work between SMs and sets
+            the order of the fp32 sums).
         workspace: fp32 [>= palette_workspace_elems(M, rows, splits)] (may be empty when splits
             is 1): the slices' partial sums.
         counters: int32 [>= palette_counters_elems(rows)], all zero; a launch leaves them zero,
@@ -34,8 +35,8 @@ from torch import Tensor
 from ..runtime import kernel_plan as plan
 from . import _ext
 
-__all__ = ["palette_matmul", "palette_splits", "palette_workspace_elems", "palette_counters_elems",
-           "palette_supported"]
+__all__ = ["palette_matmul", "palette_splits", "palette_workspace_elems", "palette_workspace_max",
+           "palette_counters_elems", "palette_supported"]
 
 _SMS: dict = {}
 
@@ -48,13 +49,13 @@ def _num_sms(device: torch.device) -> int:
     return n
 
 
-def palette_splits(rows: int, cols: int, device) -> int:
-    """K splits for an [rows, cols] weight on `device`: enough CTAs to fill its SMs at batch 1
-    (kernel_plan.pmma_splits; 1 off CUDA).  Independent of the batch size, so results are too."""
+def palette_splits(rows: int, cols: int, device, M: int = 1) -> int:
+    """K splits for an [rows, cols] weight at batch M on `device`: enough CTAs to fill its SMs
+    (kernel_plan.pmma_splits; 1 off CUDA).  The same for every M in 1..64, so are the results."""
     device = torch.device(device)
     if device.type != "cuda":
         return 1
-    return plan.pmma_splits(rows, cols, _num_sms(device))
+    return plan.pmma_splits(rows, cols, _num_sms(device), M)
 
 
 def palette_workspace_elems(M: int, rows: int, splits: int) -> int:
@@ -62,8 +63,16 @@ def palette_workspace_elems(M: int, rows: int, splits: int) -> int:
     return plan.pmma_workspace_elems(M, rows, splits)
 
 
+def palette_workspace_max(rows: int, cols: int, device) -> int:
+    """fp32 elements that cover palette_matmul's partial sums at every batch it takes on `device`."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0
+    return plan.pmma_workspace_max(rows, cols, _num_sms(device))
+
+
 def palette_counters_elems(rows: int) -> int:
-    """int32 arrival counters palette_matmul needs (one per 64-row block of W)."""
+    """int32 arrival counters palette_matmul needs (one per 64-row block of W and batch chunk)."""
     return plan.pmma_counters(rows)
 
 

@@ -29,7 +29,8 @@ PMMA_STAGES = 4
 PMMA_SM_BYTES = PMMA_TILE_N * PMMA_TILE_K
 PMMA_TILE_BYTES = PMMA_SM_BYTES + PMMA_SM_BYTES // 2
 PMMA_SMEM_BYTES = PMMA_WARPS * PMMA_STAGES * PMMA_TILE_BYTES + 16
-PMMA_MAX_M = 64
+PMMA_CHUNK_M = 64
+PMMA_MAX_M = 256
 PMMA_CTAS_PER_SM = 4
 PMMA_MIN_SPLIT_TILES = 4
 PMMA_MAX_SPLITS = 65535
@@ -129,23 +130,34 @@ def hist_grid(n_bytes: int) -> int:
 
 # --- fused palette GEMM (tensor cores) ----------------------------------------------------
 def pmma_ntiles(M: int) -> int:
-    """n-tiles of 8 batch rows the kernel runs for M rows; 0 when M is out of range."""
+    """n-tiles of 8 batch rows per CTA for a batch of M rows; 0 when M is out of range."""
     if M < 1 or M > PMMA_MAX_M:
         return 0
-    return next(t for t in (1, 2, 4, 8) if M <= 8 * t)
+    return next((t for t in (1, 2, 4) if M <= 8 * t), 8)
 
 
-def pmma_grid_x(N: int) -> int:
-    """CTAs along x: blocks of PMMA_ROWS rows of W (gridDim.y is the K split)."""
+def pmma_chunks(M: int) -> int:
+    """Batch chunks of PMMA_CHUNK_M rows, one CTA each per row block and split."""
+    return 1 if M < 1 else cdiv(M, PMMA_CHUNK_M)
+
+
+def pmma_row_blocks(N: int) -> int:
+    """Blocks of PMMA_ROWS rows of W."""
     return cdiv(N, PMMA_ROWS)
 
 
-def pmma_splits(N: int, K: int, num_sms: int) -> int:
-    """K splits for an [N, K] weight on a device with num_sms SMs (independent of M)."""
-    n_kt, n_rb = K // PMMA_TILE_K, pmma_grid_x(N)
-    if n_kt < 1 or n_rb < 1:
+def pmma_grid_x(N: int, M: int) -> int:
+    """CTAs along x: row blocks x batch chunks (gridDim.y is the K split)."""
+    return pmma_row_blocks(N) * pmma_chunks(M)
+
+
+def pmma_splits(N: int, K: int, num_sms: int, M: int = 1) -> int:
+    """K splits for an [N, K] weight at batch M on a device with num_sms SMs (M counts only
+    through its 64-row chunks, so every batch of 1..64 gets the same split and the same bits)."""
+    n_kt, units = K // PMMA_TILE_K, pmma_row_blocks(N) * pmma_chunks(M)
+    if n_kt < 1 or units < 1:
         return 1
-    s = (num_sms * PMMA_CTAS_PER_SM + n_rb // 2) // n_rb
+    s = (num_sms * PMMA_CTAS_PER_SM + units // 2) // units
     s = min(s, n_kt // PMMA_MIN_SPLIT_TILES, PMMA_MAX_SPLITS)
     if s < 1:
         return 1
@@ -163,8 +175,15 @@ def pmma_workspace_elems(M: int, N: int, splits: int) -> int:
 
 
 def pmma_counters(N: int) -> int:
-    """int32 arrival counters (one per row block) a split launch uses, zero between launches."""
-    return pmma_grid_x(N)
+    """int32 arrival counters a split launch uses (one per row block and batch chunk, counted
+    for the largest batch), zero between launches."""
+    return pmma_grid_x(N, PMMA_MAX_M)
+
+
+def pmma_workspace_max(N: int, K: int, num_sms: int) -> int:
+    """The most partial sums any batch 1..PMMA_MAX_M needs (the largest batch of each chunk count)."""
+    return max(pmma_workspace_elems(M, N, pmma_splits(N, K, num_sms, M))
+               for M in range(PMMA_CHUNK_M, PMMA_MAX_M + 1, PMMA_CHUNK_M))
 
 
 def pmma_supported(M: int, K: int) -> bool:

@@ -46,7 +46,7 @@ class DispatchPolicy:
 
     def linear_path(self, w: EncodedWeight, M: int, device: torch.device) -> str:
         """The path for y = x @ W^T with x of M rows on `device`.  Only palette weights have a
-        fused kernel, for 1 <= M <= 64 (past that, or for Huffman weights, decode + cuBLAS is
+        fused kernel, for 1 <= M <= 256 (past that, or for Huffman weights, decode + cuBLAS is
         the design); a palette shape the kernel cannot take (K % 64 != 0) falls back with one
         warning per shape."""
         if (self.table is None or not self.table.entries or device.type != "cuda" or w.is_huffman
