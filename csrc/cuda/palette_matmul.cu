@@ -7,7 +7,7 @@
 // palette decode.  __launch_bounds__(128, 4): four CTAs (16 warps) per SM is what the split
 // heuristic plans for, and it caps registers at 128 per thread.  NT = 8 holds 32 fp32
 // accumulators more and spills under that cap, so it runs three CTAs per SM (168 registers):
-// at batch 33-64 the kernel is no longer bound by the weight stream alone.
+// from batch 33 on the kernel is no longer bound by the weight stream alone.
 #include <cuda_runtime.h>
 
 #include <type_traits>
