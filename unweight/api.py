@@ -144,6 +144,10 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
         quant = {"quant_method": C.QUANT_METHOD, "format_version": C.FORMAT_VERSION, "encoding": encoding,
                  "encoded_dtype": "bfloat16", "tool_version": __version__}
         out_cfg = dict(cfg or {})
+        if out_cfg.get("quantization_config"):
+            # A model quantized by another method (fp8 block scales, ...): its tensors are stored
+            # as they are (only BF16 is encoded) and decompress puts its config back.
+            quant["source_quantization_config"] = out_cfg["quantization_config"]
         out_cfg["quantization_config"] = quant
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(out_cfg, f, indent=2)
@@ -228,7 +232,9 @@ def decompress(src: str, dst: str, *, overwrite: bool = False, jobs: int | None 
                 write_index(tmp, shards.weight_map, shards.file_sizes)
             cfg = ck.config()
             if cfg is not None:
-                cfg.pop("quantization_config", None)
+                qc = cfg.pop("quantization_config", None) or {}
+                if qc.get("source_quantization_config"):
+                    cfg["quantization_config"] = qc["source_quantization_config"]
                 if cfg:
                     with open(os.path.join(tmp, "config.json"), "w") as f:
                         json.dump(cfg, f, indent=2)

@@ -28,7 +28,7 @@ from ...codec.verify import verify_checkpoint
 from ...format import constants as C
 from ...format.checkpoint import CompressedCheckpoint
 from ...format.errors import InputError
-from ...format.quant_config import check_format_version
+from ...format.quant_config import check_format_version, refuse_source_quantization
 from ...runtime import convert
 from ...runtime.prepare import prepare
 from . import tp
@@ -84,6 +84,7 @@ class UnweightHfQuantizer(HfQuantizer):
         if not checkpoint_files:
             raise InputError("unweight: from_pretrained gave no checkpoint files")
         folder = os.path.dirname(os.path.abspath(checkpoint_files[0]))
+        refuse_source_quantization(getattr(self.quantization_config, "source_quantization_config", None), folder)
         ck = CompressedCheckpoint(folder)
         try:
             verify = env_verify(bool(getattr(self.quantization_config, "verify", True)))

@@ -50,7 +50,7 @@ from ...format import constants as C
 from ...format.checkpoint import CompressedCheckpoint
 from ...format.errors import FormatError, InputError
 from ...format.header import TensorHeader
-from ...format.quant_config import check_format_version
+from ...format.quant_config import check_format_version, refuse_source_quantization
 from ...runtime import dispatch, scratch
 from ...runtime.modes import check_mode, sharded_mode
 from ...runtime.policy import DispatchPolicy
@@ -133,6 +133,7 @@ class UnweightConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "UnweightConfig":
+        refuse_source_quantization(config.get("source_quantization_config"), "unweight checkpoint")
         return cls(format_version=config.get("format_version", C.FORMAT_VERSION), encoding=config.get("encoding"),
                    mode=os.environ.get("UNWEIGHT_MODE") or config.get("mode") or "auto")
 
