@@ -156,37 +156,6 @@ UW_HD void init_bounded(BitReader& br, const uint8_t* start, const uint8_t* limi
   refill_bounded(br, limit);
 }
 
-// Decode one segment of `rows` x `cols` weights (row-major symbol order) without reading at
-// or past `limit`.  kExpOnly == false writes BF16 words to out16; kExpOnly == true writes the
-// bare exponent bytes to out8 (the first step of the on-device Huffman -> palette transcode).
-// sm/out are addressed with their own row strides (in elements).  Returns the stream bits
-// consumed, or UINT64_MAX on an invalid code; a valid segment consumes exactly the bits that
-// precede its byte-alignment padding, which callers check against its stored length.
-template <bool kExpOnly>
-UW_HD uint64_t decode_segment_bounded(const uint8_t* seg, const uint8_t* limit,
-                                      const uint16_t* lut_all, const uint8_t* sm,
-                                      int64_t sm_stride, uint16_t* out16, uint8_t* out8,
-                                      int64_t out_stride, int rows, int cols) {
-  BitReader br;
-  init_bounded(br, seg, limit);
-  uint32_t bad = 0;
-  for (int r = 0; r < rows; ++r) {
-    const uint8_t* smr = sm + r * sm_stride;
-    for (int c = 0; c < cols; ++c) {
-      if (br.nbits < HUFF_MAX_CODE_LEN) refill_bounded(br, limit);
-      const uint8_t s = smr[c];
-      const uint16_t e = lut_all[(ctx_of(s) << HUFF_MAX_CODE_LEN) | br.peek()];
-      bad |= (e == 0);
-      br.consume(lut_len(e));
-      if (kExpOnly)
-        out8[r * out_stride + c] = static_cast<uint8_t>(lut_sym(e));
-      else
-        out16[r * out_stride + c] = bf16_from_parts(s, lut_sym(e));
-    }
-  }
-  return bad ? ~static_cast<uint64_t>(0) : br.consumed(seg);
-}
-
 // Starts a bounded reader (see init_bounded) at stream bit `bit`: a chain of the checkpoint
 // index (FORMAT.md "Checkpoint index") begins anywhere inside a byte.  Its consumed() count
 // is then taken from base + (bit >> 3) and includes the (bit & 7) bits skipped here.

@@ -3,7 +3,7 @@
 // Structure.  Every kernel is a thin __global__ shell around a __host__ __device__ "body"
 // that does one thread's (or one warp lane's) unit of work, addressed through the launch
 // geometry of kernel_plan.h.  The bodies decode with the shared primitives of
-// ../decode_primitives.h (build_lut, BitReader / decode_segment_bounded, ctx_of, lut_*,
+// ../decode_primitives.h (build_lut, BitReader / decode_run_bounded, ctx_of, lut_*,
 // bf16_from_parts, pal_nibble), i.e. with the very code the CPU codec runs.  One translation
 // unit per kernel family, its argument block and bodies in a header beside it:
 //   huffman_decode.cu/.cuh    Huffman -> BF16 or exponent bytes, decode-table build, Huffman
