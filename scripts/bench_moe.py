@@ -76,8 +76,9 @@ def _rss() -> int:
 def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
     """One variant, in this process: load, prefill, decode steps; returns its measurements."""
     import torch
-    import unweight
     from transformers import AutoModelForCausalLM
+
+    import unweight
     from unweight.runtime import experts as ex
     from unweight.runtime import scratch
     torch.set_num_threads(a.threads)

@@ -79,7 +79,7 @@ def test_expert_index_decodes_each_expert_bitwise(weights, encoding):
 
 
 def test_scratch_slots_keep_two_parameters_apart(weights):
-    w, gate, up = weights
+    w = weights[0]
     _, a = _stored_stack(w, "huffman")
     _, b = _stored_stack(w[:, :, ::-1].copy(), "huffman")
     b.slot = ROWS * COLS
@@ -150,7 +150,10 @@ def _experts_module(cls_path: str, config_kwargs: dict, seed: int = 0):
 @pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16])
 def test_routed_forward_is_batched_mm_bitwise(cls_path, cfg, weights_dtype):
     pytest.importorskip("transformers")
-    from transformers.integrations.moe import batched_mm_experts_forward, grouped_mm_experts_forward
+    from transformers.integrations.moe import (
+        batched_mm_experts_forward,
+        grouped_mm_experts_forward,
+    )
     m = _experts_module(cls_path, dict(cfg))
     g = torch.Generator().manual_seed(1)
     x = torch.randn(9, 64, generator=g).to(torch.bfloat16)

@@ -61,8 +61,8 @@ from .weights import EncodedWeight
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ExpertStack", "Fusion", "hf_renamer", "install_stack", "install_fused", "expert_stacks",
-           "PlaneHolder"]
+__all__ = ["ROUTED", "ExpertStack", "Fusion", "PlaneHolder", "expert_stacks", "hf_renamer", "install_fused",
+           "install_stack", "prepare_planes", "routed_experts_forward", "to_dense", "transcode", "use_routed_forward"]
 
 
 # ----------------------------------------------------------------------------- names
@@ -173,7 +173,7 @@ class _Planes:
     """One encoded tensor whose planes are buffers ``attr + suffix`` of `module`: a 2-D
     piece (one expert's part) or a stack (every expert)."""
 
-    __slots__ = ("module", "attr", "header", "suffixes", "vranges")
+    __slots__ = ("attr", "header", "module", "suffixes", "vranges")
 
     def __init__(self, module: nn.Module, attr: str, header: TensorHeader):
         self.module, self.attr = module, attr
@@ -284,13 +284,8 @@ class ExpertStack(LazyTensor):
         self.dtype = dtype
         self.sources = sources
         self.slot = 0  # offset of this parameter's region in the device scratch (prepare sets it)
-        self._pieces_rows = [self._source_rows(s) for s in sources]
 
     # ---------------------------------------------------------------- structure
-    @staticmethod
-    def _source_rows(src) -> int:
-        return (src[0] if isinstance(src, list) else src).header.rows
-
     def planes(self) -> list:
         """Every _Planes of the stack (each piece of each expert, or the one stack)."""
         out = []

@@ -22,9 +22,10 @@ Mixture-of-experts parameters (runtime/experts.py ExpertStack) follow the same m
 decodes them into ordinary 3-D parameters; huffman / palette keep them compressed, decode
 only the experts a forward routes to, each into its own slot of the scratch, and switch the
 model's experts implementation to one that takes one routed expert at a time
-(experts.routed_experts_forward, bitwise the default implementation's result).  "auto" counts their decoded bytes with everything else; on CUDA, when not everything
-fits, the experts stay compressed (they are the bulk of such a model) and the remaining
-budget goes to the other layers as above.
+(experts.routed_experts_forward, bitwise the default implementation's result).  "auto"
+counts their decoded bytes with everything else; on CUDA, when not everything fits, the
+experts stay compressed (they are the bulk of such a model) and the remaining budget goes to
+the other layers as above.
 """
 from __future__ import annotations
 
@@ -39,9 +40,8 @@ import torch.nn as nn
 from .. import ops
 from ..codec import tensor_codec as tc
 from ..format import constants as C
-from . import experts
+from . import experts, scratch
 from . import policy as policies
-from . import scratch
 from .convert import decode_fallbacks, set_module
 from .modes import check_mode
 from .modules import CompressedEmbedding, CompressedWeightMixin, compressed_modules

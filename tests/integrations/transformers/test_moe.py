@@ -106,7 +106,7 @@ def _load(path, mode):
 @pytest.mark.parametrize("mode", ["huffman", "palette", "dense", "auto"])
 @pytest.mark.parametrize("kind", list(LAYOUTS))
 def test_logits_bitwise_and_only_routed_experts_decoded(moe, kind, mode, monkeypatch):
-    src, cks, ref = moe[kind]
+    _, cks, ref = moe[kind]
     model = _load(cks["huffman"], mode)
     info = model.unweight_info["experts"]
     with torch.no_grad():
@@ -132,7 +132,7 @@ def test_logits_bitwise_and_only_routed_experts_decoded(moe, kind, mode, monkeyp
 
 @pytest.mark.parametrize("kind", ["qwen3_moe", "llama4_text"])
 def test_held_bytes_are_the_compressed_size(moe, kind):
-    src, cks, _ = moe[kind]
+    _, cks, _ = moe[kind]
     model = _load(cks["huffman"], "huffman")
     info = model.unweight_info
     held = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers())
@@ -150,7 +150,7 @@ def test_held_bytes_are_the_compressed_size(moe, kind):
 @pytest.mark.parametrize("kind", ["mixtral", "gpt_oss"])
 def test_palette_checkpoint_and_from_pretrained(moe, kind):
     from transformers import AutoConfig, AutoModelForCausalLM
-    src, cks, ref = moe[kind]
+    _, cks, ref = moe[kind]
     cfg = AutoConfig.from_pretrained(cks["palette"])
     cfg.quantization_config["mode"] = "palette"
     model = AutoModelForCausalLM.from_pretrained(cks["palette"], config=cfg)
@@ -191,7 +191,7 @@ def test_experts_partly_raw_fail_with_one_line(moe, tmp_path):
 
 def test_experts_of_another_model_fail_with_one_line(moe):
     from transformers import AutoModelForCausalLM
-    _, cks, _ = moe["qwen3_moe"]
+    cks = moe["qwen3_moe"][1]
     with pytest.raises(InputError) as e:  # 8 experts stored, a model of 4 asked for
         AutoModelForCausalLM.from_pretrained(cks["huffman"], num_experts=4)
     assert "\n" not in str(e.value) and "experts" in str(e.value)
