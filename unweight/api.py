@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import logging
 import os
 import re
@@ -70,6 +71,35 @@ def _encodable_shape(shape) -> bool:
     return len(shape) == 2 or (len(shape) == 3 and 1 <= shape[0] <= C.MAX_STACK)
 
 
+def _entry_len(name: str, dt: str, shape, hi: int) -> int:
+    """Characters of one safetensors header entry and its comma, offsets at most hi."""
+    return len(json.dumps({name: {"dtype": dt, "shape": [int(x) for x in shape], "data_offsets": [hi, hi]}},
+                          separators=(",", ":"))) - 1
+
+
+def _header_bound(name: str, dt: str, shape, hi: int, encodings: tuple, segment_weights: int) -> int:
+    """Most characters a tensor can take in its shard's header: stored raw (with its crc32 in
+    the shard metadata) or as the planes of any of `encodings`.  Shapes the data decides
+    (stream and index lengths, verbatim blocks) are bounded by the tensor's bytes or blocks;
+    offsets by hi."""
+    crc = len(json.dumps(json.dumps({name: 0xFFFFFFFF}, separators=(",", ":")))) - 3
+    best = _entry_len(name, dt, shape, hi) + crc
+    if encodings:
+        *stack, n, k = (int(x) for x in shape)
+        e = stack[0] if stack else 1
+        R, Cc = tc.choose_grid(n, k, segment_weights)
+        nseg = e * -(-n // R) * -(-k // Cc)
+        blocks = e * n * -(-k // C.PAL_BLOCK)
+        common = [(C.SUFFIX_HDR, "U8", [C.HEADER_BYTES + C.HUFF_NUM_CTX * 256]), (C.SUFFIX_SM, "U8", shape)]
+        planes = {"huffman": common + [(C.SUFFIX_EXP, "U8", [hi]), (C.SUFFIX_OFF, "U32", [nseg + 1]),
+                                       (C.SUFFIX_CHK, "U16", [nseg, R * Cc])],
+                  "palette": common + [(C.SUFFIX_IDX, "U8", [*stack, n, (k + 1) // 2]), (C.SUFFIX_VPOS, "U32", [blocks]),
+                                       (C.SUFFIX_VEXP, "U8", [blocks, C.PAL_BLOCK])]}
+        for enc in encodings:
+            best = max(best, sum(_entry_len(name + suf, sdt, shp, hi) for suf, sdt, shp in planes[enc]))
+    return best
+
+
 def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None = None,
              overwrite: bool = False, include: list[str] | None = None, exclude: list[str] | None = None,
              verify: bool = True, max_shard_size="5GB", revision: str | None = None,
@@ -97,8 +127,22 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
     total_in = sum(ck.info(n)[3] - ck.info(n)[2] for n in names)
     tensors, cats = [], {}
     passthrough_dtypes = set()
+    def encodable(name, dt, shape) -> bool:
+        wanted = (not include or any(fnmatch.fnmatchcase(name, p) for p in include)) and \
+                 not any(fnmatch.fnmatchcase(name, p) for p in (exclude or []))
+        return dt == "BF16" and _encodable_shape(shape) and math.prod(shape) >= C.MIN_ENCODED_WEIGHTS and wanted
+
+    # Each shard's header is written last into room reserved ahead of its data (one write of
+    # every byte): the room is bounded from what each tensor can become.
+    meta = {"format": "pt", "unweight_format_version": C.FORMAT_VERSION}
+    bounds, hi = [len(json.dumps({"__metadata__": {**meta, "unweight_crc32": "{}"}}, separators=(",", ":")))], 0
+    for name in names:
+        dt, shape, b, e = ck.info(name)
+        hi += e - b  # an encoded tensor is kept only when smaller than the original
+        encs = (("huffman", "palette") if encoding == "auto" else (encoding,)) if encodable(name, dt, shape) else ()
+        bounds.append(_header_bound(name, dt, shape, hi, encs, segment_weights))
     with staged_output(dst, overwrite) as tmp:
-        shards = ShardSet(tmp, max_bytes, {"format": "pt", "unweight_format_version": C.FORMAT_VERSION}, True)
+        shards = ShardSet(tmp, max_bytes, meta, True, header_bounds=bounds)
         bar = _progress(total_in, "compress", progress)
         try:
             for name in names:
@@ -107,10 +151,8 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
                 arr = ck.array(name)
                 rec = {"name": name, "dtype": dt, "shape": list(shape), "orig_bytes": e - b,
                        "category": category(name)}
-                wanted = (not include or any(fnmatch.fnmatchcase(name, p) for p in include)) and \
-                         not any(fnmatch.fnmatchcase(name, p) for p in (exclude or []))
                 enc = None
-                if dt == "BF16" and _encodable_shape(shape) and arr.size >= C.MIN_ENCODED_WEIGHTS and wanted:
+                if encodable(name, dt, shape):
                     enc = tc.encode(arr, encoding, segment_weights=segment_weights, threads=jobs)
                     if enc.nbytes >= arr.nbytes:
                         enc = None

@@ -182,19 +182,30 @@ def _header_bytes(entries: dict, metadata: dict) -> bytes:
 class ShardWriter:
     """Streams tensors into one safetensors file, so memory holds one tensor at a time.
 
-    Without a plan, data goes to a side file as it arrives and close() writes header + data
-    (the header needs every tensor's offsets).  With a plan, [(name, dtype, shape, nbytes)] in
-    the order add() will be called, the header is written first and the data straight after
-    it: half the disk writes, which decompressing a large model is bound by.
+    Every mode writes each byte once (disk writes bound compressing and decompressing a large
+    model).  With a plan, [(name, dtype, shape, nbytes)] in the order add() will be called,
+    the header is written first and the data straight after it.  With reserve (bytes, a
+    multiple of 8, an upper bound on the header's length), the data goes after that much
+    room and close() writes the header into it, padded with spaces (JSON whitespace).
+    With neither, data goes to a side file and close() copies it behind the header; so does
+    a reserve the header outgrows (nothing is lost, it only costs the copy).
     """
 
-    def __init__(self, path: str, metadata: dict | None = None, plan: list | None = None):
+    def __init__(self, path: str, metadata: dict | None = None, plan: list | None = None,
+                 reserve: int | None = None):
         self.path = path
         self.metadata = dict(metadata or {})
         self._entries = {}
         self._pos = 0
         self._plan = None
+        self._reserve = None
         self._added = 0  # tensors written so far (plan mode checks them in order)
+        if plan is None and reserve is not None:
+            self._reserve = -(-int(reserve) // 8) * 8
+            self._data_path = None
+            self._data = open(path, "wb")
+            self._data.seek(8 + self._reserve)  # the header's room, written at close
+            return
         if plan is None:
             self._data_path = path + ".data.tmp"
             self._data = open(self._data_path, "wb")
@@ -242,15 +253,30 @@ class ShardWriter:
             os.fsync(self._data.fileno())
             self._data.close()
             return self._head + self._pos
-        self._data.close()
         hb = _header_bytes(self._entries, self.metadata)
-        with open(self.path, "wb") as out, open(self._data_path, "rb") as src:
+        if self._reserve is not None and len(hb) <= self._reserve:
+            hb += b" " * (self._reserve - len(hb))
+            self._data.seek(0)
+            self._data.write(struct.pack("<Q", len(hb)))
+            self._data.write(hb)
+            self._data.flush()
+            os.fsync(self._data.fileno())
+            self._data.close()
+            return 8 + len(hb) + self._pos
+        self._data.close()
+        src_path, skip = self._data_path, 0
+        if self._reserve is not None:  # the header outgrew its room: copy the data behind it
+            src_path, skip = self.path + ".data.tmp", 8 + self._reserve
+            os.replace(self.path, src_path)
+            self._data_path = src_path
+        with open(self.path, "wb") as out, open(src_path, "rb") as src:
             out.write(struct.pack("<Q", len(hb)))
             out.write(hb)
+            src.seek(skip)
             shutil.copyfileobj(src, out, 16 << 20)
             out.flush()
             os.fsync(out.fileno())
-        os.unlink(self._data_path)
+        os.unlink(src_path)
         return 8 + len(hb) + self._pos
 
     def abort(self):

@@ -18,11 +18,17 @@ from .safetensors_io import ShardWriter
 class ShardSet:
     """Rolls over to a new shard file when the current one would pass max_shard_size."""
 
-    def __init__(self, folder: str, max_bytes: int, metadata: dict, crc_meta: bool, plan: list | None = None):
+    def __init__(self, folder: str, max_bytes: int, metadata: dict, crc_meta: bool, plan: list | None = None,
+                 header_bounds: list | None = None):
         """plan: every group's items as (name, dtype, shape, nbytes), in the order add_group
         will get them, when known up front; each shard then writes its header first (see
-        ShardWriter).  crc_meta: store each shard's raw-tensor crc32s in its metadata."""
+        ShardWriter).  header_bounds, when sizes are only known as groups arrive: [bytes] the
+        header text of the shard metadata (first) and then of each group can take at most, in
+        add_group order; each shard reserves room for the groups from its first on and writes
+        its header there last.  crc_meta: store each shard's raw-tensor crc32s in its metadata."""
         self.folder, self.max_bytes, self.metadata, self.crc_meta = folder, max_bytes, metadata, crc_meta
+        self._bounds = header_bounds
+        self._groups = 0  # groups added so far
         self.shards = []  # writers, in file order
         self.weight_map = {}
         self.crcs = []
@@ -44,7 +50,10 @@ class ShardSet:
     def _new(self):
         i = len(self.shards)
         plan = self._plans[i] if self._plans is not None else None
-        w = ShardWriter(os.path.join(self.folder, f"shard-{i:05d}.tmp"), dict(self.metadata), plan)
+        reserve = None
+        if self._bounds is not None:  # this shard may hold every group still to come
+            reserve = 2 + self._bounds[0] + sum(self._bounds[1 + self._groups:]) + 8
+        w = ShardWriter(os.path.join(self.folder, f"shard-{i:05d}.tmp"), dict(self.metadata), plan, reserve)
         self.shards.append(w)
         self.crcs.append({})
 
@@ -60,6 +69,7 @@ class ShardSet:
         if raw_crc:
             self.crcs[-1][raw_crc[0]] = raw_crc[1]
         self.total += size
+        self._groups += 1
 
     def finish(self) -> list[str]:
         """Close every shard, give it its final name; returns the names in order."""
