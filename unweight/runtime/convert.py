@@ -159,6 +159,10 @@ def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
         ck_params.add(full)
         mod = modules[mod_name]
         w = getattr(mod, attr)
+        if h.stack and tuple(w.shape) != h.shape:
+            # A stack decodes to its own shape; viewing it as another would scramble it.
+            raise InputError(f"unweight: checkpoint tensor {ck.location(base)} is {list(h.shape)}, the model's "
+                             f"{full} is {list(w.shape)}")
         if h.stack and experts.is_experts_param(mod, attr, h):
             report["experts"].append(experts.install_stack(mod_name, mod, attr, shapes, h))
             continue

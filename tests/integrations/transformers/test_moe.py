@@ -211,3 +211,13 @@ def test_stacked_experts_round_trip_offline(moe, tmp_path):
         for k, t in orig.items():
             assert back[k].shape == t.shape and torch.equal(back[k].view(-1).view(torch.uint8),
                                                             t.view(-1).view(torch.uint8)), k
+
+
+def test_a_stack_of_another_shape_fails_with_one_line(moe):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cks = moe["llama4_text"][1]
+    cfg = AutoConfig.from_pretrained(cks["huffman"])
+    cfg.num_local_experts = 2  # 4 experts stored
+    with pytest.raises(InputError, match=r"is \[4, \d+, 128\], the model's .* is \[2, ") as e:
+        AutoModelForCausalLM.from_pretrained(cks["huffman"], config=cfg)
+    assert "\n" not in str(e.value)
