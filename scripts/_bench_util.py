@@ -250,6 +250,26 @@ class Budget:
 # --------------------------------------------------------------------------- GPU timing
 
 
+def device(torch) -> str:
+    """"cuda" when a GPU is visible, else "cpu" (the harnesses' CPU self-test: same code, wall
+    clock instead of CUDA events and graphs)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def device_name(torch) -> str:
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def sync(torch) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def empty_cache(torch) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def rotation_copies(bytes_per_copy: int, l2_bytes: int, factor: int = ROTATE_L2_FACTOR, cap: int = 64) -> int:
     """Copies of a variant's inputs so that together they span >= factor x L2 (at least 1)."""
     if bytes_per_copy <= 0:
@@ -258,7 +278,9 @@ def rotation_copies(bytes_per_copy: int, l2_bytes: int, factor: int = ROTATE_L2_
 
 
 def l2_bytes(torch) -> int:
-    """The GPU's L2 size (50 MB on an H100 when torch does not report it)."""
+    """The GPU's L2 size (50 MB on an H100 when torch does not report it; 1 MiB on CPU)."""
+    if not torch.cuda.is_available():
+        return 2 ** 20
     return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 50 * 2 ** 20)
 
 
@@ -268,6 +290,8 @@ def graph_time(torch, fns, target_ms: float = 3.0, runs: int = 25, max_launches:
     the module docstring.  Returns median_ms, min_ms, runs_ms (every run), launches (L per run),
     copies (k), graph (captured or eager) and graph_error."""
     k = len(fns)
+    if not torch.cuda.is_available():
+        return _wall_time(fns, runs)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # first calls off the capture stream: cuBLAS handles, workspaces
@@ -315,21 +339,36 @@ def graph_time(torch, fns, target_ms: float = 3.0, runs: int = 25, max_launches:
             "launches": L, "copies": k, "graph": graph, "graph_error": err, "eager_estimate_ms": est}
 
 
+def _wall_time(fns, runs: int) -> dict:
+    """The CPU self-test's stand-in for graph_time: each callable once per run, wall clock."""
+    per = []
+    for _ in range(max(2, runs // 5)):
+        t0 = time.perf_counter()
+        for f in fns:
+            f()
+        per.append((time.perf_counter() - t0) * 1e3 / len(fns))
+    return {"median_ms": statistics.median(per), "min_ms": min(per), "runs_ms": per, "launches": len(fns),
+            "copies": len(fns), "graph": False, "graph_error": "no CUDA (CPU self-test)", "eager_estimate_ms": per[0]}
+
+
 def copy_bandwidth(torch, nbytes: int = 1 << 30, runs: int = 20) -> dict:
     """Device-to-device copy rate (bytes read + written per second): the memory ceiling the
     decode and GEMV numbers are compared with."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    if not torch.cuda.is_available():
+        nbytes = min(nbytes, 1 << 22)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device(torch)).random_()
     dst = torch.empty_like(src)
     t = graph_time(torch, [lambda s=src, d=dst: d.copy_(s)], target_ms=20.0, runs=runs)
     t["GBps_read_plus_write"] = 2 * nbytes / (t["median_ms"] * 1e-3) / 1e9
-    torch.cuda.empty_cache()
+    empty_cache(torch)
     return t
 
 
 def bf16_weights(torch, N, K, seed=0, std=0.02):
-    """Trained-like BF16 weights made on the GPU: N(0, std) (exponent statistics like real layers)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return (torch.randn((N, K), generator=g, device="cuda") * std).to(torch.bfloat16)
+    """Trained-like BF16 weights made on the GPU (the CPU in a self-test): N(0, std), exponent
+    statistics like real layers."""
+    g = torch.Generator(device=device(torch)).manual_seed(seed)
+    return (torch.randn((N, K), generator=g, device=device(torch)) * std).to(torch.bfloat16)
 
 
 def clone_encoded(w):

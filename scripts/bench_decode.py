@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_util as bu  # noqa: E402
@@ -29,12 +30,17 @@ import _bench_util as bu  # noqa: E402
 def _time_transcode(torch, ops, header, planes, lut, err, runs):
     times = []
     for _ in range(runs):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        out = ops.transcode_to_palette(header, planes, lut, err)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
+        if torch.cuda.is_available():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            out = ops.transcode_to_palette(header, planes, lut, err)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            out = ops.transcode_to_palette(header, planes, lut, err)
+            times.append((time.perf_counter() - t0) * 1e3)
         del out
     return {"median_ms": sorted(times)[len(times) // 2], "min_ms": min(times), "runs_ms": times, "graph": False}
 
@@ -46,7 +52,8 @@ def bench_shape(torch, name, N, K, seed, runs, l2):
     from unweight.codec import tensor_codec as tc
     from unweight.format import constants as C
     h = bu.import_helpers()
-    err = torch.zeros(1, dtype=torch.int32, device="cuda")
+    dev = bu.device(torch)
+    err = torch.zeros(1, dtype=torch.int32, device=dev)
     w = bu.bf16_weights(torch, N, K, seed)
     w_bits = h.bits(w)
     dense = N * K * 2
@@ -61,12 +68,12 @@ def bench_shape(torch, name, N, K, seed, runs, l2):
     del srcs, dsts
     encs = {e: tc.encode(w_bits, e) for e in ("huffman", "palette")}
     for e, enc in encs.items():
-        ew = h.encoded_weight(enc, "cuda", err)
+        ew = h.encoded_weight(enc, dev, err)
         bitwise = all(np.array_equal(g, w_bits) for g in h.decode_poisoned(ew, err))
         nb = bu.encoded_bytes(ew)
         k = bu.rotation_copies(nb + dense, l2)
         ws = [ew] + [bu.clone_encoded(ew) for _ in range(k - 1)]
-        outs = [torch.empty((N, K), dtype=torch.bfloat16, device="cuda") for _ in range(k)]
+        outs = [torch.empty((N, K), dtype=torch.bfloat16, device=dev) for _ in range(k)]
         t = bu.graph_time(torch, [lambda x=x, o=o: h.decode_op(x, o, err) for x, o in zip(ws, outs)], runs=runs)
         s = t["median_ms"] * 1e-3
         row[e] = {**t, "bitwise": bitwise, "planes_bytes": nb, "ratio": nb / dense, "out_GBps": dense / s / 1e9,
@@ -82,7 +89,7 @@ def bench_shape(torch, name, N, K, seed, runs, l2):
             row["transcode"] = {**t, "matches_host_codec": same,
                                 "out_GBps": dense / (t["median_ms"] * 1e-3) / 1e9}
         del ws, outs, ew
-        torch.cuda.empty_cache()
+        bu.empty_cache(torch)
     row["device_errors"] = int(err.item())
     return row
 
@@ -104,14 +111,14 @@ def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None
             row = bench_shape(torch, name, N, K, i, runs, l2)
         except Exception as e:  # noqa: BLE001 - a failing kernel is a finding; the next shape still runs
             row = {"shape": name, "N": N, "K": K, "error": f"{type(e).__name__}: {e}"}
-            torch.cuda.synchronize()
+            bu.sync(torch)
         res["rows"].append(row)
         log(f"decode {name}: " + ", ".join(f"{e} {row[e]['median_ms']:.4f} ms ({row[e].get('out_GBps', 0):.0f} GB/s)"
                                            for e in ("copy", "huffman", "palette", "transcode") if e in row)
             + (f" ERROR {row['error']}" if "error" in row else ""))
         if out_path:
             bu.write_json(out_path, res)
-        torch.cuda.empty_cache()
+        bu.empty_cache(torch)
     return res
 
 

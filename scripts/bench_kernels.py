@@ -36,22 +36,23 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
     from unweight.runtime import dispatch, scratch
     from unweight.runtime.policy import DispatchPolicy
     h = bu.import_helpers()
-    err = torch.zeros(1, dtype=torch.int32, device="cuda")
+    dev = bu.device(torch)
+    err = torch.zeros(1, dtype=torch.int32, device=dev)
     w = bu.bf16_weights(torch, N, K, seed=N + K)
     w_bits = h.bits(w)
     dense = [w] + [w.clone() for _ in range(bu.rotation_copies(N * K * 2, l2) - 1)]
     copies = {}
     for e in encodings:
-        ew = h.encoded_weight(tc.encode(w_bits, e), "cuda", err)
+        ew = h.encoded_weight(tc.encode(w_bits, e), dev, err)
         copies[e] = [ew] + [bu.clone_encoded(ew) for _ in range(bu.rotation_copies(bu.encoded_bytes(ew), l2) - 1)]
-    scratch.reserve("cuda", N * K)
+    scratch.reserve(dev, N * K)
     baseline = DispatchPolicy(None)
     rows = []
     for M in batches:
         if budget.left() < 3 + 2e-9 * N * K * (1 + 2 * len(encodings)):
             rows.append({"shape": name, "N": N, "K": K, "M": M, "skipped": f"{budget.left():.0f} s left"})
             continue
-        x = torch.randn((M, K), device="cuda").to(torch.bfloat16)
+        x = torch.randn((M, K), device=dev).to(torch.bfloat16)
         r = {"shape": name, "N": N, "K": K, "M": M}
         t = bu.graph_time(torch, [lambda d=d: F.linear(x, d) for d in dense], runs=runs)
         r["cublas"] = {**t, "weight_GBps": N * K * 2 / (t["median_ms"] * 1e-3) / 1e9}
@@ -81,7 +82,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
             f"{e} fused {_ratio(r.get(e + '_fused'))}, decode+cuBLAS {_ratio(r.get(e + '_decode_cublas'))}"
             for e in copies))
     del dense, copies
-    torch.cuda.empty_cache()
+    bu.empty_cache(torch)
     return rows
 
 
@@ -99,7 +100,7 @@ def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("pale
     Returns the result dict (with the measured TuningTable under "_table", not serialized)."""
     from unweight.runtime.tuning_table import TuningTable
     l2 = bu.l2_bytes(torch)
-    dev_name = torch.cuda.get_device_name(0)
+    dev_name = bu.device_name(torch)
     table = TuningTable()
     res = {"benchmark": "kernels", "environment": bu.environment(torch), "l2_bytes": l2, "runs": runs,
            "batches": list(batches), "encodings": list(encodings), "rows": [], "skipped": []}
@@ -112,8 +113,8 @@ def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("pale
             res["rows"] += bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, dev_name, log)
         except Exception as e:  # noqa: BLE001 - a failing shape is a finding; the next one still runs
             res["rows"].append({"shape": name, "N": N, "K": K, "error": f"{type(e).__name__}: {e}"})
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
+            bu.sync(torch)
+            bu.empty_cache(torch)
         if out_path:
             bu.write_json(out_path, res)
     res["_table"] = table
