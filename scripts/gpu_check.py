@@ -738,6 +738,9 @@ def group_bench_smoke(rec, device):
     rec.check("bench_kernels.run on a tiny shape", kernels)
 
     def e2e():
+        import importlib.util
+        if importlib.util.find_spec("transformers") is None:
+            return {"skipped": True, "why": "transformers is not installed here"}
         r = bench_e2e.run(torch, 1, [1], ["huffman", "palette+fused", "dense"], bu.Budget(60), prompt=4, steps=1,
                           runs=2, device=device, log=lambda m: None,
                           cfg_over=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
@@ -947,6 +950,8 @@ def build(st: Stage, out_dir: str | None, force: bool = True) -> bool:
            returncode=rc, archs_requested=CUDA_ARCHS, jobs=env["UNWEIGHT_BUILD_JOBS"], warnings=warnings,
            cuda_extension_built=not failed_cuda, log_tail=_tail(text, 30))
     probe = _import_probe()
+    if probe.get("ok") and not probe.get("devices"):
+        probe["error"] = "the extension imports but sees no CUDA device"
     st.add("import unweight._C and unweight._cuda; a device visible", "pass" if probe.get("ok") and
            probe.get("devices", 0) > 0 else "fail", **probe)
     rep = {}
@@ -2058,8 +2063,26 @@ def main(argv=None) -> int:
     DEV, EVAL_LIMIT = args.device, args.eval_limit
     log(f"stages {', '.join(stages)} -> {args.out}" + (f", deadline {deadline:.0f} s" if deadline else ""))
     rc = run_stages(stages, args.out, deadline, args.call)
+    print_summary(args.out, stages)
     log("done: " + ("every check that ran passed" if rc == 0 else "some checks FAILED (see the stage JSONs)"))
     return rc
+
+
+def print_summary(out_dir: str, stages) -> None:
+    """The call's result in a few lines (the device tool returns the end of the output)."""
+    print("\n==== summary " + "=" * 60)
+    for name in stages:
+        path = os.path.join(out_dir, f"{name}.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            rec = json.load(f)
+        s = rec.get("summary", {})
+        print(f"{name:12s} {rec.get('status', '?'):8s} pass {s.get('pass', 0):4d}  fail {s.get('fail', 0):3d}  "
+              f"skip {s.get('skip', 0):3d}  {rec.get('seconds', 0):6.0f} s")
+        for c in [c for c in rec.get("checks", []) if c["status"] == "fail"][:8]:
+            print(f"    FAIL {c['name'][:90]}: {str(c.get('error') or c.get('message') or c.get('findings') or '')[:150]}")
+    print("=" * 73)
 
 
 if __name__ == "__main__":
