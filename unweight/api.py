@@ -21,7 +21,7 @@ from . import _signals, __version__, sources
 
 _signals.pause_point("api-import")  # a test interrupts start-up here, between numpy and the codec
 from .codec import tensor_codec as tc
-from .codec.verify import check_raw, check_records, raw_crc32, verify_checkpoint
+from .codec.verify import check_raw, check_records, raw_crc32, sm_release, verify_checkpoint
 from .format import constants as C
 from .format.checkpoint import Checkpoint, CompressedCheckpoint, split_name
 from .format.errors import InputError, MismatchError
@@ -69,6 +69,13 @@ def _encodable_shape(shape) -> bool:
     """Matrices, and 3-D tensors as stacks of matrices (stacked MoE experts, FORMAT.md
     "Stacked tensors"); other ranks are stored raw."""
     return len(shape) == 2 or (len(shape) == 3 and 1 <= shape[0] <= C.MAX_STACK)
+
+
+# A matrix of _BAND_FROM bytes or more is encoded from its memory map in bands of about
+# _BAND_BYTES, each band's pages dropped once read (tensor_codec.encode band_bytes): peak memory
+# is then its planes plus a band, not the matrix plus its planes (an 8B model's 1 GB embedding).
+_BAND_FROM = 256 << 20
+_BAND_BYTES = 64 << 20
 
 
 def _entry_len(name: str, dt: str, shape, hi: int) -> int:
@@ -153,7 +160,12 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
                        "category": category(name)}
                 enc = None
                 if encodable(name, dt, shape):
-                    enc = tc.encode(arr, encoding, segment_weights=segment_weights, threads=jobs)
+                    band = {}
+                    if len(shape) == 2 and e - b >= _BAND_FROM:  # read in bands, dropping each band's pages
+                        row = shape[1] * 2
+                        band = {"band_bytes": _BAND_BYTES,
+                                "done": lambda r0, r1, n=name, row=row: ck.release(n, r0 * row, r1 * row)}
+                    enc = tc.encode(arr, encoding, segment_weights=segment_weights, threads=jobs, **band)
                     if enc.nbytes >= arr.nbytes:
                         enc = None
                         rec["note"] = "not smaller when encoded"
@@ -256,9 +268,10 @@ def decompress(src: str, dst: str, *, overwrite: bool = False, jobs: int | None 
                 for base in order:
                     if base in headers:
                         h = headers[base]
-                        w = tc.decode(h, ck.planes(base), jobs, where=ck.location(base), verify=True)
+                        w = tc.decode_banded(h, ck.planes(base), jobs, where=ck.location(base),
+                                             done=sm_release(ck, base, h))
+                        ck.release_encoded(base)  # the planes' pages go before the output is written
                         shards.add_group([(base, "BF16", w.shape, w)])
-                        ck.release_encoded(base)
                     else:
                         dt, shape, b, e = ck.info(base)
                         arr = ck.array(base)

@@ -16,6 +16,7 @@ from .. import _C
 from ..format import constants as C
 from ..format.errors import ChecksumError, FormatError
 from ..format.header import TensorHeader
+from .crc import crc32_combine
 
 ENCODINGS = ("huffman", "palette", "auto")
 
@@ -126,7 +127,7 @@ def _stats(hist: np.ndarray, palette: np.ndarray) -> dict:
 
 def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DEFAULT_SEGMENT_WEIGHTS,
            threads: int | None = None, grid: tuple[int, int] | None = None,
-           chk_interval: int = C.DEFAULT_CHK_INTERVAL) -> Encoded:
+           chk_interval: int = C.DEFAULT_CHK_INTERVAL, band_bytes: int = 0, done=None) -> Encoded:
     """Encode a BF16 matrix, or a stack of matrices.
 
     w: uint16 [N, K] (BF16 bit patterns), or [E, N, K] with 1 <= E <= MAX_STACK (a stack:
@@ -137,6 +138,10 @@ def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DE
     chk_interval: huffman 2-D matrices: S, the symbols between checkpoints of the ``__chk`` index
         (FORMAT.md "Checkpoint index"); 0 writes no index, nor does a grid whose segments hold
         at most S weights.
+    band_bytes, done: huffman 2-D matrices: read w in bands of whole row groups of about
+        band_bytes (0: at once), calling done(r0, r1) after each band's last read in each of the
+        two passes, so a caller reading w from a memory map can drop its pages as it goes and
+        hold the planes plus one band, not the matrix plus the planes.  Same bytes either way.
     """
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
@@ -151,14 +156,24 @@ def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DE
         raise ValueError(f"a palette stack of shape {w.shape} has more blocks than uint32 verbatim ids can "
                          f"name; split this tensor before compressing")
     sm = empty(w.shape, np.uint8, threads)
+    R, C_ = grid or choose_grid(rows, cols, segment_weights)
+    bands = _bands(rows, cols, R, band_bytes) if band_bytes and encoding == "huffman" and not stack else None
     hist = np.zeros((C.HUFF_NUM_CTX, 256), dtype=np.int64)
-    crc = _C.split_histogram(w, sm, hist, threads)
+    if bands is None:
+        crc = _C.split_histogram(w, sm, hist, threads)
+    else:
+        crc, part = None, np.zeros_like(hist)
+        for r0, r1 in bands:
+            c = _C.split_histogram(w[r0:r1], sm[r0:r1], part, threads)
+            hist += part
+            crc = c if crc is None else _crc32_combine(crc, c, (r1 - r0) * cols * 2)
+            if done is not None:
+                done(r0, r1)
     palette = choose_palette(hist.sum(axis=0))
     stats = _stats(hist, palette)
-    R, C_ = grid or choose_grid(rows, cols, segment_weights)
     enc_h = enc_p = None
     if encoding in ("huffman", "auto"):
-        enc_h = _encode_huffman(w, sm, hist, crc, R, C_, threads, chk_interval)
+        enc_h = _encode_huffman(w, sm, hist, crc, R, C_, threads, chk_interval, bands, done)
     if encoding in ("palette", "auto"):
         enc_p = _encode_palette(w, sm, palette, crc, R, C_, threads)
     for enc in (enc_h, enc_p):
@@ -196,7 +211,52 @@ def _encode_stack(w, R, C_, lens, codes, threads):
     return off, stream
 
 
-def _encode_huffman(w, sm, hist, crc, R, C_, threads, chk_interval=0) -> Encoded:
+def _bands(rows: int, cols: int, R: int, band_bytes: int) -> list:
+    """[(r0, r1)] row bands of whole row groups, about band_bytes of BF16 each."""
+    step = max(1, band_bytes // max(1, cols * 2 * R)) * R
+    return [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
+
+
+def _crc32_combine(a: int, b: int, len_b: int) -> int:
+    return int(crc32_combine(a, b, len_b))
+
+
+def _encode_bands(w, bands, R, C_, lens, codes, threads, chk_interval, done):
+    """_C.huffman_encode_indexed of w, a band of row groups at a time: each band's segments are
+    the whole matrix's segments of those groups (independent, same code), so the stream is the
+    bands' per-chunk runs in chunk-major order."""
+    parts = []
+    for r0, r1 in bands:
+        parts.append((r0, r1) + tuple(_C.huffman_encode_indexed(w[r0:r1], R, C_, lens, codes, threads, chk_interval)))
+        if done is not None:
+            done(r0, r1)
+    n_chunks = -(-w.shape[1] // C_)
+    runs, chks, lens_ = [], [], []
+    for k in range(n_chunks):
+        for r0, r1, off, stream, chk in parts:
+            ng = -(-(r1 - r0) // R)
+            a, b = int(off[k * ng]), int(off[(k + 1) * ng])
+            runs.append(stream[a:b])
+            chks.append(chk[k * ng:(k + 1) * ng])
+            lens_.append(np.diff(off[k * ng:(k + 1) * ng + 1].astype(np.int64)))
+    seg = np.concatenate(lens_)
+    if int(seg.sum()) > 0xFFFFFFFF:
+        raise ValueError(f"the exponent stream of this {w.shape} matrix reaches 4 GiB, more than uint32 offsets index")
+    off = np.zeros(seg.size + 1, dtype=np.uint32)
+    off[1:] = np.cumsum(seg)
+    stream = np.concatenate(runs + [np.zeros(C.STREAM_SLACK_BYTES, dtype=np.uint8)])
+    # A last band shorter than R has fewer checkpoints per segment; the whole matrix's index is
+    # as wide as its largest segment needs, unused entries zero.
+    P = max(c.shape[1] for c in chks)
+    chk = np.zeros((seg.size, P), dtype=np.uint16)
+    i = 0
+    for c in chks:
+        chk[i:i + c.shape[0], :c.shape[1]] = c
+        i += c.shape[0]
+    return off, stream, chk
+
+
+def _encode_huffman(w, sm, hist, crc, R, C_, threads, chk_interval=0, bands=None, done=None) -> Encoded:
     rows, cols = w.shape[-2:]
     # C++ package-merge + canonical codes; unweight.codec.huffman is the Python twin the
     # tests compare it with.
@@ -207,6 +267,8 @@ def _encode_huffman(w, sm, hist, crc, R, C_, threads, chk_interval=0) -> Encoded
     try:
         if w.ndim == 3:
             off, stream = _encode_stack(w, R, C_, lens, codes, threads)
+        elif bands is not None:
+            off, stream, chk = _encode_bands(w, bands, R, C_, lens, codes, threads, chk_interval, done)
         else:
             off, stream, chk = _C.huffman_encode_indexed(w, R, C_, lens, codes, threads, chk_interval)
     except ValueError as e:  # the 4 GiB per-tensor stream limit of uint32 offsets
@@ -335,6 +397,47 @@ def decode(header: TensorHeader, planes: dict, threads: int | None = None, where
     except ValueError as e:
         raise FormatError(f"{e}{at}") from None
     if verify and _C.crc32(out.reshape(-1).view(np.uint8), threads) != header.crc32:
+        raise ChecksumError(f"checksum mismatch{at}: decoded bytes differ from the original")
+    return out
+
+
+def decode_banded(header: TensorHeader, planes: dict, threads: int | None = None, where: str = "",
+                  band_bytes: int = 64 << 20, keep: bool = True, done=None) -> np.ndarray | None:
+    """decode(..., verify=True) a band of whole row groups (about band_bytes of output) at a
+    time, the crc32 joined across bands, calling done(r0, r1) after each band (a caller reading
+    the planes from a memory map drops that band's ``__sm`` rows there).  keep: return the
+    uint16 [N, K] matrix (host memory); otherwise only check it, holding one band of output.
+    Stacks decode whole (decode)."""
+    if header.stack:
+        out = decode(header, planes, threads, where, verify=True)
+        return out if keep else None
+    threads = threads or default_threads()
+    check_planes(header, planes, where)
+    rows, cols = header.rows, header.cols
+    huff = header.encoding == C.ENC_HUFFMAN
+    R = header.rows_per_group if huff else 1
+    out = empty((rows, cols), np.uint16, threads) if keep else None
+    sm = planes[C.SUFFIX_SM]
+    crc = None
+    at = f" in {where}" if where else ""
+    for r0, r1 in _bands(rows, cols, R, band_bytes):
+        dst = out[r0:r1] if keep else empty((r1 - r0, cols), np.uint16, threads)
+        try:
+            if huff:
+                _C.huffman_decode(planes[C.SUFFIX_EXP], planes[C.SUFFIX_OFF], rows, cols, R, header.cols_per_chunk,
+                                  header.table, header.exp_lo, header.exp_hi, r0 // R, -(-r1 // R), 0,
+                                  header.n_chunks, sm[r0:r1], dst, threads)
+            else:
+                _C.palette_decode(sm[r0:r1], planes[C.SUFFIX_IDX][r0:r1], rows, cols, r0, r1,
+                                  np.frombuffer(header.palette[: header.pal_size], np.uint8), planes[C.SUFFIX_VPOS],
+                                  planes[C.SUFFIX_VEXP], dst, threads)
+        except ValueError as e:
+            raise FormatError(f"{e}{at}") from None
+        c = _C.crc32(dst.reshape(-1).view(np.uint8), threads)
+        crc = c if crc is None else _crc32_combine(crc, c, (r1 - r0) * cols * 2)
+        if done is not None:
+            done(r0, r1)
+    if crc != header.crc32:
         raise ChecksumError(f"checksum mismatch{at}: decoded bytes differ from the original")
     return out
 

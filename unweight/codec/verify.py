@@ -58,6 +58,12 @@ def check_records(ck: CompressedCheckpoint) -> None:
             raise FormatError(f"{p}: the report records {key} = {rep[key]}, the checkpoint has {have}")
 
 
+def sm_release(ck: CompressedCheckpoint, base: str, h):
+    """done(r0, r1) for tc.decode_banded: drop the decoded rows' ``__sm`` pages of the map."""
+    name, row = ck.encoded[base][C.SUFFIX_SM], h.cols
+    return lambda r0, r1: ck.release(name, r0 * row, r1 * row)
+
+
 def verify_checkpoint(ck: CompressedCheckpoint, threads: int | None = None, decode: bool = True) -> dict:
     """Validate every encoded tensor (with decode: decode it and check its crc32), check every
     raw tensor's crc32 and the checkpoint's records.  Raises FormatError / ChecksumError (one
@@ -69,8 +75,8 @@ def verify_checkpoint(ck: CompressedCheckpoint, threads: int | None = None, deco
         where = ck.location(base)
         h = ck.header(base)
         planes = ck.planes(base)
-        if decode:
-            tc.decode(h, planes, threads, where=where, verify=True)
+        if decode:  # a band at a time: memory holds one band of output, not the tensor
+            tc.decode_banded(h, planes, threads, where=where, keep=False, done=sm_release(ck, base, h))
         else:
             tc.check_planes(h, planes, where)
         ck.release_encoded(base)

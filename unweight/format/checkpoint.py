@@ -88,9 +88,10 @@ class Checkpoint:
     def array(self, name) -> np.ndarray:
         return self.where[name].array(name)
 
-    def release(self, name):
-        """Let the OS drop the pages of a tensor we are done with (see SafetensorsFile.release)."""
-        self.where[name].release(name)
+    def release(self, name, lo: int = 0, hi: int | None = None):
+        """Let the OS drop the pages of a tensor we are done with, or of its bytes [lo, hi)
+        (see SafetensorsFile.release)."""
+        self.where[name].release(name, lo, hi)
 
     def file_of(self, name) -> str:
         return self.where[name].path

@@ -86,13 +86,17 @@ class SafetensorsFile:
         a = np.frombuffer(self._mm, dtype=np.uint8, count=e - b, offset=self.data_start + b)
         return a.view(np_dt).reshape(shape)
 
-    def release(self, name):
-        """Drop the pages of a tensor already processed from this process's resident set, so
-        streaming a checkpoint keeps memory at the largest tensor, not the model (file-backed
-        mmap pages otherwise stay counted in RSS until unmapped)."""
+    def release(self, name, lo: int = 0, hi: int | None = None):
+        """Drop the pages of a tensor already processed (or of its bytes [lo, hi)) from this
+        process's resident set, so streaming a checkpoint keeps memory at the largest tensor,
+        not the model (file-backed mmap pages otherwise stay counted in RSS until unmapped)."""
         if self._mm is None or not hasattr(self._mm, "madvise"):
             return
         _, _, b, e = self.entries[name]
+        if hi is not None:
+            b, e = b + lo, min(e, b + hi)
+        else:
+            b += lo
         page = mmap.PAGESIZE
         start = (self.data_start + b) // page * page
         end = self.data_start + e
