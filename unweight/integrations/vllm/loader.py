@@ -13,7 +13,6 @@ method claims reaches the model decoded, under its own name.
 """
 from __future__ import annotations
 
-import logging
 from collections.abc import Generator
 
 import torch
@@ -27,9 +26,7 @@ from ...format.checkpoint import split_name
 from ...format.errors import FormatError
 from ...format.header import TensorHeader
 from . import quant
-
-# a child of vLLM's logger, so the lines show up in every vLLM process with vLLM's formatting
-log = logging.getLogger("vllm.unweight")
+from .common import log, report_layer
 
 LOAD_FORMAT = "unweight"
 
@@ -59,7 +56,7 @@ def decode_planes_iterator(weights, where: str = "", keep=frozenset()) -> Genera
             continue
         w = tc.decode(h, {s: pl[s].numpy() for s in need}, where=base)
         del pending[base]
-        quant.report_layer(base, {"path": "decoded-to-bf16-at-load", "encoding": h.encoding_name})
+        report_layer(base, {"path": "decoded-to-bf16-at-load", "encoding": h.encoding_name})
         log.info("unweight: %s -> decoded to bf16 at load (%s)", base, h.encoding_name)
         yield base, torch.from_numpy(w).view(torch.bfloat16)
     for base, pl in pending.items():

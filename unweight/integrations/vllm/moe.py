@@ -32,17 +32,13 @@ raw and partly compressed.
 """
 from __future__ import annotations
 
-import logging
 import os
 
 import torch
 from torch import nn
-from vllm.model_executor.layers.fused_moe.oracle.unquantized import (
-    convert_to_unquantized_kernel_format,
-)
-from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
-    UnquantizedFusedMoEMethod,
-)
+
+from vllm.model_executor.layers.fused_moe.oracle.unquantized import convert_to_unquantized_kernel_format
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
@@ -52,15 +48,8 @@ from ...format.errors import FormatError, InputError
 from ...format.header import TensorHeader
 from ...runtime import dispatch, scratch
 from ...runtime.modes import sharded_mode
-from .quant import (
-    _PLANE_DTYPES,
-    _tp_info,
-    _UnweightMethodBase,
-    report_layer,
-    take_shard,
-)
+from .common import PLANE_DTYPES, device_piece, gather, log, report_layer, take_shard, tp_info
 
-log = logging.getLogger("vllm.unweight")
 
 SHARD_IDS = ("w1", "w3", "w2")  # vLLM's names: gate, up (stacked into w13), down
 
@@ -119,7 +108,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         for stem in ("w13_weight", "w2_weight"):
             for suf in C.ALL_SUFFIXES:
                 # empty: holds nothing; the loader below keeps what reaches it
-                p = nn.Parameter(torch.empty(0, dtype=_PLANE_DTYPES[suf]), requires_grad=False)
+                p = nn.Parameter(torch.empty(0, dtype=PLANE_DTYPES[suf]), requires_grad=False)
                 p.weight_loader = self._make_loader(layer, suf)
                 layer.register_parameter(stem + suf, p)
         for (_, sid), name in self.names.items():  # a grid TP cannot split fails here, before any read
@@ -141,7 +130,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
 
     def _shard_range(self, layer, h: TensorHeader, sid: str, name: str):
         """(rows, cols) of this rank's block of one expert matrix, checked against the grid."""
-        rank, size = _tp_info(layer)
+        rank, size = tp_info(layer)
         moe = layer.moe_config
         inter, hidden = moe.intermediate_size_per_partition_unpadded * size, moe.hidden_dim_unpadded
         what = f"{name} [{h.rows}x{h.cols}, {h.encoding_name} grid {h.rows_per_group}x{h.cols_per_chunk}]"
@@ -162,7 +151,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
     # ------------------------------------------------------------------ after load
 
     def process_weights_after_loading(self, layer) -> None:
-        rank, size = _tp_info(layer)
+        rank, size = tp_info(layer)
         for key, pend in layer._uw_pending.items():
             miss = [s for s in (C.SUFFIX_HDR,) + C.HUFFMAN_PLANES if s not in pend][:1] or ["(planes)"]
             raise FormatError(f"{self.names[key]}: compressed tensor is missing plane {miss[0]} in the checkpoint")
@@ -183,7 +172,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
             ws = {}
             for sid in SHARD_IDS:
                 pc = layer._uw_pieces[(e, sid)]
-                ws[sid] = _UnweightMethodBase._device_piece(pc["header"], pc["planes"], dev,
+                ws[sid] = device_piece(pc["header"], pc["planes"], dev,
                                                             "auto" if mode == "dense" else mode, pc["name"])
                 hs = pc["header"]
                 held = sum(int(t.numel() * t.element_size()) for t in _piece_tensors(ws[sid]))
@@ -239,7 +228,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
             h = pc["full_header"]
             mine[pc["name"]] = (shard_record(w, rows=pc["rows"]) if tuple(pc["cols"]) == (0, h.cols)
                                 else shard_record(w, cols=pc["cols"]))
-        everyone = _UnweightMethodBase._gather(layer, mine)
+        everyone = gather(layer, mine)
         for pc in layer._uw_pieces.values():
             check_shard_records([d[pc["name"]] for d in everyone if pc["name"] in d], pc["full_header"], pc["name"])
 

@@ -26,12 +26,9 @@ piece the block of the tensor this rank holds and its bytes.
 """
 from __future__ import annotations
 
-import json
-import logging
 import os
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -42,7 +39,6 @@ from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
-from ... import ops
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
 from ...codec.shard_check import check_shard_records, shard_record
@@ -55,22 +51,11 @@ from ...runtime import dispatch, scratch
 from ...runtime.modes import check_mode, sharded_mode
 from ...runtime.policy import DispatchPolicy
 from ...runtime.tuning_table import load_table
-from ...runtime.weights import EncodedWeight
 from . import ops as uvops
+from .common import PLANE_DTYPES, device_piece, gather, log, report_layer, take_shard, tp_info
 
-# a child of vLLM's logger, so the lines show up in every vLLM process with vLLM's formatting
-log = logging.getLogger("vllm.unweight")
-
-_PLANE_DTYPES = {C.SUFFIX_HDR: torch.uint8, C.SUFFIX_SM: torch.uint8, C.SUFFIX_EXP: torch.uint8,
-                 C.SUFFIX_OFF: torch.uint32, C.SUFFIX_IDX: torch.uint8, C.SUFFIX_VPOS: torch.uint32,
-                 C.SUFFIX_VEXP: torch.uint8, C.SUFFIX_CHK: torch.uint16}
 _DEFAULT_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
-
-
-def report_layer(prefix: str, record: dict) -> None:
-    """One log line per layer saying what this rank holds (operators read it; so do the tests)."""
-    log.info("unweight layer report %s", json.dumps({"layer": prefix, **record}, sort_keys=True))
 
 
 def _cpu_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -230,34 +215,6 @@ class UnweightConfig(QuantizationConfig):
 # ------------------------------------------------------------------------------ shared machinery
 
 
-def take_shard(pend: dict, name: str, shard_range) -> dict | None:
-    """This rank's piece of one encoded tensor, once `pend` ({suffix: mapped plane}) holds all
-    its planes (None before).  shard_range(full header) -> (rows, cols) of the rank's block.
-    The piece: its header and planes (fresh host arrays, only the block's segments), the full
-    tensor's header, the block's ranges and the full planes' bytes."""
-    if C.SUFFIX_HDR not in pend:
-        return None
-    h = TensorHeader.parse(pend[C.SUFFIX_HDR].numpy(), name)
-    need = tc.planes_for(h)
-    if any(s not in pend for s in need):
-        return None
-    planes = {s: pend[s].numpy() for s in need}
-    tc.check_planes(h, planes, name)
-    rows, cols = shard_range(h)
-    hs, ps = sh.shard_planes(h, planes, rows=rows, cols=cols, where=name)
-    return {"name": name, "header": hs, "planes": ps, "full_header": h, "rows": rows or (0, h.rows),
-            "cols": cols or (0, h.cols), "full_bytes": int(sum(a.nbytes for a in planes.values()))}
-
-
-def _tp_info(layer) -> tuple[int, int]:
-    rank = getattr(layer, "tp_rank", None)
-    size = getattr(layer, "tp_size", None)
-    if rank is None or size is None:
-        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-        rank, size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
-    return int(rank), int(size)
-
-
 class _UnweightMethodBase(QuantizeMethodBase):
     """Placeholder params at create time, per-rank pieces after load, one op per forward."""
 
@@ -280,14 +237,14 @@ class _UnweightMethodBase(QuantizeMethodBase):
         layer._uw_method = self
         for suf in C.ALL_SUFFIXES:
             # empty: vLLM's device context puts it on the load device; holds nothing
-            p = nn.Parameter(torch.empty(0, dtype=_PLANE_DTYPES[suf]), requires_grad=False)
+            p = nn.Parameter(torch.empty(0, dtype=PLANE_DTYPES[suf]), requires_grad=False)
             p.weight_loader = self._make_loader(layer, suf)
             layer.register_parameter("weight" + suf, p)
         self._check_shapes_early(layer)
 
     def _check_shapes_early(self, layer):
         """Fail at model construction (before reading weights) when TP cannot split the grid."""
-        rank, size = _tp_info(layer)
+        rank, size = tp_info(layer)
         for name, sid in self.parts:
             m = self.config.encoded.get(name)
             if m is not None:
@@ -308,7 +265,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
 
     def _shard_range(self, layer, h: TensorHeader, shard_id, name: str):
         """(rows, cols) of this rank's block of the checkpoint tensor, checked against the grid."""
-        rank, size = _tp_info(layer)
+        rank, size = tp_info(layer)
         rg, cg = sh.row_grid(h), sh.col_grid(h)
         what = f"{name} [{h.rows}x{h.cols}, {h.encoding_name} grid {h.rows_per_group}x{h.cols_per_chunk}]"
         if isinstance(layer, VocabParallelEmbedding):
@@ -367,7 +324,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
     # ---- after load
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        rank, size = _tp_info(layer)
+        rank, size = tp_info(layer)
         for sid, pend in layer._uw_pending.items():
             name = dict((s, n) for n, s in self.parts).get(sid, self.parts[0][0])
             if C.SUFFIX_HDR not in pend:
@@ -387,7 +344,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
             pc = layer._uw_pieces[sid]
             if verify:
                 self._verify_piece(layer, pc)
-            w = self._device_piece(pc["header"], pc["planes"], dev, mode, pc["name"])
+            w = device_piece(pc["header"], pc["planes"], dev, mode, pc["name"])
             weights.append(w)
             held = sum(int(t.numel() * t.element_size()) for t in uvops.piece_planes(w, _EMPTY) if t is not None)
             hs = pc["header"]
@@ -425,46 +382,13 @@ class _UnweightMethodBase(QuantizeMethodBase):
                  rank, size, ", ".join(f"{r['name'].rsplit('.', 2)[-2]} rows {r['rows']} cols {r['cols']}"
                                        for r in report), held / max(1, bf16))
 
-    @staticmethod
-    def _device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> EncodedWeight:
-        """The rank's piece on the layer's device, in the mode's encoding (dense: as stored,
-        decoded by the caller)."""
-        planes = {s: torch.from_numpy(np.ascontiguousarray(a)).to(dev) for s, a in ps.items()}
-        table = lut = None
-        if hs.encoding == C.ENC_HUFFMAN:
-            table = torch.from_numpy(np.ascontiguousarray(hs.table, dtype=np.uint8)).to(dev)
-            lut = torch.empty(0, dtype=torch.uint16, device=dev)
-            if dev.type == "cuda" and ops.cuda_kernels_built():
-                lut = ops.build_lut(table, hs.exp_lo, hs.exp_hi, scratch.error_counter(dev))
-        if mode in ("huffman", "palette") and mode != hs.encoding_name:
-            if mode == "palette" and (dev.type == "cpu" or ops.cuda_kernels_built()):
-                hs, planes = ops.transcode_to_palette(hs, planes, lut, scratch.error_counter(dev))
-            else:
-                w = tc.decode(hs, {s: np.ascontiguousarray(a) for s, a in ps.items()}, verify=False)
-                enc = tc.encode(w, mode, grid=(hs.rows_per_group, hs.cols_per_chunk))
-                return _UnweightMethodBase._device_piece(enc.header, enc.planes, dev, mode, name)
-            table = lut = None
-        return EncodedWeight.from_header(hs, planes, table=table, lut=lut, name=name)
-
     def _verify_piece(self, layer, pc):
         """Decode this rank's shard once and check the TP group's shards against the stored crc32."""
         hs, ps, h = pc["header"], pc["planes"], pc["full_header"]
         w = tc.decode(hs, ps, verify=False, where=pc["name"])
         (r0, r1), (c0, c1) = pc["rows"], pc["cols"]
         mine = shard_record(w, rows=(r0, r1)) if (c0, c1) == (0, h.cols) else shard_record(w, cols=(c0, c1))
-        check_shard_records(self._gather(layer, mine), h, pc["name"])
-
-    @staticmethod
-    def _gather(layer, record: tuple) -> list:
-        rank, size = _tp_info(layer)
-        if size == 1:
-            return [record]
-        import torch.distributed as dist
-        from vllm.distributed import get_tp_group
-        g = getattr(layer, "parallel_group", None) or get_tp_group()
-        out = [None] * size
-        dist.all_gather_object(out, record, group=g.cpu_group)
-        return out
+        check_shard_records(gather(layer, mine), h, pc["name"])
 
     def _planes(self, layer) -> list:
         return [getattr(layer, f"uw_{i // uvops.PLANES_PER_PIECE}_{i % uvops.PLANES_PER_PIECE}")

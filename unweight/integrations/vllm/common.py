@@ -1,0 +1,98 @@
+"""What the vLLM methods of unweight share: plane placeholders, per-rank pieces, load reports.
+
+Used by quant.py (linear and embedding layers) and moe.py (fused-MoE experts); imports vLLM
+only inside functions that run in a vLLM process.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import torch
+
+from ... import ops
+from ...codec import shard as sh
+from ...codec import tensor_codec as tc
+from ...format import constants as C
+from ...format.header import TensorHeader
+from ...runtime import scratch
+from ...runtime.weights import EncodedWeight
+
+# a child of vLLM's logger, so the lines show up in every vLLM process with vLLM's formatting
+log = logging.getLogger("vllm.unweight")
+
+PLANE_DTYPES = {C.SUFFIX_HDR: torch.uint8, C.SUFFIX_SM: torch.uint8, C.SUFFIX_EXP: torch.uint8,
+                C.SUFFIX_OFF: torch.uint32, C.SUFFIX_IDX: torch.uint8, C.SUFFIX_VPOS: torch.uint32,
+                C.SUFFIX_VEXP: torch.uint8, C.SUFFIX_CHK: torch.uint16}
+
+
+def report_layer(prefix: str, record: dict) -> None:
+    """One log line per layer saying what this rank holds (operators read it; so do the tests)."""
+    log.info("unweight layer report %s", json.dumps({"layer": prefix, **record}, sort_keys=True))
+
+
+def tp_info(layer) -> tuple[int, int]:
+    """(rank, size) of the layer's tensor-parallel group."""
+    rank = getattr(layer, "tp_rank", None)
+    size = getattr(layer, "tp_size", None)
+    if rank is None or size is None:
+        from vllm.distributed import (
+            get_tensor_model_parallel_rank,
+            get_tensor_model_parallel_world_size,
+        )
+        rank, size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    return int(rank), int(size)
+
+
+def take_shard(pend: dict, name: str, shard_range) -> dict | None:
+    """This rank's piece of one encoded tensor, once `pend` ({suffix: mapped plane}) holds all
+    its planes (None before).  shard_range(full header) -> (rows, cols) of the rank's block.
+    The piece: its header and planes (fresh host arrays, only the block's segments), the full
+    tensor's header, the block's ranges and the full planes' bytes."""
+    if C.SUFFIX_HDR not in pend:
+        return None
+    h = TensorHeader.parse(pend[C.SUFFIX_HDR].numpy(), name)
+    need = tc.planes_for(h)
+    if any(s not in pend for s in need):
+        return None
+    planes = {s: pend[s].numpy() for s in need}
+    tc.check_planes(h, planes, name)
+    rows, cols = shard_range(h)
+    hs, ps = sh.shard_planes(h, planes, rows=rows, cols=cols, where=name)
+    return {"name": name, "header": hs, "planes": ps, "full_header": h, "rows": rows or (0, h.rows),
+            "cols": cols or (0, h.cols), "full_bytes": int(sum(a.nbytes for a in planes.values()))}
+
+
+def device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> EncodedWeight:
+    """The rank's piece on the layer's device, in the mode's encoding (dense: as stored,
+    decoded by the caller)."""
+    planes = {s: torch.from_numpy(np.ascontiguousarray(a)).to(dev) for s, a in ps.items()}
+    table = lut = None
+    if hs.encoding == C.ENC_HUFFMAN:
+        table = torch.from_numpy(np.ascontiguousarray(hs.table, dtype=np.uint8)).to(dev)
+        lut = torch.empty(0, dtype=torch.uint16, device=dev)
+        if dev.type == "cuda" and ops.cuda_kernels_built():
+            lut = ops.build_lut(table, hs.exp_lo, hs.exp_hi, scratch.error_counter(dev))
+    if mode in ("huffman", "palette") and mode != hs.encoding_name:
+        if mode == "palette" and (dev.type == "cpu" or ops.cuda_kernels_built()):
+            hs, planes = ops.transcode_to_palette(hs, planes, lut, scratch.error_counter(dev))
+        else:
+            w = tc.decode(hs, {s: np.ascontiguousarray(a) for s, a in ps.items()}, verify=False)
+            enc = tc.encode(w, mode, grid=(hs.rows_per_group, hs.cols_per_chunk))
+            return device_piece(enc.header, enc.planes, dev, mode, name)
+        table = lut = None
+    return EncodedWeight.from_header(hs, planes, table=table, lut=lut, name=name)
+
+
+def gather(layer, record) -> list:
+    """Every TP rank's `record` (any picklable object), in rank order, through vLLM's CPU group."""
+    _, size = tp_info(layer)
+    if size == 1:
+        return [record]
+    import torch.distributed as dist
+    from vllm.distributed import get_tp_group
+    g = getattr(layer, "parallel_group", None) or get_tp_group()
+    out = [None] * size
+    dist.all_gather_object(out, record, group=g.cpu_group)
+    return out
