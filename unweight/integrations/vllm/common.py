@@ -15,6 +15,7 @@ from ... import ops
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
 from ...format import constants as C
+from ...format.errors import FormatError
 from ...format.header import TensorHeader
 from ...runtime import scratch
 from ...runtime.weights import EncodedWeight
@@ -62,6 +63,15 @@ def take_shard(pend: dict, name: str, shard_range) -> dict | None:
     hs, ps = sh.shard_planes(h, planes, rows=rows, cols=cols, where=name)
     return {"name": name, "header": hs, "planes": ps, "full_header": h, "rows": rows or (0, h.rows),
             "cols": cols or (0, h.cols), "full_bytes": int(sum(a.nbytes for a in planes.values()))}
+
+
+def missing_plane(pend: dict, name: str) -> FormatError:
+    """The error for a tensor whose planes never all arrived ({suffix: plane} in pend)."""
+    if C.SUFFIX_HDR not in pend:
+        return FormatError(f"{name}: compressed tensor is missing plane {C.SUFFIX_HDR} in the checkpoint")
+    h = TensorHeader.parse(pend[C.SUFFIX_HDR].numpy(), name)
+    miss = [s for s in tc.planes_for(h) if s not in pend]
+    return FormatError(f"{name}: compressed tensor is missing plane {miss[0]} in the checkpoint")
 
 
 def device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> EncodedWeight:

@@ -23,10 +23,9 @@ from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 from ...codec import tensor_codec as tc
 from ...format import constants as C
 from ...format.checkpoint import split_name
-from ...format.errors import FormatError
 from ...format.header import TensorHeader
 from . import quant
-from .common import log, report_layer
+from .common import log, missing_plane, report_layer
 
 LOAD_FORMAT = "unweight"
 
@@ -60,11 +59,7 @@ def decode_planes_iterator(weights, where: str = "", keep=frozenset()) -> Genera
         log.info("unweight: %s -> decoded to bf16 at load (%s)", base, h.encoding_name)
         yield base, torch.from_numpy(w).view(torch.bfloat16)
     for base, pl in pending.items():
-        if C.SUFFIX_HDR not in pl:
-            raise FormatError(f"{base}: compressed tensor is missing plane {C.SUFFIX_HDR} in the checkpoint")
-        h = TensorHeader.parse(pl[C.SUFFIX_HDR].numpy(), base)
-        miss = [s for s in tc.planes_for(h) if s not in pl]
-        raise FormatError(f"{base}: compressed tensor is missing plane {miss[0]} in the checkpoint")
+        raise missing_plane(pl, base)
 
 
 @register_model_loader(LOAD_FORMAT)

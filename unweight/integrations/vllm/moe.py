@@ -48,7 +48,7 @@ from ...format.errors import FormatError, InputError
 from ...format.header import TensorHeader
 from ...runtime import dispatch, scratch
 from ...runtime.modes import sharded_mode
-from .common import PLANE_DTYPES, device_piece, gather, log, report_layer, take_shard, tp_info
+from .common import PLANE_DTYPES, device_piece, gather, log, missing_plane, report_layer, take_shard, tp_info
 
 
 SHARD_IDS = ("w1", "w3", "w2")  # vLLM's names: gate, up (stacked into w13), down
@@ -153,8 +153,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
     def process_weights_after_loading(self, layer) -> None:
         rank, size = tp_info(layer)
         for key, pend in layer._uw_pending.items():
-            miss = [s for s in (C.SUFFIX_HDR,) + C.HUFFMAN_PLANES if s not in pend][:1] or ["(planes)"]
-            raise FormatError(f"{self.names[key]}: compressed tensor is missing plane {miss[0]} in the checkpoint")
+            raise missing_plane(pend, self.names[key])
         local = [e for e in range(layer.global_num_experts) if layer._map_global_expert_id_to_local_expert_id(e) >= 0]
         missing = [self.names[(e, sid)] for e in local for sid in SHARD_IDS
                    if (e, sid) in self.names and (e, sid) not in layer._uw_pieces]

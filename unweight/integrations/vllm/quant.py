@@ -52,7 +52,7 @@ from ...runtime.modes import check_mode, sharded_mode
 from ...runtime.policy import DispatchPolicy
 from ...runtime.tuning_table import load_table
 from . import ops as uvops
-from .common import PLANE_DTYPES, device_piece, gather, log, report_layer, take_shard, tp_info
+from .common import PLANE_DTYPES, device_piece, gather, log, missing_plane, report_layer, take_shard, tp_info
 
 _DEFAULT_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
@@ -326,12 +326,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         rank, size = tp_info(layer)
         for sid, pend in layer._uw_pending.items():
-            name = dict((s, n) for n, s in self.parts).get(sid, self.parts[0][0])
-            if C.SUFFIX_HDR not in pend:
-                raise FormatError(f"{name}: compressed tensor is missing plane {C.SUFFIX_HDR} in the checkpoint")
-            h = TensorHeader.parse(pend[C.SUFFIX_HDR].numpy(), name)
-            miss = [s for s in tc.planes_for(h) if s not in pend]
-            raise FormatError(f"{name}: compressed tensor is missing plane {miss[0]} in the checkpoint")
+            raise missing_plane(pend, dict((s, n) for n, s in self.parts).get(sid, self.parts[0][0]))
         missing = [n for n, sid in self.parts if sid not in layer._uw_pieces]
         if missing:
             raise FormatError(f"{self.prefix}: no planes of {missing[0]} were found in the checkpoint "
