@@ -146,8 +146,13 @@ class BuildExt(build_ext):
         nvcc = find_nvcc()
         archs = [a.strip() for a in os.environ.get("UNWEIGHT_CUDA_ARCHS", "80;90a").split(";") if a.strip()]
         gencode = []
+        # PTX of the lowest portable target rides along (code=compute_XX), so a GPU newer than
+        # every listed target can JIT the kernels; arch-specific targets ("90a") have no
+        # forward-compatible PTX.
+        portable = sorted((a for a in archs if a.isdigit()), key=int)
         for a in archs:
-            gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+            code = f"[sm_{a},compute_{a}]" if portable and a == portable[0] else f"sm_{a}"
+            gencode += ["-gencode", f"arch=compute_{a},code={code}"]
         cuda_home = find_cuda_home(nvcc)
         build_temp = os.path.join(self.build_temp, "cuda")
         os.makedirs(build_temp, exist_ok=True)

@@ -27,17 +27,12 @@ def test_real_model_round_trip(name, encoding, tmp_path):
     assert r["verified"]
     orig, comp = Checkpoint(src), CompressedCheckpoint(out)
     try:
-        # The ratio targets (ZipNN: 0.6647 MiniLM / 0.6658 SmolLM2; palette <= 0.755) hold
-        # for the coded weights; the GPU checkpoint index (format 1.2, written by default) is a
-        # separate budget of at most 0.03 bit per encoded weight (FORMAT.md "Checkpoint index").
-        # With it MiniLM's whole file is 0.6656, above ZipNN's 0.6647.
-        index = [n for n in comp.names() if n.endswith(C.SUFFIX_CHK)]
-        index_bytes = sum(comp.array(n).nbytes for n in index)
-        encoded_weights = sum(int(np.prod(comp.info(n)[1])) for n in comp.names() if n.endswith(C.SUFFIX_SM))
-        assert index_bytes * 8 <= 0.03 * encoded_weights
-        assert (encoding == "huffman") == bool(index)
+        # Ratio targets: below ZipNN 0.5.4 on the same files (0.6647 MiniLM / 0.6658 SmolLM2;
+        # palette <= 0.755).  Files carry no checkpoint index unless asked (the GPU loader adds
+        # it); with one it costs at most 0.03 bit per encoded weight (FORMAT.md).
+        assert not [n for n in comp.names() if n.endswith(C.SUFFIX_CHK)]
         limit = {"huffman": {"minilm-l6": 0.6647, "smollm2-135m": 0.6658}[name], "palette": 0.755}[encoding]
-        assert r["ratio"] - index_bytes / r["input_bytes"] <= limit, r["ratio"]
+        assert r["ratio"] <= limit, r["ratio"]
         assert set(orig.names()) == set(comp.tensor_order())
         for n in orig.names():
             want = np.ascontiguousarray(orig.array(n)).reshape(-1).view(np.uint8)

@@ -110,10 +110,12 @@ def _header_bound(name: str, dt: str, shape, hi: int, encodings: tuple, segment_
 def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None = None,
              overwrite: bool = False, include: list[str] | None = None, exclude: list[str] | None = None,
              verify: bool = True, max_shard_size="5GB", revision: str | None = None,
-             segment_weights: int = C.DEFAULT_SEGMENT_WEIGHTS, progress: bool = True) -> dict:
+             segment_weights: int = C.DEFAULT_SEGMENT_WEIGHTS, index: bool = False, progress: bool = True) -> dict:
     """Compress a checkpoint (folder, .safetensors file, bundled name or hub id) into dst.
 
-    Returns the report written to dst/unweight_report.json.
+    index: also store the Huffman checkpoint index (format 1.2, ~0.014 bit per weight) that the
+    GPU decoder needs; without it (the default, the smallest file) the GPU loader builds it at
+    load time.  Returns the report written to dst/unweight_report.json.
     """
     if encoding not in tc.ENCODINGS:
         raise InputError(f"unknown encoding {encoding!r}: choose huffman, palette or auto")
@@ -165,7 +167,8 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
                         row = shape[1] * 2
                         band = {"band_bytes": _BAND_BYTES,
                                 "done": lambda r0, r1, n=name, row=row: ck.release(n, r0 * row, r1 * row)}
-                    enc = tc.encode(arr, encoding, segment_weights=segment_weights, threads=jobs, **band)
+                    enc = tc.encode(arr, encoding, segment_weights=segment_weights, threads=jobs,
+                                    chk_interval=C.DEFAULT_CHK_INTERVAL if index else 0, **band)
                     if enc.nbytes >= arr.nbytes:
                         enc = None
                         rec["note"] = "not smaller when encoded"

@@ -101,9 +101,20 @@ def test_device_embedding_path_combines_pieces_without_host_reads(encoding):
     scratch.error_counter("cpu").zero_()
 
 
+def test_with_index_adds_the_plane_and_keeps_every_bit():
+    w, enc, _ = _weight(256, 512, "huffman", S=0)
+    assert enc.header.chk_interval == 0 and tc.encode(w, "huffman").header.chk_interval == 0  # files: no index
+    idx = tc.with_index(enc.header, enc.planes, threads=1)
+    assert idx.header.chk_interval == C.DEFAULT_CHK_INTERVAL and C.SUFFIX_CHK in idx.planes
+    for s in (C.SUFFIX_SM, C.SUFFIX_EXP, C.SUFFIX_OFF):
+        assert idx.planes[s].tobytes() == enc.planes[s].tobytes(), s
+    assert np.array_equal(tc.decode(idx.header, idx.planes, verify=True), w)
+    assert tc.with_index(idx.header, idx.planes).header is idx.header  # already indexed: as is
+
+
 def test_module_and_vllm_arguments_carry_the_index():
     emb = torch.nn.Embedding(512, 256).to(torch.bfloat16)
-    ce = CompressedEmbedding.from_embedding(emb, "huffman")
+    ce = CompressedEmbedding.from_embedding(emb, "huffman", chk_interval=C.DEFAULT_CHK_INTERVAL)
     assert ce.header.chk_interval == C.DEFAULT_CHK_INTERVAL
     assert "weight" + C.SUFFIX_CHK in ce.state_dict()
     ew = ce.encoded()

@@ -13,7 +13,6 @@ import zlib
 
 import numpy as np
 
-from ..format import constants as C
 from ..format.errors import ChecksumError, FormatError, VersionError
 
 __all__ = ["decode_reference", "parse_header_reference", "canonical_code_table"]

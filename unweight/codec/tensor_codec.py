@@ -127,7 +127,7 @@ def _stats(hist: np.ndarray, palette: np.ndarray) -> dict:
 
 def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DEFAULT_SEGMENT_WEIGHTS,
            threads: int | None = None, grid: tuple[int, int] | None = None,
-           chk_interval: int = C.DEFAULT_CHK_INTERVAL, band_bytes: int = 0, done=None) -> Encoded:
+           chk_interval: int = 0, band_bytes: int = 0, done=None) -> Encoded:
     """Encode a BF16 matrix, or a stack of matrices.
 
     w: uint16 [N, K] (BF16 bit patterns), or [E, N, K] with 1 <= E <= MAX_STACK (a stack:
@@ -136,8 +136,8 @@ def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DE
     encoding: "huffman", "palette" or "auto" (the smaller of the two).
     grid: (R, C) to use instead of choose_grid's (transcoding keeps the source grid).
     chk_interval: huffman 2-D matrices: S, the symbols between checkpoints of the ``__chk`` index
-        (FORMAT.md "Checkpoint index"); 0 writes no index, nor does a grid whose segments hold
-        at most S weights.
+        (FORMAT.md "Checkpoint index"; C.DEFAULT_CHK_INTERVAL is the GPU decoder's choice); 0
+        (the default) writes no index, nor does a grid whose segments hold at most S weights.
     band_bytes, done: huffman 2-D matrices: read w in bands of whole row groups of about
         band_bytes (0: at once), calling done(r0, r1) after each band's last read in each of the
         two passes, so a caller reading w from a memory map can drop its pages as it goes and
@@ -512,6 +512,24 @@ def decode_rows(header: TensorHeader, planes: dict, rows: np.ndarray, threads: i
         sel = (rows // R) == g
         out[sel] = buf[rows[sel] - r0]
     return out
+
+
+def with_index(header: TensorHeader, planes: dict, threads: int | None = None,
+               chk_interval: int = C.DEFAULT_CHK_INTERVAL) -> Encoded:
+    """The same huffman matrix with the checkpoint index (decode, then re-encode on the same
+    grid: same code table, stream and crc32, plus ``__chk``).  Anything that cannot carry an
+    index (palette, stacks, segments of at most S weights) or already has one comes back as is.
+
+    Files stay index-free unless asked (the index costs ~0.014 bit per weight on disk); the
+    GPU loader adds it here, where it buys the decode kernels their parallelism."""
+    if header.encoding != C.ENC_HUFFMAN or header.chk_interval or header.stack:
+        return Encoded(header, planes, {})
+    w = decode(header, planes, threads, verify=False)
+    enc = encode(w, "huffman", threads=threads, grid=(header.rows_per_group, header.cols_per_chunk),
+                 chk_interval=chk_interval)
+    if enc.header.crc32 != header.crc32:  # the same bits must come back: a codec fault, never data
+        raise FormatError("re-encoding with the checkpoint index changed the tensor's checksum")
+    return enc
 
 
 def transcode_to_palette(header: TensorHeader, planes: dict, threads: int | None = None) -> Encoded:

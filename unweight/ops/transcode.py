@@ -181,7 +181,7 @@ def transcode_to_palette(header: TensorHeader, planes: dict, lut: Tensor, err: T
     row_counts = torch.empty(rows, dtype=torch.uint32, device=dev)
     row_offsets = torch.empty(rows + 1, dtype=torch.uint32, device=dev)
     torch.ops.unweight.palette_encode(exps, idx, flags, row_counts, row_offsets, rows, cols, pal)
-    nv = int(row_offsets[rows].item())
+    nv = int(row_offsets.view(torch.int32)[rows].item())  # int32 view: torch's CUDA uint32 support is partial
     vpos = torch.empty(nv, dtype=torch.uint32, device=dev)
     vexp = torch.empty((nv, C.PAL_BLOCK), dtype=torch.uint8, device=dev)
     torch.ops.unweight.palette_verbatim(exps, flags, row_offsets, vpos, vexp, rows, cols)

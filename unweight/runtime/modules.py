@@ -286,8 +286,10 @@ class _ShapeOnly:
         self.size = t.numel()
 
     def __getitem__(self, i):
-        # Only the huffman offsets' first/last entries are read (two scalars).
-        return int(self.t[i].item())
+        # Only the huffman offsets' first/last entries are read (two scalars).  A uint32 plane
+        # is read through its int32 view: torch's uint32 support on CUDA is partial.
+        t = self.t.view(torch.int32) if self.t.dtype == torch.uint32 else self.t
+        return int(t[i].item()) & (0xFFFFFFFF if self.t.dtype == torch.uint32 else -1)
 
 
 class CompressedLinear(CompressedWeightMixin, nn.Module):

@@ -116,9 +116,21 @@ def _build_lut(m: CompressedWeightMixin):
     m.weight_lut = ops.build_lut(m.code_table(), m.exp_lo, m.exp_hi, scratch.error_counter(m.device))
 
 
+def _add_index(m: CompressedWeightMixin):
+    """A huffman weight kept compressed on a GPU gets the checkpoint index when its file has
+    none: without it the decode kernel runs one thread per segment, a few per SM."""
+    if m.is_tied or m.encoding != C.ENC_HUFFMAN or m.device.type != "cuda" or not ops.cuda_kernels_built():
+        return
+    o = m.owner()
+    enc = tc.with_index(o.header, o.host_planes())
+    if enc.header is not o.header:
+        m.replace_planes(enc.header, enc.planes)
+
+
 def prepare_module(m: CompressedWeightMixin, policy: policies.DispatchPolicy | None = None) -> None:
     """Ready one compressed module built by hand (tests, benchmarks) to run on its device:
-    CUDA decode tables, scratch, policy (None: decode + F.linear only)."""
+    CUDA decode tables (and checkpoint index), scratch, policy (None: decode + F.linear only)."""
+    _add_index(m)
     _build_lut(m)
     if not (isinstance(m, CompressedEmbedding) and m.device.type == "cpu"):
         scratch.reserve(m.device, m.n_rows * m.n_cols)
@@ -243,6 +255,7 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
             continue
         if not m.is_tied and c in ("huffman", "palette"):
             _transcode(m, c)
+            _add_index(m)
             _build_lut(m)
         counts[m.encoding_name] += 1
     experts_info = _prepare_experts(model, plan, stacks, mode, auto)

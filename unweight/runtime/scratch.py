@@ -116,6 +116,11 @@ def device_errors(device) -> int:
     return int(error_counter(device).item())
 
 
+def reset_device_errors(device) -> None:
+    """Zero the device's error counter (after a reported error has been dealt with)."""
+    error_counter(device).zero_()
+
+
 def check_device_errors(device, where: str = "") -> None:
     """Raise FormatError when a device decode counted corrupt data (synchronizes)."""
     n = device_errors(device)

@@ -76,7 +76,12 @@ def missing_plane(pend: dict, name: str) -> FormatError:
 
 def device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> EncodedWeight:
     """The rank's piece on the layer's device, in the mode's encoding (dense: as stored,
-    decoded by the caller)."""
+    decoded by the caller).  A huffman piece kept compressed on a GPU gets the checkpoint
+    index when the file has none (the decode kernel's parallelism)."""
+    if (dev.type == "cuda" and mode == "huffman" and hs.encoding == C.ENC_HUFFMAN and not hs.chk_interval
+            and ops.cuda_kernels_built()):
+        enc = tc.with_index(hs, ps)
+        hs, ps = enc.header, enc.planes
     planes = {s: torch.from_numpy(np.ascontiguousarray(a)).to(dev) for s, a in ps.items()}
     table = lut = None
     if hs.encoding == C.ENC_HUFFMAN:
