@@ -12,6 +12,7 @@ import pytest
 from .conftest import write_checkpoint
 
 CLI = [sys.executable, "-m", "unweight"]  # what the console script runs (unweight/__main__.py)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(*args, **kw):
@@ -77,14 +78,15 @@ def _big_model(folder, weights=48 * 2**20):
 
 
 def _signal_at(point, args, tmp_path, sigs):
-    """Run the CLI until it reaches pause point `point` (unweight/_signals.py), send `sigs`
-    there, return (process, stdout, stderr).  No race: the process waits at the point."""
+    """Run the CLI until it reaches `point` (tests/pause_runner.py), send `sigs` there, return
+    (process, stdout, stderr).  No race: the process waits at the point."""
     marker = tmp_path / f"reached-{point}"
     if marker.exists():
         marker.unlink()
-    env = dict(os.environ, UNWEIGHT_TEST_PAUSE=f"{point}:{marker}")
+    env = dict(os.environ)
     env.pop("UNWEIGHT_DEBUG", None)
-    p = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen([sys.executable, "-m", "tests.pause_runner", point, str(marker)] + args, cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 120
     while not marker.exists():
         if p.poll() is not None:
@@ -106,7 +108,7 @@ def _assert_clean_abort(p, err, tmp_path, dst):
 
 # Start-up (the entry point's first statement; between click and the rest of the CLI; between
 # numpy and the codec) and mid-compress (temp output staged).
-POINTS = ["start", "cli-import", "api-import", "compress"]
+POINTS = ["start", "import-cli", "import-api", "compress"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -12,7 +12,6 @@ def main(argv=None) -> int:
     try:
         from . import _signals
         _signals.install()
-        _signals.pause_point("start")
         from .cli import run
         return run(argv)
     except KeyboardInterrupt:

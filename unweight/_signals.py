@@ -8,10 +8,8 @@ second Ctrl-C cannot cut that clean-up short or print a second message.
 """
 from __future__ import annotations
 
-import os
 import signal
 import sys
-import time
 
 INTERRUPTED = "error: interrupted; the output was not written and the source is untouched"
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C'd command
@@ -42,21 +40,3 @@ def say_interrupted() -> int:
     sys.stderr.write(INTERRUPTED + "\n")
     sys.stderr.flush()
     return EXIT_INTERRUPTED
-
-
-def pause_point(name: str) -> None:
-    """Test hook: with UNWEIGHT_TEST_PAUSE="<name>:<path>" the process creates <path> on
-    reaching point <name> and sleeps there, so a test can send a signal at exactly that point
-    instead of racing the process.  Unset (always, outside tests), it costs one lookup."""
-    spec = os.environ.get("UNWEIGHT_TEST_PAUSE")
-    if not spec:
-        return
-    point, _, path = spec.partition(":")
-    if point == name:
-        with open(path, "w"):
-            pass
-        # Short sleeps: the kernel may deliver the signal to another thread (numpy's, the
-        # codec's), which does not cut a long sleep of the main thread short; the handler runs
-        # when the main thread next wakes.
-        for _ in range(600):
-            time.sleep(0.1)

@@ -17,9 +17,7 @@ import time
 
 import numpy as np
 
-from . import _signals, __version__, sources
-
-_signals.pause_point("api-import")  # a test interrupts start-up here, between numpy and the codec
+from . import __version__, sources
 from .codec import tensor_codec as tc
 from .codec.verify import check_raw, check_records, raw_crc32, sm_release, verify_checkpoint
 from .format import constants as C
@@ -155,7 +153,6 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
         bar = _progress(total_in, "compress", progress)
         try:
             for name in names:
-                _signals.pause_point("compress")  # output staged, nothing renamed yet
                 dt, shape, b, e = ck.info(name)
                 arr = ck.array(name)
                 rec = {"name": name, "dtype": dt, "shape": list(shape), "orig_bytes": e - b,

@@ -15,7 +15,6 @@ import click
 from . import _signals
 from .format.errors import UnweightError
 
-_signals.pause_point("cli-import")  # a test interrupts start-up here, between click and the rest
 
 CATS = ("mlp", "attention", "embedding", "other")
 

@@ -13,13 +13,12 @@ Records are plain tuples, so they travel through ``all_gather_object``:
 from __future__ import annotations
 
 import logging
-import zlib
-
 import numpy as np
 
 from ..format.errors import ChecksumError
 from ..format.header import TensorHeader
 from .shard import combine_col_shard_crcs, combine_row_shard_crcs, row_crcs
+from .verify import raw_crc32
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +28,7 @@ def shard_record(w: np.ndarray, rows: tuple | None = None, cols: tuple | None = 
     if cols is not None:
         return ("cols", int(cols[0]), int(cols[1]), [int(c) for c in row_crcs(w)])
     r0, r1 = rows if rows is not None else (0, w.shape[0])
-    return ("rows", int(r0), int(r1), zlib.crc32(np.ascontiguousarray(w).reshape(-1).view(np.uint8)))
+    return ("rows", int(r0), int(r1), raw_crc32(w))
 
 
 def check_shard_records(records: list, header: TensorHeader, where: str = "") -> bool:

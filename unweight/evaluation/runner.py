@@ -15,10 +15,10 @@ from .compare import LL_TOLERANCE, METRIC_TOLERANCE, compare_metrics, compare_sa
 from .models import _config_dict, _load_compressed, _load_original, _load_tokenizer, _resolve_original, check_compatible
 from .report import _git_commit, _versions
 from .tasks import evals_dir, resolve_tasks
+from ..runtime.modes import MODES, check_mode  # noqa: F401  (MODES re-exported)
 
 log = logging.getLogger(__name__)
 
-MODES = ("dense", "huffman", "palette", "auto")
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 _INSTALL_LM_EVAL = 'pip install "unweight[eval]"'
@@ -60,8 +60,7 @@ def run(original: str, compressed: str, tasks=None, limit: int | None = None, de
     result["check"]["passed"] is the verdict.  Bad input raises InputError (one line).
     progress: optional callable(str) for status lines."""
     say = progress or (lambda s: None)
-    if mode not in MODES:
-        raise InputError(f"unknown mode {mode!r}: choose {', '.join(MODES)}")
+    check_mode(mode)
     if limit is not None and limit <= 0:
         raise InputError(f"--limit must be positive, got {limit}")
     if check not in ("auto", "bitwise", "tolerance"):
