@@ -72,6 +72,8 @@ def import_run(src: str, dst: str) -> list[str]:
                 old = json.load(f)
             if old.get("started", "") > rec.get("started", ""):
                 continue  # keep the later run of that stage
+            if rec.get("status") == "skipped" and old.get("status") != "skipped":
+                continue  # a stage that did not run here does not replace one that did
         bu.write_json(target, rec)
         out.append(target)
     return out
