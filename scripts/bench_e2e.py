@@ -107,6 +107,20 @@ def _static_cache(model, batch, max_len):
                            dtype=p.dtype)
 
 
+def _rewind(cache, length: int) -> None:
+    """Put the static cache's write position back to `length`.  transformers 5 StaticCache
+    layers ignore cache_position and append at a running count (a device tensor, advanced inside
+    a captured graph too), so every repeated step would write one slot further; rewinding before
+    each group of steps keeps the repeats on the same slots, as older releases did by position."""
+    import torch
+    for layer in getattr(cache, "layers", None) or ():
+        n = getattr(layer, "cumulative_length", None)
+        if isinstance(n, torch.Tensor):
+            n.fill_(length)
+        elif isinstance(n, int):
+            layer.cumulative_length = length
+
+
 def time_decode(model, batch: int, prompt: int, steps: int, runs: int, graphs: bool = True, ref_logits=None):
     """Decode-step timing of `model` (see module docstring).  Returns a dict; ref_logits: the
     BF16 model's last prefill logits to compare with (None for the BF16 model itself)."""
@@ -114,7 +128,7 @@ def time_decode(model, batch: int, prompt: int, steps: int, runs: int, graphs: b
     dev = next(model.parameters()).device  # the norms stay parameters in every mode
     g = torch.Generator(device=dev).manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device=dev, generator=g)
-    cache = _static_cache(model, batch, prompt + 8)
+    cache = _static_cache(model, batch, prompt + max(steps, 8) + 8)
     out = {"batch": batch, "prompt": prompt, "steps_per_run": steps}
     with torch.no_grad():
         pre = model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(prompt, device=dev),
@@ -129,18 +143,21 @@ def time_decode(model, batch: int, prompt: int, steps: int, runs: int, graphs: b
             return model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
 
         if dev.type != "cuda":  # CPU self-test of the harness: wall clock, no graphs
+            _rewind(cache, prompt)
             t0 = time.perf_counter()
             for _ in range(steps):
                 step()
             ms = (time.perf_counter() - t0) * 1e3 / steps
             out.update(eager_ms=ms, eager_tokens_per_s=batch * 1e3 / ms, last_logits=pre)
             return out
+        _rewind(cache, prompt)
         for _ in range(3):
             step()
         torch.cuda.synchronize()
         eager = []
         for _ in range(max(3, runs // 4)):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            _rewind(cache, prompt)
             a.record()
             for _ in range(steps):
                 step()
@@ -154,12 +171,14 @@ def time_decode(model, batch: int, prompt: int, steps: int, runs: int, graphs: b
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
+                    _rewind(cache, prompt)
                     for _ in range(2):
                         step()
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     step()
+                _rewind(cache, prompt)
                 for _ in range(3):
                     graph.replay()
                 torch.cuda.synchronize()
@@ -167,6 +186,7 @@ def time_decode(model, batch: int, prompt: int, steps: int, runs: int, graphs: b
                 evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                        for _ in range(runs)]
                 for a, b in evs:
+                    _rewind(cache, prompt)
                     a.record()
                     for _ in range(steps):
                         graph.replay()

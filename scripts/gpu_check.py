@@ -541,10 +541,13 @@ def group_fused(rec, device):
         xb = h.make_weights(M, 512, seed=M, spread=False)
         y = h.bits(h.fused_op(ew, h.bf16_tensor(xb, device), err))
         y_emu = h.emulate_fused(enc, xb, device)
-        return {"passed": bool(np.array_equal(y, y_emu)), "differing_outputs": int((y != y_emu).sum())}
+        d = h.bf16_ulp_distance(y, y_emu)
+        return {"passed": bool(int(d.max()) <= h.EMULATION_ULPS and (d > 0).mean() < 0.01),
+                "differing_outputs": int((d > 0).sum()), "outputs": int(d.size), "max_ulps": int(d.max())}
     for enc_name in paths:
         for M in (1, 3, 16, 64):
-            rec.check(f"fused {enc_name} M={M} equals its host emulation bitwise", emulation, enc_name, M)
+            rec.check(f"fused {enc_name} M={M} equals its host emulation (<= {h.EMULATION_ULPS} ulp)", emulation,
+                      enc_name, M)
 
     def dispatch_policy(enc_name):
         from unweight.runtime import dispatch
@@ -707,19 +710,23 @@ def group_corrupt(rec, device):
         from unweight.runtime.prepare import prepare_module
         lin = torch.nn.Linear(512, 128, bias=False).to(torch.bfloat16).to(device)
         cl = CompressedLinear(bad.header, device=torch.device(device), planes=bad.planes)
-        prepare_module(cl)
+        try:
+            prepare_module(cl)
+        except FormatError as e:  # the host scan that adds the checkpoint index found it at load
+            return {"raised_in_prepare": _err_line(e)}
         before = scratch.device_errors(device) if device == "cuda" else 0
         try:
             cl(torch.randn(2, 512, device=device).to(torch.bfloat16))
         except FormatError as e:
-            return {"raised_in_forward": _err_line(e), "passed": device == "cpu"}
+            return {"raised_in_forward": _err_line(e)}
         del lin
         try:
             scratch.check_device_errors(device, "corrupt layer")
         except FormatError as e:
             return {"raised": _err_line(e), "count": scratch.device_errors(device) - before}
         return {"passed": False, "error": "check_device_errors did not raise after a corrupt decode"}
-    rec.check("runtime: corrupt layer forward, then check_device_errors raises FormatError", runtime_check)
+    rec.check("runtime: corrupt layer raises FormatError (at load, in forward or at check_device_errors)",
+              runtime_check)
 
 
 def group_bench_smoke(rec, device):
@@ -853,8 +860,10 @@ def stage_sanitizer(st: Stage, out_dir: str) -> None:
         race = SAN_RACE.search(text)
         ran = "sanitizer driver:" in text
         errors = int(m.group(1)) if m else None
+        if errors is None and race:  # racecheck ends with its own summary line instead of ERROR SUMMARY
+            errors = int(race.group(2))
         findings = [ln for ln in text.splitlines() if ln.startswith("=========") and
-                    re.search(r"Invalid|Race|Hazard|Barrier|error|Error", ln) and "ERROR SUMMARY" not in ln][:20]
+                    re.search(r"Invalid|Race|Hazard|Barrier|error|Error", ln) and "SUMMARY" not in ln][:20]
         kw = {"returncode": rc, "seconds": round(time.perf_counter() - t0, 1), "errors": errors,
               "driver_completed": ran, "findings": findings, "log_tail": _tail(text, 25)}
         if race:

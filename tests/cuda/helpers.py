@@ -199,6 +199,24 @@ def emulate_fused(enc, xb: np.ndarray, device) -> np.ndarray:
     return y[0] if isinstance(y, tuple) else y
 
 
+def bf16_ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Units in the last place between BF16 bit patterns a and b (uint16, same shape): the
+    distance along the ordered line of BF16 values (-0 and +0 are 0 apart).  int64, a's shape."""
+    def ordered(u):
+        u = u.astype(np.int64)
+        return np.where(u & 0x8000, 0x8000 - u, u)  # negatives mirror below +0 (0x8000 maps to 0)
+    return np.abs(ordered(a) - ordered(b))
+
+
+# The host emulation runs the kernel's body with each mma.sync's 16 products and accumulator
+# summed exactly and rounded to fp32 once; the tensor cores round their fp32 accumulation their
+# own way, and over a K/16-long chain of mma instructions the last-bit differences can add up.
+# Measured on an H100 (K=512): 1 of 4800 outputs differed at M=16, 3 of 19200 at M=64, by at
+# most 2 BF16 ulps.  A logic error (a wrong fragment, palette entry, verbatim patch or split)
+# moves most outputs, and by far more, so the check allows a few ulps in under 1% of outputs.
+EMULATION_ULPS = 4
+
+
 def fused_vs_cublas(w, x, w_ref, err) -> dict:
     """Accuracy of the fused kernel against cuBLAS BF16 on the same weights: max errors of both
     against a float64 reference, the bound, and whether a repeat is bitwise equal.

