@@ -43,7 +43,10 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
     dense = [w] + [w.clone() for _ in range(bu.rotation_copies(N * K * 2, l2) - 1)]
     copies = {}
     for e in encodings:
-        ew = h.encoded_weight(tc.encode(w_bits, e), dev, err)
+        enc = tc.encode(w_bits, e)
+        if e == "huffman":  # as the GPU loaders hold it: with the checkpoint index (prepare._add_index)
+            enc = tc.with_index(enc.header, enc.planes)
+        ew = h.encoded_weight(enc, dev, err)
         copies[e] = [ew] + [bu.clone_encoded(ew) for _ in range(bu.rotation_copies(bu.encoded_bytes(ew), l2) - 1)]
     scratch.reserve(dev, N * K)
     baseline = DispatchPolicy(None)
