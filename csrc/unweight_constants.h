@@ -18,6 +18,7 @@ constexpr int STREAM_SLACK_BYTES = 8;
 constexpr int PAL_MAX_ENTRIES = 16;
 constexpr int PAL_BLOCK = 32;
 constexpr int DEFAULT_CHK_INTERVAL = 1024;
+constexpr int LOAD_CHK_INTERVAL = 256;
 constexpr int CHK_ALIGN = 16;
 constexpr int CHK_MAX_INTERVAL = 4096;
 }  // namespace unweight

@@ -379,12 +379,13 @@ def clone_encoded(w):
         return None if t is None else t.clone()
     return EncodedWeight(w.encoding, w.rows, w.cols, w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi,
                          list(w.palette), c(w.sm), exp=c(w.exp), off=c(w.off), table=c(w.table), lut=c(w.lut),
-                         idx=c(w.idx), vpos=c(w.vpos), vexp=c(w.vexp), name=w.name)
+                         idx=c(w.idx), vpos=c(w.vpos), vexp=c(w.vexp), name=w.name, chk=c(w.chk),
+                         chk_interval=w.chk_interval)
 
 
 def encoded_bytes(w) -> int:
     """Bytes of an EncodedWeight's planes (what a decode or fused launch reads)."""
-    return sum(int(t.numel() * t.element_size()) for t in (w.sm, w.exp, w.off, w.idx, w.vpos, w.vexp)
+    return sum(int(t.numel() * t.element_size()) for t in (w.sm, w.exp, w.off, w.idx, w.vpos, w.vexp, w.chk)
                if t is not None)
 
 

@@ -33,6 +33,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
     import torch.nn.functional as F
 
     from unweight.codec import tensor_codec as tc
+    from unweight.format import constants as C
     from unweight.runtime import dispatch, scratch
     from unweight.runtime.policy import DispatchPolicy
     h = bu.import_helpers()
@@ -45,7 +46,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
     for e in encodings:
         enc = tc.encode(w_bits, e)
         if e == "huffman":  # as the GPU loaders hold it: with the checkpoint index (prepare._add_index)
-            enc = tc.with_index(enc.header, enc.planes)
+            enc = tc.with_index(enc.header, enc.planes, chk_interval=C.LOAD_CHK_INTERVAL)
         ew = h.encoded_weight(enc, dev, err)
         copies[e] = [ew] + [bu.clone_encoded(ew) for _ in range(bu.rotation_copies(bu.encoded_bytes(ew), l2) - 1)]
     scratch.reserve(dev, N * K)

@@ -122,7 +122,7 @@ def _add_index(m: CompressedWeightMixin):
     if m.is_tied or m.encoding != C.ENC_HUFFMAN or m.device.type != "cuda" or not ops.cuda_kernels_built():
         return
     o = m.owner()
-    enc = tc.with_index(o.header, o.host_planes())
+    enc = tc.with_index(o.header, o.host_planes(), chk_interval=C.LOAD_CHK_INTERVAL)
     if enc.header is not o.header:
         m.replace_planes(enc.header, enc.planes)
 

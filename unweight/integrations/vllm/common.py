@@ -80,7 +80,7 @@ def device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> Encod
     index when the file has none (the decode kernel's parallelism)."""
     if (dev.type == "cuda" and mode == "huffman" and hs.encoding == C.ENC_HUFFMAN and not hs.chk_interval
             and ops.cuda_kernels_built()):
-        enc = tc.with_index(hs, ps)
+        enc = tc.with_index(hs, ps, chk_interval=C.LOAD_CHK_INTERVAL)
         hs, ps = enc.header, enc.planes
     planes = {s: torch.from_numpy(np.ascontiguousarray(a)).to(dev) for s, a in ps.items()}
     table = lut = None
