@@ -125,6 +125,47 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
+def commit_for_digest(digest: str, depth: int = 60) -> str:
+    """The short hash of the oldest of HEAD's last `depth` commits whose tracked source files
+    give `digest` (source_digest() of that commit's tree), or '' when none does.  Names the code
+    a device run measured: its copy of the tree carries no trustworthy git state."""
+    if not digest:
+        return ""
+    commits = _run(["git", "-C", ROOT, "rev-list", f"--max-count={depth}", "HEAD"]).split()
+    blob_sha = {}
+
+    def blob_digest(oid):
+        if oid not in blob_sha:
+            data = subprocess.run(["git", "-C", ROOT, "cat-file", "blob", oid], capture_output=True,
+                                  check=False).stdout
+            blob_sha[oid] = hashlib.sha256(data).digest()
+        return blob_sha[oid]
+
+    found = ""
+    for c in commits:
+        entries = []
+        for line in _run(["git", "-C", ROOT, "ls-tree", "-r", c], timeout=60).splitlines():
+            meta, _, rel = line.partition("\t")
+            parts = meta.split()
+            if len(parts) != 3 or parts[1] != "blob":
+                continue
+            inside = rel in SOURCE_GLOBS or any(rel.startswith(g + "/") for g in SOURCE_GLOBS)
+            if not inside or "__pycache__" in rel or any(p.startswith(".") for p in rel.split("/")[:-1]):
+                continue
+            if rel not in SOURCE_GLOBS and not rel.endswith(SOURCE_EXT):
+                continue
+            entries.append((rel, parts[2]))
+        h = hashlib.sha256()
+        for rel, oid in sorted(entries):
+            h.update(rel.encode() + b"\0")
+            h.update(blob_digest(oid))
+        if h.hexdigest() == digest:
+            found = c  # keep going: the oldest of a run of commits with this code is where it was made
+        elif found:
+            break
+    return _run(["git", "-C", ROOT, "rev-parse", "--short", found]) if found else ""
+
+
 def machine_tag(gpu_name=None):
     """Short name of the measuring machine: the GPU's model ('h100-80gb-hbm3') or, for a
     CPU-only run, 'cpu' and the core count ('cpu2')."""

@@ -10,8 +10,9 @@ kept in benchmarks/results/gpu/.
 Only the section from its "## GPU results" heading to the next "## " heading is replaced (it is
 appended at the end when absent).  Per stage, the latest record is used; records of a dry run
 ("fake": true) are refused unless --allow-fake.  --import names each file
-<date>-<machine>-<stage>.json and, when the record's source digest equals this checkout's,
-stamps this checkout's commit into it (the device copy of the tree has no .git).
+<date>-<machine>-<stage>.json and stamps into it the commit whose tracked sources give the
+record's source digest (the device copy of the tree has no reliable git state), or the device's
+commit with -dirty when no recent commit does.
 """
 from __future__ import annotations
 
@@ -62,9 +63,14 @@ def import_run(src: str, dst: str) -> list[str]:
             continue
         env = rec.get("env") or {}
         same = env.get("source_sha256") == here
-        rec["imported"] = {"source_matches_checkout": same, "checkout_commit": bu.short_commit() or None}
-        if same and not env.get("commit"):
-            env["commit"] = bu.short_commit() or None
+        rec["imported"] = {"source_matches_checkout": same, "checkout_commit": bu.short_commit() or None,
+                           "device_commit": env.get("commit")}
+        # The device's copy of the tree has no reliable git state: name the commit by its code.
+        found = bu.commit_for_digest(env.get("source_sha256") or "")
+        if found:
+            env["commit"] = found
+        elif env.get("commit") and not str(env["commit"]).endswith("-dirty"):
+            env["commit"] = f"{env['commit']}-dirty"  # code that no recent commit holds
         name = f"{rec.get('started', '')[:10]}-{bu.machine_tag(env.get('gpu'))}-{rec['stage']}.json"
         target = os.path.join(dst, name)
         if os.path.exists(target):
@@ -93,15 +99,20 @@ def _checks_line(rec) -> str:
     return f"{s.get('pass', 0)} / {s.get('fail', 0)} / {s.get('skip', 0)}"
 
 
+def _code(env: dict) -> str:
+    """The commit a record ran (with -dirty where the tree had changes), else its source digest."""
+    return env.get("commit") or (env.get("source_sha256") or "")[:12] or "unknown"
+
+
 def stage_table(recs: dict) -> list[str]:
-    lines = ["| stage | result | checks passed / failed / skipped | seconds | raw |", "|---|---|---|---|---|"]
+    lines = ["| stage | result | checks passed / failed / skipped | seconds | code | raw |", "|---|---|---|---|---|---|"]
     for st in STAGE_ORDER:
         r = recs.get(st)
         if r is None:
-            lines.append(f"| {st} | not run | — | — | — |")
+            lines.append(f"| {st} | not run | — | — | — | — |")
             continue
         lines.append(f"| {st} | {r.get('status', '?')} | {_checks_line(r)} | {_f(r.get('seconds'), '{:.0f}')} | "
-                     f"[json]({r['_file']}) |")
+                     f"{_code(r.get('env') or {})} | [json]({r['_file']}) |")
     return lines
 
 
@@ -126,7 +137,7 @@ def decode_table(bench: dict) -> list[str]:
     names = {"huffman": "huffman (as stored)", "palette": "palette", "transcode": "huffman -> palette transcode",
              "copy": "dense copy", **{k: f"huffman, index S={k[13:]}" for k in idx}}
     lines = ["**Decode** (GB/s of BF16 written; the copy reads and writes the dense weights once; the GPU loaders "
-             "give huffman weights the checkpoint index, S=1024):", "",
+             "give huffman weights the checkpoint index at S=256):", "",
              "| shape [N, K] | " + " | ".join(names[c] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for r in rows:
         if "error" in r:
@@ -240,7 +251,8 @@ def render(recs: dict) -> str:
     if not recs:
         return "\n".join(out + [NONE_YET, ""])
     env = next((r["env"] for st in STAGE_ORDER for r in [recs.get(st)] if r and r.get("env")), {}) or {}
-    code = env.get("commit") or (env.get("source_sha256") or "")[:12] or "unknown"
+    codes = sorted({_code(r.get("env") or {}) for r in recs.values()})
+    code = codes[0] if len(codes) == 1 else "as listed per stage"
     dates = sorted({r.get("started", "")[:10] for r in recs.values()})
     fake = " (FAKE DATA from a dry run)" if any(r.get("fake") for r in recs.values()) else ""
     out += [f"Measured on {env.get('gpu') or 'an unrecorded GPU'}{fake} (driver {env.get('driver') or '?'}, "

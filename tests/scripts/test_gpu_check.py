@@ -25,3 +25,29 @@ def test_render_without_results_says_so(tmp_path):
     text = out.read_text()
     assert text.startswith("## GPU results\n")
     assert "No GPU run is recorded yet; `python scripts/gpu_check.py` produces this section." in text
+
+
+def test_committed_results_render_to_the_readme():
+    """The README's GPU section is what render_gpu_results.py makes of the committed JSONs."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "render_gpu_results.py"), "--check"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+def test_commit_for_digest():
+    """A device record's source digest names the commit that holds its code: HEAD's own digest
+    (its tracked sources, read from git) finds HEAD or an older commit with the same sources;
+    a digest of no commit finds nothing."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import _bench_util as bu
+    finally:
+        sys.path.pop(0)
+    if not bu.short_commit():
+        import pytest
+        pytest.skip("not a git checkout")
+    assert bu.commit_for_digest("0" * 64) == ""
+    clean = not bu._run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=all", "--",
+                         *bu.SOURCE_GLOBS])
+    if clean:  # the working tree's digest is then HEAD's
+        assert bu.commit_for_digest(bu.source_digest())

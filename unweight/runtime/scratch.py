@@ -40,7 +40,8 @@ def _grow(store: dict, device, numel: int, dtype, what: str) -> Tensor:
     k = device_key(device)
     buf = store.get(k)
     if buf is None or buf.numel() < numel:
-        buf = torch.empty(int(numel), dtype=dtype, device=k)
+        with torch.inference_mode(False):  # outlives the forward that grew it (see error_counter)
+            buf = torch.empty(int(numel), dtype=dtype, device=k)
         store[k] = buf
         log.info("unweight %s on %s: %.1f MiB", what, k, buf.numel() * buf.element_size() / 2**20)
     return buf
@@ -82,7 +83,8 @@ def counters(device, numel: int) -> Tensor:
     k = device_key(device)
     buf = _COUNTERS.get(k)
     if buf is None or buf.numel() < numel:
-        buf = torch.zeros(max(int(numel), 1024), dtype=torch.int32, device=k)
+        with torch.inference_mode(False):  # outlives the forward that grew it (see error_counter)
+            buf = torch.zeros(max(int(numel), 1024), dtype=torch.int32, device=k)
         _COUNTERS[k] = buf
     return buf
 
@@ -106,7 +108,10 @@ def error_counter(device) -> Tensor:
     k = device_key(device)
     e = _ERR.get(k)
     if e is None:
-        e = torch.zeros(1, dtype=torch.int32, device=k)
+        # A normal tensor even when first asked for under torch.inference_mode(): it outlives
+        # that forward, and resetting an inference tensor outside the mode raises.
+        with torch.inference_mode(False):
+            e = torch.zeros(1, dtype=torch.int32, device=k)
         _ERR[k] = e
     return e
 
