@@ -3,7 +3,7 @@
 
 Usage: python scripts/bench_moe.py [--experts 64] [--top-k 4] [--layers 4] [--hidden 1024]
                                    [--moe-intermediate 512] [--steps 24] [--prompt 64] [--rounds 3]
-                                   [--threads 1] [--keep DIR]
+                                   [--threads 1] [--keep DIR] [--device cpu|cuda] [--json-out PATH]
 
 Builds a Qwen3-MoE model with transformers' own config (weights N(0, 0.02), BF16), compresses
 it (huffman), then measures, each variant in a fresh process:
@@ -23,8 +23,10 @@ bit.  --rounds runs every variant that many times, the order rotated each round 
 machine's load drifts); the table gives the median over rounds, the JSON every run.
 --threads sets torch's (and so the codec's) threads; the default 1 because on a machine
 shared with other jobs two spinning OpenMP threads on two cores ran 10-20x slower than one.  Prints a
-table; writes benchmarks/results/moe-<date>-<machine>-<commit>.json.
-GPU: not measured by this script.
+table; writes benchmarks/results/moe-<date>-<machine>-<commit>.json (or --json-out).
+--device cuda runs every variant on the GPU (the model built and compressed on the host as
+above; step times between CUDA synchronizations, eager, no graphs: the routed path reads the
+routing on the host), and peak memory is the device's (torch.cuda.max_memory_allocated).
 """
 from __future__ import annotations
 
@@ -84,15 +86,24 @@ def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
     from unweight.runtime import scratch
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
     rss0 = _rss()  # libraries imported, no model yet
     t0 = time.perf_counter()
     if variant == "bf16":
-        model = AutoModelForCausalLM.from_pretrained(bf16).eval()
+        model = AutoModelForCausalLM.from_pretrained(bf16, device_map=a.device).eval()
     else:
-        model = unweight.load(comp, device="cpu", mode="palette" if variant == "routed-pal" else "huffman")
+        model = unweight.load(comp, device=a.device, mode="palette" if variant == "routed-pal" else "huffman")
         if variant == "decode-all":
             model.set_experts_implementation("grouped_mm")
+    sync()
     load_s = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
     decoded = [0]
     orig = ex.ExpertStack.decode_expert
 
@@ -102,10 +113,12 @@ def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
 
     ex.ExpertStack.decode_expert = counting
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, a.vocab, (1, a.prompt), generator=g)
+    prompt = torch.randint(0, a.vocab, (1, a.prompt), generator=g).to(dev)
     with torch.no_grad():
+        sync()
         t0 = time.perf_counter()
         out = model(prompt, use_cache=True)
+        sync()
         prefill_s = time.perf_counter() - t0
         logits = [out.logits[0, -1].float()]
         cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
@@ -114,6 +127,7 @@ def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
         for _ in range(a.steps):
             t0 = time.perf_counter()
             out = model(tok, past_key_values=cache, use_cache=True)
+            sync()
             times.append(time.perf_counter() - t0)
             cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
             logits.append(out.logits[0, -1].float())
@@ -124,7 +138,8 @@ def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
         "variant": variant, "load_s": round(load_s, 3), "prefill_ms": round(1e3 * prefill_s, 2),
         "ms_per_token": round(1e3 * statistics.median(times), 2), "ms_per_token_min": round(1e3 * min(times), 2),
         "step_ms": [round(1e3 * t, 3) for t in times],
-        "held_bytes": held, "scratch_bytes": scratch.scratch_bytes("cpu"),
+        "held_bytes": held, "scratch_bytes": scratch.scratch_bytes(a.device),
+        "device_peak_bytes": torch.cuda.max_memory_allocated(dev) if cuda else None,
         "experts_held_bytes": sum(st.held_bytes() for *_, st in stacks),
         "experts_bf16_bytes": sum(st.decoded_bytes() for *_, st in stacks),
         # each expert of a layer is one decode per stack (gate_up, down): experts per layer per token
@@ -135,7 +150,8 @@ def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
         # (the load-time verify pass and the checkpoint's mapped pages count in the peak only)
         "rss_added_bytes": _rss() - rss0,
         # exact bits of the last-position logits of every step, compared by the parent
-        "logits_sha256": hashlib.sha256(torch.stack(logits).contiguous().view(torch.int32).numpy().tobytes()).hexdigest(),
+        "logits_sha256": hashlib.sha256(torch.stack(logits).cpu().contiguous().view(torch.int32).numpy().tobytes())
+        .hexdigest(),
         "experts_implementation": getattr(model.config, "_experts_implementation", None),
     }
 
@@ -153,6 +169,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--keep", help="folder to build the checkpoints in and keep (default: a temporary one)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: where every variant runs")
+    ap.add_argument("--json-out", help="write the result JSON here instead of benchmarks/results/")
     ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # child process
     ap.add_argument("--dirs", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -182,7 +200,7 @@ def main() -> int:
                 argv = [sys.executable, os.path.abspath(__file__), "--variant", v, "--dirs", bf16, comp, "--out", out]
                 argv += [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in
                          ("experts", "top_k", "layers", "hidden", "moe_intermediate", "vocab", "steps", "prompt",
-                          "threads")]
+                          "threads", "device")]
                 subprocess.run(argv, check=True)
                 with open(out) as f:
                     runs[v].append(json.load(f))
@@ -204,16 +222,17 @@ def main() -> int:
             r["rss_added_MB"] = round(r["rss_added_bytes"] / 1e6, 1)
             r["ms_per_token_spread"] = f"{min(r['ms_per_token_rounds'])}-{max(r['ms_per_token_rounds'])}"
         config = {k: getattr(a, k) for k in ("experts", "top_k", "layers", "hidden", "moe_intermediate", "vocab",
-                                              "steps", "prompt", "rounds", "threads")}
+                                              "steps", "prompt", "rounds", "threads", "device")}
         env = bu.environment(torch)
         env["torch_threads"] = a.threads
         env["load_average"] = os.getloadavg()
-        path = bu.result_path("moe", bu.machine_tag(None), bu.short_commit())
+        gpu = torch.cuda.get_device_name() if a.device.startswith("cuda") else None
+        path = a.json_out or bu.result_path("moe", bu.machine_tag(gpu), bu.short_commit())
         bu.write_json(path, {"benchmark": "moe", "environment": env, "config": config, "model": model_info,
                              "results": rows})
         print(f"Qwen3-MoE, {a.layers} layers, {a.experts} experts top-{a.top_k}, hidden {a.hidden}, "
-              f"expert intermediate {a.moe_intermediate}; {a.threads} CPU thread(s), load average "
-              f"{os.getloadavg()[0]:.1f}")
+              f"expert intermediate {a.moe_intermediate}; on {gpu or 'CPU'}; {a.threads} CPU thread(s), load "
+              f"average {os.getloadavg()[0]:.1f}")
         bu.print_table(rows, ["variant", "ms_per_token", "ms_per_token_spread", "vs_bf16", "prefill_ms", "held_MB",
                               "rss_added_MB", "peak_rss_MB",
                               "experts_decoded_per_layer_token", "logits_equal_bf16", "experts_implementation"])

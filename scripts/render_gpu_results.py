@@ -211,6 +211,25 @@ def e2e_table(bench: dict) -> list[str]:
     return lines + [""]
 
 
+def moe_table(bench: dict) -> list[str]:
+    moe = bench.get("raw", {}).get("moe") or {}
+    rows = moe.get("results") or []
+    if not rows:
+        return []
+    c = moe.get("config", {})
+    lines = [f"**Mixture of experts** (`scripts/bench_moe.py --device cuda`: Qwen3-MoE, {c.get('layers')} layers, "
+             f"{c.get('experts')} experts top-{c.get('top_k')}, hidden {c.get('hidden')}, expert intermediate "
+             f"{c.get('moe_intermediate')}; one token per step after a {c.get('prompt')}-token prompt, eager):", "",
+             "| variant | ms per token | vs BF16 | experts decoded per layer and token | device peak MB | "
+             "logits = BF16 |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        peak = r.get("device_peak_bytes")
+        lines.append(f"| {r.get('variant')} | {_f(r.get('ms_per_token'))} | {_f(r.get('vs_bf16'))}x | "
+                     f"{_f(r.get('experts_decoded_per_layer_token'), '{:.1f}')} | "
+                     f"{_f(peak / 1e6 if peak else None, '{:.0f}')} | {'yes' if r.get('logits_equal_bf16') else 'NO'} |")
+    return lines + [""]
+
+
 def eval_table(ev: dict) -> list[str]:
     cells = {}
     units = []
@@ -264,7 +283,7 @@ def render(recs: dict) -> str:
     if fails:
         out += ["Failed checks:", ""] + fails + [""]
     bench = recs.get("bench") or {}
-    out += decode_table(bench) + kernels_table(bench) + e2e_table(bench)
+    out += decode_table(bench) + kernels_table(bench) + e2e_table(bench) + moe_table(bench)
     out += eval_table(recs.get("eval") or {})
     model = recs.get("model") or {}
     loads = [c for c in model.get("checks", []) if c.get("name", "").startswith("unweight.load(")]
