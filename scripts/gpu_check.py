@@ -1424,8 +1424,9 @@ def stage_bench(st: Stage, out_dir: str) -> None:
     activate_site()
     total = st.budget.left()
     shares = {"decode": 0.2, "kernels": 0.35, "e2e": 0.25}  # moe takes what is left
-    for name in ("decode", "kernels", "e2e", "moe"):
-        b = bu.Budget(max(0.0, st.budget.left() if name == "moe" else min(st.budget.left(), total * shares[name])))
+    for name in ("decode", "kernels", "e2e", "moe", "profile"):
+        left = st.budget.left() - (PROFILE_SECONDS if name in ("e2e", "moe") else 0)  # keep the profiles' time
+        b = bu.Budget(max(0.0, left if name in ("moe", "profile") else min(left, total * shares[name])))
         if b.seconds < 20:
             st.skip(f"bench {name}", f"{b.seconds:.0f} s left")
             continue
@@ -1440,6 +1441,8 @@ def stage_bench(st: Stage, out_dir: str) -> None:
                     res.pop("_table", None)
                 elif name == "moe":
                     res = _bench_moe(b, path)
+                elif name == "profile":
+                    res = _profiles(b, out_dir)
                 else:
                     res = bench_e2e.run(torch, 4, [1, 16], ["huffman", "huffman+fused", "palette", "palette+fused",
                                                            "dense"], b, out_path=path, log=log)
@@ -1477,6 +1480,83 @@ def _bench_moe(budget: "bu.Budget", path: str) -> dict:
         return json.load(f)
 
 
+# Kernels profiled under Nsight Compute (scripts/profile_kernels.py): the arguments, the kernel
+# name regex.  Three launches each; the third is measured.
+PROFILES = (
+    ("huffman-4096x4096-index256", ["--kernel", "huffman", "--index", "256"], "huffman_chain"),
+    ("huffman-14336x4096-index256", ["--kernel", "huffman", "--rows", "14336", "--index", "256"], "huffman_chain"),
+    ("palette-4096x4096", ["--kernel", "palette"], "palette_decode"),
+    ("fused-4096x4096-M1", ["--kernel", "fused", "--batch", "1"], "pmma"),
+    ("fused-4096x14336-M1", ["--kernel", "fused", "--cols", "14336", "--batch", "1"], "pmma"),
+    ("fused-4096x4096-M16", ["--kernel", "fused", "--batch", "16"], "pmma"),
+)
+PROFILE_SECONDS = 25 * len(PROFILES)  # ~10-20 s each: encode on the host, ncu's replays
+NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats",
+                "MemoryWorkloadAnalysis")
+# ncu's text report lines kept as numbers: (label in the report, key)
+NCU_METRICS = (("Duration", "duration"), ("Memory Throughput", "memory_throughput"),
+               ("DRAM Throughput", "dram_throughput_pct"), ("Compute (SM) Throughput", "sm_throughput_pct"),
+               ("Achieved Occupancy", "achieved_occupancy_pct"), ("Theoretical Occupancy", "theoretical_occupancy_pct"),
+               ("Registers Per Thread", "registers_per_thread"), ("Grid Size", "grid_size"),
+               ("Block Size", "block_size"), ("Warp Cycles Per Issued Instruction", "warp_cycles_per_issue"),
+               ("Issued Warp Per Scheduler", "issued_warp_per_scheduler"),
+               ("Dynamic Shared Memory Per Block", "dynamic_smem_per_block"),
+               ("Static Shared Memory Per Block", "static_smem_per_block"))
+
+
+def _ncu_numbers(text: str) -> dict:
+    """Key numbers (with their units) from an ncu text report of one kernel launch."""
+    out = {}
+    for label, key in NCU_METRICS:
+        m = re.search(rf"^\s+{re.escape(label)}\s+(\S+)?\s+([-0-9.,]+)\s*$", text, re.M)
+        if m:
+            unit, val = m.group(1) or "", m.group(2).replace(",", "")
+            try:
+                out[key] = float(val)
+            except ValueError:
+                continue
+            if unit and not unit[0].isdigit():
+                out[key + "_unit"] = unit
+    return out
+
+
+def _profiles(budget: "bu.Budget", out_dir: str) -> dict:
+    """Nsight Compute on PROFILES: key numbers per kernel; the text reports go to out_dir/ncu/."""
+    ncu = shutil.which("ncu") or (os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "ncu"))
+    res = {"benchmark": "profile", "tool": ncu, "sections": list(NCU_SECTIONS), "kernels": {}, "skipped": []}
+    if not os.path.exists(ncu):
+        res["skipped"].append({"what": "all", "why": "ncu not found"})
+        return res
+    os.makedirs(os.path.join(out_dir, "ncu"), exist_ok=True)
+    for name, args, regex in PROFILES:
+        if budget.left() < 20:
+            res["skipped"].append({"what": name, "why": f"{budget.left():.0f} s left"})
+            continue
+        cmd = [ncu, "--kernel-name", f"regex:{regex}", "--launch-skip", "2", "--launch-count", "1"]
+        for sec in NCU_SECTIONS:
+            cmd += ["--section", sec]
+        cmd += [sys.executable, os.path.join(SCRIPTS, "profile_kernels.py"), *args]
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, env=_env_with_path(), capture_output=True, text=True,
+                               timeout=min(90.0, budget.left()))
+            text, rc = p.stdout + p.stderr, p.returncode
+        except subprocess.TimeoutExpired:
+            text, rc = "", "timeout"
+        with open(os.path.join(out_dir, "ncu", f"{name}.txt"), "w") as f:
+            f.write(text)
+        entry = {"args": args, "returncode": rc, "seconds": round(time.perf_counter() - t0, 1),
+                 **_ncu_numbers(text)}
+        if rc != 0 or "duration" not in entry:
+            entry["error"] = _tail(text, 4) or f"ncu exited {rc}"
+        res["kernels"][name] = entry
+        log(f"profile {name}: " + (f"{entry.get('duration')} {entry.get('duration_unit', '')}, occupancy "
+                                   f"{entry.get('achieved_occupancy_pct')}%, memory {entry.get('memory_throughput')} "
+                                   f"{entry.get('memory_throughput_unit', '%')}" if "error" not in entry
+                                   else f"ERROR {entry['error'][:200]}"))
+    return res
+
+
 def _bench_errors(name, res) -> list:
     """Failures inside a benchmark: errors, non-bitwise decodes, fused results out of bounds."""
     out = []
@@ -1499,6 +1579,8 @@ def _bench_errors(name, res) -> list:
                         out.append(f"{r['shape']} M={r.get('M')} {k}: {v['error']}")
                     elif "accuracy" in v and not v["accuracy"].get("passed"):
                         out.append(f"{r['shape']} M={r.get('M')} {k}: out of the 2x-cuBLAS bound")
+    elif name == "profile":
+        out += [f"profile {k}: {v['error'][:200]}" for k, v in res.get("kernels", {}).items() if "error" in v]
     elif name == "moe":
         for r in res.get("results", []):
             if not r.get("logits_equal_bf16"):

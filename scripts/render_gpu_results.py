@@ -230,6 +230,25 @@ def moe_table(bench: dict) -> list[str]:
     return lines + [""]
 
 
+def profile_table(bench: dict) -> list[str]:
+    kernels = ((bench.get("raw", {}).get("profile") or {}).get("kernels")) or {}
+    if not kernels:
+        return []
+    lines = ["**Nsight Compute** (`scripts/profile_kernels.py` under ncu, one launch each, caches flushed):", "",
+             "| kernel | duration | memory throughput % of peak | DRAM % | achieved / theoretical occupancy % | "
+             "registers | grid x block |", "|---|---|---|---|---|---|---|"]
+    for name, k in kernels.items():
+        if "error" in k:
+            lines.append(f"| {name} | error: {k['error'][:60]} | | | | | |")
+            continue
+        lines.append(f"| {name} | {_f(k.get('duration'), '{:g}')} {k.get('duration_unit', '')} | "
+                     f"{_f(k.get('memory_throughput'), '{:g}')} | {_f(k.get('dram_throughput_pct'), '{:g}')} | "
+                     f"{_f(k.get('achieved_occupancy_pct'), '{:g}')} / {_f(k.get('theoretical_occupancy_pct'), '{:g}')} | "
+                     f"{_f(k.get('registers_per_thread'), '{:.0f}')} | {_f(k.get('grid_size'), '{:.0f}')} x "
+                     f"{_f(k.get('block_size'), '{:.0f}')} |")
+    return lines + [""]
+
+
 def eval_table(ev: dict) -> list[str]:
     cells = {}
     units = []
@@ -283,7 +302,7 @@ def render(recs: dict) -> str:
     if fails:
         out += ["Failed checks:", ""] + fails + [""]
     bench = recs.get("bench") or {}
-    out += decode_table(bench) + kernels_table(bench) + e2e_table(bench) + moe_table(bench)
+    out += decode_table(bench) + kernels_table(bench) + e2e_table(bench) + moe_table(bench) + profile_table(bench)
     out += eval_table(recs.get("eval") or {})
     model = recs.get("model") or {}
     loads = [c for c in model.get("checks", []) if c.get("name", "").startswith("unweight.load(")]

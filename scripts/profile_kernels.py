@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""One kernel on a random BF16 matrix, three launches, for Nsight Compute to look at.
+
+    ncu --kernel-name regex:huffman_chain --launch-skip 2 --launch-count 1 --set full \\
+        python scripts/profile_kernels.py --kernel huffman --rows 4096 --cols 4096 --index 256
+    ncu --kernel-name regex:pmma --launch-skip 2 --launch-count 1 \\
+        python scripts/profile_kernels.py --kernel fused --rows 4096 --cols 4096 --batch 1
+
+--kernel huffman / palette: the decode to BF16 (huffman with the checkpoint index at --index S,
+0 for the stream as stored); fused: the palette matmul y = x W^T at batch --batch.  The first
+two launches warm the caches and tables.  The result is checked (decodes bitwise against the
+source weights; the matmul within 2x cuBLAS's error against a float64 reference); nothing is
+timed here (scripts/bench_decode.py and bench_kernels.py time).  Exit status 1 when a check
+fails.  scripts/gpu_check.py runs it under ncu in its bench stage (PROFILES there).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bench_util as bu  # noqa: E402
+
+log = logging.getLogger("profile_kernels")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", choices=("huffman", "palette", "fused"), default="huffman")
+    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--cols", type=int, default=4096)
+    ap.add_argument("--index", type=int, default=256, help="huffman checkpoint interval S (0: as stored)")
+    ap.add_argument("--batch", type=int, default=1, help="fused: rows of x")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    import numpy as np
+    import torch
+
+    from unweight.codec import tensor_codec as tc
+    h = bu.import_helpers()
+    dev = bu.device(torch)
+    err = torch.zeros(1, dtype=torch.int32, device=dev)
+    w = bu.bf16_weights(torch, args.rows, args.cols, seed=0)
+    w_bits = h.bits(w)
+    encoding = "huffman" if args.kernel == "huffman" else "palette"
+    enc = tc.encode(w_bits, encoding)
+    if encoding == "huffman" and args.index:
+        enc = tc.with_index(enc.header, enc.planes, chk_interval=args.index)
+    ew = h.encoded_weight(enc, dev, err)
+    if args.kernel == "fused":
+        x = torch.randn((args.batch, args.cols), device=dev).to(torch.bfloat16)
+        for _ in range(2):
+            h.fused_op(ew, x, err)
+        r = h.fused_vs_cublas(ew, x, w, err)  # the third (and fourth) launch, checked
+        ok = bool(r["passed"]) and int(err.item()) == 0
+        what = f"max error {r['max_err']:.3g} (cuBLAS {r['max_err_cublas']:.3g})"
+    else:
+        out = torch.empty((args.rows, args.cols), dtype=torch.bfloat16, device=dev)
+        for _ in range(3):
+            h.decode_op(ew, out, err)
+        bu.sync(torch)
+        ok = bool(np.array_equal(h.bits(out), w_bits)) and int(err.item()) == 0
+        what = "bitwise" if ok else "not bitwise"
+    log.info("%s %dx%d (index %s, batch %s): %s -> %s", args.kernel, args.rows, args.cols, args.index, args.batch,
+             what, "ok" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
