@@ -7,6 +7,7 @@ shapes.  Needs a CUDA GPU; exits with status 2 and one line otherwise.
     python scripts/bench_kernels.py [--shapes 4096x4096] [--batches 1 16 64] [--runs 25]
                                     [--encodings palette huffman] [--out PATH]
                                     [--write-cache [PATH]] [--write-defaults]
+    python scripts/bench_kernels.py --from-json RESULT.json --write-defaults   # no GPU needed
 
 Method (scripts/_bench_util.py, graph_time): CUDA-graph replays between CUDA events, every
 variant rotating over copies of its weights spanning >= 4x the L2, median and min of >= 20
@@ -19,6 +20,9 @@ The "auto" entry is the path the measured dispatch (unweight/runtime/tuning_tabl
 from these very timings.  --write-cache records the choices in the user's tuning cache
 ($UNWEIGHT_TUNING_CACHE or ~/.cache/unweight/tuning.json, or PATH); --write-defaults in the
 shipped unweight/runtime/tuning_defaults.json (entries of other devices are kept).
+--from-json rebuilds those choices from a recorded run instead of measuring (a result JSON of
+this script, or a bench stage JSON of scripts/gpu_check.py, whose raw.kernels it reads): the
+same rule, from the same medians, a fused time counted only where its accuracy check passed.
 """
 from __future__ import annotations
 
@@ -125,6 +129,28 @@ def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("pale
     return res
 
 
+def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):
+    """TuningTable of a recorded run's rows (the dispatch choices bench_shape recorded)."""
+    from unweight.runtime.tuning_table import PALETTE_GEMM, TuningTable
+    fused_path = {"palette": PALETTE_GEMM}
+    table = TuningTable()
+    for r in rows:
+        if "cublas" not in r:
+            continue
+        for e in encodings:
+            if e not in fused_path:  # no fused kernel: decode + cuBLAS with nothing to choose
+                continue
+            dec = r.get(f"{e}_decode_cublas")
+            if not dec or "median_ms" not in dec:
+                continue
+            times = {"decode_cublas": dec["median_ms"]}
+            fz = r.get(f"{e}_fused") or {}
+            if e in fused_path and "median_ms" in fz and (fz.get("accuracy") or {}).get("passed"):
+                times[fused_path[e]] = fz["median_ms"]
+            table.record(device_name, r["N"], r["K"], e, r["M"], times)
+    return table
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", help="NxK,... (default: Llama-3.1-8B's o, qkv, mlp up, mlp down, lm_head)")
@@ -137,7 +163,10 @@ def main(argv=None) -> int:
                     help="record the dispatch choices in the user's tuning cache (or PATH)")
     ap.add_argument("--write-defaults", action="store_true",
                     help="record the dispatch choices in unweight/runtime/tuning_defaults.json")
+    ap.add_argument("--from-json", metavar="RESULT", help="take the timings from a recorded run (no GPU)")
     args = ap.parse_args(argv)
+    if args.from_json:
+        return _from_json(args)
     torch = bu.require_gpu()
     from unweight.runtime import tuning_table as tt
     out = args.out or bu.result_path("kernels", bu.machine_tag(torch.cuda.get_device_name(0)))
@@ -160,6 +189,37 @@ def main(argv=None) -> int:
     env = res["environment"]
     stamp = (f"measured on {env.get('gpu')} (sm {env.get('sm')}, driver {env.get('driver')}, torch {env.get('torch')}) "
              f"at {env['date']}, code {env.get('commit') or env['source_sha256'][:12]}, by scripts/bench_kernels.py")
+    if args.write_cache is not None:
+        path = args.write_cache or tt.default_cache_path()
+        t = tt.TuningTable.load(path).update(measured)
+        t.comment = t.comment or "unweight tuning cache"
+        print("wrote", t.save(path))
+    if args.write_defaults:
+        t = tt.TuningTable.load(tt.DEFAULTS_PATH).update(measured)
+        t.comment = ("Shipped dispatch defaults, written by scripts/bench_kernels.py --write-defaults; a fused path "
+                     "is listed only where it beat decode + cuBLAS in the same run. Last " + stamp + ".")
+        print("wrote", t.save(tt.DEFAULTS_PATH))
+    return 0
+
+
+def _from_json(args) -> int:
+    import json
+
+    from unweight.runtime import tuning_table as tt
+    with open(args.from_json) as f:
+        doc = json.load(f)
+    kern = (doc.get("raw") or {}).get("kernels") or doc  # a gpu_check bench stage, or this script's own
+    env = doc.get("env") or doc.get("environment") or {}
+    gpu = env.get("gpu")
+    if not gpu or not kern.get("rows"):
+        print(f"{args.from_json}: no kernel rows or GPU name in it", file=sys.stderr)
+        return 2
+    measured = table_from_rows(kern["rows"], gpu, kern.get("encodings") or ("palette", "huffman"))
+    for key, e in sorted(measured.entries.items()):
+        print(f"{key}: {e['choice']} (M={e['M']})")
+    stamp = (f"measured on {gpu} (driver {env.get('driver')}, torch {env.get('torch')}) at "
+             f"{env.get('date') or doc.get('started')}, code {env.get('commit') or env.get('source_sha256', '')[:12]}, "
+             f"by scripts/bench_kernels.py (taken from {os.path.basename(args.from_json)})")
     if args.write_cache is not None:
         path = args.write_cache or tt.default_cache_path()
         t = tt.TuningTable.load(path).update(measured)

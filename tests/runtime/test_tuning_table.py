@@ -33,15 +33,25 @@ def test_cache_path_from_env_and_default(monkeypatch, tmp_path):
     assert tuning.default_cache_path() == os.path.join(os.path.expanduser("~"), ".cache", "unweight", "tuning.json")
 
 
-def test_shipped_defaults_have_no_measurement_and_pick_decode_cublas():
+def test_shipped_defaults_are_measured_choices():
+    """Every shipped entry is a measurement whose recorded choice is what the rule picks from
+    its own times (a fused path only where it was faster than decode + cuBLAS); a device the
+    file does not name runs decode + cuBLAS."""
     with open(tuning.DEFAULTS_PATH) as f:
         doc = json.load(f)
-    assert doc["schema"] == tuning.SCHEMA and doc["entries"] == {}
-    assert "No entries" in doc["comment"]
+    assert doc["schema"] == tuning.SCHEMA
+    for key, e in doc["entries"].items():
+        dev, n, k, enc, b = key.split("|")
+        assert enc == "palette" and tuning.bucket(e["M"]) == b, key
+        assert e["choice"] == tuning.choose(e["times_ms"]), key
+        if e["choice"] != tuning.DECODE_CUBLAS:
+            assert e["times_ms"][e["choice"]] < e["times_ms"][tuning.DECODE_CUBLAS], key
+        assert tuning.load_table().lookup(dev, int(n), int(k), enc, e["M"]) == e["choice"]
     t = tuning.load_table()
     for enc in ("huffman", "palette"):
         for M in (1, 3, 16, 17, 300):
-            assert t.lookup(DEV, 4096, 4096, enc, M) == tuning.DECODE_CUBLAS
+            assert t.lookup("NVIDIA A100-SXM4-80GB", 4096, 4096, enc, M) == tuning.DECODE_CUBLAS
+            assert t.lookup(DEV, 4096, 4096, "huffman", M) == tuning.DECODE_CUBLAS  # no fused huffman kernel
 
 
 def test_choose_never_picks_a_path_not_faster_than_decode_cublas():
