@@ -168,7 +168,6 @@ def main(argv=None) -> int:
     if args.from_json:
         return _from_json(args)
     torch = bu.require_gpu()
-    from unweight.runtime import tuning_table as tt
     out = args.out or bu.result_path("kernels", bu.machine_tag(torch.cuda.get_device_name(0)))
     with torch.no_grad():
         res = run(torch, bu.parse_shapes(args.shapes), bu.Budget(args.budget), args.batches, args.encodings,
@@ -189,6 +188,12 @@ def main(argv=None) -> int:
     env = res["environment"]
     stamp = (f"measured on {env.get('gpu')} (sm {env.get('sm')}, driver {env.get('driver')}, torch {env.get('torch')}) "
              f"at {env['date']}, code {env.get('commit') or env['source_sha256'][:12]}, by scripts/bench_kernels.py")
+    return _write_tables(args, measured, stamp)
+
+
+def _write_tables(args, measured, stamp: str) -> int:
+    """Record `measured` in the user's cache (--write-cache) and/or the shipped defaults."""
+    from unweight.runtime import tuning_table as tt
     if args.write_cache is not None:
         path = args.write_cache or tt.default_cache_path()
         t = tt.TuningTable.load(path).update(measured)
@@ -205,7 +210,6 @@ def main(argv=None) -> int:
 def _from_json(args) -> int:
     import json
 
-    from unweight.runtime import tuning_table as tt
     with open(args.from_json) as f:
         doc = json.load(f)
     kern = (doc.get("raw") or {}).get("kernels") or doc  # a gpu_check bench stage, or this script's own
@@ -220,17 +224,7 @@ def _from_json(args) -> int:
     stamp = (f"measured on {gpu} (driver {env.get('driver')}, torch {env.get('torch')}) at "
              f"{env.get('date') or doc.get('started')}, code {env.get('commit') or env.get('source_sha256', '')[:12]}, "
              f"by scripts/bench_kernels.py (taken from {os.path.basename(args.from_json)})")
-    if args.write_cache is not None:
-        path = args.write_cache or tt.default_cache_path()
-        t = tt.TuningTable.load(path).update(measured)
-        t.comment = t.comment or "unweight tuning cache"
-        print("wrote", t.save(path))
-    if args.write_defaults:
-        t = tt.TuningTable.load(tt.DEFAULTS_PATH).update(measured)
-        t.comment = ("Shipped dispatch defaults, written by scripts/bench_kernels.py --write-defaults; a fused path "
-                     "is listed only where it beat decode + cuBLAS in the same run. Last " + stamp + ".")
-        print("wrote", t.save(tt.DEFAULTS_PATH))
-    return 0
+    return _write_tables(args, measured, stamp)
 
 
 if __name__ == "__main__":
