@@ -21,7 +21,8 @@ from ..runtime import dispatch
 from ..runtime.modules import CompressedLinear
 from ..runtime.policy import DispatchPolicy
 from ..runtime.prepare import prepare_module
-from ..runtime.tuning_table import BUCKET_BATCH, DECODE_CUBLAS, TuningTable, candidates, default_cache_path
+from ..runtime import kernel_plan as kp
+from ..runtime.tuning_table import BUCKET_BATCH, BUCKETS, DECODE_CUBLAS, TuningTable, candidates, default_cache_path
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,9 @@ def tune(module_shapes: Iterable, device="cuda", buckets: Iterable[str] | None =
 
     module_shapes: compressed modules (CompressedLinear, timed with their own planes on
     `device`) and/or (N, K, encoding) tuples (timed on synthetic N(0, 0.02) weights encoded
-    with the writer's grid).  buckets: subset of BUCKETS (default: those with a fused
-    candidate, "1" .. "5-16"; larger buckets have none and stay decode_cublas unmeasured).
+    with the writer's grid).  buckets: subset of BUCKETS (default: every bucket the fused
+    palette kernel takes, "1" .. "65-256"; ">256" has no fused candidate and stays
+    decode_cublas unmeasured).
     The table at `path` (default: the user cache) is updated and, with save, written back;
     models prepared afterwards pick the new entries up.  Returns the updated table.
     """
@@ -95,9 +97,10 @@ def tune(module_shapes: Iterable, device="cuda", buckets: Iterable[str] | None =
     path = path or default_cache_path()
     tab = TuningTable.load(path)
     if not tab.comment:
-        tab.comment = "unweight tuning cache, written by unweight.runtime.tuning.tune()"
+        tab.comment = "unweight tuning cache, written by unweight.tools.tune.tune()"
     name = DispatchPolicy().device_name(device)
-    buckets = list(buckets) if buckets is not None else ["1", "2-4", "5-16"]
+    buckets = (list(buckets) if buckets is not None
+               else [b for b in BUCKETS if BUCKET_BATCH.get(b, kp.PMMA_MAX_M + 1) <= kp.PMMA_MAX_M])
     with torch.no_grad():
         for i, item in enumerate(module_shapes):
             if isinstance(item, tuple):
