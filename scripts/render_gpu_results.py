@@ -298,6 +298,9 @@ def render(recs: dict) -> str:
             f"{code}, by `python scripts/gpu_check.py` (three device calls, see its docstring); raw JSON in "
             f"[benchmarks/results/gpu/](benchmarks/results/gpu/).", ""]
     out += stage_table(recs) + [""]
+    if any(str(_code(r.get("env") or {})).endswith("-dirty") for r in recs.values()):
+        out += ["A code ending in -dirty ran that commit plus changes no commit holds exactly (see the JSON's "
+                "source_sha256).", ""]
     fails = failures(recs)
     if fails:
         out += ["Failed checks:", ""] + fails + [""]
