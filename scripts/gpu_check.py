@@ -161,6 +161,9 @@ OLMO_MMLU = ("hails/mmlu_no_train", ("test", "dev"))
 EVAL_TASKS = (("arc_challenge", 4), ("arc_easy", 4), ("winogrande", 2), ("piqa", 2), ("boolq", 2),
               ("hellaswag", 4))
 MMLU_SLICE = 8
+# Tasks run in parts of consecutive documents (lm-eval's `samples`), so that a call that cannot
+# fit the whole task still finishes some parts and the next call picks up the rest.
+EVAL_PARTS = {"hellaswag": 4}
 EVAL_BATCH = 64
 EVAL_MODES = ("dense", "huffman", "palette")
 
@@ -1311,12 +1314,20 @@ def eval_api():
 
 
 def _eval_units(ev) -> list:
-    """[(unit name, [lm-eval task names], requests per doc)], in run order."""
-    units = [(t, [t], k) for t, k in EVAL_TASKS]
+    """[(unit name, [lm-eval task names], requests per doc, {task: [doc indices]} or None)], in
+    run order."""
+    units = []
+    for t, k in EVAL_TASKS:
+        parts, n = EVAL_PARTS.get(t, 1), (_unit_docs(ev, [t]) if t in EVAL_PARTS else 0)
+        if parts > 1 and n >= parts and not EVAL_LIMIT:
+            cuts = [n * i // parts for i in range(parts + 1)]
+            units += [(f"{t}[{i + 1}/{parts}]", [t], k, {t: list(range(cuts[i], cuts[i + 1]))}) for i in range(parts)]
+        else:
+            units.append((t, [t], k, None))
     subjects = list(getattr(ev.tasks_module(), "MMLU_SUBJECTS", ()))
     n = -(-len(subjects) // MMLU_SLICE)
     for i in range(0, len(subjects), MMLU_SLICE):
-        units.append((f"mmlu[{i // MMLU_SLICE + 1}/{n}]", [f"mmlu_{s}" for s in subjects[i:i + MMLU_SLICE]], 4))
+        units.append((f"mmlu[{i // MMLU_SLICE + 1}/{n}]", [f"mmlu_{s}" for s in subjects[i:i + MMLU_SLICE]], 4, None))
     return units
 
 
@@ -1375,20 +1386,20 @@ def stage_eval(st: Stage) -> None:
     st.rec["raw"]["batch_size"] = EVAL_BATCH
     units = _eval_units(ev)
     rate = prev.get("seconds_per_request")  # all four models together
-    for unit, task_names, per_doc in units:
+    for unit, task_names, per_doc, samples in units:
         if unit in prev["units"]:
             st.rec["checks"] += prev["units"][unit]["checks"]
             continue
-        docs = _unit_docs(ev, task_names)
+        docs = sum(len(v) for v in samples.values()) if samples else _unit_docs(ev, task_names)
         need = (rate or 0.012) * docs * per_doc + 10
         if st.budget.left() < need:
             st.skip(f"eval {unit}", f"{st.budget.left():.0f} s left, about {need:.0f} s needed ({docs} docs)")
             continue
         u0 = time.perf_counter()
-        ro = ev.evaluate(models["original"], tok, task_names, EVAL_LIMIT, EVAL_BATCH, tm)
+        ro = ev.evaluate(models["original"], tok, task_names, EVAL_LIMIT, EVAL_BATCH, tm, samples=samples)
         unit_checks = []
         for mode in EVAL_MODES:
-            rc = ev.evaluate(models[mode], tok, task_names, EVAL_LIMIT, EVAL_BATCH, tm)
+            rc = ev.evaluate(models[mode], tok, task_names, EVAL_LIMIT, EVAL_BATCH, tm, samples=samples)
             s_cmp = ev.compare_samples(ev.sample_table(ro["samples"]), ev.sample_table(rc["samples"]))
             rows = ev.compare_metrics(ro["results"], rc["results"])
             bitwise = ev.bitwise_by_construction(models[mode], mode, DEV)
@@ -1409,7 +1420,7 @@ def stage_eval(st: Stage) -> None:
         bu.write_json(state_path, prev)
         _empty_cache()
     st.rec["raw"]["seconds_per_request_all_models"] = rate
-    st.rec["raw"]["units"] = [u for u, _, _ in units]
+    st.rec["raw"]["units"] = [u[0] for u in units]
 
 
 # ------------------------------------------------------------------------------------ bench

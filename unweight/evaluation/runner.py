@@ -34,14 +34,18 @@ def _require_lm_eval():
         raise InputError(f"lm-eval cannot be imported ({e}): {_INSTALL_LM_EVAL}") from None
 
 
-def _evaluate(model, tokenizer, tasks: list[str], limit, batch_size: int, task_manager, seed: int = 1234):
+def _evaluate(model, tokenizer, tasks: list[str], limit, batch_size: int, task_manager, seed: int = 1234,
+              samples: dict | None = None):
+    """lm-eval on `model`; samples: {task: [document indices]} to run instead of the first
+    `limit` documents (lm-eval's own selection; None: limit)."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, softmax_dtype="float32")
     t0, c0 = time.perf_counter(), time.process_time()
-    out = simple_evaluate(model=lm, tasks=list(tasks), limit=limit, log_samples=True, task_manager=task_manager,
+    pick = {"samples": samples} if samples is not None else {"limit": limit}
+    out = simple_evaluate(model=lm, tasks=list(tasks), log_samples=True, task_manager=task_manager,
                           bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-                          fewshot_random_seed=seed)
+                          fewshot_random_seed=seed, **pick)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     if out is None:  # pragma: no cover - only on non-zero ranks
         raise InputError("lm-eval returned no results")
