@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import functools
 import hashlib
 import json
 import math
@@ -99,6 +100,17 @@ SOURCE_GLOBS = ("setup.py", "pyproject.toml", "csrc", "unweight", "scripts", "te
 SOURCE_EXT = (".py", ".h", ".cuh", ".cu", ".cpp", ".toml", ".yaml", ".sh")
 
 
+def is_source(rel: str) -> bool:
+    """Whether the file at `rel` (relative to the repository root, '/'-separated) is one whose
+    content identifies the code measured: under SOURCE_GLOBS, with a SOURCE_EXT ending, outside
+    __pycache__ and hidden folders."""
+    if rel in SOURCE_GLOBS:
+        return True
+    parts = rel.split("/")
+    return (any(rel.startswith(g + "/") for g in SOURCE_GLOBS) and rel.endswith(SOURCE_EXT)
+            and not any(p == "__pycache__" or p.startswith(".") for p in parts[:-1]))
+
+
 def source_files() -> list[str]:
     """Source files whose content identifies the code measured (relative, sorted)."""
     out = []
@@ -109,32 +121,40 @@ def source_files() -> list[str]:
             continue
         for d, dirs, files in os.walk(p):
             dirs[:] = sorted(x for x in dirs if x != "__pycache__" and not x.startswith("."))
-            out += [os.path.relpath(os.path.join(d, f), ROOT) for f in files if f.endswith(SOURCE_EXT)]
+            out += [r for r in (os.path.relpath(os.path.join(d, f), ROOT).replace(os.sep, "/") for f in files)
+                    if is_source(r)]
     return sorted(out)
+
+
+def _digest(files) -> str:
+    """sha256 over (relative path, sha256 of the content) pairs, in path order."""
+    h = hashlib.sha256()
+    for rel, content_sha in sorted(files):
+        h.update(rel.encode() + b"\0")
+        h.update(content_sha)
+    return h.hexdigest()
 
 
 def source_digest() -> str:
     """sha256 over the paths and bytes of source_files(): names the code on a machine that has
     the files but no .git (the device copy of the working tree); render_gpu_results.py
-    matches it against local commits."""
-    h = hashlib.sha256()
-    for rel in source_files():
-        h.update(rel.encode() + b"\0")
+    matches it against local commits (commit_for_digest)."""
+    def content(rel):
         with open(os.path.join(ROOT, rel), "rb") as f:
-            h.update(hashlib.sha256(f.read()).digest())
-    return h.hexdigest()
+            return hashlib.sha256(f.read()).digest()
+    return _digest((rel, content(rel)) for rel in source_files())
 
 
+@functools.lru_cache(maxsize=None)
 def commit_for_digest(digest: str, depth: int = 60) -> str:
     """The short hash of the oldest of HEAD's last `depth` commits whose tracked source files
     give `digest` (source_digest() of that commit's tree), or '' when none does.  Names the code
     a device run measured: its copy of the tree carries no trustworthy git state."""
     if not digest:
         return ""
-    commits = _run(["git", "-C", ROOT, "rev-list", f"--max-count={depth}", "HEAD"]).split()
     blob_sha = {}
 
-    def blob_digest(oid):
+    def content(oid):
         if oid not in blob_sha:
             data = subprocess.run(["git", "-C", ROOT, "cat-file", "blob", oid], capture_output=True,
                                   check=False).stdout
@@ -142,24 +162,14 @@ def commit_for_digest(digest: str, depth: int = 60) -> str:
         return blob_sha[oid]
 
     found = ""
-    for c in commits:
-        entries = []
+    for c in _run(["git", "-C", ROOT, "rev-list", f"--max-count={depth}", "HEAD"]).split():
+        files = []
         for line in _run(["git", "-C", ROOT, "ls-tree", "-r", c], timeout=60).splitlines():
             meta, _, rel = line.partition("\t")
             parts = meta.split()
-            if len(parts) != 3 or parts[1] != "blob":
-                continue
-            inside = rel in SOURCE_GLOBS or any(rel.startswith(g + "/") for g in SOURCE_GLOBS)
-            if not inside or "__pycache__" in rel or any(p.startswith(".") for p in rel.split("/")[:-1]):
-                continue
-            if rel not in SOURCE_GLOBS and not rel.endswith(SOURCE_EXT):
-                continue
-            entries.append((rel, parts[2]))
-        h = hashlib.sha256()
-        for rel, oid in sorted(entries):
-            h.update(rel.encode() + b"\0")
-            h.update(blob_digest(oid))
-        if h.hexdigest() == digest:
+            if len(parts) == 3 and parts[1] == "blob" and is_source(rel):
+                files.append((rel, content(parts[2])))
+        if _digest(files) == digest:
             found = c  # keep going: the oldest of a run of commits with this code is where it was made
         elif found:
             break

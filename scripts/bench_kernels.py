@@ -132,22 +132,16 @@ def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("pale
 def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):
     """TuningTable of a recorded run's rows (the dispatch choices bench_shape recorded)."""
     from unweight.runtime.tuning_table import PALETTE_GEMM, TuningTable
-    fused_path = {"palette": PALETTE_GEMM}
     table = TuningTable()
     for r in rows:
-        if "cublas" not in r:
+        # Only palette has a fused kernel: for huffman, decode + cuBLAS has nothing to choose from.
+        dec, fz = r.get("palette_decode_cublas") or {}, r.get("palette_fused") or {}
+        if "palette" not in encodings or "cublas" not in r or "median_ms" not in dec:
             continue
-        for e in encodings:
-            if e not in fused_path:  # no fused kernel: decode + cuBLAS with nothing to choose
-                continue
-            dec = r.get(f"{e}_decode_cublas")
-            if not dec or "median_ms" not in dec:
-                continue
-            times = {"decode_cublas": dec["median_ms"]}
-            fz = r.get(f"{e}_fused") or {}
-            if e in fused_path and "median_ms" in fz and (fz.get("accuracy") or {}).get("passed"):
-                times[fused_path[e]] = fz["median_ms"]
-            table.record(device_name, r["N"], r["K"], e, r["M"], times)
+        times = {"decode_cublas": dec["median_ms"]}
+        if "median_ms" in fz and (fz.get("accuracy") or {}).get("passed"):
+            times[PALETTE_GEMM] = fz["median_ms"]
+        table.record(device_name, r["N"], r["K"], "palette", r["M"], times)
     return table
 
 

@@ -75,12 +75,10 @@ import traceback
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(SCRIPTS)
 sys.path.insert(0, SCRIPTS)
-# The package is imported from the checkout, in this process and in every child (bench scripts,
-# pytest, sanitizer drivers): the device machine has no installed copy.
+# The package is imported from the checkout (the device machine has no installed copy): here
+# through sys.path, in children through _env_with_path().
 if ROOT not in sys.path:
     sys.path.insert(1, ROOT)
-os.environ["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                                      if p and p != ROOT])
 import _bench_util as bu  # noqa: E402
 
 STATE = os.path.join(ROOT, ".gpu_state")   # device side: what one call leaves for the next (ignored)

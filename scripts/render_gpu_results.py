@@ -105,7 +105,8 @@ def _code(env: dict) -> str:
 
 
 def stage_table(recs: dict) -> list[str]:
-    lines = ["| stage | result | checks passed / failed / skipped | seconds | code | raw |", "|---|---|---|---|---|---|"]
+    lines = ["| stage | result | checks passed / failed / skipped | seconds | code | raw |",
+             "|---|---|---|---|---|---|"]
     for st in STAGE_ORDER:
         r = recs.get(st)
         if r is None:
@@ -132,10 +133,11 @@ def decode_table(bench: dict) -> list[str]:
     rows = (bench.get("raw", {}).get("decode") or {}).get("rows") or []
     if not rows:
         return []
-    idx = sorted({k for r in rows for k in r if k.startswith("huffman+index")}, key=lambda k: -int(k[13:]))
+    pre = "huffman+index"  # bench_decode's huffman-with-index variants: huffman+index<S>
+    idx = sorted({k for r in rows for k in r if k.startswith(pre)}, key=lambda k: -int(k.removeprefix(pre)))
     cols = ["huffman", *idx, "palette", "transcode", "copy"]
     names = {"huffman": "huffman (as stored)", "palette": "palette", "transcode": "huffman -> palette transcode",
-             "copy": "dense copy", **{k: f"huffman, index S={k[13:]}" for k in idx}}
+             "copy": "dense copy", **{k: f"huffman, index S={k.removeprefix(pre)}" for k in idx}}
     lines = ["**Decode** (GB/s of BF16 written; the copy reads and writes the dense weights once; the GPU loaders "
              "give huffman weights the checkpoint index at S=256):", "",
              "| shape [N, K] | " + " | ".join(names[c] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
@@ -226,7 +228,8 @@ def moe_table(bench: dict) -> list[str]:
         peak = r.get("device_peak_bytes")
         lines.append(f"| {r.get('variant')} | {_f(r.get('ms_per_token'))} | {_f(r.get('vs_bf16'))}x | "
                      f"{_f(r.get('experts_decoded_per_layer_token'), '{:.1f}')} | "
-                     f"{_f(peak / 1e6 if peak else None, '{:.0f}')} | {'yes' if r.get('logits_equal_bf16') else 'NO'} |")
+                     f"{_f(peak / 1e6 if peak else None, '{:.0f}')} | "
+                     f"{'yes' if r.get('logits_equal_bf16') else 'NO'} |")
     return lines + [""]
 
 
@@ -243,7 +246,8 @@ def profile_table(bench: dict) -> list[str]:
             continue
         lines.append(f"| {name} | {_f(k.get('duration'), '{:g}')} {k.get('duration_unit', '')} | "
                      f"{_f(k.get('memory_throughput'), '{:g}')} | {_f(k.get('dram_throughput_pct'), '{:g}')} | "
-                     f"{_f(k.get('achieved_occupancy_pct'), '{:g}')} / {_f(k.get('theoretical_occupancy_pct'), '{:g}')} | "
+                     f"{_f(k.get('achieved_occupancy_pct'), '{:g}')} / "
+                     f"{_f(k.get('theoretical_occupancy_pct'), '{:g}')} | "
                      f"{_f(k.get('registers_per_thread'), '{:.0f}')} | {_f(k.get('grid_size'), '{:.0f}')} x "
                      f"{_f(k.get('block_size'), '{:.0f}')} |")
     return lines + [""]

@@ -9,9 +9,9 @@ from unweight.codec.reference import decode_reference
 from unweight.format import constants as C
 from unweight.format.errors import FormatError
 
-from .helpers import (EMULATION_ULPS, all_bf16_patterns, bf16_tensor, bf16_ulp_distance, bits, decode_op, decode_poisoned, emulate_fused, encoded_weight,
-                      fused_op, fused_paths, fused_supported, fused_vs_cublas, gather_op, huffman_planes, make_weights,
-                      without_index)
+from .helpers import (EMULATION_ULPS, all_bf16_patterns, bf16_tensor, bf16_ulp_distance, bits, decode_op,
+                      decode_poisoned, emulate_fused, encoded_weight, fused_op, fused_paths, fused_supported,
+                      fused_vs_cublas, gather_op, huffman_planes, make_weights, without_index)
 
 torch = pytest.importorskip("torch")
 

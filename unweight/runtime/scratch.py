@@ -36,14 +36,19 @@ def device_key(device) -> str:
     return str(d)
 
 
-def _grow(store: dict, device, numel: int, dtype, what: str) -> Tensor:
+def _grow(store: dict, device, numel: int, dtype, what: str | None, zeros: bool = False) -> Tensor:
+    """The buffer of `store` for `device`, replaced by a new one of `numel` elements (zeroed
+    with `zeros`) when missing or smaller; `what` names it in the log line (None: no line)."""
     k = device_key(device)
     buf = store.get(k)
     if buf is None or buf.numel() < numel:
-        with torch.inference_mode(False):  # outlives the forward that grew it (see error_counter)
-            buf = torch.empty(int(numel), dtype=dtype, device=k)
+        # A normal tensor even when first asked for under torch.inference_mode(): it outlives
+        # that forward, and writing into an inference tensor outside the mode raises.
+        with torch.inference_mode(False):
+            buf = (torch.zeros if zeros else torch.empty)(int(numel), dtype=dtype, device=k)
         store[k] = buf
-        log.info("unweight %s on %s: %.1f MiB", what, k, buf.numel() * buf.element_size() / 2**20)
+        if what:
+            log.info("unweight %s on %s: %.1f MiB", what, k, buf.numel() * buf.element_size() / 2**20)
     return buf
 
 
@@ -80,12 +85,9 @@ def workspace(device, numel: int) -> Tensor:
 def counters(device, numel: int) -> Tensor:
     """int32 [>= numel] zeros on `device` for the fused kernel's arrival counters (a launch
     leaves them zero; grown as a new zeroed buffer when smaller)."""
-    k = device_key(device)
-    buf = _COUNTERS.get(k)
+    buf = _COUNTERS.get(device_key(device))
     if buf is None or buf.numel() < numel:
-        with torch.inference_mode(False):  # outlives the forward that grew it (see error_counter)
-            buf = torch.zeros(max(int(numel), 1024), dtype=torch.int32, device=k)
-        _COUNTERS[k] = buf
+        buf = _grow(_COUNTERS, device, max(int(numel), 1024), torch.int32, None, zeros=True)
     return buf
 
 
@@ -105,15 +107,7 @@ def release(device=None) -> None:
 
 def error_counter(device) -> Tensor:
     """int32 [1] counter on `device` that device-side decodes add data errors to."""
-    k = device_key(device)
-    e = _ERR.get(k)
-    if e is None:
-        # A normal tensor even when first asked for under torch.inference_mode(): it outlives
-        # that forward, and resetting an inference tensor outside the mode raises.
-        with torch.inference_mode(False):
-            e = torch.zeros(1, dtype=torch.int32, device=k)
-        _ERR[k] = e
-    return e
+    return _grow(_ERR, device, 1, torch.int32, None, zeros=True)
 
 
 def device_errors(device) -> int:
