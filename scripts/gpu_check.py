@@ -427,6 +427,25 @@ def group_decode(rec, device):
     rec.check("decode huffman segments of 4096 weights 1024x4096 (default grid)", decode_case,
               h.make_weights(1024 if device == "cuda" else 64, 4096, seed=9), "huffman")
 
+    def variants_case():
+        """Every Huffman decoder variant (kernel_plan.HUFF_VARIANTS) on the index the loaders
+        add (S = 256) and on all BF16 patterns: bit for bit, BF16 and exponent bytes."""
+        from unweight.runtime import kernel_plan as kp
+        r = {}
+        for what, w in (("1024x4096", h.make_weights(1024 if device == "cuda" else 64, 4096, seed=12)),
+                        ("all 65536 patterns", h.all_bf16_patterns())):
+            ew = h.encoded_weight(tc.encode(w, "huffman", chk_interval=256), device, err)
+            for name, v in kp.HUFF_VARIANTS.items():
+                before = int(err.item())
+                ok = all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, v))
+                e8 = torch.empty(w.shape, dtype=torch.uint8, device=device)
+                h.decode_op(ew, e8, err, v)
+                ok = ok and bool(np.array_equal(e8.cpu().numpy(), ((w >> 7) & 0xFF).astype(np.uint8)))
+                r[f"{what} {name}"] = ok and int(err.item()) == before
+        r["passed"] = all(r.values())
+        return r
+    rec.check("decode huffman, every decoder variant (index S=256)", variants_case)
+
     def golden():
         from safetensors.numpy import load_file
         out = {}
@@ -1494,6 +1513,10 @@ def _bench_moe(budget: "bu.Budget", path: str) -> dict:
 PROFILES = (
     ("huffman-4096x4096-index256", ["--kernel", "huffman", "--index", "256"], "huffman_chain"),
     ("huffman-14336x4096-index256", ["--kernel", "huffman", "--rows", "14336", "--index", "256"], "huffman_chain"),
+    ("huffman-4096x4096-index256-ahead", ["--kernel", "huffman", "--index", "256", "--variant", "ahead"],
+     "huffman_ahead"),
+    ("huffman-4096x4096-index256-ahead2", ["--kernel", "huffman", "--index", "256", "--variant", "ahead2"],
+     "huffman_ahead"),
     ("palette-4096x4096", ["--kernel", "palette"], "palette_decode"),
     ("fused-4096x4096-M1", ["--kernel", "fused", "--batch", "1"], "pmma"),
     ("fused-4096x14336-M1", ["--kernel", "fused", "--cols", "14336", "--batch", "1"], "pmma"),

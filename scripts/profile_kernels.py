@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """One kernel on a random BF16 matrix, three launches, for Nsight Compute to look at.
 
-    ncu --kernel-name regex:huffman_chain --launch-skip 2 --launch-count 1 --set full \\
-        python scripts/profile_kernels.py --kernel huffman --rows 4096 --cols 4096 --index 256
+    ncu --kernel-name regex:huffman_ --launch-skip 2 --launch-count 1 --set full \\
+        python scripts/profile_kernels.py --kernel huffman --rows 4096 --cols 4096 --index 256 --variant ahead2
     ncu --kernel-name regex:pmma --launch-skip 2 --launch-count 1 \\
         python scripts/profile_kernels.py --kernel fused --rows 4096 --cols 4096 --batch 1
 
 --kernel huffman / palette: the decode to BF16 (huffman with the checkpoint index at --index S,
-0 for the stream as stored); fused: the palette matmul y = x W^T at batch --batch.  The first
+0 for the stream as stored, by the decoder --variant); fused: the palette matmul y = x W^T at batch --batch.  The first
 two launches warm the caches and tables.  The result is checked (decodes bitwise against the
 source weights; the matmul within 2x cuBLAS's error against a float64 reference); nothing is
 timed here (scripts/bench_decode.py and bench_kernels.py time).  Exit status 1 when a check
@@ -33,12 +33,16 @@ def main(argv=None) -> int:
     ap.add_argument("--cols", type=int, default=4096)
     ap.add_argument("--index", type=int, default=256, help="huffman checkpoint interval S (0: as stored)")
     ap.add_argument("--batch", type=int, default=1, help="fused: rows of x")
+    ap.add_argument("--variant", default="default",
+                    help="huffman decoder variant: default or a name of runtime.kernel_plan.HUFF_VARIANTS")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import numpy as np
     import torch
 
     from unweight.codec import tensor_codec as tc
+    from unweight.runtime import kernel_plan as kp
+    variant = 0 if args.variant == "default" else kp.HUFF_VARIANTS[args.variant]
     h = bu.import_helpers()
     dev = bu.device(torch)
     err = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -59,12 +63,12 @@ def main(argv=None) -> int:
     else:
         out = torch.empty((args.rows, args.cols), dtype=torch.bfloat16, device=dev)
         for _ in range(3):
-            h.decode_op(ew, out, err)
+            h.decode_op(ew, out, err, variant)
         bu.sync(torch)
         ok = bool(np.array_equal(h.bits(out), w_bits)) and int(err.item()) == 0
         what = "bitwise" if ok else "not bitwise"
-    log.info("%s %dx%d (index %s, batch %s): %s -> %s", args.kernel, args.rows, args.cols, args.index, args.batch,
-             what, "ok" if ok else "FAILED")
+    log.info("%s %dx%d (index %s, batch %s, variant %s): %s -> %s", args.kernel, args.rows, args.cols, args.index,
+             args.batch, args.variant, what, "ok" if ok else "FAILED")
     return 0 if ok else 1
 
 

@@ -133,11 +133,17 @@ def decode_table(bench: dict) -> list[str]:
     rows = (bench.get("raw", {}).get("decode") or {}).get("rows") or []
     if not rows:
         return []
-    pre = "huffman+index"  # bench_decode's huffman-with-index variants: huffman+index<S>
-    idx = sorted({k for r in rows for k in r if k.startswith(pre)}, key=lambda k: -int(k.removeprefix(pre)))
+    pre = "huffman+index"  # bench_decode's huffman-with-index rows: huffman+index<S>[+<decoder variant>]
+
+    def parts(k):  # "huffman+index256+ahead2" -> (256, "ahead2")
+        s_, _, v = k.removeprefix(pre).partition("+")
+        return int(s_), v
+
+    idx = sorted({k for r in rows for k in r if k.startswith(pre)}, key=lambda k: (-parts(k)[0], parts(k)[1]))
     cols = ["huffman", *idx, "palette", "transcode", "copy"]
     names = {"huffman": "huffman (as stored)", "palette": "palette", "transcode": "huffman -> palette transcode",
-             "copy": "dense copy", **{k: f"huffman, index S={k.removeprefix(pre)}" for k in idx}}
+             "copy": "dense copy",
+             **{k: f"huffman, index S={parts(k)[0]}" + (f", {parts(k)[1]}" if parts(k)[1] else "") for k in idx}}
     lines = ["**Decode** (GB/s of BF16 written; the copy reads and writes the dense weights once; the GPU loaders "
              "give huffman weights the checkpoint index at S=256):", "",
              "| shape [N, K] | " + " | ".join(names[c] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]

@@ -78,6 +78,12 @@ PYBIND11_MODULE(_cuda, m) {
 
   // --------------------------------------------------------------------- launch geometry
   m.attr("HUFF_THREADS") = plan::HUFF_THREADS;
+  m.attr("HUFF_VARIANT_DEFAULT") = plan::HUFF_VARIANT_DEFAULT;
+  m.attr("HUFF_VARIANT_CHAIN") = plan::HUFF_VARIANT_CHAIN;
+  m.attr("HUFF_VARIANT_AHEAD") = plan::HUFF_VARIANT_AHEAD;
+  m.attr("HUFF_VARIANT_AHEAD2") = plan::HUFF_VARIANT_AHEAD2;
+  m.attr("HUFF_VARIANT_SCALAR") = plan::HUFF_VARIANT_SCALAR;
+  m.attr("HUFF_DEFAULT_VARIANT") = plan::HUFF_DEFAULT_VARIANT;
   m.attr("PAL_VEC") = plan::PAL_VEC;
   m.attr("PAL_THREADS") = plan::PAL_THREADS;
   m.attr("WARP_KERNEL_THREADS") = plan::WARP_KERNEL_THREADS;
@@ -99,6 +105,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PMMA_MIN_SPLIT_TILES") = plan::PMMA_MIN_SPLIT_TILES;
   m.attr("PMMA_MAX_SPLITS") = plan::PMMA_MAX_SPLITS;
   m.def("plan_huffman_grid", &plan::huffman_grid);
+  m.def("plan_huffman_ways", &plan::huffman_ways);
   m.def("plan_huffman_chains_per_segment", &plan::huffman_chains_per_segment);
   m.def("plan_huffman_chain", [](int64_t t, int64_t cps) {
     int64_t i, j;
@@ -150,19 +157,20 @@ PYBIND11_MODULE(_cuda, m) {
                              int64_t cols, int64_t R, int64_t C, uintptr_t lut, int64_t g0, int64_t g1,
                              int64_t c0, int64_t c1, uintptr_t sm, int64_t sm_stride, uintptr_t out,
                              int64_t out_stride, uintptr_t err, uintptr_t stream, bool exp_only, uintptr_t chk,
-                             int64_t S, int64_t P) {
+                             int64_t S, int64_t P, int variant) {
     need(stream_p && off && lut && sm && out && err, "null device pointer");
     check(cuda::huffman_decode(dev<const uint8_t>(stream_p), stream_bytes, dev<const uint32_t>(off), rows,
                                cols, R, C, dev<const uint16_t>(lut), g0, g1, c0, c1,
                                dev<const uint8_t>(sm), sm_stride, exp_only ? nullptr : dev<uint16_t>(out),
                                exp_only ? dev<uint8_t>(out) : nullptr, out_stride, dev<const uint16_t>(chk), S, P,
-                               dev<int32_t>(err), stream_of(stream)));
+                               dev<int32_t>(err), variant, stream_of(stream)));
   }, py::arg("exp"), py::arg("exp_bytes"), py::arg("off"), py::arg("rows"), py::arg("cols"), py::arg("R"),
      py::arg("C"), py::arg("lut"), py::arg("g0"), py::arg("g1"), py::arg("c0"), py::arg("c1"), py::arg("sm"),
      py::arg("sm_stride"), py::arg("out"), py::arg("out_stride"), py::arg("err"), py::arg("stream") = 0,
-     py::arg("exp_only") = false, py::arg("chk") = 0, py::arg("S") = 0, py::arg("P") = 0,
+     py::arg("exp_only") = false, py::arg("chk") = 0, py::arg("S") = 0, py::arg("P") = 0, py::arg("variant") = 0,
      "Decode Huffman segments [g0,g1)x[c0,c1), chain by chain with the checkpoint index chk [n_seg, P] of "
-     "interval S (chk 0 and S 0: one chain per segment); sm/out point at the rectangle origin.");
+     "interval S (chk 0 and S 0: one chain per segment); sm/out point at the rectangle origin; variant: "
+     "HUFF_VARIANT_* of kernel_plan.h (0: the default).");
 
   m.def("huffman_gather_rows", [](uintptr_t ids, int64_t n_ids, uintptr_t stream_p, int64_t stream_bytes,
                                   uintptr_t off, int64_t rows, int64_t cols, int64_t R, int64_t C, uintptr_t lut,
@@ -278,7 +286,7 @@ PYBIND11_MODULE(_cuda, m) {
                                      int64_t R, int64_t C, arr<uint8_t> table, int exp_lo, int exp_hi,
                                      int64_t g0, int64_t g1, int64_t c0, int64_t c1, arr<uint8_t> sm,
                                      py::array out, bool exp_only, arr<uint16_t> chk, int64_t S, int64_t max_ctas,
-                                     bool force_scalar) {
+                                     int variant, py::object path_out) {
     need(sm.ndim() == 2 && out.ndim() == 2, "sm and out must be 2-D");
     need(off.size() == ((rows + R - 1) / R) * ((cols + C - 1) / C) + 1, "offset table has the wrong size");
     need(table.size() == HUFF_NUM_CTX * (exp_hi - exp_lo + 1), "code table has the wrong size");
@@ -296,22 +304,25 @@ PYBIND11_MODULE(_cuda, m) {
       o16 = static_cast<uint16_t*>(out.mutable_data());
     }
     const char* e;
+    int path = -1;
     {
       py::gil_scoped_release nogil;
       e = cuda::emulate::huffman_decode(stream.data(), stream.size(), off.data(), rows, cols, R, C,
                                         table.data(), exp_lo, exp_hi, g0, g1, c0, c1, sm.data(), sm.shape(1),
                                         o16, o8, out.shape(1), S ? chk.data() : nullptr, S,
-                                        chk.ndim() == 2 ? chk.shape(1) : 0, &err, max_ctas, force_scalar);
+                                        chk.ndim() == 2 ? chk.shape(1) : 0, &err, max_ctas, variant, &path);
     }
     check(e);
+    if (!path_out.is_none()) path_out.attr("append")(path);
     return err;
   }, py::arg("stream"), py::arg("off"), py::arg("rows"), py::arg("cols"), py::arg("R"), py::arg("C"),
      py::arg("table"), py::arg("exp_lo"), py::arg("exp_hi"), py::arg("g0"), py::arg("g1"), py::arg("c0"),
      py::arg("c1"), py::arg("sm"), py::arg("out"), py::arg("exp_only") = false,
      py::arg("chk") = arr<uint16_t>(std::vector<py::ssize_t>{0, 0}), py::arg("S") = 0, py::arg("max_ctas") = 0,
-     py::arg("force_scalar") = false,
+     py::arg("variant") = 0, py::arg("path_out") = py::none(),
      "Host run of the Huffman chain bodies (chk uint16 [n_seg, P] of interval S, or empty and 0; max_ctas caps "
-     "the grid as occupancy does, 0 = no cap); returns the error count.");
+     "the grid as occupancy does, 0 = no cap; variant: HUFF_VARIANT_* as on the device; path_out: a list that "
+     "receives the variant that ran); returns the error count.");
 
   m.def("emulate_huffman_gather_rows", [](arr<int64_t> ids, arr<uint8_t> stream, arr<uint32_t> off, int64_t rows,
                                           int64_t cols, int64_t R, int64_t C, arr<uint8_t> table, int exp_lo,

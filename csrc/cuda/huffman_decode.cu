@@ -3,11 +3,14 @@
 // checks, grid sizing) and host emulation are at the end of this file.
 //
 // Parallelism.  One thread per chain (huffman_decode.cuh): with the checkpoint index a
-// 4096 x 4096 matrix is 16,384 independent chains of S = 1024 weights (FORMAT.md
-// "Checkpoint index", "Choosing S"), against 2,048 one-thread segments without it.  A chain
-// is a serial dependency -- peek 12 bits, one shared-memory LUT load, shift by the code
-// length -- of roughly 40 cycles per symbol (an estimate: nothing here has been timed on a
-// GPU), so throughput comes from many chains in flight per SM, not from work inside one.
+// 4096 x 4096 matrix is 16,384 independent chains of S = 1024 weights (65,536 at the
+// loaders' S = 256; FORMAT.md "Checkpoint index", "Choosing S"), against 2,048 one-thread
+// segments without it.  A chain is a serial dependency -- peek 12 bits, one shared-memory
+// LUT load, shift by the code length -- so throughput comes from many chains in flight per
+// SM, not from work inside one.  The variants (kernel_plan.h HUFF_VARIANT_*, design in
+// docs/design/gpu-kernels.md) differ in when their loads are issued and in how many chains a
+// thread runs at once (huff_chain_body: one, loads at use; huff_ahead_body: one or two, loads
+// a block or a step ahead).
 //
 // Grid.  CTAs of HUFF_THREADS threads loop over chains (grid stride), and the grid is capped
 // at the CTAs the device holds at once (occupancy API): each CTA then fills its 32 KiB LUT
@@ -67,6 +70,34 @@ huffman_chain_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ 
     if (!huff_chain_body<kExp, kVec>(t, a, lut)) atomicAdd(err, 1);
 }
 
+// The look-ahead variants (huffman_decode.cuh, huff_ahead_body): their LUT holds shift-ready
+// entries, converted while it is copied in.
+__device__ __forceinline__ void fill_lut_ahead(uint16_t* lut, const uint16_t* __restrict__ lut_g) {
+  const uint4* src = reinterpret_cast<const uint4*>(lut_g);
+  uint4* dst = reinterpret_cast<uint4*>(lut);
+  constexpr int kVecs = HUFF_NUM_CTX * LUT_SIZE * 2 / 16;
+  for (int j = threadIdx.x; j < kVecs; j += plan::HUFF_THREADS) {
+    uint4 v = __ldg(src + j);
+    uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+    for (int i = 0; i < 4; ++i)
+      w[i] = lut_entry_ahead(static_cast<uint16_t>(w[i] & 0xFFFFu)) |
+             static_cast<uint32_t>(lut_entry_ahead(static_cast<uint16_t>(w[i] >> 16))) << 16;
+    dst[j] = v;
+  }
+  __syncthreads();
+}
+
+template <bool kExp, int kWays>
+__global__ void __launch_bounds__(plan::HUFF_THREADS, kWays == 2 ? 4 : 7)
+huffman_ahead_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ lut_g, int32_t* err) {
+  __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
+  fill_lut_ahead(lut, lut_g);
+  const int64_t n_units = cdiv(n_chains, kWays);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * plan::HUFF_THREADS;
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * plan::HUFF_THREADS + threadIdx.x; u < n_units; u += stride)
+    if (const int bad = huff_ahead_body<kExp, kWays>(u, n_chains, a, lut)) atomicAdd(err, bad);
+}
+
 __global__ void __launch_bounds__(plan::HUFF_THREADS)
 huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict__ lut_g, int32_t* err) {
   __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
@@ -79,7 +110,7 @@ huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict
 // CTAs of `kernel` the current device holds at once: the cap of a grid-stride launch.  The
 // two queries cost a few microseconds, so each kernel's answer is kept per device.
 int64_t resident_ctas(const void* kernel, int slot) {
-  constexpr int kDevices = 64, kSlots = 5;
+  constexpr int kDevices = 64, kSlots = 9;
   static int64_t cache[kSlots][kDevices] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) return 1;
@@ -97,6 +128,13 @@ void launch_chains(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int
   const void* k = reinterpret_cast<const void*>(&huffman_chain_kernel<kExp, kVec>);
   const int64_t grid = plan::huffman_grid(n_chains, resident_ctas(k, slot));
   huffman_chain_kernel<kExp, kVec><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, s>>>(a, n_chains, lut, err);
+}
+
+template <bool kExp, int kWays>
+void launch_ahead(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s, int slot) {
+  const void* k = reinterpret_cast<const void*>(&huffman_ahead_kernel<kExp, kWays>);
+  const int64_t grid = plan::huffman_grid(cdiv(n_chains, kWays), resident_ctas(k, slot));
+  huffman_ahead_kernel<kExp, kWays><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, s>>>(a, n_chains, lut, err);
 }
 
 }  // namespace
@@ -138,6 +176,17 @@ bool huff_vec_ok(const HuffArgs& a) {
   return a.out16 ? aligned(a.out16, 16) && a.out_stride % 8 == 0 : aligned(a.out8, 16) && a.out_stride % 16 == 0;
 }
 
+// The variant a decode runs (checked by check_variant first): the one asked for, SCALAR
+// when the vector conditions fail, and CHAIN for a look-ahead variant whose chains could
+// exceed its 32-bit bit counts (segments of over ~178M weights decoded without an index).
+int path_of(const HuffArgs& a, int variant) {
+  if (variant == plan::HUFF_VARIANT_SCALAR || !huff_vec_ok(a)) return plan::HUFF_VARIANT_SCALAR;
+  const int64_t chain_max = a.S ? a.S : std::min(a.R, a.rows) * std::min(a.C, a.cols);
+  if (variant != plan::HUFF_VARIANT_CHAIN && chain_max * HUFF_MAX_CODE_LEN + 256 >= (int64_t{1} << 31))
+    return plan::HUFF_VARIANT_CHAIN;
+  return variant;
+}
+
 int64_t n_chains_of(const HuffArgs& a) {
   return (a.g1 - a.g0) * (a.c1 - a.c0) * plan::huffman_chains_per_segment(a.S, a.P);
 }
@@ -152,6 +201,14 @@ const char* check_gather_args(const HGatherArgs& a) {
 
 int64_t n_units_of(const HGatherArgs& a) {
   return a.n_ids * cdiv(a.cols, a.C) * plan::hgather_units(a.S, a.P, std::min(a.C, a.cols));
+}
+
+// The variant of a decode: DEFAULT becomes the runtime's choice; anything else unknown is an
+// error, not a silent fallback.
+const char* check_variant(int* variant) {
+  if (*variant == plan::HUFF_VARIANT_DEFAULT) *variant = plan::HUFF_DEFAULT_VARIANT;
+  if (*variant < plan::HUFF_VARIANT_CHAIN || *variant > plan::HUFF_VARIANT_SCALAR) return "unknown huffman decode variant";
+  return nullptr;
 }
 
 std::vector<uint16_t> host_lut(const uint8_t* table, int exp_lo, int exp_hi, int32_t* err) {
@@ -187,19 +244,29 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
                            int64_t rows, int64_t cols, int64_t R, int64_t C, const uint16_t* lut,
                            int64_t g0, int64_t g1, int64_t c0, int64_t c1, const uint8_t* sm,
                            int64_t sm_stride, uint16_t* out16, uint8_t* out8, int64_t out_stride,
-                           const uint16_t* chk, int64_t S, int64_t P, int32_t* err, void* stream_handle) {
+                           const uint16_t* chk, int64_t S, int64_t P, int32_t* err, int variant,
+                           void* stream_handle) {
   const HuffArgs a{stream, stream_bytes, off, rows, cols, R, C, g0, g1, c0, c1,
                    sm, sm_stride, out16, out8, out_stride, chk, S, P};
   if (const char* e = check_chain_args(a)) return e;
   if (!aligned(lut, 16)) return "lut must be 16-byte aligned";
+  if (const char* e = check_variant(&variant)) return e;
   const int64_t n = n_chains_of(a);
   if (!grid_ok(cdiv(n, plan::HUFF_THREADS))) return "too many chains for one launch";
   const cudaStream_t s = static_cast<cudaStream_t>(stream_handle);
-  const bool vec = huff_vec_ok(a);
-  if (out8)
-    vec ? launch_chains<true, true>(a, n, lut, err, s, 0) : launch_chains<true, false>(a, n, lut, err, s, 1);
-  else
-    vec ? launch_chains<false, true>(a, n, lut, err, s, 2) : launch_chains<false, false>(a, n, lut, err, s, 3);
+  switch (path_of(a, variant)) {
+    case plan::HUFF_VARIANT_AHEAD:
+      out8 ? launch_ahead<true, 1>(a, n, lut, err, s, 4) : launch_ahead<false, 1>(a, n, lut, err, s, 5);
+      break;
+    case plan::HUFF_VARIANT_AHEAD2:
+      out8 ? launch_ahead<true, 2>(a, n, lut, err, s, 6) : launch_ahead<false, 2>(a, n, lut, err, s, 7);
+      break;
+    case plan::HUFF_VARIANT_CHAIN:
+      out8 ? launch_chains<true, true>(a, n, lut, err, s, 0) : launch_chains<false, true>(a, n, lut, err, s, 2);
+      break;
+    default:
+      out8 ? launch_chains<true, false>(a, n, lut, err, s, 1) : launch_chains<false, false>(a, n, lut, err, s, 3);
+  }
   return launch_status();
 }
 
@@ -214,7 +281,7 @@ const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
   if (n == 0) return nullptr;
   if (!grid_ok(cdiv(n, plan::HUFF_THREADS))) return "too many ids for one launch";
   const void* k = reinterpret_cast<const void*>(&huffman_gather_kernel);
-  const int64_t grid = plan::huffman_grid(n, resident_ctas(k, 4));
+  const int64_t grid = plan::huffman_grid(n, resident_ctas(k, 8));
   huffman_gather_kernel<<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, static_cast<cudaStream_t>(stream_handle)>>>(
       a, n, lut, err);
   return launch_status();
@@ -231,15 +298,29 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
                            int exp_lo, int exp_hi, int64_t g0, int64_t g1, int64_t c0, int64_t c1,
                            const uint8_t* sm, int64_t sm_stride, uint16_t* out16, uint8_t* out8,
                            int64_t out_stride, const uint16_t* chk, int64_t S, int64_t P, int32_t* err,
-                           int64_t max_ctas, bool force_scalar) {
+                           int64_t max_ctas, int variant, int* path) {
   const HuffArgs a{stream, stream_bytes, off, rows, cols, R, C, g0, g1, c0, c1,
                    sm, sm_stride, out16, out8, out_stride, chk, S, P};
   if (const char* e = check_chain_args(a)) return e;
   if (!(0 <= exp_lo && exp_lo <= exp_hi && exp_hi <= 255)) return "bad exponent range";
-  const std::vector<uint16_t> lut = host_lut(table, exp_lo, exp_hi, err);
+  if (const char* e = check_variant(&variant)) return e;
+  std::vector<uint16_t> lut = host_lut(table, exp_lo, exp_hi, err);
   const int64_t n = n_chains_of(a);
-  const bool vec = !force_scalar && huff_vec_ok(a);
-  emulate_grid_stride(n, plan::huffman_grid(n, max_ctas > 0 ? max_ctas : INT64_MAX), [&](int64_t t) {
+  const int run = path_of(a, variant);
+  if (path) *path = run;
+  const bool vec = run != plan::HUFF_VARIANT_SCALAR;
+  const int64_t cap = max_ctas > 0 ? max_ctas : INT64_MAX;
+  if (run == plan::HUFF_VARIANT_AHEAD || run == plan::HUFF_VARIANT_AHEAD2) {
+    for (uint16_t& e : lut) e = lut_entry_ahead(e);
+    const int ways = plan::huffman_ways(run);
+    const int64_t units = cdiv(n, ways);
+    emulate_grid_stride(units, plan::huffman_grid(units, cap), [&](int64_t u) {
+      *err += out8 ? (ways == 2 ? huff_ahead_body<true, 2>(u, n, a, lut.data()) : huff_ahead_body<true, 1>(u, n, a, lut.data()))
+                   : (ways == 2 ? huff_ahead_body<false, 2>(u, n, a, lut.data()) : huff_ahead_body<false, 1>(u, n, a, lut.data()));
+    });
+    return nullptr;
+  }
+  emulate_grid_stride(n, plan::huffman_grid(n, cap), [&](int64_t t) {
     const bool ok = out8 ? (vec ? huff_chain_body<true, true>(t, a, lut.data()) : huff_chain_body<true, false>(t, a, lut.data()))
                          : (vec ? huff_chain_body<false, true>(t, a, lut.data()) : huff_chain_body<false, false>(t, a, lut.data()));
     if (!ok) ++*err;

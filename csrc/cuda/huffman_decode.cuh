@@ -10,6 +10,7 @@
 // bytes), which makes decoding by chains exactly equal to decoding each segment from its start.
 #pragma once
 #include "device_util.cuh"
+#include "emu/ctx.cuh"  // prmt, funnel_l
 
 namespace unweight {
 namespace cuda {
@@ -216,6 +217,284 @@ UW_UNROLL()
   }
   *used = sb.consumed();
   return minlen > 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// Look-ahead path (HUFF_VARIANT_AHEAD, _AHEAD2): kWays chains per thread, decoded in lockstep,
+// every load issued a block or a step before anything reads it.  Why (the first H100 run,
+// docs/design/gpu-kernels.md): the path above issues each chain's next stream block and
+// byte-swaps it at once, and reads each step's sign+mantissa bytes right after loading them,
+// so a chain waits out a full memory latency about every 40 symbols; a warp then issues once
+// per ~9 cycles and a symbol costs ~300 cycles.  Here those waits are gone, the symbol's
+// dependency chain is shorter (LUT load, one funnel shift, one shift-add, the address), and
+// two chains per thread give the scheduler independent work between the links of each chain.
+// The per-chain state is kept small (32-bit counters, the end check reduced to a range of bit
+// counts at the start) so that two chains fit a thread without spilling.
+// ---------------------------------------------------------------------------------------
+
+// The shared-memory LUT entry of this path: [12:5] symbol, [4:0] code length (<= 12, so bit
+// 4 is 0).  A funnel shift by the whole entry is a shift by the code length (the shift count
+// is taken mod 32), so no mask sits on the decode's dependency chain.  0 still marks code
+// space no symbol owns.
+static_assert(HUFF_MAX_CODE_LEN < 16, "the look-ahead LUT entry keeps the length in bits 0..3");
+UW_HD uint16_t lut_entry_ahead(uint16_t e) { return static_cast<uint16_t>(((e >> 4) << 5) | (e & 0xFu)); }
+
+// The 16 bytes at `at` of a block that reaches past `end`: those before `end`, then zeros (a
+// corrupt chain then fails its end check instead of faulting).  Out of line on the device:
+// only the blocks at a stream's end take it, and inlined it would add ~100 instructions to
+// every advance of the hot loop.
+#if defined(__CUDA_ARCH__)
+__device__ __noinline__
+#else
+inline
+#endif
+uint4 ahead_load_tail(const uint8_t* at, const uint8_t* end) {
+  uint8_t q[16];
+  for (int i = 0; i < 16; ++i) q[i] = at + i < end ? at[i] : static_cast<uint8_t>(0);
+  uint4 v;
+  std::memcpy(&v, q, 16);
+  return v;
+}
+
+// 16 stream bytes at `at` (16-byte aligned) as loaded.
+UW_HD void ahead_load(const uint8_t* at, const uint8_t* end, uint32_t (&v)[4]) {
+  if (at + 16 <= end) {
+    ld_stream_v4(at, v);
+  } else {
+    const uint4 t = ahead_load_tail(at, end);
+    v[0] = t.x;
+    v[1] = t.y;
+    v[2] = t.z;
+    v[3] = t.w;
+  }
+}
+
+// One chain's exponent stream as three aligned 16-byte blocks: c (holding the read position)
+// and n, byte-swapped into words whose msb is the first stream bit, and f, the block after n,
+// as loaded.  Nothing reads f until the read position leaves c, one block (~40 symbols) after
+// f's load was issued.
+struct AheadBits {
+  const uint8_t* next;  // the block after f
+  uint32_t pos, pos0;   // bits consumed of block c (< 128 between rounds); pos at the start
+  uint32_t adv;         // blocks left behind
+  uint32_t c[4], n[4], f[4];
+
+  UW_HD static void swap(const uint32_t (&s)[4], uint32_t (&d)[4]) {
+UW_UNROLL()
+    for (int i = 0; i < 4; ++i) d[i] = bswap32(s[i]);
+  }
+  UW_HD void init(const uint8_t* base, const uint8_t* end, uint64_t bit) {
+    const uint8_t* b = base + (bit >> 7) * 16;
+    pos = pos0 = static_cast<uint32_t>(bit & 127);
+    adv = 0;
+    uint32_t t[4];
+    ahead_load(b, end, t);
+    swap(t, c);
+    ahead_load(b + 16, end, t);
+    swap(t, n);
+    ahead_load(b + 32, end, f);
+    next = b + 48;
+  }
+  // The 64 stream bits from the read position on, as hi (first 32) and lo: words pos/32 ..
+  // pos/32 + 2 of c, n by two selects (by bit 6, then bit 5 of pos) and two funnel shifts.
+  UW_HD void window(uint32_t& hi, uint32_t& lo) const {
+    const bool h = pos >= 64, w = (pos & 32u) != 0;
+    const uint32_t q0 = h ? c[2] : c[0], q1 = h ? c[3] : c[1], q2 = h ? n[0] : c[2], q3 = h ? n[1] : c[3];
+    const uint32_t x = w ? q1 : q0, y = w ? q2 : q1, z = w ? q3 : q2;
+    hi = emu::funnel_l(y, x, pos);
+    lo = emu::funnel_l(z, y, pos);
+  }
+  // A round consumes at most 4 * 12 = 48 bits, so one block step is always enough.  A real
+  // branch, not a select: a select would read f, and wait for its load, on every round.
+  UW_HD void advance(uint32_t bits, const uint8_t* end) {
+    pos += bits;
+    if (pos >= 128) {
+      pos -= 128;
+      ++adv;
+UW_UNROLL()
+      for (int i = 0; i < 4; ++i) c[i] = n[i];
+      swap(f, n);
+      ahead_load(next, end, f);
+      next += 16;
+    }
+  }
+  UW_HD uint32_t consumed() const { return adv * 128u + pos - pos0; }
+};
+
+// One chain of a look-ahead thread: its stream, where its next step lies, that step's 32
+// sign+mantissa bytes (loaded one step ahead of their use), and what its end check accepts.
+struct AheadWay {
+  AheadBits sb;
+  const uint8_t* sp;  // the next step's sign+mantissa bytes
+  uint8_t* op;        // ... and its output (bytes: 2 per weight for BF16, 1 for exponents)
+  int32_t col;        // steps left in the current segment row
+  int32_t row_steps;  // steps per segment row (its width / kChainStep)
+  int32_t steps;      // steps left
+  uint32_t used_lo, used_hi;  // the bit counts the end check accepts
+  uint32_t mn;        // smallest LUT entry met: 0 means an invalid code
+  uint32_t s_next[8];
+
+  // Issues the loads of the next step's 32 bytes (one sector) into s_next.
+  UW_HD void fetch() {
+    uint32_t a4[4], b4[4];
+    ld_stream_v4(sp, a4);
+    ld_stream_v4(sp + 16, b4);
+UW_UNROLL()
+    for (int q = 0; q < 4; ++q) {
+      s_next[q] = a4[q];
+      s_next[q + 4] = b4[q];
+    }
+  }
+};
+
+// Decodes `nsteps` steps of each of the kN chains ws[0..kN), round by round in lockstep (the
+// chains are independent, so their instructions interleave).  Per step and chain: the next
+// step's 32 bytes are loaded, then 2 halves of 16 weights, each 4 rounds of 4 symbols
+// assembled in registers and stored with 16-byte stores.  sm_skip / out_skip: bytes from a
+// segment row's end to the next row's start in each plane.
+template <bool kExp, int kN>
+UW_HD void ahead_steps(AheadWay* ws, int32_t nsteps, const uint8_t* end, int64_t sm_stride, int64_t out_stride,
+                       const uint16_t* lut) {
+  constexpr int kOutBytes = kExp ? 1 : 2;
+  for (int32_t i = 0; i < nsteps; ++i) {
+    uint32_t s[kN][8];
+    uint8_t* at[kN];
+UW_UNROLL()
+    for (int k = 0; k < kN; ++k) {
+      AheadWay& v = ws[k];
+UW_UNROLL()
+      for (int q = 0; q < 8; ++q) s[k][q] = v.s_next[q];
+      at[k] = v.op;
+      v.sp += kChainStep;
+      v.op += kChainStep * kOutBytes;
+      if (--v.col == 0) {  // the next step starts the segment's next row
+        v.col = v.row_steps;
+        const int64_t w = static_cast<int64_t>(v.row_steps) * kChainStep;
+        v.sp += sm_stride - w;
+        v.op += (out_stride - w) * kOutBytes;
+      }
+      if (--v.steps > 0) v.fetch();
+    }
+UW_UNROLL()
+    for (int h = 0; h < 2; ++h) {
+      uint32_t ow[kN][kExp ? 4 : 8];
+UW_UNROLL()
+      for (int k = 0; k < kN; ++k)
+UW_UNROLL()
+        for (int q = 0; q < 4; ++q) {
+          if (kExp) {
+            ow[k][q] = 0;
+          } else {  // sign and mantissa of weights 4q..4q+3 in place: bytes s0 s0 s1 s1, masked
+            const uint32_t sw = s[k][4 * h + q];
+            ow[k][2 * q] = emu::prmt(sw, 0u, 0x1100u) & 0x807F807Fu;
+            ow[k][2 * q + 1] = emu::prmt(sw, 0u, 0x3322u) & 0x807F807Fu;
+          }
+        }
+UW_UNROLL()
+      for (int q = 0; q < 4; ++q) {
+        // The chains' rounds first, as one straight run of code the compiler can interleave,
+        // then their advances: an advance is a branch, which no instruction is moved across.
+        uint32_t bits[kN];
+UW_UNROLL()
+        for (int k = 0; k < kN; ++k) {
+          AheadWay& v = ws[k];
+          const uint32_t sw = s[k][4 * h + q];
+          uint32_t hi, lo;
+          v.sb.window(hi, lo);
+          bits[k] = 0;
+UW_UNROLL()
+          for (int b = 0; b < kRound; ++b) {
+            const uint32_t cx = ((sw >> (8 * b + HUFF_CTX_SHIFT)) & (HUFF_NUM_CTX - 1)) << HUFF_MAX_CODE_LEN;
+            const uint32_t e = lut[cx | (hi >> (32 - HUFF_MAX_CODE_LEN))];
+            hi = emu::funnel_l(lo, hi, e);
+            lo = emu::funnel_l(0u, lo, e);
+            bits[k] += e & 31u;
+            v.mn = e < v.mn ? e : v.mn;
+            if (kExp)
+              ow[k][q] |= (e >> 5) << (8 * b);
+            else  // the symbol at bits 14..7 of its half: (e << 2) & 0x7F80
+              ow[k][2 * q + (b >> 1)] |= ((e << 2) & 0x7F80u) << (16 * (b & 1));
+          }
+        }
+UW_UNROLL()
+        for (int k = 0; k < kN; ++k) ws[k].sb.advance(bits[k], end);
+      }
+UW_UNROLL()
+      for (int k = 0; k < kN; ++k) {
+        uint8_t* op = at[k] + 16 * h * kOutBytes;
+        if (kExp) {
+          st_v4_bytes(op, {ow[k][0], ow[k][1], ow[k][2], ow[k][3]});
+        } else {
+          st_v4_bytes(op, {ow[k][0], ow[k][1], ow[k][2], ow[k][3]});
+          st_v4_bytes(op + 16, {ow[k][4], ow[k][5], ow[k][6], ow[k][7]});
+        }
+      }
+    }
+  }
+}
+
+// Sets up chain t of the selection on v (false: corrupt offsets or checkpoint, nothing
+// loaded), with the end check of chain_end_ok as the range of bit counts it accepts.
+template <bool kExp>
+UW_HD bool ahead_init(const HuffArgs& a, AheadWay& v, const ChainJob& J) {
+  const uint32_t b0 = a.off[J.s], b1 = a.off[J.s + 1];
+  if (b1 < b0 || static_cast<int64_t>(b1) + STREAM_SLACK_BYTES > a.stream_bytes) return false;
+  const uint64_t start = a.S ? checkpoint_bit(a.chk, a.P, J.s, J.j) : 0;
+  const uint64_t seg_bits = static_cast<uint64_t>(b1 - b0) * 8;
+  if (start >= seg_bits) return false;
+  if (J.end < J.n) {  // ends exactly at the next checkpoint
+    v.used_lo = v.used_hi = a.chk[J.s * a.P + J.end / a.S - 1];
+  } else {  // the segment's bits round up to its byte length: start + used in (seg_bits - 8, seg_bits]
+    v.used_hi = static_cast<uint32_t>(seg_bits - start);
+    v.used_lo = seg_bits - start > 7 ? v.used_hi - 7 : 0;
+  }
+  v.sb.init(a.stream, a.stream + a.stream_bytes, static_cast<uint64_t>(b0) * 8 + start);
+  const int64_t r = J.first / J.w, c = J.first % J.w;
+  v.sp = a.sm + (J.lr + r) * a.sm_stride + J.lk + c;
+  v.op = kExp ? a.out8 + (J.lr + r) * a.out_stride + J.lk + c
+              : reinterpret_cast<uint8_t*>(a.out16 + (J.lr + r) * a.out_stride + J.lk + c);
+  v.row_steps = static_cast<int32_t>(J.w / kChainStep);
+  v.col = static_cast<int32_t>((J.w - c) / kChainStep);
+  v.steps = static_cast<int32_t>((J.end - J.first) / kChainStep);
+  v.mn = 0xFFFFu;
+  v.fetch();
+  return true;
+}
+
+// Decodes chains u * kWays .. u * kWays + kWays - 1 (those below n_chains) of the selection
+// (vector conditions proven by the launcher); returns how many are corrupt, by the checks of
+// huff_chain_body.  The chains run in lockstep for as many steps as all have, then each alone
+// for its rest (only a segment's last chain is shorter than S).
+template <bool kExp, int kWays>
+UW_HD int huff_ahead_body(int64_t u, int64_t n_chains, const HuffArgs& a, const uint16_t* lut) {
+  AheadWay ws[kWays] = {};  // zeroed: a dead way is never read, but the host compiler cannot see that
+  bool live[kWays];
+  int bad = 0;
+  int32_t common = INT32_MAX;
+UW_UNROLL()
+  for (int k = 0; k < kWays; ++k) {
+    const int64_t t = u * kWays + k;
+    ChainJob J;
+    live[k] = false;
+    if (t < n_chains && chain_job(t, a, &J)) {
+      live[k] = ahead_init<kExp>(a, ws[k], J);
+      bad += !live[k];
+    }
+    common = ws[k].steps < common ? ws[k].steps : common;
+  }
+  const uint8_t* end = a.stream + a.stream_bytes;
+  ahead_steps<kExp, kWays>(ws, common, end, a.sm_stride, a.out_stride, lut);
+  if (kWays > 1) {
+UW_UNROLL()
+    for (int k = 0; k < kWays; ++k)
+      if (ws[k].steps > 0) ahead_steps<kExp, 1>(&ws[k], ws[k].steps, end, a.sm_stride, a.out_stride, lut);
+  }
+UW_UNROLL()
+  for (int k = 0; k < kWays; ++k) {
+    const uint32_t used = ws[k].sb.consumed();
+    if (live[k] && !(ws[k].mn > 0 && used >= ws[k].used_lo && used <= ws[k].used_hi)) ++bad;
+  }
+  return bad;
 }
 
 // Decodes chain t of the selection; false when it is corrupt (offsets out of range, a

@@ -30,6 +30,22 @@ namespace plan {
 // the ~90-160 per SM the decode's latency needs (FORMAT.md "Choosing S"), and a 4096 x 4096
 // matrix (16,384 chains at S = 1024) still fills 128 CTAs, about one per SM of an H100.
 constexpr int HUFF_THREADS = 128;
+// Huffman decode variants (the `variant` argument of huffman_decode; scripts/bench_decode.py
+// times each on the device):
+//   CHAIN   one chain per thread, each load issued right before its use;
+//   AHEAD   one chain per thread, stream blocks and sign+mantissa bytes loaded a block / a
+//           32-weight step before use, shift-ready LUT entries (huffman_decode.cuh);
+//   AHEAD2  AHEAD with two chains per thread decoded in lockstep;
+//   SCALAR  the byte-wise reader every shape takes when the vector conditions fail.
+// DEFAULT (0) is what the runtime runs: CHAIN, the variant measured on a device so far.
+constexpr int HUFF_VARIANT_DEFAULT = 0;
+constexpr int HUFF_VARIANT_CHAIN = 1;
+constexpr int HUFF_VARIANT_AHEAD = 2;
+constexpr int HUFF_VARIANT_AHEAD2 = 3;
+constexpr int HUFF_VARIANT_SCALAR = 4;
+constexpr int HUFF_DEFAULT_VARIANT = HUFF_VARIANT_CHAIN;
+// Chains one thread of a variant decodes at a time.
+UW_PLAN_HD int huffman_ways(int variant) { return variant == HUFF_VARIANT_AHEAD2 ? 2 : 1; }
 // Palette -> BF16: each thread decodes PAL_VEC consecutive weights of one row: 4 index bytes
 // (one 32-bit load), 8 sign+mantissa bytes (one 64-bit load), one 16-byte store.
 constexpr int PAL_VEC = 8;

@@ -67,11 +67,14 @@ const char* huffman_build_lut(const uint8_t* table, int exp_lo, int exp_hi, uint
 // each segment then decoded as independent chains of S weights; null with S = P = 0 (one
 // chain per segment).  Each chain that meets an invalid code, or does not end where the index
 // or its segment's byte length says, or whose offsets are out of range, adds 1 to *err.
+// variant: plan::HUFF_VARIANT_* (0: the runtime's default); every variant writes the same
+// bits and counts the same errors, and shapes the vector variants cannot take run SCALAR.
 const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
                            int64_t rows, int64_t cols, int64_t R, int64_t C, const uint16_t* lut,
                            int64_t g0, int64_t g1, int64_t c0, int64_t c1, const uint8_t* sm,
                            int64_t sm_stride, uint16_t* out16, uint8_t* out8, int64_t out_stride,
-                           const uint16_t* chk, int64_t S, int64_t P, int32_t* err, void* stream_handle);
+                           const uint16_t* chk, int64_t S, int64_t P, int32_t* err, int variant,
+                           void* stream_handle);
 
 // out[i, :] = row ids[i] of the Huffman matrix (full planes sm [rows, cols], stream, off,
 // chk / S / P as above; ids int64 [n_ids] on the device), BF16 [n_ids, cols] with row stride
@@ -135,14 +138,15 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 // and decode logic without a GPU.  Same signatures and semantics as above; err is a host int.
 namespace emulate {
 // The LUT is built here from the code lengths table[4][exp_hi-exp_lo+1].  max_ctas caps the
-// grid as the device's occupancy does (0: no cap); force_scalar runs the scalar chain reader
-// where the vector one applies (both are tested).
+// grid as the device's occupancy does (0: no cap); variant as on the device (the LUT of the
+// look-ahead variants is converted as their kernel's LUT fill converts it); *path (when not
+// null) receives the variant that ran, SCALAR where the vector conditions fail.
 const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
                            int64_t rows, int64_t cols, int64_t R, int64_t C, const uint8_t* table,
                            int exp_lo, int exp_hi, int64_t g0, int64_t g1, int64_t c0, int64_t c1,
                            const uint8_t* sm, int64_t sm_stride, uint16_t* out16, uint8_t* out8,
                            int64_t out_stride, const uint16_t* chk, int64_t S, int64_t P, int32_t* err,
-                           int64_t max_ctas, bool force_scalar);
+                           int64_t max_ctas, int variant, int* path);
 const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* stream, int64_t stream_bytes,
                                 const uint32_t* off, int64_t rows, int64_t cols, int64_t R, int64_t C,
                                 const uint8_t* table, int exp_lo, int exp_hi, const uint8_t* sm, const uint16_t* chk,

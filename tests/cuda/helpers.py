@@ -101,15 +101,16 @@ def huffman_planes(enc, w) -> dict:
     return out
 
 
-def decode_op(w, out, err) -> None:
+def decode_op(w, out, err, variant: int = 0) -> None:
     """Run the decode op of w's encoding into `out` (bf16 [rows, cols], or uint8 for the
-    Huffman exponent bytes)."""
+    Huffman exponent bytes); variant: the Huffman decoder (kernel_plan.HUFF_VARIANTS, 0 the
+    default)."""
     import torch
     if w.is_huffman:
         # The checkpoint index, when w has one: the kernel then decodes S-weight chains.
         torch.ops.unweight.decode_huffman(w.sm, w.exp, w.off, w.table, w.lut, out, err, w.rows, w.cols,
                                           w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi, w.chk,
-                                          w.chk_interval)
+                                          w.chk_interval, variant)
     else:
         torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette)
 
@@ -133,14 +134,14 @@ def without_index(w):
                          vexp=w.vexp, name=w.name)
 
 
-def decode_poisoned(w, err) -> list:
+def decode_poisoned(w, err, variant: int = 0) -> list:
     """Decode w once per poison value into a poisoned bf16 buffer; returns the uint16 results."""
     import torch
     outs = []
     for p in POISONS:
         out = torch.full((w.rows, w.cols), p - 65536 if p >= 32768 else p, dtype=torch.int16,
                          device=w.device).view(torch.bfloat16)
-        decode_op(w, out, err)
+        decode_op(w, out, err, variant)
         outs.append(bits(out))
     return outs
 

@@ -2,7 +2,8 @@
 
 unweight._cuda.emulate_huffman_decode / emulate_*_gather_rows run the kernels' very
 __host__ __device__ bodies (csrc/cuda/huffman_decode.cuh, palette_decode.cuh) on the host over
-the kernels' grid-stride order, vector and scalar readers both; results must equal the
+the kernels' grid-stride order, every decode variant (one chain per thread, the look-ahead
+reader with one and two chains per thread, the scalar reader); results must equal the
 original weights bit for bit, and corrupt planes must be counted, never read out of bounds or
 written outside the output.  The launch geometry's Python mirror is checked to cover every
 weight exactly once.  Skipped (the body tests) when unweight._cuda is not built.
@@ -32,15 +33,18 @@ needs_ext = pytest.mark.skipif(_cuda is None, reason="unweight._cuda not built")
 GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden"
 ODD = [1, 63, 65, 4097]
 NO_CHK = np.zeros((0, 0), np.uint16)
+# Every Huffman decode variant (kernel_plan.h); shapes the vector ones cannot take run SCALAR.
+VARIANTS = (kp.HUFF_VARIANT_CHAIN, kp.HUFF_VARIANT_AHEAD, kp.HUFF_VARIANT_AHEAD2, kp.HUFF_VARIANT_SCALAR)
 
 
 def _chk(enc):
     return enc.planes.get(C.SUFFIX_CHK, NO_CHK)
 
 
-def emulate_decode(enc, planes=None, *, sel=None, exp_only=False, max_ctas=3, force_scalar=False, use_index=True,
-                   out=None):
-    """(error count, output) of the emulated chain kernel over segments sel = (g0, g1, c0, c1)."""
+def emulate_decode(enc, planes=None, *, sel=None, exp_only=False, max_ctas=3, variant=0, use_index=True,
+                   out=None, path_out=None):
+    """(error count, output) of the emulated chain kernel over segments sel = (g0, g1, c0, c1);
+    path_out (a list) receives the variant that ran."""
     h, p = enc.header, planes or enc.planes
     g0, g1, c0, c1 = sel or (0, h.n_groups, 0, h.n_chunks)
     R, C_ = h.rows_per_group, h.cols_per_chunk
@@ -51,7 +55,8 @@ def emulate_decode(enc, planes=None, *, sel=None, exp_only=False, max_ctas=3, fo
     S = h.chk_interval if use_index else 0
     chk = p.get(C.SUFFIX_CHK, NO_CHK) if S else NO_CHK
     nerr = _cuda.emulate_huffman_decode(p[C.SUFFIX_EXP], p[C.SUFFIX_OFF], h.rows, h.cols, R, C_, h.table, h.exp_lo,
-                                        h.exp_hi, g0, g1, c0, c1, sm, out, exp_only, chk, S, max_ctas, force_scalar)
+                                        h.exp_hi, g0, g1, c0, c1, sm, out, exp_only, chk, S, max_ctas, variant,
+                                        path_out)
     return nerr, out
 
 
@@ -135,10 +140,10 @@ def test_cpp_chain_plan_matches_python():
 def test_chain_decode_matches_original(rows, cols, S):
     w = make_weights(rows, cols, seed=rows * 13 + cols)
     enc = tc.encode(w, "huffman", chk_interval=S, threads=1)
-    for force_scalar in (False, True):
-        nerr, out = emulate_decode(enc, force_scalar=force_scalar)
+    for variant in VARIANTS:
+        nerr, out = emulate_decode(enc, variant=variant)
         assert nerr == 0 and np.array_equal(out, w)
-        nerr, exps = emulate_decode(enc, exp_only=True, force_scalar=force_scalar)
+        nerr, exps = emulate_decode(enc, exp_only=True, variant=variant)
         assert nerr == 0 and np.array_equal(exps, (w >> 7).astype(np.uint8))
     # without the index (a 1.0 file, or a reader that drops it): one chain per segment
     nerr, out = emulate_decode(enc, use_index=False)
@@ -155,8 +160,8 @@ def test_chain_decode_of_shards_and_grids(shape, grid):
     assert h.chk_interval == 64
     g0, g1, c0, c1 = h.n_groups // 3, h.n_groups, h.n_chunks // 2, h.n_chunks
     R, C_ = h.rows_per_group, h.cols_per_chunk
-    for force_scalar in (False, True):
-        nerr, sub = emulate_decode(enc, sel=(g0, g1, c0, c1), force_scalar=force_scalar, max_ctas=1)
+    for variant in VARIANTS:
+        nerr, sub = emulate_decode(enc, sel=(g0, g1, c0, c1), variant=variant, max_ctas=1)
         assert nerr == 0
         assert np.array_equal(sub, w[g0 * R:, c0 * C_:])
 
@@ -167,9 +172,52 @@ def test_chain_decode_of_all_bf16_patterns(S):
     w = all_bf16_patterns(rows=256)
     enc = tc.encode(w, "huffman", grid=(16, 256), chk_interval=S, threads=1)
     assert enc.header.chk_interval == S
-    for force_scalar in (False, True):
-        nerr, out = emulate_decode(enc, force_scalar=force_scalar)
+    for variant in VARIANTS:
+        nerr, out = emulate_decode(enc, variant=variant)
         assert nerr == 0 and np.array_equal(out, w)
+
+
+@needs_ext
+@pytest.mark.parametrize("shape,grid,S", [((96, 256), (16, 256), 32), ((200, 96), (64, 32), 96),
+                                          ((33, 4096), (8, 512), 256), ((64, 1024), (16, 1024), 4096)])
+@pytest.mark.parametrize("max_ctas", [1, 0])
+def test_look_ahead_variants_take_the_vector_path(shape, grid, S, max_ctas):
+    """The look-ahead reader on shapes it takes: chains of S weights over rows of one or more
+    steps, partial segments (a short last chain, so two-chain threads finish one chain alone),
+    odd chain counts (a thread with one live chain), a stream whose last blocks are partial, and
+    a grid of one CTA (each thread runs many chains) or of every chain at once."""
+    w = make_weights(*shape, seed=shape[1] + S)
+    enc = tc.encode(w, "huffman", grid=grid, chk_interval=S, threads=1)
+    assert enc.header.chk_interval == S
+    for variant in (kp.HUFF_VARIANT_AHEAD, kp.HUFF_VARIANT_AHEAD2):
+        path = []
+        nerr, out = emulate_decode(enc, variant=variant, max_ctas=max_ctas, path_out=path)
+        assert path == [variant] and nerr == 0 and np.array_equal(out, w)
+        nerr, exps = emulate_decode(enc, exp_only=True, variant=variant, max_ctas=max_ctas)
+        assert nerr == 0 and np.array_equal(exps, (w >> 7).astype(np.uint8))
+        # a shard of whole segments, as a tensor-parallel rank decodes it
+        h = enc.header
+        sel = (h.n_groups // 2, h.n_groups, h.n_chunks // 2, h.n_chunks)
+        nerr, sub = emulate_decode(enc, sel=sel, variant=variant, max_ctas=max_ctas)
+        assert nerr == 0 and np.array_equal(sub, w[sel[0] * h.rows_per_group:, sel[2] * h.cols_per_chunk:])
+
+
+@needs_ext
+def test_variants_fall_back_to_the_scalar_reader():
+    """A shape the vector reader cannot take (K not a multiple of 32) runs SCALAR whichever
+    variant is asked for, with the same bits; an unknown variant is refused."""
+    w = make_weights(40, 100, seed=3)
+    enc = tc.encode(w, "huffman", grid=(8, 100), chk_interval=16, threads=1)
+    for variant in (0, *VARIANTS):
+        path = []
+        nerr, out = emulate_decode(enc, variant=variant, path_out=path)
+        assert path == [kp.HUFF_VARIANT_SCALAR] and nerr == 0 and np.array_equal(out, w)
+    path = []
+    emulate_decode(tc.encode(make_weights(40, 128, seed=3), "huffman", grid=(8, 128), chk_interval=32, threads=1),
+                   path_out=path)
+    assert path == [kp.HUFF_DEFAULT_VARIANT]
+    with pytest.raises(RuntimeError, match="unknown huffman decode variant"):
+        emulate_decode(enc, variant=9)
 
 
 def _golden(name):
@@ -186,8 +234,8 @@ def test_chain_decode_of_golden_files(case):
     h = tc.encoded_header(planes)
     enc = tc.Encoded(h, planes, {})
     want = decode_reference(planes[C.SUFFIX_HDR], planes)
-    for force_scalar in (False, True):
-        nerr, out = emulate_decode(enc, force_scalar=force_scalar)
+    for variant in VARIANTS:
+        nerr, out = emulate_decode(enc, variant=variant)
         assert nerr == 0 and np.array_equal(out, want)
 
 
@@ -229,7 +277,7 @@ def test_chain_decode_counts_corruption_without_overrun():
             bad[C.SUFFIX_CHK][r, c] ^= np.uint16(1 << int(rng.integers(0, 16)))
         # a guard band around the output catches any write outside it
         guard = np.full((w.shape[0] + 2, w.shape[1]), 0x5555, np.uint16)
-        nerr, out = emulate_decode(enc, bad, out=guard[1:-1], force_scalar=bool(trial % 4 < 2))
+        nerr, out = emulate_decode(enc, bad, out=guard[1:-1], variant=VARIANTS[trial % len(VARIANTS)])
         assert (guard[0] == 0x5555).all() and (guard[-1] == 0x5555).all()
         try:
             tc.check_planes(enc.header, bad)  # refused at load (e.g. an unused entry set): no launch

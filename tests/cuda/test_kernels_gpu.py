@@ -8,6 +8,7 @@ from unweight.codec import tensor_codec as tc
 from unweight.codec.reference import decode_reference
 from unweight.format import constants as C
 from unweight.format.errors import FormatError
+from unweight.runtime import kernel_plan as kp
 
 from .helpers import (EMULATION_ULPS, all_bf16_patterns, bf16_tensor, bf16_ulp_distance, bits, decode_op,
                       decode_poisoned, emulate_fused, encoded_weight, fused_op, fused_paths, fused_supported,
@@ -241,6 +242,34 @@ def test_chain_decode_with_and_without_index(shape, S):
         for got in decode_poisoned(variant, err):
             assert np.array_equal(got, w)
     assert int(err.item()) == 0
+
+
+@pytest.mark.parametrize("shape", [(63, 65), (96, 4096), (1024, 4096)])
+@pytest.mark.parametrize("variant", sorted(kp.HUFF_VARIANTS.values()))
+def test_decoder_variants_bitwise(shape, variant):
+    """Every decoder variant, bit for bit, BF16 and exponent bytes, with the index (S = 256, as
+    the loaders add it) and without (vector shapes run the variant asked for, the others the
+    scalar reader)."""
+    w = make_weights(*shape, seed=shape[0] + shape[1])
+    enc = tc.encode(w, "huffman", chk_interval=256)
+    err = _err()
+    ew = encoded_weight(enc, "cuda", err)
+    for cut in (ew, without_index(ew)):
+        for got in decode_poisoned(cut, err, variant):
+            assert np.array_equal(got, w)
+        exps = torch.empty((ew.rows, ew.cols), dtype=torch.uint8, device="cuda")
+        decode_op(cut, exps, err, variant)
+        assert np.array_equal(exps.cpu().numpy(), ((w >> 7) & 0xFF).astype(np.uint8))
+    assert int(err.item()) == 0
+
+
+@pytest.mark.parametrize("variant", sorted(kp.HUFF_VARIANTS.values()))
+def test_every_decoder_variant_counts_corruption(variant):
+    w, enc, planes = _corrupt_huffman()
+    err = _err()
+    bad = encoded_weight(tc.Encoded(enc.header, planes, {}), "cuda", err)
+    decode_op(bad, torch.empty((bad.rows, bad.cols), dtype=torch.bfloat16, device="cuda"), err, variant)
+    assert int(err.item()) >= 1
 
 
 def test_chain_decode_counts_a_wrong_checkpoint():

@@ -1,13 +1,15 @@
 """Whole-matrix decode ops (out-variant: the caller passes the destination).
 
     torch.ops.unweight.decode_huffman(sm, exp, off, table, lut, out, err, rows, cols, R, C, exp_lo, exp_hi,
-                                      chk=None, chk_interval=0)
+                                      chk=None, chk_interval=0, variant=0)
     torch.ops.unweight.decode_palette(sm, idx, vpos, vexp, out, err, rows, cols, palette)
         out: bf16 [rows, cols] (row-major, any row stride >= cols), mutated; returns nothing.
         decode_huffman with a uint8 `out` writes the exponent bytes only (the palette
         transcode's first pass).  chk / chk_interval: the checkpoint index (FORMAT.md
         "Checkpoint index"), with which the CUDA kernel decodes S-weight chains instead of
-        whole segments; the CPU decoder does not need it.
+        whole segments; the CPU decoder does not need it.  variant: the CUDA decoder to run
+        (runtime.kernel_plan.HUFF_VARIANTS; 0, the default, is what the runtime runs); every
+        variant writes the same bits, and the CPU ignores it.
 
 Planes (docs/FORMAT.md), on the device of ``out``:
     sm    uint8  [rows, cols]           exp   uint8 [stream bytes]     off  uint32 [n_seg + 1]
@@ -70,13 +72,13 @@ def index_args(chk, chk_interval: int, device) -> tuple[int, int, int]:
     return _ext.ptr(chk), int(chk_interval), int(chk.size(1))
 
 
-def _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, R, C, exp_only: bool, chk, chk_interval):
+def _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, R, C, exp_only: bool, chk, chk_interval, variant=0):
     pchk, S, P = index_args(chk, chk_interval, out.device)
     with torch.cuda.device_of(out):
         _ext.cuda_module().huffman_decode(_ext.ptr(exp), exp.numel(), _ext.ptr(off), rows, cols, R, C, _ext.ptr(lut),
                                           0, n_units(rows, R), 0, n_units(cols, C), _ext.ptr(sm), cols,
                                           _ext.ptr(out), out.stride(0), _ext.ptr(err), _ext.stream(out), exp_only,
-                                          pchk, S, P)
+                                          pchk, S, P, variant)
 
 
 # ------------------------------------------------------------------------ decode_huffman
@@ -85,19 +87,19 @@ def _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, R, C, exp_only: bool,
 @torch.library.custom_op("unweight::decode_huffman", mutates_args=("out", "err"))
 def decode_huffman(sm: Tensor, exp: Tensor, off: Tensor, table: Tensor, lut: Tensor, out: Tensor, err: Tensor,
                    rows: int, cols: int, rows_per_group: int, cols_per_chunk: int, exp_lo: int,
-                   exp_hi: int, chk: Optional[Tensor] = None, chk_interval: int = 0) -> None:
+                   exp_hi: int, chk: Optional[Tensor] = None, chk_interval: int = 0, variant: int = 0) -> None:
     raise NotImplementedError(f"unweight::decode_huffman has no kernel for device {out.device}")
 
 
 @decode_huffman.register_fake
 def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, chk=None,
-      chk_interval=0):
+      chk_interval=0, variant=0):
     return None
 
 
 @decode_huffman.register_kernel("cpu")
 def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, chk=None,
-      chk_interval=0):
+      chk_interval=0, variant=0):
     if rows == 0 or cols == 0:
         return
     _check_huffman(sm, exp, off, lut, out, rows, cols, False)
@@ -116,12 +118,12 @@ def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_c
 
 @decode_huffman.register_kernel("cuda")
 def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, chk=None,
-      chk_interval=0):
+      chk_interval=0, variant=0):
     if rows == 0 or cols == 0:
         return
     _check_huffman(sm, exp, off, lut, out, rows, cols, True)
     _cuda_huffman(sm, exp, off, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, out.dtype == torch.uint8,
-                  chk, chk_interval)
+                  chk, chk_interval, variant)
 
 
 # ------------------------------------------------------------------------ decode_palette

@@ -10,6 +10,15 @@ from __future__ import annotations
 from ..format import constants as C
 
 HUFF_THREADS = 128
+# Huffman decode variants (csrc/cuda/kernel_plan.h): 0 is the runtime's default, CHAIN.
+HUFF_VARIANT_DEFAULT = 0
+HUFF_VARIANT_CHAIN = 1
+HUFF_VARIANT_AHEAD = 2
+HUFF_VARIANT_AHEAD2 = 3
+HUFF_VARIANT_SCALAR = 4
+HUFF_DEFAULT_VARIANT = HUFF_VARIANT_CHAIN
+HUFF_VARIANTS = {"chain": HUFF_VARIANT_CHAIN, "ahead": HUFF_VARIANT_AHEAD, "ahead2": HUFF_VARIANT_AHEAD2,
+                 "scalar": HUFF_VARIANT_SCALAR}
 PAL_VEC = 8
 PAL_THREADS = 256
 WARP = 32
@@ -48,6 +57,11 @@ def huffman_chains_per_segment(S: int, P: int) -> int:
 def huffman_grid(n_items: int, max_ctas: int) -> int:
     """CTAs (of HUFF_THREADS threads) for n chains or gather units, at most max_ctas."""
     return min(cdiv(n_items, HUFF_THREADS), max_ctas)
+
+
+def huffman_ways(variant: int) -> int:
+    """Chains one thread of a Huffman decode variant works on at a time."""
+    return 2 if variant == HUFF_VARIANT_AHEAD2 else 1
 
 
 def huffman_chain(t: int, chains_per_segment: int) -> tuple[int, int]:

@@ -25,7 +25,8 @@
 //   warp       shfl(v, src, mask)  shfl_xor(v, lanemask, mask)  ballot(pred, mask)
 //   tensor     mma_bf16_16816(d, a, b, c)     mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
 //
-// Free functions beside it (both sides): prmt (PTX prmt.b32, default mode) and the
+// Free functions beside it (both sides): prmt (PTX prmt.b32, default mode), funnel_l
+// (PTX shf.l.wrap.b32) and the
 // m16n8k16 fragment layout (frag_a_row/col, frag_b_row/col, frag_c_row/col) as the PTX ISA
 // states it, "Matrix Fragments for mma.m16n8k16 with floating point type".
 #pragma once
@@ -59,6 +60,20 @@ UW_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
     d |= v << (8 * n);
   }
   return d;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// shf.l.wrap.b32 d, lo, hi, n (CUDA's __funnelshift_l): the high word of the 64-bit {hi, lo}
+// shifted left by n & 31.  The wrap (the shift taken mod 32) is part of the meaning: the
+// Huffman decoder shifts by a table entry whose bits above 4 hold the symbol.
+// ---------------------------------------------------------------------------------------
+UW_HD uint32_t funnel_l(uint32_t lo, uint32_t hi, uint32_t n) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_l(lo, hi, n);
+#else
+  const uint64_t v = (static_cast<uint64_t>(hi) << 32) | lo;
+  return static_cast<uint32_t>((v << (n & 31u)) >> 32);
 #endif
 }
 
