@@ -82,16 +82,38 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                     times[h.fused_paths()[e]] = t["median_ms"]
                 except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
                     r[f"{e}_fused"] = {"error": f"{type(ex).__name__}: {ex}", "accuracy": acc}
+                if e == "palette":  # the same kernel with two-tile copy stages (whole 128-byte lines)
+                    _time_wide(torch, h, ws, x, w, err, t_cublas, runs, r, times)
             choice = table.record(dev_name, N, K, e, M, times)
             r[f"{e}_auto"] = {"choice": choice, "time_vs_cublas": times[choice] / t_cublas}
         r["device_errors"] = int(err.item())
         rows.append(r)
         log(f"kernels {name} M={M}: cuBLAS {t_cublas * 1e3:.1f} us; " + "; ".join(
             f"{e} fused {_ratio(r.get(e + '_fused'))}, decode+cuBLAS {_ratio(r.get(e + '_decode_cublas'))}"
-            for e in copies))
+            for e in copies) + (f"; palette fused wide {_ratio(r['palette_fused_wide'])}"
+                                if "palette_fused_wide" in r else ""))
     del dense, copies
     bu.empty_cache(torch)
     return rows
+
+
+def _time_wide(torch, h, ws, x, w, err, t_cublas, runs, r, times) -> None:
+    """Times the wide-stage palette GEMM into r["palette_fused_wide"] and times[PALETTE_GEMM_WIDE]
+    (when it meets the accuracy bound and gives the one-tile kernel's bits)."""
+    from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE
+    try:
+        acc = h.fused_vs_cublas(ws[0], x, w, err, PALETTE_GEMM_WIDE)
+        same = bool(torch.equal(h.fused_op(ws[0], x, err, PALETTE_GEMM_WIDE).view(torch.int16),
+                                h.fused_op(ws[0], x, err, PALETTE_GEMM).view(torch.int16)))
+        t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, PALETTE_GEMM_WIDE) for q in ws], runs=runs)
+    except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
+        r["palette_fused_wide"] = {"error": f"{type(ex).__name__}: {ex}"}
+        return
+    r["palette_fused_wide"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "accuracy": acc,
+                               "same_bits_as_palette_fused": same,
+                               "weight_GBps": bu.encoded_bytes(ws[0]) / (t["median_ms"] * 1e-3) / 1e9}
+    if acc.get("passed") and same:
+        times[PALETTE_GEMM_WIDE] = t["median_ms"]
 
 
 def _ratio(entry) -> str:
@@ -131,7 +153,7 @@ def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("pale
 
 def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):
     """TuningTable of a recorded run's rows (the dispatch choices bench_shape recorded)."""
-    from unweight.runtime.tuning_table import PALETTE_GEMM, TuningTable
+    from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE, TuningTable
     table = TuningTable()
     for r in rows:
         # Only palette has a fused kernel: for huffman, decode + cuBLAS has nothing to choose from.
@@ -141,6 +163,9 @@ def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):
         times = {"decode_cublas": dec["median_ms"]}
         if "median_ms" in fz and (fz.get("accuracy") or {}).get("passed"):
             times[PALETTE_GEMM] = fz["median_ms"]
+        wide = r.get("palette_fused_wide") or {}
+        if "median_ms" in wide and (wide.get("accuracy") or {}).get("passed") and wide.get("same_bits_as_palette_fused"):
+            times[PALETTE_GEMM_WIDE] = wide["median_ms"]
         table.record(device_name, r["N"], r["K"], "palette", r["M"], times)
     return table
 

@@ -7,7 +7,8 @@
         python scripts/profile_kernels.py --kernel fused --rows 4096 --cols 4096 --batch 1
 
 --kernel huffman / palette: the decode to BF16 (huffman with the checkpoint index at --index S,
-0 for the stream as stored, by the decoder --variant); fused: the palette matmul y = x W^T at batch --batch.  The first
+0 for the stream as stored, by the decoder --variant); fused: the palette matmul y = x W^T at batch --batch
+(--stage-tiles 2: its wide-stage variant).  The first
 two launches warm the caches and tables.  The result is checked (decodes bitwise against the
 source weights; the matmul within 2x cuBLAS's error against a float64 reference); nothing is
 timed here (scripts/bench_decode.py and bench_kernels.py time).  Exit status 1 when a check
@@ -33,6 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cols", type=int, default=4096)
     ap.add_argument("--index", type=int, default=256, help="huffman checkpoint interval S (0: as stored)")
     ap.add_argument("--batch", type=int, default=1, help="fused: rows of x")
+    ap.add_argument("--stage-tiles", type=int, default=1, choices=(1, 2),
+                    help="fused: 64-column tiles per copy stage (2: the wide-stage kernel)")
     ap.add_argument("--variant", default="default",
                     help="huffman decoder variant: default or a name of runtime.kernel_plan.HUFF_VARIANTS")
     args = ap.parse_args(argv)
@@ -54,10 +57,12 @@ def main(argv=None) -> int:
         enc = tc.with_index(enc.header, enc.planes, chk_interval=args.index)
     ew = h.encoded_weight(enc, dev, err)
     if args.kernel == "fused":
+        from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE
+        path = PALETTE_GEMM_WIDE if args.stage_tiles == 2 else PALETTE_GEMM
         x = torch.randn((args.batch, args.cols), device=dev).to(torch.bfloat16)
         for _ in range(2):
-            h.fused_op(ew, x, err)
-        r = h.fused_vs_cublas(ew, x, w, err)  # the third (and fourth) launch, checked
+            h.fused_op(ew, x, err, path)
+        r = h.fused_vs_cublas(ew, x, w, err, path)  # the third (and fourth) launch, checked
         ok = bool(r["passed"]) and int(err.item()) == 0
         what = f"max error {r['max_err']:.3g} (cuBLAS {r['max_err_cublas']:.3g})"
     else:
@@ -67,8 +72,8 @@ def main(argv=None) -> int:
         bu.sync(torch)
         ok = bool(np.array_equal(h.bits(out), w_bits)) and int(err.item()) == 0
         what = "bitwise" if ok else "not bitwise"
-    log.info("%s %dx%d (index %s, batch %s, variant %s): %s -> %s", args.kernel, args.rows, args.cols, args.index,
-             args.batch, args.variant, what, "ok" if ok else "FAILED")
+    log.info("%s %dx%d (index %s, batch %s, variant %s, stage tiles %d): %s -> %s", args.kernel, args.rows,
+             args.cols, args.index, args.batch, args.variant, args.stage_tiles, what, "ok" if ok else "FAILED")
     return 0 if ok else 1
 
 

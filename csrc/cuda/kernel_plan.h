@@ -83,6 +83,11 @@ constexpr int PMMA_SM_BYTES = PMMA_TILE_N * PMMA_TILE_K;
 constexpr int PMMA_TILE_BYTES = PMMA_SM_BYTES + PMMA_SM_BYTES / 2;
 // Dynamic shared memory: the warps' rings, then one int (the "last CTA" flag of the fix-up).
 constexpr int PMMA_SMEM_BYTES = PMMA_WARPS * PMMA_STAGES * PMMA_TILE_BYTES + 16;
+// Wide stages (PMMA_SUB_WIDE tiles of PMMA_TILE_K columns per stage; palette_matmul.cuh
+// pmma_issue_wide): each copy reads whole 128-byte lines of the sign+mantissa rows.  The
+// `stage_tiles` argument of palette_gemm picks 1 or PMMA_SUB_WIDE.
+constexpr int PMMA_SUB_WIDE = 2;
+UW_PLAN_HD int pmma_smem_bytes(int stage_tiles) { return PMMA_WARPS * PMMA_STAGES * stage_tiles * PMMA_TILE_BYTES + 16; }
 constexpr int PMMA_CHUNK_M = 64;
 constexpr int PMMA_MAX_M = 256;
 constexpr int PMMA_CTAS_PER_SM = 4;

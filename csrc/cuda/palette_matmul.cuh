@@ -165,9 +165,10 @@ UW_HD int64_t warp_lower_bound(Ctx& c, const uint32_t* v, int64_t n, uint64_t ke
   return lo + popc(c.ballot(p < hi && static_cast<uint64_t>(v[p]) < key));
 }
 
-// One stage of the warp's ring: lane (g, t) copies the 16 sign+mantissa bytes it will read
-// of rows g and g+8 (so those need no other lane), and one 16-byte half row of indices
-// (lane/2, lane%2), which lanes read across: hence the syncwarp after the wait.
+// One stage of the warp's ring, one 64-column tile (kSub = 1): lane (g, t) copies the 16
+// sign+mantissa bytes it will read of rows g and g+8 (so those need no other lane), and one
+// 16-byte half row of indices (lane/2, lane%2), which lanes read across: hence the syncwarp
+// after the wait.
 template <class Ctx>
 UW_HD void pmma_issue(Ctx& c, bool valid, unsigned char* st, const uint8_t* sm_lo, const uint8_t* sm_hi,
                       const uint8_t* ix, int w_lo, int w_hi, int w_ix) {
@@ -177,6 +178,34 @@ UW_HD void pmma_issue(Ctx& c, bool valid, unsigned char* st, const uint8_t* sm_l
     c.cp_async16(st + w_ix, ix);
   }
   c.cp_async_commit();  // empty past the end: the group count stays uniform for wait<N>
+}
+
+// Wide stages (kSub = 2): two consecutive 64-column tiles, so that every copy instruction
+// reads whole 128-byte lines of the sign+mantissa rows (4 rows per instruction, lane i
+// copying the 16-byte chunk i % 8 of row i / 8) and 64-byte runs of the index rows (8 rows
+// per instruction).  In shared memory a stage is sm [16][128] then idx [16][64]; the 16-byte
+// chunk c of sm row r sits at chunk c ^ 4 (r & 1), and the 16-byte piece p of idx row r at
+// p ^ 2 ((r >> 1) & 1), which keeps the per-tile reads (rows 128 and 64 bytes apart) free of
+// bank conflicts.  `tiles`: 2, or 1 for a stage holding only its first tile (the split's
+// last, when its tile count is odd); 0 issues nothing.
+constexpr int kWideSmBytes = plan::PMMA_TILE_N * 2 * plan::PMMA_TILE_K;
+constexpr int kWideStageBytes = 2 * plan::PMMA_TILE_BYTES;
+UW_HD int wide_sm_at(int r, int c) { return r * 2 * plan::PMMA_TILE_K + 16 * (c ^ ((r & 1) << 2)); }
+UW_HD int wide_ix_at(int r, int p) { return kWideSmBytes + r * plan::PMMA_TILE_K + 16 * (p ^ (((r >> 1) & 1) << 1)); }
+
+template <class Ctx>
+UW_HD void pmma_issue_wide(Ctx& c, int tiles, unsigned char* st, const uint8_t* const (&sm)[4],
+                           const uint8_t* const (&ix)[2], int lane) {
+  const int ch = lane & 7, pc = lane & 3;
+  if (tiles > 0) {
+UW_UNROLL()
+    for (int i = 0; i < 4; ++i)
+      if (tiles == 2 || ch < 4) c.cp_async16(st + wide_sm_at(4 * i + (lane >> 3), ch), sm[i]);
+UW_UNROLL()
+    for (int i = 0; i < 2; ++i)
+      if (tiles == 2 || pc < 2) c.cp_async16(st + wide_ix_at(8 * i + (lane >> 2), pc), ix[i]);
+  }
+  c.cp_async_commit();
 }
 
 // Block index within its row of vpos[cur] when that entry lies in the row starting at block
@@ -202,9 +231,12 @@ UW_HD uint32_t set_exponents(uint32_t reg, uint32_t e0, uint32_t e1) {
 }
 
 // One CTA: PMMA_WARPS row tiles x one K split x one chunk of NT n-tiles of 8 batch rows.
-template <int NT, bool kPaired, class Ctx>
+// kSub: 64-column tiles per stage of the cp.async ring (1, or 2 for wide stages).
+template <int NT, bool kPaired, int kSub, class Ctx>
 UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
+  static_assert(kSub == 1 || kSub == 2, "a stage holds one or two tiles");
   constexpr int S = plan::PMMA_STAGES, TK = plan::PMMA_TILE_K;
+  constexpr int kStageBytes = kSub * plan::PMMA_TILE_BYTES;
   const int lane = c.lane(), warp = c.warp(), g = lane >> 2, t = lane & 3;
   // The chunks of one row block are neighbours in launch order: they stream the same weight
   // tiles at about the same time, so all but the first read them from L2.
@@ -216,28 +248,51 @@ UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
   const int64_t kt1 = kt0 + a.split_tiles < n_kt ? kt0 + a.split_tiles : n_kt;
   const bool active = row0 < a.N;  // warp-uniform
   const int ntiles = active && kt1 > kt0 ? static_cast<int>(kt1 - kt0) : 0;
-  unsigned char* ring = c.smem() + warp * S * plan::PMMA_TILE_BYTES;
+  const int nstages = (ntiles + kSub - 1) / kSub;
+  unsigned char* ring = c.smem() + warp * S * kStageBytes;
 
   // Rows past N (the last tile) load row N-1 again: valid memory, results never stored.
-  // Pointers (issue side) and offsets (read side) advance by a tile per step: the loop body
-  // keeps 64-bit arithmetic to three pointer increments.
+  // Pointers (issue side) and offsets (read side) advance by a stage per step: the loop body
+  // keeps 64-bit arithmetic to a few pointer increments.
   const int64_t last = a.N - 1;
   const int64_t r_lo = row0 + g < last ? row0 + g : last, r_hi = row0 + g + 8 < last ? row0 + g + 8 : last;
   const int64_t r_ix = row0 + (lane >> 1) < last ? row0 + (lane >> 1) : last;
+  // kSub = 1: this lane's three copies per stage, and where they land.
   const uint8_t* q_lo = a.sm + r_lo * a.K + kt0 * TK + 16 * t;
   const uint8_t* q_hi = a.sm + r_hi * a.K + kt0 * TK + 16 * t;
   const uint8_t* q_ix = a.idx + r_ix * (a.K / 2) + kt0 * (TK / 2) + 16 * (lane & 1);
-  const int w_lo = g * TK + 16 * t, w_hi = (g + 8) * TK + 16 * t;  // this lane's copies in a stage
+  const int w_lo = g * TK + 16 * t, w_hi = (g + 8) * TK + 16 * t;
   const int w_ix = plan::PMMA_SM_BYTES + (lane >> 1) * (TK / 2) + 16 * (lane & 1);
-  const int r_sm_lo = w_lo, r_sm_hi = w_hi;                           // and its reads
-  const int r_n_lo = plan::PMMA_SM_BYTES + g * (TK / 2) + 8 * t, r_n_hi = r_n_lo + 8 * (TK / 2);
+  // kSub = 2: four sign+mantissa rows and two index rows per lane (pmma_issue_wide).
+  const uint8_t* qs[4];
+  const uint8_t* qi[2];
 UW_UNROLL()
-  for (int i = 0; i < S - 1; ++i) {
-    pmma_issue(c, i < ntiles, ring + i * plan::PMMA_TILE_BYTES, q_lo, q_hi, q_ix, w_lo, w_hi, w_ix);
-    q_lo += TK;
-    q_hi += TK;
-    q_ix += TK / 2;
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = row0 + 4 * i + (lane >> 3) < last ? row0 + 4 * i + (lane >> 3) : last;
+    qs[i] = a.sm + r * a.K + kt0 * TK + 16 * (lane & 7);
   }
+UW_UNROLL()
+  for (int i = 0; i < 2; ++i) {
+    const int64_t r = row0 + 8 * i + (lane >> 2) < last ? row0 + 8 * i + (lane >> 2) : last;
+    qi[i] = a.idx + r * (a.K / 2) + kt0 * (TK / 2) + 16 * (lane & 3);
+  }
+  auto issue = [&](int stage, unsigned char* st) {
+    if (kSub == 1) {
+      pmma_issue(c, stage < ntiles, st, q_lo, q_hi, q_ix, w_lo, w_hi, w_ix);
+      q_lo += TK;
+      q_hi += TK;
+      q_ix += TK / 2;
+    } else {
+      const int left = ntiles - 2 * stage;
+      pmma_issue_wide(c, left >= 2 ? 2 : (left > 0 ? left : 0), st, qs, qi, lane);
+UW_UNROLL()
+      for (int i = 0; i < 4; ++i) qs[i] += 2 * TK;
+UW_UNROLL()
+      for (int i = 0; i < 2; ++i) qi[i] += TK;
+    }
+  };
+UW_UNROLL()
+  for (int i = 0; i < S - 1; ++i) issue(i, ring + i * kStageBytes);
 
   // x rows of this lane's n-tile columns (B fragment: n = g); rows past M read as zero.
   // One pointer (row m0 + g) advances; n-tile nt is 8 * nt rows further (32-bit offsets keep
@@ -271,72 +326,95 @@ UW_UNROLL()
   for (int nt = 0; nt < NT; ++nt)
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
 
-  int rd = 0, wr = (S - 1) * plan::PMMA_TILE_BYTES;  // stage being read / refilled
-  uint32_t kb = static_cast<uint32_t>(2 * kt0);         // first block of the tile within its row
-  for (int i = 0; i < ntiles; ++i) {
+  // Read offsets of this lane's weights in a stage, per tile u of the stage: sign+mantissa
+  // of rows g, g+8 (16 bytes each) and indices of rows g, g+8 (8 bytes each).
+  int r_sm_lo[kSub], r_sm_hi[kSub], r_n_lo[kSub], r_n_hi[kSub];
+UW_UNROLL()
+  for (int u = 0; u < kSub; ++u) {
+    if (kSub == 1) {
+      r_sm_lo[u] = w_lo;
+      r_sm_hi[u] = w_hi;
+      r_n_lo[u] = plan::PMMA_SM_BYTES + g * (TK / 2) + 8 * t;
+      r_n_hi[u] = r_n_lo[u] + 8 * (TK / 2);
+    } else {
+      r_sm_lo[u] = wide_sm_at(g, 4 * u + t);
+      r_sm_hi[u] = wide_sm_at(g + 8, 4 * u + t);
+      r_n_lo[u] = wide_ix_at(g, 2 * u + (t >> 1)) + 8 * (t & 1);
+      r_n_hi[u] = wide_ix_at(g + 8, 2 * u + (t >> 1)) + 8 * (t & 1);
+    }
+  }
+
+  int rd = 0, wr = (S - 1) * kStageBytes;        // stage being read / refilled
+  uint32_t kb = static_cast<uint32_t>(2 * kt0);  // first block of the tile within its row
+  for (int i = 0; i < nstages; ++i) {
     uint32_t xb[NT][4];  // x[nt*8+g][col + 16t .. +8): B registers of steps 0, 1 (then 2, 3)
 UW_UNROLL()
     for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows, xb[nt]);
     c.template cp_async_wait<S - 2>();
-    c.syncwarp();  // other lanes' index copies of this stage are in; their reads of the stage refilled below are done
-    pmma_issue(c, i + S - 1 < ntiles, ring + wr, q_lo, q_hi, q_ix, w_lo, w_hi, w_ix);
-    q_lo += TK;
-    q_hi += TK;
-    q_ix += TK / 2;
-    wr = wr + plan::PMMA_TILE_BYTES == S * plan::PMMA_TILE_BYTES ? 0 : wr + plan::PMMA_TILE_BYTES;
+    c.syncwarp();  // other lanes' copies of this stage are in; their reads of the stage refilled below are done
+    issue(i + S - 1, ring + wr);
+    wr = wr + kStageBytes == S * kStageBytes ? 0 : wr + kStageBytes;
     const unsigned char* st = ring + rd;
-    rd = rd + plan::PMMA_TILE_BYTES == S * plan::PMMA_TILE_BYTES ? 0 : rd + plan::PMMA_TILE_BYTES;
-    uint32_t s_lo[4], s_hi[4], n_lo[2], n_hi[2];
-    lds_v4(st + r_sm_lo, s_lo);
-    lds_v4(st + r_sm_hi, s_hi);
-    lds_v2(st + r_n_lo, n_lo);
-    lds_v2(st + r_n_hi, n_hi);
-    uint32_t af[4][4];  // [step][A register]: regs 0, 2 row g; 1, 3 row g + 8
+    rd = rd + kStageBytes == S * kStageBytes ? 0 : rd + kStageBytes;
 UW_UNROLL()
-    for (int j = 0; j < 4; ++j) {
-      const int sh = 16 * (j & 1);
-      pmma_decode4<kPaired>(s_lo[j], n_lo[j >> 1] >> sh, a, af[j][0], af[j][2]);
-      pmma_decode4<kPaired>(s_hi[j], n_hi[j >> 1] >> sh, a, af[j][1], af[j][3]);
-    }
-    if (a.nv > 0) {  // rare: a row of this tile has a verbatim block here
-      unsigned hits = c.ballot(rel - kb < 2u);
-      while (hits) {
-        const int r = lowest_bit(hits);  // tile row
-        const uint32_t v = c.shfl(cur, r);
-        const uint32_t blk = c.shfl(rel, r) - kb;
-        if ((r & 7) == g && (t >> 1) == static_cast<int>(blk)) {
-          // This lane's 16 columns of the block: exponents 16 (t & 1) .. +16 of the entry.
-          uint32_t e[4];
-          ld_stream_v4(a.vexp + static_cast<int64_t>(v) * PAL_BLOCK + 16 * (t & 1), e);
-          const bool upper = r >= 8;  // row g + 8: registers 1, 3 (constant indices keep af in registers)
+    for (int u = 0; u < kSub; ++u) {
+      if (u > 0) {
+        if (kSub * i + u >= ntiles) break;  // warp-uniform: the split's odd last tile
 UW_UNROLL()
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t p0 = set_exponents(upper ? af[j][1] : af[j][0], e[j], e[j] >> 8);
-            const uint32_t p1 = set_exponents(upper ? af[j][3] : af[j][2], e[j] >> 16, e[j] >> 24);
-            af[j][0] = upper ? af[j][0] : p0;
-            af[j][1] = upper ? p0 : af[j][1];
-            af[j][2] = upper ? af[j][2] : p1;
-            af[j][3] = upper ? p1 : af[j][3];
+        for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows, xb[nt]);
+      }
+      uint32_t s_lo[4], s_hi[4], n_lo[2], n_hi[2];
+      lds_v4(st + r_sm_lo[u], s_lo);
+      lds_v4(st + r_sm_hi[u], s_hi);
+      lds_v2(st + r_n_lo[u], n_lo);
+      lds_v2(st + r_n_hi[u], n_hi);
+      uint32_t af[4][4];  // [step][A register]: regs 0, 2 row g; 1, 3 row g + 8
+UW_UNROLL()
+      for (int j = 0; j < 4; ++j) {
+        const int sh = 16 * (j & 1);
+        pmma_decode4<kPaired>(s_lo[j], n_lo[j >> 1] >> sh, a, af[j][0], af[j][2]);
+        pmma_decode4<kPaired>(s_hi[j], n_hi[j >> 1] >> sh, a, af[j][1], af[j][3]);
+      }
+      if (a.nv > 0) {  // rare: a row of this tile has a verbatim block here
+        unsigned hits = c.ballot(rel - kb < 2u);
+        while (hits) {
+          const int r = lowest_bit(hits);  // tile row
+          const uint32_t v = c.shfl(cur, r);
+          const uint32_t blk = c.shfl(rel, r) - kb;
+          if ((r & 7) == g && (t >> 1) == static_cast<int>(blk)) {
+            // This lane's 16 columns of the block: exponents 16 (t & 1) .. +16 of the entry.
+            uint32_t e[4];
+            ld_stream_v4(a.vexp + static_cast<int64_t>(v) * PAL_BLOCK + 16 * (t & 1), e);
+            const bool upper = r >= 8;  // row g + 8: registers 1, 3 (constant indices keep af in registers)
+UW_UNROLL()
+            for (int j = 0; j < 4; ++j) {
+              const uint32_t p0 = set_exponents(upper ? af[j][1] : af[j][0], e[j], e[j] >> 8);
+              const uint32_t p1 = set_exponents(upper ? af[j][3] : af[j][2], e[j] >> 16, e[j] >> 24);
+              af[j][0] = upper ? af[j][0] : p0;
+              af[j][1] = upper ? p0 : af[j][1];
+              af[j][2] = upper ? af[j][2] : p1;
+              af[j][3] = upper ? p1 : af[j][3];
+            }
           }
+          if (lane == r) rel = pmma_rel(a, ++cur, rowbase, bpr);
+          hits = c.ballot(rel - kb < 2u);
         }
-        if (lane == r) rel = pmma_rel(a, ++cur, rowbase, bpr);
-        hits = c.ballot(rel - kb < 2u);
       }
+UW_UNROLL()
+      for (int j = 0; j < 4; ++j) {
+        if (j == 2) {  // second half of the lane's 16 columns: x loaded late keeps NT = 8 in registers
+UW_UNROLL()
+          for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows + 8, xb[nt]);
+        }
+UW_UNROLL()
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint32_t b[2] = {xb[nt][2 * (j & 1)], xb[nt][2 * (j & 1) + 1]};
+          c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
+        }
+      }
+      xp += TK;
+      kb += 2;
     }
-UW_UNROLL()
-    for (int j = 0; j < 4; ++j) {
-      if (j == 2) {  // second half of the lane's 16 columns: x loaded late keeps NT = 8 in registers
-UW_UNROLL()
-        for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows + 8, xb[nt]);
-      }
-UW_UNROLL()
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint32_t b[2] = {xb[nt][2 * (j & 1)], xb[nt][2 * (j & 1) + 1]};
-        c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
-      }
-    }
-    xp += TK;
-    kb += 2;
   }
   c.template cp_async_wait<0>();
 
@@ -367,7 +445,7 @@ UW_UNROLL()
   // split order (deterministic whichever CTA it is) and resets the counter for the next launch.
   c.threadfence();
   c.syncthreads();
-  int* last_flag = reinterpret_cast<int*>(c.smem() + plan::PMMA_WARPS * S * plan::PMMA_TILE_BYTES);
+  int* last_flag = reinterpret_cast<int*>(c.smem() + plan::PMMA_WARPS * S * kStageBytes);
   if (c.tid() == 0) {
     const int is_last = c.atomic_add(a.counters + bx, 1) == splits - 1;
     if (is_last) a.counters[bx] = 0;

@@ -171,11 +171,12 @@ def fused_supported(w, M: int) -> bool:
     return bool(kp.gemm_supported(M, w.cols))
 
 
-def fused_op(w, x, err=None):
-    """y = x @ W^T through the fused kernel of w's encoding, via the runtime's one entry point
-    (unweight.runtime.dispatch.fused: its workspaces, its error counter).  bf16 [M, rows]."""
+def fused_op(w, x, err=None, path=None):
+    """y = x @ W^T through the fused kernel of w's encoding (or the fused `path`, e.g. the wide
+    palette GEMM), via the runtime's one entry point (unweight.runtime.dispatch.fused: its
+    workspaces, its error counter).  bf16 [M, rows]."""
     from unweight.runtime import dispatch
-    return dispatch.fused(w, x, fused_paths().get(w.encoding_name, w.encoding_name + "_gemm"))
+    return dispatch.fused(w, x, path or fused_paths().get(w.encoding_name, w.encoding_name + "_gemm"))
 
 
 def emulate_fused(enc, xb: np.ndarray, device) -> np.ndarray:
@@ -218,13 +219,13 @@ def bf16_ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 EMULATION_ULPS = 4
 
 
-def fused_vs_cublas(w, x, w_ref, err) -> dict:
-    """Accuracy of the fused kernel against cuBLAS BF16 on the same weights: max errors of both
-    against a float64 reference, the bound, and whether a repeat is bitwise equal.
-    w_ref: the weights as uint16 bit patterns (NumPy) or a bf16 tensor on x's device."""
+def fused_vs_cublas(w, x, w_ref, err, path=None) -> dict:
+    """Accuracy of the fused kernel (or fused `path`) against cuBLAS BF16 on the same weights:
+    max errors of both against a float64 reference, the bound, and whether a repeat is bitwise
+    equal.  w_ref: the weights as uint16 bit patterns (NumPy) or a bf16 tensor on x's device."""
     import torch
-    y = fused_op(w, x, err)
-    y2 = fused_op(w, x, err)
+    y = fused_op(w, x, err, path)
+    y2 = fused_op(w, x, err, path)
     wt = w_ref if isinstance(w_ref, torch.Tensor) else bf16_tensor(w_ref, x.device)
     y_cublas = x @ wt.T
     ref = (x.double() @ wt.double().T).cpu().numpy()

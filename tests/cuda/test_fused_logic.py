@@ -42,10 +42,10 @@ def _pal(enc):
     return bytes(int(b) for b in enc.header.palette[: enc.header.pal_size])
 
 
-def _emulate(x, enc, splits=1, general=False):
+def _emulate(x, enc, splits=1, general=False, stage_tiles=1):
     p = enc.planes
     return _cuda.emulate_palette_gemm(x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS],
-                                      p[C.SUFFIX_VEXP], splits, general)
+                                      p[C.SUFFIX_VEXP], splits, general, stage_tiles)
 
 
 def _fa_check(y, x, w):
@@ -124,7 +124,7 @@ def test_splits_heuristic():
 def test_cpp_plan_matches_python():
     for name in ("PMMA_WARPS", "PMMA_THREADS", "PMMA_TILE_N", "PMMA_ROWS", "PMMA_TILE_K", "PMMA_STAGES",
                  "PMMA_TILE_BYTES", "PMMA_SMEM_BYTES", "PMMA_CHUNK_M", "PMMA_MAX_M", "PMMA_CTAS_PER_SM",
-                 "PMMA_MIN_SPLIT_TILES", "PMMA_MAX_SPLITS"):
+                 "PMMA_MIN_SPLIT_TILES", "PMMA_MAX_SPLITS", "PMMA_SUB_WIDE"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     for M in range(-1, 260):
         assert _cuda.plan_pmma_ntiles(M) == kp.pmma_ntiles(M)
@@ -163,6 +163,20 @@ def test_emulated_gemm_meets_the_bf16_gemm_bound(M, N, K):
 
 
 @needs_ext
+@pytest.mark.parametrize("M", [1, 17, 65])
+@pytest.mark.parametrize("N,K", CASES)
+def test_wide_stages_give_the_same_bits(M, N, K):
+    """Two tiles per ring stage (whole 128-byte lines per copy, swizzled in shared memory)
+    run the same mma sequence as one: the same bits, splits with an odd tile count included
+    (K = 192 and 320 leave a stage holding only its first tile)."""
+    w = make_weights(N, K, seed=N * 7 + K)
+    enc = tc.encode(w, "palette")
+    x = _x(M, K, seed=M * 3 + K)
+    for s in sorted({1, min(3, K // 64)}):
+        assert np.array_equal(_emulate(x, enc, s, stage_tiles=kp.PMMA_SUB_WIDE), _emulate(x, enc, s))
+
+
+@needs_ext
 @pytest.mark.parametrize("general", [False, True])
 def test_every_finite_bf16_pattern_decodes_exactly(general):
     """W holds all 65280 finite BF16 patterns (the exponent-255 ones are the next test's): a
@@ -177,10 +191,11 @@ def test_every_finite_bf16_pattern_decodes_exactly(general):
     for c0 in range(0, 256, 64):
         x = np.zeros((64, 256), np.uint16)
         x[np.arange(64), c0 + np.arange(64)] = 0x3F80  # 1.0
-        y = _emulate(x, enc, splits=2 if c0 else 1, general=general)
         want = w[:, c0:c0 + 64].T.copy()
         want[want == 0x8000] = 0
-        assert np.array_equal(y, want)
+        for stage_tiles in (1, kp.PMMA_SUB_WIDE):
+            y = _emulate(x, enc, splits=2 if c0 else 1, general=general, stage_tiles=stage_tiles)
+            assert np.array_equal(y, want)
 
 
 @needs_ext
@@ -225,7 +240,9 @@ def test_heavy_verbatim_blocks_and_tail_rows():
     assert enc.header.num_verbatim > 0.5 * 77 * bpr
     x = _x(12, 384, seed=12)
     for s in (1, 2, 6):
-        _fa_check(_emulate(x, enc, s), x, w)
+        y = _emulate(x, enc, s)
+        _fa_check(y, x, w)
+        assert np.array_equal(_emulate(x, enc, s, stage_tiles=kp.PMMA_SUB_WIDE), y)
     # dropping the verbatim blocks must change the result (the kernel applies them)
     p = dict(enc.planes)
     y0 = _cuda.emulate_palette_gemm(x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS][:0],

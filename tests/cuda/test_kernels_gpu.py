@@ -160,6 +160,20 @@ def test_fused_matches_host_emulation(M, enc_name):
     assert int(d.max()) <= EMULATION_ULPS and (d > 0).mean() < 0.01, (int(d.max()), int((d > 0).sum()))
 
 
+@pytest.mark.parametrize("M", [1, 16, 64, 130])
+@pytest.mark.parametrize("NK", [(63, 192), (300, 320), (1024, 4096), (4096, 1024)])
+def test_wide_stage_palette_gemm_gives_the_same_bits(M, NK):
+    """The two-tile-stage kernel runs the same mma sequence: bit for bit the one-tile kernel's
+    result on the device, odd tile counts per split included (K = 192, 320)."""
+    from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE
+    N, K = NK
+    w = make_weights(N, K, seed=N + K)
+    ew = encoded_weight(tc.encode(w, "palette"), "cuda", _err())
+    x = bf16_tensor(make_weights(M, K, seed=M, spread=False), "cuda")
+    y1, y2 = fused_op(ew, x, None, PALETTE_GEMM), fused_op(ew, x, None, PALETTE_GEMM_WIDE)
+    assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
+
+
 def test_fused_huffman_reports_corruption():
     _need_fused("huffman")
     from unweight.runtime import scratch

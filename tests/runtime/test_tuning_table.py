@@ -68,8 +68,14 @@ def test_choose_never_picks_a_path_not_faster_than_decode_cublas():
         assert c({"decode_cublas": 1.0, "palette_gemm": bad}) == tuning.DECODE_CUBLAS
         assert c({"decode_cublas": bad, "palette_gemm": 0.1}) == tuning.DECODE_CUBLAS
     rng = np.random.default_rng(0)
+    # the faster of the two palette kernels, when it beats decode + cuBLAS; a tie keeps palette_gemm
+    assert c({"decode_cublas": 1.0, "palette_gemm": 0.8, "palette_gemm_wide": 0.7}) == tuning.PALETTE_GEMM_WIDE
+    assert c({"decode_cublas": 1.0, "palette_gemm": 0.7, "palette_gemm_wide": 0.8}) == tuning.PALETTE_GEMM
+    assert c({"decode_cublas": 1.0, "palette_gemm": 0.7, "palette_gemm_wide": 0.7}) == tuning.PALETTE_GEMM
+    assert c({"decode_cublas": 1.0, "palette_gemm_wide": 1.2}) == tuning.DECODE_CUBLAS
     for _ in range(500):
-        times = {k: float(v) for k, v in zip(tuning.CHOICES, rng.uniform(0.01, 1, 2)) if rng.random() < 0.8}
+        times = {k: float(v) for k, v in zip(tuning.CHOICES, rng.uniform(0.01, 1, len(tuning.CHOICES)))
+                 if rng.random() < 0.8}
         ch = c(times)
         if ch != tuning.DECODE_CUBLAS:
             assert times[ch] < times["decode_cublas"] and times[ch] == min(times.values())
@@ -123,9 +129,10 @@ def test_user_cache_overrides_shipped_defaults(tmp_path):
 
 
 def test_candidates():
-    assert tuning.candidates("palette", 1, 4096, 512) == ["palette_gemm"]
-    assert tuning.candidates("palette", 64, 14336) == ["palette_gemm"]
+    both = ["palette_gemm", "palette_gemm_wide"]  # one- and two-tile copy stages
+    assert tuning.candidates("palette", 1, 4096, 512) == both
+    assert tuning.candidates("palette", 64, 14336) == both
     assert tuning.candidates("palette", 16, 4100, 4100) == []  # K % 64 != 0
-    assert tuning.candidates("palette", 256, 4096) == ["palette_gemm"]
+    assert tuning.candidates("palette", 256, 4096) == both
     assert tuning.candidates("palette", 257, 4096, 512) == []  # past the kernel's batch range
     assert tuning.candidates("huffman", 1, 4096, 512) == []    # no fused Huffman kernel

@@ -1,7 +1,7 @@
 """Fused decode + matmul: y = x @ W^T with W kept palette-coded, on the tensor cores.
 
     torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, workspace, counters, rows, cols,
-                                      palette, splits) -> y
+                                      palette, splits, stage_tiles=1) -> y
         x: bf16 [M, cols] (unit column stride), 1 <= M <= 256 on CUDA; y: bf16 [M, rows];
         fp32 accumulation, one rounding.  sm, idx, vpos, vexp: the palette planes in file order
         (docs/FORMAT.md), on x's device.
@@ -12,6 +12,9 @@
             is 1): the slices' partial sums.
         counters: int32 [>= palette_counters_elems(rows)], all zero; a launch leaves them zero,
             so one buffer serves every launch ordered on a stream.
+        stage_tiles: 64-column tiles per stage of the kernel's copy ring: 1, or 2 (wide stages,
+            each copy reading whole 128-byte lines); the same bits either way, the dispatch
+            takes whichever the tuning table measured faster (PALETTE_GEMM / PALETTE_GEMM_WIDE).
         Both are views of the runtime's per-device buffers (runtime/scratch.py), so a forward
         allocates nothing but y.
 
@@ -88,17 +91,18 @@ def _reference(x: Tensor, w_bits: np.ndarray) -> Tensor:
 
 @torch.library.custom_op("unweight::palette_matmul", mutates_args=("workspace", "counters"))
 def palette_matmul(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, workspace: Tensor,
-                   counters: Tensor, rows: int, cols: int, palette: List[int], splits: int) -> Tensor:
+                   counters: Tensor, rows: int, cols: int, palette: List[int], splits: int,
+                   stage_tiles: int = 1) -> Tensor:
     raise NotImplementedError(f"unweight::palette_matmul has no kernel for device {x.device}")
 
 
 @palette_matmul.register_fake
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits):
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1):
     return x.new_empty((x.size(0), rows))
 
 
 @palette_matmul.register_kernel("cpu")
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits):
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1):
     if x.dim() != 2 or x.size(1) != cols:
         raise ValueError(f"palette_matmul takes x [M, {cols}], got {tuple(x.shape)}")
     w = np.empty((rows, cols), dtype=np.uint16)
@@ -108,7 +112,7 @@ def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits):
 
 
 @palette_matmul.register_kernel("cuda")
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits):
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1):
     if x.dim() != 2 or x.size(1) != cols or x.dtype != torch.bfloat16:
         raise ValueError(f"palette_matmul takes bf16 x [M, {cols}], got {x.dtype} {tuple(x.shape)}")
     M = x.size(0)
@@ -129,5 +133,5 @@ def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits):
         _ext.cuda_module().palette_gemm(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
                                         bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), splits,
                                         _ext.ptr(workspace), _ext.ptr(counters), _ext.ptr(y), y.stride(0),
-                                        _ext.stream(x))
+                                        _ext.stream(x), stage_tiles)
     return y

@@ -38,6 +38,12 @@ PMMA_STAGES = 4
 PMMA_SM_BYTES = PMMA_TILE_N * PMMA_TILE_K
 PMMA_TILE_BYTES = PMMA_SM_BYTES + PMMA_SM_BYTES // 2
 PMMA_SMEM_BYTES = PMMA_WARPS * PMMA_STAGES * PMMA_TILE_BYTES + 16
+PMMA_SUB_WIDE = 2  # tiles per stage of the wide-stage variant (palette_gemm stage_tiles)
+
+
+def pmma_smem_bytes(stage_tiles: int) -> int:
+    """Dynamic shared memory of a palette_gemm launch with `stage_tiles` tiles per ring stage."""
+    return PMMA_WARPS * PMMA_STAGES * stage_tiles * PMMA_TILE_BYTES + 16
 PMMA_CHUNK_M = 64
 PMMA_MAX_M = 256
 PMMA_CTAS_PER_SM = 4

@@ -3,7 +3,7 @@
 Pure data (no torch): the dispatch policy (runtime/policy.py) looks a choice up per forward
 under the key
 
-    (device name, N, K, encoding, batch bucket)  ->  "decode_cublas" | "palette_gemm"
+    (device name, N, K, encoding, batch bucket)  ->  "decode_cublas" | "palette_gemm" | "palette_gemm_wide"
 
 with N, K the weight's [N, K] shape, encoding "huffman" / "palette", and the batch bucket of
 M = x.numel() // K one of BUCKETS ("1", "2-4", "5-16", "17-64", "65-256", ">256").
@@ -43,9 +43,13 @@ log = logging.getLogger(__name__)
 SCHEMA = 1
 DECODE_CUBLAS = "decode_cublas"
 PALETTE_GEMM = "palette_gemm"
+# The same kernel with two tiles per copy stage (whole 128-byte lines per copy): the same
+# bits, a different memory access pattern; the table keeps whichever measured faster.
+PALETTE_GEMM_WIDE = "palette_gemm_wide"
 # Times recorded under other names (a fused Huffman kernel some earlier tables list) are kept
 # out of every choice: only these paths exist.
-CHOICES = (DECODE_CUBLAS, PALETTE_GEMM)
+CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE)
+FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE)
 
 # (upper bound inclusive, name); the last bucket is open-ended.
 _BUCKET_BOUNDS = ((1, "1"), (4, "2-4"), (16, "5-16"), (64, "17-64"), (256, "65-256"))
@@ -86,16 +90,21 @@ def choose(times_ms: dict) -> str:
     base = times_ms.get(DECODE_CUBLAS)
     if not _finite(base):
         return DECODE_CUBLAS
-    t = times_ms.get(PALETTE_GEMM)
-    return PALETTE_GEMM if _finite(t) and t < base else DECODE_CUBLAS
+    best, best_t = DECODE_CUBLAS, base
+    for path in FUSED:  # in this order: a tie keeps the first
+        t = times_ms.get(path)
+        if _finite(t) and t < best_t:
+            best, best_t = path, t
+    return best
 
 
 def candidates(encoding: str, M: int, K: int, cols_per_chunk: int = 0) -> list[str]:
     """Fused paths that can run y = x @ W^T for this encoding and problem (besides
-    decode_cublas): the palette GEMM for palette weights within its batch and shape limits;
-    none for Huffman weights (cols_per_chunk is accepted for callers that pass the grid)."""
+    decode_cublas): the palette GEMM, with one- and two-tile stages, for palette weights within
+    its batch and shape limits; none for Huffman weights (cols_per_chunk is accepted for
+    callers that pass the grid)."""
     if encoding == "palette" and kp.pmma_supported(M, K):
-        return [PALETTE_GEMM]
+        return list(FUSED)
     return []
 
 
