@@ -50,7 +50,8 @@ INDEX_INTERVALS = (1024, 256)
 # (runtime.kernel_plan.HUFF_VARIANTS; the default's row is "huffman+index<S>").
 AHEAD_VARIANTS = ("ahead", "ahead2")
 VARIANTS = ("copy", "huffman", *(f"huffman+index{s}{v}" for s in INDEX_INTERVALS
-                                 for v in ("", *(f"+{a}" for a in AHEAD_VARIANTS))), "palette", "transcode")
+                                 for v in ("", *(f"+{a}" for a in AHEAD_VARIANTS))), "palette", "palette+wide",
+            "transcode")
 
 
 def bench_shape(torch, name, N, K, seed, runs, l2):
@@ -87,8 +88,9 @@ def bench_shape(torch, name, N, K, seed, runs, l2):
         k = bu.rotation_copies(nb + dense, l2)
         ws = [ew] + [bu.clone_encoded(ew) for _ in range(k - 1)]
         outs = [torch.empty((N, K), dtype=torch.bfloat16, device=dev) for _ in range(k)]
-        for v in ("", *(AHEAD_VARIANTS if e.startswith("huffman+index") else ())):
-            code = kp.HUFF_VARIANTS[v] if v else 0
+        others = AHEAD_VARIANTS if e.startswith("huffman+index") else ("wide",) if e == "palette" else ()
+        for v in ("", *others):
+            code = (kp.PAL_VARIANTS[v] if e == "palette" else kp.HUFF_VARIANTS[v]) if v else 0
             bitwise = all(np.array_equal(g, w_bits) for g in h.decode_poisoned(ew, err, code))
             t = bu.graph_time(torch, [lambda x=x, o=o: h.decode_op(x, o, err, code) for x, o in zip(ws, outs)],
                               runs=runs)

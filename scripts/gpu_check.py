@@ -446,6 +446,25 @@ def group_decode(rec, device):
         return r
     rec.check("decode huffman, every decoder variant (index S=256)", variants_case)
 
+    def palette_wide_case():
+        """The wide palette decode (kernel_plan.PAL_VARIANT_WIDE) against the weights, on a
+        verbatim-heavy matrix, all BF16 patterns and a Llama-sized one."""
+        from unweight.runtime import kernel_plan as kp
+        r = {}
+        for what, w in (("verbatim-heavy 257x544", (np.random.default_rng(4).integers(0, 2, (257, 544)) << 15
+                                                    | np.random.default_rng(5).integers(90, 130, (257, 544)) << 7
+                                                    | np.random.default_rng(6).integers(0, 128, (257, 544)))
+                         .astype(np.uint16)),
+                        ("all 65536 patterns", h.all_bf16_patterns()),
+                        ("1024x4096", h.make_weights(1024 if device == "cuda" else 64, 4096, seed=13))):
+            ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
+            before = int(err.item())
+            ok = all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, kp.PAL_VARIANT_WIDE))
+            r[what] = ok and int(err.item()) == before
+        r["passed"] = all(r.values())
+        return r
+    rec.check("decode palette, wide variant", palette_wide_case)
+
     def golden():
         from safetensors.numpy import load_file
         out = {}
@@ -1539,6 +1558,7 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
     ("fused-4096x4096-M1", ["--kernel", "fused", "--batch", "1"], "pmma"),
     ("huffman-4096x4096-index256", ["--kernel", "huffman", "--index", "256"], "huffman_chain"),
     ("palette-4096x4096", ["--kernel", "palette"], "palette_decode"),
+    ("palette-4096x4096-wide", ["--kernel", "palette", "--variant", "wide"], "palette_decode_wide"),
     ("fused-4096x4096-M16", ["--kernel", "fused", "--batch", "16"], "pmma"),
     ("fused-4096x14336-M1", ["--kernel", "fused", "--cols", "14336", "--batch", "1"], "pmma"),
     ("huffman-14336x4096-index256", ["--kernel", "huffman", "--rows", "14336", "--index", "256"], "huffman_chain"),

@@ -37,7 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stage-tiles", type=int, default=1, choices=(1, 2),
                     help="fused: 64-column tiles per copy stage (2: the wide-stage kernel)")
     ap.add_argument("--variant", default="default",
-                    help="huffman decoder variant: default or a name of runtime.kernel_plan.HUFF_VARIANTS")
+                    help="decoder variant: default, or a name of runtime.kernel_plan.HUFF_VARIANTS (huffman) "
+                         "or PAL_VARIANTS (palette)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import numpy as np
@@ -45,7 +46,8 @@ def main(argv=None) -> int:
 
     from unweight.codec import tensor_codec as tc
     from unweight.runtime import kernel_plan as kp
-    variant = 0 if args.variant == "default" else kp.HUFF_VARIANTS[args.variant]
+    names = kp.PAL_VARIANTS if args.kernel == "palette" else kp.HUFF_VARIANTS
+    variant = 0 if args.variant == "default" else names[args.variant]
     h = bu.import_helpers()
     dev = bu.device(torch)
     err = torch.zeros(1, dtype=torch.int32, device=dev)

@@ -140,8 +140,10 @@ def decode_table(bench: dict) -> list[str]:
         return int(s_), v
 
     idx = sorted({k for r in rows for k in r if k.startswith(pre)}, key=lambda k: (-parts(k)[0], parts(k)[1]))
-    cols = ["huffman", *idx, "palette", "transcode", "copy"]
-    names = {"huffman": "huffman (as stored)", "palette": "palette", "transcode": "huffman -> palette transcode",
+    cols = ["huffman", *idx, "palette", *(["palette+wide"] if any("palette+wide" in r for r in rows) else []),
+            "transcode", "copy"]
+    names = {"huffman": "huffman (as stored)", "palette": "palette", "palette+wide": "palette, wide",
+             "transcode": "huffman -> palette transcode",
              "copy": "dense copy",
              **{k: f"huffman, index S={parts(k)[0]}" + (f", {parts(k)[1]}" if parts(k)[1] else "") for k in idx}}
     lines = ["**Decode** (GB/s of BF16 written; the copy reads and writes the dense weights once; the GPU loaders "

@@ -85,6 +85,11 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("HUFF_VARIANT_SCALAR") = plan::HUFF_VARIANT_SCALAR;
   m.attr("HUFF_DEFAULT_VARIANT") = plan::HUFF_DEFAULT_VARIANT;
   m.attr("PAL_VEC") = plan::PAL_VEC;
+  m.attr("PAL_WIDE") = plan::PAL_WIDE;
+  m.attr("PAL_VARIANT_DEFAULT") = plan::PAL_VARIANT_DEFAULT;
+  m.attr("PAL_VARIANT_VEC8") = plan::PAL_VARIANT_VEC8;
+  m.attr("PAL_VARIANT_WIDE") = plan::PAL_VARIANT_WIDE;
+  m.attr("PAL_DEFAULT_VARIANT") = plan::PAL_DEFAULT_VARIANT;
   m.attr("PAL_THREADS") = plan::PAL_THREADS;
   m.attr("WARP_KERNEL_THREADS") = plan::WARP_KERNEL_THREADS;
   m.attr("ENC_THREADS") = plan::ENC_THREADS;
@@ -124,13 +129,14 @@ PYBIND11_MODULE(_cuda, m) {
     plan::huffman_unit(i, g0, c0, nsg, &g, &c);
     return py::make_tuple(g, c);
   });
-  m.def("plan_pal_grid", &plan::pal_grid);
-  m.def("plan_pal_unit", [](int64_t t, int64_t n_cols) {
+  m.def("plan_pal_grid", [](int64_t n_rows, int64_t n_cols, int vec) { return plan::pal_grid(n_rows, n_cols, vec); },
+        py::arg("n_rows"), py::arg("n_cols"), py::arg("vec") = plan::PAL_VEC);
+  m.def("plan_pal_unit", [](int64_t t, int64_t n_cols, int vec) {
     int64_t r, k;
     int n;
-    plan::pal_unit(t, n_cols, &r, &k, &n);
+    plan::pal_unit(t, n_cols, &r, &k, &n, vec);
     return py::make_tuple(r, k, n);
-  });
+  }, py::arg("t"), py::arg("n_cols"), py::arg("vec") = plan::PAL_VEC);
   m.def("plan_warp_grid", &plan::warp_grid);
   m.def("plan_enc_grid", &plan::enc_grid);
   m.def("plan_hist_grid", &plan::hist_grid);
@@ -204,17 +210,18 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("palette_decode", [](uintptr_t sm, uintptr_t idx, int64_t rows, int64_t cols, int64_t r0,
                              int64_t r1, int64_t k0, int64_t k1, py::bytes palette, uintptr_t vpos,
                              int64_t nv, uintptr_t vexp, uintptr_t out, int64_t out_stride,
-                             uintptr_t err, uintptr_t stream) {
+                             uintptr_t err, uintptr_t stream, int variant) {
     need(sm && idx && out && err, "null device pointer");
     need(nv == 0 || (vpos && vexp), "null verbatim pointers");
     check(cuda::palette_decode(dev<const uint8_t>(sm), dev<const uint8_t>(idx), rows, cols, r0, r1, k0, k1,
                                make_palette(palette), dev<const uint32_t>(vpos), nv,
                                dev<const uint8_t>(vexp), dev<uint16_t>(out), out_stride,
-                               dev<int32_t>(err), stream_of(stream)));
+                               dev<int32_t>(err), variant, stream_of(stream)));
   }, py::arg("sm"), py::arg("idx"), py::arg("rows"), py::arg("cols"), py::arg("r0"), py::arg("r1"),
      py::arg("k0"), py::arg("k1"), py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"),
-     py::arg("out"), py::arg("out_stride"), py::arg("err"), py::arg("stream") = 0,
-     "Decode rows [r0,r1) x cols [k0,k1) of the full sm/idx planes into out (rectangle origin).");
+     py::arg("out"), py::arg("out_stride"), py::arg("err"), py::arg("stream") = 0, py::arg("variant") = 0,
+     "Decode rows [r0,r1) x cols [k0,k1) of the full sm/idx planes into out (rectangle origin); variant: "
+     "PAL_VARIANT_* of kernel_plan.h (0: the default).");
 
   m.def("exp_histogram", [](uintptr_t exps, int64_t n, uintptr_t hist, uintptr_t stream) {
     need(exps && hist, "null device pointer");
@@ -367,19 +374,24 @@ PYBIND11_MODULE(_cuda, m) {
 
   m.def("emulate_palette_decode", [](arr<uint8_t> sm, arr<uint8_t> idx, int64_t r0, int64_t r1, int64_t k0,
                                      int64_t k1, py::bytes palette, arr<uint32_t> vpos, arr<uint8_t> vexp,
-                                     arr<uint16_t> out) {
+                                     arr<uint16_t> out, int variant, py::object path_out) {
     need(sm.ndim() == 2 && idx.ndim() == 2 && out.ndim() == 2, "planes must be 2-D");
     const int64_t rows = sm.shape(0), cols = sm.shape(1);
     need(idx.shape(0) == rows && idx.shape(1) == (cols + 1) / 2, "idx shape mismatch");
     need(out.shape(0) == r1 - r0, "out row count mismatch");
     need(vexp.size() == vpos.size() * PAL_BLOCK, "vexp size mismatch");
     int32_t err = 0;
+    int path = -1;
     const char* e = cuda::emulate::palette_decode(sm.data(), idx.data(), rows, cols, r0, r1, k0, k1,
                                                   make_palette(palette), vpos.data(), vpos.size(), vexp.data(),
-                                                  out.mutable_data(), out.shape(1), &err);
+                                                  out.mutable_data(), out.shape(1), &err, variant, &path);
     check(e);
+    if (!path_out.is_none()) path_out.attr("append")(path);
     return err;
-  });
+  }, py::arg("sm"), py::arg("idx"), py::arg("r0"), py::arg("r1"), py::arg("k0"), py::arg("k1"), py::arg("palette"),
+     py::arg("vpos"), py::arg("vexp"), py::arg("out"), py::arg("variant") = 0, py::arg("path_out") = py::none(),
+     "Host run of the palette decode bodies (variant: PAL_VARIANT_*; path_out: a list that receives the variant "
+     "that ran); returns the error count.");
 
   m.def("emulate_exp_histogram", [](arr<uint8_t> exps) {
     arr<uint64_t> hist(256);

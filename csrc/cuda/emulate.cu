@@ -25,16 +25,21 @@ namespace emulate {
 const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
-                           int64_t out_stride, int32_t* err) {
+                           int64_t out_stride, int32_t* err, int variant, int* path) {
   if (const char* e = check_pal(rows, cols, r0, r1, k0, k1, pal, nv, out_stride)) return e;
-  const PalArgs a{sm, idx, rows, cols, r0, r1, k0, k1, pal, out, out_stride};
-  const int64_t total = (r1 - r0) * plan::pal_threads_per_row(k1 - k0);
-  const bool vec = cols % 8 == 0 && k0 % 8 == 0 && out_stride % 8 == 0 && aligned(out, 16) &&
-                   aligned(sm, 8) && aligned(idx, 4);
-  const int64_t grid = plan::pal_grid(r1 - r0, k1 - k0);
+  bool vec = false;
+  if (const char* e = pal_path(&variant, &vec, cols, k0, out_stride, out, sm, idx)) return e;
+  if (path) *path = variant;
+  PalArgs a{sm, idx, rows, cols, r0, r1, k0, k1, pal, out, out_stride, {}};
+  const bool wide = variant == plan::PAL_VARIANT_WIDE, paired = pal_tables(pal, a.pt);
+  const int per = wide ? plan::PAL_WIDE : plan::PAL_VEC;
+  const int64_t total = (r1 - r0) * plan::pal_threads_per_row(k1 - k0, per);
+  const int64_t grid = plan::pal_grid(r1 - r0, k1 - k0, per);
   for (int64_t t = 0; t < grid * plan::PAL_THREADS; ++t) {
     if (t >= total) continue;
-    if (!(vec ? pal_decode_body<true>(t, a) : pal_decode_body<false>(t, a))) ++*err;
+    const bool ok = wide ? (paired ? pal_decode_wide_body<true>(t, a) : pal_decode_wide_body<false>(t, a))
+                         : (vec ? pal_decode_body<true>(t, a) : pal_decode_body<false>(t, a));
+    if (!ok) ++*err;
   }
   const PatchArgs p{sm, rows, cols, r0, r1, k0, k1, vpos, nv, vexp, out, out_stride};
   for (int64_t w = 0; w < plan::warp_grid(nv) * plan::WARPS_PER_CTA; ++w) {

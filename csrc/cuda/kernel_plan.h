@@ -47,8 +47,17 @@ constexpr int HUFF_DEFAULT_VARIANT = HUFF_VARIANT_CHAIN;
 // Chains one thread of a variant decodes at a time.
 UW_PLAN_HD int huffman_ways(int variant) { return variant == HUFF_VARIANT_AHEAD2 ? 2 : 1; }
 // Palette -> BF16: each thread decodes PAL_VEC consecutive weights of one row: 4 index bytes
-// (one 32-bit load), 8 sign+mantissa bytes (one 64-bit load), one 16-byte store.
+// (one 32-bit load), 8 sign+mantissa bytes (one 64-bit load), one 16-byte store.  The wide
+// variant (PAL_VARIANT_WIDE) decodes PAL_WIDE weights per thread: 16 index bytes and 32
+// sign+mantissa bytes in three 16-byte loads issued together, the register-table decode of
+// pal_regs.cuh, four 16-byte stores.  DEFAULT (0) is what the runtime runs: VEC8, the variant
+// measured on a device so far.
 constexpr int PAL_VEC = 8;
+constexpr int PAL_WIDE = 32;
+constexpr int PAL_VARIANT_DEFAULT = 0;
+constexpr int PAL_VARIANT_VEC8 = 1;
+constexpr int PAL_VARIANT_WIDE = 2;
+constexpr int PAL_DEFAULT_VARIANT = PAL_VARIANT_VEC8;
 constexpr int PAL_THREADS = 256;
 // Warp-per-item kernels (verbatim patch, verbatim gather, row counts, compaction): 8 warps
 // per CTA.
@@ -135,17 +144,18 @@ UW_PLAN_HD void hgather_unit(int64_t t, int64_t n_chunks, int64_t units, int64_t
 }
 
 // --- palette decode ---------------------------------------------------------------------
-UW_PLAN_HD int64_t pal_threads_per_row(int64_t n_cols) { return cdiv(n_cols, PAL_VEC); }
-UW_PLAN_HD int64_t pal_grid(int64_t n_rows, int64_t n_cols) {
-  return cdiv(n_rows * pal_threads_per_row(n_cols), PAL_THREADS);
+// `vec`: weights per thread, PAL_VEC or PAL_WIDE.
+UW_PLAN_HD int64_t pal_threads_per_row(int64_t n_cols, int vec = PAL_VEC) { return cdiv(n_cols, vec); }
+UW_PLAN_HD int64_t pal_grid(int64_t n_rows, int64_t n_cols, int vec = PAL_VEC) {
+  return cdiv(n_rows * pal_threads_per_row(n_cols, vec), PAL_THREADS);
 }
-// Thread t -> row r (relative), first column k (relative) and count n (1..PAL_VEC) of weights.
-UW_PLAN_HD void pal_unit(int64_t t, int64_t n_cols, int64_t* r, int64_t* k, int* n) {
-  const int64_t tpr = pal_threads_per_row(n_cols);
+// Thread t -> row r (relative), first column k (relative) and count n (1..vec) of weights.
+UW_PLAN_HD void pal_unit(int64_t t, int64_t n_cols, int64_t* r, int64_t* k, int* n, int vec = PAL_VEC) {
+  const int64_t tpr = pal_threads_per_row(n_cols, vec);
   *r = t / tpr;
-  *k = (t % tpr) * PAL_VEC;
+  *k = (t % tpr) * vec;
   const int64_t left = n_cols - *k;
-  *n = static_cast<int>(left < PAL_VEC ? left : PAL_VEC);
+  *n = static_cast<int>(left < vec ? left : vec);
 }
 
 // --- warp-per-item kernels --------------------------------------------------------------

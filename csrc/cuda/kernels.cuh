@@ -90,11 +90,13 @@ const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
 // Decodes rows [r0,r1) x columns [k0,k1) of the full planes sm/idx (pointers at row 0,
 // column 0) into out (pointer at the rectangle's origin, row stride out_stride), then
 // patches the verbatim blocks that intersect the rectangle.  Nibbles >= palette size and
-// unsorted/out-of-range verbatim ids add to *err.
+// unsorted/out-of-range verbatim ids add to *err.  variant: plan::PAL_VARIANT_* (0: the
+// runtime's default); both write the same bits, and a rectangle the wide variant's alignment
+// rules out runs VEC8.
 const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
-                           int64_t out_stride, int32_t* err, void* stream);
+                           int64_t out_stride, int32_t* err, int variant, void* stream);
 
 // out[i, :] = row ids[i] of the palette matrix (full planes; ids int64 [n_ids] on the
 // device), BF16 [n_ids, cols] with row stride out_stride, verbatim blocks found by binary
@@ -160,7 +162,7 @@ const char* palette_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
 const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
-                           int64_t out_stride, int32_t* err);
+                           int64_t out_stride, int32_t* err, int variant, int* path);
 void exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist);
 void palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palette pal,
                           uint8_t* idx, uint8_t* flags, uint32_t* row_counts,

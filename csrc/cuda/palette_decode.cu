@@ -1,7 +1,8 @@
 // =======================================================================================
 // Palette -> BF16.  Each thread: PAL_VEC = 8 consecutive weights of one row, i.e. one 32-bit
 // index word, one 64-bit sign+mantissa load and one 16-byte store -- a warp moves 1 KiB of
-// input and 512 B of output per instruction triple, fully coalesced.  The main kernel has no
+// input and 512 B of output per instruction triple, fully coalesced.  The wide variant
+// (palette_decode.cuh, pal_decode_wide_body) does PAL_WIDE = 32 weights per thread.  The main kernel has no
 // per-element branch: the palette lookup is a register permute, bad-index detection an OR.
 // Verbatim blocks decode through palette entry 0 here (their nibbles are 0) and are then
 // overwritten by a separate patch kernel, one warp per block, in stream order.
@@ -21,6 +22,14 @@ __global__ void __launch_bounds__(plan::PAL_THREADS) palette_decode_kernel(PalAr
   const int64_t t = static_cast<int64_t>(blockIdx.x) * plan::PAL_THREADS + threadIdx.x;
   if (t >= total) return;
   if (!pal_decode_body<kVec>(t, a)) atomicAdd(err, 1);
+}
+
+template <bool kPaired>
+__global__ void __launch_bounds__(plan::PAL_THREADS) palette_decode_wide_kernel(PalArgs a, int64_t total,
+                                                                                 int32_t* err) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * plan::PAL_THREADS + threadIdx.x;
+  if (t >= total) return;
+  if (!pal_decode_wide_body<kPaired>(t, a)) atomicAdd(err, 1);
 }
 
 __global__ void __launch_bounds__(plan::WARP_KERNEL_THREADS) verbatim_patch_kernel(PatchArgs a,
@@ -44,6 +53,14 @@ void launch_palette_decode(const PalArgs& a, bool vec, int64_t grid, int64_t tot
     palette_decode_kernel<true><<<static_cast<unsigned>(grid), plan::PAL_THREADS, 0, s>>>(a, total, err);
   else
     palette_decode_kernel<false><<<static_cast<unsigned>(grid), plan::PAL_THREADS, 0, s>>>(a, total, err);
+}
+
+void launch_palette_decode_wide(const PalArgs& a, bool paired, int64_t grid, int64_t total, int32_t* err,
+                                cudaStream_t s) {
+  if (paired)
+    palette_decode_wide_kernel<true><<<static_cast<unsigned>(grid), plan::PAL_THREADS, 0, s>>>(a, total, err);
+  else
+    palette_decode_wide_kernel<false><<<static_cast<unsigned>(grid), plan::PAL_THREADS, 0, s>>>(a, total, err);
 }
 
 void launch_verbatim_patch(const PatchArgs& p, int32_t* err, cudaStream_t s) {

@@ -3,6 +3,7 @@
 // serially on the host, by emulate.cu.
 #pragma once
 #include "device_util.cuh"
+#include "pal_regs.cuh"
 
 namespace unweight {
 namespace cuda {
@@ -15,7 +16,24 @@ struct PalArgs {
   Palette pal;
   uint16_t* out;
   int64_t out_stride;
+  PalTables pt;  // the wide variant's register tables (pal_tables), filled by its launcher
 };
+
+// Weights [k, k + n) of rectangle row r, one by one (any alignment): the tail of a rectangle
+// whose width is not a multiple of a thread's vector.  False on an index past the palette.
+UW_HD bool pal_decode_scalar(const PalArgs& a, int64_t r, int64_t k, int n) {
+  const int64_t row = a.r0 + r, col = a.k0 + k;
+  const uint8_t* smr = a.sm + row * a.cols;
+  const uint8_t* ir = a.idx + row * ((a.cols + 1) / 2);
+  uint16_t* o = a.out + r * a.out_stride + k;
+  uint32_t bad = 0;
+  for (int j = 0; j < n; ++j) {
+    const uint32_t nb = pal_nibble(ir, col + j);
+    bad |= nb >= static_cast<uint32_t>(a.pal.size);
+    o[j] = bf16_from_parts(smr[col + j], pal_exp(a.pal, nb));
+  }
+  return bad == 0;
+}
 
 // kVec: the launcher proved 8-byte alignment of sm rows, 4-byte of idx rows and 16-byte of
 // output chunks (cols, k0, out_stride multiples of 8); a tail chunk (< 8 weights) of a
@@ -47,14 +65,41 @@ UW_UNROLL()
       w[j / 2] = static_cast<uint32_t>(ha) | (static_cast<uint32_t>(hb) << 16);
     }
     st_v4(o, w);
-  } else {
-    for (int j = 0; j < n; ++j) {
-      const uint32_t nb = pal_nibble(ir, col + j);
-      bad |= nb >= size;
-      o[j] = bf16_from_parts(smr[col + j], pal_exp(a.pal, nb));
-    }
+    return bad == 0;
   }
-  return bad == 0;
+  return pal_decode_scalar(a, r, k, n);
+}
+
+// Wide variant: PAL_WIDE weights of one row per thread, all three loads issued before any
+// use (48 bytes in flight per thread), decoded by byte permutes on the register tables
+// (pal_decode4: 8 or 11 operations per 4 weights), written with four 16-byte stores.  An
+// index past the palette is found for all 32 weights at once: the nibbles, spread into
+// bytes, plus 0x80 - size set a byte's top bit exactly when they are >= size.  The launcher
+// proved 16-byte alignment of the sm, idx and output chunks (cols and k0 multiples of 32).
+template <bool kPaired>
+UW_HD bool pal_decode_wide_body(int64_t t, const PalArgs& a) {
+  int64_t r, k;
+  int n;
+  plan::pal_unit(t, a.k1 - a.k0, &r, &k, &n, plan::PAL_WIDE);
+  if (n != plan::PAL_WIDE) return pal_decode_scalar(a, r, k, n);
+  const int64_t row = a.r0 + r, col = a.k0 + k;
+  uint32_t nib[4], s_lo[4], s_hi[4];
+  ld_stream_v4(a.idx + row * ((a.cols + 1) / 2) + col / 2, nib);  // 32 nibbles, column j at bits 4j
+  ld_stream_v4(a.sm + row * a.cols + col, s_lo);
+  ld_stream_v4(a.sm + row * a.cols + col + 16, s_hi);
+  const uint32_t c = (0x80u - static_cast<uint32_t>(a.pal.size)) * 0x01010101u;
+  uint32_t top = 0;
+UW_UNROLL()
+  for (int q = 0; q < 4; ++q) top |= ((nib[q] & 0x0F0F0F0Fu) + c) | (((nib[q] >> 4) & 0x0F0F0F0Fu) + c);
+  uint16_t* o = a.out + r * a.out_stride + k;
+UW_UNROLL()
+  for (int v = 0; v < 4; ++v) {  // weights 8v .. 8v + 7
+    uint32_t w[4];
+    pal_decode4<kPaired>(v < 2 ? s_lo[2 * v] : s_hi[2 * v - 4], nib[v], a.pt, w[0], w[1]);
+    pal_decode4<kPaired>(v < 2 ? s_lo[2 * v + 1] : s_hi[2 * v - 3], nib[v] >> 16, a.pt, w[2], w[3]);
+    st_v4(o + 8 * v, w);
+  }
+  return (top & 0x80808080u) == 0;
 }
 
 struct PatchArgs {
@@ -139,6 +184,9 @@ UW_HD bool pgather_body(int64_t t, const PGatherArgs& a) {
 // ---------------------------------------------------------------------------------------
 // kVec: see pal_decode_body.  `total` threads of work over `grid` CTAs.
 void launch_palette_decode(const PalArgs& a, bool vec, int64_t grid, int64_t total, int32_t* err, cudaStream_t s);
+// The wide variant (pal_decode_wide_body), PAL_WIDE weights per thread.
+void launch_palette_decode_wide(const PalArgs& a, bool paired, int64_t grid, int64_t total, int32_t* err,
+                                cudaStream_t s);
 // One warp per verbatim block (p.nv > 0).
 void launch_verbatim_patch(const PatchArgs& p, int32_t* err, cudaStream_t s);
 

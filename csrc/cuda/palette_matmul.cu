@@ -112,7 +112,7 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters, stage_tiles))
     return e;
   PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy);
-  const bool paired = pmma_tables(pal, a);
+  const bool paired = pal_tables(pal, a.pt);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   with_variant(M, paired, stage_tiles, [&](auto nt, auto p, auto sub) {
     launch_pmma<decltype(nt)::value, decltype(p)::value, decltype(sub)::value>(a, splits, s);
@@ -129,7 +129,7 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters, stage_tiles))
     return e;
   PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy);
-  const bool paired = pmma_tables(pal, a) && !force_general;
+  const bool paired = pal_tables(pal, a.pt) && !force_general;
   const char* err = nullptr;
   with_variant(M, paired, stage_tiles, [&](auto nt, auto p, auto sub) {
     err = emu::launch(plan::pmma_grid_x(N, M), splits, plan::PMMA_THREADS, plan::pmma_smem_bytes(sub),

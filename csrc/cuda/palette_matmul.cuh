@@ -20,6 +20,7 @@
 #pragma once
 #include "device_util.cuh"
 #include "emu/ctx.cuh"
+#include "pal_regs.cuh"
 
 namespace unweight {
 namespace cuda {
@@ -32,10 +33,7 @@ struct PmmaArgs {
   const uint8_t* sm;   // [N, K]
   const uint8_t* idx;  // [N, K / 2]
   int64_t N, K;
-  // Palette as rotated exponent bytes ror8(e) = (e & 1) << 7 | e >> 1, four per word:
-  // tab = entries 0..15; dtab = entry k ^ entry k+8 for k < 8 (the paired decode).
-  uint32_t tab[4];
-  uint32_t dtab[2];
+  PalTables pt;  // the palette as byte-permute tables (pal_regs.cuh)
   const uint32_t* vpos;  // [nv] ascending block ids r * (K / 32) + b
   int64_t nv;
   const uint8_t* vexp;  // [nv, 32]
@@ -46,61 +44,6 @@ struct PmmaArgs {
   uint16_t* y;          // bf16 [M, ldy]
   int64_t ldy;
 };
-
-// Rotated exponent byte: the byte layout that lets the decode assemble BF16 with byte
-// selects only (bit 7 -> BF16 bit 7, bits 0..6 -> BF16 bits 8..14).
-UW_HD uint32_t ror8(uint32_t e) { return ((e & 1u) << 7) | ((e >> 1) & 0x7Fu); }
-
-// Fills a.tab / a.dtab from the palette; returns whether the paired decode applies: every
-// entry k < 8 and its partner k + 8 have exponents of the same parity (unused entries take
-// their partner's parity), which is what one byte-select per table needs (bit 7 of a prmt
-// result depends only on the low three bits of the index).  A contiguous run of 16
-// exponents, the usual palette of trained weights, always pairs.
-inline bool pmma_tables(const Palette& pal, PmmaArgs& a) {
-  uint32_t t[16];
-  for (int i = 0; i < 16; ++i) t[i] = i < pal.size ? ror8((pal.w[i / 4] >> (8 * (i % 4))) & 0xFFu) : 0u;
-  bool paired = true;
-  for (int k = 0; k < 8; ++k) {
-    if (k + 8 >= pal.size) t[k + 8] = t[k] & 0x80u;  // unused: never indexed by valid data
-    if ((t[k] ^ t[k + 8]) & 0x80u) paired = false;
-  }
-  for (int w = 0; w < 4; ++w) a.tab[w] = t[4 * w] | t[4 * w + 1] << 8 | t[4 * w + 2] << 16 | t[4 * w + 3] << 24;
-  for (int w = 0; w < 2; ++w) {
-    a.dtab[w] = 0;
-    for (int i = 0; i < 4; ++i) a.dtab[w] |= (t[4 * w + i] ^ t[4 * w + i + 8]) << (8 * i);
-  }
-  return paired;
-}
-
-// Four weights -> two A registers (BF16 pairs, lower column in the low half).  s: their
-// sign+mantissa bytes (weight j in byte j); sel: their palette indices (weight j in bits
-// 4j..4j+3; bits 16+ are ignored).  With r = ror8(exponent) per weight, the BF16 low bytes
-// are Z = s & 0x7F | r & 0x80 and the high bytes H = s & 0x80 | r & 0x7F; two byte
-// interleaves give the pairs.  The palette lookup is prmt on table words in registers:
-// paired:  r = prmt(dtab, idx) ^ prmt(tab[8..15], idx & 7)  -- an index >= 8 makes the first
-//          prmt replicate the msb of dtab[idx & 7], which pairing made 0;  8 ops / 4 weights
-// general: two 8-entry lookups, a byte mask from prmt's replicate mode (0x7F / 0x00) for
-//          bits 0..6 and that mask + 1 (0x80 / 0x01) for bit 7;  11 ops / 4 weights
-template <bool kPaired>
-UW_HD void pmma_decode4(uint32_t s, uint32_t sel, const PmmaArgs& a, uint32_t& lo, uint32_t& hi) {
-  const uint32_t s7 = sel & 0x7777u;
-  uint32_t zb, hb;  // sources of the low-byte bit 7 and of the high-byte bits 0..6
-  if (kPaired) {
-    const uint32_t r = emu::prmt(a.dtab[0], a.dtab[1], sel) ^ emu::prmt(a.tab[2], a.tab[3], s7);
-    zb = r;
-    hb = r;
-  } else {
-    const uint32_t e_lo = emu::prmt(a.tab[0], a.tab[1], s7), e_hi = emu::prmt(a.tab[2], a.tab[3], s7);
-    const uint32_t m = emu::prmt(0x7F7F7F7Fu, 0x7F7F7F7Fu, sel);  // 0x7F: index < 8; 0x00: >= 8
-    const uint32_t m2 = m + 0x01010101u;                          // bit 7 set: index < 8
-    zb = (e_lo & m2) | (e_hi & ~m2);
-    hb = (e_lo & m) | (e_hi & ~m);
-  }
-  const uint32_t z = (s & 0x7F7F7F7Fu) | (zb & 0x80808080u);
-  const uint32_t h = (s & 0x80808080u) | (hb & 0x7F7F7F7Fu);
-  lo = emu::prmt(z, h, 0x5140u);
-  hi = emu::prmt(z, h, 0x7362u);
-}
 
 // Shared-memory reads (device: one LDS.128 / LDS.64; host: memcpy).
 UW_HD void lds_v4(const unsigned char* p, uint32_t (&v)[4]) {
@@ -372,8 +315,8 @@ UW_UNROLL()
 UW_UNROLL()
       for (int j = 0; j < 4; ++j) {
         const int sh = 16 * (j & 1);
-        pmma_decode4<kPaired>(s_lo[j], n_lo[j >> 1] >> sh, a, af[j][0], af[j][2]);
-        pmma_decode4<kPaired>(s_hi[j], n_hi[j >> 1] >> sh, a, af[j][1], af[j][3]);
+        pal_decode4<kPaired>(s_lo[j], n_lo[j >> 1] >> sh, a.pt, af[j][0], af[j][2]);
+        pal_decode4<kPaired>(s_hi[j], n_hi[j >> 1] >> sh, a.pt, af[j][1], af[j][3]);
       }
       if (a.nv > 0) {  // rare: a row of this tile has a verbatim block here
         unsigned hits = c.ballot(rel - kb < 2u);

@@ -103,8 +103,8 @@ def huffman_planes(enc, w) -> dict:
 
 def decode_op(w, out, err, variant: int = 0) -> None:
     """Run the decode op of w's encoding into `out` (bf16 [rows, cols], or uint8 for the
-    Huffman exponent bytes); variant: the Huffman decoder (kernel_plan.HUFF_VARIANTS, 0 the
-    default)."""
+    Huffman exponent bytes); variant: the decoder (kernel_plan.HUFF_VARIANTS or PAL_VARIANTS
+    by w's encoding, 0 the default)."""
     import torch
     if w.is_huffman:
         # The checkpoint index, when w has one: the kernel then decodes S-weight chains.
@@ -112,7 +112,7 @@ def decode_op(w, out, err, variant: int = 0) -> None:
                                           w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi, w.chk,
                                           w.chk_interval, variant)
     else:
-        torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette)
+        torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette, variant)
 
 
 def gather_op(w, ids, err):

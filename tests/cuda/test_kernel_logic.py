@@ -16,7 +16,7 @@ from unweight.codec import tensor_codec as tc
 from unweight.format import constants as C
 from unweight.runtime import kernel_plan as kp
 
-from .helpers import make_weights
+from .helpers import all_bf16_patterns, make_weights
 
 try:
     from unweight import _cuda
@@ -103,7 +103,8 @@ def test_hist_grid_stride_covers_once(n):
 def test_cpp_plan_matches_python():
     for name in ("HUFF_THREADS", "PAL_VEC", "PAL_THREADS", "WARP_KERNEL_THREADS", "ENC_THREADS", "HIST_THREADS",
                  "HIST_MAX_CTAS", "SCAN_THREADS", "HUFF_VARIANT_DEFAULT", "HUFF_VARIANT_CHAIN", "HUFF_VARIANT_AHEAD",
-                 "HUFF_VARIANT_AHEAD2", "HUFF_VARIANT_SCALAR", "HUFF_DEFAULT_VARIANT"):
+                 "HUFF_VARIANT_AHEAD2", "HUFF_VARIANT_SCALAR", "HUFF_DEFAULT_VARIANT", "PAL_WIDE",
+                 "PAL_VARIANT_DEFAULT", "PAL_VARIANT_VEC8", "PAL_VARIANT_WIDE", "PAL_DEFAULT_VARIANT"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     for v in range(6):
         assert _cuda.plan_huffman_ways(v) == kp.huffman_ways(v)
@@ -115,8 +116,10 @@ def test_cpp_plan_matches_python():
         for b in ODD:
             assert _cuda.plan_pal_grid(a, b) == kp.pal_grid(a, b)
             assert _cuda.plan_enc_grid(a, b) == kp.enc_grid(a, b)
+            assert _cuda.plan_pal_grid(a, b, kp.PAL_WIDE) == kp.pal_grid(a, b, kp.PAL_WIDE)
             for t in (0, 1, 7, 8, 100, a * b // 3):
                 assert tuple(_cuda.plan_pal_unit(t, b)) == kp.pal_unit(t, b)
+                assert tuple(_cuda.plan_pal_unit(t, b, kp.PAL_WIDE)) == kp.pal_unit(t, b, kp.PAL_WIDE)
                 assert tuple(_cuda.plan_huffman_unit(t, 2, 3, a)) == kp.huffman_unit(t, 2, 3, a)
 
 
@@ -221,6 +224,70 @@ def test_emulated_palette_decode_matches_cpu(shape):
         assert _cuda.emulate_palette_decode(p[C.SUFFIX_SM], p[C.SUFFIX_IDX], r0, r1, k0, k1, _pal(enc),
                                             p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], sub) == 0
         assert np.array_equal(sub, w[r0:r1, k0:k1])
+
+
+@needs_ext
+@pytest.mark.parametrize("shape", [(33, 4096), (70, 96), (17, 64), (130, 520), (9, 2048)])
+def test_emulated_wide_palette_decode(shape):
+    """The wide variant (32 weights per thread, register-table decode) on the shapes it takes
+    (cols a multiple of 32) and those it hands to VEC8: the same bits, sub-rectangles with
+    32-aligned and unaligned origins, paired and unpaired palettes, verbatim blocks patched."""
+    w = make_weights(*shape, seed=shape[0] + 7 * shape[1])
+    enc = tc.encode(w, "palette")
+    h, p = enc.header, enc.planes
+    rects = {(0, h.rows, 0, h.cols), (h.rows // 3, h.rows, (h.cols // 64) * 32, h.cols),
+             (0, h.rows, h.cols // 2 + 1, h.cols)}
+    for r0, r1, k0, k1 in rects:
+        sub = np.empty((r1 - r0, k1 - k0), np.uint16)
+        path = []
+        assert _cuda.emulate_palette_decode(p[C.SUFFIX_SM], p[C.SUFFIX_IDX], r0, r1, k0, k1, _pal(enc),
+                                            p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], sub, kp.PAL_VARIANT_WIDE, path) == 0
+        assert np.array_equal(sub, w[r0:r1, k0:k1])
+        takes = h.cols % kp.PAL_WIDE == 0 and k0 % kp.PAL_WIDE == 0
+        assert path == [kp.PAL_VARIANT_WIDE if takes else kp.PAL_VARIANT_VEC8]
+
+
+@needs_ext
+@pytest.mark.parametrize("exps", [list(range(110, 126)), [0] + list(range(111, 126)), [120, 121, 122]])
+def test_emulated_wide_palette_decode_of_palette_cases(exps):
+    """Full palettes that pair and that cannot (the general decode), and a 3-entry palette
+    whose unused nibbles must be counted as errors, by the wide path."""
+    rng = np.random.default_rng(len(exps))
+    e = rng.choice(exps, size=(40, 256))
+    sm = rng.integers(0, 256, size=(40, 256), dtype=np.uint32)
+    w = (((sm & 0x80) << 8) | (e.astype(np.uint32) << 7) | (sm & 0x7F)).astype(np.uint16)
+    enc = tc.encode(w, "palette")
+    h, p = enc.header, enc.planes
+    assert h.num_verbatim == 0 and h.pal_size == len(exps)
+    out = np.empty_like(w)
+    for variant in (kp.PAL_VARIANT_WIDE, kp.PAL_VARIANT_VEC8):
+        assert _cuda.emulate_palette_decode(p[C.SUFFIX_SM], p[C.SUFFIX_IDX], 0, h.rows, 0, h.cols, _pal(enc),
+                                            p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], out, variant) == 0
+        assert np.array_equal(out, w)
+    if h.pal_size < 16:
+        # the smallest index past the palette and the largest, in low and high nibbles
+        for col, nb in ((0, h.pal_size), (31, h.pal_size), (200, 15), (9, 15)):
+            idx = p[C.SUFFIX_IDX].copy()
+            sh = 4 * (col % 2)
+            idx[5, col // 2] = (idx[5, col // 2] & ~np.uint8(0xF << sh)) | np.uint8(nb << sh)
+            for variant in (kp.PAL_VARIANT_WIDE, kp.PAL_VARIANT_VEC8):
+                assert _cuda.emulate_palette_decode(p[C.SUFFIX_SM], idx, 0, h.rows, 0, h.cols, _pal(enc),
+                                                    p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], out, variant) == 1
+
+
+@needs_ext
+def test_emulated_wide_palette_decode_of_all_bf16_patterns():
+    w = all_bf16_patterns(rows=256)
+    enc = tc.encode(w, "palette")
+    h, p = enc.header, enc.planes
+    out = np.empty_like(w)
+    path = []
+    assert _cuda.emulate_palette_decode(p[C.SUFFIX_SM], p[C.SUFFIX_IDX], 0, h.rows, 0, h.cols, _pal(enc),
+                                        p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], out, kp.PAL_VARIANT_WIDE, path) == 0
+    assert path == [kp.PAL_VARIANT_WIDE] and np.array_equal(out, w)
+    with pytest.raises(RuntimeError, match="unknown palette decode variant"):
+        _cuda.emulate_palette_decode(p[C.SUFFIX_SM], p[C.SUFFIX_IDX], 0, h.rows, 0, h.cols, _pal(enc),
+                                     p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], out, 7)
 
 
 @needs_ext

@@ -277,6 +277,19 @@ def test_decoder_variants_bitwise(shape, variant):
     assert int(err.item()) == 0
 
 
+@pytest.mark.parametrize("shape", [(33, 4096), (300, 520), (4097, 64), (1024, 4096)])
+def test_wide_palette_decode_bitwise(shape):
+    """The wide palette decode (32 weights per thread) and VEC8 write the same bits, verbatim
+    blocks patched; a shape whose width is not a multiple of 32 runs VEC8."""
+    w = make_weights(*shape, seed=shape[0] * 5 + shape[1])
+    err = _err()
+    ew = encoded_weight(tc.encode(w, "palette"), "cuda", err)
+    for variant in (kp.PAL_VARIANT_VEC8, kp.PAL_VARIANT_WIDE):
+        for got in decode_poisoned(ew, err, variant):
+            assert np.array_equal(got, w)
+    assert int(err.item()) == 0
+
+
 @pytest.mark.parametrize("variant", sorted(kp.HUFF_VARIANTS.values()))
 def test_every_decoder_variant_counts_corruption(variant):
     w, enc, planes = _corrupt_huffman()

@@ -20,6 +20,12 @@ HUFF_DEFAULT_VARIANT = HUFF_VARIANT_CHAIN
 HUFF_VARIANTS = {"chain": HUFF_VARIANT_CHAIN, "ahead": HUFF_VARIANT_AHEAD, "ahead2": HUFF_VARIANT_AHEAD2,
                  "scalar": HUFF_VARIANT_SCALAR}
 PAL_VEC = 8
+PAL_WIDE = 32  # weights per thread of the wide palette decode (PAL_VARIANT_WIDE)
+PAL_VARIANT_DEFAULT = 0
+PAL_VARIANT_VEC8 = 1
+PAL_VARIANT_WIDE = 2
+PAL_DEFAULT_VARIANT = PAL_VARIANT_VEC8
+PAL_VARIANTS = {"vec8": PAL_VARIANT_VEC8, "wide": PAL_VARIANT_WIDE}
 PAL_THREADS = 256
 WARP = 32
 WARP_KERNEL_THREADS = 256
@@ -103,19 +109,19 @@ def segment_rect(g: int, c: int, rows: int, cols: int, R: int, C_: int) -> tuple
 
 
 # --- palette decode: PAL_VEC weights of one row per thread --------------------------------
-def pal_threads_per_row(n_cols: int) -> int:
-    return cdiv(n_cols, PAL_VEC)
+def pal_threads_per_row(n_cols: int, vec: int = PAL_VEC) -> int:
+    return cdiv(n_cols, vec)
 
 
-def pal_grid(n_rows: int, n_cols: int) -> int:
-    return cdiv(n_rows * pal_threads_per_row(n_cols), PAL_THREADS)
+def pal_grid(n_rows: int, n_cols: int, vec: int = PAL_VEC) -> int:
+    return cdiv(n_rows * pal_threads_per_row(n_cols, vec), PAL_THREADS)
 
 
-def pal_unit(t: int, n_cols: int) -> tuple[int, int, int]:
-    """Thread t -> (relative row, relative first column, weight count 1..PAL_VEC)."""
-    tpr = pal_threads_per_row(n_cols)
-    k = (t % tpr) * PAL_VEC
-    return t // tpr, k, min(PAL_VEC, n_cols - k)
+def pal_unit(t: int, n_cols: int, vec: int = PAL_VEC) -> tuple[int, int, int]:
+    """Thread t -> (relative row, relative first column, weight count 1..vec)."""
+    tpr = pal_threads_per_row(n_cols, vec)
+    k = (t % tpr) * vec
+    return t // tpr, k, min(vec, n_cols - k)
 
 
 # --- warp-per-item kernels (verbatim patch/gather, row counts, compaction)
