@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end decode throughput of a Llama-3.1-8B-shaped model: BF16 against the compressed
-modes (huffman, palette, dense; optionally with the fused kernels forced on).
+modes (huffman, palette, dense; optionally with the fused kernels forced on, or with another
+decoder variant).
 
 The model is built on the GPU from its config (transformers LlamaForCausalLM, sdpa attention)
 with N(0, 0.02) BF16 weights drawn on the device (no download), timed in BF16, then every
@@ -29,7 +30,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_util as bu  # noqa: E402
 
-MODES = ("huffman", "palette", "huffman+fused", "palette+fused", "dense")
+# <mode>[+fused | +fused-wide | +<decoder variant>]: the fused palette GEMM forced on (one- or
+# two-tile copy stages), or the decode + cuBLAS path with another decoder (dispatch.use_decoders).
+MODES = ("huffman", "palette", "huffman+fused", "palette+fused", "palette+fused-wide", "huffman+ahead",
+         "huffman+ahead2", "palette+wide", "dense")
 
 
 def llama8b_config(layers: int, **over):
@@ -80,9 +84,10 @@ def compress_in_place(model, encoding: str = "huffman") -> float:
     return time.perf_counter() - t0
 
 
-def forced_fused_policy(model, device):
-    """A dispatch policy whose table says the fused kernel won for every compressed layer at
-    every batch bucket it takes (to measure the fused path end to end, not a measured choice)."""
+def forced_fused_policy(model, device, path: str = "palette_gemm"):
+    """A dispatch policy whose table says the fused kernel (`path` for palette layers) won for
+    every compressed layer at every batch bucket it takes (to measure the fused path end to
+    end, not a measured choice)."""
     from unweight.runtime.modules import CompressedLinear, compressed_modules
     from unweight.runtime.policy import DispatchPolicy
     from unweight.runtime.tuning_table import TuningTable
@@ -91,7 +96,7 @@ def forced_fused_policy(model, device):
     name = pol.device_name(device) if device.type == "cuda" else "cpu"
     for _, m in compressed_modules(model):
         if isinstance(m, CompressedLinear) and not m.is_tied:
-            fused = "huffman_gemm" if m.encoding_name == "huffman" else "palette_gemm"
+            fused = "huffman_gemm" if m.encoding_name == "huffman" else path
             for M in (1, 4, 16):
                 t.record(name, m.n_rows, m.n_cols, m.encoding_name, M, {"decode_cublas": 1.0, fused: 0.5})
     return pol
@@ -212,6 +217,7 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
         device: str = "cuda", cfg_over: dict | None = None, out_path: str | None = None, log=print) -> dict:
     """The end-to-end benchmark within `budget` (modes that would not fit are skipped and
     recorded).  device="cpu" with a tiny cfg_over is the harness' self-test."""
+    from unweight.runtime import dispatch
     from unweight.runtime import prepare as prep
     dev = torch.device(device)
     cfg = llama8b_config(layers, **(cfg_over or {}))
@@ -244,7 +250,7 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
     per_mode = None
     fused_paths = bu.import_helpers().fused_paths()
     for mode in modes:
-        if mode.endswith("+fused") and mode.split("+")[0] not in fused_paths:
+        if "+fused" in mode and mode.split("+")[0] not in fused_paths:
             res["skipped"].append({"mode": mode, "why": "this build has no fused kernel for that encoding"})
             continue
         need = 2 * (per_mode or 20.0)
@@ -252,11 +258,14 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
             res["skipped"].append({"mode": mode, "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
             continue
         t0 = time.perf_counter()
+        base, _, extra = mode.partition("+")
+        # "+<decoder variant>" (ahead, ahead2, wide): the decode runs that variant for this mode
+        decoder = extra if extra and not extra.startswith("fused") else None
+        previous = dispatch.use_decoders(**{base: decoder}) if decoder else None
         try:
-            base = mode.split("+")[0]
             info = prep.prepare(model, base, policy=None)
-            if mode.endswith("+fused"):
-                pol = forced_fused_policy(model, dev)
+            if extra.startswith("fused"):
+                pol = forced_fused_policy(model, dev, "palette_gemm_wide" if extra == "fused-wide" else "palette_gemm")
                 info = prep.prepare(model, base, policy=pol)
             entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio")},
                      "prepare_seconds": time.perf_counter() - t0, "runs": []}
@@ -269,6 +278,9 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
             entry = {"error": f"{type(e).__name__}: {e}"}
             if dev.type == "cuda":
                 torch.cuda.synchronize()
+        finally:
+            if previous is not None:
+                dispatch.use_decoders(**previous)
         per_mode = time.perf_counter() - t0
         res["modes"][mode] = entry
         log(f"e2e {mode}: " + (_summary(entry) if "runs" in entry else entry["error"]))

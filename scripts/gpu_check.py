@@ -811,7 +811,8 @@ def group_bench_smoke(rec, device):
         import importlib.util
         if importlib.util.find_spec("transformers") is None:
             return {"skipped": True, "why": "transformers is not installed here"}
-        r = bench_e2e.run(torch, 1, [1], ["huffman", "palette+fused", "dense"], bu.Budget(60), prompt=4, steps=1,
+        r = bench_e2e.run(torch, 1, [1], ["huffman", "huffman+ahead2", "palette+fused", "palette+fused-wide", "dense"],
+                          bu.Budget(90), prompt=4, steps=1,
                           runs=2, device=device, log=lambda m: None,
                           cfg_over=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                         num_key_value_heads=2))
@@ -1509,8 +1510,9 @@ def stage_bench(st: Stage, out_dir: str) -> None:
                 elif name == "profile":
                     res = _profiles(b, out_dir)
                 else:
-                    res = bench_e2e.run(torch, 4, [1, 16], ["huffman", "huffman+fused", "palette", "palette+fused",
-                                                           "dense"], b, out_path=path, log=log)
+                    res = bench_e2e.run(torch, 4, [1, 16], ["palette+fused", "palette+fused-wide", "huffman",
+                                                           "huffman+ahead2", "palette", "palette+wide", "dense"],
+                                        b, out_path=path, log=log)
         except Exception as e:  # noqa: BLE001 - a failing benchmark is a finding
             st.add(f"bench {name}", "fail", error=_err_line(e), trace=_tail(traceback.format_exc(), 15),
                    seconds=round(time.perf_counter() - t0, 1))

@@ -72,3 +72,24 @@ def test_fused_wires_the_palette_op_and_refuses_huffman():
     _, h = _piece(40, 128, "huffman", 4)
     with pytest.raises(ValueError, match="no fused kernel"):
         dispatch.fused(h, x)
+    # the wide-stage path is the same op with another stage width: the same reference on CPU
+    assert torch.equal(dispatch.fused(p, x, "palette_gemm_wide"), dispatch.fused(p, x))
+    with pytest.raises(ValueError, match="no fused kernel"):
+        dispatch.fused(p, x, "palette_gemm_fast")
+
+
+def test_decoder_variants_are_set_by_name_and_restored():
+    """use_decoders switches the CUDA decoder variant the decode passes to its op (the CPU ops
+    ignore it: the same bits) and gives back the setting to restore."""
+    w, pieces = _stack(("huffman", "palette", "huffman"))
+    prev = dispatch.use_decoders(huffman="ahead2", palette="wide")
+    try:
+        assert dispatch._DECODERS == {"huffman": 3, "palette": 2}
+        assert torch.equal(dispatch.decode_new(pieces, 80, 96), w)
+        with pytest.raises(ValueError, match="unknown huffman decoder"):
+            dispatch.use_decoders(huffman="fast")
+        with pytest.raises(ValueError, match="unknown palette decoder variant"):
+            dispatch.use_decoders(palette=9)
+    finally:
+        dispatch.use_decoders(**prev)
+    assert dispatch._DECODERS == {"huffman": 0, "palette": 0}

@@ -26,7 +26,7 @@ from . import scratch
 from .policy import DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, DispatchPolicy
 from .weights import EncodedWeight
 
-__all__ = ["linear", "embedding", "decode_into", "decode_new", "fused"]
+__all__ = ["linear", "embedding", "decode_into", "decode_new", "fused", "use_decoders"]
 
 _DECODE_ONLY = DispatchPolicy(None)
 
@@ -34,13 +34,39 @@ _DECODE_ONLY = DispatchPolicy(None)
 _STAGE_TILES = {PALETTE_GEMM: 1, PALETTE_GEMM_WIDE: kp.PMMA_SUB_WIDE}
 
 
+# The CUDA decoder each encoding runs: a variant of kernel_plan.HUFF_VARIANTS / PAL_VARIANTS,
+# 0 for the extension's default.  Every variant writes the same bits; use_decoders() switches
+# them process-wide so that a benchmark can time them end to end.
+_DECODERS = {"huffman": 0, "palette": 0}
+
+
+def use_decoders(huffman: str | int | None = None, palette: str | int | None = None) -> dict:
+    """Set the CUDA decoder variants by name ("chain", "ahead", "ahead2"; "vec8", "wide") or
+    number (0: the default); None leaves one as it is.  Returns the previous setting, which
+    use_decoders(**previous) restores.  A forward captured in a CUDA graph keeps the variant
+    it was captured with."""
+    prev = dict(_DECODERS)
+    for enc, v, names in (("huffman", huffman, kp.HUFF_VARIANTS), ("palette", palette, kp.PAL_VARIANTS)):
+        if v is None:
+            continue
+        if isinstance(v, str):
+            if v not in names:
+                raise ValueError(f"unknown {enc} decoder {v!r}; one of {sorted(names)}")
+            v = names[v]
+        if v != 0 and v not in names.values():
+            raise ValueError(f"unknown {enc} decoder variant {v}")
+        _DECODERS[enc] = int(v)
+    return prev
+
+
 def _decode_piece(w: EncodedWeight, out: Tensor, err: Tensor) -> None:
     if w.is_huffman:
         torch.ops.unweight.decode_huffman(w.sm, w.exp, w.off, w.table, w.lut, out, err, w.rows, w.cols,
                                           w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi, w.chk,
-                                          w.chk_interval)
+                                          w.chk_interval, _DECODERS["huffman"])
     else:
-        torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette)
+        torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette,
+                                          _DECODERS["palette"])
 
 
 def decode_into(pieces: list, out: Tensor, out_rows: int, cols: int) -> Tensor:
