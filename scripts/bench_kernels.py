@@ -84,6 +84,8 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                     r[f"{e}_fused"] = {"error": f"{type(ex).__name__}: {ex}", "accuracy": acc}
                 if e == "palette":  # the same kernel with two-tile copy stages (whole 128-byte lines)
                     _time_wide(torch, h, ws, x, w, err, t_cublas, runs, r, times)
+                    if M == 1 and budget.left() > 30:
+                        r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas)
             choice = table.record(dev_name, N, K, e, M, times)
             r[f"{e}_auto"] = {"choice": choice, "time_vs_cublas": times[choice] / t_cublas}
         r["device_errors"] = int(err.item())
@@ -114,6 +116,33 @@ def _time_wide(torch, h, ws, x, w, err, t_cublas, runs, r, times) -> None:
                                "weight_GBps": bu.encoded_bytes(ws[0]) / (t["median_ms"] * 1e-3) / 1e9}
     if acc.get("passed") and same:
         times[PALETTE_GEMM_WIDE] = t["median_ms"]
+
+
+def _split_sweep(torch, ws, x, runs, t_cublas) -> dict:
+    """The fused palette GEMM at every K split of a doubling ladder (and the planned one), with
+    one- and two-tile stages: {"planned": s, "1:<splits>" / "2:<splits>": time / cuBLAS time}.
+    Data for the split heuristic (kernel_plan.pmma_splits), not a dispatch choice."""
+    from unweight import ops
+    from unweight.runtime import kernel_plan as kp
+    w0, M = ws[0], x.size(0)
+    planned = ops.palette_splits(w0.rows, w0.cols, x.device, M)
+    most = min(w0.cols // kp.PMMA_TILE_K, kp.PMMA_MAX_SPLITS)
+    ladder = sorted({s for s in (1, 2, 4, 8, 16, 32, planned) if s <= most})
+    work = torch.zeros(max(1, kp.pmma_workspace_elems(M, w0.rows, max(ladder))), dtype=torch.float32,
+                       device=x.device)
+    cnt = torch.zeros(kp.pmma_counters(w0.rows), dtype=torch.int32, device=x.device)
+    out = {"planned": planned}
+    for tiles in (1, kp.PMMA_SUB_WIDE):
+        for sp in ladder:
+            def call(q, sp=sp, tiles=tiles):
+                return torch.ops.unweight.palette_matmul(x, q.sm, q.idx, q.vpos, q.vexp, work, cnt, q.rows, q.cols,
+                                                         q.palette, sp, tiles)
+            try:
+                t = bu.graph_time(torch, [lambda q=q: call(q) for q in ws], runs=max(10, runs // 2))
+                out[f"{tiles}:{sp}"] = t["median_ms"] / t_cublas
+            except Exception as ex:  # noqa: BLE001 - a refused split is a finding
+                out[f"{tiles}:{sp}"] = f"{type(ex).__name__}: {ex}"
+    return out
 
 
 def _ratio(entry) -> str:
