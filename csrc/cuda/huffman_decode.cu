@@ -87,8 +87,11 @@ __device__ __forceinline__ void fill_lut_ahead(uint16_t* lut, const uint16_t* __
   __syncthreads();
 }
 
+// Residency: the 32 KiB LUT plus the 1 KiB an SM reserves per CTA fit 6 CTAs in an H100's
+// 228 KiB, so one chain per thread may use up to 85 registers (6 CTAs); two chains are held
+// to 128 (4 CTAs), which spills only in a chain's setup and end check.
 template <bool kExp, int kWays>
-__global__ void __launch_bounds__(plan::HUFF_THREADS, kWays == 2 ? 4 : 7)
+__global__ void __launch_bounds__(plan::HUFF_THREADS, kWays == 2 ? 4 : 6)
 huffman_ahead_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ lut_g, int32_t* err) {
   __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
   fill_lut_ahead(lut, lut_g);

@@ -25,10 +25,11 @@ namespace plan {
 // Huffman -> BF16/exponents and the Huffman row gather: one thread per chain (a segment's
 // weights from one checkpoint of the index to the next, FORMAT.md "Checkpoint index"; the
 // whole segment without an index), grid-stride, the grid capped at the CTAs the device holds
-// at once so each CTA fills its 32 KiB shared LUT once.  128 threads per CTA: 7 CTAs (the
-// most an SM's 228 KiB of shared memory holds) are 896 lanes, far more chains in flight than
-// the ~90-160 per SM the decode's latency needs (FORMAT.md "Choosing S"), and a 4096 x 4096
-// matrix (16,384 chains at S = 1024) still fills 128 CTAs, about one per SM of an H100.
+// at once so each CTA fills its 32 KiB shared LUT once.  128 threads per CTA: 6 CTAs (the
+// most an SM's 228 KiB of shared memory holds, with 1 KiB reserved per CTA) are 768 lanes,
+// far more chains in flight than the ~90-160 per SM the decode's latency needs (FORMAT.md
+// "Choosing S"), and a 4096 x 4096 matrix (16,384 chains at S = 1024) still fills 128 CTAs,
+// about one per SM of an H100.
 constexpr int HUFF_THREADS = 128;
 // Huffman decode variants (the `variant` argument of huffman_decode; scripts/bench_decode.py
 // times each on the device):
