@@ -419,11 +419,13 @@ def group_decode(rec, device):
                 w = h.make_weights(rows, cols, seed=rows * 131 + cols)
                 rec.check(name, decode_case, w, enc_name, segment_weights=512 if enc_name == "huffman" else 4096)
         rec.check(f"decode {enc_name} all 65536 BF16 patterns", decode_case, h.all_bf16_patterns(), enc_name)
-    # Verbatim-heavy: exponents spread over ~40 values, so a 16-entry palette leaves many blocks verbatim.
-    rng = np.random.default_rng(3)
-    heavy = (rng.integers(0, 2, (257, 520)) << 15 | rng.integers(90, 130, (257, 520)) << 7
-             | rng.integers(0, 128, (257, 520))).astype(np.uint16)
-    rec.check("decode palette verbatim-heavy 257x520", decode_case, heavy, "palette")
+    def heavy(cols, seed):
+        """Verbatim-heavy weights [257, cols]: exponents spread over ~40 values, so a 16-entry
+        palette leaves many blocks verbatim."""
+        rng = np.random.default_rng(seed)
+        return (rng.integers(0, 2, (257, cols)) << 15 | rng.integers(90, 130, (257, cols)) << 7
+                | rng.integers(0, 128, (257, cols))).astype(np.uint16)
+    rec.check("decode palette verbatim-heavy 257x520", decode_case, heavy(520, 3), "palette")
     rec.check("decode huffman segments of 4096 weights 1024x4096 (default grid)", decode_case,
               h.make_weights(1024 if device == "cuda" else 64, 4096, seed=9), "huffman")
 
@@ -451,10 +453,7 @@ def group_decode(rec, device):
         verbatim-heavy matrix, all BF16 patterns and a Llama-sized one."""
         from unweight.runtime import kernel_plan as kp
         r = {}
-        for what, w in (("verbatim-heavy 257x544", (np.random.default_rng(4).integers(0, 2, (257, 544)) << 15
-                                                    | np.random.default_rng(5).integers(90, 130, (257, 544)) << 7
-                                                    | np.random.default_rng(6).integers(0, 128, (257, 544)))
-                         .astype(np.uint16)),
+        for what, w in (("verbatim-heavy 257x544", heavy(544, 4)),
                         ("all 65536 patterns", h.all_bf16_patterns()),
                         ("1024x4096", h.make_weights(1024 if device == "cuda" else 64, 4096, seed=13))):
             ew = h.encoded_weight(tc.encode(w, "palette"), device, err)

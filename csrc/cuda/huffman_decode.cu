@@ -51,12 +51,23 @@ __global__ void build_lut_kernel(const uint8_t* table, int n, int lo, uint16_t* 
 // 4 contexts x 4096 entries x 2 B = 32 KiB: the whole code space of a <=12-bit code, so a
 // symbol is one shared load indexed by the next 12 stream bits (no tree walk, no branch).
 // Copied from the global tables (built once per tensor) with 16-byte loads.  They are read by
-// every CTA, so the default (L1/L2-allocating) __ldg.
+// every CTA, so the default (L1/L2-allocating) __ldg.  kAhead: the look-ahead variants' LUT
+// (huff_ahead_body), whose entries are made shift-ready (lut_entry_ahead) on the way in.
+template <bool kAhead = false>
 __device__ __forceinline__ void fill_lut(uint16_t* lut, const uint16_t* __restrict__ lut_g) {
   const uint4* src = reinterpret_cast<const uint4*>(lut_g);
   uint4* dst = reinterpret_cast<uint4*>(lut);
   constexpr int kVecs = HUFF_NUM_CTX * LUT_SIZE * 2 / 16;
-  for (int j = threadIdx.x; j < kVecs; j += plan::HUFF_THREADS) dst[j] = __ldg(src + j);
+  for (int j = threadIdx.x; j < kVecs; j += plan::HUFF_THREADS) {
+    uint4 v = __ldg(src + j);
+    if (kAhead) {
+      uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+      for (int i = 0; i < 4; ++i)
+        w[i] = lut_entry_ahead(static_cast<uint16_t>(w[i] & 0xFFFFu)) |
+               static_cast<uint32_t>(lut_entry_ahead(static_cast<uint16_t>(w[i] >> 16))) << 16;
+    }
+    dst[j] = v;
+  }
   __syncthreads();
 }
 
@@ -64,27 +75,10 @@ template <bool kExp, bool kVec>
 __global__ void __launch_bounds__(plan::HUFF_THREADS)
 huffman_chain_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ lut_g, int32_t* err) {
   __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
-  fill_lut(lut, lut_g);
+  fill_lut<>(lut, lut_g);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * plan::HUFF_THREADS;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * plan::HUFF_THREADS + threadIdx.x; t < n_chains; t += stride)
     if (!huff_chain_body<kExp, kVec>(t, a, lut)) atomicAdd(err, 1);
-}
-
-// The look-ahead variants (huffman_decode.cuh, huff_ahead_body): their LUT holds shift-ready
-// entries, converted while it is copied in.
-__device__ __forceinline__ void fill_lut_ahead(uint16_t* lut, const uint16_t* __restrict__ lut_g) {
-  const uint4* src = reinterpret_cast<const uint4*>(lut_g);
-  uint4* dst = reinterpret_cast<uint4*>(lut);
-  constexpr int kVecs = HUFF_NUM_CTX * LUT_SIZE * 2 / 16;
-  for (int j = threadIdx.x; j < kVecs; j += plan::HUFF_THREADS) {
-    uint4 v = __ldg(src + j);
-    uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-    for (int i = 0; i < 4; ++i)
-      w[i] = lut_entry_ahead(static_cast<uint16_t>(w[i] & 0xFFFFu)) |
-             static_cast<uint32_t>(lut_entry_ahead(static_cast<uint16_t>(w[i] >> 16))) << 16;
-    dst[j] = v;
-  }
-  __syncthreads();
 }
 
 // Residency: the 32 KiB LUT plus the 1 KiB an SM reserves per CTA fit 6 CTAs in an H100's
@@ -94,7 +88,7 @@ template <bool kExp, int kWays>
 __global__ void __launch_bounds__(plan::HUFF_THREADS, kWays == 2 ? 4 : 6)
 huffman_ahead_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ lut_g, int32_t* err) {
   __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
-  fill_lut_ahead(lut, lut_g);
+  fill_lut<true>(lut, lut_g);
   const int64_t n_units = cdiv(n_chains, kWays);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * plan::HUFF_THREADS;
   for (int64_t u = static_cast<int64_t>(blockIdx.x) * plan::HUFF_THREADS + threadIdx.x; u < n_units; u += stride)
@@ -104,7 +98,7 @@ huffman_ahead_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ 
 __global__ void __launch_bounds__(plan::HUFF_THREADS)
 huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict__ lut_g, int32_t* err) {
   __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
-  fill_lut(lut, lut_g);
+  fill_lut<>(lut, lut_g);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * plan::HUFF_THREADS;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * plan::HUFF_THREADS + threadIdx.x; t < n_units; t += stride)
     if (!hgather_body(t, a, lut)) atomicAdd(err, 1);

@@ -65,13 +65,40 @@ UW_HD uint64_t checkpoint_bit(const uint16_t* chk, int64_t P, int64_t s, int64_t
   return b;
 }
 
-// The end check of a chain that decoded weights up to `end` of a segment of n weights, from
-// bit `start` of the segment, consuming `used` bits: exactly the next checkpoint when `end`
-// is one, else (the segment's end) the bits must round up to the segment's byte length.
+// Where the chain from checkpoint j of segment s starts: *bit in the stream, *start from the
+// segment's first bit, *seg_bytes the segment's length.  False when the offsets are out of
+// range or the checkpoint lies past the segment (every weight has >= 1 bit).  Checked per
+// chain (not in a host pre-pass as on the CPU) so a corrupt table never makes a thread read
+// outside the stream allocation.
+UW_HD bool chain_start(const uint32_t* off, int64_t stream_bytes, const uint16_t* chk, int64_t S, int64_t P,
+                       int64_t s, int64_t j, uint64_t* bit, uint64_t* start, uint32_t* seg_bytes) {
+  const uint32_t b0 = off[s], b1 = off[s + 1];
+  if (b1 < b0 || static_cast<int64_t>(b1) + STREAM_SLACK_BYTES > stream_bytes) return false;
+  *start = S ? checkpoint_bit(chk, P, s, j) : 0;
+  *seg_bytes = b1 - b0;
+  *bit = static_cast<uint64_t>(b0) * 8 + *start;
+  return *start < static_cast<uint64_t>(b1 - b0) * 8;
+}
+
+// The bit counts [*lo, *hi] a chain that decodes weights up to `end` of a segment of n
+// weights, from bit `start` of it, may consume: exactly the next checkpoint when `end` is one,
+// else (the segment's end) what rounds up to the segment's byte length, start + used in
+// (8 seg_bytes - 8, 8 seg_bytes].  start < 8 seg_bytes (chain_start).
+UW_HD void chain_end_range(const uint16_t* chk, int64_t P, int64_t S, int64_t s, int64_t end, int64_t n,
+                           uint64_t start, uint32_t seg_bytes, uint64_t* lo, uint64_t* hi) {
+  if (end < n) {
+    *lo = *hi = chk[s * P + end / S - 1];
+    return;
+  }
+  *hi = static_cast<uint64_t>(seg_bytes) * 8 - start;
+  *lo = *hi > 7 ? *hi - 7 : 0;
+}
+
 UW_HD bool chain_end_ok(const uint16_t* chk, int64_t P, int64_t S, int64_t s, int64_t end, int64_t n,
                         uint64_t start, uint64_t used, uint32_t seg_bytes) {
-  if (end < n) return used == chk[s * P + end / S - 1];
-  return (start + used + 7) / 8 == seg_bytes;
+  uint64_t lo, hi;
+  chain_end_range(chk, P, S, s, end, n, start, seg_bytes, &lo, &hi);
+  return used >= lo && used <= hi;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -434,21 +461,17 @@ UW_UNROLL()
 }
 
 // Sets up chain t of the selection on v (false: corrupt offsets or checkpoint, nothing
-// loaded), with the end check of chain_end_ok as the range of bit counts it accepts.
+// loaded), with its end check as the range of bit counts it accepts (chain_end_range; the
+// launcher keeps chains whose counts could pass 32 bits off this path).
 template <bool kExp>
 UW_HD bool ahead_init(const HuffArgs& a, AheadWay& v, const ChainJob& J) {
-  const uint32_t b0 = a.off[J.s], b1 = a.off[J.s + 1];
-  if (b1 < b0 || static_cast<int64_t>(b1) + STREAM_SLACK_BYTES > a.stream_bytes) return false;
-  const uint64_t start = a.S ? checkpoint_bit(a.chk, a.P, J.s, J.j) : 0;
-  const uint64_t seg_bits = static_cast<uint64_t>(b1 - b0) * 8;
-  if (start >= seg_bits) return false;
-  if (J.end < J.n) {  // ends exactly at the next checkpoint
-    v.used_lo = v.used_hi = a.chk[J.s * a.P + J.end / a.S - 1];
-  } else {  // the segment's bits round up to its byte length: start + used in (seg_bits - 8, seg_bits]
-    v.used_hi = static_cast<uint32_t>(seg_bits - start);
-    v.used_lo = seg_bits - start > 7 ? v.used_hi - 7 : 0;
-  }
-  v.sb.init(a.stream, a.stream + a.stream_bytes, static_cast<uint64_t>(b0) * 8 + start);
+  uint64_t bit, start, lo, hi;
+  uint32_t seg_bytes;
+  if (!chain_start(a.off, a.stream_bytes, a.chk, a.S, a.P, J.s, J.j, &bit, &start, &seg_bytes)) return false;
+  chain_end_range(a.chk, a.P, a.S, J.s, J.end, J.n, start, seg_bytes, &lo, &hi);
+  v.used_lo = static_cast<uint32_t>(lo);
+  v.used_hi = static_cast<uint32_t>(hi);
+  v.sb.init(a.stream, a.stream + a.stream_bytes, bit);
   const int64_t r = J.first / J.w, c = J.first % J.w;
   v.sp = a.sm + (J.lr + r) * a.sm_stride + J.lk + c;
   v.op = kExp ? a.out8 + (J.lr + r) * a.out_stride + J.lk + c
@@ -505,13 +528,9 @@ template <bool kExp, bool kVec>
 UW_HD bool huff_chain_body(int64_t t, const HuffArgs& a, const uint16_t* lut) {
   ChainJob J;
   if (!chain_job(t, a, &J)) return true;
-  const uint32_t b0 = a.off[J.s], b1 = a.off[J.s + 1];
-  // Offsets are checked per chain (not in a host pre-pass as on the CPU) so a corrupt table
-  // never makes a thread read outside the stream allocation.
-  if (b1 < b0 || static_cast<int64_t>(b1) + STREAM_SLACK_BYTES > a.stream_bytes) return false;
-  const uint64_t start = a.S ? checkpoint_bit(a.chk, a.P, J.s, J.j) : 0;
-  if (start >= static_cast<uint64_t>(b1 - b0) * 8) return false;  // every weight has >= 1 bit
-  const uint64_t bit = static_cast<uint64_t>(b0) * 8 + start;
+  uint64_t bit, start;
+  uint32_t seg_bytes;
+  if (!chain_start(a.off, a.stream_bytes, a.chk, a.S, a.P, J.s, J.j, &bit, &start, &seg_bytes)) return false;
   const uint8_t* sm = a.sm + J.lr * a.sm_stride + J.lk;
   uint16_t* o16 = kExp ? nullptr : a.out16 + J.lr * a.out_stride + J.lk;
   uint8_t* o8 = kExp ? a.out8 + J.lr * a.out_stride + J.lk : nullptr;
@@ -526,7 +545,7 @@ UW_HD bool huff_chain_body(int64_t t, const HuffArgs& a, const uint16_t* lut) {
                                   J.w, J.first, J.end, J.first, J.end);
     used = br.consumed(a.stream + (bit >> 3)) - (bit & 7);
   }
-  return ok && chain_end_ok(a.chk, a.P, a.S, J.s, J.end, J.n, start, used, b1 - b0);
+  return ok && chain_end_ok(a.chk, a.P, a.S, J.s, J.end, J.n, start, used, seg_bytes);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -577,11 +596,9 @@ UW_HD bool hgather_body(int64_t t, const HGatherArgs& a, const uint16_t* lut) {
   } else if (u) {
     return true;
   }
-  const uint32_t b0 = a.off[s], b1 = a.off[s + 1];
-  if (b1 < b0 || static_cast<int64_t>(b1) + STREAM_SLACK_BYTES > a.stream_bytes) return false;
-  const uint64_t start = a.S ? checkpoint_bit(a.chk, a.P, s, j) : 0;
-  if (start >= static_cast<uint64_t>(b1 - b0) * 8) return false;
-  const uint64_t bit = static_cast<uint64_t>(b0) * 8 + start;
+  uint64_t bit, start;
+  uint32_t seg_bytes;
+  if (!chain_start(a.off, a.stream_bytes, a.chk, a.S, a.P, s, j, &bit, &start, &seg_bytes)) return false;
   BitReader br;
   init_bounded_at(br, a.stream, bit, a.stream + a.stream_bytes);
   // Output row stride 0: only the weights of one segment row (the id's) are written, and they
@@ -594,7 +611,7 @@ UW_HD bool hgather_body(int64_t t, const HGatherArgs& a, const uint16_t* lut) {
   const int64_t chain_end = a.S ? std::min(n, first + a.S) : n;
   if (end != chain_end) return true;
   const uint64_t used = br.consumed(a.stream + (bit >> 3)) - (bit & 7);
-  return chain_end_ok(a.chk, a.P, a.S, s, end, n, start, used, b1 - b0);
+  return chain_end_ok(a.chk, a.P, a.S, s, end, n, start, used, seg_bytes);
 }
 
 // ---------------------------------------------------------------------------------------
