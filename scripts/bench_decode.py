@@ -54,7 +54,7 @@ VARIANTS = ("copy", "huffman", *(f"huffman+index{s}{v}" for s in INDEX_INTERVALS
             "transcode")
 
 
-def bench_shape(torch, name, N, K, seed, runs, l2):
+def bench_shape(torch, name, N, K, seed, runs, l2, skip=()):
     import numpy as np
 
     from unweight import ops
@@ -89,6 +89,7 @@ def bench_shape(torch, name, N, K, seed, runs, l2):
         ws = [ew] + [bu.clone_encoded(ew) for _ in range(k - 1)]
         outs = [torch.empty((N, K), dtype=torch.bfloat16, device=dev) for _ in range(k)]
         others = AHEAD_VARIANTS if e.startswith("huffman+index") else ("wide",) if e == "palette" else ()
+        others = tuple(v for v in others if f"{e.split('+')[0]}:{v}" not in skip)
         for v in ("", *others):
             code = (kp.PAL_VARIANTS[v] if e == "palette" else kp.HUFF_VARIANTS[v]) if v else 0
             bitwise = all(np.array_equal(g, w_bits) for g in h.decode_poisoned(ew, err, code))
@@ -113,12 +114,16 @@ def bench_shape(torch, name, N, K, seed, runs, l2):
     return row
 
 
-def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None = None, log=print) -> dict:
+def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None = None, log=print,
+        skip: dict | None = None) -> dict:
     """Decode benchmark over `shapes` [(name, N, K)] within `budget`; a shape that fails is
-    recorded with its error and the next one still runs.  Writes out_path after every shape."""
+    recorded with its error and the next one still runs.  Writes out_path after every shape.
+    skip: {"huffman:<variant>" | "palette:<variant>": why} decoder variants left out."""
+    skip = dict(skip or {})
     l2 = bu.l2_bytes(torch)
     res = {"benchmark": "decode", "environment": bu.environment(torch), "l2_bytes": l2, "runs": runs,
-           "rotate_l2_factor": bu.ROTATE_L2_FACTOR, "rows": [], "skipped": []}
+           "rotate_l2_factor": bu.ROTATE_L2_FACTOR, "rows": [],
+           "skipped": [{"variant": t, "why": why} for t, why in sorted(skip.items())]}
     res["copy_1GiB"] = bu.copy_bandwidth(torch)
     for i, (name, N, K) in enumerate(shapes):
         # ~80 ns/weight covers encoding on the host, the checked decodes and the timings.
@@ -127,7 +132,7 @@ def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None
             res["skipped"].append({"shape": name, "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
             continue
         try:
-            row = bench_shape(torch, name, N, K, i, runs, l2)
+            row = bench_shape(torch, name, N, K, i, runs, l2, skip)
         except Exception as e:  # noqa: BLE001 - a failing kernel is a finding; the next shape still runs
             row = {"shape": name, "N": N, "K": K, "error": f"{type(e).__name__}: {e}"}
             bu.sync(torch)

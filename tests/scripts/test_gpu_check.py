@@ -51,3 +51,52 @@ def test_commit_for_digest():
                          *bu.SOURCE_GLOBS])
     if clean:  # the working tree's digest is then HEAD's
         assert bu.commit_for_digest(bu.source_digest())
+
+
+def _gpu_check_module():
+    import importlib.util
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_check_under_test", os.path.join(ROOT, "scripts",
+                                                                                            "gpu_check.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.pop(0)
+
+
+def test_variant_verdicts_keep_each_tag_apart(tmp_path, monkeypatch):
+    """A variant whose checks fail (or whose process died) is left out of the benchmarks of the
+    same build; a tag never matches another that it is a prefix of (ahead / ahead2)."""
+    gc = _gpu_check_module()
+    st = gc.Stage("correctness", 1, 10, quiet=True)
+    st.add("variant=huffman:ahead: decode huffman ahead 1024x4096 index S=256", "pass")
+    st.add("variant=huffman:ahead2: decode huffman ahead2 1024x4096 index S=256", "pass")
+    st.add("variant=huffman:ahead2 (group process)", "fail", error="group process ended with -11")
+    st.add("variant=palette:wide: decode palette wide 33x4097", "skip", why="group budget spent")
+    st.add("decode: decode huffman 63x65", "fail")  # a default kernel: no variant verdict
+    verdicts = gc.variant_verdicts(st)
+    assert verdicts == {"huffman:ahead": "pass", "huffman:ahead2": "fail", "palette:wide": "skip"}
+
+    monkeypatch.setattr(gc, "STATE", str(tmp_path))
+    assert gc.bench_variants_to_skip() == {}  # no correctness stage on this machine yet
+    gc.bu.write_json(gc._variant_path(), {"source_sha256": gc.bu.source_digest(), "verdicts": verdicts})
+    assert list(gc.bench_variants_to_skip()) == ["huffman:ahead2"]
+    gc.bu.write_json(gc._variant_path(), {"source_sha256": "0" * 64, "verdicts": verdicts})
+    assert gc.bench_variants_to_skip() == {}  # verdicts of other sources are not this build's
+
+
+def test_every_variant_is_checked_benchmarked_and_profiled_by_tag():
+    """The variant tags name kernel_plan's variants and the tuning table's wide GEMM, and each
+    variant mode and profile of the bench stage maps to its tag."""
+    gc = _gpu_check_module()
+    from unweight.runtime import kernel_plan as kp
+    for tag in gc.VARIANT_TAGS:
+        kind, name = tag.split(":")
+        assert {"huffman": kp.HUFF_VARIANTS, "palette": kp.PAL_VARIANTS, "gemm": {"wide": 1}}[kind][name]
+        assert f"variant={tag}" in gc.GROUPS and (f"variant={tag}", 60) in gc.CORRECTNESS_GROUPS
+    assert set(gc.E2E_MODE_VARIANT.values()) <= set(gc.VARIANT_TAGS)
+    assert gc.BENCH_E2E_MODES[-1] == "dense"
+    tags = {gc._profile_variant(args) for _, args, _ in gc.PROFILES}
+    assert tags - {None} <= set(gc.VARIANT_TAGS) and {"gemm:wide", "huffman:ahead", "palette:wide"} <= tags
