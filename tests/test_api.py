@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import unweight
-from unweight import api
 from unweight.format import constants as C
 from unweight.format.errors import ChecksumError, FormatError, InputError, MismatchError
 
