@@ -30,10 +30,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_util as bu  # noqa: E402
 
-# <mode>[+fused | +fused-wide | +<decoder variant>]: the fused palette GEMM forced on (one- or
-# two-tile copy stages), or the decode + cuBLAS path with another decoder (dispatch.use_decoders).
-MODES = ("huffman", "palette", "huffman+fused", "palette+fused", "palette+fused-wide", "huffman+ahead",
-         "huffman+ahead2", "palette+wide", "dense")
+# <mode>[+fused | +fused-wide | +fused-xs | +<decoder variant>]: the fused palette GEMM forced on
+# (one-tile copy stages, two-tile stages, or x shared per CTA), or the decode + cuBLAS path with
+# another decoder (dispatch.use_decoders).
+MODES = ("huffman", "palette", "huffman+fused", "palette+fused", "palette+fused-wide", "palette+fused-xs",
+         "huffman+ahead", "huffman+ahead2", "palette+wide", "dense")
+FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs"}
 
 
 def llama8b_config(layers: int, **over):
@@ -265,7 +267,7 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
         try:
             info = prep.prepare(model, base, policy=None)
             if extra.startswith("fused"):
-                pol = forced_fused_policy(model, dev, "palette_gemm_wide" if extra == "fused-wide" else "palette_gemm")
+                pol = forced_fused_policy(model, dev, FUSED_PATHS[extra])
                 info = prep.prepare(model, base, policy=pol)
             entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio")},
                      "prepare_seconds": time.perf_counter() - t0, "runs": []}

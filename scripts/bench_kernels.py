@@ -82,8 +82,10 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                     times[h.fused_paths()[e]] = t["median_ms"]
                 except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
                     r[f"{e}_fused"] = {"error": f"{type(ex).__name__}: {ex}", "accuracy": acc}
-                if e == "palette" and "gemm:wide" not in skip:  # two-tile copy stages (whole 128-byte lines)
-                    _time_wide(torch, h, ws, x, w, err, t_cublas, runs, r, times)
+                if e == "palette":  # the other copy layouts of the same kernel (LAYOUTS)
+                    for key, path, tag in LAYOUTS:
+                        if tag not in skip:
+                            _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path)
                 if e == "palette" and M == 1 and budget.left() > 30:
                     r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas,
                                                             wide="gemm:wide" not in skip)
@@ -93,30 +95,35 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
         rows.append(r)
         log(f"kernels {name} M={M}: cuBLAS {t_cublas * 1e3:.1f} us; " + "; ".join(
             f"{e} fused {_ratio(r.get(e + '_fused'))}, decode+cuBLAS {_ratio(r.get(e + '_decode_cublas'))}"
-            for e in copies) + (f"; palette fused wide {_ratio(r['palette_fused_wide'])}"
-                                if "palette_fused_wide" in r else ""))
+            for e in copies) + "".join(f"; {key.replace('_', ' ')} {_ratio(r[key])}"
+                                       for key, _, _ in LAYOUTS if key in r))
     del dense, copies
     bu.empty_cache(torch)
     return rows
 
 
-def _time_wide(torch, h, ws, x, w, err, t_cublas, runs, r, times) -> None:
-    """Times the wide-stage palette GEMM into r["palette_fused_wide"] and times[PALETTE_GEMM_WIDE]
-    (when it meets the accuracy bound and gives the one-tile kernel's bits)."""
-    from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE
+# The fused palette GEMM's other copy layouts, timed beside the one-tile kernel: (row key,
+# tuning-table path, variant tag for the GPU runbook's skips).  Each gives the one-tile bits.
+LAYOUTS = (("palette_fused_wide", "palette_gemm_wide", "gemm:wide"),
+           ("palette_fused_xs", "palette_gemm_xs", "gemm:xs"))
+
+
+def _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path) -> None:
+    """Times the palette GEMM with copy layout `path` into r[key] and times[path] (when it meets
+    the accuracy bound and gives the one-tile kernel's bits)."""
+    from unweight.runtime.tuning_table import PALETTE_GEMM
     try:
-        acc = h.fused_vs_cublas(ws[0], x, w, err, PALETTE_GEMM_WIDE)
-        same = bool(torch.equal(h.fused_op(ws[0], x, err, PALETTE_GEMM_WIDE).view(torch.int16),
+        acc = h.fused_vs_cublas(ws[0], x, w, err, path)
+        same = bool(torch.equal(h.fused_op(ws[0], x, err, path).view(torch.int16),
                                 h.fused_op(ws[0], x, err, PALETTE_GEMM).view(torch.int16)))
-        t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, PALETTE_GEMM_WIDE) for q in ws], runs=runs)
+        t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, path) for q in ws], runs=runs)
     except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
-        r["palette_fused_wide"] = {"error": f"{type(ex).__name__}: {ex}"}
+        r[key] = {"error": f"{type(ex).__name__}: {ex}"}
         return
-    r["palette_fused_wide"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "accuracy": acc,
-                               "same_bits_as_palette_fused": same,
-                               "weight_GBps": bu.encoded_bytes(ws[0]) / (t["median_ms"] * 1e-3) / 1e9}
+    r[key] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "accuracy": acc, "same_bits_as_palette_fused": same,
+              "weight_GBps": bu.encoded_bytes(ws[0]) / (t["median_ms"] * 1e-3) / 1e9}
     if acc.get("passed") and same:
-        times[PALETTE_GEMM_WIDE] = t["median_ms"]
+        times[path] = t["median_ms"]
 
 
 def _split_sweep(torch, ws, x, runs, t_cublas, wide: bool = True) -> dict:
@@ -158,7 +165,7 @@ def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("pale
         out_path: str | None = None, log=print, skip: dict | None = None) -> dict:
     """Kernel benchmark within `budget`; a shape that fails is recorded and the next one runs.
     Returns the result dict (with the measured TuningTable under "_table", not serialized).
-    skip: {"gemm:wide": why} leaves the wide-stage palette GEMM out."""
+    skip: {"gemm:wide" | "gemm:xs": why} leaves that copy layout of the palette GEMM out."""
     skip = dict(skip or {})
     from unweight.runtime.tuning_table import TuningTable
     l2 = bu.l2_bytes(torch)
@@ -187,7 +194,7 @@ def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("pale
 
 def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):
     """TuningTable of a recorded run's rows (the dispatch choices bench_shape recorded)."""
-    from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE, TuningTable
+    from unweight.runtime.tuning_table import PALETTE_GEMM, TuningTable
     table = TuningTable()
     for r in rows:
         # Only palette has a fused kernel: for huffman, decode + cuBLAS has nothing to choose from.
@@ -197,9 +204,10 @@ def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):
         times = {"decode_cublas": dec["median_ms"]}
         if "median_ms" in fz and (fz.get("accuracy") or {}).get("passed"):
             times[PALETTE_GEMM] = fz["median_ms"]
-        wide = r.get("palette_fused_wide") or {}
-        if "median_ms" in wide and (wide.get("accuracy") or {}).get("passed") and wide.get("same_bits_as_palette_fused"):
-            times[PALETTE_GEMM_WIDE] = wide["median_ms"]
+        for key, path, _ in LAYOUTS:
+            lay = r.get(key) or {}
+            if "median_ms" in lay and (lay.get("accuracy") or {}).get("passed") and lay.get("same_bits_as_palette_fused"):
+                times[path] = lay["median_ms"]
         table.record(device_name, r["N"], r["K"], "palette", r["M"], times)
     return table
 

@@ -785,11 +785,13 @@ def _verbatim_heavy(np, cols, seed):
 
 
 # Kernel variants that are not the runtime's default (kernel_plan.HUFF_VARIANTS / PAL_VARIANTS,
-# tuning_table.PALETTE_GEMM_WIDE).  Each is checked in a process of its own, after the defaults:
+# tuning_table.PALETTE_GEMM_WIDE / PALETTE_GEMM_XS).  Each is checked in a process of its own, after the defaults:
 # a variant that faults on its first device run (an illegal address poisons the CUDA context)
 # then costs its own checks only.  The verdicts go to STATE/variants.json, and the benchmarks
 # leave out a variant whose checks failed on the same build (bench_variants_to_skip).
-VARIANT_TAGS = ("huffman:ahead", "huffman:ahead2", "huffman:scalar", "palette:wide", "gemm:wide")
+VARIANT_TAGS = ("huffman:ahead", "huffman:ahead2", "huffman:scalar", "palette:wide", "gemm:wide", "gemm:xs")
+# The fused GEMM's copy layouts by tag: the tuning table's path and what it is called.
+GEMM_LAYOUTS = {"gemm:wide": ("palette_gemm_wide", "wide stages"), "gemm:xs": ("palette_gemm_xs", "shared x")}
 
 
 def _variant_path() -> str:
@@ -848,36 +850,37 @@ def group_variant(rec, device, tag):
                         (f"{big}x4096", h.make_weights(big, 4096, seed=13)),
                         ("33x4097", h.make_weights(33, 4097, seed=15))):
             rec.check(f"decode palette wide {what}", palette_case, w)
-    elif tag == "gemm:wide":
+    elif tag in GEMM_LAYOUTS:
+        path, what = GEMM_LAYOUTS[tag]
         paths = h.fused_paths()
         if "palette" not in paths:
-            rec.check("fused palette with wide stages", lambda: {"skipped": True, "why": "no fused palette kernel"})
+            rec.check(f"fused palette, {what}", lambda: {"skipped": True, "why": "no fused palette kernel"})
             return
-        from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE
+        from unweight.runtime.tuning_table import PALETTE_GEMM
         cases = [(1, 64), (33, 256), (63, 192), (63, 512), (300, 320)]
         if device == "cuda":
             cases += [(65, 4096), (1024, 4096), (4096, 1024), (4096, 14336)]
 
         def same_bits(N, K):
-            """Two-tile copy stages against the one-tile kernel: the same mma sequence, so the
-            same bits; and within the accuracy bound against cuBLAS."""
+            """The copy layout against the one-tile kernel: the same mma sequence on the same
+            values, so the same bits; and within the accuracy bound against cuBLAS."""
             w = h.make_weights(N, K, seed=N + 5 * K)
             ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
             r = {}
-            for M in (1, 3, 16, 64, 130):
+            for M in (1, 3, 9, 16, 33, 64, 130, 256):
                 if device == "cuda" and not h.fused_supported(ew, M):
                     continue
                 x = h.bf16_tensor(h.make_weights(M, K, seed=M, spread=False), device)
                 y1 = h.fused_op(ew, x, err, PALETTE_GEMM)
-                y2 = h.fused_op(ew, x, err, PALETTE_GEMM_WIDE)
+                y2 = h.fused_op(ew, x, err, path)
                 r[f"M={M}"] = bool(torch.equal(y1.view(torch.int16), y2.view(torch.int16)))
             r["accuracy_M16"] = bool(h.fused_vs_cublas(ew, h.bf16_tensor(h.make_weights(16, K, seed=2, spread=False),
-                                                                          device), w, err, PALETTE_GEMM_WIDE)
+                                                                          device), w, err, path)
                                      .get("passed", True)) if device == "cuda" else True
             r["passed"] = all(r.values())
             return r
         for N, K in cases:
-            rec.check(f"fused palette wide stages {N}x{K}: the one-tile kernel's bits", same_bits, N, K)
+            rec.check(f"fused palette {what} {N}x{K}: the one-tile kernel's bits", same_bits, N, K)
     else:
         raise ValueError(f"unknown variant {tag!r}")
     rec.check("device error counter still zero", lambda: {"passed": int(err.item()) == 0, "count": int(err.item())})
@@ -974,11 +977,11 @@ def sanitizer_driver(device: str = "cuda") -> int:
             f"palette wide {rows}x{cols}"
         n += 2
         if "palette" in h.fused_paths():
-            from unweight.runtime.tuning_table import PALETTE_GEMM_WIDE
-            for M in (1, 3, 16, 64):
-                if device != "cuda" or h.fused_supported(ew, M):
-                    h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, PALETTE_GEMM_WIDE)
-                    n += 1
+            for path, _ in GEMM_LAYOUTS.values():
+                for M in (1, 3, 16, 64, 65):
+                    if device != "cuda" or h.fused_supported(ew, M):
+                        h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, path)
+                        n += 1
     _, _, bad = _corrupt_stream(h, tc, C)
     _, _, bad_indexed = _corrupt_stream(h, tc, C, chk_interval=256)
     cerr = torch.zeros(1, dtype=torch.int32, device=device)
@@ -1628,9 +1631,9 @@ def stage_eval(st: Stage) -> None:
 
 # bench_e2e's modes: the runtime's defaults first, then the variants (VARIANT_TAGS), then
 # dense (it turns the modules into plain nn.Linear, so it comes last).
-BENCH_E2E_MODES = ("palette+fused", "huffman", "palette", "palette+fused-wide", "huffman+ahead2", "palette+wide",
-                   "dense")
-E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "huffman+ahead": "huffman:ahead",
+BENCH_E2E_MODES = ("palette+fused", "huffman", "palette", "palette+fused-wide", "palette+fused-xs", "huffman+ahead2",
+                   "palette+wide", "dense")
+E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm:xs", "huffman+ahead": "huffman:ahead",
                     "huffman+ahead2": "huffman:ahead2", "palette+wide": "palette:wide"}
 
 
@@ -1772,6 +1775,8 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
      "huffman_ahead"),
     ("huffman-4096x4096-index256-ahead", ["--kernel", "huffman", "--index", "256", "--variant", "ahead"],
      "huffman_ahead"),
+    ("fused-4096x4096-M64", ["--kernel", "fused", "--batch", "64"], "pmma"),
+    ("fused-4096x4096-M64-xs", ["--kernel", "fused", "--batch", "64", "--x-shared"], "pmma"),
     ("fused-4096x4096-M1", ["--kernel", "fused", "--batch", "1"], "pmma"),
     ("huffman-4096x4096-index256", ["--kernel", "huffman", "--index", "256"], "huffman_chain"),
     ("palette-4096x4096", ["--kernel", "palette"], "palette_decode"),
@@ -1816,7 +1821,9 @@ def _profile_variant(args: list) -> str | None:
     """The VARIANT_TAGS entry a PROFILES command runs (None: a default kernel)."""
     kind = args[args.index("--kernel") + 1]
     if kind == "fused":
-        return "gemm:wide" if "--stage-tiles" in args and args[args.index("--stage-tiles") + 1] != "1" else None
+        if "--stage-tiles" in args and args[args.index("--stage-tiles") + 1] != "1":
+            return "gemm:wide"
+        return "gemm:xs" if "--x-shared" in args else None
     if "--variant" in args:
         return f"{kind}:{args[args.index('--variant') + 1]}"
     return None

@@ -8,7 +8,7 @@
 
 --kernel huffman / palette: the decode to BF16 (huffman with the checkpoint index at --index S,
 0 for the stream as stored, by the decoder --variant); fused: the palette matmul y = x W^T at batch --batch
-(--stage-tiles 2: its wide-stage variant).  The first
+(--stage-tiles 2: its wide-stage variant; --x-shared: x shared per CTA).  The first
 two launches warm the caches and tables.  The result is checked (decodes bitwise against the
 source weights; the matmul within 2x cuBLAS's error against a float64 reference); nothing is
 timed here (scripts/bench_decode.py and bench_kernels.py time).  Exit status 1 when a check
@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1, help="fused: rows of x")
     ap.add_argument("--stage-tiles", type=int, default=1, choices=(1, 2),
                     help="fused: 64-column tiles per copy stage (2: the wide-stage kernel)")
+    ap.add_argument("--x-shared", action="store_true", help="fused: x copied once per CTA into shared memory")
     ap.add_argument("--variant", default="default",
                     help="decoder variant: default, or a name of runtime.kernel_plan.HUFF_VARIANTS (huffman) "
                          "or PAL_VARIANTS (palette)")
@@ -59,8 +60,10 @@ def main(argv=None) -> int:
         enc = tc.with_index(enc.header, enc.planes, chk_interval=args.index)
     ew = h.encoded_weight(enc, dev, err)
     if args.kernel == "fused":
-        from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE
-        path = PALETTE_GEMM_WIDE if args.stage_tiles == 2 else PALETTE_GEMM
+        from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS
+        if args.x_shared and args.stage_tiles != 1:
+            ap.error("--x-shared goes with --stage-tiles 1")
+        path = PALETTE_GEMM_WIDE if args.stage_tiles == 2 else PALETTE_GEMM_XS if args.x_shared else PALETTE_GEMM
         x = torch.randn((args.batch, args.cols), device=dev).to(torch.bfloat16)
         for _ in range(2):
             h.fused_op(ew, x, err, path)
@@ -74,8 +77,9 @@ def main(argv=None) -> int:
         bu.sync(torch)
         ok = bool(np.array_equal(h.bits(out), w_bits)) and int(err.item()) == 0
         what = "bitwise" if ok else "not bitwise"
-    log.info("%s %dx%d (index %s, batch %s, variant %s, stage tiles %d): %s -> %s", args.kernel, args.rows,
-             args.cols, args.index, args.batch, args.variant, args.stage_tiles, what, "ok" if ok else "FAILED")
+    log.info("%s %dx%d (index %s, batch %s, variant %s, stage tiles %d, shared x %s): %s -> %s", args.kernel,
+             args.rows, args.cols, args.index, args.batch, args.variant, args.stage_tiles, args.x_shared, what,
+             "ok" if ok else "FAILED")
     return 0 if ok else 1
 
 

@@ -105,6 +105,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PMMA_TILE_BYTES") = plan::PMMA_TILE_BYTES;
   m.attr("PMMA_SMEM_BYTES") = plan::PMMA_SMEM_BYTES;
   m.attr("PMMA_SUB_WIDE") = plan::PMMA_SUB_WIDE;
+  m.attr("PMMA_X_ROW_BYTES") = plan::PMMA_X_ROW_BYTES;
   m.attr("PMMA_CHUNK_M") = plan::PMMA_CHUNK_M;
   m.attr("PMMA_MAX_M") = plan::PMMA_MAX_M;
   m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
@@ -148,6 +149,9 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("plan_pmma_split_tiles", &plan::pmma_split_tiles);
   m.def("plan_pmma_workspace_elems", &plan::pmma_workspace_elems);
   m.def("plan_pmma_counters", &plan::pmma_counters);
+  m.def("plan_pmma_smem_bytes", [](int stage_tiles, int ntiles, bool x_shared) {
+    return plan::pmma_smem_bytes(stage_tiles, ntiles, x_shared);
+  });
   m.def("plan_pmma_workspace_max", &plan::pmma_workspace_max);
 
   // --------------------------------------------------------------------- device launches
@@ -251,19 +255,21 @@ PYBIND11_MODULE(_cuda, m) {
 
   m.def("palette_gemm", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
                            py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int splits, uintptr_t ws,
-                           uintptr_t counters, uintptr_t y, int64_t ldy, uintptr_t stream, int stage_tiles) {
+                           uintptr_t counters, uintptr_t y, int64_t ldy, uintptr_t stream, int stage_tiles,
+                           int x_shared) {
     need(x && sm && idx && y, "null device pointer");
     need(nv == 0 || (vpos && vexp), "null verbatim pointers");
     check(cuda::palette_gemm(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx), N, K,
                              make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp), splits,
-                             dev<float>(ws), dev<int32_t>(counters), dev<uint16_t>(y), ldy, stage_tiles,
+                             dev<float>(ws), dev<int32_t>(counters), dev<uint16_t>(y), ldy, stage_tiles, x_shared,
                              stream_of(stream)));
   }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
      py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("splits"), py::arg("ws"),
      py::arg("counters"), py::arg("y"), py::arg("ldy"), py::arg("stream") = 0, py::arg("stage_tiles") = 1,
+     py::arg("x_shared") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on the tensor cores (M <= 256, K % 64 == 0); "
      "with splits > 1, ws is fp32 scratch [splits, M, N] and counters int32 [plan_pmma_counters(N)], zero; "
-     "stage_tiles 1 or 2 (wide stages).");
+     "stage_tiles 1 or 2 (wide stages); x_shared 1: x staged once per CTA in shared memory (stage_tiles 1).");
 
   // --------------------------------------------------------------------- warp emulator self-tests
   m.def("emu_selftest_mma", [](arr<uint16_t> A, arr<uint16_t> B, arr<float> C) {
@@ -420,7 +426,7 @@ PYBIND11_MODULE(_cuda, m) {
 
   m.def("emulate_palette_gemm", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
                                    arr<uint32_t> vpos, arr<uint8_t> vexp, int splits, bool force_general,
-                                   int stage_tiles) {
+                                   int stage_tiles, int x_shared) {
     need(x.ndim() == 2 && sm.ndim() == 2, "x and sm must be 2-D");
     const int M = static_cast<int>(x.shape(0));
     const int64_t N = sm.shape(0), K = sm.shape(1);
@@ -446,12 +452,13 @@ PYBIND11_MODULE(_cuda, m) {
       py::gil_scoped_release nogil;
       e = cuda::emulate::palette_gemm(reinterpret_cast<const uint16_t*>(xs.second), K, M, ss.second, is.second, N, K,
                                       make_palette(palette), vpos.data(), nv, vs.second, splits, ws.data(),
-                                      counters.data(), y.mutable_data(), N, force_general ? 1 : 0, stage_tiles);
+                                      counters.data(), y.mutable_data(), N, force_general ? 1 : 0, stage_tiles,
+                                      x_shared);
     }
     check(e);
     for (int32_t c : counters) need(c == 0, "emulated palette_gemm left an arrival counter non-zero");
     return y;
   }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
-     py::arg("splits") = 1, py::arg("force_general") = false, py::arg("stage_tiles") = 1,
+     py::arg("splits") = 1, py::arg("force_general") = false, py::arg("stage_tiles") = 1, py::arg("x_shared") = 0,
      "The fused GEMM's kernel body through the warp emulator: y uint16 (bf16 bits) [M, N].");
 }

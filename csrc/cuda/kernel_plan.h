@@ -97,7 +97,17 @@ constexpr int PMMA_SMEM_BYTES = PMMA_WARPS * PMMA_STAGES * PMMA_TILE_BYTES + 16;
 // pmma_issue_wide): each copy reads whole 128-byte lines of the sign+mantissa rows.  The
 // `stage_tiles` argument of palette_gemm picks 1 or PMMA_SUB_WIDE.
 constexpr int PMMA_SUB_WIDE = 2;
-UW_PLAN_HD int pmma_smem_bytes(int stage_tiles) { return PMMA_WARPS * PMMA_STAGES * stage_tiles * PMMA_TILE_BYTES + 16; }
+// Shared x (the `x_shared` argument of palette_gemm, one-tile stages): the CTA copies its batch
+// rows of each stage's 64 columns once, into a ring of PMMA_STAGES stages of 8 * NT rows of
+// PMMA_X_ROW_BYTES after the warps' rings, instead of every warp loading them itself.
+constexpr int PMMA_X_ROW_BYTES = 2 * PMMA_TILE_K;
+UW_PLAN_HD int pmma_x_stage_bytes(int ntiles) { return 8 * ntiles * PMMA_X_ROW_BYTES; }
+// Dynamic shared memory of a launch: the warps' rings, the shared-x ring (x_shared, for a
+// batch of `ntiles` n-tiles), then the 16 bytes of the fix-up flag.
+UW_PLAN_HD int pmma_smem_bytes(int stage_tiles, int ntiles = 0, bool x_shared = false) {
+  return PMMA_WARPS * PMMA_STAGES * stage_tiles * PMMA_TILE_BYTES +
+         (x_shared ? PMMA_STAGES * pmma_x_stage_bytes(ntiles) : 0) + 16;
+}
 constexpr int PMMA_CHUNK_M = 64;
 constexpr int PMMA_MAX_M = 256;
 constexpr int PMMA_CTAS_PER_SM = 4;

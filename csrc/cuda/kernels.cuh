@@ -131,10 +131,12 @@ const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols
 // ws is fp32 scratch [splits, M, N] and counters int32 [plan::pmma_counters(N)], all zero
 // before the launch and left zero after it (launches sharing them must be stream-ordered).
 // stage_tiles: 64-column tiles per stage of the copy ring, 1 or plan::PMMA_SUB_WIDE (whole
-// 128-byte lines per copy); both give the same bits.
+// 128-byte lines per copy); x_shared (with stage_tiles 1): x copied once per CTA into shared
+// memory rather than loaded by every warp.  All layouts give the same bits.
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
-                         float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int stage_tiles, void* stream);
+                         float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int stage_tiles, int x_shared,
+                         void* stream);
 
 // ----------------------------------------------------------------------- host emulation
 // The same per-thread / per-warp bodies the kernels run, executed serially on the host over
@@ -173,7 +175,8 @@ void palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols, const
 // even where the paired one applies (both are tested).
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
-                         float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int force_general, int stage_tiles);
+                         float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int force_general, int stage_tiles,
+                         int x_shared);
 }  // namespace emulate
 
 }  // namespace cuda

@@ -4,7 +4,8 @@
 // are in docs/design/gpu-kernels.md.
 //
 // Instantiations: NT (n-tiles of 8 batch rows) in {1, 2, 4, 8} times the paired / general
-// palette decode times one- or two-tile copy stages (stage_tiles; the same bits).  __launch_bounds__(128, 4): four CTAs (16 warps) per SM is what the split
+// palette decode times the copy layout: one-tile stages, two-tile stages (stage_tiles = 2) or
+// one-tile stages with x shared in shared memory (x_shared); all three give the same bits.  __launch_bounds__(128, 4): four CTAs (16 warps) per SM is what the split
 // heuristic plans for, and it caps registers at 128 per thread.  NT = 8 holds 32 fp32
 // accumulators more and spills under that cap, so it runs three CTAs per SM (168 registers):
 // from batch 33 on the kernel is no longer bound by the weight stream alone.
@@ -21,17 +22,19 @@ namespace cuda {
 namespace detail {
 namespace {
 
-template <int NT, bool kPaired, int kSub>
+template <int NT, bool kPaired, int kSub, bool kXs>
 __global__ void __launch_bounds__(plan::PMMA_THREADS, NT == 8 ? 3 : plan::PMMA_CTAS_PER_SM) pmma_kernel(PmmaArgs a) {
   emu::DeviceCtx c;
-  pmma_body<NT, kPaired, kSub>(c, a);
+  pmma_body<NT, kPaired, kSub, kXs>(c, a);
 }
 
 const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
                        int splits, const void* x, const void* sm, const void* idx, const void* vexp,
-                       const float* ws, const int32_t* counters, int stage_tiles) {
+                       const float* ws, const int32_t* counters, int stage_tiles, int x_shared) {
   if (plan::pmma_ntiles(M) == 0) return "palette_gemm supports 1 <= M <= 256";
   if (stage_tiles != 1 && stage_tiles != plan::PMMA_SUB_WIDE) return "palette_gemm: stage_tiles must be 1 or 2";
+  if (x_shared != 0 && x_shared != 1) return "palette_gemm: x_shared must be 0 or 1";
+  if (x_shared && stage_tiles != 1) return "palette_gemm: shared x goes with stage_tiles = 1";
   if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
   if (K % plan::PMMA_TILE_K != 0) return "palette_gemm needs K % 64 == 0 (decode + matmul instead)";
   if (ldx < K || ldx % 8 != 0) return "x row stride must be >= K and a multiple of 8";
@@ -49,17 +52,19 @@ const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, co
   return nullptr;
 }
 
-// Runs f(NT, paired, kSub) with all three as compile-time constants.
+// Runs f(NT, paired, kSub, kXs) with all four as compile-time constants (the three copy
+// layouts: one-tile, wide, one-tile with shared x).
 template <class F>
-void with_variant(int M, bool paired, int stage_tiles, F&& f) {
+void with_variant(int M, bool paired, int stage_tiles, int x_shared, F&& f) {
   using One = std::integral_constant<int, 1>;
   using Wide = std::integral_constant<int, plan::PMMA_SUB_WIDE>;
+  auto layout = [&](auto nt, auto p) {
+    if (stage_tiles != 1) f(nt, p, Wide{}, std::false_type{});
+    else if (x_shared) f(nt, p, One{}, std::true_type{});
+    else f(nt, p, One{}, std::false_type{});
+  };
   auto go = [&](auto nt) {
-    if (paired) {
-      if (stage_tiles == 1) f(nt, std::true_type{}, One{}); else f(nt, std::true_type{}, Wide{});
-    } else {
-      if (stage_tiles == 1) f(nt, std::false_type{}, One{}); else f(nt, std::false_type{}, Wide{});
-    }
+    if (paired) layout(nt, std::true_type{}); else layout(nt, std::false_type{});
   };
   switch (plan::pmma_ntiles(M)) {
     case 1: go(std::integral_constant<int, 1>{}); break;
@@ -85,21 +90,21 @@ PmmaArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, con
 
 }  // namespace
 
-template <int NT, bool kPaired, int kSub>
+template <int NT, bool kPaired, int kSub, bool kXs>
 void launch_pmma(const PmmaArgs& a, int64_t splits, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(plan::pmma_grid_x(a.N, a.M)), static_cast<unsigned>(splits));
-  const int smem = plan::pmma_smem_bytes(kSub);
+  const int smem = plan::pmma_smem_bytes(kSub, NT, kXs);
   if (smem > 48 * 1024) {
     // Past 48 KiB a kernel must opt in to its dynamic shared memory, once per device.
     constexpr int kDevices = 64;
     static bool done[kDevices] = {};
     int dev = 0;
     if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kDevices && !done[dev]) {
-      cudaFuncSetAttribute(pmma_kernel<NT, kPaired, kSub>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      cudaFuncSetAttribute(pmma_kernel<NT, kPaired, kSub, kXs>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       done[dev] = true;
     }
   }
-  pmma_kernel<NT, kPaired, kSub><<<grid, plan::PMMA_THREADS, smem, s>>>(a);
+  pmma_kernel<NT, kPaired, kSub, kXs><<<grid, plan::PMMA_THREADS, smem, s>>>(a);
 }
 
 }  // namespace detail
@@ -108,14 +113,16 @@ using namespace detail;
 
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
-                         float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int stage_tiles, void* stream) {
-  if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters, stage_tiles))
+                         float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int stage_tiles, int x_shared,
+                         void* stream) {
+  if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters, stage_tiles,
+                                 x_shared))
     return e;
   PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy);
   const bool paired = pal_tables(pal, a.pt);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  with_variant(M, paired, stage_tiles, [&](auto nt, auto p, auto sub) {
-    launch_pmma<decltype(nt)::value, decltype(p)::value, decltype(sub)::value>(a, splits, s);
+  with_variant(M, paired, stage_tiles, x_shared, [&](auto nt, auto p, auto sub, auto xs) {
+    launch_pmma<decltype(nt)::value, decltype(p)::value, decltype(sub)::value, decltype(xs)::value>(a, splits, s);
   });
   return launch_status();
 }
@@ -125,16 +132,18 @@ namespace emulate {
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
                          float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int force_general,
-                         int stage_tiles) {
-  if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters, stage_tiles))
+                         int stage_tiles, int x_shared) {
+  if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters, stage_tiles,
+                                 x_shared))
     return e;
   PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy);
   const bool paired = pal_tables(pal, a.pt) && !force_general;
   const char* err = nullptr;
-  with_variant(M, paired, stage_tiles, [&](auto nt, auto p, auto sub) {
-    err = emu::launch(plan::pmma_grid_x(N, M), splits, plan::PMMA_THREADS, plan::pmma_smem_bytes(sub),
-                      [&](emu::ThreadCtx& c) {
-                        pmma_body<decltype(nt)::value, decltype(p)::value, decltype(sub)::value>(c, a);
+  with_variant(M, paired, stage_tiles, x_shared, [&](auto nt, auto p, auto sub, auto xs) {
+    err = emu::launch(plan::pmma_grid_x(N, M), splits, plan::PMMA_THREADS,
+                      plan::pmma_smem_bytes(sub, decltype(nt)::value, decltype(xs)::value), [&](emu::ThreadCtx& c) {
+                        pmma_body<decltype(nt)::value, decltype(p)::value, decltype(sub)::value,
+                                  decltype(xs)::value>(c, a);
                       });
   });
   return err;

@@ -159,6 +159,27 @@ UW_HD uint32_t pmma_rel(const PmmaArgs& a, uint32_t cur, uint64_t rowbase, uint6
   return id >= rowbase && id < rowbase + bpr ? static_cast<uint32_t>(id - rowbase) : 0xFFFFFFFFu;
 }
 
+// Shared x (kXs): the CTA's batch rows [m0, m0 + 8 NT) of the stage's 64 columns, copied once
+// per CTA into a ring of its own beside the warps' weight rings (every warp of the CTA reads
+// the same x, which otherwise each warp loads again through L1 / L2: at batch 64 that is 8 KB
+// of x per 1.5 KB of weights a warp streams).  Row r is 128 bytes; its 16-byte chunk c sits at
+// chunk c ^ (r & 7), so the fragment reads (8 rows g, chunks 2t or 2t + 1) hit 32 distinct banks.
+// Rows past M are zero-filled by the copy itself.
+UW_HD int xs_at(int r, int c) { return r * plan::PMMA_X_ROW_BYTES + 16 * (c ^ (r & 7)); }
+
+template <class Ctx>
+UW_HD void pmma_issue_x(Ctx& c, int nt_rows, unsigned char* xst, const uint16_t* x, int64_t ldx, int m0, int M,
+                        int64_t col) {
+  const int chunks = nt_rows * 8;  // 8 chunks of 16 bytes per 64-column row
+  for (int q = c.tid(); q < chunks; q += plan::PMMA_THREADS) {
+    const int r = q >> 3, ch = q & 7;
+    const bool valid = m0 + r < M;
+    // A row past M still names an address inside x (row m0): nothing is read (src-size 0).
+    const uint16_t* src = x + (valid ? static_cast<int64_t>(m0 + r) : static_cast<int64_t>(m0)) * ldx + col + 8 * ch;
+    c.cp_async16(xst + xs_at(r, ch), src, valid ? 16 : 0);
+  }
+}
+
 // Eight bf16 of an x row (B registers of two mma steps); zeros for a batch row past M.
 UW_HD void pmma_load_x(bool valid, const uint16_t* p, uint32_t (&v)[4]) {
   if (valid) {
@@ -174,12 +195,16 @@ UW_HD uint32_t set_exponents(uint32_t reg, uint32_t e0, uint32_t e1) {
 }
 
 // One CTA: PMMA_WARPS row tiles x one K split x one chunk of NT n-tiles of 8 batch rows.
-// kSub: 64-column tiles per stage of the cp.async ring (1, or 2 for wide stages).
-template <int NT, bool kPaired, int kSub, class Ctx>
+// kSub: 64-column tiles per stage of the cp.async ring (1, or 2 for wide stages).  kXs: x
+// staged in shared memory once per CTA (pmma_issue_x; one-tile stages only); the same mma
+// sequence on the same values, so the same bits.
+template <int NT, bool kPaired, int kSub, bool kXs, class Ctx>
 UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
   static_assert(kSub == 1 || kSub == 2, "a stage holds one or two tiles");
+  static_assert(!kXs || kSub == 1, "shared x goes with one-tile stages");
   constexpr int S = plan::PMMA_STAGES, TK = plan::PMMA_TILE_K;
   constexpr int kStageBytes = kSub * plan::PMMA_TILE_BYTES;
+  constexpr int kXStageBytes = kXs ? 8 * NT * plan::PMMA_X_ROW_BYTES : 0;
   const int lane = c.lane(), warp = c.warp(), g = lane >> 2, t = lane & 3;
   // The chunks of one row block are neighbours in launch order: they stream the same weight
   // tiles at about the same time, so all but the first read them from L2.
@@ -190,9 +215,12 @@ UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
   const int64_t n_kt = a.K / TK, kt0 = split * a.split_tiles;
   const int64_t kt1 = kt0 + a.split_tiles < n_kt ? kt0 + a.split_tiles : n_kt;
   const bool active = row0 < a.N;  // warp-uniform
-  const int ntiles = active && kt1 > kt0 ? static_cast<int>(kt1 - kt0) : 0;
+  // With shared x every warp takes part in every stage (its CTA barriers and x copies); a warp
+  // past N streams row N-1 again and stores nothing.
+  const int ntiles = (kXs || active) && kt1 > kt0 ? static_cast<int>(kt1 - kt0) : 0;
   const int nstages = (ntiles + kSub - 1) / kSub;
   unsigned char* ring = c.smem() + warp * S * kStageBytes;
+  unsigned char* xring = c.smem() + plan::PMMA_WARPS * S * kStageBytes;  // kXs: S stages of x
 
   // Rows past N (the last tile) load row N-1 again: valid memory, results never stored.
   // Pointers (issue side) and offsets (read side) advance by a stage per step: the loop body
@@ -220,6 +248,9 @@ UW_UNROLL()
     qi[i] = a.idx + r * (a.K / 2) + kt0 * (TK / 2) + 16 * (lane & 3);
   }
   auto issue = [&](int stage, unsigned char* st) {
+    if (kXs && stage < ntiles)  // before pmma_issue's commit: the same group as the weights
+      pmma_issue_x(c, 8 * NT, xring + (st - ring) / kStageBytes * kXStageBytes, a.x, a.ldx, m0, a.M,
+                   (kt0 + stage) * TK);
     if (kSub == 1) {
       pmma_issue(c, stage < ntiles, st, q_lo, q_hi, q_ix, w_lo, w_hi, w_ix);
       q_lo += TK;
@@ -291,12 +322,23 @@ UW_UNROLL()
   uint32_t kb = static_cast<uint32_t>(2 * kt0);  // first block of the tile within its row
   for (int i = 0; i < nstages; ++i) {
     uint32_t xb[NT][4];  // x[nt*8+g][col + 16t .. +8): B registers of steps 0, 1 (then 2, 3)
+    if (!kXs) {
 UW_UNROLL()
-    for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows, xb[nt]);
+      for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows, xb[nt]);
+    }
     c.template cp_async_wait<S - 2>();
-    c.syncwarp();  // other lanes' copies of this stage are in; their reads of the stage refilled below are done
+    if (kXs) {
+      c.syncthreads();  // every thread's copies of this stage (weights and x) are in; the stage refilled below is read
+    } else {
+      c.syncwarp();  // other lanes' copies of this stage are in; their reads of the stage refilled below are done
+    }
     issue(i + S - 1, ring + wr);
     wr = wr + kStageBytes == S * kStageBytes ? 0 : wr + kStageBytes;
+    const unsigned char* xst = xring + rd / kStageBytes * kXStageBytes;
+    if (kXs) {
+UW_UNROLL()
+      for (int nt = 0; nt < NT; ++nt) lds_v4(xst + xs_at(8 * nt + g, 2 * t), xb[nt]);
+    }
     const unsigned char* st = ring + rd;
     rd = rd + kStageBytes == S * kStageBytes ? 0 : rd + kStageBytes;
 UW_UNROLL()
@@ -346,8 +388,13 @@ UW_UNROLL()
 UW_UNROLL()
       for (int j = 0; j < 4; ++j) {
         if (j == 2) {  // second half of the lane's 16 columns: x loaded late keeps NT = 8 in registers
+          if (kXs) {
 UW_UNROLL()
-          for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows + 8, xb[nt]);
+            for (int nt = 0; nt < NT; ++nt) lds_v4(xst + xs_at(8 * nt + g, 2 * t + 1), xb[nt]);
+          } else {
+UW_UNROLL()
+            for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows + 8, xb[nt]);
+          }
         }
 UW_UNROLL()
         for (int nt = 0; nt < NT; ++nt) {
@@ -388,7 +435,7 @@ UW_UNROLL()
   // split order (deterministic whichever CTA it is) and resets the counter for the next launch.
   c.threadfence();
   c.syncthreads();
-  int* last_flag = reinterpret_cast<int*>(c.smem() + plan::PMMA_WARPS * S * kStageBytes);
+  int* last_flag = reinterpret_cast<int*>(c.smem() + plan::PMMA_WARPS * S * kStageBytes + S * kXStageBytes);
   if (c.tid() == 0) {
     const int is_last = c.atomic_add(a.counters + bx, 1) == splits - 1;
     if (is_last) a.counters[bx] = 0;

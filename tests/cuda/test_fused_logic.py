@@ -42,10 +42,14 @@ def _pal(enc):
     return bytes(int(b) for b in enc.header.palette[: enc.header.pal_size])
 
 
-def _emulate(x, enc, splits=1, general=False, stage_tiles=1):
+def _emulate(x, enc, splits=1, general=False, stage_tiles=1, x_shared=False):
     p = enc.planes
     return _cuda.emulate_palette_gemm(x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS],
-                                      p[C.SUFFIX_VEXP], splits, general, stage_tiles)
+                                      p[C.SUFFIX_VEXP], splits, general, stage_tiles, int(x_shared))
+
+
+# The copy layouts besides the one-tile default: (stage_tiles, x_shared); all give its bits.
+LAYOUTS = [(kp.PMMA_SUB_WIDE, False), (1, True)]
 
 
 def _fa_check(y, x, w):
@@ -124,8 +128,13 @@ def test_splits_heuristic():
 def test_cpp_plan_matches_python():
     for name in ("PMMA_WARPS", "PMMA_THREADS", "PMMA_TILE_N", "PMMA_ROWS", "PMMA_TILE_K", "PMMA_STAGES",
                  "PMMA_TILE_BYTES", "PMMA_SMEM_BYTES", "PMMA_CHUNK_M", "PMMA_MAX_M", "PMMA_CTAS_PER_SM",
-                 "PMMA_MIN_SPLIT_TILES", "PMMA_MAX_SPLITS", "PMMA_SUB_WIDE"):
+                 "PMMA_MIN_SPLIT_TILES", "PMMA_MAX_SPLITS", "PMMA_SUB_WIDE", "PMMA_X_ROW_BYTES"):
         assert getattr(_cuda, name) == getattr(kp, name), name
+    for tiles in (1, kp.PMMA_SUB_WIDE):
+        for nt in (1, 2, 4, 8):
+            for xs in (False, True):
+                assert _cuda.plan_pmma_smem_bytes(tiles, nt, xs) == kp.pmma_smem_bytes(tiles, nt, xs)
+    assert kp.pmma_smem_bytes(1) == kp.PMMA_SMEM_BYTES
     for M in range(-1, 260):
         assert _cuda.plan_pmma_ntiles(M) == kp.pmma_ntiles(M)
         assert _cuda.plan_pmma_chunks(M) == kp.pmma_chunks(M)
@@ -177,6 +186,20 @@ def test_wide_stages_give_the_same_bits(M, N, K):
 
 
 @needs_ext
+@pytest.mark.parametrize("M", [1, 3, 8, 9, 16, 33, 64, 65, 130, 256])
+@pytest.mark.parametrize("N,K", CASES)
+def test_shared_x_gives_the_same_bits(M, N, K):
+    """x copied once per CTA into shared memory (zero-filled past M, swizzled) feeds the mma
+    the same values as each warp's own loads: the same bits at every n-tile count, in the
+    last partial batch chunk, with warps past N (N = 15, 17, 65) and on every split."""
+    w = make_weights(N, K, seed=N * 5 + K)
+    enc = tc.encode(w, "palette")
+    x = _x(M, K, seed=M * 7 + K)
+    for s in sorted({1, min(3, K // 64), K // 64}):
+        assert np.array_equal(_emulate(x, enc, s, x_shared=True), _emulate(x, enc, s))
+
+
+@needs_ext
 @pytest.mark.parametrize("general", [False, True])
 def test_every_finite_bf16_pattern_decodes_exactly(general):
     """W holds all 65280 finite BF16 patterns (the exponent-255 ones are the next test's): a
@@ -193,8 +216,8 @@ def test_every_finite_bf16_pattern_decodes_exactly(general):
         x[np.arange(64), c0 + np.arange(64)] = 0x3F80  # 1.0
         want = w[:, c0:c0 + 64].T.copy()
         want[want == 0x8000] = 0
-        for stage_tiles in (1, kp.PMMA_SUB_WIDE):
-            y = _emulate(x, enc, splits=2 if c0 else 1, general=general, stage_tiles=stage_tiles)
+        for stage_tiles, x_shared in [(1, False)] + LAYOUTS:
+            y = _emulate(x, enc, splits=2 if c0 else 1, general=general, stage_tiles=stage_tiles, x_shared=x_shared)
             assert np.array_equal(y, want)
 
 
@@ -242,7 +265,8 @@ def test_heavy_verbatim_blocks_and_tail_rows():
     for s in (1, 2, 6):
         y = _emulate(x, enc, s)
         _fa_check(y, x, w)
-        assert np.array_equal(_emulate(x, enc, s, stage_tiles=kp.PMMA_SUB_WIDE), y)
+        for stage_tiles, x_shared in LAYOUTS:
+            assert np.array_equal(_emulate(x, enc, s, stage_tiles=stage_tiles, x_shared=x_shared), y)
     # dropping the verbatim blocks must change the result (the kernel applies them)
     p = dict(enc.planes)
     y0 = _cuda.emulate_palette_gemm(x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS][:0],
@@ -284,6 +308,10 @@ def test_launcher_rejects_bad_arguments_without_a_gpu():
         call(K=96, ldx=96)
     with pytest.raises(RuntimeError, match="splits"):
         call(splits=2)
+    with pytest.raises(RuntimeError, match="shared x goes with stage_tiles = 1"):
+        call(stage_tiles=2, x_shared=1)
+    with pytest.raises(RuntimeError, match="x_shared must be 0 or 1"):
+        call(x_shared=2)
     with pytest.raises(RuntimeError, match="aligned"):
         call(sm=8)
     with pytest.raises(RuntimeError, match="workspace"):

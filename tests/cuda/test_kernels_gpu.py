@@ -182,6 +182,21 @@ def test_wide_stage_palette_gemm_gives_the_same_bits(M, NK):
     assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
 
 
+@pytest.mark.variant
+@pytest.mark.parametrize("M", [1, 8, 9, 16, 33, 64, 65, 130, 256])
+@pytest.mark.parametrize("NK", [(63, 192), (300, 320), (1024, 4096), (4096, 1024)])
+def test_shared_x_palette_gemm_gives_the_same_bits(M, NK):
+    """x copied once per CTA into shared memory feeds the mma the values each warp loaded
+    itself: bit for bit the one-tile kernel's result, past-M rows and last row blocks included."""
+    from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_XS
+    N, K = NK
+    w = make_weights(N, K, seed=N + 3 * K)
+    ew = encoded_weight(tc.encode(w, "palette"), "cuda", _err())
+    x = bf16_tensor(make_weights(M, K, seed=M + 1, spread=False), "cuda")
+    y1, y2 = fused_op(ew, x, None, PALETTE_GEMM), fused_op(ew, x, None, PALETTE_GEMM_XS)
+    assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
+
+
 def test_fused_huffman_reports_corruption():
     _need_fused("huffman")
     from unweight.runtime import scratch

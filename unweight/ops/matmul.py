@@ -1,7 +1,7 @@
 """Fused decode + matmul: y = x @ W^T with W kept palette-coded, on the tensor cores.
 
     torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, workspace, counters, rows, cols,
-                                      palette, splits, stage_tiles=1) -> y
+                                      palette, splits, stage_tiles=1, x_shared=False) -> y
         x: bf16 [M, cols] (unit column stride), 1 <= M <= 256 on CUDA; y: bf16 [M, rows];
         fp32 accumulation, one rounding.  sm, idx, vpos, vexp: the palette planes in file order
         (docs/FORMAT.md), on x's device.
@@ -15,6 +15,9 @@
         stage_tiles: 64-column tiles per stage of the kernel's copy ring: 1, or 2 (wide stages,
             each copy reading whole 128-byte lines); the same bits either way, the dispatch
             takes whichever the tuning table measured faster (PALETTE_GEMM / PALETTE_GEMM_WIDE).
+        x_shared: with stage_tiles 1, each CTA copies its rows of x into shared memory once
+            per stage for its four warps, instead of every warp loading them (x traffic / 4;
+            PALETTE_GEMM_XS); the same bits.
         Both are views of the runtime's per-device buffers (runtime/scratch.py), so a forward
         allocates nothing but y.
 
@@ -92,17 +95,17 @@ def _reference(x: Tensor, w_bits: np.ndarray) -> Tensor:
 @torch.library.custom_op("unweight::palette_matmul", mutates_args=("workspace", "counters"))
 def palette_matmul(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, workspace: Tensor,
                    counters: Tensor, rows: int, cols: int, palette: List[int], splits: int,
-                   stage_tiles: int = 1) -> Tensor:
+                   stage_tiles: int = 1, x_shared: bool = False) -> Tensor:
     raise NotImplementedError(f"unweight::palette_matmul has no kernel for device {x.device}")
 
 
 @palette_matmul.register_fake
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1):
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False):
     return x.new_empty((x.size(0), rows))
 
 
 @palette_matmul.register_kernel("cpu")
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1):
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False):
     if x.dim() != 2 or x.size(1) != cols:
         raise ValueError(f"palette_matmul takes x [M, {cols}], got {tuple(x.shape)}")
     w = np.empty((rows, cols), dtype=np.uint16)
@@ -112,7 +115,7 @@ def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, 
 
 
 @palette_matmul.register_kernel("cuda")
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1):
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False):
     if x.dim() != 2 or x.size(1) != cols or x.dtype != torch.bfloat16:
         raise ValueError(f"palette_matmul takes bf16 x [M, {cols}], got {x.dtype} {tuple(x.shape)}")
     M = x.size(0)
@@ -133,5 +136,5 @@ def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, 
         _ext.cuda_module().palette_gemm(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
                                         bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), splits,
                                         _ext.ptr(workspace), _ext.ptr(counters), _ext.ptr(y), y.stride(0),
-                                        _ext.stream(x), stage_tiles)
+                                        _ext.stream(x), stage_tiles, int(x_shared))
     return y

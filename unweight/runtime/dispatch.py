@@ -23,15 +23,15 @@ from torch import Tensor
 from .. import ops
 from . import kernel_plan as kp
 from . import scratch
-from .policy import DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, DispatchPolicy
+from .policy import DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, DispatchPolicy
 from .weights import EncodedWeight
 
 __all__ = ["linear", "embedding", "decode_into", "decode_new", "fused", "use_decoders"]
 
 _DECODE_ONLY = DispatchPolicy(None)
 
-# Tiles per copy stage of each fused path (ops.palette_matmul's stage_tiles).
-_STAGE_TILES = {PALETTE_GEMM: 1, PALETTE_GEMM_WIDE: kp.PMMA_SUB_WIDE}
+# Copy layout of each fused path: ops.palette_matmul's (stage_tiles, x_shared).
+_LAYOUT = {PALETTE_GEMM: (1, False), PALETTE_GEMM_WIDE: (kp.PMMA_SUB_WIDE, False), PALETTE_GEMM_XS: (1, True)}
 
 
 # The CUDA decoder each encoding runs: a variant of kernel_plan.HUFF_VARIANTS / PAL_VARIANTS,
@@ -91,19 +91,19 @@ def decode_new(pieces: list, out_rows: int, cols: int) -> Tensor:
 
 
 def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
-    """y = x2 @ W^T through the fused palette GEMM (`path`: PALETTE_GEMM, or PALETTE_GEMM_WIDE
-    for its two-tile copy stages).  x2: bf16 [M, cols] unit column stride, on W's CUDA device.
+    """y = x2 @ W^T through the fused palette GEMM (`path`: PALETTE_GEMM, PALETTE_GEMM_WIDE for
+    its two-tile copy stages, or PALETTE_GEMM_XS for x shared per CTA; the same bits).  x2: bf16 [M, cols] unit column stride, on W's CUDA device.
     The split partials and arrival counters are views of the device's scratch, sized for every
     batch the kernel takes, so only a layer shape's first fused forward can grow them.  Raises
     what the op raises when the kernel refuses."""
-    if path not in _STAGE_TILES or w.is_huffman:
+    if path not in _LAYOUT or w.is_huffman:
         raise ValueError(f"no fused kernel {path!r} for a {w.encoding_name} weight")
     dev = x2.device
     splits = ops.palette_splits(w.rows, w.cols, dev, x2.size(0))
     ws = scratch.workspace(dev, ops.palette_workspace_max(w.rows, w.cols, dev))
     cnt = scratch.counters(dev, ops.palette_counters_elems(w.rows))
     return torch.ops.unweight.palette_matmul(x2, w.sm, w.idx, w.vpos, w.vexp, ws, cnt, w.rows, w.cols, w.palette,
-                                             splits, _STAGE_TILES[path])
+                                             splits, *_LAYOUT[path])
 
 
 def linear(pieces: list, x: Tensor, bias: Tensor | None, out_rows: int, cols: int,

@@ -47,9 +47,19 @@ PMMA_SMEM_BYTES = PMMA_WARPS * PMMA_STAGES * PMMA_TILE_BYTES + 16
 PMMA_SUB_WIDE = 2  # tiles per stage of the wide-stage variant (palette_gemm stage_tiles)
 
 
-def pmma_smem_bytes(stage_tiles: int) -> int:
-    """Dynamic shared memory of a palette_gemm launch with `stage_tiles` tiles per ring stage."""
-    return PMMA_WARPS * PMMA_STAGES * stage_tiles * PMMA_TILE_BYTES + 16
+PMMA_X_ROW_BYTES = 2 * PMMA_TILE_K  # one batch row of a stage's 64 columns of shared x (x_shared)
+
+
+def pmma_x_stage_bytes(ntiles: int) -> int:
+    """Shared x of one ring stage for a batch of `ntiles` n-tiles (8 rows each)."""
+    return 8 * ntiles * PMMA_X_ROW_BYTES
+
+
+def pmma_smem_bytes(stage_tiles: int, ntiles: int = 0, x_shared: bool = False) -> int:
+    """Dynamic shared memory of a palette_gemm launch with `stage_tiles` tiles per ring stage
+    (and, x_shared, the shared-x ring of a batch of `ntiles` n-tiles)."""
+    return (PMMA_WARPS * PMMA_STAGES * stage_tiles * PMMA_TILE_BYTES
+            + (PMMA_STAGES * pmma_x_stage_bytes(ntiles) if x_shared else 0) + 16)
 PMMA_CHUNK_M = 64
 PMMA_MAX_M = 256
 PMMA_CTAS_PER_SM = 4

@@ -17,12 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from . import kernel_plan as kp
-from .tuning_table import DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, TuningTable, bucket, load_table
+from .tuning_table import (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, TuningTable, bucket,
+                           load_table)
 from .weights import EncodedWeight
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DispatchPolicy", "measured", "DECODE_CUBLAS", "PALETTE_GEMM", "PALETTE_GEMM_WIDE"]
+__all__ = ["DispatchPolicy", "measured", "DECODE_CUBLAS", "PALETTE_GEMM", "PALETTE_GEMM_WIDE", "PALETTE_GEMM_XS"]
 
 
 class DispatchPolicy:

@@ -4,6 +4,7 @@ Pure data (no torch): the dispatch policy (runtime/policy.py) looks a choice up 
 under the key
 
     (device name, N, K, encoding, batch bucket)  ->  "decode_cublas" | "palette_gemm" | "palette_gemm_wide"
+                                                     | "palette_gemm_xs"
 
 with N, K the weight's [N, K] shape, encoding "huffman" / "palette", and the batch bucket of
 M = x.numel() // K one of BUCKETS ("1", "2-4", "5-16", "17-64", "65-256", ">256").
@@ -46,10 +47,14 @@ PALETTE_GEMM = "palette_gemm"
 # The same kernel with two tiles per copy stage (whole 128-byte lines per copy): the same
 # bits, a different memory access pattern; the table keeps whichever measured faster.
 PALETTE_GEMM_WIDE = "palette_gemm_wide"
+# The same kernel with x copied into shared memory once per CTA for its four warps (rather than
+# loaded by each): the same bits, a quarter of the x traffic, which from batch ~8 rivals the
+# weight stream.
+PALETTE_GEMM_XS = "palette_gemm_xs"
 # Times recorded under other names (a fused Huffman kernel some earlier tables list) are kept
 # out of every choice: only these paths exist.
-CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE)
-FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE)
+CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS)
+FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS)
 
 # (upper bound inclusive, name); the last bucket is open-ended.
 _BUCKET_BOUNDS = ((1, "1"), (4, "2-4"), (16, "5-16"), (64, "17-64"), (256, "65-256"))
@@ -100,7 +105,8 @@ def choose(times_ms: dict) -> str:
 
 def candidates(encoding: str, M: int, K: int, cols_per_chunk: int = 0) -> list[str]:
     """Fused paths that can run y = x @ W^T for this encoding and problem (besides
-    decode_cublas): the palette GEMM, with one- and two-tile stages, for palette weights within
+    decode_cublas): the palette GEMM in its copy layouts (one- and two-tile stages, shared x),
+    for palette weights within
     its batch and shape limits; none for Huffman weights (cols_per_chunk is accepted for
     callers that pass the grid)."""
     if encoding == "palette" and kp.pmma_supported(M, K):
