@@ -167,11 +167,14 @@ UW_HD uint32_t pmma_rel(const PmmaArgs& a, uint32_t cur, uint64_t rowbase, uint6
 // Rows past M are zero-filled by the copy itself.
 UW_HD int xs_at(int r, int c) { return r * plan::PMMA_X_ROW_BYTES + 16 * (c ^ (r & 7)); }
 
-template <class Ctx>
-UW_HD void pmma_issue_x(Ctx& c, int nt_rows, unsigned char* xst, const uint16_t* x, int64_t ldx, int m0, int M,
-                        int64_t col) {
-  const int chunks = nt_rows * 8;  // 8 chunks of 16 bytes per 64-column row
-  for (int q = c.tid(); q < chunks; q += plan::PMMA_THREADS) {
+template <int kRows, class Ctx>
+UW_HD void pmma_issue_x(Ctx& c, unsigned char* xst, const uint16_t* x, int64_t ldx, int m0, int M, int64_t col) {
+  constexpr int kChunks = kRows * 8;  // 8 chunks of 16 bytes per 64-column row
+  // A fixed number of rounds (kRows / 16, at least one): no loop inside the stage loop.
+UW_UNROLL()
+  for (int j = 0; j < (kChunks + plan::PMMA_THREADS - 1) / plan::PMMA_THREADS; ++j) {
+    const int q = c.tid() + j * plan::PMMA_THREADS;
+    if (kChunks % plan::PMMA_THREADS != 0 && q >= kChunks) break;
     const int r = q >> 3, ch = q & 7;
     const bool valid = m0 + r < M;
     // A row past M still names an address inside x (row m0): nothing is read (src-size 0).
@@ -249,8 +252,8 @@ UW_UNROLL()
   }
   auto issue = [&](int stage, unsigned char* st) {
     if (kXs && stage < ntiles)  // before pmma_issue's commit: the same group as the weights
-      pmma_issue_x(c, 8 * NT, xring + (st - ring) / kStageBytes * kXStageBytes, a.x, a.ldx, m0, a.M,
-                   (kt0 + stage) * TK);
+      pmma_issue_x<8 * NT>(c, xring + (st - ring) / kStageBytes * kXStageBytes, a.x, a.ldx, m0, a.M,
+                           (kt0 + stage) * TK);
     if (kSub == 1) {
       pmma_issue(c, stage < ntiles, st, q_lo, q_hi, q_ix, w_lo, w_hi, w_ix);
       q_lo += TK;
