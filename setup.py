@@ -234,8 +234,8 @@ ext_modules = [
         libraries=["z"],
     )
 ]
-CUDA_SOURCES = ("huffman_decode.cu", "palette_decode.cu", "transcode.cu", "palette_matmul.cu", "launch.cu",
-                "emulate.cu", "emu/selftest.cu", "bindings_cuda.cpp")
+CUDA_SOURCES = ("huffman_decode.cu", "palette_decode.cu", "transcode.cu", "palette_matmul.cu", "palette_gemv.cu",
+                "launch.cu", "emulate.cu", "emu/selftest.cu", "bindings_cuda.cpp")
 cuda_sources = [os.path.join("csrc", "cuda", f) for f in CUDA_SOURCES]
 if find_nvcc() and all(os.path.exists(os.path.join(HERE, s)) for s in cuda_sources):
     ext_modules.append(CudaExtension("unweight._cuda", cuda_sources))

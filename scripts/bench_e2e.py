@@ -30,12 +30,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_util as bu  # noqa: E402
 
-# <mode>[+fused | +fused-wide | +fused-xs | +<decoder variant>]: the fused palette GEMM forced on
-# (one-tile copy stages, two-tile stages, or x shared per CTA), or the decode + cuBLAS path with
-# another decoder (dispatch.use_decoders).
+# <mode>[+fused | +fused-wide | +fused-xs | +gemv | +<decoder variant>]: the fused palette GEMM
+# forced on (one-tile copy stages, two-tile stages, or x shared per CTA), the palette GEMV at
+# batch 1..4 (the one-tile GEMM above), or the decode + cuBLAS path with another decoder
+# (dispatch.use_decoders).
 MODES = ("huffman", "palette", "huffman+fused", "palette+fused", "palette+fused-wide", "palette+fused-xs",
-         "huffman+ahead", "huffman+ahead2", "palette+wide", "dense")
-FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs"}
+         "palette+gemv", "huffman+ahead", "huffman+ahead2", "palette+wide", "dense")
+FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs",
+               "gemv": "palette_gemv"}
 
 
 def llama8b_config(layers: int, **over):
@@ -89,7 +91,7 @@ def compress_in_place(model, encoding: str = "huffman") -> float:
 def forced_fused_policy(model, device, path: str = "palette_gemm"):
     """A dispatch policy whose table says the fused kernel (`path` for palette layers) won for
     every compressed layer at every batch bucket it takes (to measure the fused path end to
-    end, not a measured choice)."""
+    end, not a measured choice).  The GEMV takes batches of 1..4; past them the one-tile GEMM."""
     from unweight.runtime.modules import CompressedLinear, compressed_modules
     from unweight.runtime.policy import DispatchPolicy
     from unweight.runtime.tuning_table import TuningTable
@@ -98,8 +100,9 @@ def forced_fused_policy(model, device, path: str = "palette_gemm"):
     name = pol.device_name(device) if device.type == "cuda" else "cpu"
     for _, m in compressed_modules(model):
         if isinstance(m, CompressedLinear) and not m.is_tied:
-            fused = "huffman_gemm" if m.encoding_name == "huffman" else path
             for M in (1, 4, 16):
+                fused = path if path != "palette_gemv" or M <= 4 else "palette_gemm"
+                fused = "huffman_gemm" if m.encoding_name == "huffman" else fused
                 t.record(name, m.n_rows, m.n_cols, m.encoding_name, M, {"decode_cublas": 1.0, fused: 0.5})
     return pol
 
@@ -262,11 +265,11 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
         t0 = time.perf_counter()
         base, _, extra = mode.partition("+")
         # "+<decoder variant>" (ahead, ahead2, wide): the decode runs that variant for this mode
-        decoder = extra if extra and not extra.startswith("fused") else None
+        decoder = extra if extra and extra not in FUSED_PATHS else None
         previous = dispatch.use_decoders(**{base: decoder}) if decoder else None
         try:
             info = prep.prepare(model, base, policy=None)
-            if extra.startswith("fused"):
+            if extra in FUSED_PATHS:
                 pol = forced_fused_policy(model, dev, FUSED_PATHS[extra])
                 info = prep.prepare(model, base, policy=pol)
             entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio")},

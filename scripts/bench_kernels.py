@@ -39,6 +39,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
     from unweight.codec import tensor_codec as tc
     from unweight.format import constants as C
     from unweight.runtime import dispatch, scratch
+    from unweight.runtime import kernel_plan as kp
     from unweight.runtime.policy import DispatchPolicy
     h = bu.import_helpers()
     dev = bu.device(torch)
@@ -82,10 +83,10 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                     times[h.fused_paths()[e]] = t["median_ms"]
                 except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
                     r[f"{e}_fused"] = {"error": f"{type(ex).__name__}: {ex}", "accuracy": acc}
-                if e == "palette":  # the other copy layouts of the same kernel (LAYOUTS)
-                    for key, path, tag in LAYOUTS:
-                        if tag not in skip:
-                            _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path)
+                if e == "palette":  # the other copy layouts of the same kernel, and the GEMV (LAYOUTS)
+                    for key, path, tag, same in LAYOUTS:
+                        if tag not in skip and (same or kp.pgemv_supported(M, K)):
+                            _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path, same)
                 if e == "palette" and M == 1 and budget.left() > 30:
                     r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas,
                                                             wide="gemm:wide" not in skip)
@@ -96,21 +97,23 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
         log(f"kernels {name} M={M}: cuBLAS {t_cublas * 1e3:.1f} us; " + "; ".join(
             f"{e} fused {_ratio(r.get(e + '_fused'))}, decode+cuBLAS {_ratio(r.get(e + '_decode_cublas'))}"
             for e in copies) + "".join(f"; {key.replace('_', ' ')} {_ratio(r[key])}"
-                                       for key, _, _ in LAYOUTS if key in r))
+                                       for key, *_ in LAYOUTS if key in r))
     del dense, copies
     bu.empty_cache(torch)
     return rows
 
 
-# The fused palette GEMM's other copy layouts, timed beside the one-tile kernel: (row key,
-# tuning-table path, variant tag for the GPU runbook's skips).  Each gives the one-tile bits.
-LAYOUTS = (("palette_fused_wide", "palette_gemm_wide", "gemm:wide"),
-           ("palette_fused_xs", "palette_gemm_xs", "gemm:xs"))
+# The fused palette GEMM's other copy layouts, and the palette GEMV (batch 1..4), timed beside
+# the one-tile kernel: (row key, tuning-table path, variant tag for the GPU runbook's skips,
+# whether it must give the one-tile kernel's bits: the layouts do, the GEMV sums in its own order).
+LAYOUTS = (("palette_fused_wide", "palette_gemm_wide", "gemm:wide", True),
+           ("palette_fused_xs", "palette_gemm_xs", "gemm:xs", True),
+           ("palette_gemv", "palette_gemv", "gemv", False))
 
 
-def _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path) -> None:
-    """Times the palette GEMM with copy layout `path` into r[key] and times[path] (when it meets
-    the accuracy bound and gives the one-tile kernel's bits)."""
+def _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path, same_required=True) -> None:
+    """Times the palette kernel `path` into r[key] and times[path] (when it meets the accuracy
+    bound and, same_required, gives the one-tile kernel's bits)."""
     from unweight.runtime.tuning_table import PALETTE_GEMM
     try:
         acc = h.fused_vs_cublas(ws[0], x, w, err, path)
@@ -122,7 +125,7 @@ def _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path) -
         return
     r[key] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "accuracy": acc, "same_bits_as_palette_fused": same,
               "weight_GBps": bu.encoded_bytes(ws[0]) / (t["median_ms"] * 1e-3) / 1e9}
-    if acc.get("passed") and same:
+    if acc.get("passed") and (same or not same_required):
         times[path] = t["median_ms"]
 
 
@@ -165,7 +168,7 @@ def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("pale
         out_path: str | None = None, log=print, skip: dict | None = None) -> dict:
     """Kernel benchmark within `budget`; a shape that fails is recorded and the next one runs.
     Returns the result dict (with the measured TuningTable under "_table", not serialized).
-    skip: {"gemm:wide" | "gemm:xs": why} leaves that copy layout of the palette GEMM out."""
+    skip: {"gemm:wide" | "gemm:xs" | "gemv": why} leaves that palette kernel out."""
     skip = dict(skip or {})
     from unweight.runtime.tuning_table import TuningTable
     l2 = bu.l2_bytes(torch)
@@ -204,9 +207,10 @@ def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):
         times = {"decode_cublas": dec["median_ms"]}
         if "median_ms" in fz and (fz.get("accuracy") or {}).get("passed"):
             times[PALETTE_GEMM] = fz["median_ms"]
-        for key, path, _ in LAYOUTS:
+        for key, path, _, same in LAYOUTS:
             lay = r.get(key) or {}
-            if "median_ms" in lay and (lay.get("accuracy") or {}).get("passed") and lay.get("same_bits_as_palette_fused"):
+            if "median_ms" in lay and (lay.get("accuracy") or {}).get("passed") and (
+                    lay.get("same_bits_as_palette_fused") or not same):
                 times[path] = lay["median_ms"]
         table.record(device_name, r["N"], r["K"], "palette", r["M"], times)
     return table

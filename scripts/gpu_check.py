@@ -107,7 +107,7 @@ LAYOUTS = {
 }
 STAGES = ("build", "correctness", "sanitizer", "model", "eval", "bench")
 # Seconds each stage may take at most, and the least it is worth starting with.
-STAGE_BUDGET = {"build": 240, "correctness": 200, "sanitizer": 150, "model": 150, "eval": 480, "bench": 400}
+STAGE_BUDGET = {"build": 240, "correctness": 240, "sanitizer": 150, "model": 150, "eval": 480, "bench": 400}
 STAGE_MIN = {"build": 30, "correctness": 30, "sanitizer": 40, "model": 40, "eval": 45, "bench": 60}
 CUDA_ARCHS = "80;90a"
 
@@ -785,11 +785,11 @@ def _verbatim_heavy(np, cols, seed):
 
 
 # Kernel variants that are not the runtime's default (kernel_plan.HUFF_VARIANTS / PAL_VARIANTS,
-# tuning_table.PALETTE_GEMM_WIDE / PALETTE_GEMM_XS).  Each is checked in a process of its own, after the defaults:
+# tuning_table.PALETTE_GEMM_WIDE / PALETTE_GEMM_XS / PALETTE_GEMV).  Each is checked in a process of its own, after the defaults:
 # a variant that faults on its first device run (an illegal address poisons the CUDA context)
 # then costs its own checks only.  The verdicts go to STATE/variants.json, and the benchmarks
 # leave out a variant whose checks failed on the same build (bench_variants_to_skip).
-VARIANT_TAGS = ("huffman:ahead", "huffman:ahead2", "huffman:scalar", "palette:wide", "gemm:wide", "gemm:xs")
+VARIANT_TAGS = ("huffman:ahead", "huffman:ahead2", "huffman:scalar", "palette:wide", "gemm:wide", "gemm:xs", "gemv")
 # The fused GEMM's copy layouts by tag: the tuning table's path and what it is called.
 GEMM_LAYOUTS = {"gemm:wide": ("palette_gemm_wide", "wide stages"), "gemm:xs": ("palette_gemm_xs", "shared x")}
 
@@ -803,7 +803,7 @@ def group_variant(rec, device, tag):
     np, torch, h, tc, C = _setup(device)
     from unweight.runtime import kernel_plan as kp
     err = torch.zeros(1, dtype=torch.int32, device=device)
-    kind, name = tag.split(":")
+    kind, _, name = tag.partition(":")
     big = 1024 if device == "cuda" else 64
 
     if kind == "huffman":
@@ -881,6 +881,46 @@ def group_variant(rec, device, tag):
             return r
         for N, K in cases:
             rec.check(f"fused palette {what} {N}x{K}: the one-tile kernel's bits", same_bits, N, K)
+    elif tag == "gemv":
+        if "palette" not in h.fused_paths():
+            rec.check("palette GEMV", lambda: {"skipped": True, "why": "no fused palette kernel"})
+            return
+        from unweight.runtime.tuning_table import PALETTE_GEMV
+        cases = [(1, 64), (15, 64), (33, 256), (63, 192), (300, 320), (9, 4160)]
+        if device == "cuda":
+            cases += [(65, 4096), (1024, 4096), (4096, 1024), (4096, 14336), (128, 14336)]
+
+        def gemv_case(N, K):
+            """Within 2x cuBLAS's error against FP64 at batch 1..4, repeats bit for bit, each
+            batch row's bits the same at every batch size (its sums are its own)."""
+            w = h.make_weights(N, K, seed=N + 7 * K)
+            ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
+            r = {}
+            x4 = h.bf16_tensor(h.make_weights(4, K, seed=N, spread=False), device)
+            y4 = h.fused_op(ew, x4, err, PALETTE_GEMV)
+            for M in (1, 2, 3, 4):
+                x = x4[:M].contiguous()
+                acc = h.fused_vs_cublas(ew, x, w, err, PALETTE_GEMV) if device == "cuda" else {"passed": True}
+                y = h.fused_op(ew, x, err, PALETTE_GEMV)
+                # (the CPU op is the fp32 reference, whose sums depend on the batch size)
+                r[f"M={M}"] = bool(acc.get("passed")) and (device != "cuda" or bool(torch.equal(
+                    y.view(torch.int16), y4[:M].view(torch.int16))))
+            r["passed"] = all(r.values())
+            return r
+        for N, K in cases:
+            rec.check(f"palette GEMV {N}x{K} at batch 1-4", gemv_case, N, K)
+
+        def verbatim_heavy():
+            """Most 32-column blocks verbatim: the GEMV patches them in its registers."""
+            w = _verbatim_heavy(np, 576, 5)
+            ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
+            x = h.bf16_tensor(h.make_weights(3, 576, seed=3, spread=False), device)
+            y1, y2 = h.fused_op(ew, x, err, PALETTE_GEMV), h.fused_op(ew, x, err, PALETTE_GEMV)
+            acc = h.fused_vs_cublas(ew, x, w, err, PALETTE_GEMV) if device == "cuda" else {"passed": True}
+            return {"repeat_bitwise": bool(torch.equal(y1.view(torch.int16), y2.view(torch.int16))),
+                    "accuracy": bool(acc.get("passed")),
+                    "passed": bool(torch.equal(y1.view(torch.int16), y2.view(torch.int16))) and bool(acc.get("passed"))}
+        rec.check("palette GEMV on verbatim-heavy weights", verbatim_heavy)
     else:
         raise ValueError(f"unknown variant {tag!r}")
     rec.check("device error counter still zero", lambda: {"passed": int(err.item()) == 0, "count": int(err.item())})
@@ -917,6 +957,7 @@ def bench_variants_to_skip() -> dict:
 GROUPS = {"probe": group_probe, "decode": group_decode, "fused": group_fused, "corrupt": group_corrupt,
           "bench_smoke": group_bench_smoke}
 GROUPS.update({f"variant={t}": functools.partial(group_variant, tag=t) for t in VARIANT_TAGS})
+GROUP_RESERVE_S = 12
 CORRECTNESS_GROUPS = (("probe", 40), ("decode", 120), ("fused", 120), ("corrupt", 60),
                       *((f"variant={t}", 60) for t in VARIANT_TAGS))
 
@@ -982,6 +1023,10 @@ def sanitizer_driver(device: str = "cuda") -> int:
                     if device != "cuda" or h.fused_supported(ew, M):
                         h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, path)
                         n += 1
+            if cols % 64 == 0:
+                for M in (1, 2, 3, 4):
+                    h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, "palette_gemv")
+                    n += 1
     _, _, bad = _corrupt_stream(h, tc, C)
     _, _, bad_indexed = _corrupt_stream(h, tc, C, chk_interval=256)
     cerr = torch.zeros(1, dtype=torch.int32, device=device)
@@ -1212,7 +1257,8 @@ def stage_correctness(st: Stage, out_dir: str) -> None:
     _pytest_tier(st, out_dir, "cuda and variant", min(40.0, st.budget.left() * 0.2), "pytest-variants.log")
     groups = list(CORRECTNESS_GROUPS)
     for i, (g, cap) in enumerate(groups):
-        rest = sum(c for _, c in groups[i + 1:]) * 0.25
+        # Each later group keeps the time a process start and a few checks take (~12 s).
+        rest = sum(min(c, GROUP_RESERVE_S) for _, c in groups[i + 1:])
         run_group(st, g, min(cap, st.budget.left() - rest))
     verdicts = variant_verdicts(st)
     st.rec["raw"]["variants"] = verdicts
@@ -1631,9 +1677,10 @@ def stage_eval(st: Stage) -> None:
 
 # bench_e2e's modes: the runtime's defaults first, then the variants (VARIANT_TAGS), then
 # dense (it turns the modules into plain nn.Linear, so it comes last).
-BENCH_E2E_MODES = ("palette+fused", "huffman", "palette", "palette+fused-wide", "palette+fused-xs", "huffman+ahead2",
-                   "palette+wide", "dense")
-E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm:xs", "huffman+ahead": "huffman:ahead",
+BENCH_E2E_MODES = ("palette+fused", "huffman", "palette", "palette+gemv", "palette+fused-wide", "palette+fused-xs",
+                   "huffman+ahead2", "palette+wide", "dense")
+E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm:xs", "palette+gemv": "gemv",
+                    "huffman+ahead": "huffman:ahead",
                     "huffman+ahead2": "huffman:ahead2", "palette+wide": "palette:wide"}
 
 
@@ -1769,6 +1816,7 @@ def _bench_moe(budget: "bu.Budget", path: str) -> dict:
 # name regex.  Three launches each; the third is measured.
 PROFILES = (  # in order of what they answer first; the step stops when its time is spent
     ("fused-32768x4096-M1", ["--kernel", "fused", "--rows", "32768", "--batch", "1"], "pmma"),
+    ("gemv-32768x4096-M1", ["--kernel", "gemv", "--rows", "32768", "--batch", "1"], "pgemv"),
     ("fused-32768x4096-M1-wide", ["--kernel", "fused", "--rows", "32768", "--batch", "1", "--stage-tiles", "2"],
      "pmma"),
     ("huffman-4096x4096-index256-ahead2", ["--kernel", "huffman", "--index", "256", "--variant", "ahead2"],
@@ -1778,6 +1826,7 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
     ("fused-4096x4096-M64", ["--kernel", "fused", "--batch", "64"], "pmma"),
     ("fused-4096x4096-M64-xs", ["--kernel", "fused", "--batch", "64", "--x-shared"], "pmma"),
     ("fused-4096x4096-M1", ["--kernel", "fused", "--batch", "1"], "pmma"),
+    ("gemv-4096x4096-M1", ["--kernel", "gemv", "--batch", "1"], "pgemv"),
     ("huffman-4096x4096-index256", ["--kernel", "huffman", "--index", "256"], "huffman_chain"),
     ("palette-4096x4096", ["--kernel", "palette"], "palette_decode"),
     ("palette-4096x4096-wide", ["--kernel", "palette", "--variant", "wide"], "palette_decode_wide"),
@@ -1820,6 +1869,8 @@ def _ncu_numbers(text: str) -> dict:
 def _profile_variant(args: list) -> str | None:
     """The VARIANT_TAGS entry a PROFILES command runs (None: a default kernel)."""
     kind = args[args.index("--kernel") + 1]
+    if kind == "gemv":
+        return "gemv"
     if kind == "fused":
         if "--stage-tiles" in args and args[args.index("--stage-tiles") + 1] != "1":
             return "gemm:wide"

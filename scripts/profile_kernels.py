@@ -8,7 +8,8 @@
 
 --kernel huffman / palette: the decode to BF16 (huffman with the checkpoint index at --index S,
 0 for the stream as stored, by the decoder --variant); fused: the palette matmul y = x W^T at batch --batch
-(--stage-tiles 2: its wide-stage variant; --x-shared: x shared per CTA).  The first
+(--stage-tiles 2: its wide-stage variant; --x-shared: x shared per CTA); gemv: the palette
+GEMV at batch --batch (1..4).  The first
 two launches warm the caches and tables.  The result is checked (decodes bitwise against the
 source weights; the matmul within 2x cuBLAS's error against a float64 reference); nothing is
 timed here (scripts/bench_decode.py and bench_kernels.py time).  Exit status 1 when a check
@@ -29,7 +30,7 @@ log = logging.getLogger("profile_kernels")
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", choices=("huffman", "palette", "fused"), default="huffman")
+    ap.add_argument("--kernel", choices=("huffman", "palette", "fused", "gemv"), default="huffman")
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--cols", type=int, default=4096)
     ap.add_argument("--index", type=int, default=256, help="huffman checkpoint interval S (0: as stored)")
@@ -59,11 +60,12 @@ def main(argv=None) -> int:
     if encoding == "huffman" and args.index:
         enc = tc.with_index(enc.header, enc.planes, chk_interval=args.index)
     ew = h.encoded_weight(enc, dev, err)
-    if args.kernel == "fused":
-        from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS
+    if args.kernel in ("fused", "gemv"):
+        from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV
         if args.x_shared and args.stage_tiles != 1:
             ap.error("--x-shared goes with --stage-tiles 1")
         path = PALETTE_GEMM_WIDE if args.stage_tiles == 2 else PALETTE_GEMM_XS if args.x_shared else PALETTE_GEMM
+        path = PALETTE_GEMV if args.kernel == "gemv" else path
         x = torch.randn((args.batch, args.cols), device=dev).to(torch.bfloat16)
         for _ in range(2):
             h.fused_op(ew, x, err, path)

@@ -46,6 +46,36 @@ void need(bool ok, const char* what) {
   if (!ok) throw py::value_error(what);
 }
 
+// The emulated fused kernels' operands: shapes checked, and each plane copied into a 16-byte
+// aligned host buffer (the kernels' 16-byte loads want aligned planes; numpy's need not be).
+struct AlignedCopy {
+  std::vector<uint64_t> store;
+  unsigned char* p = nullptr;
+  AlignedCopy(const void* src, size_t n) : store(n / 8 + 3) {
+    p = reinterpret_cast<unsigned char*>(store.data());
+    p += (16 - reinterpret_cast<uintptr_t>(p) % 16) % 16;
+    std::memcpy(p, src, n);
+  }
+};
+struct EmuOperands {
+  int M;
+  int64_t N, K, nv;
+  AlignedCopy x, sm, idx, vexp;
+  EmuOperands(const arr<uint16_t>& x_, const arr<uint8_t>& sm_, const arr<uint8_t>& idx_, const arr<uint32_t>& vpos,
+              const arr<uint8_t>& vexp_)
+      : M(static_cast<int>(x_.shape(0))), N(sm_.shape(0)), K(sm_.shape(1)), nv(vpos.size()),
+        x(x_.data(), x_.nbytes()), sm(sm_.data(), sm_.nbytes()), idx(idx_.data(), idx_.nbytes()),
+        vexp(vexp_.data(), vexp_.nbytes()) {}
+  const uint16_t* x16() const { return reinterpret_cast<const uint16_t*>(x.p); }
+};
+void check_emu_operands(const arr<uint16_t>& x, const arr<uint8_t>& sm, const arr<uint8_t>& idx,
+                        const arr<uint32_t>& vpos, const arr<uint8_t>& vexp) {
+  need(x.ndim() == 2 && sm.ndim() == 2, "x and sm must be 2-D");
+  need(x.shape(1) == sm.shape(1), "x width must equal K");
+  need(idx.size() == sm.shape(0) * ((sm.shape(1) + 1) / 2), "idx size mismatch");
+  need(vexp.size() == vpos.size() * PAL_BLOCK, "vexp size mismatch");
+}
+
 // Palette from its exponent bytes (1..16 of them, Python bytes / bytearray / uint8 array).
 Palette make_palette(const py::bytes& b) {
   const std::string s = b;
@@ -106,6 +136,15 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PMMA_SMEM_BYTES") = plan::PMMA_SMEM_BYTES;
   m.attr("PMMA_SUB_WIDE") = plan::PMMA_SUB_WIDE;
   m.attr("PMMA_X_ROW_BYTES") = plan::PMMA_X_ROW_BYTES;
+  m.attr("PGEMV_WARPS") = plan::PGEMV_WARPS;
+  m.attr("PGEMV_THREADS") = plan::PGEMV_THREADS;
+  m.attr("PGEMV_COLS") = plan::PGEMV_COLS;
+  m.attr("PGEMV_UNROLL") = plan::PGEMV_UNROLL;
+  m.attr("PGEMV_MAX_M") = plan::PGEMV_MAX_M;
+  m.attr("PGEMV_MAX_PARTS") = plan::PGEMV_MAX_PARTS;
+  m.attr("PGEMV_CTAS_PER_SM") = plan::PGEMV_CTAS_PER_SM;
+  m.attr("PGEMV_WARPS_PER_SM") = plan::PGEMV_WARPS_PER_SM;
+  m.attr("PGEMV_SMEM_BYTES") = plan::PGEMV_SMEM_BYTES;
   m.attr("PMMA_CHUNK_M") = plan::PMMA_CHUNK_M;
   m.attr("PMMA_MAX_M") = plan::PMMA_MAX_M;
   m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
@@ -153,6 +192,13 @@ PYBIND11_MODULE(_cuda, m) {
     return plan::pmma_smem_bytes(stage_tiles, ntiles, x_shared);
   });
   m.def("plan_pmma_workspace_max", &plan::pmma_workspace_max);
+  m.def("plan_pgemv_parts", &plan::pgemv_parts);
+  m.def("plan_pgemv_grid", &plan::pgemv_grid);
+  m.def("plan_pgemv_steps", [](int64_t K, int parts, int part) {
+    int64_t first = 0, last = 0;
+    plan::pgemv_steps(K, parts, part, &first, &last);
+    return py::make_tuple(first, last);
+  });
 
   // --------------------------------------------------------------------- device launches
   m.def("huffman_build_lut", [](uintptr_t table, int exp_lo, int exp_hi, uintptr_t lut, uintptr_t err,
@@ -270,6 +316,20 @@ PYBIND11_MODULE(_cuda, m) {
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on the tensor cores (M <= 256, K % 64 == 0); "
      "with splits > 1, ws is fp32 scratch [splits, M, N] and counters int32 [plan_pmma_counters(N)], zero; "
      "stage_tiles 1 or 2 (wide stages); x_shared 1: x staged once per CTA in shared memory (stage_tiles 1).");
+
+  m.def("palette_gemv", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
+                           py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int parts, uintptr_t y,
+                           int64_t ldy, uintptr_t stream) {
+    need(x && sm && idx && y, "null device pointer");
+    need(nv == 0 || (vpos && vexp), "null verbatim pointers");
+    check(cuda::palette_gemv(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx), N, K,
+                             make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp), parts,
+                             dev<uint16_t>(y), ldy, stream_of(stream)));
+  }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
+     py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("parts"), py::arg("y"),
+     py::arg("ldy"), py::arg("stream") = 0,
+     "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on CUDA cores (M <= 4, K % 64 == 0); parts: "
+     "warps per row (plan_pgemv_parts).");
 
   // --------------------------------------------------------------------- warp emulator self-tests
   m.def("emu_selftest_mma", [](arr<uint16_t> A, arr<uint16_t> B, arr<float> C) {
@@ -427,31 +487,18 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("emulate_palette_gemm", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
                                    arr<uint32_t> vpos, arr<uint8_t> vexp, int splits, bool force_general,
                                    int stage_tiles, int x_shared) {
-    need(x.ndim() == 2 && sm.ndim() == 2, "x and sm must be 2-D");
-    const int M = static_cast<int>(x.shape(0));
-    const int64_t N = sm.shape(0), K = sm.shape(1);
-    need(x.shape(1) == K, "x width must equal K");
-    need(idx.size() == N * ((K + 1) / 2), "idx size mismatch");
-    need(vexp.size() == vpos.size() * PAL_BLOCK, "vexp size mismatch");
-    const int64_t nv = vpos.size();
-    // The kernel's 16-byte loads want aligned planes: copy into aligned host buffers.
-    auto aligned_copy = [](const void* p, size_t n) {
-      std::vector<uint64_t> v(n / 8 + 3);
-      unsigned char* b = reinterpret_cast<unsigned char*>(v.data());
-      b += (16 - reinterpret_cast<uintptr_t>(b) % 16) % 16;
-      std::memcpy(b, p, n);
-      return std::make_pair(std::move(v), b);
-    };
-    auto xs = aligned_copy(x.data(), x.nbytes()), ss = aligned_copy(sm.data(), sm.nbytes()),
-         is = aligned_copy(idx.data(), idx.nbytes()), vs = aligned_copy(vexp.data(), vexp.nbytes());
+    check_emu_operands(x, sm, idx, vpos, vexp);
+    const EmuOperands o(x, sm, idx, vpos, vexp);
+    const int M = o.M;
+    const int64_t N = o.N, K = o.K, nv = o.nv;
     std::vector<float> ws(static_cast<size_t>(std::max<int64_t>(1, plan::pmma_workspace_elems(M, N, splits))));
     std::vector<int32_t> counters(static_cast<size_t>(plan::pmma_counters(N)), 0);
     arr<uint16_t> y({static_cast<int64_t>(M), N});
     const char* e;
     {
       py::gil_scoped_release nogil;
-      e = cuda::emulate::palette_gemm(reinterpret_cast<const uint16_t*>(xs.second), K, M, ss.second, is.second, N, K,
-                                      make_palette(palette), vpos.data(), nv, vs.second, splits, ws.data(),
+      e = cuda::emulate::palette_gemm(o.x16(), K, M, o.sm.p, o.idx.p, N, K, make_palette(palette), vpos.data(), nv,
+                                      o.vexp.p, splits, ws.data(),
                                       counters.data(), y.mutable_data(), N, force_general ? 1 : 0, stage_tiles,
                                       x_shared);
     }
@@ -461,4 +508,23 @@ PYBIND11_MODULE(_cuda, m) {
   }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
      py::arg("splits") = 1, py::arg("force_general") = false, py::arg("stage_tiles") = 1, py::arg("x_shared") = 0,
      "The fused GEMM's kernel body through the warp emulator: y uint16 (bf16 bits) [M, N].");
+
+  m.def("emulate_palette_gemv", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
+                                   arr<uint32_t> vpos, arr<uint8_t> vexp, int parts, bool force_general) {
+    check_emu_operands(x, sm, idx, vpos, vexp);
+    const EmuOperands o(x, sm, idx, vpos, vexp);
+    const int M = o.M;
+    const int64_t N = o.N, K = o.K, nv = o.nv;
+    arr<uint16_t> y({static_cast<int64_t>(M), N});
+    const char* e;
+    {
+      py::gil_scoped_release nogil;
+      e = cuda::emulate::palette_gemv(o.x16(), K, M, o.sm.p, o.idx.p, N, K, make_palette(palette), vpos.data(), nv,
+                                      o.vexp.p, parts, y.mutable_data(), N, force_general ? 1 : 0);
+    }
+    check(e);
+    return y;
+  }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
+     py::arg("parts") = 1, py::arg("force_general") = false,
+     "The palette GEMV's kernel body through the warp emulator: y uint16 (bf16 bits) [M, N].");
 }

@@ -114,6 +114,25 @@ constexpr int PMMA_CTAS_PER_SM = 4;
 constexpr int PMMA_MIN_SPLIT_TILES = 4;
 constexpr int64_t PMMA_MAX_SPLITS = 65535;  // gridDim.y
 
+// Palette GEMV on CUDA cores for batches of 1..PGEMV_MAX_M (palette_gemv.cu): a warp streams
+// PGEMV_COLS columns of one weight row per step straight into registers (16 sign+mantissa
+// bytes and 8 index bytes per lane, no shared-memory staging), PGEMV_UNROLL steps of loads in
+// flight and the next PGEMV_UNROLL issued while those are used.  A CTA of PGEMV_WARPS warps
+// holds PGEMV_WARPS / parts rows; the `parts` warps of a row split its K and add their sums in
+// part order through shared memory.
+constexpr int PGEMV_WARPS = 8;
+constexpr int PGEMV_THREADS = PGEMV_WARPS * WARP;
+constexpr int PGEMV_COLS = 512;
+constexpr int PGEMV_UNROLL = 2;
+constexpr int PGEMV_MAX_M = 4;
+constexpr int PGEMV_MAX_PARTS = PGEMV_WARPS;
+// CTAs an SM is planned to hold (the kernel's __launch_bounds__: up to 80 registers, what four
+// batch rows of accumulators, two batches of loads in flight and the decode hold unspilled).
+constexpr int PGEMV_CTAS_PER_SM = 3;
+constexpr int PGEMV_WARPS_PER_SM = PGEMV_CTAS_PER_SM * PGEMV_WARPS;
+// Shared memory: the parts' sums, [PGEMV_WARPS][PGEMV_MAX_M] fp32.
+constexpr int PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4;
+
 UW_PLAN_HD int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // --- huffman decode ---------------------------------------------------------------------
@@ -226,6 +245,26 @@ UW_PLAN_HD int64_t pmma_workspace_max(int64_t N, int64_t K, int64_t num_sms) {
     most = e > most ? e : most;
   }
   return most;
+}
+
+// --- palette GEMV ----------------------------------------------------------------------
+// Warps per row: the largest power of two (<= PGEMV_MAX_PARTS) that keeps N * parts within
+// what the SMs hold at once and leaves each part at least two PGEMV_UNROLL batches of steps;
+// 1 when the rows alone fill the device.  The same for every batch size, so are the bits.
+UW_PLAN_HD int pgemv_parts(int64_t N, int64_t K, int64_t num_sms) {
+  const int64_t steps = cdiv(K, PGEMV_COLS);
+  int p = 1;
+  while (2 * p <= PGEMV_MAX_PARTS && N * 2 * p <= num_sms * PGEMV_WARPS_PER_SM &&
+         steps >= 2 * p * 2 * PGEMV_UNROLL)
+    p *= 2;
+  return p;
+}
+UW_PLAN_HD int64_t pgemv_grid(int64_t N, int parts) { return cdiv(N * parts, PGEMV_WARPS); }
+// Steps of part `part` of `parts`: [first, last) of the row's cdiv(K, PGEMV_COLS) steps.
+UW_PLAN_HD void pgemv_steps(int64_t K, int parts, int part, int64_t* first, int64_t* last) {
+  const int64_t steps = cdiv(K, PGEMV_COLS), per = cdiv(steps, parts);
+  *first = part * per < steps ? part * per : steps;
+  *last = *first + per < steps ? *first + per : steps;
 }
 
 }  // namespace plan

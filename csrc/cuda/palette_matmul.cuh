@@ -26,7 +26,9 @@ namespace unweight {
 namespace cuda {
 namespace detail {
 
-struct PmmaArgs {
+// y = x W^T with W palette-coded: the operands the fused palette kernels share (this GEMM and
+// the GEMV of palette_gemv.cuh).
+struct PalProduct {
   const uint16_t* x;  // bf16 [M, ldx]
   int64_t ldx;
   int M;
@@ -37,12 +39,15 @@ struct PmmaArgs {
   const uint32_t* vpos;  // [nv] ascending block ids r * (K / 32) + b
   int64_t nv;
   const uint8_t* vexp;  // [nv, 32]
+  uint16_t* y;          // bf16 [M, ldy]
+  int64_t ldy;
+};
+
+struct PmmaArgs : PalProduct {
   int64_t split_tiles;  // K tiles per split (gridDim.y splits)
   int chunks;           // batch chunks of PMMA_CHUNK_M rows (gridDim.x = row blocks x chunks)
   float* ws;            // fp32 [splits, M, N] when splits > 1
   int32_t* counters;    // int32 [gridDim.x], zero before and after a launch (splits > 1)
-  uint16_t* y;          // bf16 [M, ldy]
-  int64_t ldy;
 };
 
 // Shared-memory reads (device: one LDS.128 / LDS.64; host: memcpy).

@@ -52,6 +52,13 @@ def _emulate(x, enc, splits=1, general=False, stage_tiles=1, x_shared=False):
 LAYOUTS = [(kp.PMMA_SUB_WIDE, False), (1, True)]
 
 
+def all_finite_weights(seed):
+    """The 65280 finite BF16 patterns (exponent != 255), shuffled into W [255, 256]."""
+    pats = np.arange(65536, dtype=np.uint32)
+    finite = pats[((pats >> 7) & 0xFF) != 0xFF].astype(np.uint16)
+    return np.random.default_rng(seed).permutation(finite).reshape(255, 256)
+
+
 def _fa_check(y, x, w):
     """flash-attention's criterion: max |kernel - fp32 ref| <= 2 max |bf16 GEMM - fp32 ref|."""
     xt = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
@@ -205,10 +212,7 @@ def test_every_finite_bf16_pattern_decodes_exactly(general):
     """W holds all 65280 finite BF16 patterns (the exponent-255 ones are the next test's): a
     one-hot x row picks one column of W, a single exact product, so y must equal W's column
     bit for bit (-0 becomes +0: the accumulator starts at +0)."""
-    pats = np.arange(65536, dtype=np.uint32)
-    finite = pats[((pats >> 7) & 0xFF) != 0xFF].astype(np.uint16)
-    rng = np.random.default_rng(0)
-    w = rng.permutation(finite).reshape(255, 256)
+    w = all_finite_weights(0)
     enc = tc.encode(w, "palette")
     assert enc.header.num_verbatim > 0
     for c0 in range(0, 256, 64):
@@ -221,17 +225,23 @@ def test_every_finite_bf16_pattern_decodes_exactly(general):
             assert np.array_equal(y, want)
 
 
-@needs_ext
-def test_inf_and_nan_weights_follow_ieee():
-    w = make_weights(40, 128, seed=4, spread=False)
-    w[3, 5], w[7, 70], w[9, 127] = 0x7F80, 0xFF80, 0x7FC1  # +inf, -inf, NaN
+def check_ieee_specials(run, M, K):
+    """run(x, enc) -> y bits: +inf, -inf and NaN weights give the float64 product's NaNs and
+    infinities."""
+    w = make_weights(40, K, seed=4, spread=False)
+    w[3, 5], w[7, K - 58], w[9, K - 1] = 0x7F80, 0xFF80, 0x7FC1  # +inf, -inf, NaN
     enc = tc.encode(w, "palette")
-    x = _x(5, 128, seed=6)
-    y = bf16_to_f64(_emulate(x, enc))
+    x = _x(M, K, seed=6)
+    y = bf16_to_f64(run(x, enc))
     ref = bf16_to_f64(x) @ bf16_to_f64(w).T
     assert np.array_equal(np.isnan(y), np.isnan(ref))
     inf = np.isinf(ref)
     assert np.array_equal(y[inf], ref[inf])
+
+
+@needs_ext
+def test_inf_and_nan_weights_follow_ieee():
+    check_ieee_specials(_emulate, 5, 128)
 
 
 @needs_ext

@@ -197,6 +197,26 @@ def test_shared_x_palette_gemm_gives_the_same_bits(M, NK):
     assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
 
 
+@pytest.mark.variant
+@pytest.mark.parametrize("NK", [(63, 192), (300, 320), (9, 4160), (1024, 4096), (4096, 1024), (128, 14336)])
+def test_palette_gemv_accuracy_determinism_and_batch_invariance(NK):
+    """The GEMV at batch 1..4: within 2x cuBLAS's error against FP64, repeats bit for bit, and a
+    batch row's bits the same at every batch size (its sums use only its own x row)."""
+    from unweight.runtime.tuning_table import PALETTE_GEMV
+    N, K = NK
+    w = make_weights(N, K, seed=N + 5 * K)
+    err = _err()
+    ew = encoded_weight(tc.encode(w, "palette"), "cuda", err)
+    x4 = bf16_tensor(make_weights(4, K, seed=N, spread=False), "cuda")
+    y4 = fused_op(ew, x4, None, PALETTE_GEMV)
+    assert torch.equal(fused_op(ew, x4, None, PALETTE_GEMV).view(torch.int16), y4.view(torch.int16))
+    for M in (1, 2, 3):
+        y = fused_op(ew, x4[:M].contiguous(), None, PALETTE_GEMV)
+        assert torch.equal(y.view(torch.int16), y4[:M].view(torch.int16))
+    assert fused_vs_cublas(ew, x4, w, err, PALETTE_GEMV)["passed"]
+    assert int(err.item()) == 0
+
+
 def test_fused_huffman_reports_corruption():
     _need_fused("huffman")
     from unweight.runtime import scratch

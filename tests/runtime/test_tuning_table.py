@@ -76,6 +76,7 @@ def test_choose_never_picks_a_path_not_faster_than_decode_cublas():
     assert c({"decode_cublas": 1.0, "palette_gemm": 0.8, "palette_gemm_wide": 0.7,
               "palette_gemm_xs": 0.6}) == tuning.PALETTE_GEMM_XS
     assert c({"decode_cublas": 0.5, "palette_gemm_xs": 0.6}) == tuning.DECODE_CUBLAS
+    assert c({"decode_cublas": 1.0, "palette_gemm": 0.8, "palette_gemv": 0.7}) == tuning.PALETTE_GEMV
     for _ in range(500):
         times = {k: float(v) for k, v in zip(tuning.CHOICES, rng.uniform(0.01, 1, len(tuning.CHOICES)))
                  if rng.random() < 0.8}
@@ -133,7 +134,9 @@ def test_user_cache_overrides_shipped_defaults(tmp_path):
 
 def test_candidates():
     both = ["palette_gemm", "palette_gemm_wide", "palette_gemm_xs"]  # the copy layouts
-    assert tuning.candidates("palette", 1, 4096, 512) == both
+    assert tuning.candidates("palette", 1, 4096, 512) == both + ["palette_gemv"]  # the GEMV at batch 1..4
+    assert tuning.candidates("palette", 4, 4096, 512) == both + ["palette_gemv"]
+    assert tuning.candidates("palette", 5, 4096, 512) == both
     assert tuning.candidates("palette", 64, 14336) == both
     assert tuning.candidates("palette", 16, 4100, 4100) == []  # K % 64 != 0
     assert tuning.candidates("palette", 256, 4096) == both

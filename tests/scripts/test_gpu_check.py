@@ -93,10 +93,11 @@ def test_every_variant_is_checked_benchmarked_and_profiled_by_tag():
     gc = _gpu_check_module()
     from unweight.runtime import kernel_plan as kp
     for tag in gc.VARIANT_TAGS:
-        kind, name = tag.split(":")
-        assert {"huffman": kp.HUFF_VARIANTS, "palette": kp.PAL_VARIANTS, "gemm": {"wide": 1, "xs": 1}}[kind][name]
+        kind, _, name = tag.partition(":")
+        assert {"huffman": kp.HUFF_VARIANTS, "palette": kp.PAL_VARIANTS, "gemm": {"wide": 1, "xs": 1},
+                "gemv": {"": 1}}[kind][name]
         assert f"variant={tag}" in gc.GROUPS and (f"variant={tag}", 60) in gc.CORRECTNESS_GROUPS
     assert set(gc.E2E_MODE_VARIANT.values()) <= set(gc.VARIANT_TAGS)
     assert gc.BENCH_E2E_MODES[-1] == "dense"
     tags = {gc._profile_variant(args) for _, args, _ in gc.PROFILES}
-    assert tags - {None} <= set(gc.VARIANT_TAGS) and {"gemm:wide", "gemm:xs", "huffman:ahead", "palette:wide"} <= tags
+    assert tags - {None} <= set(gc.VARIANT_TAGS) and {"gemm:wide", "gemm:xs", "gemv", "huffman:ahead", "palette:wide"} <= tags

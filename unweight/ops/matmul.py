@@ -21,7 +21,13 @@
         Both are views of the runtime's per-device buffers (runtime/scratch.py), so a forward
         allocates nothing but y.
 
-The CUDA kernel needs cols % 64 == 0 and 16-byte aligned planes (palette_supported); it
+    torch.ops.unweight.palette_gemv(x, sm, idx, vpos, vexp, rows, cols, palette, parts) -> y
+        The same product for batches of 1..4 on CUDA cores (a warp streams one row into
+        registers; PALETTE_GEMV): x bf16 [M, cols], y bf16 [M, rows], fp32 accumulation, one
+        rounding.  parts: warps per row (palette_gemv_parts(); 1, 2, 4 or 8), which sets the
+        order of the sums.  No workspace.
+
+The CUDA kernels need cols % 64 == 0 and 16-byte aligned planes (palette_supported); it
 raises ValueError / RuntimeError for what it refuses and the runtime dispatch falls back to
 decode + cuBLAS.  The CPU implementation decodes and multiplies in fp32 with one rounding
 (the reference the kernel is tested against) and ignores splits, workspace and counters.
@@ -42,7 +48,8 @@ from ..runtime import kernel_plan as plan
 from . import _ext
 
 __all__ = ["palette_matmul", "palette_splits", "palette_workspace_elems", "palette_workspace_max",
-           "palette_counters_elems", "palette_supported"]
+           "palette_counters_elems", "palette_supported", "palette_gemv", "palette_gemv_parts",
+           "palette_gemv_supported"]
 
 _SMS: dict = {}
 
@@ -114,18 +121,26 @@ def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, 
     return _reference(x, w)
 
 
+def _cuda_x(op: str, x: Tensor, cols: int, supported, max_m: int, planes: tuple) -> Tensor:
+    """x checked for a fused palette kernel `op` (bf16 [M, cols], M within `supported`), made
+    16-byte aligned with a unit column stride for the kernel's 16-byte loads."""
+    if x.dim() != 2 or x.size(1) != cols or x.dtype != torch.bfloat16:
+        raise ValueError(f"{op} takes bf16 x [M, {cols}], got {x.dtype} {tuple(x.shape)}")
+    if not supported(x.size(0), cols):
+        raise ValueError(f"{op} takes 1..{max_m} rows of x and cols % {plan.PMMA_TILE_K} == 0, "
+                         f"got {x.size(0)} rows, {cols} cols")
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        x = x.clone(memory_format=torch.contiguous_format)
+    _ext.require_contiguous(op, *planes[:4])
+    _ext.same_device(op, x, *planes)
+    return x
+
+
 @palette_matmul.register_kernel("cuda")
 def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False):
-    if x.dim() != 2 or x.size(1) != cols or x.dtype != torch.bfloat16:
-        raise ValueError(f"palette_matmul takes bf16 x [M, {cols}], got {x.dtype} {tuple(x.shape)}")
+    x = _cuda_x("palette_matmul", x, cols, palette_supported, plan.PMMA_MAX_M,
+                (sm, idx, vpos, vexp, workspace, counters))
     M = x.size(0)
-    if not palette_supported(M, cols):
-        raise ValueError(f"palette_matmul takes 1..{plan.PMMA_MAX_M} rows of x and cols % {plan.PMMA_TILE_K} == 0, "
-                         f"got {M} rows, {cols} cols")
-    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
-        x = x.clone(memory_format=torch.contiguous_format)  # fresh and aligned: the kernel's 16-byte x loads
-    _ext.require_contiguous("palette_matmul", sm, idx, vpos, vexp)
-    _ext.same_device("palette_matmul", x, sm, idx, vpos, vexp, workspace, counters)
     if splits > 1:
         if workspace.dtype != torch.float32 or workspace.numel() < palette_workspace_elems(M, rows, splits):
             raise ValueError("palette_matmul: workspace too small")
@@ -137,4 +152,46 @@ def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, 
                                         bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), splits,
                                         _ext.ptr(workspace), _ext.ptr(counters), _ext.ptr(y), y.stride(0),
                                         _ext.stream(x), stage_tiles, int(x_shared))
+    return y
+
+
+def palette_gemv_parts(rows: int, cols: int, device) -> int:
+    """Warps per row of the palette GEMV on `device` (kernel_plan.pgemv_parts; 1 off CUDA)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1
+    return plan.pgemv_parts(rows, cols, _num_sms(device))
+
+
+def palette_gemv_supported(M: int, cols: int) -> bool:
+    """Whether the CUDA GEMV takes a batch of M rows against a weight with `cols` columns."""
+    return plan.pgemv_supported(M, cols)
+
+
+@torch.library.custom_op("unweight::palette_gemv", mutates_args=())
+def palette_gemv(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, rows: int, cols: int,
+                 palette: List[int], parts: int) -> Tensor:
+    raise NotImplementedError(f"unweight::palette_gemv has no kernel for device {x.device}")
+
+
+@palette_gemv.register_fake
+def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts):
+    return x.new_empty((x.size(0), rows))
+
+
+@palette_gemv.register_kernel("cpu")
+def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts):
+    return torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, x.new_empty(0, dtype=torch.float32),
+                                             x.new_empty(0, dtype=torch.int32), rows, cols, palette, 1)
+
+
+@palette_gemv.register_kernel("cuda")
+def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts):
+    x = _cuda_x("palette_gemv", x, cols, palette_gemv_supported, plan.PGEMV_MAX_M, (sm, idx, vpos, vexp))
+    M = x.size(0)
+    y = torch.empty((M, rows), dtype=torch.bfloat16, device=x.device)
+    with torch.cuda.device_of(x):
+        _ext.cuda_module().palette_gemv(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
+                                        bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), parts,
+                                        _ext.ptr(y), y.stride(0), _ext.stream(x))
     return y

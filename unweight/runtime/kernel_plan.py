@@ -66,6 +66,19 @@ PMMA_CTAS_PER_SM = 4
 PMMA_MIN_SPLIT_TILES = 4
 PMMA_MAX_SPLITS = 65535
 
+# Palette GEMV (palette_gemv.cu): batches of 1..PGEMV_MAX_M on CUDA cores, a warp streaming
+# PGEMV_COLS columns of one row per step into registers; `parts` warps per row split K.
+PGEMV_WARPS = 8
+PGEMV_THREADS = PGEMV_WARPS * WARP
+PGEMV_COLS = 512
+PGEMV_UNROLL = 2
+PGEMV_MAX_M = 4
+PGEMV_MAX_PARTS = PGEMV_WARPS
+PGEMV_CTAS_PER_SM = 3
+PGEMV_WARPS_PER_SM = PGEMV_CTAS_PER_SM * PGEMV_WARPS
+PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -225,3 +238,31 @@ def pmma_workspace_max(N: int, K: int, num_sms: int) -> int:
 def pmma_supported(M: int, K: int) -> bool:
     """Whether palette_gemm takes this problem (else: decode + dense matmul)."""
     return pmma_ntiles(M) > 0 and K > 0 and K % PMMA_TILE_K == 0
+
+
+# --- palette GEMV ----------------------------------------------------------------------------
+def pgemv_parts(N: int, K: int, num_sms: int) -> int:
+    """Warps per row: the largest power of two (<= PGEMV_MAX_PARTS) keeping N * parts within the
+    warps the SMs hold and each part at least two PGEMV_UNROLL batches of steps."""
+    steps = cdiv(K, PGEMV_COLS)
+    p = 1
+    while 2 * p <= PGEMV_MAX_PARTS and N * 2 * p <= num_sms * PGEMV_WARPS_PER_SM and steps >= 2 * p * 2 * PGEMV_UNROLL:
+        p *= 2
+    return p
+
+
+def pgemv_grid(N: int, parts: int) -> int:
+    return cdiv(N * parts, PGEMV_WARPS)
+
+
+def pgemv_steps(K: int, parts: int, part: int) -> tuple[int, int]:
+    """[first, last) steps of PGEMV_COLS columns that part `part` of `parts` covers."""
+    steps = cdiv(K, PGEMV_COLS)
+    per = cdiv(steps, parts)
+    first = min(part * per, steps)
+    return first, min(first + per, steps)
+
+
+def pgemv_supported(M: int, K: int) -> bool:
+    """Whether the palette GEMV takes a batch of M rows against a weight with K columns."""
+    return 1 <= M <= PGEMV_MAX_M and K > 0 and K % PMMA_TILE_K == 0

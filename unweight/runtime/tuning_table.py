@@ -4,7 +4,7 @@ Pure data (no torch): the dispatch policy (runtime/policy.py) looks a choice up 
 under the key
 
     (device name, N, K, encoding, batch bucket)  ->  "decode_cublas" | "palette_gemm" | "palette_gemm_wide"
-                                                     | "palette_gemm_xs"
+                                                     | "palette_gemm_xs" | "palette_gemv"
 
 with N, K the weight's [N, K] shape, encoding "huffman" / "palette", and the batch bucket of
 M = x.numel() // K one of BUCKETS ("1", "2-4", "5-16", "17-64", "65-256", ">256").
@@ -51,10 +51,13 @@ PALETTE_GEMM_WIDE = "palette_gemm_wide"
 # loaded by each): the same bits, a quarter of the x traffic, which from batch ~8 rivals the
 # weight stream.
 PALETTE_GEMM_XS = "palette_gemm_xs"
+# Batches of 1..4 on CUDA cores: a warp streams a weight row into registers (ops.palette_gemv);
+# other sums' order than the GEMM's, within the same error bound.
+PALETTE_GEMV = "palette_gemv"
 # Times recorded under other names (a fused Huffman kernel some earlier tables list) are kept
 # out of every choice: only these paths exist.
-CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS)
-FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS)
+CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV)
+FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV)
 
 # (upper bound inclusive, name); the last bucket is open-ended.
 _BUCKET_BOUNDS = ((1, "1"), (4, "2-4"), (16, "5-16"), (64, "17-64"), (256, "65-256"))
@@ -105,13 +108,14 @@ def choose(times_ms: dict) -> str:
 
 def candidates(encoding: str, M: int, K: int, cols_per_chunk: int = 0) -> list[str]:
     """Fused paths that can run y = x @ W^T for this encoding and problem (besides
-    decode_cublas): the palette GEMM in its copy layouts (one- and two-tile stages, shared x),
-    for palette weights within
+    decode_cublas): the palette GEMM in its copy layouts (one- and two-tile stages, shared x)
+    and, at batch 1..4, the palette GEMV, for palette weights within
     its batch and shape limits; none for Huffman weights (cols_per_chunk is accepted for
     callers that pass the grid)."""
-    if encoding == "palette" and kp.pmma_supported(M, K):
-        return list(FUSED)
-    return []
+    if encoding != "palette":
+        return []
+    out = [p for p in FUSED if p != PALETTE_GEMV] if kp.pmma_supported(M, K) else []
+    return out + ([PALETTE_GEMV] if kp.pgemv_supported(M, K) else [])
 
 
 def entry_key(device: str, N: int, K: int, encoding: str, bucket_name: str) -> str:

@@ -1,0 +1,109 @@
+// Palette GEMV on CUDA cores (batches of 1..PGEMV_MAX_M): the kernel instantiations, the host
+// API (palette_gemv: argument checks, palette tables, grid) and its host emulation through
+// the warp emulator.  The body is pgemv_body in palette_gemv.cuh.
+//
+// __launch_bounds__(256, 3): 24 resident warps per SM (plan::PGEMV_WARPS_PER_SM), what the
+// parts heuristic plans for; it caps registers at 80 per thread (64 spilled up to 400 bytes
+// at four batch rows).
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "emu/warp_emu.h"
+#include "launch_util.h"
+#include "palette_gemv.cuh"
+
+namespace unweight {
+namespace cuda {
+namespace detail {
+namespace {
+
+template <int MB, bool kPaired>
+__global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_CTAS_PER_SM) pgemv_kernel(PgemvArgs a) {
+  emu::DeviceCtx c;
+  pgemv_body<MB, kPaired>(c, a);
+}
+
+const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
+                        int parts, const void* x, const void* sm, const void* idx, const void* vexp) {
+  if (M < 1 || M > plan::PGEMV_MAX_M) return "palette_gemv supports 1 <= M <= 4";
+  if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
+  if (K % plan::PMMA_TILE_K != 0) return "palette_gemv needs K % 64 == 0 (decode + matmul instead)";
+  if (ldx < K || ldx % 8 != 0) return "x row stride must be >= K and a multiple of 8";
+  if (ldy < N) return "y row stride must be >= N";
+  if (pal.size < 1 || pal.size > PAL_MAX_ENTRIES) return "palette must have 1..16 entries";
+  if (nv < 0 || nv > N * plan::blocks_per_row(K)) return "bad verbatim block count";
+  if (N * plan::blocks_per_row(K) > 0xFFFFFFFFll) return "matrix too large for uint32 block ids";
+  if (parts < 1 || parts > plan::PGEMV_MAX_PARTS || (parts & (parts - 1)) != 0)
+    return "palette_gemv: parts must be 1, 2, 4 or 8";
+  if (!grid_ok(plan::pgemv_grid(N, parts))) return "matrix too large for one launch";
+  if (!aligned(x, 16) || !aligned(sm, 16) || !aligned(idx, 16) || (nv > 0 && !aligned(vexp, 16)))
+    return "palette_gemv needs x, sm, idx and vexp 16-byte aligned";
+  return nullptr;
+}
+
+// Runs f(MB, paired) with both as compile-time constants.
+template <class F>
+void with_variant(int M, bool paired, F&& f) {
+  auto go = [&](auto mb) {
+    if (paired) f(mb, std::true_type{}); else f(mb, std::false_type{});
+  };
+  if (M == 1) go(std::integral_constant<int, 1>{});
+  else if (M == 2) go(std::integral_constant<int, 2>{});
+  else go(std::integral_constant<int, 4>{});
+}
+
+PgemvArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                    int64_t K, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts, uint16_t* y,
+                    int64_t ldy) {
+  PgemvArgs a{};
+  a.x = x; a.ldx = ldx; a.M = M;
+  a.sm = sm; a.idx = idx; a.N = N; a.K = K;
+  a.vpos = vpos; a.nv = nv; a.vexp = vexp;
+  a.parts = parts;
+  a.y = y; a.ldy = ldy;
+  return a;
+}
+
+}  // namespace
+
+template <int MB, bool kPaired>
+void launch_pgemv(const PgemvArgs& a, cudaStream_t s) {
+  pgemv_kernel<MB, kPaired><<<static_cast<unsigned>(plan::pgemv_grid(a.N, a.parts)), plan::PGEMV_THREADS,
+                              plan::PGEMV_SMEM_BYTES, s>>>(a);
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
+                         uint16_t* y, int64_t ldy, void* stream) {
+  if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp)) return e;
+  PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy);
+  const bool paired = pal_tables(pal, a.pt);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  with_variant(M, paired, [&](auto mb, auto p) { launch_pgemv<decltype(mb)::value, decltype(p)::value>(a, s); });
+  return launch_status();
+}
+
+namespace emulate {
+
+const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
+                         uint16_t* y, int64_t ldy, int force_general) {
+  if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp)) return e;
+  PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy);
+  const bool paired = pal_tables(pal, a.pt) && !force_general;
+  const char* err = nullptr;
+  with_variant(M, paired, [&](auto mb, auto p) {
+    err = emu::launch(plan::pgemv_grid(N, parts), 1, plan::PGEMV_THREADS, plan::PGEMV_SMEM_BYTES,
+                      [&](emu::ThreadCtx& c) { pgemv_body<decltype(mb)::value, decltype(p)::value>(c, a); });
+  });
+  return err;
+}
+
+}  // namespace emulate
+}  // namespace cuda
+}  // namespace unweight
