@@ -13,8 +13,8 @@ Stages (``--stage``, comma-separated, or ``all``):
                  counted on the device; CUDA-graph capture of the decode and fused ops.
                  The runtime's default kernels first; then each kernel variant that is not
                  the default (VARIANT_TAGS: look-ahead Huffman decoders, wide palette
-                 decode, wide-stage GEMM) in a process of its own, so that a variant's fault
-                 costs its own checks only.  Its verdicts go to .gpu_state/variants.json.
+                 decode, wide-stage and shared-x GEMM, the palette GEMV) in a process of its
+                 own, so that a variant's fault costs its own checks only.  Its verdicts go to .gpu_state/variants.json.
     sanitizer    compute-sanitizer memcheck, racecheck and synccheck over a driver that
                  launches every kernel once on small shapes: indexed chain decode, row
                  gathers and every variant included
