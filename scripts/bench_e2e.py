@@ -101,8 +101,8 @@ def forced_fused_policy(model, device, path: str = "palette_gemm"):
     for _, m in compressed_modules(model):
         if isinstance(m, CompressedLinear) and not m.is_tied:
             for M in (1, 4, 16):
-                fused = path if path != "palette_gemv" or M <= 4 else "palette_gemm"
-                fused = "huffman_gemm" if m.encoding_name == "huffman" else fused
+                fused = ("huffman_gemm" if m.encoding_name == "huffman"
+                         else "palette_gemm" if path == "palette_gemv" and M > 4 else path)
                 t.record(name, m.n_rows, m.n_cols, m.encoding_name, M, {"decode_cublas": 1.0, fused: 0.5})
     return pol
 

@@ -93,7 +93,8 @@ def decode_new(pieces: list, out_rows: int, cols: int) -> Tensor:
 def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
     """y = x2 @ W^T through the fused palette GEMM (`path`: PALETTE_GEMM, PALETTE_GEMM_WIDE for
     its two-tile copy stages, or PALETTE_GEMM_XS for x shared per CTA; the same bits) or, with
-    PALETTE_GEMV, the palette GEMV (batch 1..4; its own order of sums).  x2: bf16 [M, cols] unit column stride, on W's CUDA device.
+    PALETTE_GEMV, the palette GEMV (batch 1..4; its own order of sums).  x2: bf16 [M, cols]
+    unit column stride, on W's CUDA device.
     The split partials and arrival counters are views of the device's scratch, sized for every
     batch the kernel takes, so only a layer shape's first fused forward can grow them.  Raises
     what the op raises when the kernel refuses."""
