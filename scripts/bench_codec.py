@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Codec benchmark: unweight vs ZipNN side by side, in one run, on real and synthetic weights.
+"""Codec benchmark: unweight vs ZipNN and OpenZL side by side, in one run, on real and synthetic weights.
 
 Models: MiniLM-L6 (BF16), SmolLM2-135M (BF16), and a Gaussian N(0, 0.02) BF16 file of
 >= 256M weights with Llama-3.1-8B layer shapes.  For each: whole-checkpoint ratio (every
 output byte counted) for huffman and palette; the order-0 bound; in-memory compress and
 decompress GB/s (of BF16) at 1 and 2 threads, median of --repeat runs, for unweight and
-ZipNN 0.5.4; end-to-end CLI GB/s (files in, files out) and peak RSS of `unweight compress`.
+ZipNN 0.5.4; OpenZL 0.3.0 (exponents split out by its BFloat16Deconstruct node and coded with
+its FSE or its Huffman graph, sign+mantissa stored: the layout that compresses BF16 best among
+its stock graphs) at one thread, since its Python binding has no thread setting; end-to-end
+CLI GB/s (files in, files out) and peak RSS of `unweight compress`.
 
 Usage: python scripts/bench_codec.py [--models minilm,smollm2,gaussian] [--repeat 7] [--out PATH]
 Prints a table and writes JSON, by default benchmarks/results/codec-<date>-<machine>-<commit>.json
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -89,7 +93,38 @@ def timed(fn, repeat):
     return statistics.median(ts), out
 
 
-def bench_model(label, folder, threads_list, repeat, zipnn_ok):
+class OpenZL:
+    """OpenZL's stock BF16 layout: BFloat16Deconstruct, sign+mantissa stored, exponents coded
+    by `entropy` ("fse" or "huffman").  One compressor graph is built once and reused; each
+    tensor gets a fresh compression context, since an OpenZL CCtx refuses a second frame once
+    its graph is set."""
+
+    def __init__(self, entropy):
+        import openzl.ext as zl
+        self.zl = zl
+        self.compressor = zl.Compressor()
+        self.compressor.set_parameter(zl.CParam.FormatVersion, zl.MAX_FORMAT_VERSION)
+        coder = {"fse": zl.graphs.Fse, "huffman": zl.graphs.Huffman}[entropy]()
+        graph = zl.nodes.BFloat16Deconstruct().build_graph(
+            self.compressor, [zl.graphs.Store()(self.compressor), coder(self.compressor)])
+        self.compressor.select_starting_graph(graph)
+        self.dctx = zl.DCtx()
+
+    def compress(self, a):
+        """a: uint16 view of one BF16 tensor (CPU, C-contiguous) -> one OpenZL frame (bytes)."""
+        cctx = self.zl.CCtx()
+        cctx.ref_compressor(self.compressor)
+        return cctx.compress([self.zl.Input(self.zl.Type.Numeric, a.reshape(-1))])
+
+    def decompress(self, frame):
+        """One OpenZL frame -> uint16 array (flat)."""
+        return self.dctx.decompress(frame)[0].content.as_nparray()
+
+
+OPENZL_CODERS = ("fse", "huffman")
+
+
+def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False):
     ck = Checkpoint(folder)
     mats = [n for n in ck.names() if ck.info(n)[0] == "BF16" and len(ck.info(n)[1]) == 2 and ck.array(n).size >= 4096]
     tensors = {n: np.ascontiguousarray(ck.array(n)) for n in ck.names()}
@@ -110,6 +145,8 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok):
     if zipnn_ok:
         from zipnn import ZipNN
         blobs = [tensors[n].tobytes() for n in mats]
+    ozl = {e: OpenZL(e) for e in OPENZL_CODERS} if openzl_ok else {}
+    u16 = {n: tensors[n].view(np.uint16) for n in mats}
     for th in threads_list:
         # Every repeat times each contender once, alternating, so a load change on a shared
         # machine hits all of them alike; medians are taken per contender.
@@ -145,6 +182,17 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok):
                 rec("z_d", time.perf_counter() - t)
                 assert all(bytes(d) == b for d, b in zip(zdec, blobs)), "ZipNN round trip failed"
                 del zdec, copies
+            # OpenZL runs one thread whatever `th` is: timed once, in the first thread pass.
+            for e in ozl if th == threads_list[0] else ():
+                t = time.perf_counter()
+                ocomp = [ozl[e].compress(u16[n]) for n in mats]
+                rec(f"ozl_{e}_c", time.perf_counter() - t)
+                t = time.perf_counter()
+                odec = [ozl[e].decompress(c) for c in ocomp]
+                rec(f"ozl_{e}_d", time.perf_counter() - t)
+                assert all(d.tobytes() == u16[n].tobytes() for d, n in zip(odec, mats)), "OpenZL round trip failed"
+                encs[f"ozl_{e}"] = ocomp
+                del odec
         # Medians are the headline; the best run of each is kept too, since on a shared
         # machine the fastest repeat is the least disturbed one.
         med = {k: statistics.median(v) for k, v in times.items()}
@@ -170,6 +218,20 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok):
             res[f"paired_speed_ratio_t{th}"] = {
                 "compress": statistics.median(z / u for z, u in zip(times["z_c"], times["huffman_c"])),
                 "decompress": statistics.median(z / u for z, u in zip(times["z_d"], times["huffman_d"]))}
+        for e in ozl if th == threads_list[0] else ():
+            obytes = sum(len(c) for c in encs[f"ozl_{e}"])
+            res[f"openzl_{e}_t1"] = {"compress_gbps": enc_bytes / med[f"ozl_{e}_c"] / 1e9,
+                                     "decompress_gbps": enc_bytes / med[f"ozl_{e}_d"] / 1e9,
+                                     "best_compress_gbps": enc_bytes / best[f"ozl_{e}_c"] / 1e9,
+                                     "best_decompress_gbps": enc_bytes / best[f"ozl_{e}_d"] / 1e9,
+                                     "tensor_ratio": obytes / enc_bytes,
+                                     "checkpoint_ratio": (obytes + raw_bytes - enc_bytes) / raw_bytes,
+                                     # unweight huffman's speed over OpenZL's, per repeat (as for ZipNN)
+                                     "paired_speed_ratio": {
+                                         "compress": statistics.median(
+                                             o / u for o, u in zip(times[f"ozl_{e}_c"], times["huffman_c"])),
+                                         "decompress": statistics.median(
+                                             o / u for o, u in zip(times[f"ozl_{e}_d"], times["huffman_d"]))}}
         res[f"raw_seconds_t{th}"] = times
     # End-to-end CLI: files in, files out, and the child's peak RSS.
     with tempfile.TemporaryDirectory() as td:
@@ -210,6 +272,12 @@ def main():
     except ImportError:
         sys.stderr.write("zipnn not installed (pip install zipnn==0.5.4): running without the side-by-side\n")
         zipnn_ok = False
+    try:
+        import openzl.ext  # noqa: F401
+        openzl_ok = True
+    except ImportError:
+        sys.stderr.write("openzl not installed (pip install openzl==0.3.0): running without it\n")
+        openzl_ok = False
     threads = [int(t) for t in args.threads.split(",")]
     folders = {"minilm": ("MiniLM-L6 (BF16)", sources.bundled_minilm),
                "smollm2": ("SmolLM2-135M (BF16)", sources.bundled_smollm2),
@@ -218,7 +286,7 @@ def main():
     results = []
     for m in args.models.split(","):
         label, get = folders[m]
-        results.append(bench_model(label, get(), threads, args.repeat, zipnn_ok))
+        results.append(bench_model(label, get(), threads, args.repeat, zipnn_ok, openzl_ok))
     rows = []
     for r in results:
         for th in threads:
@@ -248,6 +316,16 @@ def main():
             q = r.get(f"paired_speed_ratio_t{th}")
             if q:
                 out.write(f"  {r['model']} t{th}: {q['compress']:.2f}x / {q['decompress']:.2f}x\n")
+    if openzl_ok:
+        out.write("OpenZL 0.3.0, one thread: checkpoint ratio (as ZipNN's), compress / decompress GB/s, "
+                  "unweight huffman t1 speed over it (median of per-repeat ratios):\n")
+        for r in results:
+            for e in OPENZL_CODERS:
+                o = r[f"openzl_{e}_t1"]
+                q = o["paired_speed_ratio"]
+                out.write(f"  {r['model']} {e}: {o['checkpoint_ratio']:.4f} (tensors {o['tensor_ratio']:.4f}), "
+                          f"{o['compress_gbps']:.2f} / {o['decompress_gbps']:.2f}, "
+                          f"{q['compress']:.2f}x / {q['decompress']:.2f}x\n")
     for r in results:
         out.write(f"{r['model']}: CLI compress {r['cli_compress_gbps']:.2f} GB/s, decompress {r['cli_decompress_gbps']:.2f} GB/s "
                   f"(files), peak RSS of compress {(r['cli_peak_rss_bytes'] or 0) / 1e6:.0f} MB, largest tensor "
@@ -256,7 +334,8 @@ def main():
     doc = {"benchmark": "bench_codec", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "load_average_at_end": os.getloadavg(), "repeat": args.repeat,
            "commit": commit, "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-           "zipnn_version": "0.5.4" if zipnn_ok else None, "results": results}
+           "zipnn_version": "0.5.4" if zipnn_ok else None,
+           "openzl_version": importlib.metadata.version("openzl") if openzl_ok else None, "results": results}
     path = args.out or bench_util.result_path("codec", bench_util.machine_tag(), commit)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
