@@ -13,6 +13,8 @@ CLI GB/s (files in, files out) and peak RSS of `unweight compress`.
 Usage: python scripts/bench_codec.py [--models minilm,smollm2,gaussian] [--repeat 7] [--out PATH]
 Prints a table and writes JSON, by default benchmarks/results/codec-<date>-<machine>-<commit>.json
 (benchmarks/README.md: method and names).
+       python scripts/bench_codec.py --summarize RUN.json [RUN.json ...]
+Prints the README's ratio and speed tables (markdown) from several runs of the same code.
 """
 from __future__ import annotations
 
@@ -84,6 +86,40 @@ def entropy_bound(ck: Checkpoint) -> float:
     return bits / 8 / nbytes
 
 
+def _entropy_bits(counts):
+    c = counts[counts > 0].astype(np.float64)
+    return float(-(c * np.log2(c / c.sum())).sum())
+
+
+def exponent_bits(mats, u16, huffman_encs, fse_frames, block=65536):
+    """Where the exponent bits go, bit/weight, for embedding matrices and the others apart:
+    unweight's exponent plane, OpenZL FSE's frame less its stored sign+mantissa bytes, and three
+    bounds: per-tensor order-0 entropy H(e), per-tensor conditional entropy H(e | m6 m5) (the
+    bound for unweight's context model), and order-0 entropy per `block` weights (what a coder
+    that re-estimates its statistics block by block could reach, tables not counted)."""
+    out = {}
+    for i, n in enumerate(mats):
+        u = u16[n].reshape(-1)
+        e = ((u >> 7) & 0xFF).astype(np.int64)
+        m = ((u >> 5) & 3).astype(np.int64)
+        g = out.setdefault("embeddings" if "embed" in n else "other", dict.fromkeys(
+            ("weights", "unweight_huffman", "openzl_fse", "h0", "h_ctx", "h0_blocks"), 0.0))
+        g["weights"] += u.size
+        g["unweight_huffman"] += 8 * len(huffman_encs[i].planes["__exp"])
+        if fse_frames is not None:
+            g["openzl_fse"] += 8 * (len(fse_frames[i]) - u.size)
+        g["h0"] += _entropy_bits(np.bincount(e, minlength=256))
+        g["h_ctx"] += _entropy_bits(np.bincount(e * 4 + m, minlength=1024)) - _entropy_bits(np.bincount(m, minlength=4))
+        g["h0_blocks"] += sum(_entropy_bits(np.bincount(e[j:j + block], minlength=256)) for j in range(0, u.size, block))
+    for g in out.values():
+        for k in g:
+            if k != "weights":
+                g[k] /= g["weights"]
+        if fse_frames is None:
+            g["openzl_fse"] = None
+    return out
+
+
 def timed(fn, repeat):
     ts = []
     for _ in range(repeat):
@@ -147,6 +183,7 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False):
         blobs = [tensors[n].tobytes() for n in mats]
     ozl = {e: OpenZL(e) for e in OPENZL_CODERS} if openzl_ok else {}
     u16 = {n: tensors[n].view(np.uint16) for n in mats}
+    ozl_frames = {}
     for th in threads_list:
         # Every repeat times each contender once, alternating, so a load change on a shared
         # machine hits all of them alike; medians are taken per contender.
@@ -191,7 +228,7 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False):
                 odec = [ozl[e].decompress(c) for c in ocomp]
                 rec(f"ozl_{e}_d", time.perf_counter() - t)
                 assert all(d.tobytes() == u16[n].tobytes() for d, n in zip(odec, mats)), "OpenZL round trip failed"
-                encs[f"ozl_{e}"] = ocomp
+                ozl_frames[e] = ocomp
                 del odec
         # Medians are the headline; the best run of each is kept too, since on a shared
         # machine the fastest repeat is the least disturbed one.
@@ -219,7 +256,7 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False):
                 "compress": statistics.median(z / u for z, u in zip(times["z_c"], times["huffman_c"])),
                 "decompress": statistics.median(z / u for z, u in zip(times["z_d"], times["huffman_d"]))}
         for e in ozl if th == threads_list[0] else ():
-            obytes = sum(len(c) for c in encs[f"ozl_{e}"])
+            obytes = sum(len(c) for c in ozl_frames[e])
             res[f"openzl_{e}_t1"] = {"compress_gbps": enc_bytes / med[f"ozl_{e}_c"] / 1e9,
                                      "decompress_gbps": enc_bytes / med[f"ozl_{e}_d"] / 1e9,
                                      "best_compress_gbps": enc_bytes / best[f"ozl_{e}_c"] / 1e9,
@@ -233,6 +270,7 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False):
                                          "decompress": statistics.median(
                                              o / u for o, u in zip(times[f"ozl_{e}_d"], times["huffman_d"]))}}
         res[f"raw_seconds_t{th}"] = times
+    res["exponent_bits"] = exponent_bits(mats, u16, encs["huffman"], ozl_frames.get("fse"))
     # End-to-end CLI: files in, files out, and the child's peak RSS.
     with tempfile.TemporaryDirectory() as td:
         out = os.path.join(td, "o")
@@ -258,7 +296,79 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False):
     return res
 
 
+def _spread(values, fmt="{:.2f}"):
+    lo, hi = min(values), max(values)
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+
+def summarize(paths, out=sys.stdout):
+    """README tables from runs of one commit: ratios (the same in every run, checked), and
+    per model and thread count the median over runs of each run's median GB/s, with the
+    spread over runs of unweight huffman's speed over each peer's."""
+    runs = [json.load(open(p)) for p in paths]
+    if len({r["commit"] for r in runs}) != 1:
+        raise SystemExit("error: --summarize takes runs of one commit")
+    by_model = [[r["results"][i] for r in runs] for i in range(len(runs[0]["results"]))]
+    med = statistics.median
+    out.write("| model | unweight huffman | unweight palette | ZipNN | OpenZL FSE | OpenZL Huffman | order-0 exponent bound |\n"
+              "|---|---|---|---|---|---|---|\n")
+    for rs in by_model:
+        r = rs[0]
+        for key in ("ratio_huffman", "ratio_palette"):
+            if len({x[key] for x in rs}) != 1:
+                raise SystemExit(f"error: {r['model']}: {key} differs between runs")
+        z = r.get("zipnn_t1", {}).get("checkpoint_ratio", float("nan"))
+        o = {e: r.get(f"openzl_{e}_t1", {}).get("checkpoint_ratio", float("nan")) for e in OPENZL_CODERS}
+        out.write(f"| {r['model']} | {r['ratio_huffman']:.4f} | {r['ratio_palette']:.4f} | {z:.4f} | "
+                  f"{o['fse']:.4f} | {o['huffman']:.4f} | {r['order0_bound']:.4f} |\n")
+    out.write("\n| model | threads | unweight huffman c / d | palette c / d | ZipNN c / d | "
+              "huffman / ZipNN, ratio of medians, c / d | same, median of per-repeat ratios |\n"
+              "|---|---|---|---|---|---|---|\n")
+    threads = sorted(int(k.rsplit("_t", 1)[1]) for k in by_model[0][0] if k.startswith("unweight_huffman_t"))
+    for rs in by_model:
+        for th in threads:
+            cell = {}
+            for who, key in (("h", f"unweight_huffman_t{th}"), ("p", f"unweight_palette_t{th}"), ("z", f"zipnn_t{th}")):
+                cell[who] = (med(x[key]["compress_gbps"] for x in rs), med(x[key]["decompress_gbps"] for x in rs))
+            rom = [(x[f"unweight_huffman_t{th}"]["compress_gbps"] / x[f"zipnn_t{th}"]["compress_gbps"],
+                    x[f"unweight_huffman_t{th}"]["decompress_gbps"] / x[f"zipnn_t{th}"]["decompress_gbps"]) for x in rs]
+            pr = [(x[f"paired_speed_ratio_t{th}"]["compress"], x[f"paired_speed_ratio_t{th}"]["decompress"]) for x in rs]
+            out.write(f"| {rs[0]['model']} | {th} | {cell['h'][0]:.2f} / {cell['h'][1]:.2f} | "
+                      f"{cell['p'][0]:.2f} / {cell['p'][1]:.2f} | {cell['z'][0]:.2f} / {cell['z'][1]:.2f} | "
+                      f"{_spread([a for a, _ in rom])} / {_spread([b for _, b in rom])} | "
+                      f"{_spread([a for a, _ in pr])} / {_spread([b for _, b in pr])} |\n")
+    if all("openzl_fse_t1" in x for rs in by_model for x in rs):
+        out.write("\n| model | unweight huffman c / d | OpenZL FSE c / d | OpenZL Huffman c / d | "
+                  "huffman / OpenZL FSE, c / d | huffman / OpenZL Huffman, c / d |\n|---|---|---|---|---|---|\n")
+        for rs in by_model:
+            h = [med(x["unweight_huffman_t1"][k] for x in rs) for k in ("compress_gbps", "decompress_gbps")]
+            o = {e: [med(x[f"openzl_{e}_t1"][k] for x in rs) for k in ("compress_gbps", "decompress_gbps")]
+                 for e in OPENZL_CODERS}
+            q = {e: [_spread([x[f"openzl_{e}_t1"]["paired_speed_ratio"][k] for x in rs])
+                     for k in ("compress", "decompress")] for e in OPENZL_CODERS}
+            out.write(f"| {rs[0]['model']} | {h[0]:.2f} / {h[1]:.2f} | {o['fse'][0]:.2f} / {o['fse'][1]:.2f} | "
+                      f"{o['huffman'][0]:.2f} / {o['huffman'][1]:.2f} | {q['fse'][0]} / {q['fse'][1]} | "
+                      f"{q['huffman'][0]} / {q['huffman'][1]} |\n")
+    out.write("\n| model | matrices | weights | unweight huffman | OpenZL FSE | H(e) per tensor | "
+              "H(e \\| m6 m5) per tensor | H(e) per 64Ki-weight block |\n|---|---|---|---|---|---|---|---|\n")
+    for rs in by_model:
+        for g, x in rs[0].get("exponent_bits", {}).items():
+            fse = "n/a" if x["openzl_fse"] is None else f"{x['openzl_fse']:.3f}"
+            out.write(f"| {rs[0]['model']} | {g} | {x['weights'] / 1e6:.1f}M | {x['unweight_huffman']:.3f} | {fse} | "
+                      f"{x['h0']:.3f} | {x['h_ctx']:.3f} | {x['h0_blocks']:.3f} |\n")
+    out.write("\n| model | `unweight compress` GB/s | `unweight decompress` GB/s | peak RSS of compress | largest tensor |\n"
+              "|---|---|---|---|---|\n")
+    for rs in by_model:
+        out.write(f"| {rs[0]['model']} | {_spread([x['cli_compress_gbps'] for x in rs])} | "
+                  f"{_spread([x['cli_decompress_gbps'] for x in rs])} | "
+                  f"{max(x['cli_peak_rss_bytes'] or 0 for x in rs) / 1e6:.0f} MB | "
+                  f"{rs[0]['largest_tensor_bytes'] / 1e6:.0f} MB |\n")
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--summarize":
+        summarize(sys.argv[2:])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="minilm,smollm2,gaussian")
     ap.add_argument("--threads", default="1,2")
@@ -326,6 +436,12 @@ def main():
                 out.write(f"  {r['model']} {e}: {o['checkpoint_ratio']:.4f} (tensors {o['tensor_ratio']:.4f}), "
                           f"{o['compress_gbps']:.2f} / {o['decompress_gbps']:.2f}, "
                           f"{q['compress']:.2f}x / {q['decompress']:.2f}x\n")
+    out.write("exponent bit/weight: unweight huffman, OpenZL FSE; bounds H(e), H(e | m6 m5), H(e) per 64Ki block:\n")
+    for r in results:
+        for g, x in r["exponent_bits"].items():
+            fse = "n/a" if x["openzl_fse"] is None else f"{x['openzl_fse']:.3f}"
+            out.write(f"  {r['model']} {g} ({x['weights'] / 1e6:.1f}M): {x['unweight_huffman']:.3f}, {fse}; "
+                      f"{x['h0']:.3f}, {x['h_ctx']:.3f}, {x['h0_blocks']:.3f}\n")
     for r in results:
         out.write(f"{r['model']}: CLI compress {r['cli_compress_gbps']:.2f} GB/s, decompress {r['cli_decompress_gbps']:.2f} GB/s "
                   f"(files), peak RSS of compress {(r['cli_peak_rss_bytes'] or 0) / 1e6:.0f} MB, largest tensor "
