@@ -105,7 +105,7 @@ def exponent_bits(mats, u16, huffman_encs, fse_frames, block=65536):
         g = out.setdefault("embeddings" if "embed" in n else "other", dict.fromkeys(
             ("weights", "unweight_huffman", "openzl_fse", "h0", "h_ctx", "h0_blocks"), 0.0))
         g["weights"] += u.size
-        g["unweight_huffman"] += 8 * len(huffman_encs[i].planes["__exp"])
+        g["unweight_huffman"] += 8 * memoryview(huffman_encs[i].planes["__exp"]).nbytes
         if fse_frames is not None:
             g["openzl_fse"] += 8 * (len(fse_frames[i]) - u.size)
         g["h0"] += _entropy_bits(np.bincount(e, minlength=256))
@@ -270,6 +270,10 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False):
                                          "decompress": statistics.median(
                                              o / u for o, u in zip(times[f"ozl_{e}_d"], times["huffman_d"]))}}
         res[f"raw_seconds_t{th}"] = times
+    # Bytes per plane over the matrices: with the raw tensors and the file size these say
+    # what the container itself costs (summarize).
+    res["huffman_plane_bytes"] = {k: sum(memoryview(e.planes[k]).nbytes for e in encs["huffman"])
+                                  for k in encs["huffman"][0].planes}
     res["exponent_bits"] = exponent_bits(mats, u16, encs["huffman"], ozl_frames.get("fse"))
     # End-to-end CLI: files in, files out, and the child's peak RSS.
     with tempfile.TemporaryDirectory() as td:
@@ -356,6 +360,18 @@ def summarize(paths, out=sys.stdout):
             fse = "n/a" if x["openzl_fse"] is None else f"{x['openzl_fse']:.3f}"
             out.write(f"| {rs[0]['model']} | {g} | {x['weights'] / 1e6:.1f}M | {x['unweight_huffman']:.3f} | {fse} | "
                       f"{x['h0']:.3f} | {x['h_ctx']:.3f} | {x['h0_blocks']:.3f} |\n")
+    out.write("\nhuffman file bytes over the input's, by part: matrix planes, other tensors raw, the rest "
+              "(safetensors header with every tensor's metadata), and the input's own header:\n")
+    for rs in by_model:
+        r = rs[0]
+        pb = r.get("huffman_plane_bytes")
+        if not pb:
+            continue
+        inp, raw_other = r["input_file_bytes"], r["tensor_bytes"] - r["encoded_tensor_bytes"]
+        rest = r["file_bytes_huffman"] - sum(pb.values()) - raw_other
+        parts = ", ".join(f"{k} {v / inp:.5f}" for k, v in pb.items())
+        out.write(f"  {r['model']}: {parts}; other tensors {raw_other / inp:.5f}; header {rest / inp:.5f} "
+                  f"(input's header {(inp - r['tensor_bytes']) / inp:.5f})\n")
     out.write("\n| model | `unweight compress` GB/s | `unweight decompress` GB/s | peak RSS of compress | largest tensor |\n"
               "|---|---|---|---|---|\n")
     for rs in by_model:
