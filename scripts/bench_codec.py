@@ -160,7 +160,55 @@ class OpenZL:
 OPENZL_CODERS = ("fse", "huffman")
 
 
-def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False):
+def _dfloat11_utils():
+    """DFloat11 0.5.0's encoder module, loaded by path: the package's __init__ loads its CUDA
+    kernel through cupy at import, which needs a GPU; the encoder itself does not."""
+    import importlib.util
+    spec = importlib.util.find_spec("dfloat11")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "dfloat11_utils.py")
+    mod_spec = importlib.util.spec_from_file_location("_dfloat11_utils", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod
+
+
+def dfloat11_sizes(mats, tensors, raw_bytes, enc_bytes):
+    """DFloat11's checkpoint ratio as its own encoder writes it: one Huffman code (lengths up
+    to 32 bits) per transformer block over all of the block's matrices, and one per matrix
+    outside a block (embeddings, lm_head), as its compress_model groups them; counted are
+    every buffer it stores (exponent stream, sign+mantissa bytes, output positions, 5-bit
+    gaps, lookup tables, split positions), other tensors raw.  Its decoder is GPU-only and
+    is not run here.  Slow by design of its encoder (a Python loop per weight)."""
+    import contextlib
+    import re
+    import warnings
+
+    import torch
+    du = _dfloat11_utils()
+    blocks = {}
+    for n in mats:
+        m = re.match(r"^(.*?\.(?:layers?|h|blocks?)\.\d+)\.", n)
+        blocks.setdefault(m.group(1) if m else n, []).append(n)
+    total, t0 = 0, time.perf_counter()
+    # Its encoder prints code tables and progress bars, and hands torch a read-only array.
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for names in blocks.values():
+            weights = [torch.from_numpy(tensors[n].view(np.int16).reshape(-1).copy()).view(torch.bfloat16)
+                       for n in names]
+            _, counter = du.get_codec(torch.cat(weights))
+            codec, _, table = du.get_32bit_codec(counter)
+            luts = du.get_luts(table)
+            encoded, other, positions, gaps, splits = du.encode_weights(weights, codec, 8, 512)
+            total += sum(t.numel() * t.element_size() for t in (luts, encoded, other, positions, gaps, splits))
+    return {"checkpoint_ratio": (total + raw_bytes - enc_bytes) / raw_bytes, "tensor_ratio": total / enc_bytes,
+            "blocks": len(blocks), "encode_seconds": time.perf_counter() - t0}
+
+
+def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False, dfloat11=False):
     ck = Checkpoint(folder)
     mats = [n for n in ck.names() if ck.info(n)[0] == "BF16" and len(ck.info(n)[1]) == 2 and ck.array(n).size >= 4096]
     tensors = {n: np.ascontiguousarray(ck.array(n)) for n in ck.names()}
@@ -177,6 +225,8 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False):
     # In-memory codec speed, per tensor as ZipNN is measured (bytes in, bytes out).
     enc_bytes = sum(tensors[n].nbytes for n in mats)
     res["encoded_tensor_bytes"] = enc_bytes
+    if dfloat11:
+        res["dfloat11"] = dfloat11_sizes(mats, tensors, raw_bytes, enc_bytes)
     z = None
     if zipnn_ok:
         from zipnn import ZipNN
@@ -360,6 +410,10 @@ def summarize(paths, out=sys.stdout):
             fse = "n/a" if x["openzl_fse"] is None else f"{x['openzl_fse']:.3f}"
             out.write(f"| {rs[0]['model']} | {g} | {x['weights'] / 1e6:.1f}M | {x['unweight_huffman']:.3f} | {fse} | "
                       f"{x['h0']:.3f} | {x['h_ctx']:.3f} | {x['h0_blocks']:.3f} |\n")
+    for rs in by_model:
+        if "dfloat11" in rs[0]:
+            d = rs[0]["dfloat11"]
+            out.write(f"\nDFloat11 0.5.0, {rs[0]['model']}: {d['checkpoint_ratio']:.4f} ({d['blocks']} codes)\n")
     out.write("\nhuffman file bytes over the input's, by part: matrix planes, other tensors raw, the rest "
               "(safetensors header with every tensor's metadata), and the input's own header:\n")
     for rs in by_model:
@@ -391,6 +445,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--gaussian-weights", type=int, default=256 * 2**20)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--dfloat11", action="store_true",
+                    help="also DFloat11 0.5.0's ratio through its own encoder (pip install --no-deps dfloat11==0.5.0 "
+                         "dahuffman==0.4.2; minutes per 100M weights)")
     args = ap.parse_args()
     try:
         import zipnn  # noqa: F401
@@ -404,6 +461,8 @@ def main():
     except ImportError:
         sys.stderr.write("openzl not installed (pip install openzl==0.3.0): running without it\n")
         openzl_ok = False
+    if args.dfloat11 and _dfloat11_utils() is None:
+        raise SystemExit("error: --dfloat11 needs dfloat11 0.5.0 (pip install --no-deps dfloat11==0.5.0 dahuffman==0.4.2)")
     threads = [int(t) for t in args.threads.split(",")]
     folders = {"minilm": ("MiniLM-L6 (BF16)", sources.bundled_minilm),
                "smollm2": ("SmolLM2-135M (BF16)", sources.bundled_smollm2),
@@ -412,7 +471,7 @@ def main():
     results = []
     for m in args.models.split(","):
         label, get = folders[m]
-        results.append(bench_model(label, get(), threads, args.repeat, zipnn_ok, openzl_ok))
+        results.append(bench_model(label, get(), threads, args.repeat, zipnn_ok, openzl_ok, args.dfloat11))
     rows = []
     for r in results:
         for th in threads:
@@ -452,6 +511,11 @@ def main():
                 out.write(f"  {r['model']} {e}: {o['checkpoint_ratio']:.4f} (tensors {o['tensor_ratio']:.4f}), "
                           f"{o['compress_gbps']:.2f} / {o['decompress_gbps']:.2f}, "
                           f"{q['compress']:.2f}x / {q['decompress']:.2f}x\n")
+    for r in results:
+        if "dfloat11" in r:
+            d = r["dfloat11"]
+            out.write(f"DFloat11 0.5.0 {r['model']}: checkpoint ratio {d['checkpoint_ratio']:.4f} (tensors "
+                      f"{d['tensor_ratio']:.4f}, {d['blocks']} codes), its encoder {d['encode_seconds']:.0f} s\n")
     out.write("exponent bit/weight: unweight huffman, OpenZL FSE; bounds H(e), H(e | m6 m5), H(e) per 64Ki block:\n")
     for r in results:
         for g, x in r["exponent_bits"].items():
@@ -467,7 +531,8 @@ def main():
            "load_average_at_end": os.getloadavg(), "repeat": args.repeat,
            "commit": commit, "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
            "zipnn_version": "0.5.4" if zipnn_ok else None,
-           "openzl_version": importlib.metadata.version("openzl") if openzl_ok else None, "results": results}
+           "openzl_version": importlib.metadata.version("openzl") if openzl_ok else None,
+           "dfloat11_version": importlib.metadata.version("dfloat11") if args.dfloat11 else None, "results": results}
     path = args.out or bench_util.result_path("codec", bench_util.machine_tag(), commit)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:

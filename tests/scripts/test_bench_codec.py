@@ -93,3 +93,19 @@ def test_openzl_contender_round_trip(coder):
     assert z.decompress(frames[0]).tobytes() == a.tobytes()
     assert z.decompress(frames[1]).tobytes() == a[:17].tobytes()
     assert len(frames[0]) < 0.7 * a.nbytes
+
+
+def test_dfloat11_sizes_groups_blocks():
+    if bc._dfloat11_utils() is None:
+        pytest.skip("dfloat11 not installed")
+    pytest.importorskip("dahuffman")
+    rng = np.random.default_rng(7)
+    mats = {"model.embed_tokens.weight": _bf16(rng, (64, 128), 0.02),
+            "model.layers.0.mlp.up_proj.weight": _bf16(rng, (128, 64), 0.02),
+            "model.layers.0.self_attn.q_proj.weight": _bf16(rng, (64, 64), 0.02),
+            "model.layers.1.mlp.up_proj.weight": _bf16(rng, (128, 64), 0.02)}
+    enc = sum(a.nbytes for a in mats.values())
+    d = bc.dfloat11_sizes(list(mats), mats, enc + 100, enc)
+    assert d["blocks"] == 3  # the embedding alone, then one code per layer
+    assert 0.6 < d["tensor_ratio"] < 0.8
+    assert d["checkpoint_ratio"] == pytest.approx((d["tensor_ratio"] * enc + 100) / (enc + 100))
