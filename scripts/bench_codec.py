@@ -174,13 +174,15 @@ def _dfloat11_utils():
     return mod
 
 
-def dfloat11_sizes(mats, tensors, raw_bytes, enc_bytes):
+def dfloat11_sizes(mats, tensors, raw_bytes, enc_bytes, verify=False):
     """DFloat11's checkpoint ratio as its own encoder writes it: one Huffman code (lengths up
     to 32 bits) per transformer block over all of the block's matrices, and one per matrix
     outside a block (embeddings, lm_head), as its compress_model groups them; counted are
     every buffer it stores (exponent stream, sign+mantissa bytes, output positions, 5-bit
     gaps, lookup tables, split positions), other tensors raw.  Its decoder is GPU-only and
-    is not run here.  Slow by design of its encoder (a Python loop per weight)."""
+    is not run here; verify=True (what --dfloat11 runs) instead decodes each exponent stream with the encoder's own
+    codec (dahuffman, pure Python: for small inputs) and compares every BF16 word rebuilt from
+    it and the sign+mantissa bytes.  Slow by design of its encoder (a Python loop per weight)."""
     import contextlib
     import re
     import warnings
@@ -204,8 +206,15 @@ def dfloat11_sizes(mats, tensors, raw_bytes, enc_bytes):
             luts = du.get_luts(table)
             encoded, other, positions, gaps, splits = du.encode_weights(weights, codec, 8, 512)
             total += sum(t.numel() * t.element_size() for t in (luts, encoded, other, positions, gaps, splits))
+            if verify:
+                exps = np.array(list(codec.decode(encoded.numpy().tobytes(), concat=list)), dtype=np.uint16)
+                sm = other.numpy().astype(np.uint16)
+                words = ((sm & 0x80) << 8) | (exps << 7) | (sm & 0x7F)
+                if words.tobytes() != np.concatenate([tensors[n].view(np.uint16).reshape(-1) for n in names]).tobytes():
+                    raise RuntimeError("DFloat11 round trip failed")
     return {"checkpoint_ratio": (total + raw_bytes - enc_bytes) / raw_bytes, "tensor_ratio": total / enc_bytes,
-            "blocks": len(blocks), "encode_seconds": time.perf_counter() - t0}
+            "blocks": len(blocks), "round_trip_checked": bool(verify),
+            ("encode_and_check_seconds" if verify else "encode_seconds"): time.perf_counter() - t0}
 
 
 def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False, dfloat11=False):
@@ -226,7 +235,7 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False, 
     enc_bytes = sum(tensors[n].nbytes for n in mats)
     res["encoded_tensor_bytes"] = enc_bytes
     if dfloat11:
-        res["dfloat11"] = dfloat11_sizes(mats, tensors, raw_bytes, enc_bytes)
+        res["dfloat11"] = dfloat11_sizes(mats, tensors, raw_bytes, enc_bytes, verify=True)
     z = None
     if zipnn_ok:
         from zipnn import ZipNN
@@ -446,8 +455,9 @@ def main():
     ap.add_argument("--gaussian-weights", type=int, default=256 * 2**20)
     ap.add_argument("--out", default=None)
     ap.add_argument("--dfloat11", action="store_true",
-                    help="also DFloat11 0.5.0's ratio through its own encoder (pip install --no-deps dfloat11==0.5.0 "
-                         "dahuffman==0.4.2; minutes per 100M weights)")
+                    help="also DFloat11 0.5.0's ratio through its own encoder, its streams decoded back through its "
+                         "codec and compared (pip install --no-deps dfloat11==0.5.0 dahuffman==0.4.2; minutes "
+                         "per 100M weights)")
     args = ap.parse_args()
     try:
         import zipnn  # noqa: F401
@@ -515,7 +525,8 @@ def main():
         if "dfloat11" in r:
             d = r["dfloat11"]
             out.write(f"DFloat11 0.5.0 {r['model']}: checkpoint ratio {d['checkpoint_ratio']:.4f} (tensors "
-                      f"{d['tensor_ratio']:.4f}, {d['blocks']} codes), its encoder {d['encode_seconds']:.0f} s\n")
+                      f"{d['tensor_ratio']:.4f}, {d['blocks']} codes), its encoder and the round-trip check "
+                      f"{d['encode_and_check_seconds']:.0f} s\n")
     out.write("exponent bit/weight: unweight huffman, OpenZL FSE; bounds H(e), H(e | m6 m5), H(e) per 64Ki block:\n")
     for r in results:
         for g, x in r["exponent_bits"].items():

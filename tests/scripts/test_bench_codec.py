@@ -105,7 +105,8 @@ def test_dfloat11_sizes_groups_blocks():
             "model.layers.0.self_attn.q_proj.weight": _bf16(rng, (64, 64), 0.02),
             "model.layers.1.mlp.up_proj.weight": _bf16(rng, (128, 64), 0.02)}
     enc = sum(a.nbytes for a in mats.values())
-    d = bc.dfloat11_sizes(list(mats), mats, enc + 100, enc)
+    mats["model.layers.1.mlp.up_proj.weight"][0, :4] = [0x7FC1, 0xFF80, 0x0001, 0x8000]
+    d = bc.dfloat11_sizes(list(mats), mats, enc + 100, enc, verify=True)  # its stream decodes to the weights
     assert d["blocks"] == 3  # the embedding alone, then one code per layer
     assert 0.6 < d["tensor_ratio"] < 0.8
     assert d["checkpoint_ratio"] == pytest.approx((d["tensor_ratio"] * enc + 100) / (enc + 100))
