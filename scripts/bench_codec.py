@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Codec benchmark: unweight vs ZipNN and OpenZL side by side, in one run, on real and synthetic weights.
+"""Codec benchmark: unweight vs ZipNN, OpenZL and DFloat11 side by side, in one run, on real and synthetic weights.
 
 Models: MiniLM-L6 (BF16), SmolLM2-135M (BF16), and a Gaussian N(0, 0.02) BF16 file of
 >= 256M weights with Llama-3.1-8B layer shapes.  For each: whole-checkpoint ratio (every
@@ -8,7 +8,8 @@ decompress GB/s (of BF16) at 1 and 2 threads, median of --repeat runs, for unwei
 ZipNN 0.5.4; OpenZL 0.3.0 (exponents split out by its BFloat16Deconstruct node and coded with
 its FSE or its Huffman graph, sign+mantissa stored: the layout that compresses BF16 best among
 its stock graphs) at one thread, since its Python binding has no thread setting; end-to-end
-CLI GB/s (files in, files out) and peak RSS of `unweight compress`.
+CLI GB/s (files in, files out) and peak RSS of `unweight compress`.  With --dfloat11, also
+DFloat11 0.5.0's ratio through its own encoder (dfloat11_sizes).
 
 Usage: python scripts/bench_codec.py [--models minilm,smollm2,gaussian] [--repeat 7] [--out PATH]
 Prints a table and writes JSON, by default benchmarks/results/codec-<date>-<machine>-<commit>.json
@@ -70,6 +71,12 @@ def gaussian_checkpoint(folder: str, min_weights: int = 256 * 2**20, seed: int =
     return folder
 
 
+def _entropy_bits(counts):
+    """Total bits of an ideal order-0 code for symbols with these counts."""
+    c = counts[counts > 0].astype(np.float64)
+    return float(-(c * np.log2(c / c.sum())).sum())
+
+
 def entropy_bound(ck: Checkpoint) -> float:
     """Order-0 bound: exponent at its per-tensor entropy, sign+mantissa raw, other tensors raw."""
     bits, nbytes = 0.0, 0
@@ -78,17 +85,10 @@ def entropy_bound(ck: Checkpoint) -> float:
         nbytes += e - b
         a = ck.array(n)
         if dt == "BF16" and len(shape) == 2 and a.size >= 4096:
-            cnt = np.bincount(((a.reshape(-1) >> 7) & 0xFF), minlength=256).astype(np.float64)
-            p = cnt[cnt > 0] / a.size
-            bits += a.size * (8 - (p * np.log2(p)).sum())
+            bits += 8 * a.size + _entropy_bits(np.bincount((a.reshape(-1) >> 7) & 0xFF, minlength=256))
         else:
             bits += 8 * (e - b)
     return bits / 8 / nbytes
-
-
-def _entropy_bits(counts):
-    c = counts[counts > 0].astype(np.float64)
-    return float(-(c * np.log2(c / c.sum())).sum())
 
 
 def exponent_bits(mats, u16, huffman_encs, fse_frames, block=65536):
@@ -180,9 +180,10 @@ def dfloat11_sizes(mats, tensors, raw_bytes, enc_bytes, verify=False):
     outside a block (embeddings, lm_head), as its compress_model groups them; counted are
     every buffer it stores (exponent stream, sign+mantissa bytes, output positions, 5-bit
     gaps, lookup tables, split positions), other tensors raw.  Its decoder is GPU-only and
-    is not run here; verify=True (what --dfloat11 runs) instead decodes each exponent stream with the encoder's own
-    codec (dahuffman, pure Python: for small inputs) and compares every BF16 word rebuilt from
-    it and the sign+mantissa bytes.  Slow by design of its encoder (a Python loop per weight)."""
+    is not run here; verify=True (what --dfloat11 runs) instead decodes each exponent stream
+    with the encoder's own codec (dahuffman, pure Python) and compares every BF16 word rebuilt
+    from it and the sign+mantissa bytes.  Slow by design of its encoder (a Python loop per
+    weight)."""
     import contextlib
     import re
     import warnings
@@ -215,6 +216,14 @@ def dfloat11_sizes(mats, tensors, raw_bytes, enc_bytes, verify=False):
     return {"checkpoint_ratio": (total + raw_bytes - enc_bytes) / raw_bytes, "tensor_ratio": total / enc_bytes,
             "blocks": len(blocks), "round_trip_checked": bool(verify),
             ("encode_and_check_seconds" if verify else "encode_seconds"): time.perf_counter() - t0}
+
+
+def paired_speed_ratio(times, peer, own="huffman"):
+    """unweight's speed over a peer's, as the median of per-repeat time ratios: within one
+    repeat the two ran back to back, so this is what a load change between repeats (this
+    VM's steal time) disturbs least.  times: {key: [seconds per repeat]}, keys <who>_c, <who>_d."""
+    return {what: statistics.median(p / u for p, u in zip(times[f"{peer}_{k}"], times[f"{own}_{k}"]))
+            for what, k in (("compress", "c"), ("decompress", "d"))}
 
 
 def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False, dfloat11=False):
@@ -308,12 +317,7 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False, 
                                    "best_decompress_gbps": enc_bytes / best["z_d"] / 1e9,
                                    "tensor_ratio": sum(len(c) for c in zcomp) / enc_bytes,
                                    "checkpoint_ratio": zbytes / raw_bytes}
-            # Within one repeat the two ran back to back, so the ratio of their times there is
-            # what a load change between repeats (this VM's steal time) disturbs least; the
-            # median of these per-repeat ratios is reported beside the ratio of the medians.
-            res[f"paired_speed_ratio_t{th}"] = {
-                "compress": statistics.median(z / u for z, u in zip(times["z_c"], times["huffman_c"])),
-                "decompress": statistics.median(z / u for z, u in zip(times["z_d"], times["huffman_d"]))}
+            res[f"paired_speed_ratio_t{th}"] = paired_speed_ratio(times, "z")
         for e in ozl if th == threads_list[0] else ():
             obytes = sum(len(c) for c in ozl_frames[e])
             res[f"openzl_{e}_t1"] = {"compress_gbps": enc_bytes / med[f"ozl_{e}_c"] / 1e9,
@@ -322,12 +326,7 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False, 
                                      "best_decompress_gbps": enc_bytes / best[f"ozl_{e}_d"] / 1e9,
                                      "tensor_ratio": obytes / enc_bytes,
                                      "checkpoint_ratio": (obytes + raw_bytes - enc_bytes) / raw_bytes,
-                                     # unweight huffman's speed over OpenZL's, per repeat (as for ZipNN)
-                                     "paired_speed_ratio": {
-                                         "compress": statistics.median(
-                                             o / u for o, u in zip(times[f"ozl_{e}_c"], times["huffman_c"])),
-                                         "decompress": statistics.median(
-                                             o / u for o, u in zip(times[f"ozl_{e}_d"], times["huffman_d"]))}}
+                                     "paired_speed_ratio": paired_speed_ratio(times, f"ozl_{e}")}
         res[f"raw_seconds_t{th}"] = times
     # Bytes per plane over the matrices: with the raw tensors and the file size these say
     # what the container itself costs (summarize).

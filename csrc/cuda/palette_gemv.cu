@@ -29,11 +29,7 @@ const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, c
   if (M < 1 || M > plan::PGEMV_MAX_M) return "palette_gemv supports 1 <= M <= 4";
   if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
   if (K % plan::PMMA_TILE_K != 0) return "palette_gemv needs K % 64 == 0 (decode + matmul instead)";
-  if (ldx < K || ldx % 8 != 0) return "x row stride must be >= K and a multiple of 8";
-  if (ldy < N) return "y row stride must be >= N";
-  if (pal.size < 1 || pal.size > PAL_MAX_ENTRIES) return "palette must have 1..16 entries";
-  if (nv < 0 || nv > N * plan::blocks_per_row(K)) return "bad verbatim block count";
-  if (N * plan::blocks_per_row(K) > 0xFFFFFFFFll) return "matrix too large for uint32 block ids";
+  if (const char* e = check_pal_product(N, K, ldx, ldy, pal.size, nv)) return e;
   if (parts < 1 || parts > plan::PGEMV_MAX_PARTS || (parts & (parts - 1)) != 0)
     return "palette_gemv: parts must be 1, 2, 4 or 8";
   if (!grid_ok(plan::pgemv_grid(N, parts))) return "matrix too large for one launch";

@@ -37,11 +37,7 @@ const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, co
   if (x_shared && stage_tiles != 1) return "palette_gemm: shared x goes with stage_tiles = 1";
   if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
   if (K % plan::PMMA_TILE_K != 0) return "palette_gemm needs K % 64 == 0 (decode + matmul instead)";
-  if (ldx < K || ldx % 8 != 0) return "x row stride must be >= K and a multiple of 8";
-  if (ldy < N) return "y row stride must be >= N";
-  if (pal.size < 1 || pal.size > PAL_MAX_ENTRIES) return "palette must have 1..16 entries";
-  if (nv < 0 || nv > N * plan::blocks_per_row(K)) return "bad verbatim block count";
-  if (N * plan::blocks_per_row(K) > 0xFFFFFFFFll) return "matrix too large for uint32 block ids";
+  if (const char* e = check_pal_product(N, K, ldx, ldy, pal.size, nv)) return e;
   if (splits < 1 || splits > plan::PMMA_MAX_SPLITS || splits > K / plan::PMMA_TILE_K)
     return "palette_gemm: splits must be in 1 .. K / 64";
   if (!grid_ok(plan::pmma_grid_x(N, M))) return "matrix too large for one launch";

@@ -43,6 +43,18 @@ struct PalProduct {
   int64_t ldy;
 };
 
+// Host checks of the operands both fused palette kernels share, after their own M and
+// K % 64 checks: nullptr when the strides, palette and verbatim blocks are valid, else the
+// error the launcher returns.
+inline const char* check_pal_product(int64_t N, int64_t K, int64_t ldx, int64_t ldy, int pal_size, int64_t nv) {
+  if (ldx < K || ldx % 8 != 0) return "x row stride must be >= K and a multiple of 8";
+  if (ldy < N) return "y row stride must be >= N";
+  if (pal_size < 1 || pal_size > PAL_MAX_ENTRIES) return "palette must have 1..16 entries";
+  if (nv < 0 || nv > N * plan::blocks_per_row(K)) return "bad verbatim block count";
+  if (N * plan::blocks_per_row(K) > 0xFFFFFFFFll) return "matrix too large for uint32 block ids";
+  return nullptr;
+}
+
 struct PmmaArgs : PalProduct {
   int64_t split_tiles;  // K tiles per split (gridDim.y splits)
   int chunks;           // batch chunks of PMMA_CHUNK_M rows (gridDim.x = row blocks x chunks)
