@@ -20,6 +20,10 @@ Environment switches:
 * ``UNWEIGHT_BUILD_JOBS`` (default: the number of CPUs): how many compiler processes run at
   once, for each extension's sources.
 
+Besides the package, an install puts ``unweight-transformers.pth`` at the root of site-packages:
+the code of ``unweight/integrations/transformers/startup.py`` on one line, which Python runs at
+start-up so that transformers knows the "unweight" quant method in every process (see that file).
+
 Every CUDA build writes ptxas's per-kernel registers, shared memory, stack and spills to
 ``build/ptxas-sm_<arch>.txt`` (one file per target); ``scripts/ptxas_report.py`` turns them
 into a table and JSON.
@@ -36,6 +40,7 @@ import tempfile
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -240,4 +245,36 @@ cuda_sources = [os.path.join("csrc", "cuda", f) for f in CUDA_SOURCES]
 if find_nvcc() and all(os.path.exists(os.path.join(HERE, s)) for s in cuda_sources):
     ext_modules.append(CudaExtension("unweight._cuda", cuda_sources))
 
-setup(ext_modules=ext_modules, cmdclass={"build_ext": BuildExt})
+STARTUP_PTH = "unweight-transformers.pth"
+
+
+def startup_pth_line() -> str:
+    """startup.py's code as the one ``import`` line a .pth file may run (site.addpackage
+    executes a line that starts with ``import``)."""
+    with open(os.path.join(HERE, "unweight", "integrations", "transformers", "startup.py")) as f:
+        return f"import sys; exec({f.read()!r})\n"
+
+
+class BuildPy(build_py):
+    """build_py that also writes STARTUP_PTH at the root of the build tree, where wheels and
+    installs take it to the root of site-packages."""
+
+    def run(self):
+        super().run()
+        dests = [self.build_lib]
+        if getattr(self, "editable_mode", False):
+            # An editable wheel takes only the package's location from the build tree; what
+            # belongs at the root of site-packages goes straight into the wheel being
+            # assembled, which is the install command's install_lib (setuptools'
+            # editable_wheel._configure_build).
+            dests.append(self.distribution.get_command_obj("install").install_lib)
+        for d in filter(None, dests):
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, STARTUP_PTH), "w") as f:
+                f.write(startup_pth_line())
+
+    def get_outputs(self, include_bytecode=True):
+        return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, STARTUP_PTH)]
+
+
+setup(ext_modules=ext_modules, cmdclass={"build_ext": BuildExt, "build_py": BuildPy})

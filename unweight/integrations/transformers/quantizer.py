@@ -1,7 +1,7 @@
 """transformers integration: ``quant_method: "unweight"`` config + HfQuantizer.
 
-After ``register()`` (done automatically once ``import unweight`` has happened and
-transformers' quantizer registry is imported, see hook.py),
+After ``register()`` (done automatically once transformers' quantizer registry is imported,
+in any process of an environment where unweight is installed, see hook.py and startup.py),
 ``AutoModelForCausalLM.from_pretrained(compressed_folder)`` / ``AutoModel.from_pretrained``
 build the model on the meta device, verify the checkpoint (codec/verify.py), swap in
 compressed modules found from the checkpoint's tensors (runtime/convert.py), let
@@ -24,14 +24,14 @@ from transformers.quantizers.auto import (AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO
 from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ...codec.verify import verify_checkpoint
 from ...format import constants as C
-from ...format.checkpoint import CompressedCheckpoint
 from ...format.errors import InputError
 from ...format.quant_config import check_format_version, refuse_source_quantization
-from ...runtime import convert
-from ...runtime.prepare import prepare
-from . import tp
+
+# The loading machinery (codec, runtime, torch ops) is imported inside the methods that use it:
+# register() runs in every process that imports transformers' quantizer registry (hook.py),
+# and should cost that process only these few light modules, not the ~0.15 s of op
+# registration that loading a compressed model needs.
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,10 @@ class UnweightHfQuantizer(HfQuantizer):
         return dtype
 
     def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
+        from ...codec.verify import verify_checkpoint
+        from ...format.checkpoint import CompressedCheckpoint
+        from ...runtime import convert
+        from . import tp
         if not checkpoint_files:
             raise InputError("unweight: from_pretrained gave no checkpoint files")
         folder = os.path.dirname(os.path.abspath(checkpoint_files[0]))
@@ -102,6 +106,9 @@ class UnweightHfQuantizer(HfQuantizer):
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):
+        from ...runtime import convert
+        from ...runtime.prepare import prepare
+        from . import tp
         loading = getattr(model, "_unweight_loading", None)
         if loading is not None:
             convert.check_loading(model, *loading)
