@@ -120,14 +120,15 @@ def test_torch_compile_linear(backend, enc):
         assert torch.equal(f(x * 2), lin(x * 2))  # scratch reused on the second call
 
 
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
 @pytest.mark.parametrize("enc", ["huffman", "palette"])
-def test_torch_compile_embedding(enc):
+def test_torch_compile_embedding(backend, enc):
     torch._dynamo.reset()
     torch.manual_seed(0)
     emb = nn.Embedding(500, 64).to(torch.bfloat16)
     nn.init.normal_(emb.weight, std=0.02)
     ce = CompressedEmbedding.from_embedding(emb, enc)
-    f = torch.compile(ce, backend="eager", fullgraph=True)
+    f = torch.compile(ce, backend=backend, fullgraph=True)
     ids = torch.tensor([[3, 499, 3]])
     assert torch.equal(f(ids), emb(ids))
 

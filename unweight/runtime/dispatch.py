@@ -177,8 +177,11 @@ def embedding(pieces: list, ids: Tensor, out_rows: int, cols: int) -> Tensor:
     if ids.device.type != "cpu":
         # No row-gather kernel for this device: decode the table into scratch and gather there.
         return F.embedding(ids, decode_into(pieces, scratch.weights(ids.device, out_rows * cols), out_rows, cols))
+    # The CPU kernels raise on bad data and leave the counter alone, but inductor cannot lower a
+    # call whose mutable argument is None ("getitem is not an OpOverload"): pass the counter.
+    err = scratch.error_counter(ids.device)
     if len(pieces) == 1 and out_rows == pieces[0].rows:
-        return _gather_piece(pieces[0], ids).view(*ids.shape, cols)
+        return _gather_piece(pieces[0], ids, err).view(*ids.shape, cols)
     flat = ids.reshape(-1)
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= out_rows):
         raise IndexError(f"index out of range in self (embedding of {out_rows} rows)")
@@ -187,6 +190,6 @@ def embedding(pieces: list, ids: Tensor, out_rows: int, cols: int) -> Tensor:
     for p in pieces:
         sel = (flat >= r) & (flat < r + p.rows)
         if bool(sel.any()):
-            out[sel] = _gather_piece(p, flat[sel] - r)
+            out[sel] = _gather_piece(p, flat[sel] - r, err)
         r += p.rows
     return out.view(*ids.shape, cols)

@@ -56,7 +56,7 @@ from ..format import constants as C
 from ..format.errors import FormatError, InputError
 from ..format.header import TensorHeader
 from . import dispatch, scratch
-from .modules import LazyTensor, _ShapeOnly
+from .modules import LazyTensor, _ShapeOnly, refuse_dtype_cast
 from .weights import EncodedWeight
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,10 @@ class PlaneHolder(nn.Module):
     def extra_repr(self) -> str:
         return ", ".join(n for n, _ in self.named_buffers(recurse=False))
 
+    def _apply(self, fn, recurse=True):
+        refuse_dtype_cast(fn)  # the stacks it holds decode to bfloat16 (modules.refuse_dtype_cast)
+        return super()._apply(fn, recurse)
+
 
 def ensure_holder(model: nn.Module, path: str) -> tuple[nn.Module, list]:
     """The module at `path`, creating PlaneHolders for the missing parts; returns it and the
@@ -217,12 +221,26 @@ class _Planes:
                                  lut=self.lut())
         idx, vpos, vexp = self.plane(C.SUFFIX_IDX), self.plane(C.SUFFIX_VPOS), self.plane(C.SUFFIX_VEXP)
         if e is not None:
-            # The ops take a matrix's own block ids: matrix e's, rebased at load (prepare_planes).
+            # The ops take a matrix's own block ids: matrix e's, rebased at load (prepare_planes)
+            # or here, on the first decode of a stack no mode prepared (dense decodes it once).
+            if self.vranges is None:
+                self.rebase_verbatim()
             v0, v1 = self.vranges[e]
             sm, idx = sm[e], idx[e]
             vpos, vexp = getattr(self.module, self.attr + "_vpos_local")[v0:v1], vexp[v0:v1]
         return EncodedWeight(C.ENC_PALETTE, h.rows, h.cols, h.rows_per_group, h.cols_per_chunk, 0, 0,
                              [int(b) for b in h.palette[: h.pal_size]], sm, idx=idx, vpos=vpos, vexp=vexp)
+
+    def rebase_verbatim(self) -> None:
+        """Palette stack: each matrix's range of the verbatim lists, and the block ids rebased
+        to the matrix (buffer ``attr + "_vpos_local"``, uint32, on the planes' device)."""
+        h = self.header
+        per = h.rows * -(-h.cols // C.PAL_BLOCK)  # blocks of one matrix
+        vpos = self.plane(C.SUFFIX_VPOS).to(torch.int64)
+        bounds = torch.searchsorted(vpos.cpu(), torch.arange(h.stack + 1, dtype=torch.int64) * per).tolist()
+        local = (vpos - (vpos // per) * per).to(torch.uint32)
+        self.module.register_buffer(self.attr + "_vpos_local", local, persistent=False)
+        self.vranges = [(bounds[e], bounds[e + 1]) for e in range(h.stack)]
 
     def check_loaded(self, where: str) -> None:
         """After loading: the header plane parses, agrees with the checkpoint's, and fits the planes."""
@@ -542,12 +560,7 @@ def prepare_planes(stack: ExpertStack) -> None:
                                                                     scratch.error_counter(p.device)),
                                      persistent=False)
         if h.encoding == C.ENC_PALETTE and h.stack:
-            per = h.rows * -(-h.cols // C.PAL_BLOCK)  # blocks of one matrix
-            vpos = p.plane(C.SUFFIX_VPOS).to(torch.int64)
-            bounds = torch.searchsorted(vpos.cpu(), torch.arange(h.stack + 1, dtype=torch.int64) * per).tolist()
-            p.vranges = [(bounds[e], bounds[e + 1]) for e in range(h.stack)]
-            local = (vpos - (vpos // per) * per).to(torch.uint32)
-            p.module.register_buffer(p.attr + "_vpos_local", local, persistent=False)
+            p.rebase_verbatim()
 
 
 def transcode(stack: ExpertStack, target: str) -> None:

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..codec import tensor_codec as tc
 from ..format import constants as C
-from ..format.errors import FormatError
+from ..format.errors import FormatError, InputError
 from ..format.header import TensorHeader
 from . import dispatch
 from .weights import EncodedWeight
@@ -124,10 +124,33 @@ class _Info:
         self.chk_interval = int(h.chk_interval)
 
 
+def refuse_dtype_cast(fn) -> None:
+    """Raise InputError when `fn` (the function nn.Module._apply maps over a module's tensors)
+    changes a bfloat16 tensor's dtype: ``.to(torch.float32)``, ``.float()``, ``.half()``.
+
+    Compressed weights are decoded to bfloat16, their stored dtype, so such a cast would
+    convert the norms and biases around them and leave a model that is neither the original
+    nor the original cast: different logits, or a dtype error deep in a later forward.
+    Device moves pass (the probe is empty; a probe that fails is left to the real call)."""
+    probe = torch.empty(0, dtype=torch.bfloat16)
+    try:
+        out = fn(probe)
+    except Exception:  # noqa: BLE001 - e.g. a device this build lacks: the real move will say so
+        return
+    if isinstance(out, Tensor) and out.dtype != probe.dtype:
+        raise InputError(f"a model with compressed weights computes in bfloat16, their stored dtype; casting it "
+                         f"to {out.dtype} is not supported (load it with mode='dense' to cast it, or decompress "
+                         "the checkpoint)")
+
+
 class CompressedWeightMixin:
     """Shared plane handling of CompressedLinear / CompressedEmbedding (an nn.Module mixin)."""
 
     _tied: list  # [source module] for a tied module, [] otherwise
+
+    def _apply(self, fn, recurse=True):
+        refuse_dtype_cast(fn)
+        return super()._apply(fn, recurse)
 
     # -------------------------------------------------------------- construction
     def _init_planes(self, header: TensorHeader, shapes: dict | None = None, device=None,

@@ -163,6 +163,13 @@ def test_bad_mode_and_not_a_checkpoint(llama_ck):
         unweight.load(llama_ck[0], device="cpu")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_cuda_without_a_gpu_is_one_line(llama_ck):
+    with pytest.raises(unweight.InputError) as e:
+        unweight.load(llama_ck[1]["huffman"], device="cuda:0")
+    assert "no CUDA GPU" in str(e.value) and "\n" not in str(e.value)
+
+
 # ----------------------------------------------------------------------------- real models
 
 

@@ -147,6 +147,16 @@ def test_held_bytes_are_the_compressed_size(moe, kind):
         assert st.held_bytes() < 0.7 * st.decoded_bytes()
 
 
+@pytest.mark.parametrize("mode", ["dense", "auto"])
+@pytest.mark.parametrize("kind", ["gpt_oss", "llama4_text"])
+def test_palette_stacks_decode_whole_without_a_prepared_mode(moe, kind, mode):
+    """Dense (and auto on CPU) decode a palette stack matrix by matrix with no mode having
+    prepared its verbatim ranges first."""
+    _, cks, ref = moe[kind]
+    with torch.no_grad():
+        assert torch.equal(_load(cks["palette"], mode)(IDS).logits, ref)
+
+
 @pytest.mark.parametrize("kind", ["mixtral", "gpt_oss"])
 def test_palette_checkpoint_and_from_pretrained(moe, kind):
     from transformers import AutoConfig, AutoModelForCausalLM

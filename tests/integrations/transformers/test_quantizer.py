@@ -87,3 +87,29 @@ def test_lm_eval_hflm(llama_ck):
     tok = PreTrainedTokenizerFast.from_pretrained(bundled_smollm2())
     lm = HFLM(pretrained=m, tokenizer=tok, batch_size=1)
     assert lm.model is m
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_other_dtypes_are_refused_in_one_line(llama_ck, dtype):
+    """Compressed weights decode to bfloat16: a load or cast to another dtype fails in one line
+    rather than giving a model that is neither the original nor the original cast."""
+    from transformers import AutoModelForCausalLM
+    from unweight.format.errors import InputError
+    src, cks = llama_ck
+    with pytest.raises(InputError) as e:
+        AutoModelForCausalLM.from_pretrained(cks["huffman"], dtype=dtype)
+    assert "bfloat16" in str(e.value) and "\n" not in str(e.value)
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).eval()
+    ids = torch.tensor([[1, 5, 9, 77]])
+    for mode in ("huffman", "palette"):
+        m = unweight.load(cks["huffman"], device="cpu", mode=mode)
+        with pytest.raises(InputError) as e:
+            m.to(dtype)
+        assert str(dtype) in str(e.value) and "\n" not in str(e.value)
+        m.to("cpu")  # a device move is not a cast
+        with torch.no_grad():
+            assert torch.equal(m(ids).logits, ref(ids).logits)
+    # Dense mode holds ordinary parameters: the cast is the original's cast, bit for bit.
+    d = unweight.load(cks["huffman"], device="cpu", mode="dense").to(dtype)
+    with torch.no_grad():
+        assert torch.equal(d(ids).logits, ref.to(dtype)(ids).logits)

@@ -63,6 +63,26 @@ def test_finder_ignores_other_modules_and_survives_a_broken_unweight(monkeypatch
     assert sys.meta_path[0] is hook
 
 
+@pytest.mark.parametrize("first", ["import unweight.integrations.transformers.quantizer",
+                                   "import unweight; import unweight.integrations.transformers.quantizer",
+                                   "import unweight; import transformers.quantizers.auto",
+                                   "import transformers.quantizers.auto; import unweight"])
+def test_registered_whichever_import_comes_first(first):
+    """However the registry gets imported (even by our own quantizer module, mid-import), the
+    method ends up registered, with no warning, and no finder is left waiting."""
+    code = f"""
+import logging, sys
+logging.basicConfig(level=logging.WARNING)
+{first}
+from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING
+assert "unweight" in AUTO_QUANTIZER_MAPPING
+assert not any(getattr(f, "unweight_hook", False) for f in sys.meta_path)
+print("ok")
+"""
+    r = _python(code)
+    assert r.returncode == 0 and r.stdout.strip() == "ok" and "unweight" not in r.stderr, r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("encoding", ["huffman", "palette"])
 def test_from_pretrained_without_import_unweight(llama_ck, encoding):
     """A fresh process that only imports transformers gets the original model's logits, bit for

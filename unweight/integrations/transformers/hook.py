@@ -29,6 +29,11 @@ _TARGET = "transformers.quantizers.auto"
 
 
 def _register():
+    mod = sys.modules.get(__package__ + ".quantizer")
+    if mod is not None and not hasattr(mod, "register"):
+        # quantizer.py is itself importing the registry (the import that brought us here):
+        # a registration now would import a half-initialised module; it registers at its end.
+        return
     try:
         from .quantizer import register
         register()

@@ -55,6 +55,10 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if isinstance(device, torch.device):
         device = str(device)
+    if isinstance(device, str) and device.startswith("cuda") and not torch.cuda.is_available():
+        # Otherwise torch's own assertion surfaces deep inside from_pretrained.
+        raise InputError(f"device {device!r} asked for, but this torch sees no CUDA GPU "
+                         f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'})")
     cls = model_class or _model_class(config)
     model = cls.from_pretrained(path, config=config, device_map=device, **from_pretrained_kwargs)
     model.eval()

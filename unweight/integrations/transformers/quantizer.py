@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 import os
 
+import torch
+
 from transformers.quantizers.auto import (AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO_QUANTIZER_MAPPING,
                                           register_quantization_config, register_quantizer)
 from transformers.quantizers.base import HfQuantizer
@@ -78,6 +80,13 @@ class UnweightHfQuantizer(HfQuantizer):
             raise InputError("unweight checkpoints cannot be disk-offloaded (device_map has 'disk')")
 
     def update_dtype(self, dtype):
+        # The encoded weights decode to bfloat16. A model built in another dtype would hold them
+        # among float32 (or float16) norms: not the original model in that dtype, and in dense
+        # mode a dtype error at the first forward (see runtime.modules.refuse_dtype_cast).
+        if dtype is not None and dtype != torch.bfloat16:
+            raise InputError(f"unweight checkpoints load in bfloat16, the dtype their weights are stored in; got "
+                             f"dtype={dtype} (pass dtype=torch.bfloat16 or 'auto', or decompress the checkpoint "
+                             "to load it in another dtype)")
         return dtype
 
     def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
@@ -151,3 +160,8 @@ def register() -> bool:
     if C.QUANT_METHOD not in AUTO_QUANTIZER_MAPPING:
         register_quantizer(C.QUANT_METHOD)(UnweightHfQuantizer)
     return True
+
+
+# Importing this module registers, whichever import brought transformers' registry in first
+# (hook.py defers to this line when the registry's import came from the imports above).
+register()
