@@ -16,6 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(*args, **kw):
+    if "stdout" in kw:
+        return subprocess.run(CLI + list(args), stderr=subprocess.PIPE, text=True, timeout=300, **kw)
     return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=300, **kw)
 
 
@@ -69,6 +71,83 @@ def test_bad_inputs_give_one_line_errors(tiny_model, tmp_path):
     assert p.returncode == 2  # click's own usage error
 
 
+@pytest.mark.parametrize("args,where", [
+    (["compress", "x"], "compress"),                                       # missing DST
+    (["compress", "x", "y", "--encoding", "zstd"], "compress"),            # bad choice
+    (["compress", "x", "y", "--bogus"], "compress"),                       # unknown option
+    (["compress", "x", "y", "--jobs"], "compress"),                        # option without its value
+    (["compress", "x", "y", "-j", "-3"], "compress"),
+    (["compress", "x", "y", "-j", "0"], "compress"),                       # no "0 = all cores"
+    (["compress", "x", "y", "--segment-weights", "0"], "compress"),
+    (["compress", "x", "y", "--segment-weights", "-5"], "compress"),
+    (["compress", "x", "y", "-j", "two"], "compress"),
+    (["decompress", "x", "y", "-j", "-1"], "decompress"),
+    (["verify", "x", "-j", "-1"], "verify"),
+    (["inspect", "x", "-j", "0"], "inspect"),
+    (["inspect"], "inspect"),
+    (["eval", "a", "b", "--threads", "0"], "eval"),
+    (["eval", "a", "b", "--mode", "fast"], "eval"),
+    (["frobnicate"], None),                                                # unknown command
+    (["--bogus"], None),
+])
+def test_usage_errors_are_one_line_exit_2(args, where, tmp_path):
+    p = run(*args, cwd=tmp_path)
+    assert_one_line_error(p, 2)
+    assert p.stderr.rstrip().endswith(f"(see unweight{' ' + where if where else ''} --help)"), p.stderr
+    assert "Usage:" not in p.stderr and p.stdout == ""
+
+
+def test_help_is_unchanged():
+    for args in (["--help"], ["compress", "--help"], ["verify", "-h"]):
+        p = run(*args)
+        assert p.returncode == 0 and p.stderr == ""
+        assert p.stdout.startswith("Usage: unweight") and "Options:" in p.stdout
+    p = run()  # a bare `unweight` shows the help, as click does
+    assert p.returncode == 2 and "Commands:" in p.stdout + p.stderr
+
+
+def test_verify_against_a_compressed_checkpoint_is_refused(tiny_model, tmp_path):
+    src, _ = tiny_model
+    c, c2 = str(tmp_path / "c"), str(tmp_path / "c2")
+    assert run("compress", src, c).returncode == 0
+    assert run("compress", src, c2, "--encoding", "palette").returncode == 0
+    for against in (c2, c, os.path.join(c2, "model.safetensors")):  # folder; itself; a lone shard
+        p = run("verify", c, "--against", against)
+        assert_one_line_error(p, 2)
+        assert "is a compressed checkpoint" in p.stderr and "uncompressed" in p.stderr
+        assert "tensor sets differ" not in p.stderr
+    assert run("verify", c, "--against", os.path.join(src, "model.safetensors")).returncode == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_stdout_write_failure_is_one_line(tiny_model, tmp_path):
+    src, _ = tiny_model
+    c = str(tmp_path / "c")
+    with open("/dev/full", "w") as full:
+        p = run("compress", src, c, stdout=full)
+        assert_one_line_error(p, 1)
+        # the output itself was complete when its report could not be printed
+        assert "no space left on device" in p.stderr and f"{c} was written" in p.stderr
+        assert os.path.exists(os.path.join(c, "model.safetensors"))
+        for args in (["inspect", c], ["inspect", c, "--json"], ["verify", c], ["decompress", c, str(tmp_path / "d")],
+                     ["--help"], ["--version"]):
+            p = run(*args, stdout=full)
+            assert_one_line_error(p, 1)
+            assert "cannot write the result to standard output: no space left on device" in p.stderr
+
+
+def test_broken_pipe_exits_quietly_with_141(tiny_model, tmp_path):
+    src, _ = tiny_model
+    for args in (["compress", src, str(tmp_path / "c")], ["inspect", str(tmp_path / "c")]):
+        r, w = os.pipe()
+        os.close(r)  # the reader is gone (`| head` that already exited, `| true`)
+        try:
+            p = run(*args, stdout=w)
+        finally:
+            os.close(w)
+        assert p.returncode == 141 and p.stderr == "", (args, p.returncode, p.stderr)
+
+
 def _big_model(folder, weights=48 * 2**20):
     rng = np.random.default_rng(0)
     n = weights // (1024 * 1024)
@@ -99,9 +178,10 @@ def _signal_at(point, args, tmp_path, sigs):
     return p, out, err
 
 
-def _assert_clean_abort(p, err, tmp_path, dst):
-    assert_one_line_error(p, 130, err)
-    assert "interrupted" in err
+def _assert_clean_abort(p, err, tmp_path, dst, sig=signal.SIGINT):
+    assert_one_line_error(p, 128 + sig, err)
+    assert ("interrupted;" if sig == signal.SIGINT else "terminated (SIGTERM);") in err
+    assert "the output was not written" in err
     assert not dst.exists()
     assert not [f for f in os.listdir(tmp_path) if f.startswith(f".{dst.name}.")]
 
@@ -117,7 +197,7 @@ def test_interrupt_at_any_point_is_one_line(tmp_path, point, sig):
     src = write_checkpoint(str(tmp_path / "src"), {"w": ("F32", np.zeros((4, 4), np.float32))})
     dst = tmp_path / "c"
     p, _, err = _signal_at(point, ["compress", src, str(dst), "-j", "1"], tmp_path, [sig])
-    _assert_clean_abort(p, err, tmp_path, dst)
+    _assert_clean_abort(p, err, tmp_path, dst, sig)
 
 
 @pytest.mark.parametrize("point", ["start", "compress"])
@@ -143,6 +223,115 @@ def test_interrupt_leaves_source_intact_and_kill_9_is_cleaned_up_next_run(tmp_pa
     small = write_checkpoint(str(tmp_path / "small"), {"w": ("F32", np.zeros((4, 4), np.float32))})
     assert run("compress", small, str(dst)).returncode == 0
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".c.")]
+
+
+# Runs the entry point with os.rename sending a signal to the process right after the
+# `at`-th rename of the final swap (1: dst moved aside, or tmp renamed in when there was no
+# dst; 2: tmp renamed in): the windows where an interrupt used to hide or lose dst.
+_SIGNAL_AT_RENAME = r"""
+import os, sys
+sig, at, dst = int(sys.argv[1]), int(sys.argv[2]), os.path.abspath(sys.argv[3])
+real, n = os.rename, [0]
+def rename(a, b):
+    real(a, b)
+    if b == dst or ".unweight-old-" in b:
+        n[0] += 1
+        if n[0] == at:
+            os.kill(os.getpid(), sig)
+os.rename = rename
+import unweight.__main__ as m
+sys.exit(m.main(sys.argv[4:]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("overwrite,at", [(True, 1), (True, 2), (False, 1)])
+def test_signal_during_the_final_swap_says_the_output_was_written(tiny_model, tmp_path, sig, overwrite, at):
+    src, _ = tiny_model
+    dst = tmp_path / "c"
+    if overwrite:
+        dst.mkdir()
+        (dst / "old.txt").write_text("old")
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_AT_RENAME, str(int(sig)), str(at), str(dst), "compress",
+                        src, str(dst), "-j", "1"] + (["--overwrite"] if overwrite else []),
+                       capture_output=True, text=True, timeout=300)
+    assert_one_line_error(p, 128 + sig)
+    assert p.stderr.startswith("error: interrupted after" if sig == signal.SIGINT else "error: terminated (SIGTERM) after")
+    assert f"the output was written: {dst} is complete" in p.stderr
+    assert sorted(os.listdir(dst)) == ["README.md", "config.json", "generation_config.json", "model.safetensors",
+                                       "model.safetensors.index.json", "tokenizer.json", "unweight_report.json"]
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".c.")]  # no old copy, no temp folder
+    assert run("verify", str(dst), "--against", src).returncode == 0
+
+
+def test_kill_9_between_the_renames_is_repaired_by_the_next_run(tiny_model, tmp_path):
+    src, _ = tiny_model
+    dst = tmp_path / "c"
+    # What kill -9 leaves after rename(dst, old): dst missing, its contents only in the old copy.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    old = tmp_path / f".c.unweight-old-{dead.pid}"
+    old.mkdir()
+    (old / "old.txt").write_text("old")
+    p = run("compress", src, str(dst))
+    assert p.returncode == 2 and "exists: pass --overwrite" in p.stderr
+    assert f"restored {dst} from {old}" in p.stderr
+    assert os.listdir(dst) == ["old.txt"] and not old.exists()
+
+
+# A signal as the interpreter shuts down after a finished command (atexit callbacks run
+# after the entry point returned).
+_SIGNAL_AT_EXIT = r"""
+import atexit, os, sys, time
+def late():
+    os.kill(os.getpid(), int(sys.argv[1]))
+    time.sleep(0.05)  # a Python handler would run here
+atexit.register(late)
+import unweight.__main__ as m
+sys.exit(m.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_after_the_command_finished_changes_nothing(tiny_model, tmp_path, sig):
+    src, _ = tiny_model
+    c = str(tmp_path / "c")
+    for args in (["compress", src, c, "-j", "1"], ["verify", c], ["verify", str(tmp_path / "nope")]):
+        p = subprocess.run([sys.executable, "-c", _SIGNAL_AT_EXIT, str(int(sig))] + args,
+                           capture_output=True, text=True, timeout=300)
+        if args[1] == str(tmp_path / "nope"):
+            assert_one_line_error(p, 2)  # an error's status and line, untouched by the late signal
+        else:
+            assert p.returncode == 0 and p.stderr == "" and p.stdout, (args, p.returncode, p.stderr)
+
+
+# A signal while a __del__ runs (tqdm's progress bar, as api.compress returns): CPython would
+# swallow its KeyboardInterrupt and print it as "Exception ignored".
+_SIGNAL_IN_DEL = r"""
+import os, signal, sys
+import unweight.__main__ as m
+from unweight import api
+real = api.compress
+class Bar:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(i for i in range(100))  # the handler runs in here
+def compress(*a, **k):
+    bar = Bar()
+    return real(*a, **k)
+api.compress = compress
+sys.exit(m.main(sys.argv[1:]))
+"""
+
+
+def test_signal_during_a_finalizer_is_not_lost(tiny_model, tmp_path):
+    src, _ = tiny_model
+    c = tmp_path / "c"
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_IN_DEL, "compress", src, str(c), "-j", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert_one_line_error(p, 130)
+    assert f"after the output was written: {c} is complete" in p.stderr
+    assert (c / "model.safetensors").exists()
 
 
 def test_corrupt_checkpoint_is_one_line_exit_3(tmp_path):

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import __version__, sources
 from .codec import tensor_codec as tc
-from .codec.verify import check_raw, check_records, raw_crc32, sm_release, verify_checkpoint
+from .codec.verify import check_raw, check_records, decode_verified, raw_crc32, sm_release, verify_checkpoint
 from .format import constants as C
 from .format.checkpoint import Checkpoint, CompressedCheckpoint, split_name
 from .format.errors import InputError, MismatchError
@@ -268,8 +268,8 @@ def decompress(src: str, dst: str, *, overwrite: bool = False, jobs: int | None 
                 for base in order:
                     if base in headers:
                         h = headers[base]
-                        w = tc.decode_banded(h, ck.planes(base), jobs, where=ck.location(base),
-                                             done=sm_release(ck, base, h))
+                        w = decode_verified(h, ck.planes(base), jobs, where=ck.location(base),
+                                            done=sm_release(ck, base, h))
                         ck.release_encoded(base)  # the planes' pages go before the output is written
                         shards.add_group([(base, "BF16", w.shape, w)])
                     else:
@@ -333,7 +333,7 @@ def verify(path: str, against: str | None = None, jobs: int | None = None) -> di
             ref = orig.array(name)
             if name in ck.encoded:
                 h = ck.header(name)
-                got = tc.decode(h, ck.planes(name), jobs, where=ck.location(name), verify=True)
+                got = decode_verified(h, ck.planes(name), jobs, where=ck.location(name))
                 got_dt, got_shape = "BF16", h.shape
             else:
                 got_dt, got_shape, _, _ = ck.info(name)
@@ -365,7 +365,7 @@ def inspect(path: str, jobs: int | None = None) -> dict:
             if base in ck.encoded:
                 h = ck.header(base)
                 planes = ck.planes(base)
-                w = tc.decode(h, planes, jobs, where=ck.location(base), verify=True)
+                w = decode_verified(h, planes, jobs, where=ck.location(base))
                 st = tc.analyze(w, jobs)
                 if h.encoding == C.ENC_PALETTE:
                     nb = h.n_matrices * h.rows * -(-h.cols // C.PAL_BLOCK)

@@ -1,7 +1,8 @@
 """The ``unweight`` command: compress, decompress, verify, inspect, eval.  Every failure
-prints ``error: <one line>`` and exits non-zero; set UNWEIGHT_DEBUG=1 to see a traceback
-instead.  The console entry point is unweight/__main__.py (it installs the signal handling
-before this module's imports); ``run`` is the command line."""
+prints ``error: <one line>`` and exits non-zero (2 for a usage error or bad input, 130 / 143
+for SIGINT / SIGTERM); set UNWEIGHT_DEBUG=1 to see a traceback instead.  The console entry
+point is unweight/__main__.py (it installs the signal handling before this module's imports);
+``run`` is the command line."""
 from __future__ import annotations
 
 import errno
@@ -13,10 +14,12 @@ import sys
 import click
 
 from . import _signals
-from .format.errors import UnweightError
+from .format import staging
+from .format.errors import InputError, UnweightError
 
 
 CATS = ("mlp", "attention", "embedding", "other")
+JOBS = click.IntRange(min=1)  # no "0 = all cores": leaving -j out means that
 
 
 def _gb(n):
@@ -48,14 +51,40 @@ def _compress_summary(r):
     return s
 
 
+def _interrupted() -> int:
+    """Print the interrupted line, naming the output if it was already in place."""
+    return _signals.say_interrupted(staging.written[-1] if staging.written else None)
+
+
+class _StdoutFailed(Exception):
+    """Writing the command's result to stdout failed (full disk, closed pipe); args[0] is the OSError."""
+
+
+def _echo(text: str):
+    # Raised as our own type so click's handling of a broken pipe (exit 1, silently) does not
+    # apply and run() gives every stdout failure the same treatment.
+    try:
+        click.echo(text)
+    except OSError as e:
+        raise _StdoutFailed(e) from None
+
+
+def _result(text: str):
+    """Print the command's result, its last act: a signal after this changes nothing."""
+    _echo(text)
+    _signals.finished()
+
+
 def _run(fn, *a, **k):
     try:
-        return fn(*a, **k)
+        r = fn(*a, **k)
+        _signals.check()  # a signal that came as fn's objects were finalized
+        return r
     except UnweightError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        sys.exit(_signals.say_interrupted())
+        sys.exit(_interrupted())
     except MemoryError:
         click.echo("error: out of memory", err=True)
         sys.exit(1)
@@ -74,7 +103,17 @@ def _run(fn, *a, **k):
         sys.exit(1)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    def invoke(self, ctx):
+        # A signal between a command's steps (after _run, while it prints): handled here, not
+        # by click, which would print a blank line first.
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            sys.exit(_interrupted())
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="unweight")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress details to stderr.")
 def main(verbose):
@@ -87,14 +126,14 @@ def main(verbose):
 @click.argument("dst")
 @click.option("--encoding", type=click.Choice(["huffman", "palette", "auto"]), default="huffman", show_default=True,
               help="huffman is smallest; the loader can transcode it to palette.")
-@click.option("-j", "--jobs", type=int, default=None, help="Threads (default: all cores).")
+@click.option("-j", "--jobs", type=JOBS, default=None, help="Threads (default: all cores).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--include", multiple=True, help="Only encode tensors matching this glob (repeatable).")
 @click.option("--exclude", multiple=True, help="Never encode tensors matching this glob (repeatable).")
 @click.option("--no-verify", is_flag=True, help="Skip decoding the output back before renaming it into place.")
 @click.option("--max-shard-size", default="5GB", show_default=True)
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) for hub ids.")
-@click.option("--segment-weights", type=int, default=8192, show_default=True,
+@click.option("--segment-weights", type=click.IntRange(min=1), default=8192, show_default=True,
               help="Target weights per Huffman segment (smaller: more GPU parallelism, bigger index).")
 @click.option("--index", is_flag=True,
               help="Store the GPU decoder's checkpoint index (~0.014 bit/weight); otherwise built at GPU load.")
@@ -106,44 +145,71 @@ def compress(src, dst, encoding, jobs, overwrite, include, exclude, no_verify, m
     r = _run(api.compress, src, dst, encoding=encoding, jobs=jobs, overwrite=overwrite, include=list(include),
              exclude=list(exclude), verify=not no_verify, max_shard_size=max_shard_size, revision=revision,
              segment_weights=segment_weights, index=index)
-    click.echo(json.dumps({k: v for k, v in r.items() if k != "tensors"}, indent=2) if as_json else _compress_summary(r))
+    _result(json.dumps({k: v for k, v in r.items() if k != "tensors"}, indent=2) if as_json else _compress_summary(r))
 
 
 @main.command()
 @click.argument("src")
 @click.argument("dst")
 @click.option("--overwrite", is_flag=True)
-@click.option("-j", "--jobs", type=int, default=None)
+@click.option("-j", "--jobs", type=JOBS, default=None)
 @click.option("--max-shard-size", default="5GB", show_default=True)
 def decompress(src, dst, overwrite, jobs, max_shard_size):
     """Write a standard BF16 checkpoint from a compressed one (byte-identical tensors)."""
     from . import api
     r = _run(api.decompress, src, dst, overwrite=overwrite, jobs=jobs, max_shard_size=max_shard_size)
-    click.echo(f"wrote {r['tensors']} tensors to {r['output']} ({', '.join(r['files'])}) in {r['seconds']:.1f} s")
+    _result(f"wrote {r['tensors']} tensors to {r['output']} ({', '.join(r['files'])}) in {r['seconds']:.1f} s")
+
+
+def _refuse_compressed_against(against: str):
+    """--against takes the original: a compressed checkpoint there would only show up as
+    "tensor sets differ" (its planes are not the original's tensor names)."""
+    from .format import constants as C
+    from .format.checkpoint import Checkpoint, split_name
+    if not os.path.exists(against):
+        return  # a hub id or bundled name: an original by construction
+    try:
+        with open(os.path.join(against, "config.json")) as f:
+            qc = json.load(f).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        qc = None  # no readable config (a lone file, a bare folder): the tensors decide
+    compressed = isinstance(qc, dict) and qc.get("quant_method") == C.QUANT_METHOD
+    if not compressed:
+        ck = Checkpoint(against)
+        try:
+            compressed = any(split_name(n)[1] for n in ck.names()) or \
+                any(f.metadata.get("unweight_format_version") for f in ck.files)
+        finally:
+            ck.close()
+    if compressed:
+        raise InputError(f"--against {against} is a compressed checkpoint: it must be the original, "
+                         "uncompressed one")
 
 
 @main.command()
 @click.argument("path")
 @click.option("--against", default=None, help="Original checkpoint to compare with, tensor by tensor.")
-@click.option("-j", "--jobs", type=int, default=None)
+@click.option("-j", "--jobs", type=JOBS, default=None)
 def verify(path, against, jobs):
     """Check a compressed checkpoint: stored checksums, or byte equality --against the original."""
     from . import api
+    if against is not None:
+        _run(_refuse_compressed_against, against)
     r = _run(api.verify, path, against=against, jobs=jobs)
     how = "byte-identical to the original" if r["mode"] == "against" else "match their stored checksums"
-    click.echo(f"ok: {r['tensors_checked']} tensors {how}")
+    _result(f"ok: {r['tensors_checked']} tensors {how}")
 
 
 @main.command()
 @click.argument("path")
 @click.option("--json", "as_json", is_flag=True)
-@click.option("-j", "--jobs", type=int, default=None)
+@click.option("-j", "--jobs", type=JOBS, default=None)
 def inspect(path, as_json, jobs):
     """Per-tensor encoding, shape, ratio, exponent entropy, palette coverage, verbatim fraction."""
     from . import api
     r = _run(api.inspect, path, jobs=jobs)
     if as_json:
-        click.echo(json.dumps(r, indent=2))
+        _result(json.dumps(r, indent=2))
         return
     rows = []
     for t in r["tensors"]:
@@ -152,10 +218,10 @@ def inspect(path, as_json, jobs):
                      f"{t['exp_entropy']:.3f}" if enc else "-", f"{t['palette_coverage']:.5f}" if enc else "-",
                      f"{t['verbatim_fraction']:.4f}" if enc else "-"])
     tot = r["totals"]
-    click.echo(_table(rows, ["tensor", "encoding", "shape", "ratio", "exp H", "pal cov", "verbatim"]))
-    click.echo(f"{tot['tensors']} tensors, {tot['encoded']} encoded; tensor bytes {_gb(tot['orig_bytes'])} -> "
-               f"{_gb(tot['stored_bytes'])} (ratio {tot['ratio']:.4f}); files {_gb(tot['file_bytes'])}, "
-               f"{tot['bits_per_weight']:.3f} bits/weight")
+    _result(_table(rows, ["tensor", "encoding", "shape", "ratio", "exp H", "pal cov", "verbatim"]) + "\n" +
+            f"{tot['tensors']} tensors, {tot['encoded']} encoded; tensor bytes {_gb(tot['orig_bytes'])} -> "
+            f"{_gb(tot['stored_bytes'])} (ratio {tot['ratio']:.4f}); files {_gb(tot['file_bytes'])}, "
+            f"{tot['bits_per_weight']:.3f} bits/weight")
 
 
 @main.command("eval")
@@ -169,10 +235,10 @@ def inspect(path, as_json, jobs):
 @click.option("--mode", type=click.Choice(["dense", "huffman", "palette", "auto"]), default="dense", show_default=True,
               help="unweight.load mode of the compressed model.")
 @click.option("--batch-size", type=int, default=16, show_default=True)
-@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
-@click.option("--ll-tolerance", type=float, default=0.05, show_default=True,
+@click.option("--threads", type=JOBS, default=None, help="torch CPU threads (default: torch's choice).")
+@click.option("--ll-tolerance", type=click.FloatRange(min=0), default=0.05, show_default=True,
               help="Fused-kernel modes: max per-request |delta log-likelihood| (nats).")
-@click.option("--metric-tolerance", type=float, default=0.02, show_default=True,
+@click.option("--metric-tolerance", type=click.FloatRange(min=0), default=0.02, show_default=True,
               help="Fused-kernel modes: max absolute metric difference.")
 @click.option("--check", type=click.Choice(["auto", "bitwise", "tolerance"]), default="auto", show_default=True,
               help="auto: bitwise where the compressed path is bitwise by construction, else tolerance.")
@@ -199,10 +265,44 @@ def eval_(original, compressed, tasks, limit, device, mode, batch_size, threads,
                 json.dump(r, f, indent=2)
                 f.write("\n")
         _run(write)
-    click.echo(json.dumps(r, indent=2) if as_json else evaluation.format_table(r))
+    _echo(json.dumps(r, indent=2) if as_json else evaluation.format_table(r))
     if not r["check"]["passed"]:
         click.echo(f"error: {r['check']['message']}", err=True)
         sys.exit(MismatchError.exit_code)
+
+
+def _usage_error(e: click.UsageError, argv) -> int:
+    """click's usage error (Usage / Try --help / Error) as one line; exit status 2."""
+    msg = " ".join(line.strip() for line in e.format_message().splitlines() if line.strip())
+    if e.ctx is not None:
+        where = e.ctx.command_path
+    else:  # some parser errors (an option missing its value) come without a context
+        cmd = next((a for a in (sys.argv[1:] if argv is None else argv) if a in main.commands), None)
+        where = f"unweight {cmd}" if cmd else "unweight"
+    click.echo(f"error: {msg} (see {where} --help)", err=True)
+    return e.exit_code
+
+
+def _stdout_failed(e: OSError) -> int:
+    """One line for a result that could not be written to stdout; returns the exit status."""
+    # What is still buffered would fail again when the interpreter flushes stdout at exit,
+    # printed as "Exception ignored ..."; let it go to /dev/null instead.
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError):
+        pass
+    if e.errno == errno.EPIPE:
+        return 141  # the reader went away (`| head`): quiet, with the status of a SIGPIPE death
+    why = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+    done = f"; {staging.written[-1]} was written and is complete" if staging.written else ""
+    click.echo(f"error: cannot write the result to standard output: {why}{done}", err=True)
+    return 1
+
+
+# click >= 8.2 shows the help for a bare `unweight` through this usage error; kept as it is.
+_NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 def run(argv=None) -> int:
@@ -210,14 +310,27 @@ def run(argv=None) -> int:
     inside a command exit through _run; this handles what click raises around them."""
     try:
         rv = main.main(args=argv, prog_name="unweight", standalone_mode=False)
+        return rv if isinstance(rv, int) else 0
+    except SystemExit as e:  # from _run and _Group.invoke
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except click.exceptions.Abort:
         # click turns a KeyboardInterrupt during its own work (parsing arguments, echoing a
         # result) into Abort.
-        return _signals.say_interrupted()
-    except click.ClickException as e:
+        return _interrupted()
+    except _StdoutFailed as e:
+        return _stdout_failed(e.args[0])
+    except _NO_ARGS as e:
         e.show()
         return e.exit_code
-    return rv if isinstance(rv, int) else 0
+    except click.UsageError as e:
+        return _usage_error(e, argv)
+    except click.ClickException as e:
+        click.echo(f"error: {e.format_message()}", err=True)
+        return e.exit_code
+    except OSError as e:  # click's own output (--help, --version) to a full or closed stdout
+        return _stdout_failed(e)
+    finally:
+        _signals.finished()
 
 
 if __name__ == "__main__":

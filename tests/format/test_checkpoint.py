@@ -80,7 +80,11 @@ def test_index_order_missing_shard_and_bad_index(tmp_path):
             read_index(folder)
     os.unlink(os.path.join(folder, C.INDEX_NAME))
     assert read_index(folder) is None
-    assert [os.path.basename(p) for p in list_weight_files(folder)] == sorted([files[0], files[2]])
+    # Without the index the names "-of-00003" are the one record left of the lost shard.
+    with pytest.raises(InputError, match=f"shard {files[1]} is missing"):
+        list_weight_files(folder)
+    os.rename(os.path.join(folder, "elsewhere"), os.path.join(folder, files[1]))
+    assert [os.path.basename(p) for p in list_weight_files(folder)] == files
 
 
 def test_plain_checkpoint_rules(tmp_path):

@@ -1,5 +1,6 @@
 """The one checkpoint verifier: every encoded tensor decoded (or validated) against its stored
-crc32, every raw tensor's bytes against the crc32 its shard records, and the checkpoint's own
+crc32 and, with a Huffman checkpoint index, that index against the one its decoded weights
+give; every raw tensor's bytes against the crc32 its shard records; and the checkpoint's own
 records against each other.  Used by the offline tools, the transformers loader and the vLLM
 plugin alike."""
 from __future__ import annotations
@@ -9,10 +10,15 @@ import os
 
 import numpy as np
 
+from .. import _C
 from ..format import constants as C
 from ..format.checkpoint import CompressedCheckpoint
 from ..format.errors import ChecksumError, FormatError
+from ..format.header import TensorHeader
+from ..format.quant_config import check_format_version
 from . import tensor_codec as tc
+from .crc import crc32_combine
+from .huffman import canonical_codes
 
 
 def raw_crc32(arr: np.ndarray, threads: int | None = None) -> int:
@@ -49,6 +55,8 @@ def check_records(ck: CompressedCheckpoint) -> None:
         raise FormatError(f"{p}: corrupt compress report (invalid JSON)") from None
     if not isinstance(rep, dict):
         raise FormatError(f"{p}: corrupt compress report")
+    if "format_version" in rep:  # a version record like the config's and the shards': the same rule
+        check_format_version(rep["format_version"], p)
     got = {"files": sorted(os.path.basename(f.path) for f in ck.files), "encoded_tensors": len(ck.encoded),
            "raw_tensors": len(ck.raw), "output_bytes": sum(os.path.getsize(f.path) for f in ck.files)}
     if isinstance(rep.get("files"), list):
@@ -56,6 +64,94 @@ def check_records(ck: CompressedCheckpoint) -> None:
     for key, have in got.items():
         if key in rep and rep[key] != have:
             raise FormatError(f"{p}: the report records {key} = {rep[key]}, the checkpoint has {have}")
+
+
+def _index_codes(h: TensorHeader) -> tuple[np.ndarray, np.ndarray]:
+    """(lens uint8 [HUFF_NUM_CTX, 256], codes uint16 [HUFF_NUM_CTX, 256]) of a huffman header:
+    its code-length table widened to every exponent, and the canonical codes of those lengths,
+    the arguments the C++ encoder takes."""
+    lens = np.zeros((C.HUFF_NUM_CTX, 256), np.uint8)
+    lens[:, h.exp_lo:h.exp_hi + 1] = h.table
+    return lens, np.stack([canonical_codes(row) for row in lens])
+
+
+def index_rows(h: TensorHeader, w: np.ndarray, lens, codes, threads: int) -> np.ndarray:
+    """The ``__chk`` rows of the segments of decoded rows w (uint16 [n, K], host; whole row
+    groups starting on a group boundary), built by the encoder that builds the index the GPU
+    loaders add at load (tc.with_index): uint16 [n_chunks, ceil(n / R), h.chk_cols], unused
+    entries 0.  The index is a function of the code lengths of the decoded weights alone."""
+    R, ng = h.rows_per_group, -(-w.shape[0] // h.rows_per_group)
+    _, _, chk = _C.huffman_encode_indexed(np.ascontiguousarray(w), R, h.cols_per_chunk, lens, codes, threads,
+                                          h.chk_interval)
+    out = np.zeros((h.n_chunks, ng, h.chk_cols), np.uint16)  # a short last group needs fewer columns
+    out[:, :, :chk.shape[1]] = chk.reshape(h.n_chunks, ng, chk.shape[1])
+    return out
+
+
+def _compare_index(h: TensorHeader, stored: np.ndarray, rebuilt: np.ndarray, where: str, first: int = 0) -> None:
+    """FormatError naming the first segment whose stored ``__chk`` row (stored: uint16
+    [n_seg, P] of one matrix) differs from the rebuilt one (same shape); first: the stream
+    number of the matrix's segment 0 (a stack's matrix e starts at e * n_seg)."""
+    bad = np.flatnonzero((stored != rebuilt).any(axis=1))
+    if bad.size:
+        s = int(bad[0])
+        m = int(np.flatnonzero(stored[s] != rebuilt[s])[0])
+        raise FormatError(f"checkpoint index of {where or 'the tensor'} is wrong: segment {first + s} entry {m} is "
+                          f"{int(stored[s, m])} bits, its chain of {h.chk_interval} codes takes {int(rebuilt[s, m])}")
+
+
+def check_index(h: TensorHeader, planes: dict, w: np.ndarray, threads: int | None = None, where: str = "") -> None:
+    """Check a huffman tensor's stored ``__chk`` index exactly against its decoded weights w
+    (uint16 [N, K], a stack [E, N, K]; host memory): byte for byte the index the encoder
+    builds from them.  The CPU decoders ignore the index, so their output and crc32 cannot
+    vouch for it, while the GPU decoders start chains at its checkpoints.  No-op for tensors
+    without one."""
+    if h.encoding != C.ENC_HUFFMAN or not h.chk_interval:
+        return
+    threads = threads or tc.default_threads()
+    lens, codes = _index_codes(h)
+    stored, n = planes[C.SUFFIX_CHK], h.n_segments
+    for e, m in enumerate(w if h.stack else [w]):
+        rebuilt = index_rows(h, m, lens, codes, threads).reshape(n, h.chk_cols)
+        _compare_index(h, np.asarray(stored[e * n:(e + 1) * n]), rebuilt, where, e * n)
+
+
+def decode_verified(h: TensorHeader, planes: dict, threads: int | None = None, where: str = "",
+                    band_bytes: int = 64 << 20, keep: bool = True, done=None) -> np.ndarray | None:
+    """tc.decode_banded (crc32 checked, a band of row groups at a time; keep / done as there),
+    which for a huffman tensor with a ``__chk`` index also checks the index exactly
+    (check_index), a band at a time: uint16 [N, K] (a stack [E, N, K]) on the host when keep,
+    else None.  FormatError / ChecksumError naming `where`."""
+    if h.encoding != C.ENC_HUFFMAN or not h.chk_interval:
+        return tc.decode_banded(h, planes, threads, where, band_bytes, keep, done)
+    threads = threads or tc.default_threads()
+    if h.stack:  # stacks decode whole (as in tc.decode_banded)
+        out = tc.decode(h, planes, threads, where, verify=True)
+        check_index(h, planes, out, threads, where)
+        return out if keep else None
+    tc.check_planes(h, planes, where)
+    rows, cols, R = h.rows, h.cols, h.rows_per_group
+    lens, codes = _index_codes(h)
+    rebuilt = np.zeros((h.n_chunks, h.n_groups, h.chk_cols), np.uint16)  # chunk-major: s = c * n_groups + g
+    out = tc.empty((rows, cols), np.uint16, threads) if keep else None
+    sm, crc = planes[C.SUFFIX_SM], None
+    at = f" in {where}" if where else ""
+    for r0, r1 in tc._bands(rows, cols, R, band_bytes):
+        dst = out[r0:r1] if keep else tc.empty((r1 - r0, cols), np.uint16, threads)
+        try:
+            _C.huffman_decode(planes[C.SUFFIX_EXP], planes[C.SUFFIX_OFF], rows, cols, R, h.cols_per_chunk, h.table,
+                              h.exp_lo, h.exp_hi, r0 // R, -(-r1 // R), 0, h.n_chunks, sm[r0:r1], dst, threads)
+        except ValueError as e:
+            raise FormatError(f"{e}{at}") from None
+        c = _C.crc32(dst.reshape(-1).view(np.uint8), threads)
+        crc = c if crc is None else int(crc32_combine(crc, c, (r1 - r0) * cols * 2))
+        rebuilt[:, r0 // R:-(-r1 // R)] = index_rows(h, dst, lens, codes, threads)
+        if done is not None:
+            done(r0, r1)
+    if crc != h.crc32:
+        raise ChecksumError(f"checksum mismatch{at}: decoded bytes differ from the original")
+    _compare_index(h, np.asarray(planes[C.SUFFIX_CHK]), rebuilt.reshape(h.n_segments, h.chk_cols), where)
+    return out
 
 
 def sm_release(ck: CompressedCheckpoint, base: str, h):
@@ -76,7 +172,7 @@ def verify_checkpoint(ck: CompressedCheckpoint, threads: int | None = None, deco
         h = ck.header(base)
         planes = ck.planes(base)
         if decode:  # a band at a time: memory holds one band of output, not the tensor
-            tc.decode_banded(h, planes, threads, where=where, keep=False, done=sm_release(ck, base, h))
+            decode_verified(h, planes, threads, where=where, keep=False, done=sm_release(ck, base, h))
         else:
             tc.check_planes(h, planes, where)
         ck.release_encoded(base)

@@ -3,14 +3,22 @@ compressed one (planes grouped back into encoded tensors)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 
 import numpy as np
 
 from . import constants as C
 from .errors import FormatError, InputError, UnweightError
 from .header import TensorHeader
+from .quant_config import check_format_version
 from .safetensors_io import SafetensorsFile
+
+log = logging.getLogger(__name__)
+
+# The shard names save_pretrained (and ``unweight compress``) give: model-00001-of-00003.safetensors.
+_NUMBERED = re.compile(r"(.+)-(\d+)-of-(\d+)\.safetensors")
 
 
 def read_index(folder: str) -> dict | None:
@@ -45,7 +53,25 @@ def list_weight_files(folder: str, index: dict | None = None) -> list[str]:
             raise InputError(f"{folder}: shard {missing[0]} named in {C.INDEX_NAME} is missing")
         return [os.path.join(folder, f) for f in files]
     files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    check_numbered_shards(folder, files)
     return [os.path.join(folder, f) for f in files]
+
+
+def check_numbered_shards(folder: str, files: list[str]) -> None:
+    """InputError naming the first missing shard when files (names in folder, read without an
+    index) hold some of a numbered set "<prefix>-<i>-of-<n>.safetensors" but not all n: without
+    an index their names are the one record of the set, and the rest would read as a whole."""
+    sets = {}
+    for f in files:
+        m = _NUMBERED.fullmatch(f)
+        if m:
+            sets.setdefault((m.group(1), m.group(3)), set()).add(int(m.group(2)))
+    for (prefix, total), have in sorted(sets.items()):
+        lost = [i for i in range(1, int(total) + 1) if i not in have]
+        if lost:
+            name = f"{prefix}-{lost[0]:0{len(total)}d}-of-{total}.safetensors"
+            raise InputError(f"{folder}: shard {name} is missing ({len(lost)} of the {int(total)} numbered shards "
+                             f"absent and no {C.INDEX_NAME})")
 
 
 class Checkpoint:
@@ -136,6 +162,7 @@ class CompressedCheckpoint(Checkpoint):
 
     def __init__(self, path: str):
         super().__init__(path)
+        self._check_versions()
         self.encoded = {}  # base name -> {suffix: stored name}
         self.raw = []
         self._raw_crcs = None
@@ -149,16 +176,6 @@ class CompressedCheckpoint(Checkpoint):
             if C.SUFFIX_HDR not in planes:
                 raise FormatError(f"tensor {base!r}: plane {C.SUFFIX_HDR} is missing "
                                   f"(found {', '.join(sorted(planes))}) in {self.file_of(next(iter(planes.values())))}")
-        cfg = self.config()
-        qc = (cfg or {}).get("quantization_config") or {}
-        if self.folder and cfg is not None and qc.get("quant_method") not in (None, C.QUANT_METHOD):
-            raise InputError(f"{path}: config.json says quant_method={qc.get('quant_method')!r}, not an unweight checkpoint")
-        if qc.get("format_version"):
-            major = str(qc["format_version"]).split(".")[0]
-            if major != str(C.VERSION_MAJOR):
-                from .errors import VersionError
-                raise VersionError(f"{path}: unsupported unweight format version {qc['format_version']} "
-                                   f"(this reader knows {C.VERSION_MAJOR}.x; upgrade unweight)")
         if not self.encoded:
             for f in self.files:
                 if f.metadata.get("unweight_format_version"):
@@ -166,6 +183,38 @@ class CompressedCheckpoint(Checkpoint):
             else:
                 raise InputError(f"{path}: not an unweight checkpoint (no encoded tensors and no unweight metadata)")
         self._check_records()
+
+    def _check_versions(self):
+        """Refuse a foreign quant_method, then check every record of the format version (FORMAT.md
+        "Version policy"): config.json's quantization_config, the index metadata's
+        ``unweight.format_version`` and each shard's ``unweight_format_version``, with one rule
+        (check_format_version), before any plane is read.  Each record is optional (a lone
+        .safetensors file has no config or index) and the tensor headers carry their own, but
+        one that is present is never skipped."""
+        cfg = self.config()
+        if cfg is not None and not isinstance(cfg, dict):
+            raise FormatError(f"{os.path.join(self.folder, 'config.json')}: not a JSON object")
+        qc = (cfg or {}).get("quantization_config")
+        cfg_path = os.path.join(self.folder, "config.json") if self.folder else ""
+        if qc is not None and not isinstance(qc, dict):
+            raise FormatError(f"{cfg_path}: quantization_config is not a JSON object")
+        qc = qc or {}
+        if cfg is not None and qc.get("quant_method") not in (None, C.QUANT_METHOD):
+            raise InputError(f"{self.path}: config.json says quant_method={qc.get('quant_method')!r}, not an unweight "
+                             f"checkpoint")
+        if "format_version" in qc:
+            check_format_version(qc["format_version"], f"{cfg_path} (quantization_config)")
+        if self.index is not None:
+            rec = self.index["metadata"].get("unweight")
+            if isinstance(rec, dict) and "format_version" in rec:
+                check_format_version(rec["format_version"], f"{os.path.join(self.folder, C.INDEX_NAME)} (metadata)")
+        for f in self.files:
+            if "unweight_format_version" in f.metadata:
+                check_format_version(f.metadata["unweight_format_version"], f.path)
+        if cfg is not None and not qc and any(n.endswith(C.SUFFIX_HDR) for f in self.files for n in f.names()):
+            # Readable (the shards carry the version), but a loader picks unweight from this entry.
+            log.warning("unweight: %s has no quantization_config: transformers and vLLM will not load %s as an "
+                        "unweight checkpoint", cfg_path, self.path)
 
     def _check_records(self):
         """Check the folder against its index's own records (docs/FORMAT.md, "Checkpoint

@@ -8,6 +8,8 @@ import errno
 import logging
 import os
 import shutil
+import signal
+import threading
 
 from .errors import InputError
 
@@ -18,15 +20,22 @@ log = logging.getLogger(__name__)
 WEIGHT_EXTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".onnx")
 
 
-def remove_stale_temps(parent: str, base: str):
-    """Delete temp folders that a killed run (kill -9, power loss) left next to dst: their
-    owning process is gone, so nobody will finish or rename them."""
+# Outputs this process has renamed into place (absolute paths), so the command can tell an
+# interrupt that came after its output was complete from one that stopped it.
+written: list[str] = []
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stale_temps(parent: str, base: str):
+    """(path, kind) of the temp folders and old copies next to dst whose owning process is gone."""
     prefix = f".{base}.unweight-"
-    for f in os.listdir(parent):
+    for f in sorted(os.listdir(parent)):
         if not f.startswith(prefix):
             continue
         try:
-            pid = int(f.rsplit("-", 1)[1])
+            kind, pid = f[len(prefix):].rsplit("-", 1)
+            pid = int(pid)
         except ValueError:
             continue
         if pid == os.getpid():
@@ -38,40 +47,130 @@ def remove_stale_temps(parent: str, base: str):
             pass
         except PermissionError:
             continue
-        p = os.path.join(parent, f)
+        yield os.path.join(parent, f), kind
+
+
+def _remove(p: str):
+    shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+
+
+def remove_stale_temps(parent: str, base: str):
+    """Clean up after a killed run (kill -9, power loss): delete its temp folders, nobody will
+    finish or rename them.  An old copy of dst it had moved aside (killed between the two
+    renames of the swap) is put back when dst is missing, never deleted: it is the only copy."""
+    dst = os.path.join(parent, base)
+    for p, kind in _stale_temps(parent, base):
+        if kind == "old" and not os.path.lexists(dst):
+            try:
+                os.rename(p, dst)
+            except OSError as e:
+                raise InputError(f"{dst} is missing and its previous contents are in {p} (left by an "
+                                 f"interrupted run), which cannot be put back: {e.strerror or e}") from None
+            log.warning("restored %s from %s, left by an interrupted run", dst, p)
+            continue
         log.info("removing %s left by an interrupted run", p)
-        shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)
+        try:
+            _remove(p)
+        except FileNotFoundError:
+            pass  # another run cleaned it up first
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold SIGINT and SIGTERM for the duration of the block, then deliver the first one: the
+    block (the output swap) then completes or rolls back as a unit.  Handlers are swapped, not
+    signals blocked, because a signal blocked in the main thread still reaches the codec's
+    threads, whose C handler queues the Python one for the main thread all the same.  Only the
+    main thread may set handlers; elsewhere KeyboardInterrupt cannot be raised anyway."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held, saved, holding = [], {}, [True]
+
+    def deliver(signum, frame):
+        h = saved[signum]
+        if callable(h):
+            h(signum, frame)
+        else:  # SIG_DFL, already restored: let the system act on it as it would have
+            signal.raise_signal(signum)
+
+    def hold(signum, frame):
+        if holding[0]:
+            held.append(signum)
+        else:  # left installed by an interrupted restore: behave as the handler it replaced
+            deliver(signum, frame)
+
+    try:
+        for s in _SIGNALS:
+            h = signal.getsignal(s)
+            if h is not None and h is not signal.SIG_IGN:
+                saved[s] = h
+                signal.signal(s, hold)
+        yield
+    finally:
+        holding[0] = False
+        for s, h in saved.items():
+            signal.signal(s, h)
+    # Not when the block failed: its error says more (where dst's old contents are) and the
+    # command stops on it anyway.
+    if held:
+        deliver(held[0], None)
+
+
+def _swap(tmp: str, dst: str, old: str):
+    """Rename tmp to dst, moving an existing dst aside to old first and deleting it after;
+    on failure dst is as it was.  Runs with signals held (see staged_output)."""
+    if not os.path.lexists(dst):
+        os.rename(tmp, dst)
+        written.append(dst)
+        return
+    os.rename(dst, old)
+    try:
+        os.rename(tmp, dst)
+    except OSError as e:
+        try:
+            os.rename(old, dst)
+        except OSError:
+            raise InputError(f"cannot write {dst}: {e.strerror or e}; its previous contents are in {old}") from None
+        raise
+    written.append(dst)
+    try:
+        _remove(old)
+    except OSError as e:  # the new output is in place: a left-over old copy is no failure
+        log.warning("could not remove the previous %s (kept at %s): %s", dst, old, e.strerror or e)
 
 
 @contextlib.contextmanager
 def staged_output(dst: str, overwrite: bool):
     """Yield a temp folder next to dst; on success swap it into place, on any failure
-    (exception, Ctrl-C) remove it and leave dst as it was."""
+    (exception, Ctrl-C) remove it and leave dst as it was.
+
+    The swap runs with SIGINT and SIGTERM held: a signal that comes during it is delivered
+    once the new output is in place (or dst is back as it was), so there is no moment where an
+    interrupt leaves dst missing.  Paths renamed into place are recorded in ``written``."""
     dst = os.path.abspath(dst)
-    parent = os.path.dirname(dst)
+    parent, base = os.path.split(dst)
     if not os.path.isdir(parent):
         raise InputError(f"{parent}: output folder's parent does not exist")
-    if os.path.exists(dst) and not overwrite:
+    # Before the exists check: this may put back a dst that a killed run had moved aside.
+    remove_stale_temps(parent, base)
+    if os.path.lexists(dst) and not overwrite:
         raise InputError(f"{dst} exists: pass --overwrite to replace it")
-    remove_stale_temps(parent, os.path.basename(dst))
-    tmp = os.path.join(parent, f".{os.path.basename(dst)}.unweight-tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    tmp = os.path.join(parent, f".{base}.unweight-tmp-{os.getpid()}")
+    old = os.path.join(parent, f".{base}.unweight-old-{os.getpid()}")
     try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
         yield tmp
-        old = None
-        if os.path.exists(dst):
-            old = os.path.join(parent, f".{os.path.basename(dst)}.unweight-old-{os.getpid()}")
-            os.rename(dst, old)
-        os.rename(tmp, dst)
-        if old:
-            shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.unlink(old)
+        with _signals_held():
+            _swap(tmp, dst, old)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if e.errno == errno.ENOSPC:
             raise InputError(f"no space left on device while writing {dst}; nothing was written") from None
         raise InputError(f"cannot write {dst}: {e.strerror or e}") from None
     except BaseException:
+        # Also a signal delivered after a completed swap: tmp is gone then and this is a no-op.
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
