@@ -37,6 +37,7 @@ import numpy as np
 
 from . import constants as C
 from .errors import FormatError, VersionError
+from .quant_config import version_advice
 
 _FIXED = struct.Struct("<4sBBBBIIIIIBBBBBBHI16sI")
 assert _FIXED.size == 60
@@ -140,8 +141,7 @@ class TensorHeader:
             raise FormatError(f"bad magic {magic!r}{at}: not an unweight tensor header")
         if vmaj != C.VERSION_MAJOR:
             raise VersionError(
-                f"unsupported unweight format version {vmaj}.{vmin}{at}: this reader knows "
-                f"{C.VERSION_MAJOR}.x (upgrade unweight)")
+                f"unsupported unweight format version {vmaj}.{vmin}{at} ({version_advice(vmaj)})")
         (hcrc,) = struct.unpack_from("<I", b, 60)
         table_raw = b[C.HEADER_BYTES:]
         if len(table_raw) != tbytes:

@@ -203,6 +203,25 @@ def test_corrupt_shard_fails_the_tp_load(tp_models):
     assert msg.count("ChecksumError") >= 2  # both ranks, not only the one holding the bad bytes
 
 
+def test_wrong_checkpoint_index_fails_the_tp_load(tp_models):
+    """A flipped bit in a stored checkpoint index (the GPU decoders start chains at it; the CPU
+    decoders ignore it): the rank whose shard holds it stops naming the tensor."""
+    import struct
+    root, paths = tp_models
+    bad = root / "bad-index"
+    if not bad.exists():
+        api.compress(paths["uw-tie0"][1], str(bad), index=True, progress=False)
+        f = bad / "model.safetensors"
+        b = bytearray(f.read_bytes())
+        n = struct.unpack("<Q", bytes(b[:8]))[0]
+        e = json.loads(bytes(b[8:8 + n]))["model.layers.0.self_attn.q_proj.weight__chk"]["data_offsets"]
+        b[8 + n + (e[0] + e[1]) // 2] ^= 0x01
+        f.write_bytes(bytes(b))
+    p = _torchrun(root, str(root / "bad-index-out"), json.dumps({"bad": [str(bad), None]}))
+    assert p.returncode != 0
+    assert "checkpoint index of model.layers.0.self_attn.q_proj.weight" in p.stdout + p.stderr
+
+
 # Every side a multiple of 256 (vocab included, for the colwise lm_head) and head counts that
 # divide 8: the writer's grid splits each matrix 8 ways on both axes however small it is.
 CFG8 = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=8,

@@ -44,6 +44,7 @@ import torch.nn as nn
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
 from ...codec.shard_check import check_shard_records, shard_record
+from ...codec.verify import check_index, decode_verified
 from ...format.checkpoint import CompressedCheckpoint
 from ...format.errors import InputError
 from ...runtime.convert import prefixed_names
@@ -212,7 +213,7 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
             if rows is None and cols is None:
                 hs, ps = h, {k: np.array(v) for k, v in planes.items()}  # own copy of the whole tensor
                 if verify:
-                    tc.decode(hs, ps, where=where, verify=True)
+                    decode_verified(hs, ps, where=where, keep=False)
                 else:
                     tc.check_planes(hs, ps, where)
             else:
@@ -220,6 +221,7 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
                 tc.check_planes(hs, ps, where)
                 if verify:
                     w = tc.decode(hs, ps, where=where, verify=False)
+                    check_index(hs, ps, w, where=where)  # the GPU decoders start chains at it
                     mine_crcs[base] = shard_record(w, rows=rows, cols=cols)
                     sharded_headers[base] = h
             del planes

@@ -43,6 +43,7 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import Un
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
 from ...codec.shard_check import check_shard_records, shard_record
+from ...codec.verify import check_index
 from ...format import constants as C
 from ...format.errors import FormatError, InputError
 from ...format.header import TensorHeader
@@ -224,6 +225,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         mine = {}
         for pc in layer._uw_pieces.values():
             w = tc.decode(pc["header"], pc["planes"], verify=False, where=pc["name"])
+            check_index(pc["header"], pc["planes"], w, where=pc["name"])  # the GPU decoders start chains at it
             h = pc["full_header"]
             mine[pc["name"]] = (shard_record(w, rows=pc["rows"]) if tuple(pc["cols"]) == (0, h.cols)
                                 else shard_record(w, cols=pc["cols"]))

@@ -42,6 +42,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
 from ...codec.shard_check import check_shard_records, shard_record
+from ...codec.verify import check_index
 from ...format import constants as C
 from ...format.checkpoint import CompressedCheckpoint
 from ...format.errors import FormatError, InputError
@@ -381,6 +382,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
         """Decode this rank's shard once and check the TP group's shards against the stored crc32."""
         hs, ps, h = pc["header"], pc["planes"], pc["full_header"]
         w = tc.decode(hs, ps, verify=False, where=pc["name"])
+        check_index(hs, ps, w, where=pc["name"])  # the GPU decoders start chains at it
         (r0, r1), (c0, c1) = pc["rows"], pc["cols"]
         mine = shard_record(w, rows=(r0, r1)) if (c0, c1) == (0, h.cols) else shard_record(w, cols=(c0, c1))
         check_shard_records(gather(layer, mine), h, pc["name"])
