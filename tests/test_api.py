@@ -458,3 +458,150 @@ def test_one_version_everywhere(tiny_model, tmp_path):
     cfg = json.load(open(tmp_path / "c" / "config.json"))
     assert r["tool_version"] == cfg["quantization_config"]["tool_version"] == unweight.__version__ == __version__
     assert version("unweight") == __version__  # pyproject.toml reads unweight/_version.py
+
+
+# ------------------------------------------------------------------ argument checking
+
+
+def test_path_like_arguments_are_accepted(tiny_model, tmp_path):
+    from pathlib import Path
+    src, _ = tiny_model
+    r = unweight.compress(Path(src), tmp_path / "c", progress=False)
+    assert r["source"] == src  # the report is JSON: a str, not the Path given
+    assert json.load(open(tmp_path / "c" / C.REPORT_NAME))["source"] == src
+    f = Path(src) / "model.safetensors"
+    unweight.compress(f, tmp_path / "c1", progress=False)
+    assert unweight.verify(tmp_path / "c", against=f)["mode"] == "against"
+    assert unweight.verify(tmp_path / "c1", against=Path(src))["ok"]
+    unweight.decompress(tmp_path / "c", tmp_path / "d", progress=False)
+    assert unweight.inspect(tmp_path / "c")["path"] == str(tmp_path / "c")
+    assert _tensors_of(src) == _tensors_of(str(tmp_path / "d"))
+
+
+@pytest.mark.parametrize("call,what,got", [
+    (lambda d: unweight.compress(None, d, progress=False), "src", "NoneType"),
+    (lambda d: unweight.compress(5, d, progress=False), "src", "int"),
+    (lambda d: unweight.compress(b"src", d, progress=False), "src", "bytes"),
+    (lambda d: unweight.compress("smollm2-135m", None, progress=False), "dst", "NoneType"),
+    (lambda d: unweight.decompress(None, d, progress=False), "src", "NoneType"),
+    (lambda d: unweight.decompress(d, 3.5, progress=False), "dst", "float"),
+    (lambda d: unweight.verify(None), "path", "NoneType"),
+    (lambda d: unweight.verify(d, against=5), "against", "int"),
+    (lambda d: unweight.inspect(None), "path", "NoneType"),
+])
+def test_non_path_arguments_are_refused_by_name(tmp_path, call, what, got):
+    with pytest.raises(InputError) as e:
+        call(str(tmp_path / "d"))
+    assert str(e.value) == f"{what} must be a path, got {got}"
+    assert os.listdir(tmp_path) == []
+
+
+def test_empty_dst_is_refused(tiny_model, tmp_path, monkeypatch):
+    # "" is the current folder to abspath: with overwrite it would be replaced.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match="dst is an empty path"):
+        unweight.compress(tiny_model[0], "", overwrite=True, progress=False)
+    assert os.listdir(tmp_path) == ["src"]
+
+
+@pytest.mark.parametrize("jobs", [1.5, "2", -1, 0, True])
+def test_jobs_must_be_an_int_of_at_least_one(tiny_model, tmp_path, jobs):
+    src, _ = tiny_model
+    d = str(tmp_path / "c")
+    for call in (lambda: unweight.compress(src, d, jobs=jobs, progress=False),
+                 lambda: unweight.decompress(src, d, jobs=jobs, progress=False),
+                 lambda: unweight.verify(src, jobs=jobs), lambda: unweight.inspect(src, jobs=jobs)):
+        with pytest.raises(InputError, match=r"^jobs must be an int >= 1 \(or None for all cores\), got "):
+            call()
+    assert not os.path.exists(d)
+
+
+def test_jobs_is_the_thread_count_reported(tiny_model, tmp_path):
+    r = unweight.compress(tiny_model[0], str(tmp_path / "c"), jobs=np.int64(2), progress=False)
+    assert r["jobs"] == 2 and type(r["jobs"]) is int
+
+
+def test_parse_size():
+    from unweight.api import parse_size
+    for s, n in (("5GB", 5 * 10**9), ("500MB", 500 * 10**6), ("1.5GiB", 3 * 2**29), ("1.1GB", 11 * 10**8),
+                 (" 2 kib ", 2048), ("7b", 7), ("1", 1), (".5KB", 500), (123, 123), (1e9, 10**9),
+                 (np.int64(9), 9)):
+        assert parse_size(s) == n, s
+    for s in (".", "1..2GB", "5iB", "1e3", "-1", "", "GB", None, True, b"5GB", [5]):
+        with pytest.raises(InputError, match=r"^bad max_shard_size .*: use e\.g\. 5GB or 500MB$"):
+            parse_size(s)
+    for s in ("1.5", 1.5, float("inf"), float("nan")):
+        with pytest.raises(InputError, match="a number of bytes is a whole number"):
+            parse_size(s)
+    for s in ("0", 0, -1, "0.0001KB", 0.0):
+        with pytest.raises(InputError, match="max_shard_size must be at least 1 byte"):
+            parse_size(s)
+
+
+@pytest.mark.parametrize("size", [".", "1..2GB", "0", 0, -1, 1.5])
+def test_bad_max_shard_size_is_refused(tiny_model, tmp_path, size):
+    src, _ = tiny_model
+    with pytest.raises(InputError, match="max_shard_size"):
+        unweight.compress(src, str(tmp_path / "c"), max_shard_size=size, progress=False)
+    unweight.compress(src, str(tmp_path / "c"), progress=False)
+    with pytest.raises(InputError, match="max_shard_size"):
+        unweight.decompress(str(tmp_path / "c"), str(tmp_path / "d"), max_shard_size=size, progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["c", "src"]
+
+
+def test_include_exclude_take_one_glob_as_a_str(tiny_model, tmp_path):
+    src, _ = tiny_model
+    r = unweight.compress(src, str(tmp_path / "c"), include="*embed*", progress=False)
+    assert [t["name"] for t in r["tensors"] if t["encoding"] != "raw"] == ["model.embed_tokens.weight"]
+    r = unweight.compress(src, str(tmp_path / "c2"), include=("*mlp*",), exclude="*down_proj*", progress=False)
+    assert [t["name"] for t in r["tensors"] if t["encoding"] != "raw"] == ["model.layers.0.mlp.up_proj.weight"]
+    # a generator is read once, not exhausted by the first tensor
+    r = unweight.compress(src, str(tmp_path / "c3"), include=(p for p in ["*mlp*"]), progress=False)
+    assert r["encoded_tensors"] == 2
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"include": ["*mlp*", 1]}, r"^include patterns must be str, got int \(1\)$"),
+    ({"exclude": [None]}, r"^exclude patterns must be str, got NoneType"),
+    ({"include": 3}, r"^include must be a glob or a list of globs, got int$"),
+])
+def test_include_exclude_refuse_non_str(tiny_model, tmp_path, kw, match):
+    with pytest.raises(InputError, match=match):
+        unweight.compress(tiny_model[0], str(tmp_path / "c"), progress=False, **kw)
+
+
+@pytest.mark.parametrize("seg", [0, -5, 1.5, "8192", True])
+def test_segment_weights_must_be_an_int_of_at_least_one(tiny_model, tmp_path, seg):
+    with pytest.raises(InputError, match=r"^segment_weights must be an int >= 1, got "):
+        unweight.compress(tiny_model[0], str(tmp_path / "c"), segment_weights=seg, progress=False)
+    assert not (tmp_path / "c").exists()
+
+
+def test_revision_of_a_local_source_is_refused(tiny_model, tmp_path):
+    with pytest.raises(InputError, match="revision .* applies to hub ids only"):
+        unweight.compress(tiny_model[0], str(tmp_path / "c"), revision="main", progress=False)
+    assert not (tmp_path / "c").exists()
+
+
+def test_index_with_palette_is_refused_and_kept_with_auto(tiny_model, tmp_path):
+    src, _ = tiny_model
+    with pytest.raises(InputError, match="index of huffman tensors.*palette"):
+        unweight.compress(src, str(tmp_path / "p"), encoding="palette", index=True, progress=False)
+    assert not (tmp_path / "p").exists()
+    r = unweight.compress(src, str(tmp_path / "a"), encoding="auto", index=True, progress=False)
+    idx = json.load(open(tmp_path / "a" / C.INDEX_NAME))["weight_map"]
+    huff = [t["name"] for t in r["tensors"] if t["encoding"] == "huffman"]
+    assert huff and all(n + C.SUFFIX_CHK in idx for n in huff)
+
+
+def test_verify_against_a_compressed_checkpoint_is_refused(tiny_model, tmp_path):
+    src, _ = tiny_model
+    c, c2 = str(tmp_path / "c"), str(tmp_path / "c2")
+    unweight.compress(src, c, progress=False)
+    unweight.compress(src, c2, encoding="palette", progress=False)
+    for against in (c2, c, os.path.join(c2, "model.safetensors")):  # folder; itself; a lone shard
+        with pytest.raises(InputError) as e:
+            unweight.verify(c, against=against)
+        assert str(e.value) == (f"--against {against} is a compressed checkpoint: it must be the original, "
+                                "uncompressed one")
+    assert unweight.verify(c, against=os.path.join(src, "model.safetensors"))["ok"]

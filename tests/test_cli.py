@@ -356,3 +356,23 @@ def test_offline_commands_never_import_torch(tiny_model, tmp_path):
     for args in (["compress", src, c], ["verify", c], ["inspect", c], ["decompress", c, d], ["--help"]):
         p = subprocess.run([sys.executable, "-c", code] + args, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, (args, p.stderr)
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--max-shard-size", "."], "bad max_shard_size '.'"),
+    (["--max-shard-size", "1..2GB"], "bad max_shard_size '1..2GB'"),
+    (["--max-shard-size", "0"], "max_shard_size must be at least 1 byte"),
+    (["--revision", "v1"], "applies to hub ids only"),
+    (["--encoding", "palette", "--index"], "index of huffman tensors"),
+])
+def test_bad_compress_options_are_one_line_exit_2(tiny_model, tmp_path, args, match):
+    p = run("compress", tiny_model[0], str(tmp_path / "c"), *args)
+    assert_one_line_error(p, 2)
+    assert match in p.stderr and "internal error" not in p.stderr
+    assert not (tmp_path / "c").exists()
+
+
+def test_bad_decompress_shard_size_is_one_line_exit_2(tmp_path):
+    p = run("decompress", str(tmp_path), str(tmp_path / "d"), "--max-shard-size", "-1")
+    assert_one_line_error(p, 2)
+    assert "bad max_shard_size '-1'" in p.stderr

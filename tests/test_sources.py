@@ -113,3 +113,34 @@ def test_hub_errors_are_one_line(monkeypatch):
     with pytest.raises(InputError) as e:
         sources.resolve("org/model", revision="main")
     assert str(e.value) == "org/model: cannot download: disk on fire"
+
+
+def test_path_like_sources_resolve_to_str(tmp_path):
+    from pathlib import Path
+    f = tmp_path / "m.safetensors"
+    f.write_bytes(b"")
+    assert sources.resolve(Path(tmp_path)) == str(tmp_path)
+    assert sources.resolve(f) == str(f)
+    assert sources.as_path(Path("a/b"), "src") == os.path.join("a", "b")
+
+
+@pytest.mark.parametrize("value,msg", [(None, "src must be a path, got NoneType"), (5, "src must be a path, got int"),
+                                       (b"x", "src must be a path, got bytes"), ("", "src is an empty path")])
+def test_non_paths_are_refused_by_name(value, msg):
+    with pytest.raises(InputError) as e:
+        sources.resolve(value)
+    assert str(e.value) == msg
+
+
+def test_revision_applies_to_hub_ids_only(tmp_path, monkeypatch):
+    # Refused before any bundled conversion or download would start.
+    monkeypatch.setattr(sources, "bundled_smollm2", lambda: pytest.fail("converted"))
+    for src in (str(tmp_path), "smollm2-135m"):
+        with pytest.raises(InputError, match=r"a revision \('v1'\) applies to hub ids only"):
+            sources.resolve(src, revision="v1")
+    with pytest.raises(InputError, match="revision must be a str, got int"):
+        sources.resolve("org/model", revision=3)
+    seen = {}
+    import huggingface_hub
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda src, revision, **k: seen.update(r=revision) or "x")
+    assert sources.resolve("org/model", revision="v1") == "x" and seen == {"r": "v1"}

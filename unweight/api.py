@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import math
 import logging
+import math
+import numbers
 import os
 import re
 import time
@@ -22,7 +23,7 @@ from .codec import tensor_codec as tc
 from .codec.verify import check_raw, check_records, decode_verified, raw_crc32, sm_release, verify_checkpoint
 from .format import constants as C
 from .format.checkpoint import Checkpoint, CompressedCheckpoint, split_name
-from .format.errors import InputError, MismatchError
+from .format.errors import FormatError, InputError, MismatchError
 from .format.shards import ShardSet, write_index
 from .format.staging import copy_side_files, same_or_inside, staged_output
 
@@ -32,17 +33,52 @@ log = logging.getLogger(__name__)
 SKIP_FILES = {C.INDEX_NAME, "pytorch_model.bin.index.json", "config.json", C.REPORT_NAME}
 
 
-def parse_size(s) -> int:
-    """'5GB' / '500MB' / '1.5GiB' / 123 -> bytes."""
-    if isinstance(s, int):
-        return s
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?i?B?)\s*", str(s), re.I)
-    if not m:
-        raise InputError(f"bad size {s!r}: use e.g. 5GB or 500MB")
-    unit = m.group(2).upper().rstrip("B")
-    mult = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-            "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
-    return int(float(m.group(1)) * mult)
+def parse_size(s, what: str = "max_shard_size") -> int:
+    """'5GB' / '500MB' / '1.5GiB' / 123 -> bytes (at least 1); InputError naming `what` otherwise."""
+    if isinstance(s, numbers.Real) and not isinstance(s, bool):
+        if not float(s).is_integer():
+            raise InputError(f"bad {what} {s!r}: a number of bytes is a whole number")
+        n = int(s)
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*((?:[KMGT]i?)?B?)\s*", s, re.I) if isinstance(s, str) else None
+        if not m:
+            raise InputError(f"bad {what} {s!r}: use e.g. 5GB or 500MB")
+        unit = m.group(2).upper().rstrip("B")
+        mult = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+                "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
+        x = float(m.group(1))
+        if mult == 1 and not x.is_integer():
+            raise InputError(f"bad {what} {s!r}: a number of bytes is a whole number")
+        n = int(x * mult)
+    # Any size below one tensor already gives one tensor per shard; zero or less is a mistake.
+    if n < 1:
+        raise InputError(f"{what} must be at least 1 byte, got {s!r}")
+    return n
+
+
+def _jobs(jobs) -> int:
+    """Threads: None is all cores; otherwise an int >= 1 (as the CLI's -j: no "0 = all cores")."""
+    if jobs is None:
+        return tc.default_threads()
+    if isinstance(jobs, bool) or not isinstance(jobs, numbers.Integral) or jobs < 1:
+        raise InputError(f"jobs must be an int >= 1 (or None for all cores), got {jobs!r}")
+    return int(jobs)
+
+
+def _patterns(value, what: str) -> list[str]:
+    """include / exclude: None, one glob, or an iterable of globs (a str is one glob, not its characters)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    try:
+        pats = list(value)
+    except TypeError:
+        raise InputError(f"{what} must be a glob or a list of globs, got {type(value).__name__}") from None
+    for p in pats:
+        if not isinstance(p, str):
+            raise InputError(f"{what} patterns must be str, got {type(p).__name__} ({p!r})")
+    return pats
 
 
 def category(name: str) -> str:
@@ -105,21 +141,33 @@ def _header_bound(name: str, dt: str, shape, hi: int, encodings: tuple, segment_
     return best
 
 
-def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None = None,
-             overwrite: bool = False, include: list[str] | None = None, exclude: list[str] | None = None,
+def compress(src, dst, *, encoding: str = "huffman", jobs: int | None = None,
+             overwrite: bool = False, include: str | list[str] | None = None,
+             exclude: str | list[str] | None = None,
              verify: bool = True, max_shard_size="5GB", revision: str | None = None,
              segment_weights: int = C.DEFAULT_SEGMENT_WEIGHTS, index: bool = False, progress: bool = True) -> dict:
     """Compress a checkpoint (folder, .safetensors file, bundled name or hub id) into dst.
 
-    index: also store the Huffman checkpoint index (format 1.2, ~0.014 bit per weight) that the
-    GPU decoder needs; without it (the default, the smallest file) the GPU loader builds it at
-    load time.  Returns the report written to dst/unweight_report.json.
+    src, dst: str or os.PathLike; revision: only for hub ids.  jobs: threads >= 1 (None: all
+    cores).  include / exclude: one glob or a list of them.  index: also store the Huffman
+    checkpoint index (format 1.2, ~0.014 bit per weight) that the GPU decoder needs; without it
+    (the default, the smallest file) the GPU loader builds it at load time; refused with
+    encoding="palette", which has no huffman tensors.  Returns the report written to
+    dst/unweight_report.json.
     """
+    # Every argument is checked before resolving src, which may download or convert a model.
+    src, dst = sources.as_path(src, "src"), sources.as_path(dst, "dst")
     if encoding not in tc.ENCODINGS:
         raise InputError(f"unknown encoding {encoding!r}: choose huffman, palette or auto")
-    jobs = jobs or tc.default_threads()
+    if index and encoding == "palette":
+        raise InputError("index=True stores the index of huffman tensors; a palette checkpoint has none "
+                         "(use encoding huffman or auto)")
+    jobs = _jobs(jobs)
     max_bytes = parse_size(max_shard_size)
-    t0 = time.perf_counter()
+    include, exclude = _patterns(include, "include"), _patterns(exclude, "exclude")
+    if isinstance(segment_weights, bool) or not isinstance(segment_weights, numbers.Integral) or segment_weights < 1:
+        raise InputError(f"segment_weights must be an int >= 1, got {segment_weights!r}")
+    segment_weights = int(segment_weights)
     local = sources.resolve(src, revision)
     t0 = time.perf_counter()  # GB/s counts our work, not a hub download or bundled conversion
     if same_or_inside(local, dst):
@@ -136,7 +184,7 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
     passthrough_dtypes = set()
     def encodable(name, dt, shape) -> bool:
         wanted = (not include or any(fnmatch.fnmatchcase(name, p) for p in include)) and \
-                 not any(fnmatch.fnmatchcase(name, p) for p in (exclude or []))
+                 not any(fnmatch.fnmatchcase(name, p) for p in exclude)
         return dt == "BF16" and _encodable_shape(shape) and math.prod(shape) >= C.MIN_ENCODED_WEIGHTS and wanted
 
     # Each shard's header is written last into room reserved ahead of its data (one write of
@@ -236,13 +284,15 @@ def compress(src: str, dst: str, *, encoding: str = "huffman", jobs: int | None 
     return report
 
 
-def decompress(src: str, dst: str, *, overwrite: bool = False, jobs: int | None = None,
+def decompress(src, dst, *, overwrite: bool = False, jobs: int | None = None,
                max_shard_size="5GB", progress: bool = True) -> dict:
     """Write a standard checkpoint whose tensors are byte-identical to the original ones.
 
     Every tensor is checked against its stored crc32 (encoded and raw alike) before the
     output is renamed into place; any mismatch leaves no output."""
-    jobs = jobs or tc.default_threads()
+    src, dst = sources.as_path(src, "src"), sources.as_path(dst, "dst")
+    jobs = _jobs(jobs)
+    max_bytes = parse_size(max_shard_size)
     t0 = time.perf_counter()
     if not os.path.exists(src):
         raise InputError(f"{src}: no such file or folder")
@@ -263,7 +313,7 @@ def decompress(src: str, dst: str, *, overwrite: bool = False, jobs: int | None 
                 else:
                     dt, shape, b, e = ck.info(base)
                     plan.append([(base, dt, shape, e - b)])
-            shards = ShardSet(tmp, parse_size(max_shard_size), {"format": "pt"}, False, plan)
+            shards = ShardSet(tmp, max_bytes, {"format": "pt"}, False, plan)
             try:
                 for base in order:
                     if base in headers:
@@ -299,13 +349,30 @@ def decompress(src: str, dst: str, *, overwrite: bool = False, jobs: int | None 
     return {"tensors": n_out, "files": files, "seconds": time.perf_counter() - t0, "output": os.path.abspath(dst)}
 
 
-def verify(path: str, against: str | None = None, jobs: int | None = None) -> dict:
-    """Check integrity (stored checksums and the checkpoint's records) or, with `against`,
-    also byte equality with the original.
+def _is_compressed(ck: Checkpoint) -> bool:
+    """Whether a checkpoint given as an original is an unweight one: it would otherwise only
+    show up as "tensor sets differ" (its planes are not the original's tensor names)."""
+    try:
+        qc = (ck.config() or {}).get("quantization_config")
+    except (FormatError, AttributeError):
+        qc = None  # no readable config: the tensors decide
+    if isinstance(qc, dict) and qc.get("quant_method") == C.QUANT_METHOD:
+        return True
+    return any(split_name(n)[1] for n in ck.names()) or \
+        any(f.metadata.get("unweight_format_version") for f in ck.files)
 
-    Raises ChecksumError / FormatError / MismatchError on the first difference.
+
+def verify(path, against=None, jobs: int | None = None) -> dict:
+    """Check integrity (stored checksums and the checkpoint's records) or, with `against`
+    (the original: folder, .safetensors file, bundled name or hub id), also byte equality
+    with it.
+
+    Raises ChecksumError / FormatError / MismatchError on the first difference, InputError
+    when `against` is itself a compressed checkpoint.
     """
-    jobs = jobs or tc.default_threads()
+    path = sources.as_path(path, "path")
+    against = None if against is None else sources.as_path(against, "against")
+    jobs = _jobs(jobs)
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file or folder")
     if against is None:
@@ -315,8 +382,11 @@ def verify(path: str, against: str | None = None, jobs: int | None = None) -> di
         finally:
             ck.close()
         return {"ok": True, "mode": "checksums", "tensors_checked": r["encoded_checked"] + r["raw_checked"], **r}
-    orig = Checkpoint(sources.resolve(against))
+    orig = Checkpoint(sources.resolve(against, what="against"))
     try:
+        if _is_compressed(orig):
+            raise InputError(f"--against {against} is a compressed checkpoint: it must be the original, "
+                             "uncompressed one")
         ck = CompressedCheckpoint(path)
     except BaseException:
         orig.close()
@@ -350,11 +420,12 @@ def verify(path: str, against: str | None = None, jobs: int | None = None) -> di
         orig.close()
 
 
-def inspect(path: str, jobs: int | None = None) -> dict:
+def inspect(path, jobs: int | None = None) -> dict:
     """Per-tensor encoding, shape, ratio, exponent entropy, palette coverage, verbatim fraction.
 
     Reads every tensor, so it checks each against its stored crc32 on the way."""
-    jobs = jobs or tc.default_threads()
+    path = sources.as_path(path, "path")
+    jobs = _jobs(jobs)
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file or folder")
     ck = CompressedCheckpoint(path)

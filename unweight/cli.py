@@ -161,31 +161,6 @@ def decompress(src, dst, overwrite, jobs, max_shard_size):
     _result(f"wrote {r['tensors']} tensors to {r['output']} ({', '.join(r['files'])}) in {r['seconds']:.1f} s")
 
 
-def _refuse_compressed_against(against: str):
-    """--against takes the original: a compressed checkpoint there would only show up as
-    "tensor sets differ" (its planes are not the original's tensor names)."""
-    from .format import constants as C
-    from .format.checkpoint import Checkpoint, split_name
-    if not os.path.exists(against):
-        return  # a hub id or bundled name: an original by construction
-    try:
-        with open(os.path.join(against, "config.json")) as f:
-            qc = json.load(f).get("quantization_config")
-    except (OSError, ValueError, AttributeError):
-        qc = None  # no readable config (a lone file, a bare folder): the tensors decide
-    compressed = isinstance(qc, dict) and qc.get("quant_method") == C.QUANT_METHOD
-    if not compressed:
-        ck = Checkpoint(against)
-        try:
-            compressed = any(split_name(n)[1] for n in ck.names()) or \
-                any(f.metadata.get("unweight_format_version") for f in ck.files)
-        finally:
-            ck.close()
-    if compressed:
-        raise InputError(f"--against {against} is a compressed checkpoint: it must be the original, "
-                         "uncompressed one")
-
-
 @main.command()
 @click.argument("path")
 @click.option("--against", default=None, help="Original checkpoint to compare with, tensor by tensor.")
@@ -193,8 +168,6 @@ def _refuse_compressed_against(against: str):
 def verify(path, against, jobs):
     """Check a compressed checkpoint: stored checksums, or byte equality --against the original."""
     from . import api
-    if against is not None:
-        _run(_refuse_compressed_against, against)
     r = _run(api.verify, path, against=against, jobs=jobs)
     how = "byte-identical to the original" if r["mode"] == "against" else "match their stored checksums"
     _result(f"ok: {r['tensors_checked']} tensors {how}")
@@ -222,6 +195,22 @@ def inspect(path, as_json, jobs):
             f"{tot['tensors']} tensors, {tot['encoded']} encoded; tensor bytes {_gb(tot['orig_bytes'])} -> "
             f"{_gb(tot['stored_bytes'])} (ratio {tot['ratio']:.4f}); files {_gb(tot['file_bytes'])}, "
             f"{tot['bits_per_weight']:.3f} bits/weight")
+
+
+def _check_output(output: str):
+    """Refuse an --output that cannot be written before the run, not after both models were
+    evaluated (hours on a full run).  Missing folders on its way are made when it is written."""
+    path = os.path.abspath(output)
+    if os.path.isdir(path):
+        raise InputError(f"--output {output} is a folder: give a file name, e.g. "
+                         f"{os.path.join(output, 'results.json')}")
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise InputError(f"--output {output}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise InputError(f"--output {output}: not writable")
 
 
 @main.command("eval")
@@ -253,6 +242,8 @@ def eval_(original, compressed, tasks, limit, device, mode, batch_size, threads,
     log-likelihoods; fused-kernel modes must stay within the tolerances.  Exits 4 otherwise."""
     from . import evaluation
     from .format.errors import MismatchError
+    if output:
+        _run(_check_output, output)
     say = (lambda s: click.echo(s, err=True)) if not as_json else None
     r = _run(evaluation.run, original, compressed, tasks=tasks, limit=limit, device=device, mode=mode,
              batch_size=batch_size, ll_tolerance=ll_tolerance, metric_tolerance=metric_tolerance, threads=threads,

@@ -96,8 +96,28 @@ def bundled_minilm() -> str:
     return _atomic_build(os.path.join(cache_dir(), "minilm-l6-bf16"), build)
 
 
-def resolve(src: str, revision: str | None = None) -> str:
-    """Return a local folder or .safetensors file for `src`; InputError with the fix otherwise."""
+def as_path(value, what: str) -> str:
+    """`value` (a str or os.PathLike) as a str path; InputError naming `what` otherwise."""
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        if isinstance(path, str):  # a bytes path would fail later, in str operations
+            if not path:  # "" is the current folder to abspath: never a DST anyone meant
+                raise InputError(f"{what} is an empty path")
+            return path
+        value = path
+    raise InputError(f"{what} must be a path, got {type(value).__name__}")
+
+
+def resolve(src, revision: str | None = None, what: str = "src") -> str:
+    """Return a local folder or .safetensors file for `src` (a path, bundled name or hub id;
+    str or os.PathLike); InputError with the fix otherwise.  `what` names src in errors."""
+    src = as_path(src, what)
+    if revision is not None and not isinstance(revision, str):
+        raise InputError(f"revision must be a str, got {type(revision).__name__}")
+    if revision is not None and (os.path.exists(src) or src in BUNDLED):
+        # There is no revision to pick here: reading the files as they are would ignore it.
+        raise InputError(f"{src}: a revision ({revision!r}) applies to hub ids only, not to a local path "
+                         "or bundled model")
     if os.path.exists(src):
         if os.path.isdir(src) or src.endswith(".safetensors"):
             return src

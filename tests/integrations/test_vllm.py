@@ -232,3 +232,37 @@ def test_moe_tp2_experts_stay_compressed_per_rank(moe_models):
                     assert pc["held_bytes"] < 0.6 * pc["full_planes_bytes"], pc
     # Mixtral builds its embedding without a quantization config: that tensor reaches it decoded.
     assert "model.embed_tokens.weight -> decoded to bf16 at load" in log
+
+
+def test_moe_compiled_modes_and_raw_checksums(moe_models, models, tmp_path):
+    """vLLM's default compiled mode with compressed experts (the CPU MoE forward is traced into
+    the graph; the routed decode runs behind unweight_vllm::moe_routed), the palette and dense
+    modes chosen in quantization_config, and a flipped bit in a raw tensor, which stops the
+    load in the main process."""
+    import shutil
+    import struct
+    src, comp = moe_models["qwen3_moe"]
+    folders = {}
+    for mode in ("palette", "dense"):
+        folders[mode] = str(tmp_path / mode)
+        shutil.copytree(models["huffman"], folders[mode])
+        p = os.path.join(folders[mode], "config.json")
+        cfg = json.load(open(p))
+        cfg["quantization_config"]["mode"] = mode
+        json.dump(cfg, open(p, "w"))
+    flipped = str(tmp_path / "flipped")
+    shutil.copytree(models["huffman"], flipped)
+    f = os.path.join(flipped, "model.safetensors")
+    b = bytearray(open(f, "rb").read())
+    n = struct.unpack("<Q", bytes(b[:8]))[0]
+    e = json.loads(bytes(b[8:8 + n]))["model.layers.0.input_layernorm.weight"]["data_offsets"]
+    b[8 + n + e[0] + 3] ^= 0x01
+    open(f, "wb").write(bytes(b))
+    res, _ = _run([{"model": src, "eager": False, "max_tokens": 8}, {"model": comp, "eager": False, "max_tokens": 8},
+                   {"model": models["bf16"]}, {"model": folders["palette"]},
+                   {"model": models["bf16"], "eager": False}, {"model": folders["dense"], "eager": False},
+                   {"model": flipped}], timeout=600)
+    assert _ok(res[1]) == _ok(res[0])
+    assert _ok(res[3]) == _ok(res[2])  # palette mode on a huffman file: shards transcoded on the host
+    assert _ok(res[5]) == _ok(res[4])  # dense mode compiled
+    assert "checksum mismatch in tensor 'model.layers.0.input_layernorm.weight'" in res[6]["error"]

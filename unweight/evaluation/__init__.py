@@ -33,11 +33,11 @@ provenance), runner (the run).
 from .bitwise import bitwise_by_construction, fused_kernels
 from .compare import (LL_TOLERANCE, METRIC_TOLERANCE, compare_metrics, compare_samples, describe_difference, judge,
                       sample_table)
-from .models import check_compatible
+from .models import check_causal_lm, check_compatible
 from .report import format_table
 from .runner import MODES, run
 from .tasks import DEFAULT_TASKS, available_tasks, evals_dir, resolve_tasks, tasks_module
 
 __all__ = ["run", "format_table", "resolve_tasks", "available_tasks", "evals_dir", "tasks_module", "compare_samples",
-           "compare_metrics", "describe_difference", "judge", "sample_table", "check_compatible",
+           "compare_metrics", "describe_difference", "judge", "sample_table", "check_causal_lm", "check_compatible",
            "bitwise_by_construction", "fused_kernels", "DEFAULT_TASKS", "MODES", "LL_TOLERANCE", "METRIC_TOLERANCE"]

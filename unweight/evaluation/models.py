@@ -14,7 +14,7 @@ _CONFIG_IGNORE = {"quantization_config", "_name_or_path", "_model_name_or_path",
 
 def _resolve_original(src: str) -> str:
     from ..sources import resolve
-    path = resolve(src)
+    path = resolve(src, what="ORIGINAL")
     if not os.path.isdir(path):
         raise InputError(f"{src}: ORIGINAL must be a model folder (config.json, tokenizer, weights)")
     return path
@@ -27,6 +27,19 @@ def _config_dict(path: str, role: str) -> dict:
         raise InputError(f"{path}: no config.json (the {role} model must be a transformers model folder)")
     with open(f) as fh:
         return json.load(fh)
+
+
+def check_causal_lm(cfg: dict, src: str):
+    """Refuse a model lm-eval cannot score as a causal LM, before loading it: an encoder
+    (BERT: its model_type has a causal-LM class, BertLMHeadModel, but its weights are a
+    BertModel) would load with a random head and fail inside lm-eval."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
+    model_type, archs = cfg.get("model_type"), cfg.get("architectures") or []
+    classes = {c for v in causal.values() for c in ((v,) if isinstance(v, str) else v)}
+    if not isinstance(model_type, str) or model_type not in causal or (archs and not any(a in classes for a in archs)):
+        what = ", ".join(map(str, archs)) or f"model_type {model_type!r}"
+        raise InputError(f"{src}: not a causal language model ({what}); unweight eval compares causal LMs "
+                         "(AutoModelForCausalLM)")
 
 
 def _load_tokenizer(path: str, role: str):

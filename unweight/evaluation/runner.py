@@ -6,13 +6,16 @@ import datetime
 import gc
 import importlib.util
 import logging
+import numbers
 import os
 import time
 
 from ..format.errors import InputError
+from ..sources import as_path
 from .bitwise import bitwise_by_construction, fused_kernels
 from .compare import LL_TOLERANCE, METRIC_TOLERANCE, compare_metrics, compare_samples, judge, sample_table
-from .models import _config_dict, _load_compressed, _load_original, _load_tokenizer, _resolve_original, check_compatible
+from .models import (_config_dict, _load_compressed, _load_original, _load_tokenizer, _resolve_original,
+                     check_causal_lm, check_compatible)
 from .report import _git_commit, _versions
 from .tasks import evals_dir, resolve_tasks
 from ..runtime.modes import MODES, check_mode  # noqa: F401  (MODES re-exported)
@@ -53,7 +56,14 @@ def _evaluate(model, tokenizer, tasks: list[str], limit, batch_size: int, task_m
             "seconds": secs, "cpu_seconds": cpu}
 
 
-def run(original: str, compressed: str, tasks=None, limit: int | None = None, device: str = "cpu",
+def _count(value, flag: str) -> int:
+    """An int >= 1 (not a bool) or InputError naming the option."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise InputError(f"{flag} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def run(original, compressed, tasks=None, limit: int | None = None, device: str = "cpu",
         mode: str = "dense", batch_size: int = 16, ll_tolerance: float = LL_TOLERANCE,
         metric_tolerance: float = METRIC_TOLERANCE, threads: int | None = None, check: str = "auto",
         quiet: bool = True, progress=None) -> dict:
@@ -64,19 +74,22 @@ def run(original: str, compressed: str, tasks=None, limit: int | None = None, de
     result["check"]["passed"] is the verdict.  Bad input raises InputError (one line).
     progress: optional callable(str) for status lines."""
     say = progress or (lambda s: None)
+    original, compressed = as_path(original, "ORIGINAL"), as_path(compressed, "COMPRESSED")
     check_mode(mode)
-    if limit is not None and limit <= 0:
-        raise InputError(f"--limit must be positive, got {limit}")
+    limit = None if limit is None else _count(limit, "--limit")
     if check not in ("auto", "bitwise", "tolerance"):
         raise InputError(f"unknown check {check!r}: choose auto, bitwise, tolerance")
-    if batch_size <= 0:
-        raise InputError(f"--batch-size must be positive, got {batch_size}")
+    batch_size = _count(batch_size, "--batch-size")
+    threads = None if threads is None else _count(threads, "--threads")
+    if not isinstance(device, str):
+        raise InputError(f"device must be a str (cpu, cuda or cuda:N), got {type(device).__name__}")
     _require_lm_eval()
     task_names = resolve_tasks(tasks)
     if not os.path.isdir(compressed):
         raise InputError(f"{compressed}: no such folder (COMPRESSED is a folder written by `unweight compress`)")
     orig_path = _resolve_original(original)
     orig_cfg, comp_cfg = _config_dict(orig_path, "original"), _config_dict(compressed, "compressed")
+    check_causal_lm(orig_cfg, original)  # check_compatible holds COMPRESSED to the same config
     orig_tok, comp_tok = _load_tokenizer(orig_path, "original"), _load_tokenizer(compressed, "compressed")
     check_compatible(orig_cfg, comp_cfg, orig_tok, comp_tok)
 
@@ -87,7 +100,7 @@ def run(original: str, compressed: str, tasks=None, limit: int | None = None, de
         raise InputError(f"unknown device {device!r}: choose cpu or cuda[:N]")
     os.environ.update(OFFLINE_ENV)
     if threads:
-        torch.set_num_threads(int(threads))
+        torch.set_num_threads(threads)
     if quiet:  # lm-eval warns about every pre-built model and custom dataset; transformers about device maps
         for name in ("lm_eval", "lm-eval", "transformers"):
             logging.getLogger(name).setLevel(logging.ERROR)

@@ -7,9 +7,12 @@ eval`` works from a wheel; UNWEIGHT_EVALS_DIR points at another folder of the sa
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 
 from ..format.errors import InputError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TASKS = ("arc_easy", "piqa", "hellaswag")
 TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lm_eval_tasks")
@@ -39,8 +42,15 @@ def available_tasks() -> list[str]:
 
 
 def resolve_tasks(spec) -> list[str]:
-    """'arc_easy,piqa' or a list -> task names; unknown names and missing data raise InputError."""
-    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else (spec or DEFAULT_TASKS)) if s.strip()]
+    """'arc_easy,piqa' or a list -> task names; unknown names and missing data raise InputError.
+
+    A task that is part of a group also given (mmlu_anatomy with mmlu) is left to the group,
+    whose results hold its row: lm-eval refuses a task twice."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec or DEFAULT_TASKS)
+    bad = [s for s in items if not isinstance(s, str)]
+    if bad:
+        raise InputError(f"task names must be str, got {type(bad[0]).__name__} ({bad[0]!r})")
+    names = [s.strip() for s in items if s.strip()]
     if not names:
         raise InputError("no tasks given: choose from " + _task_choices())
     t = tasks_module()
@@ -50,6 +60,10 @@ def resolve_tasks(spec) -> list[str]:
             raise InputError(f"unknown task {n!r}: choose from {_task_choices()}")
         if n not in out:
             out.append(n)
+    in_group = {sub: g for g in out if g in t.GROUPS for sub in t.GROUPS[g]}
+    for n in [n for n in out if n in in_group]:
+        log.info("task %s is part of %s: run once, within the group", n, in_group[n])
+        out.remove(n)
     for n in out:
         for sub in t.GROUPS.get(n, (n,)):
             why = t.data_problem(sub)

@@ -90,9 +90,12 @@ def device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> Encod
         if dev.type == "cuda" and ops.cuda_kernels_built():
             lut = ops.build_lut(table, hs.exp_lo, hs.exp_hi, scratch.error_counter(dev))
     if mode in ("huffman", "palette") and mode != hs.encoding_name:
-        if mode == "palette" and (dev.type == "cpu" or ops.cuda_kernels_built()):
+        if mode == "palette" and dev.type == "cuda" and ops.cuda_kernels_built():
             hs, planes = ops.transcode_to_palette(hs, planes, lut, scratch.error_counter(dev))
         else:
+            # On the host: a shard's header carries no crc32 of its own (shard_planes), so the
+            # decode here is not checked against one; the piece was checked with the TP
+            # group's shard records (_verify_piece).
             w = tc.decode(hs, {s: np.ascontiguousarray(a) for s, a in ps.items()}, verify=False)
             enc = tc.encode(w, mode, grid=(hs.rows_per_group, hs.cols_per_chunk))
             return device_piece(enc.header, enc.planes, dev, mode, name)

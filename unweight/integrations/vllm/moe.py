@@ -209,6 +209,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
                     for k, t in enumerate(_piece_tensors(p)):
                         layer.register_buffer(f"uw_{i}_{j}_{k}", t, persistent=False)
             layer._uw_w13, layer._uw_w2 = w13, w2
+            _ROUTED[self.prefix] = (self, layer)
             scratch.reserve(dev, len(local) * 3 * inter * hidden)
             self._init_moe_kernel(layer)
             record["path"] = "compressed"
@@ -251,6 +252,16 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
         if layer._uw_w13 is None:  # dense mode: vLLM's own path on the decoded weights
             return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+        if x.device.type == "cpu" and shared_experts is None:
+            # vLLM traces the CPU MoE forward into its compiled graph (on CUDA it calls it
+            # through its own opaque op): the routed-expert selection below depends on the
+            # data, so it runs behind an op of ours that the compiler does not look into.
+            return torch.ops.unweight_vllm.moe_routed(x, topk_weights, topk_ids, self.prefix)
+        return self.apply_routed(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+
+    def apply_routed(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
+        """The compressed experts' forward: decode the routed (CPU) or all local (GPU) experts
+        into scratch, then vLLM's experts kernel on them."""
         if x.device.type == "cpu":
             # Only the routed experts, renumbered in increasing order onto the decoded stack.
             used = torch.unique(topk_ids)
@@ -271,6 +282,24 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
                                      apply_router_weight_on_input=layer.apply_router_weight_on_input,
                                      global_num_experts=len(sel), expert_map=None, shared_experts=shared_experts,
                                      shared_experts_input=shared_experts_input)
+
+
+# prefix -> (method, layer) of the compressed MoE layers, for moe_routed to find its layer by
+# name (a module cannot be an op argument).
+_ROUTED: dict = {}
+
+
+@torch.library.custom_op("unweight_vllm::moe_routed", mutates_args=())
+def moe_routed(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, prefix: str) -> torch.Tensor:
+    """The compressed MoE layer `prefix`'s output for x [T, H] bf16 routed by topk_ids [T, k]
+    with topk_weights [T, k]: [T, H] bf16 on x's device."""
+    method, layer = _ROUTED[prefix]
+    return method.apply_routed(layer, x, topk_weights, topk_ids)
+
+
+@moe_routed.register_fake
+def _(x, topk_weights, topk_ids, prefix):
+    return torch.empty_like(x)
 
 
 class _Stacks(nn.Module):

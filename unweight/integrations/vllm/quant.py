@@ -27,7 +27,7 @@ piece the block of the tensor this rank holds and its bytes.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -42,7 +42,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
 from ...codec.shard_check import check_shard_records, shard_record
-from ...codec.verify import check_index
+from ...codec.verify import check_index, check_raw, check_records
 from ...format import constants as C
 from ...format.checkpoint import CompressedCheckpoint
 from ...format.errors import FormatError, InputError
@@ -59,6 +59,11 @@ _DEFAULT_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": [
 
 
 
+class _GemmHolder(torch.nn.Module):
+    """The module vLLM's CPU GEMM dispatch configures (it sets ``cpu_linear`` on it). Defined
+    here, not inside _cpu_gemm: torch.compile cannot trace a class statement."""
+
+
 def _cpu_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """vLLM's own CPU GEMM dispatch (oneDNN on x86), so a compressed model computes with the
     same kernel, hence the same bits, as vLLM serving the BF16 original; F.linear elsewhere."""
@@ -69,10 +74,7 @@ def _cpu_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> to
     except ImportError:
         return torch.nn.functional.linear(x, w, bias)
 
-    class _Tmp(torch.nn.Module):
-        pass
-
-    tmp = _Tmp()
+    tmp = _GemmHolder()
     tmp.weight = torch.nn.Parameter(w, requires_grad=False)
     if bias is not None:
         # the sgl path may convert a bias in place; keep the caller's tensor untouched
@@ -82,6 +84,19 @@ def _cpu_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> to
 
 
 uvops.set_policy(DispatchPolicy(load_table(), dense_linear=_cpu_gemm))
+
+
+@torch.library.custom_op("unweight_vllm::dense_gemm", mutates_args=())
+def dense_gemm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [..., K] @ w [N, K]^T (+ bias) through _cpu_gemm, for a weight decoded at load (dense
+    mode): [..., N] in x's dtype. An op, so that a compiled graph calls it as a whole: vLLM's
+    CPU GEMM set-up cannot be traced."""
+    return _cpu_gemm(x, w, bias)
+
+
+@dense_gemm.register_fake
+def _(x, w, bias):
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
 
 
 @register_quantization_config(C.QUANT_METHOD)
@@ -151,6 +166,13 @@ class UnweightConfig(QuantizationConfig):
                     raise FormatError(f"{cp.location(base)}: compressed tensor is missing plane {missing[0]} "
                                       f"(re-run unweight compress, or copy the complete checkpoint)")
                 self.encoded[base] = [h.rows, h.cols, h.encoding, h.rows_per_group, h.cols_per_chunk]
+            # Raw tensors (norms, biases, tensors left unencoded) reach the model through vLLM's
+            # own loader, which checks nothing: their stored crc32 are checked here, once, so a
+            # flipped bit stops the server at start instead of serving another model.
+            check_records(cp)
+            for name in cp.raw:
+                check_raw(cp, name)
+                cp.release(name)
         finally:
             cp.close()
         log.info("unweight: %d compressed tensors in %s", len(self.encoded), path)
@@ -393,7 +415,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
 
     def _linear(self, layer, x, bias):
         if hasattr(layer, "uw_dense"):
-            return _cpu_gemm(x, layer.uw_dense, bias)
+            return torch.ops.unweight_vllm.dense_gemm(x, layer.uw_dense, bias)
         return torch.ops.unweight_vllm.linear(x, self._planes(layer), layer._uw_meta, bias, layer._uw_out_rows,
                                               layer._uw_cols)
 
