@@ -237,8 +237,8 @@ def test_moe_tp2_experts_stay_compressed_per_rank(moe_models):
 def test_moe_compiled_modes_and_raw_checksums(moe_models, models, tmp_path):
     """vLLM's default compiled mode with compressed experts (the CPU MoE forward is traced into
     the graph; the routed decode runs behind unweight_vllm::moe_routed), the palette and dense
-    modes chosen in quantization_config, and a flipped bit in a raw tensor, which stops the
-    load in the main process."""
+    modes chosen in quantization_config, a flipped bit in a raw tensor, which stops the load in
+    the main process, and LoRA / the dummy load format, refused in one line."""
     import shutil
     import struct
     src, comp = moe_models["qwen3_moe"]
@@ -261,8 +261,12 @@ def test_moe_compiled_modes_and_raw_checksums(moe_models, models, tmp_path):
     res, _ = _run([{"model": src, "eager": False, "max_tokens": 8}, {"model": comp, "eager": False, "max_tokens": 8},
                    {"model": models["bf16"]}, {"model": folders["palette"]},
                    {"model": models["bf16"], "eager": False}, {"model": folders["dense"], "eager": False},
-                   {"model": flipped}], timeout=600)
+                   {"model": flipped}, {"model": models["huffman"], "lora": True},
+                   {"model": models["huffman"], "load_format": "dummy"}], timeout=600)
     assert _ok(res[1]) == _ok(res[0])
     assert _ok(res[3]) == _ok(res[2])  # palette mode on a huffman file: shards transcoded on the host
     assert _ok(res[5]) == _ok(res[4])  # dense mode compiled
     assert "checksum mismatch in tensor 'model.layers.0.input_layernorm.weight'" in res[6]["error"]
+    # Settings the compressed layers cannot serve name themselves.
+    assert "LoRA adapters need the base weights dense" in res[7]["error"]
+    assert "does not read the checkpoint, e.g. dummy" in res[8]["error"]

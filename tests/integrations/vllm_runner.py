@@ -21,7 +21,8 @@ from .vllm_model import make_llama, PROMPTS  # noqa: F401  (re-exported for call
 def run_one(cfg: dict) -> dict:
     """Build an LLM for one configuration, generate greedily, time it if asked, tear it down.
 
-    cfg: model, tp (1), eager (True), load_format ("auto"), prompts, max_tokens (12), timing.
+    cfg: model, tp (1), eager (True), load_format ("auto"), lora (False), prompts, max_tokens (12),
+    timing.
     """
     import gc
 
@@ -36,7 +37,8 @@ def run_one(cfg: dict) -> dict:
     try:
         llm = LLM(model=cfg["model"], dtype="bfloat16", tensor_parallel_size=cfg.get("tp", 1),
                   enforce_eager=cfg.get("eager", True), max_model_len=256, skip_tokenizer_init=True,
-                  load_format=cfg.get("load_format", "auto"), seed=0, max_num_seqs=8, **kw)
+                  load_format=cfg.get("load_format", "auto"), seed=0, max_num_seqs=8,
+                  enable_lora=cfg.get("lora", False), **kw)
     except Exception as e:  # one line for the caller to assert on
         # vLLM wraps config-time errors (pydantic); keep every line, joined, for asserting
         return {"error": " | ".join(f"{type(e).__name__}: {e}".splitlines())}

@@ -50,6 +50,6 @@ def check_shard_records(records: list, header: TensorHeader, where: str = "") ->
         crc = combine_col_shard_crcs([np.asarray(uniq[s][1], dtype=np.uint32) for s in starts],
                                      [(uniq[s][0] - s) * 2 for s in starts])
     if crc != header.crc32:
-        raise ChecksumError(f"{where}: checksum mismatch across the tensor-parallel shards (decoded bytes differ from "
-                            f"the original)")
+        across = "across the tensor-parallel shards" if len(starts) > 1 else "of the decoded tensor"
+        raise ChecksumError(f"{where}: checksum mismatch {across} (decoded bytes differ from the original)")
     return True

@@ -155,7 +155,7 @@ def staged_output(dst: str, overwrite: bool):
     # Before the exists check: this may put back a dst that a killed run had moved aside.
     remove_stale_temps(parent, base)
     if os.path.lexists(dst) and not overwrite:
-        raise InputError(f"{dst} exists: pass --overwrite to replace it")
+        raise InputError(f"{dst} exists: pass --overwrite (overwrite=True) to replace it")
     tmp = os.path.join(parent, f".{base}.unweight-tmp-{os.getpid()}")
     old = os.path.join(parent, f".{base}.unweight-old-{os.getpid()}")
     try:

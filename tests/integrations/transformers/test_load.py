@@ -161,6 +161,11 @@ def test_bad_mode_and_not_a_checkpoint(llama_ck):
         unweight.load(llama_ck[1]["huffman"], mode="fast")
     with pytest.raises(unweight.InputError):
         unweight.load(llama_ck[0], device="cpu")
+    from pathlib import Path
+    with pytest.raises(unweight.InputError, match="path must be a path, got NoneType"):
+        unweight.load(None)
+    m = unweight.load(Path(llama_ck[1]["huffman"]), device="cpu")  # any os.PathLike
+    assert m.unweight_info["mode"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")

@@ -9,6 +9,7 @@ from ...format import constants as C
 from ...format.checkpoint import CompressedCheckpoint
 from ...format.errors import InputError
 from ...runtime.modes import check_mode
+from ...sources import as_path
 from .quantizer import register
 
 
@@ -37,6 +38,7 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
     does not fill) fails with one InputError line.
     """
     check_mode(mode)
+    path = as_path(path, "path")
     if not os.path.isdir(path):
         raise InputError(f"{path}: not a folder (unweight.load takes a compressed checkpoint folder)")
     from transformers import AutoConfig

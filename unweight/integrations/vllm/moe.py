@@ -160,7 +160,8 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
                    if (e, sid) in self.names and (e, sid) not in layer._uw_pieces]
         if missing:
             raise FormatError(f"{self.prefix}: no planes of {missing[0]} were found in the checkpoint "
-                              f"(missing safetensors shard?)")
+                              "(a missing safetensors shard, or a --load-format that does not read the "
+                              "checkpoint, e.g. dummy)")
         dev = next((p.device for p in layer.parameters(recurse=False)), torch.device("cpu"))
         verify = os.environ.get("UNWEIGHT_VERIFY", "1") not in ("0", "false", "no")
         first = layer._uw_pieces[(local[0], "w1")]["header"]

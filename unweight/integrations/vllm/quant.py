@@ -99,6 +99,19 @@ def _(x, w, bias):
     return x.new_empty((*x.shape[:-1], w.shape[0]))
 
 
+def _refuse_lora() -> None:
+    """LoRA layers wrap the base layer's dense weight, which compressed layers do not have
+    (vLLM then fails deep inside its LoRA code): say so in one line and name the way that works."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+    except ImportError:  # an older vLLM: nothing to ask
+        return
+    cfg = get_current_vllm_config_or_none()
+    if cfg is not None and getattr(cfg, "lora_config", None) is not None:
+        raise InputError("unweight: LoRA adapters need the base weights dense; serve this checkpoint with "
+                         "--load-format unweight (decoded to bf16 at load) to use --enable-lora")
+
+
 @register_quantization_config(C.QUANT_METHOD)
 class UnweightConfig(QuantizationConfig):
     """quantization_config of a checkpoint written by ``unweight compress``."""
@@ -205,6 +218,8 @@ class UnweightConfig(QuantizationConfig):
         return cands[0] if cands else None
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        if not self.decode_at_load:
+            _refuse_lora()
         if isinstance(layer, LinearBase):
             if self.decode_at_load:
                 return UnquantizedLinearMethod()
@@ -315,10 +330,15 @@ class _UnweightMethodBase(QuantizeMethodBase):
                 raise InputError(f"{what}: model expects [{total * hs}x{layer.input_size}]")
             a, b = idx * n, idx * n + n
             if size > 1 and (a % rg or (b % rg and b != h.rows)):
-                heads_ok = [t for t in (1, 2, 4, 8, 16) if layer.total_num_heads % t == 0
-                            and (layer.total_num_heads // t * layer.head_size) % rg == 0
-                            and (layer.total_num_kv_heads <= t or
-                                 (layer.total_num_kv_heads // t * layer.head_size) % rg == 0)]
+                def kv_rows(t):
+                    # rows of k (and v) a rank starts its block at a multiple of: its share of the
+                    # kv heads, or one head when there are fewer kv heads than ranks (replicated)
+                    kv = layer.total_num_kv_heads
+                    return (kv // t if kv >= t and kv % t == 0 else 1) * layer.head_size
+
+                heads_ok = [t for t in (1, 2, 4, 8, 16) if t == 1 or (
+                    layer.total_num_heads % t == 0 and (layer.total_num_heads // t * layer.head_size) % rg == 0
+                    and kv_rows(t) % rg == 0)]
                 raise sh.ShardError(f"{what}: rank {rank}'s {shard_id} rows [{a}, {b}) are not on the segment grid "
                                     f"({rg} rows); allowed --tensor-parallel-size values: {heads_ok} "
                                     f"(or --load-format unweight)")
@@ -353,7 +373,8 @@ class _UnweightMethodBase(QuantizeMethodBase):
         missing = [n for n, sid in self.parts if sid not in layer._uw_pieces]
         if missing:
             raise FormatError(f"{self.prefix}: no planes of {missing[0]} were found in the checkpoint "
-                              f"(missing safetensors shard?)")
+                              "(a missing safetensors shard, or a --load-format that does not read the "
+                              "checkpoint, e.g. dummy)")
         dev = next((p.device for p in layer.parameters(recurse=False)), torch.device("cpu"))
         verify = os.environ.get("UNWEIGHT_VERIFY", "1") not in ("0", "false", "no")
         mode = sharded_mode(self.config.mode, layer._uw_pieces[self.shard_ids[0]]["header"].encoding_name)
