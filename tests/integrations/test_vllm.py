@@ -53,19 +53,57 @@ def _ok(r):
     return r["tokens"]
 
 
-def test_tp1_eager_compiled_and_decode_at_load(models):
+def _llama_variants(models, root) -> dict:
+    """Copies of the huffman Llama: quantization_config mode "palette" and "dense", and one
+    with a flipped bit in a raw tensor (a norm)."""
+    import shutil
+    import struct
+    out = {}
+    for mode in ("palette", "dense"):
+        out[mode] = os.path.join(root, mode)
+        shutil.copytree(models["huffman"], out[mode])
+        p = os.path.join(out[mode], "config.json")
+        cfg = json.load(open(p))
+        cfg["quantization_config"]["mode"] = mode
+        json.dump(cfg, open(p, "w"))
+    out["flipped"] = os.path.join(root, "flipped")
+    shutil.copytree(models["huffman"], out["flipped"])
+    f = os.path.join(out["flipped"], "model.safetensors")
+    b = bytearray(open(f, "rb").read())
+    n = struct.unpack("<Q", bytes(b[:8]))[0]
+    e = json.loads(bytes(b[8:8 + n]))["model.layers.0.input_layernorm.weight"]["data_offsets"]
+    b[8 + n + e[0] + 3] ^= 0x01
+    open(f, "wb").write(bytes(b))
+    return out
+
+
+def test_tp1_eager_compiled_and_decode_at_load(models, tmp_path):
+    """Eager and compiled against their own BF16 baselines, decoded at load, the palette and
+    dense modes chosen in quantization_config, a flipped bit in a raw tensor (stops the load in
+    the main process), and LoRA / the dummy load format (refused in one line)."""
+    var = _llama_variants(models, str(tmp_path))
     cfgs = [
         {"model": models["bf16"], "eager": True},
         {"model": models["huffman"], "eager": True},
         {"model": models["bf16"], "eager": False},
         {"model": models["palette"], "eager": False},
         {"model": models["huffman"], "eager": True, "load_format": "unweight"},
+        {"model": var["palette"]},
+        {"model": var["dense"], "eager": False},
+        {"model": var["flipped"]},
+        {"model": models["huffman"], "lora": True},
+        {"model": models["huffman"], "load_format": "dummy"},
     ]
     res, log = _run(cfgs)
     base_eager, base_compiled = _ok(res[0]), _ok(res[2])
     assert _ok(res[1]) == base_eager
     assert _ok(res[3]) == base_compiled          # torch.compile traced through unweight_vllm ops
     assert _ok(res[4]) == base_eager             # --load-format unweight (decoded to bf16 at load)
+    assert _ok(res[5]) == base_eager             # palette mode on a huffman file: shards transcoded on the host
+    assert _ok(res[6]) == base_compiled          # dense mode compiled (unweight_vllm::dense_gemm)
+    assert "checksum mismatch in tensor 'model.layers.0.input_layernorm.weight'" in res[7]["error"]
+    assert "LoRA adapters need the base weights dense" in res[8]["error"]
+    assert "does not read the checkpoint, e.g. dummy" in res[9]["error"]
     # Each path says what every layer did.
     assert "-> compressed in memory (huffman" in log
     assert "-> decoded to bf16 at load" in log
@@ -234,39 +272,10 @@ def test_moe_tp2_experts_stay_compressed_per_rank(moe_models):
     assert "model.embed_tokens.weight -> decoded to bf16 at load" in log
 
 
-def test_moe_compiled_modes_and_raw_checksums(moe_models, models, tmp_path):
-    """vLLM's default compiled mode with compressed experts (the CPU MoE forward is traced into
-    the graph; the routed decode runs behind unweight_vllm::moe_routed), the palette and dense
-    modes chosen in quantization_config, a flipped bit in a raw tensor, which stops the load in
-    the main process, and LoRA / the dummy load format, refused in one line."""
-    import shutil
-    import struct
+def test_moe_compiled(moe_models):
+    """vLLM's default compiled mode with compressed experts: on CPU vLLM traces the MoE forward
+    into its graph, and the routed decode runs behind unweight_vllm::moe_routed."""
     src, comp = moe_models["qwen3_moe"]
-    folders = {}
-    for mode in ("palette", "dense"):
-        folders[mode] = str(tmp_path / mode)
-        shutil.copytree(models["huffman"], folders[mode])
-        p = os.path.join(folders[mode], "config.json")
-        cfg = json.load(open(p))
-        cfg["quantization_config"]["mode"] = mode
-        json.dump(cfg, open(p, "w"))
-    flipped = str(tmp_path / "flipped")
-    shutil.copytree(models["huffman"], flipped)
-    f = os.path.join(flipped, "model.safetensors")
-    b = bytearray(open(f, "rb").read())
-    n = struct.unpack("<Q", bytes(b[:8]))[0]
-    e = json.loads(bytes(b[8:8 + n]))["model.layers.0.input_layernorm.weight"]["data_offsets"]
-    b[8 + n + e[0] + 3] ^= 0x01
-    open(f, "wb").write(bytes(b))
-    res, _ = _run([{"model": src, "eager": False, "max_tokens": 8}, {"model": comp, "eager": False, "max_tokens": 8},
-                   {"model": models["bf16"]}, {"model": folders["palette"]},
-                   {"model": models["bf16"], "eager": False}, {"model": folders["dense"], "eager": False},
-                   {"model": flipped}, {"model": models["huffman"], "lora": True},
-                   {"model": models["huffman"], "load_format": "dummy"}], timeout=600)
+    res, _ = _run([{"model": src, "eager": False, "max_tokens": 8}, {"model": comp, "eager": False, "max_tokens": 8}],
+                  timeout=600)
     assert _ok(res[1]) == _ok(res[0])
-    assert _ok(res[3]) == _ok(res[2])  # palette mode on a huffman file: shards transcoded on the host
-    assert _ok(res[5]) == _ok(res[4])  # dense mode compiled
-    assert "checksum mismatch in tensor 'model.layers.0.input_layernorm.weight'" in res[6]["error"]
-    # Settings the compressed layers cannot serve name themselves.
-    assert "LoRA adapters need the base weights dense" in res[7]["error"]
-    assert "does not read the checkpoint, e.g. dummy" in res[8]["error"]
