@@ -402,9 +402,10 @@ def decode(header: TensorHeader, planes: dict, threads: int | None = None, where
 
 
 def decode_banded(header: TensorHeader, planes: dict, threads: int | None = None, where: str = "",
-                  band_bytes: int = 64 << 20, keep: bool = True, done=None) -> np.ndarray | None:
+                  band_bytes: int = 64 << 20, keep: bool = True, done=None, each=None) -> np.ndarray | None:
     """decode(..., verify=True) a band of whole row groups (about band_bytes of output) at a
-    time, the crc32 joined across bands, calling done(r0, r1) after each band (a caller reading
+    time, the crc32 joined across bands, calling each(r0, r1, band) with the band's decoded
+    rows (uint16 [r1 - r0, K], host), then done(r0, r1) after each band (a caller reading
     the planes from a memory map drops that band's ``__sm`` rows there).  keep: return the
     uint16 [N, K] matrix (host memory); otherwise only check it, holding one band of output.
     Stacks decode whole (decode)."""
@@ -435,6 +436,8 @@ def decode_banded(header: TensorHeader, planes: dict, threads: int | None = None
             raise FormatError(f"{e}{at}") from None
         c = _C.crc32(dst.reshape(-1).view(np.uint8), threads)
         crc = c if crc is None else _crc32_combine(crc, c, (r1 - r0) * cols * 2)
+        if each is not None:
+            each(r0, r1, dst)
         if done is not None:
             done(r0, r1)
     if crc != header.crc32:

@@ -17,7 +17,6 @@ from ..format.errors import ChecksumError, FormatError
 from ..format.header import TensorHeader
 from ..format.quant_config import check_format_version
 from . import tensor_codec as tc
-from .crc import crc32_combine
 from .huffman import canonical_codes
 
 
@@ -129,27 +128,14 @@ def decode_verified(h: TensorHeader, planes: dict, threads: int | None = None, w
         out = tc.decode(h, planes, threads, where, verify=True)
         check_index(h, planes, out, threads, where)
         return out if keep else None
-    tc.check_planes(h, planes, where)
-    rows, cols, R = h.rows, h.cols, h.rows_per_group
     lens, codes = _index_codes(h)
+    R = h.rows_per_group
     rebuilt = np.zeros((h.n_chunks, h.n_groups, h.chk_cols), np.uint16)  # chunk-major: s = c * n_groups + g
-    out = tc.empty((rows, cols), np.uint16, threads) if keep else None
-    sm, crc = planes[C.SUFFIX_SM], None
-    at = f" in {where}" if where else ""
-    for r0, r1 in tc._bands(rows, cols, R, band_bytes):
-        dst = out[r0:r1] if keep else tc.empty((r1 - r0, cols), np.uint16, threads)
-        try:
-            _C.huffman_decode(planes[C.SUFFIX_EXP], planes[C.SUFFIX_OFF], rows, cols, R, h.cols_per_chunk, h.table,
-                              h.exp_lo, h.exp_hi, r0 // R, -(-r1 // R), 0, h.n_chunks, sm[r0:r1], dst, threads)
-        except ValueError as e:
-            raise FormatError(f"{e}{at}") from None
-        c = _C.crc32(dst.reshape(-1).view(np.uint8), threads)
-        crc = c if crc is None else int(crc32_combine(crc, c, (r1 - r0) * cols * 2))
-        rebuilt[:, r0 // R:-(-r1 // R)] = index_rows(h, dst, lens, codes, threads)
-        if done is not None:
-            done(r0, r1)
-    if crc != h.crc32:
-        raise ChecksumError(f"checksum mismatch{at}: decoded bytes differ from the original")
+
+    def each(r0, r1, band):
+        rebuilt[:, r0 // R:-(-r1 // R)] = index_rows(h, band, lens, codes, threads)
+
+    out = tc.decode_banded(h, planes, threads, where, band_bytes, keep, done, each)
     _compare_index(h, np.asarray(planes[C.SUFFIX_CHK]), rebuilt.reshape(h.n_segments, h.chk_cols), where)
     return out
 
