@@ -107,12 +107,39 @@ def test_empty_model_is_refused(tmp_path):
         unweight.compress(folder, str(tmp_path / "c"), progress=False)
 
 
-def test_non_bf16_model_passes_through(tmp_path):
+def test_model_without_bf16_is_refused(tmp_path):
+    # A copy at ratio 1.0 is not what compress was asked for; a cast to BF16 would not be lossless.
     rng = np.random.default_rng(0)
-    folder = write_checkpoint(str(tmp_path / "f"), {"w": ("F32", rng.standard_normal((128, 128), dtype=np.float32))})
+    folder = write_checkpoint(str(tmp_path / "f"), {"w": ("F32", rng.standard_normal((128, 128), dtype=np.float32)),
+                                                    "h": ("F16", np.zeros((64, 64), np.float16))})
+    with pytest.raises(InputError) as e:
+        unweight.compress(folder, str(tmp_path / "c"), progress=False)
+    assert str(e.value) == (f"{folder}: no BF16 tensor to compress (dtypes: F16, F32); unweight codes the exponents "
+                            "of BF16 weights, and a cast to BF16 is not lossless")
+    assert not os.path.exists(tmp_path / "c")
+
+
+def test_mixed_dtypes_pass_through_beside_bf16(tmp_path):
+    rng = np.random.default_rng(0)
+    f = (rng.standard_normal((128, 128), dtype=np.float32) * 0.02).view(np.uint32)
+    folder = write_checkpoint(str(tmp_path / "f"), {"w": ("F32", rng.standard_normal((128, 128), dtype=np.float32)),
+                                                    "b": ("BF16", (f >> 16).astype(np.uint16))})
     r = unweight.compress(folder, str(tmp_path / "c"), progress=False)
-    assert r["encoded_tensors"] == 0 and r["passthrough_dtypes"] == ["F32"]
+    assert r["encoded_tensors"] == 1 and r["passthrough_dtypes"] == ["F32"]
     unweight.verify(str(tmp_path / "c"), against=folder)
+
+
+@pytest.mark.parametrize("fname,kind", [("pytorch_model.bin", "PyTorch pickle"), ("model.gguf", "GGUF"),
+                                        ("tf_model.h5", "Keras/TF HDF5")])
+def test_folder_of_other_weight_formats_is_refused_by_name(tmp_path, fname, kind):
+    src = tmp_path / "m"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / fname).write_bytes(b"\0" * 16)
+    with pytest.raises(InputError) as e:
+        unweight.compress(str(src), str(tmp_path / "c"), progress=False)
+    assert str(e.value) == (f"{src}: its weights are {fname} ({kind}), not safetensors; unweight reads safetensors "
+                            "checkpoints (transformers' save_pretrained writes them)")
 
 
 def test_inputs_are_never_modified(tiny_model, tmp_path):

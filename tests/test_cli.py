@@ -194,7 +194,7 @@ POINTS = ["start", "import-cli", "import-api", "compress"]
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("point", POINTS)
 def test_interrupt_at_any_point_is_one_line(tmp_path, point, sig):
-    src = write_checkpoint(str(tmp_path / "src"), {"w": ("F32", np.zeros((4, 4), np.float32))})
+    src = write_checkpoint(str(tmp_path / "src"), {"w": ("BF16", np.zeros((4, 4), np.uint16))})
     dst = tmp_path / "c"
     p, _, err = _signal_at(point, ["compress", src, str(dst), "-j", "1"], tmp_path, [sig])
     _assert_clean_abort(p, err, tmp_path, dst, sig)
@@ -202,7 +202,7 @@ def test_interrupt_at_any_point_is_one_line(tmp_path, point, sig):
 
 @pytest.mark.parametrize("point", ["start", "compress"])
 def test_repeated_ctrl_c_is_still_one_line(tmp_path, point):
-    src = write_checkpoint(str(tmp_path / "src"), {"w": ("F32", np.zeros((4, 4), np.float32))})
+    src = write_checkpoint(str(tmp_path / "src"), {"w": ("BF16", np.zeros((4, 4), np.uint16))})
     dst = tmp_path / "c"
     p, _, err = _signal_at(point, ["compress", src, str(dst), "-j", "1"], tmp_path,
                            [signal.SIGINT, signal.SIGINT, signal.SIGTERM, signal.SIGINT])
@@ -220,7 +220,7 @@ def test_interrupt_leaves_source_intact_and_kill_9_is_cleaned_up_next_run(tmp_pa
     p, _, _ = _signal_at("compress", ["compress", src, str(dst), "-j", "1"], tmp_path, [signal.SIGKILL])
     assert p.returncode == -signal.SIGKILL
     assert [f for f in os.listdir(tmp_path) if f.startswith(".c.unweight-tmp-")]
-    small = write_checkpoint(str(tmp_path / "small"), {"w": ("F32", np.zeros((4, 4), np.float32))})
+    small = write_checkpoint(str(tmp_path / "small"), {"w": ("BF16", np.zeros((4, 4), np.uint16))})
     assert run("compress", small, str(dst)).returncode == 0
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".c.")]
 

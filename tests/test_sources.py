@@ -142,5 +142,21 @@ def test_revision_applies_to_hub_ids_only(tmp_path, monkeypatch):
         sources.resolve("org/model", revision=3)
     seen = {}
     import huggingface_hub
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda src, revision, **k: seen.update(r=revision) or "x")
-    assert sources.resolve("org/model", revision="v1") == "x" and seen == {"r": "v1"}
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    (snap / "model.safetensors").write_bytes(b"")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda src, revision, **k: seen.update(r=revision) or str(snap))
+    assert sources.resolve("org/model", revision="v1") == str(snap) and seen == {"r": "v1"}
+
+
+def test_hub_repo_without_safetensors_is_refused(tmp_path, monkeypatch):
+    # Only safetensors weights are fetched: a pickle-only repo must not read as an empty model.
+    import huggingface_hub
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin.index.json").write_text("{}")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda src, revision, **k: str(tmp_path))
+    with pytest.raises(InputError) as e:
+        sources.resolve("org/model")
+    assert str(e.value) == ("org/model: the hub repo has no .safetensors weights; unweight reads safetensors "
+                            "checkpoints (transformers' save_pretrained writes them)")

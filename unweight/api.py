@@ -179,6 +179,12 @@ def compress(src, dst, *, encoding: str = "huffman", jobs: int | None = None,
     for n in names:
         if split_name(n)[1] is not None:
             raise InputError(f"{local}: tensor {n!r} ends in a reserved unweight suffix; cannot compress it")
+    dtypes = sorted({ck.info(n)[0] for n in names})
+    if "BF16" not in dtypes:
+        # Nothing to encode: the "compressed" copy would be the original at ratio 1.0.  Mixed
+        # checkpoints (BF16 weights beside F32 norms or FP8 blocks) pass their other dtypes through.
+        raise InputError(f"{local}: no BF16 tensor to compress (dtypes: {', '.join(dtypes)}); unweight codes the "
+                         "exponents of BF16 weights, and a cast to BF16 is not lossless")
     total_in = sum(ck.info(n)[3] - ck.info(n)[2] for n in names)
     tensors, cats = [], {}
     passthrough_dtypes = set()

@@ -133,7 +133,7 @@ def resolve(src, revision: str | None = None, what: str = "src") -> str:
     except ImportError:  # pragma: no cover - huggingface_hub is a hard dependency
         raise InputError("huggingface_hub is not installed: pip install huggingface-hub") from None
     try:
-        return snapshot_download(src, revision=revision, allow_patterns=HUB_PATTERNS)
+        path = snapshot_download(src, revision=revision, allow_patterns=HUB_PATTERNS)
     except LocalEntryNotFoundError:
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
         why = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else \
@@ -143,3 +143,9 @@ def resolve(src, revision: str | None = None, what: str = "src") -> str:
         raise InputError(f"{src}: hub error: {str(e).splitlines()[0]}") from None
     except (OSError, ValueError) as e:
         raise InputError(f"{src}: cannot download: {str(e).splitlines()[0]}") from None
+    # Only safetensors weights are fetched (HUB_PATTERNS): a repo that has none (pickles only)
+    # would otherwise read as an empty model.
+    if not any(f.endswith(".safetensors") for _, _, fs in os.walk(path) for f in fs):
+        raise InputError(f"{src}: the hub repo has no .safetensors weights; unweight reads safetensors "
+                         "checkpoints (transformers' save_pretrained writes them)")
+    return path

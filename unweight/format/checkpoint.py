@@ -19,6 +19,11 @@ log = logging.getLogger(__name__)
 
 # The shard names save_pretrained (and ``unweight compress``) give: model-00001-of-00003.safetensors.
 _NUMBERED = re.compile(r"(.+)-(\d+)-of-(\d+)\.safetensors")
+# Weight files of other serialisations, by extension, named in the refusal of a folder that
+# holds only those: read as "no tensors" they would give an empty checkpoint, not the model.
+_FOREIGN_WEIGHTS = {".bin": "PyTorch pickle", ".pt": "PyTorch pickle", ".pth": "PyTorch pickle",
+                    ".ckpt": "PyTorch pickle", ".gguf": "GGUF", ".h5": "Keras/TF HDF5",
+                    ".msgpack": "Flax msgpack", ".onnx": "ONNX"}
 
 
 def read_index(folder: str) -> dict | None:
@@ -52,9 +57,25 @@ def list_weight_files(folder: str, index: dict | None = None) -> list[str]:
         if missing:
             raise InputError(f"{folder}: shard {missing[0]} named in {C.INDEX_NAME} is missing")
         return [os.path.join(folder, f) for f in files]
-    files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    names = os.listdir(folder)
+    files = sorted(f for f in names if f.endswith(".safetensors"))
+    if not files:
+        refuse_foreign_weights(folder, names)
     check_numbered_shards(folder, files)
     return [os.path.join(folder, f) for f in files]
+
+
+def refuse_foreign_weights(folder: str, names: list[str]) -> None:
+    """InputError when a folder without safetensors holds weights in another serialisation
+    (pytorch_model.bin, GGUF, ...): unweight reads safetensors only.  Pickles are not loaded
+    here on purpose: safetensors is the hub's standard, and reading a pickle needs torch and
+    trust in the file."""
+    foreign = sorted(f for f in names if os.path.splitext(f)[1] in _FOREIGN_WEIGHTS and not f.startswith("."))
+    if foreign:
+        kind = _FOREIGN_WEIGHTS[os.path.splitext(foreign[0])[1]]
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise InputError(f"{folder}: its weights are {foreign[0]}{more} ({kind}), not safetensors; unweight reads "
+                         "safetensors checkpoints (transformers' save_pretrained writes them)")
 
 
 def check_numbered_shards(folder: str, files: list[str]) -> None:
