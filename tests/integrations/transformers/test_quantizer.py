@@ -113,3 +113,12 @@ def test_other_dtypes_are_refused_in_one_line(llama_ck, dtype):
     d = unweight.load(cks["huffman"], device="cpu", mode="dense").to(dtype)
     with torch.no_grad():
         assert torch.equal(d(ids).logits, ref.to(dtype)(ids).logits)
+
+
+def test_save_pretrained_is_refused_with_the_reason_logged(llama_ck, tmp_path, caplog):
+    # The compressed folder is the checkpoint; transformers' refusal points to the logger for why.
+    m = unweight.load(llama_ck[1]["huffman"], device="cpu", mode="huffman")
+    with caplog.at_level("WARNING", logger="unweight"), pytest.raises(ValueError, match="not serializable"):
+        m.save_pretrained(str(tmp_path / "s"))
+    assert any("unweight decompress" in r.getMessage() for r in caplog.records)
+    assert not os.path.exists(tmp_path / "s" / "model.safetensors")

@@ -134,7 +134,11 @@ class UnweightHfQuantizer(HfQuantizer):
 
     def is_serializable(self):
         # State dicts hold planes but not the raw tensors' checksums a reader requires:
-        # write unweight checkpoints with `unweight compress`.
+        # write unweight checkpoints with `unweight compress`.  transformers asks here only in
+        # save_pretrained, and its refusal points to this logger for the reason.
+        log.warning("unweight: a model loaded from a compressed checkpoint is not saved again: the compressed "
+                    "folder it came from is its checkpoint (copy it), and `unweight decompress` writes the BF16 "
+                    "original")
         return False
 
     @property
