@@ -96,3 +96,23 @@ def test_decoder_variants_are_set_by_name_and_restored():
     finally:
         dispatch.use_decoders(**prev)
     assert dispatch._DECODERS == {"huffman": 0, "palette": 0}
+
+
+@pytest.mark.parametrize("x_shape", [(5, 96), (2, 3, 96)])
+def test_backward_through_a_compressed_linear(x_shape):
+    """Autograd through decode-into-scratch: the gradients of x and the bias are the dense
+    layer's, bit for bit, though later layers overwrite the scratch before the backward."""
+    w, pieces = _stack(("huffman", "palette", "huffman"))
+    out_rows = w.shape[0]
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(*x_shape, generator=g).to(torch.bfloat16).requires_grad_()
+    b = torch.randn(out_rows, generator=g).to(torch.bfloat16).requires_grad_()
+    y = dispatch.linear(pieces, x, b, out_rows, 96)
+    other = _stack(("palette",) * 3)[1]
+    dispatch.linear(other, torch.randn(1, 96, dtype=torch.bfloat16), None, out_rows, 96)  # reuses the scratch
+    gy = torch.randn(y.shape, generator=g).to(torch.bfloat16)
+    y.backward(gy)
+    x2, b2 = x.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    y2 = F.linear(x2, w, b2)
+    y2.backward(gy)
+    assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad) and torch.equal(b.grad, b2.grad)

@@ -284,16 +284,24 @@ def check_loading(model: nn.Module, missing, unexpected) -> None:
 
 def capture_loading_info(model: nn.Module) -> None:
     """Record transformers' final missing/unexpected keys on the model (model._unweight_loading)
-    so the quantizer can refuse a partial load after it.  transformers 5 hands its loading
-    report to ``_adjust_missing_and_unexpected_keys`` and otherwise only logs it."""
+    and refuse a partial load there (check_loading).  transformers 5 hands its loading report
+    to ``_adjust_missing_and_unexpected_keys`` and otherwise only logs it."""
     orig = getattr(model, "_adjust_missing_and_unexpected_keys", None)
     if orig is None:
         return
 
     def adjust(loading_info, *args, **kwargs):
         out = orig(loading_info, *args, **kwargs)
-        model._unweight_loading = (set(getattr(loading_info, "missing_keys", ()) or ()),
-                                   set(getattr(loading_info, "unexpected_keys", ()) or ()))
+        missing = set(getattr(loading_info, "missing_keys", ()) or ())
+        unexpected = set(getattr(loading_info, "unexpected_keys", ()) or ())
+        model._unweight_loading = (missing, unexpected)
+        if missing or unexpected:
+            # Refused here, not after loading: transformers logs its loading report (a
+            # multi-line warning table of these keys) right after this call, even when it
+            # raises, so the keys leave the report and the refusal's one line says it all.
+            for keys in (loading_info.missing_keys, loading_info.unexpected_keys):
+                keys.clear()
+            check_loading(model, missing, unexpected)
         return out
 
     model._adjust_missing_and_unexpected_keys = adjust

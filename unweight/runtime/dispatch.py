@@ -111,11 +111,45 @@ def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
                                              splits, *_LAYOUT[path])
 
 
+class _RedecodingLinear(torch.autograd.Function):
+    """y = x @ W.T + b for an x (or b) that autograd tracks: the forward is the one an untracked
+    x gets (fused kernel or decode + GEMM), so grad mode never changes the result.  The decoded
+    weight lives in the scratch, which the next layer overwrites, so saving it for the backward
+    would fail there (torch's "modified by an inplace operation"); the backward decodes it
+    again instead, so a backward through compressed layers keeps no decoded weight per layer."""
+
+    @staticmethod
+    def forward(ctx, x, bias, pieces, out_rows, cols, policy):
+        ctx.pieces, ctx.out_rows, ctx.cols = pieces, out_rows, cols
+        ctx.has_bias = bias is not None
+        return _linear(pieces, x, bias, out_rows, cols, policy)
+
+    @staticmethod
+    def backward(ctx, gy):
+        gx = gb = None
+        if ctx.needs_input_grad[0]:
+            w = decode_into(ctx.pieces, scratch.weights(gy.device, ctx.out_rows * ctx.cols), ctx.out_rows, ctx.cols)
+            gx = gy.matmul(w if w.dtype == gy.dtype else w.to(gy.dtype))
+        if ctx.has_bias and ctx.needs_input_grad[1]:
+            gb = gy.reshape(-1, gy.shape[-1]).sum(0)
+        return gx, gb, None, None, None, None
+
+
 def linear(pieces: list, x: Tensor, bias: Tensor | None, out_rows: int, cols: int,
            policy: DispatchPolicy | None = None) -> Tensor:
     """y = x @ W.T + b.  x: [..., cols] on the pieces' device; y: [..., out_rows] in x's dtype
-    (a non-bf16 x, e.g. a model cast to fp32, multiplies with a converted copy of W)."""
+    (a non-bf16 x, e.g. a model cast to fp32, multiplies with a converted copy of W).  When
+    autograd tracks x or b, the same y with a backward that gives their gradients (the
+    compressed weight itself takes none)."""
     policy = policy or _DECODE_ONLY
+    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+        return _RedecodingLinear.apply(x, bias, pieces, out_rows, cols, policy)
+    return _linear(pieces, x, bias, out_rows, cols, policy)
+
+
+def _linear(pieces: list, x: Tensor, bias: Tensor | None, out_rows: int, cols: int,
+            policy: DispatchPolicy) -> Tensor:
+    """linear() without autograd: the fused kernel where the policy picks one, else decode + GEMM."""
     if len(pieces) == 1 and out_rows == pieces[0].rows and x.dtype == torch.bfloat16 and x.device.type == "cuda":
         w = pieces[0]
         M = x.numel() // cols if cols else 0

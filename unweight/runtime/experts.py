@@ -39,7 +39,9 @@ else a forward does with the stand-in gets the whole decoded tensor: correct, no
 
 Contract of ``[e]``: the returned bf16 [rows, cols] tensor is a view of scratch that stays
 valid until the same parameter of any layer is indexed again (transformers' loops use it at
-once).  Each parameter of an experts module has its own slot in the scratch.
+once).  Each parameter of an experts module has its own slot in the scratch.  With autograd
+on (``torch.is_grad_enabled()``) it is a tensor of its own instead, which a backward can
+read after later layers have run.
 """
 from __future__ import annotations
 
@@ -355,7 +357,13 @@ class ExpertStack(LazyTensor):
             raise IndexError(f"expert {e} out of range for {self.name} with {self.num_experts} experts")
         e %= self.num_experts
         n = self.rows * self.cols
-        buf = scratch.weights(self.device, self.slot + n)[self.slot:self.slot + n]
+        if torch.is_grad_enabled():
+            # Autograd may save the weight for a backward, after the next layer has overwritten
+            # the scratch slot: a tensor of its own (freed with the graph, or at once when
+            # nothing needs it).
+            buf = torch.empty(n, dtype=torch.bfloat16, device=self.device)
+        else:
+            buf = scratch.weights(self.device, self.slot + n)[self.slot:self.slot + n]
         w = self.decode_expert(e, buf)
         return w if self.dtype == torch.bfloat16 else w.to(self.dtype)
 
@@ -387,6 +395,10 @@ class ExpertStack(LazyTensor):
             raise RuntimeError(f"bmm of {tuple(x.shape)} with {self.name} {tuple(self.shape)}: shapes do not match")
         out = torch.zeros((E, T, self.cols), dtype=torch.promote_types(x.dtype, self.dtype), device=x.device)
         hit = (x.reshape(E, -1) != 0).any(dim=1).nonzero().reshape(-1).tolist()
+        if torch.is_grad_enabled() and x.requires_grad:
+            # mm(out=...) has no backward: the same products, stacked.
+            hit = set(hit)
+            return torch.stack([torch.mm(x[e], self._expert(e)) if e in hit else out[e] for e in range(E)])
         for e in hit:
             torch.mm(x[e], self._expert(e), out=out[e])
         return out

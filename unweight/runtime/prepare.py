@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import types
 import warnings
 
 import numpy as np
@@ -282,6 +283,7 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
             "dense_fallback": [f"{fb['module']}.{fb['attr']} ({fb['type']})" for fb in plan.get("dense_fallback", [])]}
     model.unweight_info = info
     _guard_tie_weights(model)
+    _count_compressed_weights(model)
     log.info("unweight: %s", json.dumps({k: v for k, v in info.items() if k != "tied"}))
     return info
 
@@ -342,3 +344,27 @@ def _guard_tie_weights(model: nn.Module) -> None:
 
     tie_weights._unweight_guard = True
     model.tie_weights = tie_weights
+
+
+def _num_parameters(model: nn.Module, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+    """transformers' ``num_parameters`` counting the weights held compressed too: they are
+    planes (buffers), not Parameters, and the model's own count would leave out nearly every
+    weight (35 thousand of SmolLM2's 135 million).  They take no gradient, so ``only_trainable``
+    leaves them out; ``exclude_embeddings`` leaves out compressed embeddings, as it does an
+    nn.Embedding's weight; a tied head shares its embedding's weight and counts once, as in the
+    original model."""
+    n = type(model).num_parameters(model, only_trainable=only_trainable, exclude_embeddings=exclude_embeddings)
+    if only_trainable:
+        return n
+    for _, m in compressed_modules(model):
+        if not m.is_tied and not (exclude_embeddings and isinstance(m, CompressedEmbedding)):
+            n += m.n_rows * m.n_cols
+    return n + sum(st.numel() for *_, st in experts.expert_stacks(model))
+
+
+def _count_compressed_weights(model: nn.Module) -> None:
+    """Make ``model.num_parameters()`` (lm-eval records it with every result) the original
+    model's count in huffman / palette modes (see _num_parameters)."""
+    if callable(getattr(type(model), "num_parameters", None)):
+        # A bound method: copy.deepcopy binds it to the copy.
+        model.num_parameters = types.MethodType(_num_parameters, model)

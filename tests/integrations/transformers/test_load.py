@@ -175,6 +175,46 @@ def test_cuda_without_a_gpu_is_one_line(llama_ck):
     assert "no CUDA GPU" in str(e.value) and "\n" not in str(e.value)
 
 
+def _grads(model, ids=IDS):
+    """Loss and gradients of a training step with only the 1-D parameters (norms) trainable."""
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(p.dim() == 1)
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    return out.loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("mode", ["huffman", "palette"])
+def test_backward_through_compressed_layers_gives_the_original_gradients(llama_ck, mode):
+    """Every compressed layer decodes into the same scratch: a backward must not read a weight a
+    later layer has overwritten (torch raised "modified by an inplace operation")."""
+    src, cks = llama_ck
+    want_loss, want = _grads(_ref(src))
+    loss, got = _grads(unweight.load(cks["huffman"], device="cpu", mode=mode))
+    assert torch.equal(loss, want_loss)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_load_passes_output_loading_info_through(llama_ck):
+    m, info = unweight.load(llama_ck[1]["huffman"], device="cpu", mode="huffman", output_loading_info=True)
+    assert not m.training and m.unweight_info["mode"] == "huffman"
+    assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
+
+
+@pytest.mark.parametrize("mode", ["huffman", "palette", "dense"])
+def test_num_parameters_is_the_original_models(llama_ck, mode):
+    """The compressed weights are buffers, not Parameters: the count still is the original's
+    (lm-eval records it with its results); they take no gradient, so they are not trainable."""
+    src, cks = llama_ck
+    ref = _ref(src)
+    m = unweight.load(cks["huffman"], device="cpu", mode=mode)
+    assert m.num_parameters() == ref.num_parameters()
+    assert m.num_parameters(exclude_embeddings=True) == ref.num_parameters(exclude_embeddings=True)
+    frozen = sum(p.numel() for p in m.parameters() if p.requires_grad)
+    assert m.num_parameters(only_trainable=True) == frozen
+
+
 # ----------------------------------------------------------------------------- real models
 
 

@@ -181,6 +181,38 @@ def test_greedy_generation_identical(moe):
     assert torch.equal(a, ref.generate(IDS[:1], max_new_tokens=5, do_sample=False))
 
 
+def _grads(model):
+    """Loss and gradients of a training step with only the 1-D parameters (norms) trainable."""
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(p.dim() == 1)
+    out = model(IDS, labels=IDS)
+    out.loss.backward()
+    return out.loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("mode", ["huffman", "palette"])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "llama4_text"])
+def test_backward_through_compressed_experts(moe, kind, mode):
+    """Routed experts (Qwen3-MoE) and Llama 4's bmm over the stack: the backward reads each
+    expert's own decoded weight, not a scratch slot a later layer overwrote (torch raised
+    "modified by an inplace operation", and "mm(): functions with out=..." for the bmm)."""
+    src, cks, _ = moe[kind]
+    want_loss, want = _grads(transformers.AutoModelForCausalLM.from_pretrained(src))
+    loss, got = _grads(_load(cks["huffman"], mode))
+    assert torch.equal(loss, want_loss)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "llama4_text"])
+def test_num_parameters_counts_compressed_experts(moe, kind):
+    src, cks, _ = moe[kind]
+    ref = transformers.AutoModelForCausalLM.from_pretrained(src)
+    model = _load(cks["huffman"], "huffman")
+    for kw in ({}, {"exclude_embeddings": True}):
+        assert model.num_parameters(**kw) == ref.num_parameters(**kw)
+
+
 def test_eager_implementation_is_kept(moe):
     src, cks, _ = moe["mixtral"]
     model = unweight.load(cks["huffman"], device="cpu", mode="huffman", experts_implementation="eager")

@@ -122,3 +122,34 @@ def test_save_pretrained_is_refused_with_the_reason_logged(llama_ck, tmp_path, c
         m.save_pretrained(str(tmp_path / "s"))
     assert any("unweight decompress" in r.getMessage() for r in caplog.records)
     assert not os.path.exists(tmp_path / "s" / "model.safetensors")
+
+
+@pytest.mark.parametrize("device_map, said", [("meta", "meta device"), ({"": "meta"}, "meta device"),
+                                              ({"model.embed_tokens": "cpu", "lm_head": "cpu", "model.layers": "meta",
+                                                "model.norm": "cpu", "model.rotary_emb": "cpu"}, "model.layers"),
+                                              ({"": "disk"}, "disk")])
+def test_meta_and_disk_device_maps_are_refused_in_one_line(llama_ck, device_map, said):
+    """Planes on the meta device hold no bytes to check and prepare (it failed with torch's
+    "Cannot copy out of meta tensor")."""
+    from transformers import AutoModelForCausalLM
+    with pytest.raises(unweight.InputError) as e:
+        AutoModelForCausalLM.from_pretrained(llama_ck[1]["huffman"], device_map=device_map)
+    assert said in str(e.value) and "\n" not in str(e.value)
+
+
+def test_disk_offload_from_max_memory_is_refused(llama_ck):
+    from transformers import AutoModelForCausalLM
+    with pytest.raises(unweight.InputError, match="cannot be offloaded to disk"):
+        AutoModelForCausalLM.from_pretrained(llama_ck[1]["huffman"], device_map="auto", max_memory={"cpu": 2000})
+
+
+def test_a_head_the_checkpoint_lacks_is_one_line_without_transformers_report(llama_ck, capfd):
+    """A causal checkpoint into AutoModelForSequenceClassification leaves its score head at its
+    initial value: refused in one line, without transformers' multi-line loading report."""
+    from transformers import AutoModelForSequenceClassification
+    capfd.readouterr()
+    with pytest.raises(unweight.InputError) as e:
+        AutoModelForSequenceClassification.from_pretrained(llama_ck[1]["huffman"])
+    assert "'score.weight'" in str(e.value) and "\n" not in str(e.value)
+    err = capfd.readouterr().err
+    assert "LOAD REPORT" not in err and "MISSING" not in err, err

@@ -33,7 +33,8 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
     model_class: the transformers class to instantiate (default: config.architectures[0]
         when transformers has it, else AutoModel).
     verify: decode-and-checksum pass at load (structure and raw checksums are always checked).
-    Returns the model in eval mode; model.unweight_info summarizes what was done.  A checkpoint
+    Returns the model in eval mode (with ``output_loading_info=True``, from_pretrained's
+    (model, loading info) pair); model.unweight_info summarizes what was done.  A checkpoint
     the model cannot take whole (a stored tensor with no place, a parameter the checkpoint
     does not fill) fails with one InputError line.
     """
@@ -62,6 +63,7 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
         raise InputError(f"device {device!r} asked for, but this torch sees no CUDA GPU "
                          f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'})")
     cls = model_class or _model_class(config)
-    model = cls.from_pretrained(path, config=config, device_map=device, **from_pretrained_kwargs)
-    model.eval()
-    return model
+    out = cls.from_pretrained(path, config=config, device_map=device, **from_pretrained_kwargs)
+    # output_loading_info=True makes from_pretrained return (model, loading info): passed on as is.
+    (out[0] if isinstance(out, tuple) else out).eval()
+    return out

@@ -75,9 +75,20 @@ class UnweightHfQuantizer(HfQuantizer):
         self._ck = None
 
     def validate_environment(self, *args, **kwargs):
+        # transformers calls this with the device_map passed to from_pretrained, and again with
+        # the map it computes for "auto" / "balanced" / "sequential" (where max_memory may send
+        # modules to disk).
         dm = kwargs.get("device_map")
-        if isinstance(dm, dict) and "disk" in dm.values():
-            raise InputError("unweight checkpoints cannot be disk-offloaded (device_map has 'disk')")
+        places = dm.items() if isinstance(dm, dict) else [("", dm)] if isinstance(dm, (str, torch.device)) else []
+        for module, dev in places:
+            where = f"puts {module} on" if module else "is"
+            if str(dev) == "disk":
+                raise InputError(f"unweight checkpoints cannot be offloaded to disk (the device_map {where} 'disk'; "
+                                 "give max_memory room for the compressed model, or pass device_map='cpu')")
+            if str(dev) == "meta":
+                # The planes are checked and prepared after loading: on meta they hold no bytes.
+                raise InputError(f"unweight checkpoints cannot be loaded onto the meta device (the device_map {where} "
+                                 "'meta'); build the model with from_config under torch.device('meta') for shapes")
 
     def update_dtype(self, dtype):
         # The encoded weights decode to bfloat16. A model built in another dtype would hold them
