@@ -117,3 +117,14 @@ def smol_ck(ckroot):
 @pytest.fixture(scope="session")
 def minilm_ck(ckroot):
     return _bundled_compressed(ckroot, "minilm-l6")
+
+
+def train_step_grads(model, ids):
+    """Loss and gradients of one training step of `model` on token ids [batch, seq] with only
+    its 1-D parameters (norms) trainable: {name: grad} of every parameter that got one."""
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(p.dim() == 1)
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    return out.loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}

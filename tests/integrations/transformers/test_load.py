@@ -13,7 +13,7 @@ from unweight.format.safetensors_io import SafetensorsFile
 from unweight.runtime import scratch
 from unweight.runtime.modules import CompressedEmbedding, CompressedLinear, compressed_modules
 
-from tests.conftest import save_and_compress
+from tests.conftest import save_and_compress, train_step_grads
 
 IDS = torch.tensor([[1, 17, 45, 200, 3, 99, 310, 5]])
 
@@ -175,23 +175,13 @@ def test_cuda_without_a_gpu_is_one_line(llama_ck):
     assert "no CUDA GPU" in str(e.value) and "\n" not in str(e.value)
 
 
-def _grads(model, ids=IDS):
-    """Loss and gradients of a training step with only the 1-D parameters (norms) trainable."""
-    model.train()
-    for p in model.parameters():
-        p.requires_grad_(p.dim() == 1)
-    out = model(ids, labels=ids)
-    out.loss.backward()
-    return out.loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-
-
 @pytest.mark.parametrize("mode", ["huffman", "palette"])
 def test_backward_through_compressed_layers_gives_the_original_gradients(llama_ck, mode):
     """Every compressed layer decodes into the same scratch: a backward must not read a weight a
     later layer has overwritten (torch raised "modified by an inplace operation")."""
     src, cks = llama_ck
-    want_loss, want = _grads(_ref(src))
-    loss, got = _grads(unweight.load(cks["huffman"], device="cpu", mode=mode))
+    want_loss, want = train_step_grads(_ref(src), IDS)
+    loss, got = train_step_grads(unweight.load(cks["huffman"], device="cpu", mode=mode), IDS)
     assert torch.equal(loss, want_loss)
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 

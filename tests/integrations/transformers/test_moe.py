@@ -14,6 +14,8 @@ from unweight import api
 from unweight.format.errors import InputError
 from unweight.runtime import experts as ex
 
+from tests.conftest import train_step_grads
+
 transformers = pytest.importorskip("transformers")
 
 COMMON = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
@@ -181,16 +183,6 @@ def test_greedy_generation_identical(moe):
     assert torch.equal(a, ref.generate(IDS[:1], max_new_tokens=5, do_sample=False))
 
 
-def _grads(model):
-    """Loss and gradients of a training step with only the 1-D parameters (norms) trainable."""
-    model.train()
-    for p in model.parameters():
-        p.requires_grad_(p.dim() == 1)
-    out = model(IDS, labels=IDS)
-    out.loss.backward()
-    return out.loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-
-
 @pytest.mark.parametrize("mode", ["huffman", "palette"])
 @pytest.mark.parametrize("kind", ["qwen3_moe", "llama4_text"])
 def test_backward_through_compressed_experts(moe, kind, mode):
@@ -198,8 +190,8 @@ def test_backward_through_compressed_experts(moe, kind, mode):
     expert's own decoded weight, not a scratch slot a later layer overwrote (torch raised
     "modified by an inplace operation", and "mm(): functions with out=..." for the bmm)."""
     src, cks, _ = moe[kind]
-    want_loss, want = _grads(transformers.AutoModelForCausalLM.from_pretrained(src))
-    loss, got = _grads(_load(cks["huffman"], mode))
+    want_loss, want = train_step_grads(transformers.AutoModelForCausalLM.from_pretrained(src), IDS)
+    loss, got = train_step_grads(_load(cks["huffman"], mode), IDS)
     assert torch.equal(loss, want_loss)
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
