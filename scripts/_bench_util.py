@@ -13,6 +13,7 @@ an eager loop between the events and the record says so.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import datetime
 import functools
@@ -54,6 +55,95 @@ def require_gpu():
               file=sys.stderr)
         sys.exit(2)
     return torch
+
+
+def fail(message: str, code: int = 2):
+    """Exit with `message` as the one line on stderr (the harnesses' way of saying they cannot
+    do what was asked: no traceback, nothing written)."""
+    print(message, file=sys.stderr)
+    sys.exit(code)
+
+
+# argparse types: a bad value is refused before anything is built or measured, as one
+# "error:" line under the usage, instead of a traceback (or a zero-repeat median) later.
+def _int_at_least(text: str, least: int) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < least:
+        raise argparse.ArgumentTypeError(f"{v} is not >= {least}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    return _int_at_least(text, 0)
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0 or not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"{text} is not a number > 0")
+    return v
+
+
+def positive_int_list(text: str) -> list[int]:
+    """'1,16' -> [1, 16], every entry >= 1."""
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("empty list")
+    return [positive_int(p.strip()) for p in parts]
+
+
+def shapes_arg(text: str):
+    """--shapes as an argparse type: parse_shapes' list, a bad entry refused as an argument error."""
+    try:
+        return parse_shapes(text)
+    except SystemExit as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def writable_path(path: str, who: str = "bench") -> str:
+    """`path` (absolute), its folder created; exits with one line when the result JSON could not
+    be written there.  Called before measuring, so a bad --out costs nothing."""
+    path = os.path.abspath(path)
+    folder = os.path.dirname(path)
+    if os.path.isdir(path):
+        fail(f"{who}: {path} is a folder; give a file name for the result JSON")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except FileExistsError:  # a file where a folder of the path should be
+        fail(f"{who}: cannot write {path}: a part of its folder is a file")
+    except OSError as e:
+        fail(f"{who}: cannot create the folder for {path}: {e.strerror or e}")
+    if not os.access(folder, os.W_OK):
+        fail(f"{who}: cannot write into {folder} (permission denied)")
+    return path
+
+
+def measured_rows(res) -> list:
+    """The rows of a decode or kernels result that hold a timing (not an error, not skipped)."""
+    return [r for r in res.get("rows", ()) if "error" not in r and "skipped" not in r]
+
+
+def nothing_measured(who: str, res, path: str) -> int:
+    """Exit status of a harness's main: 0 when at least one row was timed; otherwise one line
+    saying so (the JSON at `path` records only errors and skips) and 1."""
+    if measured_rows(res):
+        return 0
+    why = "; ".join(f"{r.get('shape')}: {r['error']}" for r in res.get("rows", ()) if "error" in r)
+    why = why or "; ".join(f"{s.get('shape') or s.get('variant')}: {s['why']}" for s in res.get("skipped", ())
+                           if s.get("shape"))
+    print(f"{who}: nothing was measured ({why or 'no shape ran'}); {path} records only the errors and skips",
+          file=sys.stderr)
+    return 1
 
 
 def load_shapes(path=None, models=None):

@@ -40,6 +40,7 @@ import _bench_util as bench_util  # noqa: E402  (scripts/, beside this file)
 from unweight import api, sources  # noqa: E402
 from unweight.codec import tensor_codec as tc  # noqa: E402
 from unweight.format.checkpoint import Checkpoint  # noqa: E402
+from unweight.format.errors import UnweightError  # noqa: E402
 
 LLAMA8B_LAYER = [("q_proj", 4096, 4096), ("k_proj", 1024, 4096), ("v_proj", 1024, 4096), ("o_proj", 4096, 4096),
                  ("gate_proj", 14336, 4096), ("up_proj", 14336, 4096), ("down_proj", 4096, 14336)]
@@ -50,7 +51,7 @@ def gaussian_checkpoint(folder: str, min_weights: int = 256 * 2**20, seed: int =
     from unweight.format.safetensors_io import ShardWriter
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "model.safetensors")
-    if os.path.exists(path):
+    if os.path.exists(os.path.join(folder, "config.json")):  # written last: a killed run's file is redone
         return folder
     rng = np.random.default_rng(seed)
     w = ShardWriter(path, {"format": "pt"})
@@ -336,26 +337,46 @@ def bench_model(label, folder, threads_list, repeat, zipnn_ok, openzl_ok=False, 
     # End-to-end CLI: files in, files out, and the child's peak RSS.
     with tempfile.TemporaryDirectory() as td:
         out = os.path.join(td, "o")
-        t = time.perf_counter()
         # Peak RSS through GNU time: a child forked from this (large) process inherits its
         # high-water mark across exec, so the child's own rusage would over-report.
         timer = ["/usr/bin/time", "-f", "%M"] if os.path.exists("/usr/bin/time") else []
-        p = subprocess.run(timer + [sys.executable, "-m", "unweight.cli", "compress", folder, out, "-j",
-                                    str(max(threads_list))], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           text=True)
-        dt = time.perf_counter() - t
-        if p.returncode != 0:
-            raise RuntimeError(p.stderr)
+        dt, err = run_cli(["compress", folder, out, "-j", str(max(threads_list))], timer)
         res["cli_compress_gbps"] = res["input_file_bytes"] / dt / 1e9
         res["cli_compress_seconds"] = dt
-        res["cli_peak_rss_bytes"] = int(p.stderr.strip().splitlines()[-1]) * 1024 if timer else None
+        res["cli_peak_rss_bytes"] = int(err.strip().splitlines()[-1]) * 1024 if timer else None
         res["largest_tensor_bytes"] = max(a.nbytes for a in tensors.values())
-        t = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "unweight.cli", "decompress", out, os.path.join(td, "d"),
-                            "-j", str(max(threads_list))], capture_output=True, text=True)
-        res["cli_decompress_gbps"] = res["input_file_bytes"] / (time.perf_counter() - t) / 1e9
+        dt, _ = run_cli(["decompress", out, os.path.join(td, "d"), "-j", str(max(threads_list))],
+                        stdout=subprocess.PIPE)
+        res["cli_decompress_gbps"] = res["input_file_bytes"] / dt / 1e9
     ck.close()
     return res
+
+
+def run_cli(args, prefix=(), stdout=subprocess.DEVNULL):
+    """`unweight ARGS` in a child process: (seconds, its stderr).  A failed step ends the run
+    with its one-line error: a time of a command that did not do its work is no speed."""
+    t = time.perf_counter()
+    p = subprocess.run([*prefix, sys.executable, "-m", "unweight.cli", *args], stdout=stdout,
+                       stderr=subprocess.PIPE, text=True, check=False)
+    dt = time.perf_counter() - t
+    if p.returncode != 0:
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        if prefix:  # GNU time's own two lines: "Command exited with non-zero status N", the peak RSS
+            lines = [ln for ln in lines[:-1] if not ln.startswith("Command exited with")]
+        raise SystemExit(f"bench_codec: `unweight {args[0]}` failed (exit {p.returncode}): "
+                         f"{lines[-1] if lines else 'no message'}")
+    return dt, p.stderr
+
+
+def _cell(entry, key, fmt="{:.2f}") -> str:
+    """entry[key] formatted, or "n/a" where the contender did not run (no entry)."""
+    return fmt.format(entry[key]) if entry and key in entry else "n/a"
+
+
+def _peak_rss(rs) -> str:
+    """The largest peak RSS of compress over the runs; "n/a" when no run measured it (no GNU time)."""
+    got = [x["cli_peak_rss_bytes"] for x in rs if x.get("cli_peak_rss_bytes") is not None]
+    return f"{max(got) / 1e6:.0f} MB" if got else "n/a"
 
 
 def _spread(values, fmt="{:.2f}"):
@@ -367,7 +388,17 @@ def summarize(paths, out=sys.stdout):
     """README tables from runs of one commit: ratios (the same in every run, checked), and
     per model and thread count the median over runs of each run's median GB/s, with the
     spread over runs of unweight huffman's speed over each peer's."""
-    runs = [json.load(open(p)) for p in paths]
+    if not paths:
+        raise SystemExit("usage: bench_codec.py --summarize RUN.json [RUN.json ...]")
+    runs = []
+    for p in paths:
+        try:
+            with open(p) as f:
+                runs.append(json.load(f))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: {p}: {getattr(e, 'strerror', None) or e}") from None
+        if not isinstance(runs[-1], dict) or runs[-1].get("benchmark") != "bench_codec" or not runs[-1].get("results"):
+            raise SystemExit(f"error: {p}: not a result of bench_codec.py")
     if len({r["commit"] for r in runs}) != 1:
         raise SystemExit("error: --summarize takes runs of one commit")
     by_model = [[r["results"][i] for r in runs] for i in range(len(runs[0]["results"]))]
@@ -379,10 +410,11 @@ def summarize(paths, out=sys.stdout):
         for key in ("ratio_huffman", "ratio_palette"):
             if len({x[key] for x in rs}) != 1:
                 raise SystemExit(f"error: {r['model']}: {key} differs between runs")
-        z = r.get("zipnn_t1", {}).get("checkpoint_ratio", float("nan"))
-        o = {e: r.get(f"openzl_{e}_t1", {}).get("checkpoint_ratio", float("nan")) for e in OPENZL_CODERS}
-        out.write(f"| {r['model']} | {r['ratio_huffman']:.4f} | {r['ratio_palette']:.4f} | {z:.4f} | "
-                  f"{o['fse']:.4f} | {o['huffman']:.4f} | {r['order0_bound']:.4f} |\n")
+        # A peer that did not run gets "n/a", never a number.
+        z = _cell(r.get("zipnn_t1"), "checkpoint_ratio", "{:.4f}")
+        o = {e: _cell(r.get(f"openzl_{e}_t1"), "checkpoint_ratio", "{:.4f}") for e in OPENZL_CODERS}
+        out.write(f"| {r['model']} | {r['ratio_huffman']:.4f} | {r['ratio_palette']:.4f} | {z} | "
+                  f"{o['fse']} | {o['huffman']} | {r['order0_bound']:.4f} |\n")
     out.write("\n| model | threads | unweight huffman c / d | palette c / d | ZipNN c / d | "
               "huffman / ZipNN, ratio of medians, c / d | same, median of per-repeat ratios |\n"
               "|---|---|---|---|---|---|---|\n")
@@ -391,14 +423,22 @@ def summarize(paths, out=sys.stdout):
         for th in threads:
             cell = {}
             for who, key in (("h", f"unweight_huffman_t{th}"), ("p", f"unweight_palette_t{th}"), ("z", f"zipnn_t{th}")):
-                cell[who] = (med(x[key]["compress_gbps"] for x in rs), med(x[key]["decompress_gbps"] for x in rs))
-            rom = [(x[f"unweight_huffman_t{th}"]["compress_gbps"] / x[f"zipnn_t{th}"]["compress_gbps"],
-                    x[f"unweight_huffman_t{th}"]["decompress_gbps"] / x[f"zipnn_t{th}"]["decompress_gbps"]) for x in rs]
-            pr = [(x[f"paired_speed_ratio_t{th}"]["compress"], x[f"paired_speed_ratio_t{th}"]["decompress"]) for x in rs]
-            out.write(f"| {rs[0]['model']} | {th} | {cell['h'][0]:.2f} / {cell['h'][1]:.2f} | "
-                      f"{cell['p'][0]:.2f} / {cell['p'][1]:.2f} | {cell['z'][0]:.2f} / {cell['z'][1]:.2f} | "
-                      f"{_spread([a for a, _ in rom])} / {_spread([b for _, b in rom])} | "
-                      f"{_spread([a for a, _ in pr])} / {_spread([b for _, b in pr])} |\n")
+                if all(key in x for x in rs):
+                    cell[who] = (f"{med(x[key]['compress_gbps'] for x in rs):.2f} / "
+                                 f"{med(x[key]['decompress_gbps'] for x in rs):.2f}")
+                else:  # ZipNN not installed in (some of) these runs
+                    cell[who] = "n/a"
+            if cell["z"] == "n/a":
+                rom = pr = "n/a"
+            else:
+                rom = [(x[f"unweight_huffman_t{th}"]["compress_gbps"] / x[f"zipnn_t{th}"]["compress_gbps"],
+                        x[f"unweight_huffman_t{th}"]["decompress_gbps"] / x[f"zipnn_t{th}"]["decompress_gbps"])
+                       for x in rs]
+                rom = f"{_spread([a for a, _ in rom])} / {_spread([b for _, b in rom])}"
+                pr = [(x[f"paired_speed_ratio_t{th}"]["compress"], x[f"paired_speed_ratio_t{th}"]["decompress"])
+                      for x in rs]
+                pr = f"{_spread([a for a, _ in pr])} / {_spread([b for _, b in pr])}"
+            out.write(f"| {rs[0]['model']} | {th} | {cell['h']} | {cell['p']} | {cell['z']} | {rom} | {pr} |\n")
     if all("openzl_fse_t1" in x for rs in by_model for x in rs):
         out.write("\n| model | unweight huffman c / d | OpenZL FSE c / d | OpenZL Huffman c / d | "
                   "huffman / OpenZL FSE, c / d | huffman / OpenZL Huffman, c / d |\n|---|---|---|---|---|---|\n")
@@ -439,25 +479,114 @@ def summarize(paths, out=sys.stdout):
     for rs in by_model:
         out.write(f"| {rs[0]['model']} | {_spread([x['cli_compress_gbps'] for x in rs])} | "
                   f"{_spread([x['cli_decompress_gbps'] for x in rs])} | "
-                  f"{max(x['cli_peak_rss_bytes'] or 0 for x in rs) / 1e6:.0f} MB | "
+                  f"{_peak_rss(rs)} | "
                   f"{rs[0]['largest_tensor_bytes'] / 1e6:.0f} MB |\n")
 
 
-def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "--summarize":
-        summarize(sys.argv[2:])
-        return
+MODELS = ("minilm", "smollm2", "gaussian")
+
+
+def _models_arg(text: str) -> list:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in MODELS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError((f"unknown model {bad[0]!r}" if bad else "no model named")
+                                         + f"; choose from {', '.join(MODELS)}")
+    return names
+
+
+def _peer_version(dist: str):
+    """The installed version of a peer (recorded and printed as measured, not assumed)."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def report(results, threads, versions, out=sys.stdout):
+    """The run's tables.  versions: {"zipnn" | "openzl" | "dfloat11": installed version, or
+    None when that peer did not run}; a peer that did not run shows "n/a", never a number."""
+    zv = versions.get("zipnn")
+    rows = []
+    for r in results:
+        for th in threads:
+            h, p = r[f"unweight_huffman_t{th}"], r[f"unweight_palette_t{th}"]
+            z = r.get(f"zipnn_t{th}")
+            rows.append([r["model"], th, f"{r['ratio_huffman']:.4f}", f"{r['ratio_palette']:.4f}",
+                         _cell(z, "checkpoint_ratio", "{:.4f}"), f"{r['order0_bound']:.4f}",
+                         f"{h['compress_gbps']:.2f}", _cell(z, "compress_gbps"),
+                         f"{h['decompress_gbps']:.2f}", _cell(z, "decompress_gbps"),
+                         f"{p['compress_gbps']:.2f}", f"{p['decompress_gbps']:.2f}"])
+    hdr = ["model", "thr", "uw huff", "uw pal", "zipnn", "order0", "uw c GB/s", "zn c", "uw d GB/s", "zn d",
+           "pal c", "pal d"]
+    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]
+    out.write("  ".join(h.ljust(w) for h, w in zip(hdr, widths)) + "\n")
+    for row in rows:
+        out.write("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "\n")
+    if zv:
+        out.write(f"best of the repeats, GB/s (unweight huffman vs ZipNN {zv}), compress / decompress:\n")
+    else:
+        out.write("best of the repeats, GB/s (unweight huffman; ZipNN not installed, not run), compress / decompress:\n")
+    for r in results:
+        for th in threads:
+            h, z = r[f"unweight_huffman_t{th}"], r.get(f"zipnn_t{th}")
+            out.write(f"  {r['model']} t{th}: {h['best_compress_gbps']:.2f} / {h['best_decompress_gbps']:.2f}"
+                      + (f" vs {_cell(z, 'best_compress_gbps')} / {_cell(z, 'best_decompress_gbps')}\n" if z else "\n"))
+    if zv:
+        out.write("unweight huffman speed / ZipNN's, median of per-repeat ratios, compress / decompress:\n")
+    for r in results:
+        for th in threads:
+            q = r.get(f"paired_speed_ratio_t{th}")
+            if q:
+                out.write(f"  {r['model']} t{th}: {q['compress']:.2f}x / {q['decompress']:.2f}x\n")
+    if versions.get("openzl"):
+        out.write(f"OpenZL {versions['openzl']}, one thread: checkpoint ratio (as ZipNN's), compress / decompress "
+                  "GB/s, unweight huffman t1 speed over it (median of per-repeat ratios):\n")
+        for r in results:
+            for e in OPENZL_CODERS:
+                o = r[f"openzl_{e}_t1"]
+                q = o["paired_speed_ratio"]
+                out.write(f"  {r['model']} {e}: {o['checkpoint_ratio']:.4f} (tensors {o['tensor_ratio']:.4f}), "
+                          f"{o['compress_gbps']:.2f} / {o['decompress_gbps']:.2f}, "
+                          f"{q['compress']:.2f}x / {q['decompress']:.2f}x\n")
+    for r in results:
+        if "dfloat11" in r:
+            d = r["dfloat11"]
+            out.write(f"DFloat11 {versions.get('dfloat11')} {r['model']}: checkpoint ratio {d['checkpoint_ratio']:.4f} "
+                      f"(tensors {d['tensor_ratio']:.4f}, {d['blocks']} codes), its encoder and the round-trip check "
+                      f"{d['encode_and_check_seconds']:.0f} s\n")
+    out.write("exponent bit/weight: unweight huffman, OpenZL FSE; bounds H(e), H(e | m6 m5), H(e) per 64Ki block:\n")
+    for r in results:
+        for g, x in r["exponent_bits"].items():
+            fse = "n/a" if x["openzl_fse"] is None else f"{x['openzl_fse']:.3f}"
+            out.write(f"  {r['model']} {g} ({x['weights'] / 1e6:.1f}M): {x['unweight_huffman']:.3f}, {fse}; "
+                      f"{x['h0']:.3f}, {x['h_ctx']:.3f}, {x['h0_blocks']:.3f}\n")
+    for r in results:
+        out.write(f"{r['model']}: CLI compress {r['cli_compress_gbps']:.2f} GB/s, decompress {r['cli_decompress_gbps']:.2f} GB/s "
+                  f"(files), peak RSS of compress "
+                  + (f"{r['cli_peak_rss_bytes'] / 1e6:.0f} MB" if r["cli_peak_rss_bytes"] is not None
+                     else "not measured (no /usr/bin/time)")
+                  + f", largest tensor {r['largest_tensor_bytes'] / 1e6:.0f} MB\n")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "--summarize":
+        summarize(argv[1:])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="minilm,smollm2,gaussian")
-    ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--gaussian-weights", type=int, default=256 * 2**20)
+    ap.add_argument("--models", type=_models_arg, default=list(MODELS), help="comma list of " + ", ".join(MODELS))
+    ap.add_argument("--threads", type=bench_util.positive_int_list, default=[1, 2], help="comma list, e.g. 1,2")
+    ap.add_argument("--repeat", type=bench_util.positive_int, default=3)
+    ap.add_argument("--gaussian-weights", type=bench_util.positive_int, default=256 * 2**20)
     ap.add_argument("--out", default=None)
     ap.add_argument("--dfloat11", action="store_true",
                     help="also DFloat11 0.5.0's ratio through its own encoder, its streams decoded back through its "
                          "codec and compared (pip install --no-deps dfloat11==0.5.0 dahuffman==0.4.2; minutes "
                          "per 100M weights)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.out:
+        args.out = bench_util.writable_path(args.out, "bench_codec")
     try:
         import zipnn  # noqa: F401
         zipnn_ok = True
@@ -470,85 +599,45 @@ def main():
     except ImportError:
         sys.stderr.write("openzl not installed (pip install openzl==0.3.0): running without it\n")
         openzl_ok = False
-    if args.dfloat11 and _dfloat11_utils() is None:
-        raise SystemExit("error: --dfloat11 needs dfloat11 0.5.0 (pip install --no-deps dfloat11==0.5.0 dahuffman==0.4.2)")
-    threads = [int(t) for t in args.threads.split(",")]
+    if args.dfloat11:
+        try:
+            du = _dfloat11_utils()
+        except ImportError as e:  # its encoder's own imports (dahuffman, tqdm)
+            du, why = None, f" ({e})"
+        else:
+            why = ""
+        if du is None:
+            bench_util.fail(f"error: --dfloat11 needs dfloat11 0.5.0{why} (pip install --no-deps dfloat11==0.5.0 "
+                            "dahuffman==0.4.2)")
+    threads = args.threads
     folders = {"minilm": ("MiniLM-L6 (BF16)", sources.bundled_minilm),
                "smollm2": ("SmolLM2-135M (BF16)", sources.bundled_smollm2),
                "gaussian": ("Gaussian, Llama-8B shapes", lambda: gaussian_checkpoint(
                    os.path.join(sources.cache_dir(), f"gaussian-{args.gaussian_weights}"), args.gaussian_weights))}
     results = []
-    for m in args.models.split(","):
+    for m in args.models:
         label, get = folders[m]
-        results.append(bench_model(label, get(), threads, args.repeat, zipnn_ok, openzl_ok, args.dfloat11))
-    rows = []
-    for r in results:
-        for th in threads:
-            h, p = r[f"unweight_huffman_t{th}"], r[f"unweight_palette_t{th}"]
-            z = r.get(f"zipnn_t{th}", {})
-            rows.append([r["model"], th, f"{r['ratio_huffman']:.4f}", f"{r['ratio_palette']:.4f}",
-                         f"{z.get('checkpoint_ratio', float('nan')):.4f}", f"{r['order0_bound']:.4f}",
-                         f"{h['compress_gbps']:.2f}", f"{z.get('compress_gbps', float('nan')):.2f}",
-                         f"{h['decompress_gbps']:.2f}", f"{z.get('decompress_gbps', float('nan')):.2f}",
-                         f"{p['compress_gbps']:.2f}", f"{p['decompress_gbps']:.2f}"])
-    hdr = ["model", "thr", "uw huff", "uw pal", "zipnn", "order0", "uw c GB/s", "zn c", "uw d GB/s", "zn d",
-           "pal c", "pal d"]
-    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]
-    out = sys.stdout
-    out.write("  ".join(h.ljust(w) for h, w in zip(hdr, widths)) + "\n")
-    for row in rows:
-        out.write("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "\n")
-    out.write("best of the repeats, GB/s (unweight huffman vs ZipNN), compress / decompress:\n")
-    for r in results:
-        for th in threads:
-            h, z = r[f"unweight_huffman_t{th}"], r.get(f"zipnn_t{th}", {})
-            out.write(f"  {r['model']} t{th}: {h['best_compress_gbps']:.2f} / {h['best_decompress_gbps']:.2f} vs "
-                      f"{z.get('best_compress_gbps', float('nan')):.2f} / {z.get('best_decompress_gbps', float('nan')):.2f}\n")
-    out.write("unweight huffman speed / ZipNN's, median of per-repeat ratios, compress / decompress:\n")
-    for r in results:
-        for th in threads:
-            q = r.get(f"paired_speed_ratio_t{th}")
-            if q:
-                out.write(f"  {r['model']} t{th}: {q['compress']:.2f}x / {q['decompress']:.2f}x\n")
-    if openzl_ok:
-        out.write("OpenZL 0.3.0, one thread: checkpoint ratio (as ZipNN's), compress / decompress GB/s, "
-                  "unweight huffman t1 speed over it (median of per-repeat ratios):\n")
-        for r in results:
-            for e in OPENZL_CODERS:
-                o = r[f"openzl_{e}_t1"]
-                q = o["paired_speed_ratio"]
-                out.write(f"  {r['model']} {e}: {o['checkpoint_ratio']:.4f} (tensors {o['tensor_ratio']:.4f}), "
-                          f"{o['compress_gbps']:.2f} / {o['decompress_gbps']:.2f}, "
-                          f"{q['compress']:.2f}x / {q['decompress']:.2f}x\n")
-    for r in results:
-        if "dfloat11" in r:
-            d = r["dfloat11"]
-            out.write(f"DFloat11 0.5.0 {r['model']}: checkpoint ratio {d['checkpoint_ratio']:.4f} (tensors "
-                      f"{d['tensor_ratio']:.4f}, {d['blocks']} codes), its encoder and the round-trip check "
-                      f"{d['encode_and_check_seconds']:.0f} s\n")
-    out.write("exponent bit/weight: unweight huffman, OpenZL FSE; bounds H(e), H(e | m6 m5), H(e) per 64Ki block:\n")
-    for r in results:
-        for g, x in r["exponent_bits"].items():
-            fse = "n/a" if x["openzl_fse"] is None else f"{x['openzl_fse']:.3f}"
-            out.write(f"  {r['model']} {g} ({x['weights'] / 1e6:.1f}M): {x['unweight_huffman']:.3f}, {fse}; "
-                      f"{x['h0']:.3f}, {x['h_ctx']:.3f}, {x['h0_blocks']:.3f}\n")
-    for r in results:
-        out.write(f"{r['model']}: CLI compress {r['cli_compress_gbps']:.2f} GB/s, decompress {r['cli_decompress_gbps']:.2f} GB/s "
-                  f"(files), peak RSS of compress {(r['cli_peak_rss_bytes'] or 0) / 1e6:.0f} MB, largest tensor "
-                  f"{r['largest_tensor_bytes'] / 1e6:.0f} MB\n")
+        try:
+            folder = get()
+        except UnweightError as e:  # a bundled model that is not installed
+            bench_util.fail(f"error: {m}: {e}")
+        results.append(bench_model(label, folder, threads, args.repeat, zipnn_ok, openzl_ok, args.dfloat11))
+    versions = {"zipnn": _peer_version("zipnn") if zipnn_ok else None,
+                "openzl": _peer_version("openzl") if openzl_ok else None,
+                "dfloat11": _peer_version("dfloat11") if args.dfloat11 else None}
+    report(results, threads, versions)
     commit = bench_util.short_commit()
     doc = {"benchmark": "bench_codec", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "load_average_at_end": os.getloadavg(), "repeat": args.repeat,
            "commit": commit, "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-           "zipnn_version": "0.5.4" if zipnn_ok else None,
-           "openzl_version": importlib.metadata.version("openzl") if openzl_ok else None,
-           "dfloat11_version": importlib.metadata.version("dfloat11") if args.dfloat11 else None, "results": results}
+           "environment": bench_util.environment(),
+           "zipnn_version": versions["zipnn"], "openzl_version": versions["openzl"],
+           "dfloat11_version": versions["dfloat11"], "results": results}
     path = args.out or bench_util.result_path("codec", bench_util.machine_tag(), commit)
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=2)
-    out.write(f"wrote {path}\n")
+    bench_util.write_json(path, doc)
+    sys.stdout.write(f"wrote {path}\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

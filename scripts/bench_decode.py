@@ -148,14 +148,17 @@ def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", help="NxK,... (default: Llama-3.1-8B's o, qkv, mlp up, mlp down, lm_head)")
-    ap.add_argument("--runs", type=int, default=25, help="timed graph replays per variant (>= 20)")
-    ap.add_argument("--budget", type=float, default=600.0, help="seconds; shapes that would not fit are skipped")
+    ap.add_argument("--shapes", type=bu.shapes_arg, default=None,
+                    help="NxK,... (default: Llama-3.1-8B's o, qkv, mlp up, mlp down, lm_head)")
+    ap.add_argument("--runs", type=bu.positive_int, default=25, help="timed graph replays per variant (>= 20)")
+    ap.add_argument("--budget", type=bu.positive_float, default=600.0,
+                    help="seconds; shapes that would not fit are skipped")
     ap.add_argument("--out", help="result JSON (default: benchmarks/results/decode-<date>-<gpu>-<commit>.json)")
     args = ap.parse_args(argv)
+    out = bu.writable_path(args.out, "bench_decode") if args.out else None
     torch = bu.require_gpu()
-    shapes = bu.parse_shapes(args.shapes)
-    out = args.out or bu.result_path("decode", bu.machine_tag(torch.cuda.get_device_name(0)))
+    shapes = args.shapes or bu.parse_shapes(None)
+    out = out or bu.result_path("decode", bu.machine_tag(torch.cuda.get_device_name(0)))
     res = run(torch, shapes, bu.Budget(args.budget), args.runs, out)
     rows = [{"shape": r["shape"], **{f"{e}_ms": round(r[e]["median_ms"], 4) for e in ("copy", "huffman", "palette",
                                                                                        "transcode") if e in r},
@@ -164,7 +167,7 @@ def main(argv=None) -> int:
     bu.print_table(rows, ["shape", "copy_ms", "huffman_ms", "palette_ms", "transcode_ms", "huffman_GBps",
                           "palette_GBps"])
     print("wrote", bu.write_json(out, res))
-    return 0
+    return bu.nothing_measured("bench_decode", res, out)
 
 
 if __name__ == "__main__":

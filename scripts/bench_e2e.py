@@ -307,27 +307,48 @@ def _summary(entry) -> str:
     return "; ".join(parts)
 
 
+def summary_rows(res) -> list:
+    """One table row per (mode, batch) that was timed: tokens/s with the step in a CUDA graph
+    and eagerly, and whether the prefill logits equal BF16's.  Failed or skipped modes have no row."""
+    rows = []
+    for mode, entry in res.get("modes", {}).items():
+        for r in entry.get("runs", ()):
+            rows.append({"mode": mode, "batch": r["batch"],
+                         "graph_tok_s": round(r["graph_tokens_per_s"], 1) if "graph_tokens_per_s" in r else "-",
+                         "eager_tok_s": round(r["eager_tokens_per_s"], 1),
+                         "prefill_bitwise": r.get("prefill_logits_bitwise", "ref")})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--layers", type=bu.positive_int, default=4)
+    ap.add_argument("--batches", type=bu.positive_int_list, default=[1, 16], help="comma list, e.g. 1,16")
     ap.add_argument("--modes", default="huffman,palette,dense", help="comma list of " + ", ".join(MODES))
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=16, help="graph replays per timed run")
-    ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--budget", type=float, default=900.0)
+    ap.add_argument("--prompt", type=bu.positive_int, default=128)
+    ap.add_argument("--steps", type=bu.positive_int, default=16, help="graph replays per timed run")
+    ap.add_argument("--runs", type=bu.positive_int, default=20)
+    ap.add_argument("--budget", type=bu.positive_float, default=900.0)
     ap.add_argument("--out", help="result JSON (default: benchmarks/results/e2e-<date>-<gpu>-<commit>.json)")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
-    if bad:
-        print(f"bench_e2e: unknown mode {bad[0]!r}: choose from {', '.join(MODES)}", file=sys.stderr)
+    if bad or not modes:
+        print(f"bench_e2e: unknown mode {bad[0]!r}: choose from {', '.join(MODES)}" if bad
+              else f"bench_e2e: no mode named: choose from {', '.join(MODES)}", file=sys.stderr)
         return 2
+    out = bu.writable_path(args.out, "bench_e2e") if args.out else None
     torch = bu.require_gpu()
-    out = args.out or bu.result_path("e2e", bu.machine_tag(torch.cuda.get_device_name(0)))
-    run(torch, args.layers, [int(b) for b in args.batches.split(",")], modes, bu.Budget(args.budget), args.prompt,
-        args.steps, args.runs, out_path=out)
+    out = out or bu.result_path("e2e", bu.machine_tag(torch.cuda.get_device_name(0)))
+    res = run(torch, args.layers, args.batches, modes, bu.Budget(args.budget), args.prompt,
+              args.steps, args.runs, out_path=out)
+    rows = summary_rows(res)
+    bu.print_table(rows, ["mode", "batch", "graph_tok_s", "eager_tok_s", "prefill_bitwise"])
     print("wrote", out)
+    if not any(m != "bf16" for m in {r["mode"] for r in rows}):
+        print("bench_e2e: no compressed mode was measured (each failed or was skipped); " + out
+              + " records the errors and skips", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -223,11 +223,12 @@ def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", help="NxK,... (default: Llama-3.1-8B's o, qkv, mlp up, mlp down, lm_head)")
-    ap.add_argument("--batches", nargs="*", type=int, default=list(bu.BATCHES))
-    ap.add_argument("--encodings", nargs="*", default=["palette", "huffman"], choices=["palette", "huffman"])
-    ap.add_argument("--runs", type=int, default=25, help="timed graph replays per variant (>= 20)")
-    ap.add_argument("--budget", type=float, default=900.0, help="seconds; what would not fit is skipped")
+    ap.add_argument("--shapes", type=bu.shapes_arg, default=None,
+                    help="NxK,... (default: Llama-3.1-8B's o, qkv, mlp up, mlp down, lm_head)")
+    ap.add_argument("--batches", nargs="+", type=bu.positive_int, default=list(bu.BATCHES))
+    ap.add_argument("--encodings", nargs="+", default=["palette", "huffman"], choices=["palette", "huffman"])
+    ap.add_argument("--runs", type=bu.positive_int, default=25, help="timed graph replays per variant (>= 20)")
+    ap.add_argument("--budget", type=bu.positive_float, default=900.0, help="seconds; what would not fit is skipped")
     ap.add_argument("--out", help="result JSON (default: benchmarks/results/kernels-<date>-<gpu>-<commit>.json)")
     ap.add_argument("--write-cache", nargs="?", const="", default=None, metavar="PATH",
                     help="record the dispatch choices in the user's tuning cache (or PATH)")
@@ -237,10 +238,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.from_json:
         return _from_json(args)
+    out = bu.writable_path(args.out, "bench_kernels") if args.out else None
     torch = bu.require_gpu()
-    out = args.out or bu.result_path("kernels", bu.machine_tag(torch.cuda.get_device_name(0)))
+    out = out or bu.result_path("kernels", bu.machine_tag(torch.cuda.get_device_name(0)))
     with torch.no_grad():
-        res = run(torch, bu.parse_shapes(args.shapes), bu.Budget(args.budget), args.batches, args.encodings,
+        res = run(torch, args.shapes or bu.parse_shapes(None), bu.Budget(args.budget), args.batches, args.encodings,
                   args.runs, out)
     measured = res.pop("_table")
     table = []
@@ -256,6 +258,8 @@ def main(argv=None) -> int:
     bu.print_table(table, list(table[0]) if table else ["shape"])
     print("wrote", bu.write_json(out, res))
     env = res["environment"]
+    if bu.nothing_measured("bench_kernels", res, out):
+        return 1  # no timing: nothing to record in a tuning table either
     stamp = (f"measured on {env.get('gpu')} (sm {env.get('sm')}, driver {env.get('driver')}, torch {env.get('torch')}) "
              f"at {env['date']}, code {env.get('commit') or env['source_sha256'][:12]}, by scripts/bench_kernels.py")
     return _write_tables(args, measured, stamp)
@@ -264,24 +268,35 @@ def main(argv=None) -> int:
 def _write_tables(args, measured, stamp: str) -> int:
     """Record `measured` in the user's cache (--write-cache) and/or the shipped defaults."""
     from unweight.runtime import tuning_table as tt
-    if args.write_cache is not None:
-        path = args.write_cache or tt.default_cache_path()
-        t = tt.TuningTable.load(path).update(measured)
-        t.comment = t.comment or "unweight tuning cache"
-        print("wrote", t.save(path))
-    if args.write_defaults:
-        t = tt.TuningTable.load(tt.DEFAULTS_PATH).update(measured)
-        t.comment = ("Shipped dispatch defaults, written by scripts/bench_kernels.py --write-defaults; a fused path "
-                     "is listed only where it beat decode + cuBLAS in the same run. Last " + stamp + ".")
-        print("wrote", t.save(tt.DEFAULTS_PATH))
+    try:
+        if args.write_cache is not None:
+            path = args.write_cache or tt.default_cache_path()
+            t = tt.TuningTable.load(path).update(measured)
+            t.comment = t.comment or "unweight tuning cache"
+            print("wrote", t.save(path))
+        if args.write_defaults:
+            t = tt.TuningTable.load(tt.DEFAULTS_PATH).update(measured)
+            t.comment = ("Shipped dispatch defaults, written by scripts/bench_kernels.py --write-defaults; a fused "
+                         "path is listed only where it beat decode + cuBLAS in the same run. Last " + stamp + ".")
+            print("wrote", t.save(tt.DEFAULTS_PATH))
+    except OSError as e:
+        print(f"bench_kernels: cannot write the tuning table {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 1
     return 0
 
 
 def _from_json(args) -> int:
     import json
 
-    with open(args.from_json) as f:
-        doc = json.load(f)
+    try:
+        with open(args.from_json) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"bench_kernels: {args.from_json}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        return 2
+    if not isinstance(doc, dict):
+        print(f"{args.from_json}: no kernel rows or GPU name in it", file=sys.stderr)
+        return 2
     kern = (doc.get("raw") or {}).get("kernels") or doc  # a gpu_check bench stage, or this script's own
     env = doc.get("env") or doc.get("environment") or {}
     gpu = env.get("gpu")

@@ -46,6 +46,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
+import _bench_util as bu  # noqa: E402
+
 VARIANTS = ("bf16", "decode-all", "routed", "routed-pal")
 
 
@@ -156,18 +158,69 @@ def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
     }
 
 
+# The settings that shape the model --keep holds, recorded beside it (KEPT) so a later run
+# with other settings does not time the old model under the new settings' name.
+BUILD_ARGS = ("experts", "top_k", "layers", "hidden", "moe_intermediate", "vocab")
+KEPT = "bench_moe_model.json"
+
+
+def build_args(a) -> dict:
+    return {k: getattr(a, k) for k in BUILD_ARGS}
+
+
+def kept_model(work: str, a):
+    """The model info of the checkpoints already in `work` (--keep), None when there are none;
+    exits with one line when they were built with other settings."""
+    stamp = os.path.join(work, KEPT)
+    if not os.path.exists(stamp):
+        return None
+    with open(stamp) as f:
+        kept = json.load(f)
+    if kept.get("build") != build_args(a):
+        diff = ", ".join(f"--{k.replace('_', '-')} {kept.get('build', {}).get(k)}" for k in BUILD_ARGS
+                         if kept.get("build", {}).get(k) != getattr(a, k))
+        bu.fail(f"bench_moe: {work} holds a model built with {diff}; give another --keep folder")
+    return kept["model"]
+
+
+def run_child(argv, variant: str) -> None:
+    """Run one variant's child process; when it fails, end the run with the last line of its
+    error (the variant's other runs and the table would be missing a row)."""
+    p = subprocess.run(argv, stderr=subprocess.PIPE, text=True, check=False)
+    if p.returncode != 0:
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        bu.fail(f"bench_moe: variant {variant} failed (exit {p.returncode}): {lines[-1] if lines else 'no message'}",
+                1)
+
+
+def check_args(a, ap) -> None:
+    """Settings the model cannot be built from, or under which nothing routed would be measured,
+    refused before anything is built."""
+    from unweight.format import constants as C
+    if a.top_k > a.experts:
+        ap.error(f"--top-k {a.top_k} is more than --experts {a.experts}")
+    if a.hidden % 8:
+        ap.error(f"--hidden {a.hidden} is not a multiple of 8 (the model has 8 attention heads)")
+    if a.hidden * a.moe_intermediate < C.MIN_ENCODED_WEIGHTS:
+        ap.error(f"--hidden x --moe-intermediate = {a.hidden * a.moe_intermediate} weights per expert matrix, under "
+                 f"the {C.MIN_ENCODED_WEIGHTS} unweight encodes: the experts would stay BF16 and nothing routed "
+                 "would be measured")
+    if not (a.device == "cpu" or a.device == "cuda" or a.device.startswith("cuda:") and a.device[5:].isdigit()):
+        ap.error(f"--device {a.device!r}: choose cpu or cuda (or cuda:N)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--experts", type=int, default=64)
-    ap.add_argument("--top-k", type=int, default=4)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--moe-intermediate", type=int, default=512)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--steps", type=int, default=24)
-    ap.add_argument("--prompt", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--experts", type=bu.positive_int, default=64)
+    ap.add_argument("--top-k", type=bu.positive_int, default=4)
+    ap.add_argument("--layers", type=bu.positive_int, default=4)
+    ap.add_argument("--hidden", type=bu.positive_int, default=1024, help="a multiple of 8 (8 attention heads)")
+    ap.add_argument("--moe-intermediate", type=bu.positive_int, default=512)
+    ap.add_argument("--vocab", type=bu.positive_int, default=4096)
+    ap.add_argument("--steps", type=bu.positive_int, default=24)
+    ap.add_argument("--prompt", type=bu.positive_int, default=64)
+    ap.add_argument("--rounds", type=bu.positive_int, default=3)
+    ap.add_argument("--threads", type=bu.positive_int, default=1)
     ap.add_argument("--keep", help="folder to build the checkpoints in and keep (default: a temporary one)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda: where every variant runs")
     ap.add_argument("--json-out", help="write the result JSON here instead of benchmarks/results/")
@@ -180,19 +233,27 @@ def main() -> int:
         with open(a.out, "w") as f:
             json.dump(res, f)
         return 0
+    check_args(a, ap)
+    json_out = bu.writable_path(a.json_out, "bench_moe") if a.json_out else None
 
-    import _bench_util as bu
     import torch
 
     from unweight import api
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        bu.fail("bench_moe: --device cuda, but no CUDA GPU is visible (torch.cuda.is_available() is False)")
     work = a.keep or tempfile.mkdtemp(prefix="bench_moe_")
     bf16, comp = os.path.join(work, "bf16"), os.path.join(work, "huffman")
     try:
-        model_info = build(bf16, a) if not os.path.exists(os.path.join(bf16, "config.json")) else {}
-        if not os.path.exists(os.path.join(comp, "config.json")):
+        model_info = kept_model(work, a)
+        if model_info is None:
+            for d in (bf16, comp):  # left by a run that did not finish: built again from the seed
+                shutil.rmtree(d, ignore_errors=True)
+            model_info = build(bf16, a)
             rep = api.compress(bf16, comp, encoding="huffman", progress=False)
             model_info["compressed_file_bytes"] = rep["output_bytes"]
             model_info["bf16_file_bytes"] = rep["input_bytes"]
+            with open(os.path.join(work, KEPT), "w") as f:
+                json.dump({"build": build_args(a), "model": model_info}, f)
         runs = {v: [] for v in VARIANTS}
         for rnd in range(a.rounds):
             for v in VARIANTS[rnd % len(VARIANTS):] + VARIANTS[:rnd % len(VARIANTS)]:
@@ -201,9 +262,13 @@ def main() -> int:
                 argv += [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in
                          ("experts", "top_k", "layers", "hidden", "moe_intermediate", "vocab", "steps", "prompt",
                           "threads", "device")]
-                subprocess.run(argv, check=True)
+                run_child(argv, v)
                 with open(out) as f:
                     runs[v].append(json.load(f))
+        if not any(x["experts_held_bytes"] for x in runs["routed"]):
+            # The loader kept every expert BF16: "routed" would be a BF16 timing under another name.
+            bu.fail("bench_moe: the compressed model holds no routed expert stacks (its experts were stored "
+                    "uncompressed); nothing routed was measured", 1)
         ref = runs["bf16"][0]["logits_sha256"]
         rows = []
         for v in VARIANTS:
@@ -227,7 +292,7 @@ def main() -> int:
         env["torch_threads"] = a.threads
         env["load_average"] = os.getloadavg()
         gpu = torch.cuda.get_device_name() if a.device.startswith("cuda") else None
-        path = a.json_out or bu.result_path("moe", bu.machine_tag(gpu), bu.short_commit())
+        path = json_out or bu.result_path("moe", bu.machine_tag(gpu), bu.short_commit())
         bu.write_json(path, {"benchmark": "moe", "environment": env, "config": config, "model": model_info,
                              "results": rows})
         print(f"Qwen3-MoE, {a.layers} layers, {a.experts} experts top-{a.top_k}, hidden {a.hidden}, "
@@ -236,7 +301,7 @@ def main() -> int:
         bu.print_table(rows, ["variant", "ms_per_token", "ms_per_token_spread", "vs_bf16", "prefill_ms", "held_MB",
                               "rss_added_MB", "peak_rss_MB",
                               "experts_decoded_per_layer_token", "logits_equal_bf16", "experts_implementation"])
-        print(f"wrote {os.path.relpath(path, ROOT)}")
+        print(f"wrote {os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path}")
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)

