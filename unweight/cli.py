@@ -244,22 +244,22 @@ def eval_(original, compressed, tasks, limit, device, mode, batch_size, threads,
     from .format.errors import MismatchError
     if output:
         _run(_check_output, output)
+        _run(evaluation.probe_output, output)
     say = (lambda s: click.echo(s, err=True)) if not as_json else None
     r = _run(evaluation.run, original, compressed, tasks=tasks, limit=limit, device=device, mode=mode,
              batch_size=batch_size, ll_tolerance=ll_tolerance, metric_tolerance=metric_tolerance, threads=threads,
              check=check, progress=say)
     if output:
-        def write():
-            d = os.path.dirname(os.path.abspath(output))
-            os.makedirs(d, exist_ok=True)
-            with open(output, "w") as f:
-                json.dump(r, f, indent=2)
-                f.write("\n")
-        _run(write)
-    _echo(json.dumps(r, indent=2) if as_json else evaluation.format_table(r))
-    if not r["check"]["passed"]:
-        click.echo(f"error: {r['check']['message']}", err=True)
-        sys.exit(MismatchError.exit_code)
+        _run(evaluation.write_json, output, r)
+        staging.written.append(os.path.abspath(output))  # an interrupt from here on: the file is complete
+    text = json.dumps(r, indent=2) if as_json else evaluation.format_table(r)
+    if r["check"]["passed"]:
+        _result(text)
+        return
+    _echo(text)
+    click.echo(f"error: {r['check']['message']}", err=True)
+    _signals.finished()
+    sys.exit(MismatchError.exit_code)
 
 
 def _usage_error(e: click.UsageError, argv) -> int:

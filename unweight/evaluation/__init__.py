@@ -20,6 +20,9 @@ logged with log_samples=True) of the two runs are compared.
   differs): max |delta log-likelihood| per request <= ``ll_tolerance`` nats (default 0.05) and
   every metric within ``metric_tolerance`` (default 0.02 absolute).
 
+Either check fails when a requested task (or a member of a requested group) compared no
+sample: identical because empty proves nothing.
+
 Log-likelihoods are accumulated in float32 (``HFLM(softmax_dtype=float32)``) so the
 comparison is not blurred by bf16 rounding of the log-softmax.
 
@@ -34,10 +37,10 @@ from .bitwise import bitwise_by_construction, fused_kernels
 from .compare import (LL_TOLERANCE, METRIC_TOLERANCE, compare_metrics, compare_samples, describe_difference, judge,
                       sample_table)
 from .models import check_causal_lm, check_compatible
-from .report import format_table
+from .report import format_table, probe_output, write_json
 from .runner import MODES, run
 from .tasks import DEFAULT_TASKS, available_tasks, evals_dir, resolve_tasks, tasks_module
 
-__all__ = ["run", "format_table", "resolve_tasks", "available_tasks", "evals_dir", "tasks_module", "compare_samples",
+__all__ = ["run", "format_table", "probe_output", "write_json", "resolve_tasks", "available_tasks", "evals_dir", "tasks_module", "compare_samples",
            "compare_metrics", "describe_difference", "judge", "sample_table", "check_causal_lm", "check_compatible",
            "bitwise_by_construction", "fused_kernels", "DEFAULT_TASKS", "MODES", "LL_TOLERANCE", "METRIC_TOLERANCE"]

@@ -49,7 +49,7 @@ def compare_samples(orig: dict, comp: dict) -> dict:
     Returns counts, whether every log-likelihood is bitwise identical, the max absolute
     difference of the float values, and the first differing sample (task order, then doc id)."""
     res = {"samples": 0, "values": 0, "identical": True, "differing_samples": 0, "max_abs_ll_diff": 0.0,
-           "first_difference": None, "sha256": {}}
+           "first_difference": None, "sha256": {}, "samples_per_task": {}}
     h_o, h_c = hashlib.sha256(), hashlib.sha256()
     for task in sorted(set(orig) | set(comp)):
         a, b = orig.get(task, {}), comp.get(task, {})
@@ -60,6 +60,7 @@ def compare_samples(orig: dict, comp: dict) -> dict:
                 "task": task, "doc_id": missing, "request": None, "original": None if missing not in a else "present",
                 "compressed": None if missing not in b else "present", "why": "sample present in one run only"}
             continue
+        res["samples_per_task"][task] = len(a)
         for doc in sorted(a):
             res["samples"] += 1
             la, lb = list(_flatten(a[doc])), list(_flatten(b[doc]))
@@ -115,11 +116,30 @@ def describe_difference(d: dict | None) -> str:
     return (f"{d['task']} doc {d['doc_id']}{req}: original {d['original']!r} vs compressed {d['compressed']!r}")
 
 
+def unrun_tasks(sample_cmp: dict, expected_tasks=None) -> list[str]:
+    """Tasks (lm-eval's leaf task names) of which no sample was compared.  Without
+    expected_tasks, only a comparison of nothing at all (no sample, or no value) counts."""
+    per_task = sample_cmp.get("samples_per_task") or {}
+    if expected_tasks is not None:
+        return [t for t in expected_tasks if not per_task.get(t)]
+    return ["(every task)"] if not sample_cmp["samples"] or not sample_cmp["values"] else []
+
+
 def judge(sample_cmp: dict, metric_rows: list[dict], bitwise: bool, ll_tolerance: float = LL_TOLERANCE,
-          metric_tolerance: float = METRIC_TOLERANCE) -> dict:
-    """The verdict: {"kind", "passed", "message", tolerances}."""
+          metric_tolerance: float = METRIC_TOLERANCE, expected_tasks=None) -> dict:
+    """The verdict: {"kind", "passed", "message", tolerances}.
+
+    expected_tasks: the leaf tasks that must each have compared at least one sample; with or
+    without it, a comparison of no sample at all fails: identical-because-empty proves nothing."""
     out = {"kind": "bitwise" if bitwise else "tolerance", "ll_tolerance": None if bitwise else ll_tolerance,
            "metric_tolerance": None if bitwise else metric_tolerance}
+    empty = unrun_tasks(sample_cmp, expected_tasks) or unrun_tasks(sample_cmp)
+    presence = bool(sample_cmp["first_difference"] and sample_cmp["first_difference"].get("why"))
+    if empty and not presence:  # a sample in one run only fails below, naming it
+        what = "nothing was compared" if empty == ["(every task)"] else \
+            f"no sample of {', '.join(empty)} was compared"
+        return {**out, "passed": False, "message": f"{what} ({sample_cmp['samples']} samples, "
+                                                   f"{sample_cmp['values']} values): nothing was checked"}
     if bitwise:
         ok = sample_cmp["identical"]
         msg = (f"per-sample log-likelihoods bitwise identical ({sample_cmp['samples']} samples, "

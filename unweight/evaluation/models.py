@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..format.errors import InputError
+from ..format.errors import FormatError, InputError
 
 # config.json keys that may differ between an original and its compressed copy
 _CONFIG_IGNORE = {"quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version", "dtype",
@@ -25,8 +25,38 @@ def _config_dict(path: str, role: str) -> dict:
     f = os.path.join(path, "config.json")
     if not os.path.isfile(f):
         raise InputError(f"{path}: no config.json (the {role} model must be a transformers model folder)")
-    with open(f) as fh:
-        return json.load(fh)
+    try:
+        with open(f, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except OSError as e:
+        raise InputError(f"{f}: cannot read the {role} model's config ({e.strerror or e})") from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError both are
+        raise FormatError(f"{f}: corrupt config.json of the {role} model ({str(e).splitlines()[0]})") from None
+    if not isinstance(cfg, dict):
+        raise FormatError(f"{f}: corrupt config.json of the {role} model (not a JSON object)")
+    return cfg
+
+
+def check_weights(path: str, role: str):
+    """Open the weight files' headers (no tensor is read) so that a truncated, foreign or
+    missing weight file is refused before any model runs, not after the other model's whole
+    evaluation.  COMPRESSED must open as an unweight checkpoint; ORIGINAL is checked only when
+    it holds safetensors (transformers also reads the other serialisations it may hold)."""
+    from ..codec.verify import check_records
+    from ..format.checkpoint import Checkpoint, CompressedCheckpoint
+    if role == "original":
+        names = os.listdir(path)
+        if not any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
+            if not any(os.path.splitext(n)[1] in (".bin", ".pt", ".pth", ".h5", ".msgpack") for n in names):
+                raise InputError(f"{path}: no weight files (the original model must be a transformers model folder)")
+            return
+        Checkpoint(path).close()
+        return
+    ck = CompressedCheckpoint(path)
+    try:
+        check_records(ck)
+    finally:
+        ck.close()
 
 
 def check_causal_lm(cfg: dict, src: str):
@@ -50,12 +80,28 @@ def _load_tokenizer(path: str, role: str):
         raise InputError(f"{path}: cannot load the {role} model's tokenizer ({str(e).splitlines()[0]})") from None
 
 
+def _is_unweight(cfg: dict) -> bool:
+    qc = cfg.get("quantization_config")
+    return isinstance(qc, dict) and qc.get("quant_method") == "unweight"
+
+
+def looks_compressed(path: str) -> bool:
+    """Whether `path` is a folder whose config.json says unweight (for a hint, never an error)."""
+    try:
+        return _is_unweight(_config_dict(path, "given"))
+    except (InputError, FormatError):  # only a hint: an unreadable config is simply not one
+        return False
+
+
 def check_compatible(orig_cfg: dict, comp_cfg: dict, orig_tok, comp_tok):
     """Refuse to compare models of different architectures or tokenizers (InputError naming the difference)."""
-    if not (comp_cfg.get("quantization_config") or {}).get("quant_method") == "unweight":
+    if _is_unweight(orig_cfg) and not _is_unweight(comp_cfg):
+        raise InputError("ORIGINAL is an unweight-compressed checkpoint and COMPRESSED is not: the arguments "
+                         "are swapped? (unweight eval ORIGINAL COMPRESSED)")
+    if not _is_unweight(comp_cfg):
         raise InputError("COMPRESSED has no unweight quantization_config in config.json: "
                          "pass a folder written by `unweight compress`")
-    if (orig_cfg.get("quantization_config") or {}).get("quant_method") == "unweight":
+    if _is_unweight(orig_cfg):
         raise InputError("ORIGINAL is itself an unweight-compressed checkpoint: pass the uncompressed source "
                          "(or `unweight decompress` it first)")
     keys = sorted((set(orig_cfg) | set(comp_cfg)) - _CONFIG_IGNORE)
@@ -77,7 +123,11 @@ def check_compatible(orig_cfg: dict, comp_cfg: dict, orig_tok, comp_tok):
 
 def _load_original(path: str, device: str):
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", device_map=None if device == "cpu" else device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype="auto",
+                                                     device_map=None if device == "cpu" else device)
+    except OSError as e:  # transformers' "no file named ..." and unreadable files
+        raise InputError(f"{path}: cannot load the original model ({str(e).splitlines()[0]})") from None
     model.eval()
     return model
 

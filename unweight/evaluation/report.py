@@ -1,8 +1,14 @@
-"""Presenting a run: the side-by-side table and the provenance recorded with every result."""
+"""Presenting a run: the side-by-side table, the provenance recorded with every result, and
+the JSON file of --output."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import tempfile
+
+from ..format.errors import InputError
+
 
 def format_table(result: dict) -> str:
     """Side-by-side table: task, metric, original, compressed, difference (+ the verdict line)."""
@@ -49,3 +55,45 @@ def _versions() -> dict:
             out[p] = None
     return out
 
+
+
+def _temp_name(path: str) -> str:
+    d, base = os.path.split(os.path.abspath(path))
+    return os.path.join(d, f".{base}.unweight-tmp-{os.getpid()}")
+
+
+def probe_output(path: str):
+    """Create and delete a file where `path` (or the first of its missing folders) will be
+    written: permission bits say nothing for root, a read-only mount or /proc, and the run
+    before the write can take hours."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.unweight-probe-")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise InputError(f"--output {path}: cannot write in {parent} ({e.strerror or e})") from None
+
+
+def write_json(path: str, result: dict):
+    """Write `result` to `path` through a temporary file renamed into place once complete, so
+    an interrupted or failed write leaves no half file (and an old one as it was); missing
+    folders on the way are made.  The result is serialised first: nothing is created when it
+    cannot be."""
+    text = json.dumps(result, indent=2) + "\n"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = _temp_name(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -2,6 +2,7 @@
 comparison (see the package docstring)."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import importlib.util
@@ -15,9 +16,9 @@ from ..sources import as_path
 from .bitwise import bitwise_by_construction, fused_kernels
 from .compare import LL_TOLERANCE, METRIC_TOLERANCE, compare_metrics, compare_samples, judge, sample_table
 from .models import (_config_dict, _load_compressed, _load_original, _load_tokenizer, _resolve_original,
-                     check_causal_lm, check_compatible)
+                     check_causal_lm, check_compatible, check_weights, looks_compressed)
 from .report import _git_commit, _versions
-from .tasks import evals_dir, resolve_tasks
+from .tasks import evals_dir, resolve_tasks, tasks_module
 from ..runtime.modes import MODES, check_mode  # noqa: F401  (MODES re-exported)
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,23 @@ def _require_lm_eval():
         raise InputError(f"lm-eval cannot be imported ({e}): {_INSTALL_LM_EVAL}") from None
 
 
+@contextlib.contextmanager
+def _quiet_git_hash():
+    """lm-eval runs `git describe` in the working directory and lets git print "fatal: not a
+    git repository" to stderr outside one; the hash it records (of wherever the command was
+    started) is not used here: the result records unweight's own commit."""
+    import lm_eval.evaluator as evaluator
+    saved = getattr(evaluator, "get_git_commit_hash", None)
+    if saved is None:
+        yield
+        return
+    evaluator.get_git_commit_hash = lambda: None
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = saved
+
+
 def _evaluate(model, tokenizer, tasks: list[str], limit, batch_size: int, task_manager, seed: int = 1234,
               samples: dict | None = None):
     """lm-eval on `model`; samples: {task: [document indices]} to run instead of the first
@@ -46,9 +64,10 @@ def _evaluate(model, tokenizer, tasks: list[str], limit, batch_size: int, task_m
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, softmax_dtype="float32")
     t0, c0 = time.perf_counter(), time.process_time()
     pick = {"samples": samples} if samples is not None else {"limit": limit}
-    out = simple_evaluate(model=lm, tasks=list(tasks), log_samples=True, task_manager=task_manager,
-                          bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-                          fewshot_random_seed=seed, **pick)
+    with _quiet_git_hash():
+        out = simple_evaluate(model=lm, tasks=list(tasks), log_samples=True, task_manager=task_manager,
+                              bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+                              fewshot_random_seed=seed, **pick)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     if out is None:  # pragma: no cover - only on non-zero ranks
         raise InputError("lm-eval returned no results")
@@ -86,12 +105,17 @@ def run(original, compressed, tasks=None, limit: int | None = None, device: str 
     _require_lm_eval()
     task_names = resolve_tasks(tasks)
     if not os.path.isdir(compressed):
-        raise InputError(f"{compressed}: no such folder (COMPRESSED is a folder written by `unweight compress`)")
+        hint = (f"; ORIGINAL {original} is one: the arguments are swapped? (unweight eval ORIGINAL COMPRESSED)"
+                if os.path.isdir(original) and looks_compressed(original) else "")
+        raise InputError(f"{compressed}: no such folder (COMPRESSED is a folder written by `unweight compress`)"
+                         + hint)
     orig_path = _resolve_original(original)
     orig_cfg, comp_cfg = _config_dict(orig_path, "original"), _config_dict(compressed, "compressed")
     check_causal_lm(orig_cfg, original)  # check_compatible holds COMPRESSED to the same config
     orig_tok, comp_tok = _load_tokenizer(orig_path, "original"), _load_tokenizer(compressed, "compressed")
     check_compatible(orig_cfg, comp_cfg, orig_tok, comp_tok)
+    check_weights(orig_path, "original")
+    check_weights(compressed, "compressed")
 
     import torch
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -132,7 +156,9 @@ def run(original, compressed, tasks=None, limit: int | None = None, device: str 
 
     s_cmp = compare_samples(sample_table(ro["samples"]), sample_table(rc["samples"]))
     rows = compare_metrics(ro["results"], rc["results"])
-    verdict = judge(s_cmp, rows, bitwise, ll_tolerance, metric_tolerance)
+    groups = tasks_module().GROUPS
+    leaves = [sub for t in task_names for sub in groups.get(t, (t,))]  # lm-eval logs a group's samples per member
+    verdict = judge(s_cmp, rows, bitwise, ll_tolerance, metric_tolerance, expected_tasks=leaves)
     n_docs = {t: len(v) for t, v in sample_table(ro["samples"]).items()}
     return {
         "model": {"original": original, "original_path": orig_path, "compressed": compressed,
