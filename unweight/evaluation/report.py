@@ -8,6 +8,7 @@ import subprocess
 import tempfile
 
 from ..format.errors import InputError
+from ..format.staging import write_atomic
 
 
 def format_table(result: dict) -> str:
@@ -57,11 +58,6 @@ def _versions() -> dict:
 
 
 
-def _temp_name(path: str) -> str:
-    d, base = os.path.split(os.path.abspath(path))
-    return os.path.join(d, f".{base}.unweight-tmp-{os.getpid()}")
-
-
 def probe_output(path: str):
     """Create and delete a file where `path` (or the first of its missing folders) will be
     written: permission bits say nothing for root, a read-only mount or /proc, and the run
@@ -82,18 +78,4 @@ def write_json(path: str, result: dict):
     an interrupted or failed write leaves no half file (and an old one as it was); missing
     folders on the way are made.  The result is serialised first: nothing is created when it
     cannot be."""
-    text = json.dumps(result, indent=2) + "\n"
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = _temp_name(path)
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, json.dumps(result, indent=2) + "\n")

@@ -14,16 +14,12 @@ from .errors import FormatError, InputError, UnweightError
 from .header import TensorHeader
 from .quant_config import check_format_version
 from .safetensors_io import SafetensorsFile
+from .staging import WEIGHT_FORMATS
 
 log = logging.getLogger(__name__)
 
 # The shard names save_pretrained (and ``unweight compress``) give: model-00001-of-00003.safetensors.
 _NUMBERED = re.compile(r"(.+)-(\d+)-of-(\d+)\.safetensors")
-# Weight files of other serialisations, by extension, named in the refusal of a folder that
-# holds only those: read as "no tensors" they would give an empty checkpoint, not the model.
-_FOREIGN_WEIGHTS = {".bin": "PyTorch pickle", ".pt": "PyTorch pickle", ".pth": "PyTorch pickle",
-                    ".ckpt": "PyTorch pickle", ".gguf": "GGUF", ".h5": "Keras/TF HDF5",
-                    ".msgpack": "Flax msgpack", ".onnx": "ONNX"}
 
 
 def read_index(folder: str) -> dict | None:
@@ -70,9 +66,9 @@ def refuse_foreign_weights(folder: str, names: list[str]) -> None:
     (pytorch_model.bin, GGUF, ...): unweight reads safetensors only.  Pickles are not loaded
     here on purpose: safetensors is the hub's standard, and reading a pickle needs torch and
     trust in the file."""
-    foreign = sorted(f for f in names if os.path.splitext(f)[1] in _FOREIGN_WEIGHTS and not f.startswith("."))
+    foreign = sorted(f for f in names if os.path.splitext(f)[1] in WEIGHT_FORMATS and not f.startswith("."))
     if foreign:
-        kind = _FOREIGN_WEIGHTS[os.path.splitext(foreign[0])[1]]
+        kind = WEIGHT_FORMATS[os.path.splitext(foreign[0])[1]]
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         raise InputError(f"{folder}: its weights are {foreign[0]}{more} ({kind}), not safetensors; unweight reads "
                          "safetensors checkpoints (transformers' save_pretrained writes them)")

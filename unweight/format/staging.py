@@ -9,15 +9,20 @@ import logging
 import os
 import shutil
 import signal
+import tempfile
 import threading
 
 from .errors import InputError
 
 log = logging.getLogger(__name__)
 
-# Files of a checkpoint folder that hold weights (never copied as side files: the output
-# writes its own).
-WEIGHT_EXTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".onnx")
+# Files of a checkpoint folder that hold weights, by extension, with the serialisation each
+# names (never copied as side files: the output writes its own; a source folder holding only
+# the others is refused by name, checkpoint.refuse_foreign_weights).
+WEIGHT_FORMATS = {".safetensors": "safetensors", ".bin": "PyTorch pickle", ".pt": "PyTorch pickle",
+                  ".pth": "PyTorch pickle", ".ckpt": "PyTorch pickle", ".gguf": "GGUF", ".h5": "Keras/TF HDF5",
+                  ".msgpack": "Flax msgpack", ".onnx": "ONNX"}
+WEIGHT_EXTS = tuple(WEIGHT_FORMATS)
 
 
 # Outputs this process has renamed into place (absolute paths), so the command can tell an
@@ -25,6 +30,26 @@ WEIGHT_EXTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack"
 written: list[str] = []
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def write_atomic(path: str, text: str, temp_prefix: str | None = None) -> str:
+    """Write `text` (utf-8) to `path` through a temporary file in the same folder, fsynced and
+    renamed into place once complete, so an interrupted or failed write leaves no half file (and
+    an old one as it was); missing folders on the way are made.  Returns the path."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix or f".{os.path.basename(path)}.unweight-tmp-", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
 
 
 def _stale_temps(parent: str, base: str):

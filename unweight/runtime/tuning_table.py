@@ -35,8 +35,8 @@ import json
 import logging
 import math
 import os
-import tempfile
 
+from ..format.staging import write_atomic
 from . import kernel_plan as kp
 
 log = logging.getLogger(__name__)
@@ -154,20 +154,7 @@ class TuningTable:
 
     def save(self, path: str) -> str:
         """Write atomically (temp file + rename), creating the folder.  Returns the path."""
-        path = os.path.expanduser(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tuning-", suffix=".json", dir=folder)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_json(), f, indent=1)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return path
+        return write_atomic(os.path.expanduser(path), json.dumps(self.to_json(), indent=1) + "\n", ".tuning-")
 
     # ------------------------------------------------------------------ entries
     def record(self, device: str, N: int, K: int, encoding: str, M: int, times_ms: dict) -> str:
