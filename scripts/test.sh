@@ -22,7 +22,15 @@ if command -v nvcc >/dev/null && [ "${UNWEIGHT_SKIP_CUDA:-0}" != 1 ]; then
   # The CUDA extension must have compiled (CI has nvcc but no GPU); importing needs no GPU.
   $PY -c "import unweight._cuda" || { echo "CUDA extension did not build"; exit 1; }
 fi
-$PY -m pytest -q -p no:cacheprovider tests "$@"
+# Test processes (pytest-xdist, whole files to each so module fixtures are built once): one per
+# CPU, at most 4 (each holds torch and a few small models); UNWEIGHT_TEST_JOBS=1 runs the suite
+# in this process.  Each process gets its share of the CPU threads unless OMP_NUM_THREADS is set.
+CPUS=$($PY -c "import os; print(len(os.sched_getaffinity(0)))")
+JOBS=${UNWEIGHT_TEST_JOBS:-$(( CPUS < 4 ? CPUS : 4 ))}
+XDIST=()
+if [ "$JOBS" -gt 1 ]; then XDIST=(-n "$JOBS" --dist loadfile); fi
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( CPUS / JOBS > 0 ? CPUS / JOBS : 1 ))} \
+  $PY -m pytest -q -p no:cacheprovider --durations=10 ${XDIST[@]+"${XDIST[@]}"} tests "$@"
 
 # The offline CLI without torch, as a storage or CI machine installs it: a fresh venv, a plain
 # `pip install .` (build isolation builds the C++ codec; the CUDA extension is skipped to save

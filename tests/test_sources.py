@@ -55,6 +55,27 @@ def test_atomic_build_is_all_or_nothing(tmp_path):
     assert len(calls) == 1 and os.listdir(tmp_path) == ["model"]
 
 
+def test_atomic_build_leaves_a_concurrent_winner_in_place(tmp_path):
+    """Two conversions of the same bundled model at once: the one that finishes second uses the
+    first one's folder and never removes it (a reader may hold it)."""
+    final = str(tmp_path / "model")
+
+    def loses(tmp):
+        os.makedirs(final)  # the other process renamed its complete folder meanwhile
+        with open(os.path.join(final, "config.json"), "w") as f:
+            f.write("winner")
+        open(os.path.join(tmp, "config.json"), "w").close()
+    assert sources._atomic_build(final, loses) == final
+    assert open(os.path.join(final, "config.json")).read() == "winner"
+    assert os.listdir(tmp_path) == ["model"]
+
+    blocked = str(tmp_path / "blocked")
+    os.makedirs(os.path.join(blocked, "stray"))
+    with pytest.raises(InputError, match="without its config.json is in the way"):
+        sources._atomic_build(blocked, lambda tmp: open(os.path.join(tmp, "config.json"), "w").close())
+    assert sorted(os.listdir(tmp_path)) == ["blocked", "model"]
+
+
 def _hide(monkeypatch, *names):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n in names else real(n, *a))

@@ -40,17 +40,24 @@ def _require_bundled_deps(model: str, modules: tuple) -> None:
 
 
 def _atomic_build(final: str, build):
-    """Run build(tmp_dir) and rename tmp_dir to final, so an interrupted conversion leaves no half cache."""
-    if os.path.exists(os.path.join(final, "config.json")):
+    """Run build(tmp_dir) and rename tmp_dir to final, so an interrupted conversion leaves no half
+    cache.  Processes converting the same model at once each build their own tmp_dir; the first
+    rename wins and the others use its folder (final is never removed: another process may be
+    reading it)."""
+    done = os.path.join(final, "config.json")
+    if os.path.exists(done):
         return final
     tmp = final + f".tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
         build(tmp)
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not os.path.exists(done):
+                raise InputError(f"cannot place the converted model at {final}: a folder without its "
+                                 f"config.json is in the way; remove it and run again") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final

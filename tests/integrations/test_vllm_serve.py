@@ -23,6 +23,7 @@ openai = pytest.importorskip("openai", reason="the openai client is not installe
 
 from tests.integrations.test_vllm import pytestmark as _plugin_mark  # noqa: E402
 from tests.integrations.vllm_model import make_llama  # noqa: E402
+from tests.integrations.vllm_runner import omp_bind  # noqa: E402
 
 pytestmark = _plugin_mark
 
@@ -68,7 +69,7 @@ class Server:
 
     def __init__(self, model: str, log_path: str):
         self.port = _free_port()
-        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0|1")
+        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=omp_bind(2))
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         self.log_path = log_path
         self.log = open(log_path, "w")

@@ -74,6 +74,18 @@ def run_one(cfg: dict) -> dict:
     return res
 
 
+def omp_bind(tp: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for a run of `tp` ranks: one core per rank.  Under pytest-xdist
+    each test process takes its own cores while the machine has enough, else they share the
+    first ones."""
+    if tp <= 1:
+        return "auto"
+    cpus = sorted(os.sched_getaffinity(0))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
+    start = tp * worker if len(cpus) >= tp * (worker + 1) else 0
+    return "|".join(str(cpus[(start + i) % len(cpus)]) for i in range(tp))
+
+
 def run_configs(configs: list, timeout: float | None = 420, extra_env: dict | None = None) -> tuple[list, str]:
     """Run configurations in a child process (this module as a script); returns (results,
     output).  Each result carries "reports": {tp rank: {layer: record}}, the layer reports the
@@ -81,7 +93,7 @@ def run_configs(configs: list, timeout: float | None = 420, extra_env: dict | No
     import subprocess
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-               VLLM_CPU_OMP_THREADS_BIND="0|1" if any(c.get("tp", 1) > 1 for c in configs) else "auto")
+               VLLM_CPU_OMP_THREADS_BIND=omp_bind(max(c.get("tp", 1) for c in configs)))
     env.update(extra_env or {})
     p = subprocess.run([sys.executable, "-m", "tests.integrations.vllm_runner", json.dumps(configs)], cwd=root,
                        env=env, capture_output=True, text=True, timeout=timeout)

@@ -115,15 +115,26 @@ def test_lm_eval_command_line_on_a_compressed_folder(smol_ck, tmp_path):
     _installed_pth()
     tasks = evals_dir()
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    resps = []
+    # Both runs at once: each is mostly lm-eval's single-threaded start-up.
+    runs = {}
     for name, folder in zip(("bf16", "unweight"), smol_ck):
-        out = tmp_path / name
-        r = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-                            f"pretrained={folder},dtype=bfloat16", "--tasks", "arc_easy", "--limit", "3",
-                            "--include_path", tasks, "--output_path", str(out), "--log_samples"],
-                           capture_output=True, text=True, env=env, timeout=900)
-        assert r.returncode == 0, r.stderr[-2000:]
-        (f,) = glob.glob(str(out / "**" / "samples_arc_easy_*.jsonl"), recursive=True)
-        with open(f) as fh:
-            resps.append([json.loads(line)["resps"] for line in fh])
+        err = open(tmp_path / f"{name}.err", "w+")
+        runs[name] = (subprocess.Popen([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+                                        f"pretrained={folder},dtype=bfloat16", "--tasks", "arc_easy", "--limit", "3",
+                                        "--include_path", tasks, "--output_path", str(tmp_path / name),
+                                        "--log_samples"], stdout=subprocess.DEVNULL, stderr=err, env=env), err)
+    resps = []
+    try:
+        for name, (proc, err) in runs.items():
+            rc = proc.wait(timeout=900)
+            err.seek(0)
+            assert rc == 0, err.read()[-2000:]
+            (f,) = glob.glob(str(tmp_path / name / "**" / "samples_arc_easy_*.jsonl"), recursive=True)
+            with open(f) as fh:
+                resps.append([json.loads(line)["resps"] for line in fh])
+    finally:
+        for proc, err in runs.values():
+            proc.kill()
+            proc.wait()
+            err.close()
     assert len(resps[0]) == 3 and resps[0] == resps[1]
