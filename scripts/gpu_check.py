@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""GPU runbook: build, check and measure unweight on one bare CUDA GPU (H100 / H200) in three
-commands of under nine minutes each, every result in one JSON per stage.
+"""GPU runbook: build, check and measure unweight on one bare CUDA GPU (H100 / H200) in two
+commands that fit a 15-minute device lease (machine start included), every result in one JSON
+per stage.
 
 Stages (``--stage``, comma-separated, or ``all``):
     build        the extensions built in place against the machine's own torch and Python
@@ -25,39 +26,34 @@ Stages (``--stage``, comma-separated, or ``all``):
     eval         the ``unweight eval`` per-sample bitwise check on HellaSwag, ARC-Easy,
                  ARC-Challenge, PIQA, WinoGrande, BoolQ and MMLU, original vs dense, huffman
                  and palette, on CUDA; tasks that do not fit the budget are recorded as skipped
-                 (and resumed by a later call on the same machine)
     bench        decode GB/s, fused kernels vs cuBLAS at batch 1..64 on Llama-3.1-8B shapes,
                  end-to-end decode tok/s of a 4-layer Llama-8B-shaped model in each mode
                  (scripts/bench_decode.py, bench_kernels.py, bench_e2e.py), each in a
                  process of its own, defaults before variants; a variant whose correctness
                  checks failed on the same build is left out and recorded as such
 
-The three device commands (``run`` of the device tool; ``--dry-run`` prints them with the
-sizes).  First run ``scripts/gpu_wheels.sh`` here: it fills .gpu_carry/ (ignored by git) and
-picks the layout, i.e. which call runs which stages:
+The two device commands (``run`` of the device tool; ``--dry-run`` prints them with the
+sizes).  First run ``scripts/gpu_wheels.sh`` here: it fills .gpu_carry/ (ignored by git).
+The first call measures what the kernels are for; the second checks the real model with what
+the lease has left:
 
-    layout A (SmolLM2 fits the first two calls' carry):  1 build, correctness, sanitizer
-                                                         2 model, eval
-                                                         3 bench, then the eval tasks call 2 left
-    layout B (a larger working tree):                    1 build, correctness, sanitizer
-                                                         2 bench
-                                                         3 model, eval
+    call 1  build, correctness, bench        (the numbers; variants that fail are left out)
+    call 2  model, sanitizer, eval           (SmolLM2 on CUDA in every mode; memcheck; lm-eval)
 
-SmolLM2's GGUF (94 MiB) rides in parts with the calls, each call keeping its part on the
-machine for the one that assembles it, so issue the calls back to back: the machine keeps its
-disk for about 30 s after a call.  Before each call, check the device tool's ``status``: when
-budget_left_s is below the call's --deadline + 90, lower --deadline to budget_left_s - 90.
-Give the machine back after call 3.  The commands are the same in both layouts:
+SmolLM2's GGUF (94 MiB) rides in two parts, one per call, the first kept on the machine for the
+second, so issue the calls back to back: the machine keeps its disk for about 30 s after a
+call.  Before each call, check the device tool's ``status``: when budget_left_s is below the
+call's --deadline + 90, lower --deadline to budget_left_s - 90.  Give the machine back after
+call 2.  The commands:
 
-    call 1  carry [".gpu_carry/call1"]
-        set -o pipefail; export PYTHONUNBUFFERED=1; python3 scripts/gpu_check.py --call 1 --deadline 470 --out "$OUT" 2>&1 | tee "$OUT/call1.log"
-    call 2  carry [".gpu_carry/call2"]
-        set -o pipefail; export PYTHONUNBUFFERED=1; python3 scripts/gpu_check.py --call 2 --deadline 500 --out "$OUT" 2>&1 | tee "$OUT/call2.log"
-    call 3  carry [".gpu_carry/call3"]
-        set -o pipefail; export PYTHONUNBUFFERED=1; python3 scripts/gpu_check.py --call 3 --deadline 470 --out "$OUT" 2>&1 | tee "$OUT/call3.log"
+    call 1  carry [".gpu_carry/call1"], timeout_s 580
+        set -o pipefail; export PYTHONUNBUFFERED=1; python3 scripts/gpu_check.py --call 1 --deadline 520 --out "$OUT" 2>&1 | tee "$OUT/call1.log"
+    call 2  carry [".gpu_carry/call2"], timeout_s 240
+        set -o pipefail; export PYTHONUNBUFFERED=1; python3 scripts/gpu_check.py --call 2 --deadline 180 --out "$OUT" 2>&1 | tee "$OUT/call2.log"
 
-When the model stage finds a part missing (the machine went cold), it records why and, in
-layout A, the call runs the benchmarks instead.  Each call rebuilds the extensions only when the previous call's build is not on the machine.
+When the model stage finds a part missing (the machine went cold), it records why and the
+call goes on with the sanitizer.  Each call rebuilds the extensions only when the previous
+call's build is not on the machine.
 Back here: ``python3 scripts/render_gpu_results.py --import <files_at>`` after each call copies
 the JSONs into benchmarks/results/gpu/ and rewrites the README's "GPU results" section.
 
@@ -97,17 +93,16 @@ CARRY_LIMIT = 64 * MIB                     # the device tool's limit: working tr
 CARRY_MARGIN = 6 * MIB                     # room for the tree to grow between planning and running
 
 # ------------------------------------------------------------------------------------ the plan
-CALLS = {n: {"deadline": d, "carry": f".gpu_carry/call{n}"} for n, d in ((1, 470), (2, 500), (3, 470))}
-# Which stages each call runs.  gpu_wheels.sh picks the layout: A when SmolLM2 fits in the
-# first two calls' carry next to the working tree (then it runs in call 2 and only one warm
-# hand-over is needed), else B (its parts ride with all three calls, and it runs in call 3).
-LAYOUTS = {
-    "A": {1: ("build", "correctness", "sanitizer"), 2: ("model", "eval"), 3: ("bench", "eval")},
-    "B": {1: ("build", "correctness", "sanitizer"), 2: ("bench",), 3: ("model", "eval")},
-}
+# The device lease (the device tool's README): 15 minutes, counted from the machine's start (a
+# minute or more) to its return, idle time included; the calls' deadlines leave room for it.
+LEASE_S, START_S, PER_CALL_OVERHEAD_S = 900, 120, 30
+CALLS = {n: {"deadline": d, "carry": f".gpu_carry/call{n}"} for n, d in ((1, 520), (2, 180))}
+# Which stages each call runs: the benchmarks first (what the kernels are for), after the
+# checks that decide which variants they may measure; the real model with what is left.
+CALL_STAGES = {1: ("build", "correctness", "bench"), 2: ("model", "sanitizer", "eval")}
 STAGES = ("build", "correctness", "sanitizer", "model", "eval", "bench")
 # Seconds each stage may take at most, and the least it is worth starting with.
-STAGE_BUDGET = {"build": 240, "correctness": 240, "sanitizer": 150, "model": 150, "eval": 480, "bench": 400}
+STAGE_BUDGET = {"build": 240, "correctness": 170, "sanitizer": 60, "model": 100, "eval": 480, "bench": 400}
 STAGE_MIN = {"build": 30, "correctness": 30, "sanitizer": 40, "model": 40, "eval": 45, "bench": 60}
 CUDA_ARCHS = "80;90a"
 
@@ -172,6 +167,12 @@ MMLU_SLICE = 8
 EVAL_PARTS = {"hellaswag": 4}
 EVAL_BATCH = 64
 EVAL_MODES = ("dense", "huffman", "palette")
+
+
+def call_timeout(n: int) -> int:
+    """The device tool's timeout_s for call N: its deadline and a minute for Python's start and
+    the last writes, so that a hung call cannot spend the rest of the lease."""
+    return min(600, CALLS[n]["deadline"] + 60)
 
 
 def run_command(n: int, deadline: int | None = None) -> str:
@@ -1299,13 +1300,8 @@ def _sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def layout() -> str:
-    """The layout gpu_wheels.sh chose (its manifest), "A" when nothing is packed."""
-    return (_manifest() or {}).get("layout", "A")
-
-
 def call_stages(n: int) -> tuple:
-    return LAYOUTS[layout()][n]
+    return CALL_STAGES[n]
 
 
 def _part_name(k: int) -> str:
@@ -1758,8 +1754,9 @@ def stage_bench(st: Stage, out_dir: str) -> None:
     st.rec["raw"]["variants_left_out"] = skip
     total = st.budget.left()
     shares = {"decode": 0.2, "kernels": 0.35, "e2e": 0.25}  # moe takes what is left
+    keep = min(PROFILE_SECONDS, 0.2 * total)  # the profiles' time, kept from e2e and moe
     for name in ("decode", "kernels", "e2e", "moe", "profile"):
-        left = st.budget.left() - (PROFILE_SECONDS if name in ("e2e", "moe") else 0)  # keep the profiles' time
+        left = st.budget.left() - (keep if name in ("e2e", "moe") else 0)
         b = bu.Budget(max(0.0, left if name in ("moe", "profile") else min(left, total * shares[name])))
         if b.seconds < 20:
             st.skip(f"bench {name}", f"{b.seconds:.0f} s left")
@@ -2110,23 +2107,18 @@ def _xz_gguf(wheel: str, dl: str) -> str | None:
     return xz
 
 
-def plan_layout(tree: int, xz: int, site: int, other: int = EXPECTED_BYTES["other"]):
-    """(layout, [part bytes per call 1, 2, 3], {call: carried bytes}) that keeps every call under
-    the carry limit with the margin, or None when nothing fits.  A: SmolLM2 in calls 1-2 and
-    the eval site with call 2; B: SmolLM2 over calls 1-3 and the site with call 3."""
+def plan_parts(tree: int, xz: int, site: int, other: int = EXPECTED_BYTES["other"]):
+    """([SmolLM2 part bytes for call 1, call 2], {call: carried bytes}): as much of SmolLM2 as
+    fits with call 1, the rest and the eval site with call 2, every call under the carry limit
+    with the margin; None when it does not fit."""
     cap = CARRY_LIMIT - CARRY_MARGIN - tree - other
     if cap <= 0:
         return None
     p1 = min(xz, cap)
-    if xz - p1 + site <= cap:
-        parts = [p1, xz - p1, 0]
-        return "A", parts, {1: parts[0] + other, 2: parts[1] + site + other, 3: other}
-    p2 = min(xz - p1, cap)
-    p3 = xz - p1 - p2
-    if p3 + site <= cap:
-        parts = [p1, p2, p3]
-        return "B", parts, {1: p1 + other, 2: p2 + other, 3: p3 + site + other}
-    return None
+    if xz - p1 + site > cap:
+        return None
+    parts = [p1, xz - p1]
+    return parts, {1: parts[0] + other, 2: parts[1] + site + other}
 
 
 def pack(dl: str) -> int:
@@ -2195,14 +2187,14 @@ def pack(dl: str) -> int:
             tf.add(os.path.join(site, e), arcname=e)
     shutil.rmtree(site)
     man["site_tar_xz"] = {"bytes": os.path.getsize(tar), "sha256": _sha256_file(tar)}
-    # Split SmolLM2 over the calls so that each stays under the limit (plan_layout).
+    # Split SmolLM2 over the calls so that each stays under the limit (plan_parts).
     tree, size = tree_bytes(), os.path.getsize(xz)
-    plan = plan_layout(tree, size, os.path.getsize(tar))
+    plan = plan_parts(tree, size, os.path.getsize(tar))
     if plan is None:
-        print(f"gpu_wheels: SmolLM2 ({size / MIB:.1f} MiB) and the eval data do not fit three calls next to a "
+        print(f"gpu_wheels: SmolLM2 ({size / MIB:.1f} MiB) and the eval data do not fit two calls next to a "
               f"{tree / MIB:.1f} MiB working tree", file=sys.stderr)
         return 1
-    man["layout"], sizes, _ = plan
+    sizes, _ = plan
     parts, lo = [], 0
     with open(xz, "rb") as f:
         for k, n in enumerate(sizes, 1):
@@ -2214,10 +2206,8 @@ def pack(dl: str) -> int:
             parts.append({"call": k, "bytes": n})
             lo += n
     man["gguf_xz"] = {"bytes": size, "sha256": _sha256_file(xz), "gguf_sha256": GGUF_SHA256, "parts": parts}
-    site_call = 2 if man["layout"] == "A" else 3
-    shutil.move(tar, os.path.join(calls[site_call], "site.tar.xz"))
-    print(f"gpu_wheels: layout {man['layout']}: stages per call " +
-          "; ".join(f"{n}: {', '.join(st)}" for n, st in LAYOUTS[man["layout"]].items()))
+    shutil.move(tar, os.path.join(calls[2], "site.tar.xz"))
+    print("gpu_wheels: stages per call " + "; ".join(f"{n}: {', '.join(st)}" for n, st in CALL_STAGES.items()))
     # zlib headers for a build on an image without zlib's development files.
     for d in calls.values():
         os.makedirs(os.path.join(d, "include"))
@@ -2260,16 +2250,15 @@ def tree_bytes() -> int:
 
 
 def expected_carry() -> tuple:
-    """(layout, {call: carried bytes}, measured?): from the manifest when gpu_wheels.sh has run
-    here, else the layout the sizes measured when the plan was made give for this tree."""
+    """({call: carried bytes} or None when SmolLM2 does not fit, measured?): from the manifest
+    when gpu_wheels.sh has packed this plan's calls here, else from the sizes measured when
+    the plan was made and this tree."""
     man = _manifest()
-    if man and "calls" in man and "layout" in man:
-        return man["layout"], {int(k): v for k, v in man["calls"].items()}, True
+    if man and {int(k) for k in man.get("calls", {})} == set(CALLS):
+        return {int(k): v for k, v in man["calls"].items()}, True
     e = EXPECTED_BYTES
-    plan = plan_layout(tree_bytes(), e["gguf.xz"], e["site.tar.xz"])
-    if plan is None:
-        return None, {}, False
-    return plan[0], plan[2], False
+    plan = plan_parts(tree_bytes(), e["gguf.xz"], e["site.tar.xz"])
+    return (plan[1] if plan else None), False
 
 
 # ------------------------------------------------------------------------------------ dry run
@@ -2373,18 +2362,18 @@ def dry_run(selftest: bool = True) -> int:
     t_start = time.perf_counter()
     problems = []
     print("GPU runbook plan (scripts/gpu_check.py):\n")
-    lay, carry, measured = expected_carry()
+    carry, measured = expected_carry()
     tree = tree_bytes()
-    if lay is None:
-        problems.append(f"SmolLM2 and the eval data do not fit three calls next to a {tree / MIB:.1f} MiB working tree")
-        lay, carry = "A", {n: 0 for n in CALLS}
-    print(f"layout {lay} ({'packed by gpu_wheels.sh' if measured else 'from the sizes measured when the plan was made'}"
-          f"; working tree {tree / MIB:.1f} MiB)\n")
+    if carry is None:
+        problems.append(f"SmolLM2 and the eval data do not fit two calls next to a {tree / MIB:.1f} MiB working tree")
+        carry = {n: 0 for n in CALLS}
+    print(f"carried sizes {'packed by gpu_wheels.sh' if measured else 'from the sizes measured when the plan was made'}"
+          f"; working tree {tree / MIB:.1f} MiB\n")
     for n, c in CALLS.items():
         cmd = run_command(n)
-        stages = LAYOUTS[lay][n]
+        stages = CALL_STAGES[n]
         print(f"call {n}: stages {', '.join(stages)}; --deadline {c['deadline']} s\n"
-              f"  run(command=<below>, carry=[\"{c['carry']}\"], timeout_s=600)\n  {cmd}")
+              f"  run(command=<below>, carry=[\"{c['carry']}\"], timeout_s={call_timeout(n)})\n  {cmd}")
         total = tree + carry[n]
         print(f"  carried: working tree {tree / MIB:.1f} MiB + {c['carry']} {carry[n] / MIB:.1f} MiB = "
               f"{total / MIB:.1f} MiB of {CARRY_LIMIT / MIB:.0f} MiB\n")
@@ -2403,10 +2392,13 @@ def dry_run(selftest: bool = True) -> int:
             problems.append(f"call {n}: command does not parse")
         if sum(STAGE_MIN[s] for s in stages) > c["deadline"]:
             problems.append(f"call {n}: its stages' minimum budgets exceed its deadline")
-    device_minutes = sum(c["deadline"] for c in CALLS.values()) / 60
-    print(f"device time: {device_minutes:.1f} min of commands + machine start and transfers (budget 30 min)")
-    if device_minutes > 26:
-        problems.append(f"the calls' deadlines add up to {device_minutes:.1f} min: no room for the machine's start")
+    commands = sum(c["deadline"] for c in CALLS.values())
+    need = commands + START_S + PER_CALL_OVERHEAD_S * len(CALLS)
+    print(f"device time: {commands / 60:.1f} min of commands + about {(need - commands) / 60:.1f} min of machine start "
+          f"and transfers = {need / 60:.1f} min (lease {LEASE_S / 60:.0f} min)")
+    if need > LEASE_S:
+        problems.append(f"the calls need about {need / 60:.1f} min of device time: more than the {LEASE_S / 60:.0f}-min "
+                        "lease")
     # Every script the stages run answers --help.
     for script in ("gpu_check.py", "bench_decode.py", "bench_kernels.py", "bench_e2e.py", "render_gpu_results.py"):
         p = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), "--help"], capture_output=True, text=True,
@@ -2501,10 +2493,9 @@ def cpu_selftest(tmp: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="Stages and the three device commands: see this file's docstring.")
+                                 epilog="Stages and the two device commands: see this file's docstring.")
     ap.add_argument("--stage", help="comma-separated stages (" + ", ".join(STAGES) + ") or all")
-    ap.add_argument("--call", type=int, choices=sorted(CALLS), help="the stages of planned device call N (layout of "
-                    ".gpu_carry's manifest)")
+    ap.add_argument("--call", type=int, choices=sorted(CALLS), help="the stages of planned device call N")
     ap.add_argument("--out", default=os.path.join(ROOT, "out", "gpu"), help="folder for the stage JSONs and logs")
     ap.add_argument("--deadline", type=float, help="seconds this command may run (stages fit inside it)")
     ap.add_argument("--dry-run", action="store_true", help="check the plan here, without a GPU (seconds)")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fetch and pack what the GPU runbook (scripts/gpu_check.py) carries to the device machine,
-# which has no network: run here, once, before the three device calls.
+# which has no network: run here, once, before the two device calls.
 #
-#   scripts/gpu_wheels.sh            # download into .gpu_carry/download, pack .gpu_carry/call{1,2,3}
+#   scripts/gpu_wheels.sh            # download into .gpu_carry/download, pack .gpu_carry/call{1,2}
 #
 # Downloads (pip, binary wheels for CPython 3.12 on manylinux x86-64, no dependencies: the
 # device image already has the rest, which gpu_check.py's plan checks against each wheel's

@@ -309,7 +309,7 @@ def render(recs: dict) -> str:
     fake = " (FAKE DATA from a dry run)" if any(r.get("fake") for r in recs.values()) else ""
     out += [f"Measured on {env.get('gpu') or 'an unrecorded GPU'}{fake} (driver {env.get('driver') or '?'}, "
             f"CUDA {env.get('torch_cuda') or '?'}, torch {env.get('torch') or '?'}) on {', '.join(dates)}, code "
-            f"{code}, by `python scripts/gpu_check.py` (three device calls, see its docstring); raw JSON in "
+            f"{code}, by `python scripts/gpu_check.py` (two device calls, see its docstring); raw JSON in "
             f"[benchmarks/results/gpu/](benchmarks/results/gpu/).", ""]
     out += stage_table(recs) + [""]
     if any(str(_code(r.get("env") or {})).endswith("-dirty") for r in recs.values()):

@@ -1,4 +1,6 @@
 """Shared fixtures: small synthetic checkpoints made in the test itself."""
+import contextlib
+import fcntl
 import json
 import os
 
@@ -77,17 +79,43 @@ def save_and_compress(model, root, name, encoding="huffman"):
     """Save model under root/name-src once and compress it to root/name-<encoding> once."""
     from unweight import api
     src = os.path.join(root, name + "-src")
-    if not os.path.exists(src):
-        model.save_pretrained(src)
+    with _built_once(src) as build:
+        if build:
+            model.save_pretrained(src + ".tmp")
+            os.replace(src + ".tmp", src)
     dst = os.path.join(root, f"{name}-{encoding}")
-    if not os.path.exists(dst):
-        api.compress(src, dst, encoding=encoding, progress=False)
+    with _built_once(dst) as build:
+        if build:
+            api.compress(src, dst, encoding=encoding, progress=False)
     return src, dst
+
+
+@contextlib.contextmanager
+def _built_once(path):
+    """Yields True when the caller must build `path` (it does not exist yet), else False.
+
+    pytest-xdist runs one process per CPU and each builds its own session fixtures; a lock file
+    next to `path` makes the first process build it and the others wait and reuse it, so a bundled
+    model is compressed once per run and held on disk once (the CI disk is small).  The builders
+    write through temporary names and rename, so an existing `path` is always complete."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield not os.path.exists(path)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
 def ckroot(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("unweight_runtime"))
+    """A folder shared by every test process of the run (the xdist workers' common parent)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # pytest-N/, which holds each worker's popen-gwK/
+    root = base / "unweight_runtime"
+    root.mkdir(exist_ok=True)
+    return str(root)
 
 
 @pytest.fixture(scope="session")
@@ -104,8 +132,9 @@ def _bundled_compressed(root, name):
     from unweight import api, sources
     src = sources.resolve(name)
     dst = os.path.join(root, f"{name}-huffman")
-    if not os.path.exists(dst):
-        api.compress(src, dst, progress=False)
+    with _built_once(dst) as build:
+        if build:
+            api.compress(src, dst, progress=False)
     return src, dst
 
 

@@ -252,11 +252,9 @@ needs_real = pytest.mark.skipif(not (HAVE_LM_EVAL and HAVE_DATA and HAVE_SMOL),
 
 
 @pytest.fixture(scope="module")
-def smol_pair(tmp_path_factory):
-    import unweight
-    out = str(tmp_path_factory.mktemp("eval") / "smol")
-    unweight.compress("smollm2-135m", out, encoding="huffman", progress=False)
-    return "smollm2-135m", out
+def smol_pair(smol_ck):
+    """("smollm2-135m", its huffman-compressed folder)."""
+    return "smollm2-135m", smol_ck[1]
 
 
 @needs_real
