@@ -29,8 +29,7 @@ CPUS=$($PY -c "import os; print(len(os.sched_getaffinity(0)))")
 JOBS=${UNWEIGHT_TEST_JOBS:-$(( CPUS < 4 ? CPUS : 4 ))}
 XDIST=()
 if [ "$JOBS" -gt 1 ]; then XDIST=(-n "$JOBS" --dist loadfile); fi
-# Free space where the tests write (the round trips need a few GB), in the log for a failed run.
-df -h "${TMPDIR:-/tmp}" | awk 'NR == 2 {print "test temp space: " $4 " free of " $2 " (" $6 ")"}'
+. scripts/_test_tmpdir.sh
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( CPUS / JOBS > 0 ? CPUS / JOBS : 1 ))} \
   $PY -m pytest -q -p no:cacheprovider --durations=10 ${XDIST[@]+"${XDIST[@]}"} tests "$@"
 

@@ -36,6 +36,7 @@ export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
 # Two tests at a time when there are two CPUs: much of each is a process starting, importing
 # vLLM or compiling, which leaves a core idle (vllm_runner.omp_bind gives each its own cores
 # where there are enough).  More would not fit beside TP=2 runs of 1 GB KV caches.
+. scripts/_test_tmpdir.sh
 CPUS=$("$VPY" -c "import os; print(len(os.sched_getaffinity(0)))")
 XDIST=()
 if [ "${UNWEIGHT_TEST_JOBS:-$CPUS}" -gt 1 ]; then XDIST=(-n 2 --dist load); fi
