@@ -43,8 +43,9 @@ the lease has left:
 SmolLM2's GGUF (94 MiB) rides in two parts, one per call, the first kept on the machine for the
 second, so issue the calls back to back: the machine keeps its disk for about 30 s after a
 call.  Before each call, check the device tool's ``status``: when budget_left_s is below the
-call's --deadline + 90, lower --deadline to budget_left_s - 90.  Give the machine back after
-call 2.  The commands:
+call's --deadline + 90, lower --deadline to budget_left_s - 90 and timeout_s to that + 60 (the
+stages shrink to fit; call 2 is worth making with 100 s).  Give the machine back after call 2.
+The commands:
 
     call 1  carry [".gpu_carry/call1"], timeout_s 580
         set -o pipefail; export PYTHONUNBUFFERED=1; python3 scripts/gpu_check.py --call 1 --deadline 520 --out "$OUT" 2>&1 | tee "$OUT/call1.log"
@@ -1972,9 +1973,12 @@ def run_stages(stages, out_dir: str, deadline: float | None, call: int | None) -
     while i < len(stages):
         name = stages[i]
         later_min = sum(STAGE_MIN[s] for s in stages[i + 1:])
-        budget = min(STAGE_BUDGET[name] if deadline else STAGE_BUDGET[name] * 3, total.left() - later_min)
+        cap = STAGE_BUDGET[name] if deadline else STAGE_BUDGET[name] * 3
+        budget = min(cap, total.left() - later_min)
         if deadline and (name == "eval" or i == len(stages) - 1):
             budget = total.left() - later_min  # eval, and a call's last stage, take whatever is left
+        if budget < STAGE_MIN[name]:
+            budget = min(cap, total.left())  # a call cut short: earlier stages come first
         st = Stage(name, call, max(budget, 0.0), fake=DEV != "cuda")  # a CPU self-test is no GPU result
         log(f"stage {name}: budget {budget:.0f} s ({total.left():.0f} s left in this call)")
         try:
