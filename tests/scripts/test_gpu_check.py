@@ -1,6 +1,7 @@
 """The GPU runbook's plan holds without a GPU: scripts/gpu_check.py --dry-run (commands parse,
 carried sizes fit, the wheel plan is closed, the JSON writers and the README renderer work on
 a fake run, the check groups run through the CPU kernels)."""
+import json
 import os
 import subprocess
 import sys
@@ -116,3 +117,32 @@ def test_smollm2_parts_fit_two_calls():
     assert gc.plan_parts(30 * mib, 86 * mib, 6 * mib) is None
     need = sum(c["deadline"] for c in gc.CALLS.values()) + gc.START_S + gc.PER_CALL_OVERHEAD_S * len(gc.CALLS)
     assert need <= gc.LEASE_S
+
+
+def test_a_call_cut_short_runs_its_first_stages(tmp_path, monkeypatch):
+    """With the planned deadline every stage of call 2 gets its share; with less, the model stage
+    (the first) gets what is left before the sanitizer and eval, which are then skipped."""
+    gc = _gpu_check_module()
+    budgets = {}
+
+    def stage(name, used):
+        def run(st, *a):
+            budgets[name] = round(st.budget.seconds)
+            now[0] += used  # the seconds the stage takes, on a fake clock
+        return run
+
+    now = [0.0]
+    monkeypatch.setattr(gc.bu.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(gc, "DEV", "cpu")
+    monkeypatch.setattr(gc, "stash_parts", lambda st: None)
+    monkeypatch.setattr(gc, "device_env", dict)
+    monkeypatch.setattr(gc, "stage_model", lambda st: stage("model", 70)(st) or True)
+    monkeypatch.setattr(gc, "stage_sanitizer", stage("sanitizer", 30))
+    monkeypatch.setattr(gc, "stage_eval", stage("eval", 0))
+    assert gc.run_stages(gc.CALL_STAGES[2], str(tmp_path / "a"), gc.CALLS[2]["deadline"], 2) == 0
+    assert budgets == {"model": 95, "sanitizer": 60, "eval": 80}
+    budgets.clear()
+    assert gc.run_stages(gc.CALL_STAGES[2], str(tmp_path / "b"), 100, 2) == 0
+    assert budgets == {"model": 100}
+    with open(tmp_path / "b" / "sanitizer.json") as f:
+        assert json.load(f)["status"] == "skipped"
