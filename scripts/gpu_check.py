@@ -170,6 +170,12 @@ EVAL_BATCH = 64
 EVAL_MODES = ("dense", "huffman", "palette")
 
 
+def lease_seconds_needed() -> int:
+    """Device seconds the planned calls take: their deadlines, the machine's start and each
+    call's transfers."""
+    return sum(c["deadline"] for c in CALLS.values()) + START_S + PER_CALL_OVERHEAD_S * len(CALLS)
+
+
 def call_timeout(n: int) -> int:
     """The device tool's timeout_s for call N: its deadline and a minute for Python's start and
     the last writes, so that a hung call cannot spend the rest of the lease."""
@@ -1303,10 +1309,6 @@ def _sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def call_stages(n: int) -> tuple:
-    return CALL_STAGES[n]
-
-
 def _part_name(k: int) -> str:
     return f"smollm2.gguf.xz.part{k}"
 
@@ -1969,9 +1971,7 @@ def run_stages(stages, out_dir: str, deadline: float | None, call: int | None) -
     built = True if DEV != "cuda" else None  # a CPU self-test uses the checkout's own build
     model_ready = None
     stages = list(stages)
-    i = 0
-    while i < len(stages):
-        name = stages[i]
+    for i, name in enumerate(stages):
         later_min = sum(STAGE_MIN[s] for s in stages[i + 1:])
         cap = STAGE_BUDGET[name] if deadline else STAGE_BUDGET[name] * 3
         budget = min(cap, total.left() - later_min)
@@ -1999,11 +1999,6 @@ def run_stages(stages, out_dir: str, deadline: float | None, call: int | None) -
                     stage_sanitizer(st, out_dir)
                 elif name == "model":
                     model_ready = stage_model(st)
-                    earlier = [s for n in range(1, call or 1) for s in call_stages(n)]
-                    if not model_ready and call and "bench" not in stages and "bench" not in earlier:
-                        log("model not assembled: this call runs the benchmarks instead")
-                        st.rec["raw"]["fallback"] = "bench"
-                        stages[i + 1:] = ["bench"]
                 elif name == "eval":
                     if built is None:
                         built = build(st, out_dir, force=False)
@@ -2020,7 +2015,6 @@ def run_stages(stages, out_dir: str, deadline: float | None, call: int | None) -
         path = st.write(out_dir, env)
         log(f"stage {name}: {st.status()} {st.summary()} in {st.budget.elapsed():.0f} s -> {path}")
         failed |= st.status() == "fail"
-        i += 1
     return 1 if failed else 0
 
 
@@ -2398,8 +2392,7 @@ def dry_run(selftest: bool = True) -> int:
             problems.append(f"call {n}: command does not parse")
         if sum(STAGE_MIN[s] for s in stages) > c["deadline"]:
             problems.append(f"call {n}: its stages' minimum budgets exceed its deadline")
-    commands = sum(c["deadline"] for c in CALLS.values())
-    need = commands + START_S + PER_CALL_OVERHEAD_S * len(CALLS)
+    commands, need = sum(c["deadline"] for c in CALLS.values()), lease_seconds_needed()
     print(f"device time: {commands / 60:.1f} min of commands + about {(need - commands) / 60:.1f} min of machine start "
           f"and transfers = {need / 60:.1f} min (lease {LEASE_S / 60:.0f} min)")
     if need > LEASE_S:
@@ -2542,7 +2535,7 @@ def main(argv=None) -> int:
             ap.error("--group needs --group-out")
         return group_main(args)
     if args.call:
-        stages, deadline = call_stages(args.call), args.deadline or CALLS[args.call]["deadline"]
+        stages, deadline = CALL_STAGES[args.call], args.deadline or CALLS[args.call]["deadline"]
     elif args.stage:
         stages = STAGES if args.stage == "all" else tuple(s.strip() for s in args.stage.split(",") if s.strip())
         bad = [s for s in stages if s not in STAGES]
