@@ -284,6 +284,7 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     model.unweight_info = info
     _guard_tie_weights(model)
     _count_compressed_weights(model)
+    _densify_on_resize(model)
     log.info("unweight: %s", json.dumps({k: v for k, v in info.items() if k != "tied"}))
     return info
 
@@ -368,3 +369,61 @@ def _count_compressed_weights(model: nn.Module) -> None:
     if callable(getattr(type(model), "num_parameters", None)):
         # A bound method: copy.deepcopy binds it to the copy.
         model.num_parameters = types.MethodType(_num_parameters, model)
+
+
+def _resized_rows(n_rows: int, new_num_tokens: int | None, pad_to_multiple_of: int | None) -> int:
+    """The vocabulary size transformers' resize_token_embeddings arrives at (its rounding)."""
+    n = n_rows if new_num_tokens is None else new_num_tokens
+    if isinstance(pad_to_multiple_of, int) and pad_to_multiple_of > 0:
+        n = -(-n // pad_to_multiple_of) * pad_to_multiple_of
+    return n
+
+
+def _resize_token_embeddings(model: nn.Module, new_num_tokens: int | None = None,
+                             pad_to_multiple_of: int | None = None, mean_resizing: bool = True):
+    """transformers' ``resize_token_embeddings`` on a model whose input or output embeddings
+    are held compressed.  transformers only resizes an nn.Embedding / nn.Linear, and a grown
+    table has rows no checkpoint holds, so the embeddings that change size are decoded first
+    into the dense modules "dense" mode would have given (a tie stays one shared Parameter),
+    then resized by transformers itself: the model that results is the one resizing the
+    original gives, bit for bit in the rows kept."""
+    inp = model.get_input_embeddings()
+    out = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    targets = [m for m in (inp, out) if isinstance(m, CompressedWeightMixin)]
+    if targets and (new_num_tokens is not None or pad_to_multiple_of is not None):
+        rows = inp.num_embeddings if hasattr(inp, "num_embeddings") else inp.weight.shape[0]
+        if _resized_rows(rows, new_num_tokens, pad_to_multiple_of) != rows:
+            _densify_modules(model, targets)
+    return type(model).resize_token_embeddings(model, new_num_tokens, pad_to_multiple_of, mean_resizing)
+
+
+def _densify_modules(model: nn.Module, targets: list) -> None:
+    """Replace the compressed modules `targets` of `model` by their dense equivalents (owners
+    before the modules tied to them, so a tie stays one Parameter) and update
+    model.unweight_info."""
+    names = {id(m): n for n, m in model.named_modules()}
+    info = getattr(model, "unweight_info", None)
+    dense_of = {}
+    for m in sorted(targets, key=lambda t: t.is_tied):
+        name = names[id(m)]
+        new = _to_dense(model, name, m, dense_of)
+        hook = getattr(m, "_hf_hook", None)
+        if hook is not None:  # accelerate's device placement hook (device_map dispatch)
+            from accelerate.hooks import add_hook_to_module
+            add_hook_to_module(new, hook)
+        log.info("unweight: %s decoded to a dense %s (%.1f MB) to be resized", name, type(new).__name__,
+                 m.decoded_bytes() / 1e6)
+        if info is not None:
+            info["modules"][m.encoding_name] -= 1
+            info["modules"]["dense"] += 1
+            info["held_bytes"] -= m.held_bytes()
+            if not m.is_tied:
+                info["bf16_bytes"] -= m.decoded_bytes()
+            info["ratio"] = info["held_bytes"] / info["bf16_bytes"] if info["bf16_bytes"] else None
+
+
+def _densify_on_resize(model: nn.Module) -> None:
+    """Make ``model.resize_token_embeddings`` work on compressed embeddings (see
+    _resize_token_embeddings)."""
+    if callable(getattr(type(model), "resize_token_embeddings", None)):
+        model.resize_token_embeddings = types.MethodType(_resize_token_embeddings, model)

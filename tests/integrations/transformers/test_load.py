@@ -254,3 +254,33 @@ def test_cuda_load_matches_cuda_reference(llama_ck, mode):
     ids = IDS.cuda()
     assert torch.equal(_logits(m, ids), _logits(ref, ids))
     assert scratch.device_errors("cuda") == 0
+
+
+@pytest.mark.parametrize("enc", ["huffman", "palette"])
+@pytest.mark.parametrize("mode", ["huffman", "palette", "dense"])
+def test_resize_token_embeddings_matches_the_original(llama_ck, enc, mode):
+    """transformers' resize_token_embeddings works in every mode: the compressed embedding and
+    its tied head become one dense Parameter of the new size, bit for bit the original model's
+    resize under the same seed; a resize to the current size keeps them compressed."""
+    src, cks = llama_ck
+    m = unweight.load(cks[enc], device="cpu", mode=mode)
+    ref = _ref(src)
+    n = m.config.vocab_size
+    assert m.resize_token_embeddings(n - 5, pad_to_multiple_of=16).num_embeddings == n  # rounds back to n
+    assert len(compressed_modules(m)) == (0 if mode == "dense" else 12)
+    for kw in ({"new_num_tokens": n + 8}, {"new_num_tokens": n - 20, "pad_to_multiple_of": 16}):
+        torch.manual_seed(0)
+        want = ref.resize_token_embeddings(**kw)
+        torch.manual_seed(0)
+        got = m.resize_token_embeddings(**kw)
+        assert type(got) is torch.nn.Embedding and got.weight.shape == want.weight.shape
+        assert torch.equal(got.weight.view(torch.int16), want.weight.view(torch.int16))
+        assert m.lm_head.weight is m.model.embed_tokens.weight
+        assert m.config.vocab_size == ref.config.vocab_size == got.num_embeddings
+        ids = torch.tensor([[1, 17, got.num_embeddings - 1, 3]])
+        assert torch.equal(_logits(m, ids), _logits(ref, ids))
+    if mode != "dense":
+        info = m.unweight_info
+        assert not any(isinstance(x, (CompressedEmbedding,)) for _, x in compressed_modules(m))
+        assert info["modules"] == {"dense": 2, "huffman": 10 * (mode == "huffman"), "palette": 10 * (mode == "palette")}
+        assert info["held_bytes"] == sum(x.held_bytes() for _, x in compressed_modules(m))
