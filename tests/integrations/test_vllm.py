@@ -256,7 +256,9 @@ def test_moe_tp2_experts_stay_compressed_per_rank(moe_models):
             assert len(moe) == 2, (arch, sorted(r))
             for name, v in moe.items():
                 assert v["path"] == "compressed" and v["verified"] and v["experts"] == experts, (arch, name)
-                assert len(v["pieces"]) == 3 * experts
+                assert [pc["shard_id"] for pc in v["pieces"]] == ["w1", "w3", "w2"]  # one per shard id
+                assert len(json.dumps(v)) < 2000  # the same size at 8 experts or 384
+                assert all(pc["experts"] == experts and pc["expert_range"] == [0, experts - 1] for pc in v["pieces"])
                 half = [rank * inter // 2, (rank + 1) * inter // 2]
                 for pc in v["pieces"]:
                     if pc["shard_id"] == "w2":  # down: the rank's intermediate columns

@@ -32,6 +32,7 @@ raw and partly compressed.
 """
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -85,6 +86,32 @@ def moe_quant_method(config, layer, prefix: str):
         raise InputError(f"{prefix}: compressed experts with biases are not supported; use --load-format unweight")
     return UnweightFusedMoEMethod(config, layer.moe_config, prefix, names)
 
+
+
+def _per_shard(pieces: list) -> list:
+    """The layer report's pieces, one per shard id (w1, w3, w2) over the rank's experts.  A
+    piece per expert would make the report line of a 128-expert layer ~100 KB, and the start
+    log of a Qwen3-235B-sized model at TP=8 tens of MB.  The loader gives every expert of a
+    layer the same shapes and rank block; the entry keeps those of the first expert ("name"),
+    "experts" counts them and "expert_range" gives the first and last id, the byte counts are
+    sums and "encoding" joins the encodings seen.  Experts that differ in shape (none should)
+    keep one piece each.  The per-expert list goes to the DEBUG log."""
+    same = ("full_shape", "rows", "cols", "held_shape")
+    out = []
+    for sid in SHARD_IDS:
+        mine = [p for p in pieces if p["shard_id"] == sid]
+        if not mine:
+            continue
+        first = mine[0]
+        if any(p[k] != first[k] for p in mine for k in same):
+            out += mine
+            continue
+        out.append({"shard_id": sid, "name": first["name"], "experts": len(mine),
+                    "expert_range": [first["expert"], mine[-1]["expert"]],
+                    "encoding": ",".join(sorted({p["encoding"] for p in mine})),
+                    **{k: first[k] for k in same},
+                    **{k: sum(p[k] for p in mine) for k in ("held_bytes", "full_planes_bytes", "bf16_shard_bytes")}})
+    return out
 
 class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
     """Experts kept as per-expert compressed pieces (this rank's rows / columns only)."""
@@ -216,7 +243,8 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
             record["path"] = "compressed"
         held = sum(r["held_bytes"] for r in report)
         bf16 = sum(r["bf16_shard_bytes"] for r in report)
-        report_layer(self.prefix, {**record, "pieces": report, "held_bytes": held, "bf16_bytes": bf16})
+        log.debug("unweight: %s expert pieces %s", self.prefix, json.dumps(report))
+        report_layer(self.prefix, {**record, "pieces": _per_shard(report), "held_bytes": held, "bf16_bytes": bf16})
         log.info("unweight: %s -> %s (%d experts, rank %d/%d holds intermediate %s of each, %.3fx of its bf16 "
                  "shard)", self.prefix, "compressed in memory" if mode != "dense" else "decoded to bf16 at load",
                  len(local), rank, size, report[0]["rows"], held / max(1, bf16))

@@ -22,7 +22,8 @@ Modes (``quantization_config.mode``, as unweight.load's): "huffman" / "palette" 
 shards compressed (transcoding a piece stored in the other encoding), "auto" keeps the
 stored encoding (serving is where memory is short), "dense" decodes each rank's shard to
 BF16 at load.  Every layer logs one ``unweight layer report {json}`` line: its path, and per
-piece the block of the tensor this rank holds and its bytes.
+piece the block of the tensor this rank holds and its bytes (an experts layer: one entry per
+gate / up / down over the rank's experts, the bytes summed).
 """
 from __future__ import annotations
 
