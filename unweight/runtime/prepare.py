@@ -273,11 +273,8 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     policy = policy if policy is not None else policies.measured()
     for _, m in compressed_modules(model):
         m.policy = policy
-    remaining = compressed_modules(model)
-    held = sum(m.held_bytes() for _, m in remaining) + experts_info["held_bytes"]
-    bf16 = sum(m.decoded_bytes() for _, m in remaining if not m.is_tied) + experts_info["bf16_bytes"]
-    info = {"mode": mode, "modules": counts, "experts": experts_info, "held_bytes": held, "bf16_bytes": bf16,
-            "ratio": held / bf16 if bf16 else None,
+    info = {"mode": mode, "modules": counts, "experts": experts_info,
+            **_held_totals(model, experts_info),
             "scratch_bytes": {d: scratch.scratch_bytes(d) for d in need},
             "tied": plan.get("tied", []),
             "dense_fallback": [f"{fb['module']}.{fb['attr']} ({fb['type']})" for fb in plan.get("dense_fallback", [])]}
@@ -287,6 +284,15 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     _densify_on_resize(model)
     log.info("unweight: %s", json.dumps({k: v for k, v in info.items() if k != "tied"}))
     return info
+
+
+def _held_totals(model: nn.Module, experts_info: dict) -> dict:
+    """held_bytes, bf16_bytes and their ratio over the model's compressed modules and expert
+    stacks (a tied module shares its source's planes and counts once)."""
+    cms = compressed_modules(model)
+    held = sum(m.held_bytes() for _, m in cms) + experts_info["held_bytes"]
+    bf16 = sum(m.decoded_bytes() for _, m in cms if not m.is_tied) + experts_info["bf16_bytes"]
+    return {"held_bytes": held, "bf16_bytes": bf16, "ratio": held / bf16 if bf16 else None}
 
 
 def _stack_mode(st, mode: str, auto: dict) -> str:
@@ -416,10 +422,8 @@ def _densify_modules(model: nn.Module, targets: list) -> None:
         if info is not None:
             info["modules"][m.encoding_name] -= 1
             info["modules"]["dense"] += 1
-            info["held_bytes"] -= m.held_bytes()
-            if not m.is_tied:
-                info["bf16_bytes"] -= m.decoded_bytes()
-            info["ratio"] = info["held_bytes"] / info["bf16_bytes"] if info["bf16_bytes"] else None
+    if info is not None:
+        info.update(_held_totals(model, info["experts"]))
 
 
 def _densify_on_resize(model: nn.Module) -> None:

@@ -33,6 +33,7 @@ raw and partly compressed.
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import torch
@@ -87,7 +88,6 @@ def moe_quant_method(config, layer, prefix: str):
     return UnweightFusedMoEMethod(config, layer.moe_config, prefix, names)
 
 
-
 def _per_shard(pieces: list) -> list:
     """The layer report's pieces, one per shard id (w1, w3, w2) over the rank's experts.  A
     piece per expert would make the report line of a 128-expert layer ~100 KB, and the start
@@ -112,6 +112,7 @@ def _per_shard(pieces: list) -> list:
                     **{k: first[k] for k in same},
                     **{k: sum(p[k] for p in mine) for k in ("held_bytes", "full_planes_bytes", "bf16_shard_bytes")}})
     return out
+
 
 class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
     """Experts kept as per-expert compressed pieces (this rank's rows / columns only)."""
@@ -243,7 +244,8 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
             record["path"] = "compressed"
         held = sum(r["held_bytes"] for r in report)
         bf16 = sum(r["bf16_shard_bytes"] for r in report)
-        log.debug("unweight: %s expert pieces %s", self.prefix, json.dumps(report))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("unweight: %s expert pieces %s", self.prefix, json.dumps(report))
         report_layer(self.prefix, {**record, "pieces": _per_shard(report), "held_bytes": held, "bf16_bytes": bf16})
         log.info("unweight: %s -> %s (%d experts, rank %d/%d holds intermediate %s of each, %.3fx of its bf16 "
                  "shard)", self.prefix, "compressed in memory" if mode != "dense" else "decoded to bf16 at load",
