@@ -19,7 +19,8 @@ For each: per-token decode time (median of --steps single-token forwards with a 
 after a --prompt-token prefill), the prefill time, bytes the model holds (parameters and
 buffers, plus the decode scratch), peak RSS of the process, experts decoded per layer per
 token (a count at the decode point), and whether the logits equal the BF16 model's bit for
-bit.  --rounds runs every variant that many times, the order rotated each round (a shared
+bit (the routed variants against the BF16 model under transformers' "batched_mm" experts
+forward, whose sums theirs repeat; on CUDA the default "grouped_mm" sums in another order).  --rounds runs every variant that many times, the order rotated each round (a shared
 machine's load drifts); the table gives the median over rounds, the JSON every run.
 --threads sets torch's (and so the codec's) threads; the default 1 because on a machine
 shared with other jobs two spinning OpenMP threads on two cores ran 10-20x slower than one.  Prints a
@@ -116,23 +117,40 @@ def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
     ex.ExpertStack.decode_expert = counting
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, a.vocab, (1, a.prompt), generator=g).to(dev)
-    with torch.no_grad():
-        sync()
-        t0 = time.perf_counter()
-        out = model(prompt, use_cache=True)
-        sync()
-        prefill_s = time.perf_counter() - t0
-        logits = [out.logits[0, -1].float()]
-        cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        decoded[0] = 0
-        times = []
-        for _ in range(a.steps):
-            t0 = time.perf_counter()
-            out = model(tok, past_key_values=cache, use_cache=True)
+
+    def generate():
+        """Prefill then --steps greedy single-token forwards: (prefill s, step s list, logits list)."""
+        with torch.no_grad():
             sync()
-            times.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            out = model(prompt, use_cache=True)
+            sync()
+            prefill_s = time.perf_counter() - t0
+            logits = [out.logits[0, -1].float()]
             cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-            logits.append(out.logits[0, -1].float())
+            decoded[0] = 0
+            times = []
+            for _ in range(a.steps):
+                t0 = time.perf_counter()
+                out = model(tok, past_key_values=cache, use_cache=True)
+                sync()
+                times.append(time.perf_counter() - t0)
+                cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+                logits.append(out.logits[0, -1].float())
+        return prefill_s, times, logits
+
+    prefill_s, times, logits = generate()
+    device_peak = torch.cuda.max_memory_allocated(dev) if cuda else None
+    n_decoded = decoded[0]
+    impl = getattr(model.config, "_experts_implementation", None)
+    extra = {}
+    if variant == "bf16" and impl != "batched_mm":
+        # The routed forward computes what "batched_mm" computes (runtime/experts.py); the default
+        # "grouped_mm" sums in another order where torch has a grouped GEMM (CUDA), so the routed
+        # variants are compared with the BF16 model's logits under "batched_mm" (untimed run).
+        model.set_experts_implementation("batched_mm")
+        extra["logits_sha256_batched_mm"] = _sha(generate()[2])
+        model.set_experts_implementation(impl)
     held = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     stacks = ex.expert_stacks(model)
     n_stacks = len(stacks)
@@ -141,21 +159,27 @@ def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
         "ms_per_token": round(1e3 * statistics.median(times), 2), "ms_per_token_min": round(1e3 * min(times), 2),
         "step_ms": [round(1e3 * t, 3) for t in times],
         "held_bytes": held, "scratch_bytes": scratch.scratch_bytes(a.device),
-        "device_peak_bytes": torch.cuda.max_memory_allocated(dev) if cuda else None,
+        "device_peak_bytes": device_peak,
         "experts_held_bytes": sum(st.held_bytes() for *_, st in stacks),
         "experts_bf16_bytes": sum(st.decoded_bytes() for *_, st in stacks),
         # each expert of a layer is one decode per stack (gate_up, down): experts per layer per token
-        "experts_decoded_per_layer_token": round(decoded[0] / max(1, a.steps) / max(1, n_stacks), 2)
+        "experts_decoded_per_layer_token": round(n_decoded / max(1, a.steps) / max(1, n_stacks), 2)
         if n_stacks else 0.0,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         # what loading and running the model added to the process, measured after the steps
         # (the load-time verify pass and the checkpoint's mapped pages count in the peak only)
         "rss_added_bytes": _rss() - rss0,
         # exact bits of the last-position logits of every step, compared by the parent
-        "logits_sha256": hashlib.sha256(torch.stack(logits).cpu().contiguous().view(torch.int32).numpy().tobytes())
-        .hexdigest(),
-        "experts_implementation": getattr(model.config, "_experts_implementation", None),
+        "logits_sha256": _sha(logits),
+        "experts_implementation": impl,
+        **extra,
     }
+
+
+def _sha(logits) -> str:
+    """SHA-256 of the exact bits of a list of [vocab] FP32 logits tensors (any device)."""
+    import torch
+    return hashlib.sha256(torch.stack(logits).cpu().contiguous().view(torch.int32).numpy().tobytes()).hexdigest()
 
 
 # The settings that shape the model --keep holds, recorded beside it (KEPT) so a later run
@@ -181,6 +205,15 @@ def kept_model(work: str, a):
                          if kept.get("build", {}).get(k) != getattr(a, k))
         bu.fail(f"bench_moe: {work} holds a model built with {diff}; give another --keep folder")
     return kept["model"]
+
+
+def reference(bf16_run: dict, impl: str | None) -> tuple[str | None, str]:
+    """The BF16 experts implementation a variant running `impl` computes the same sums as, and
+    that run's logits hash: the routed forward ("unweight") mirrors "batched_mm"; every other
+    implementation is compared with the BF16 model's default one."""
+    if impl == "unweight" and "logits_sha256_batched_mm" in bf16_run:
+        return "batched_mm", bf16_run["logits_sha256_batched_mm"]
+    return bf16_run.get("experts_implementation"), bf16_run["logits_sha256"]
 
 
 def run_child(argv, variant: str) -> None:
@@ -269,11 +302,12 @@ def main() -> int:
             # The loader kept every expert BF16: "routed" would be a BF16 timing under another name.
             bu.fail("bench_moe: the compressed model holds no routed expert stacks (its experts were stored "
                     "uncompressed); nothing routed was measured", 1)
-        ref = runs["bf16"][0]["logits_sha256"]
         rows = []
         for v in VARIANTS:
             r = dict(runs[v][0])
+            ref_impl, ref = reference(runs["bf16"][0], r.get("experts_implementation"))
             r["logits_equal_bf16"] = all(x["logits_sha256"] == ref for x in runs[v])
+            r["reference_experts_implementation"] = ref_impl
             for k in ("ms_per_token", "prefill_ms", "load_s", "peak_rss_bytes", "rss_added_bytes"):
                 r[k] = statistics.median(x[k] for x in runs[v])
             r["ms_per_token_rounds"] = [x["ms_per_token"] for x in runs[v]]
@@ -300,7 +334,8 @@ def main() -> int:
               f"average {os.getloadavg()[0]:.1f}")
         bu.print_table(rows, ["variant", "ms_per_token", "ms_per_token_spread", "vs_bf16", "prefill_ms", "held_MB",
                               "rss_added_MB", "peak_rss_MB",
-                              "experts_decoded_per_layer_token", "logits_equal_bf16", "experts_implementation"])
+                              "experts_decoded_per_layer_token", "logits_equal_bf16", "experts_implementation",
+                              "reference_experts_implementation"])
         print(f"wrote {os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path}")
     finally:
         if not a.keep:

@@ -239,8 +239,15 @@ def moe_table(bench: dict) -> list[str]:
         lines.append(f"| {r.get('variant')} | {_f(r.get('ms_per_token'))} | {_f(r.get('vs_bf16'))}x | "
                      f"{_f(r.get('experts_decoded_per_layer_token'), '{:.1f}')} | "
                      f"{_f(peak / 1e6 if peak else None, '{:.0f}')} | "
-                     f"{'yes' if r.get('logits_equal_bf16') else 'NO'} |")
+                     f"{'yes' if r.get('logits_equal_bf16') else 'NO'}{_ref_impl(r)} |")
     return lines + [""]
+
+
+def _ref_impl(r: dict) -> str:
+    """' (BF16 under X)' when the variant was compared with the BF16 model run under another
+    experts implementation than the variant's own (the routed forward mirrors "batched_mm")."""
+    ref = r.get("reference_experts_implementation")
+    return f" (BF16 under {ref})" if ref and ref != r.get("experts_implementation") else ""
 
 
 def profile_table(bench: dict) -> list[str]:

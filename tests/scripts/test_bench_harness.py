@@ -218,3 +218,15 @@ def test_vllm_refused_configuration_is_one_line(monkeypatch, capsys):
                         lambda configs, timeout=None: ([{"error": "ValueError: tp 3 does not divide 8 heads"}], ""))
     code, err = _exit(lambda: bench_vllm.run([{"model": "/m", "tp": 3}]), capsys)
     assert code == 1 and err == ["bench_vllm: TP=3 /m: ValueError: tp 3 does not divide 8 heads"]
+
+
+def test_moe_reference_follows_the_variants_sums():
+    """The routed forward ("unweight") is compared with BF16 under "batched_mm" (the sums it
+    repeats); other variants with BF16's default implementation; a BF16 run that was already
+    under "batched_mm" (no second hash) is the reference for all."""
+    bf16 = {"experts_implementation": "grouped_mm", "logits_sha256": "g", "logits_sha256_batched_mm": "b"}
+    assert bench_moe.reference(bf16, "unweight") == ("batched_mm", "b")
+    assert bench_moe.reference(bf16, "grouped_mm") == ("grouped_mm", "g")
+    assert bench_moe.reference(bf16, None) == ("grouped_mm", "g")
+    only = {"experts_implementation": "batched_mm", "logits_sha256": "x"}
+    assert bench_moe.reference(only, "unweight") == ("batched_mm", "x")
