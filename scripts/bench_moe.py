@@ -20,7 +20,8 @@ after a --prompt-token prefill), the prefill time, bytes the model holds (parame
 buffers, plus the decode scratch), peak RSS of the process, experts decoded per layer per
 token (a count at the decode point), and whether the logits equal the BF16 model's bit for
 bit (the routed variants against the BF16 model under transformers' "batched_mm" experts
-forward, whose sums theirs repeat; on CUDA the default "grouped_mm" sums in another order).  --rounds runs every variant that many times, the order rotated each round (a shared
+forward, whose sums theirs repeat; on CUDA the default "grouped_mm" sums in another order).
+--rounds runs every variant that many times, the order rotated each round (a shared
 machine's load drifts); the table gives the median over rounds, the JSON every run.
 --threads sets torch's (and so the codec's) threads; the default 1 because on a machine
 shared with other jobs two spinning OpenMP threads on two cores ran 10-20x slower than one.  Prints a
@@ -209,9 +210,10 @@ def kept_model(work: str, a):
 
 def reference(bf16_run: dict, impl: str | None) -> tuple[str | None, str]:
     """The BF16 experts implementation a variant running `impl` computes the same sums as, and
-    that run's logits hash: the routed forward ("unweight") mirrors "batched_mm"; every other
-    implementation is compared with the BF16 model's default one."""
-    if impl == "unweight" and "logits_sha256_batched_mm" in bf16_run:
+    that run's logits hash: the routed forward (experts.ROUTED) mirrors "batched_mm"; every
+    other implementation is compared with the BF16 model's default one."""
+    from unweight.runtime import experts as ex
+    if impl == ex.ROUTED and "logits_sha256_batched_mm" in bf16_run:
         return "batched_mm", bf16_run["logits_sha256_batched_mm"]
     return bf16_run.get("experts_implementation"), bf16_run["logits_sha256"]
 
