@@ -289,6 +289,17 @@ def test_reserved_suffix_is_refused(tmp_path):
         unweight.compress(folder, str(tmp_path / "c"), progress=False)
 
 
+@pytest.mark.parametrize("as_file", [False, True])
+def test_compressing_a_compressed_checkpoint_is_refused_by_name(tiny_model, tmp_path, as_file):
+    c = str(tmp_path / "c")
+    unweight.compress(tiny_model[0], c, progress=False)
+    src = os.path.join(c, next(f for f in os.listdir(c) if f.endswith(".safetensors"))) if as_file else c
+    with pytest.raises(InputError) as e:
+        unweight.compress(src, str(tmp_path / "again"), progress=False)
+    assert str(e.value).startswith(f"{src} is already an unweight checkpoint")
+    assert not os.path.exists(tmp_path / "again")
+
+
 # ------------------------------------------------------------------ damage every reader must refuse
 
 

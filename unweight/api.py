@@ -176,6 +176,9 @@ def compress(src, dst, *, encoding: str = "huffman", jobs: int | None = None,
     names = ck.names()
     if not names:
         raise InputError(f"{local}: no tensors found (empty model)")
+    if _written_by_unweight(ck):
+        raise InputError(f"{local} is already an unweight checkpoint: load it as it is, or decompress it first "
+                         "(unweight decompress)")
     for n in names:
         if split_name(n)[1] is not None:
             raise InputError(f"{local}: tensor {n!r} ends in a reserved unweight suffix; cannot compress it")
@@ -355,17 +358,22 @@ def decompress(src, dst, *, overwrite: bool = False, jobs: int | None = None,
     return {"tensors": n_out, "files": files, "seconds": time.perf_counter() - t0, "output": os.path.abspath(dst)}
 
 
-def _is_compressed(ck: Checkpoint) -> bool:
-    """Whether a checkpoint given as an original is an unweight one: it would otherwise only
-    show up as "tensor sets differ" (its planes are not the original's tensor names)."""
+def _written_by_unweight(ck: Checkpoint) -> bool:
+    """Whether a checkpoint says it is an unweight one: its config's quant method or a shard's
+    format version record."""
     try:
         qc = (ck.config() or {}).get("quantization_config")
     except (FormatError, AttributeError):
-        qc = None  # no readable config: the tensors decide
+        qc = None  # no readable config: the shards decide
     if isinstance(qc, dict) and qc.get("quant_method") == C.QUANT_METHOD:
         return True
-    return any(split_name(n)[1] for n in ck.names()) or \
-        any(f.metadata.get("unweight_format_version") for f in ck.files)
+    return any(f.metadata.get("unweight_format_version") for f in ck.files)
+
+
+def _is_compressed(ck: Checkpoint) -> bool:
+    """Whether a checkpoint given as an original is an unweight one: it would otherwise only
+    show up as "tensor sets differ" (its planes are not the original's tensor names)."""
+    return _written_by_unweight(ck) or any(split_name(n)[1] for n in ck.names())
 
 
 def verify(path, against=None, jobs: int | None = None) -> dict:

@@ -355,7 +355,8 @@ PYBIND11_MODULE(_cuda, m) {
     if (e == nullptr) return py::none();
     return py::str(e);
   }, "The error the emulator reports for a body that breaks a rule (0: hang in a syncwarp, 1: mixed masks, "
-     "2: hang across syncthreads/syncwarp); None if it reports none.");
+     "2: hang across syncthreads/syncwarp, 3-5: shared-memory races, 6-7: a cp.async stage read before its wait, "
+     "8-10: out of bounds, misaligned, unwritten; emu/selftest.h); None if it reports none.");
 
   // --------------------------------------------------------------------- host emulation
   m.def("emulate_huffman_decode", [](arr<uint8_t> stream, arr<uint32_t> off, int64_t rows, int64_t cols,

@@ -142,14 +142,14 @@ UW_UNROLL()
   float* red = reinterpret_cast<float*>(c.smem());  // [PGEMV_WARPS][PGEMV_MAX_M]
   if (lane == 0)
 UW_UNROLL()
-    for (int m = 0; m < MB; ++m) red[warp * plan::PGEMV_MAX_M + m] = acc[m];
+    for (int m = 0; m < MB; ++m) c.sts(red + warp * plan::PGEMV_MAX_M + m, acc[m]);
   c.syncthreads();
   if (part == 0 && lane == 0 && row_ok) {
 UW_UNROLL()
     for (int m = 0; m < MB; ++m) {
       if (m >= a.M) break;
       float sum = 0.f;
-      for (int q = 0; q < a.parts; ++q) sum += red[(warp + q) * plan::PGEMV_MAX_M + m];
+      for (int q = 0; q < a.parts; ++q) sum += c.lds(red + (warp + q) * plan::PGEMV_MAX_M + m);
       a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(sum));
     }
   }

@@ -62,23 +62,6 @@ struct PmmaArgs : PalProduct {
   int32_t* counters;    // int32 [gridDim.x], zero before and after a launch (splits > 1)
 };
 
-// Shared-memory reads (device: one LDS.128 / LDS.64; host: memcpy).
-UW_HD void lds_v4(const unsigned char* p, uint32_t (&v)[4]) {
-#if defined(__CUDA_ARCH__)
-  const uint4 q = *reinterpret_cast<const uint4*>(p);
-  v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
-#else
-  std::memcpy(v, p, 16);
-#endif
-}
-UW_HD void lds_v2(const unsigned char* p, uint32_t (&v)[2]) {
-#if defined(__CUDA_ARCH__)
-  const uint2 q = *reinterpret_cast<const uint2*>(p);
-  v[0] = q.x; v[1] = q.y;
-#else
-  std::memcpy(v, p, 8);
-#endif
-}
 // Split partials written by other CTAs: read through L2 (ld.global.cg), never a stale L1 line.
 UW_HD float ld_cg_f32(const float* p) {
 #if defined(__CUDA_ARCH__)
@@ -357,7 +340,7 @@ UW_UNROLL()
     const unsigned char* xst = xring + rd / kStageBytes * kXStageBytes;
     if (kXs) {
 UW_UNROLL()
-      for (int nt = 0; nt < NT; ++nt) lds_v4(xst + xs_at(8 * nt + g, 2 * t), xb[nt]);
+      for (int nt = 0; nt < NT; ++nt) c.lds_v4(xst + xs_at(8 * nt + g, 2 * t), xb[nt]);
     }
     const unsigned char* st = ring + rd;
     rd = rd + kStageBytes == S * kStageBytes ? 0 : rd + kStageBytes;
@@ -369,10 +352,10 @@ UW_UNROLL()
         for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows, xb[nt]);
       }
       uint32_t s_lo[4], s_hi[4], n_lo[2], n_hi[2];
-      lds_v4(st + r_sm_lo[u], s_lo);
-      lds_v4(st + r_sm_hi[u], s_hi);
-      lds_v2(st + r_n_lo[u], n_lo);
-      lds_v2(st + r_n_hi[u], n_hi);
+      c.lds_v4(st + r_sm_lo[u], s_lo);
+      c.lds_v4(st + r_sm_hi[u], s_hi);
+      c.lds_v2(st + r_n_lo[u], n_lo);
+      c.lds_v2(st + r_n_hi[u], n_hi);
       uint32_t af[4][4];  // [step][A register]: regs 0, 2 row g; 1, 3 row g + 8
 UW_UNROLL()
       for (int j = 0; j < 4; ++j) {
@@ -410,7 +393,7 @@ UW_UNROLL()
         if (j == 2) {  // second half of the lane's 16 columns: x loaded late keeps NT = 8 in registers
           if (kXs) {
 UW_UNROLL()
-            for (int nt = 0; nt < NT; ++nt) lds_v4(xst + xs_at(8 * nt + g, 2 * t + 1), xb[nt]);
+            for (int nt = 0; nt < NT; ++nt) c.lds_v4(xst + xs_at(8 * nt + g, 2 * t + 1), xb[nt]);
           } else {
 UW_UNROLL()
             for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows + 8, xb[nt]);
@@ -459,10 +442,10 @@ UW_UNROLL()
   if (c.tid() == 0) {
     const int is_last = c.atomic_add(a.counters + bx, 1) == splits - 1;
     if (is_last) a.counters[bx] = 0;
-    *last_flag = is_last;
+    c.sts(last_flag, is_last);
   }
   c.syncthreads();
-  if (!*last_flag || !active) return;
+  if (!c.lds(last_flag) || !active) return;
   c.threadfence();
 UW_UNROLL()
   for (int nt = 0; nt < NT; ++nt)

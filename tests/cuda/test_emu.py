@@ -1,6 +1,7 @@
 """CPU tests of the warp emulator (csrc/cuda/emu/): its mma.sync m16n8k16 against plain
 matmuls of the same tiles, its warp collectives, barriers and cp.async groups against their
-CUDA / PTX meaning, and the errors it reports for bodies that would hang or break a rule."""
+CUDA / PTX meaning, and the errors it reports for bodies that would hang, break a rule or race
+on shared memory."""
 import numpy as np
 import pytest
 
@@ -62,15 +63,14 @@ def test_collectives_barriers_and_cp_async_groups():
     out = _cuda.emu_selftest_collectives(src).astype(np.int64) & 0xFFFFFFFF
     tid = np.arange(64)
     lane = tid % 32
-    a5 = 0xA5A5A5A5
     assert (out[:, 0] == sum(range(32))).all()                       # shfl_xor butterfly
     assert (out[:, 1] == sum(1 << l for l in range(0, 32, 3))).all()  # ballot
     assert (out[:, 2] == (lane + 5) % 32).all()                      # shfl from a lane
     assert (out[:, 3] == (63 - tid) ** 2).all()                      # smem across a barrier
-    assert (out[:, 4] == a5).all()                                   # cp.async not yet waited for
-    assert (out[:, 5] == src[8 * tid]).all()                         # ... and after wait_group 0
-    assert (out[:, 6] == src[8 * tid]).all()                         # wait_group 1: older group in
-    assert (out[:, 7] == a5).all()                                   #   newer still pending
+    assert (out[:, 4] == 3 * (tid - lane + (lane + 1) % 32)).all()   # smem across a syncwarp
+    assert (out[:, 5] == src[8 * tid]).all()                         # cp.async after wait_group 0
+    assert (out[:, 6] == src[8 * tid + 4]).all()                     # wait_group 1: older group in
+    assert (out[:, 7] == src[8 * tid]).all()                         #   newer one after wait_group 0
     assert (out[lane < 16, 8] == 21).all() and (out[lane >= 16, 8] == 0xFFFFFFFF).all()  # partial mask
 
 
@@ -78,3 +78,21 @@ def test_errors_instead_of_hangs():
     assert "deadlock" in _cuda.emu_selftest_error(0)
     assert "different masks" in _cuda.emu_selftest_error(1)
     assert "deadlock" in _cuda.emu_selftest_error(2)
+
+
+@pytest.mark.parametrize("kind, what", [
+    (3, "shared-memory race"),                            # across warps, only a syncwarp between
+    (4, "shared-memory race"),                            # within a warp, only a ballot between
+    (5, "race: write to a word another thread read"),     # rewritten before a syncwarp
+    (6, "cp.async copy has not been waited for"),         # own stage read before its wait
+    (7, "cp.async copy has not been waited for"),         # a neighbour's stage still in flight
+    (8, "outside the launch's dynamic shared memory"),
+    (9, "not aligned to its size"),
+    (10, "no thread had written"),
+])
+def test_shared_memory_races_and_bad_accesses_are_errors(kind, what):
+    # Each body's data flow is wrong whatever order the fibers run in; the emulator reports it
+    # from the happens-before relation, naming the thread, the byte and the other thread.
+    err = _cuda.emu_selftest_error(kind)
+    assert err is not None and what in err, err
+    assert "thread" in err and "shared byte" in err

@@ -17,6 +17,11 @@
 //   identity   tid() lane() warp() nthreads() block_x() block_y() grid_x() grid_y()
 //   memory     smem()                         dynamic shared memory (bodies use no static
 //                                             __shared__, so one buffer serves both sides)
+//              lds<T>(p)  sts<T>(p, v)        a shared-memory load / store of one 4- or 8-byte
+//              lds_v2(p, v)  lds_v4(p, v)     value; 8 / 16 bytes into 2 / 4 words (LDS.64 /
+//                                             LDS.128, p aligned to the size).  Bodies touch
+//                                             shared memory only through these and cp_async16,
+//                                             which is what lets the emulator check it for races
 //              cp_async16(dst, src, n)        16-byte async copy global -> shared; bytes n..15
 //                                             zero-filled (n in 0..16; src is still read as a
 //                                             16-byte aligned address)
@@ -112,6 +117,18 @@ struct DeviceCtx {
     extern __shared__ __align__(16) unsigned char uw_dynamic_smem[];
     return uw_dynamic_smem;
   }
+  template <class T>
+  UW_HD T lds(const T* p) const { return *p; }
+  template <class T>
+  UW_HD void sts(T* p, T v) const { *p = v; }
+  UW_HD void lds_v4(const unsigned char* p, uint32_t (&v)[4]) const {
+    const uint4 q = *reinterpret_cast<const uint4*>(p);
+    v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+  }
+  UW_HD void lds_v2(const unsigned char* p, uint32_t (&v)[2]) const {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    v[0] = q.x; v[1] = q.y;
+  }
   UW_HD void syncthreads() { __syncthreads(); }
   UW_HD void syncwarp(unsigned mask = kFullMask) { __syncwarp(mask); }
   UW_HD void threadfence() { __threadfence(); }
@@ -150,6 +167,12 @@ struct DeviceCtx {
   UW_HD int64_t grid_x() const { return 0; }
   UW_HD int64_t grid_y() const { return 0; }
   UW_HD unsigned char* smem() const { return nullptr; }
+  template <class T>
+  UW_HD T lds(const T*) const { return T(); }
+  template <class T>
+  UW_HD void sts(T*, T) const {}
+  UW_HD void lds_v4(const unsigned char*, uint32_t (&)[4]) const {}
+  UW_HD void lds_v2(const unsigned char*, uint32_t (&)[2]) const {}
   UW_HD void syncthreads() {}
   UW_HD void syncwarp(unsigned = kFullMask) {}
   UW_HD void threadfence() {}

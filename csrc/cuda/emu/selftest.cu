@@ -67,31 +67,75 @@ UW_HD void collectives_body(Ctx& c, const CollArgs& a) {
   o[0] = s;
   o[1] = static_cast<int32_t>(c.ballot(lane % 3 == 0));
   o[2] = c.shfl(lane, (lane + 5) % 32);
-  uint32_t* sq = reinterpret_cast<uint32_t*>(c.smem());  // [64] then stages
-  sq[tid] = static_cast<uint32_t>(tid * tid);
+  uint32_t* sq = reinterpret_cast<uint32_t*>(c.smem());  // [64], [64], then stages
+  c.sts(sq + tid, static_cast<uint32_t>(tid * tid));
   c.syncthreads();
-  o[3] = static_cast<int32_t>(sq[63 - tid]);
-  uint32_t* stage = sq + 64 + tid * 8;  // two 16-byte stages per thread
+  o[3] = static_cast<int32_t>(c.lds(sq + 63 - tid));
+  uint32_t* sw = sq + 64;  // a word per thread, exchanged inside the warp across a syncwarp
+  c.sts(sw + tid, static_cast<uint32_t>(3 * tid));
+  c.syncwarp();
+  o[4] = static_cast<int32_t>(c.lds(sw + (tid & ~31) + (lane + 1) % 32));
+  uint32_t* stage = sq + 128 + tid * 8;  // two 16-byte stages per thread
   c.cp_async16(stage, a.src + tid * 8, 16);
   c.cp_async_commit();
-  o[4] = static_cast<int32_t>(stage[0]);
   c.template cp_async_wait<0>();
-  o[5] = static_cast<int32_t>(stage[0]);
-  stage[0] = 0xA5A5A5A5u;
-  stage[4] = 0xA5A5A5A5u;
-  c.cp_async16(stage, a.src + tid * 8, 16);
+  o[5] = static_cast<int32_t>(c.lds(stage));
+  c.cp_async16(stage, a.src + tid * 8 + 4, 16);
   c.cp_async_commit();
-  c.cp_async16(stage + 4, a.src + tid * 8 + 4, 16);
+  c.cp_async16(stage + 4, a.src + tid * 8, 16);
   c.cp_async_commit();
   c.template cp_async_wait<1>();
-  o[6] = static_cast<int32_t>(stage[0]);
-  o[7] = static_cast<int32_t>(stage[4]);
+  o[6] = static_cast<int32_t>(c.lds(stage));
   c.template cp_async_wait<0>();
+  o[7] = static_cast<int32_t>(c.lds(stage + 4));
   o[8] = lane < 16 ? c.shfl(lane * 7, 3, 0x0000FFFFu) : -1;
 }
 
 template <class Ctx>
-UW_HD void error_body(Ctx& c, int kind) {
+UW_HD void error_body(Ctx& c, int kind, const uint32_t* src) {
+  uint32_t* sq = reinterpret_cast<uint32_t*>(c.smem());  // [64] words, then a 16-byte stage per thread
+  const int tid = c.tid(), lane = c.lane();
+  if (kind >= 3) c.sts(sq + tid, static_cast<uint32_t>(tid));
+  if (kind == 3) {  // read of the other warp's word: a syncwarp orders nothing across warps
+    c.syncwarp();
+    (void)c.lds(sq + (tid + 32) % 64);
+    return;
+  }
+  if (kind == 4) {  // read of a neighbour lane's word with only a ballot in between
+    (void)c.ballot(true);
+    (void)c.lds(sq + (tid & ~31) + (lane + 1) % 32);
+    return;
+  }
+  if (kind == 5) {  // rewrite of a word that lane 0 read, in the same warp, without a syncwarp
+    c.syncthreads();
+    if (lane == 0) (void)c.lds(sq + tid + 1);
+    (void)c.ballot(true);
+    c.sts(sq + tid, 7u);
+    return;
+  }
+  if (kind == 6 || kind == 7) {  // the stage read before its wait: by its own thread, or by a neighbour after a syncwarp
+    uint32_t* stage = sq + 64 + 4 * tid;
+    c.cp_async16(stage, src + 4 * tid, 16);
+    c.cp_async_commit();
+    if (kind == 7) c.syncwarp();
+    (void)c.lds(kind == 6 ? stage : sq + 64 + 4 * (tid ^ 1));
+    c.template cp_async_wait<0>();
+    return;
+  }
+  if (kind == 8) {  // one word past the launch's shared memory
+    (void)c.lds(sq + 64 + 4 * 64);
+    return;
+  }
+  if (kind == 9) {  // an 8-byte load at a 4-byte offset
+    uint32_t v[2];
+    c.syncthreads();
+    c.lds_v2(reinterpret_cast<const unsigned char*>(sq + 1), v);
+    return;
+  }
+  if (kind == 10) {  // a read of shared memory nobody wrote
+    (void)c.lds(sq + 64 + 4 * tid);
+    return;
+  }
   if (kind == 0) {
     if (c.lane() != 0) c.syncwarp();
   } else if (kind == 1) {
@@ -120,11 +164,14 @@ const char* selftest_mma_device(const uint16_t* A, const uint16_t* B, const floa
 
 const char* selftest_collectives_host(const uint32_t* src, int32_t* out) {
   const CollArgs a{src, out};
-  return launch(1, 1, 64, (64 + 64 * 8) * sizeof(uint32_t), [&](ThreadCtx& c) { collectives_body(c, a); });
+  return launch(1, 1, 64, (128 + 64 * 8) * sizeof(uint32_t), [&](ThreadCtx& c) { collectives_body(c, a); });
 }
 
 const char* selftest_error_host(int kind) {
-  return launch(1, 1, 64, 0, [&](ThreadCtx& c) { error_body(c, kind); });
+  std::vector<uint32_t> src(4 * 64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint32_t>(i);
+  return launch(1, 1, 64, (64 + 4 * 64) * sizeof(uint32_t),
+                [&](ThreadCtx& c) { error_body(c, kind, src.data()); });
 }
 
 }  // namespace emu

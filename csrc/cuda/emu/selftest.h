@@ -18,18 +18,27 @@ const char* selftest_mma_device(const uint16_t* A, const uint16_t* B, const floa
 // One CTA of 64 threads; out[64][kCollectiveFields] int32 per thread:
 //   0 warp sum of lane ids by a shfl_xor butterfly   1 ballot(lane % 3 == 0)
 //   2 shfl from lane (lane + 5) % 32                 3 smem[63 - tid] after a barrier (tid^2 stored)
-//   4 first word of the thread's cp.async stage read BEFORE its wait (must be 0xA5A5A5A5)
-//   5 the same word after cp_async_wait<0> (src[8 * tid])
-//   6 after cp_async_wait<1> with two groups in flight: the older group's word (src[8 * tid])
-//   7 the newer group's word at that point (still 0xA5A5A5A5)
+//   4 the word lane (lane + 1) % 32 of the warp stored (3 x its tid), read after a syncwarp
+//   5 first word of the thread's cp.async stage after cp_async_wait<0> (src[8 * tid])
+//   6 after cp_async_wait<1> with two groups in flight: the older group's word (src[8 * tid + 4])
+//   7 the newer group's word after cp_async_wait<0> (src[8 * tid])
 //   8 shfl from lane 3 under mask 0x0000FFFF (lanes 0-15 only; -1 elsewhere)
 constexpr int kCollectiveFields = 9;
 const char* selftest_collectives_host(const uint32_t* src, int32_t* out);
 
-// Bodies that break a rule; each must return an error string:
+// Bodies that break a rule; each must return an error string (64 threads, 64 words of
+// shared memory then a 16-byte stage per thread):
 //   kind 0: lane 0 skips a syncwarp (a hang on the GPU)
 //   kind 1: lane 5 names another mask than the rest of its warp in one ballot
 //   kind 2: one thread waits in syncthreads while its warp waits for it in a syncwarp
+//   kind 3: a thread reads a word the other warp wrote, with only a syncwarp in between
+//   kind 4: a lane reads its neighbour's word with only a ballot in between
+//   kind 5: a lane rewrites its word after lane 0 read it, with no syncwarp in between
+//   kind 6: a thread reads its cp.async stage before waiting for it
+//   kind 7: a thread reads a neighbour's stage that the neighbour has not waited for
+//   kind 8: a read one word past the launch's shared memory
+//   kind 9: an 8-byte read at a 4-byte aligned address
+//   kind 10: a read of a word no thread wrote
 const char* selftest_error_host(int kind);
 
 }  // namespace emu

@@ -15,17 +15,32 @@
 //   * lanes of one warp calling a collective with different masks (undefined on the GPU) is
 //     an error;
 //   * cp.async is deferred: the source is read when the copy is issued but the bytes land in
-//     shared memory only when a cp_async_wait<N> retires its group, so a body that reads a
-//     stage before waiting for it reads stale bytes (tests see wrong results);
-//   * shared memory starts filled with 0xA5, not zeros.
-// What it does not model: memory races between threads (a missing syncwarp/syncthreads
-// between a write and another thread's read is not detected: fibers share memory at once),
-// timing, occupancy, and the exact rounding of the tensor cores (mma_bf16_16816 returns the
-// exactly rounded fp32 value of c + sum of the 16 exact products; hardware adds in its own
-// order and may differ in the last bits, so tests compare against references with bounds).
+//     shared memory only when a cp_async_wait<N> retires its group (and reading them before
+//     that is an error, below);
+//   * shared memory starts filled with 0xA5, not zeros;
+//   * shared-memory races, by happens-before rather than by the order the fibers happen to
+//     run in (the hazards racecheck reports on a GPU).  Every shared-memory access of a body
+//     goes through the context (lds / sts / lds_v2 / lds_v4 / cp_async16), and a shadow
+//     word per 4 bytes records its last writer and its readers with the barrier generation
+//     and the warp's syncwarp generation of each access.  Two accesses of one word by
+//     different threads, one of them a write, must be ordered by a syncthreads both passed
+//     after the first, or, within a warp, by a syncwarp whose mask held both (shuffles,
+//     ballots and mma order no memory, as in CUDA).  A cp.async writes its word at any time
+//     from its issue to its wait: the issue is checked as a write against earlier reads, the
+//     word is in flight until the issuing thread's wait retires it, and any access of a word
+//     in flight is an error.  Also errors: an access outside the launch's shared memory or
+//     not aligned to its size, and a read of a word no thread has written;
+// What it does not model: races in global memory, timing, occupancy, and the exact rounding
+// of the tensor cores (mma_bf16_16816 returns the exactly rounded fp32 value of c + sum of
+// the 16 exact products; hardware adds in its own order and may differ in the last bits, so
+// tests compare against references with bounds).  The race check keeps one read record per
+// warp and word (the lanes that read it and the newest generations among their reads), so
+// within a warp it may report a write as unordered against a lane whose read an earlier
+// syncwarp did order; no kernel here reads one word across syncwarps before rewriting it.
 // Restrictions: 1-D blocks whose size is a multiple of 32, at most one warp collective in
 // flight per warp (divergent halves of a warp may not run two collectives at once).
-// Errors are static strings; every other call returns nullptr.
+// Errors are strings that stay valid until the next failing launch on the same OS thread;
+// every other call returns nullptr.
 //
 // Cost: a collective is a fiber switch per lane (swapcontext, ~1 us), so the emulator is for
 // small shapes (thousands of collectives per test, not millions).
@@ -33,8 +48,10 @@
 #include <ucontext.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ctx.cuh"
@@ -65,9 +82,17 @@ class ThreadCtx {
   UW_HD int64_t grid_x() const { UW_EMU_HOST_ONLY(return h_block(2);) }
   UW_HD int64_t grid_y() const { UW_EMU_HOST_ONLY(return h_block(3);) }
   UW_HD unsigned char* smem() const { UW_EMU_HOST_ONLY(return h_smem();) }
+  template <class T>
+  UW_HD T lds(const T* p) {
+    UW_EMU_HOST_ONLY(T v; h_load(p, &v, sizeof(T)); return v;)
+  }
+  template <class T>
+  UW_HD void sts(T* p, T v) { UW_EMU_HOST_ONLY(h_store(p, &v, sizeof(T));) }
+  UW_HD void lds_v4(const unsigned char* p, uint32_t (&v)[4]) { UW_EMU_HOST_ONLY(h_load(p, v, 16);) }
+  UW_HD void lds_v2(const unsigned char* p, uint32_t (&v)[2]) { UW_EMU_HOST_ONLY(h_load(p, v, 8);) }
 
   UW_HD void syncthreads() { UW_EMU_HOST_ONLY(h_syncthreads();) }
-  UW_HD void syncwarp(unsigned mask = kFullMask) { UW_EMU_HOST_ONLY(exchange(mask, nullptr, 0);) }
+  UW_HD void syncwarp(unsigned mask = kFullMask) { UW_EMU_HOST_ONLY(exchange(mask, nullptr, 0, true);) }
   UW_HD void threadfence() {}
   UW_HD int atomic_add(int* p, int v) {  // fibers never run concurrently: a plain add is atomic
     const int old = *p;
@@ -103,7 +128,9 @@ class ThreadCtx {
   inline int64_t h_block(int which) const;
   inline unsigned char* h_smem() const;
   inline void h_syncthreads();
-  inline const unsigned char* exchange(unsigned mask, const void* in, size_t n);
+  inline const unsigned char* exchange(unsigned mask, const void* in, size_t n, bool sync = false);
+  inline void h_load(const void* p, void* out, size_t n);
+  inline void h_store(void* p, const void* in, size_t n);
   template <class T>
   T h_shfl(T v, int src, unsigned mask) {
     static_assert(sizeof(T) <= 8, "shfl of at most 8 bytes");
@@ -125,7 +152,8 @@ class ThreadCtx {
     return r;
   }
   inline void h_mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]);
-  void h_cp_async16(void* smem_dst, const void* gmem_src, int src_bytes) {
+  inline void h_cp_async16(void* smem_dst, const void* gmem_src, int src_bytes);
+  void h_cp_async16_queue(void* smem_dst, const void* gmem_src, int src_bytes) {
     Copy cp;
     cp.dst = static_cast<unsigned char*>(smem_dst);
     std::memset(cp.bytes, 0, 16);
@@ -137,12 +165,7 @@ class ThreadCtx {
     groups_.push_back(std::move(open_));
     open_.clear();
   }
-  void h_wait(int n) {
-    while (groups_.size() > static_cast<size_t>(n)) {
-      for (const Copy& cp : groups_.front()) std::memcpy(cp.dst, cp.bytes, 16);
-      groups_.erase(groups_.begin());
-    }
-  }
+  inline void h_wait(int n);
 
   Cta* cta_ = nullptr;
   int tid_ = 0;
@@ -155,11 +178,19 @@ class Cta {
  public:
   Cta(int nthreads, size_t smem_bytes, int64_t bx, int64_t by, int64_t gx, int64_t gy)
       : n_(nthreads), bx_(bx), by_(by), gx_(gx), gy_(gy),
-        smem_raw_(new unsigned char[smem_bytes + 128]), warps_(static_cast<size_t>((nthreads + 31) / 32)),
-        threads_(static_cast<size_t>(nthreads)) {
+        smem_raw_(new unsigned char[smem_bytes + 128]), smem_bytes_(smem_bytes),
+        warps_(static_cast<size_t>((nthreads + 31) / 32)), threads_(static_cast<size_t>(nthreads)) {
     uintptr_t p = reinterpret_cast<uintptr_t>(smem_raw_.get());
     smem_ = reinterpret_cast<unsigned char*>((p + 127) & ~uintptr_t(127));
     std::memset(smem_, 0xA5, smem_bytes);
+    const size_t words = (smem_bytes + 3) / 4, nw = warps_.size();
+    writer_.assign(words, kNobody);
+    in_flight_.assign(words, kNobody);
+    w_bar_.assign(words, 0);
+    w_sync_.assign(words, 0);
+    rd_lanes_.assign(words * nw, 0);
+    rd_bar_.assign(words * nw, 0);
+    rd_sync_.assign(words * nw, 0);
     for (int t = 0; t < n_; ++t) {
       threads_[t].ctx.cta_ = this;
       threads_[t].ctx.tid_ = t;
@@ -192,6 +223,7 @@ class Cta {
       if (error_ == nullptr && live_ > 0 && progress_ == before)
         error_ = "emulated kernel deadlocked: a barrier or warp collective that not every participant reaches";
     }
+    if (error_ == nullptr && !unwritten_read_.empty()) error_ = keep(unwritten_read_);
     return error_;
   }
 
@@ -205,7 +237,7 @@ class Cta {
   // Warp rendezvous: deposits n bytes for lane `tid % 32`, waits for every lane of `mask`,
   // returns this round's 32 slots (valid until the caller's next collective: a slot buffer
   // is reused two rounds later, after every lane has passed the round in between).
-  const unsigned char* exchange(int tid, unsigned mask, const void* in, size_t n) {
+  const unsigned char* exchange(int tid, unsigned mask, const void* in, size_t n, bool sync) {
     Warp& w = warps_[static_cast<size_t>(tid / kWarpSize)];
     const int lane = tid & (kWarpSize - 1);
     if (((mask >> lane) & 1u) == 0) fail(tid, "warp collective called by a lane outside its own mask");
@@ -221,6 +253,12 @@ class Cta {
     if (++w.arrived == __builtin_popcount(mask)) {
       w.arrived = 0;
       ++w.gen;
+      if (sync) {  // a syncwarp orders the memory accesses of every pair of lanes in its mask
+        ++w.sync_gen;
+        for (int a = 0; a < kWarpSize; ++a)
+          for (int b = 0; b < kWarpSize; ++b)
+            if ((mask >> a) & (mask >> b) & 1u) w.joined[a][b] = w.sync_gen;
+      }
     } else {
       while (w.gen == gen) yield(tid);
     }
@@ -238,12 +276,119 @@ class Cta {
     }
   }
 
+  // ---- shared-memory race check (see the header comment) ----
+  enum Access { kRead, kWrite, kAsyncIssue, kAsyncLand };
+
+  [[noreturn]] void fail_access(int tid, const char* what, const void* smem_at) {
+    fail_at(tid, what, static_cast<const unsigned char*>(smem_at), -1);
+  }
+
+  // Checks and records an access of n bytes at p by thread tid; fails the launch on a
+  // violation.  Words are 4 bytes: every access covers whole words.
+  void shared_access(int tid, const void* p, size_t n, Access kind) {
+    const unsigned char* b = static_cast<const unsigned char*>(p);
+    if (b < smem_ || b + n > smem_ + smem_bytes_ || n == 0)
+      fail_at(tid, "shared-memory access outside the launch's dynamic shared memory", b, -1);
+    const size_t off = static_cast<size_t>(b - smem_);
+    if (off % (n < 16 ? n : 16) != 0 || n % 4 != 0)
+      fail_at(tid, "shared-memory access not aligned to its size", b, -1);
+    for (size_t i = off / 4; i < (off + n) / 4; ++i) word_access(tid, i, kind);
+  }
+
  private:
+  static constexpr int16_t kNobody = -1;
+
+  // Whether an access by thread `first` at barrier generation `bar` and its warp's syncwarp
+  // generation `sync` is ordered before anything thread `then` does now.
+  bool ordered(int first, int then, uint32_t bar, uint32_t sync) const {
+    if (bar_gen_ > bar) return true;
+    if (first / kWarpSize != then / kWarpSize) return false;
+    return warps_[static_cast<size_t>(first / kWarpSize)].joined[first % kWarpSize][then % kWarpSize] > sync;
+  }
+
+  void word_access(int tid, size_t i, Access kind) {
+    const size_t nw = warps_.size();
+    const int wp = tid / kWarpSize, lane = tid % kWarpSize;
+    const uint32_t bar = static_cast<uint32_t>(bar_gen_), sync = warps_[static_cast<size_t>(wp)].sync_gen;
+    unsigned char* at = smem_ + 4 * i;
+    if (kind == kAsyncLand) {  // the issuing thread's wait retired its copy
+      in_flight_[i] = kNobody;
+      writer_[i] = static_cast<int16_t>(tid);
+      w_bar_[i] = bar;
+      w_sync_[i] = sync;
+      return;
+    }
+    if (in_flight_[i] != kNobody)
+      fail_at(tid, kind == kRead ? "read of a shared-memory word whose cp.async copy has not been waited for"
+                                 : "write to a shared-memory word with a cp.async copy in flight",
+              at, in_flight_[i]);
+    const int w = writer_[i];
+    if (kind == kRead) {
+      // A word no thread has written yet may be written later by another thread with no
+      // barrier between (then that write fails as a race); only a read that stays unwritten
+      // to the end of the CTA is reported as such.
+      if (w == kNobody && unwritten_read_.empty())
+        unwritten_read_ = describe(tid, "read of a shared-memory word no thread had written", at, -1);
+      if (w != kNobody && w != tid && !ordered(w, tid, w_bar_[i], w_sync_[i]))
+        fail_at(tid, "shared-memory race: read of a word another thread wrote, with no barrier between", at, w);
+      const size_t r = i * nw + static_cast<size_t>(wp);
+      if (rd_bar_[r] < bar) rd_lanes_[r] = 0;  // earlier reads are ordered before any later access
+      rd_lanes_[r] |= 1u << lane;
+      rd_bar_[r] = bar;
+      rd_sync_[r] = sync;
+      return;
+    }
+    // A write (or a cp.async issue, which may write at any time from now on).
+    if (w != kNobody && w != tid && !ordered(w, tid, w_bar_[i], w_sync_[i]))
+      fail_at(tid, "shared-memory race: two threads wrote one word with no barrier between", at, w);
+    for (size_t q = 0; q < nw; ++q) {
+      const size_t r = i * nw + q;
+      unsigned lanes = rd_lanes_[r];
+      if (static_cast<int>(q) == wp) lanes &= ~(1u << lane);
+      if (lanes == 0 || rd_bar_[r] < bar) continue;
+      for (int l = 0; l < kWarpSize; ++l) {
+        const int reader = static_cast<int>(q) * kWarpSize + l;
+        if (((lanes >> l) & 1u) && !ordered(reader, tid, rd_bar_[r], rd_sync_[r]))
+          fail_at(tid, "shared-memory race: write to a word another thread read, with no barrier between", at,
+                  reader);
+      }
+    }
+    for (size_t q = 0; q < nw; ++q) rd_lanes_[i * nw + q] = 0;
+    if (kind == kAsyncIssue) {
+      in_flight_[i] = static_cast<int16_t>(tid);
+    } else {
+      writer_[i] = static_cast<int16_t>(tid);
+      w_bar_[i] = bar;
+      w_sync_[i] = sync;
+    }
+  }
+
+  std::string describe(int tid, const char* what, const unsigned char* at, int other) const {
+    char where[160];
+    std::snprintf(where, sizeof(where), " (thread %d of CTA (%lld, %lld), shared byte %lld%s", tid,
+                  static_cast<long long>(bx_), static_cast<long long>(by_),
+                  static_cast<long long>(at - smem_), other >= 0 ? ", other thread " : ")");
+    std::string msg = std::string("emulated kernel: ") + what + where;
+    if (other >= 0) msg += std::to_string(other) + ")";
+    return msg;
+  }
+  // One message per OS thread, alive until its next failing launch (launch returns it).
+  static const char* keep(const std::string& msg) {
+    static thread_local std::string kept;
+    kept = msg;
+    return kept.c_str();
+  }
+  [[noreturn]] void fail_at(int tid, const char* what, const unsigned char* at, int other) {
+    fail(tid, keep(describe(tid, what, at, other)));
+  }
+
   static constexpr size_t kStackBytes = 256 * 1024;
   struct Warp {
     unsigned mask = 0;
     int arrived = 0;
     uint64_t gen = 0;
+    uint32_t sync_gen = 0;                   // completed syncwarp rounds
+    uint32_t joined[kWarpSize][kWarpSize] = {};  // the last round whose mask held both lanes
     unsigned char slots[2][ThreadCtx::kSlotBytes * kWarpSize];
   };
   struct Thread {
@@ -281,6 +426,12 @@ class Cta {
   int64_t bx_, by_, gx_, gy_;
   std::unique_ptr<unsigned char[]> smem_raw_;
   unsigned char* smem_ = nullptr;
+  size_t smem_bytes_ = 0;
+  // Race-check shadow, one entry per 4-byte word (rd_*: [word][warp]).
+  std::vector<int16_t> writer_, in_flight_;
+  std::vector<uint32_t> w_bar_, w_sync_;
+  std::vector<uint32_t> rd_lanes_, rd_bar_, rd_sync_;
+  std::string unwritten_read_;  // the first read of a word no thread had written
   std::vector<Warp> warps_;
   std::vector<Thread> threads_;
   ucontext_t main_;
@@ -297,8 +448,31 @@ inline int64_t ThreadCtx::h_block(int which) const {
 }
 inline unsigned char* ThreadCtx::h_smem() const { return cta_->smem(); }
 inline void ThreadCtx::h_syncthreads() { cta_->barrier(tid_); }
-inline const unsigned char* ThreadCtx::exchange(unsigned mask, const void* in, size_t n) {
-  return cta_->exchange(tid_, mask, in, n);
+inline const unsigned char* ThreadCtx::exchange(unsigned mask, const void* in, size_t n, bool sync) {
+  return cta_->exchange(tid_, mask, in, n, sync);
+}
+inline void ThreadCtx::h_load(const void* p, void* out, size_t n) {
+  cta_->shared_access(tid_, p, n, Cta::kRead);
+  std::memcpy(out, p, n);
+}
+inline void ThreadCtx::h_store(void* p, const void* in, size_t n) {
+  cta_->shared_access(tid_, p, n, Cta::kWrite);
+  std::memcpy(p, in, n);
+}
+inline void ThreadCtx::h_cp_async16(void* smem_dst, const void* gmem_src, int src_bytes) {
+  if (reinterpret_cast<uintptr_t>(gmem_src) % 16 != 0)
+    cta_->fail_access(tid_, "cp.async source not 16-byte aligned", smem_dst);
+  cta_->shared_access(tid_, smem_dst, 16, Cta::kAsyncIssue);
+  h_cp_async16_queue(smem_dst, gmem_src, src_bytes);
+}
+inline void ThreadCtx::h_wait(int n) {
+  while (groups_.size() > static_cast<size_t>(n)) {
+    for (const Copy& cp : groups_.front()) {
+      std::memcpy(cp.dst, cp.bytes, 16);
+      cta_->shared_access(tid_, cp.dst, 16, Cta::kAsyncLand);
+    }
+    groups_.erase(groups_.begin());
+  }
 }
 
 // mma.sync m16n8k16 bf16 -> fp32: every lane deposits its fragments, then computes its own
