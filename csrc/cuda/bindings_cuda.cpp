@@ -356,7 +356,8 @@ PYBIND11_MODULE(_cuda, m) {
     return py::str(e);
   }, "The error the emulator reports for a body that breaks a rule (0: hang in a syncwarp, 1: mixed masks, "
      "2: hang across syncthreads/syncwarp, 3-5: shared-memory races, 6-7: a cp.async stage read before its wait, "
-     "8-10: out of bounds, misaligned, unwritten; emu/selftest.h); None if it reports none.");
+     "8-10: out of bounds, misaligned, unwritten, 11: a read racing atomics; emu/selftest.h); None if it "
+     "reports none.");
 
   // --------------------------------------------------------------------- host emulation
   m.def("emulate_huffman_decode", [](arr<uint8_t> stream, arr<uint32_t> off, int64_t rows, int64_t cols,
@@ -463,8 +464,15 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("emulate_exp_histogram", [](arr<uint8_t> exps) {
     arr<uint64_t> hist(256);
     std::fill(hist.mutable_data(), hist.mutable_data() + 256, 0);
-    cuda::emulate::exp_histogram(exps.data(), exps.size(),
-                                 reinterpret_cast<unsigned long long*>(hist.mutable_data()));
+    auto* h = reinterpret_cast<unsigned long long*>(hist.mutable_data());
+    const uint8_t* ep = exps.data();
+    const int64_t n = exps.size();
+    const char* e;
+    {
+      py::gil_scoped_release nogil;
+      e = cuda::emulate::exp_histogram(ep, n, h);
+    }
+    check(e);
     return hist;
   });
 
@@ -475,13 +483,25 @@ PYBIND11_MODULE(_cuda, m) {
     arr<uint8_t> idx({rows, (cols + 1) / 2});
     std::vector<uint8_t> flags(rows * bpr);
     std::vector<uint32_t> counts(rows), offsets(rows + 1);
-    cuda::emulate::palette_encode_pass1(exps.data(), rows, cols, make_palette(palette), idx.mutable_data(),
-                                        flags.data(), counts.data(), offsets.data());
+    const Palette pal = make_palette(palette);
+    const uint8_t* ep = exps.data();
+    uint8_t* ip = idx.mutable_data();
+    const char* e;
+    {
+      py::gil_scoped_release nogil;
+      e = cuda::emulate::palette_encode_pass1(ep, rows, cols, pal, ip, flags.data(), counts.data(), offsets.data());
+    }
+    check(e);
     const int64_t nv = offsets[rows];
     arr<uint32_t> vpos(nv);
     arr<uint8_t> vexp({nv, static_cast<int64_t>(PAL_BLOCK)});
-    cuda::emulate::palette_encode_pass2(exps.data(), rows, cols, flags.data(), offsets.data(), nv,
-                                        vpos.mutable_data(), vexp.mutable_data());
+    uint32_t* vp = vpos.mutable_data();
+    uint8_t* xp = vexp.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      e = cuda::emulate::palette_encode_pass2(ep, rows, cols, flags.data(), offsets.data(), nv, vp, xp);
+    }
+    check(e);
     return py::make_tuple(idx, vpos, vexp);
   }, "Host run of the transcode's encode kernels: (idx, vpos, vexp) from an exponent plane.");
 
@@ -495,12 +515,14 @@ PYBIND11_MODULE(_cuda, m) {
     std::vector<float> ws(static_cast<size_t>(std::max<int64_t>(1, plan::pmma_workspace_elems(M, N, splits))));
     std::vector<int32_t> counters(static_cast<size_t>(plan::pmma_counters(N)), 0);
     arr<uint16_t> y({static_cast<int64_t>(M), N});
+    const Palette pal = make_palette(palette);
+    uint16_t* yp = y.mutable_data();
     const char* e;
     {
       py::gil_scoped_release nogil;
-      e = cuda::emulate::palette_gemm(o.x16(), K, M, o.sm.p, o.idx.p, N, K, make_palette(palette), vpos.data(), nv,
+      e = cuda::emulate::palette_gemm(o.x16(), K, M, o.sm.p, o.idx.p, N, K, pal, vpos.data(), nv,
                                       o.vexp.p, splits, ws.data(),
-                                      counters.data(), y.mutable_data(), N, force_general ? 1 : 0, stage_tiles,
+                                      counters.data(), yp, N, force_general ? 1 : 0, stage_tiles,
                                       x_shared);
     }
     check(e);
@@ -517,11 +539,13 @@ PYBIND11_MODULE(_cuda, m) {
     const int M = o.M;
     const int64_t N = o.N, K = o.K, nv = o.nv;
     arr<uint16_t> y({static_cast<int64_t>(M), N});
+    const Palette pal = make_palette(palette);
+    uint16_t* yp = y.mutable_data();
     const char* e;
     {
       py::gil_scoped_release nogil;
-      e = cuda::emulate::palette_gemv(o.x16(), K, M, o.sm.p, o.idx.p, N, K, make_palette(palette), vpos.data(), nv,
-                                      o.vexp.p, parts, y.mutable_data(), N, force_general ? 1 : 0);
+      e = cuda::emulate::palette_gemv(o.x16(), K, M, o.sm.p, o.idx.p, N, K, pal, vpos.data(), nv,
+                                      o.vexp.p, parts, yp, N, force_general ? 1 : 0);
     }
     check(e);
     return y;

@@ -126,6 +126,22 @@ UW_HD uint32_t pal_exp(const Palette& p, uint32_t nib) {
 #endif
 }
 
+// Bit counts of a ballot (device: the intrinsic; host: the builtin).  lowest_bit(0) is undefined.
+UW_HD int popc(unsigned v) {
+#if defined(__CUDA_ARCH__)
+  return __popc(v);
+#else
+  return __builtin_popcount(v);
+#endif
+}
+UW_HD int lowest_bit(unsigned v) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(v) - 1;
+#else
+  return __builtin_ctz(v);
+#endif
+}
+
 // First index in sorted a[0..n) with a[i] >= key.
 UW_HD int64_t lower_bound_u32(const uint32_t* a, int64_t n, uint64_t key) {
   int64_t lo = 0, hi = n;

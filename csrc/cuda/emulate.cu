@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "emu/warp_emu.h"
 #include "huffman_decode.cuh"
 #include "launch_util.h"
 #include "palette_decode.cuh"
@@ -50,50 +51,35 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
   return nullptr;
 }
 
-void exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist) {
-  // Bin counts do not depend on the kernel's order; this mirrors its vector/tail split.
-  const int64_t nvec = n / 16;
-  for (int64_t v = 0; v < nvec; ++v) {
-    uint32_t q[4];
-    ld_stream_v4(exps + 16 * v, q);
-    for (int j = 0; j < 16; ++j) ++hist[(q[j / 4] >> (8 * (j % 4))) & 0xFFu];
-  }
-  for (int64_t j = nvec * 16; j < n; ++j) ++hist[exps[j]];
+const char* exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist) {
+  return emu::launch(plan::hist_grid(n), 1, plan::HIST_THREADS, kHistSmemBytes,
+                     [&](emu::ThreadCtx& c) { hist_body(c, exps, n, hist); });
 }
 
-void palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palette pal,
-                          uint8_t* idx, uint8_t* flags, uint32_t* row_counts,
-                          uint32_t* row_offsets) {
-  uint8_t pmap[256];
-  for (int i = 0; i < 256; ++i) pmap[i] = kMiss;
-  for (int i = 0; i < pal.size; ++i) pmap[pal_exp(pal, i)] = static_cast<uint8_t>(i);
+const char* palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palette pal,
+                                 uint8_t* idx, uint8_t* flags, uint32_t* row_counts,
+                                 uint32_t* row_offsets) {
   const int64_t bpr = plan::blocks_per_row(cols);
   const EncArgs a{exps, rows, cols, idx, flags};
-  for (int64_t t = 0; t < plan::enc_grid(rows, cols) * plan::ENC_THREADS; ++t)
-    if (t < rows * bpr) enc_block_body(t, a, pmap);
-  for (int64_t r = 0; r < rows; ++r) {
-    uint32_t s = 0;
-    for (int64_t b = 0; b < bpr; ++b) s += flags[r * bpr + b];
-    row_counts[r] = s;
-  }
-  uint32_t run = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    row_offsets[r] = run;
-    run += row_counts[r];
-  }
-  row_offsets[rows] = run;
+  if (const char* e = emu::launch(plan::enc_grid(rows, cols), 1, plan::ENC_THREADS, kEncSmemBytes,
+                                  [&](emu::ThreadCtx& c) { enc_body(c, a, pal); }))
+    return e;
+  if (const char* e = emu::launch(plan::warp_grid(rows), 1, plan::WARP_KERNEL_THREADS, 0,
+                                  [&](emu::ThreadCtx& c) { row_count_body(c, flags, rows, bpr, row_counts); }))
+    return e;
+  return emu::launch(1, 1, plan::SCAN_THREADS, kScanSmemBytes,
+                     [&](emu::ThreadCtx& c) { scan_body(c, row_counts, rows, row_offsets); });
 }
 
-void palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols, const uint8_t* flags,
-                          const uint32_t* row_offsets, int64_t nv, uint32_t* vpos, uint8_t* vexp) {
+const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols, const uint8_t* flags,
+                                 const uint32_t* row_offsets, int64_t nv, uint32_t* vpos, uint8_t* vexp) {
   const int64_t bpr = plan::blocks_per_row(cols);
-  for (int64_t r = 0; r < rows; ++r) {  // compact_kernel's ballot order, lane by lane
-    uint32_t base = row_offsets[r];
-    for (int64_t b = 0; b < bpr; ++b)
-      if (flags[r * bpr + b]) vpos[base++] = static_cast<uint32_t>(r * bpr + b);
-  }
-  for (int64_t v = 0; v < nv; ++v)
-    for (int lane = 0; lane < plan::WARP; ++lane) gather_lane_body(v, lane, exps, cols, vpos, vexp);
+  if (const char* e = emu::launch(plan::warp_grid(rows), 1, plan::WARP_KERNEL_THREADS, 0, [&](emu::ThreadCtx& c) {
+        compact_body(c, flags, rows, bpr, row_offsets, vpos);
+      }))
+    return e;
+  return emu::launch(plan::warp_grid(nv), 1, plan::WARP_KERNEL_THREADS, 0,
+                     [&](emu::ThreadCtx& c) { gather_vexp_body(c, exps, cols, vpos, nv, vexp); });
 }
 
 }  // namespace emulate

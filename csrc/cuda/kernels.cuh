@@ -173,12 +173,13 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
                            int64_t out_stride, int32_t* err, int variant, int* path);
-void exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist);
-void palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palette pal,
-                          uint8_t* idx, uint8_t* flags, uint32_t* row_counts,
-                          uint32_t* row_offsets);
-void palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols, const uint8_t* flags,
-                          const uint32_t* row_offsets, int64_t nv, uint32_t* vpos, uint8_t* vexp);
+// The transcode kernels' bodies through the warp emulator, over their launch geometry.
+const char* exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist);
+const char* palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palette pal,
+                                 uint8_t* idx, uint8_t* flags, uint32_t* row_counts,
+                                 uint32_t* row_offsets);
+const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols, const uint8_t* flags,
+                                 const uint32_t* row_offsets, int64_t nv, uint32_t* vpos, uint8_t* vexp);
 // As palette_gemm, through the warp emulator; force_general runs the general palette decode
 // even where the paired one applies (both are tested).
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,

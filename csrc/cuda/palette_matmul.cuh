@@ -72,20 +72,6 @@ UW_HD float ld_cg_f32(const float* p) {
   return *p;
 #endif
 }
-UW_HD int lowest_bit(unsigned v) {
-#if defined(__CUDA_ARCH__)
-  return __ffs(v) - 1;
-#else
-  return __builtin_ctz(v);
-#endif
-}
-UW_HD int popc(unsigned v) {
-#if defined(__CUDA_ARCH__)
-  return __popc(v);
-#else
-  return __builtin_popcount(v);
-#endif
-}
 
 // First index in sorted v[0, n) with v[i] >= key, found by the whole warp: each round
 // probes 32 evenly spaced entries and keeps the gap the key falls in, so ~log32(n) dependent

@@ -89,6 +89,7 @@ def test_errors_instead_of_hangs():
     (8, "outside the launch's dynamic shared memory"),
     (9, "not aligned to its size"),
     (10, "no thread had written"),
+    (11, "written by atomics"),
 ])
 def test_shared_memory_races_and_bad_accesses_are_errors(kind, what):
     # Each body's data flow is wrong whatever order the fibers run in; the emulator reports it

@@ -305,10 +305,23 @@ def test_emulated_palette_decode_flags_bad_index():
 
 
 @needs_ext
-@pytest.mark.parametrize("shape", SHAPES + [(40, 4096)])
+@pytest.mark.parametrize("n", [0, 15, 16 * 4096 + 7, 1024 * 256 * 16 + 12345])
+def test_emulated_exp_histogram_counts_every_byte(n):
+    # The largest size takes the grid-stride loop past one pass of the 1024-CTA grid; the
+    # odd tails are counted by CTA 0.
+    e = np.random.default_rng(n).integers(0, 256, size=n, dtype=np.uint8)
+    assert np.array_equal(_cuda.emulate_exp_histogram(e), np.bincount(e, minlength=256))
+
+
+@needs_ext
+@pytest.mark.parametrize("shape", SHAPES + [(40, 4096), (1100, 1090), "all"])
 def test_emulated_transcode_matches_cpu_encoder(shape):
-    """Huffman -> exponents -> histogram -> palette -> idx/vpos/vexp, vs the CPU transcode."""
-    w = make_weights(*shape, seed=11 + shape[1])
+    """Huffman -> exponents -> histogram -> palette -> idx/vpos/vexp, vs the CPU transcode.
+    The kernels' own bodies run through the warp emulator (shared-memory histograms, the
+    scan's barriers, the compaction's ballots), with its race check.  (1100, 1090): more rows
+    than the scan has threads, several ballot rounds per row; "all": every BF16 pattern, most
+    blocks verbatim."""
+    w = all_bf16_patterns() if shape == "all" else make_weights(*shape, seed=11 + shape[1])
     enc = tc.encode(w, "huffman")
     h, p = enc.header, enc.planes
     exps = np.empty(w.shape, np.uint8)

@@ -26,7 +26,9 @@
 //                                             zero-filled (n in 0..16; src is still read as a
 //                                             16-byte aligned address)
 //              cp_async_commit()  cp_async_wait<N>()   PTX cp.async.commit_group / wait_group N
-//   sync       syncthreads()  syncwarp(mask)  threadfence()  atomic_add(int*, v)
+//   sync       syncthreads()  syncwarp(mask)  threadfence()
+//              atomic_add(p, v)               atomicAdd on global or shared memory (int, unsigned,
+//                                             unsigned long long); returns the old value
 //   warp       shfl(v, src, mask)  shfl_xor(v, lanemask, mask)  ballot(pred, mask)
 //   tensor     mma_bf16_16816(d, a, b, c)     mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
 //
@@ -132,7 +134,8 @@ struct DeviceCtx {
   UW_HD void syncthreads() { __syncthreads(); }
   UW_HD void syncwarp(unsigned mask = kFullMask) { __syncwarp(mask); }
   UW_HD void threadfence() { __threadfence(); }
-  UW_HD int atomic_add(int* p, int v) { return atomicAdd(p, v); }
+  template <class T>
+  UW_HD T atomic_add(T* p, T v) { return atomicAdd(p, v); }
   template <class T>
   UW_HD T shfl(T v, int src, unsigned mask = kFullMask) { return __shfl_sync(mask, v, src); }
   template <class T>
@@ -176,7 +179,8 @@ struct DeviceCtx {
   UW_HD void syncthreads() {}
   UW_HD void syncwarp(unsigned = kFullMask) {}
   UW_HD void threadfence() {}
-  UW_HD int atomic_add(int*, int) { return 0; }
+  template <class T>
+  UW_HD T atomic_add(T*, T) { return T(); }
   template <class T>
   UW_HD T shfl(T v, int, unsigned = kFullMask) { return v; }
   template <class T>

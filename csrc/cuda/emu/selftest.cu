@@ -113,7 +113,7 @@ UW_HD void error_body(Ctx& c, int kind, const uint32_t* src) {
     c.sts(sq + tid, 7u);
     return;
   }
-  if (kind == 6 || kind == 7) {  // the stage read before its wait: by its own thread, or by a neighbour after a syncwarp
+  if (kind == 6 || kind == 7) {  // a stage read before its wait: by its thread, or by a neighbour after a syncwarp
     uint32_t* stage = sq + 64 + 4 * tid;
     c.cp_async16(stage, src + 4 * tid, 16);
     c.cp_async_commit();
@@ -134,6 +134,12 @@ UW_HD void error_body(Ctx& c, int kind, const uint32_t* src) {
   }
   if (kind == 10) {  // a read of shared memory nobody wrote
     (void)c.lds(sq + 64 + 4 * tid);
+    return;
+  }
+  if (kind == 11) {  // atomics on one word (fine among themselves), then a plain read with no barrier
+    c.syncthreads();
+    c.atomic_add(sq, 1u);
+    (void)c.lds(sq);
     return;
   }
   if (kind == 0) {

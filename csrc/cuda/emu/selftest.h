@@ -39,6 +39,7 @@ const char* selftest_collectives_host(const uint32_t* src, int32_t* out);
 //   kind 8: a read one word past the launch's shared memory
 //   kind 9: an 8-byte read at a 4-byte aligned address
 //   kind 10: a read of a word no thread wrote
+//   kind 11: every thread adds to one word atomically, then reads it with no barrier between
 const char* selftest_error_host(int kind);
 
 }  // namespace emu

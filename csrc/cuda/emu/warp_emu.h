@@ -20,15 +20,16 @@
 //   * shared memory starts filled with 0xA5, not zeros;
 //   * shared-memory races, by happens-before rather than by the order the fibers happen to
 //     run in (the hazards racecheck reports on a GPU).  Every shared-memory access of a body
-//     goes through the context (lds / sts / lds_v2 / lds_v4 / cp_async16), and a shadow
+//     goes through the context (lds / sts / lds_v2 / lds_v4 / atomic_add / cp_async16), and a shadow
 //     word per 4 bytes records its last writer and its readers with the barrier generation
 //     and the warp's syncwarp generation of each access.  Two accesses of one word by
 //     different threads, one of them a write, must be ordered by a syncthreads both passed
 //     after the first, or, within a warp, by a syncwarp whose mask held both (shuffles,
-//     ballots and mma order no memory, as in CUDA).  A cp.async writes its word at any time
-//     from its issue to its wait: the issue is checked as a write against earlier reads, the
-//     word is in flight until the issuing thread's wait retires it, and any access of a word
-//     in flight is an error.  Also errors: an access outside the launch's shared memory or
+//     ballots and mma order no memory, as in CUDA; atomic_add on a shared word needs no
+//     order against other atomics of it, only against plain accesses).  A cp.async writes
+//     its word at any time from its issue to its wait: the issue is checked as a write
+//     against earlier reads, the word is in flight until the issuing thread's wait retires
+//     it, and any access of a word in flight is an error.  Also errors: an access outside the launch's shared memory or
 //     not aligned to its size, and a read of a word no thread has written;
 // What it does not model: races in global memory, timing, occupancy, and the exact rounding
 // of the tensor cores (mma_bf16_16816 returns the exactly rounded fp32 value of c + sum of
@@ -94,10 +95,9 @@ class ThreadCtx {
   UW_HD void syncthreads() { UW_EMU_HOST_ONLY(h_syncthreads();) }
   UW_HD void syncwarp(unsigned mask = kFullMask) { UW_EMU_HOST_ONLY(exchange(mask, nullptr, 0, true);) }
   UW_HD void threadfence() {}
-  UW_HD int atomic_add(int* p, int v) {  // fibers never run concurrently: a plain add is atomic
-    const int old = *p;
-    *p = old + v;
-    return old;
+  template <class T>
+  UW_HD T atomic_add(T* p, T v) {  // fibers never run concurrently: a plain add is atomic
+    UW_EMU_HOST_ONLY(h_atomic(p, sizeof(T)); const T old = *p; *p = old + v; return old;)
   }
   template <class T>
   UW_HD T shfl(T v, int src, unsigned mask = kFullMask) { UW_EMU_HOST_ONLY(return h_shfl(v, src, mask);) }
@@ -131,6 +131,7 @@ class ThreadCtx {
   inline const unsigned char* exchange(unsigned mask, const void* in, size_t n, bool sync = false);
   inline void h_load(const void* p, void* out, size_t n);
   inline void h_store(void* p, const void* in, size_t n);
+  inline void h_atomic(void* p, size_t n);
   template <class T>
   T h_shfl(T v, int src, unsigned mask) {
     static_assert(sizeof(T) <= 8, "shfl of at most 8 bytes");
@@ -277,7 +278,12 @@ class Cta {
   }
 
   // ---- shared-memory race check (see the header comment) ----
-  enum Access { kRead, kWrite, kAsyncIssue, kAsyncLand };
+  enum Access { kRead, kWrite, kAtomic, kAsyncIssue, kAsyncLand };
+
+  bool in_shared(const void* p) const {
+    const unsigned char* b = static_cast<const unsigned char*>(p);
+    return b >= smem_ && b < smem_ + smem_bytes_;
+  }
 
   [[noreturn]] void fail_access(int tid, const char* what, const void* smem_at) {
     fail_at(tid, what, static_cast<const unsigned char*>(smem_at), -1);
@@ -297,12 +303,14 @@ class Cta {
 
  private:
   static constexpr int16_t kNobody = -1;
+  static constexpr int16_t kAtomics = -2;  // last written by atomics (of any threads)
 
-  // Whether an access by thread `first` at barrier generation `bar` and its warp's syncwarp
-  // generation `sync` is ordered before anything thread `then` does now.
+  // Whether an access by thread `first` (kAtomics: by atomics whose newest ran at barrier
+  // generation `bar`) at barrier generation `bar` and its warp's syncwarp generation `sync`
+  // is ordered before anything thread `then` does now.
   bool ordered(int first, int then, uint32_t bar, uint32_t sync) const {
     if (bar_gen_ > bar) return true;
-    if (first / kWarpSize != then / kWarpSize) return false;
+    if (first < 0 || first / kWarpSize != then / kWarpSize) return false;
     return warps_[static_cast<size_t>(first / kWarpSize)].joined[first % kWarpSize][then % kWarpSize] > sync;
   }
 
@@ -338,8 +346,9 @@ class Cta {
       rd_sync_[r] = sync;
       return;
     }
-    // A write (or a cp.async issue, which may write at any time from now on).
-    if (w != kNobody && w != tid && !ordered(w, tid, w_bar_[i], w_sync_[i]))
+    // A write (or a cp.async issue, which may write at any time from now on, or an atomic:
+    // atomics of one word need no order among themselves, only against plain accesses).
+    if (w != kNobody && w != tid && !(kind == kAtomic && w == kAtomics) && !ordered(w, tid, w_bar_[i], w_sync_[i]))
       fail_at(tid, "shared-memory race: two threads wrote one word with no barrier between", at, w);
     for (size_t q = 0; q < nw; ++q) {
       const size_t r = i * nw + q;
@@ -356,6 +365,9 @@ class Cta {
     for (size_t q = 0; q < nw; ++q) rd_lanes_[i * nw + q] = 0;
     if (kind == kAsyncIssue) {
       in_flight_[i] = static_cast<int16_t>(tid);
+    } else if (kind == kAtomic) {
+      writer_[i] = kAtomics;
+      w_bar_[i] = bar;
     } else {
       writer_[i] = static_cast<int16_t>(tid);
       w_bar_[i] = bar;
@@ -367,7 +379,8 @@ class Cta {
     char where[160];
     std::snprintf(where, sizeof(where), " (thread %d of CTA (%lld, %lld), shared byte %lld%s", tid,
                   static_cast<long long>(bx_), static_cast<long long>(by_),
-                  static_cast<long long>(at - smem_), other >= 0 ? ", other thread " : ")");
+                  static_cast<long long>(at - smem_),
+                  other >= 0 ? ", other thread " : other == kAtomics ? ", written by atomics)" : ")");
     std::string msg = std::string("emulated kernel: ") + what + where;
     if (other >= 0) msg += std::to_string(other) + ")";
     return msg;
@@ -458,6 +471,9 @@ inline void ThreadCtx::h_load(const void* p, void* out, size_t n) {
 inline void ThreadCtx::h_store(void* p, const void* in, size_t n) {
   cta_->shared_access(tid_, p, n, Cta::kWrite);
   std::memcpy(p, in, n);
+}
+inline void ThreadCtx::h_atomic(void* p, size_t n) {
+  if (cta_->in_shared(p)) cta_->shared_access(tid_, p, n, Cta::kAtomic);  // global atomics: not checked
 }
 inline void ThreadCtx::h_cp_async16(void* smem_dst, const void* gmem_src, int src_bytes) {
   if (reinterpret_cast<uintptr_t>(gmem_src) % 16 != 0)
