@@ -19,18 +19,19 @@
 //     that is an error, below);
 //   * shared memory starts filled with 0xA5, not zeros;
 //   * shared-memory races, by happens-before rather than by the order the fibers happen to
-//     run in (the hazards racecheck reports on a GPU).  Every shared-memory access of a body
-//     goes through the context (lds / sts / lds_v2 / lds_v4 / atomic_add / cp_async16), and a shadow
-//     word per 4 bytes records its last writer and its readers with the barrier generation
-//     and the warp's syncwarp generation of each access.  Two accesses of one word by
-//     different threads, one of them a write, must be ordered by a syncthreads both passed
-//     after the first, or, within a warp, by a syncwarp whose mask held both (shuffles,
-//     ballots and mma order no memory, as in CUDA; atomic_add on a shared word needs no
-//     order against other atomics of it, only against plain accesses).  A cp.async writes
-//     its word at any time from its issue to its wait: the issue is checked as a write
-//     against earlier reads, the word is in flight until the issuing thread's wait retires
-//     it, and any access of a word in flight is an error.  Also errors: an access outside the launch's shared memory or
-//     not aligned to its size, and a read of a word no thread has written;
+//     run in (the hazards racecheck reports on a GPU).  Every shared-memory access of a
+//     body goes through the context (lds / sts / lds_v2 / lds_v4 / atomic_add / cp_async16),
+//     and a shadow word per 4 bytes records its last writer and its readers with the
+//     barrier generation and the warp's syncwarp generation of each access.  Two accesses
+//     of one word by different threads, one of them a write, must be ordered by a
+//     syncthreads both passed after the first, or, within a warp, by a syncwarp whose mask
+//     held both (shuffles, ballots and mma order no memory, as in CUDA; atomics of one
+//     shared word need no order among themselves, only against plain accesses).  A
+//     cp.async may write its word at any time until the wait that retires it: the copy is
+//     checked as a write against earlier reads when it starts, the word stays in flight
+//     until the issuing thread's wait, and any access of a word in flight is an error.
+//     Also errors: an access outside the launch's shared memory or not aligned to its size,
+//     and a read of a word no thread has written.
 // What it does not model: races in global memory, timing, occupancy, and the exact rounding
 // of the tensor cores (mma_bf16_16816 returns the exactly rounded fp32 value of c + sum of
 // the 16 exact products; hardware adds in its own order and may differ in the last bits, so
@@ -154,14 +155,6 @@ class ThreadCtx {
   }
   inline void h_mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]);
   inline void h_cp_async16(void* smem_dst, const void* gmem_src, int src_bytes);
-  void h_cp_async16_queue(void* smem_dst, const void* gmem_src, int src_bytes) {
-    Copy cp;
-    cp.dst = static_cast<unsigned char*>(smem_dst);
-    std::memset(cp.bytes, 0, 16);
-    const int n = src_bytes < 0 ? 0 : (src_bytes > 16 ? 16 : src_bytes);
-    std::memcpy(cp.bytes, gmem_src, static_cast<size_t>(n));
-    open_.push_back(cp);
-  }
   void h_commit() {
     groups_.push_back(std::move(open_));
     open_.clear();
@@ -346,8 +339,8 @@ class Cta {
       rd_sync_[r] = sync;
       return;
     }
-    // A write (or a cp.async issue, which may write at any time from now on, or an atomic:
-    // atomics of one word need no order among themselves, only against plain accesses).
+    // A write (or a cp.async being started, which may write at any time from now on, or an
+    // atomic: atomics of one word need no order among themselves, only against plain accesses).
     if (w != kNobody && w != tid && !(kind == kAtomic && w == kAtomics) && !ordered(w, tid, w_bar_[i], w_sync_[i]))
       fail_at(tid, "shared-memory race: two threads wrote one word with no barrier between", at, w);
     for (size_t q = 0; q < nw; ++q) {
@@ -479,7 +472,12 @@ inline void ThreadCtx::h_cp_async16(void* smem_dst, const void* gmem_src, int sr
   if (reinterpret_cast<uintptr_t>(gmem_src) % 16 != 0)
     cta_->fail_access(tid_, "cp.async source not 16-byte aligned", smem_dst);
   cta_->shared_access(tid_, smem_dst, 16, Cta::kAsyncIssue);
-  h_cp_async16_queue(smem_dst, gmem_src, src_bytes);
+  Copy cp;
+  cp.dst = static_cast<unsigned char*>(smem_dst);
+  std::memset(cp.bytes, 0, 16);
+  const int n = src_bytes < 0 ? 0 : (src_bytes > 16 ? 16 : src_bytes);
+  std::memcpy(cp.bytes, gmem_src, static_cast<size_t>(n));
+  open_.push_back(cp);
 }
 inline void ThreadCtx::h_wait(int n) {
   while (groups_.size() > static_cast<size_t>(n)) {
