@@ -170,9 +170,10 @@ UW_HD void init_bounded_at(BitReader& br, const uint8_t* base, uint64_t bit, con
 // [wlo, whi) are written (kExpOnly: exponent bytes to out8, else BF16 words to out16); the
 // rest are decoded only, because a weight's code can be found only after every code before it
 // (a row gather decodes its chain from the checkpoint up to its row).  Returns false on a bit
-// pattern that is no code of its context.
-template <bool kExpOnly>
-UW_HD bool decode_run_bounded(BitReader& br, const uint8_t* limit, const uint16_t* lut_all,
+// pattern that is no code of its context.  lut_all: the 4 context tables, anything indexable
+// by a uint32_t (a pointer; the GPU emulator's checked shared-memory view).
+template <bool kExpOnly, class Lut>
+UW_HD bool decode_run_bounded(BitReader& br, const uint8_t* limit, Lut lut_all,
                               const uint8_t* sm, int64_t sm_stride, uint16_t* out16, uint8_t* out8,
                               int64_t out_stride, int64_t w, int64_t first, int64_t end, int64_t wlo,
                               int64_t whi) {

@@ -1,5 +1,6 @@
-// Host emulation of the CUDA kernels (kernels.cuh, namespace emulate): the per-thread bodies
-// of the kernel families, run serially on the host over the kernels' launch geometry, so
+// Host emulation of the palette decode and transcode kernels (kernels.cuh, namespace
+// emulate): their bodies on the host over the kernels' launch geometry (the per-thread
+// palette decode serially, the cooperative transcode kernels through the warp emulator), so
 // CPU-only CI checks the index math and decode logic bit for bit.  Compiled by nvcc like the
 // kernels, so the bodies see the same __host__ __device__ definitions as on the device.
 #include <algorithm>
@@ -7,7 +8,6 @@
 #include <vector>
 
 #include "emu/warp_emu.h"
-#include "huffman_decode.cuh"
 #include "launch_util.h"
 #include "palette_decode.cuh"
 #include "transcode.cuh"

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "emu/warp_emu.h"
 #include "huffman_decode.cuh"
 #include "launch_util.h"
 
@@ -40,45 +41,17 @@ namespace cuda {
 namespace detail {
 namespace {
 
-// One thread per context: build_lut is the shared canonical-code constructor.  Runs once per
-// tensor (the tables are cached by the caller), so its serial 4096-entry fill is irrelevant.
+// Each kernel runs its CTA body from huffman_decode.cuh over the device thread context.
 __global__ void build_lut_kernel(const uint8_t* table, int n, int lo, uint16_t* lut, int32_t* err) {
-  const int t = threadIdx.x;
-  if (t >= HUFF_NUM_CTX) return;
-  if (!build_lut(table + t * n, n, lo, lut + t * LUT_SIZE, nullptr)) atomicAdd(err, 1);
-}
-
-// 4 contexts x 4096 entries x 2 B = 32 KiB: the whole code space of a <=12-bit code, so a
-// symbol is one shared load indexed by the next 12 stream bits (no tree walk, no branch).
-// Copied from the global tables (built once per tensor) with 16-byte loads.  They are read by
-// every CTA, so the default (L1/L2-allocating) __ldg.  kAhead: the look-ahead variants' LUT
-// (huff_ahead_body), whose entries are made shift-ready (lut_entry_ahead) on the way in.
-template <bool kAhead = false>
-__device__ __forceinline__ void fill_lut(uint16_t* lut, const uint16_t* __restrict__ lut_g) {
-  const uint4* src = reinterpret_cast<const uint4*>(lut_g);
-  uint4* dst = reinterpret_cast<uint4*>(lut);
-  constexpr int kVecs = HUFF_NUM_CTX * LUT_SIZE * 2 / 16;
-  for (int j = threadIdx.x; j < kVecs; j += plan::HUFF_THREADS) {
-    uint4 v = __ldg(src + j);
-    if (kAhead) {
-      uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-      for (int i = 0; i < 4; ++i)
-        w[i] = lut_entry_ahead(static_cast<uint16_t>(w[i] & 0xFFFFu)) |
-               static_cast<uint32_t>(lut_entry_ahead(static_cast<uint16_t>(w[i] >> 16))) << 16;
-    }
-    dst[j] = v;
-  }
-  __syncthreads();
+  emu::DeviceCtx c;
+  build_lut_body(c, table, n, lo, lut, err);
 }
 
 template <bool kExp, bool kVec>
 __global__ void __launch_bounds__(plan::HUFF_THREADS)
 huffman_chain_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ lut_g, int32_t* err) {
-  __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
-  fill_lut<>(lut, lut_g);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * plan::HUFF_THREADS;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * plan::HUFF_THREADS + threadIdx.x; t < n_chains; t += stride)
-    if (!huff_chain_body<kExp, kVec>(t, a, lut)) atomicAdd(err, 1);
+  emu::DeviceCtx c;
+  huff_chain_cta<kExp, kVec>(c, a, n_chains, lut_g, err);
 }
 
 // Residency: the 32 KiB LUT plus the 1 KiB an SM reserves per CTA fit 6 CTAs in an H100's
@@ -87,21 +60,14 @@ huffman_chain_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ 
 template <bool kExp, int kWays>
 __global__ void __launch_bounds__(plan::HUFF_THREADS, kWays == 2 ? 4 : 6)
 huffman_ahead_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ lut_g, int32_t* err) {
-  __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
-  fill_lut<true>(lut, lut_g);
-  const int64_t n_units = cdiv(n_chains, kWays);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * plan::HUFF_THREADS;
-  for (int64_t u = static_cast<int64_t>(blockIdx.x) * plan::HUFF_THREADS + threadIdx.x; u < n_units; u += stride)
-    if (const int bad = huff_ahead_body<kExp, kWays>(u, n_chains, a, lut)) atomicAdd(err, bad);
+  emu::DeviceCtx c;
+  huff_ahead_cta<kExp, kWays>(c, a, n_chains, lut_g, err);
 }
 
 __global__ void __launch_bounds__(plan::HUFF_THREADS)
 huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict__ lut_g, int32_t* err) {
-  __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
-  fill_lut<>(lut, lut_g);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * plan::HUFF_THREADS;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * plan::HUFF_THREADS + threadIdx.x; t < n_units; t += stride)
-    if (!hgather_body(t, a, lut)) atomicAdd(err, 1);
+  emu::DeviceCtx c;
+  hgather_cta(c, a, n_units, lut_g, err);
 }
 
 // CTAs of `kernel` the current device holds at once: the cap of a grid-stride launch.  The
@@ -114,7 +80,7 @@ int64_t resident_ctas(const void* kernel, int slot) {
   if (cache[slot][dev] > 0) return cache[slot][dev];
   int sms = 0, per_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan::HUFF_THREADS, 0) != cudaSuccess)
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan::HUFF_THREADS, kLutBytes) != cudaSuccess)
     return 1;  // the launch that follows reports the error
   cache[slot][dev] = std::max<int64_t>(1, static_cast<int64_t>(sms) * std::max(1, per_sm));
   return cache[slot][dev];
@@ -124,14 +90,14 @@ template <bool kExp, bool kVec>
 void launch_chains(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s, int slot) {
   const void* k = reinterpret_cast<const void*>(&huffman_chain_kernel<kExp, kVec>);
   const int64_t grid = plan::huffman_grid(n_chains, resident_ctas(k, slot));
-  huffman_chain_kernel<kExp, kVec><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, s>>>(a, n_chains, lut, err);
+  huffman_chain_kernel<kExp, kVec><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, kLutBytes, s>>>(a, n_chains, lut, err);
 }
 
 template <bool kExp, int kWays>
 void launch_ahead(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s, int slot) {
   const void* k = reinterpret_cast<const void*>(&huffman_ahead_kernel<kExp, kWays>);
   const int64_t grid = plan::huffman_grid(cdiv(n_chains, kWays), resident_ctas(k, slot));
-  huffman_ahead_kernel<kExp, kWays><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, s>>>(a, n_chains, lut, err);
+  huffman_ahead_kernel<kExp, kWays><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, kLutBytes, s>>>(a, n_chains, lut, err);
 }
 
 }  // namespace
@@ -208,20 +174,12 @@ const char* check_variant(int* variant) {
   return nullptr;
 }
 
-std::vector<uint16_t> host_lut(const uint8_t* table, int exp_lo, int exp_hi, int32_t* err) {
+// The global LUT of a decode, built as the device builds it (build_lut_kernel's body).
+const char* host_lut(const uint8_t* table, int exp_lo, int exp_hi, int32_t* err, std::vector<uint16_t>* lut) {
+  lut->assign(HUFF_NUM_CTX * LUT_SIZE, 0);
   const int n = exp_hi - exp_lo + 1;
-  std::vector<uint16_t> lut(HUFF_NUM_CTX * LUT_SIZE);
-  for (int t = 0; t < HUFF_NUM_CTX; ++t)
-    if (!build_lut(table + t * n, n, exp_lo, &lut[t * LUT_SIZE], nullptr)) ++*err;
-  return lut;
-}
-
-// Runs `body(t)` for t < n over a grid-stride launch of `grid` CTAs in the kernels' order.
-template <class F>
-void emulate_grid_stride(int64_t n, int64_t grid, F body) {
-  for (int64_t b = 0; b < grid; ++b)
-    for (int tid = 0; tid < plan::HUFF_THREADS; ++tid)
-      for (int64_t t = b * plan::HUFF_THREADS + tid; t < n; t += grid * plan::HUFF_THREADS) body(t);
+  return emu::launch(1, 1, plan::WARP, 0,
+                     [&](emu::ThreadCtx& c) { build_lut_body(c, table, n, exp_lo, lut->data(), err); });
 }
 
 }  // namespace
@@ -279,13 +237,14 @@ const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
   if (!grid_ok(cdiv(n, plan::HUFF_THREADS))) return "too many ids for one launch";
   const void* k = reinterpret_cast<const void*>(&huffman_gather_kernel);
   const int64_t grid = plan::huffman_grid(n, resident_ctas(k, 8));
-  huffman_gather_kernel<<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, static_cast<cudaStream_t>(stream_handle)>>>(
-      a, n, lut, err);
+  huffman_gather_kernel<<<static_cast<unsigned>(grid), plan::HUFF_THREADS, kLutBytes,
+                          static_cast<cudaStream_t>(stream_handle)>>>(a, n, lut, err);
   return launch_status();
 }
 
 // =======================================================================================
-// Host emulation: the bodies over the kernels' grid-stride order, with the grid capped at
+// Host emulation: the kernels' CTA bodies through the warp emulator (LUT fill, barrier and
+// every lookup checked as shared memory), over the kernels' grid with its cap replaced by
 // `max_ctas` (a small cap runs each thread through several chains, as a big matrix does).
 // =======================================================================================
 namespace emulate {
@@ -301,28 +260,31 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
   if (const char* e = check_chain_args(a)) return e;
   if (!(0 <= exp_lo && exp_lo <= exp_hi && exp_hi <= 255)) return "bad exponent range";
   if (const char* e = check_variant(&variant)) return e;
-  std::vector<uint16_t> lut = host_lut(table, exp_lo, exp_hi, err);
+  std::vector<uint16_t> lut_g;
+  if (const char* e = host_lut(table, exp_lo, exp_hi, err, &lut_g)) return e;
+  const uint16_t* lut = lut_g.data();
   const int64_t n = n_chains_of(a);
   const int run = path_of(a, variant);
   if (path) *path = run;
+  if (n == 0) return nullptr;
   const bool vec = run != plan::HUFF_VARIANT_SCALAR;
   const int64_t cap = max_ctas > 0 ? max_ctas : INT64_MAX;
   if (run == plan::HUFF_VARIANT_AHEAD || run == plan::HUFF_VARIANT_AHEAD2) {
-    for (uint16_t& e : lut) e = lut_entry_ahead(e);
     const int ways = plan::huffman_ways(run);
-    const int64_t units = cdiv(n, ways);
-    emulate_grid_stride(units, plan::huffman_grid(units, cap), [&](int64_t u) {
-      *err += out8 ? (ways == 2 ? huff_ahead_body<true, 2>(u, n, a, lut.data()) : huff_ahead_body<true, 1>(u, n, a, lut.data()))
-                   : (ways == 2 ? huff_ahead_body<false, 2>(u, n, a, lut.data()) : huff_ahead_body<false, 1>(u, n, a, lut.data()));
-    });
-    return nullptr;
+    return emu::launch(plan::huffman_grid(cdiv(n, ways), cap), 1, plan::HUFF_THREADS, kLutBytes,
+                       [&](emu::ThreadCtx& c) {
+                         if (ways == 2)
+                           out8 ? huff_ahead_cta<true, 2>(c, a, n, lut, err) : huff_ahead_cta<false, 2>(c, a, n, lut, err);
+                         else
+                           out8 ? huff_ahead_cta<true, 1>(c, a, n, lut, err) : huff_ahead_cta<false, 1>(c, a, n, lut, err);
+                       });
   }
-  emulate_grid_stride(n, plan::huffman_grid(n, cap), [&](int64_t t) {
-    const bool ok = out8 ? (vec ? huff_chain_body<true, true>(t, a, lut.data()) : huff_chain_body<true, false>(t, a, lut.data()))
-                         : (vec ? huff_chain_body<false, true>(t, a, lut.data()) : huff_chain_body<false, false>(t, a, lut.data()));
-    if (!ok) ++*err;
+  return emu::launch(plan::huffman_grid(n, cap), 1, plan::HUFF_THREADS, kLutBytes, [&](emu::ThreadCtx& c) {
+    if (vec)
+      out8 ? huff_chain_cta<true, true>(c, a, n, lut, err) : huff_chain_cta<false, true>(c, a, n, lut, err);
+    else
+      out8 ? huff_chain_cta<true, false>(c, a, n, lut, err) : huff_chain_cta<false, false>(c, a, n, lut, err);
   });
-  return nullptr;
 }
 
 const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* stream, int64_t stream_bytes,
@@ -333,12 +295,12 @@ const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
   const HGatherArgs a{ids, n_ids, stream, stream_bytes, off, rows, cols, R, C, sm, chk, S, P, out, out_stride};
   if (const char* e = check_gather_args(a)) return e;
   if (!(0 <= exp_lo && exp_lo <= exp_hi && exp_hi <= 255)) return "bad exponent range";
-  const std::vector<uint16_t> lut = host_lut(table, exp_lo, exp_hi, err);
+  std::vector<uint16_t> lut_g;
+  if (const char* e = host_lut(table, exp_lo, exp_hi, err, &lut_g)) return e;
   const int64_t n = n_units_of(a);
-  emulate_grid_stride(n, plan::huffman_grid(n, max_ctas > 0 ? max_ctas : INT64_MAX), [&](int64_t t) {
-    if (!hgather_body(t, a, lut.data())) ++*err;
-  });
-  return nullptr;
+  if (n == 0) return nullptr;
+  return emu::launch(plan::huffman_grid(n, max_ctas > 0 ? max_ctas : INT64_MAX), 1, plan::HUFF_THREADS, kLutBytes,
+                     [&](emu::ThreadCtx& c) { hgather_cta(c, a, n, lut_g.data(), err); });
 }
 
 }  // namespace emulate

@@ -1,6 +1,7 @@
-// Huffman -> BF16 / exponent bytes and the Huffman row gather: the argument blocks and the
-// per-thread bodies, run by the kernels of huffman_decode.cu (design notes there) and,
-// serially on the host, by that file's emulation.
+// Huffman -> BF16 / exponent bytes and the Huffman row gather: the argument blocks, the
+// per-chain bodies and the CTA bodies over a thread context (emu/ctx.cuh) that run them, by
+// the kernels of huffman_decode.cu (design notes there) and, through the warp emulator, by
+// that file's emulation.
 //
 // Unit of work: a *chain* (FORMAT.md "Checkpoint index"), the weights of one segment from
 // one checkpoint to the next: S weights (the last chain of a segment fewer), or the whole
@@ -190,9 +191,9 @@ constexpr int kRound = 4;
 // Per symbol: one shared-memory LUT load indexed by the context and the window's top 12 bits,
 // a shift of the window by the code length; every 4 symbols a fresh window.  Sets *used to
 // the bits consumed; false when a bit pattern is no code (a LUT entry of length 0).
-template <bool kExp>
+template <bool kExp, class Lut>
 UW_HD bool decode_chain_vec(const HuffArgs& a, const ChainJob& J, uint64_t bit, const uint8_t* sm,
-                            uint16_t* o16, uint8_t* o8, const uint16_t* lut, uint64_t* used) {
+                            uint16_t* o16, uint8_t* o8, Lut lut, uint64_t* used) {
   StreamBlocks sb;
   sb.init(a.stream, a.stream_bytes, bit);
   int64_t r = J.first / J.w, c = J.first % J.w;
@@ -379,9 +380,9 @@ UW_UNROLL()
 // step's 32 bytes are loaded, then 2 halves of 16 weights, each 4 rounds of 4 symbols
 // assembled in registers and stored with 16-byte stores.  sm_skip / out_skip: bytes from a
 // segment row's end to the next row's start in each plane.
-template <bool kExp, int kN>
+template <bool kExp, int kN, class Lut>
 UW_HD void ahead_steps(AheadWay* ws, int32_t nsteps, const uint8_t* end, int64_t sm_stride, int64_t out_stride,
-                       const uint16_t* lut) {
+                       Lut lut) {
   constexpr int kOutBytes = kExp ? 1 : 2;
   for (int32_t i = 0; i < nsteps; ++i) {
     uint32_t s[kN][8];
@@ -488,8 +489,8 @@ UW_HD bool ahead_init(const HuffArgs& a, AheadWay& v, const ChainJob& J) {
 // (vector conditions proven by the launcher); returns how many are corrupt, by the checks of
 // huff_chain_body.  The chains run in lockstep for as many steps as all have, then each alone
 // for its rest (only a segment's last chain is shorter than S).
-template <bool kExp, int kWays>
-UW_HD int huff_ahead_body(int64_t u, int64_t n_chains, const HuffArgs& a, const uint16_t* lut) {
+template <bool kExp, int kWays, class Lut>
+UW_HD int huff_ahead_body(int64_t u, int64_t n_chains, const HuffArgs& a, Lut lut) {
   AheadWay ws[kWays] = {};  // zeroed: a dead way is never read, but the host compiler cannot see that
   bool live[kWays];
   int bad = 0;
@@ -524,8 +525,8 @@ UW_UNROLL()
 // checkpoint outside its segment, an invalid code, or a chain that does not end where the
 // index or the segment's byte length says).  kVec: the launcher proved the vector conditions
 // (huffman_decode.cu, vec_ok).  Writes only inside its own chain's weights of the output.
-template <bool kExp, bool kVec>
-UW_HD bool huff_chain_body(int64_t t, const HuffArgs& a, const uint16_t* lut) {
+template <bool kExp, bool kVec, class Lut>
+UW_HD bool huff_chain_body(int64_t t, const HuffArgs& a, Lut lut) {
   ChainJob J;
   if (!chain_job(t, a, &J)) return true;
   uint64_t bit, start;
@@ -570,7 +571,8 @@ struct HGatherArgs {
 // c, from its checkpoint to the end of the chain or of the row, and writes the row's weights
 // among them.  Without an index the only part decodes the segment from its start to the end
 // of the row.  An id outside [0, rows) gives a zero row and one error (from its unit 0, 0).
-UW_HD bool hgather_body(int64_t t, const HGatherArgs& a, const uint16_t* lut) {
+template <class Lut>
+UW_HD bool hgather_body(int64_t t, const HGatherArgs& a, Lut lut) {
   const int64_t nc = cdiv(a.cols, a.C);
   const int64_t units = plan::hgather_units(a.S, a.P, std::min(a.C, a.cols));
   int64_t id, c, u;
@@ -612,6 +614,95 @@ UW_HD bool hgather_body(int64_t t, const HGatherArgs& a, const uint16_t* lut) {
   if (end != chain_end) return true;
   const uint64_t used = br.consumed(a.stream + (bit >> 3)) - (bit & 7);
   return chain_end_ok(a.chk, a.P, a.S, s, end, n, start, used, seg_bytes);
+}
+
+// ---------------------------------------------------------------------------------------
+// The kernels' bodies over a thread context (emu/ctx.cuh), run by the kernels of
+// huffman_decode.cu and, through the warp emulator, by its host emulation.
+// ---------------------------------------------------------------------------------------
+
+// The LUT a CTA decodes with: 4 contexts x 4096 entries x 2 B = 32 KiB of dynamic shared
+// memory, the whole code space of a <= 12-bit code, so a symbol is one shared load indexed by
+// the next 12 stream bits (no tree walk, no branch).
+constexpr int kLutBytes = HUFF_NUM_CTX * LUT_SIZE * 2;
+
+// How a body reads that LUT.  Under the emulator every lookup is the context's checked
+// shared-memory load (ordered after the fill's barrier, of a word the fill wrote); the device
+// context gets the bare pointer, so the device code is the plain `lut[i]` load.
+template <class Ctx>
+struct CtxLut {
+  Ctx* c;
+  const uint16_t* p;
+  UW_HD uint16_t operator[](uint32_t i) const { return c->lds(p + i); }
+};
+template <class Ctx>
+UW_HD CtxLut<Ctx> smem_lut(Ctx& c) {
+  return {&c, reinterpret_cast<const uint16_t*>(c.smem())};
+}
+UW_HD const uint16_t* smem_lut(emu::DeviceCtx& c) { return reinterpret_cast<const uint16_t*>(c.smem()); }
+
+// One thread per context: build_lut is the shared canonical-code constructor.  Runs once per
+// tensor (the tables are cached by the caller), so its serial 4096-entry fill is irrelevant.
+template <class Ctx>
+UW_HD void build_lut_body(Ctx& c, const uint8_t* table, int n, int lo, uint16_t* lut, int32_t* err) {
+  const int t = c.tid();
+  if (t >= HUFF_NUM_CTX) return;
+  if (!build_lut(table + t * n, n, lo, lut + t * LUT_SIZE, nullptr)) c.atomic_add(err, 1);
+}
+
+// Copies the global tables (built once per tensor by build_lut_body) into the CTA's shared
+// memory with 16-byte loads and stores, then the barrier every lookup waits on.  They are
+// read by every CTA, so the L1/L2-allocating read-only load.  kAhead: the look-ahead
+// variants' LUT (huff_ahead_body), whose entries are made shift-ready (lut_entry_ahead) on the
+// way in.
+template <bool kAhead, class Ctx>
+UW_HD void lut_fill_body(Ctx& c, const uint16_t* lut_g) {
+  constexpr int kVecs = kLutBytes / 16;
+  const uint4* src = reinterpret_cast<const uint4*>(lut_g);
+  uint4* dst = reinterpret_cast<uint4*>(c.smem());
+  for (int j = c.tid(); j < kVecs; j += plan::HUFF_THREADS) {
+    uint32_t w[4];
+    ld_reuse_v4(reinterpret_cast<const uint16_t*>(src + j), w);
+    if (kAhead) {
+UW_UNROLL()
+      for (int i = 0; i < 4; ++i)
+        w[i] = lut_entry_ahead(static_cast<uint16_t>(w[i] & 0xFFFFu)) |
+               static_cast<uint32_t>(lut_entry_ahead(static_cast<uint16_t>(w[i] >> 16))) << 16;
+    }
+    c.sts(dst + j, make_uint4(w[0], w[1], w[2], w[3]));
+  }
+  c.syncthreads();
+}
+
+// The CTA of a decode: fill the LUT, then chains (units of kWays chains, gather units) in
+// grid-stride order, each corrupt one counted in *err.  The thread index is widened as an
+// unsigned value, as threadIdx.x is: the device code then has no sign extension to do.
+template <bool kExp, bool kVec, class Ctx>
+UW_HD void huff_chain_cta(Ctx& c, const HuffArgs& a, int64_t n_chains, const uint16_t* lut_g, int32_t* err) {
+  lut_fill_body<false>(c, lut_g);
+  const auto lut = smem_lut(c);
+  const int64_t stride = c.grid_x() * plan::HUFF_THREADS;
+  for (int64_t t = c.block_x() * plan::HUFF_THREADS + static_cast<unsigned>(c.tid()); t < n_chains; t += stride)
+    if (!huff_chain_body<kExp, kVec>(t, a, lut)) c.atomic_add(err, 1);
+}
+
+template <bool kExp, int kWays, class Ctx>
+UW_HD void huff_ahead_cta(Ctx& c, const HuffArgs& a, int64_t n_chains, const uint16_t* lut_g, int32_t* err) {
+  lut_fill_body<true>(c, lut_g);
+  const auto lut = smem_lut(c);
+  const int64_t n_units = cdiv(n_chains, kWays);
+  const int64_t stride = c.grid_x() * plan::HUFF_THREADS;
+  for (int64_t u = c.block_x() * plan::HUFF_THREADS + static_cast<unsigned>(c.tid()); u < n_units; u += stride)
+    if (const int bad = huff_ahead_body<kExp, kWays>(u, n_chains, a, lut)) c.atomic_add(err, bad);
+}
+
+template <class Ctx>
+UW_HD void hgather_cta(Ctx& c, const HGatherArgs& a, int64_t n_units, const uint16_t* lut_g, int32_t* err) {
+  lut_fill_body<false>(c, lut_g);
+  const auto lut = smem_lut(c);
+  const int64_t stride = c.grid_x() * plan::HUFF_THREADS;
+  for (int64_t t = c.block_x() * plan::HUFF_THREADS + static_cast<unsigned>(c.tid()); t < n_units; t += stride)
+    if (!hgather_body(t, a, lut)) c.atomic_add(err, 1);
 }
 
 // ---------------------------------------------------------------------------------------

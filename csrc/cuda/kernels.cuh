@@ -7,7 +7,7 @@
 // bf16_from_parts, pal_nibble), i.e. with the very code the CPU codec runs.  One translation
 // unit per kernel family, its argument block and bodies in a header beside it:
 //   huffman_decode.cu/.cuh    Huffman -> BF16 or exponent bytes, decode-table build, Huffman
-//                             row gather (its own host API and emulation, chain by chain)
+//                             row gather (its own host API and emulation)
 //   palette_decode.cu/.cuh    palette -> BF16, verbatim-block patch
 //   transcode.cu/.cuh         exponent histogram, palette encode passes, row count/scan/compact/gather
 //   palette_matmul.cu/.cuh    fused palette GEMM on tensor cores (its own host API and
@@ -16,10 +16,11 @@
 //   emulate.cu                the other `emulate::` functions below
 //   emu/                      the warp emulator (thread context, host fibers, mma.sync)
 //   device_util.cuh           cache-hinted loads (and the cache policy), bit casts, palette lookup
-// The emulation runs the same bodies serially on the host over the same geometry, so CPU-only
-// CI checks the kernels' index math and decode logic bit for bit
-// (tests/cuda/test_kernel_logic.py); only the shells (shared-memory staging, warp collectives,
-// cache-hinted loads) are GPU-only, and they are kept small.
+// The emulation runs the same bodies on the host over the same geometry -- the cooperative
+// ones (shared memory, warp collectives, mma) through the warp emulator of emu/, the
+// per-thread palette decode serially -- so CPU-only CI checks the kernels' index math, decode
+// logic and shared-memory ordering bit for bit (tests/cuda/); only the cache hints of the
+// loads and the occupancy queries are GPU-only.
 //
 // Deliberately free of CUDA and libtorch types so that bindings_cuda.cpp compiles with the
 // plain host compiler and no CUDA include path: every device buffer is a raw pointer (the
@@ -147,14 +148,16 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
                          uint16_t* y, int64_t ldy, void* stream);
 
 // ----------------------------------------------------------------------- host emulation
-// The same per-thread / per-warp bodies the kernels run, executed serially on the host over
-// the same launch geometry (host pointers).  Lets CPU-only CI test the kernels' index math
-// and decode logic without a GPU.  Same signatures and semantics as above; err is a host int.
+// The same bodies the kernels run, on the host over the same launch geometry (host
+// pointers): the cooperative ones through the warp emulator, the per-thread palette decode
+// serially.  Lets CPU-only CI test the kernels' index math and decode logic without a GPU.
+// Same signatures and semantics as above; err is a host int.
 namespace emulate {
-// The LUT is built here from the code lengths table[4][exp_hi-exp_lo+1].  max_ctas caps the
-// grid as the device's occupancy does (0: no cap); variant as on the device (the LUT of the
-// look-ahead variants is converted as their kernel's LUT fill converts it); *path (when not
-// null) receives the variant that ran, SCALAR where the vector conditions fail.
+// The global LUT is built here from the code lengths table[4][exp_hi-exp_lo+1] by the body
+// of the device's LUT kernel, and the decode kernels' CTA bodies (their shared-memory LUT
+// fill included) run through the warp emulator.  max_ctas caps the grid as the device's
+// occupancy does (0: no cap); variant as on the device; *path (when not null) receives the
+// variant that ran, SCALAR where the vector conditions fail.
 const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
                            int64_t rows, int64_t cols, int64_t R, int64_t C, const uint8_t* table,
                            int exp_lo, int exp_hi, int64_t g0, int64_t g1, int64_t c0, int64_t c1,

@@ -90,6 +90,8 @@ def test_errors_instead_of_hangs():
     (9, "not aligned to its size"),
     (10, "no thread had written"),
     (11, "written by atomics"),
+    (12, "shared-memory race"),                           # a 2-byte read checked on its word
+    (13, "sub-word shared-memory store"),
 ])
 def test_shared_memory_races_and_bad_accesses_are_errors(kind, what):
     # Each body's data flow is wrong whatever order the fibers run in; the emulator reports it

@@ -5,7 +5,8 @@ Two layers:
   on odd shapes every thread -> work map covers every element exactly once, and (when
   unweight._cuda is built) the C++ plan agrees with the Python mirror;
 * kernel bodies: unweight._cuda.emulate_* runs the very __host__ __device__ bodies of
-  csrc/cuda/*.cuh serially on the host over the kernels' grids; they must match the CPU codec
+  csrc/cuda/*.cuh on the host over the kernels' grids (the cooperative ones through the warp
+  emulator of csrc/cuda/emu/); they must match the CPU codec
   bit for bit (decode, transcode).  The fused GEMM's tests are in test_fused_logic.py.
   Skipped when unweight._cuda is not built (no nvcc at install time).
 """

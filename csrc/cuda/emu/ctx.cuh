@@ -17,8 +17,9 @@
 //   identity   tid() lane() warp() nthreads() block_x() block_y() grid_x() grid_y()
 //   memory     smem()                         dynamic shared memory (bodies use no static
 //                                             __shared__, so one buffer serves both sides)
-//              lds<T>(p)  sts<T>(p, v)        a shared-memory load / store of one 4- or 8-byte
-//              lds_v2(p, v)  lds_v4(p, v)     value; 8 / 16 bytes into 2 / 4 words (LDS.64 /
+//              lds<T>(p)  sts<T>(p, v)        a shared-memory load / store of one value of 4,
+//                                             8 or 16 bytes (loads also of 1 or 2 bytes);
+//              lds_v2(p, v)  lds_v4(p, v)     8 / 16 bytes into 2 / 4 words (LDS.64 /
 //                                             LDS.128, p aligned to the size).  Bodies touch
 //                                             shared memory only through these and cp_async16,
 //                                             which is what lets the emulator check it for races

@@ -142,6 +142,15 @@ UW_HD void error_body(Ctx& c, int kind, const uint32_t* src) {
     (void)c.lds(sq);
     return;
   }
+  if (kind == 12) {  // a 2-byte read of the upper half of the other warp's word, no barrier between
+    (void)c.lds(reinterpret_cast<const uint16_t*>(sq + (tid + 32) % 64) + 1);
+    return;
+  }
+  if (kind == 13) {  // a 2-byte store: the race check models whole words only
+    c.syncthreads();
+    c.sts(reinterpret_cast<uint16_t*>(sq + tid), static_cast<uint16_t>(1));
+    return;
+  }
   if (kind == 0) {
     if (c.lane() != 0) c.syncwarp();
   } else if (kind == 1) {

@@ -40,6 +40,8 @@ const char* selftest_collectives_host(const uint32_t* src, int32_t* out);
 //   kind 9: an 8-byte read at a 4-byte aligned address
 //   kind 10: a read of a word no thread wrote
 //   kind 11: every thread adds to one word atomically, then reads it with no barrier between
+//   kind 12: a 2-byte read of the other warp's word, with no barrier between
+//   kind 13: a 2-byte store (stores must cover whole words)
 const char* selftest_error_host(int kind);
 
 }  // namespace emu

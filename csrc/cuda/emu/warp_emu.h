@@ -31,7 +31,8 @@
 //     checked as a write against earlier reads when it starts, the word stays in flight
 //     until the issuing thread's wait, and any access of a word in flight is an error.
 //     Also errors: an access outside the launch's shared memory or not aligned to its size,
-//     and a read of a word no thread has written.
+//     a store of less than a word, and a read of a word no thread has written (a 1- or
+//     2-byte load is checked as a read of its whole word).
 // What it does not model: races in global memory, timing, occupancy, and the exact rounding
 // of the tensor cores (mma_bf16_16816 returns the exactly rounded fp32 value of c + sum of
 // the 16 exact products; hardware adds in its own order and may differ in the last bits, so
@@ -283,15 +284,20 @@ class Cta {
   }
 
   // Checks and records an access of n bytes at p by thread tid; fails the launch on a
-  // violation.  Words are 4 bytes: every access covers whole words.
+  // violation.  The check works on 4-byte words: a 1- or 2-byte load counts as a read of its
+  // whole word (so a write of the word's other bytes by another thread, unordered, is
+  // reported although the hardware would not conflict; no kernel here does that), and stores
+  // must cover whole words (a sub-word store would leave the word's other bytes looking
+  // written).
   void shared_access(int tid, const void* p, size_t n, Access kind) {
     const unsigned char* b = static_cast<const unsigned char*>(p);
     if (b < smem_ || b + n > smem_ + smem_bytes_ || n == 0)
       fail_at(tid, "shared-memory access outside the launch's dynamic shared memory", b, -1);
     const size_t off = static_cast<size_t>(b - smem_);
-    if (off % (n < 16 ? n : 16) != 0 || n % 4 != 0)
+    if (off % (n < 16 ? n : 16) != 0 || (n % 4 != 0 && n > 2))
       fail_at(tid, "shared-memory access not aligned to its size", b, -1);
-    for (size_t i = off / 4; i < (off + n) / 4; ++i) word_access(tid, i, kind);
+    if (n < 4 && kind != kRead) fail_at(tid, "sub-word shared-memory store (the race check models 4-byte words)", b, -1);
+    for (size_t i = off / 4; i < (off + n + 3) / 4; ++i) word_access(tid, i, kind);
   }
 
  private:
