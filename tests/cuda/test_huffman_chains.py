@@ -2,7 +2,8 @@
 
 unweight._cuda.emulate_huffman_decode / emulate_*_gather_rows run the kernels' very
 __host__ __device__ bodies (csrc/cuda/huffman_decode.cuh, palette_decode.cuh) on the host over
-the kernels' grid-stride order, every decode variant (one chain per thread, the look-ahead
+the kernels' grid-stride order (the Huffman CTAs through the warp emulator, their shared-memory
+LUT fill and its barrier race-checked), every decode variant (one chain per thread, the look-ahead
 reader with one and two chains per thread, the scalar reader); results must equal the
 original weights bit for bit, and corrupt planes must be counted, never read out of bounds or
 written outside the output.  The launch geometry's Python mirror is checked to cover every

@@ -189,5 +189,12 @@ const char* selftest_error_host(int kind) {
                 [&](ThreadCtx& c) { error_body(c, kind, src.data()); });
 }
 
+bool set_cta_order(int order, uint64_t seed) {
+  if (order < 0 || order > 2) return false;
+  cta_order().order = static_cast<CtaOrder>(order);
+  cta_order().seed = seed;
+  return true;
+}
+
 }  // namespace emu
 }  // namespace unweight

@@ -1,7 +1,7 @@
 // Self-tests of the warp emulator (selftest.cu): small bodies that exercise each part of the
 // context interface, run on the host through emu::launch and, for the mma, on a GPU through
-// the same body, so the two can be compared where a GPU exists.  No CUDA types here (the
-// bindings compile with the host compiler).
+// the same body, so the two can be compared where a GPU exists; and the emulator's one
+// setting, the CTA order.  No CUDA types here (the bindings compile with the host compiler).
 #pragma once
 #include <cstdint>
 
@@ -43,6 +43,11 @@ const char* selftest_collectives_host(const uint32_t* src, int32_t* out);
 //   kind 12: a 2-byte read of the other warp's word, with no barrier between
 //   kind 13: a 2-byte store (stores must cover whole words)
 const char* selftest_error_host(int kind);
+
+// The order every later emulated launch runs its CTAs in (warp_emu.h, cta_order): 0 x
+// fastest, then y; 1 the reverse; 2 a permutation drawn from `seed`.  False for another
+// order (the setting is then unchanged).
+bool set_cta_order(int order, uint64_t seed);
 
 }  // namespace emu
 }  // namespace unweight

@@ -5,7 +5,8 @@
 //     const char* err = emu::launch(grid_x, grid_y, threads, smem_bytes,
 //                                   [&](emu::ThreadCtx& c) { body(c, args); });
 //
-// Model.  CTAs run one after another, x fastest (deterministic).  Inside a CTA every thread
+// Model.  CTAs run one after another, x fastest, or in the order cta_order() sets (reversed
+// or a seeded shuffle: a kernel's bits must not depend on it).  Inside a CTA every thread
 // is a fiber (ucontext) on the calling OS thread; a fiber runs until it reaches a collective
 // (a warp op, a barrier, an mma) and yields there until every participant has arrived, so
 // all lanes see each other's values exactly as on the GPU.  What it checks, beyond running
@@ -50,10 +51,13 @@
 #pragma once
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -529,15 +533,37 @@ inline void ThreadCtx::h_mma(float (&d)[4], const uint32_t (&a)[4], const uint32
   }
 }
 
-// Runs the grid (CTAs x fastest); nullptr or the first error.
+// The order launch() runs a grid's CTAs in.  A GPU runs them in no order a kernel may rely
+// on, many at once; the kernels here assume none (the split-K fix-up is done by whichever CTA
+// of a row block arrives last), and tests check that by running one launch in several orders
+// and comparing the bits.  Process-wide; set it only while no emulation runs.
+enum class CtaOrder { kForward, kReverse, kShuffle };
+struct CtaOrderSetting {
+  CtaOrder order = CtaOrder::kForward;  // kForward: x fastest, then y
+  uint64_t seed = 0;                    // kShuffle: the permutation's seed
+};
+inline CtaOrderSetting& cta_order() {
+  static CtaOrderSetting setting;
+  return setting;
+}
+
+// Runs the grid, CTA after CTA in cta_order(); nullptr or the first error.
 template <class F>
 const char* launch(int64_t grid_x, int64_t grid_y, int threads, size_t smem_bytes, F&& body) {
   if (threads <= 0 || threads % kWarpSize != 0) return "emulator: block size must be a positive multiple of 32";
-  for (int64_t by = 0; by < grid_y; ++by)
-    for (int64_t bx = 0; bx < grid_x; ++bx) {
-      Cta cta(threads, smem_bytes, bx, by, grid_x, grid_y);
-      if (const char* e = cta.run(body)) return e;
-    }
+  if (grid_x <= 0 || grid_y <= 0) return nullptr;  // an empty grid runs nothing
+  std::vector<int64_t> order(static_cast<size_t>(grid_x * grid_y));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  const CtaOrderSetting how = cta_order();
+  if (how.order == CtaOrder::kReverse) std::reverse(order.begin(), order.end());
+  if (how.order == CtaOrder::kShuffle) {
+    std::mt19937_64 rng(how.seed);
+    std::shuffle(order.begin(), order.end(), rng);
+  }
+  for (const int64_t i : order) {
+    Cta cta(threads, smem_bytes, i % grid_x, i / grid_x, grid_x, grid_y);
+    if (const char* e = cta.run(body)) return e;
+  }
   return nullptr;
 }
 
