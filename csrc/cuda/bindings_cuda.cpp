@@ -358,12 +358,13 @@ PYBIND11_MODULE(_cuda, m) {
      "2: hang across syncthreads/syncwarp, 3-5: shared-memory races, 6-7: a cp.async stage read before its wait, "
      "8-10: out of bounds, misaligned, unwritten, 11: a read racing atomics, 12: a 2-byte read racing, 13: a "
      "2-byte store; emu/selftest.h); None if it reports none.");
-  m.def("emu_cta_order", [](const std::string& order, uint64_t seed) {
+  m.def("emu_cta_order", [](const std::string& order, uint64_t seed, int resident) {
     const int o = order == "forward" ? 0 : order == "reverse" ? 1 : order == "shuffle" ? 2 : -1;
-    need(emu::set_cta_order(o, seed), "order must be 'forward', 'reverse' or 'shuffle'");
-  }, py::arg("order"), py::arg("seed") = 0,
+    need(emu::set_cta_order(o, seed, resident), "order must be 'forward', 'reverse' or 'shuffle', resident >= 1");
+  }, py::arg("order"), py::arg("seed") = 0, py::arg("resident") = 1,
      "The order every later emulated launch runs its CTAs in: 'forward' (x fastest, then y; the default), "
-     "'reverse', or 'shuffle' (a permutation drawn from seed). Process-wide.");
+     "'reverse', or 'shuffle' (a permutation drawn from seed); resident: CTAs in flight at once, taking turns "
+     "drawn from seed (each turn runs a CTA's threads to their next collective). Process-wide.");
 
   // --------------------------------------------------------------------- host emulation
   m.def("emulate_huffman_decode", [](arr<uint8_t> stream, arr<uint32_t> off, int64_t rows, int64_t cols,

@@ -1,11 +1,14 @@
-"""The emulated kernels give the same bits whatever order their CTAs run in (no GPU).
+"""The emulated kernels give the same bits whatever the schedule of their CTAs and warps (no GPU).
 
-A GPU runs a grid's CTAs in no order a kernel may rely on.  ``unweight._cuda.emu_cta_order``
-makes the warp emulator run every launch's CTAs in reverse or in a seeded random order; each
-kernel family that runs through it (the fused palette GEMM with its split-K fix-up by the last
-CTA to arrive, the GEMV, the Huffman decoders and row gather, the transcode's histogram and
-encode passes) must then write exactly the bytes of the default order.  An output two CTAs
-both write, or a fix-up that assumes which CTA comes last, shows up as a difference.
+A GPU runs a grid's CTAs in no order a kernel may rely on, many at once.
+``unweight._cuda.emu_cta_order`` makes the warp emulator run every launch's CTAs in reverse or
+in a seeded random order, with the warps' turns shuffled, one CTA at a time or several in
+flight (a CTA that did a global atomic held back while others run).  Each kernel family that
+runs through it (the fused palette GEMM with its split-K fix-up by the last CTA to arrive, the
+GEMV, the Huffman decoders and row gather, the transcode's histogram and encode passes) must
+then write exactly the bytes of the default schedule.  An output two CTAs both write, a fix-up
+that assumes which CTA comes last, or one that can start before every partial is written,
+shows up as a difference.
 """
 import numpy as np
 import pytest
@@ -25,15 +28,17 @@ except ImportError:  # CUDA extension not built
 
 pytestmark = pytest.mark.skipif(_cuda is None, reason="unweight._cuda not built")
 
-ORDERS = [("reverse", 0), ("shuffle", 1), ("shuffle", 2)]
+# (order, seed, CTAs in flight)
+ORDERS = [("reverse", 0, 1), ("shuffle", 1, 1), ("shuffle", 2, 1), ("forward", 3, 4), ("shuffle", 4, 16),
+          ("reverse", 5, 16)]
 
 
 def _in_each_order(run):
     """run() in the default CTA order, then in each of ORDERS; the outputs, default first."""
     outs = [run()]
     try:
-        for order, seed in ORDERS:
-            _cuda.emu_cta_order(order, seed)
+        for order, seed, resident in ORDERS:
+            _cuda.emu_cta_order(order, seed, resident)
             outs.append(run())
     finally:
         _cuda.emu_cta_order("forward")
@@ -49,6 +54,8 @@ def _same_bytes(outs):
 def test_unknown_order_is_refused():
     with pytest.raises(ValueError, match="order must be"):
         _cuda.emu_cta_order("sideways")
+    with pytest.raises(ValueError, match="resident"):
+        _cuda.emu_cta_order("forward", 0, 0)
 
 
 @pytest.mark.parametrize("splits", [2, 3])

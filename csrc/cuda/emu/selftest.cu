@@ -189,10 +189,11 @@ const char* selftest_error_host(int kind) {
                 [&](ThreadCtx& c) { error_body(c, kind, src.data()); });
 }
 
-bool set_cta_order(int order, uint64_t seed) {
-  if (order < 0 || order > 2) return false;
+bool set_cta_order(int order, uint64_t seed, int resident) {
+  if (order < 0 || order > 2 || resident < 1) return false;
   cta_order().order = static_cast<CtaOrder>(order);
   cta_order().seed = seed;
+  cta_order().resident = resident;
   return true;
 }
 

@@ -45,9 +45,10 @@ const char* selftest_collectives_host(const uint32_t* src, int32_t* out);
 const char* selftest_error_host(int kind);
 
 // The order every later emulated launch runs its CTAs in (warp_emu.h, cta_order): 0 x
-// fastest, then y; 1 the reverse; 2 a permutation drawn from `seed`.  False for another
-// order (the setting is then unchanged).
-bool set_cta_order(int order, uint64_t seed);
+// fastest, then y; 1 the reverse; 2 a permutation drawn from `seed`; with `resident` CTAs in
+// flight at once, taking turns drawn from `seed`.  False for another order or resident < 1
+// (the setting is then unchanged).
+bool set_cta_order(int order, uint64_t seed, int resident);
 
 }  // namespace emu
 }  // namespace unweight

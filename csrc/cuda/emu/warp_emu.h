@@ -5,11 +5,12 @@
 //     const char* err = emu::launch(grid_x, grid_y, threads, smem_bytes,
 //                                   [&](emu::ThreadCtx& c) { body(c, args); });
 //
-// Model.  CTAs run one after another, x fastest, or in the order cta_order() sets (reversed
-// or a seeded shuffle: a kernel's bits must not depend on it).  Inside a CTA every thread
-// is a fiber (ucontext) on the calling OS thread; a fiber runs until it reaches a collective
-// (a warp op, a barrier, an mma) and yields there until every participant has arrived, so
-// all lanes see each other's values exactly as on the GPU.  What it checks, beyond running
+// Model.  Every thread is a fiber (ucontext) on the calling OS thread; a fiber runs until it
+// reaches a collective (a warp op, a barrier, an mma) and yields there until every
+// participant has arrived, so all lanes see each other's values exactly as on the GPU.  By
+// default CTAs run one after another, x fastest, and a CTA's warps take turns in index order;
+// cta_order() (at the end of this file) sets other schedules -- CTAs reversed or shuffled,
+// several in flight at once -- under which a kernel's bits must not change.  What it checks, beyond running
 // the body:
 //   * a barrier or warp collective that some participant never reaches (a hang on the GPU)
 //     ends the launch with an error instead of hanging;
@@ -59,6 +60,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ctx.cuh"
@@ -196,9 +198,9 @@ class Cta {
     }
   }
 
-  // Runs body(ThreadCtx&) on every thread; nullptr or a static error string.
+  // Sets every thread up to run body(ThreadCtx&); nothing runs before the first step().
   template <class F>
-  const char* run(F& body) {
+  void start(F& body) {
     body_ = &body;
     call_ = [](void* f, ThreadCtx& c) { (*static_cast<F*>(f))(c); };
     live_ = n_;
@@ -213,18 +215,31 @@ class Cta {
       makecontext(&th.uc, reinterpret_cast<void (*)()>(&Cta::entry), 3, static_cast<unsigned>(self >> 32),
                   static_cast<unsigned>(self & 0xFFFFFFFFu), static_cast<unsigned>(t));
     }
-    while (live_ > 0 && error_ == nullptr) {
-      const uint64_t before = progress_;
-      for (int t = 0; t < n_ && error_ == nullptr; ++t) {
-        if (threads_[t].done) continue;
-        swapcontext(&main_, &threads_[t].uc);
-      }
-      if (error_ == nullptr && live_ > 0 && progress_ == before)
-        error_ = "emulated kernel deadlocked: a barrier or warp collective that not every participant reaches";
-    }
-    if (error_ == nullptr && !unwritten_read_.empty()) error_ = keep(unwritten_read_);
-    return error_;
   }
+
+  // A turn of warp w: each of its unfinished lanes, in lane order, runs to its next collective
+  // or to its end.
+  void step_warp(int w) {
+    for (int t = w * kWarpSize; t < (w + 1) * kWarpSize && t < n_ && error_ == nullptr; ++t) {
+      if (threads_[t].done) continue;
+      swapcontext(&main_, &threads_[t].uc);
+    }
+  }
+  // Closes a round in which every warp had a turn: false once the CTA is over, finished or
+  // failed (error() tells which).  A round in which no thread of the CTA moved is a deadlock:
+  // what its threads wait for is inside the CTA.
+  bool end_round(uint64_t progress_before) {
+    if (error_ == nullptr && live_ > 0 && progress_ == progress_before)
+      error_ = "emulated kernel deadlocked: a barrier or warp collective that not every participant reaches";
+    if (error_ == nullptr && live_ == 0 && !unwritten_read_.empty()) error_ = keep(unwritten_read_);
+    return error_ == nullptr && live_ > 0;
+  }
+  uint64_t progress() const { return progress_; }
+  // Set by a global atomic (the way a CTA tells others it is done with something); launch
+  // holds such a CTA back while others can run.
+  bool published = false;
+  int nwarps() const { return static_cast<int>(warps_.size()); }
+  const char* error() const { return error_; }
 
   int nthreads() const { return n_; }
   int64_t bx() const { return bx_; }
@@ -476,7 +491,10 @@ inline void ThreadCtx::h_store(void* p, const void* in, size_t n) {
   std::memcpy(p, in, n);
 }
 inline void ThreadCtx::h_atomic(void* p, size_t n) {
-  if (cta_->in_shared(p)) cta_->shared_access(tid_, p, n, Cta::kAtomic);  // global atomics: not checked
+  if (cta_->in_shared(p))
+    cta_->shared_access(tid_, p, n, Cta::kAtomic);
+  else
+    cta_->published = true;  // a global atomic: other CTAs may act on it (see launch)
 }
 inline void ThreadCtx::h_cp_async16(void* smem_dst, const void* gmem_src, int src_bytes) {
   if (reinterpret_cast<uintptr_t>(gmem_src) % 16 != 0)
@@ -533,21 +551,36 @@ inline void ThreadCtx::h_mma(float (&d)[4], const uint32_t (&a)[4], const uint32
   }
 }
 
-// The order launch() runs a grid's CTAs in.  A GPU runs them in no order a kernel may rely
-// on, many at once; the kernels here assume none (the split-K fix-up is done by whichever CTA
-// of a row block arrives last), and tests check that by running one launch in several orders
-// and comparing the bits.  Process-wide; set it only while no emulation runs.
+// The order launch() runs a grid's CTAs in, and how many it keeps in flight.  A GPU runs a
+// grid's CTAs in no order a kernel may rely on, many at once, and a CTA's warps in no fixed
+// order either; the kernels here assume none (the split-K fix-up is done by whichever CTA of
+// a row block arrives last), and tests check that by running one launch in several orders and
+// comparing the bits.
+//   * forward (the default): CTAs one after another, x fastest, then y; in a CTA the warps
+//     take turns in index order (each turn runs a warp's lanes to their next collective);
+//   * reverse: the CTAs the other way round;
+//   * shuffle: the CTAs in a permutation drawn from `seed`, and in every round the turns in
+//     an order drawn from it too.
+// With `resident` > 1 that many CTAs are in flight together, their warps' turns mixed in one
+// round, so one CTA's global-memory writes and atomics interleave with another's between its
+// collectives, as on the device.  And a CTA whose turn did a global atomic (an arrival count,
+// a histogram bin) gets no more turns while another CTA can run: whatever it does after
+// announcing itself happens as late as possible, so a CTA that counts itself in before its
+// partial results are written hands a stale workspace to the CTA that sums them.  Global
+// memory stays sequentially consistent (a missing threadfence is not found).
+// Process-wide; set it only while no emulation runs.
 enum class CtaOrder { kForward, kReverse, kShuffle };
 struct CtaOrderSetting {
-  CtaOrder order = CtaOrder::kForward;  // kForward: x fastest, then y
-  uint64_t seed = 0;                    // kShuffle: the permutation's seed
+  CtaOrder order = CtaOrder::kForward;
+  uint64_t seed = 0;  // the shuffles' random stream
+  int resident = 1;   // CTAs in flight at once
 };
 inline CtaOrderSetting& cta_order() {
   static CtaOrderSetting setting;
   return setting;
 }
 
-// Runs the grid, CTA after CTA in cta_order(); nullptr or the first error.
+// Runs the grid as cta_order() says; nullptr or the first error.
 template <class F>
 const char* launch(int64_t grid_x, int64_t grid_y, int threads, size_t smem_bytes, F&& body) {
   if (threads <= 0 || threads % kWarpSize != 0) return "emulator: block size must be a positive multiple of 32";
@@ -555,14 +588,48 @@ const char* launch(int64_t grid_x, int64_t grid_y, int threads, size_t smem_byte
   std::vector<int64_t> order(static_cast<size_t>(grid_x * grid_y));
   std::iota(order.begin(), order.end(), int64_t{0});
   const CtaOrderSetting how = cta_order();
+  std::mt19937_64 rng(how.seed);
+  const bool shuffle = how.order == CtaOrder::kShuffle;
   if (how.order == CtaOrder::kReverse) std::reverse(order.begin(), order.end());
-  if (how.order == CtaOrder::kShuffle) {
-    std::mt19937_64 rng(how.seed);
-    std::shuffle(order.begin(), order.end(), rng);
-  }
-  for (const int64_t i : order) {
-    Cta cta(threads, smem_bytes, i % grid_x, i / grid_x, grid_x, grid_y);
-    if (const char* e = cta.run(body)) return e;
+  if (shuffle) std::shuffle(order.begin(), order.end(), rng);
+  const size_t resident = how.resident > 1 ? static_cast<size_t>(how.resident) : 1;
+  std::vector<std::unique_ptr<Cta>> live;
+  std::vector<std::pair<size_t, int>> turns;  // (CTA in `live`, warp)
+  std::vector<uint64_t> before;
+  std::vector<bool> ran;
+  size_t next = 0;
+  while (next < order.size() || !live.empty()) {
+    while (live.size() < resident && next < order.size()) {  // CTAs start in `order`
+      const int64_t i = order[next++];
+      live.emplace_back(new Cta(threads, smem_bytes, i % grid_x, i / grid_x, grid_x, grid_y));
+      live.back()->start(body);
+    }
+    // The CTAs held back after a global atomic wait while another can run.
+    bool any_runnable = false;
+    for (const auto& cta : live) any_runnable |= !cta->published;
+    if (!any_runnable)
+      for (const auto& cta : live) cta->published = false;
+    turns.clear();
+    before.assign(live.size(), 0);
+    ran.assign(live.size(), false);
+    for (size_t k = 0; k < live.size(); ++k) {
+      if (live[k]->published) continue;
+      before[k] = live[k]->progress();
+      ran[k] = true;
+      for (int w = 0; w < live[k]->nwarps(); ++w) turns.emplace_back(k, w);
+    }
+    if (shuffle || live.size() > 1) std::shuffle(turns.begin(), turns.end(), rng);
+    for (const auto& kw : turns) {
+      Cta& cta = *live[kw.first];
+      if (live.size() > 1 && cta.published) continue;
+      cta.step_warp(kw.second);
+      if (const char* e = cta.error()) return e;
+    }
+    for (size_t k = live.size(); k-- > 0;) {
+      if (!ran[k] || live[k]->end_round(before[k])) continue;
+      if (const char* e = live[k]->error()) return e;
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    }
   }
   return nullptr;
 }
