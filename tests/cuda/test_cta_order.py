@@ -34,7 +34,8 @@ ORDERS = [("reverse", 0, 1), ("shuffle", 1, 1), ("shuffle", 2, 1), ("forward", 3
 
 
 def _in_each_order(run):
-    """run() in the default CTA order, then in each of ORDERS; the outputs, default first."""
+    """run() in the default schedule, then in each of ORDERS; the outputs, default first."""
+    _cuda.emu_cta_order("forward")
     outs = [run()]
     try:
         for order, seed, resident in ORDERS:
