@@ -358,6 +358,13 @@ PYBIND11_MODULE(_cuda, m) {
      "2: hang across syncthreads/syncwarp, 3-5: shared-memory races, 6-7: a cp.async stage read before its wait, "
      "8-10: out of bounds, misaligned, unwritten, 11: a read racing atomics, 12: a 2-byte read racing, 13: a "
      "2-byte store; emu/selftest.h); None if it reports none.");
+  m.def("emu_selftest_grid", [](int kind) -> py::object {
+    arr<float> out(32);
+    std::fill(out.mutable_data(), out.mutable_data() + 32, -1.f);
+    const char* e = emu::selftest_grid_host(kind, out.mutable_data());
+    return py::make_tuple(e ? py::object(py::str(e)) : py::object(py::none()), out);
+  }, "Two emulated CTAs handing each other words as the split-K fix-up does (emu/selftest.h, kind 0-3): "
+     "(the emulator's error or None, out [32]).");
   m.def("emu_cta_order", [](const std::string& order, uint64_t seed, int resident) {
     const int o = order == "forward" ? 0 : order == "reverse" ? 1 : order == "shuffle" ? 2 : -1;
     need(emu::set_cta_order(o, seed, resident), "order must be 'forward', 'reverse' or 'shuffle', resident >= 1");

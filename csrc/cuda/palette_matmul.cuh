@@ -62,17 +62,6 @@ struct PmmaArgs : PalProduct {
   int32_t* counters;    // int32 [gridDim.x], zero before and after a launch (splits > 1)
 };
 
-// Split partials written by other CTAs: read through L2 (ld.global.cg), never a stale L1 line.
-UW_HD float ld_cg_f32(const float* p) {
-#if defined(__CUDA_ARCH__)
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
-#else
-  return *p;
-#endif
-}
-
 // First index in sorted v[0, n) with v[i] >= key, found by the whole warp: each round
 // probes 32 evenly spaced entries and keeps the gap the key falls in, so ~log32(n) dependent
 // loads instead of log2(n).  Warp-uniform arguments and result.
@@ -417,7 +406,7 @@ UW_UNROLL()
       for (int e = 0; e < 4; ++e) {
         const int m = m0 + nt * 8 + 2 * t + (e & 1);
         const int64_t r = row0 + g + (e >> 1) * 8;
-        if (m < a.M && r < a.N) a.ws[(split * a.M + m) * a.N + r] = acc[nt][e];
+        if (m < a.M && r < a.N) c.st_grid(a.ws + (split * a.M + m) * a.N + r, acc[nt][e]);
       }
   }
   // Serial split-K fix-up: the last CTA of this row block to arrive sums the partials in
@@ -440,7 +429,7 @@ UW_UNROLL()
       const int64_t r = row0 + g + (e >> 1) * 8;
       if (m >= a.M || r >= a.N) continue;
       float sum = 0.f;
-      for (int64_t s = 0; s < splits; ++s) sum += ld_cg_f32(a.ws + (s * a.M + m) * a.N + r);
+      for (int64_t s = 0; s < splits; ++s) sum += c.ld_grid(a.ws + (s * a.M + m) * a.N + r);
       a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(sum));
     }
 }

@@ -80,6 +80,17 @@ def test_errors_instead_of_hangs():
     assert "deadlock" in _cuda.emu_selftest_error(2)
 
 
+def test_grid_memory_needs_a_threadfence_on_both_sides():
+    # Two CTAs hand each other words through global memory as the split-K fix-up does; the
+    # second to arrive sums both.  Without the storing side's fence before its arrival, or
+    # the loading side's fence after it, the load is an error naming both CTAs.
+    err, out = _cuda.emu_selftest_grid(0)
+    assert err is None and np.array_equal(out, 100 + 2 * np.arange(32, dtype=np.float32))
+    for kind, what in [(1, "not released"), (2, "not acquired"), (3, "not released")]:
+        err, _ = _cuda.emu_selftest_grid(kind)
+        assert err is not None and what in err and "CTA (1, 0)" in err and "CTA (0, 0)" in err, err
+
+
 @pytest.mark.parametrize("kind, what", [
     (3, "shared-memory race"),                            # across warps, only a syncwarp between
     (4, "shared-memory race"),                            # within a warp, only a ballot between

@@ -30,6 +30,10 @@
 //   sync       syncthreads()  syncwarp(mask)  threadfence()
 //              atomic_add(p, v)               atomicAdd on global or shared memory (int, unsigned,
 //                                             unsigned long long); returns the old value
+//   grid       st_grid(p, v)  ld_grid(p)      an fp32 store to / load from global memory that
+//                                             another CTA of the launch loads / stored (ld_grid
+//                                             reads through L2); the emulator checks the
+//                                             threadfences that order them (warp_emu.h)
 //   warp       shfl(v, src, mask)  shfl_xor(v, lanemask, mask)  ballot(pred, mask)
 //   tensor     mma_bf16_16816(d, a, b, c)     mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
 //
@@ -135,6 +139,13 @@ struct DeviceCtx {
   UW_HD void syncthreads() { __syncthreads(); }
   UW_HD void syncwarp(unsigned mask = kFullMask) { __syncwarp(mask); }
   UW_HD void threadfence() { __threadfence(); }
+  UW_HD void st_grid(float* p, float v) const { *p = v; }
+  // Through L2 (ld.global.cg): never a stale L1 line of what another SM wrote.
+  UW_HD float ld_grid(const float* p) const {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+  }
   template <class T>
   UW_HD T atomic_add(T* p, T v) { return atomicAdd(p, v); }
   template <class T>
@@ -180,6 +191,8 @@ struct DeviceCtx {
   UW_HD void syncthreads() {}
   UW_HD void syncwarp(unsigned = kFullMask) {}
   UW_HD void threadfence() {}
+  UW_HD void st_grid(float*, float) const {}
+  UW_HD float ld_grid(const float*) const { return 0.f; }
   template <class T>
   UW_HD T atomic_add(T*, T) { return T(); }
   template <class T>

@@ -164,7 +164,32 @@ UW_HD void error_body(Ctx& c, int kind, const uint32_t* src) {
   }
 }
 
+// Two CTAs of 32 threads hand each other one fp32 word per thread the way the split-K fix-up
+// does: store, threadfence, barrier, thread 0 counts the CTA in, barrier; the CTA that counted
+// last fences and sums both CTAs' words into out.  kind 1 leaves out the storing threads'
+// fence, kind 2 the summing threads' fence, kind 3 fences only after the arrival.
+template <class Ctx>
+UW_HD void grid_body(Ctx& c, int kind, float* data, int* counter, float* out) {
+  const int b = static_cast<int>(c.block_x()), t = c.tid();
+  c.st_grid(data + b * 32 + t, static_cast<float>(b * 100 + t));
+  if (kind == 0 || kind == 2) c.threadfence();
+  c.syncthreads();
+  int* last = reinterpret_cast<int*>(c.smem());
+  if (t == 0) c.sts(last, c.atomic_add(counter, 1) == 1 ? 1 : 0);
+  if (kind == 3) c.threadfence();
+  c.syncthreads();
+  if (!c.lds(last)) return;
+  if (kind != 2) c.threadfence();
+  out[t] = c.ld_grid(data + t) + c.ld_grid(data + 32 + t);
+}
+
 }  // namespace
+
+const char* selftest_grid_host(int kind, float* out) {
+  std::vector<float> data(64, 0.f);
+  int counter = 0;
+  return launch(2, 1, kWarpSize, sizeof(int), [&](ThreadCtx& c) { grid_body(c, kind, data.data(), &counter, out); });
+}
 
 const char* selftest_mma_host(const uint16_t* A, const uint16_t* B, const float* C, float* D) {
   const MmaArgs a{A, B, C, D};

@@ -44,6 +44,12 @@ const char* selftest_collectives_host(const uint32_t* src, int32_t* out);
 //   kind 13: a 2-byte store (stores must cover whole words)
 const char* selftest_error_host(int kind);
 
+// Two CTAs handing each other fp32 words through global memory as the split-K fix-up does
+// (st_grid, threadfence, an arrival count, ld_grid): kind 0 correctly, out[32] = t + 100 + t;
+// kind 1 without the storing threads' threadfence, 2 without the loading threads', 3 with the
+// storing threads' threadfence after the arrival.  Returns the emulator's error (none for 0).
+const char* selftest_grid_host(int kind, float* out);
+
 // The order every later emulated launch runs its CTAs in (warp_emu.h, cta_order): 0 x
 // fastest, then y; 1 the reverse; 2 a permutation drawn from `seed`; with `resident` CTAs in
 // flight at once, taking turns drawn from `seed`.  False for another order or resident < 1

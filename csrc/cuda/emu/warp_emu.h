@@ -34,8 +34,13 @@
 //     until the issuing thread's wait, and any access of a word in flight is an error.
 //     Also errors: an access outside the launch's shared memory or not aligned to its size,
 //     a store of less than a word, and a read of a word no thread has written (a 1- or
-//     2-byte load is checked as a read of its whole word).
-// What it does not model: races in global memory, timing, occupancy, and the exact rounding
+//     2-byte load is checked as a read of its whole word);
+//   * global memory one CTA hands another (st_grid / ld_grid, GridShadow): the storing
+//     thread must threadfence between its store and its CTA's arrival atomic (release), the
+//     loading thread between learning of that arrival and its load (acquire).
+// What it does not model: other races in global memory (plain loads and stores are
+// sequentially consistent here; the schedules of cta_order() expose some), timing, occupancy,
+// and the exact rounding
 // of the tensor cores (mma_bf16_16816 returns the exactly rounded fp32 value of c + sum of
 // the 16 exact products; hardware adds in its own order and may differ in the last bits, so
 // tests compare against references with bounds).  The race check keeps one read record per
@@ -60,6 +65,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -102,7 +108,9 @@ class ThreadCtx {
 
   UW_HD void syncthreads() { UW_EMU_HOST_ONLY(h_syncthreads();) }
   UW_HD void syncwarp(unsigned mask = kFullMask) { UW_EMU_HOST_ONLY(exchange(mask, nullptr, 0, true);) }
-  UW_HD void threadfence() {}
+  UW_HD void threadfence() { UW_EMU_HOST_ONLY(h_threadfence();) }
+  UW_HD void st_grid(float* p, float v) { UW_EMU_HOST_ONLY(h_st_grid(p); *p = v;) }
+  UW_HD float ld_grid(const float* p) { UW_EMU_HOST_ONLY(h_ld_grid(p); return *p;) }
   template <class T>
   UW_HD T atomic_add(T* p, T v) {  // fibers never run concurrently: a plain add is atomic
     UW_EMU_HOST_ONLY(h_atomic(p, sizeof(T)); const T old = *p; *p = old + v; return old;)
@@ -136,6 +144,9 @@ class ThreadCtx {
   inline int64_t h_block(int which) const;
   inline unsigned char* h_smem() const;
   inline void h_syncthreads();
+  inline void h_threadfence();
+  inline void h_st_grid(const float* p);
+  inline void h_ld_grid(const float* p);
   inline const unsigned char* exchange(unsigned mask, const void* in, size_t n, bool sync = false);
   inline void h_load(const void* p, void* out, size_t n);
   inline void h_store(void* p, const void* in, size_t n);
@@ -170,15 +181,53 @@ class ThreadCtx {
 
   Cta* cta_ = nullptr;
   int tid_ = 0;
+  std::vector<const float*> unfenced_;  // st_grid words not yet followed by a threadfence
+  bool fenced_since_sync_ = false;      // a threadfence since the last barrier or global atomic
   std::vector<Copy> open_;
   std::vector<std::vector<Copy>> groups_;
+};
+
+// Global memory that CTAs of one launch hand each other (ctx.cuh st_grid / ld_grid: the split
+// fix-up's partial sums), checked as the CUDA memory model orders it.  A word one CTA stores
+// and another loads must be released -- a threadfence of the storing thread between the store
+// and its CTA's next global atomic (the arrival the other CTA counts) -- and acquired -- a
+// threadfence of the loading thread after its last barrier or global atomic (after it learned
+// of the arrival) and before the load.  Kept per launch; sequence numbers order the events.
+class GridShadow {
+ public:
+  explicit GridShadow(int64_t n_ctas) : last_atomic_(static_cast<size_t>(n_ctas), 0) {}
+  struct Store {
+    int64_t cta;
+    int tid;
+    uint64_t fenced;  // sequence number of the storing thread's threadfence; 0: none yet
+  };
+  uint64_t next() { return ++seq_; }
+  void store(const float* p, int64_t cta, int tid) { words_[key(p)] = Store{cta, tid, 0}; }
+  void fence(const float* p, int64_t cta, int tid, uint64_t seq) {
+    auto it = words_.find(key(p));
+    if (it != words_.end() && it->second.cta == cta && it->second.tid == tid && it->second.fenced == 0)
+      it->second.fenced = seq;
+  }
+  void atomic(int64_t cta) { last_atomic_[static_cast<size_t>(cta)] = next(); }
+  // The store another CTA made to p, or nullptr when none did.
+  const Store* foreign(const float* p, int64_t cta) const {
+    auto it = words_.find(key(p));
+    return it == words_.end() || it->second.cta == cta ? nullptr : &it->second;
+  }
+  bool released(const Store& s) const { return s.fenced != 0 && s.fenced < last_atomic_[static_cast<size_t>(s.cta)]; }
+
+ private:
+  static uintptr_t key(const float* p) { return reinterpret_cast<uintptr_t>(p); }
+  uint64_t seq_ = 0;
+  std::unordered_map<uintptr_t, Store> words_;
+  std::vector<uint64_t> last_atomic_;
 };
 
 // One CTA: its fibers, shared memory and rendezvous state.
 class Cta {
  public:
-  Cta(int nthreads, size_t smem_bytes, int64_t bx, int64_t by, int64_t gx, int64_t gy)
-      : n_(nthreads), bx_(bx), by_(by), gx_(gx), gy_(gy),
+  Cta(int nthreads, size_t smem_bytes, int64_t bx, int64_t by, int64_t gx, int64_t gy, GridShadow* grid)
+      : grid(grid), n_(nthreads), bx_(bx), by_(by), gx_(gx), gy_(gy),
         smem_raw_(new unsigned char[smem_bytes + 128]), smem_bytes_(smem_bytes),
         warps_(static_cast<size_t>((nthreads + 31) / 32)), threads_(static_cast<size_t>(nthreads)) {
     uintptr_t p = reinterpret_cast<uintptr_t>(smem_raw_.get());
@@ -235,6 +284,16 @@ class Cta {
     return error_ == nullptr && live_ > 0;
   }
   uint64_t progress() const { return progress_; }
+  int64_t id() const { return by_ * gx_ + bx_; }
+  GridShadow* const grid;
+  // Fails the launch naming this thread, the other CTA's thread and what is missing.
+  [[noreturn]] void fail_grid(int tid, const char* what, const GridShadow::Store& s) {
+    char msg[256];
+    std::snprintf(msg, sizeof(msg), "emulated kernel: %s (thread %d of CTA (%lld, %lld) read a word thread %d of CTA "
+                  "(%lld, %lld) stored)", what, tid, static_cast<long long>(bx_), static_cast<long long>(by_),
+                  s.tid, static_cast<long long>(s.cta % gx_), static_cast<long long>(s.cta / gx_));
+    fail(tid, keep(msg));
+  }
   // Set by a global atomic (the way a CTA tells others it is done with something); launch
   // holds such a CTA back while others can run.
   bool published = false;
@@ -478,7 +537,30 @@ inline int64_t ThreadCtx::h_block(int which) const {
   return which == 0 ? cta_->bx() : which == 1 ? cta_->by() : which == 2 ? cta_->gx() : cta_->gy();
 }
 inline unsigned char* ThreadCtx::h_smem() const { return cta_->smem(); }
-inline void ThreadCtx::h_syncthreads() { cta_->barrier(tid_); }
+inline void ThreadCtx::h_syncthreads() {
+  fenced_since_sync_ = false;
+  cta_->barrier(tid_);
+}
+inline void ThreadCtx::h_threadfence() {
+  const uint64_t seq = cta_->grid->next();
+  for (const float* p : unfenced_) cta_->grid->fence(p, cta_->id(), tid_, seq);
+  unfenced_.clear();
+  fenced_since_sync_ = true;
+}
+inline void ThreadCtx::h_st_grid(const float* p) {
+  cta_->grid->store(p, cta_->id(), tid_);
+  unfenced_.push_back(p);
+}
+inline void ThreadCtx::h_ld_grid(const float* p) {
+  const GridShadow::Store* s = cta_->grid->foreign(p, cta_->id());
+  if (s == nullptr) return;
+  if (!cta_->grid->released(*s))
+    cta_->fail_grid(tid_, "grid memory not released: no threadfence between another CTA's store and its arrival "
+                          "atomic", *s);
+  if (!fenced_since_sync_)
+    cta_->fail_grid(tid_, "grid memory not acquired: no threadfence between learning of the other CTA's arrival "
+                          "and the load", *s);
+}
 inline const unsigned char* ThreadCtx::exchange(unsigned mask, const void* in, size_t n, bool sync) {
   return cta_->exchange(tid_, mask, in, n, sync);
 }
@@ -491,10 +573,13 @@ inline void ThreadCtx::h_store(void* p, const void* in, size_t n) {
   std::memcpy(p, in, n);
 }
 inline void ThreadCtx::h_atomic(void* p, size_t n) {
-  if (cta_->in_shared(p))
+  if (cta_->in_shared(p)) {
     cta_->shared_access(tid_, p, n, Cta::kAtomic);
-  else
-    cta_->published = true;  // a global atomic: other CTAs may act on it (see launch)
+  } else {  // a global atomic: other CTAs may act on it (see launch)
+    cta_->published = true;
+    cta_->grid->atomic(cta_->id());
+    fenced_since_sync_ = false;
+  }
 }
 inline void ThreadCtx::h_cp_async16(void* smem_dst, const void* gmem_src, int src_bytes) {
   if (reinterpret_cast<uintptr_t>(gmem_src) % 16 != 0)
@@ -566,9 +651,9 @@ inline void ThreadCtx::h_mma(float (&d)[4], const uint32_t (&a)[4], const uint32
 // collectives, as on the device.  And a CTA whose turn did a global atomic (an arrival count,
 // a histogram bin) gets no more turns while another CTA can run: whatever it does after
 // announcing itself happens as late as possible, so a CTA that counts itself in before its
-// partial results are written hands a stale workspace to the CTA that sums them.  Global
-// memory stays sequentially consistent (a missing threadfence is not found).
-// Process-wide; set it only while no emulation runs.
+// partial results are written hands a stale workspace to the CTA that sums them.  (Plain
+// global memory stays sequentially consistent; the fences of what CTAs hand each other are
+// checked by GridShadow whatever the schedule.)  Process-wide; set it only while no emulation runs.
 enum class CtaOrder { kForward, kReverse, kShuffle };
 struct CtaOrderSetting {
   CtaOrder order = CtaOrder::kForward;
@@ -597,11 +682,12 @@ const char* launch(int64_t grid_x, int64_t grid_y, int threads, size_t smem_byte
   std::vector<std::pair<size_t, int>> turns;  // (CTA in `live`, warp)
   std::vector<uint64_t> before;
   std::vector<bool> ran;
+  GridShadow grid(grid_x * grid_y);
   size_t next = 0;
   while (next < order.size() || !live.empty()) {
     while (live.size() < resident && next < order.size()) {  // CTAs start in `order`
       const int64_t i = order[next++];
-      live.emplace_back(new Cta(threads, smem_bytes, i % grid_x, i / grid_x, grid_x, grid_y));
+      live.emplace_back(new Cta(threads, smem_bytes, i % grid_x, i / grid_x, grid_x, grid_y, &grid));
       live.back()->start(body);
     }
     // The CTAs held back after a global atomic wait while another can run.
