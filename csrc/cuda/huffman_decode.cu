@@ -90,14 +90,16 @@ template <bool kExp, bool kVec>
 void launch_chains(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s, int slot) {
   const void* k = reinterpret_cast<const void*>(&huffman_chain_kernel<kExp, kVec>);
   const int64_t grid = plan::huffman_grid(n_chains, resident_ctas(k, slot));
-  huffman_chain_kernel<kExp, kVec><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, kLutBytes, s>>>(a, n_chains, lut, err);
+  huffman_chain_kernel<kExp, kVec><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, kLutBytes, s>>>(a, n_chains,
+                                                                                                     lut, err);
 }
 
 template <bool kExp, int kWays>
 void launch_ahead(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s, int slot) {
   const void* k = reinterpret_cast<const void*>(&huffman_ahead_kernel<kExp, kWays>);
   const int64_t grid = plan::huffman_grid(cdiv(n_chains, kWays), resident_ctas(k, slot));
-  huffman_ahead_kernel<kExp, kWays><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, kLutBytes, s>>>(a, n_chains, lut, err);
+  huffman_ahead_kernel<kExp, kWays><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, kLutBytes, s>>>(a, n_chains,
+                                                                                                      lut, err);
 }
 
 }  // namespace
@@ -273,10 +275,10 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
     const int ways = plan::huffman_ways(run);
     return emu::launch(plan::huffman_grid(cdiv(n, ways), cap), 1, plan::HUFF_THREADS, kLutBytes,
                        [&](emu::ThreadCtx& c) {
-                         if (ways == 2)
-                           out8 ? huff_ahead_cta<true, 2>(c, a, n, lut, err) : huff_ahead_cta<false, 2>(c, a, n, lut, err);
-                         else
-                           out8 ? huff_ahead_cta<true, 1>(c, a, n, lut, err) : huff_ahead_cta<false, 1>(c, a, n, lut, err);
+                         if (ways == 2 && out8) huff_ahead_cta<true, 2>(c, a, n, lut, err);
+                         if (ways == 2 && !out8) huff_ahead_cta<false, 2>(c, a, n, lut, err);
+                         if (ways == 1 && out8) huff_ahead_cta<true, 1>(c, a, n, lut, err);
+                         if (ways == 1 && !out8) huff_ahead_cta<false, 1>(c, a, n, lut, err);
                        });
   }
   return emu::launch(plan::huffman_grid(n, cap), 1, plan::HUFF_THREADS, kLutBytes, [&](emu::ThreadCtx& c) {

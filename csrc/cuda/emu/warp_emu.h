@@ -374,7 +374,8 @@ class Cta {
     const size_t off = static_cast<size_t>(b - smem_);
     if (off % (n < 16 ? n : 16) != 0 || (n % 4 != 0 && n > 2))
       fail_at(tid, "shared-memory access not aligned to its size", b, -1);
-    if (n < 4 && kind != kRead) fail_at(tid, "sub-word shared-memory store (the race check models 4-byte words)", b, -1);
+    if (n < 4 && kind != kRead)
+      fail_at(tid, "sub-word shared-memory store (the race check models 4-byte words)", b, -1);
     for (size_t i = off / 4; i < (off + n + 3) / 4; ++i) word_access(tid, i, kind);
   }
 
