@@ -6,10 +6,9 @@ setup.py compiles every .cu file with ``-Xptxas -v`` and keeps the per-kernel li
 registers, static shared memory, stack frame, spill stores / loads, source file) and a JSON
 file, by default ``benchmarks/results/ptxas/ptxas-<date>-<commit>.json``.
 
-Shared memory here is what ptxas sees: static ``__shared__`` arrays.  Kernels written over
-the thread context (csrc/cuda/emu/ctx.cuh) use dynamic shared memory only, sized at launch
-(the palette GEMM's cp.async rings, kernel_plan.h PMMA_SMEM_BYTES; the Huffman decoders'
-32 KiB LUT; the transcode's tables), so they show as 0.
+Shared memory here is what ptxas sees: static ``__shared__`` arrays (the Huffman decoders'
+32 KiB LUT).  Dynamic shared memory is sized at launch (the palette GEMM's cp.async rings,
+kernel_plan.h PMMA_SMEM_BYTES; the transcode's tables) and shows as 0.
 
 Usage: python scripts/ptxas_report.py [--build-dir build] [--out PATH] [--no-write]
 """
@@ -167,8 +166,8 @@ def main() -> int:
         "nvcc": nvcc_version(),
         "archs": sorted({e["arch"] for e in entries}),
         "note": "shared_bytes is static shared memory as ptxas reports it; dynamic shared memory "
-                "(the palette GEMM's cp.async rings, kernel_plan.h PMMA_SMEM_BYTES; the Huffman decoders' "
-                "32 KiB LUT; the transcode's tables) is sized at launch and not included",
+                "(the palette GEMM's cp.async rings, kernel_plan.h PMMA_SMEM_BYTES; the transcode's tables) is "
+                "sized at launch and not included",
         "kernels": [{c: e[c] for c in ["kernel", "arch", "registers", "barriers", "shared_bytes",
                                       "stack_frame_bytes", "spill_store_bytes", "spill_load_bytes",
                                       "source", "symbol"]} for e in entries],

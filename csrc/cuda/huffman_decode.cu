@@ -50,8 +50,9 @@ __global__ void build_lut_kernel(const uint8_t* table, int n, int lo, uint16_t* 
 template <bool kExp, bool kVec>
 __global__ void __launch_bounds__(plan::HUFF_THREADS)
 huffman_chain_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ lut_g, int32_t* err) {
+  __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
   emu::DeviceCtx c;
-  huff_chain_cta<kExp, kVec>(c, a, n_chains, lut_g, err);
+  huff_chain_cta<kExp, kVec>(c, lut, a, n_chains, lut_g, err);
 }
 
 // Residency: the 32 KiB LUT plus the 1 KiB an SM reserves per CTA fit 6 CTAs in an H100's
@@ -60,14 +61,16 @@ huffman_chain_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ 
 template <bool kExp, int kWays>
 __global__ void __launch_bounds__(plan::HUFF_THREADS, kWays == 2 ? 4 : 6)
 huffman_ahead_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ lut_g, int32_t* err) {
+  __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
   emu::DeviceCtx c;
-  huff_ahead_cta<kExp, kWays>(c, a, n_chains, lut_g, err);
+  huff_ahead_cta<kExp, kWays>(c, lut, a, n_chains, lut_g, err);
 }
 
 __global__ void __launch_bounds__(plan::HUFF_THREADS)
 huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict__ lut_g, int32_t* err) {
+  __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
   emu::DeviceCtx c;
-  hgather_cta(c, a, n_units, lut_g, err);
+  hgather_cta(c, lut, a, n_units, lut_g, err);
 }
 
 // CTAs of `kernel` the current device holds at once: the cap of a grid-stride launch.  The
@@ -80,7 +83,7 @@ int64_t resident_ctas(const void* kernel, int slot) {
   if (cache[slot][dev] > 0) return cache[slot][dev];
   int sms = 0, per_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan::HUFF_THREADS, kLutBytes) != cudaSuccess)
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan::HUFF_THREADS, 0) != cudaSuccess)
     return 1;  // the launch that follows reports the error
   cache[slot][dev] = std::max<int64_t>(1, static_cast<int64_t>(sms) * std::max(1, per_sm));
   return cache[slot][dev];
@@ -90,16 +93,14 @@ template <bool kExp, bool kVec>
 void launch_chains(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s, int slot) {
   const void* k = reinterpret_cast<const void*>(&huffman_chain_kernel<kExp, kVec>);
   const int64_t grid = plan::huffman_grid(n_chains, resident_ctas(k, slot));
-  huffman_chain_kernel<kExp, kVec><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, kLutBytes, s>>>(a, n_chains,
-                                                                                                     lut, err);
+  huffman_chain_kernel<kExp, kVec><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, s>>>(a, n_chains, lut, err);
 }
 
 template <bool kExp, int kWays>
 void launch_ahead(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s, int slot) {
   const void* k = reinterpret_cast<const void*>(&huffman_ahead_kernel<kExp, kWays>);
   const int64_t grid = plan::huffman_grid(cdiv(n_chains, kWays), resident_ctas(k, slot));
-  huffman_ahead_kernel<kExp, kWays><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, kLutBytes, s>>>(a, n_chains,
-                                                                                                      lut, err);
+  huffman_ahead_kernel<kExp, kWays><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, s>>>(a, n_chains, lut, err);
 }
 
 }  // namespace
@@ -239,7 +240,7 @@ const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
   if (!grid_ok(cdiv(n, plan::HUFF_THREADS))) return "too many ids for one launch";
   const void* k = reinterpret_cast<const void*>(&huffman_gather_kernel);
   const int64_t grid = plan::huffman_grid(n, resident_ctas(k, 8));
-  huffman_gather_kernel<<<static_cast<unsigned>(grid), plan::HUFF_THREADS, kLutBytes,
+  huffman_gather_kernel<<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0,
                           static_cast<cudaStream_t>(stream_handle)>>>(a, n, lut, err);
   return launch_status();
 }
@@ -250,6 +251,10 @@ const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
 // `max_ctas` (a small cap runs each thread through several chains, as a big matrix does).
 // =======================================================================================
 namespace emulate {
+
+// The LUT of an emulated CTA: the launch's dynamic shared memory (kLutBytes), which is what the
+// emulator's race check covers.
+uint16_t* emu_lut(emu::ThreadCtx& c) { return reinterpret_cast<uint16_t*>(c.smem()); }
 
 const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const uint32_t* off,
                            int64_t rows, int64_t cols, int64_t R, int64_t C, const uint8_t* table,
@@ -275,17 +280,19 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
     const int ways = plan::huffman_ways(run);
     return emu::launch(plan::huffman_grid(cdiv(n, ways), cap), 1, plan::HUFF_THREADS, kLutBytes,
                        [&](emu::ThreadCtx& c) {
-                         if (ways == 2 && out8) huff_ahead_cta<true, 2>(c, a, n, lut, err);
-                         if (ways == 2 && !out8) huff_ahead_cta<false, 2>(c, a, n, lut, err);
-                         if (ways == 1 && out8) huff_ahead_cta<true, 1>(c, a, n, lut, err);
-                         if (ways == 1 && !out8) huff_ahead_cta<false, 1>(c, a, n, lut, err);
+                         uint16_t* s = emu_lut(c);
+                         if (ways == 2 && out8) huff_ahead_cta<true, 2>(c, s, a, n, lut, err);
+                         if (ways == 2 && !out8) huff_ahead_cta<false, 2>(c, s, a, n, lut, err);
+                         if (ways == 1 && out8) huff_ahead_cta<true, 1>(c, s, a, n, lut, err);
+                         if (ways == 1 && !out8) huff_ahead_cta<false, 1>(c, s, a, n, lut, err);
                        });
   }
   return emu::launch(plan::huffman_grid(n, cap), 1, plan::HUFF_THREADS, kLutBytes, [&](emu::ThreadCtx& c) {
-    if (vec)
-      out8 ? huff_chain_cta<true, true>(c, a, n, lut, err) : huff_chain_cta<false, true>(c, a, n, lut, err);
-    else
-      out8 ? huff_chain_cta<true, false>(c, a, n, lut, err) : huff_chain_cta<false, false>(c, a, n, lut, err);
+    uint16_t* s = emu_lut(c);
+    if (vec && out8) huff_chain_cta<true, true>(c, s, a, n, lut, err);
+    if (vec && !out8) huff_chain_cta<false, true>(c, s, a, n, lut, err);
+    if (!vec && out8) huff_chain_cta<true, false>(c, s, a, n, lut, err);
+    if (!vec && !out8) huff_chain_cta<false, false>(c, s, a, n, lut, err);
   });
 }
 
@@ -302,7 +309,7 @@ const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
   const int64_t n = n_units_of(a);
   if (n == 0) return nullptr;
   return emu::launch(plan::huffman_grid(n, max_ctas > 0 ? max_ctas : INT64_MAX), 1, plan::HUFF_THREADS, kLutBytes,
-                     [&](emu::ThreadCtx& c) { hgather_cta(c, a, n, lut_g.data(), err); });
+                     [&](emu::ThreadCtx& c) { hgather_cta(c, emu_lut(c), a, n, lut_g.data(), err); });
 }
 
 }  // namespace emulate

@@ -621,9 +621,14 @@ UW_HD bool hgather_body(int64_t t, const HGatherArgs& a, Lut lut) {
 // huffman_decode.cu and, through the warp emulator, by its host emulation.
 // ---------------------------------------------------------------------------------------
 
-// The LUT a CTA decodes with: 4 contexts x 4096 entries x 2 B = 32 KiB of dynamic shared
-// memory, the whole code space of a <= 12-bit code, so a symbol is one shared load indexed by
-// the next 12 stream bits (no tree walk, no branch).
+// The LUT a CTA decodes with: 4 contexts x 4096 entries x 2 B = 32 KiB of shared memory, the
+// whole code space of a <= 12-bit code, so a symbol is one shared load indexed by the next 12
+// stream bits (no tree walk, no branch).  The CTA bodies take it as `lut_s`: on the device a
+// static __shared__ array of the kernel, under the emulator the launch's dynamic shared
+// memory (the only shared memory it checks).  Why not dynamic on the device too: nvcc then
+// keeps the CHAIN kernels' parameters in constant memory rather than registers (7 more
+// constant loads in the step loop, 7 fewer registers), a change to the measured default
+// decoder that no GPU has timed.
 constexpr int kLutBytes = HUFF_NUM_CTX * LUT_SIZE * 2;
 
 // How a body reads that LUT.  Under the emulator every lookup is the context's checked
@@ -636,10 +641,10 @@ struct CtxLut {
   UW_HD uint16_t operator[](uint32_t i) const { return c->lds(p + i); }
 };
 template <class Ctx>
-UW_HD CtxLut<Ctx> smem_lut(Ctx& c) {
-  return {&c, reinterpret_cast<const uint16_t*>(c.smem())};
+UW_HD CtxLut<Ctx> lut_view(Ctx& c, const uint16_t* lut_s) {
+  return {&c, lut_s};
 }
-UW_HD const uint16_t* smem_lut(emu::DeviceCtx& c) { return reinterpret_cast<const uint16_t*>(c.smem()); }
+UW_HD const uint16_t* lut_view(emu::DeviceCtx&, const uint16_t* lut_s) { return lut_s; }
 
 // One thread per context: build_lut is the shared canonical-code constructor.  Runs once per
 // tensor (the tables are cached by the caller), so its serial 4096-entry fill is irrelevant.
@@ -656,10 +661,10 @@ UW_HD void build_lut_body(Ctx& c, const uint8_t* table, int n, int lo, uint16_t*
 // variants' LUT (huff_ahead_body), whose entries are made shift-ready (lut_entry_ahead) on the
 // way in.
 template <bool kAhead, class Ctx>
-UW_HD void lut_fill_body(Ctx& c, const uint16_t* lut_g) {
+UW_HD void lut_fill_body(Ctx& c, uint16_t* lut_s, const uint16_t* lut_g) {
   constexpr int kVecs = kLutBytes / 16;
   const uint4* src = reinterpret_cast<const uint4*>(lut_g);
-  uint4* dst = reinterpret_cast<uint4*>(c.smem());
+  uint4* dst = reinterpret_cast<uint4*>(lut_s);
   for (int j = c.tid(); j < kVecs; j += plan::HUFF_THREADS) {
     uint32_t w[4];
     ld_reuse_v4(reinterpret_cast<const uint16_t*>(src + j), w);
@@ -678,18 +683,20 @@ UW_UNROLL()
 // grid-stride order, each corrupt one counted in *err.  The thread index is widened as an
 // unsigned value, as threadIdx.x is: the device code then has no sign extension to do.
 template <bool kExp, bool kVec, class Ctx>
-UW_HD void huff_chain_cta(Ctx& c, const HuffArgs& a, int64_t n_chains, const uint16_t* lut_g, int32_t* err) {
-  lut_fill_body<false>(c, lut_g);
-  const auto lut = smem_lut(c);
+UW_HD void huff_chain_cta(Ctx& c, uint16_t* lut_s, const HuffArgs& a, int64_t n_chains, const uint16_t* lut_g,
+                          int32_t* err) {
+  lut_fill_body<false>(c, lut_s, lut_g);
+  const auto lut = lut_view(c, lut_s);
   const int64_t stride = c.grid_x() * plan::HUFF_THREADS;
   for (int64_t t = c.block_x() * plan::HUFF_THREADS + static_cast<unsigned>(c.tid()); t < n_chains; t += stride)
     if (!huff_chain_body<kExp, kVec>(t, a, lut)) c.atomic_add(err, 1);
 }
 
 template <bool kExp, int kWays, class Ctx>
-UW_HD void huff_ahead_cta(Ctx& c, const HuffArgs& a, int64_t n_chains, const uint16_t* lut_g, int32_t* err) {
-  lut_fill_body<true>(c, lut_g);
-  const auto lut = smem_lut(c);
+UW_HD void huff_ahead_cta(Ctx& c, uint16_t* lut_s, const HuffArgs& a, int64_t n_chains, const uint16_t* lut_g,
+                          int32_t* err) {
+  lut_fill_body<true>(c, lut_s, lut_g);
+  const auto lut = lut_view(c, lut_s);
   const int64_t n_units = cdiv(n_chains, kWays);
   const int64_t stride = c.grid_x() * plan::HUFF_THREADS;
   for (int64_t u = c.block_x() * plan::HUFF_THREADS + static_cast<unsigned>(c.tid()); u < n_units; u += stride)
@@ -697,9 +704,10 @@ UW_HD void huff_ahead_cta(Ctx& c, const HuffArgs& a, int64_t n_chains, const uin
 }
 
 template <class Ctx>
-UW_HD void hgather_cta(Ctx& c, const HGatherArgs& a, int64_t n_units, const uint16_t* lut_g, int32_t* err) {
-  lut_fill_body<false>(c, lut_g);
-  const auto lut = smem_lut(c);
+UW_HD void hgather_cta(Ctx& c, uint16_t* lut_s, const HGatherArgs& a, int64_t n_units, const uint16_t* lut_g,
+                       int32_t* err) {
+  lut_fill_body<false>(c, lut_s, lut_g);
+  const auto lut = lut_view(c, lut_s);
   const int64_t stride = c.grid_x() * plan::HUFF_THREADS;
   for (int64_t t = c.block_x() * plan::HUFF_THREADS + static_cast<unsigned>(c.tid()); t < n_units; t += stride)
     if (!hgather_body(t, a, lut)) c.atomic_add(err, 1);
