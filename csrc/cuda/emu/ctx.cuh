@@ -15,8 +15,10 @@
 // `mask` calls the same collective; `mask` includes the calling lane):
 //
 //   identity   tid() lane() warp() nthreads() block_x() block_y() grid_x() grid_y()
-//   memory     smem()                         dynamic shared memory (bodies use no static
-//                                             __shared__, so one buffer serves both sides)
+//   memory     smem()                         dynamic shared memory (bodies declare no
+//                                             __shared__ arrays, so one buffer serves both
+//                                             sides; a kernel may hand its body a static array
+//                                             instead, where the emulator hands it smem())
 //              lds<T>(p)  sts<T>(p, v)        a shared-memory load / store of one value of 4,
 //                                             8 or 16 bytes (loads also of 1 or 2 bytes);
 //              lds_v2(p, v)  lds_v4(p, v)     8 / 16 bytes into 2 / 4 words (LDS.64 /
