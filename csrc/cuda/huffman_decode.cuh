@@ -679,38 +679,39 @@ UW_UNROLL()
   c.syncthreads();
 }
 
-// The CTA of a decode: fill the LUT, then chains (units of kWays chains, gather units) in
-// grid-stride order, each corrupt one counted in *err.  The thread index is widened as an
-// unsigned value, as threadIdx.x is: the device code then has no sign extension to do.
+// The CTA of a decode: fill the LUT, then units of kPer of the n items (chains, gather units)
+// in grid-stride order; unit(t, lut) returns how many of unit t's items are corrupt, added to
+// *err.  The thread index is widened as an unsigned value, as threadIdx.x is: the device code
+// then has no sign extension to do.
+template <bool kAhead, int kPer, class Ctx, class Unit>
+UW_HD void lut_grid_stride(Ctx& c, uint16_t* lut_s, const uint16_t* lut_g, int64_t n, int32_t* err, Unit unit) {
+  lut_fill_body<kAhead>(c, lut_s, lut_g);
+  const auto lut = lut_view(c, lut_s);
+  const int64_t n_units = cdiv(n, kPer);
+  const int64_t stride = c.grid_x() * plan::HUFF_THREADS;
+  for (int64_t t = c.block_x() * plan::HUFF_THREADS + static_cast<unsigned>(c.tid()); t < n_units; t += stride)
+    if (const int bad = unit(t, lut)) c.atomic_add(err, bad);
+}
+
 template <bool kExp, bool kVec, class Ctx>
 UW_HD void huff_chain_cta(Ctx& c, uint16_t* lut_s, const HuffArgs& a, int64_t n_chains, const uint16_t* lut_g,
                           int32_t* err) {
-  lut_fill_body<false>(c, lut_s, lut_g);
-  const auto lut = lut_view(c, lut_s);
-  const int64_t stride = c.grid_x() * plan::HUFF_THREADS;
-  for (int64_t t = c.block_x() * plan::HUFF_THREADS + static_cast<unsigned>(c.tid()); t < n_chains; t += stride)
-    if (!huff_chain_body<kExp, kVec>(t, a, lut)) c.atomic_add(err, 1);
+  lut_grid_stride<false, 1>(c, lut_s, lut_g, n_chains, err,
+                            [&](int64_t t, auto lut) { return huff_chain_body<kExp, kVec>(t, a, lut) ? 0 : 1; });
 }
 
 template <bool kExp, int kWays, class Ctx>
 UW_HD void huff_ahead_cta(Ctx& c, uint16_t* lut_s, const HuffArgs& a, int64_t n_chains, const uint16_t* lut_g,
                           int32_t* err) {
-  lut_fill_body<true>(c, lut_s, lut_g);
-  const auto lut = lut_view(c, lut_s);
-  const int64_t n_units = cdiv(n_chains, kWays);
-  const int64_t stride = c.grid_x() * plan::HUFF_THREADS;
-  for (int64_t u = c.block_x() * plan::HUFF_THREADS + static_cast<unsigned>(c.tid()); u < n_units; u += stride)
-    if (const int bad = huff_ahead_body<kExp, kWays>(u, n_chains, a, lut)) c.atomic_add(err, bad);
+  lut_grid_stride<true, kWays>(c, lut_s, lut_g, n_chains, err,
+                               [&](int64_t u, auto lut) { return huff_ahead_body<kExp, kWays>(u, n_chains, a, lut); });
 }
 
 template <class Ctx>
 UW_HD void hgather_cta(Ctx& c, uint16_t* lut_s, const HGatherArgs& a, int64_t n_units, const uint16_t* lut_g,
                        int32_t* err) {
-  lut_fill_body<false>(c, lut_s, lut_g);
-  const auto lut = lut_view(c, lut_s);
-  const int64_t stride = c.grid_x() * plan::HUFF_THREADS;
-  for (int64_t t = c.block_x() * plan::HUFF_THREADS + static_cast<unsigned>(c.tid()); t < n_units; t += stride)
-    if (!hgather_body(t, a, lut)) c.atomic_add(err, 1);
+  lut_grid_stride<false, 1>(c, lut_s, lut_g, n_units, err,
+                            [&](int64_t t, auto lut) { return hgather_body(t, a, lut) ? 0 : 1; });
 }
 
 // ---------------------------------------------------------------------------------------
