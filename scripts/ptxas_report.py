@@ -108,6 +108,24 @@ def git(*args: str) -> str:
     return res.stdout.strip() if res.returncode == 0 else ""
 
 
+def build_stamp() -> dict:
+    """What every report of a build records first: today's date, the commit, and whether the
+    native sources differ from it (a build from uncommitted sources is not the commit's)."""
+    return {"date": datetime.date.today().isoformat(), "commit": git("rev-parse", "--short", "HEAD") or "nocommit",
+            "native_sources_modified": bool(git("status", "--porcelain", "--", "csrc", "setup.py"))}
+
+
+def write_report(doc: dict, out: str | None, folder: str, prefix: str) -> None:
+    """Writes a report's JSON to `out`, by default benchmarks/results/<folder>/<prefix>-<date>-<commit>.json
+    (doc holds build_stamp()'s date and commit), and prints where."""
+    out = out or os.path.join(ROOT, "benchmarks", "results", folder, f"{prefix}-{doc['date']}-{doc['commit']}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump(doc, fh, indent=1)
+        fh.write("\n")
+    print(f"wrote {os.path.relpath(out, ROOT)}")
+
+
 def nvcc_version() -> str:
     nvcc = shutil.which("nvcc")
     if not nvcc:
@@ -153,16 +171,9 @@ def main() -> int:
 
     if args.no_write:
         return 0
-    commit = git("rev-parse", "--short", "HEAD") or "nocommit"
-    # A build from uncommitted native sources is not the commit's: say so in the file.
-    dirty = bool(git("status", "--porcelain", "--", "csrc", "setup.py"))
-    date = datetime.date.today().isoformat()
-    out = args.out or os.path.join(ROOT, "benchmarks", "results", "ptxas", f"ptxas-{date}-{commit}.json")
     doc = {
         "benchmark": "ptxas_report",
-        "date": date,
-        "commit": commit,
-        "native_sources_modified": dirty,
+        **build_stamp(),
         "nvcc": nvcc_version(),
         "archs": sorted({e["arch"] for e in entries}),
         "note": "shared_bytes is static shared memory as ptxas reports it; dynamic shared memory "
@@ -172,11 +183,7 @@ def main() -> int:
                                       "stack_frame_bytes", "spill_store_bytes", "spill_load_bytes",
                                       "source", "symbol"]} for e in entries],
     }
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as fh:
-        json.dump(doc, fh, indent=1)
-        fh.write("\n")
-    print(f"wrote {os.path.relpath(out, ROOT)}")
+    write_report(doc, args.out, "ptxas", "ptxas")
     return 0
 
 

@@ -19,9 +19,7 @@ Usage: python scripts/sass_report.py [--arch sm_90a] [--kernel REGEX] [--out PAT
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
-import json
 import os
 import re
 import shutil
@@ -163,19 +161,10 @@ def main(argv=None) -> int:
         print(f"{k['kernel']:<40} {k['instructions']:>6} instr  {what}")
     if args.no_write:
         return 0
-    commit = pr.git("rev-parse", "--short", "HEAD") or "nocommit"
-    date = datetime.date.today().isoformat()
-    out = args.out or os.path.join(ROOT, "benchmarks", "results", "sass", f"sass-{date}-{commit}.json")
-    doc = {"benchmark": "sass_report", "date": date, "commit": commit, "arch": args.arch,
-           "native_sources_modified": bool(pr.git("status", "--porcelain", "--", "csrc", "setup.py")),
-           "nvcc": pr.nvcc_version(), "cuobjdump": _version(tool), "kernels": kernels}
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as fh:
-        json.dump(doc, fh, indent=1)
-        fh.write("\n")
-    print("wrote", os.path.relpath(out, ROOT))
+    doc = {"benchmark": "sass_report", **pr.build_stamp(), "arch": args.arch, "nvcc": pr.nvcc_version(),
+           "cuobjdump": _version(tool), "kernels": kernels}
+    pr.write_report(doc, args.out, "sass", "sass")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

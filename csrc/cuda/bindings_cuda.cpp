@@ -46,14 +46,15 @@ void need(bool ok, const char* what) {
   if (!ok) throw py::value_error(what);
 }
 
-// The emulated fused kernels' operands: shapes checked, and each plane copied into a 16-byte
-// aligned host buffer (the kernels' 16-byte loads want aligned planes; numpy's need not be).
+// The emulated fused kernels' operands: shapes checked, and each plane copied into a host
+// buffer aligned as cudaMalloc aligns, 256 bytes (the kernels' 16-byte loads want aligned
+// planes, numpy's need not be, and the emulator's access profile counts sectors by address).
 struct AlignedCopy {
   std::vector<uint64_t> store;
   unsigned char* p = nullptr;
-  AlignedCopy(const void* src, size_t n) : store(n / 8 + 3) {
+  AlignedCopy(const void* src, size_t n) : store(n / 8 + 33) {
     p = reinterpret_cast<unsigned char*>(store.data());
-    p += (16 - reinterpret_cast<uintptr_t>(p) % 16) % 16;
+    p += (256 - reinterpret_cast<uintptr_t>(p) % 256) % 256;
     std::memcpy(p, src, n);
   }
 };
@@ -365,6 +366,35 @@ PYBIND11_MODULE(_cuda, m) {
     return py::make_tuple(e ? py::object(py::str(e)) : py::object(py::none()), out);
   }, "Two emulated CTAs handing each other words as the split-K fix-up does (emu/selftest.h, kind 0-3): "
      "(the emulator's error or None, out [32]).");
+  m.def("emu_selftest_access", [](int op, int bytes, int stride, uint32_t lanes) -> py::object {
+    const char* e = emu::selftest_access_host(op, bytes, stride, lanes);
+    if (e == nullptr) return py::none();
+    return py::str(e);
+  }, py::arg("op"), py::arg("bytes"), py::arg("stride"), py::arg("lanes") = 0xFFFFFFFFu,
+     "One emulated warp, one access per lane in `lanes`, lane l at byte l * stride (op 0: shared load, 1: shared "
+     "store, 2: cp.async, 3: global load, 4: global store; emu/selftest.h), for the access profile; the "
+     "emulator's error or None.");
+  m.def("emu_profile", [](bool on) {
+    static const char* const kinds[] = {"shared_load", "shared_store", "shared_async", "global_load",
+                                        "global_store", "global_async"};
+    static const char* const fields[] = {"requests", "units", "ideal", "bytes", "worse", "max_degree"};
+    uint64_t out[emu::kProfileKinds * emu::kProfileFields];
+    std::string worst;
+    emu::take_profile(on, out, &worst);
+    py::dict d;
+    for (int k = 0; k < emu::kProfileKinds; ++k) {
+      py::dict f;
+      for (int i = 0; i < emu::kProfileFields; ++i) f[fields[i]] = out[k * emu::kProfileFields + i];
+      d[kinds[k]] = f;
+    }
+    d["worst"] = worst;
+    return d;
+  }, py::arg("on"),
+     "The memory-access profile of emulated launches (warp_emu.h): returns the totals since the last call, "
+     "{kind: {requests, units, ideal, bytes, worse, max_degree}, worst: str} with kind shared_load / "
+     "shared_store / shared_async (cp.async writes; units: wavefronts) and global_load / global_store / "
+     "global_async (cp.async reads; units: 32-byte sectors), resets them, and profiles every later launch "
+     "when `on`. Process-wide.");
   m.def("emu_cta_order", [](const std::string& order, uint64_t seed, int resident) {
     const int o = order == "forward" ? 0 : order == "reverse" ? 1 : order == "shuffle" ? 2 : -1;
     need(emu::set_cta_order(o, seed, resident), "order must be 'forward', 'reverse' or 'shuffle', resident >= 1");

@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "../decode_primitives.h"
+#include "emu/ctx.cuh"  // trace_global (host side of the loads)
 #include "kernel_plan.h"
 #include "kernels.cuh"
 
@@ -39,7 +40,8 @@ using plan::cdiv;
 
 // ---------------------------------------------------------------------------------------
 // Loads.  Device: inline PTX for the cache hints (see the policy above).  Host (emulation):
-// memcpy, which is what the hinted loads mean for the data.
+// memcpy, which is what the hinted loads mean for the data, and a report to the emulator's
+// access profile (emu/ctx.cuh, trace_global).
 // ---------------------------------------------------------------------------------------
 UW_HD uint32_t ld_stream_u32(const uint8_t* p) {
 #if defined(__CUDA_ARCH__)
@@ -47,6 +49,7 @@ UW_HD uint32_t ld_stream_u32(const uint8_t* p) {
   asm("ld.global.nc.L1::no_allocate.b32 %0, [%1];" : "=r"(v) : "l"(p));
   return v;
 #else
+  emu::trace_global(p, 4, false);
   uint32_t v;
   std::memcpy(&v, p, 4);
   return v;
@@ -57,6 +60,7 @@ UW_HD void ld_stream_v2(const uint8_t* p, uint32_t& a, uint32_t& b) {
 #if defined(__CUDA_ARCH__)
   asm("ld.global.nc.L1::no_allocate.v2.b32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "l"(p));
 #else
+  emu::trace_global(p, 8, false);
   uint32_t v[2];
   std::memcpy(v, p, 8);
   a = v[0];
@@ -70,6 +74,7 @@ UW_HD void ld_stream_v4(const uint8_t* p, uint32_t (&v)[4]) {
       : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
       : "l"(p));
 #else
+  emu::trace_global(p, 16, false);
   std::memcpy(v, p, 16);
 #endif
 }
@@ -80,6 +85,7 @@ UW_HD void ld_reuse_v4(const uint16_t* p, uint32_t (&v)[4]) {
   const uint4 q = __ldg(reinterpret_cast<const uint4*>(p));
   v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
 #else
+  emu::trace_global(p, 16, false);
   std::memcpy(v, p, 16);
 #endif
 }
@@ -88,6 +94,7 @@ UW_HD void st_v4(uint16_t* p, const uint32_t (&v)[4]) {
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<uint4*>(p) = make_uint4(v[0], v[1], v[2], v[3]);
 #else
+  emu::trace_global(p, 16, true);
   std::memcpy(p, v, 16);
 #endif
 }

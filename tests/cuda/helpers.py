@@ -6,6 +6,8 @@ machine without CUDA (the GPU tests are then collected and skipped).
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 # Values that a kernel never writes: decoded outputs are poisoned with each in turn, so an
@@ -30,6 +32,31 @@ def all_bf16_patterns(rows: int = 256, seed: int = 7) -> np.ndarray:
     subnormals, both zeros), shuffled so every segment sees a mix."""
     w = np.random.default_rng(seed).permutation(65536).astype(np.uint16)
     return w.reshape(rows, 65536 // rows)
+
+
+def aligned(a: np.ndarray, align: int = 256) -> np.ndarray:
+    """A C-contiguous copy of `a` whose data starts on an `align`-byte boundary, as cudaMalloc
+    places device buffers: the emulator's access profile counts 32-byte sectors by address."""
+    a = np.ascontiguousarray(a)
+    buf = np.empty(a.nbytes + align, np.uint8)
+    off = -buf.ctypes.data % align
+    out = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@contextlib.contextmanager
+def access_profile(cuda_module):
+    """Profiles the emulated launches inside the block (``cuda_module.emu_profile``, the
+    extension's binding of warp_emu.h's profile()); yields a dict that receives the totals,
+    {kind: {requests, units, ideal, bytes, worse, max_degree}, worst}, when the block ends.
+    The profile is switched off again however the block ends."""
+    cuda_module.emu_profile(True)
+    totals: dict = {}
+    try:
+        yield totals
+    finally:
+        totals.update(cuda_module.emu_profile(False))
 
 
 def bf16_to_f64(w: np.ndarray) -> np.ndarray:

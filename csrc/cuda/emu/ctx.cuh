@@ -107,6 +107,29 @@ UW_HD int frag_c_row(int lane, int i) { return (lane >> 2) + (i >= 2 ? 8 : 0); }
 UW_HD int frag_c_col(int lane, int i) { return 2 * (lane & 3) + (i & 1); }
 
 // ---------------------------------------------------------------------------------------
+// Host side of the global-memory helpers of device_util.cuh (ld_stream_*, ld_reuse_v4, st_v4).
+// Plain loads and stores of a body do not pass through the context, so while the emulator
+// profiles a launch (warp_emu.h, profile()) it points this at the thread it is running and
+// each helper reports its address and size there.  Null otherwise: the serial emulations
+// and unprofiled launches pay one thread-local test per access.  Host functions: the device
+// side of the helpers never calls them.
+// ---------------------------------------------------------------------------------------
+struct GlobalTrace {
+  void (*fn)(void* thread, const void* p, unsigned bytes, bool store) = nullptr;
+  void* thread = nullptr;
+};
+inline GlobalTrace& global_trace() {
+  static thread_local GlobalTrace t;
+  return t;
+}
+// Forced inline: the emulator names an access's instruction by the return address of the
+// call below, which must therefore lie in the body's code at the helper's call site.
+__attribute__((always_inline)) inline void trace_global(const void* p, unsigned bytes, bool store) {
+  const GlobalTrace& t = global_trace();
+  if (t.fn != nullptr) t.fn(t.thread, p, bytes, store);
+}
+
+// ---------------------------------------------------------------------------------------
 // The GPU side: each call is the instruction (inline PTX where the CUDA intrinsic would
 // hide a detail the emulator has to reproduce: cp.async's zero fill, wait_group's count).
 // Methods are __host__ __device__ so that a body instantiated for either context compiles

@@ -3,6 +3,7 @@
 // selftest_mma_device runs the mma body on a GPU.
 #include <cuda_runtime.h>
 
+#include "../device_util.cuh"
 #include "selftest.h"
 #include "warp_emu.h"
 
@@ -183,7 +184,74 @@ UW_HD void grid_body(Ctx& c, int kind, float* data, int* counter, float* out) {
   out[t] = c.ld_grid(data + t) + c.ld_grid(data + 32 + t);
 }
 
+// Access patterns for the profile's model (selftest.h, selftest_access_host).
+template <class Ctx>
+UW_HD void access_body(Ctx& c, int op, int bytes, int stride, uint32_t lanes, unsigned char* gbuf, int region) {
+  const int lane = c.lane();
+  unsigned char* sm = c.smem();
+  if (op == 0) {  // every word of the region written first (4-byte stores, one word per lane and round)
+    for (int w = lane; w < region / 4; w += kWarpSize) c.sts(reinterpret_cast<uint32_t*>(sm) + w, 0u);
+    c.syncwarp();
+  }
+  if (((lanes >> lane) & 1u) == 0) return;
+  unsigned char* s = sm + lane * stride;
+  const uint8_t* g = gbuf + lane * stride;
+  if (op == 0) {
+    if (bytes == 1) (void)c.lds(s);
+    if (bytes == 2) (void)c.lds(reinterpret_cast<const uint16_t*>(s));
+    if (bytes == 4) (void)c.lds(reinterpret_cast<const uint32_t*>(s));
+    uint32_t v[4];
+    if (bytes == 8) c.lds_v2(s, reinterpret_cast<uint32_t(&)[2]>(v));
+    if (bytes == 16) c.lds_v4(s, v);
+  } else if (op == 1) {
+    if (bytes == 4) c.sts(reinterpret_cast<uint32_t*>(s), 1u);
+    if (bytes == 8) c.sts(reinterpret_cast<uint64_t*>(s), uint64_t{1});
+    if (bytes == 16) c.sts(reinterpret_cast<uint4*>(s), make_uint4(1u, 2u, 3u, 4u));
+  } else if (op == 2) {
+    c.cp_async16(s, g);
+    c.cp_async_commit();
+    c.template cp_async_wait<0>();
+  } else if (op == 3) {
+    uint32_t v[4];
+    if (bytes == 4) v[0] = cuda::detail::ld_stream_u32(g);
+    if (bytes == 8) cuda::detail::ld_stream_v2(g, v[0], v[1]);
+    if (bytes == 16) cuda::detail::ld_stream_v4(g, v);
+    (void)v;
+  } else {
+    const uint32_t v[4] = {1u, 2u, 3u, 4u};
+    cuda::detail::st_v4(reinterpret_cast<uint16_t*>(gbuf + lane * stride), v);
+  }
+}
+
 }  // namespace
+
+const char* selftest_access_host(int op, int bytes, int stride, uint32_t lanes) {
+  const bool ok = (op == 0 && (bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8 || bytes == 16)) ||
+                  (op == 1 && (bytes == 4 || bytes == 8 || bytes == 16)) || ((op == 2 || op == 4) && bytes == 16) ||
+                  (op == 3 && (bytes == 4 || bytes == 8 || bytes == 16));
+  if (!ok || stride < 0 || stride > 512 || stride % bytes != 0) return "selftest_access: bad op, size or stride";
+  const int region = (kWarpSize * stride + 16 + 127) / 128 * 128;
+  // Global buffer aligned as cudaMalloc aligns (256 bytes), so sectors fall as on the device.
+  std::vector<unsigned char> gbuf(static_cast<size_t>(region) + 256);
+  unsigned char* g = gbuf.data() + (256 - reinterpret_cast<uintptr_t>(gbuf.data()) % 256) % 256;
+  return launch(1, 1, kWarpSize, static_cast<size_t>(region),
+                [&](ThreadCtx& c) { access_body(c, op, bytes, stride, lanes, g, region); });
+}
+
+static_assert(kProfileKinds == kAccessKinds, "selftest.h lists the profile's kinds of warp_emu.h");
+
+void take_profile(bool on, uint64_t* out, std::string* worst) {
+  std::lock_guard<std::mutex> lock(profile().mu);
+  const ProfileTotals& t = profile().totals;
+  for (int k = 0; k < kAccessKinds; ++k) {
+    const AccessTotals& a = t.kind[k];
+    const uint64_t f[kProfileFields] = {a.requests, a.units, a.ideal, a.bytes, a.worse, a.max_degree};
+    for (int i = 0; i < kProfileFields; ++i) out[k * kProfileFields + i] = f[i];
+  }
+  *worst = t.worst;
+  profile().totals = ProfileTotals{};
+  profile().on = on;
+}
 
 const char* selftest_grid_host(int kind, float* out) {
   std::vector<float> data(64, 0.f);

@@ -1,9 +1,10 @@
 // Self-tests of the warp emulator (selftest.cu): small bodies that exercise each part of the
 // context interface, run on the host through emu::launch and, for the mma, on a GPU through
-// the same body, so the two can be compared where a GPU exists; and the emulator's one
-// setting, the CTA order.  No CUDA types here (the bindings compile with the host compiler).
+// the same body, so the two can be compared where a GPU exists; and the emulator's settings,
+// the CTA order and the memory-access profile.  No CUDA types here (the bindings compile with the host compiler).
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace unweight {
 namespace emu {
@@ -49,6 +50,26 @@ const char* selftest_error_host(int kind);
 // kind 1 without the storing threads' threadfence, 2 without the loading threads', 3 with the
 // storing threads' threadfence after the arrival.  Returns the emulator's error (none for 0).
 const char* selftest_grid_host(int kind, float* out);
+
+// One warp of 32 threads makes one access per lane in `lanes` (a bit per lane), lane l at
+// byte l * stride of its buffer, for the access profile (warp_emu.h, profile()):
+//   op 0: shared load of `bytes` (1, 2, 4, 8 or 16; the words are first written by 4-byte stores)
+//   op 1: shared store of `bytes` (4, 8 or 16)
+//   op 2: cp.async of 16 bytes, global l * stride -> shared l * stride
+//   op 3: global load of `bytes` (4, 8 or 16) through device_util.cuh's streaming loads
+//   op 4: global store of 16 bytes through device_util.cuh's st_v4
+// stride: 0..512, a multiple of the size.  Returns the emulator's error, or a message for bad
+// arguments.
+const char* selftest_access_host(int op, int bytes, int stride, uint32_t lanes);
+
+// The access profile: every emulated launch from now on is profiled when `on`.  out[kind *
+// kProfileFields + field] receives the totals since the last call (which are then reset):
+// kind 0..5 shared load, shared store, cp.async shared write, global load, global store,
+// cp.async global read; field requests, units (wavefronts or sectors), ideal units, bytes,
+// requests above their ideal, largest bank degree.  worst: the shared request phase of the
+// largest degree, described.
+constexpr int kProfileKinds = 6, kProfileFields = 6;
+void take_profile(bool on, uint64_t* out, std::string* worst);
 
 // The order every later emulated launch runs its CTAs in (warp_emu.h, cta_order): 0 x
 // fastest, then y; 1 the reverse; 2 a permutation drawn from `seed`; with `resident` CTAs in

@@ -38,6 +38,9 @@
 //   * global memory one CTA hands another (st_grid / ld_grid, GridShadow): the storing
 //     thread must threadfence between its store and its CTA's arrival atomic (release), the
 //     loading thread between learning of that arrival and its load (acquire).
+// It can also count what a profiler's memory counters would for the launch -- shared-memory
+// wavefronts per bank-conflicted request, global sectors per request -- so CPU-only CI sees a
+// bank conflict or an uncoalesced load (profile(), below).
 // What it does not model: other races in global memory (plain loads and stores are
 // sequentially consistent here; the schedules of cta_order() expose some), timing, occupancy,
 // and the exact rounding
@@ -58,10 +61,13 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
@@ -84,6 +90,8 @@ class Cta;
 #else
 #define UW_EMU_HOST_ONLY(...) __VA_ARGS__
 #endif
+#define UW_EMU_NOINLINE __attribute__((noinline))
+#define UW_EMU_CALL_SITE() reinterpret_cast<uintptr_t>(__builtin_return_address(0))
 
 // The per-thread context handed to a body on the host (see ctx.cuh for the interface).
 class ThreadCtx {
@@ -148,8 +156,11 @@ class ThreadCtx {
   inline void h_st_grid(const float* p);
   inline void h_ld_grid(const float* p);
   inline const unsigned char* exchange(unsigned mask, const void* in, size_t n, bool sync = false);
-  inline void h_load(const void* p, void* out, size_t n);
-  inline void h_store(void* p, const void* in, size_t n);
+  // Out of line, so that the return address names the body's call site (the access profile
+  // groups a warp's accesses into instructions by it); the context's methods above are
+  // forced inline into the body.
+  UW_EMU_NOINLINE void h_load(const void* p, void* out, size_t n);
+  UW_EMU_NOINLINE void h_store(void* p, const void* in, size_t n);
   inline void h_atomic(void* p, size_t n);
   template <class T>
   T h_shfl(T v, int src, unsigned mask) {
@@ -172,7 +183,7 @@ class ThreadCtx {
     return r;
   }
   inline void h_mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]);
-  inline void h_cp_async16(void* smem_dst, const void* gmem_src, int src_bytes);
+  UW_EMU_NOINLINE void h_cp_async16(void* smem_dst, const void* gmem_src, int src_bytes);
   void h_commit() {
     groups_.push_back(std::move(open_));
     open_.clear();
@@ -223,6 +234,69 @@ class GridShadow {
   std::vector<uint64_t> last_atomic_;
 };
 
+// ---- memory-access profile ------------------------------------------------------------
+// What a profiler's memory counters (Nsight Compute's shared-memory wavefronts and global
+// sectors per request) would count for the accesses of emulated launches, so that a CPU-only
+// run tells a bank conflict or an uncoalesced load from the access pattern alone.  Off unless
+// profile().on; a launch reads the switch when it starts, and each CTA adds its counts to the
+// totals when it ends.
+//   * Requests.  An instruction is a call site of the body (the context's methods and the
+//     load helpers are inlined into the body; the emulator reads the return address).
+//     Between two of a warp's collectives or CTA barriers, the lanes' k-th passes through a
+//     site every lane passes equally often are one request; passes through a site only some
+//     lanes take (a predicated copy, a data-dependent refill) are grouped by the pass of the
+//     nearest such uniform site before them, i.e. by loop iteration, with the lanes that
+//     skip it absent, as on the GPU (Cta::flush).  Approximate where no site is uniform (lanes
+//     whose loops run different trip counts) or lanes diverge around a collective.
+//   * Shared memory: 32 banks of 4 bytes.  An access of 8 or 16 bytes per lane runs in 2 or 4
+//     phases of 16 or 8 consecutive lanes; a phase with any lane in it takes as many
+//     wavefronts as the most distinct words one bank holds among its lanes' bytes (lanes
+//     reading one word share it), ideally one.  A cp.async counts its 16-byte shared write
+//     so; shared atomics are not counted.
+//   * Global memory: 32-byte sectors.  A request touches the distinct sectors of its lanes'
+//     bytes, ideally ceil(distinct bytes / 32).  Seen: the load and store helpers of
+//     device_util.cuh (through trace_global) and cp.async sources; a body's other plain
+//     loads and stores are not.  No cache: a sector two requests share counts twice.
+enum AccessKind { kSharedLoad, kSharedStore, kSharedAsync, kGlobalLoad, kGlobalStore, kGlobalAsync, kAccessKinds };
+struct AccessTotals {
+  uint64_t requests = 0;  // warp-wide instructions
+  uint64_t units = 0;     // shared: wavefronts; global: sectors
+  uint64_t ideal = 0;     // the fewest units the same bytes could take
+  uint64_t bytes = 0;     // bytes the lanes asked for
+  uint64_t worse = 0;     // requests that took more units than their ideal
+  uint64_t max_degree = 0;  // shared: most distinct words on one bank in one phase
+};
+struct ProfileTotals {
+  AccessTotals kind[kAccessKinds];
+  uint64_t worst_degree = 0;
+  std::string worst;  // the first shared phase of the largest degree: kind, lanes, byte offsets
+  void add(const ProfileTotals& o) {
+    for (int k = 0; k < kAccessKinds; ++k) {
+      AccessTotals& a = kind[k];
+      const AccessTotals& b = o.kind[k];
+      a.requests += b.requests;
+      a.units += b.units;
+      a.ideal += b.ideal;
+      a.bytes += b.bytes;
+      a.worse += b.worse;
+      a.max_degree = std::max(a.max_degree, b.max_degree);
+    }
+    if (o.worst_degree > worst_degree) {
+      worst_degree = o.worst_degree;
+      worst = o.worst;
+    }
+  }
+};
+struct ProfileSetting {
+  bool on = false;
+  std::mutex mu;  // guards totals: emulations may run on several OS threads
+  ProfileTotals totals;
+};
+inline ProfileSetting& profile() {
+  static ProfileSetting setting;
+  return setting;
+}
+
 // One CTA: its fibers, shared memory and rendezvous state.
 class Cta {
  public:
@@ -245,6 +319,20 @@ class Cta {
       threads_[t].ctx.cta_ = this;
       threads_[t].ctx.tid_ = t;
     }
+    {
+      std::lock_guard<std::mutex> lock(profile().mu);
+      profiling_ = profile().on;
+    }
+    if (profiling_) traces_.resize(nw);
+  }
+  Cta(const Cta&) = delete;
+  Cta& operator=(const Cta&) = delete;
+  // Adds this CTA's access counts to the profile's totals (profiling launches only).
+  ~Cta() {
+    if (!profiling_) return;
+    for (Trace& tr : traces_) flush(tr);
+    std::lock_guard<std::mutex> lock(profile().mu);
+    profile().totals.add(prof_);
   }
 
   // Sets every thread up to run body(ThreadCtx&); nothing runs before the first step().
@@ -271,7 +359,9 @@ class Cta {
   void step_warp(int w) {
     for (int t = w * kWarpSize; t < (w + 1) * kWarpSize && t < n_ && error_ == nullptr; ++t) {
       if (threads_[t].done) continue;
+      if (profiling_) global_trace() = GlobalTrace{&Cta::on_global, &threads_[t].ctx};
       swapcontext(&main_, &threads_[t].uc);
+      if (profiling_) global_trace() = GlobalTrace{};
     }
   }
   // Closes a round in which every warp had a turn: false once the CTA is over, finished or
@@ -367,7 +457,7 @@ class Cta {
   // reported although the hardware would not conflict; no kernel here does that), and stores
   // must cover whole words (a sub-word store would leave the word's other bytes looking
   // written).
-  void shared_access(int tid, const void* p, size_t n, Access kind) {
+  void shared_access(int tid, const void* p, size_t n, Access kind, uintptr_t site = 0) {
     const unsigned char* b = static_cast<const unsigned char*>(p);
     if (b < smem_ || b + n > smem_ + smem_bytes_ || n == 0)
       fail_at(tid, "shared-memory access outside the launch's dynamic shared memory", b, -1);
@@ -377,6 +467,24 @@ class Cta {
     if (n < 4 && kind != kRead)
       fail_at(tid, "sub-word shared-memory store (the race check models 4-byte words)", b, -1);
     for (size_t i = off / 4; i < (off + n + 3) / 4; ++i) word_access(tid, i, kind);
+    if (profiling_ && (kind == kRead || kind == kWrite || kind == kAsyncIssue))
+      record(tid, kind == kRead ? kSharedLoad : kind == kWrite ? kSharedStore : kSharedAsync, off, n, site);
+  }
+
+  // ---- access profile (see profile()) ----
+  // Counts an access of n bytes at `at` (a shared-memory offset, or a global address) by
+  // thread tid from the body's call site `site`; nothing unless this launch is profiled.
+  void record(int tid, AccessKind kind, uintptr_t at, size_t n, uintptr_t site) {
+    if (!profiling_) return;
+    const uint64_t key = (bar_gen_ << 32) | (warps_[static_cast<size_t>(tid / kWarpSize)].gen & 0xFFFFFFFFu);
+    Trace& tr = traces_[static_cast<size_t>(tid / kWarpSize)];
+    // Every later access of the warp has a key at least the current one: a change of key
+    // closes the group of the old one.
+    if (tr.open && tr.key != key) flush(tr);
+    tr.open = true;
+    tr.key = key;
+    tr.lanes[static_cast<size_t>(tid % kWarpSize)].push_back(Rec{at, site, static_cast<uint8_t>(kind),
+                                                                 static_cast<uint8_t>(n)});
   }
 
  private:
@@ -453,6 +561,161 @@ class Cta {
     }
   }
 
+  struct Rec {
+    uintptr_t at;    // shared: offset into the launch's shared memory; global: address
+    uintptr_t site;  // the body's call site (a return address)
+    uint8_t kind;    // AccessKind
+    uint8_t bytes;
+  };
+  // One warp's accesses since its last collective or barrier, per lane in program order.
+  struct Trace {
+    bool open = false;
+    uint64_t key = 0;  // barrier generation << 32 | the warp's collective generation
+    std::array<std::vector<Rec>, kWarpSize> lanes;
+  };
+
+  UW_EMU_NOINLINE static void on_global(void* thread, const void* p, unsigned bytes, bool store) {
+    ThreadCtx* c = static_cast<ThreadCtx*>(thread);
+    c->cta_->record(c->tid_, store ? kGlobalStore : kGlobalLoad, reinterpret_cast<uintptr_t>(p), bytes,
+                    UW_EMU_CALL_SITE());
+  }
+
+  // Counts the group's requests.  An instruction of the warp is a call site of the body; which
+  // passes of the lanes through a site are one execution of it:
+  //   * a site every lane passes equally often (a uniform site: converged code): the k-th
+  //     pass of each lane;
+  //   * a site some lanes pass less often (an access predicated off, a data-dependent
+  //     refill): the passes that follow the same pass of the nearest uniform site before them
+  //     (the same loop iteration), in order -- the lanes that skip it there are absent.
+  // Lanes that disagree on kind or size at one execution make separate requests.
+  void flush(Trace& tr) {
+    std::unordered_map<uintptr_t, std::array<uint32_t, kWarpSize>> passes;  // per site, per lane
+    unsigned present = 0;
+    for (int l = 0; l < kWarpSize; ++l)
+      for (const Rec& r : tr.lanes[static_cast<size_t>(l)]) {
+        ++passes[r.site][static_cast<size_t>(l)];
+        present |= 1u << l;
+      }
+    if (present == 0) return;
+    const size_t first = static_cast<size_t>(__builtin_ctz(present));
+    std::unordered_map<uintptr_t, bool> uniform;
+    for (const auto& sp : passes) {
+      bool u = true;
+      for (int l = 0; l < kWarpSize; ++l)
+        u = u && (((present >> l) & 1u) == 0 || sp.second[static_cast<size_t>(l)] == sp.second[first]);
+      uniform[sp.first] = u;
+    }
+    // Key: (site, anchor site, anchor pass, pass since the anchor); uniform sites anchor themselves.
+    using Key = std::array<uintptr_t, 4>;
+    std::map<Key, std::array<const Rec*, kWarpSize>> insns;
+    for (int l = 0; l < kWarpSize; ++l) {
+      std::unordered_map<uintptr_t, uintptr_t> seen, since;
+      uintptr_t anchor = 0, anchor_pass = 0;
+      for (const Rec& r : tr.lanes[static_cast<size_t>(l)]) {
+        const uintptr_t k = seen[r.site]++;
+        Key key;
+        if (uniform[r.site]) {
+          anchor = r.site;
+          anchor_pass = k;
+          since.clear();
+          key = Key{r.site, r.site, k, 0};
+        } else {
+          key = Key{r.site, anchor, anchor_pass, since[r.site]++};
+        }
+        insns.emplace(key, std::array<const Rec*, kWarpSize>{}).first->second[static_cast<size_t>(l)] = &r;
+      }
+    }
+    for (const auto& insn : insns) {
+      unsigned left = 0;
+      for (int l = 0; l < kWarpSize; ++l)
+        if (insn.second[static_cast<size_t>(l)] != nullptr) left |= 1u << l;
+      while (left != 0) {
+        const Rec& f = *insn.second[static_cast<size_t>(__builtin_ctz(left))];
+        const Rec* recs[kWarpSize] = {};
+        for (int l = 0; l < kWarpSize; ++l) {
+          const Rec* r = insn.second[static_cast<size_t>(l)];
+          if (((left >> l) & 1u) == 0 || r->kind != f.kind || r->bytes != f.bytes) continue;
+          recs[l] = r;
+          left &= ~(1u << l);
+        }
+        if (f.kind <= kSharedAsync) {
+          count_shared(static_cast<AccessKind>(f.kind), f.bytes, recs);
+        } else {
+          count_global(static_cast<AccessKind>(f.kind), f.bytes, recs);
+        }
+      }
+    }
+    for (auto& v : tr.lanes) v.clear();
+    tr.open = false;
+  }
+
+  void count_shared(AccessKind kind, unsigned bytes, const Rec* const (&recs)[kWarpSize]) {
+    AccessTotals& t = prof_.kind[kind];
+    const int phases = bytes <= 4 ? 1 : static_cast<int>(bytes / 4), per = kWarpSize / phases;
+    uint64_t units = 0, ideal = 0, lanes = 0;
+    for (int p = 0; p < phases; ++p) {
+      uintptr_t words[kWarpSize * 4];
+      int n = 0;
+      for (int l = p * per; l < (p + 1) * per; ++l) {
+        if (recs[l] == nullptr) continue;
+        ++lanes;
+        for (uintptr_t w = recs[l]->at / 4; w <= (recs[l]->at + bytes - 1) / 4; ++w) words[n++] = w;
+      }
+      if (n == 0) continue;
+      std::sort(words, words + n);
+      n = static_cast<int>(std::unique(words, words + n) - words);
+      int on_bank[kWarpSize] = {};
+      uint64_t degree = 0;
+      for (int i = 0; i < n; ++i) degree = std::max(degree, static_cast<uint64_t>(++on_bank[words[i] % kWarpSize]));
+      units += degree;
+      ideal += 1;
+      t.max_degree = std::max(t.max_degree, degree);
+      if (degree > prof_.worst_degree) {
+        prof_.worst_degree = degree;
+        static const char* const names[] = {"load", "store", "cp.async write"};
+        std::string msg = "shared " + std::string(names[kind]) + " of " + std::to_string(bytes) +
+                          " bytes per lane, " + std::to_string(degree) + " words on one bank; lane:offset";
+        for (int l = p * per; l < (p + 1) * per; ++l)
+          if (recs[l] != nullptr) msg += " " + std::to_string(l) + ":" + std::to_string(recs[l]->at);
+        prof_.worst = msg;
+      }
+    }
+    ++t.requests;
+    t.units += units;
+    t.ideal += ideal;
+    t.bytes += lanes * bytes;
+    if (units > ideal) ++t.worse;
+  }
+
+  void count_global(AccessKind kind, unsigned bytes, const Rec* const (&recs)[kWarpSize]) {
+    AccessTotals& t = prof_.kind[kind];
+    std::pair<uintptr_t, uintptr_t> spans[kWarpSize];
+    uintptr_t sectors[kWarpSize * 2];
+    int n = 0, ns = 0;
+    for (int l = 0; l < kWarpSize; ++l) {
+      if (recs[l] == nullptr) continue;
+      spans[n++] = {recs[l]->at, recs[l]->at + bytes};
+      for (uintptr_t s = recs[l]->at / 32; s <= (recs[l]->at + bytes - 1) / 32 && ns < kWarpSize * 2; ++s)
+        sectors[ns++] = s;
+    }
+    std::sort(sectors, sectors + ns);
+    ns = static_cast<int>(std::unique(sectors, sectors + ns) - sectors);
+    std::sort(spans, spans + n);
+    uint64_t distinct = 0;
+    uintptr_t end = 0;
+    for (int i = 0; i < n; ++i) {  // the union of the lanes' byte ranges
+      const uintptr_t from = std::max(spans[i].first, end);
+      if (spans[i].second > from) distinct += spans[i].second - from;
+      end = std::max(end, spans[i].second);
+    }
+    const uint64_t ideal = (distinct + 31) / 32;
+    ++t.requests;
+    t.units += static_cast<uint64_t>(ns);
+    t.ideal += ideal;
+    t.bytes += static_cast<uint64_t>(n) * bytes;
+    if (static_cast<uint64_t>(ns) > ideal) ++t.worse;
+  }
+
   std::string describe(int tid, const char* what, const unsigned char* at, int other) const {
     char where[160];
     std::snprintf(where, sizeof(where), " (thread %d of CTA (%lld, %lld), shared byte %lld%s", tid,
@@ -523,6 +786,9 @@ class Cta {
   std::vector<uint32_t> w_bar_, w_sync_;
   std::vector<uint32_t> rd_lanes_, rd_bar_, rd_sync_;
   std::string unwritten_read_;  // the first read of a word no thread had written
+  bool profiling_ = false;      // profile().on when the launch started
+  std::vector<Trace> traces_;   // per warp, when profiling
+  ProfileTotals prof_;
   std::vector<Warp> warps_;
   std::vector<Thread> threads_;
   ucontext_t main_;
@@ -566,11 +832,11 @@ inline const unsigned char* ThreadCtx::exchange(unsigned mask, const void* in, s
   return cta_->exchange(tid_, mask, in, n, sync);
 }
 inline void ThreadCtx::h_load(const void* p, void* out, size_t n) {
-  cta_->shared_access(tid_, p, n, Cta::kRead);
+  cta_->shared_access(tid_, p, n, Cta::kRead, UW_EMU_CALL_SITE());
   std::memcpy(out, p, n);
 }
 inline void ThreadCtx::h_store(void* p, const void* in, size_t n) {
-  cta_->shared_access(tid_, p, n, Cta::kWrite);
+  cta_->shared_access(tid_, p, n, Cta::kWrite, UW_EMU_CALL_SITE());
   std::memcpy(p, in, n);
 }
 inline void ThreadCtx::h_atomic(void* p, size_t n) {
@@ -585,11 +851,13 @@ inline void ThreadCtx::h_atomic(void* p, size_t n) {
 inline void ThreadCtx::h_cp_async16(void* smem_dst, const void* gmem_src, int src_bytes) {
   if (reinterpret_cast<uintptr_t>(gmem_src) % 16 != 0)
     cta_->fail_access(tid_, "cp.async source not 16-byte aligned", smem_dst);
-  cta_->shared_access(tid_, smem_dst, 16, Cta::kAsyncIssue);
+  const uintptr_t site = UW_EMU_CALL_SITE();
+  cta_->shared_access(tid_, smem_dst, 16, Cta::kAsyncIssue, site);
   Copy cp;
   cp.dst = static_cast<unsigned char*>(smem_dst);
   std::memset(cp.bytes, 0, 16);
   const int n = src_bytes < 0 ? 0 : (src_bytes > 16 ? 16 : src_bytes);
+  if (n > 0) cta_->record(tid_, kGlobalAsync, reinterpret_cast<uintptr_t>(gmem_src), static_cast<size_t>(n), site);
   std::memcpy(cp.bytes, gmem_src, static_cast<size_t>(n));
   open_.push_back(cp);
 }
