@@ -1850,12 +1850,17 @@ NCU_METRICS = (("Duration", "duration"), ("Memory Throughput", "memory_throughpu
                ("Issued Warp Per Scheduler", "issued_warp_per_scheduler"),
                ("Dynamic Shared Memory Per Block", "dynamic_smem_per_block"),
                ("Static Shared Memory Per Block", "static_smem_per_block"))
+# Counters collected beside the sections (--metrics), to set against the warp emulator's
+# access profile (scripts/emu_profile.py): shared-load wavefronts, and ncu's bank conflicts,
+# the wavefronts above one per phase.
+NCU_COUNTERS = (("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum", "smem_ld_wavefronts"),
+                ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum", "smem_ld_bank_conflicts"))
 
 
 def _ncu_numbers(text: str) -> dict:
     """Key numbers (with their units) from an ncu text report of one kernel launch."""
     out = {}
-    for label, key in NCU_METRICS:
+    for label, key in NCU_METRICS + NCU_COUNTERS:
         m = re.search(rf"^\s+{re.escape(label)}\s+(\S+)?\s+([-0-9.,]+)\s*$", text, re.M)
         if m:
             unit, val = m.group(1) or "", m.group(2).replace(",", "")
@@ -1885,7 +1890,8 @@ def _profile_variant(args: list) -> str | None:
 def _profiles(budget: "bu.Budget", out_dir: str, skip: dict | None = None) -> dict:
     """Nsight Compute on PROFILES: key numbers per kernel; the text reports go to out_dir/ncu/."""
     ncu = shutil.which("ncu") or (os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "ncu"))
-    res = {"benchmark": "profile", "tool": ncu, "sections": list(NCU_SECTIONS), "kernels": {}, "skipped": []}
+    res = {"benchmark": "profile", "tool": ncu, "sections": list(NCU_SECTIONS),
+           "metrics": [m for m, _ in NCU_COUNTERS], "kernels": {}, "skipped": []}
     if not os.path.exists(ncu):
         res["skipped"].append({"what": "all", "why": "ncu not found"})
         return res
@@ -1900,6 +1906,7 @@ def _profiles(budget: "bu.Budget", out_dir: str, skip: dict | None = None) -> di
         cmd = [ncu, "--kernel-name", f"regex:{regex}", "--launch-skip", "2", "--launch-count", "1"]
         for sec in NCU_SECTIONS:
             cmd += ["--section", sec]
+        cmd += ["--metrics", ",".join(m for m, _ in NCU_COUNTERS)]
         cmd += [sys.executable, os.path.join(SCRIPTS, "profile_kernels.py"), *args]
         t0 = time.perf_counter()
         try:

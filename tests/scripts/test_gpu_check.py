@@ -105,6 +105,30 @@ def test_every_variant_is_checked_benchmarked_and_profiled_by_tag():
     assert tags - {None} <= set(gc.VARIANT_TAGS) and {"gemm:wide", "gemm:xs", "gemv", "huffman:ahead", "palette:wide"} <= tags
 
 
+def test_ncu_report_numbers_include_the_shared_memory_counters():
+    """The numbers kept from an ncu text report: section lines with and without units, and the
+    --metrics counters the emulator's access profile is compared with."""
+    gc = _gpu_check_module()
+    text = """
+    Section: GPU Speed Of Light Throughput
+    ----------------------- ----------- ------------
+    Metric Name             Metric Unit Metric Value
+    ----------------------- ----------- ------------
+    Duration                         us       412.35
+    Memory Throughput                 %        71.20
+    Section: Command line profiler metrics
+    ---------------------------------------------------------- ----------- ------------
+    Metric Name                                                Metric Unit Metric Value
+    ---------------------------------------------------------- ----------- ------------
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum                 1,207,344
+    l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum                     1,677,721
+"""
+    got = gc._ncu_numbers(text)
+    assert got["duration"] == 412.35 and got["duration_unit"] == "us"
+    assert got["smem_ld_bank_conflicts"] == 1207344 and got["smem_ld_wavefronts"] == 1677721
+    assert "smem_ld_wavefronts_unit" not in got
+
+
 def test_smollm2_parts_fit_two_calls():
     """SmolLM2's xz'd GGUF is split over the two calls, the eval site with the second, each call
     under the device tool's carry limit with its margin; a tree too large for that is refused."""
