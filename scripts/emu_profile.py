@@ -72,6 +72,16 @@ def runs(cu):
     for M in (1, 4):
         x = x_bits(M, K)
         out.append(("palette_gemv", f"M={M}", [N, K], lambda x=x: cu.emulate_palette_gemv(x, *pal_ops, 1, False)))
+    planes = [aligned(p[s]) for s in (C.SUFFIX_SM, C.SUFFIX_IDX)]
+
+    def pal_decode(variant):
+        o = aligned(np.zeros((N, K), np.uint16))
+        nerr = cu.emulate_palette_decode(*planes, 0, N, 0, K, pal, p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], o, variant)
+        if nerr or not np.array_equal(o, w):
+            raise RuntimeError("emulated palette decode is wrong")
+
+    for v, name in ((kp.PAL_VARIANT_VEC8, "vec8"), (kp.PAL_VARIANT_WIDE, "wide")):
+        out.append(("palette_decode", name, [N, K], lambda v=v: pal_decode(v)))
 
     HR, HK = 256, 512
     wh = make_weights(HR, HK, seed=5)

@@ -1,6 +1,7 @@
 // Host emulation of the palette decode and transcode kernels (kernels.cuh, namespace
 // emulate): their bodies on the host over the kernels' launch geometry (the per-thread
-// palette decode serially, the cooperative transcode kernels through the warp emulator), so
+// palette decode serially, or through the warp emulator while its access profile is on; the
+// cooperative transcode kernels through the warp emulator), so
 // CPU-only CI checks the index math and decode logic bit for bit.  Compiled by nvcc like the
 // kernels, so the bodies see the same __host__ __device__ definitions as on the device.
 #include <algorithm>
@@ -36,11 +37,21 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
   const int per = wide ? plan::PAL_WIDE : plan::PAL_VEC;
   const int64_t total = (r1 - r0) * plan::pal_threads_per_row(k1 - k0, per);
   const int64_t grid = plan::pal_grid(r1 - r0, k1 - k0, per);
-  for (int64_t t = 0; t < grid * plan::PAL_THREADS; ++t) {
-    if (t >= total) continue;
+  auto thread = [&](int64_t t) {
+    if (t >= total) return;
     const bool ok = wide ? (paired ? pal_decode_wide_body<true>(t, a) : pal_decode_wide_body<false>(t, a))
                          : (vec ? pal_decode_body<true>(t, a) : pal_decode_body<false>(t, a));
     if (!ok) ++*err;
+  };
+  if (emu::profiling()) {
+    // Through the warp emulator, so that the access profile sees the warps' loads and stores
+    // (the bodies have no collectives: serially, below, they give the same bits faster).
+    if (const char* e = emu::launch(grid, 1, plan::PAL_THREADS, 0, [&](emu::ThreadCtx& c) {
+          thread(c.block_x() * plan::PAL_THREADS + c.tid());
+        }))
+      return e;
+  } else {
+    for (int64_t t = 0; t < grid * plan::PAL_THREADS; ++t) thread(t);
   }
   const PatchArgs p{sm, rows, cols, r0, r1, k0, k1, vpos, nv, vexp, out, out_stride};
   for (int64_t w = 0; w < plan::warp_grid(nv) * plan::WARPS_PER_CTA; ++w) {

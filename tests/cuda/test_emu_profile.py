@@ -142,6 +142,25 @@ def test_huffman_table_fill_is_conflict_free(variant):
     assert prof[SHARED_LOAD]["units"] >= prof[SHARED_LOAD]["ideal"] == prof[SHARED_LOAD]["requests"]
 
 
+@pytest.mark.parametrize("variant", [kp.PAL_VARIANT_VEC8, kp.PAL_VARIANT_WIDE])
+def test_palette_decode_through_the_emulator_when_profiled(variant):
+    # Profiled, the decode's threads run as warps of the emulator (otherwise serially): the same
+    # bits, and the VEC8 decode's loads and stores are whole sectors (consecutive lanes,
+    # consecutive 8-weight chunks of a row).
+    w = make_weights(40, 512, seed=variant)
+    enc = tc.encode(w, "palette")
+    h, p = enc.header, enc.planes
+    planes = [aligned(p[s]) for s in (C.SUFFIX_SM, C.SUFFIX_IDX)]
+    out = aligned(np.zeros_like(w))
+    with access_profile(_cuda) as prof:
+        assert _cuda.emulate_palette_decode(*planes, 0, h.rows, 0, h.cols, _pal(enc), p[C.SUFFIX_VPOS],
+                                            p[C.SUFFIX_VEXP], out, variant) == 0
+    assert np.array_equal(out, w)
+    assert prof[GLOBAL_LOAD]["requests"] > 0 and prof[GLOBAL_STORE]["requests"] > 0
+    if variant == kp.PAL_VARIANT_VEC8:
+        _ideal(prof, GLOBAL_LOAD, GLOBAL_STORE)
+
+
 def test_transcode_histogram_is_conflict_free():
     exps = aligned(((make_weights(300, 500, seed=4) >> 7) & 0xFF).astype(np.uint8))
     with access_profile(_cuda) as prof:

@@ -296,6 +296,11 @@ inline ProfileSetting& profile() {
   static ProfileSetting setting;
   return setting;
 }
+// Whether launches starting now are profiled.
+inline bool profiling() {
+  std::lock_guard<std::mutex> lock(profile().mu);
+  return profile().on;
+}
 
 // One CTA: its fibers, shared memory and rendezvous state.
 class Cta {
@@ -319,10 +324,7 @@ class Cta {
       threads_[t].ctx.cta_ = this;
       threads_[t].ctx.tid_ = t;
     }
-    {
-      std::lock_guard<std::mutex> lock(profile().mu);
-      profiling_ = profile().on;
-    }
+    profiling_ = profiling();
     if (profiling_) traces_.resize(nw);
   }
   Cta(const Cta&) = delete;
