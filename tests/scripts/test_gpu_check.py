@@ -129,6 +129,24 @@ def test_ncu_report_numbers_include_the_shared_memory_counters():
     assert "smem_ld_wavefronts_unit" not in got
 
 
+def test_profiles_survive_an_ncu_that_refuses_the_counters(tmp_path, monkeypatch):
+    """An ncu that does not know one of the counters' names: the stage drops the counters
+    once and keeps every profile (the counters only serve the emulator comparison)."""
+    gc = _gpu_check_module()
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "ncu"
+    fake.write_text("#!/bin/sh\n"
+                    "case \"$*\" in *--metrics*) echo '==ERROR== Failed to find metric l1tex__x.sum'; exit 1;; esac\n"
+                    "echo '    Duration                         us       12.50'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(gc.shutil, "which", lambda name: str(fake) if name == "ncu" else None)
+    monkeypatch.setattr(gc, "PROFILES", gc.PROFILES[:2])
+    res = gc._profiles(gc.bu.Budget(120), str(tmp_path))
+    assert "Failed to find metric" in res["metrics_refused"]
+    assert [k["duration"] for k in res["kernels"].values()] == [12.5, 12.5]
+    assert not any("error" in k for k in res["kernels"].values())
+
+
 def test_smollm2_parts_fit_two_calls():
     """SmolLM2's xz'd GGUF is split over the two calls, the eval site with the second, each call
     under the device tool's carry limit with its margin; a tree too large for that is refused."""
