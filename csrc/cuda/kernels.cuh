@@ -18,9 +18,10 @@
 //   device_util.cuh           cache-hinted loads (and the cache policy), bit casts, palette lookup
 // The emulation runs the same bodies on the host over the same geometry -- the cooperative
 // ones (shared memory, warp collectives, mma) through the warp emulator of emu/, the
-// per-thread palette decode serially -- so CPU-only CI checks the kernels' index math, decode
-// logic and shared-memory ordering bit for bit (tests/cuda/); only the cache hints of the
-// loads and the occupancy queries are GPU-only.
+// per-thread palette decode serially (through the emulator too while its access profile is
+// on) -- so CPU-only CI checks the kernels' index math, decode logic and shared-memory
+// ordering bit for bit (tests/cuda/), and their bank conflicts and sectors per request; only
+// the cache hints of the loads and the occupancy queries are GPU-only.
 //
 // Deliberately free of CUDA and libtorch types so that bindings_cuda.cpp compiles with the
 // plain host compiler and no CUDA include path: every device buffer is a raw pointer (the
@@ -150,7 +151,8 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 // ----------------------------------------------------------------------- host emulation
 // The same bodies the kernels run, on the host over the same launch geometry (host
 // pointers): the cooperative ones through the warp emulator, the per-thread palette decode
-// serially.  Lets CPU-only CI test the kernels' index math and decode logic without a GPU.
+// serially (or through the emulator while its access profile is on).  Lets CPU-only CI test
+// the kernels' index math and decode logic without a GPU.
 // Same signatures and semantics as above; err is a host int.
 namespace emulate {
 // The global LUT is built here from the code lengths table[4][exp_hi-exp_lo+1] by the body

@@ -62,10 +62,10 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <numeric>
