@@ -1851,10 +1851,14 @@ NCU_METRICS = (("Duration", "duration"), ("Memory Throughput", "memory_throughpu
                ("Dynamic Shared Memory Per Block", "dynamic_smem_per_block"),
                ("Static Shared Memory Per Block", "static_smem_per_block"))
 # Counters collected beside the sections (--metrics), to set against the warp emulator's
-# access profile (scripts/emu_profile.py): shared-load wavefronts, and ncu's bank conflicts,
-# the wavefronts above one per phase.
+# access profile (scripts/emu_profile.py): shared-load wavefronts and ncu's bank conflicts
+# (the wavefronts above one per phase), and global load and store sectors and requests.
 NCU_COUNTERS = (("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum", "smem_ld_wavefronts"),
-                ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum", "smem_ld_bank_conflicts"))
+                ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum", "smem_ld_bank_conflicts"),
+                ("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "gld_sectors"),
+                ("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", "gld_requests"),
+                ("l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum", "gst_sectors"),
+                ("l1tex__t_requests_pipe_lsu_mem_global_op_st.sum", "gst_requests"))
 
 
 def _ncu_numbers(text: str) -> dict:

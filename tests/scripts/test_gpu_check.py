@@ -122,11 +122,14 @@ def test_ncu_report_numbers_include_the_shared_memory_counters():
     ---------------------------------------------------------- ----------- ------------
     l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum                 1,207,344
     l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum                     1,677,721
+    l1tex__t_requests_pipe_lsu_mem_global_op_st.sum                   request      524,288
+    l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum                     sector   16,777,216
 """
     got = gc._ncu_numbers(text)
     assert got["duration"] == 412.35 and got["duration_unit"] == "us"
     assert got["smem_ld_bank_conflicts"] == 1207344 and got["smem_ld_wavefronts"] == 1677721
     assert "smem_ld_wavefronts_unit" not in got
+    assert got["gst_sectors"] == 16777216 and got["gst_requests"] == 524288 and got["gst_sectors_unit"] == "sector"
 
 
 def test_profiles_survive_an_ncu_that_refuses_the_counters(tmp_path, monkeypatch):
