@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../decode_primitives.h"
+#include "emu/host_buffer.h"
 #include "emu/selftest.h"
 #include "kernel_plan.h"
 #include "kernels.cuh"
@@ -47,16 +48,11 @@ void need(bool ok, const char* what) {
 }
 
 // The emulated fused kernels' operands: shapes checked, and each plane copied into a host
-// buffer aligned as cudaMalloc aligns, 256 bytes (the kernels' 16-byte loads want aligned
-// planes, numpy's need not be, and the emulator's access profile counts sectors by address).
+// buffer aligned as a device buffer would be (emu/host_buffer.h; numpy's need not be).
 struct AlignedCopy {
-  std::vector<uint64_t> store;
-  unsigned char* p = nullptr;
-  AlignedCopy(const void* src, size_t n) : store(n / 8 + 33) {
-    p = reinterpret_cast<unsigned char*>(store.data());
-    p += (256 - reinterpret_cast<uintptr_t>(p) % 256) % 256;
-    std::memcpy(p, src, n);
-  }
+  emu::HostBuffer buf;
+  unsigned char* p;
+  AlignedCopy(const void* src, size_t n) : buf(n), p(buf.data()) { std::memcpy(p, src, n); }
 };
 struct EmuOperands {
   int M;

@@ -30,8 +30,8 @@
 // position are wrong.
 // =======================================================================================
 #include <algorithm>
-#include <vector>
 
+#include "emu/host_buffer.h"
 #include "emu/warp_emu.h"
 #include "huffman_decode.cuh"
 #include "launch_util.h"
@@ -177,14 +177,10 @@ const char* check_variant(int* variant) {
   return nullptr;
 }
 
-// The global LUT of a decode, built as the device builds it (build_lut_kernel's body), in
-// `store`: *lut is its start, 256-byte aligned as cudaMalloc aligns (the emulator's access
-// profile counts sectors by address).
-const char* host_lut(const uint8_t* table, int exp_lo, int exp_hi, int32_t* err, std::vector<uint16_t>* store,
-                     const uint16_t** lut) {
-  store->assign(HUFF_NUM_CTX * LUT_SIZE + 128, 0);
-  uint16_t* p = store->data() + (256 - reinterpret_cast<uintptr_t>(store->data()) % 256) % 256 / 2;
-  *lut = p;
+// The global LUT of a decode (kLutBytes of `store`, aligned as a device buffer), built as the
+// device builds it (build_lut_kernel's body).
+const char* host_lut(const uint8_t* table, int exp_lo, int exp_hi, int32_t* err, const emu::HostBuffer& store) {
+  uint16_t* p = reinterpret_cast<uint16_t*>(store.data());
   const int n = exp_hi - exp_lo + 1;
   return emu::launch(1, 1, plan::WARP, 0, [&](emu::ThreadCtx& c) { build_lut_body(c, table, n, exp_lo, p, err); });
 }
@@ -271,9 +267,9 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
   if (const char* e = check_chain_args(a)) return e;
   if (!(0 <= exp_lo && exp_lo <= exp_hi && exp_hi <= 255)) return "bad exponent range";
   if (const char* e = check_variant(&variant)) return e;
-  std::vector<uint16_t> lut_g;
-  const uint16_t* lut = nullptr;
-  if (const char* e = host_lut(table, exp_lo, exp_hi, err, &lut_g, &lut)) return e;
+  const emu::HostBuffer lut_g(kLutBytes);
+  const uint16_t* lut = reinterpret_cast<const uint16_t*>(lut_g.data());
+  if (const char* e = host_lut(table, exp_lo, exp_hi, err, lut_g)) return e;
   const int64_t n = n_chains_of(a);
   const int run = path_of(a, variant);
   if (path) *path = run;
@@ -308,9 +304,9 @@ const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
   const HGatherArgs a{ids, n_ids, stream, stream_bytes, off, rows, cols, R, C, sm, chk, S, P, out, out_stride};
   if (const char* e = check_gather_args(a)) return e;
   if (!(0 <= exp_lo && exp_lo <= exp_hi && exp_hi <= 255)) return "bad exponent range";
-  std::vector<uint16_t> lut_g;
-  const uint16_t* lut = nullptr;
-  if (const char* e = host_lut(table, exp_lo, exp_hi, err, &lut_g, &lut)) return e;
+  const emu::HostBuffer lut_g(kLutBytes);
+  const uint16_t* lut = reinterpret_cast<const uint16_t*>(lut_g.data());
+  if (const char* e = host_lut(table, exp_lo, exp_hi, err, lut_g)) return e;
   const int64_t n = n_units_of(a);
   if (n == 0) return nullptr;
   return emu::launch(plan::huffman_grid(n, max_ctas > 0 ? max_ctas : INT64_MAX), 1, plan::HUFF_THREADS, kLutBytes,

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "../device_util.cuh"
+#include "host_buffer.h"
 #include "selftest.h"
 #include "warp_emu.h"
 
@@ -231,9 +232,8 @@ const char* selftest_access_host(int op, int bytes, int stride, uint32_t lanes) 
                   (op == 3 && (bytes == 4 || bytes == 8 || bytes == 16));
   if (!ok || stride < 0 || stride > 512 || stride % bytes != 0) return "selftest_access: bad op, size or stride";
   const int region = (kWarpSize * stride + 16 + 127) / 128 * 128;
-  // Global buffer aligned as cudaMalloc aligns (256 bytes), so sectors fall as on the device.
-  std::vector<unsigned char> gbuf(static_cast<size_t>(region) + 256);
-  unsigned char* g = gbuf.data() + (256 - reinterpret_cast<uintptr_t>(gbuf.data()) % 256) % 256;
+  const HostBuffer gbuf(static_cast<size_t>(region));  // sectors fall as on the device
+  unsigned char* g = gbuf.data();
   return launch(1, 1, kWarpSize, static_cast<size_t>(region),
                 [&](ThreadCtx& c) { access_body(c, op, bytes, stride, lanes, g, region); });
 }
