@@ -113,6 +113,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("HUFF_DEFAULT_VARIANT") = plan::HUFF_DEFAULT_VARIANT;
   m.attr("PAL_VEC") = plan::PAL_VEC;
   m.attr("PAL_WIDE") = plan::PAL_WIDE;
+  m.attr("PAL_WIDE_STEPS") = plan::PAL_WIDE_STEPS;
   m.attr("PAL_VARIANT_DEFAULT") = plan::PAL_VARIANT_DEFAULT;
   m.attr("PAL_VARIANT_VEC8") = plan::PAL_VARIANT_VEC8;
   m.attr("PAL_VARIANT_WIDE") = plan::PAL_VARIANT_WIDE;
@@ -166,14 +167,23 @@ PYBIND11_MODULE(_cuda, m) {
     plan::huffman_unit(i, g0, c0, nsg, &g, &c);
     return py::make_tuple(g, c);
   });
-  m.def("plan_pal_grid", [](int64_t n_rows, int64_t n_cols, int vec) { return plan::pal_grid(n_rows, n_cols, vec); },
-        py::arg("n_rows"), py::arg("n_cols"), py::arg("vec") = plan::PAL_VEC);
-  m.def("plan_pal_unit", [](int64_t t, int64_t n_cols, int vec) {
+  m.def("plan_pal_grid", &plan::pal_grid);
+  m.def("plan_pal_unit", [](int64_t t, int64_t n_cols) {
     int64_t r, k;
     int n;
-    plan::pal_unit(t, n_cols, &r, &k, &n, vec);
+    plan::pal_unit(t, n_cols, &r, &k, &n);
     return py::make_tuple(r, k, n);
-  }, py::arg("t"), py::arg("n_cols"), py::arg("vec") = plan::PAL_VEC);
+  });
+  m.def("plan_pal_wide_threads", &plan::pal_wide_threads);
+  m.def("plan_pal_wide_grid", &plan::pal_wide_grid);
+  m.def("plan_pal_wide_units", [](int64_t t, int64_t n_cols) {
+    int64_t r[plan::PAL_WIDE_STEPS], k[plan::PAL_WIDE_STEPS];
+    int n[plan::PAL_WIDE_STEPS];
+    plan::pal_wide_units(t, n_cols, r, k, n);
+    py::list out;
+    for (int s = 0; s < plan::PAL_WIDE_STEPS; ++s) out.append(py::make_tuple(r[s], k[s], n[s]));
+    return out;
+  });
   m.def("plan_warp_grid", &plan::warp_grid);
   m.def("plan_enc_grid", &plan::enc_grid);
   m.def("plan_hist_grid", &plan::hist_grid);

@@ -30,13 +30,13 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
                            int64_t out_stride, int32_t* err, int variant, int* path) {
   if (const char* e = check_pal(rows, cols, r0, r1, k0, k1, pal, nv, out_stride)) return e;
   bool vec = false;
-  if (const char* e = pal_path(&variant, &vec, cols, k0, out_stride, out, sm, idx)) return e;
+  if (const char* e = pal_path(&variant, &vec, cols, k0, k1, out_stride, out, sm, idx)) return e;
   if (path) *path = variant;
   PalArgs a{sm, idx, rows, cols, r0, r1, k0, k1, pal, out, out_stride, {}};
   const bool wide = variant == plan::PAL_VARIANT_WIDE, paired = pal_tables(pal, a.pt);
-  const int per = wide ? plan::PAL_WIDE : plan::PAL_VEC;
-  const int64_t total = (r1 - r0) * plan::pal_threads_per_row(k1 - k0, per);
-  const int64_t grid = plan::pal_grid(r1 - r0, k1 - k0, per);
+  const int64_t total = wide ? plan::pal_wide_threads(r1 - r0, k1 - k0)
+                             : (r1 - r0) * plan::pal_threads_per_row(k1 - k0);
+  const int64_t grid = wide ? plan::pal_wide_grid(r1 - r0, k1 - k0) : plan::pal_grid(r1 - r0, k1 - k0);
   auto thread = [&](int64_t t) {
     if (t >= total) return;
     const bool ok = wide ? (paired ? pal_decode_wide_body<true>(t, a) : pal_decode_wide_body<false>(t, a))

@@ -49,12 +49,15 @@ constexpr int HUFF_DEFAULT_VARIANT = HUFF_VARIANT_CHAIN;
 UW_PLAN_HD int huffman_ways(int variant) { return variant == HUFF_VARIANT_AHEAD2 ? 2 : 1; }
 // Palette -> BF16: each thread decodes PAL_VEC consecutive weights of one row: 4 index bytes
 // (one 32-bit load), 8 sign+mantissa bytes (one 64-bit load), one 16-byte store.  The wide
-// variant (PAL_VARIANT_WIDE) decodes PAL_WIDE weights per thread: 16 index bytes and 32
-// sign+mantissa bytes in three 16-byte loads issued together, the register-table decode of
-// pal_regs.cuh, four 16-byte stores.  DEFAULT (0) is what the runtime runs: VEC8, the variant
-// measured on a device so far.
+// variant (PAL_VARIANT_WIDE) gives each thread PAL_WIDE weights as PAL_WIDE_STEPS of those
+// 8-weight chunks, a warp's lanes taking consecutive chunks at every step (pal_wide_chunk), so
+// each of its load and store instructions covers whole sectors as VEC8's do; all four steps'
+// loads are issued together (48 bytes in flight per thread) and decoded with the register
+// tables of pal_regs.cuh.  DEFAULT (0) is what the runtime runs: VEC8, the variant measured on
+// a device so far.
 constexpr int PAL_VEC = 8;
 constexpr int PAL_WIDE = 32;
+constexpr int PAL_WIDE_STEPS = PAL_WIDE / PAL_VEC;
 constexpr int PAL_VARIANT_DEFAULT = 0;
 constexpr int PAL_VARIANT_VEC8 = 1;
 constexpr int PAL_VARIANT_WIDE = 2;
@@ -174,18 +177,53 @@ UW_PLAN_HD void hgather_unit(int64_t t, int64_t n_chunks, int64_t units, int64_t
 }
 
 // --- palette decode ---------------------------------------------------------------------
-// `vec`: weights per thread, PAL_VEC or PAL_WIDE.
-UW_PLAN_HD int64_t pal_threads_per_row(int64_t n_cols, int vec = PAL_VEC) { return cdiv(n_cols, vec); }
-UW_PLAN_HD int64_t pal_grid(int64_t n_rows, int64_t n_cols, int vec = PAL_VEC) {
-  return cdiv(n_rows * pal_threads_per_row(n_cols, vec), PAL_THREADS);
+// VEC8: thread t decodes chunk t, the PAL_VEC-weight chunks of the rectangle's rows in order.
+UW_PLAN_HD int64_t pal_threads_per_row(int64_t n_cols) { return cdiv(n_cols, PAL_VEC); }
+UW_PLAN_HD int64_t pal_grid(int64_t n_rows, int64_t n_cols) {
+  return cdiv(n_rows * pal_threads_per_row(n_cols), PAL_THREADS);
 }
-// Thread t -> row r (relative), first column k (relative) and count n (1..vec) of weights.
-UW_PLAN_HD void pal_unit(int64_t t, int64_t n_cols, int64_t* r, int64_t* k, int* n, int vec = PAL_VEC) {
-  const int64_t tpr = pal_threads_per_row(n_cols, vec);
+// Chunk t -> row r (relative), first column k (relative) and count n (1..PAL_VEC) of weights.
+UW_PLAN_HD void pal_unit(int64_t t, int64_t n_cols, int64_t* r, int64_t* k, int* n) {
+  const int64_t tpr = pal_threads_per_row(n_cols);
   *r = t / tpr;
-  *k = (t % tpr) * vec;
+  *k = (t % tpr) * PAL_VEC;
   const int64_t left = n_cols - *k;
-  *n = static_cast<int>(left < vec ? left : vec);
+  *n = static_cast<int>(left < PAL_VEC ? left : PAL_VEC);
+}
+// WIDE: a warp owns WARP * PAL_WIDE_STEPS consecutive chunks; at step s its lane l takes chunk
+// s * WARP + l of them.  Threads are whole warps; chunks past the rectangle are skipped.
+UW_PLAN_HD int64_t pal_wide_threads(int64_t n_rows, int64_t n_cols) {
+  return cdiv(n_rows * pal_threads_per_row(n_cols), WARP * PAL_WIDE_STEPS) * WARP;
+}
+UW_PLAN_HD int64_t pal_wide_grid(int64_t n_rows, int64_t n_cols) {
+  return cdiv(pal_wide_threads(n_rows, n_cols), PAL_THREADS);
+}
+UW_PLAN_HD int64_t pal_wide_chunk(int64_t t, int s) {
+  return (t / WARP) * (WARP * PAL_WIDE_STEPS) + s * WARP + t % WARP;
+}
+// pal_unit of each step's chunk with one 64-bit division: a step advances WARP chunks, i.e.
+// dr rows and dk chunks (tpr > WARP, every real layer, needs no second division).  A chunk
+// past the rectangle gets r[s] >= its row count.
+UW_PLAN_HD void pal_wide_units(int64_t t, int64_t n_cols, int64_t (&r)[PAL_WIDE_STEPS], int64_t (&k)[PAL_WIDE_STEPS],
+                               int (&n)[PAL_WIDE_STEPS]) {
+  const int64_t tpr = pal_threads_per_row(n_cols);
+  const int64_t c = pal_wide_chunk(t, 0);
+  int64_t row = c / tpr, kc = c - row * tpr;
+  const int64_t dr = tpr > WARP ? 0 : WARP / static_cast<int>(tpr), dk = WARP - dr * tpr;
+  for (int s = 0; s < PAL_WIDE_STEPS; ++s) {
+    if (s > 0) {
+      row += dr;
+      kc += dk;
+      if (kc >= tpr) {
+        kc -= tpr;
+        ++row;
+      }
+    }
+    r[s] = row;
+    k[s] = kc * PAL_VEC;
+    const int64_t left = n_cols - k[s];
+    n[s] = static_cast<int>(left < PAL_VEC ? left : PAL_VEC);
+  }
 }
 
 // --- warp-per-item kernels --------------------------------------------------------------

@@ -81,14 +81,15 @@ const char* compiled_archs() {
 #endif
 }
 
-const char* detail::pal_path(int* variant, bool* vec, int64_t cols, int64_t k0, int64_t out_stride, const void* out,
+const char* detail::pal_path(int* variant, bool* vec, int64_t cols, int64_t k0, int64_t k1, int64_t out_stride,
+                             const void* out,
                              const void* sm, const void* idx) {
   if (*variant == plan::PAL_VARIANT_DEFAULT) *variant = plan::PAL_DEFAULT_VARIANT;
   if (*variant != plan::PAL_VARIANT_VEC8 && *variant != plan::PAL_VARIANT_WIDE) return "unknown palette decode variant";
   *vec = cols % 8 == 0 && k0 % 8 == 0 && out_stride % 8 == 0 && aligned(out, 16) && aligned(sm, 8) && aligned(idx, 4);
-  const bool wide_ok = cols % plan::PAL_WIDE == 0 && k0 % plan::PAL_WIDE == 0 && out_stride % 8 == 0 &&
-                       aligned(out, 16) && aligned(sm, 16) && aligned(idx, 16);
-  if (*variant == plan::PAL_VARIANT_WIDE && !wide_ok) *variant = plan::PAL_VARIANT_VEC8;
+  // The wide variant's chunks are VEC8's: it needs VEC8's alignment, and whole chunks only, so
+  // that it carries no scalar tail path.
+  if (*variant == plan::PAL_VARIANT_WIDE && !(*vec && (k1 - k0) % plan::PAL_VEC == 0)) *variant = plan::PAL_VARIANT_VEC8;
   return nullptr;
 }
 
@@ -98,14 +99,15 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
                            int64_t out_stride, int32_t* err, int variant, void* stream) {
   if (const char* e = check_pal(rows, cols, r0, r1, k0, k1, pal, nv, out_stride)) return e;
   bool vec = false;
-  if (const char* e = pal_path(&variant, &vec, cols, k0, out_stride, out, sm, idx)) return e;
-  const int per = variant == plan::PAL_VARIANT_WIDE ? plan::PAL_WIDE : plan::PAL_VEC;
-  const int64_t grid = plan::pal_grid(r1 - r0, k1 - k0, per);
+  if (const char* e = pal_path(&variant, &vec, cols, k0, k1, out_stride, out, sm, idx)) return e;
+  const bool wide = variant == plan::PAL_VARIANT_WIDE;
+  const int64_t grid = wide ? plan::pal_wide_grid(r1 - r0, k1 - k0) : plan::pal_grid(r1 - r0, k1 - k0);
   if (!grid_ok(grid) || (nv > 0 && !grid_ok(plan::warp_grid(nv)))) return "matrix too large for one launch";
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   PalArgs a{sm, idx, rows, cols, r0, r1, k0, k1, pal, out, out_stride, {}};
-  const int64_t total = (r1 - r0) * plan::pal_threads_per_row(k1 - k0, per);
-  if (variant == plan::PAL_VARIANT_WIDE) {
+  const int64_t total = wide ? plan::pal_wide_threads(r1 - r0, k1 - k0)
+                             : (r1 - r0) * plan::pal_threads_per_row(k1 - k0);
+  if (wide) {
     const bool paired = pal_tables(pal, a.pt);
     launch_palette_decode_wide(a, paired, grid, total, err, s);
   } else {

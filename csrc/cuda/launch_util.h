@@ -21,11 +21,12 @@ const char* check_huff(int64_t stream_bytes, int64_t rows, int64_t cols, int64_t
 const char* check_pal(int64_t rows, int64_t cols, int64_t r0, int64_t r1, int64_t k0, int64_t k1,
                       const Palette& pal, int64_t nv, int64_t out_stride);
 // The palette decode variant to run (plan::PAL_VARIANT_*; DEFAULT resolved, unknown refused):
-// *variant becomes VEC8 or WIDE, WIDE only where its 16-byte alignment holds (cols and k0
-// multiples of 32, out_stride of 8, the three planes 16-byte aligned).  *vec: whether the
-// VEC8 kernel's vector path applies.
-const char* pal_path(int* variant, bool* vec, int64_t cols, int64_t k0, int64_t out_stride, const void* out,
-                     const void* sm, const void* idx);
+// *variant becomes VEC8 or WIDE, WIDE only where VEC8's vector path applies (its chunks are
+// VEC8's) and the width k1 - k0 is whole chunks.  *vec: whether that path applies (cols, k0
+// and out_stride multiples of 8, the output 16-byte, the sign+mantissa plane 8-byte and the
+// index plane 4-byte aligned).
+const char* pal_path(int* variant, bool* vec, int64_t cols, int64_t k0, int64_t k1, int64_t out_stride,
+                     const void* out, const void* sm, const void* idx);
 
 }  // namespace detail
 }  // namespace cuda

@@ -70,34 +70,41 @@ UW_UNROLL()
   return pal_decode_scalar(a, r, k, n);
 }
 
-// Wide variant: PAL_WIDE weights of one row per thread, all three loads issued before any
-// use (48 bytes in flight per thread), decoded by byte permutes on the register tables
-// (pal_decode4: 8 or 11 operations per 4 weights), written with four 16-byte stores.  An
-// index past the palette is found for all 32 weights at once: the nibbles, spread into
-// bytes, plus 0x80 - size set a byte's top bit exactly when they are >= size.  The launcher
-// proved 16-byte alignment of the sm, idx and output chunks (cols and k0 multiples of 32).
+// Wide variant: PAL_WIDE_STEPS 8-weight chunks per thread (plan::pal_wide_units; at each step
+// the warp's lanes take consecutive chunks, so every load and store instruction covers whole
+// sectors, as VEC8's do).  All steps' loads are issued before any use (48 bytes in flight per
+// thread), decoded by byte permutes on the register tables (pal_decode4: 8 or 11 operations
+// per 4 weights) and written with one 16-byte store per chunk.  An index past the palette is
+// found for 8 weights at once: the nibbles, spread into bytes, plus 0x80 - size set a byte's
+// top bit exactly when they are >= size.  The launcher proved VEC8's alignment (pal_decode_body
+// with kVec) and a width of whole chunks, so every chunk has PAL_VEC weights.
 template <bool kPaired>
 UW_HD bool pal_decode_wide_body(int64_t t, const PalArgs& a) {
-  int64_t r, k;
-  int n;
-  plan::pal_unit(t, a.k1 - a.k0, &r, &k, &n, plan::PAL_WIDE);
-  if (n != plan::PAL_WIDE) return pal_decode_scalar(a, r, k, n);
-  const int64_t row = a.r0 + r, col = a.k0 + k;
-  uint32_t nib[4], s_lo[4], s_hi[4];
-  ld_stream_v4(a.idx + row * ((a.cols + 1) / 2) + col / 2, nib);  // 32 nibbles, column j at bits 4j
-  ld_stream_v4(a.sm + row * a.cols + col, s_lo);
-  ld_stream_v4(a.sm + row * a.cols + col + 16, s_hi);
+  constexpr int S = plan::PAL_WIDE_STEPS;
+  int64_t r[S], k[S];
+  int n[S];
+  plan::pal_wide_units(t, a.k1 - a.k0, r, k, n);
+  const int64_t rows = a.r1 - a.r0, ib = (a.cols + 1) / 2;
+  uint32_t nib[S], s0[S], s1[S];
+UW_UNROLL()
+  for (int s = 0; s < S; ++s) {
+    nib[s] = s0[s] = s1[s] = 0;
+    if (r[s] < rows) {
+      const int64_t row = a.r0 + r[s], col = a.k0 + k[s];
+      nib[s] = ld_stream_u32(a.idx + row * ib + col / 2);  // 8 nibbles, column j at bits 4j
+      ld_stream_v2(a.sm + row * a.cols + col, s0[s], s1[s]);
+    }
+  }
   const uint32_t c = (0x80u - static_cast<uint32_t>(a.pal.size)) * 0x01010101u;
   uint32_t top = 0;
 UW_UNROLL()
-  for (int q = 0; q < 4; ++q) top |= ((nib[q] & 0x0F0F0F0Fu) + c) | (((nib[q] >> 4) & 0x0F0F0F0Fu) + c);
-  uint16_t* o = a.out + r * a.out_stride + k;
-UW_UNROLL()
-  for (int v = 0; v < 4; ++v) {  // weights 8v .. 8v + 7
+  for (int s = 0; s < S; ++s) {
+    if (r[s] >= rows) continue;
+    top |= ((nib[s] & 0x0F0F0F0Fu) + c) | (((nib[s] >> 4) & 0x0F0F0F0Fu) + c);
     uint32_t w[4];
-    pal_decode4<kPaired>(v < 2 ? s_lo[2 * v] : s_hi[2 * v - 4], nib[v], a.pt, w[0], w[1]);
-    pal_decode4<kPaired>(v < 2 ? s_lo[2 * v + 1] : s_hi[2 * v - 3], nib[v] >> 16, a.pt, w[2], w[3]);
-    st_v4(o + 8 * v, w);
+    pal_decode4<kPaired>(s0[s], nib[s], a.pt, w[0], w[1]);
+    pal_decode4<kPaired>(s1[s], nib[s] >> 16, a.pt, w[2], w[3]);
+    st_v4(a.out + r[s] * a.out_stride + k[s], w);
   }
   return (top & 0x80808080u) == 0;
 }

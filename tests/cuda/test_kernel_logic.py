@@ -17,7 +17,7 @@ from unweight.codec import tensor_codec as tc
 from unweight.format import constants as C
 from unweight.runtime import kernel_plan as kp
 
-from .helpers import all_bf16_patterns, make_weights
+from .helpers import aligned, all_bf16_patterns, make_weights
 
 try:
     from unweight import _cuda
@@ -71,6 +71,27 @@ def test_palette_split_covers_once(rows, cols):
         assert (cover == 1).all()
 
 
+@pytest.mark.parametrize("rows", [1, 3, 33])
+@pytest.mark.parametrize("cols", ODD + [8, 256, 264, 1024])
+def test_wide_palette_split_covers_once(rows, cols):
+    # The wide decode's threads are whole warps; at each step a warp's lanes take consecutive
+    # chunks, and together the steps take every chunk of the rectangle exactly once.
+    n_chunks = rows * kp.pal_threads_per_row(cols)
+    total = kp.pal_wide_threads(rows, cols)
+    assert total % kp.WARP == 0 and kp.pal_wide_grid(rows, cols) * kp.PAL_THREADS >= total
+    seen = np.zeros(n_chunks, np.int32)
+    for t in range(total):
+        for s, unit in enumerate(kp.pal_wide_units(t, cols)):
+            c = kp.pal_wide_chunk(t, s)
+            assert c == (t // kp.WARP) * kp.WARP * kp.PAL_WIDE_STEPS + s * kp.WARP + t % kp.WARP
+            assert unit == kp.pal_unit(c, cols)
+            if c < n_chunks:
+                seen[c] += 1
+            else:
+                assert unit[0] >= rows
+    assert (seen == 1).all()
+
+
 @pytest.mark.parametrize("cols", ODD + [31, 32, 33, 64, 128])
 def test_block_splits_cover_once(cols):
     rows, B = 3, C.PAL_BLOCK
@@ -104,7 +125,7 @@ def test_hist_grid_stride_covers_once(n):
 def test_cpp_plan_matches_python():
     for name in ("HUFF_THREADS", "PAL_VEC", "PAL_THREADS", "WARP_KERNEL_THREADS", "ENC_THREADS", "HIST_THREADS",
                  "HIST_MAX_CTAS", "SCAN_THREADS", "HUFF_VARIANT_DEFAULT", "HUFF_VARIANT_CHAIN", "HUFF_VARIANT_AHEAD",
-                 "HUFF_VARIANT_AHEAD2", "HUFF_VARIANT_SCALAR", "HUFF_DEFAULT_VARIANT", "PAL_WIDE",
+                 "HUFF_VARIANT_AHEAD2", "HUFF_VARIANT_SCALAR", "HUFF_DEFAULT_VARIANT", "PAL_WIDE", "PAL_WIDE_STEPS",
                  "PAL_VARIANT_DEFAULT", "PAL_VARIANT_VEC8", "PAL_VARIANT_WIDE", "PAL_DEFAULT_VARIANT"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     for v in range(6):
@@ -117,10 +138,11 @@ def test_cpp_plan_matches_python():
         for b in ODD:
             assert _cuda.plan_pal_grid(a, b) == kp.pal_grid(a, b)
             assert _cuda.plan_enc_grid(a, b) == kp.enc_grid(a, b)
-            assert _cuda.plan_pal_grid(a, b, kp.PAL_WIDE) == kp.pal_grid(a, b, kp.PAL_WIDE)
-            for t in (0, 1, 7, 8, 100, a * b // 3):
+            assert _cuda.plan_pal_wide_threads(a, b) == kp.pal_wide_threads(a, b)
+            assert _cuda.plan_pal_wide_grid(a, b) == kp.pal_wide_grid(a, b)
+            for t in (0, 1, 7, 8, 31, 32, 100, 1000, a * b // 3):
                 assert tuple(_cuda.plan_pal_unit(t, b)) == kp.pal_unit(t, b)
-                assert tuple(_cuda.plan_pal_unit(t, b, kp.PAL_WIDE)) == kp.pal_unit(t, b, kp.PAL_WIDE)
+                assert [tuple(u) for u in _cuda.plan_pal_wide_units(t, b)] == kp.pal_wide_units(t, b)
                 assert tuple(_cuda.plan_huffman_unit(t, 2, 3, a)) == kp.huffman_unit(t, 2, 3, a)
 
 
@@ -228,23 +250,30 @@ def test_emulated_palette_decode_matches_cpu(shape):
 
 
 @needs_ext
-@pytest.mark.parametrize("shape", [(33, 4096), (70, 96), (17, 64), (130, 520), (9, 2048)])
+@pytest.mark.parametrize("shape", [(33, 4096), (70, 96), (17, 64), (130, 520), (9, 2048), (5, 8), (3, 4100)])
 def test_emulated_wide_palette_decode(shape):
-    """The wide variant (32 weights per thread, register-table decode) on the shapes it takes
-    (cols a multiple of 32) and those it hands to VEC8: the same bits, sub-rectangles with
-    32-aligned and unaligned origins, paired and unpaired palettes, verbatim blocks patched."""
+    """The wide variant (four 8-weight chunks per thread, register-table decode) on the shapes it
+    takes (VEC8's alignment, whole chunks) and those it hands to VEC8 (an unaligned origin, a
+    width with a short last chunk): the same bits, warps that span rows, paired and unpaired
+    palettes, verbatim blocks patched."""
     w = make_weights(*shape, seed=shape[0] + 7 * shape[1])
     enc = tc.encode(w, "palette")
     h, p = enc.header, enc.planes
+    sm, idx = (aligned(p[s]) for s in (C.SUFFIX_SM, C.SUFFIX_IDX))
     rects = {(0, h.rows, 0, h.cols), (h.rows // 3, h.rows, (h.cols // 64) * 32, h.cols),
-             (0, h.rows, h.cols // 2 + 1, h.cols)}
+             (0, h.rows, h.cols // 2 + 1, h.cols), (1, h.rows, 8, h.cols - h.cols // 3)}
     for r0, r1, k0, k1 in rects:
-        sub = np.empty((r1 - r0, k1 - k0), np.uint16)
+        if k0 >= k1 or r0 >= r1:
+            continue
+        width = k1 - k0
+        # the output's row stride rounded up to 8 weights, so that a width that is not (k1 < cols)
+        # still has VEC8's vector path, its last chunk short
+        sub = aligned(np.zeros((r1 - r0, width + (-width) % kp.PAL_VEC), np.uint16))
         path = []
-        assert _cuda.emulate_palette_decode(p[C.SUFFIX_SM], p[C.SUFFIX_IDX], r0, r1, k0, k1, _pal(enc),
-                                            p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], sub, kp.PAL_VARIANT_WIDE, path) == 0
-        assert np.array_equal(sub, w[r0:r1, k0:k1])
-        takes = h.cols % kp.PAL_WIDE == 0 and k0 % kp.PAL_WIDE == 0
+        assert _cuda.emulate_palette_decode(sm, idx, r0, r1, k0, k1, _pal(enc), p[C.SUFFIX_VPOS],
+                                            p[C.SUFFIX_VEXP], sub, kp.PAL_VARIANT_WIDE, path) == 0
+        assert np.array_equal(sub[:, :width], w[r0:r1, k0:k1])
+        takes = h.cols % kp.PAL_VEC == 0 and k0 % kp.PAL_VEC == 0 and width % kp.PAL_VEC == 0
         assert path == [kp.PAL_VARIANT_WIDE if takes else kp.PAL_VARIANT_VEC8]
 
 

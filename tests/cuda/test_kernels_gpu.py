@@ -321,10 +321,10 @@ def test_decoder_variants_bitwise(shape, variant):
 
 
 @pytest.mark.variant
-@pytest.mark.parametrize("shape", [(33, 4096), (300, 520), (4097, 64), (1024, 4096)])
+@pytest.mark.parametrize("shape", [(33, 4096), (300, 520), (4097, 64), (1024, 4096), (7, 4100)])
 def test_wide_palette_decode_bitwise(shape):
-    """The wide palette decode (32 weights per thread) and VEC8 write the same bits, verbatim
-    blocks patched; a shape whose width is not a multiple of 32 runs VEC8."""
+    """The wide palette decode (four 8-weight chunks per thread) and VEC8 write the same bits,
+    verbatim blocks patched; a shape whose width is not a multiple of 8 runs VEC8."""
     w = make_weights(*shape, seed=shape[0] * 5 + shape[1])
     err = _err()
     ew = encoded_weight(tc.encode(w, "palette"), "cuda", err)

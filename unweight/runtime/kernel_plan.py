@@ -21,6 +21,7 @@ HUFF_VARIANTS = {"chain": HUFF_VARIANT_CHAIN, "ahead": HUFF_VARIANT_AHEAD, "ahea
                  "scalar": HUFF_VARIANT_SCALAR}
 PAL_VEC = 8
 PAL_WIDE = 32  # weights per thread of the wide palette decode (PAL_VARIANT_WIDE)
+PAL_WIDE_STEPS = PAL_WIDE // PAL_VEC  # its 8-weight chunks per thread
 PAL_VARIANT_DEFAULT = 0
 PAL_VARIANT_VEC8 = 1
 PAL_VARIANT_WIDE = 2
@@ -132,19 +133,38 @@ def segment_rect(g: int, c: int, rows: int, cols: int, R: int, C_: int) -> tuple
 
 
 # --- palette decode: PAL_VEC weights of one row per thread --------------------------------
-def pal_threads_per_row(n_cols: int, vec: int = PAL_VEC) -> int:
-    return cdiv(n_cols, vec)
+def pal_threads_per_row(n_cols: int) -> int:
+    return cdiv(n_cols, PAL_VEC)
 
 
-def pal_grid(n_rows: int, n_cols: int, vec: int = PAL_VEC) -> int:
-    return cdiv(n_rows * pal_threads_per_row(n_cols, vec), PAL_THREADS)
+def pal_grid(n_rows: int, n_cols: int) -> int:
+    return cdiv(n_rows * pal_threads_per_row(n_cols), PAL_THREADS)
 
 
-def pal_unit(t: int, n_cols: int, vec: int = PAL_VEC) -> tuple[int, int, int]:
-    """Thread t -> (relative row, relative first column, weight count 1..vec)."""
-    tpr = pal_threads_per_row(n_cols, vec)
-    k = (t % tpr) * vec
-    return t // tpr, k, min(vec, n_cols - k)
+def pal_unit(t: int, n_cols: int) -> tuple[int, int, int]:
+    """Chunk t -> (relative row, relative first column, weight count 1..PAL_VEC)."""
+    tpr = pal_threads_per_row(n_cols)
+    k = (t % tpr) * PAL_VEC
+    return t // tpr, k, min(PAL_VEC, n_cols - k)
+
+
+# --- the wide palette decode: PAL_WIDE_STEPS chunks per thread, lanes on consecutive chunks
+def pal_wide_threads(n_rows: int, n_cols: int) -> int:
+    return cdiv(n_rows * pal_threads_per_row(n_cols), WARP * PAL_WIDE_STEPS) * WARP
+
+
+def pal_wide_grid(n_rows: int, n_cols: int) -> int:
+    return cdiv(pal_wide_threads(n_rows, n_cols), PAL_THREADS)
+
+
+def pal_wide_chunk(t: int, s: int) -> int:
+    """Chunk (pal_unit's numbering) that thread t decodes at step s."""
+    return (t // WARP) * (WARP * PAL_WIDE_STEPS) + s * WARP + t % WARP
+
+
+def pal_wide_units(t: int, n_cols: int) -> list[tuple[int, int, int]]:
+    """pal_unit of each step's chunk (the C++ steps from the first without dividing again)."""
+    return [pal_unit(pal_wide_chunk(t, s), n_cols) for s in range(PAL_WIDE_STEPS)]
 
 
 # --- warp-per-item kernels (verbatim patch/gather, row counts, compaction)
