@@ -129,6 +129,26 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(t[0], t[1]);
   }, py::arg("w"), py::arg("R"), py::arg("C"), py::arg("lens"), py::arg("codes"), py::arg("threads") = 1,
      "(off uint32 [n_seg + 1], stream uint8) of a BF16 matrix.");
+  m.def("huffman_index", [](arr<uint16_t> w, int64_t R, int64_t C, arr<uint8_t> lens, int threads,
+                            int64_t chk_interval) {
+    need(w.ndim() == 2, "w must be 2-D");
+    Grid g = make_grid(w.shape(0), w.shape(1), R, C);
+    need(lens.size() == HUFF_NUM_CTX * 256, "lens must have HUFF_NUM_CTX*256 entries");
+    need(chk_interval > 0 && chk_interval % CHK_ALIGN == 0 && chk_interval <= CHK_MAX_INTERVAL,
+         "checkpoint interval must be a multiple of CHK_ALIGN up to CHK_MAX_INTERVAL");
+    const int64_t seg_max = std::min(R, g.rows) * std::min(C, g.cols);
+    const int64_t P = (seg_max + chk_interval - 1) / chk_interval - 1;
+    const int64_t nseg = g.n_groups() * g.n_chunks();
+    arr<uint16_t> chk({static_cast<py::ssize_t>(nseg), static_cast<py::ssize_t>(P)});
+    std::fill(chk.mutable_data(), chk.mutable_data() + nseg * P, uint16_t(0));
+    {
+      py::gil_scoped_release nogil;
+      huffman_index(cptr(w), g, cptr(lens), threads, chk_interval, P, chk.mutable_data());
+    }
+    return chk;
+  }, py::arg("w"), py::arg("R"), py::arg("C"), py::arg("lens"), py::arg("threads"), py::arg("chk_interval"),
+     "The checkpoint index uint16 [n_seg, P] huffman_encode_indexed writes for w (lens: uint8 [HUFF_NUM_CTX, "
+     "256]), without encoding the stream.");
   m.def("huffman_encode_indexed", encode, py::arg("w"), py::arg("R"), py::arg("C"), py::arg("lens"),
         py::arg("codes"), py::arg("threads"), py::arg("chk_interval"),
         "(off uint32 [n_seg + 1], stream uint8, chk uint16 [n_seg, P]) of a BF16 matrix and its checkpoint index.");

@@ -295,4 +295,38 @@ void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, c
   });
 }
 
+void huffman_index(const uint16_t* w, const Grid& g, const uint8_t* lens, int threads, int64_t chk_interval,
+                   int64_t chk_cols, uint16_t* chk) {
+  if (chk_interval <= 0 || chk_cols <= 0) return;
+  const int64_t S = chk_interval, ng = g.n_groups(), nseg = ng * g.n_chunks();
+  // lens[ctx * 256 + exp] reordered by hkey (exp << 2 | ctx), the key of one BF16 word
+  uint8_t len_of[1024];
+  for (int q = 0; q < 1024; ++q) len_of[q] = lens[(q & 3) * 256 + (q >> 2)];
+  parallel_for(nseg, threads, 1, [&](int64_t s) {
+    const int64_t c = s / ng, r0 = (s % ng) * g.R, r1 = std::min(g.rows, r0 + g.R);
+    const int64_t k0 = c * g.C, width = std::min(g.cols, k0 + g.C) - k0;
+    uint16_t* row = chk + s * chk_cols;
+    // bits: the bit position of the next symbol; idx: its index in the segment.  Between
+    // checkpoints the lengths are summed in runs with no per-symbol test.
+    int64_t bits = 0, last = 0, idx = 0, next = S;
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint16_t* wr = w + r * g.cols + k0;
+      int64_t q = 0;
+      while (q < width) {
+        const int64_t n = std::min(width - q, next - idx);
+        uint32_t run = 0;
+        for (int64_t j = 0; j < n; ++j) run += len_of[hkey(wr[q + j])];
+        bits += run;
+        q += n;
+        idx += n;
+        if (idx == next) {
+          if (idx < (r1 - r0) * width) row[next / S - 1] = static_cast<uint16_t>(bits - last);
+          last = bits;
+          next += S;
+        }
+      }
+    }
+  });
+}
+
 }  // namespace unweight

@@ -27,4 +27,11 @@ void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, c
                         std::vector<uint32_t>* off, std::vector<uint8_t>* stream, int threads,
                         int64_t chk_interval = 0, int64_t chk_cols = 0, uint16_t* chk = nullptr);
 
+// The checkpoint index alone, as huffman_encode_all would write it for the same w, lens and S
+// (chk: n_segments * chk_cols entries, zeroed by the caller), without writing a stream: the
+// index is a function of the code lengths only.  What a loader adding the index to a tensor
+// stored without one (and a verifier rebuilding a stored one) needs from the decoded weights.
+void huffman_index(const uint16_t* w, const Grid& g, const uint8_t* lens, int threads, int64_t chk_interval,
+                   int64_t chk_cols, uint16_t* chk);
+
 }  // namespace unweight

@@ -1,5 +1,5 @@
 """The checkpoint verifier (unweight/codec/verify.py) checks what the CPU decoders cannot vouch
-for: the Huffman checkpoint index (exactly, against the index the encoder rebuilds from the
+for: the Huffman checkpoint index (exactly, against the index rebuilt from the
 decoded weights), every record of the format version, and a numbered shard set with a shard
 missing."""
 import json
@@ -246,3 +246,31 @@ def test_a_lost_numbered_shard_is_refused_without_index_and_report(tiny_model, t
         with pytest.raises(InputError, match=rf"shard {lost} is missing"):
             run()
     assert not os.path.exists(tmp_path / "d")
+
+
+@pytest.mark.parametrize("shape,grid,S", [((70, 256), (16, 128), 64), ((33, 100), (8, 64), 16),
+                                         ((5, 4097), (4, 4097), 4096), ((64, 96), (64, 96), 16),
+                                         ((3, 7), (2, 7), 16), ((130, 520), (32, 256), 1024)])
+def test_index_builder_equals_the_encoders_index(shape, grid, S):
+    # _C.huffman_index (no stream written) against the index the encoder writes beside its
+    # stream: odd widths, partial row groups and chunks, S past a row and past a segment.
+    w = bf16_gaussian(np.random.default_rng(sum(shape)), shape)
+    w.ravel()[::97] = np.arange(w.ravel()[::97].size, dtype=np.uint16) * 613  # rare exponents, long codes
+    plain = tc.encode(w, "huffman", grid=grid, threads=1)
+    lens = np.zeros((C.HUFF_NUM_CTX, 256), np.uint8)
+    lens[:, plain.header.exp_lo:plain.header.exp_hi + 1] = plain.header.table
+    codes = np.stack([canonical_codes(row) for row in lens])
+    _, _, want = _C.huffman_encode_indexed(w, *grid, lens, codes, 1, S)
+    for threads in (1, 3):
+        got = _C.huffman_index(w, *grid, lens, threads, S)
+        assert got.dtype == np.uint16 and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    # with_index builds its plane this way: byte for byte what an indexed encode writes
+    idx = tc.with_index(plain.header, plain.planes, threads=2, chk_interval=S)
+    full = tc.encode(w, "huffman", grid=grid, chk_interval=S, threads=1)
+    assert idx.header.pack().tobytes() == full.header.pack().tobytes()
+    assert idx.planes.keys() == full.planes.keys()
+    for k in full.planes:
+        assert np.asarray(idx.planes[k]).tobytes() == np.asarray(full.planes[k]).tobytes(), k
+    with pytest.raises(ValueError, match="checkpoint interval"):
+        _C.huffman_index(w, *grid, lens, 1, 24)

@@ -519,20 +519,29 @@ def decode_rows(header: TensorHeader, planes: dict, rows: np.ndarray, threads: i
 
 def with_index(header: TensorHeader, planes: dict, threads: int | None = None,
                chk_interval: int = C.DEFAULT_CHK_INTERVAL) -> Encoded:
-    """The same huffman matrix with the checkpoint index (decode, then re-encode on the same
-    grid: same code table, stream and crc32, plus ``__chk``).  Anything that cannot carry an
-    index (palette, stacks, segments of at most S weights) or already has one comes back as is.
+    """The same huffman matrix with the checkpoint index: the same planes (stream, offsets,
+    code table, crc32) plus ``__chk``, and the header's chk_interval.  Anything that cannot
+    carry an index (palette, stacks, segments of at most S weights) or already has one comes
+    back as is.
 
+    The tensor is decoded (checked against its crc32) and the index summed from the decoded
+    weights' code lengths (``_C.huffman_index``, the encoder's index without its stream).
     Files stay index-free unless asked (the index costs ~0.014 bit per weight on disk); the
     GPU loader adds it here, where it buys the decode kernels their parallelism."""
     if header.encoding != C.ENC_HUFFMAN or header.chk_interval or header.stack:
         return Encoded(header, planes, {})
-    w = decode(header, planes, threads, verify=False)
-    enc = encode(w, "huffman", threads=threads, grid=(header.rows_per_group, header.cols_per_chunk),
-                 chk_interval=chk_interval)
-    if enc.header.crc32 != header.crc32:  # the same bits must come back: a codec fault, never data
-        raise FormatError("re-encoding with the checkpoint index changed the tensor's checksum")
-    return enc
+    hdr = dataclasses.replace(header, chk_interval=chk_interval, version_minor=max(header.version_minor, C.MINOR_CHK))
+    if not hdr.chk_cols:  # every segment fits in one chain
+        return Encoded(header, planes, {})
+    threads = threads or default_threads()
+    w = decode(header, planes, threads, verify=True)
+    lens = np.zeros((C.HUFF_NUM_CTX, 256), np.uint8)
+    lens[:, header.exp_lo:header.exp_hi + 1] = header.table
+    chk = _C.huffman_index(w, header.rows_per_group, header.cols_per_chunk, lens, threads, chk_interval)
+    out = dict(planes)
+    out[C.SUFFIX_HDR] = hdr.pack()
+    out[C.SUFFIX_CHK] = chk
+    return Encoded(hdr, out, {"index_bits_per_weight": chk.size * 16 / w.size})
 
 
 def transcode_to_palette(header: TensorHeader, planes: dict, threads: int | None = None) -> Encoded:

@@ -17,7 +17,6 @@ from ..format.errors import ChecksumError, FormatError
 from ..format.header import TensorHeader
 from ..format.quant_config import check_format_version
 from . import tensor_codec as tc
-from .huffman import canonical_codes
 
 
 def raw_crc32(arr: np.ndarray, threads: int | None = None) -> int:
@@ -65,23 +64,21 @@ def check_records(ck: CompressedCheckpoint) -> None:
             raise FormatError(f"{p}: the report records {key} = {rep[key]}, the checkpoint has {have}")
 
 
-def _index_codes(h: TensorHeader) -> tuple[np.ndarray, np.ndarray]:
-    """(lens uint8 [HUFF_NUM_CTX, 256], codes uint16 [HUFF_NUM_CTX, 256]) of a huffman header:
-    its code-length table widened to every exponent, and the canonical codes of those lengths,
-    the arguments the C++ encoder takes."""
+def index_lens(h: TensorHeader) -> np.ndarray:
+    """uint8 [HUFF_NUM_CTX, 256]: a huffman header's code-length table widened to every
+    exponent, what the C++ index builder takes."""
     lens = np.zeros((C.HUFF_NUM_CTX, 256), np.uint8)
     lens[:, h.exp_lo:h.exp_hi + 1] = h.table
-    return lens, np.stack([canonical_codes(row) for row in lens])
+    return lens
 
 
-def index_rows(h: TensorHeader, w: np.ndarray, lens, codes, threads: int) -> np.ndarray:
+def index_rows(h: TensorHeader, w: np.ndarray, lens: np.ndarray, threads: int) -> np.ndarray:
     """The ``__chk`` rows of the segments of decoded rows w (uint16 [n, K], host; whole row
-    groups starting on a group boundary), built by the encoder that builds the index the GPU
-    loaders add at load (tc.with_index): uint16 [n_chunks, ceil(n / R), h.chk_cols], unused
-    entries 0.  The index is a function of the code lengths of the decoded weights alone."""
+    groups starting on a group boundary), as the encoder writes them (``_C.huffman_index``
+    sums the code lengths of w's weights; the index is a function of those alone): uint16
+    [n_chunks, ceil(n / R), h.chk_cols], unused entries 0."""
     R, ng = h.rows_per_group, -(-w.shape[0] // h.rows_per_group)
-    _, _, chk = _C.huffman_encode_indexed(np.ascontiguousarray(w), R, h.cols_per_chunk, lens, codes, threads,
-                                          h.chk_interval)
+    chk = _C.huffman_index(np.ascontiguousarray(w), R, h.cols_per_chunk, lens, threads, h.chk_interval)
     out = np.zeros((h.n_chunks, ng, h.chk_cols), np.uint16)  # a short last group needs fewer columns
     out[:, :, :chk.shape[1]] = chk.reshape(h.n_chunks, ng, chk.shape[1])
     return out
@@ -108,10 +105,10 @@ def check_index(h: TensorHeader, planes: dict, w: np.ndarray, threads: int | Non
     if h.encoding != C.ENC_HUFFMAN or not h.chk_interval:
         return
     threads = threads or tc.default_threads()
-    lens, codes = _index_codes(h)
+    lens = index_lens(h)
     stored, n = planes[C.SUFFIX_CHK], h.n_segments
     for e, m in enumerate(w if h.stack else [w]):
-        rebuilt = index_rows(h, m, lens, codes, threads).reshape(n, h.chk_cols)
+        rebuilt = index_rows(h, m, lens, threads).reshape(n, h.chk_cols)
         _compare_index(h, np.asarray(stored[e * n:(e + 1) * n]), rebuilt, where, e * n)
 
 
@@ -128,12 +125,12 @@ def decode_verified(h: TensorHeader, planes: dict, threads: int | None = None, w
         out = tc.decode(h, planes, threads, where, verify=True)
         check_index(h, planes, out, threads, where)
         return out if keep else None
-    lens, codes = _index_codes(h)
+    lens = index_lens(h)
     R = h.rows_per_group
     rebuilt = np.zeros((h.n_chunks, h.n_groups, h.chk_cols), np.uint16)  # chunk-major: s = c * n_groups + g
 
     def each(r0, r1, band):
-        rebuilt[:, r0 // R:-(-r1 // R)] = index_rows(h, band, lens, codes, threads)
+        rebuilt[:, r0 // R:-(-r1 // R)] = index_rows(h, band, lens, threads)
 
     out = tc.decode_banded(h, planes, threads, where, band_bytes, keep, done, each)
     _compare_index(h, np.asarray(planes[C.SUFFIX_CHK]), rebuilt.reshape(h.n_segments, h.chk_cols), where)
