@@ -13,9 +13,10 @@ Modes (runtime/modes.py):
     "auto": CPU: dense when the decoded encoded weights take <= 50 % of MemAvailable, else
         the checkpoint's encoding (decode-per-forward is only worth it when memory is short).
         CUDA: dense when everything fits in 80 % of free device memory; otherwise every
-        compressed layer shape is timed (compressed forward vs dense F.linear, CUDA events,
-        batch 1) and layers are densified greedily by slowdown-per-saved-byte while the
-        budget lasts.
+        compressed layer shape is timed (compressed forward, huffman with the checkpoint index
+        it keeps, vs dense F.linear, CUDA events, batch 1) and layers are densified greedily
+        by slowdown-per-saved-byte while the budget lasts.  Layers kept compressed get what
+        the explicit modes give them: the index (huffman) and the decode tables.
     A CUDA device without the compiled ``unweight._cuda`` module runs dense (one warning).
 
 Mixture-of-experts parameters (runtime/experts.py ExpertStack) follow the same modes: dense
@@ -112,7 +113,8 @@ def _transcode(m: CompressedWeightMixin, target: str):
 
 
 def _build_lut(m: CompressedWeightMixin):
-    if m.is_tied or m.encoding != C.ENC_HUFFMAN or m.device.type != "cuda":
+    # An empty LUT is the only stale one: replace_planes (transcode, index) drops it.
+    if m.is_tied or m.encoding != C.ENC_HUFFMAN or m.device.type != "cuda" or m.weight_lut.numel():
         return
     m.weight_lut = ops.build_lut(m.code_table(), m.exp_lo, m.exp_hi, scratch.error_counter(m.device))
 
@@ -187,6 +189,10 @@ def _auto_modes(owners: list, stacks: list = ()) -> dict:
             key = (m.n_rows, m.n_cols, m.encoding, type(m).__name__)
             if key in cost or isinstance(m, CompressedEmbedding):
                 continue
+            # Timed as it would run if kept: with the checkpoint index a huffman weight on a
+            # GPU gets, without which its decode has a fraction of the parallelism.
+            _add_index(m)
+            _build_lut(m)
             x = torch.randn(1, m.n_cols, dtype=torch.bfloat16, device=dev)
             w = m.decode_weight()
             t_c = _time_cuda(lambda: m(x))
@@ -254,8 +260,11 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
             _to_dense(model, n, m, dense_of)
             counts["dense"] += 1
             continue
-        if not m.is_tied and c in ("huffman", "palette"):
-            _transcode(m, c)
+        if not m.is_tied:
+            # c: "huffman" / "palette", or auto's "compressed" (the checkpoint's encoding kept);
+            # either way a huffman weight on a GPU needs its index and decode tables.
+            if c in ("huffman", "palette"):
+                _transcode(m, c)
             _add_index(m)
             _build_lut(m)
         counts[m.encoding_name] += 1
