@@ -74,6 +74,36 @@ def test_tp_shards_bitwise(encoding, shape, grid, axis):
             assert sh.combine_col_shard_crcs(row_crcs, widths) == e.header.crc32
 
 
+@pytest.mark.parametrize("rows,cols", [((32, 96), None), (None, (256, 512)), ((16, 48), (0, 256))])
+def test_load_index_of_a_shard(rows, cols):
+    # The GPU loaders add the checkpoint index to the shard a rank holds, whose header carries
+    # no crc32 (0): the index must be the one an indexed encode of the shard's weights writes.
+    from unweight import _C
+    from unweight.codec.huffman import canonical_codes
+    from unweight.codec.reference import decode_reference
+    from unweight.codec.verify import check_index, decode_verified
+    w, e = _enc((96, 512), "huffman", grid=(16, 128))
+    h, p = sh.shard_planes(e.header, e.planes, rows=rows, cols=cols)
+    assert h.crc32 == 0
+    idx = tc.with_index(h, p, threads=2, chk_interval=64)
+    assert idx.header.chk_interval == 64 and idx.header.crc32 == 0
+    want = w[slice(*(rows or (0, 96))), slice(*(cols or (0, 512)))]
+    got = tc.decode(idx.header, idx.planes, verify=False)
+    assert got.tobytes() == want.tobytes()
+    check_index(idx.header, idx.planes, got)
+    # the encoder's index for the shard's weights under the tensor's code table, and the
+    # reference decoder's chain-by-chain check of it
+    lens = np.zeros((C.HUFF_NUM_CTX, 256), np.uint8)
+    lens[:, h.exp_lo:h.exp_hi + 1] = h.table
+    codes = np.stack([canonical_codes(row) for row in lens])
+    _, _, ref = _C.huffman_encode_indexed(np.ascontiguousarray(want), 16, 128, lens, codes, 1, 64)
+    assert np.array_equal(idx.planes[C.SUFFIX_CHK], ref)
+    _, checked = sh.with_crc(idx.header, idx.planes, zlib.crc32(want.tobytes()))  # the reference checks one
+    assert decode_reference(checked[C.SUFFIX_HDR], checked).tobytes() == want.tobytes()
+    with pytest.raises(ChecksumError):  # crc32 0 is no checksum to decode against
+        decode_verified(idx.header, idx.planes)
+
+
 @pytest.mark.parametrize("encoding", ["huffman", "palette"])
 def test_block_shards_and_tensor_end(encoding):
     # Rectangular blocks (both axes) and ranges ending at a partial last group / chunk.

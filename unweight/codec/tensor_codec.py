@@ -524,8 +524,12 @@ def with_index(header: TensorHeader, planes: dict, threads: int | None = None,
     carry an index (palette, stacks, segments of at most S weights) or already has one comes
     back as is.
 
-    The tensor is decoded (checked against its crc32) and the index summed from the decoded
-    weights' code lengths (``_C.huffman_index``, the encoder's index without its stream).
+    The tensor is decoded and the index summed from the decoded weights' code lengths
+    (``_C.huffman_index``, the encoder's index without its stream).  The decode is not checked
+    against the header's crc32 here: a tensor-parallel shard's header carries none (0, see
+    codec/shard.py), and the loaders check each tensor, or each shard against the TP group's
+    records, before they add the index, unless verification is off.  The GPU decoders check
+    every chain against the index they are given.
     Files stay index-free unless asked (the index costs ~0.014 bit per weight on disk); the
     GPU loader adds it here, where it buys the decode kernels their parallelism."""
     if header.encoding != C.ENC_HUFFMAN or header.chk_interval or header.stack:
@@ -534,7 +538,7 @@ def with_index(header: TensorHeader, planes: dict, threads: int | None = None,
     if not hdr.chk_cols:  # every segment fits in one chain
         return Encoded(header, planes, {})
     threads = threads or default_threads()
-    w = decode(header, planes, threads, verify=True)
+    w = decode(header, planes, threads, verify=False)
     lens = np.zeros((C.HUFF_NUM_CTX, 256), np.uint8)
     lens[:, header.exp_lo:header.exp_hi + 1] = header.table
     chk = _C.huffman_index(w, header.rows_per_group, header.cols_per_chunk, lens, threads, chk_interval)
