@@ -243,23 +243,33 @@ def test_compressed_modules_have_a_lazy_weight(monkeypatch):
     assert C.SUFFIX_SM not in dict(lin.named_parameters())
 
 
-@pytest.mark.parametrize("encoding", ["huffman", "palette"])
+@pytest.mark.parametrize("encoding", ["huffman", "huffman+index", "palette"])
 def test_cuda_kernel_logic_decodes_one_expert_from_its_views(weights, encoding):
     # What the runtime hands the CUDA decode ops for expert e of a stack (absolute offsets into
-    # the shared stream; palette block ids rebased to the matrix), run through the kernels'
-    # host emulation.
+    # the shared stream; the rows of the load index for its segments; palette block ids
+    # rebased to the matrix), run through the kernels' host emulation.
     cu = pytest.importorskip("unweight._cuda")
     w, _, _ = weights
-    _, st = _stored_stack(w, encoding)
+    _, st = _stored_stack(w, encoding.split("+")[0])
+    if encoding == "huffman+index":
+        # what experts.add_index does to a stack kept on a GPU (S = 16 here: several chains
+        # per segment of these small matrices)
+        p = st.planes()[0]
+        idx = tc.with_index(p.header, {s: t.numpy() for s, t in p.planes().items()}, threads=1, chk_interval=16)
+        assert idx.header.chk_interval == 16 and idx.planes[C.SUFFIX_CHK].shape[0] == E * p.header.n_segments
+        p.replace(idx.header, idx.planes)
+        np.testing.assert_array_equal(tc.decode(idx.header, idx.planes, verify=True), w)
     for e in range(E):
         p = st.pieces(e)[0]
         out = np.empty((ROWS, COLS), dtype=np.uint16)
-        if encoding == "huffman":
+        if encoding.startswith("huffman"):
             assert int(p.off[0]) > 0 or e == 0
+            assert (p.chk is not None) == (encoding == "huffman+index")
+            chk = {} if p.chk is None else {"chk": p.chk.numpy(), "S": p.chk_interval}
             nerr = cu.emulate_huffman_decode(p.exp.numpy(), p.off.numpy(), ROWS, COLS, p.rows_per_group,
                                              p.cols_per_chunk, p.table.numpy(), p.exp_lo, p.exp_hi, 0,
                                              -(-ROWS // p.rows_per_group), 0, -(-COLS // p.cols_per_chunk),
-                                             p.sm.numpy(), out)
+                                             p.sm.numpy(), out, **chk)
         else:
             nerr = cu.emulate_palette_decode(p.sm.numpy(), p.idx.numpy(), 0, ROWS, 0, COLS, bytes(p.palette),
                                              p.vpos.numpy(), p.vexp.numpy(), out)

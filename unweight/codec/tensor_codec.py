@@ -519,10 +519,10 @@ def decode_rows(header: TensorHeader, planes: dict, rows: np.ndarray, threads: i
 
 def with_index(header: TensorHeader, planes: dict, threads: int | None = None,
                chk_interval: int = C.DEFAULT_CHK_INTERVAL) -> Encoded:
-    """The same huffman matrix with the checkpoint index: the same planes (stream, offsets,
-    code table, crc32) plus ``__chk``, and the header's chk_interval.  Anything that cannot
-    carry an index (palette, stacks, segments of at most S weights) or already has one comes
-    back as is.
+    """The same huffman matrix, or stack, with the checkpoint index: the same planes (stream,
+    offsets, code table, crc32) plus ``__chk`` (a stack's: each matrix's rows in turn,
+    FORMAT.md "Stacked tensors"), and the header's chk_interval.  Anything that cannot carry an
+    index (palette, segments of at most S weights) or already has one comes back as is.
 
     The tensor is decoded and the index summed from the decoded weights' code lengths
     (``_C.huffman_index``, the encoder's index without its stream).  The decode is not checked
@@ -532,7 +532,7 @@ def with_index(header: TensorHeader, planes: dict, threads: int | None = None,
     every chain against the index they are given.
     Files stay index-free unless asked (the index costs ~0.014 bit per weight on disk); the
     GPU loader adds it here, where it buys the decode kernels their parallelism."""
-    if header.encoding != C.ENC_HUFFMAN or header.chk_interval or header.stack:
+    if header.encoding != C.ENC_HUFFMAN or header.chk_interval:
         return Encoded(header, planes, {})
     hdr = dataclasses.replace(header, chk_interval=chk_interval, version_minor=max(header.version_minor, C.MINOR_CHK))
     if not hdr.chk_cols:  # every segment fits in one chain
@@ -541,7 +541,8 @@ def with_index(header: TensorHeader, planes: dict, threads: int | None = None,
     w = decode(header, planes, threads, verify=False)
     lens = np.zeros((C.HUFF_NUM_CTX, 256), np.uint8)
     lens[:, header.exp_lo:header.exp_hi + 1] = header.table
-    chk = _C.huffman_index(w, header.rows_per_group, header.cols_per_chunk, lens, threads, chk_interval)
+    chk = np.concatenate([_C.huffman_index(np.ascontiguousarray(m), header.rows_per_group, header.cols_per_chunk,
+                                           lens, threads, chk_interval) for m in (w if header.stack else [w])])
     out = dict(planes)
     out[C.SUFFIX_HDR] = hdr.pack()
     out[C.SUFFIX_CHK] = chk

@@ -217,10 +217,13 @@ class _Planes:
                 s0, s1 = tc.matrix_segments(h, e)
                 off = off[s0:s1 + 1]  # absolute offsets into the shared stream (FORMAT.md)
                 sm = sm[e]
+            chk = self.plane(C.SUFFIX_CHK) if h.chk_interval else None
+            if chk is not None and e is not None:
+                chk = chk[s0:s1]  # matrix e's segments' rows; checkpoints count from each segment's start
             table = self.plane(C.SUFFIX_HDR)[C.HEADER_BYTES:].view(C.HUFF_NUM_CTX, -1)
             return EncodedWeight(C.ENC_HUFFMAN, h.rows, h.cols, h.rows_per_group, h.cols_per_chunk, h.exp_lo,
                                  h.exp_hi, [], sm, exp=self.plane(C.SUFFIX_EXP), off=off, table=table,
-                                 lut=self.lut())
+                                 lut=self.lut(), chk=chk, chk_interval=h.chk_interval)
         idx, vpos, vexp = self.plane(C.SUFFIX_IDX), self.plane(C.SUFFIX_VPOS), self.plane(C.SUFFIX_VEXP)
         if e is not None:
             # The ops take a matrix's own block ids: matrix e's, rebased at load (prepare_planes)
@@ -556,6 +559,21 @@ def expert_stacks(model: nn.Module) -> list:
 
 
 # ----------------------------------------------------------------------------- after loading
+
+
+def add_index(stack: ExpertStack) -> None:
+    """The checkpoint index (S = LOAD_CHK_INTERVAL) for every huffman tensor of a stack kept
+    compressed on a GPU whose file has none: without it an expert's decode runs a thread per
+    segment, a few hundred threads for a whole GPU."""
+    from .. import ops  # the ops layer: whether the CUDA kernels are built
+    for p in stack.planes():
+        h = p.header
+        if h.encoding != C.ENC_HUFFMAN or h.chk_interval or p.device.type != "cuda" or not ops.cuda_kernels_built():
+            continue
+        host = {s: t.detach().cpu().numpy() for s, t in p.planes().items()}
+        enc = tc.with_index(h, host, chk_interval=C.LOAD_CHK_INTERVAL)
+        if enc.header is not h:
+            p.replace(enc.header, enc.planes)
 
 
 def prepare_planes(stack: ExpertStack) -> None:

@@ -326,6 +326,7 @@ def _prepare_experts(model: nn.Module, plan: dict, stacks: list, mode: str, auto
             info["dense"] += 1
             continue
         experts.transcode(st, m)
+        experts.add_index(st)
         experts.prepare_planes(st)
         st.slot = slots.get(id(mod), 0)
         slots[id(mod)] = st.slot + st.rows * st.cols
