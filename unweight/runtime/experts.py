@@ -572,8 +572,9 @@ def add_index(stack: ExpertStack) -> None:
             continue
         host = {s: t.detach().cpu().numpy() for s, t in p.planes().items()}
         enc = tc.with_index(h, host, chk_interval=C.LOAD_CHK_INTERVAL)
-        if enc.header is not h:
-            p.replace(enc.header, enc.planes)
+        if enc.header is not h:  # the other planes stay the device tensors they are
+            p.replace(enc.header, {**p.planes(), C.SUFFIX_HDR: enc.planes[C.SUFFIX_HDR],
+                                   C.SUFFIX_CHK: enc.planes[C.SUFFIX_CHK]})
 
 
 def prepare_planes(stack: ExpertStack) -> None:

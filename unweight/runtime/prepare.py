@@ -127,7 +127,10 @@ def _add_index(m: CompressedWeightMixin):
     o = m.owner()
     enc = tc.with_index(o.header, o.host_planes(), chk_interval=C.LOAD_CHK_INTERVAL)
     if enc.header is not o.header:
-        m.replace_planes(enc.header, enc.planes)
+        # The stream, offsets and sign+mantissa planes stay the device tensors they are: only
+        # the header and the index cross to the device.
+        m.replace_planes(enc.header, {**o.planes(), C.SUFFIX_HDR: enc.planes[C.SUFFIX_HDR],
+                                      C.SUFFIX_CHK: enc.planes[C.SUFFIX_CHK]})
 
 
 def prepare_module(m: CompressedWeightMixin, policy: policies.DispatchPolicy | None = None) -> None:
