@@ -1481,6 +1481,37 @@ def stage_model(st: Stage) -> bool:
             continue
         st.check(f"unweight.load({ck} checkpoint, {DEV}, mode={mode}): logits vs BF16 on {DEV}", load_mode, ck, mode)
 
+    def auto_memory_short():
+        # mode="auto" where the device reports almost no free memory: every layer stays
+        # compressed, and each huffman layer kept must carry the load-time checkpoint index (its
+        # decode's parallelism) as mode="huffman" layers do.
+        if DEV != "cuda":
+            return {"skipped": True, "why": "auto's device budget is CUDA's"}
+        from unittest import mock
+        from unweight.format import constants as C
+        from unweight.runtime.modules import compressed_modules
+        total = torch.cuda.mem_get_info()[1]
+        with mock.patch("torch.cuda.mem_get_info", return_value=(1 << 20, total)):
+            m = unweight.load(paths["huffman"], device=DEV, mode="auto")
+        kept = [x for _, x in compressed_modules(m) if not x.is_tied and x.encoding_name == "huffman"]
+        indexed = sum(x.header.chk_interval == C.LOAD_CHK_INTERVAL for x in kept)
+        with torch.no_grad():
+            lg = m(ids).logits
+        same = bool(torch.equal(lg.view(torch.int16), ref_logits.view(torch.int16)))
+        r = {"modules": (m.unweight_info or {}).get("modules"), "huffman_kept": len(kept), "indexed": indexed,
+             "logits_bitwise": same, "bitwise_by_construction": evaluation.bitwise_by_construction(m, "auto", DEV),
+             "device_errors": scratch.device_errors(DEV)}
+        r["passed"] = (bool(kept) and indexed == len(kept) and r["device_errors"] == 0
+                       and (same or not r["bitwise_by_construction"]))
+        del m
+        _empty_cache()
+        return r
+    if st.budget.left() < 10:
+        st.skip("unweight.load(huffman checkpoint, mode=auto, device memory short)", "budget spent")
+    else:
+        st.check(f"unweight.load(huffman checkpoint, {DEV}, mode=auto, device memory short): kept huffman layers "
+                 "carry the checkpoint index", auto_memory_short)
+
     def graph_capture():
         if DEV != "cuda":
             return {"skipped": True, "why": "CUDA graphs need CUDA"}
