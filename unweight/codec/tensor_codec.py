@@ -538,15 +538,27 @@ def with_index(header: TensorHeader, planes: dict, threads: int | None = None,
     if not hdr.chk_cols:  # every segment fits in one chain
         return Encoded(header, planes, {})
     threads = threads or default_threads()
-    w = decode(header, planes, threads, verify=False)
     lens = np.zeros((C.HUFF_NUM_CTX, 256), np.uint8)
     lens[:, header.exp_lo:header.exp_hi + 1] = header.table
-    chk = np.concatenate([_C.huffman_index(np.ascontiguousarray(m), header.rows_per_group, header.cols_per_chunk,
-                                           lens, threads, chk_interval) for m in (w if header.stack else [w])])
+
+    def index(w):
+        return _C.huffman_index(w, header.rows_per_group, header.cols_per_chunk, lens, threads, chk_interval)
+
+    if header.stack:
+        # A matrix at a time: host memory holds one decoded expert, not the whole stack.
+        check_planes(header, planes)
+        buf = np.empty((header.rows, header.cols), dtype=np.uint16)
+        rows = []
+        for e in range(header.stack):
+            _decode_matrix_into(header, planes, e, buf, threads)
+            rows.append(index(buf))
+        chk = np.concatenate(rows)
+    else:
+        chk = index(decode(header, planes, threads, verify=False))
     out = dict(planes)
     out[C.SUFFIX_HDR] = hdr.pack()
     out[C.SUFFIX_CHK] = chk
-    return Encoded(hdr, out, {"index_bits_per_weight": chk.size * 16 / w.size})
+    return Encoded(hdr, out, {"index_bits_per_weight": chk.size * 16 / header.numel})
 
 
 def transcode_to_palette(header: TensorHeader, planes: dict, threads: int | None = None) -> Encoded:
