@@ -116,3 +116,54 @@ def test_backward_through_a_compressed_linear(x_shape):
     y2 = F.linear(x2, w, b2)
     y2.backward(gy)
     assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad) and torch.equal(b.grad, b2.grad)
+
+
+class _PickPolicy(DispatchPolicy):
+    """Picks a fused path for the pieces with the given row counts (the table's per-shape
+    choice), decode + GEMM for the rest; records refusals."""
+
+    def __init__(self, fused_rows):
+        super().__init__(None)
+        self.fused_rows, self.refused = set(fused_rows), []
+
+    def linear_path(self, w, M, device):
+        return "palette_gemm" if w.rows in self.fused_rows else dispatch.DECODE_CUBLAS
+
+    def refuse(self, w, M, device, path, reason):
+        self.refused.append((w.rows, path, reason))
+
+
+@pytest.mark.parametrize("fused_rows", [(48,), (16,), (48, 16), ()])
+def test_each_piece_of_a_merged_layer_takes_its_own_path(monkeypatch, fused_rows):
+    # A merged projection (vLLM's q/k/v) whose pieces the policy sends different ways: the
+    # fused kernel for some, decode + GEMM for the others, outputs side by side, bias sliced.
+    # The CPU has no fused kernel: a stand-in computes the piece's product in fp32.
+    w, pieces = _stack(("palette", "palette", "palette"))  # rows 48, 16, 16
+    calls = []
+
+    def fake_fused(p, x2, path):
+        calls.append((p.rows, path, tuple(x2.shape)))
+        if p.rows == 16 and p is pieces[2]:
+            raise RuntimeError("refused by the launcher")  # the last piece's kernel refuses
+        return (x2.float() @ dispatch.decode_new([p], p.rows, p.cols).float().t()).to(torch.bfloat16)
+
+    monkeypatch.setattr(dispatch, "fused", fake_fused)
+    policy = _PickPolicy(fused_rows)
+    x = torch.randn(2, 3, 96, dtype=torch.bfloat16)
+    b = torch.randn(80, dtype=torch.bfloat16)
+    y = dispatch.linear(pieces, x, b, 80, 96, policy)
+    if not fused_rows:  # every piece decodes: the whole layer in one GEMM, the BF16 model's bits
+        assert calls == [] and torch.equal(y, F.linear(x, w, b))
+        return
+    want, r = [], 0
+    for p in pieces:
+        wp, bp = w[r:r + p.rows], b[r:r + p.rows]
+        if p.rows in fused_rows and p is not pieces[2]:
+            want.append((x.reshape(6, 96).float() @ wp.float().t()).to(torch.bfloat16) + bp)
+        else:
+            want.append(F.linear(x.reshape(6, 96), wp, bp))
+        r += p.rows
+    assert torch.equal(y, torch.cat(want, dim=-1).view(2, 3, 80))
+    assert [c[0] for c in calls] == [p.rows for p in pieces if p.rows in fused_rows]
+    assert all(c[2] == (6, 96) for c in calls)
+    assert policy.refused == ([(16, "palette_gemm", "refused by the launcher")] if 16 in fused_rows else [])

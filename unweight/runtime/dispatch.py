@@ -9,9 +9,11 @@ q/k/v pieces of a merged projection) plus the padded row count the layer present
     decode_into(pieces, out, out_rows, cols)         ->  the decoded [out_rows, cols] weight
 
 The baseline is "decode into the per-device scratch (runtime/scratch.py), then the policy's
-dense GEMM"; the policy (runtime/policy.py) may pick a fused kernel for a single-piece layer
-on CUDA, and a fused launcher that refuses the problem falls back to the baseline with one
-warning.  Nothing here allocates a weight, syncs with the host or polls the error counter,
+dense GEMM"; the policy (runtime/policy.py) may pick a fused kernel on CUDA for each piece
+(by the piece's shape: the q, k and v pieces of one layer may go different ways, their
+outputs side by side), and a fused launcher that refuses the problem falls back to the
+baseline with one warning.  A layer no piece of which takes a fused kernel is decoded whole
+and multiplied once.  Nothing here allocates a weight, syncs with the host or polls the error counter,
 so forwards are CUDA-graph capturable.
 """
 from __future__ import annotations
@@ -149,28 +151,43 @@ def linear(pieces: list, x: Tensor, bias: Tensor | None, out_rows: int, cols: in
 
 def _linear(pieces: list, x: Tensor, bias: Tensor | None, out_rows: int, cols: int,
             policy: DispatchPolicy) -> Tensor:
-    """linear() without autograd: the fused kernel where the policy picks one, else decode + GEMM."""
-    if len(pieces) == 1 and out_rows == pieces[0].rows and x.dtype == torch.bfloat16 and x.device.type == "cuda":
-        w = pieces[0]
+    """linear() without autograd: the fused kernel for each piece the policy picks one for,
+    else decode + GEMM.  A layer whose pieces all take decode + GEMM is decoded whole and
+    multiplied once: the original model's bits."""
+    if x.dtype == torch.bfloat16 and out_rows == sum(p.rows for p in pieces):
         M = x.numel() // cols if cols else 0
-        path = policy.linear_path(w, M, x.device)
-        if path != DECODE_CUBLAS:
+        paths = [policy.linear_path(p, M, x.device) for p in pieces]  # decode + cuBLAS off CUDA
+        if any(path != DECODE_CUBLAS for path in paths):
             x2 = x.reshape(M, cols)
             if x2.stride(1) != 1:
                 x2 = x2.contiguous()
-            try:
-                y = fused(w, x2, path)
-            except (ValueError, RuntimeError) as e:
-                policy.refuse(w, M, x.device, path, str(e))
-            else:
-                if bias is not None:
-                    y = y + bias.to(y.dtype)
-                return y.view(*x.shape[:-1], out_rows)
+            ys, r = [], 0
+            for p, path in zip(pieces, paths):
+                ys.append(_piece_linear(p, x2, None if bias is None else bias[r:r + p.rows], path, policy))
+                r += p.rows
+            y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+            return y.view(*x.shape[:-1], out_rows)
     w = decode_into(pieces, scratch.weights(x.device, out_rows * cols), out_rows, cols)
     if w.dtype != x.dtype:
         w = w.to(x.dtype)
         bias = None if bias is None else bias.to(x.dtype)
     return policy.dense_linear(x, w, bias)
+
+
+def _piece_linear(w: EncodedWeight, x2: Tensor, bias: Tensor | None, path: str, policy: DispatchPolicy) -> Tensor:
+    """x2 @ W^T (+ b) for one piece: bf16 x2 [M, cols] -> [M, w.rows].  The fused kernel when
+    `path` names one and it takes the problem (a refusal is remembered: decode + GEMM from then
+    on); otherwise the piece decoded into the scratch and the policy's GEMM.  Pieces of a
+    merged projection (vLLM's q/k/v, gate/up) each get the path measured for their shape."""
+    if path != DECODE_CUBLAS:
+        try:
+            y = fused(w, x2, path)
+        except (ValueError, RuntimeError) as e:
+            policy.refuse(w, x2.size(0), x2.device, path, str(e))
+        else:
+            return y if bias is None else y + bias.to(y.dtype)
+    wd = decode_into([w], scratch.weights(x2.device, w.rows * w.cols), w.rows, w.cols)
+    return policy.dense_linear(x2, wd, bias)
 
 
 def _gather_piece(w: EncodedWeight, ids: Tensor, err: Tensor | None = None) -> Tensor:
