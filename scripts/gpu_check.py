@@ -602,6 +602,31 @@ def group_fused(rec, device):
         rec.check(f"dispatch: decode + cuBLAS bitwise, recorded win routes to fused ({enc_name})", dispatch_policy,
                   enc_name)
 
+    def dispatch_pieces(enc_name):
+        # A merged projection of two pieces (vLLM's layout), a fused win recorded for the first
+        # piece's shape only: that piece runs the kernel, the other decode + cuBLAS, side by side.
+        from unweight.runtime import dispatch
+        from unweight.runtime.policy import DispatchPolicy
+        from unweight.runtime.tuning_table import TuningTable
+        ws = [h.make_weights(n, 1024, seed=n) for n in (512, 256)]
+        ps = [h.encoded_weight(tc.encode(w, enc_name), device, err) for w in ws]
+        x = torch.randn(6, 1024, device=device).to(torch.bfloat16)
+        b = torch.randn(768, device=device).to(torch.bfloat16)
+        fused = paths[enc_name]
+        name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+        t = TuningTable()
+        t.record(name, 512, 1024, enc_name, 6, {"decode_cublas": 1.0, fused: 0.5})
+        y = dispatch.linear(ps, x, b, 768, 1024, DispatchPolicy(t))
+        full = torch.cat([h.bf16_tensor(w, device) for w in ws])
+        if device != "cuda":  # no fused path off CUDA: the whole layer in one GEMM
+            return {"passed": bool(torch.equal(y, torch.nn.functional.linear(x, full, b)))}
+        want = torch.cat([dispatch.fused(ps[0], x, fused) + b[:512],
+                          torch.nn.functional.linear(x, full[512:], b[512:])], dim=-1)
+        return {"passed": bool(torch.equal(y, want))}
+    for enc_name in paths:
+        rec.check(f"dispatch: pieces of a merged layer each take their measured path ({enc_name})", dispatch_pieces,
+                  enc_name)
+
     def graph_capture(enc_name):
         if device != "cuda":
             return {"skipped": True, "why": "CUDA graphs need CUDA"}
