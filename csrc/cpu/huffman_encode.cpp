@@ -118,9 +118,6 @@ struct BitWriter {
     out += n >> 3;
     n &= 7;
   }
-  // Bits written so far, counted from `base` (valid between any two calls: out only moves by
-  // the whole bytes that leave `acc`).
-  inline int64_t bits(const uint8_t* base) const { return (out - base) * 8 + n; }
   inline void finish() {  // pending bits, zero-padded to a byte boundary
     flush();
     if (n) { *out++ = static_cast<uint8_t>(acc << (8 - n)); n = 0; }
@@ -134,33 +131,11 @@ inline size_t seg_capacity(int64_t count) {
 
 constexpr int ENC_WAYS = 2;
 
-// Checkpoint index of one segment being written: the bit position of every S-th symbol, kept
-// as deltas in the segment's row of the __chk plane.  `next` is the symbol index of the next
-// checkpoint; at() is called with the index of the symbol about to be written.
-struct ChkWriter {
-  int64_t S = 0, next = INT64_MAX, last = 0;
-  uint16_t* row = nullptr;
-  void start(int64_t interval, uint16_t* r) {
-    S = interval;
-    row = r;
-    next = interval > 0 ? interval : INT64_MAX;
-    last = 0;
-  }
-  inline void at(int64_t idx, int64_t bits) {
-    if (idx != next) return;
-    // Deltas are < S * HUFF_MAX_CODE_LEN <= 49152 bits (CHK_MAX_INTERVAL), so uint16 holds them.
-    row[next / S - 1] = static_cast<uint16_t>(bits - last);
-    last = bits;
-    next += S;
-  }
-};
-
 // Encodes segments [s, s + k) (k <= ENC_WAYS, same chunk, consecutive row groups) and appends
 // them, in order, to `dst`, recording each one's byte size.  A full run drives ENC_WAYS
 // writers in lockstep so their shift/or chains overlap (more ways spill registers on
 // x86-64).  tab[hkey] = code << 4 | len.
 void encode_run(const uint16_t* w, const Grid& g, int64_t s, int k, const uint32_t* tab,
-                int64_t chk_interval, int64_t chk_cols, uint16_t* chk,
                 std::vector<uint8_t>* scratch, std::vector<uint8_t>* dst,
                 std::vector<uint32_t>* sizes) {
   const int64_t ng = g.n_groups();
@@ -180,40 +155,25 @@ void encode_run(const uint16_t* w, const Grid& g, int64_t s, int k, const uint32
   if (scratch->size() < ENC_WAYS * cap) scratch->resize(ENC_WAYS * cap);
   #pragma GCC unroll 8
   for (int j = 0; j < k; ++j) bw[j].out = scratch->data() + j * cap;
-  ChkWriter cw[ENC_WAYS];
-  for (int j = 0; j < k; ++j) cw[j].start(chk_interval, chk ? chk + (s + j) * chk_cols : nullptr);
-  auto base = [&](int j) { return scratch->data() + j * cap; };
   if (full) {
     const uint16_t* wr = w + gi0 * g.R * g.cols + k0;
     const int64_t seg = g.R * g.cols;  // distance between the ways' rows
     for (int64_t r = 0; r < g.R; ++r, wr += g.cols) {
       int q = 0;
       for (; q + 4 <= cols; q += 4) {
-        const int64_t idx = r * cols + q;  // the ways run in lockstep: one symbol index for all
-        if (idx + 4 > cw[0].next) {
-          // A checkpoint falls inside these 4 symbols (once per S): record it between puts.
-          for (int t = 0; t < 4; ++t)
-            for (int j = 0; j < ENC_WAYS; ++j) {
-              cw[j].at(idx + t, bw[j].bits(base(j)));
-              const uint32_t e = tab[hkey(wr[j * seg + q + t])];
-              bw[j].put(e >> 4, static_cast<int>(e & 0xF));
-            }
-        } else {
 #pragma GCC unroll 4
-          for (int t = 0; t < 4; ++t)
+        for (int t = 0; t < 4; ++t)
 #pragma GCC unroll 8
-            for (int j = 0; j < ENC_WAYS; ++j) {
-              const uint32_t e = tab[hkey(wr[j * seg + q + t])];
-              bw[j].put(e >> 4, static_cast<int>(e & 0xF));
-            }
-        }
+          for (int j = 0; j < ENC_WAYS; ++j) {
+            const uint32_t e = tab[hkey(wr[j * seg + q + t])];
+            bw[j].put(e >> 4, static_cast<int>(e & 0xF));
+          }
 #pragma GCC unroll 8
         for (int j = 0; j < ENC_WAYS; ++j) bw[j].flush();
       }
       for (; q < cols; ++q)
         #pragma GCC unroll 8
         for (int j = 0; j < ENC_WAYS; ++j) {
-          cw[j].at(r * cols + q, bw[j].bits(base(j)));
           const uint32_t e = tab[hkey(wr[j * seg + q])];
           bw[j].put(e >> 4, static_cast<int>(e & 0xF));
           bw[j].flush();
@@ -225,7 +185,6 @@ void encode_run(const uint16_t* w, const Grid& g, int64_t s, int k, const uint32
       const uint16_t* wr = w + (gi0 + j) * g.R * g.cols + k0;
       for (int64_t r = 0; r < rows[j]; ++r, wr += g.cols)
         for (int q = 0; q < cols; ++q) {
-          cw[j].at(r * cols + q, bw[j].bits(base(j)));
           const uint32_t e = tab[hkey(wr[q])];
           bw[j].put(e >> 4, static_cast<int>(e & 0xF));
           bw[j].flush();
@@ -246,8 +205,6 @@ void encode_run(const uint16_t* w, const Grid& g, int64_t s, int k, const uint32
 void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, const uint16_t* codes,
                         std::vector<uint32_t>* off, std::vector<uint8_t>* stream, int threads,
                         int64_t chk_interval, int64_t chk_cols, uint16_t* chk) {
-  if (chk_interval <= 0 || chk_cols <= 0) chk = nullptr;
-  if (!chk) chk_interval = 0;
   const int64_t nseg = g.n_groups() * g.n_chunks();
   std::vector<uint32_t> tab(1024);
   for (int q = 0; q < 1024; ++q) {
@@ -273,7 +230,7 @@ void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, c
       // Runs of up to 4 row groups that stay inside one chunk.
       const int64_t ng = g.n_groups();
       const int run = static_cast<int>(std::min<int64_t>({ENC_WAYS, e - s, ng - s % ng}));
-      encode_run(w, g, s, run, tab.data(), chk_interval, chk_cols, chk, &scratch, &buf[k], &sizes[k]);
+      encode_run(w, g, s, run, tab.data(), &scratch, &buf[k], &sizes[k]);
       s += run;
     }
   });
@@ -293,6 +250,8 @@ void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, c
   parallel_for(parts, threads, 1, [&](int64_t k) {
     if (!buf[k].empty()) std::memcpy(stream->data() + base[k], buf[k].data(), buf[k].size());
   });
+  // The index is a function of the code lengths alone: the same builder a loader runs.
+  if (chk) huffman_index(w, g, lens, threads, chk_interval, chk_cols, chk);
 }
 
 void huffman_index(const uint16_t* w, const Grid& g, const uint8_t* lens, int threads, int64_t chk_interval,

@@ -21,16 +21,16 @@ void code_lengths(const int64_t* counts, int n, int max_len, uint8_t* out);
 // Encodes every segment (chunk-major order) and returns the byte offsets (n_segments + 1
 // entries) and the stream, STREAM_SLACK_BYTES zero bytes included.  lens/codes are
 // [HUFF_NUM_CTX][256].  With chk_interval S > 0, chk (n_segments * chk_cols entries, zeroed by
-// the caller) receives the checkpoint index (FORMAT.md "Checkpoint index"): row s, entry m-1 is
-// the bit distance from symbol (m-1)*S to symbol m*S of segment s, for m*S inside the segment.
+// the caller) receives the checkpoint index (FORMAT.md "Checkpoint index", huffman_index).
 void huffman_encode_all(const uint16_t* w, const Grid& g, const uint8_t* lens, const uint16_t* codes,
                         std::vector<uint32_t>* off, std::vector<uint8_t>* stream, int threads,
                         int64_t chk_interval = 0, int64_t chk_cols = 0, uint16_t* chk = nullptr);
 
-// The checkpoint index alone, as huffman_encode_all would write it for the same w, lens and S
-// (chk: n_segments * chk_cols entries, zeroed by the caller), without writing a stream: the
-// index is a function of the code lengths only.  What a loader adding the index to a tensor
-// stored without one (and a verifier rebuilding a stored one) needs from the decoded weights.
+// The checkpoint index of w under code lengths lens (chk: n_segments * chk_cols entries,
+// zeroed by the caller): row s, entry m-1 is the bit distance from symbol (m-1)*S to symbol
+// m*S of segment s, for m*S inside the segment.  A function of the code lengths only, so no
+// stream is needed: the encoder, a loader adding the index to a tensor stored without one,
+// and a verifier rebuilding a stored one all run this.
 void huffman_index(const uint16_t* w, const Grid& g, const uint8_t* lens, int threads, int64_t chk_interval,
                    int64_t chk_cols, uint16_t* chk);
 

@@ -34,9 +34,8 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
   if (path) *path = variant;
   PalArgs a{sm, idx, rows, cols, r0, r1, k0, k1, pal, out, out_stride, {}};
   const bool wide = variant == plan::PAL_VARIANT_WIDE, paired = pal_tables(pal, a.pt);
-  const int64_t total = wide ? plan::pal_wide_threads(r1 - r0, k1 - k0)
-                             : (r1 - r0) * plan::pal_threads_per_row(k1 - k0);
-  const int64_t grid = wide ? plan::pal_wide_grid(r1 - r0, k1 - k0) : plan::pal_grid(r1 - r0, k1 - k0);
+  int64_t total, grid;
+  pal_launch_size(variant, r1 - r0, k1 - k0, &total, &grid);
   auto thread = [&](int64_t t) {
     if (t >= total) return;
     const bool ok = wide ? (paired ? pal_decode_wide_body<true>(t, a) : pal_decode_wide_body<false>(t, a))

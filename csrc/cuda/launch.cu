@@ -93,6 +93,12 @@ const char* detail::pal_path(int* variant, bool* vec, int64_t cols, int64_t k0, 
   return nullptr;
 }
 
+void detail::pal_launch_size(int variant, int64_t n_rows, int64_t width, int64_t* total, int64_t* grid) {
+  const bool wide = variant == plan::PAL_VARIANT_WIDE;
+  *total = wide ? plan::pal_wide_threads(n_rows, width) : n_rows * plan::pal_threads_per_row(width);
+  *grid = wide ? plan::pal_wide_grid(n_rows, width) : plan::pal_grid(n_rows, width);
+}
+
 const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
@@ -100,14 +106,12 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
   if (const char* e = check_pal(rows, cols, r0, r1, k0, k1, pal, nv, out_stride)) return e;
   bool vec = false;
   if (const char* e = pal_path(&variant, &vec, cols, k0, k1, out_stride, out, sm, idx)) return e;
-  const bool wide = variant == plan::PAL_VARIANT_WIDE;
-  const int64_t grid = wide ? plan::pal_wide_grid(r1 - r0, k1 - k0) : plan::pal_grid(r1 - r0, k1 - k0);
+  int64_t total, grid;
+  pal_launch_size(variant, r1 - r0, k1 - k0, &total, &grid);
   if (!grid_ok(grid) || (nv > 0 && !grid_ok(plan::warp_grid(nv)))) return "matrix too large for one launch";
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   PalArgs a{sm, idx, rows, cols, r0, r1, k0, k1, pal, out, out_stride, {}};
-  const int64_t total = wide ? plan::pal_wide_threads(r1 - r0, k1 - k0)
-                             : (r1 - r0) * plan::pal_threads_per_row(k1 - k0);
-  if (wide) {
+  if (variant == plan::PAL_VARIANT_WIDE) {
     const bool paired = pal_tables(pal, a.pt);
     launch_palette_decode_wide(a, paired, grid, total, err, s);
   } else {

@@ -27,6 +27,9 @@ const char* check_pal(int64_t rows, int64_t cols, int64_t r0, int64_t r1, int64_
 // index plane 4-byte aligned).
 const char* pal_path(int* variant, bool* vec, int64_t cols, int64_t k0, int64_t k1, int64_t out_stride,
                      const void* out, const void* sm, const void* idx);
+// Threads (*total, the kernels' bound on t) and CTAs of a palette decode of n_rows x width
+// weights by the resolved `variant`: the wide variant's whole warps, else a thread per chunk.
+void pal_launch_size(int variant, int64_t n_rows, int64_t width, int64_t* total, int64_t* grid);
 
 }  // namespace detail
 }  // namespace cuda

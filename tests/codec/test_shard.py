@@ -93,8 +93,7 @@ def test_load_index_of_a_shard(rows, cols):
     check_index(idx.header, idx.planes, got)
     # the encoder's index for the shard's weights under the tensor's code table, and the
     # reference decoder's chain-by-chain check of it
-    lens = np.zeros((C.HUFF_NUM_CTX, 256), np.uint8)
-    lens[:, h.exp_lo:h.exp_hi + 1] = h.table
+    lens = tc.index_lens(h)
     codes = np.stack([canonical_codes(row) for row in lens])
     _, _, ref = _C.huffman_encode_indexed(np.ascontiguousarray(want), 16, 128, lens, codes, 1, 64)
     assert np.array_equal(idx.planes[C.SUFFIX_CHK], ref)

@@ -257,8 +257,7 @@ def test_index_builder_equals_the_encoders_index(shape, grid, S):
     w = bf16_gaussian(np.random.default_rng(sum(shape)), shape)
     w.ravel()[::97] = np.arange(w.ravel()[::97].size, dtype=np.uint16) * 613  # rare exponents, long codes
     plain = tc.encode(w, "huffman", grid=grid, threads=1)
-    lens = np.zeros((C.HUFF_NUM_CTX, 256), np.uint8)
-    lens[:, plain.header.exp_lo:plain.header.exp_hi + 1] = plain.header.table
+    lens = tc.index_lens(plain.header)
     codes = np.stack([canonical_codes(row) for row in lens])
     _, _, want = _C.huffman_encode_indexed(w, *grid, lens, codes, 1, S)
     for threads in (1, 3):

@@ -517,6 +517,14 @@ def decode_rows(header: TensorHeader, planes: dict, rows: np.ndarray, threads: i
     return out
 
 
+def index_lens(header: TensorHeader) -> np.ndarray:
+    """uint8 [HUFF_NUM_CTX, 256]: a huffman header's code-length table widened to every
+    exponent, what the C++ index builder (``_C.huffman_index``) takes."""
+    lens = np.zeros((C.HUFF_NUM_CTX, 256), np.uint8)
+    lens[:, header.exp_lo:header.exp_hi + 1] = header.table
+    return lens
+
+
 def with_index(header: TensorHeader, planes: dict, threads: int | None = None,
                chk_interval: int = C.DEFAULT_CHK_INTERVAL) -> Encoded:
     """The same huffman matrix, or stack, with the checkpoint index: the same planes (stream,
@@ -538,8 +546,7 @@ def with_index(header: TensorHeader, planes: dict, threads: int | None = None,
     if not hdr.chk_cols:  # every segment fits in one chain
         return Encoded(header, planes, {})
     threads = threads or default_threads()
-    lens = np.zeros((C.HUFF_NUM_CTX, 256), np.uint8)
-    lens[:, header.exp_lo:header.exp_hi + 1] = header.table
+    lens = index_lens(header)
 
     def index(w):
         return _C.huffman_index(w, header.rows_per_group, header.cols_per_chunk, lens, threads, chk_interval)

@@ -64,14 +64,6 @@ def check_records(ck: CompressedCheckpoint) -> None:
             raise FormatError(f"{p}: the report records {key} = {rep[key]}, the checkpoint has {have}")
 
 
-def index_lens(h: TensorHeader) -> np.ndarray:
-    """uint8 [HUFF_NUM_CTX, 256]: a huffman header's code-length table widened to every
-    exponent, what the C++ index builder takes."""
-    lens = np.zeros((C.HUFF_NUM_CTX, 256), np.uint8)
-    lens[:, h.exp_lo:h.exp_hi + 1] = h.table
-    return lens
-
-
 def index_rows(h: TensorHeader, w: np.ndarray, lens: np.ndarray, threads: int) -> np.ndarray:
     """The ``__chk`` rows of the segments of decoded rows w (uint16 [n, K], host; whole row
     groups starting on a group boundary), as the encoder writes them (``_C.huffman_index``
@@ -105,7 +97,7 @@ def check_index(h: TensorHeader, planes: dict, w: np.ndarray, threads: int | Non
     if h.encoding != C.ENC_HUFFMAN or not h.chk_interval:
         return
     threads = threads or tc.default_threads()
-    lens = index_lens(h)
+    lens = tc.index_lens(h)
     stored, n = planes[C.SUFFIX_CHK], h.n_segments
     for e, m in enumerate(w if h.stack else [w]):
         rebuilt = index_rows(h, m, lens, threads).reshape(n, h.chk_cols)
@@ -125,7 +117,7 @@ def decode_verified(h: TensorHeader, planes: dict, threads: int | None = None, w
         out = tc.decode(h, planes, threads, where, verify=True)
         check_index(h, planes, out, threads, where)
         return out if keep else None
-    lens = index_lens(h)
+    lens = tc.index_lens(h)
     R = h.rows_per_group
     rebuilt = np.zeros((h.n_chunks, h.n_groups, h.chk_cols), np.uint16)  # chunk-major: s = c * n_groups + g
 
