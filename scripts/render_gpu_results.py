@@ -8,7 +8,8 @@ kept in benchmarks/results/gpu/.
     python scripts/render_gpu_results.py --check          # exit 1 when README's section is stale
 
 Only the section from its "## GPU results" heading to the next "## " heading is replaced (it is
-appended at the end when absent).  Per stage, the latest record is used; records of a dry run
+appended at the end when absent).  One subsection per GPU model, the most recent run first; per
+GPU and stage, the latest record is used; records of a dry run
 ("fake": true) are refused unless --allow-fake.  --import names each file
 <date>-<machine>-<stage>.json and stamps into it the commit whose tracked sources give the
 record's source digest (the device copy of the tree has no reliable git state), or the device's
@@ -32,8 +33,8 @@ STAGE_ORDER = ("build", "correctness", "sanitizer", "model", "eval", "bench")
 
 
 def load_records(folder: str, allow_fake: bool = False) -> dict:
-    """{stage: latest record} of the stage JSONs in folder."""
-    latest = {}
+    """{gpu name: {stage: latest record}} of the stage JSONs in folder."""
+    latest: dict = {}
     for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
         try:
             with open(path) as f:
@@ -45,9 +46,10 @@ def load_records(folder: str, allow_fake: bool = False) -> dict:
         if rec.get("fake") and not allow_fake:
             continue
         rec["_file"] = os.path.relpath(path, bu.ROOT)
-        cur = latest.get(rec["stage"])
+        per_gpu = latest.setdefault((rec.get("env") or {}).get("gpu") or "an unrecorded GPU", {})
+        cur = per_gpu.get(rec["stage"])
         if cur is None or rec.get("started", "") >= cur.get("started", ""):
-            latest[rec["stage"]] = rec
+            per_gpu[rec["stage"]] = rec
     return latest
 
 
@@ -305,16 +307,26 @@ def eval_table(ev: dict) -> list[str]:
     return lines + [""]
 
 
-def render(recs: dict) -> str:
+def render(by_gpu: dict) -> str:
     out = [HEADING, ""]
-    if not recs:
+    if not by_gpu:
         return "\n".join(out + [NONE_YET, ""])
+    # Newest run first; an older GPU's figures stay, under their own heading.
+    order = sorted(by_gpu, key=lambda g: max(r.get("started", "") for r in by_gpu[g].values()), reverse=True)
+    for gpu in order:
+        out += render_gpu(gpu, by_gpu[gpu], several=len(order) > 1)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def render_gpu(gpu: str, recs: dict, several: bool) -> list[str]:
+    """The lines of one GPU's results (its own ### heading when several GPUs are recorded)."""
+    out = [f"### {gpu}", ""] if several else []
     env = next((r["env"] for st in STAGE_ORDER for r in [recs.get(st)] if r and r.get("env")), {}) or {}
     codes = sorted({_code(r.get("env") or {}) for r in recs.values()})
     code = codes[0] if len(codes) == 1 else "as listed per stage"
     dates = sorted({r.get("started", "")[:10] for r in recs.values()})
     fake = " (FAKE DATA from a dry run)" if any(r.get("fake") for r in recs.values()) else ""
-    out += [f"Measured on {env.get('gpu') or 'an unrecorded GPU'}{fake} (driver {env.get('driver') or '?'}, "
+    out += [f"Measured on {gpu}{fake} (driver {env.get('driver') or '?'}, "
             f"CUDA {env.get('torch_cuda') or '?'}, torch {env.get('torch') or '?'}) on {', '.join(dates)}, code "
             f"{code}, by `python scripts/gpu_check.py` (two device calls, see its docstring); raw JSON in "
             f"[benchmarks/results/gpu/](benchmarks/results/gpu/).", ""]
@@ -335,7 +347,7 @@ def render(recs: dict) -> str:
         bitwise = sum(bool(c.get("logits_bitwise")) for c in loads)
         out += [f"SmolLM2-135M loaded with `unweight.load(..., device=\"cuda\")`: {ok} of {len(loads)} mode / "
                 f"checkpoint combinations passed, {bitwise} with logits bitwise equal to the BF16 model's.", ""]
-    return "\n".join(out).rstrip() + "\n"
+    return out
 
 
 def replace_section(text: str, section: str) -> str:
