@@ -190,6 +190,31 @@ def test_hf_renamer_follows_transformers_mapping():
     assert ex.hf_renamer(nn.Linear(2, 2))("a.weight") == ("a.weight", None)
 
 
+def test_whole_names_keeps_plane_keys_out_of_unanchored_converters():
+    """transformers before 5.21 compiles a converter's sources without a name boundary, so
+    ``experts.*.w2.weight`` also matched ``experts.0.w2.weight__hdr``; whole_names adds the
+    boundary to branches ending in a name character only, in place, once."""
+    import re
+
+    class Transform:  # the one attribute whole_names reads and replaces
+        def __init__(self, pattern):
+            self.compiled_sources = re.compile(pattern)
+
+    conv = Transform(r"(?P<g0>experts\..*\.w1\.weight)|(?P<g1>experts\..*\.w2\.weight)")
+    renaming = Transform(r"(?P<g0>\.block_sparse_moe\.)")
+    prefixing = Transform(r"(?P<g0>^model\.(.+))")
+    before = [t.compiled_sources.pattern for t in (renaming, prefixing)]
+    assert conv.compiled_sources.search("m.experts.0.w2.weight__hdr")  # the 5.17 behaviour
+    assert ex.whole_names([conv, renaming, prefixing, object()])[0] is conv
+    rx = conv.compiled_sources
+    assert rx.search("m.experts.0.w2.weight__hdr") is None and rx.search("m.experts.0.w1.weight__sm") is None
+    m = rx.search("m.experts.0.w2.weight")
+    assert m and m.lastgroup == "g1" and m.group(0) == "experts.0.w2.weight"
+    assert [t.compiled_sources.pattern for t in (renaming, prefixing)] == before
+    ex.whole_names([conv])
+    assert conv.compiled_sources.pattern == rx.pattern  # idempotent (transformers >= 5.21 is left as is)
+
+
 def test_ensure_holder_and_dense_conversion(weights):
     _, gate, up = weights
     root = nn.Module()

@@ -95,6 +95,29 @@ def _supported_ops(conv) -> bool:
     return names == [("MergeModulelist", 0), ("Concatenate", 1)]
 
 
+_BRANCH_SPLIT = re.compile(r"\|(?=\(\?P<g\d+>)")
+
+
+def whole_names(transforms: list) -> list:
+    """Make each of transformers' weight transforms match a source pattern ending in a name
+    character only where that name ends, as transformers does itself from 5.21 on (``(?!\\w)``).
+
+    Earlier 5.x releases search the pattern anywhere in a key, so ``experts.*.down_proj.weight``
+    also matched the plane keys ``experts.0.down_proj.weight__hdr`` and fused them (or made
+    them unloadable); the planes must pass through under their own names.  Works on the
+    compiled alternation ``(?P<g0>...)|(?P<g1>...)`` the transforms build, in place;
+    idempotent.  Returns ``transforms``."""
+    for t in transforms:
+        rx = getattr(t, "compiled_sources", None)
+        if not isinstance(rx, re.Pattern):
+            continue
+        branches = _BRANCH_SPLIT.split(rx.pattern)
+        fixed = [b[:-1] + r"(?!\w))" if re.search(r"[A-Za-z0-9]\)$", b) else b for b in branches]
+        if fixed != branches:
+            object.__setattr__(t, "compiled_sources", re.compile("|".join(fixed), rx.flags))
+    return transforms
+
+
 def hf_renamer(model: nn.Module):
     """name -> (renamed name, Fusion or None): what transformers' loader does to a checkpoint
     key of `model` (its renamings, then at most one converter), from transformers' own
@@ -106,7 +129,7 @@ def hf_renamer(model: nn.Module):
         return lambda name: (name, None)
     if not hasattr(model, "config") or not hasattr(model, "base_model_prefix"):
         return lambda name: (name, None)
-    transforms = get_model_conversion_mapping(model) or []
+    transforms = whole_names(get_model_conversion_mapping(model) or [])
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     star = {}
@@ -454,7 +477,7 @@ def routed_experts_forward(self, hidden_states: Tensor, top_k_index: Tensor, top
                            self.is_transposed)
         y = self._apply_gate(y) if self.has_gate else self.act_fn(y)
         y = _expert_linear(y, self.down_proj[e], self.down_proj_bias[e] if self.has_bias else None, self.is_transposed)
-        if self.has_post_expert_norm:
+        if getattr(self, "has_post_expert_norm", False):  # transformers 5.17's experts have no such norm
             y = self.post_expert_norm(y)
         if proj is None:
             proj = y.new_zeros((expert_ids.numel(), y.shape[-1]))

@@ -264,3 +264,17 @@ def test_tp8_logits_bitwise_equal_to_bf16_tp8(tmp_path):
                 assert (info["n_rows"], info["n_cols"]) == (N // 8, K) and lay["rows"] == [rank * N // 8,
                                                                                           (rank + 1) * N // 8]
             assert info["matches_block"] and 0 < info["held"] < info["n_rows"] * info["n_cols"] * 2, (rank, n)
+
+
+def test_tp_through_an_older_transformers_api_is_refused():
+    """transformers before 5.24 sets ``_tp_size`` but shards through a bare device mesh: loading
+    there would leave every rank with whole tensors, so it is refused in one line."""
+    import torch.nn as nn
+
+    from unweight.format.errors import InputError
+    from unweight.integrations.transformers import tp
+    m = nn.Linear(2, 2)
+    m._unweight_tp = {"folder": "unused", "bases": {}}
+    m._tp_size = 2
+    with pytest.raises(InputError, match=r"need transformers >= 5\.24"):
+        tp.load_tp_planes(m)

@@ -100,6 +100,13 @@ class UnweightHfQuantizer(HfQuantizer):
                              "to load it in another dtype)")
         return dtype
 
+    def update_weight_conversions(self, weight_conversions, *args, **kwargs):
+        # The plane keys (``<name>__hdr`` ...) pass through transformers' converters under their
+        # own names (runtime.experts.whole_names); convert_model places them.  The base method
+        # takes the model as a second argument in recent transformers, none in 5.17.
+        from ...runtime.experts import whole_names
+        return whole_names(super().update_weight_conversions(weight_conversions, *args, **kwargs))
+
     def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
         from ...codec.verify import verify_checkpoint
         from ...format.checkpoint import CompressedCheckpoint

@@ -187,6 +187,14 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
     if not info:
         return {}
     mesh = _tp_mesh(model)
+    if mesh is None and (getattr(model, "_tp_size", None) or 1) > 1:
+        # transformers before 5.24 shards through another API (a bare ``_device_mesh``, no mesh
+        # manager or resolved plans): read through it, every rank would hold and compute whole
+        # tensors under TP forward wrappers, not the tensor-parallel model asked for.
+        import transformers
+        raise InputError(f"unweight: compressed checkpoints under transformers tensor parallelism need transformers "
+                         f">= 5.24 (this is {transformers.__version__}); upgrade it, or load without tensor "
+                         f"parallelism")
     plan = _resolved_plan(model) if mesh is not None else {}
     rank, size = (mesh.get_local_rank(), mesh.size()) if mesh is not None else (0, 1)
     group = mesh.get_group() if mesh is not None else None
