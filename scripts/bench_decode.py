@@ -46,12 +46,21 @@ def _time_transcode(torch, ops, header, planes, lut, err, runs):
 
 
 INDEX_INTERVALS = (1024, 256)
-# Huffman decoder variants timed beside the default one (chain) on each indexed stream
-# (runtime.kernel_plan.HUFF_VARIANTS; the default's row is "huffman+index<S>").
-AHEAD_VARIANTS = ("ahead", "ahead2")
-VARIANTS = ("copy", "huffman", *(f"huffman+index{s}{v}" for s in INDEX_INTERVALS
-                                 for v in ("", *(f"+{a}" for a in AHEAD_VARIANTS))), "palette", "palette+wide",
-            "transcode")
+
+
+def other_decoders(kp) -> dict:
+    """{encoding: decoder variant names} timed beside the runtime's default on each stream
+    (runtime.kernel_plan.HUFF_VARIANTS / PAL_VARIANTS, less the default and Huffman's SCALAR,
+    the fallback of shapes the vector readers cannot take); the default's row has no suffix."""
+    return {"huffman": [n for n, v in kp.HUFF_VARIANTS.items() if v not in (kp.HUFF_DEFAULT_VARIANT,
+                                                                            kp.HUFF_VARIANT_SCALAR)],
+            "palette": [n for n, v in kp.PAL_VARIANTS.items() if v != kp.PAL_DEFAULT_VARIANT]}
+
+
+def default_decoders(kp) -> dict:
+    """{encoding: the name of the variant the runtime runs} (the unsuffixed rows)."""
+    return {"huffman": next(n for n, v in kp.HUFF_VARIANTS.items() if v == kp.HUFF_DEFAULT_VARIANT),
+            "palette": next(n for n, v in kp.PAL_VARIANTS.items() if v == kp.PAL_DEFAULT_VARIANT)}
 
 
 def bench_shape(torch, name, N, K, seed, runs, l2, skip=()):
@@ -88,7 +97,8 @@ def bench_shape(torch, name, N, K, seed, runs, l2, skip=()):
         k = bu.rotation_copies(nb + dense, l2)
         ws = [ew] + [bu.clone_encoded(ew) for _ in range(k - 1)]
         outs = [torch.empty((N, K), dtype=torch.bfloat16, device=dev) for _ in range(k)]
-        others = AHEAD_VARIANTS if e.startswith("huffman+index") else ("wide",) if e == "palette" else ()
+        others = (other_decoders(kp)["huffman"] if e.startswith("huffman+index") else
+                  other_decoders(kp)["palette"] if e == "palette" else ())
         others = tuple(v for v in others if f"{e.split('+')[0]}:{v}" not in skip)
         for v in ("", *others):
             code = (kp.PAL_VARIANTS[v] if e == "palette" else kp.HUFF_VARIANTS[v]) if v else 0
@@ -124,6 +134,8 @@ def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None
     res = {"benchmark": "decode", "environment": bu.environment(torch), "l2_bytes": l2, "runs": runs,
            "rotate_l2_factor": bu.ROTATE_L2_FACTOR, "rows": [],
            "skipped": [{"variant": t, "why": why} for t, why in sorted(skip.items())]}
+    from unweight.runtime import kernel_plan as kp
+    res["default_decoders"] = default_decoders(kp)
     res["copy_1GiB"] = bu.copy_bandwidth(torch)
     for i, (name, N, K) in enumerate(shapes):
         # ~80 ns/weight covers encoding on the host, the checked decodes and the timings.
@@ -137,8 +149,8 @@ def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None
             row = {"shape": name, "N": N, "K": K, "error": f"{type(e).__name__}: {e}"}
             bu.sync(torch)
         res["rows"].append(row)
-        log(f"decode {name}: " + ", ".join(f"{e} {row[e]['median_ms']:.4f} ms ({row[e].get('out_GBps', 0):.0f} GB/s)"
-                                           for e in VARIANTS if e in row)
+        log(f"decode {name}: " + ", ".join(f"{e} {v['median_ms']:.4f} ms ({v.get('out_GBps', 0):.0f} GB/s)"
+                                           for e, v in row.items() if isinstance(v, dict) and "median_ms" in v)
             + (f" ERROR {row['error']}" if "error" in row else ""))
         if out_path:
             bu.write_json(out_path, res)

@@ -13,7 +13,7 @@ Stages (``--stage``, comma-separated, or ``all``):
                  <= 2x cuBLAS's, repeats bitwise) and their host emulation; corrupt planes
                  counted on the device; CUDA-graph capture of the decode and fused ops.
                  The runtime's default kernels first; then each kernel variant that is not
-                 the default (VARIANT_TAGS: look-ahead Huffman decoders, wide palette
+                 the default (VARIANT_TAGS: the other Huffman decoders, VEC8 palette
                  decode, wide-stage and shared-x GEMM, the palette GEMV) in a process of its
                  own, so that a variant's fault costs its own checks only.  Its verdicts go to .gpu_state/variants.json.
     sanitizer    compute-sanitizer memcheck, racecheck and synccheck over a driver that
@@ -777,7 +777,7 @@ def group_bench_smoke(rec, device):
     their code and of the variant skips; the bench stage runs them for real)."""
     import importlib.util
     tmp = tempfile.mkdtemp(prefix="bench_smoke_")
-    skip = {"huffman:ahead": "left out by the self-test", "gemm:wide": "left out by the self-test"}
+    skip = {"huffman:chain": "left out by the self-test", "gemm:wide": "left out by the self-test"}
 
     def child(name, expect):
         rc, err, r = _run_bench_child(name, 60, os.path.join(tmp, f"{name}.json"), skip, device)
@@ -787,11 +787,12 @@ def group_bench_smoke(rec, device):
         got = expect(r)
         return {"returncode": rc, "findings": errs, **got, "passed": rc == 0 and not errs and all(got.values())}
 
-    rec.check("bench decode process on tiny shapes, huffman:ahead left out", child, "decode", lambda r: {
-        "rows": len(r["rows"]) == 2, "ahead_left_out": all(not any(k.endswith("+ahead") for k in row)
+    rec.check("bench decode process on tiny shapes, huffman:chain left out", child, "decode", lambda r: {
+        "rows": len(r["rows"]) == 2, "chain_left_out": all(not any(k.endswith("+chain") for k in row)
                                                            for row in r["rows"]),
         "ahead2_timed": all(any(k.endswith("+ahead2") for k in row) for row in r["rows"]),
-        "skip_recorded": any(x.get("variant") == "huffman:ahead" for x in r["skipped"])})
+        "vec8_timed": all("palette+vec8" in row for row in r["rows"]),
+        "skip_recorded": any(x.get("variant") == "huffman:chain" for x in r["skipped"])})
     rec.check("bench kernels process on a tiny shape, gemm:wide left out", child, "kernels", lambda r: {
         "rows": len(r["rows"]) == 2, "wide_left_out": all("palette_fused_wide" not in row for row in r["rows"]),
         "skip_recorded": any(x.get("variant") == "gemm:wide" for x in r["skipped"])})
@@ -822,7 +823,7 @@ def _verbatim_heavy(np, cols, seed):
 # a variant that faults on its first device run (an illegal address poisons the CUDA context)
 # then costs its own checks only.  The verdicts go to STATE/variants.json, and the benchmarks
 # leave out a variant whose checks failed on the same build (bench_variants_to_skip).
-VARIANT_TAGS = ("huffman:ahead", "huffman:ahead2", "huffman:scalar", "palette:wide", "gemm:wide", "gemm:xs", "gemv")
+VARIANT_TAGS = ("huffman:chain", "huffman:ahead2", "huffman:scalar", "palette:vec8", "gemm:wide", "gemm:xs", "gemv")
 # The fused GEMM's copy layouts by tag: the tuning table's path and what it is called.
 GEMM_LAYOUTS = {"gemm:wide": ("palette_gemm_wide", "wide stages"), "gemm:xs": ("palette_gemm_xs", "shared x")}
 
@@ -872,17 +873,19 @@ def group_variant(rec, device, tag):
                 return {"raised": _err_line(e)}
             return {"counted": int(cerr.item()), "passed": int(cerr.item()) > 0}
         rec.check(f"decode huffman {name}: a corrupt stream is counted", corruption)
-    elif tag == "palette:wide":
+    elif kind == "palette":
+        v = kp.PAL_VARIANTS[name]
+
         def palette_case(w):
             ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
             before = int(err.item())
-            ok = all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, kp.PAL_VARIANT_WIDE))
+            ok = all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, v))
             return {"bitwise": ok, "device_errors": int(err.item()) - before, "passed": ok and int(err.item()) == before}
         for what, w in (("verbatim-heavy 257x544", _verbatim_heavy(np, 544, 4)),
                         ("all 65536 patterns", h.all_bf16_patterns()),
                         (f"{big}x4096", h.make_weights(big, 4096, seed=13)),
                         ("33x4097", h.make_weights(33, 4097, seed=15))):
-            rec.check(f"decode palette wide {what}", palette_case, w)
+            rec.check(f"decode palette {name} {what}", palette_case, w)
     elif tag in GEMM_LAYOUTS:
         path, what = GEMM_LAYOUTS[tag]
         paths = h.fused_paths()
@@ -964,7 +967,7 @@ def variant_verdicts(st: Stage) -> dict:
     out = {}
     for tag in VARIANT_TAGS:
         # "variant=<tag>: <check>" or "variant=<tag> (group process)": the tag whole, never a prefix
-        # of another ("huffman:ahead" / "huffman:ahead2").
+        # of another (as "huffman:ahead" would be of "huffman:ahead2").
         mine = [c for c in st.rec["checks"] if c["name"].split(" ")[0].rstrip(":") == f"variant={tag}"]
         if not mine:
             continue
@@ -1041,15 +1044,17 @@ def sanitizer_driver(device: str = "cuda") -> int:
     for rows, cols in ((63, 65), (33, 512), (5, 4097), (130, 1024), (40, 4096)):
         w = h.make_weights(rows, cols, seed=5 * rows + cols)
         ew = h.encoded_weight(tc.encode(w, "huffman", chk_interval=256), device, err)
-        for name in ("ahead", "ahead2", "scalar"):
-            assert all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, kp.HUFF_VARIANTS[name])), \
-                f"huffman {name} {rows}x{cols}"
-            h.decode_op(ew, torch.empty((rows, cols), dtype=torch.uint8, device=device), err, kp.HUFF_VARIANTS[name])
+        for name, v in kp.HUFF_VARIANTS.items():
+            if v == kp.HUFF_DEFAULT_VARIANT:
+                continue
+            assert all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, v)), f"huffman {name} {rows}x{cols}"
+            h.decode_op(ew, torch.empty((rows, cols), dtype=torch.uint8, device=device), err, v)
             n += 3
         ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
-        assert all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, kp.PAL_VARIANT_WIDE)), \
-            f"palette wide {rows}x{cols}"
-        n += 2
+        for name, v in kp.PAL_VARIANTS.items():
+            if v != kp.PAL_DEFAULT_VARIANT:
+                assert all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, v)), f"palette {name} {rows}x{cols}"
+                n += 2
         if "palette" in h.fused_paths():
             for path, _ in GEMM_LAYOUTS.values():
                 for M in (1, 3, 16, 64, 65):
@@ -1734,11 +1739,11 @@ def stage_eval(st: Stage) -> None:
 
 # bench_e2e's modes: the runtime's defaults first, then the variants (VARIANT_TAGS), then
 # dense (it turns the modules into plain nn.Linear, so it comes last).
-BENCH_E2E_MODES = ("palette+fused", "huffman", "palette", "palette+gemv", "palette+fused-wide", "palette+fused-xs",
-                   "huffman+ahead2", "palette+wide", "dense")
+BENCH_E2E_MODES = ("palette", "palette+fused", "huffman", "palette+gemv", "palette+fused-wide", "palette+fused-xs",
+                   "palette+vec8", "huffman+chain", "huffman+ahead2", "dense")
 E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm:xs", "palette+gemv": "gemv",
-                    "huffman+ahead": "huffman:ahead",
-                    "huffman+ahead2": "huffman:ahead2", "palette+wide": "palette:wide"}
+                    "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2",
+                    "palette+vec8": "palette:vec8"}
 
 
 # The harness' self-test sizes (device "cpu": the dry run runs the bench children on these).
@@ -1814,8 +1819,9 @@ def stage_bench(st: Stage, out_dir: str) -> None:
     skip = bench_variants_to_skip()
     st.rec["raw"]["variants_left_out"] = skip
     total = st.budget.left()
-    shares = {"decode": 0.2, "kernels": 0.35, "e2e": 0.25}  # moe takes what is left
-    keep = min(PROFILE_SECONDS, 0.2 * total)  # the profiles' time, kept from e2e and moe
+    # e2e gets the largest share: ~20 s per mode on the H200 (0.25 of the stage ran BF16 alone).
+    shares = {"decode": 0.15, "kernels": 0.25, "e2e": 0.4}  # moe takes what is left
+    keep = min(PROFILE_SECONDS, 0.15 * total)  # the profiles' time, kept from e2e and moe
     for name in ("decode", "kernels", "e2e", "moe", "profile"):
         left = st.budget.left() - (keep if name in ("e2e", "moe") else 0)
         b = bu.Budget(max(0.0, left if name in ("moe", "profile") else min(left, total * shares[name])))
@@ -1873,28 +1879,32 @@ def _bench_moe(budget: "bu.Budget", path: str) -> dict:
 # Kernels profiled under Nsight Compute (scripts/profile_kernels.py): the arguments, the kernel
 # name regex.  Three launches each; the third is measured.
 PROFILES = (  # in order of what they answer first; the step stops when its time is spent
+    # Not profiled on any GPU yet: the default decoders and the batch-1 kernels of a 4096-row layer.
+    ("palette-4096x4096-wide", ["--kernel", "palette", "--variant", "wide"], "palette_decode_wide"),
+    ("fused-4096x4096-M1", ["--kernel", "fused", "--batch", "1"], "pmma"),
+    ("gemv-4096x4096-M1", ["--kernel", "gemv", "--batch", "1"], "pgemv"),
+    ("fused-4096x4096-M64-xs", ["--kernel", "fused", "--batch", "64", "--x-shared"], "pmma"),
+    # Profiled on the H200 (README "GPU results"): again after their kernels change.
     ("fused-32768x4096-M1", ["--kernel", "fused", "--rows", "32768", "--batch", "1"], "pmma"),
     ("gemv-32768x4096-M1", ["--kernel", "gemv", "--rows", "32768", "--batch", "1"], "pgemv"),
     ("fused-32768x4096-M1-wide", ["--kernel", "fused", "--rows", "32768", "--batch", "1", "--stage-tiles", "2"],
      "pmma"),
-    ("huffman-4096x4096-index256-ahead2", ["--kernel", "huffman", "--index", "256", "--variant", "ahead2"],
-     "huffman_ahead"),
     ("huffman-4096x4096-index256-ahead", ["--kernel", "huffman", "--index", "256", "--variant", "ahead"],
      "huffman_ahead"),
+    ("huffman-4096x4096-index256-ahead2", ["--kernel", "huffman", "--index", "256", "--variant", "ahead2"],
+     "huffman_ahead"),
     ("fused-4096x4096-M64", ["--kernel", "fused", "--batch", "64"], "pmma"),
-    ("fused-4096x4096-M64-xs", ["--kernel", "fused", "--batch", "64", "--x-shared"], "pmma"),
-    ("fused-4096x4096-M1", ["--kernel", "fused", "--batch", "1"], "pmma"),
-    ("gemv-4096x4096-M1", ["--kernel", "gemv", "--batch", "1"], "pgemv"),
-    ("huffman-4096x4096-index256", ["--kernel", "huffman", "--index", "256"], "huffman_chain"),
-    ("palette-4096x4096", ["--kernel", "palette"], "palette_decode"),
-    ("palette-4096x4096-wide", ["--kernel", "palette", "--variant", "wide"], "palette_decode_wide"),
+    ("huffman-4096x4096-index256-chain", ["--kernel", "huffman", "--index", "256", "--variant", "chain"],
+     "huffman_chain"),
+    ("palette-4096x4096-vec8", ["--kernel", "palette", "--variant", "vec8"], "palette_decode"),
     ("fused-4096x4096-M16", ["--kernel", "fused", "--batch", "16"], "pmma"),
     ("fused-4096x14336-M1", ["--kernel", "fused", "--cols", "14336", "--batch", "1"], "pmma"),
-    ("huffman-14336x4096-index256", ["--kernel", "huffman", "--rows", "14336", "--index", "256"], "huffman_chain"),
+    ("huffman-14336x4096-index256", ["--kernel", "huffman", "--rows", "14336", "--index", "256", "--variant",
+                                     "ahead"], "huffman_ahead"),
 )
-# Kept for the profiles out of the bench stage (~10-25 s each: encode on the host, ncu's
-# replays): the first six or so; the rest run when the other benchmarks leave time.
-PROFILE_SECONDS = 150
+# Kept for the profiles out of the bench stage (~15 s each on the H200: encode on the host,
+# ncu's replays): the first four or so; the rest run when the other benchmarks leave time.
+PROFILE_SECONDS = 60
 NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats",
                 "MemoryWorkloadAnalysis")
 # ncu's text report lines kept as numbers: (label in the report, key)
@@ -1943,7 +1953,11 @@ def _profile_variant(args: list) -> str | None:
             return "gemm:wide"
         return "gemm:xs" if "--x-shared" in args else None
     if "--variant" in args:
-        return f"{kind}:{args[args.index('--variant') + 1]}"
+        from unweight.runtime import kernel_plan as kp
+        name = args[args.index("--variant") + 1]
+        names, default = ((kp.HUFF_VARIANTS, kp.HUFF_DEFAULT_VARIANT) if kind == "huffman" else
+                          (kp.PAL_VARIANTS, kp.PAL_DEFAULT_VARIANT))
+        return None if names.get(name) == default else f"{kind}:{name}"
     return None
 
 

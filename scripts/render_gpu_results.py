@@ -132,24 +132,31 @@ def failures(recs: dict, limit: int = 12) -> list[str]:
 
 
 def decode_table(bench: dict) -> list[str]:
-    rows = (bench.get("raw", {}).get("decode") or {}).get("rows") or []
+    dec = bench.get("raw", {}).get("decode") or {}
+    rows = dec.get("rows") or []
     if not rows:
         return []
+    # The unsuffixed rows ran the runtime's default decoders; records from before bench_decode
+    # named them ran CHAIN and VEC8.
+    default = {"huffman": "chain", "palette": "vec8", **(dec.get("default_decoders") or {})}
     pre = "huffman+index"  # bench_decode's huffman-with-index rows: huffman+index<S>[+<decoder variant>]
 
-    def parts(k):  # "huffman+index256+ahead2" -> (256, "ahead2")
+    def parts(k):  # "huffman+index256+ahead2" -> (256, "ahead2"); the default's row -> (256, <its name>)
         s_, _, v = k.removeprefix(pre).partition("+")
-        return int(s_), v
+        return int(s_), v or default["huffman"]
 
-    idx = sorted({k for r in rows for k in r if k.startswith(pre)}, key=lambda k: (-parts(k)[0], parts(k)[1]))
-    cols = ["huffman", *idx, "palette", *(["palette+wide"] if any("palette+wide" in r for r in rows) else []),
-            "transcode", "copy"]
-    names = {"huffman": "huffman (as stored)", "palette": "palette", "palette+wide": "palette, wide",
-             "transcode": "huffman -> palette transcode",
+    keys = {k for r in rows for k in r}
+    idx = sorted({k for k in keys if k.startswith(pre)}, key=lambda k: (-parts(k)[0], parts(k)[1]))
+    pal = sorted((k for k in keys if k == "palette" or k.startswith("palette+")),
+                 key=lambda k: (k.partition("+")[2] or default["palette"]))
+    cols = ["huffman", *idx, *pal, "transcode", "copy"]
+    names = {"huffman": f"huffman (as stored, {default['huffman']})", "transcode": "huffman -> palette transcode",
              "copy": "dense copy",
-             **{k: f"huffman, index S={parts(k)[0]}" + (f", {parts(k)[1]}" if parts(k)[1] else "") for k in idx}}
+             **{k: f"palette, {k.partition('+')[2] or default['palette']}" for k in pal},
+             **{k: f"huffman, index S={parts(k)[0]}, {parts(k)[1]}" for k in idx}}
     lines = ["**Decode** (GB/s of BF16 written; the copy reads and writes the dense weights once; the GPU loaders "
-             "give huffman weights the checkpoint index at S=256):", "",
+             "give huffman weights the checkpoint index at S=256; the runtime's decoders: huffman "
+             f"{default['huffman']}, palette {default['palette']} when this ran):", "",
              "| shape [N, K] | " + " | ".join(names[c] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for r in rows:
         if "error" in r:

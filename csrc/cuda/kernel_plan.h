@@ -38,13 +38,15 @@ constexpr int HUFF_THREADS = 128;
 //           32-weight step before use, shift-ready LUT entries (huffman_decode.cuh);
 //   AHEAD2  AHEAD with two chains per thread decoded in lockstep;
 //   SCALAR  the byte-wise reader every shape takes when the vector conditions fail.
-// DEFAULT (0) is what the runtime runs: CHAIN, the variant measured on a device so far.
+// DEFAULT (0) is what the runtime runs: AHEAD, the fastest of the three on every indexed
+// stream timed (bench_decode.py on an H200: 505-549 GB/s of BF16 written at S=256 where CHAIN
+// gives 442-514 and AHEAD2 409-573; 262-502 at S=1024 where CHAIN gives 183-441).
 constexpr int HUFF_VARIANT_DEFAULT = 0;
 constexpr int HUFF_VARIANT_CHAIN = 1;
 constexpr int HUFF_VARIANT_AHEAD = 2;
 constexpr int HUFF_VARIANT_AHEAD2 = 3;
 constexpr int HUFF_VARIANT_SCALAR = 4;
-constexpr int HUFF_DEFAULT_VARIANT = HUFF_VARIANT_CHAIN;
+constexpr int HUFF_DEFAULT_VARIANT = HUFF_VARIANT_AHEAD;
 // Chains one thread of a variant decodes at a time.
 UW_PLAN_HD int huffman_ways(int variant) { return variant == HUFF_VARIANT_AHEAD2 ? 2 : 1; }
 // Palette -> BF16: each thread decodes PAL_VEC consecutive weights of one row: 4 index bytes
@@ -53,15 +55,16 @@ UW_PLAN_HD int huffman_ways(int variant) { return variant == HUFF_VARIANT_AHEAD2
 // 8-weight chunks, a warp's lanes taking consecutive chunks at every step (pal_wide_chunk), so
 // each of its load and store instructions covers whole sectors as VEC8's do; all four steps'
 // loads are issued together (48 bytes in flight per thread) and decoded with the register
-// tables of pal_regs.cuh.  DEFAULT (0) is what the runtime runs: VEC8, the variant measured on
-// a device so far.
+// tables of pal_regs.cuh.  DEFAULT (0) is what the runtime runs: WIDE, 1.33-1.43x VEC8's rate on
+// every shape timed (bench_decode.py on an H200: 1720-2097 GB/s of BF16 written, VEC8 1285-1464,
+// a device copy 1924-2075); a launch WIDE cannot take runs VEC8.
 constexpr int PAL_VEC = 8;
 constexpr int PAL_WIDE = 32;
 constexpr int PAL_WIDE_STEPS = PAL_WIDE / PAL_VEC;
 constexpr int PAL_VARIANT_DEFAULT = 0;
 constexpr int PAL_VARIANT_VEC8 = 1;
 constexpr int PAL_VARIANT_WIDE = 2;
-constexpr int PAL_DEFAULT_VARIANT = PAL_VARIANT_VEC8;
+constexpr int PAL_DEFAULT_VARIANT = PAL_VARIANT_WIDE;
 constexpr int PAL_THREADS = 256;
 // Warp-per-item kernels (verbatim patch, verbatim gather, row counts, compaction): 8 warps
 // per CTA.

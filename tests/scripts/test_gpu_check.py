@@ -73,13 +73,14 @@ def test_variant_verdicts_keep_each_tag_apart(tmp_path, monkeypatch):
     same build; a tag never matches another that it is a prefix of (ahead / ahead2)."""
     gc = _gpu_check_module()
     st = gc.Stage("correctness", 1, 10, quiet=True)
-    st.add("variant=huffman:ahead: decode huffman ahead 1024x4096 index S=256", "pass")
+    st.add("variant=huffman:chain: decode huffman chain 1024x4096 index S=256", "pass")
     st.add("variant=huffman:ahead2: decode huffman ahead2 1024x4096 index S=256", "pass")
     st.add("variant=huffman:ahead2 (group process)", "fail", error="group process ended with -11")
-    st.add("variant=palette:wide: decode palette wide 33x4097", "skip", why="group budget spent")
+    st.add("variant=palette:vec8: decode palette vec8 33x4097", "skip", why="group budget spent")
+    st.add("variant=gemm:x: a tag that is only a prefix of gemm:xs", "pass")
     st.add("decode: decode huffman 63x65", "fail")  # a default kernel: no variant verdict
     verdicts = gc.variant_verdicts(st)
-    assert verdicts == {"huffman:ahead": "pass", "huffman:ahead2": "fail", "palette:wide": "skip"}
+    assert verdicts == {"huffman:chain": "pass", "huffman:ahead2": "fail", "palette:vec8": "skip"}
 
     monkeypatch.setattr(gc, "STATE", str(tmp_path))
     assert gc.bench_variants_to_skip() == {}  # no correctness stage on this machine yet
@@ -102,7 +103,11 @@ def test_every_variant_is_checked_benchmarked_and_profiled_by_tag():
     assert set(gc.E2E_MODE_VARIANT.values()) <= set(gc.VARIANT_TAGS)
     assert gc.BENCH_E2E_MODES[-1] == "dense"
     tags = {gc._profile_variant(args) for _, args, _ in gc.PROFILES}
-    assert tags - {None} <= set(gc.VARIANT_TAGS) and {"gemm:wide", "gemm:xs", "gemv", "huffman:ahead", "palette:wide"} <= tags
+    assert tags - {None} <= set(gc.VARIANT_TAGS) and {"gemm:wide", "gemm:xs", "gemv", "huffman:chain", "palette:vec8"} <= tags
+    # every decoder the runtime does not run by default has its tag; the defaults have none
+    others = {f"huffman:{n}" for n, v in kp.HUFF_VARIANTS.items() if v != kp.HUFF_DEFAULT_VARIANT} | \
+        {f"palette:{n}" for n, v in kp.PAL_VARIANTS.items() if v != kp.PAL_DEFAULT_VARIANT}
+    assert {t for t in gc.VARIANT_TAGS if t.split(":")[0] in ("huffman", "palette")} == others
 
 
 def test_ncu_report_numbers_include_the_shared_memory_counters():

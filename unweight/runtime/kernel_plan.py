@@ -10,13 +10,13 @@ from __future__ import annotations
 from ..format import constants as C
 
 HUFF_THREADS = 128
-# Huffman decode variants (csrc/cuda/kernel_plan.h): 0 is the runtime's default, CHAIN.
+# Huffman decode variants (csrc/cuda/kernel_plan.h): 0 is the runtime's default, AHEAD.
 HUFF_VARIANT_DEFAULT = 0
 HUFF_VARIANT_CHAIN = 1
 HUFF_VARIANT_AHEAD = 2
 HUFF_VARIANT_AHEAD2 = 3
 HUFF_VARIANT_SCALAR = 4
-HUFF_DEFAULT_VARIANT = HUFF_VARIANT_CHAIN
+HUFF_DEFAULT_VARIANT = HUFF_VARIANT_AHEAD
 HUFF_VARIANTS = {"chain": HUFF_VARIANT_CHAIN, "ahead": HUFF_VARIANT_AHEAD, "ahead2": HUFF_VARIANT_AHEAD2,
                  "scalar": HUFF_VARIANT_SCALAR}
 PAL_VEC = 8
@@ -25,7 +25,7 @@ PAL_WIDE_STEPS = PAL_WIDE // PAL_VEC  # its 8-weight chunks per thread
 PAL_VARIANT_DEFAULT = 0
 PAL_VARIANT_VEC8 = 1
 PAL_VARIANT_WIDE = 2
-PAL_DEFAULT_VARIANT = PAL_VARIANT_VEC8
+PAL_DEFAULT_VARIANT = PAL_VARIANT_WIDE
 PAL_VARIANTS = {"vec8": PAL_VARIANT_VEC8, "wide": PAL_VARIANT_WIDE}
 PAL_THREADS = 256
 WARP = 32
