@@ -263,19 +263,26 @@ def profile_table(bench: dict) -> list[str]:
     kernels = ((bench.get("raw", {}).get("profile") or {}).get("kernels")) or {}
     if not kernels:
         return []
+    # The stall breakdown (gpu_check.NCU_STALLS), where this run's ncu gave it: the two reasons
+    # with the most warps waiting per issued instruction.
+    stalls = any(k.startswith("stall_") for e in kernels.values() for k in e)
     lines = ["**Nsight Compute** (`scripts/profile_kernels.py` under ncu, one launch each, caches flushed):", "",
              "| kernel | duration | memory throughput % of peak | DRAM % | achieved / theoretical occupancy % | "
-             "registers | grid x block |", "|---|---|---|---|---|---|---|"]
+             "registers | grid x block |" + (" top stalls (warps per issue) |" if stalls else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if stalls else "")]
     for name, k in kernels.items():
         if "error" in k:
-            lines.append(f"| {name} | error: {k['error'][:60]} | | | | | |")
+            lines.append(f"| {name} | error: {k['error'][:60]} | | | | | |" + (" |" if stalls else ""))
             continue
+        top = sorted(((v, r.removeprefix("stall_")) for r, v in k.items()
+                      if r.startswith("stall_") and not r.endswith("_unit")), reverse=True)[:2]
         lines.append(f"| {name} | {_f(k.get('duration'), '{:g}')} {k.get('duration_unit', '')} | "
                      f"{_f(k.get('memory_throughput'), '{:g}')} | {_f(k.get('dram_throughput_pct'), '{:g}')} | "
                      f"{_f(k.get('achieved_occupancy_pct'), '{:g}')} / "
                      f"{_f(k.get('theoretical_occupancy_pct'), '{:g}')} | "
                      f"{_f(k.get('registers_per_thread'), '{:.0f}')} | {_f(k.get('grid_size'), '{:.0f}')} x "
-                     f"{_f(k.get('block_size'), '{:.0f}')} |")
+                     f"{_f(k.get('block_size'), '{:.0f}')} |"
+                     + (f" {', '.join(f'{r} {v:.2f}' for v, r in top) or '—'} |" if stalls else ""))
     return lines + [""]
 
 
