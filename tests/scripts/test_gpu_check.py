@@ -137,19 +137,25 @@ def test_ncu_report_numbers_include_the_shared_memory_counters():
     assert got["gst_sectors"] == 16777216 and got["gst_requests"] == 524288 and got["gst_sectors_unit"] == "sector"
 
 
+def _profiles_under_fake_ncu(gc, tmp_path, monkeypatch, script: str) -> dict:
+    """The profile step over the first two PROFILES with `script` (sh) standing in for ncu."""
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "ncu"
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    monkeypatch.setattr(gc.shutil, "which", lambda name: str(fake) if name == "ncu" else None)
+    monkeypatch.setattr(gc, "PROFILES", gc.PROFILES[:2])
+    return gc._profiles(gc.bu.Budget(120), str(tmp_path))
+
+
 def test_profiles_survive_an_ncu_that_refuses_the_counters(tmp_path, monkeypatch):
     """An ncu that does not know one of the counters' names: the stage drops the counters
     once and keeps every profile (the counters only serve the emulator comparison)."""
     gc = _gpu_check_module()
-    (tmp_path / "bin").mkdir()
-    fake = tmp_path / "bin" / "ncu"
-    fake.write_text("#!/bin/sh\n"
-                    "case \"$*\" in *--metrics*) echo '==ERROR== Failed to find metric l1tex__x.sum'; exit 1;; esac\n"
-                    "echo '    Duration                         us       12.50'\n")
-    fake.chmod(0o755)
-    monkeypatch.setattr(gc.shutil, "which", lambda name: str(fake) if name == "ncu" else None)
-    monkeypatch.setattr(gc, "PROFILES", gc.PROFILES[:2])
-    res = gc._profiles(gc.bu.Budget(120), str(tmp_path))
+    res = _profiles_under_fake_ncu(gc, tmp_path, monkeypatch,
+                                   "case \"$*\" in *--metrics*) echo '==ERROR== Failed to find metric l1tex__x.sum'; "
+                                   "exit 1;; esac\n"
+                                   "echo '    Duration                         us       12.50'\n")
     assert len(res["metrics_refused"]) == 2 and "Failed to find metric" in res["metrics_refused"][0]
     assert [k["duration"] for k in res["kernels"].values()] == [12.5, 12.5]
     assert not any("error" in k for k in res["kernels"].values())
@@ -159,17 +165,13 @@ def test_profiles_keep_the_counters_when_ncu_refuses_only_the_stall_names(tmp_pa
     """An ncu that knows the access counters but not a stall metric: the stall group goes, the
     counters stay (asked for, and parsed, in every profile)."""
     gc = _gpu_check_module()
-    (tmp_path / "bin").mkdir()
-    fake = tmp_path / "bin" / "ncu"
-    fake.write_text("#!/bin/sh\n"
-                    "case \"$*\" in *issue_stalled*) echo '==ERROR== Failed to find metric smsp__x'; exit 1;; esac\n"
-                    "echo '    Duration                         us       12.50'\n"
-                    "case \"$*\" in *--metrics*) "
-                    "echo '    l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum      sector   16,777,216';; esac\n")
-    fake.chmod(0o755)
-    monkeypatch.setattr(gc.shutil, "which", lambda name: str(fake) if name == "ncu" else None)
-    monkeypatch.setattr(gc, "PROFILES", gc.PROFILES[:2])
-    res = gc._profiles(gc.bu.Budget(120), str(tmp_path))
+    res = _profiles_under_fake_ncu(gc, tmp_path, monkeypatch,
+                                   "case \"$*\" in *issue_stalled*) echo '==ERROR== Failed to find metric smsp__x'; "
+                                   "exit 1;; esac\n"
+                                   "echo '    Duration                         us       12.50'\n"
+                                   "case \"$*\" in *--metrics*) "
+                                   "echo '    l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum      sector   16,777,216';; "
+                                   "esac\n")
     assert len(res["metrics_refused"]) == 1
     assert [k.get("gst_sectors") for k in res["kernels"].values()] == [16777216, 16777216]
     got = gc._ncu_numbers("    smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio            1.37\n")
