@@ -164,6 +164,12 @@ def decode_table(bench: dict) -> list[str]:
             continue
         cells = [_f((r.get(e) or {}).get("out_GBps"), "{:.0f}") for e in cols]
         lines.append(f"| {r['N']} x {r['K']} | " + " | ".join(cells) + " |")
+    # The load-time transcode as time per GB of BF16 weights (a palette-mode load of a huffman
+    # checkpoint pays it once per layer).
+    per_gb = sorted(1e3 / r["transcode"]["out_GBps"] for r in rows if (r.get("transcode") or {}).get("out_GBps"))
+    if per_gb:
+        lines += ["", f"Load-time huffman -> palette transcode on the GPU (stream as stored): {per_gb[0]:.0f}-"
+                  f"{per_gb[-1]:.0f} ms per GB of BF16 weights."]
     return lines + [""]
 
 
