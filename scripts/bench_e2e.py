@@ -35,9 +35,9 @@ import _bench_util as bu  # noqa: E402
 # batch 1..4 (the one-tile GEMM above), or the decode + cuBLAS path with another decoder
 # (dispatch.use_decoders).
 MODES = ("huffman", "palette", "huffman+fused", "palette+fused", "palette+fused-wide", "palette+fused-xs",
-         "palette+gemv", "huffman+chain", "huffman+ahead", "huffman+ahead2", "palette+vec8", "palette+wide", "dense")
+         "palette+gemv", "palette+gemv-deep", "huffman+chain", "huffman+ahead", "huffman+ahead2", "palette+vec8", "palette+wide", "dense")
 FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs",
-               "gemv": "palette_gemv"}
+               "gemv": "palette_gemv", "gemv-deep": "palette_gemv_deep"}
 
 
 def llama8b_config(layers: int, **over):
@@ -102,7 +102,7 @@ def forced_fused_policy(model, device, path: str = "palette_gemm"):
         if isinstance(m, CompressedLinear) and not m.is_tied:
             for M in (1, 4, 16):
                 fused = ("huffman_gemm" if m.encoding_name == "huffman"
-                         else "palette_gemm" if path == "palette_gemv" and M > 4 else path)
+                         else "palette_gemm" if path.startswith("palette_gemv") and M > 4 else path)
                 t.record(name, m.n_rows, m.n_cols, m.encoding_name, M, {"decode_cublas": 1.0, fused: 0.5})
     return pol
 

@@ -823,13 +823,22 @@ def _verbatim_heavy(np, cols, seed):
 # a variant that faults on its first device run (an illegal address poisons the CUDA context)
 # then costs its own checks only.  The verdicts go to STATE/variants.json, and the benchmarks
 # leave out a variant whose checks failed on the same build (bench_variants_to_skip).
-VARIANT_TAGS = ("huffman:chain", "huffman:ahead2", "huffman:scalar", "palette:vec8", "gemm:wide", "gemm:xs", "gemv")
+VARIANT_TAGS = ("huffman:chain", "huffman:ahead2", "huffman:scalar", "palette:vec8", "gemm:wide", "gemm:xs", "gemv",
+                "gemv:deep")
 # The fused GEMM's copy layouts by tag: the tuning table's path and what it is called.
 GEMM_LAYOUTS = {"gemm:wide": ("palette_gemm_wide", "wide stages"), "gemm:xs": ("palette_gemm_xs", "shared x")}
 
 
 def _variant_path() -> str:
     return os.path.join(STATE, "variants.json")
+
+
+def _gemv_cases(device) -> list:
+    """[N, K] shapes of the GEMV variant checks: odd ones, and on the GPU Llama-8B's."""
+    cases = [(1, 64), (15, 64), (33, 256), (63, 192), (300, 320), (9, 4160)]
+    if device == "cuda":
+        cases += [(65, 4096), (1024, 4096), (4096, 1024), (4096, 14336), (128, 14336)]
+    return cases
 
 
 def group_variant(rec, device, tag):
@@ -917,14 +926,12 @@ def group_variant(rec, device, tag):
             return r
         for N, K in cases:
             rec.check(f"fused palette {what} {N}x{K}: the one-tile kernel's bits", same_bits, N, K)
+    elif tag in ("gemv", "gemv:deep") and "palette" not in h.fused_paths():
+        rec.check(f"palette GEMV ({tag})", lambda: {"skipped": True, "why": "no fused palette kernel"})
+        return
     elif tag == "gemv":
-        if "palette" not in h.fused_paths():
-            rec.check("palette GEMV", lambda: {"skipped": True, "why": "no fused palette kernel"})
-            return
         from unweight.runtime.tuning_table import PALETTE_GEMV
-        cases = [(1, 64), (15, 64), (33, 256), (63, 192), (300, 320), (9, 4160)]
-        if device == "cuda":
-            cases += [(65, 4096), (1024, 4096), (4096, 1024), (4096, 14336), (128, 14336)]
+        cases = _gemv_cases(device)
 
         def gemv_case(N, K):
             """Within 2x cuBLAS's error against FP64 at batch 1..4, repeats bit for bit, each
@@ -957,6 +964,27 @@ def group_variant(rec, device, tag):
                  "accuracy": bool(acc.get("passed"))}
             return {**r, "passed": all(r.values())}
         rec.check("palette GEMV on verbatim-heavy weights", verbatim_heavy)
+    elif tag == "gemv:deep":
+        from unweight.runtime.tuning_table import PALETTE_GEMV, PALETTE_GEMV_DEEP
+        cases = _gemv_cases(device)
+
+        def deep_case(w):
+            """The deep variant gives the GEMV's bits at batch 1..4 (the same sums in the same
+            order; tested through the emulator on the CPU)."""
+            ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
+            x4 = h.bf16_tensor(h.make_weights(4, w.shape[1], seed=w.shape[0], spread=False), device)
+            r = {}
+            for M in (1, 2, 3, 4):
+                x = x4[:M].contiguous()
+                r[f"M={M}"] = bool(torch.equal(h.fused_op(ew, x, err, PALETTE_GEMV_DEEP).view(torch.int16),
+                                               h.fused_op(ew, x, err, PALETTE_GEMV).view(torch.int16)))
+            r["passed"] = all(r.values())
+            return r
+        for N, K in cases:
+            rec.check(f"palette GEMV deep {N}x{K}: the GEMV's bits at batch 1-4", deep_case,
+                      h.make_weights(N, K, seed=N + 11 * K))
+        rec.check("palette GEMV deep on verbatim-heavy weights: the GEMV's bits", deep_case,
+                  _verbatim_heavy(np, 576, 5))
     else:
         raise ValueError(f"unknown variant {tag!r}")
     rec.check("device error counter still zero", lambda: {"passed": int(err.item()) == 0, "count": int(err.item())})
@@ -1063,8 +1091,9 @@ def sanitizer_driver(device: str = "cuda") -> int:
                         n += 1
             if cols % 64 == 0:
                 for M in (1, 2, 3, 4):
-                    h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, "palette_gemv")
-                    n += 1
+                    for path in ("palette_gemv", "palette_gemv_deep"):
+                        h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, path)
+                        n += 1
     _, _, bad = _corrupt_stream(h, tc, C)
     _, _, bad_indexed = _corrupt_stream(h, tc, C, chk_interval=256)
     cerr = torch.zeros(1, dtype=torch.int32, device=device)
@@ -1739,9 +1768,11 @@ def stage_eval(st: Stage) -> None:
 
 # bench_e2e's modes: the runtime's defaults first, then the variants (VARIANT_TAGS), then
 # dense (it turns the modules into plain nn.Linear, so it comes last).
-BENCH_E2E_MODES = ("palette", "palette+fused", "huffman", "palette+gemv", "palette+fused-wide", "palette+fused-xs",
+BENCH_E2E_MODES = ("palette", "palette+fused", "huffman", "palette+gemv", "palette+gemv-deep", "palette+fused-wide",
+                   "palette+fused-xs",
                    "palette+vec8", "huffman+chain", "huffman+ahead2", "dense")
 E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm:xs", "palette+gemv": "gemv",
+                    "palette+gemv-deep": "gemv:deep",
                     "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2",
                     "palette+vec8": "palette:vec8"}
 
@@ -1883,6 +1914,8 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
     ("palette-4096x4096-wide", ["--kernel", "palette", "--variant", "wide"], "palette_decode_wide"),
     ("fused-4096x4096-M1", ["--kernel", "fused", "--batch", "1"], "pmma"),
     ("gemv-4096x4096-M1", ["--kernel", "gemv", "--batch", "1"], "pgemv"),
+    ("gemv-32768x4096-M1-deep", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "deep"],
+     "pgemv_deep"),
     ("fused-4096x4096-M64-xs", ["--kernel", "fused", "--batch", "64", "--x-shared"], "pmma"),
     # Profiled on the H200 (README "GPU results"): again after their kernels change.
     ("fused-32768x4096-M1", ["--kernel", "fused", "--rows", "32768", "--batch", "1"], "pmma"),
@@ -1953,7 +1986,7 @@ def _profile_variant(args: list) -> str | None:
     """The VARIANT_TAGS entry a PROFILES command runs (None: a default kernel)."""
     kind = args[args.index("--kernel") + 1]
     if kind == "gemv":
-        return "gemv"
+        return "gemv:deep" if "--variant" in args and args[args.index("--variant") + 1] == "deep" else "gemv"
     if kind == "fused":
         if "--stage-tiles" in args and args[args.index("--stage-tiles") + 1] != "1":
             return "gemm:wide"

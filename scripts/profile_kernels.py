@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--x-shared", action="store_true", help="fused: x copied once per CTA into shared memory")
     ap.add_argument("--variant", default="default",
                     help="decoder variant: default, or a name of runtime.kernel_plan.HUFF_VARIANTS (huffman) "
-                         "or PAL_VARIANTS (palette)")
+                         "or PAL_VARIANTS (palette); gemv: default or deep (PGEMV_VARIANTS)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import numpy as np
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
 
     from unweight.codec import tensor_codec as tc
     from unweight.runtime import kernel_plan as kp
-    names = kp.PAL_VARIANTS if args.kernel == "palette" else kp.HUFF_VARIANTS
+    names = {"palette": kp.PAL_VARIANTS, "gemv": kp.PGEMV_VARIANTS}.get(args.kernel, kp.HUFF_VARIANTS)
     variant = 0 if args.variant == "default" else names[args.variant]
     h = bu.import_helpers()
     dev = bu.device(torch)
@@ -61,11 +61,13 @@ def main(argv=None) -> int:
         enc = tc.with_index(enc.header, enc.planes, chk_interval=args.index)
     ew = h.encoded_weight(enc, dev, err)
     if args.kernel in ("fused", "gemv"):
-        from unweight.runtime.tuning_table import PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV
+        from unweight.runtime.tuning_table import (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV,
+                                                   PALETTE_GEMV_DEEP)
         if args.x_shared and args.stage_tiles != 1:
             ap.error("--x-shared goes with --stage-tiles 1")
         path = PALETTE_GEMM_WIDE if args.stage_tiles == 2 else PALETTE_GEMM_XS if args.x_shared else PALETTE_GEMM
-        path = PALETTE_GEMV if args.kernel == "gemv" else path
+        if args.kernel == "gemv":
+            path = PALETTE_GEMV_DEEP if variant == kp.PGEMV_VARIANT_DEEP else PALETTE_GEMV
         x = torch.randn((args.batch, args.cols), device=dev).to(torch.bfloat16)
         for _ in range(2):
             h.fused_op(ew, x, err, path)

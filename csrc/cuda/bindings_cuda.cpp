@@ -143,6 +143,11 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PGEMV_CTAS_PER_SM") = plan::PGEMV_CTAS_PER_SM;
   m.attr("PGEMV_WARPS_PER_SM") = plan::PGEMV_WARPS_PER_SM;
   m.attr("PGEMV_SMEM_BYTES") = plan::PGEMV_SMEM_BYTES;
+  m.attr("PGEMV_DEEP_UNROLL") = plan::PGEMV_DEEP_UNROLL;
+  m.attr("PGEMV_DEEP_CTAS_PER_SM") = plan::PGEMV_DEEP_CTAS_PER_SM;
+  m.attr("PGEMV_VARIANT_DEFAULT") = plan::PGEMV_VARIANT_DEFAULT;
+  m.attr("PGEMV_VARIANT_STD") = plan::PGEMV_VARIANT_STD;
+  m.attr("PGEMV_VARIANT_DEEP") = plan::PGEMV_VARIANT_DEEP;
   m.attr("PMMA_CHUNK_M") = plan::PMMA_CHUNK_M;
   m.attr("PMMA_MAX_M") = plan::PMMA_MAX_M;
   m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
@@ -326,17 +331,17 @@ PYBIND11_MODULE(_cuda, m) {
 
   m.def("palette_gemv", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
                            py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int parts, uintptr_t y,
-                           int64_t ldy, uintptr_t stream) {
+                           int64_t ldy, uintptr_t stream, int variant) {
     need(x && sm && idx && y, "null device pointer");
     need(nv == 0 || (vpos && vexp), "null verbatim pointers");
     check(cuda::palette_gemv(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx), N, K,
                              make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp), parts,
-                             dev<uint16_t>(y), ldy, stream_of(stream)));
+                             dev<uint16_t>(y), ldy, variant, stream_of(stream)));
   }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
      py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("parts"), py::arg("y"),
-     py::arg("ldy"), py::arg("stream") = 0,
+     py::arg("ldy"), py::arg("stream") = 0, py::arg("variant") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on CUDA cores (M <= 4, K % 64 == 0); parts: "
-     "warps per row (plan_pgemv_parts).");
+     "warps per row (plan_pgemv_parts); variant: PGEMV_VARIANT_* (0: the default).");
 
   // --------------------------------------------------------------------- warp emulator self-tests
   m.def("emu_selftest_mma", [](arr<uint16_t> A, arr<uint16_t> B, arr<float> C) {
@@ -583,7 +588,8 @@ PYBIND11_MODULE(_cuda, m) {
      "The fused GEMM's kernel body through the warp emulator: y uint16 (bf16 bits) [M, N].");
 
   m.def("emulate_palette_gemv", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
-                                   arr<uint32_t> vpos, arr<uint8_t> vexp, int parts, bool force_general) {
+                                   arr<uint32_t> vpos, arr<uint8_t> vexp, int parts, bool force_general,
+                                   int variant) {
     check_emu_operands(x, sm, idx, vpos, vexp);
     const EmuOperands o(x, sm, idx, vpos, vexp);
     const int M = o.M;
@@ -595,11 +601,12 @@ PYBIND11_MODULE(_cuda, m) {
     {
       py::gil_scoped_release nogil;
       e = cuda::emulate::palette_gemv(o.x16(), K, M, o.sm.p, o.idx.p, N, K, pal, vpos.data(), nv,
-                                      o.vexp.p, parts, yp, N, force_general ? 1 : 0);
+                                      o.vexp.p, parts, yp, N, force_general ? 1 : 0, variant);
     }
     check(e);
     return y;
   }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
-     py::arg("parts") = 1, py::arg("force_general") = false,
-     "The palette GEMV's kernel body through the warp emulator: y uint16 (bf16 bits) [M, N].");
+     py::arg("parts") = 1, py::arg("force_general") = false, py::arg("variant") = 0,
+     "The palette GEMV's kernel body through the warp emulator (variant: PGEMV_VARIANT_*): y uint16 (bf16 bits) "
+     "[M, N].");
 }

@@ -136,6 +136,17 @@ constexpr int PGEMV_MAX_PARTS = PGEMV_WARPS;
 // batch rows of accumulators, two batches of loads in flight and the decode hold unspilled).
 constexpr int PGEMV_CTAS_PER_SM = 3;
 constexpr int PGEMV_WARPS_PER_SM = PGEMV_CTAS_PER_SM * PGEMV_WARPS;
+// The deep variant (dispatch path palette_gemv_deep): PGEMV_DEEP_UNROLL steps per batch of
+// loads, so a lane has up to 96 bytes in flight where the default has 48, at
+// PGEMV_DEEP_CTAS_PER_SM CTAs per SM (up to 128 registers per thread).  On the H200 the default
+// kept 38% of DRAM's peak busy at 34% occupancy (Nsight Compute, 32768 x 4096, batch 1): the
+// bytes in flight per SM, not the instructions, look like its limit.  Steps and their sums run
+// in the same order: the same bits as the default at the same `parts`.
+constexpr int PGEMV_DEEP_UNROLL = 4;
+constexpr int PGEMV_DEEP_CTAS_PER_SM = 2;
+constexpr int PGEMV_VARIANT_DEFAULT = 0;
+constexpr int PGEMV_VARIANT_STD = 1;
+constexpr int PGEMV_VARIANT_DEEP = 2;
 // Shared memory: the parts' sums, [PGEMV_WARPS][PGEMV_MAX_M] fp32.
 constexpr int PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4;
 

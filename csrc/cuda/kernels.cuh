@@ -142,11 +142,11 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 
 // y[m, r] = sum_k x[m, k] * W[r, k] for m < M (1..4), r < N, on CUDA cores: the palette GEMV
 // (palette_gemv.cu), same operands and alignment as palette_gemm; parts: warps per row
-// (plan::pgemv_parts: 1, 2, 4 or 8), which sets the order of the fp32 sums.  Needs no
-// workspace.
+// (plan::pgemv_parts: 1, 2, 4 or 8), which sets the order of the fp32 sums; variant:
+// plan::PGEMV_VARIANT_* (0 the default; DEEP gives the same bits).  Needs no workspace.
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
-                         uint16_t* y, int64_t ldy, void* stream);
+                         uint16_t* y, int64_t ldy, int variant, void* stream);
 
 // ----------------------------------------------------------------------- host emulation
 // The same bodies the kernels run, on the host over the same launch geometry (host
@@ -194,7 +194,7 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 // As palette_gemv, through the warp emulator (force_general as for palette_gemm).
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
-                         uint16_t* y, int64_t ldy, int force_general);
+                         uint16_t* y, int64_t ldy, int force_general, int variant);
 }  // namespace emulate
 
 }  // namespace cuda

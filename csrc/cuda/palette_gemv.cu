@@ -4,7 +4,8 @@
 //
 // __launch_bounds__(256, 3): 24 resident warps per SM (plan::PGEMV_WARPS_PER_SM), what the
 // parts heuristic plans for; it caps registers at 80 per thread (64 spilled up to 400 bytes
-// at four batch rows).
+// at four batch rows).  The deep variant: __launch_bounds__(256, 2), PGEMV_DEEP_UNROLL steps
+// per batch of loads (kernel_plan.h).
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -21,7 +22,19 @@ namespace {
 template <int MB, bool kPaired>
 __global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_CTAS_PER_SM) pgemv_kernel(PgemvArgs a) {
   emu::DeviceCtx c;
-  pgemv_body<MB, kPaired>(c, a);
+  pgemv_body<MB, kPaired, plan::PGEMV_UNROLL>(c, a);
+}
+
+template <int MB, bool kPaired>
+__global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_DEEP_CTAS_PER_SM) pgemv_deep_kernel(PgemvArgs a) {
+  emu::DeviceCtx c;
+  pgemv_body<MB, kPaired, plan::PGEMV_DEEP_UNROLL>(c, a);
+}
+
+// The variant to run (plan::PGEMV_VARIANT_*; DEFAULT resolved to STD), nullptr when unknown.
+bool resolve_pgemv_variant(int* variant) {
+  if (*variant == plan::PGEMV_VARIANT_DEFAULT) *variant = plan::PGEMV_VARIANT_STD;
+  return *variant == plan::PGEMV_VARIANT_STD || *variant == plan::PGEMV_VARIANT_DEEP;
 }
 
 const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
@@ -63,10 +76,13 @@ PgemvArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, co
 
 }  // namespace
 
-template <int MB, bool kPaired>
+template <int MB, bool kPaired, bool kDeep>
 void launch_pgemv(const PgemvArgs& a, cudaStream_t s) {
-  pgemv_kernel<MB, kPaired><<<static_cast<unsigned>(plan::pgemv_grid(a.N, a.parts)), plan::PGEMV_THREADS,
-                              plan::PGEMV_SMEM_BYTES, s>>>(a);
+  const auto grid = static_cast<unsigned>(plan::pgemv_grid(a.N, a.parts));
+  if constexpr (kDeep)
+    pgemv_deep_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, plan::PGEMV_SMEM_BYTES, s>>>(a);
+  else
+    pgemv_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, plan::PGEMV_SMEM_BYTES, s>>>(a);
 }
 
 }  // namespace detail
@@ -75,12 +91,18 @@ using namespace detail;
 
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
-                         uint16_t* y, int64_t ldy, void* stream) {
+                         uint16_t* y, int64_t ldy, int variant, void* stream) {
   if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp)) return e;
+  if (!resolve_pgemv_variant(&variant)) return "unknown palette GEMV variant";
   PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy);
   const bool paired = pal_tables(pal, a.pt);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  with_variant(M, paired, [&](auto mb, auto p) { launch_pgemv<decltype(mb)::value, decltype(p)::value>(a, s); });
+  with_variant(M, paired, [&](auto mb, auto p) {
+    if (variant == plan::PGEMV_VARIANT_DEEP)
+      launch_pgemv<decltype(mb)::value, decltype(p)::value, true>(a, s);
+    else
+      launch_pgemv<decltype(mb)::value, decltype(p)::value, false>(a, s);
+  });
   return launch_status();
 }
 
@@ -88,14 +110,20 @@ namespace emulate {
 
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
-                         uint16_t* y, int64_t ldy, int force_general) {
+                         uint16_t* y, int64_t ldy, int force_general, int variant) {
   if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp)) return e;
+  if (!resolve_pgemv_variant(&variant)) return "unknown palette GEMV variant";
   PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy);
   const bool paired = pal_tables(pal, a.pt) && !force_general;
   const char* err = nullptr;
   with_variant(M, paired, [&](auto mb, auto p) {
+    constexpr int MBv = decltype(mb)::value;
+    constexpr bool Pv = decltype(p)::value;
     err = emu::launch(plan::pgemv_grid(N, parts), 1, plan::PGEMV_THREADS, plan::PGEMV_SMEM_BYTES,
-                      [&](emu::ThreadCtx& c) { pgemv_body<decltype(mb)::value, decltype(p)::value>(c, a); });
+                      [&](emu::ThreadCtx& c) {
+                        if (variant == plan::PGEMV_VARIANT_DEEP) pgemv_body<MBv, Pv, plan::PGEMV_DEEP_UNROLL>(c, a);
+                        else pgemv_body<MBv, Pv, plan::PGEMV_UNROLL>(c, a);
+                      });
   });
   return err;
 }

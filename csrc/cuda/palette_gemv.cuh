@@ -23,10 +23,11 @@ struct PgemvArgs : PalProduct {
 };
 
 // One CTA: PGEMV_WARPS / parts rows, `parts` warps each.  MB: batch rows the registers hold
-// (M <= MB); kPaired: the palette decode (pal_regs.cuh).
-template <int MB, bool kPaired, class Ctx>
+// (M <= MB); kPaired: the palette decode (pal_regs.cuh); U: steps per batch of loads
+// (PGEMV_UNROLL, or PGEMV_DEEP_UNROLL for the deep variant; the order of the sums is the same).
+template <int MB, bool kPaired, int U, class Ctx>
 UW_HD void pgemv_body(Ctx& c, const PgemvArgs& a) {
-  constexpr int U = plan::PGEMV_UNROLL, COLS = plan::PGEMV_COLS;
+  constexpr int COLS = plan::PGEMV_COLS;
   const int lane = c.lane(), warp = c.warp();
   const int64_t r = c.block_x() * (plan::PGEMV_WARPS / a.parts) + warp / a.parts;
   const int part = warp % a.parts;
@@ -156,7 +157,7 @@ UW_UNROLL()
 }
 
 // Launchers of the kernel instantiations (palette_gemv.cu).
-template <int MB, bool kPaired>
+template <int MB, bool kPaired, bool kDeep>
 void launch_pgemv(const PgemvArgs& a, cudaStream_t s);
 
 }  // namespace detail

@@ -22,10 +22,10 @@ from .test_fused_logic import _cuda, _fa_check, _pal, _x, all_finite_weights, ch
 torch = pytest.importorskip("torch")
 
 
-def _gemv(x, enc, parts=1, general=False, planes=None):
+def _gemv(x, enc, parts=1, general=False, planes=None, variant=0):
     p = planes or enc.planes
     return _cuda.emulate_palette_gemv(x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS],
-                                      p[C.SUFFIX_VEXP], parts, general)
+                                      p[C.SUFFIX_VEXP], parts, general, variant)
 
 
 # ------------------------------------------------------------------------------- geometry
@@ -59,7 +59,8 @@ def test_parts_heuristic():
 @needs_ext
 def test_cpp_plan_matches_python():
     for name in ("PGEMV_WARPS", "PGEMV_THREADS", "PGEMV_COLS", "PGEMV_UNROLL", "PGEMV_MAX_M", "PGEMV_MAX_PARTS",
-                 "PGEMV_CTAS_PER_SM", "PGEMV_WARPS_PER_SM", "PGEMV_SMEM_BYTES"):
+                 "PGEMV_CTAS_PER_SM", "PGEMV_WARPS_PER_SM", "PGEMV_SMEM_BYTES", "PGEMV_DEEP_UNROLL",
+                 "PGEMV_DEEP_CTAS_PER_SM", "PGEMV_VARIANT_DEFAULT", "PGEMV_VARIANT_STD", "PGEMV_VARIANT_DEEP"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     for N in (1, 7, 64, 1000, 4096, 128256):
         for K in (64, 576, 4096, 14336):
@@ -149,6 +150,29 @@ def test_deterministic_and_batch_invariant():
 
 
 @needs_ext
+@pytest.mark.parametrize("general", [False, True])
+def test_deep_variant_gives_the_default_bits(general):
+    """PGEMV_VARIANT_DEEP (four steps per batch of loads, where the default has two) runs the
+    same steps in the same order: the default's bits on odd shapes, every parts, batch 1-4 and
+    heavy verbatim blocks, with either decode; an unknown variant is refused."""
+    rng = np.random.default_rng(21)
+    f = (rng.standard_normal((77, 1088)) * np.exp2(rng.integers(-20, 20, (77, 1088)))).astype(np.float32)
+    heavy = (f.view(np.uint32) >> 16).astype(np.uint16)
+    cases = [make_weights(N, K, seed=N + K) for N, K in CASES] + [heavy, make_weights(40, 14336, seed=3)]
+    for w in cases:
+        enc = tc.encode(w, "palette")
+        for M in (1, 4):
+            x = _x(M, w.shape[1], seed=M + w.shape[1])
+            for parts in (1, 2, 8):
+                want = _gemv(x, enc, parts, general)
+                got = _gemv(x, enc, parts, general, variant=kp.PGEMV_VARIANT_DEEP)
+                assert np.array_equal(got, want), (w.shape, M, parts)
+                assert np.array_equal(_gemv(x, enc, parts, general, variant=kp.PGEMV_VARIANT_STD), want)
+    with pytest.raises(RuntimeError, match="unknown palette GEMV variant"):
+        _gemv(_x(1, 64, seed=1), tc.encode(make_weights(4, 64, seed=1), "palette"), variant=7)
+
+
+@needs_ext
 def test_launcher_rejects_bad_arguments_without_a_gpu():
     base = {"x": 16, "ldx": 64, "M": 1, "sm": 16, "idx": 16, "N": 8, "K": 64, "palette": b"\x7f", "vpos": 0, "nv": 0,
             "vexp": 0, "parts": 1, "y": 16, "ldy": 8}
@@ -162,6 +186,8 @@ def test_launcher_rejects_bad_arguments_without_a_gpu():
         call(K=96, ldx=96)
     with pytest.raises(RuntimeError, match="parts"):
         call(parts=3)
+    with pytest.raises(RuntimeError, match="variant"):
+        call(variant=9)
     with pytest.raises(RuntimeError, match="aligned"):
         call(idx=8)
     with pytest.raises(ValueError):  # null pointers are refused by the binding

@@ -134,8 +134,9 @@ def test_user_cache_overrides_shipped_defaults(tmp_path):
 
 def test_candidates():
     both = ["palette_gemm", "palette_gemm_wide", "palette_gemm_xs"]  # the copy layouts
-    assert tuning.candidates("palette", 1, 4096, 512) == both + ["palette_gemv"]  # the GEMV at batch 1..4
-    assert tuning.candidates("palette", 4, 4096, 512) == both + ["palette_gemv"]
+    gemv = ["palette_gemv", "palette_gemv_deep"]  # the GEMV at batch 1..4, both variants
+    assert tuning.candidates("palette", 1, 4096, 512) == both + gemv
+    assert tuning.candidates("palette", 4, 4096, 512) == both + gemv
     assert tuning.candidates("palette", 5, 4096, 512) == both
     assert tuning.candidates("palette", 64, 14336) == both
     assert tuning.candidates("palette", 16, 4100, 4100) == []  # K % 64 != 0

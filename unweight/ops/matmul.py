@@ -21,11 +21,12 @@
         Both are views of the runtime's per-device buffers (runtime/scratch.py), so a forward
         allocates nothing but y.
 
-    torch.ops.unweight.palette_gemv(x, sm, idx, vpos, vexp, rows, cols, palette, parts) -> y
+    torch.ops.unweight.palette_gemv(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0) -> y
         The same product for batches of 1..4 on CUDA cores (a warp streams one row into
         registers; PALETTE_GEMV): x bf16 [M, cols], y bf16 [M, rows], fp32 accumulation, one
         rounding.  parts: warps per row (palette_gemv_parts(); 1, 2, 4 or 8), which sets the
-        order of the sums.  No workspace.
+        order of the sums.  variant: kernel_plan.PGEMV_VARIANT_* (0 the default; DEEP, twice the
+        loads in flight per lane, PALETTE_GEMV_DEEP: the same bits).  No workspace.
 
 The CUDA kernels need cols % 64 == 0 and 16-byte aligned planes (palette_supported); it
 raises ValueError / RuntimeError for what it refuses and the runtime dispatch falls back to
@@ -170,28 +171,28 @@ def palette_gemv_supported(M: int, cols: int) -> bool:
 
 @torch.library.custom_op("unweight::palette_gemv", mutates_args=())
 def palette_gemv(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, rows: int, cols: int,
-                 palette: List[int], parts: int) -> Tensor:
+                 palette: List[int], parts: int, variant: int = 0) -> Tensor:
     raise NotImplementedError(f"unweight::palette_gemv has no kernel for device {x.device}")
 
 
 @palette_gemv.register_fake
-def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts):
+def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0):
     return x.new_empty((x.size(0), rows))
 
 
 @palette_gemv.register_kernel("cpu")
-def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts):
+def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0):
     return torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, x.new_empty(0, dtype=torch.float32),
                                              x.new_empty(0, dtype=torch.int32), rows, cols, palette, 1)
 
 
 @palette_gemv.register_kernel("cuda")
-def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts):
+def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0):
     x = _cuda_x("palette_gemv", x, cols, palette_gemv_supported, plan.PGEMV_MAX_M, (sm, idx, vpos, vexp))
     M = x.size(0)
     y = torch.empty((M, rows), dtype=torch.bfloat16, device=x.device)
     with torch.cuda.device_of(x):
         _ext.cuda_module().palette_gemv(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
                                         bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), parts,
-                                        _ext.ptr(y), y.stride(0), _ext.stream(x))
+                                        _ext.ptr(y), y.stride(0), _ext.stream(x), variant)
     return y

@@ -4,7 +4,7 @@ Pure data (no torch): the dispatch policy (runtime/policy.py) looks a choice up 
 under the key
 
     (device name, N, K, encoding, batch bucket)  ->  "decode_cublas" | "palette_gemm" | "palette_gemm_wide"
-                                                     | "palette_gemm_xs" | "palette_gemv"
+                                                     | "palette_gemm_xs" | "palette_gemv" | "palette_gemv_deep"
 
 with N, K the weight's [N, K] shape, encoding "huffman" / "palette", and the batch bucket of
 M = x.numel() // K one of BUCKETS ("1", "2-4", "5-16", "17-64", "65-256", ">256").
@@ -54,10 +54,14 @@ PALETTE_GEMM_XS = "palette_gemm_xs"
 # Batches of 1..4 on CUDA cores: a warp streams a weight row into registers (ops.palette_gemv);
 # other sums' order than the GEMM's, within the same error bound.
 PALETTE_GEMV = "palette_gemv"
+# The GEMV with twice the loads in flight per lane at two CTAs per SM (kernel_plan.h, DEEP):
+# the same bits as PALETTE_GEMV, another balance of bytes in flight against resident warps.
+PALETTE_GEMV_DEEP = "palette_gemv_deep"
+GEMV_PATHS = (PALETTE_GEMV, PALETTE_GEMV_DEEP)
 # Times recorded under other names (a fused Huffman kernel some earlier tables list) are kept
 # out of every choice: only these paths exist.
-CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV)
-FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV)
+CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP)
+FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP)
 
 # (upper bound inclusive, name); the last bucket is open-ended.
 _BUCKET_BOUNDS = ((1, "1"), (4, "2-4"), (16, "5-16"), (64, "17-64"), (256, "65-256"))
@@ -114,8 +118,8 @@ def candidates(encoding: str, M: int, K: int, cols_per_chunk: int = 0) -> list[s
     callers that pass the grid)."""
     if encoding != "palette":
         return []
-    out = [p for p in FUSED if p != PALETTE_GEMV] if kp.pmma_supported(M, K) else []
-    return out + ([PALETTE_GEMV] if kp.pgemv_supported(M, K) else [])
+    out = [p for p in FUSED if p not in GEMV_PATHS] if kp.pmma_supported(M, K) else []
+    return out + (list(GEMV_PATHS) if kp.pgemv_supported(M, K) else [])
 
 
 def entry_key(device: str, N: int, K: int, encoding: str, bucket_name: str) -> str:
