@@ -44,7 +44,11 @@ SmolLM2's GGUF (94 MiB) rides in two parts, one per call, the first kept on the 
 second, so issue the calls back to back: the machine keeps its disk for about 30 s after a
 call.  Before each call, check the device tool's ``status``: when budget_left_s is below the
 call's --deadline + 90, lower --deadline to budget_left_s - 90 and timeout_s to that + 60 (the
-stages shrink to fit; call 2 is worth making with 100 s).  Give the machine back after call 2.
+stages shrink to fit; call 2 is worth making with 100 s).  The other way round, when call 1's
+reply leaves budget_left_s above call 2's timeout_s + 60 (an H200 lease had 355 s there, the
+start and transfers having taken ~40 s, not the 3 min planned), raise call 2's --deadline to
+budget_left_s - 120 (at most 540) and timeout_s to that + 60: the eval stage, the last, takes
+what is added.  Give the machine back after call 2.
 The commands:
 
     call 1  carry [".gpu_carry/call1"], timeout_s 580
@@ -2528,6 +2532,8 @@ def dry_run(selftest: bool = True) -> int:
     commands, need = sum(c["deadline"] for c in CALLS.values()), lease_seconds_needed()
     print(f"device time: {commands / 60:.1f} min of commands + about {(need - commands) / 60:.1f} min of machine start "
           f"and transfers = {need / 60:.1f} min (lease {LEASE_S / 60:.0f} min)")
+    print(f"after call 1: budget_left_s B < {CALLS[2]['deadline'] + 90}: call 2 with --deadline B - 90; "
+          f"B > {call_timeout(2) + 60}: --deadline min(B - 120, 540), timeout_s that + 60 (eval takes the rest)")
     if need > LEASE_S:
         problems.append(f"the calls need about {need / 60:.1f} min of device time: more than the {LEASE_S / 60:.0f}-min "
                         "lease")
