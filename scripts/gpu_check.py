@@ -59,6 +59,8 @@ The commands:
 When the model stage finds a part missing (the machine went cold), it records why and the
 call goes on with the sanitizer.  Each call rebuilds the extensions only when the previous
 call's build is not on the machine.
+Each call leaves in $OUT its stage JSONs, its log and call<N>-files.tar.xz (the other logs and
+the Nsight Compute reports, packed: the device tool brings back 8 files).
 Back here: ``python3 scripts/render_gpu_results.py --import <files_at>`` after each call copies
 the JSONs into benchmarks/results/gpu/ and rewrites the README's "GPU results" section.
 
@@ -2687,9 +2689,45 @@ def main(argv=None) -> int:
     DEV, EVAL_LIMIT = args.device, args.eval_limit
     log(f"stages {', '.join(stages)} -> {args.out}" + (f", deadline {deadline:.0f} s" if deadline else ""))
     rc = run_stages(stages, args.out, deadline, args.call)
+    if args.call:
+        pack_extras(args.out, args.call)
     print_summary(args.out, stages)
     log("done: " + ("every check that ran passed" if rc == 0 else "some checks FAILED (see the stage JSONs)"))
     return rc
+
+
+# The device tool brings back at most this many files of $OUT (device README, "Limits").
+OUT_FILES_MAX = 8
+
+
+def pack_extras(out_dir: str, call: int) -> str | None:
+    """Pack everything a call wrote under out_dir except the stage JSONs and the call's own log
+    (which tee is still writing) into call<N>-files.tar.xz, and remove the originals: the
+    device tool brings back OUT_FILES_MAX files, and a call writes more (logs, one ncu report
+    per profile).  Returns the archive's path, None when there was nothing to pack."""
+    import tarfile
+    keep = {f"call{call}.log", f"call{call}-files.tar.xz"}
+    extras = []
+    for root, _, files in os.walk(out_dir):
+        for f in sorted(files):
+            rel = os.path.relpath(os.path.join(root, f), out_dir)
+            if not (rel in keep or (os.sep not in rel and rel.endswith(".json"))):
+                extras.append(rel)
+    if not extras:
+        return None
+    path = os.path.join(out_dir, f"call{call}-files.tar.xz")
+    with tarfile.open(path, "w:xz") as tar:
+        for rel in extras:
+            tar.add(os.path.join(out_dir, rel), arcname=rel)
+    for rel in extras:
+        os.remove(os.path.join(out_dir, rel))
+    for root, dirs, _ in os.walk(out_dir, topdown=False):
+        for d in dirs:
+            full = os.path.join(root, d)
+            if not os.listdir(full):
+                os.rmdir(full)
+    log(f"packed {len(extras)} log and report files into {os.path.basename(path)}")
+    return path
 
 
 def print_summary(out_dir: str, stages) -> None:

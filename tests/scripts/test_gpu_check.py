@@ -218,3 +218,25 @@ def test_a_call_cut_short_runs_its_first_stages(tmp_path, monkeypatch):
     assert budgets == {"model": 100}
     with open(tmp_path / "b" / "sanitizer.json") as f:
         assert json.load(f)["status"] == "skipped"
+
+
+def test_a_call_packs_its_extra_files_into_one_archive(tmp_path):
+    """What a call leaves in $OUT stays within the device tool's 8 files: the stage JSONs and
+    the call's log as they are, everything else (logs, ncu/ reports) in call<N>-files.tar.xz."""
+    import tarfile
+    gc = _gpu_check_module()
+    for name in ("bench.json", "build.json", "correctness.json", "call1.log", "build.log", "pytest.log",
+                 "pytest-variants.log"):
+        (tmp_path / name).write_text(name)
+    (tmp_path / "ncu").mkdir()
+    for i in range(6):
+        (tmp_path / "ncu" / f"k{i}.txt").write_text(f"report {i}")
+    path = gc.pack_extras(str(tmp_path), 1)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["bench.json", "build.json", "call1-files.tar.xz", "call1.log", "correctness.json"]
+    assert len(left) <= gc.OUT_FILES_MAX
+    with tarfile.open(path) as tar:
+        names = sorted(tar.getnames())
+        assert names == sorted(["build.log", "pytest.log", "pytest-variants.log"] + [f"ncu/k{i}.txt" for i in range(6)])
+        assert tar.extractfile("ncu/k3.txt").read() == b"report 3"
+    assert gc.pack_extras(str(tmp_path), 1) is None  # packed once: nothing left to pack
