@@ -91,14 +91,15 @@ def bench_shape(torch, name, N, K, seed, runs, l2, skip=()):
         encs[f"huffman+index{s_chk}"] = tc.with_index(encs["huffman"].header, encs["huffman"].planes,
                                                       chk_interval=s_chk)
     from unweight.runtime import kernel_plan as kp
+    decoders = other_decoders(kp)
     for e, enc in encs.items():
         ew = h.encoded_weight(enc, dev, err)
         nb = bu.encoded_bytes(ew)
         k = bu.rotation_copies(nb + dense, l2)
         ws = [ew] + [bu.clone_encoded(ew) for _ in range(k - 1)]
         outs = [torch.empty((N, K), dtype=torch.bfloat16, device=dev) for _ in range(k)]
-        others = (other_decoders(kp)["huffman"] if e.startswith("huffman+index") else
-                  other_decoders(kp)["palette"] if e == "palette" else ())
+        others = (decoders["huffman"] if e.startswith("huffman+index") else
+                  decoders["palette"] if e == "palette" else ())
         others = tuple(v for v in others if f"{e.split('+')[0]}:{v}" not in skip)
         for v in ("", *others):
             code = (kp.PAL_VARIANTS[v] if e == "palette" else kp.HUFF_VARIANTS[v]) if v else 0

@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_DEEP_CTAS_PER
   pgemv_body<MB, kPaired, plan::PGEMV_DEEP_UNROLL>(c, a);
 }
 
-// The variant to run (plan::PGEMV_VARIANT_*; DEFAULT resolved to STD), nullptr when unknown.
+// Resolves DEFAULT to STD; false for a variant that is not plan::PGEMV_VARIANT_*.
 bool resolve_pgemv_variant(int* variant) {
   if (*variant == plan::PGEMV_VARIANT_DEFAULT) *variant = plan::PGEMV_VARIANT_STD;
   return *variant == plan::PGEMV_VARIANT_STD || *variant == plan::PGEMV_VARIANT_DEEP;

@@ -59,7 +59,7 @@ from ..format.errors import FormatError, InputError
 from ..format.header import TensorHeader
 from . import dispatch, scratch
 from .modules import LazyTensor, _ShapeOnly, refuse_dtype_cast
-from .weights import EncodedWeight
+from .weights import EncodedWeight, load_index
 
 log = logging.getLogger(__name__)
 
@@ -593,11 +593,9 @@ def add_index(stack: ExpertStack) -> None:
         h = p.header
         if h.encoding != C.ENC_HUFFMAN or h.chk_interval or p.device.type != "cuda" or not ops.cuda_kernels_built():
             continue
-        host = {s: t.detach().cpu().numpy() for s, t in p.planes().items()}
-        enc = tc.with_index(h, host, chk_interval=C.LOAD_CHK_INTERVAL)
-        if enc.header is not h:  # the other planes stay the device tensors they are
-            p.replace(enc.header, {**p.planes(), C.SUFFIX_HDR: enc.planes[C.SUFFIX_HDR],
-                                   C.SUFFIX_CHK: enc.planes[C.SUFFIX_CHK]})
+        indexed = load_index(h, p.planes(), {s: t.detach().cpu().numpy() for s, t in p.planes().items()})
+        if indexed is not None:
+            p.replace(*indexed)
 
 
 def prepare_planes(stack: ExpertStack) -> None:

@@ -47,6 +47,7 @@ from . import policy as policies
 from .convert import decode_fallbacks, set_module
 from .modes import check_mode
 from .modules import CompressedEmbedding, CompressedWeightMixin, compressed_modules
+from .weights import load_index
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +126,9 @@ def _add_index(m: CompressedWeightMixin):
     if m.is_tied or m.encoding != C.ENC_HUFFMAN or m.device.type != "cuda" or not ops.cuda_kernels_built():
         return
     o = m.owner()
-    enc = tc.with_index(o.header, o.host_planes(), chk_interval=C.LOAD_CHK_INTERVAL)
-    if enc.header is not o.header:
-        # The stream, offsets and sign+mantissa planes stay the device tensors they are: only
-        # the header and the index cross to the device.
-        m.replace_planes(enc.header, {**o.planes(), C.SUFFIX_HDR: enc.planes[C.SUFFIX_HDR],
-                                      C.SUFFIX_CHK: enc.planes[C.SUFFIX_CHK]})
+    indexed = load_index(o.header, o.planes(), o.host_planes())
+    if indexed is not None:
+        m.replace_planes(*indexed)
 
 
 def prepare_module(m: CompressedWeightMixin, policy: policies.DispatchPolicy | None = None) -> None:
