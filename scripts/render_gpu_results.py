@@ -48,7 +48,9 @@ def load_records(folder: str, allow_fake: bool = False) -> dict:
         rec["_file"] = os.path.relpath(path, bu.ROOT)
         per_gpu = latest.setdefault((rec.get("env") or {}).get("gpu") or "an unrecorded GPU", {})
         cur = per_gpu.get(rec["stage"])
-        if cur is None or rec.get("started", "") >= cur.get("started", ""):
+        if cur is not None and rec.get("status") == "skipped" and cur.get("status") != "skipped":
+            continue  # a stage that did not run in a later call does not hide one that did
+        if cur is None or cur.get("status") == "skipped" or rec.get("started", "") >= cur.get("started", ""):
             per_gpu[rec["stage"]] = rec
     return latest
 
@@ -73,15 +75,17 @@ def import_run(src: str, dst: str) -> list[str]:
             env["commit"] = found
         elif env.get("commit") and not str(env["commit"]).endswith("-dirty"):
             env["commit"] = f"{env['commit']}-dirty"  # code that no recent commit holds
-        name = f"{rec.get('started', '')[:10]}-{bu.machine_tag(env.get('gpu'))}-{rec['stage']}.json"
-        target = os.path.join(dst, name)
+        started = rec.get("started", "")
+        tag = f"{bu.machine_tag(env.get('gpu'))}-{rec['stage']}.json"
+        target = os.path.join(dst, f"{started[:10]}-{tag}")
         if os.path.exists(target):
             with open(target) as f:
                 old = json.load(f)
-            if old.get("started", "") > rec.get("started", ""):
-                continue  # keep the later run of that stage
-            if rec.get("status") == "skipped" and old.get("status") != "skipped":
-                continue  # a stage that did not run here does not replace one that did
+            if old.get("started", "") != started:
+                # Another run of that stage on the same day and GPU keeps its own raw record: the
+                # later one is named by its start time as well (the renderer shows the latest).
+                hhmm = started[11:16].replace(":", "") or "0000"
+                target = os.path.join(dst, f"{started[:10]}-{hhmm}-{tag}")
         bu.write_json(target, rec)
         out.append(target)
     return out
