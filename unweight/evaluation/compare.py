@@ -127,7 +127,9 @@ def unrun_tasks(sample_cmp: dict, expected_tasks=None) -> list[str]:
 
 def judge(sample_cmp: dict, metric_rows: list[dict], bitwise: bool, ll_tolerance: float = LL_TOLERANCE,
           metric_tolerance: float = METRIC_TOLERANCE, expected_tasks=None) -> dict:
-    """The verdict: {"kind", "passed", "message", tolerances}.
+    """The verdict: {"kind", "passed", "message", tolerances}; a passing tolerance check whose
+    samples all came out bitwise identical also carries "identical": True ("kind" stays the
+    check that was applied).
 
     expected_tasks: the leaf tasks that must each have compared at least one sample; with or
     without it, a comparison of no sample at all fails: identical-because-empty proves nothing."""
@@ -163,5 +165,11 @@ def judge(sample_cmp: dict, metric_rows: list[dict], bitwise: bool, ll_tolerance
     stats = (f"max per-request |delta log-likelihood| {sample_cmp['max_abs_ll_diff']:.4g} (tolerance {ll_tolerance}), "
              f"max metric difference {worst_metric:.4g} (tolerance {metric_tolerance}); "
              f"{sample_cmp['differing_samples']} of {sample_cmp['samples']} samples not bitwise identical")
-    return {**out, "passed": not problems, "message": ("; ".join(problems) + " -- " + stats) if problems else stats}
+    if problems:
+        return {**out, "passed": False, "message": "; ".join(problems) + " -- " + stats}
+    if sample_cmp["identical"]:  # the tolerance check was chosen beforehand, yet nothing differed: say so
+        return {**out, "passed": True, "identical": True,
+                "message": (f"per-sample log-likelihoods bitwise identical ({sample_cmp['samples']} samples, "
+                            f"{sample_cmp['values']} values) under a tolerance check: {stats}")}
+    return {**out, "passed": True, "message": stats}
 

@@ -1,0 +1,53 @@
+"""scripts/render_gpu_results.py's eval table: a tolerance check whose samples all came out
+bitwise identical (no differing sample, no log-likelihood difference, equal sha256) reads
+"bitwise (N docs; tolerance check)"; any other passing tolerance check reads "within tolerance"."""
+import importlib.util
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _renderer():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        spec = importlib.util.spec_from_file_location("render_gpu_results_under_test",
+                                                      os.path.join(ROOT, "scripts", "render_gpu_results.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.pop(0)
+
+
+def _check(mode, check, differing=0, diff=0.0, sha=("fe25", "fe25"), n=1838, status="pass"):
+    c = {"name": f"eval piqa {mode}", "status": status, "check": check, "samples": n, "docs": n,
+         "differing_samples": differing, "max_abs_ll_diff": diff}
+    if sha is not None:
+        c["sha256"] = {"original": sha[0], "compressed": sha[1]}
+    return c
+
+
+def _row(checks):
+    lines = _renderer().eval_table({"checks": checks})
+    rows = [ln for ln in lines if ln.startswith("| piqa |")]
+    assert len(rows) == 1, lines
+    return [cell.strip() for cell in rows[0].strip("|").split("|")]
+
+
+def test_tolerance_check_with_identical_samples_reads_bitwise():
+    row = _row([_check("dense", "bitwise"), _check("huffman", "tolerance"), _check("palette", "tolerance", sha=None)])
+    assert row == ["piqa", "bitwise (1838 docs)", "bitwise (1838 docs; tolerance check)",
+                   "bitwise (1838 docs; tolerance check)"]
+
+
+def test_other_tolerance_checks_read_within_tolerance():
+    row = _row([_check("dense", "tolerance", differing=3, diff=0.004, sha=("aa", "bb")),
+                _check("huffman", "tolerance", sha=("aa", "bb")),
+                _check("palette", "tolerance", differing=0, diff=1e-9)])
+    assert row == ["piqa", "within tolerance", "within tolerance", "within tolerance"]
+
+
+def test_failed_tolerance_check_still_reads_differs():
+    row = _row([_check("dense", "bitwise"), _check("huffman", "tolerance", differing=5, diff=0.2, status="fail")])
+    assert row == ["piqa", "bitwise (1838 docs)", "DIFFERS (5 of 1838)", "—"]
