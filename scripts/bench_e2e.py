@@ -35,9 +35,9 @@ import _bench_util as bu  # noqa: E402
 # batch 1..4 (the one-tile GEMM above), or the decode + cuBLAS path with another decoder
 # (dispatch.use_decoders).
 MODES = ("huffman", "palette", "huffman+fused", "palette+fused", "palette+fused-wide", "palette+fused-xs",
-         "palette+gemv", "palette+gemv-deep", "huffman+chain", "huffman+ahead", "huffman+ahead2", "palette+vec8", "palette+wide", "dense")
+         "palette+gemv", "palette+gemv-deep", "palette+gemv-staged", "huffman+chain", "huffman+ahead", "huffman+ahead2", "palette+vec8", "palette+wide", "dense")
 FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs",
-               "gemv": "palette_gemv", "gemv-deep": "palette_gemv_deep"}
+               "gemv": "palette_gemv", "gemv-deep": "palette_gemv_deep", "gemv-staged": "palette_gemv_staged"}
 
 
 def llama8b_config(layers: int, **over):

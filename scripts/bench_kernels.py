@@ -114,7 +114,8 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
 LAYOUTS = (("palette_fused_wide", "palette_gemm_wide", "gemm:wide", True),
            ("palette_fused_xs", "palette_gemm_xs", "gemm:xs", True),
            ("palette_gemv", "palette_gemv", "gemv", False),
-           ("palette_gemv_deep", "palette_gemv_deep", "gemv:deep", False))
+           ("palette_gemv_deep", "palette_gemv_deep", "gemv:deep", False),
+           ("palette_gemv_staged", "palette_gemv_staged", "gemv:staged", False))
 
 
 def _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path, y_one=None) -> None:

@@ -830,7 +830,10 @@ def _verbatim_heavy(np, cols, seed):
 # then costs its own checks only.  The verdicts go to STATE/variants.json, and the benchmarks
 # leave out a variant whose checks failed on the same build (bench_variants_to_skip).
 VARIANT_TAGS = ("huffman:chain", "huffman:ahead2", "huffman:scalar", "palette:vec8", "gemm:wide", "gemm:xs", "gemv",
-                "gemv:deep")
+                "gemv:deep", "gemv:staged")
+# The GEMV's variants by tag: the tuning table's path and what it is called (each must give the
+# default GEMV's bits).
+GEMV_VARIANTS = {"gemv:deep": ("palette_gemv_deep", "deep"), "gemv:staged": ("palette_gemv_staged", "staged")}
 # The fused GEMM's copy layouts by tag: the tuning table's path and what it is called.
 GEMM_LAYOUTS = {"gemm:wide": ("palette_gemm_wide", "wide stages"), "gemm:xs": ("palette_gemm_xs", "shared x")}
 
@@ -932,7 +935,7 @@ def group_variant(rec, device, tag):
             return r
         for N, K in cases:
             rec.check(f"fused palette {what} {N}x{K}: the one-tile kernel's bits", same_bits, N, K)
-    elif tag in ("gemv", "gemv:deep") and "palette" not in h.fused_paths():
+    elif (tag == "gemv" or tag in GEMV_VARIANTS) and "palette" not in h.fused_paths():
         rec.check(f"palette GEMV ({tag})", lambda: {"skipped": True, "why": "no fused palette kernel"})
         return
     elif tag == "gemv":
@@ -970,26 +973,27 @@ def group_variant(rec, device, tag):
                  "accuracy": bool(acc.get("passed"))}
             return {**r, "passed": all(r.values())}
         rec.check("palette GEMV on verbatim-heavy weights", verbatim_heavy)
-    elif tag == "gemv:deep":
-        from unweight.runtime.tuning_table import PALETTE_GEMV, PALETTE_GEMV_DEEP
+    elif tag in GEMV_VARIANTS:
+        from unweight.runtime.tuning_table import PALETTE_GEMV
         cases = _gemv_cases(device)
+        vpath, vname = GEMV_VARIANTS[tag]
 
         def deep_case(w):
-            """The deep variant gives the GEMV's bits at batch 1..4 (the same sums in the same
-            order; tested through the emulator on the CPU)."""
+            """The variant gives the GEMV's bits at batch 1..4 (the same sums in the same order;
+            tested through the emulator on the CPU)."""
             ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
             x4 = h.bf16_tensor(h.make_weights(4, w.shape[1], seed=w.shape[0], spread=False), device)
             r = {}
             for M in (1, 2, 3, 4):
                 x = x4[:M].contiguous()
-                r[f"M={M}"] = bool(torch.equal(h.fused_op(ew, x, err, PALETTE_GEMV_DEEP).view(torch.int16),
+                r[f"M={M}"] = bool(torch.equal(h.fused_op(ew, x, err, vpath).view(torch.int16),
                                                h.fused_op(ew, x, err, PALETTE_GEMV).view(torch.int16)))
             r["passed"] = all(r.values())
             return r
         for N, K in cases:
-            rec.check(f"palette GEMV deep {N}x{K}: the GEMV's bits at batch 1-4", deep_case,
+            rec.check(f"palette GEMV {vname} {N}x{K}: the GEMV's bits at batch 1-4", deep_case,
                       h.make_weights(N, K, seed=N + 11 * K))
-        rec.check("palette GEMV deep on verbatim-heavy weights: the GEMV's bits", deep_case,
+        rec.check(f"palette GEMV {vname} on verbatim-heavy weights: the GEMV's bits", deep_case,
                   _verbatim_heavy(np, 576, 5))
     else:
         raise ValueError(f"unknown variant {tag!r}")
@@ -1097,7 +1101,7 @@ def sanitizer_driver(device: str = "cuda") -> int:
                         n += 1
             if cols % 64 == 0:
                 for M in (1, 2, 3, 4):
-                    for path in ("palette_gemv", "palette_gemv_deep"):
+                    for path in ("palette_gemv", "palette_gemv_deep", "palette_gemv_staged"):
                         h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, path)
                         n += 1
     _, _, bad = _corrupt_stream(h, tc, C)
@@ -1774,11 +1778,12 @@ def stage_eval(st: Stage) -> None:
 
 # bench_e2e's modes: the runtime's defaults first, then the variants (VARIANT_TAGS), then
 # dense (it turns the modules into plain nn.Linear, so it comes last).
-BENCH_E2E_MODES = ("palette", "palette+fused", "huffman", "palette+gemv", "palette+gemv-deep", "palette+fused-wide",
+BENCH_E2E_MODES = ("palette", "palette+fused", "huffman", "palette+gemv", "palette+gemv-deep", "palette+gemv-staged",
+                   "palette+fused-wide",
                    "palette+fused-xs",
                    "palette+vec8", "huffman+chain", "huffman+ahead2", "dense")
 E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm:xs", "palette+gemv": "gemv",
-                    "palette+gemv-deep": "gemv:deep",
+                    "palette+gemv-deep": "gemv:deep", "palette+gemv-staged": "gemv:staged",
                     "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2",
                     "palette+vec8": "palette:vec8"}
 
@@ -1916,14 +1921,17 @@ def _bench_moe(budget: "bu.Budget", path: str) -> dict:
 # Kernels profiled under Nsight Compute (scripts/profile_kernels.py): the arguments, the kernel
 # name regex.  Three launches each; the third is measured.
 PROFILES = (  # in order of what they answer first; the step stops when its time is spent
-    # Not profiled on any GPU yet: the default decoders and the batch-1 kernels of a 4096-row layer.
+    # The staged GEMV (not profiled on any GPU yet), the default decoder and the batch-1 kernels of
+    # a 4096-row layer.
+    ("gemv-32768x4096-M1-staged", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "staged"],
+     "pgemv_staged"),
     ("palette-4096x4096-wide", ["--kernel", "palette", "--variant", "wide"], "palette_decode_wide"),
     ("fused-4096x4096-M1", ["--kernel", "fused", "--batch", "1"], "pmma"),
     ("gemv-4096x4096-M1", ["--kernel", "gemv", "--batch", "1"], "pgemv"),
-    ("gemv-32768x4096-M1-deep", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "deep"],
-     "pgemv_deep"),
     ("fused-4096x4096-M64-xs", ["--kernel", "fused", "--batch", "64", "--x-shared"], "pmma"),
     # Profiled on the H200 (README "GPU results"): again after their kernels change.
+    ("gemv-32768x4096-M1-deep", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "deep"],
+     "pgemv_deep"),
     ("fused-32768x4096-M1", ["--kernel", "fused", "--rows", "32768", "--batch", "1"], "pmma"),
     ("gemv-32768x4096-M1", ["--kernel", "gemv", "--rows", "32768", "--batch", "1"], "pgemv"),
     ("fused-32768x4096-M1-wide", ["--kernel", "fused", "--rows", "32768", "--batch", "1", "--stage-tiles", "2"],
@@ -1992,7 +2000,8 @@ def _profile_variant(args: list) -> str | None:
     """The VARIANT_TAGS entry a PROFILES command runs (None: a default kernel)."""
     kind = args[args.index("--kernel") + 1]
     if kind == "gemv":
-        return "gemv:deep" if "--variant" in args and args[args.index("--variant") + 1] == "deep" else "gemv"
+        v = args[args.index("--variant") + 1] if "--variant" in args else None
+        return f"gemv:{v}" if f"gemv:{v}" in GEMV_VARIANTS else "gemv"
     if kind == "fused":
         if "--stage-tiles" in args and args[args.index("--stage-tiles") + 1] != "1":
             return "gemm:wide"

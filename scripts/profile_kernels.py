@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--x-shared", action="store_true", help="fused: x copied once per CTA into shared memory")
     ap.add_argument("--variant", default="default",
                     help="decoder variant: default, or a name of runtime.kernel_plan.HUFF_VARIANTS (huffman) "
-                         "or PAL_VARIANTS (palette); gemv: default or deep (PGEMV_VARIANTS)")
+                         "or PAL_VARIANTS (palette); gemv: default, deep or staged (PGEMV_VARIANTS)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import numpy as np
@@ -62,12 +62,13 @@ def main(argv=None) -> int:
     ew = h.encoded_weight(enc, dev, err)
     if args.kernel in ("fused", "gemv"):
         from unweight.runtime.tuning_table import (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV,
-                                                   PALETTE_GEMV_DEEP)
+                                                   PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED)
         if args.x_shared and args.stage_tiles != 1:
             ap.error("--x-shared goes with --stage-tiles 1")
         path = PALETTE_GEMM_WIDE if args.stage_tiles == 2 else PALETTE_GEMM_XS if args.x_shared else PALETTE_GEMM
         if args.kernel == "gemv":
-            path = PALETTE_GEMV_DEEP if variant == kp.PGEMV_VARIANT_DEEP else PALETTE_GEMV
+            path = {kp.PGEMV_VARIANT_DEEP: PALETTE_GEMV_DEEP,
+                    kp.PGEMV_VARIANT_STAGED: PALETTE_GEMV_STAGED}.get(variant, PALETTE_GEMV)
         x = torch.randn((args.batch, args.cols), device=dev).to(torch.bfloat16)
         for _ in range(2):
             h.fused_op(ew, x, err, path)

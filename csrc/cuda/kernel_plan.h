@@ -144,11 +144,23 @@ constexpr int PGEMV_WARPS_PER_SM = PGEMV_CTAS_PER_SM * PGEMV_WARPS;
 // in the same order: the same bits as the default at the same `parts`.
 constexpr int PGEMV_DEEP_UNROLL = 4;
 constexpr int PGEMV_DEEP_CTAS_PER_SM = 2;
+// The staged variant (dispatch path palette_gemv_staged): a step's bytes land in a per-warp
+// ring of PGEMV_STAGED_DEPTH slots in shared memory through cp.async, so what is in flight
+// costs no registers: DEPTH - 1 steps (3.75 KB) per warp, at PGEMV_STAGED_CTAS_PER_SM CTAs per
+// SM (up to 64 registers per thread), about 3.5x the default's.  On the H200 both earlier
+// variants streamed at ~2.3 TB/s (their slope per row across 4096..14336-row layers) where
+// cuBLAS streamed at ~4.2; the same steps and sums in the same order: the same bits.
+constexpr int PGEMV_STAGED_DEPTH = 6;
+constexpr int PGEMV_STAGED_SLOT = PGEMV_COLS + PGEMV_COLS / 2;  // sign+mantissa, then index bytes
+constexpr int PGEMV_STAGED_CTAS_PER_SM = 4;
 constexpr int PGEMV_VARIANT_DEFAULT = 0;
 constexpr int PGEMV_VARIANT_STD = 1;
 constexpr int PGEMV_VARIANT_DEEP = 2;
-// Shared memory: the parts' sums, [PGEMV_WARPS][PGEMV_MAX_M] fp32.
+constexpr int PGEMV_VARIANT_STAGED = 3;
+// Shared memory: the parts' sums, [PGEMV_WARPS][PGEMV_MAX_M] fp32; the staged variant adds
+// its rings after them.
 constexpr int PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4;
+constexpr int PGEMV_STAGED_SMEM_BYTES = PGEMV_SMEM_BYTES + PGEMV_WARPS * PGEMV_STAGED_DEPTH * PGEMV_STAGED_SLOT;
 
 UW_PLAN_HD int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

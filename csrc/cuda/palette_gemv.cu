@@ -5,7 +5,9 @@
 // __launch_bounds__(256, 3): 24 resident warps per SM (plan::PGEMV_WARPS_PER_SM), what the
 // parts heuristic plans for; it caps registers at 80 per thread (64 spilled up to 400 bytes
 // at four batch rows).  The deep variant: __launch_bounds__(256, 2), PGEMV_DEEP_UNROLL steps
-// per batch of loads (kernel_plan.h).
+// per batch of loads (kernel_plan.h).  The staged variant: __launch_bounds__(256, 4), loads
+// through cp.async into per-warp shared-memory rings (PGEMV_STAGED_SMEM_BYTES of dynamic
+// shared memory, under the 48 KB that needs no opt-in).
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -22,19 +24,28 @@ namespace {
 template <int MB, bool kPaired>
 __global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_CTAS_PER_SM) pgemv_kernel(PgemvArgs a) {
   emu::DeviceCtx c;
-  pgemv_body<MB, kPaired, plan::PGEMV_UNROLL>(c, a);
+  pgemv_body<MB, kPaired, plan::PGEMV_UNROLL, false>(c, a);
 }
 
 template <int MB, bool kPaired>
 __global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_DEEP_CTAS_PER_SM) pgemv_deep_kernel(PgemvArgs a) {
   emu::DeviceCtx c;
-  pgemv_body<MB, kPaired, plan::PGEMV_DEEP_UNROLL>(c, a);
+  pgemv_body<MB, kPaired, plan::PGEMV_DEEP_UNROLL, false>(c, a);
 }
+
+template <int MB, bool kPaired>
+__global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_STAGED_CTAS_PER_SM)
+    pgemv_staged_kernel(PgemvArgs a) {
+  emu::DeviceCtx c;
+  pgemv_body<MB, kPaired, 1, true>(c, a);
+}
+static_assert(plan::PGEMV_STAGED_SMEM_BYTES <= 48 * 1024, "the staged GEMV's rings need no shared-memory opt-in");
 
 // Resolves DEFAULT to STD; false for a variant that is not plan::PGEMV_VARIANT_*.
 bool resolve_pgemv_variant(int* variant) {
   if (*variant == plan::PGEMV_VARIANT_DEFAULT) *variant = plan::PGEMV_VARIANT_STD;
-  return *variant == plan::PGEMV_VARIANT_STD || *variant == plan::PGEMV_VARIANT_DEEP;
+  return *variant == plan::PGEMV_VARIANT_STD || *variant == plan::PGEMV_VARIANT_DEEP ||
+         *variant == plan::PGEMV_VARIANT_STAGED;
 }
 
 const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
@@ -76,11 +87,13 @@ PgemvArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, co
 
 }  // namespace
 
-template <int MB, bool kPaired, bool kDeep>
+template <int MB, bool kPaired, int kVariant>
 void launch_pgemv(const PgemvArgs& a, cudaStream_t s) {
   const auto grid = static_cast<unsigned>(plan::pgemv_grid(a.N, a.parts));
-  if constexpr (kDeep)
+  if constexpr (kVariant == plan::PGEMV_VARIANT_DEEP)
     pgemv_deep_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, plan::PGEMV_SMEM_BYTES, s>>>(a);
+  else if constexpr (kVariant == plan::PGEMV_VARIANT_STAGED)
+    pgemv_staged_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, plan::PGEMV_STAGED_SMEM_BYTES, s>>>(a);
   else
     pgemv_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, plan::PGEMV_SMEM_BYTES, s>>>(a);
 }
@@ -99,9 +112,11 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   with_variant(M, paired, [&](auto mb, auto p) {
     if (variant == plan::PGEMV_VARIANT_DEEP)
-      launch_pgemv<decltype(mb)::value, decltype(p)::value, true>(a, s);
+      launch_pgemv<decltype(mb)::value, decltype(p)::value, plan::PGEMV_VARIANT_DEEP>(a, s);
+    else if (variant == plan::PGEMV_VARIANT_STAGED)
+      launch_pgemv<decltype(mb)::value, decltype(p)::value, plan::PGEMV_VARIANT_STAGED>(a, s);
     else
-      launch_pgemv<decltype(mb)::value, decltype(p)::value, false>(a, s);
+      launch_pgemv<decltype(mb)::value, decltype(p)::value, plan::PGEMV_VARIANT_STD>(a, s);
   });
   return launch_status();
 }
@@ -119,10 +134,15 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   with_variant(M, paired, [&](auto mb, auto p) {
     constexpr int MBv = decltype(mb)::value;
     constexpr bool Pv = decltype(p)::value;
-    err = emu::launch(plan::pgemv_grid(N, parts), 1, plan::PGEMV_THREADS, plan::PGEMV_SMEM_BYTES,
-                      [&](emu::ThreadCtx& c) {
-                        if (variant == plan::PGEMV_VARIANT_DEEP) pgemv_body<MBv, Pv, plan::PGEMV_DEEP_UNROLL>(c, a);
-                        else pgemv_body<MBv, Pv, plan::PGEMV_UNROLL>(c, a);
+    const bool staged = variant == plan::PGEMV_VARIANT_STAGED;
+    err = emu::launch(plan::pgemv_grid(N, parts), 1, plan::PGEMV_THREADS,
+                      staged ? plan::PGEMV_STAGED_SMEM_BYTES : plan::PGEMV_SMEM_BYTES, [&](emu::ThreadCtx& c) {
+                        if (variant == plan::PGEMV_VARIANT_DEEP)
+                          pgemv_body<MBv, Pv, plan::PGEMV_DEEP_UNROLL, false>(c, a);
+                        else if (staged)
+                          pgemv_body<MBv, Pv, 1, true>(c, a);
+                        else
+                          pgemv_body<MBv, Pv, plan::PGEMV_UNROLL, false>(c, a);
                       });
   });
   return err;

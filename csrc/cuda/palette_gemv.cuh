@@ -25,7 +25,10 @@ struct PgemvArgs : PalProduct {
 // One CTA: PGEMV_WARPS / parts rows, `parts` warps each.  MB: batch rows the registers hold
 // (M <= MB); kPaired: the palette decode (pal_regs.cuh); U: steps per batch of loads
 // (PGEMV_UNROLL, or PGEMV_DEEP_UNROLL for the deep variant; the order of the sums is the same).
-template <int MB, bool kPaired, int U, class Ctx>
+// kStaged: the staged variant, whose loads land in a per-warp shared-memory ring of
+// PGEMV_STAGED_DEPTH steps through cp.async instead of in registers (U unused); the steps, the
+// decode and the sums are the same code in the same order, so are the bits.
+template <int MB, bool kPaired, int U, bool kStaged, class Ctx>
 UW_HD void pgemv_body(Ctx& c, const PgemvArgs& a) {
   constexpr int COLS = plan::PGEMV_COLS;
   const int lane = c.lane(), warp = c.warp();
@@ -63,8 +66,35 @@ UW_UNROLL()
         }
       }
     };
-    uint32_t sa[U][4], na[U][2], sb[U][4], nbb[U][2];
-    load(0, sa, na);  // in flight while the verbatim cursor is found
+    // The staged feed: step q's 512 sign+mantissa bytes (lane L copies its own 16) and 256
+    // index bytes (lane L < 16 copies those of lanes 2L, 2L + 1: K % 64 == 0 makes both exist
+    // or neither) go to slot q % PGEMV_STAGED_DEPTH of the warp's ring, one cp.async group per
+    // step (empty past the part's end, so wait<DEPTH - 1> always means "step q has landed").
+    // Columns that do not exist are zero-filled from a valid address.
+    // Lane 2L's step count decides lane L's index copy (lanes 2L and 2L + 1 exist together).
+    const int lim_pair = kStaged ? c.shfl(lim, (2 * lane) & (emu::kWarpSize - 1)) : 0;
+    const uint8_t* ipw = a.idx + r * (a.K / 2) + s0 * (COLS / 2);
+    constexpr int D = plan::PGEMV_STAGED_DEPTH;
+    unsigned char* ring = c.smem() + plan::PGEMV_SMEM_BYTES + static_cast<int64_t>(warp) * D * plan::PGEMV_STAGED_SLOT;
+    auto issue = [&](int q) {
+      if (q < nq) {
+        unsigned char* st = ring + (q % D) * plan::PGEMV_STAGED_SLOT;
+        const bool mine = q < lim;
+        c.cp_async16(st + 16 * lane, mine ? sp + q * COLS : a.sm, mine ? 16 : 0);
+        if (lane < 16) {
+          const bool pair = q < lim_pair;
+          c.cp_async16(st + COLS + 16 * lane, pair ? ipw + q * (COLS / 2) + 16 * lane : a.idx, pair ? 16 : 0);
+        }
+      }
+      c.cp_async_commit();
+    };
+    uint32_t sa[kStaged ? 1 : U][4], na[kStaged ? 1 : U][2], sb[kStaged ? 1 : U][4], nbb[kStaged ? 1 : U][2];
+    if constexpr (kStaged) {
+UW_UNROLL()
+      for (int q = 0; q < D - 1; ++q) issue(q);  // in flight while the verbatim cursor is found
+    } else {
+      load(0, sa, na);  // in flight while the verbatim cursor is found
+    }
 
     // Verbatim blocks of this part of the row: a warp-uniform cursor into vpos; `rel` is the
     // next entry's block within the row (0xFFFFFFFF: none left).  Step q covers blocks
@@ -79,14 +109,11 @@ UW_UNROLL()
     }
     const uint32_t blk_first = static_cast<uint32_t>(s0) * (COLS / PAL_BLOCK);
 
-    auto compute = [&](int b, const uint32_t (&s)[U][4], const uint32_t (&n)[U][2]) {
-UW_UNROLL()
-      for (int u = 0; u < U; ++u) {
-        const int q = b * U + u;
-        if (q >= nq) break;  // warp-uniform: the part's last batch
+    // Step q of the part from its 16 sign+mantissa bytes s and 8 index bytes n of this lane.
+    auto step = [&](int q, const uint32_t (&s)[4], const uint32_t (&n)[2]) {
         uint32_t w[8];  // BF16 pairs of the lane's columns 2j, 2j + 1
 UW_UNROLL()
-        for (int j = 0; j < 4; ++j) pal_decode4<kPaired>(s[u][j], n[u][j >> 1] >> (16 * (j & 1)), a.pt, w[2 * j],
+        for (int j = 0; j < 4; ++j) pal_decode4<kPaired>(s[j], n[j >> 1] >> (16 * (j & 1)), a.pt, w[2 * j],
                                                          w[2 * j + 1]);
         // Verbatim blocks of this step (rare): the two lanes holding a block patch its exponents.
         const uint32_t blk0 = blk_first + static_cast<uint32_t>(q) * (COLS / PAL_BLOCK);
@@ -103,7 +130,7 @@ UW_UNROLL()
           ++cur;
           rel = cur < a.nv && a.vpos[cur] < b_end ? static_cast<uint32_t>(a.vpos[cur] - rowbase) : 0xFFFFFFFFu;
         }
-        if (q >= lim) continue;  // this lane's columns do not exist (the loads gave zeros)
+        if (q >= lim) return;  // this lane's columns do not exist (the loads gave zeros)
 UW_UNROLL()
         for (int m = 0; m < MB; ++m) {
           if (m >= a.M) break;
@@ -117,14 +144,35 @@ UW_UNROLL()
             acc[m] = fmaf(f32_from_bits(w[j] & 0xFFFF0000u), f32_from_bits(xj & 0xFFFF0000u), acc[m]);
           }
         }
-      }
     };
-    for (int b = 0; b < nb; b += 2) {
-      if (b + 1 < nb) load(b + 1, sb, nbb);
-      compute(b, sa, na);
-      if (b + 1 >= nb) break;
-      if (b + 2 < nb) load(b + 2, sa, na);
-      compute(b + 1, sb, nbb);
+    if constexpr (kStaged) {
+      for (int q = 0; q < nq; ++q) {
+        c.syncwarp();                 // every lane has read slot (q - 1) % D, which issue refills
+        issue(q + D - 1);
+        c.template cp_async_wait<D - 1>();  // step q's group has landed
+        c.syncwarp();                 // and so have the other lanes' copies (the index bytes)
+        const unsigned char* st = ring + (q % D) * plan::PGEMV_STAGED_SLOT;
+        uint32_t s[4], n[2];
+        c.lds_v4(st + 16 * lane, s);
+        c.lds_v2(st + COLS + 8 * lane, n);
+        step(q, s, n);
+      }
+    } else {
+      auto compute = [&](int b, const uint32_t (&s)[U][4], const uint32_t (&n)[U][2]) {
+UW_UNROLL()
+        for (int u = 0; u < U; ++u) {
+          const int q = b * U + u;
+          if (q >= nq) break;  // warp-uniform: the part's last batch
+          step(q, s[u], n[u]);
+        }
+      };
+      for (int b = 0; b < nb; b += 2) {
+        if (b + 1 < nb) load(b + 1, sb, nbb);
+        compute(b, sa, na);
+        if (b + 1 >= nb) break;
+        if (b + 2 < nb) load(b + 2, sa, na);
+        compute(b + 1, sb, nbb);
+      }
     }
   }
 
@@ -157,7 +205,7 @@ UW_UNROLL()
 }
 
 // Launchers of the kernel instantiations (palette_gemv.cu).
-template <int MB, bool kPaired, bool kDeep>
+template <int MB, bool kPaired, int kVariant>
 void launch_pgemv(const PgemvArgs& a, cudaStream_t s);
 
 }  // namespace detail

@@ -60,7 +60,9 @@ def test_parts_heuristic():
 def test_cpp_plan_matches_python():
     for name in ("PGEMV_WARPS", "PGEMV_THREADS", "PGEMV_COLS", "PGEMV_UNROLL", "PGEMV_MAX_M", "PGEMV_MAX_PARTS",
                  "PGEMV_CTAS_PER_SM", "PGEMV_WARPS_PER_SM", "PGEMV_SMEM_BYTES", "PGEMV_DEEP_UNROLL",
-                 "PGEMV_DEEP_CTAS_PER_SM", "PGEMV_VARIANT_DEFAULT", "PGEMV_VARIANT_STD", "PGEMV_VARIANT_DEEP"):
+                 "PGEMV_DEEP_CTAS_PER_SM", "PGEMV_VARIANT_DEFAULT", "PGEMV_VARIANT_STD", "PGEMV_VARIANT_DEEP",
+                 "PGEMV_STAGED_DEPTH", "PGEMV_STAGED_SLOT", "PGEMV_STAGED_CTAS_PER_SM", "PGEMV_VARIANT_STAGED",
+                 "PGEMV_STAGED_SMEM_BYTES"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     for N in (1, 7, 64, 1000, 4096, 128256):
         for K in (64, 576, 4096, 14336):
@@ -151,10 +153,14 @@ def test_deterministic_and_batch_invariant():
 
 @needs_ext
 @pytest.mark.parametrize("general", [False, True])
-def test_deep_variant_gives_the_default_bits(general):
-    """PGEMV_VARIANT_DEEP (four steps per batch of loads, where the default has two) runs the
-    same steps in the same order: the default's bits on odd shapes, every parts, batch 1-4 and
-    heavy verbatim blocks, with either decode; an unknown variant is refused."""
+@pytest.mark.parametrize("variant", ["deep", "staged"])
+def test_variants_give_the_default_bits(general, variant):
+    """PGEMV_VARIANT_DEEP (four steps per batch of loads, where the default has two) and
+    PGEMV_VARIANT_STAGED (loads through cp.async into per-warp shared-memory rings; the
+    emulator checks its rings for races and lands each copy only at its wait) run the same
+    steps in the same order: the default's bits on odd shapes (rows whose last step ends inside
+    the warp), every parts, batch 1-4 and heavy verbatim blocks, with either decode; an unknown
+    variant is refused."""
     rng = np.random.default_rng(21)
     f = (rng.standard_normal((77, 1088)) * np.exp2(rng.integers(-20, 20, (77, 1088)))).astype(np.float32)
     heavy = (f.view(np.uint32) >> 16).astype(np.uint16)
@@ -165,7 +171,7 @@ def test_deep_variant_gives_the_default_bits(general):
             x = _x(M, w.shape[1], seed=M + w.shape[1])
             for parts in (1, 2, 8):
                 want = _gemv(x, enc, parts, general)
-                got = _gemv(x, enc, parts, general, variant=kp.PGEMV_VARIANT_DEEP)
+                got = _gemv(x, enc, parts, general, variant=kp.PGEMV_VARIANTS[variant])
                 assert np.array_equal(got, want), (w.shape, M, parts)
                 assert np.array_equal(_gemv(x, enc, parts, general, variant=kp.PGEMV_VARIANT_STD), want)
     with pytest.raises(RuntimeError, match="unknown palette GEMV variant"):

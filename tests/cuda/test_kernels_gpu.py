@@ -218,10 +218,11 @@ def test_palette_gemv_accuracy_determinism_and_batch_invariance(NK):
 
 
 @pytest.mark.variant
+@pytest.mark.parametrize("path", ["palette_gemv_deep", "palette_gemv_staged"])
 @pytest.mark.parametrize("NK", [(63, 192), (9, 4160), (1024, 4096), (4096, 1024), (128, 14336)])
-def test_palette_gemv_deep_gives_the_gemv_bits(NK):
-    """The deep GEMV (more loads in flight) at batch 1..4: the default GEMV's bits."""
-    from unweight.runtime.tuning_table import PALETTE_GEMV, PALETTE_GEMV_DEEP
+def test_palette_gemv_variants_give_the_gemv_bits(NK, path):
+    """The deep and staged GEMVs (more loads in flight) at batch 1..4: the default GEMV's bits."""
+    from unweight.runtime.tuning_table import PALETTE_GEMV
     N, K = NK
     w = make_weights(N, K, seed=N + 3 * K)
     err = _err()
@@ -229,7 +230,7 @@ def test_palette_gemv_deep_gives_the_gemv_bits(NK):
     x4 = bf16_tensor(make_weights(4, K, seed=N + 1, spread=False), "cuda")
     for M in (1, 2, 3, 4):
         x = x4[:M].contiguous()
-        assert torch.equal(fused_op(ew, x, None, PALETTE_GEMV_DEEP).view(torch.int16),
+        assert torch.equal(fused_op(ew, x, None, path).view(torch.int16),
                            fused_op(ew, x, None, PALETTE_GEMV).view(torch.int16))
     assert int(err.item()) == 0
 

@@ -26,7 +26,8 @@
         registers; PALETTE_GEMV): x bf16 [M, cols], y bf16 [M, rows], fp32 accumulation, one
         rounding.  parts: warps per row (palette_gemv_parts(); 1, 2, 4 or 8), which sets the
         order of the sums.  variant: kernel_plan.PGEMV_VARIANT_* (0 the default; DEEP, twice the
-        loads in flight per lane, PALETTE_GEMV_DEEP: the same bits).  No workspace.
+        loads in flight per lane, PALETTE_GEMV_DEEP; STAGED, loads through cp.async into
+        shared-memory rings, PALETTE_GEMV_STAGED: the same bits).  No workspace.
 
 The CUDA kernels need cols % 64 == 0 and 16-byte aligned planes (palette_supported); it
 raises ValueError / RuntimeError for what it refuses and the runtime dispatch falls back to

@@ -26,7 +26,7 @@ from .. import ops
 from . import kernel_plan as kp
 from . import scratch
 from .policy import (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP,
-                     DispatchPolicy)
+                     PALETTE_GEMV_STAGED, DispatchPolicy)
 from .weights import EncodedWeight
 
 __all__ = ["linear", "embedding", "decode_into", "decode_new", "fused", "use_decoders"]
@@ -36,7 +36,8 @@ _DECODE_ONLY = DispatchPolicy(None)
 # Copy layout of each fused path: ops.palette_matmul's (stage_tiles, x_shared).
 _LAYOUT = {PALETTE_GEMM: (1, False), PALETTE_GEMM_WIDE: (kp.PMMA_SUB_WIDE, False), PALETTE_GEMM_XS: (1, True)}
 # Variant of each GEMV path: ops.palette_gemv's `variant`.
-_GEMV = {PALETTE_GEMV: kp.PGEMV_VARIANT_DEFAULT, PALETTE_GEMV_DEEP: kp.PGEMV_VARIANT_DEEP}
+_GEMV = {PALETTE_GEMV: kp.PGEMV_VARIANT_DEFAULT, PALETTE_GEMV_DEEP: kp.PGEMV_VARIANT_DEEP,
+         PALETTE_GEMV_STAGED: kp.PGEMV_VARIANT_STAGED}
 
 
 # The CUDA decoder each encoding runs: a variant of kernel_plan.HUFF_VARIANTS / PAL_VARIANTS,
@@ -98,8 +99,8 @@ def decode_new(pieces: list, out_rows: int, cols: int) -> Tensor:
 def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
     """y = x2 @ W^T through the fused palette GEMM (`path`: PALETTE_GEMM, PALETTE_GEMM_WIDE for
     its two-tile copy stages, or PALETTE_GEMM_XS for x shared per CTA; the same bits) or, with
-    PALETTE_GEMV, the palette GEMV (batch 1..4; its own order of sums), or PALETTE_GEMV_DEEP,
-    its variant with more loads in flight (the GEMV's bits).  x2: bf16 [M, cols] unit column
+    PALETTE_GEMV, the palette GEMV (batch 1..4; its own order of sums), or PALETTE_GEMV_DEEP /
+    PALETTE_GEMV_STAGED, its variants with more loads in flight (the GEMV's bits).  x2: bf16 [M, cols] unit column
     stride, on W's CUDA device.
     The split partials and arrival counters are views of the device's scratch, sized for every
     batch the kernel takes, so only a layer shape's first fused forward can grow them.  Raises

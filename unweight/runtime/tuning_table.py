@@ -5,6 +5,7 @@ under the key
 
     (device name, N, K, encoding, batch bucket)  ->  "decode_cublas" | "palette_gemm" | "palette_gemm_wide"
                                                      | "palette_gemm_xs" | "palette_gemv" | "palette_gemv_deep"
+                                                     | "palette_gemv_staged"
 
 with N, K the weight's [N, K] shape, encoding "huffman" / "palette", and the batch bucket of
 M = x.numel() // K one of BUCKETS ("1", "2-4", "5-16", "17-64", "65-256", ">256").
@@ -57,11 +58,15 @@ PALETTE_GEMV = "palette_gemv"
 # The GEMV with twice the loads in flight per lane at two CTAs per SM (kernel_plan.h, DEEP):
 # the same bits as PALETTE_GEMV, another balance of bytes in flight against resident warps.
 PALETTE_GEMV_DEEP = "palette_gemv_deep"
-GEMV_PATHS = (PALETTE_GEMV, PALETTE_GEMV_DEEP)
+# The GEMV with its loads landing in per-warp shared-memory rings through cp.async
+# (kernel_plan.h, STAGED): in-flight bytes that cost no registers; the same bits as PALETTE_GEMV.
+PALETTE_GEMV_STAGED = "palette_gemv_staged"
+GEMV_PATHS = (PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED)
 # Times recorded under other names (a fused Huffman kernel some earlier tables list) are kept
 # out of every choice: only these paths exist.
-CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP)
-FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP)
+CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP,
+           PALETTE_GEMV_STAGED)
+FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED)
 
 # (upper bound inclusive, name); the last bucket is open-ended.
 _BUCKET_BOUNDS = ((1, "1"), (4, "2-4"), (16, "5-16"), (64, "17-64"), (256, "65-256"))
