@@ -76,9 +76,9 @@ UW_UNROLL()
     const uint8_t* ipw = a.idx + r * (a.K / 2) + s0 * (COLS / 2);
     constexpr int D = plan::PGEMV_STAGED_DEPTH;
     unsigned char* ring = c.smem() + plan::PGEMV_SMEM_BYTES + static_cast<int64_t>(warp) * D * plan::PGEMV_STAGED_SLOT;
-    auto issue = [&](int q) {
+    auto issue = [&](int q, int slot) {  // slot == q % D, a constant where the loop is unrolled
       if (q < nq) {
-        unsigned char* st = ring + (q % D) * plan::PGEMV_STAGED_SLOT;
+        unsigned char* st = ring + slot * plan::PGEMV_STAGED_SLOT;
         const bool mine = q < lim;
         c.cp_async16(st + 16 * lane, mine ? sp + q * COLS : a.sm, mine ? 16 : 0);
         if (lane < 16) {
@@ -91,7 +91,7 @@ UW_UNROLL()
     uint32_t sa[kStaged ? 1 : U][4], na[kStaged ? 1 : U][2], sb[kStaged ? 1 : U][4], nbb[kStaged ? 1 : U][2];
     if constexpr (kStaged) {
 UW_UNROLL()
-      for (int q = 0; q < D - 1; ++q) issue(q);  // in flight while the verbatim cursor is found
+      for (int q = 0; q < D - 1; ++q) issue(q, q);  // in flight while the verbatim cursor is found
     } else {
       load(0, sa, na);  // in flight while the verbatim cursor is found
     }
@@ -146,16 +146,22 @@ UW_UNROLL()
         }
     };
     if constexpr (kStaged) {
-      for (int q = 0; q < nq; ++q) {
-        c.syncwarp();                 // every lane has read slot (q - 1) % D, which issue refills
-        issue(q + D - 1);
-        c.template cp_async_wait<D - 1>();  // step q's group has landed
-        c.syncwarp();                 // and so have the other lanes' copies (the index bytes)
-        const unsigned char* st = ring + (q % D) * plan::PGEMV_STAGED_SLOT;
-        uint32_t s[4], n[2];
-        c.lds_v4(st + 16 * lane, s);
-        c.lds_v2(st + COLS + 8 * lane, n);
-        step(q, s, n);
+      // Unrolled over the ring so that every slot offset is a constant.
+      for (int q0 = 0; q0 < nq; q0 += D) {
+UW_UNROLL()
+        for (int j = 0; j < D; ++j) {
+          const int q = q0 + j;
+          if (q >= nq) break;           // warp-uniform: the part's last steps
+          c.syncwarp();                 // every lane has read slot (q - 1) % D, which issue refills
+          issue(q + D - 1, (j + D - 1) % D);
+          c.template cp_async_wait<D - 1>();  // step q's group has landed
+          c.syncwarp();                 // and so have the other lanes' copies (the index bytes)
+          const unsigned char* st = ring + j * plan::PGEMV_STAGED_SLOT;
+          uint32_t s[4], n[2];
+          c.lds_v4(st + 16 * lane, s);
+          c.lds_v2(st + COLS + 8 * lane, n);
+          step(q, s, n);
+        }
       }
     } else {
       auto compute = [&](int b, const uint32_t (&s)[U][4], const uint32_t (&n)[U][2]) {
