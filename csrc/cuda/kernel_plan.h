@@ -324,9 +324,13 @@ UW_PLAN_HD int pgemv_parts(int64_t N, int64_t K, int64_t num_sms) {
   return p;
 }
 UW_PLAN_HD int64_t pgemv_grid(int64_t N, int parts) { return cdiv(N * parts, PGEMV_WARPS); }
+// log2 of a `parts` of 1, 2, 4 or 8 (what pgemv_parts returns and the launcher accepts): the
+// GEMV divides by parts with shifts, where a division by a runtime value would cost each warp
+// ~40 instructions of its setup.
+UW_PLAN_HD int pgemv_log2_parts(int parts) { return (parts > 1) + (parts > 2) + (parts > 4); }
 // Steps of part `part` of `parts`: [first, last) of the row's cdiv(K, PGEMV_COLS) steps.
 UW_PLAN_HD void pgemv_steps(int64_t K, int parts, int part, int64_t* first, int64_t* last) {
-  const int64_t steps = cdiv(K, PGEMV_COLS), per = cdiv(steps, parts);
+  const int64_t steps = cdiv(K, PGEMV_COLS), per = (steps + parts - 1) >> pgemv_log2_parts(parts);
   *first = part * per < steps ? part * per : steps;
   *last = *first + per < steps ? *first + per : steps;
 }

@@ -81,6 +81,7 @@ PgemvArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, co
   a.sm = sm; a.idx = idx; a.N = N; a.K = K;
   a.vpos = vpos; a.nv = nv; a.vexp = vexp;
   a.parts = parts;
+  a.lparts = plan::pgemv_log2_parts(parts);
   a.y = y; a.ldy = ldy;
   return a;
 }

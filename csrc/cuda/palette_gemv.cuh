@@ -19,7 +19,8 @@ namespace cuda {
 namespace detail {
 
 struct PgemvArgs : PalProduct {
-  int parts;  // warps per row (plan::pgemv_parts)
+  int parts;   // warps per row (plan::pgemv_parts: 1, 2, 4 or 8)
+  int lparts;  // log2(parts)
 };
 
 // One CTA: PGEMV_WARPS / parts rows, `parts` warps each.  MB: batch rows the registers hold
@@ -32,8 +33,8 @@ template <int MB, bool kPaired, int U, bool kStaged, class Ctx>
 UW_HD void pgemv_body(Ctx& c, const PgemvArgs& a) {
   constexpr int COLS = plan::PGEMV_COLS;
   const int lane = c.lane(), warp = c.warp();
-  const int64_t r = c.block_x() * (plan::PGEMV_WARPS / a.parts) + warp / a.parts;
-  const int part = warp % a.parts;
+  const int64_t r = c.block_x() * (plan::PGEMV_WARPS >> a.lparts) + (warp >> a.lparts);
+  const int part = warp & (a.parts - 1);
   int64_t s0 = 0, s1 = 0;
   plan::pgemv_steps(a.K, a.parts, part, &s0, &s1);
   const bool active = r < a.N && s1 > s0;  // warp-uniform
