@@ -94,7 +94,10 @@ UW_UNROLL()
 UW_UNROLL()
       for (int q = 0; q < D - 1; ++q) issue(q, q);  // in flight while the verbatim cursor is found
     } else {
-      load(0, sa, na);  // in flight while the verbatim cursor is found
+      // Both buffers' loads go out before the verbatim search (up to three dependent L2 reads),
+      // which would otherwise hold the second batch back until it returns.
+      load(0, sa, na);
+      if (nb > 1) load(1, sb, nbb);
     }
 
     // Verbatim blocks of this part of the row: a warp-uniform cursor into vpos; `rel` is the
@@ -173,12 +176,14 @@ UW_UNROLL()
           step(q, s[u], n[u]);
         }
       };
+      // Batch b + 1 is in flight while batch b is used; a buffer is refilled (two batches
+      // ahead) as soon as it has been used.
       for (int b = 0; b < nb; b += 2) {
-        if (b + 1 < nb) load(b + 1, sb, nbb);
         compute(b, sa, na);
-        if (b + 1 >= nb) break;
         if (b + 2 < nb) load(b + 2, sa, na);
+        if (b + 1 >= nb) break;
         compute(b + 1, sb, nbb);
+        if (b + 3 < nb) load(b + 3, sb, nbb);
       }
     }
   }
