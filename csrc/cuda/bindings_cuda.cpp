@@ -565,6 +565,14 @@ PYBIND11_MODULE(_cuda, m) {
     return py::make_tuple(idx, vpos, vexp);
   }, "Host run of the transcode's encode kernels: (idx, vpos, vexp) from an exponent plane.");
 
+  m.def("emulate_warp_lower_bounds", [](arr<uint32_t> v, arr<uint64_t> ka, arr<uint64_t> kb) {
+    need(ka.size() == kb.size(), "ka and kb must have the same length");
+    arr<int64_t> out({static_cast<int64_t>(ka.size()), int64_t{4}});
+    check(cuda::emulate::warp_lower_bounds(v.data(), static_cast<int64_t>(v.size()), ka.data(), kb.data(),
+                                           static_cast<int64_t>(ka.size()), out.mutable_data()));
+    return out;
+  }, py::arg("v"), py::arg("ka"), py::arg("kb"),
+     "The fused kernels' warp-wide lower bounds through the emulator: int64 [len(ka), 4].");
   m.def("emulate_palette_gemm", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
                                    arr<uint32_t> vpos, arr<uint8_t> vexp, int splits, bool force_general,
                                    int stage_tiles, int x_shared) {

@@ -195,6 +195,11 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
                          uint16_t* y, int64_t ldy, int force_general, int variant);
+// The fused kernels' verbatim searches in sorted v[0, n), one emulated warp per key pair:
+// out[count][4] = warp_lower_bound2's two results for (ka[i], kb[i]), warp_lower_bound's for
+// ka[i], and lane 31's copy of the first.
+const char* warp_lower_bounds(const uint32_t* v, int64_t n, const uint64_t* ka, const uint64_t* kb, int64_t count,
+                              int64_t* out);
 }  // namespace emulate
 
 }  // namespace cuda

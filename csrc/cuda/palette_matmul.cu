@@ -145,6 +145,25 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   return err;
 }
 
+const char* warp_lower_bounds(const uint32_t* v, int64_t n, const uint64_t* ka, const uint64_t* kb, int64_t count,
+                              int64_t* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const char* e = emu::launch(1, 1, emu::kWarpSize, 0, [&](emu::ThreadCtx& c) {
+      int64_t ra = 0, rb = 0;
+      warp_lower_bound2(c, v, n, ka[i], kb[i], &ra, &rb);
+      const int64_t one = warp_lower_bound(c, v, n, ka[i]);
+      if (c.lane() == 0) {
+        out[4 * i] = ra;
+        out[4 * i + 1] = rb;
+        out[4 * i + 2] = one;
+      }
+      if (c.lane() == 31) out[4 * i + 3] = ra;  // every lane holds the result
+    });
+    if (e) return e;
+  }
+  return nullptr;
+}
+
 }  // namespace emulate
 }  // namespace cuda
 }  // namespace unweight

@@ -83,6 +83,44 @@ UW_HD int64_t warp_lower_bound(Ctx& c, const uint32_t* v, int64_t n, uint64_t ke
   return lo + popc(c.ballot(p < hi && static_cast<uint64_t>(v[p]) < key));
 }
 
+// Two lower bounds in v[0, n) at once, keys ka and kb (warp-uniform): lanes 0-15 search for ka
+// and lanes 16-31 for kb, 16 probes each per round, so the two searches share their dependent
+// loads (~log16(n) rounds where two warp_lower_bound calls take 2 log32(n)).  The results are
+// warp_lower_bound's: *ra for ka, *rb for kb, warp-uniform.
+template <class Ctx>
+UW_HD void warp_lower_bound2(Ctx& c, const uint32_t* v, int64_t n, uint64_t ka, uint64_t kb, int64_t* ra,
+                             int64_t* rb) {
+  constexpr int H = emu::kWarpSize / 2;
+  const int lane = c.lane(), sl = lane & (H - 1);
+  const bool upper = lane >= H;
+  const uint64_t key = upper ? kb : ka;
+  int64_t lo = 0, hi = n;  // this half's answer is in [lo, hi]; uniform within the half
+  auto count = [&](unsigned bits) { return popc(upper ? bits >> H : bits & ((1u << H) - 1)); };
+  for (;;) {
+    const bool more = hi - lo > H;
+    if (c.ballot(more) == 0) break;  // both halves are down to H entries or fewer
+    int64_t step = 0;
+    bool below = false;
+    if (more) {
+      step = cdiv(hi - lo, H);
+      int64_t p = lo + step * (sl + 1) - 1;
+      p = p < hi - 1 ? p : hi - 1;
+      below = static_cast<uint64_t>(v[p]) < key;
+    }
+    const int nb = count(c.ballot(below));
+    if (more) {
+      const int64_t nlo = lo + step * nb;
+      const int64_t nhi = nb < H ? lo + step * (nb + 1) - 1 : hi;
+      lo = nlo < hi ? nlo : hi;
+      hi = nhi < hi ? nhi : hi;
+    }
+  }
+  const int64_t p = lo + sl;
+  const int64_t res = lo + count(c.ballot(p < hi && static_cast<uint64_t>(v[p]) < key));
+  *ra = c.shfl(res, 0);
+  *rb = c.shfl(res, H);
+}
+
 // One stage of the warp's ring, one 64-column tile (kSub = 1): lane (g, t) copies the 16
 // sign+mantissa bytes it will read of rows g and g+8 (so those need no other lane), and one
 // 16-byte half row of indices (lane/2, lane%2), which lanes read across: hence the syncwarp
@@ -265,8 +303,8 @@ UW_UNROLL()
   if (a.nv > 0 && ntiles > 0) {
     const uint64_t first = static_cast<uint64_t>(row0) * bpr + 2 * kt0;
     const uint64_t end = static_cast<uint64_t>(row0 + plan::PMMA_TILE_N - 1) * bpr + 2 * kt1;
-    const int64_t v_lo = warp_lower_bound(c, a.vpos, a.nv, first);
-    const int64_t v_hi = warp_lower_bound(c, a.vpos, a.nv, end);
+    int64_t v_lo = 0, v_hi = 0;
+    warp_lower_bound2(c, a.vpos, a.nv, first, end, &v_lo, &v_hi);
     if (lane < plan::PMMA_TILE_N && v_hi > v_lo) {
       cur = static_cast<uint32_t>(v_lo + lower_bound_u32(a.vpos + v_lo, v_hi - v_lo, rowbase + 2 * kt0));
       rel = pmma_rel(a, cur, rowbase, bpr);

@@ -331,3 +331,25 @@ def test_launcher_rejects_bad_arguments_without_a_gpu():
     if _cuda.device_count() == 0:  # valid arguments, no device: an error, never a crash
         with pytest.raises(RuntimeError):
             call()
+
+
+@needs_ext
+@pytest.mark.parametrize("n", [0, 1, 2, 15, 16, 17, 31, 32, 33, 255, 256, 257, 1288, 5000])
+def test_paired_warp_lower_bounds_agree_with_searchsorted(n):
+    """The fused GEMM finds a tile range's verbatim entries with two lower bounds searched at
+    once by the two half-warps (warp_lower_bound2); both, and the one-key warp_lower_bound,
+    are numpy's searchsorted(side='left') for keys below, inside (hits and gaps, runs of equal
+    entries) and above the array, and every lane ends with the result."""
+    rng = np.random.default_rng(n)
+    v = np.sort(rng.integers(0, 4 * n + 8, n)).astype(np.uint32)  # repeats included
+    keys = np.concatenate([np.array([0, 1, 4 * n + 8, 4 * n + 9, 2 ** 32 + 5], np.uint64),
+                           v.astype(np.uint64)[: 64], (v.astype(np.uint64) + 1)[-64:],
+                           rng.integers(0, 4 * n + 10, 64).astype(np.uint64)])
+    kb = keys[rng.permutation(keys.size)]
+    out = _cuda.emulate_warp_lower_bounds(v, keys, kb)
+    want_a = np.searchsorted(v.astype(np.uint64), keys, side="left")
+    want_b = np.searchsorted(v.astype(np.uint64), kb, side="left")
+    assert np.array_equal(out[:, 0], want_a)
+    assert np.array_equal(out[:, 1], want_b)
+    assert np.array_equal(out[:, 2], want_a)
+    assert np.array_equal(out[:, 3], want_a)
