@@ -61,14 +61,12 @@ def main(argv=None) -> int:
         enc = tc.with_index(enc.header, enc.planes, chk_interval=args.index)
     ew = h.encoded_weight(enc, dev, err)
     if args.kernel in ("fused", "gemv"):
-        from unweight.runtime.tuning_table import (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV,
-                                                   PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED)
+        from unweight.runtime.tuning_table import GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV
         if args.x_shared and args.stage_tiles != 1:
             ap.error("--x-shared goes with --stage-tiles 1")
         path = PALETTE_GEMM_WIDE if args.stage_tiles == 2 else PALETTE_GEMM_XS if args.x_shared else PALETTE_GEMM
         if args.kernel == "gemv":
-            path = {kp.PGEMV_VARIANT_DEEP: PALETTE_GEMV_DEEP,
-                    kp.PGEMV_VARIANT_STAGED: PALETTE_GEMV_STAGED}.get(variant, PALETTE_GEMV)
+            path = {v: p for p, v in GEMV_PATHS.items()}.get(variant, PALETTE_GEMV)  # std: the default
         x = torch.randn((args.batch, args.cols), device=dev).to(torch.bfloat16)
         for _ in range(2):
             h.fused_op(ew, x, err, path)

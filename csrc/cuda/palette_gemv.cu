@@ -21,23 +21,38 @@ namespace cuda {
 namespace detail {
 namespace {
 
+// A variant's compile-time parameters (V: a resolved plan::PGEMV_VARIANT_*): pgemv_body's steps
+// per batch of loads and staging, and the launch's dynamic shared memory.
+template <int V>
+struct PgemvVariant {
+  static constexpr bool kStaged = V == plan::PGEMV_VARIANT_STAGED;
+  static constexpr int kUnroll = V == plan::PGEMV_VARIANT_DEEP ? plan::PGEMV_DEEP_UNROLL : kStaged ? 1 : plan::PGEMV_UNROLL;
+  static constexpr int kSmem = kStaged ? plan::PGEMV_STAGED_SMEM_BYTES : plan::PGEMV_SMEM_BYTES;
+};
+
+template <int MB, bool kPaired, int V, class Ctx>
+UW_HD void pgemv_variant_body(Ctx& c, const PgemvArgs& a) {
+  pgemv_body<MB, kPaired, PgemvVariant<V>::kUnroll, PgemvVariant<V>::kStaged>(c, a);
+}
+
+// One kernel per variant: each has its own __launch_bounds__ (and name, for the profiles).
 template <int MB, bool kPaired>
 __global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_CTAS_PER_SM) pgemv_kernel(PgemvArgs a) {
   emu::DeviceCtx c;
-  pgemv_body<MB, kPaired, plan::PGEMV_UNROLL, false>(c, a);
+  pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_STD>(c, a);
 }
 
 template <int MB, bool kPaired>
 __global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_DEEP_CTAS_PER_SM) pgemv_deep_kernel(PgemvArgs a) {
   emu::DeviceCtx c;
-  pgemv_body<MB, kPaired, plan::PGEMV_DEEP_UNROLL, false>(c, a);
+  pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_DEEP>(c, a);
 }
 
 template <int MB, bool kPaired>
 __global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_STAGED_CTAS_PER_SM)
     pgemv_staged_kernel(PgemvArgs a) {
   emu::DeviceCtx c;
-  pgemv_body<MB, kPaired, 1, true>(c, a);
+  pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_STAGED>(c, a);
 }
 static_assert(plan::PGEMV_STAGED_SMEM_BYTES <= 48 * 1024, "the staged GEMV's rings need no shared-memory opt-in");
 
@@ -62,11 +77,16 @@ const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, c
   return nullptr;
 }
 
-// Runs f(MB, paired) with both as compile-time constants.
+// Runs f(MB, paired, variant) with all three as compile-time constants (variant resolved).
 template <class F>
-void with_variant(int M, bool paired, F&& f) {
+void with_variant(int M, bool paired, int variant, F&& f) {
+  auto go_v = [&](auto mb, auto p) {
+    if (variant == plan::PGEMV_VARIANT_DEEP) f(mb, p, std::integral_constant<int, plan::PGEMV_VARIANT_DEEP>{});
+    else if (variant == plan::PGEMV_VARIANT_STAGED) f(mb, p, std::integral_constant<int, plan::PGEMV_VARIANT_STAGED>{});
+    else f(mb, p, std::integral_constant<int, plan::PGEMV_VARIANT_STD>{});
+  };
   auto go = [&](auto mb) {
-    if (paired) f(mb, std::true_type{}); else f(mb, std::false_type{});
+    if (paired) go_v(mb, std::true_type{}); else go_v(mb, std::false_type{});
   };
   if (M == 1) go(std::integral_constant<int, 1>{});
   else if (M == 2) go(std::integral_constant<int, 2>{});
@@ -91,12 +111,13 @@ PgemvArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, co
 template <int MB, bool kPaired, int kVariant>
 void launch_pgemv(const PgemvArgs& a, cudaStream_t s) {
   const auto grid = static_cast<unsigned>(plan::pgemv_grid(a.N, a.parts));
+  constexpr int smem = PgemvVariant<kVariant>::kSmem;
   if constexpr (kVariant == plan::PGEMV_VARIANT_DEEP)
-    pgemv_deep_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, plan::PGEMV_SMEM_BYTES, s>>>(a);
+    pgemv_deep_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
   else if constexpr (kVariant == plan::PGEMV_VARIANT_STAGED)
-    pgemv_staged_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, plan::PGEMV_STAGED_SMEM_BYTES, s>>>(a);
+    pgemv_staged_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
   else
-    pgemv_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, plan::PGEMV_SMEM_BYTES, s>>>(a);
+    pgemv_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
 }
 
 }  // namespace detail
@@ -111,13 +132,8 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy);
   const bool paired = pal_tables(pal, a.pt);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  with_variant(M, paired, [&](auto mb, auto p) {
-    if (variant == plan::PGEMV_VARIANT_DEEP)
-      launch_pgemv<decltype(mb)::value, decltype(p)::value, plan::PGEMV_VARIANT_DEEP>(a, s);
-    else if (variant == plan::PGEMV_VARIANT_STAGED)
-      launch_pgemv<decltype(mb)::value, decltype(p)::value, plan::PGEMV_VARIANT_STAGED>(a, s);
-    else
-      launch_pgemv<decltype(mb)::value, decltype(p)::value, plan::PGEMV_VARIANT_STD>(a, s);
+  with_variant(M, paired, variant, [&](auto mb, auto p, auto v) {
+    launch_pgemv<decltype(mb)::value, decltype(p)::value, decltype(v)::value>(a, s);
   });
   return launch_status();
 }
@@ -132,19 +148,10 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy);
   const bool paired = pal_tables(pal, a.pt) && !force_general;
   const char* err = nullptr;
-  with_variant(M, paired, [&](auto mb, auto p) {
-    constexpr int MBv = decltype(mb)::value;
-    constexpr bool Pv = decltype(p)::value;
-    const bool staged = variant == plan::PGEMV_VARIANT_STAGED;
-    err = emu::launch(plan::pgemv_grid(N, parts), 1, plan::PGEMV_THREADS,
-                      staged ? plan::PGEMV_STAGED_SMEM_BYTES : plan::PGEMV_SMEM_BYTES, [&](emu::ThreadCtx& c) {
-                        if (variant == plan::PGEMV_VARIANT_DEEP)
-                          pgemv_body<MBv, Pv, plan::PGEMV_DEEP_UNROLL, false>(c, a);
-                        else if (staged)
-                          pgemv_body<MBv, Pv, 1, true>(c, a);
-                        else
-                          pgemv_body<MBv, Pv, plan::PGEMV_UNROLL, false>(c, a);
-                      });
+  with_variant(M, paired, variant, [&](auto mb, auto p, auto v) {
+    constexpr int V = decltype(v)::value;
+    err = emu::launch(plan::pgemv_grid(N, parts), 1, plan::PGEMV_THREADS, PgemvVariant<V>::kSmem,
+                      [&](emu::ThreadCtx& c) { pgemv_variant_body<decltype(mb)::value, decltype(p)::value, V>(c, a); });
   });
   return err;
 }

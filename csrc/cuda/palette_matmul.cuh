@@ -62,47 +62,25 @@ struct PmmaArgs : PalProduct {
   int32_t* counters;    // int32 [gridDim.x], zero before and after a launch (splits > 1)
 };
 
-// First index in sorted v[0, n) with v[i] >= key, found by the whole warp: each round
-// probes 32 evenly spaced entries and keeps the gap the key falls in, so ~log32(n) dependent
-// loads instead of log2(n).  Warp-uniform arguments and result.
-template <class Ctx>
-UW_HD int64_t warp_lower_bound(Ctx& c, const uint32_t* v, int64_t n, uint64_t key) {
-  const int lane = c.lane();
+// First index in sorted v[0, n) with v[i] >= key, found by G groups of 32 / G lanes, each group
+// searching for its own key (uniform within the group): each round a group probes 32 / G
+// evenly spaced entries and keeps the gap its key falls in, so ~log_{32/G}(n) dependent loads
+// instead of log2(n), the groups sharing them.  Returns the lane's group's result.
+template <int G, class Ctx>
+UW_HD int64_t warp_lower_bound_groups(Ctx& c, const uint32_t* v, int64_t n, uint64_t key) {
+  constexpr int W = emu::kWarpSize / G;
+  const int lane = c.lane(), sl = lane % W, shift = lane - sl;
+  auto count = [&](unsigned bits) {  // this group's bits of a ballot
+    return popc(static_cast<unsigned>((static_cast<uint64_t>(bits) >> shift) & ((uint64_t{1} << W) - 1)));
+  };
   int64_t lo = 0, hi = n;  // the answer is in [lo, hi]
-  while (hi - lo > emu::kWarpSize) {
-    const int64_t step = cdiv(hi - lo, emu::kWarpSize);
-    int64_t p = lo + step * (lane + 1) - 1;
-    p = p < hi - 1 ? p : hi - 1;
-    const int below = popc(c.ballot(static_cast<uint64_t>(v[p]) < key));
-    const int64_t nlo = lo + step * below;
-    const int64_t nhi = below < emu::kWarpSize ? lo + step * (below + 1) - 1 : hi;
-    lo = nlo < hi ? nlo : hi;
-    hi = nhi < hi ? nhi : hi;
-  }
-  const int64_t p = lo + lane;
-  return lo + popc(c.ballot(p < hi && static_cast<uint64_t>(v[p]) < key));
-}
-
-// Two lower bounds in v[0, n) at once, keys ka and kb (warp-uniform): lanes 0-15 search for ka
-// and lanes 16-31 for kb, 16 probes each per round, so the two searches share their dependent
-// loads (~log16(n) rounds where two warp_lower_bound calls take 2 log32(n)).  The results are
-// warp_lower_bound's: *ra for ka, *rb for kb, warp-uniform.
-template <class Ctx>
-UW_HD void warp_lower_bound2(Ctx& c, const uint32_t* v, int64_t n, uint64_t ka, uint64_t kb, int64_t* ra,
-                             int64_t* rb) {
-  constexpr int H = emu::kWarpSize / 2;
-  const int lane = c.lane(), sl = lane & (H - 1);
-  const bool upper = lane >= H;
-  const uint64_t key = upper ? kb : ka;
-  int64_t lo = 0, hi = n;  // this half's answer is in [lo, hi]; uniform within the half
-  auto count = [&](unsigned bits) { return popc(upper ? bits >> H : bits & ((1u << H) - 1)); };
   for (;;) {
-    const bool more = hi - lo > H;
-    if (c.ballot(more) == 0) break;  // both halves are down to H entries or fewer
+    const bool more = hi - lo > W;
+    if (G == 1 ? !more : c.ballot(more) == 0) break;  // G == 1: `more` is warp-uniform
     int64_t step = 0;
     bool below = false;
     if (more) {
-      step = cdiv(hi - lo, H);
+      step = cdiv(hi - lo, W);
       int64_t p = lo + step * (sl + 1) - 1;
       p = p < hi - 1 ? p : hi - 1;
       below = static_cast<uint64_t>(v[p]) < key;
@@ -110,15 +88,30 @@ UW_HD void warp_lower_bound2(Ctx& c, const uint32_t* v, int64_t n, uint64_t ka, 
     const int nb = count(c.ballot(below));
     if (more) {
       const int64_t nlo = lo + step * nb;
-      const int64_t nhi = nb < H ? lo + step * (nb + 1) - 1 : hi;
+      const int64_t nhi = nb < W ? lo + step * (nb + 1) - 1 : hi;
       lo = nlo < hi ? nlo : hi;
       hi = nhi < hi ? nhi : hi;
     }
   }
   const int64_t p = lo + sl;
-  const int64_t res = lo + count(c.ballot(p < hi && static_cast<uint64_t>(v[p]) < key));
+  return lo + count(c.ballot(p < hi && static_cast<uint64_t>(v[p]) < key));
+}
+
+// One key (warp-uniform), the whole warp probing 32 entries per round.
+template <class Ctx>
+UW_HD int64_t warp_lower_bound(Ctx& c, const uint32_t* v, int64_t n, uint64_t key) {
+  return warp_lower_bound_groups<1>(c, v, n, key);
+}
+
+// Two keys at once (warp-uniform ka, kb), a half-warp each, so the two searches share their
+// dependent loads (~log16(n) rounds where two warp_lower_bound calls take 2 log32(n)).
+// *ra, *rb: warp_lower_bound's results for ka and kb, warp-uniform.
+template <class Ctx>
+UW_HD void warp_lower_bound2(Ctx& c, const uint32_t* v, int64_t n, uint64_t ka, uint64_t kb, int64_t* ra,
+                             int64_t* rb) {
+  const int64_t res = warp_lower_bound_groups<2>(c, v, n, c.lane() < emu::kWarpSize / 2 ? ka : kb);
   *ra = c.shfl(res, 0);
-  *rb = c.shfl(res, H);
+  *rb = c.shfl(res, emu::kWarpSize / 2);
 }
 
 // One stage of the warp's ring, one 64-column tile (kSub = 1): lane (g, t) copies the 16

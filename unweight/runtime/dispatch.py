@@ -25,8 +25,7 @@ from torch import Tensor
 from .. import ops
 from . import kernel_plan as kp
 from . import scratch
-from .policy import (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP,
-                     PALETTE_GEMV_STAGED, DispatchPolicy)
+from .policy import DECODE_CUBLAS, GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, DispatchPolicy
 from .weights import EncodedWeight
 
 __all__ = ["linear", "embedding", "decode_into", "decode_new", "fused", "use_decoders"]
@@ -35,9 +34,6 @@ _DECODE_ONLY = DispatchPolicy(None)
 
 # Copy layout of each fused path: ops.palette_matmul's (stage_tiles, x_shared).
 _LAYOUT = {PALETTE_GEMM: (1, False), PALETTE_GEMM_WIDE: (kp.PMMA_SUB_WIDE, False), PALETTE_GEMM_XS: (1, True)}
-# Variant of each GEMV path: ops.palette_gemv's `variant`.
-_GEMV = {PALETTE_GEMV: kp.PGEMV_VARIANT_DEFAULT, PALETTE_GEMV_DEEP: kp.PGEMV_VARIANT_DEEP,
-         PALETTE_GEMV_STAGED: kp.PGEMV_VARIANT_STAGED}
 
 
 # The CUDA decoder each encoding runs: a variant of kernel_plan.HUFF_VARIANTS / PAL_VARIANTS,
@@ -100,17 +96,17 @@ def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
     """y = x2 @ W^T through the fused palette GEMM (`path`: PALETTE_GEMM, PALETTE_GEMM_WIDE for
     its two-tile copy stages, or PALETTE_GEMM_XS for x shared per CTA; the same bits) or, with
     PALETTE_GEMV, the palette GEMV (batch 1..4; its own order of sums), or PALETTE_GEMV_DEEP /
-    PALETTE_GEMV_STAGED, its variants with more loads in flight (the GEMV's bits).  x2: bf16 [M, cols] unit column
-    stride, on W's CUDA device.
+    PALETTE_GEMV_STAGED, its variants with more loads in flight (the GEMV's bits).  x2: bf16
+    [M, cols] unit column stride, on W's CUDA device.
     The split partials and arrival counters are views of the device's scratch, sized for every
     batch the kernel takes, so only a layer shape's first fused forward can grow them.  Raises
     what the op raises when the kernel refuses."""
-    if (path not in _LAYOUT and path not in _GEMV) or w.is_huffman:
+    if (path not in _LAYOUT and path not in GEMV_PATHS) or w.is_huffman:
         raise ValueError(f"no fused kernel {path!r} for a {w.encoding_name} weight")
     dev = x2.device
-    if path in _GEMV:
+    if path in GEMV_PATHS:
         return torch.ops.unweight.palette_gemv(x2, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette,
-                                               ops.palette_gemv_parts(w.rows, w.cols, dev), _GEMV[path])
+                                               ops.palette_gemv_parts(w.rows, w.cols, dev), GEMV_PATHS[path])
     splits = ops.palette_splits(w.rows, w.cols, dev, x2.size(0))
     ws = scratch.workspace(dev, ops.palette_workspace_max(w.rows, w.cols, dev))
     cnt = scratch.counters(dev, ops.palette_counters_elems(w.rows))

@@ -61,7 +61,9 @@ PALETTE_GEMV_DEEP = "palette_gemv_deep"
 # The GEMV with its loads landing in per-warp shared-memory rings through cp.async
 # (kernel_plan.h, STAGED): in-flight bytes that cost no registers; the same bits as PALETTE_GEMV.
 PALETTE_GEMV_STAGED = "palette_gemv_staged"
-GEMV_PATHS = (PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED)
+# The GEMV paths and the kernel variant each runs (ops.palette_gemv's `variant`).
+GEMV_PATHS = {PALETTE_GEMV: kp.PGEMV_VARIANT_DEFAULT, PALETTE_GEMV_DEEP: kp.PGEMV_VARIANT_DEEP,
+              PALETTE_GEMV_STAGED: kp.PGEMV_VARIANT_STAGED}
 # Times recorded under other names (a fused Huffman kernel some earlier tables list) are kept
 # out of every choice: only these paths exist.
 CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP,
