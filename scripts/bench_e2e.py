@@ -32,12 +32,13 @@ import _bench_util as bu  # noqa: E402
 
 # <mode>[+fused | +fused-wide | +fused-xs | +gemv | +<decoder variant>]: the fused palette GEMM
 # forced on (one-tile copy stages, two-tile stages, or x shared per CTA), the palette GEMV at
-# batch 1..4 (the one-tile GEMM above), or the decode + cuBLAS path with another decoder
+# batch 1..4 (its tensor-core variant 1..16; the one-tile GEMM above), or the decode + cuBLAS path with another decoder
 # (dispatch.use_decoders).
 MODES = ("huffman", "palette", "huffman+fused", "palette+fused", "palette+fused-wide", "palette+fused-xs",
-         "palette+gemv", "palette+gemv-deep", "palette+gemv-staged", "huffman+chain", "huffman+ahead", "huffman+ahead2", "palette+vec8", "palette+wide", "dense")
+         "palette+gemv", "palette+gemv-mma", "palette+gemv-deep", "palette+gemv-staged", "huffman+chain", "huffman+ahead", "huffman+ahead2", "palette+vec8", "palette+wide", "dense")
 FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs",
-               "gemv": "palette_gemv", "gemv-deep": "palette_gemv_deep", "gemv-staged": "palette_gemv_staged"}
+               "gemv": "palette_gemv", "gemv-deep": "palette_gemv_deep", "gemv-staged": "palette_gemv_staged",
+               "gemv-mma": "palette_gemv_mma"}
 
 
 def llama8b_config(layers: int, **over):
@@ -91,9 +92,11 @@ def compress_in_place(model, encoding: str = "huffman") -> float:
 def forced_fused_policy(model, device, path: str = "palette_gemm"):
     """A dispatch policy whose table says the fused kernel (`path` for palette layers) won for
     every compressed layer at every batch bucket it takes (to measure the fused path end to
-    end, not a measured choice).  The GEMV takes batches of 1..4; past them the one-tile GEMM."""
+    end, not a measured choice).  A GEMV path takes the batches it supports (1..4 on CUDA cores,
+    1..16 on the tensor cores); past them the one-tile GEMM."""
+    from unweight.runtime import kernel_plan as kp
     from unweight.runtime.modules import CompressedLinear, compressed_modules
-    from unweight.runtime.policy import DispatchPolicy
+    from unweight.runtime.policy import GEMV_PATHS, DispatchPolicy
     from unweight.runtime.tuning_table import TuningTable
     t = TuningTable(comment="forced fused (bench_e2e)")
     pol = DispatchPolicy(t)
@@ -102,7 +105,8 @@ def forced_fused_policy(model, device, path: str = "palette_gemm"):
         if isinstance(m, CompressedLinear) and not m.is_tied:
             for M in (1, 4, 16):
                 fused = ("huffman_gemm" if m.encoding_name == "huffman"
-                         else "palette_gemm" if path.startswith("palette_gemv") and M > 4 else path)
+                         else "palette_gemm" if path in GEMV_PATHS
+                         and not kp.pgemv_supported(M, m.n_cols, GEMV_PATHS[path]) else path)
                 t.record(name, m.n_rows, m.n_cols, m.encoding_name, M, {"decode_cublas": 1.0, fused: 0.5})
     return pol
 

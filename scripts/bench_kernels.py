@@ -40,7 +40,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
     from unweight.format import constants as C
     from unweight.runtime import dispatch, scratch
     from unweight.runtime import kernel_plan as kp
-    from unweight.runtime.policy import DispatchPolicy
+    from unweight.runtime.policy import GEMV_PATHS, DispatchPolicy
     h = bu.import_helpers()
     dev = bu.device(torch)
     err = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -86,7 +86,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                 if e == "palette":  # the other copy layouts of the same kernel, and the GEMV (LAYOUTS)
                     y_one = None  # the one-tile kernel's result, computed once for the bit comparisons
                     for key, path, tag, same in LAYOUTS:
-                        if tag in skip or not (same or kp.pgemv_supported(M, K)):
+                        if tag in skip or not (same or kp.pgemv_supported(M, K, GEMV_PATHS[path])):
                             continue
                         if same and y_one is None:
                             y_one = h.fused_op(ws[0], x, err).view(torch.int16)
@@ -108,14 +108,16 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
     return rows
 
 
-# The fused palette GEMM's other copy layouts, and the palette GEMV (batch 1..4), timed beside
+# The fused palette GEMM's other copy layouts, and the palette GEMV (batch 1..4; its tensor-core
+# variant 1..16), timed beside
 # the one-tile kernel: (row key, tuning-table path, variant tag for the GPU runbook's skips,
 # whether it must give the one-tile kernel's bits: the layouts do, the GEMV sums in its own order).
 LAYOUTS = (("palette_fused_wide", "palette_gemm_wide", "gemm:wide", True),
            ("palette_fused_xs", "palette_gemm_xs", "gemm:xs", True),
            ("palette_gemv", "palette_gemv", "gemv", False),
            ("palette_gemv_deep", "palette_gemv_deep", "gemv:deep", False),
-           ("palette_gemv_staged", "palette_gemv_staged", "gemv:staged", False))
+           ("palette_gemv_staged", "palette_gemv_staged", "gemv:staged", False),
+           ("palette_gemv_mma", "palette_gemv_mma", "gemv:mma", False))
 
 
 def _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path, y_one=None) -> None:

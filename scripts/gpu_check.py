@@ -830,7 +830,7 @@ def _verbatim_heavy(np, cols, seed):
 # then costs its own checks only.  The verdicts go to STATE/variants.json, and the benchmarks
 # leave out a variant whose checks failed on the same build (bench_variants_to_skip).
 VARIANT_TAGS = ("huffman:chain", "huffman:ahead2", "huffman:scalar", "palette:vec8", "gemm:wide", "gemm:xs", "gemv",
-                "gemv:deep", "gemv:staged")
+                "gemv:deep", "gemv:staged", "gemv:mma")
 # The GEMV's variants by tag: the tuning table's path and what it is called (each must give the
 # default GEMV's bits).
 GEMV_VARIANTS = {"gemv:deep": ("palette_gemv_deep", "deep"), "gemv:staged": ("palette_gemv_staged", "staged")}
@@ -935,7 +935,7 @@ def group_variant(rec, device, tag):
             return r
         for N, K in cases:
             rec.check(f"fused palette {what} {N}x{K}: the one-tile kernel's bits", same_bits, N, K)
-    elif (tag == "gemv" or tag in GEMV_VARIANTS) and "palette" not in h.fused_paths():
+    elif (tag in ("gemv", "gemv:mma") or tag in GEMV_VARIANTS) and "palette" not in h.fused_paths():
         rec.check(f"palette GEMV ({tag})", lambda: {"skipped": True, "why": "no fused palette kernel"})
         return
     elif tag == "gemv":
@@ -973,6 +973,31 @@ def group_variant(rec, device, tag):
                  "accuracy": bool(acc.get("passed"))}
             return {**r, "passed": all(r.values())}
         rec.check("palette GEMV on verbatim-heavy weights", verbatim_heavy)
+    elif tag == "gemv:mma":
+        from unweight.runtime.tuning_table import PALETTE_GEMV_MMA as P
+
+        def mma_case(w, batches):
+            """The tensor-core GEMV at batch 1..16: within 2x cuBLAS's error against FP64 (its own
+            tensor-core sums, not the CUDA-core GEMV's bits), repeats bit for bit, and each batch
+            row's bits the same at every batch size."""
+            N, K = w.shape
+            ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
+            x16 = h.bf16_tensor(h.make_weights(16, K, seed=N + 3, spread=False), device)
+            y16 = h.fused_op(ew, x16, err, P)
+            r = {"repeat_bitwise": bool(torch.equal(h.fused_op(ew, x16, err, P).view(torch.int16),
+                                                    y16.view(torch.int16)))}
+            for M in batches:
+                x = x16[:M].contiguous()
+                acc = h.fused_vs_cublas(ew, x, w, err, P) if device == "cuda" else {"passed": True}
+                y = h.fused_op(ew, x, err, P)
+                r[f"M={M}"] = bool(acc.get("passed")) and (device != "cuda" or bool(torch.equal(
+                    y.view(torch.int16), y16[:M].view(torch.int16))))
+            r["passed"] = all(r.values())
+            return r
+        for N, K in _gemv_cases(device) + [(40, 1088)]:
+            rec.check(f"palette GEMV mma {N}x{K} at batch 1-16", mma_case, h.make_weights(N, K, seed=N + 13 * K),
+                      (1, 2, 4, 8, 9, 16))
+        rec.check("palette GEMV mma on verbatim-heavy weights", mma_case, _verbatim_heavy(np, 576, 5), (1, 3, 16))
     elif tag in GEMV_VARIANTS:
         from unweight.runtime.tuning_table import PALETTE_GEMV
         cases = _gemv_cases(device)
@@ -1101,7 +1126,7 @@ def sanitizer_driver(device: str = "cuda") -> int:
                         n += 1
             if cols % 64 == 0:
                 for M in (1, 2, 3, 4):
-                    for path in ("palette_gemv", "palette_gemv_deep", "palette_gemv_staged"):
+                    for path in ("palette_gemv", "palette_gemv_deep", "palette_gemv_staged", "palette_gemv_mma"):
                         h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, path)
                         n += 1
     _, _, bad = _corrupt_stream(h, tc, C)
@@ -1778,12 +1803,13 @@ def stage_eval(st: Stage) -> None:
 
 # bench_e2e's modes: the runtime's defaults first, then the variants (VARIANT_TAGS), then
 # dense (it turns the modules into plain nn.Linear, so it comes last).
-BENCH_E2E_MODES = ("palette", "palette+fused", "huffman", "palette+gemv", "palette+gemv-deep", "palette+gemv-staged",
-                   "palette+fused-wide",
+BENCH_E2E_MODES = ("palette", "palette+fused", "huffman", "palette+gemv", "palette+gemv-mma", "palette+gemv-deep",
+                   "palette+gemv-staged", "palette+fused-wide",
                    "palette+fused-xs",
                    "palette+vec8", "huffman+chain", "huffman+ahead2", "dense")
 E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm:xs", "palette+gemv": "gemv",
                     "palette+gemv-deep": "gemv:deep", "palette+gemv-staged": "gemv:staged",
+                    "palette+gemv-mma": "gemv:mma",
                     "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2",
                     "palette+vec8": "palette:vec8"}
 
@@ -1921,8 +1947,10 @@ def _bench_moe(budget: "bu.Budget", path: str) -> dict:
 # Kernels profiled under Nsight Compute (scripts/profile_kernels.py): the arguments, the kernel
 # name regex.  Three launches each; the third is measured.
 PROFILES = (  # in order of what they answer first; the step stops when its time is spent
-    # The staged GEMV (not profiled on any GPU yet), the default decoder and the batch-1 kernels of
-    # a 4096-row layer.
+    # The tensor-core and staged GEMVs (not profiled on any GPU yet), the default decoder and the
+    # batch-1 kernels of a 4096-row layer.
+    ("gemv-32768x4096-M1-mma", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "mma"],
+     "pgemv_mma"),
     ("gemv-32768x4096-M1-staged", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "staged"],
      "pgemv_staged"),
     ("palette-4096x4096-wide", ["--kernel", "palette", "--variant", "wide"], "palette_decode_wide"),
@@ -2001,7 +2029,7 @@ def _profile_variant(args: list) -> str | None:
     kind = args[args.index("--kernel") + 1]
     if kind == "gemv":
         v = args[args.index("--variant") + 1] if "--variant" in args else None
-        return f"gemv:{v}" if f"gemv:{v}" in GEMV_VARIANTS else "gemv"
+        return f"gemv:{v}" if f"gemv:{v}" in GEMV_VARIANTS or v == "mma" else "gemv"
     if kind == "fused":
         if "--stage-tiles" in args and args[args.index("--stage-tiles") + 1] != "1":
             return "gemm:wide"

@@ -153,6 +153,14 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PGEMV_STAGED_CTAS_PER_SM") = plan::PGEMV_STAGED_CTAS_PER_SM;
   m.attr("PGEMV_VARIANT_STAGED") = plan::PGEMV_VARIANT_STAGED;
   m.attr("PGEMV_STAGED_SMEM_BYTES") = plan::PGEMV_STAGED_SMEM_BYTES;
+  m.attr("PGEMV_VARIANT_MMA") = plan::PGEMV_VARIANT_MMA;
+  m.attr("PGEMV_MMA_ROWS") = plan::PGEMV_MMA_ROWS;
+  m.attr("PGEMV_MMA_COLS") = plan::PGEMV_MMA_COLS;
+  m.attr("PGEMV_MMA_MAX_M") = plan::PGEMV_MMA_MAX_M;
+  m.attr("PGEMV_MMA_CTAS_PER_SM") = plan::PGEMV_MMA_CTAS_PER_SM;
+  m.attr("PGEMV_MMA_WARPS_PER_SM") = plan::PGEMV_MMA_WARPS_PER_SM;
+  m.attr("PGEMV_MMA_MIN_STEPS") = plan::PGEMV_MMA_MIN_STEPS;
+  m.attr("PGEMV_MMA_SMEM_BYTES") = plan::PGEMV_MMA_SMEM_BYTES;
   m.attr("PMMA_CHUNK_M") = plan::PMMA_CHUNK_M;
   m.attr("PMMA_MAX_M") = plan::PMMA_MAX_M;
   m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
@@ -216,6 +224,16 @@ PYBIND11_MODULE(_cuda, m) {
     plan::pgemv_steps(K, parts, part, &first, &last);
     return py::make_tuple(first, last);
   });
+  m.def("plan_pgemv_mma_parts", &plan::pgemv_mma_parts);
+  m.def("plan_pgemv_mma_grid", &plan::pgemv_mma_grid);
+  m.def("plan_pgemv_mma_steps", [](int64_t K, int parts, int part) {
+    int64_t first = 0, last = 0;
+    plan::pgemv_mma_steps(K, parts, part, &first, &last);
+    return py::make_tuple(first, last);
+  });
+  m.def("plan_pgemv_max_m", &plan::pgemv_max_m);
+  m.def("plan_pgemv_variant_parts", &plan::pgemv_variant_parts);
+  m.def("plan_pgemv_variant_grid", &plan::pgemv_variant_grid);
 
   // --------------------------------------------------------------------- device launches
   m.def("huffman_build_lut", [](uintptr_t table, int exp_lo, int exp_hi, uintptr_t lut, uintptr_t err,

@@ -157,10 +157,30 @@ constexpr int PGEMV_VARIANT_DEFAULT = 0;
 constexpr int PGEMV_VARIANT_STD = 1;
 constexpr int PGEMV_VARIANT_DEEP = 2;
 constexpr int PGEMV_VARIANT_STAGED = 3;
+// The tensor-core variant (dispatch path palette_gemv_mma): a warp owns PGEMV_MMA_ROWS rows
+// (one mma A tile) and streams PGEMV_MMA_COLS columns of them per step straight into
+// registers: lane (g, t) loads 16 sign+mantissa bytes and 8 index bytes at columns 16t and
+// 64 + 16t of rows g and g + 8 (every warp load covers whole sectors), decodes them into A
+// fragments (pal_regs.cuh) and feeds mma.sync m16n8k16, so a weight costs its decode and an
+// eighth of an mma instead of its decode, two unpacks and one FMA per batch row: ~3.1
+// instructions per weight (sm_90a) where the CUDA-core steps take ~8.8.  Batches of up to
+// PGEMV_MMA_MAX_M rows (one or two n-tiles of 8).  Two steps of loads in flight per warp (6 KB),
+// at PGEMV_MMA_CTAS_PER_SM CTAs per SM (up to 128 registers per thread).  Not the CUDA-core
+// variants' bits: tensor-core sums, as in the fused GEMM.
+constexpr int PGEMV_VARIANT_MMA = 4;
+constexpr int PGEMV_MMA_ROWS = 16;
+constexpr int PGEMV_MMA_COLS = 128;
+constexpr int PGEMV_MMA_MAX_M = 16;
+constexpr int PGEMV_MMA_CTAS_PER_SM = 2;
+constexpr int PGEMV_MMA_WARPS_PER_SM = PGEMV_MMA_CTAS_PER_SM * PGEMV_WARPS;
+// Steps a part keeps at least (the loads of two are in flight while one is used).
+constexpr int PGEMV_MMA_MIN_STEPS = 4;
 // Shared memory: the parts' sums, [PGEMV_WARPS][PGEMV_MAX_M] fp32; the staged variant adds
 // its rings after them.
 constexpr int PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4;
 constexpr int PGEMV_STAGED_SMEM_BYTES = PGEMV_SMEM_BYTES + PGEMV_WARPS * PGEMV_STAGED_DEPTH * PGEMV_STAGED_SLOT;
+// The tensor-core variant's parts' sums: [PGEMV_WARPS][PGEMV_MMA_ROWS][PGEMV_MMA_MAX_M] fp32.
+constexpr int PGEMV_MMA_SMEM_BYTES = PGEMV_WARPS * PGEMV_MMA_ROWS * PGEMV_MMA_MAX_M * 4;
 
 UW_PLAN_HD int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -329,10 +349,42 @@ UW_PLAN_HD int64_t pgemv_grid(int64_t N, int parts) { return cdiv(N * parts, PGE
 // ~40 instructions of its setup.
 UW_PLAN_HD int pgemv_log2_parts(int parts) { return (parts > 1) + (parts > 2) + (parts > 4); }
 // Steps of part `part` of `parts`: [first, last) of the row's cdiv(K, PGEMV_COLS) steps.
-UW_PLAN_HD void pgemv_steps(int64_t K, int parts, int part, int64_t* first, int64_t* last) {
-  const int64_t steps = cdiv(K, PGEMV_COLS), per = (steps + parts - 1) >> pgemv_log2_parts(parts);
+UW_PLAN_HD void pgemv_steps_of(int64_t K, int64_t cols, int parts, int part, int64_t* first, int64_t* last) {
+  const int64_t steps = cdiv(K, cols), per = (steps + parts - 1) >> pgemv_log2_parts(parts);
   *first = part * per < steps ? part * per : steps;
   *last = *first + per < steps ? *first + per : steps;
+}
+UW_PLAN_HD void pgemv_steps(int64_t K, int parts, int part, int64_t* first, int64_t* last) {
+  pgemv_steps_of(K, PGEMV_COLS, parts, part, first, last);
+}
+
+// The tensor-core variant: tiles of PGEMV_MMA_ROWS rows; warps per tile the largest power of
+// two (<= PGEMV_MAX_PARTS) keeping tiles * parts within the warps the SMs hold at once and
+// each part at least PGEMV_MMA_MIN_STEPS steps.  Llama-3-8B's shapes on 132 SMs: 4096 x 4096
+// 8 parts (2,048 warps of 4 steps), 6144 x 4096 4, 14336 x 4096 2, 4096 x 14336 8,
+// 128256 x 4096 1.  The same for every batch size, so are the bits.
+UW_PLAN_HD int pgemv_mma_parts(int64_t N, int64_t K, int64_t num_sms) {
+  const int64_t tiles = cdiv(N, PGEMV_MMA_ROWS), steps = cdiv(K, PGEMV_MMA_COLS);
+  int p = 1;
+  while (2 * p <= PGEMV_MAX_PARTS && tiles * 2 * p <= num_sms * PGEMV_MMA_WARPS_PER_SM &&
+         steps >= 2 * p * PGEMV_MMA_MIN_STEPS)
+    p *= 2;
+  return p;
+}
+UW_PLAN_HD int64_t pgemv_mma_grid(int64_t N, int parts) {
+  return cdiv(cdiv(N, PGEMV_MMA_ROWS) * parts, PGEMV_WARPS);
+}
+UW_PLAN_HD void pgemv_mma_steps(int64_t K, int parts, int part, int64_t* first, int64_t* last) {
+  pgemv_steps_of(K, PGEMV_MMA_COLS, parts, part, first, last);
+}
+// Per variant (a resolved PGEMV_VARIANT_*, not DEFAULT): the most batch rows, the warps per
+// row or tile, and the grid.
+UW_PLAN_HD int pgemv_max_m(int variant) { return variant == PGEMV_VARIANT_MMA ? PGEMV_MMA_MAX_M : PGEMV_MAX_M; }
+UW_PLAN_HD int pgemv_variant_parts(int64_t N, int64_t K, int64_t num_sms, int variant) {
+  return variant == PGEMV_VARIANT_MMA ? pgemv_mma_parts(N, K, num_sms) : pgemv_parts(N, K, num_sms);
+}
+UW_PLAN_HD int64_t pgemv_variant_grid(int64_t N, int parts, int variant) {
+  return variant == PGEMV_VARIANT_MMA ? pgemv_mma_grid(N, parts) : pgemv_grid(N, parts);
 }
 
 }  // namespace plan

@@ -66,8 +66,8 @@ UW_HD void pal_decode4(uint32_t s, uint32_t sel, const PalTables& a, uint32_t& l
     zb = (e_lo & m2) | (e_hi & ~m2);
     hb = (e_lo & m) | (e_hi & ~m);
   }
-  const uint32_t z = (s & 0x7F7F7F7Fu) | (zb & 0x80808080u);
-  const uint32_t h = (s & 0x80808080u) | (hb & 0x7F7F7F7Fu);
+  const uint32_t z = emu::bitsel(s, zb, 0x80808080u);  // s & 0x7F7F7F7F | zb & 0x80808080
+  const uint32_t h = emu::bitsel(s, hb, 0x7F7F7F7Fu);  // s & 0x80808080 | hb & 0x7F7F7F7F
   lo = emu::prmt(z, h, 0x5140u);
   hi = emu::prmt(z, h, 0x7362u);
 }

@@ -7,7 +7,8 @@
 // at four batch rows).  The deep variant: __launch_bounds__(256, 2), PGEMV_DEEP_UNROLL steps
 // per batch of loads (kernel_plan.h).  The staged variant: __launch_bounds__(256, 4), loads
 // through cp.async into per-warp shared-memory rings (PGEMV_STAGED_SMEM_BYTES of dynamic
-// shared memory, under the 48 KB that needs no opt-in).
+// shared memory, under the 48 KB that needs no opt-in).  The tensor-core variant
+// (pgemv_mma_body): __launch_bounds__(256, 2), batches of up to 16 rows.
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -25,14 +26,21 @@ namespace {
 // per batch of loads and staging, and the launch's dynamic shared memory.
 template <int V>
 struct PgemvVariant {
+  static constexpr bool kMma = V == plan::PGEMV_VARIANT_MMA;
   static constexpr bool kStaged = V == plan::PGEMV_VARIANT_STAGED;
   static constexpr int kUnroll = V == plan::PGEMV_VARIANT_DEEP ? plan::PGEMV_DEEP_UNROLL : kStaged ? 1 : plan::PGEMV_UNROLL;
-  static constexpr int kSmem = kStaged ? plan::PGEMV_STAGED_SMEM_BYTES : plan::PGEMV_SMEM_BYTES;
+  static constexpr int kSmem = kMma ? plan::PGEMV_MMA_SMEM_BYTES
+                                    : kStaged ? plan::PGEMV_STAGED_SMEM_BYTES : plan::PGEMV_SMEM_BYTES;
+  static_assert(kUnroll >= 1, "steps per batch of loads");  // (also what keeps kUnroll referenced for MMA)
 };
 
+// MB: batch rows the registers hold (the tensor-core variant: 8 per n-tile).
 template <int MB, bool kPaired, int V, class Ctx>
 UW_HD void pgemv_variant_body(Ctx& c, const PgemvArgs& a) {
-  pgemv_body<MB, kPaired, PgemvVariant<V>::kUnroll, PgemvVariant<V>::kStaged>(c, a);
+  if constexpr (PgemvVariant<V>::kMma)
+    pgemv_mma_body<MB / 8, kPaired>(c, a);
+  else
+    pgemv_body<MB, kPaired, PgemvVariant<V>::kUnroll, PgemvVariant<V>::kStaged>(c, a);
 }
 
 // One kernel per variant: each has its own __launch_bounds__ (and name, for the profiles).
@@ -56,41 +64,61 @@ __global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_STAGED_CTAS_P
 }
 static_assert(plan::PGEMV_STAGED_SMEM_BYTES <= 48 * 1024, "the staged GEMV's rings need no shared-memory opt-in");
 
+template <int MB, bool kPaired>
+__global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_MMA_CTAS_PER_SM) pgemv_mma_kernel(PgemvArgs a) {
+  emu::DeviceCtx c;
+  pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA>(c, a);
+}
+
 // Resolves DEFAULT to STD; false for a variant that is not plan::PGEMV_VARIANT_*.
 bool resolve_pgemv_variant(int* variant) {
   if (*variant == plan::PGEMV_VARIANT_DEFAULT) *variant = plan::PGEMV_VARIANT_STD;
   return *variant == plan::PGEMV_VARIANT_STD || *variant == plan::PGEMV_VARIANT_DEEP ||
-         *variant == plan::PGEMV_VARIANT_STAGED;
+         *variant == plan::PGEMV_VARIANT_STAGED || *variant == plan::PGEMV_VARIANT_MMA;
 }
 
+// variant: resolved.
 const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
-                        int parts, const void* x, const void* sm, const void* idx, const void* vexp) {
-  if (M < 1 || M > plan::PGEMV_MAX_M) return "palette_gemv supports 1 <= M <= 4";
+                        int parts, const void* x, const void* sm, const void* idx, const void* vexp, int variant) {
+  if (variant == plan::PGEMV_VARIANT_MMA) {
+    if (M < 1 || M > plan::PGEMV_MMA_MAX_M) return "the tensor-core palette_gemv supports 1 <= M <= 16";
+  } else if (M < 1 || M > plan::PGEMV_MAX_M) {
+    return "palette_gemv supports 1 <= M <= 4";
+  }
   if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
   if (K % plan::PMMA_TILE_K != 0) return "palette_gemv needs K % 64 == 0 (decode + matmul instead)";
   if (const char* e = check_pal_product(N, K, ldx, ldy, pal.size, nv)) return e;
   if (parts < 1 || parts > plan::PGEMV_MAX_PARTS || (parts & (parts - 1)) != 0)
     return "palette_gemv: parts must be 1, 2, 4 or 8";
-  if (!grid_ok(plan::pgemv_grid(N, parts))) return "matrix too large for one launch";
+  if (!grid_ok(plan::pgemv_variant_grid(N, parts, variant))) return "matrix too large for one launch";
   if (!aligned(x, 16) || !aligned(sm, 16) || !aligned(idx, 16) || (nv > 0 && !aligned(vexp, 16)))
     return "palette_gemv needs x, sm, idx and vexp 16-byte aligned";
   return nullptr;
 }
 
-// Runs f(MB, paired, variant) with all three as compile-time constants (variant resolved).
+// Runs f(MB, paired, variant) with all three as compile-time constants (variant resolved; MB
+// 1, 2 or 4 for the CUDA-core variants, 8 or 16 for the tensor-core one).
 template <class F>
 void with_variant(int M, bool paired, int variant, F&& f) {
-  auto go_v = [&](auto mb, auto p) {
-    if (variant == plan::PGEMV_VARIANT_DEEP) f(mb, p, std::integral_constant<int, plan::PGEMV_VARIANT_DEEP>{});
-    else if (variant == plan::PGEMV_VARIANT_STAGED) f(mb, p, std::integral_constant<int, plan::PGEMV_VARIANT_STAGED>{});
-    else f(mb, p, std::integral_constant<int, plan::PGEMV_VARIANT_STD>{});
+  using plan::PGEMV_VARIANT_DEEP, plan::PGEMV_VARIANT_STAGED, plan::PGEMV_VARIANT_STD, plan::PGEMV_VARIANT_MMA;
+  auto go = [&](auto mb, auto v) {
+    if (paired) f(mb, std::true_type{}, v); else f(mb, std::false_type{}, v);
   };
-  auto go = [&](auto mb) {
-    if (paired) go_v(mb, std::true_type{}); else go_v(mb, std::false_type{});
+  auto go_m = [&](auto v) {
+    if (M == 1) go(std::integral_constant<int, 1>{}, v);
+    else if (M == 2) go(std::integral_constant<int, 2>{}, v);
+    else go(std::integral_constant<int, 4>{}, v);
   };
-  if (M == 1) go(std::integral_constant<int, 1>{});
-  else if (M == 2) go(std::integral_constant<int, 2>{});
-  else go(std::integral_constant<int, 4>{});
+  if (variant == PGEMV_VARIANT_MMA) {
+    if (M <= 8) go(std::integral_constant<int, 8>{}, std::integral_constant<int, PGEMV_VARIANT_MMA>{});
+    else go(std::integral_constant<int, 16>{}, std::integral_constant<int, PGEMV_VARIANT_MMA>{});
+  } else if (variant == PGEMV_VARIANT_DEEP) {
+    go_m(std::integral_constant<int, PGEMV_VARIANT_DEEP>{});
+  } else if (variant == PGEMV_VARIANT_STAGED) {
+    go_m(std::integral_constant<int, PGEMV_VARIANT_STAGED>{});
+  } else {
+    go_m(std::integral_constant<int, PGEMV_VARIANT_STD>{});
+  }
 }
 
 PgemvArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
@@ -110,9 +138,11 @@ PgemvArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, co
 
 template <int MB, bool kPaired, int kVariant>
 void launch_pgemv(const PgemvArgs& a, cudaStream_t s) {
-  const auto grid = static_cast<unsigned>(plan::pgemv_grid(a.N, a.parts));
+  const auto grid = static_cast<unsigned>(plan::pgemv_variant_grid(a.N, a.parts, kVariant));
   constexpr int smem = PgemvVariant<kVariant>::kSmem;
-  if constexpr (kVariant == plan::PGEMV_VARIANT_DEEP)
+  if constexpr (kVariant == plan::PGEMV_VARIANT_MMA)
+    pgemv_mma_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
+  else if constexpr (kVariant == plan::PGEMV_VARIANT_DEEP)
     pgemv_deep_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
   else if constexpr (kVariant == plan::PGEMV_VARIANT_STAGED)
     pgemv_staged_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
@@ -127,8 +157,8 @@ using namespace detail;
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
                          uint16_t* y, int64_t ldy, int variant, void* stream) {
-  if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp)) return e;
   if (!resolve_pgemv_variant(&variant)) return "unknown palette GEMV variant";
+  if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, variant)) return e;
   PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy);
   const bool paired = pal_tables(pal, a.pt);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -143,14 +173,14 @@ namespace emulate {
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
                          uint16_t* y, int64_t ldy, int force_general, int variant) {
-  if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp)) return e;
   if (!resolve_pgemv_variant(&variant)) return "unknown palette GEMV variant";
+  if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, variant)) return e;
   PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy);
   const bool paired = pal_tables(pal, a.pt) && !force_general;
   const char* err = nullptr;
   with_variant(M, paired, variant, [&](auto mb, auto p, auto v) {
     constexpr int V = decltype(v)::value;
-    err = emu::launch(plan::pgemv_grid(N, parts), 1, plan::PGEMV_THREADS, PgemvVariant<V>::kSmem,
+    err = emu::launch(plan::pgemv_variant_grid(N, parts, V), 1, plan::PGEMV_THREADS, PgemvVariant<V>::kSmem,
                       [&](emu::ThreadCtx& c) { pgemv_variant_body<decltype(mb)::value, decltype(p)::value, V>(c, a); });
   });
   return err;

@@ -216,6 +216,177 @@ UW_UNROLL()
   }
 }
 
+// The tensor-core variant (PGEMV_VARIANT_MMA): one CTA holds PGEMV_WARPS / parts tiles of
+// PGEMV_MMA_ROWS rows, `parts` warps each.  NT: n-tiles of 8 batch rows (M <= 8 NT).
+//
+// A step is PGEMV_MMA_COLS = 128 columns of the warp's 16 rows.  Lane (g = lane/4, t = lane%4)
+// owns the step's columns 16t..16t+15 (half 0) and 64+16t..64+16t+15 (half 1) of rows g and
+// g + 8: per half and row one 16-byte sign+mantissa load and one 8-byte index load, which over
+// the warp cover 64 and 32 contiguous bytes of each of 8 rows (whole sectors).  A half is then
+// exactly a 64-column tile of the fused GEMM (palette_matmul.cuh): its mma j (0..3) contracts
+// over columns 16t + 4j + {0,1,2,3} of every lane t, and its two 32-column verbatim blocks are
+// held by lanes t = 0, 1 and t = 2, 3.  The loads of two steps are in flight while one is used;
+// nothing goes through shared memory but the parts' sums.  Accumulation: per step, per half,
+// per mma in order, then the parts in part order: deterministic, and a batch row's sums depend
+// only on its own x row (the same bits at every batch size 1..PGEMV_MMA_MAX_M).
+template <int NT, bool kPaired, class Ctx>
+UW_HD void pgemv_mma_body(Ctx& c, const PgemvArgs& a) {
+  constexpr int COLS = plan::PGEMV_MMA_COLS, HALF = COLS / 2, ROWS = plan::PGEMV_MMA_ROWS;
+  const int lane = c.lane(), warp = c.warp(), g = lane >> 2, t = lane & 3;
+  const int64_t tile = c.block_x() * (plan::PGEMV_WARPS >> a.lparts) + (warp >> a.lparts);
+  const int64_t row0 = tile * ROWS;
+  const int part = warp & (a.parts - 1);
+  int64_t s0 = 0, s1 = 0;
+  plan::pgemv_mma_steps(a.K, a.parts, part, &s0, &s1);
+  const bool active = row0 < a.N && s1 > s0;  // warp-uniform
+  float acc[NT][4];
+UW_UNROLL()
+  for (int nt = 0; nt < NT; ++nt)
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+
+  if (active) {
+    const int nq = static_cast<int>(s1 - s0);
+    // K % 128 == 64: the row's last step has only its first half (warp-uniform).
+    const int q_half = a.K % COLS != 0 && s1 * COLS > a.K ? nq - 1 : nq;
+    // Rows past N (the last tile) read row N - 1 again: valid memory, results never stored.
+    const int64_t last = a.N - 1;
+    const int64_t r_lo = row0 + g < last ? row0 + g : last, r_hi = row0 + g + 8 < last ? row0 + g + 8 : last;
+    const int64_t c0 = s0 * COLS + 16 * t;
+    const uint8_t* const sp[2] = {a.sm + r_lo * a.K + c0, a.sm + r_hi * a.K + c0};
+    const uint8_t* const ip[2] = {a.idx + r_lo * (a.K / 2) + c0 / 2, a.idx + r_hi * (a.K / 2) + c0 / 2};
+    // Step q's loads: [row g, g + 8][half] 16 sign+mantissa bytes and 8 index bytes (zeros for
+    // the missing half of a half step).
+    auto load = [&](int q, uint32_t (&s)[2][2][4], uint32_t (&n)[2][2][2]) {
+UW_UNROLL()
+      for (int h = 0; h < 2; ++h)
+UW_UNROLL()
+        for (int rr = 0; rr < 2; ++rr) {
+          if (h == 0 || q != q_half) {
+            ld_stream_v4(sp[rr] + q * COLS + h * HALF, s[rr][h]);
+            ld_stream_v2(ip[rr] + q * (COLS / 2) + h * (HALF / 2), n[rr][h][0], n[rr][h][1]);
+          } else {
+            s[rr][h][0] = s[rr][h][1] = s[rr][h][2] = s[rr][h][3] = 0u;
+            n[rr][h][0] = n[rr][h][1] = 0u;
+          }
+        }
+    };
+    uint32_t sa[2][2][4], na[2][2][2], sb[2][2][4], nb[2][2][2];
+    // Both buffers' loads go out before the verbatim search (dependent L2 reads).
+    load(0, sa, na);
+    if (nq > 1) load(1, sb, nb);
+
+    // x rows of this lane's n-tile columns (B fragment: n = g); rows past M read as zero.
+    const uint16_t* xp[NT];
+    bool xv[NT];
+UW_UNROLL()
+    for (int nt = 0; nt < NT; ++nt) {
+      xv[nt] = nt * 8 + g < a.M;
+      xp[nt] = a.x + (xv[nt] ? nt * 8 + g : 0) * a.ldx + c0;
+    }
+
+    // Verbatim blocks: lane i < 16 follows row row0 + i with a cursor into vpos, as the fused
+    // GEMM does (`rel`: that entry's block within its row, 0xFFFFFFFF when none is left).
+    const uint64_t bpr = static_cast<uint64_t>(a.K / PAL_BLOCK);
+    const uint64_t rowbase = static_cast<uint64_t>(row0 + (lane & (ROWS - 1))) * bpr;
+    const uint64_t b_first = static_cast<uint64_t>(s0) * (COLS / PAL_BLOCK);
+    const uint64_t b_end = (s1 * COLS < a.K ? static_cast<uint64_t>(s1 * COLS) : static_cast<uint64_t>(a.K)) / PAL_BLOCK;
+    uint32_t cur = 0, rel = 0xFFFFFFFFu;
+    if (a.nv > 0) {
+      int64_t v_lo = 0, v_hi = 0;
+      warp_lower_bound2(c, a.vpos, a.nv, static_cast<uint64_t>(row0) * bpr + b_first,
+                        static_cast<uint64_t>(row0 + ROWS - 1) * bpr + b_end, &v_lo, &v_hi);
+      if (lane < ROWS && v_hi > v_lo) {
+        cur = static_cast<uint32_t>(v_lo + lower_bound_u32(a.vpos + v_lo, v_hi - v_lo, rowbase + b_first));
+        rel = pmma_rel(a, cur, rowbase, bpr);
+      }
+    }
+
+    // The palette tables in per-lane registers.  Left as kernel parameters they are uniform
+    // values, and a prmt takes at most one operand from the uniform side: the other table word
+    // would be moved into a register before every lookup (~16 moves per half step).  A shuffle's
+    // result is a per-lane register, which the compiler keeps.
+    PalTables pt = a.pt;
+UW_UNROLL()
+    for (int i = 0; i < 4; ++i) pt.tab[i] = c.shfl(pt.tab[i], 0);
+UW_UNROLL()
+    for (int i = 0; i < 2; ++i) pt.dtab[i] = c.shfl(pt.dtab[i], 0);
+    auto compute = [&](int q, const uint32_t (&s)[2][2][4], const uint32_t (&n)[2][2][2]) {
+UW_UNROLL()
+      for (int h = 0; h < 2; ++h) {
+        if (h == 1 && q == q_half) break;  // warp-uniform: the half step's missing half
+        const int64_t off = static_cast<int64_t>(q) * COLS + h * HALF;
+        // x[nt*8+g] at the lane's 16 columns of the half (bf16 pairs): B registers of mma 0, 1
+        // (xl) and 2, 3 (xh).
+        uint32_t xl[NT][4], xh[NT][4];
+UW_UNROLL()
+        for (int nt = 0; nt < NT; ++nt) {
+          pmma_load_x(xv[nt], xp[nt] + off, xl[nt]);
+          pmma_load_x(xv[nt], xp[nt] + off + 8, xh[nt]);
+        }
+        uint32_t af[4][4];  // [mma][A register]: regs 0, 2 row g; 1, 3 row g + 8
+UW_UNROLL()
+        for (int j = 0; j < 4; ++j) {
+          const int sh = 16 * (j & 1);
+          pal_decode4<kPaired>(s[0][h][j], n[0][h][j >> 1] >> sh, pt, af[j][0], af[j][2]);
+          pal_decode4<kPaired>(s[1][h][j], n[1][h][j >> 1] >> sh, pt, af[j][1], af[j][3]);
+        }
+        if (a.nv > 0) {  // rare: a row of the tile has a verbatim block in this half
+          const uint32_t kb = static_cast<uint32_t>(b_first) + static_cast<uint32_t>(q) * (COLS / PAL_BLOCK) + 2 * h;
+          pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
+        }
+UW_UNROLL()
+        for (int j = 0; j < 4; ++j)
+UW_UNROLL()
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint32_t b[2] = {j < 2 ? xl[nt][2 * j] : xh[nt][2 * j - 4], j < 2 ? xl[nt][2 * j + 1] : xh[nt][2 * j - 3]};
+            c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
+          }
+      }
+    };
+    // Step q + 1 is in flight while step q is used; a buffer is refilled (two steps ahead) as
+    // soon as it has been used.
+    for (int q = 0; q < nq; q += 2) {
+      compute(q, sa, na);
+      if (q + 2 < nq) load(q + 2, sa, na);
+      if (q + 1 >= nq) break;
+      compute(q + 1, sb, nb);
+      if (q + 3 < nq) load(q + 3, sb, nb);
+    }
+  }
+
+  // Epilogue.  acc[nt][e]: tile row g (+8 for e >= 2), batch row nt*8 + 2t + (e & 1).
+  if (a.parts == 1) {
+    if (active)
+UW_UNROLL()
+      for (int nt = 0; nt < NT; ++nt)
+        for (int e = 0; e < 4; ++e) {
+          const int m = nt * 8 + 2 * t + (e & 1);
+          const int64_t r = row0 + g + (e >> 1) * 8;
+          if (m < a.M && r < a.N) a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(acc[nt][e]));
+        }
+    return;
+  }
+  // The parts' sums through shared memory, [warp][tile row][batch row], added in part order.
+  float* red = reinterpret_cast<float*>(c.smem());
+UW_UNROLL()
+  for (int nt = 0; nt < NT; ++nt)
+    for (int e = 0; e < 4; ++e)
+      c.sts(red + (warp * ROWS + g + (e >> 1) * 8) * plan::PGEMV_MMA_MAX_M + nt * 8 + 2 * t + (e & 1), acc[nt][e]);
+  c.syncthreads();
+  if (part != 0 || !active) return;
+UW_UNROLL()
+  for (int nt = 0; nt < NT; ++nt)
+    for (int e = 0; e < 4; ++e) {
+      const int m = nt * 8 + 2 * t + (e & 1);
+      const int rl = g + (e >> 1) * 8;
+      const int64_t r = row0 + rl;
+      if (m >= a.M || r >= a.N) continue;
+      float sum = 0.f;
+      for (int q = 0; q < a.parts; ++q) sum += c.lds(red + ((warp + q) * ROWS + rl) * plan::PGEMV_MMA_MAX_M + m);
+      a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(sum));
+    }
+}
+
 // Launchers of the kernel instantiations (palette_gemv.cu).
 template <int MB, bool kPaired, int kVariant>
 void launch_pgemv(const PgemvArgs& a, cudaStream_t s);

@@ -159,7 +159,7 @@ UW_UNROLL()
 
 // Block index within its row of vpos[cur] when that entry lies in the row starting at block
 // id rowbase (bpr blocks per row), else 0xFFFFFFFF (none left: the cursor never hits again).
-UW_HD uint32_t pmma_rel(const PmmaArgs& a, uint32_t cur, uint64_t rowbase, uint64_t bpr) {
+UW_HD uint32_t pmma_rel(const PalProduct& a, uint32_t cur, uint64_t rowbase, uint64_t bpr) {
   if (cur >= a.nv) return 0xFFFFFFFFu;
   const uint64_t id = a.vpos[cur];
   return id >= rowbase && id < rowbase + bpr ? static_cast<uint32_t>(id - rowbase) : 0xFFFFFFFFu;
@@ -201,6 +201,40 @@ UW_HD void pmma_load_x(bool valid, const uint16_t* p, uint32_t (&v)[4]) {
 // Replaces the exponents of the BF16 pair `reg` with e0 (low half) and e1 (high half).
 UW_HD uint32_t set_exponents(uint32_t reg, uint32_t e0, uint32_t e1) {
   return (reg & 0x807F807Fu) | ((e0 & 0xFFu) << 7) | ((e1 & 0xFFu) << 23);
+}
+
+// The verbatim blocks of one 64-column tile of a warp's 16 rows (blocks kb, kb + 1 of each
+// row; rare): lane i < 16 holds row i's cursor `cur` and `rel` (pmma_rel), so one ballot finds
+// the rows with a block here; for each, the two lanes holding the block's 16-column halves load
+// its exponents and patch their A registers af[mma][reg] (regs 0, 2 row g; 1, 3 row g + 8),
+// and the row's cursor moves on.  Shared by the fused GEMM and the tensor-core GEMV.
+template <class Ctx>
+UW_HD void pmma_patch_tile(Ctx& c, const PalProduct& a, uint32_t kb, uint64_t rowbase, uint64_t bpr, uint32_t& cur,
+                           uint32_t& rel, uint32_t (&af)[4][4]) {
+  const int lane = c.lane(), g = lane >> 2, t = lane & 3;
+  unsigned hits = c.ballot(rel - kb < 2u);
+  while (hits) {
+    const int r = lowest_bit(hits);  // tile row
+    const uint32_t v = c.shfl(cur, r);
+    const uint32_t blk = c.shfl(rel, r) - kb;
+    if ((r & 7) == g && (t >> 1) == static_cast<int>(blk)) {
+      // This lane's 16 columns of the block: exponents 16 (t & 1) .. +16 of the entry.
+      uint32_t e[4];
+      ld_stream_v4(a.vexp + static_cast<int64_t>(v) * PAL_BLOCK + 16 * (t & 1), e);
+      const bool upper = r >= 8;  // row g + 8: registers 1, 3 (constant indices keep af in registers)
+UW_UNROLL()
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t p0 = set_exponents(upper ? af[j][1] : af[j][0], e[j], e[j] >> 8);
+        const uint32_t p1 = set_exponents(upper ? af[j][3] : af[j][2], e[j] >> 16, e[j] >> 24);
+        af[j][0] = upper ? af[j][0] : p0;
+        af[j][1] = upper ? p0 : af[j][1];
+        af[j][2] = upper ? af[j][2] : p1;
+        af[j][3] = upper ? p1 : af[j][3];
+      }
+    }
+    if (lane == r) rel = pmma_rel(a, ++cur, rowbase, bpr);
+    hits = c.ballot(rel - kb < 2u);
+  }
 }
 
 // One CTA: PMMA_WARPS row tiles x one K split x one chunk of NT n-tiles of 8 batch rows.
@@ -370,29 +404,7 @@ UW_UNROLL()
         pal_decode4<kPaired>(s_hi[j], n_hi[j >> 1] >> sh, a.pt, af[j][1], af[j][3]);
       }
       if (a.nv > 0) {  // rare: a row of this tile has a verbatim block here
-        unsigned hits = c.ballot(rel - kb < 2u);
-        while (hits) {
-          const int r = lowest_bit(hits);  // tile row
-          const uint32_t v = c.shfl(cur, r);
-          const uint32_t blk = c.shfl(rel, r) - kb;
-          if ((r & 7) == g && (t >> 1) == static_cast<int>(blk)) {
-            // This lane's 16 columns of the block: exponents 16 (t & 1) .. +16 of the entry.
-            uint32_t e[4];
-            ld_stream_v4(a.vexp + static_cast<int64_t>(v) * PAL_BLOCK + 16 * (t & 1), e);
-            const bool upper = r >= 8;  // row g + 8: registers 1, 3 (constant indices keep af in registers)
-UW_UNROLL()
-            for (int j = 0; j < 4; ++j) {
-              const uint32_t p0 = set_exponents(upper ? af[j][1] : af[j][0], e[j], e[j] >> 8);
-              const uint32_t p1 = set_exponents(upper ? af[j][3] : af[j][2], e[j] >> 16, e[j] >> 24);
-              af[j][0] = upper ? af[j][0] : p0;
-              af[j][1] = upper ? p0 : af[j][1];
-              af[j][2] = upper ? af[j][2] : p1;
-              af[j][3] = upper ? p1 : af[j][3];
-            }
-          }
-          if (lane == r) rel = pmma_rel(a, ++cur, rowbase, bpr);
-          hits = c.ballot(rel - kb < 2u);
-        }
+        pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
       }
 UW_UNROLL()
       for (int j = 0; j < 4; ++j) {

@@ -7,7 +7,9 @@
   (K not a multiple of a step, rows past N in the last CTA), every K split, every finite BF16
   bit pattern (exact, through one-hot activations), infinities and NaNs, heavy verbatim blocks,
   both palette decodes, and for determinism and batch invariance; the numerical bound is the
-  one test_fused_logic.py states.
+  one test_fused_logic.py states;
+* the tensor-core variant (``pgemv_mma_body``, PGEMV_VARIANT_MMA): its tile geometry, and the
+  same checks at batch 1..16, including the half step of a row whose K is an odd multiple of 64.
 """
 import numpy as np
 import pytest
@@ -20,6 +22,9 @@ from .helpers import make_weights
 from .test_fused_logic import _cuda, _fa_check, _pal, _x, all_finite_weights, check_ieee_specials, needs_ext
 
 torch = pytest.importorskip("torch")
+
+
+MMA = kp.PGEMV_VARIANT_MMA
 
 
 def _gemv(x, enc, parts=1, general=False, planes=None, variant=0):
@@ -94,46 +99,52 @@ def test_emulated_gemv_meets_the_bf16_gemm_bound(M, N, K):
 
 
 @needs_ext
-def test_every_finite_bf16_pattern_decodes_exactly():
-    """All 65280 finite BF16 patterns as W: one-hot x rows pick single columns, one exact
-    product each, so y equals W's columns bit for bit (-0 becomes +0).  Each pattern once,
-    column groups alternating between the paired and the general decode (pal_regs.cuh's
-    decode, which test_fused_logic.py runs over every pattern with both)."""
+@pytest.mark.parametrize("variant,rows", [(0, 4), (MMA, 16)])
+def test_every_finite_bf16_pattern_decodes_exactly(variant, rows):
+    """All 65280 finite BF16 patterns as W: one-hot x rows (4; 16 for the tensor-core variant,
+    two n-tiles) pick single columns, one exact product each, so y equals W's columns bit for
+    bit (-0 becomes +0).  Each pattern once, column groups alternating between the paired and
+    the general decode (pal_regs.cuh's decode, which test_fused_logic.py runs over every
+    pattern with both) and between one and two parts."""
     w = all_finite_weights(1)
     enc = tc.encode(w, "palette")
     assert enc.header.num_verbatim > 0
-    for c0 in range(0, 256, 4):
-        x = np.zeros((4, 256), np.uint16)
-        x[np.arange(4), c0 + np.arange(4)] = 0x3F80  # 1.0
-        want = w[:, c0:c0 + 4].T.copy()
+    for c0 in range(0, 256, rows):
+        x = np.zeros((rows, 256), np.uint16)
+        x[np.arange(rows), c0 + np.arange(rows)] = 0x3F80  # 1.0
+        want = w[:, c0:c0 + rows].T.copy()
         want[want == 0x8000] = 0
-        general = bool((c0 // 4) % 2)
-        assert np.array_equal(_gemv(x, enc, parts=1 + (c0 // 8) % 2, general=general), want), (general, c0)
+        general = bool((c0 // rows) % 2)
+        got = _gemv(x, enc, parts=1 + (c0 // (2 * rows)) % 2, general=general, variant=variant)
+        assert np.array_equal(got, want), (general, c0)
 
 
 @needs_ext
-def test_inf_and_nan_weights_follow_ieee():
-    check_ieee_specials(_gemv, 3, 640)
+@pytest.mark.parametrize("variant,M", [(0, 3), (MMA, 9)])
+def test_inf_and_nan_weights_follow_ieee(variant, M):
+    check_ieee_specials(lambda x, enc: _gemv(x, enc, variant=variant), M, 640)
 
 
 @needs_ext
-def test_heavy_verbatim_blocks_and_both_decodes():
+@pytest.mark.parametrize("variant,M,parts", [(0, 4, (1, 2, 4)), (MMA, 11, (1, 2, 4, 8))])
+def test_heavy_verbatim_blocks_and_both_decodes(variant, M, parts):
     """Most 32-column blocks verbatim, including in the last step of a part and in a row's
-    last, partial step (K = 1088 = 2 steps + 64): the bound holds, both decodes agree bit for
-    bit, and dropping the verbatim entries changes the result (the kernel applies them)."""
+    last, partial step (K = 1088: 2 steps + 64, or for the tensor-core variant 8.5 steps, its
+    blocks in both halves of a step): the bound holds, both decodes agree bit for bit, and
+    dropping the verbatim entries changes the result (the kernel applies them)."""
     rng = np.random.default_rng(11)
     f = (rng.standard_normal((77, 1088)) * np.exp2(rng.integers(-20, 20, (77, 1088)))).astype(np.float32)
     w = (f.view(np.uint32) >> 16).astype(np.uint16)
     enc = tc.encode(w, "palette")
     assert enc.header.num_verbatim > 0.5 * 77 * (1088 // 32)
-    x = _x(4, 1088, seed=12)
-    for parts in (1, 2, 4):
-        y = _gemv(x, enc, parts)
+    x = _x(M, 1088, seed=12)
+    for p in parts:
+        y = _gemv(x, enc, p, variant=variant)
         _fa_check(y, x, w)
-        assert np.array_equal(_gemv(x, enc, parts, general=True), y)
+        assert np.array_equal(_gemv(x, enc, p, general=True, variant=variant), y)
     p = dict(enc.planes)
     p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP] = p[C.SUFFIX_VPOS][:0], p[C.SUFFIX_VEXP][:0]
-    assert not np.array_equal(_gemv(x, enc, planes=p), _gemv(x, enc))
+    assert not np.array_equal(_gemv(x, enc, planes=p, variant=variant), _gemv(x, enc, variant=variant))
 
 
 @needs_ext
@@ -201,3 +212,109 @@ def test_launcher_rejects_bad_arguments_without_a_gpu():
     if _cuda.device_count() == 0:  # valid arguments, no device: an error, never a crash
         with pytest.raises(RuntimeError):
             call()
+
+
+# ------------------------------------------------------------- the tensor-core variant
+
+
+def test_mma_parts_cover_every_step_once_and_fill_the_device():
+    """The tensor-core variant's parts: each 128-column step of a row once; powers of two that
+    keep the tiles' warps within what the SMs hold and each part PGEMV_MMA_MIN_STEPS steps; on
+    Llama-3-8B's shapes and 132 SMs, one wave of 1,536-2,048 warps (the head: 8,016)."""
+    for K in (64, 192, 1088, 4096, 4160, 14336):
+        steps = kp.cdiv(K, kp.PGEMV_MMA_COLS)
+        for parts in (1, 2, 4, 8):
+            seen = []
+            for p in range(parts):
+                first, last = kp.pgemv_mma_steps(K, parts, p)
+                seen += range(first, last)
+            assert seen == list(range(steps)), (K, parts)
+    for N in (1, 15, 16, 17, 4096, 14336, 128256):
+        for K in (64, 1024, 4096, 14336):
+            for sms in (1, 132):
+                p = kp.pgemv_mma_parts(N, K, sms)
+                assert p in (1, 2, 4, 8)
+                if p > 1:
+                    assert kp.cdiv(N, 16) * p <= sms * kp.PGEMV_MMA_WARPS_PER_SM
+                    assert kp.cdiv(K, kp.PGEMV_MMA_COLS) >= p * kp.PGEMV_MMA_MIN_STEPS
+    shapes = ((4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
+    assert [kp.pgemv_mma_parts(N, K, 132) for N, K in shapes] == [8, 4, 2, 8, 1]
+    assert [kp.pgemv_variant_parts(N, K, 132, MMA) for N, K in shapes] == [8, 4, 2, 8, 1]
+    assert kp.pgemv_variant_parts(4096, 4096, 132) == kp.pgemv_parts(4096, 4096, 132)
+    assert [kp.pgemv_max_m(v) for v in (0, 1, 2, 3, MMA)] == [4, 4, 4, 4, 16]
+    assert kp.pgemv_supported(16, 4096, MMA) and not kp.pgemv_supported(17, 4096, MMA)
+    assert not kp.pgemv_supported(5, 4096) and not kp.pgemv_supported(8, 96, MMA)
+
+
+@needs_ext
+def test_mma_cpp_plan_matches_python():
+    for name in ("PGEMV_VARIANT_MMA", "PGEMV_MMA_ROWS", "PGEMV_MMA_COLS", "PGEMV_MMA_MAX_M", "PGEMV_MMA_CTAS_PER_SM",
+                 "PGEMV_MMA_WARPS_PER_SM", "PGEMV_MMA_MIN_STEPS", "PGEMV_MMA_SMEM_BYTES"):
+        assert getattr(_cuda, name) == getattr(kp, name), name
+    for N in (1, 17, 1000, 4096, 128256):
+        for K in (64, 576, 4096, 14336):
+            for sms in (1, 132, 1000):
+                assert _cuda.plan_pgemv_mma_parts(N, K, sms) == kp.pgemv_mma_parts(N, K, sms)
+                for v in (1, 2, 3, MMA):
+                    assert _cuda.plan_pgemv_variant_parts(N, K, sms, v) == kp.pgemv_variant_parts(N, K, sms, v)
+        for parts in (1, 2, 4, 8):
+            assert _cuda.plan_pgemv_mma_grid(N, parts) == kp.pgemv_mma_grid(N, parts)
+            for v in (1, 2, 3, MMA):
+                assert _cuda.plan_pgemv_variant_grid(N, parts, v) == kp.pgemv_variant_grid(N, parts, v)
+    for v in (1, 2, 3, MMA):
+        assert _cuda.plan_pgemv_max_m(v) == kp.pgemv_max_m(v)
+    for K in (64, 576, 1088, 14336):
+        for parts in (1, 2, 4, 8):
+            for p in range(parts):
+                assert tuple(_cuda.plan_pgemv_mma_steps(K, parts, p)) == kp.pgemv_mma_steps(K, parts, p)
+
+
+def _mma(x, enc, parts=1, general=False, planes=None):
+    return _gemv(x, enc, parts, general, planes, variant=MMA)
+
+
+@needs_ext
+@pytest.mark.parametrize("M", [1, 5, 8, 9, 16])
+@pytest.mark.parametrize("N,K", CASES + [(40, 1088)])
+def test_mma_gemv_meets_the_bf16_gemm_bound(M, N, K):
+    """Odd shapes (tiles past N, K an odd multiple of 64: a half step), batch 1..16 (one or two
+    n-tiles), every parts."""
+    w = make_weights(N, K, seed=N * 13 + K)
+    enc = tc.encode(w, "palette")
+    x = _x(M, K, seed=M * 7 + K)
+    for parts in (1, 2, 4, 8):
+        y = _mma(x, enc, parts)
+        assert y.shape == (M, N) and y.dtype == np.uint16
+        _fa_check(y, x, w)
+
+
+@needs_ext
+def test_mma_deterministic_and_batch_invariant():
+    """A batch row's sums use only its own x row (an mma's output columns are independent): the
+    same bits at every batch size 1..16 and on every repeat."""
+    w = make_weights(50, 1088, seed=19)
+    enc = tc.encode(w, "palette")
+    x = _x(16, 1088, seed=20)
+    for parts in (1, 4):
+        y = _mma(x, enc, parts)
+        assert np.array_equal(_mma(x, enc, parts), y)
+        for M in (1, 2, 7, 8, 9, 15):
+            assert np.array_equal(_mma(np.ascontiguousarray(x[:M]), enc, parts), y[:M]), M
+        assert np.array_equal(_mma(np.ascontiguousarray(x[12:13]), enc, parts)[0], y[12])
+
+
+@needs_ext
+def test_mma_launcher_limits_without_a_gpu():
+    base = {"x": 16, "ldx": 64, "M": 1, "sm": 16, "idx": 16, "N": 8, "K": 64, "palette": b"\x7f", "vpos": 0, "nv": 0,
+            "vexp": 0, "parts": 1, "y": 16, "ldy": 8, "variant": MMA}
+
+    def call(**kw):
+        return _cuda.palette_gemv(**{**base, **kw})
+
+    with pytest.raises(RuntimeError, match="M <= 16"):
+        call(M=17)
+    with pytest.raises(RuntimeError, match="K % 64"):
+        call(K=96, ldx=96)
+    if _cuda.device_count() == 0:  # batch 5..16 passes the checks; no device: an error, never a crash
+        with pytest.raises(RuntimeError, match="(?i)cuda|device|driver"):
+            call(M=16)

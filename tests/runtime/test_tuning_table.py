@@ -135,9 +135,12 @@ def test_user_cache_overrides_shipped_defaults(tmp_path):
 def test_candidates():
     both = ["palette_gemm", "palette_gemm_wide", "palette_gemm_xs"]  # the copy layouts
     gemv = ["palette_gemv", "palette_gemv_deep", "palette_gemv_staged"]  # the GEMV at batch 1..4, its variants
-    assert tuning.candidates("palette", 1, 4096, 512) == both + gemv
-    assert tuning.candidates("palette", 4, 4096, 512) == both + gemv
-    assert tuning.candidates("palette", 5, 4096, 512) == both
+    mma = ["palette_gemv_mma"]  # the tensor-core GEMV, batch 1..16
+    assert tuning.candidates("palette", 1, 4096, 512) == both + gemv + mma
+    assert tuning.candidates("palette", 4, 4096, 512) == both + gemv + mma
+    assert tuning.candidates("palette", 5, 4096, 512) == both + mma
+    assert tuning.candidates("palette", 16, 4096, 512) == both + mma
+    assert tuning.candidates("palette", 17, 4096, 512) == both
     assert tuning.candidates("palette", 64, 14336) == both
     assert tuning.candidates("palette", 16, 4100, 4100) == []  # K % 64 != 0
     assert tuning.candidates("palette", 256, 4096) == both

@@ -27,7 +27,10 @@
         rounding.  parts: warps per row (palette_gemv_parts(); 1, 2, 4 or 8), which sets the
         order of the sums.  variant: kernel_plan.PGEMV_VARIANT_* (0 the default; DEEP, twice the
         loads in flight per lane, PALETTE_GEMV_DEEP; STAGED, loads through cp.async into
-        shared-memory rings, PALETTE_GEMV_STAGED: the same bits).  No workspace.
+        shared-memory rings, PALETTE_GEMV_STAGED: the same bits; MMA, a warp streams a 16-row
+        tile into registers and multiplies on the tensor cores, batches of 1..16,
+        PALETTE_GEMV_MMA: tensor-core sums, deterministic and batch-invariant, not the
+        CUDA-core bits).  parts comes from palette_gemv_parts(..., variant).  No workspace.
 
 The CUDA kernels need cols % 64 == 0 and 16-byte aligned planes (palette_supported); it
 raises ValueError / RuntimeError for what it refuses and the runtime dispatch falls back to
@@ -157,17 +160,18 @@ def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, 
     return y
 
 
-def palette_gemv_parts(rows: int, cols: int, device) -> int:
-    """Warps per row of the palette GEMV on `device` (kernel_plan.pgemv_parts; 1 off CUDA)."""
+def palette_gemv_parts(rows: int, cols: int, device, variant: int = 0) -> int:
+    """Warps per row (per 16-row tile for the tensor-core variant) of the palette GEMV on
+    `device` (kernel_plan.pgemv_variant_parts; 1 off CUDA)."""
     device = torch.device(device)
     if device.type != "cuda":
         return 1
-    return plan.pgemv_parts(rows, cols, _num_sms(device))
+    return plan.pgemv_variant_parts(rows, cols, _num_sms(device), variant)
 
 
-def palette_gemv_supported(M: int, cols: int) -> bool:
-    """Whether the CUDA GEMV takes a batch of M rows against a weight with `cols` columns."""
-    return plan.pgemv_supported(M, cols)
+def palette_gemv_supported(M: int, cols: int, variant: int = 0) -> bool:
+    """Whether the CUDA GEMV `variant` takes a batch of M rows against a weight with `cols` columns."""
+    return plan.pgemv_supported(M, cols, variant)
 
 
 @torch.library.custom_op("unweight::palette_gemv", mutates_args=())
@@ -189,7 +193,8 @@ def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0):
 
 @palette_gemv.register_kernel("cuda")
 def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0):
-    x = _cuda_x("palette_gemv", x, cols, palette_gemv_supported, plan.PGEMV_MAX_M, (sm, idx, vpos, vexp))
+    x = _cuda_x("palette_gemv", x, cols, lambda M, K: palette_gemv_supported(M, K, variant),
+                plan.pgemv_max_m(variant), (sm, idx, vpos, vexp))
     M = x.size(0)
     y = torch.empty((M, rows), dtype=torch.bfloat16, device=x.device)
     with torch.cuda.device_of(x):

@@ -96,7 +96,8 @@ def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
     """y = x2 @ W^T through the fused palette GEMM (`path`: PALETTE_GEMM, PALETTE_GEMM_WIDE for
     its two-tile copy stages, or PALETTE_GEMM_XS for x shared per CTA; the same bits) or, with
     PALETTE_GEMV, the palette GEMV (batch 1..4; its own order of sums), or PALETTE_GEMV_DEEP /
-    PALETTE_GEMV_STAGED, its variants with more loads in flight (the GEMV's bits).  x2: bf16
+    PALETTE_GEMV_STAGED, its variants with more loads in flight (the GEMV's bits), or
+    PALETTE_GEMV_MMA, the tensor-core GEMV (batch 1..16; tensor-core sums).  x2: bf16
     [M, cols] unit column stride, on W's CUDA device.
     The split partials and arrival counters are views of the device's scratch, sized for every
     batch the kernel takes, so only a layer shape's first fused forward can grow them.  Raises
@@ -106,7 +107,8 @@ def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
     dev = x2.device
     if path in GEMV_PATHS:
         return torch.ops.unweight.palette_gemv(x2, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette,
-                                               ops.palette_gemv_parts(w.rows, w.cols, dev), GEMV_PATHS[path])
+                                               ops.palette_gemv_parts(w.rows, w.cols, dev, GEMV_PATHS[path]),
+                                               GEMV_PATHS[path])
     splits = ops.palette_splits(w.rows, w.cols, dev, x2.size(0))
     ws = scratch.workspace(dev, ops.palette_workspace_max(w.rows, w.cols, dev))
     cnt = scratch.counters(dev, ops.palette_counters_elems(w.rows))

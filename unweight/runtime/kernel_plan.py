@@ -90,9 +90,21 @@ PGEMV_VARIANT_DEFAULT = 0
 PGEMV_VARIANT_STD = 1
 PGEMV_VARIANT_DEEP = 2
 PGEMV_VARIANT_STAGED = 3
-PGEMV_VARIANTS = {"std": PGEMV_VARIANT_STD, "deep": PGEMV_VARIANT_DEEP, "staged": PGEMV_VARIANT_STAGED}
+# The tensor-core variant (path palette_gemv_mma): a warp streams PGEMV_MMA_COLS columns of a
+# PGEMV_MMA_ROWS-row tile per step into registers and feeds mma.sync; batches of up to
+# PGEMV_MMA_MAX_M rows; tensor-core sums (not the CUDA-core variants' bits).
+PGEMV_VARIANT_MMA = 4
+PGEMV_MMA_ROWS = 16
+PGEMV_MMA_COLS = 128
+PGEMV_MMA_MAX_M = 16
+PGEMV_MMA_CTAS_PER_SM = 2
+PGEMV_MMA_WARPS_PER_SM = PGEMV_MMA_CTAS_PER_SM * PGEMV_WARPS
+PGEMV_MMA_MIN_STEPS = 4
+PGEMV_VARIANTS = {"std": PGEMV_VARIANT_STD, "deep": PGEMV_VARIANT_DEEP, "staged": PGEMV_VARIANT_STAGED,
+                  "mma": PGEMV_VARIANT_MMA}
 PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4
 PGEMV_STAGED_SMEM_BYTES = PGEMV_SMEM_BYTES + PGEMV_WARPS * PGEMV_STAGED_DEPTH * PGEMV_STAGED_SLOT
+PGEMV_MMA_SMEM_BYTES = PGEMV_WARPS * PGEMV_MMA_ROWS * PGEMV_MMA_MAX_M * 4
 
 
 def cdiv(a: int, b: int) -> int:
@@ -290,14 +302,60 @@ def pgemv_grid(N: int, parts: int) -> int:
     return cdiv(N * parts, PGEMV_WARPS)
 
 
-def pgemv_steps(K: int, parts: int, part: int) -> tuple[int, int]:
-    """[first, last) steps of PGEMV_COLS columns that part `part` of `parts` covers."""
-    steps = cdiv(K, PGEMV_COLS)
+def pgemv_steps_of(K: int, cols: int, parts: int, part: int) -> tuple[int, int]:
+    """[first, last) steps of `cols` columns that part `part` of `parts` covers."""
+    steps = cdiv(K, cols)
     per = cdiv(steps, parts)
     first = min(part * per, steps)
     return first, min(first + per, steps)
 
 
-def pgemv_supported(M: int, K: int) -> bool:
-    """Whether the palette GEMV takes a batch of M rows against a weight with K columns."""
-    return 1 <= M <= PGEMV_MAX_M and K > 0 and K % PMMA_TILE_K == 0
+def pgemv_steps(K: int, parts: int, part: int) -> tuple[int, int]:
+    """[first, last) steps of PGEMV_COLS columns that part `part` of `parts` covers."""
+    return pgemv_steps_of(K, PGEMV_COLS, parts, part)
+
+
+def pgemv_mma_parts(N: int, K: int, num_sms: int) -> int:
+    """Warps per PGEMV_MMA_ROWS-row tile of the tensor-core variant: the largest power of two
+    (<= PGEMV_MAX_PARTS) keeping tiles * parts within the warps the SMs hold and each part at
+    least PGEMV_MMA_MIN_STEPS steps."""
+    tiles, steps = cdiv(N, PGEMV_MMA_ROWS), cdiv(K, PGEMV_MMA_COLS)
+    p = 1
+    while (2 * p <= PGEMV_MAX_PARTS and tiles * 2 * p <= num_sms * PGEMV_MMA_WARPS_PER_SM
+           and steps >= 2 * p * PGEMV_MMA_MIN_STEPS):
+        p *= 2
+    return p
+
+
+def pgemv_mma_grid(N: int, parts: int) -> int:
+    return cdiv(cdiv(N, PGEMV_MMA_ROWS) * parts, PGEMV_WARPS)
+
+
+def pgemv_mma_steps(K: int, parts: int, part: int) -> tuple[int, int]:
+    """[first, last) steps of PGEMV_MMA_COLS columns that part `part` of `parts` covers."""
+    return pgemv_steps_of(K, PGEMV_MMA_COLS, parts, part)
+
+
+def _resolved(variant: int) -> int:
+    return PGEMV_VARIANT_STD if variant == PGEMV_VARIANT_DEFAULT else variant
+
+
+def pgemv_max_m(variant: int = PGEMV_VARIANT_DEFAULT) -> int:
+    """The most batch rows a GEMV variant takes."""
+    return PGEMV_MMA_MAX_M if _resolved(variant) == PGEMV_VARIANT_MMA else PGEMV_MAX_M
+
+
+def pgemv_variant_parts(N: int, K: int, num_sms: int, variant: int = PGEMV_VARIANT_DEFAULT) -> int:
+    """Warps per row (per tile for the tensor-core variant) of a GEMV variant's launch."""
+    if _resolved(variant) == PGEMV_VARIANT_MMA:
+        return pgemv_mma_parts(N, K, num_sms)
+    return pgemv_parts(N, K, num_sms)
+
+
+def pgemv_variant_grid(N: int, parts: int, variant: int = PGEMV_VARIANT_DEFAULT) -> int:
+    return pgemv_mma_grid(N, parts) if _resolved(variant) == PGEMV_VARIANT_MMA else pgemv_grid(N, parts)
+
+
+def pgemv_supported(M: int, K: int, variant: int = PGEMV_VARIANT_DEFAULT) -> bool:
+    """Whether a palette GEMV variant takes a batch of M rows against a weight with K columns."""
+    return 1 <= M <= pgemv_max_m(variant) and K > 0 and K % PMMA_TILE_K == 0

@@ -5,7 +5,7 @@ under the key
 
     (device name, N, K, encoding, batch bucket)  ->  "decode_cublas" | "palette_gemm" | "palette_gemm_wide"
                                                      | "palette_gemm_xs" | "palette_gemv" | "palette_gemv_deep"
-                                                     | "palette_gemv_staged"
+                                                     | "palette_gemv_staged" | "palette_gemv_mma"
 
 with N, K the weight's [N, K] shape, encoding "huffman" / "palette", and the batch bucket of
 M = x.numel() // K one of BUCKETS ("1", "2-4", "5-16", "17-64", "65-256", ">256").
@@ -61,14 +61,18 @@ PALETTE_GEMV_DEEP = "palette_gemv_deep"
 # The GEMV with its loads landing in per-warp shared-memory rings through cp.async
 # (kernel_plan.h, STAGED): in-flight bytes that cost no registers; the same bits as PALETTE_GEMV.
 PALETTE_GEMV_STAGED = "palette_gemv_staged"
+# Batches of 1..16 on the tensor cores: a warp streams a 16-row tile into registers and feeds
+# mma.sync (kernel_plan.h, MMA): tensor-core sums, within the GEMM's error bound.
+PALETTE_GEMV_MMA = "palette_gemv_mma"
 # The GEMV paths and the kernel variant each runs (ops.palette_gemv's `variant`).
 GEMV_PATHS = {PALETTE_GEMV: kp.PGEMV_VARIANT_DEFAULT, PALETTE_GEMV_DEEP: kp.PGEMV_VARIANT_DEEP,
-              PALETTE_GEMV_STAGED: kp.PGEMV_VARIANT_STAGED}
+              PALETTE_GEMV_STAGED: kp.PGEMV_VARIANT_STAGED, PALETTE_GEMV_MMA: kp.PGEMV_VARIANT_MMA}
 # Times recorded under other names (a fused Huffman kernel some earlier tables list) are kept
 # out of every choice: only these paths exist.
 CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP,
-           PALETTE_GEMV_STAGED)
-FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED)
+           PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA)
+FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED,
+         PALETTE_GEMV_MMA)
 
 # (upper bound inclusive, name); the last bucket is open-ended.
 _BUCKET_BOUNDS = ((1, "1"), (4, "2-4"), (16, "5-16"), (64, "17-64"), (256, "65-256"))
@@ -120,13 +124,13 @@ def choose(times_ms: dict) -> str:
 def candidates(encoding: str, M: int, K: int, cols_per_chunk: int = 0) -> list[str]:
     """Fused paths that can run y = x @ W^T for this encoding and problem (besides
     decode_cublas): the palette GEMM in its copy layouts (one- and two-tile stages, shared x)
-    and, at batch 1..4, the palette GEMV, for palette weights within
-    its batch and shape limits; none for Huffman weights (cols_per_chunk is accepted for
-    callers that pass the grid)."""
+    and the palette GEMV's variants (batch 1..4 on CUDA cores, 1..16 on the tensor cores), for
+    palette weights within their batch and shape limits; none for Huffman weights
+    (cols_per_chunk is accepted for callers that pass the grid)."""
     if encoding != "palette":
         return []
     out = [p for p in FUSED if p not in GEMV_PATHS] if kp.pmma_supported(M, K) else []
-    return out + (list(GEMV_PATHS) if kp.pgemv_supported(M, K) else [])
+    return out + [p for p, v in GEMV_PATHS.items() if kp.pgemv_supported(M, K, v)]
 
 
 def entry_key(device: str, N: int, K: int, encoding: str, bucket_name: str) -> str:

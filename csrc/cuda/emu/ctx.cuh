@@ -78,6 +78,20 @@ UW_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Bit select (a & ~m) | (b & m) as one lop3.b32 on the device: with m a constant the compiler
+// otherwise spends two (mask b, then merge), because a LOP3 takes one immediate.
+// ---------------------------------------------------------------------------------------
+UW_HD uint32_t bitsel(uint32_t a, uint32_t b, uint32_t m) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xD8;" : "=r"(d) : "r"(a), "r"(b), "r"(m));  // a = 0xF0, b = 0xCC, m = 0xAA
+  return d;
+#else
+  return (a & ~m) | (b & m);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
 // shf.l.wrap.b32 d, lo, hi, n (CUDA's __funnelshift_l): the high word of the 64-bit {hi, lo}
 // shifted left by n & 31.  The wrap (the shift taken mod 32) is part of the meaning: the
 // Huffman decoder shifts by a table entry whose bits above 4 hold the symbol.
