@@ -42,6 +42,26 @@ inline bool pal_tables(const Palette& pal, PalTables& a) {
   return paired;
 }
 
+// The tables as per-lane registers.  Kernel parameters are uniform values, and a prmt takes at
+// most one operand from the uniform side: with both table words of a lookup uniform, the
+// compiler moves one into a register before every lookup (~1 move per 3 prmt in the palette
+// kernels).  A shuffle's result is a per-lane register, which the compiler keeps.  Up to six
+// registers more: kernels whose register cap would then spill keep the uniform tables
+// (kLane false returns u as it is).
+template <bool kLane = true, class Ctx>
+UW_HD PalTables lane_tables(Ctx& c, const PalTables& u) {
+  if constexpr (!kLane) {
+    return u;
+  } else {
+    PalTables t;
+UW_UNROLL()
+    for (int i = 0; i < 4; ++i) t.tab[i] = c.shfl(u.tab[i], 0);
+UW_UNROLL()
+    for (int i = 0; i < 2; ++i) t.dtab[i] = c.shfl(u.dtab[i], 0);
+    return t;
+  }
+}
+
 // Four weights -> two A registers (BF16 pairs, lower column in the low half).  s: their
 // sign+mantissa bytes (weight j in byte j); sel: their palette indices (weight j in bits
 // 4j..4j+3; bits 16+ are ignored).  With r = ror8(exponent) per weight, the BF16 low bytes

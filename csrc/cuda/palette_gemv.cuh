@@ -113,11 +113,13 @@ UW_UNROLL()
     }
     const uint32_t blk_first = static_cast<uint32_t>(s0) * (COLS / PAL_BLOCK);
 
+    // (At four batch rows the default's 80- and the staged variant's 64-register caps would spill.)
+    const PalTables pt = lane_tables<(MB <= 2 || (U == plan::PGEMV_DEEP_UNROLL && !kStaged))>(c, a.pt);
     // Step q of the part from its 16 sign+mantissa bytes s and 8 index bytes n of this lane.
     auto step = [&](int q, const uint32_t (&s)[4], const uint32_t (&n)[2]) {
         uint32_t w[8];  // BF16 pairs of the lane's columns 2j, 2j + 1
 UW_UNROLL()
-        for (int j = 0; j < 4; ++j) pal_decode4<kPaired>(s[j], n[j >> 1] >> (16 * (j & 1)), a.pt, w[2 * j],
+        for (int j = 0; j < 4; ++j) pal_decode4<kPaired>(s[j], n[j >> 1] >> (16 * (j & 1)), pt, w[2 * j],
                                                          w[2 * j + 1]);
         // Verbatim blocks of this step (rare): the two lanes holding a block patch its exponents.
         const uint32_t blk0 = blk_first + static_cast<uint32_t>(q) * (COLS / PAL_BLOCK);
@@ -301,15 +303,7 @@ UW_UNROLL()
       }
     }
 
-    // The palette tables in per-lane registers.  Left as kernel parameters they are uniform
-    // values, and a prmt takes at most one operand from the uniform side: the other table word
-    // would be moved into a register before every lookup (~16 moves per half step).  A shuffle's
-    // result is a per-lane register, which the compiler keeps.
-    PalTables pt = a.pt;
-UW_UNROLL()
-    for (int i = 0; i < 4; ++i) pt.tab[i] = c.shfl(pt.tab[i], 0);
-UW_UNROLL()
-    for (int i = 0; i < 2; ++i) pt.dtab[i] = c.shfl(pt.dtab[i], 0);
+    const PalTables pt = lane_tables(c, a.pt);  // (~16 moves per half step saved)
     auto compute = [&](int q, const uint32_t (&s)[2][2][4], const uint32_t (&n)[2][2][2]) {
 UW_UNROLL()
       for (int h = 0; h < 2; ++h) {

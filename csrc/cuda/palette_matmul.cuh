@@ -342,6 +342,7 @@ UW_UNROLL()
 UW_UNROLL()
   for (int nt = 0; nt < NT; ++nt)
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+  const PalTables pt = lane_tables<(NT <= 4)>(c, a.pt);  // (8 n-tiles: at the register cap)
 
   // Read offsets of this lane's weights in a stage, per tile u of the stage: sign+mantissa
   // of rows g, g+8 (16 bytes each) and indices of rows g, g+8 (8 bytes each).
@@ -400,8 +401,8 @@ UW_UNROLL()
 UW_UNROLL()
       for (int j = 0; j < 4; ++j) {
         const int sh = 16 * (j & 1);
-        pal_decode4<kPaired>(s_lo[j], n_lo[j >> 1] >> sh, a.pt, af[j][0], af[j][2]);
-        pal_decode4<kPaired>(s_hi[j], n_hi[j >> 1] >> sh, a.pt, af[j][1], af[j][3]);
+        pal_decode4<kPaired>(s_lo[j], n_lo[j >> 1] >> sh, pt, af[j][0], af[j][2]);
+        pal_decode4<kPaired>(s_hi[j], n_hi[j >> 1] >> sh, pt, af[j][1], af[j][3]);
       }
       if (a.nv > 0) {  // rare: a row of this tile has a verbatim block here
         pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
