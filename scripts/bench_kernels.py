@@ -95,6 +95,8 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                 if e == "palette" and M == 1 and budget.left() > 30:
                     r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas,
                                                             wide="gemm:wide" not in skip)
+                if e == "palette" and M == 1 and budget.left() > 30:
+                    r["palette_gemv_parts_sweep"] = _gemv_parts_sweep(torch, ws, x, runs, t_cublas, skip)
             choice = table.record(dev_name, N, K, e, M, times)
             r[f"{e}_auto"] = {"choice": choice, "time_vs_cublas": times[choice] / t_cublas}
         r["device_errors"] = int(err.item())
@@ -162,6 +164,30 @@ def _split_sweep(torch, ws, x, runs, t_cublas, wide: bool = True) -> dict:
                 out[f"{tiles}:{sp}"] = t["median_ms"] / t_cublas
             except Exception as ex:  # noqa: BLE001 - a refused split is a finding
                 out[f"{tiles}:{sp}"] = f"{type(ex).__name__}: {ex}"
+    return out
+
+
+def _gemv_parts_sweep(torch, ws, x, runs, t_cublas, skip) -> dict:
+    """The palette GEMV (default and tensor-core variants) at parts 1, 2, 4, 8 and the planned
+    one: {"<path>:planned": p, "<path>:<parts>": time / cuBLAS time}.  Data for the parts
+    heuristics (kernel_plan.pgemv_parts, pgemv_mma_parts), not a dispatch choice."""
+    from unweight import ops
+    from unweight.runtime.policy import GEMV_PATHS
+    w0, out = ws[0], {}
+    for path, tag in (("palette_gemv", "gemv"), ("palette_gemv_mma", "gemv:mma")):
+        if tag in skip:
+            continue
+        v = GEMV_PATHS[path]
+        out[f"{path}:planned"] = ops.palette_gemv_parts(w0.rows, w0.cols, x.device, v)
+        for parts in (1, 2, 4, 8):
+            def call(q, parts=parts, v=v):
+                return torch.ops.unweight.palette_gemv(x, q.sm, q.idx, q.vpos, q.vexp, q.rows, q.cols, q.palette,
+                                                       parts, v)
+            try:
+                t = bu.graph_time(torch, [lambda q=q: call(q) for q in ws], runs=max(10, runs // 2))
+                out[f"{path}:{parts}"] = t["median_ms"] / t_cublas
+            except Exception as ex:  # noqa: BLE001 - a refused parts count is a finding
+                out[f"{path}:{parts}"] = f"{type(ex).__name__}: {ex}"
     return out
 
 

@@ -662,19 +662,24 @@ UW_HD void build_lut_body(Ctx& c, const uint8_t* table, int n, int lo, uint16_t*
 // way in.
 template <bool kAhead, class Ctx>
 UW_HD void lut_fill_body(Ctx& c, uint16_t* lut_s, const uint16_t* lut_g) {
-  constexpr int kVecs = kLutBytes / 16;
+  constexpr int kVecs = kLutBytes / 16, kPer = kVecs / plan::HUFF_THREADS;
+  static_assert(kVecs % plan::HUFF_THREADS == 0, "the LUT is whole 16-byte pieces per thread");
   const uint4* src = reinterpret_cast<const uint4*>(lut_g);
   uint4* dst = reinterpret_cast<uint4*>(lut_s);
-  for (int j = c.tid(); j < kVecs; j += plan::HUFF_THREADS) {
-    uint32_t w[4];
-    ld_reuse_v4(reinterpret_cast<const uint16_t*>(src + j), w);
+  // All of a thread's kPer loads go out before its first store: the fill waits one L2 round
+  // trip, where a loop the compiler unrolls by four waits four.
+  uint32_t w[kPer][4];
+UW_UNROLL()
+  for (int p = 0; p < kPer; ++p) ld_reuse_v4(reinterpret_cast<const uint16_t*>(src + c.tid() + p * plan::HUFF_THREADS), w[p]);
+UW_UNROLL()
+  for (int p = 0; p < kPer; ++p) {
     if (kAhead) {
 UW_UNROLL()
       for (int i = 0; i < 4; ++i)
-        w[i] = lut_entry_ahead(static_cast<uint16_t>(w[i] & 0xFFFFu)) |
-               static_cast<uint32_t>(lut_entry_ahead(static_cast<uint16_t>(w[i] >> 16))) << 16;
+        w[p][i] = lut_entry_ahead(static_cast<uint16_t>(w[p][i] & 0xFFFFu)) |
+                  static_cast<uint32_t>(lut_entry_ahead(static_cast<uint16_t>(w[p][i] >> 16))) << 16;
     }
-    c.sts(dst + j, make_uint4(w[0], w[1], w[2], w[3]));
+    c.sts(dst + c.tid() + p * plan::HUFF_THREADS, make_uint4(w[p][0], w[p][1], w[p][2], w[p][3]));
   }
   c.syncthreads();
 }
