@@ -309,14 +309,6 @@ UW_UNROLL()
       for (int h = 0; h < 2; ++h) {
         if (h == 1 && q == q_half) break;  // warp-uniform: the half step's missing half
         const int64_t off = static_cast<int64_t>(q) * COLS + h * HALF;
-        // x[nt*8+g] at the lane's 16 columns of the half (bf16 pairs): B registers of mma 0, 1
-        // (xl) and 2, 3 (xh).
-        uint32_t xl[NT][4], xh[NT][4];
-UW_UNROLL()
-        for (int nt = 0; nt < NT; ++nt) {
-          pmma_load_x(xv[nt], xp[nt] + off, xl[nt]);
-          pmma_load_x(xv[nt], xp[nt] + off + 8, xh[nt]);
-        }
         uint32_t af[4][4];  // [mma][A register]: regs 0, 2 row g; 1, 3 row g + 8
 UW_UNROLL()
         for (int j = 0; j < 4; ++j) {
@@ -328,13 +320,21 @@ UW_UNROLL()
           const uint32_t kb = static_cast<uint32_t>(b_first) + static_cast<uint32_t>(q) * (COLS / PAL_BLOCK) + 2 * h;
           pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
         }
+        // x[nt*8+g] at 8 of the lane's columns (bf16 pairs): the B registers of mma 2jp, 2jp + 1,
+        // loaded just before them (L1 hits mostly), so at most 4 NT registers hold x.
 UW_UNROLL()
-        for (int j = 0; j < 4; ++j)
+        for (int jp = 0; jp < 2; ++jp) {
+          uint32_t xb[NT][4];
 UW_UNROLL()
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint32_t b[2] = {j < 2 ? xl[nt][2 * j] : xh[nt][2 * j - 4], j < 2 ? xl[nt][2 * j + 1] : xh[nt][2 * j - 3]};
-            c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
-          }
+          for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp[nt] + off + 8 * jp, xb[nt]);
+UW_UNROLL()
+          for (int j = 2 * jp; j < 2 * jp + 2; ++j)
+UW_UNROLL()
+            for (int nt = 0; nt < NT; ++nt) {
+              const uint32_t b[2] = {xb[nt][2 * (j & 1)], xb[nt][2 * (j & 1) + 1]};
+              c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
+            }
+        }
       }
     };
     // Step q + 1 is in flight while step q is used; a buffer is refilled (two steps ahead) as
