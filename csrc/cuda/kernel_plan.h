@@ -162,7 +162,7 @@ constexpr int PGEMV_VARIANT_STAGED = 3;
 // registers: lane (g, t) loads 16 sign+mantissa bytes and 8 index bytes at columns 16t and
 // 64 + 16t of rows g and g + 8 (every warp load covers whole sectors), decodes them into A
 // fragments (pal_regs.cuh) and feeds mma.sync m16n8k16, so a weight costs its decode and an
-// eighth of an mma instead of its decode, two unpacks and one FMA per batch row: ~3.1
+// eighth of an mma instead of its decode, two unpacks and one FMA per batch row: ~3
 // instructions per weight (sm_90a) where the CUDA-core steps take ~8.8.  Batches of up to
 // PGEMV_MMA_MAX_M rows (one or two n-tiles of 8).  Two steps of loads in flight per warp (6 KB),
 // at PGEMV_MMA_CTAS_PER_SM CTAs per SM (up to 128 registers per thread).  Not the CUDA-core
