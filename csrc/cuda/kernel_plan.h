@@ -335,13 +335,15 @@ UW_PLAN_HD int64_t pmma_workspace_max(int64_t N, int64_t K, int64_t num_sms) {
 // Warps per row: the largest power of two (<= PGEMV_MAX_PARTS) that keeps N * parts within
 // what the SMs hold at once and leaves each part at least two PGEMV_UNROLL batches of steps;
 // 1 when the rows alone fill the device.  The same for every batch size, so are the bits.
-UW_PLAN_HD int pgemv_parts(int64_t N, int64_t K, int64_t num_sms) {
-  const int64_t steps = cdiv(K, PGEMV_COLS);
+// The rule of both GEMVs: `units` rows or tiles of `steps` steps each, at most `warps` warps
+// resident, each part at least `min_steps` steps.
+UW_PLAN_HD int pgemv_parts_of(int64_t units, int64_t steps, int64_t warps, int64_t min_steps) {
   int p = 1;
-  while (2 * p <= PGEMV_MAX_PARTS && N * 2 * p <= num_sms * PGEMV_WARPS_PER_SM &&
-         steps >= 2 * p * 2 * PGEMV_UNROLL)
-    p *= 2;
+  while (2 * p <= PGEMV_MAX_PARTS && units * 2 * p <= warps && steps >= 2 * p * min_steps) p *= 2;
   return p;
+}
+UW_PLAN_HD int pgemv_parts(int64_t N, int64_t K, int64_t num_sms) {
+  return pgemv_parts_of(N, cdiv(K, PGEMV_COLS), num_sms * PGEMV_WARPS_PER_SM, 2 * PGEMV_UNROLL);
 }
 UW_PLAN_HD int64_t pgemv_grid(int64_t N, int parts) { return cdiv(N * parts, PGEMV_WARPS); }
 // log2 of a `parts` of 1, 2, 4 or 8 (what pgemv_parts returns and the launcher accepts): the
@@ -364,12 +366,8 @@ UW_PLAN_HD void pgemv_steps(int64_t K, int parts, int part, int64_t* first, int6
 // 8 parts (2,048 warps of 4 steps), 6144 x 4096 4, 14336 x 4096 2, 4096 x 14336 8,
 // 128256 x 4096 1.  The same for every batch size, so are the bits.
 UW_PLAN_HD int pgemv_mma_parts(int64_t N, int64_t K, int64_t num_sms) {
-  const int64_t tiles = cdiv(N, PGEMV_MMA_ROWS), steps = cdiv(K, PGEMV_MMA_COLS);
-  int p = 1;
-  while (2 * p <= PGEMV_MAX_PARTS && tiles * 2 * p <= num_sms * PGEMV_MMA_WARPS_PER_SM &&
-         steps >= 2 * p * PGEMV_MMA_MIN_STEPS)
-    p *= 2;
-  return p;
+  return pgemv_parts_of(cdiv(N, PGEMV_MMA_ROWS), cdiv(K, PGEMV_MMA_COLS), num_sms * PGEMV_MMA_WARPS_PER_SM,
+                        PGEMV_MMA_MIN_STEPS);
 }
 UW_PLAN_HD int64_t pgemv_mma_grid(int64_t N, int parts) {
   return cdiv(cdiv(N, PGEMV_MMA_ROWS) * parts, PGEMV_WARPS);

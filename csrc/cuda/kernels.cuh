@@ -140,10 +140,11 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
                          float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int stage_tiles, int x_shared,
                          void* stream);
 
-// y[m, r] = sum_k x[m, k] * W[r, k] for m < M (1..4), r < N, on CUDA cores: the palette GEMV
-// (palette_gemv.cu), same operands and alignment as palette_gemm; parts: warps per row
-// (plan::pgemv_parts: 1, 2, 4 or 8), which sets the order of the fp32 sums; variant:
-// plan::PGEMV_VARIANT_* (0 the default; DEEP and STAGED give the same bits).  Needs no
+// y[m, r] = sum_k x[m, k] * W[r, k] for m < M, r < N: the palette GEMV (palette_gemv.cu),
+// same operands and alignment as palette_gemm; variant: plan::PGEMV_VARIANT_* (0 the default;
+// DEEP and STAGED give its bits; MMA runs on the tensor cores, its own sums); M: 1..4, or
+// 1..16 for MMA (plan::pgemv_max_m); parts: warps per row, or per 16-row tile for MMA
+// (plan::pgemv_variant_parts: 1, 2, 4 or 8), which sets the order of the fp32 sums.  Needs no
 // workspace.
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,

@@ -234,6 +234,7 @@ UW_UNROLL()
 template <int NT, bool kPaired, class Ctx>
 UW_HD void pgemv_mma_body(Ctx& c, const PgemvArgs& a) {
   constexpr int COLS = plan::PGEMV_MMA_COLS, HALF = COLS / 2, ROWS = plan::PGEMV_MMA_ROWS;
+  static_assert(ROWS == plan::PMMA_TILE_N, "a tile is the fused GEMM's (its verbatim cursors and patch)");
   const int lane = c.lane(), warp = c.warp(), g = lane >> 2, t = lane & 3;
   const int64_t tile = c.block_x() * (plan::PGEMV_WARPS >> a.lparts) + (warp >> a.lparts);
   const int64_t row0 = tile * ROWS;
@@ -293,15 +294,7 @@ UW_UNROLL()
     const uint64_t b_first = static_cast<uint64_t>(s0) * (COLS / PAL_BLOCK);
     const uint64_t b_end = (s1 * COLS < a.K ? static_cast<uint64_t>(s1 * COLS) : static_cast<uint64_t>(a.K)) / PAL_BLOCK;
     uint32_t cur = 0, rel = 0xFFFFFFFFu;
-    if (a.nv > 0) {
-      int64_t v_lo = 0, v_hi = 0;
-      warp_lower_bound2(c, a.vpos, a.nv, static_cast<uint64_t>(row0) * bpr + b_first,
-                        static_cast<uint64_t>(row0 + ROWS - 1) * bpr + b_end, &v_lo, &v_hi);
-      if (lane < ROWS && v_hi > v_lo) {
-        cur = static_cast<uint32_t>(v_lo + lower_bound_u32(a.vpos + v_lo, v_hi - v_lo, rowbase + b_first));
-        rel = pmma_rel(a, cur, rowbase, bpr);
-      }
-    }
+    if (a.nv > 0) pmma_tile_cursors(c, a, row0, bpr, b_first, b_end, rowbase, cur, rel);
 
     const PalTables pt = lane_tables(c, a.pt);  // (~16 moves per half step saved)
     auto compute = [&](int q, const uint32_t (&s)[2][2][4], const uint32_t (&n)[2][2][2]) {
@@ -348,35 +341,32 @@ UW_UNROLL()
     }
   }
 
-  // Epilogue.  acc[nt][e]: tile row g (+8 for e >= 2), batch row nt*8 + 2t + (e & 1).
-  if (a.parts == 1) {
-    if (active)
-UW_UNROLL()
-      for (int nt = 0; nt < NT; ++nt)
-        for (int e = 0; e < 4; ++e) {
-          const int m = nt * 8 + 2 * t + (e & 1);
-          const int64_t r = row0 + g + (e >> 1) * 8;
-          if (m < a.M && r < a.N) a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(acc[nt][e]));
-        }
-    return;
-  }
-  // The parts' sums through shared memory, [warp][tile row][batch row], added in part order.
+  // Epilogue.  acc[nt][e]: tile row g (+8 for e >= 2), batch row nt*8 + 2t + (e & 1).  With
+  // parts, the sums go through shared memory, [warp][tile row][batch row], and part 0's warp
+  // adds them in part order.
   float* red = reinterpret_cast<float*>(c.smem());
+  auto at = [&](int w, int nt, int e) {
+    return red + (w * ROWS + g + (e >> 1) * 8) * plan::PGEMV_MMA_MAX_M + nt * 8 + 2 * t + (e & 1);
+  };
+  if (a.parts > 1) {
 UW_UNROLL()
-  for (int nt = 0; nt < NT; ++nt)
-    for (int e = 0; e < 4; ++e)
-      c.sts(red + (warp * ROWS + g + (e >> 1) * 8) * plan::PGEMV_MMA_MAX_M + nt * 8 + 2 * t + (e & 1), acc[nt][e]);
-  c.syncthreads();
-  if (part != 0 || !active) return;
+    for (int nt = 0; nt < NT; ++nt)
+      for (int e = 0; e < 4; ++e) c.sts(at(warp, nt, e), acc[nt][e]);
+    c.syncthreads();
+    if (part != 0) return;
+  }
+  if (!active) return;
 UW_UNROLL()
   for (int nt = 0; nt < NT; ++nt)
     for (int e = 0; e < 4; ++e) {
       const int m = nt * 8 + 2 * t + (e & 1);
-      const int rl = g + (e >> 1) * 8;
-      const int64_t r = row0 + rl;
+      const int64_t r = row0 + g + (e >> 1) * 8;
       if (m >= a.M || r >= a.N) continue;
-      float sum = 0.f;
-      for (int q = 0; q < a.parts; ++q) sum += c.lds(red + ((warp + q) * ROWS + rl) * plan::PGEMV_MMA_MAX_M + m);
+      float sum = acc[nt][e];
+      if (a.parts > 1) {
+        sum = 0.f;
+        for (int q = 0; q < a.parts; ++q) sum += c.lds(at(warp + q, nt, e));
+      }
       a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(sum));
     }
 }

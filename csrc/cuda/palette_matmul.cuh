@@ -203,6 +203,23 @@ UW_HD uint32_t set_exponents(uint32_t reg, uint32_t e0, uint32_t e1) {
   return (reg & 0x807F807Fu) | ((e0 & 0xFFu) << 7) | ((e1 & 0xFFu) << 23);
 }
 
+// The verbatim cursors of a warp's 16 rows row0.. over their blocks [b_first, b_end): the
+// range's two ends are searched together (warp_lower_bound2), then lane i < 16 finds row i's
+// first entry inside that range (`rowbase`: row0 + (lane & 15) times bpr, the row's first block
+// id) and keeps it as `cur` and `rel` (pmma_rel; 0xFFFFFFFF: none).  Shared by the fused GEMM
+// and the tensor-core GEMV.
+template <class Ctx>
+UW_HD void pmma_tile_cursors(Ctx& c, const PalProduct& a, int64_t row0, uint64_t bpr, uint64_t b_first,
+                             uint64_t b_end, uint64_t rowbase, uint32_t& cur, uint32_t& rel) {
+  int64_t v_lo = 0, v_hi = 0;
+  warp_lower_bound2(c, a.vpos, a.nv, static_cast<uint64_t>(row0) * bpr + b_first,
+                    static_cast<uint64_t>(row0 + plan::PMMA_TILE_N - 1) * bpr + b_end, &v_lo, &v_hi);
+  if (c.lane() < plan::PMMA_TILE_N && v_hi > v_lo) {
+    cur = static_cast<uint32_t>(v_lo + lower_bound_u32(a.vpos + v_lo, v_hi - v_lo, rowbase + b_first));
+    rel = pmma_rel(a, cur, rowbase, bpr);
+  }
+}
+
 // The verbatim blocks of one 64-column tile of a warp's 16 rows (blocks kb, kb + 1 of each
 // row; rare): lane i < 16 holds row i's cursor `cur` and `rel` (pmma_rel), so one ballot finds
 // the rows with a block here; for each, the two lanes holding the block's 16-column halves load
@@ -327,16 +344,9 @@ UW_UNROLL()
   const uint64_t bpr = static_cast<uint64_t>(a.K / PAL_BLOCK);
   const uint64_t rowbase = static_cast<uint64_t>(row0 + (lane & 15)) * bpr;
   uint32_t cur = 0, rel = 0xFFFFFFFFu;
-  if (a.nv > 0 && ntiles > 0) {
-    const uint64_t first = static_cast<uint64_t>(row0) * bpr + 2 * kt0;
-    const uint64_t end = static_cast<uint64_t>(row0 + plan::PMMA_TILE_N - 1) * bpr + 2 * kt1;
-    int64_t v_lo = 0, v_hi = 0;
-    warp_lower_bound2(c, a.vpos, a.nv, first, end, &v_lo, &v_hi);
-    if (lane < plan::PMMA_TILE_N && v_hi > v_lo) {
-      cur = static_cast<uint32_t>(v_lo + lower_bound_u32(a.vpos + v_lo, v_hi - v_lo, rowbase + 2 * kt0));
-      rel = pmma_rel(a, cur, rowbase, bpr);
-    }
-  }
+  if (a.nv > 0 && ntiles > 0)
+    pmma_tile_cursors(c, a, row0, bpr, static_cast<uint64_t>(2 * kt0), static_cast<uint64_t>(2 * kt1), rowbase, cur,
+                      rel);
 
   float acc[NT][4];
 UW_UNROLL()

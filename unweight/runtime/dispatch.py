@@ -106,9 +106,9 @@ def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
         raise ValueError(f"no fused kernel {path!r} for a {w.encoding_name} weight")
     dev = x2.device
     if path in GEMV_PATHS:
+        v = GEMV_PATHS[path]
         return torch.ops.unweight.palette_gemv(x2, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette,
-                                               ops.palette_gemv_parts(w.rows, w.cols, dev, GEMV_PATHS[path]),
-                                               GEMV_PATHS[path])
+                                               ops.palette_gemv_parts(w.rows, w.cols, dev, v), v)
     splits = ops.palette_splits(w.rows, w.cols, dev, x2.size(0))
     ws = scratch.workspace(dev, ops.palette_workspace_max(w.rows, w.cols, dev))
     cnt = scratch.counters(dev, ops.palette_counters_elems(w.rows))

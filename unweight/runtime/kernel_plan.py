@@ -288,14 +288,19 @@ def pmma_supported(M: int, K: int) -> bool:
 
 
 # --- palette GEMV ----------------------------------------------------------------------------
+def pgemv_parts_of(units: int, steps: int, warps: int, min_steps: int) -> int:
+    """The rule of both GEMVs: `units` rows or tiles of `steps` steps each, at most `warps` warps
+    resident, each part at least `min_steps` steps."""
+    p = 1
+    while 2 * p <= PGEMV_MAX_PARTS and units * 2 * p <= warps and steps >= 2 * p * min_steps:
+        p *= 2
+    return p
+
+
 def pgemv_parts(N: int, K: int, num_sms: int) -> int:
     """Warps per row: the largest power of two (<= PGEMV_MAX_PARTS) keeping N * parts within the
     warps the SMs hold and each part at least two PGEMV_UNROLL batches of steps."""
-    steps = cdiv(K, PGEMV_COLS)
-    p = 1
-    while 2 * p <= PGEMV_MAX_PARTS and N * 2 * p <= num_sms * PGEMV_WARPS_PER_SM and steps >= 2 * p * 2 * PGEMV_UNROLL:
-        p *= 2
-    return p
+    return pgemv_parts_of(N, cdiv(K, PGEMV_COLS), num_sms * PGEMV_WARPS_PER_SM, 2 * PGEMV_UNROLL)
 
 
 def pgemv_grid(N: int, parts: int) -> int:
@@ -319,12 +324,8 @@ def pgemv_mma_parts(N: int, K: int, num_sms: int) -> int:
     """Warps per PGEMV_MMA_ROWS-row tile of the tensor-core variant: the largest power of two
     (<= PGEMV_MAX_PARTS) keeping tiles * parts within the warps the SMs hold and each part at
     least PGEMV_MMA_MIN_STEPS steps."""
-    tiles, steps = cdiv(N, PGEMV_MMA_ROWS), cdiv(K, PGEMV_MMA_COLS)
-    p = 1
-    while (2 * p <= PGEMV_MAX_PARTS and tiles * 2 * p <= num_sms * PGEMV_MMA_WARPS_PER_SM
-           and steps >= 2 * p * PGEMV_MMA_MIN_STEPS):
-        p *= 2
-    return p
+    return pgemv_parts_of(cdiv(N, PGEMV_MMA_ROWS), cdiv(K, PGEMV_MMA_COLS), num_sms * PGEMV_MMA_WARPS_PER_SM,
+                          PGEMV_MMA_MIN_STEPS)
 
 
 def pgemv_mma_grid(N: int, parts: int) -> int:
@@ -336,24 +337,20 @@ def pgemv_mma_steps(K: int, parts: int, part: int) -> tuple[int, int]:
     return pgemv_steps_of(K, PGEMV_MMA_COLS, parts, part)
 
 
-def _resolved(variant: int) -> int:
-    return PGEMV_VARIANT_STD if variant == PGEMV_VARIANT_DEFAULT else variant
-
-
 def pgemv_max_m(variant: int = PGEMV_VARIANT_DEFAULT) -> int:
     """The most batch rows a GEMV variant takes."""
-    return PGEMV_MMA_MAX_M if _resolved(variant) == PGEMV_VARIANT_MMA else PGEMV_MAX_M
+    return PGEMV_MMA_MAX_M if variant == PGEMV_VARIANT_MMA else PGEMV_MAX_M
 
 
 def pgemv_variant_parts(N: int, K: int, num_sms: int, variant: int = PGEMV_VARIANT_DEFAULT) -> int:
     """Warps per row (per tile for the tensor-core variant) of a GEMV variant's launch."""
-    if _resolved(variant) == PGEMV_VARIANT_MMA:
+    if variant == PGEMV_VARIANT_MMA:
         return pgemv_mma_parts(N, K, num_sms)
     return pgemv_parts(N, K, num_sms)
 
 
 def pgemv_variant_grid(N: int, parts: int, variant: int = PGEMV_VARIANT_DEFAULT) -> int:
-    return pgemv_mma_grid(N, parts) if _resolved(variant) == PGEMV_VARIANT_MMA else pgemv_grid(N, parts)
+    return pgemv_mma_grid(N, parts) if variant == PGEMV_VARIANT_MMA else pgemv_grid(N, parts)
 
 
 def pgemv_supported(M: int, K: int, variant: int = PGEMV_VARIANT_DEFAULT) -> bool:
