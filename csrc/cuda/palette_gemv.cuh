@@ -365,6 +365,7 @@ UW_UNROLL()
       float sum = acc[nt][e];
       if (a.parts > 1) {
         sum = 0.f;
+UW_UNROLL(1)  // once per warp: kept short rather than unrolled for each of the 4 NT sums
         for (int q = 0; q < a.parts; ++q) sum += c.lds(at(warp + q, nt, e));
       }
       a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(sum));
