@@ -476,16 +476,52 @@ UW_UNROLL()
   c.syncthreads();
   if (!c.lds(last_flag) || !active) return;
   c.threadfence();
+  // Each output is 0 + p_0 + p_1 + ... in split order.  The loads of kU splits of all the
+  // lane's 4 NT outputs go out together (32 in flight), then their adds: a lane waits out
+  // splits / kU L2 round trips, where one loop per output waited out about 4 NT splits / 4.
+  constexpr int kU = NT >= 8 ? 1 : 8 / NT;
+  const int64_t split_elems = static_cast<int64_t>(a.M) * a.N;
+  const float* base = a.ws + static_cast<int64_t>(m0 + 2 * t) * a.N + row0 + g;
+  float sum[NT][4];
+  bool take[NT][4];
 UW_UNROLL()
   for (int nt = 0; nt < NT; ++nt)
+UW_UNROLL()
     for (int e = 0; e < 4; ++e) {
-      const int m = m0 + nt * 8 + 2 * t + (e & 1);
-      const int64_t r = row0 + g + (e >> 1) * 8;
-      if (m >= a.M || r >= a.N) continue;
-      float sum = 0.f;
-      for (int64_t s = 0; s < splits; ++s) sum += c.ld_grid(a.ws + (s * a.M + m) * a.N + r);
-      a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(sum));
+      sum[nt][e] = 0.f;
+      take[nt][e] = m0 + nt * 8 + 2 * t + (e & 1) < a.M && row0 + g + (e >> 1) * 8 < a.N;
     }
+  for (int64_t s0 = 0; s0 < splits; s0 += kU) {
+    float p[kU][NT][4];
+UW_UNROLL()
+    for (int u = 0; u < kU; ++u)
+UW_UNROLL()
+      for (int nt = 0; nt < NT; ++nt)
+UW_UNROLL()
+        for (int e = 0; e < 4; ++e) {
+          // Past the last split: that split's word again, never added (keeps every load of
+          // the group under one predicate, which lets the compiler issue them all first).
+          const int64_t su = s0 + u < splits ? s0 + u : splits - 1;
+          const int64_t at = su * split_elems + static_cast<int64_t>(nt * 8 + (e & 1)) * a.N + (e >> 1) * 8;
+          p[u][nt][e] = take[nt][e] ? c.ld_grid(base + at) : 0.f;
+        }
+UW_UNROLL()
+    for (int u = 0; u < kU; ++u)
+      if (s0 + u < splits)  // (never add a missing split's 0: -0 + 0 is +0)
+UW_UNROLL()
+        for (int nt = 0; nt < NT; ++nt)
+UW_UNROLL()
+          for (int e = 0; e < 4; ++e) sum[nt][e] += p[u][nt][e];
+  }
+UW_UNROLL()
+  for (int nt = 0; nt < NT; ++nt)
+UW_UNROLL()
+    for (int e = 0; e < 4; ++e)
+      if (take[nt][e]) {
+        const int m = m0 + nt * 8 + 2 * t + (e & 1);
+        const int64_t r = row0 + g + (e >> 1) * 8;
+        a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(sum[nt][e]));
+      }
 }
 
 // Launchers of the kernel instantiations (palette_matmul.cu).
