@@ -32,7 +32,7 @@ import _bench_util as bu  # noqa: E402
 
 # <mode>[+fused | +fused-wide | +fused-xs | +gemv | +<decoder variant>]: the fused palette GEMM
 # forced on (one-tile copy stages, two-tile stages, or x shared per CTA), the palette GEMV at
-# batch 1..4 (its tensor-core variant 1..16; the one-tile GEMM above), or the decode + cuBLAS path with another decoder
+# batch 1..4 (its tensor-core variant 1..32; the one-tile GEMM above), or the decode + cuBLAS path with another decoder
 # (dispatch.use_decoders).
 MODES = ("huffman", "palette", "huffman+fused", "palette+fused", "palette+fused-wide", "palette+fused-xs",
          "palette+gemv", "palette+gemv-mma", "palette+gemv-deep", "palette+gemv-staged", "huffman+chain", "huffman+ahead", "huffman+ahead2", "palette+vec8", "palette+wide", "dense")

@@ -983,27 +983,27 @@ def group_variant(rec, device, tag):
         from unweight.runtime.tuning_table import PALETTE_GEMV_MMA as P
 
         def mma_case(w, batches):
-            """The tensor-core GEMV at batch 1..16: within 2x cuBLAS's error against FP64 (its own
+            """The tensor-core GEMV at batch 1..32: within 2x cuBLAS's error against FP64 (its own
             tensor-core sums, not the CUDA-core GEMV's bits), repeats bit for bit, and each batch
             row's bits the same at every batch size."""
             N, K = w.shape
             ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
-            x16 = h.bf16_tensor(h.make_weights(16, K, seed=N + 3, spread=False), device)
-            y16 = h.fused_op(ew, x16, err, P)
-            r = {"repeat_bitwise": bool(torch.equal(h.fused_op(ew, x16, err, P).view(torch.int16),
-                                                    y16.view(torch.int16)))}
+            x32 = h.bf16_tensor(h.make_weights(32, K, seed=N + 3, spread=False), device)
+            y32 = h.fused_op(ew, x32, err, P)
+            r = {"repeat_bitwise": bool(torch.equal(h.fused_op(ew, x32, err, P).view(torch.int16),
+                                                    y32.view(torch.int16)))}
             for M in batches:
-                x = x16[:M].contiguous()
+                x = x32[:M].contiguous()
                 acc = h.fused_vs_cublas(ew, x, w, err, P) if device == "cuda" else {"passed": True}
                 y = h.fused_op(ew, x, err, P)
                 r[f"M={M}"] = bool(acc.get("passed")) and (device != "cuda" or bool(torch.equal(
-                    y.view(torch.int16), y16[:M].view(torch.int16))))
+                    y.view(torch.int16), y32[:M].view(torch.int16))))
             r["passed"] = all(r.values())
             return r
         for N, K in _gemv_cases(device) + [(40, 1088)]:
-            rec.check(f"palette GEMV mma {N}x{K} at batch 1-16", mma_case, h.make_weights(N, K, seed=N + 13 * K),
-                      (1, 2, 4, 8, 9, 16))
-        rec.check("palette GEMV mma on verbatim-heavy weights", mma_case, _verbatim_heavy(np, 576, 5), (1, 3, 16))
+            rec.check(f"palette GEMV mma {N}x{K} at batch 1-32", mma_case, h.make_weights(N, K, seed=N + 13 * K),
+                      (1, 2, 4, 8, 9, 16, 17, 32))
+        rec.check("palette GEMV mma on verbatim-heavy weights", mma_case, _verbatim_heavy(np, 576, 5), (1, 3, 16, 24))
     elif tag in GEMV_VARIANTS:
         from unweight.runtime.tuning_table import PALETTE_GEMV
         cases = _gemv_cases(device)

@@ -194,7 +194,7 @@ def kernels_table(bench: dict) -> list[str]:
              "palette_fused_xs": "palette fused, shared x", "palette_gemv": "palette GEMV (batch 1-4)",
              "palette_gemv_deep": "palette GEMV, deep (batch 1-4)",
              "palette_gemv_staged": "palette GEMV, staged (batch 1-4)",
-             "palette_gemv_mma": "palette GEMV, tensor cores (batch 1-16)",
+             "palette_gemv_mma": "palette GEMV, tensor cores (batch 1-32)",
              "huffman_fused": "huffman fused",
              "palette_decode_cublas": "palette decode + cuBLAS", "huffman_decode_cublas": "huffman decode + cuBLAS"}
     lines = ["**y = x W^T against cuBLAS BF16** (cuBLAS in microseconds; the others as time / cuBLAS time, "

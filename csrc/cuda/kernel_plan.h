@@ -164,14 +164,17 @@ constexpr int PGEMV_VARIANT_STAGED = 3;
 // fragments (pal_regs.cuh) and feeds mma.sync m16n8k16, so a weight costs its decode and an
 // eighth of an mma instead of its decode, two unpacks and one FMA per batch row: ~3
 // instructions per weight (sm_90a) where the CUDA-core steps take ~8.8.  Batches of up to
-// PGEMV_MMA_MAX_M rows (one or two n-tiles of 8).  Two steps of loads in flight per warp (6 KB),
-// at PGEMV_MMA_CTAS_PER_SM CTAs per SM (up to 128 registers per thread).  Not the CUDA-core
-// variants' bits: tensor-core sums, as in the fused GEMM.
+// PGEMV_MMA_MAX_M rows (one, two or four n-tiles of 8).  Two steps of loads in flight per warp
+// (6 KB), at PGEMV_MMA_CTAS_PER_SM CTAs per SM (up to 128 registers per thread) for one or
+// two n-tiles and PGEMV_MMA4_CTAS_PER_SM for four (their 16 accumulators and x registers
+// more need ~170).  The parts plan is the same at every batch size, so a row's sums are too.
+// Not the CUDA-core variants' bits: tensor-core sums, as in the fused GEMM.
 constexpr int PGEMV_VARIANT_MMA = 4;
 constexpr int PGEMV_MMA_ROWS = 16;
 constexpr int PGEMV_MMA_COLS = 128;
-constexpr int PGEMV_MMA_MAX_M = 16;
+constexpr int PGEMV_MMA_MAX_M = 32;
 constexpr int PGEMV_MMA_CTAS_PER_SM = 2;
+constexpr int PGEMV_MMA4_CTAS_PER_SM = 1;
 constexpr int PGEMV_MMA_WARPS_PER_SM = PGEMV_MMA_CTAS_PER_SM * PGEMV_WARPS;
 // Steps a part keeps at least (the loads of two are in flight while one is used).
 constexpr int PGEMV_MMA_MIN_STEPS = 4;

@@ -143,7 +143,7 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 // y[m, r] = sum_k x[m, k] * W[r, k] for m < M, r < N: the palette GEMV (palette_gemv.cu),
 // same operands and alignment as palette_gemm; variant: plan::PGEMV_VARIANT_* (0 the default;
 // DEEP and STAGED give its bits; MMA runs on the tensor cores, its own sums); M: 1..4, or
-// 1..16 for MMA (plan::pgemv_max_m); parts: warps per row, or per 16-row tile for MMA
+// 1..32 for MMA (plan::pgemv_max_m); parts: warps per row, or per 16-row tile for MMA
 // (plan::pgemv_variant_parts: 1, 2, 4 or 8), which sets the order of the fp32 sums.  Needs no
 // workspace.
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,

@@ -8,7 +8,8 @@
 // per batch of loads (kernel_plan.h).  The staged variant: __launch_bounds__(256, 4), loads
 // through cp.async into per-warp shared-memory rings (PGEMV_STAGED_SMEM_BYTES of dynamic
 // shared memory, under the 48 KB that needs no opt-in).  The tensor-core variant
-// (pgemv_mma_body): __launch_bounds__(256, 2), batches of up to 16 rows.
+// (pgemv_mma_body): batches of up to 32 rows; __launch_bounds__(256, 2) for one or two
+// n-tiles of 8, (256, 1) for four.
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -65,7 +66,9 @@ __global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_STAGED_CTAS_P
 static_assert(plan::PGEMV_STAGED_SMEM_BYTES <= 48 * 1024, "the staged GEMV's rings need no shared-memory opt-in");
 
 template <int MB, bool kPaired>
-__global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_MMA_CTAS_PER_SM) pgemv_mma_kernel(PgemvArgs a) {
+__global__ void __launch_bounds__(plan::PGEMV_THREADS,
+                                  MB > 16 ? plan::PGEMV_MMA4_CTAS_PER_SM : plan::PGEMV_MMA_CTAS_PER_SM)
+    pgemv_mma_kernel(PgemvArgs a) {
   emu::DeviceCtx c;
   pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA>(c, a);
 }
@@ -81,7 +84,7 @@ bool resolve_pgemv_variant(int* variant) {
 const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
                         int parts, const void* x, const void* sm, const void* idx, const void* vexp, int variant) {
   if (variant == plan::PGEMV_VARIANT_MMA) {
-    if (M < 1 || M > plan::PGEMV_MMA_MAX_M) return "the tensor-core palette_gemv supports 1 <= M <= 16";
+    if (M < 1 || M > plan::PGEMV_MMA_MAX_M) return "the tensor-core palette_gemv supports 1 <= M <= 32";
   } else if (M < 1 || M > plan::PGEMV_MAX_M) {
     return "palette_gemv supports 1 <= M <= 4";
   }
@@ -97,7 +100,7 @@ const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, c
 }
 
 // Runs f(MB, paired, variant) with all three as compile-time constants (variant resolved; MB
-// 1, 2 or 4 for the CUDA-core variants, 8 or 16 for the tensor-core one).
+// 1, 2 or 4 for the CUDA-core variants, 8, 16 or 32 for the tensor-core one).
 template <class F>
 void with_variant(int M, bool paired, int variant, F&& f) {
   using plan::PGEMV_VARIANT_DEEP, plan::PGEMV_VARIANT_STAGED, plan::PGEMV_VARIANT_STD, plan::PGEMV_VARIANT_MMA;
@@ -111,7 +114,8 @@ void with_variant(int M, bool paired, int variant, F&& f) {
   };
   if (variant == PGEMV_VARIANT_MMA) {
     if (M <= 8) go(std::integral_constant<int, 8>{}, std::integral_constant<int, PGEMV_VARIANT_MMA>{});
-    else go(std::integral_constant<int, 16>{}, std::integral_constant<int, PGEMV_VARIANT_MMA>{});
+    else if (M <= 16) go(std::integral_constant<int, 16>{}, std::integral_constant<int, PGEMV_VARIANT_MMA>{});
+    else go(std::integral_constant<int, 32>{}, std::integral_constant<int, PGEMV_VARIANT_MMA>{});
   } else if (variant == PGEMV_VARIANT_DEEP) {
     go_m(std::integral_constant<int, PGEMV_VARIANT_DEEP>{});
   } else if (variant == PGEMV_VARIANT_STAGED) {

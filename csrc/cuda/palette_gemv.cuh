@@ -278,14 +278,13 @@ UW_UNROLL()
     load(0, sa, na);
     if (nq > 1) load(1, sb, nb);
 
-    // x rows of this lane's n-tile columns (B fragment: n = g); rows past M read as zero.
+    // x rows of this lane's n-tile columns (B fragment: n = g).  A column past M reads row
+    // M - 1 again: an mma's output column n depends on B's column n alone, so those columns'
+    // sums are never stored and change no other; the loads stay unconditional (no branch,
+    // no zeroing per load) and, the same address as lane M - 1's, add no sectors.
     const uint16_t* xp[NT];
-    bool xv[NT];
 UW_UNROLL()
-    for (int nt = 0; nt < NT; ++nt) {
-      xv[nt] = nt * 8 + g < a.M;
-      xp[nt] = a.x + (xv[nt] ? nt * 8 + g : 0) * a.ldx + c0;
-    }
+    for (int nt = 0; nt < NT; ++nt) xp[nt] = a.x + (nt * 8 + g < a.M ? nt * 8 + g : a.M - 1) * a.ldx + c0;
 
     // Verbatim blocks: lane i < 16 follows row row0 + i with a cursor into vpos, as the fused
     // GEMM does (`rel`: that entry's block within its row, 0xFFFFFFFF when none is left).
@@ -319,7 +318,7 @@ UW_UNROLL()
         for (int jp = 0; jp < 2; ++jp) {
           uint32_t xb[NT][4];
 UW_UNROLL()
-          for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp[nt] + off + 8 * jp, xb[nt]);
+          for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp[nt] + off + 8 * jp, xb[nt]);
 UW_UNROLL()
           for (int j = 2 * jp; j < 2 * jp + 2; ++j)
 UW_UNROLL()

@@ -98,14 +98,18 @@ def test_palette_gemm_fixup_sums_in_split_order():
     assert np.array_equal(outs[0][0][0], want_bits)
 
 
-def test_palette_gemv():
+@pytest.mark.parametrize("variant,M", [(0, 3), (kp.PGEMV_VARIANT_MMA, 3), (kp.PGEMV_VARIANT_MMA, 20)])
+def test_palette_gemv(variant, M):
+    """The CUDA-core GEMV and the tensor-core one at one and four n-tiles: the parts' sums go
+    through shared memory, read after the CTA's barrier whichever warp arrives last."""
     w = make_weights(200, 512, seed=4)
     enc = tc.encode(w, "palette")
     p = enc.planes
-    x = _x(3, 512, seed=6)
+    x = _x(M, 512, seed=6)
     for parts in (1, 4):
         _same_bytes(_in_each_order(lambda: (_cuda.emulate_palette_gemv(
-            x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], parts, False),)))
+            x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], parts, False,
+            variant),)))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -9,7 +9,7 @@
   both palette decodes, and for determinism and batch invariance; the numerical bound is the
   one test_fused_logic.py states;
 * the tensor-core variant (``pgemv_mma_body``, PGEMV_VARIANT_MMA): its tile geometry, and the
-  same checks at batch 1..16, including the half step of a row whose K is an odd multiple of 64.
+  same checks at batch 1..32, including the half step of a row whose K is an odd multiple of 64.
 """
 import numpy as np
 import pytest
@@ -99,10 +99,10 @@ def test_emulated_gemv_meets_the_bf16_gemm_bound(M, N, K):
 
 
 @needs_ext
-@pytest.mark.parametrize("variant,rows", [(0, 4), (MMA, 16)])
+@pytest.mark.parametrize("variant,rows", [(0, 4), (MMA, 16), (MMA, 32)])
 def test_every_finite_bf16_pattern_decodes_exactly(variant, rows):
-    """All 65280 finite BF16 patterns as W: one-hot x rows (4; 16 for the tensor-core variant,
-    two n-tiles) pick single columns, one exact product each, so y equals W's columns bit for
+    """All 65280 finite BF16 patterns as W: one-hot x rows (4; 16 or 32 for the tensor-core
+    variant, two or four n-tiles) pick single columns, one exact product each, so y equals W's columns bit for
     bit (-0 becomes +0).  Each pattern once, column groups alternating between the paired and
     the general decode (pal_regs.cuh's decode, which test_fused_logic.py runs over every
     pattern with both) and between one and two parts."""
@@ -120,13 +120,13 @@ def test_every_finite_bf16_pattern_decodes_exactly(variant, rows):
 
 
 @needs_ext
-@pytest.mark.parametrize("variant,M", [(0, 3), (MMA, 9)])
+@pytest.mark.parametrize("variant,M", [(0, 3), (MMA, 9), (MMA, 20)])
 def test_inf_and_nan_weights_follow_ieee(variant, M):
     check_ieee_specials(lambda x, enc: _gemv(x, enc, variant=variant), M, 640)
 
 
 @needs_ext
-@pytest.mark.parametrize("variant,M,parts", [(0, 4, (1, 2, 4)), (MMA, 11, (1, 2, 4, 8))])
+@pytest.mark.parametrize("variant,M,parts", [(0, 4, (1, 2, 4)), (MMA, 11, (1, 2, 4, 8)), (MMA, 27, (1, 8))])
 def test_heavy_verbatim_blocks_and_both_decodes(variant, M, parts):
     """Most 32-column blocks verbatim, including in the last step of a part and in a row's
     last, partial step (K = 1088: 2 steps + 64, or for the tensor-core variant 8.5 steps, its
@@ -241,15 +241,15 @@ def test_mma_parts_cover_every_step_once_and_fill_the_device():
     assert [kp.pgemv_mma_parts(N, K, 132) for N, K in shapes] == [8, 4, 2, 8, 1]
     assert [kp.pgemv_variant_parts(N, K, 132, MMA) for N, K in shapes] == [8, 4, 2, 8, 1]
     assert kp.pgemv_variant_parts(4096, 4096, 132) == kp.pgemv_parts(4096, 4096, 132)
-    assert [kp.pgemv_max_m(v) for v in (0, 1, 2, 3, MMA)] == [4, 4, 4, 4, 16]
-    assert kp.pgemv_supported(16, 4096, MMA) and not kp.pgemv_supported(17, 4096, MMA)
+    assert [kp.pgemv_max_m(v) for v in (0, 1, 2, 3, MMA)] == [4, 4, 4, 4, 32]
+    assert kp.pgemv_supported(32, 4096, MMA) and not kp.pgemv_supported(33, 4096, MMA)
     assert not kp.pgemv_supported(5, 4096) and not kp.pgemv_supported(8, 96, MMA)
 
 
 @needs_ext
 def test_mma_cpp_plan_matches_python():
     for name in ("PGEMV_VARIANT_MMA", "PGEMV_MMA_ROWS", "PGEMV_MMA_COLS", "PGEMV_MMA_MAX_M", "PGEMV_MMA_CTAS_PER_SM",
-                 "PGEMV_MMA_WARPS_PER_SM", "PGEMV_MMA_MIN_STEPS", "PGEMV_MMA_SMEM_BYTES"):
+                 "PGEMV_MMA_WARPS_PER_SM", "PGEMV_MMA_MIN_STEPS", "PGEMV_MMA_SMEM_BYTES", "PGEMV_MMA4_CTAS_PER_SM"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     for N in (1, 17, 1000, 4096, 128256):
         for K in (64, 576, 4096, 14336):
@@ -274,11 +274,11 @@ def _mma(x, enc, parts=1, general=False, planes=None):
 
 
 @needs_ext
-@pytest.mark.parametrize("M", [1, 5, 8, 9, 16])
+@pytest.mark.parametrize("M", [1, 5, 8, 9, 16, 17, 32])
 @pytest.mark.parametrize("N,K", CASES + [(40, 1088)])
 def test_mma_gemv_meets_the_bf16_gemm_bound(M, N, K):
-    """Odd shapes (tiles past N, K an odd multiple of 64: a half step), batch 1..16 (one or two
-    n-tiles), every parts."""
+    """Odd shapes (tiles past N, K an odd multiple of 64: a half step), batch 1..32 (one, two or
+    four n-tiles), every parts."""
     w = make_weights(N, K, seed=N * 13 + K)
     enc = tc.encode(w, "palette")
     x = _x(M, K, seed=M * 7 + K)
@@ -291,14 +291,14 @@ def test_mma_gemv_meets_the_bf16_gemm_bound(M, N, K):
 @needs_ext
 def test_mma_deterministic_and_batch_invariant():
     """A batch row's sums use only its own x row (an mma's output columns are independent): the
-    same bits at every batch size 1..16 and on every repeat."""
+    same bits at every batch size 1..32 (one, two and four n-tiles) and on every repeat."""
     w = make_weights(50, 1088, seed=19)
     enc = tc.encode(w, "palette")
-    x = _x(16, 1088, seed=20)
+    x = _x(32, 1088, seed=20)
     for parts in (1, 4):
         y = _mma(x, enc, parts)
         assert np.array_equal(_mma(x, enc, parts), y)
-        for M in (1, 2, 7, 8, 9, 15):
+        for M in (1, 2, 7, 8, 9, 15, 16, 17, 31):
             assert np.array_equal(_mma(np.ascontiguousarray(x[:M]), enc, parts), y[:M]), M
         assert np.array_equal(_mma(np.ascontiguousarray(x[12:13]), enc, parts)[0], y[12])
 
@@ -311,10 +311,11 @@ def test_mma_launcher_limits_without_a_gpu():
     def call(**kw):
         return _cuda.palette_gemv(**{**base, **kw})
 
-    with pytest.raises(RuntimeError, match="M <= 16"):
-        call(M=17)
+    with pytest.raises(RuntimeError, match="M <= 32"):
+        call(M=33)
     with pytest.raises(RuntimeError, match="K % 64"):
         call(K=96, ldx=96)
-    if _cuda.device_count() == 0:  # batch 5..16 passes the checks; no device: an error, never a crash
-        with pytest.raises(RuntimeError, match="(?i)cuda|device|driver"):
-            call(M=16)
+    if _cuda.device_count() == 0:  # batch 5..32 passes the checks; no device: an error, never a crash
+        for M in (16, 32):
+            with pytest.raises(RuntimeError, match="(?i)cuda|device|driver"):
+                call(M=M)

@@ -238,7 +238,7 @@ def test_palette_gemv_variants_give_the_gemv_bits(NK, path):
 @pytest.mark.variant
 @pytest.mark.parametrize("NK", [(63, 192), (40, 1088), (9, 4160), (1024, 4096), (4096, 1024), (128, 14336)])
 def test_palette_gemv_mma_accuracy_determinism_and_batch_invariance(NK):
-    """The tensor-core GEMV at batch 1..16: within 2x cuBLAS's error against FP64, repeats bit
+    """The tensor-core GEMV at batch 1..32: within 2x cuBLAS's error against FP64, repeats bit
     for bit, and a batch row's bits the same at every batch size (mma output columns are
     independent)."""
     from unweight.runtime.tuning_table import PALETTE_GEMV_MMA as P
@@ -246,13 +246,13 @@ def test_palette_gemv_mma_accuracy_determinism_and_batch_invariance(NK):
     w = make_weights(N, K, seed=N + 7 * K)
     err = _err()
     ew = encoded_weight(tc.encode(w, "palette"), "cuda", err)
-    x16 = bf16_tensor(make_weights(16, K, seed=N + 2, spread=False), "cuda")
-    y16 = fused_op(ew, x16, None, P)
-    assert torch.equal(fused_op(ew, x16, None, P).view(torch.int16), y16.view(torch.int16))
-    for M in (1, 2, 5, 8, 9, 15):
-        y = fused_op(ew, x16[:M].contiguous(), None, P)
-        assert torch.equal(y.view(torch.int16), y16[:M].view(torch.int16)), M
-        assert fused_vs_cublas(ew, x16[:M].contiguous(), w, err, P)["passed"], M
+    x32 = bf16_tensor(make_weights(32, K, seed=N + 2, spread=False), "cuda")
+    y32 = fused_op(ew, x32, None, P)
+    assert torch.equal(fused_op(ew, x32, None, P).view(torch.int16), y32.view(torch.int16))
+    for M in (1, 2, 5, 8, 9, 15, 16, 17, 31):
+        y = fused_op(ew, x32[:M].contiguous(), None, P)
+        assert torch.equal(y.view(torch.int16), y32[:M].view(torch.int16)), M
+        assert fused_vs_cublas(ew, x32[:M].contiguous(), w, err, P)["passed"], M
     assert int(err.item()) == 0
 
 

@@ -18,8 +18,8 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 
 def test_bucket_mapping():
-    want = {1: "1", 2: "2-4", 4: "2-4", 5: "5-16", 16: "5-16", 17: "17-64", 64: "17-64", 65: "65-256",
-            256: "65-256", 257: ">256", 4096: ">256"}
+    want = {1: "1", 2: "2-4", 4: "2-4", 5: "5-16", 16: "5-16", 17: "17-32", 32: "17-32", 33: "33-64", 64: "33-64",
+            65: "65-256", 256: "65-256", 257: ">256", 4096: ">256"}
     for M, b in want.items():
         assert tuning.bucket(M) == b, M
     assert tuple(tuning.BUCKET_BATCH) == tuning.BUCKETS
@@ -40,9 +40,13 @@ def test_shipped_defaults_are_measured_choices():
     with open(tuning.DEFAULTS_PATH) as f:
         doc = json.load(f)
     assert doc["schema"] == tuning.SCHEMA
+    def measured_for(b, M):  # M's bucket, or one that shares a retired bucket with it
+        return b == tuning.bucket(M) or any(b in new and tuning.bucket(M) in new
+                                            for new in tuning.LEGACY_BUCKETS.values())
+
     for key, e in doc["entries"].items():
         dev, n, k, enc, b = key.split("|")
-        assert enc == "palette" and tuning.bucket(e["M"]) == b, key
+        assert enc == "palette" and measured_for(b, e["M"]), key
         assert e["choice"] == tuning.choose(e["times_ms"]), key
         if e["choice"] != tuning.DECODE_CUBLAS:
             assert e["times_ms"][e["choice"]] < e["times_ms"][tuning.DECODE_CUBLAS], key
@@ -52,6 +56,24 @@ def test_shipped_defaults_are_measured_choices():
         for M in (1, 3, 16, 17, 300):
             assert t.lookup("NVIDIA A100-SXM4-80GB", 4096, 4096, enc, M) == tuning.DECODE_CUBLAS
             assert t.lookup(DEV, 4096, 4096, "huffman", M) == tuning.DECODE_CUBLAS  # no fused huffman kernel
+
+
+def test_entries_under_a_retired_bucket_cover_its_batches(tmp_path):
+    """A table written with the single 17-64 bucket (measured at 64) still governs batches
+    17..64 after the bucket's split, until 17-32 or 33-64 is measured on its own."""
+    times = {"decode_cublas": 1.0, "palette_gemm": 0.5}
+    doc = {"schema": tuning.SCHEMA, "entries": {
+        tuning.entry_key(DEV, 4096, 4096, "palette", "17-64"): {"M": 64, "choice": "palette_gemm", "times_ms": times},
+        tuning.entry_key(DEV, 512, 4096, "palette", "17-64"): {"M": 64, "choice": "palette_gemm", "times_ms": times},
+        tuning.entry_key(DEV, 512, 4096, "palette", "17-32"): {"M": 32, "choice": "decode_cublas",
+                                                               "times_ms": {"decode_cublas": 1.0}}}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    t = tuning.TuningTable.load(str(path))
+    for M in (17, 32, 33, 64):
+        assert t.lookup(DEV, 4096, 4096, "palette", M) == "palette_gemm", M
+    assert [t.lookup(DEV, 512, 4096, "palette", M) for M in (20, 50)] == ["decode_cublas", "palette_gemm"]
+    assert not any(k.endswith("|17-64") for k in t.entries)  # saved back under the current buckets
 
 
 def test_choose_never_picks_a_path_not_faster_than_decode_cublas():
@@ -135,12 +157,13 @@ def test_user_cache_overrides_shipped_defaults(tmp_path):
 def test_candidates():
     both = ["palette_gemm", "palette_gemm_wide", "palette_gemm_xs"]  # the copy layouts
     gemv = ["palette_gemv", "palette_gemv_deep", "palette_gemv_staged"]  # the GEMV at batch 1..4, its variants
-    mma = ["palette_gemv_mma"]  # the tensor-core GEMV, batch 1..16
+    mma = ["palette_gemv_mma"]  # the tensor-core GEMV, batch 1..32
     assert tuning.candidates("palette", 1, 4096, 512) == both + gemv + mma
     assert tuning.candidates("palette", 4, 4096, 512) == both + gemv + mma
     assert tuning.candidates("palette", 5, 4096, 512) == both + mma
     assert tuning.candidates("palette", 16, 4096, 512) == both + mma
-    assert tuning.candidates("palette", 17, 4096, 512) == both
+    assert tuning.candidates("palette", 32, 4096, 512) == both + mma
+    assert tuning.candidates("palette", 33, 4096, 512) == both
     assert tuning.candidates("palette", 64, 14336) == both
     assert tuning.candidates("palette", 16, 4100, 4100) == []  # K % 64 != 0
     assert tuning.candidates("palette", 256, 4096) == both

@@ -92,12 +92,14 @@ PGEMV_VARIANT_DEEP = 2
 PGEMV_VARIANT_STAGED = 3
 # The tensor-core variant (path palette_gemv_mma): a warp streams PGEMV_MMA_COLS columns of a
 # PGEMV_MMA_ROWS-row tile per step into registers and feeds mma.sync; batches of up to
-# PGEMV_MMA_MAX_M rows; tensor-core sums (not the CUDA-core variants' bits).
+# PGEMV_MMA_MAX_M rows (past 16, four n-tiles at PGEMV_MMA4_CTAS_PER_SM CTAs per SM); the same
+# parts at every batch size; tensor-core sums (not the CUDA-core variants' bits).
 PGEMV_VARIANT_MMA = 4
 PGEMV_MMA_ROWS = 16
 PGEMV_MMA_COLS = 128
-PGEMV_MMA_MAX_M = 16
+PGEMV_MMA_MAX_M = 32
 PGEMV_MMA_CTAS_PER_SM = 2
+PGEMV_MMA4_CTAS_PER_SM = 1
 PGEMV_MMA_WARPS_PER_SM = PGEMV_MMA_CTAS_PER_SM * PGEMV_WARPS
 PGEMV_MMA_MIN_STEPS = 4
 PGEMV_VARIANTS = {"std": PGEMV_VARIANT_STD, "deep": PGEMV_VARIANT_DEEP, "staged": PGEMV_VARIANT_STAGED,

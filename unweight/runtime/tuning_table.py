@@ -8,7 +8,7 @@ under the key
                                                      | "palette_gemv_staged" | "palette_gemv_mma"
 
 with N, K the weight's [N, K] shape, encoding "huffman" / "palette", and the batch bucket of
-M = x.numel() // K one of BUCKETS ("1", "2-4", "5-16", "17-64", "65-256", ">256").
+M = x.numel() // K one of BUCKETS ("1", "2-4", "5-16", "17-32", "33-64", "65-256", ">256").
 
 Rules:
   * a fused path is chosen only from measurements, and only when it was strictly faster than
@@ -61,7 +61,7 @@ PALETTE_GEMV_DEEP = "palette_gemv_deep"
 # The GEMV with its loads landing in per-warp shared-memory rings through cp.async
 # (kernel_plan.h, STAGED): in-flight bytes that cost no registers; the same bits as PALETTE_GEMV.
 PALETTE_GEMV_STAGED = "palette_gemv_staged"
-# Batches of 1..16 on the tensor cores: a warp streams a 16-row tile into registers and feeds
+# Batches of 1..32 on the tensor cores: a warp streams a 16-row tile into registers and feeds
 # mma.sync (kernel_plan.h, MMA): tensor-core sums, within the GEMM's error bound.
 PALETTE_GEMV_MMA = "palette_gemv_mma"
 # The GEMV paths and the kernel variant each runs (ops.palette_gemv's `variant`).
@@ -75,11 +75,15 @@ FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE
          PALETTE_GEMV_MMA)
 
 # (upper bound inclusive, name); the last bucket is open-ended.
-_BUCKET_BOUNDS = ((1, "1"), (4, "2-4"), (16, "5-16"), (64, "17-64"), (256, "65-256"))
+# (17-32 and 33-64 are apart because the tensor-core GEMV takes batches up to 32.)
+_BUCKET_BOUNDS = ((1, "1"), (4, "2-4"), (16, "5-16"), (32, "17-32"), (64, "33-64"), (256, "65-256"))
 BUCKETS = tuple(name for _, name in _BUCKET_BOUNDS) + (">256",)
 # The batch a bucket is measured at: its upper end (the slowest case a bucket must cover for
 # the memory-bound fused kernels), 512 for the open bucket.
-BUCKET_BATCH = {"1": 1, "2-4": 4, "5-16": 16, "17-64": 64, "65-256": 256, ">256": 512}
+BUCKET_BATCH = {"1": 1, "2-4": 4, "5-16": 16, "17-32": 32, "33-64": 64, "65-256": 256, ">256": 512}
+# Buckets of earlier tables and the buckets that cover their batches now: an entry under an
+# old bucket (measured at its upper end) stands for each of them until they are measured.
+LEGACY_BUCKETS = {"17-64": ("17-32", "33-64")}
 
 ENV_CACHE = "UNWEIGHT_TUNING_CACHE"
 DEFAULTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_defaults.json")
@@ -124,7 +128,7 @@ def choose(times_ms: dict) -> str:
 def candidates(encoding: str, M: int, K: int, cols_per_chunk: int = 0) -> list[str]:
     """Fused paths that can run y = x @ W^T for this encoding and problem (besides
     decode_cublas): the palette GEMM in its copy layouts (one- and two-tile stages, shared x)
-    and the palette GEMV's variants (batch 1..4 on CUDA cores, 1..16 on the tensor cores), for
+    and the palette GEMV's variants (batch 1..4 on CUDA cores, 1..32 on the tensor cores), for
     palette weights within their batch and shape limits; none for Huffman weights
     (cols_per_chunk is accepted for callers that pass the grid)."""
     if encoding != "palette":
@@ -162,7 +166,7 @@ class TuningTable:
             return cls()
         entries = {k: v for k, v in doc.get("entries", {}).items()
                    if isinstance(v, dict) and isinstance(v.get("times_ms"), dict)}
-        return cls(entries, str(doc.get("comment", "")))
+        return cls(_rekey_legacy(entries), str(doc.get("comment", "")))
 
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "comment": self.comment, "entries": dict(sorted(self.entries.items()))}
@@ -192,6 +196,18 @@ class TuningTable:
         """Overlay other's entries on this table (other wins key by key).  Returns self."""
         self.entries.update(other.entries)
         return self
+
+
+def _rekey_legacy(entries: dict) -> dict:
+    """Entries under a retired bucket (LEGACY_BUCKETS) filed under each bucket that replaced
+    it, where that bucket has no entry of its own: the same measurement governs the same
+    batches as before."""
+    out = {k: v for k, v in entries.items() if k.rsplit("|", 1)[-1] not in LEGACY_BUCKETS}
+    for k, v in entries.items():
+        head, _, b = k.rpartition("|")
+        for nb in LEGACY_BUCKETS.get(b, ()):
+            out.setdefault(f"{head}|{nb}", v)
+    return out
 
 
 def load_table() -> TuningTable:
