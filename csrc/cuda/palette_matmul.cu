@@ -11,6 +11,7 @@
 // from batch 33 on the kernel is no longer bound by the weight stream alone.
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <type_traits>
 
 #include "emu/warp_emu.h"
@@ -38,6 +39,7 @@ const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, co
   if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
   if (K % plan::PMMA_TILE_K != 0) return "palette_gemm needs K % 64 == 0 (decode + matmul instead)";
   if (const char* e = check_pal_product(N, K, ldx, ldy, pal.size, nv)) return e;
+  if (ldx > INT32_MAX / plan::PMMA_CHUNK_M) return "palette_gemm: x row stride too large";
   if (splits < 1 || splits > plan::PMMA_MAX_SPLITS || splits > K / plan::PMMA_TILE_K)
     return "palette_gemm: splits must be in 1 .. K / 64";
   if (!grid_ok(plan::pmma_grid_x(N, M))) return "matrix too large for one launch";

@@ -189,15 +189,6 @@ UW_UNROLL()
   }
 }
 
-// Eight bf16 of an x row (B registers of two mma steps); zeros for a batch row past M.
-UW_HD void pmma_load_x(bool valid, const uint16_t* p, uint32_t (&v)[4]) {
-  if (valid) {
-    ld_reuse_v4(p, v);
-  } else {
-    v[0] = v[1] = v[2] = v[3] = 0u;
-  }
-}
-
 // Replaces the exponents of the BF16 pair `reg` with e0 (low half) and e1 (high half).
 UW_HD uint32_t set_exponents(uint32_t reg, uint32_t e0, uint32_t e1) {
   return (reg & 0x807F807Fu) | ((e0 & 0xFFu) << 7) | ((e1 & 0xFFu) << 23);
@@ -328,14 +319,17 @@ UW_UNROLL()
 UW_UNROLL()
   for (int i = 0; i < S - 1; ++i) issue(i, ring + i * kStageBytes);
 
-  // x rows of this lane's n-tile columns (B fragment: n = g); rows past M read as zero.
-  // One pointer (row m0 + g) advances; n-tile nt is 8 * nt rows further (32-bit offsets keep
-  // the 8-tile kernel in registers).
-  const uint16_t* xp = a.x + (m0 + g) * a.ldx + kt0 * TK + 16 * t;
-  const int x_rows = static_cast<int>(a.ldx) * 8;
-  bool xv[NT];
+  // x rows of this lane's n-tile columns (B fragment: n = g): one pointer (the chunk's first
+  // row) advances, and n-tile nt is row offset xo[nt] from it (32-bit offsets keep the 8-tile
+  // kernel in registers).  A column past M reads row M - 1 again: an mma's output column n depends on B's column n
+  // alone, so those sums (never stored) change no other, and the loads stay unconditional (no
+  // predicate or zeroing per load; lane M - 1 reads the same bytes, so no sector is added).
+  // Offsets from the chunk's first row fit 32 bits (check_pmma bounds ldx).
+  const uint16_t* xp = a.x + m0 * a.ldx + kt0 * TK + 16 * t;
+  int xo[NT];
 UW_UNROLL()
-  for (int nt = 0; nt < NT; ++nt) xv[nt] = m0 + nt * 8 + g < a.M;
+  for (int nt = 0; nt < NT; ++nt)
+    xo[nt] = static_cast<int>(((m0 + nt * 8 + g < a.M ? m0 + nt * 8 + g : a.M - 1) - m0) * a.ldx);
 
   // Verbatim blocks: lane i < 16 follows row row0 + i with a cursor into vpos (its first
   // entry at or after the tile being processed); `rel` is that entry's block index within
@@ -378,7 +372,7 @@ UW_UNROLL()
     uint32_t xb[NT][4];  // x[nt*8+g][col + 16t .. +8): B registers of steps 0, 1 (then 2, 3)
     if (!kXs) {
 UW_UNROLL()
-      for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows, xb[nt]);
+      for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp + xo[nt], xb[nt]);
     }
     c.template cp_async_wait<S - 2>();
     if (kXs) {
@@ -400,7 +394,7 @@ UW_UNROLL()
       if (u > 0) {
         if (kSub * i + u >= ntiles) break;  // warp-uniform: the split's odd last tile
 UW_UNROLL()
-        for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows, xb[nt]);
+        for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp + xo[nt], xb[nt]);
       }
       uint32_t s_lo[4], s_hi[4], n_lo[2], n_hi[2];
       c.lds_v4(st + r_sm_lo[u], s_lo);
@@ -425,7 +419,7 @@ UW_UNROLL()
             for (int nt = 0; nt < NT; ++nt) c.lds_v4(xst + xs_at(8 * nt + g, 2 * t + 1), xb[nt]);
           } else {
 UW_UNROLL()
-            for (int nt = 0; nt < NT; ++nt) pmma_load_x(xv[nt], xp + nt * x_rows + 8, xb[nt]);
+            for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp + xo[nt] + 8, xb[nt]);
           }
         }
 UW_UNROLL()

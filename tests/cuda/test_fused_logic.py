@@ -326,6 +326,8 @@ def test_launcher_rejects_bad_arguments_without_a_gpu():
         call(sm=8)
     with pytest.raises(RuntimeError, match="workspace"):
         call(K=128, ldx=128, splits=2)
+    with pytest.raises(RuntimeError, match="x row stride too large"):  # x offsets within a chunk are 32-bit
+        call(ldx=(2**31 // kp.PMMA_CHUNK_M + 8) // 8 * 8)
     with pytest.raises(ValueError):  # null pointers are refused by the binding
         call(x=0)
     if _cuda.device_count() == 0:  # valid arguments, no device: an error, never a crash
