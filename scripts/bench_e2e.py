@@ -35,7 +35,8 @@ import _bench_util as bu  # noqa: E402
 # batch 1..4 (its tensor-core variant 1..32; the one-tile GEMM above), or the decode + cuBLAS path with another decoder
 # (dispatch.use_decoders).
 MODES = ("huffman", "palette", "huffman+fused", "palette+fused", "palette+fused-wide", "palette+fused-xs",
-         "palette+gemv", "palette+gemv-mma", "palette+gemv-deep", "palette+gemv-staged", "huffman+chain", "huffman+ahead", "huffman+ahead2", "palette+vec8", "palette+wide", "dense")
+         "palette+gemv", "palette+gemv-mma", "palette+gemv-deep", "palette+gemv-staged", "huffman+chain", "huffman+ahead", "huffman+ahead2", "huffman+ring", "palette+vec8",
+         "palette+wide", "dense")
 FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs",
                "gemv": "palette_gemv", "gemv-deep": "palette_gemv_deep", "gemv-staged": "palette_gemv_staged",
                "gemv-mma": "palette_gemv_mma"}
@@ -268,7 +269,7 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
             continue
         t0 = time.perf_counter()
         base, _, extra = mode.partition("+")
-        # "+<decoder variant>" (chain, ahead, ahead2; vec8, wide): the decode runs that variant for this mode
+        # "+<decoder variant>" (chain, ahead, ahead2, ring; vec8, wide): the decode runs that variant for this mode
         decoder = extra if extra and extra not in FUSED_PATHS else None
         previous = dispatch.use_decoders(**{base: decoder}) if decoder else None
         try:

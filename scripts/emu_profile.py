@@ -89,7 +89,8 @@ def runs(cu):
     h, hp = enc.header, enc.planes
     stream, sm = aligned(hp[C.SUFFIX_EXP]), aligned(hp[C.SUFFIX_SM])
     names = {kp.HUFF_VARIANT_CHAIN: "chain", kp.HUFF_VARIANT_AHEAD: "look-ahead",
-             kp.HUFF_VARIANT_AHEAD2: "look-ahead x2", kp.HUFF_VARIANT_SCALAR: "scalar"}
+             kp.HUFF_VARIANT_AHEAD2: "look-ahead x2", kp.HUFF_VARIANT_SCALAR: "scalar",
+             kp.HUFF_VARIANT_RING: "ring"}
 
     def decode(variant):
         o = aligned(np.zeros((HR, HK), np.uint16))

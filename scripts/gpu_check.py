@@ -835,8 +835,8 @@ def _verbatim_heavy(np, cols, seed):
 # In the order the correctness stage runs their groups: the variants no GPU has run yet first,
 # since the stage's last groups get only the time left (in the second H200 run the stage's time
 # ran out before the last group, then gemv:deep, ran any check).
-VARIANT_TAGS = ("gemv:mma", "gemv:staged", "huffman:chain", "huffman:ahead2", "huffman:scalar", "palette:vec8",
-                "gemm:wide", "gemm:xs", "gemv", "gemv:deep")
+VARIANT_TAGS = ("gemv:mma", "huffman:ring", "gemv:staged", "huffman:chain", "huffman:ahead2", "huffman:scalar",
+                "palette:vec8", "gemm:wide", "gemm:xs", "gemv", "gemv:deep")
 # The GEMV's variants by tag: the tuning table's path and what it is called (each must give the
 # default GEMV's bits).
 GEMV_VARIANTS = {"gemv:deep": ("palette_gemv_deep", "deep"), "gemv:staged": ("palette_gemv_staged", "staged")}
@@ -1809,14 +1809,13 @@ def stage_eval(st: Stage) -> None:
 
 # bench_e2e's modes: the runtime's defaults first, then the variants (VARIANT_TAGS), then
 # dense (it turns the modules into plain nn.Linear, so it comes last).
-BENCH_E2E_MODES = ("palette", "palette+fused", "huffman", "palette+gemv", "palette+gemv-mma", "palette+gemv-deep",
-                   "palette+gemv-staged", "palette+fused-wide",
-                   "palette+fused-xs",
-                   "palette+vec8", "huffman+chain", "huffman+ahead2", "dense")
+BENCH_E2E_MODES = ("palette", "palette+fused", "huffman", "palette+gemv", "palette+gemv-mma", "huffman+ring",
+                   "palette+gemv-deep", "palette+gemv-staged", "palette+fused-wide", "palette+fused-xs",
+                   "palette+vec8", "huffman+ahead2", "dense")
 E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm:xs", "palette+gemv": "gemv",
                     "palette+gemv-deep": "gemv:deep", "palette+gemv-staged": "gemv:staged",
                     "palette+gemv-mma": "gemv:mma",
-                    "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2",
+                    "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2", "huffman+ring": "huffman:ring",
                     "palette+vec8": "palette:vec8"}
 
 
@@ -1954,12 +1953,16 @@ def _bench_moe(budget: "bu.Budget", path: str) -> dict:
 # name regex.  Three launches each; the third is measured.
 PROFILES = (  # in order of what they answer first; the step stops when its time is spent
     # The tensor-core GEMV (not profiled on any GPU yet); the default Huffman decoder, whose
-    # profile has no stall breakdown yet; the batch-64 GEMM, whose split fix-up now overlaps
-    # its loads; the staged GEMV; the batch-1 kernels of a 4096-row layer.
+    # profile has no stall breakdown yet, and RING beside it (its stream refills through shared
+    # memory: the stalls say whether the default waits on other lanes' loads); the batch-64
+    # GEMM, whose split fix-up now overlaps its loads; the staged GEMV; the batch-1 kernels of a
+    # 4096-row layer.
     ("gemv-32768x4096-M1-mma", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "mma"],
      "pgemv_mma"),
     ("huffman-4096x4096-index256-ahead", ["--kernel", "huffman", "--index", "256", "--variant", "ahead"],
      "huffman_ahead"),
+    ("huffman-4096x4096-index256-ring", ["--kernel", "huffman", "--index", "256", "--variant", "ring"],
+     "huffman_ring"),
     ("fused-4096x4096-M64", ["--kernel", "fused", "--batch", "64"], "pmma"),
     ("gemv-32768x4096-M1-staged", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "staged"],
      "pgemv_staged"),

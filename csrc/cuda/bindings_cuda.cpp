@@ -110,6 +110,8 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("HUFF_VARIANT_AHEAD") = plan::HUFF_VARIANT_AHEAD;
   m.attr("HUFF_VARIANT_AHEAD2") = plan::HUFF_VARIANT_AHEAD2;
   m.attr("HUFF_VARIANT_SCALAR") = plan::HUFF_VARIANT_SCALAR;
+  m.attr("HUFF_VARIANT_RING") = plan::HUFF_VARIANT_RING;
+  m.attr("HUFF_RING_SLOTS") = plan::HUFF_RING_SLOTS;
   m.attr("HUFF_DEFAULT_VARIANT") = plan::HUFF_DEFAULT_VARIANT;
   m.attr("PAL_VEC") = plan::PAL_VEC;
   m.attr("PAL_WIDE") = plan::PAL_WIDE;

@@ -10,7 +10,7 @@
 // SM, not from work inside one.  The variants (kernel_plan.h HUFF_VARIANT_*, design in
 // docs/design/gpu-kernels.md) differ in when their loads are issued and in how many chains a
 // thread runs at once (huff_chain_body: one, loads at use; huff_ahead_body: one or two, loads
-// a block or a step ahead).
+// a block or a step ahead, or, for RING, stream copies into shared memory a step ahead).
 //
 // Grid.  CTAs of HUFF_THREADS threads loop over chains (grid stride), and the grid is capped
 // at the CTAs the device holds at once (occupancy API): each CTA then fills its 32 KiB LUT
@@ -66,6 +66,18 @@ huffman_ahead_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ 
   huff_ahead_cta<kExp, kWays>(c, lut, a, n_chains, lut_g, err);
 }
 
+// RING: the LUT and the threads' stream rings fill the 48 KiB of static shared memory a CTA
+// may hold, 4 CTAs per SM (so up to 128 registers).
+template <bool kExp>
+__global__ void __launch_bounds__(plan::HUFF_THREADS, 4)
+huffman_ring_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ lut_g, int32_t* err) {
+  __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
+  __shared__ __align__(16) unsigned char ring[kRingBytes];
+  emu::DeviceCtx c;
+  huff_ring_cta<kExp>(c, lut, ring, a, n_chains, lut_g, err);
+}
+static_assert(kLutBytes + kRingBytes <= 48 * 1024, "RING's static shared memory");
+
 __global__ void __launch_bounds__(plan::HUFF_THREADS)
 huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict__ lut_g, int32_t* err) {
   __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
@@ -76,7 +88,7 @@ huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict
 // CTAs of `kernel` the current device holds at once: the cap of a grid-stride launch.  The
 // two queries cost a few microseconds, so each kernel's answer is kept per device.
 int64_t resident_ctas(const void* kernel, int slot) {
-  constexpr int kDevices = 64, kSlots = 9;
+  constexpr int kDevices = 64, kSlots = 11;
   static int64_t cache[kSlots][kDevices] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) return 1;
@@ -101,6 +113,13 @@ void launch_ahead(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int3
   const void* k = reinterpret_cast<const void*>(&huffman_ahead_kernel<kExp, kWays>);
   const int64_t grid = plan::huffman_grid(cdiv(n_chains, kWays), resident_ctas(k, slot));
   huffman_ahead_kernel<kExp, kWays><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, s>>>(a, n_chains, lut, err);
+}
+
+template <bool kExp>
+void launch_ring(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s, int slot) {
+  const void* k = reinterpret_cast<const void*>(&huffman_ring_kernel<kExp>);
+  const int64_t grid = plan::huffman_grid(n_chains, resident_ctas(k, slot));
+  huffman_ring_kernel<kExp><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, s>>>(a, n_chains, lut, err);
 }
 
 }  // namespace
@@ -173,7 +192,7 @@ int64_t n_units_of(const HGatherArgs& a) {
 // error, not a silent fallback.
 const char* check_variant(int* variant) {
   if (*variant == plan::HUFF_VARIANT_DEFAULT) *variant = plan::HUFF_DEFAULT_VARIANT;
-  if (*variant < plan::HUFF_VARIANT_CHAIN || *variant > plan::HUFF_VARIANT_SCALAR) return "unknown huffman decode variant";
+  if (*variant < plan::HUFF_VARIANT_CHAIN || *variant > plan::HUFF_VARIANT_RING) return "unknown huffman decode variant";
   return nullptr;
 }
 
@@ -218,6 +237,9 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
       break;
     case plan::HUFF_VARIANT_AHEAD2:
       out8 ? launch_ahead<true, 2>(a, n, lut, err, s, 6) : launch_ahead<false, 2>(a, n, lut, err, s, 7);
+      break;
+    case plan::HUFF_VARIANT_RING:
+      out8 ? launch_ring<true>(a, n, lut, err, s, 9) : launch_ring<false>(a, n, lut, err, s, 10);
       break;
     case plan::HUFF_VARIANT_CHAIN:
       out8 ? launch_chains<true, true>(a, n, lut, err, s, 0) : launch_chains<false, true>(a, n, lut, err, s, 2);
@@ -276,6 +298,15 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
   if (n == 0) return nullptr;
   const bool vec = run != plan::HUFF_VARIANT_SCALAR;
   const int64_t cap = max_ctas > 0 ? max_ctas : INT64_MAX;
+  if (run == plan::HUFF_VARIANT_RING) {
+    return emu::launch(plan::huffman_grid(n, cap), 1, plan::HUFF_THREADS, kLutBytes + kRingBytes,
+                       [&](emu::ThreadCtx& c) {
+                         uint16_t* s = emu_lut(c);
+                         unsigned char* ring = c.smem() + kLutBytes;
+                         if (out8) huff_ring_cta<true>(c, s, ring, a, n, lut, err);
+                         else huff_ring_cta<false>(c, s, ring, a, n, lut, err);
+                       });
+  }
   if (run == plan::HUFF_VARIANT_AHEAD || run == plan::HUFF_VARIANT_AHEAD2) {
     const int ways = plan::huffman_ways(run);
     return emu::launch(plan::huffman_grid(cdiv(n, ways), cap), 1, plan::HUFF_THREADS, kLutBytes,

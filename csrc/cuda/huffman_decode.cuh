@@ -323,15 +323,25 @@ UW_UNROLL()
     ahead_load(b + 32, end, f);
     next = b + 48;
   }
+  UW_HD void window(uint32_t& hi, uint32_t& lo) const { window_of(c, n, pos, hi, lo); }
   // The 64 stream bits from the read position on, as hi (first 32) and lo: words pos/32 ..
   // pos/32 + 2 of c, n by two selects (by bit 6, then bit 5 of pos) and two funnel shifts.
-  UW_HD void window(uint32_t& hi, uint32_t& lo) const {
+  UW_HD static void window_of(const uint32_t (&c)[4], const uint32_t (&n)[4], uint32_t pos, uint32_t& hi,
+                              uint32_t& lo) {
     const bool h = pos >= 64, w = (pos & 32u) != 0;
     const uint32_t q0 = h ? c[2] : c[0], q1 = h ? c[3] : c[1], q2 = h ? n[0] : c[2], q3 = h ? n[1] : c[3];
     const uint32_t x = w ? q1 : q0, y = w ? q2 : q1, z = w ? q3 : q2;
     hi = emu::funnel_l(y, x, pos);
     lo = emu::funnel_l(z, y, pos);
   }
+  // Leaving block c: n becomes c, and `raw` (the next block as loaded) the new n.
+  UW_HD static void shift_in(uint32_t (&c)[4], uint32_t (&n)[4], const uint32_t (&raw)[4]) {
+UW_UNROLL()
+    for (int i = 0; i < 4; ++i) c[i] = n[i];
+    swap(raw, n);
+  }
+  UW_HD void step_begin() {}  // (loads are issued as blocks are left behind)
+  UW_HD void finish() {}
   // A round consumes at most 4 * 12 = 48 bits, so one block step is always enough.  A real
   // branch, not a select: a select would read f, and wait for its load, on every round.
   UW_HD void advance(uint32_t bits, const uint8_t* end) {
@@ -339,9 +349,7 @@ UW_UNROLL()
     if (pos >= 128) {
       pos -= 128;
       ++adv;
-UW_UNROLL()
-      for (int i = 0; i < 4; ++i) c[i] = n[i];
-      swap(f, n);
+      shift_in(c, n, f);
       ahead_load(next, end, f);
       next += 16;
     }
@@ -349,10 +357,86 @@ UW_UNROLL()
   UW_HD uint32_t consumed() const { return adv * 128u + pos - pos0; }
 };
 
+// RING (HUFF_VARIANT_RING): AheadBits' window over blocks c and n, with the blocks after them
+// copied (cp.async) into this lane's HUFF_RING_SLOTS slots of shared memory rather than
+// loaded into a register.  Why: AheadBits loads f when its lane leaves a block, and another
+// lane of the warp reads its own f when *it* leaves a block, usually a round or two later;
+// a register's pending load is tracked for the warp, not per lane, so that read waits for
+// the other lane's load -- about once per round of 4 symbols, a global latency each (what the
+// H200 profile of AHEAD suggests: 10.2 cycles per issued instruction, ~300 per symbol; see
+// docs/design/gpu-kernels.md, RING).  Here every global access of the stream is a copy issued at a step's
+// start, for blocks up to 7 past the current one, and waited for one step later (a step
+// reads at most 3 blocks past its first: 32 symbols of at most 12 bits); leaving a block
+// costs one shared-memory load.  Blocks past the stream allocation are zero-filled by the
+// copy, none of their bytes read.
+template <class Ctx>
+struct RingBits {
+  static constexpr uint32_t kSlots = plan::HUFF_RING_SLOTS;
+  Ctx* cx;
+  const uint8_t* base;  // block 0: the 16-byte block holding the chain's first bit
+  const uint8_t* end;   // the stream allocation's end
+  unsigned char* ring;  // this lane's slots; block j sits in slot (j + lane) % kSlots (banks)
+  uint32_t lane;
+  uint32_t blk;         // block c, counted from base
+  uint32_t issued;      // blocks [2, issued) copied or in flight
+  uint32_t pos, pos0;   // bits consumed of block c (< 128 between rounds); pos at the start
+  uint32_t c[4], n[4];
+
+  UW_HD unsigned char* slot(uint32_t j) const { return ring + 16 * ((j + lane) % kSlots); }
+  UW_HD void copy(uint32_t j) {
+    const uint8_t* at = base + 16 * static_cast<uint64_t>(j);
+    const int64_t left = end - at;
+    const int bytes = left >= 16 ? 16 : left > 0 ? static_cast<int>(left) : 0;
+    cx->cp_async16(slot(j), bytes > 0 ? at : base, bytes);  // (a copy of 0 bytes names a valid address)
+  }
+  UW_HD void init(Ctx& ctx, unsigned char* r, const uint8_t* stream, const uint8_t* e, uint64_t bit) {
+    cx = &ctx;
+    ring = r;
+    lane = static_cast<uint32_t>(ctx.lane());
+    end = e;
+    base = stream + (bit >> 7) * 16;
+    pos = pos0 = static_cast<uint32_t>(bit & 127);
+    blk = 0;
+    uint32_t t[4];
+    ahead_load(base, end, t);
+    AheadBits::swap(t, c);
+    ahead_load(base + 16, end, t);
+    AheadBits::swap(t, n);
+UW_UNROLL()
+    for (uint32_t j = 2; j < kSlots; ++j) copy(j);
+    issued = kSlots;
+    cx->cp_async_commit();
+  }
+  UW_HD void window(uint32_t& hi, uint32_t& lo) const { AheadBits::window_of(c, n, pos, hi, lo); }
+  // A step's start: copies of the blocks the lane left last step (at most 3, so that blocks up
+  // to blk + kSlots - 1 are copied or in flight), then the wait for all but them.
+  UW_HD void step_begin() {
+UW_UNROLL()
+    for (int k = 0; k < 3; ++k)
+      if (issued < blk + kSlots) copy(issued++);
+    cx->cp_async_commit();
+    cx->template cp_async_wait<1>();
+  }
+  // As AheadBits::advance; the block after the new n comes from the ring.
+  UW_HD void advance(uint32_t bits, const uint8_t*) {
+    pos += bits;
+    if (pos >= 128) {
+      pos -= 128;
+      ++blk;
+      uint32_t t[4];
+      cx->lds_v4(slot(blk + 1), t);
+      AheadBits::shift_in(c, n, t);
+    }
+  }
+  UW_HD uint32_t consumed() const { return blk * 128u + pos - pos0; }
+  UW_HD void finish() { cx->template cp_async_wait<0>(); }  // the ring is free for the next chain
+};
+
 // One chain of a look-ahead thread: its stream, where its next step lies, that step's 32
 // sign+mantissa bytes (loaded one step ahead of their use), and what its end check accepts.
-struct AheadWay {
-  AheadBits sb;
+template <class Bits>
+struct AheadWayT {
+  Bits sb;
   const uint8_t* sp;  // the next step's sign+mantissa bytes
   uint8_t* op;        // ... and its output (bytes: 2 per weight for BF16, 1 for exponents)
   int32_t col;        // steps left in the current segment row
@@ -374,14 +458,16 @@ UW_UNROLL()
     }
   }
 };
+using AheadWay = AheadWayT<AheadBits>;
 
 // Decodes `nsteps` steps of each of the kN chains ws[0..kN), round by round in lockstep (the
 // chains are independent, so their instructions interleave).  Per step and chain: the next
 // step's 32 bytes are loaded, then 2 halves of 16 weights, each 4 rounds of 4 symbols
 // assembled in registers and stored with 16-byte stores.  sm_skip / out_skip: bytes from a
-// segment row's end to the next row's start in each plane.
-template <bool kExp, int kN, class Lut>
-UW_HD void ahead_steps(AheadWay* ws, int32_t nsteps, const uint8_t* end, int64_t sm_stride, int64_t out_stride,
+// segment row's end to the next row's start in each plane.  Way: AheadWayT over the chain's
+// stream bits (AheadBits, or RING's RingBits, whose step_begin issues the step's copies).
+template <bool kExp, int kN, class Way, class Lut>
+UW_HD void ahead_steps(Way* ws, int32_t nsteps, const uint8_t* end, int64_t sm_stride, int64_t out_stride,
                        Lut lut) {
   constexpr int kOutBytes = kExp ? 1 : 2;
   for (int32_t i = 0; i < nsteps; ++i) {
@@ -389,7 +475,8 @@ UW_HD void ahead_steps(AheadWay* ws, int32_t nsteps, const uint8_t* end, int64_t
     uint8_t* at[kN];
 UW_UNROLL()
     for (int k = 0; k < kN; ++k) {
-      AheadWay& v = ws[k];
+      Way& v = ws[k];
+      v.sb.step_begin();
 UW_UNROLL()
       for (int q = 0; q < 8; ++q) s[k][q] = v.s_next[q];
       at[k] = v.op;
@@ -425,7 +512,7 @@ UW_UNROLL()
         uint32_t bits[kN];
 UW_UNROLL()
         for (int k = 0; k < kN; ++k) {
-          AheadWay& v = ws[k];
+          Way& v = ws[k];
           const uint32_t sw = s[k][4 * h + q];
           uint32_t hi, lo;
           v.sb.window(hi, lo);
@@ -463,16 +550,17 @@ UW_UNROLL()
 
 // Sets up chain t of the selection on v (false: corrupt offsets or checkpoint, nothing
 // loaded), with its end check as the range of bit counts it accepts (chain_end_range; the
-// launcher keeps chains whose counts could pass 32 bits off this path).
-template <bool kExp>
-UW_HD bool ahead_init(const HuffArgs& a, AheadWay& v, const ChainJob& J) {
+// launcher keeps chains whose counts could pass 32 bits off this path).  begin(v.sb, bit)
+// sets up the stream bits.
+template <bool kExp, class Way, class Begin>
+UW_HD bool ahead_init(const HuffArgs& a, Way& v, const ChainJob& J, Begin begin) {
   uint64_t bit, start, lo, hi;
   uint32_t seg_bytes;
   if (!chain_start(a.off, a.stream_bytes, a.chk, a.S, a.P, J.s, J.j, &bit, &start, &seg_bytes)) return false;
   chain_end_range(a.chk, a.P, a.S, J.s, J.end, J.n, start, seg_bytes, &lo, &hi);
   v.used_lo = static_cast<uint32_t>(lo);
   v.used_hi = static_cast<uint32_t>(hi);
-  v.sb.init(a.stream, a.stream + a.stream_bytes, bit);
+  begin(v.sb, bit);
   const int64_t r = J.first / J.w, c = J.first % J.w;
   v.sp = a.sm + (J.lr + r) * a.sm_stride + J.lk + c;
   v.op = kExp ? a.out8 + (J.lr + r) * a.out_stride + J.lk + c
@@ -488,10 +576,11 @@ UW_HD bool ahead_init(const HuffArgs& a, AheadWay& v, const ChainJob& J) {
 // Decodes chains u * kWays .. u * kWays + kWays - 1 (those below n_chains) of the selection
 // (vector conditions proven by the launcher); returns how many are corrupt, by the checks of
 // huff_chain_body.  The chains run in lockstep for as many steps as all have, then each alone
-// for its rest (only a segment's last chain is shorter than S).
-template <bool kExp, int kWays, class Lut>
-UW_HD int huff_ahead_body(int64_t u, int64_t n_chains, const HuffArgs& a, Lut lut) {
-  AheadWay ws[kWays] = {};  // zeroed: a dead way is never read, but the host compiler cannot see that
+// for its rest (only a segment's last chain is shorter than S).  Bits: the chains' stream
+// bits (AheadBits; RING's RingBits), set up by begin(bits, first bit).
+template <bool kExp, int kWays, class Bits, class Lut, class Begin>
+UW_HD int huff_ahead_body(int64_t u, int64_t n_chains, const HuffArgs& a, Lut lut, Begin begin) {
+  AheadWayT<Bits> ws[kWays] = {};  // zeroed: a dead way is never read, but the host compiler cannot see that
   bool live[kWays];
   int bad = 0;
   int32_t common = INT32_MAX;
@@ -501,7 +590,7 @@ UW_UNROLL()
     ChainJob J;
     live[k] = false;
     if (t < n_chains && chain_job(t, a, &J)) {
-      live[k] = ahead_init<kExp>(a, ws[k], J);
+      live[k] = ahead_init<kExp>(a, ws[k], J, begin);
       bad += !live[k];
     }
     common = ws[k].steps < common ? ws[k].steps : common;
@@ -517,6 +606,7 @@ UW_UNROLL()
   for (int k = 0; k < kWays; ++k) {
     const uint32_t used = ws[k].sb.consumed();
     if (live[k] && !(ws[k].mn > 0 && used >= ws[k].used_lo && used <= ws[k].used_hi)) ++bad;
+    if (live[k]) ws[k].sb.finish();
   }
   return bad;
 }
@@ -709,7 +799,26 @@ template <bool kExp, int kWays, class Ctx>
 UW_HD void huff_ahead_cta(Ctx& c, uint16_t* lut_s, const HuffArgs& a, int64_t n_chains, const uint16_t* lut_g,
                           int32_t* err) {
   lut_grid_stride<true, kWays>(c, lut_s, lut_g, n_chains, err,
-                               [&](int64_t u, auto lut) { return huff_ahead_body<kExp, kWays>(u, n_chains, a, lut); });
+                               [&](int64_t u, auto lut) {
+                                 return huff_ahead_body<kExp, kWays, AheadBits>(
+                                     u, n_chains, a, lut, [&](AheadBits& b, uint64_t bit) {
+                                       b.init(a.stream, a.stream + a.stream_bytes, bit);
+                                     });
+                               });
+}
+
+// RING: AHEAD's CTA with a ring of HUFF_RING_SLOTS 16-byte slots per thread at ring_s
+// (kRingBytes of shared memory beside the LUT).
+constexpr int kRingBytes = plan::HUFF_THREADS * plan::HUFF_RING_SLOTS * 16;
+template <bool kExp, class Ctx>
+UW_HD void huff_ring_cta(Ctx& c, uint16_t* lut_s, unsigned char* ring_s, const HuffArgs& a, int64_t n_chains,
+                         const uint16_t* lut_g, int32_t* err) {
+  unsigned char* ring = ring_s + c.tid() * plan::HUFF_RING_SLOTS * 16;
+  lut_grid_stride<true, 1>(c, lut_s, lut_g, n_chains, err, [&](int64_t u, auto lut) {
+    return huff_ahead_body<kExp, 1, RingBits<Ctx>>(u, n_chains, a, lut, [&](RingBits<Ctx>& b, uint64_t bit) {
+      b.init(c, ring, a.stream, a.stream + a.stream_bytes, bit);
+    });
+  });
 }
 
 template <class Ctx>

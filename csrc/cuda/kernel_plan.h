@@ -37,7 +37,10 @@ constexpr int HUFF_THREADS = 128;
 //   AHEAD   one chain per thread, stream blocks and sign+mantissa bytes loaded a block / a
 //           32-weight step before use, shift-ready LUT entries (huffman_decode.cuh);
 //   AHEAD2  AHEAD with two chains per thread decoded in lockstep;
-//   SCALAR  the byte-wise reader every shape takes when the vector conditions fail.
+//   SCALAR  the byte-wise reader every shape takes when the vector conditions fail;
+//   RING    AHEAD with its stream blocks copied (cp.async) into a per-lane ring of
+//           HUFF_RING_SLOTS in shared memory at each step's start, so that the lanes of a
+//           warp, which refill at different rounds, never wait on each other's global loads.
 // DEFAULT (0) is what the runtime runs: AHEAD, the fastest of the three on every indexed
 // stream timed (bench_decode.py on an H200: 505-549 GB/s of BF16 written at S=256 where CHAIN
 // gives 442-514 and AHEAD2 409-573; 262-502 at S=1024 where CHAIN gives 183-441).
@@ -46,7 +49,13 @@ constexpr int HUFF_VARIANT_CHAIN = 1;
 constexpr int HUFF_VARIANT_AHEAD = 2;
 constexpr int HUFF_VARIANT_AHEAD2 = 3;
 constexpr int HUFF_VARIANT_SCALAR = 4;
+constexpr int HUFF_VARIANT_RING = 5;
 constexpr int HUFF_DEFAULT_VARIANT = HUFF_VARIANT_AHEAD;
+// RING's per-lane slots of 16 stream bytes (HUFF_THREADS x 8 x 16 = 16 KiB per CTA, beside
+// the 32 KiB LUT: the 48 KiB of static shared memory a CTA may have).  A step reads at most
+// 3 blocks past its first, and a step's copies are waited for a step later, so 8 slots
+// hold the 3 in use and the 3 in flight.
+constexpr int HUFF_RING_SLOTS = 8;
 // Chains one thread of a variant decodes at a time.
 UW_PLAN_HD int huffman_ways(int variant) { return variant == HUFF_VARIANT_AHEAD2 ? 2 : 1; }
 // Palette -> BF16: each thread decodes PAL_VEC consecutive weights of one row: 4 index bytes

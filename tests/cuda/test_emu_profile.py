@@ -124,7 +124,7 @@ def test_palette_gemm_stages_are_conflict_free_and_copies_coalesced(M, stage_til
 
 
 @pytest.mark.parametrize("variant", [kp.HUFF_VARIANT_CHAIN, kp.HUFF_VARIANT_AHEAD, kp.HUFF_VARIANT_AHEAD2,
-                                     kp.HUFF_VARIANT_SCALAR])
+                                     kp.HUFF_VARIANT_SCALAR, kp.HUFF_VARIANT_RING])
 def test_huffman_table_fill_is_conflict_free(variant):
     w = make_weights(128, 256, seed=variant)
     enc = tc.encode(w, "huffman", chk_interval=C.DEFAULT_CHK_INTERVAL, grid=(64, 256))
@@ -137,9 +137,12 @@ def test_huffman_table_fill_is_conflict_free(variant):
                                             p[C.SUFFIX_CHK], h.chk_interval, 3, variant, None)
     assert nerr == 0 and np.array_equal(out, w)
     _ideal(prof, SHARED_STORE)
-    # Every symbol is one table lookup: at least a wavefront each, more where lanes meet on a bank.
+    # Every symbol is one table lookup: at least a wavefront each, more where lanes meet on a bank
+    # (RING adds its 16-byte ring reads, which may need more than one).
     assert prof[SHARED_LOAD]["requests"] > 0
-    assert prof[SHARED_LOAD]["units"] >= prof[SHARED_LOAD]["ideal"] == prof[SHARED_LOAD]["requests"]
+    assert prof[SHARED_LOAD]["units"] >= prof[SHARED_LOAD]["ideal"] >= prof[SHARED_LOAD]["requests"]
+    if variant != kp.HUFF_VARIANT_RING:
+        assert prof[SHARED_LOAD]["ideal"] == prof[SHARED_LOAD]["requests"]
 
 
 @pytest.mark.parametrize("variant", [kp.PAL_VARIANT_VEC8, kp.PAL_VARIANT_WIDE])

@@ -125,7 +125,8 @@ def test_hist_grid_stride_covers_once(n):
 def test_cpp_plan_matches_python():
     for name in ("HUFF_THREADS", "PAL_VEC", "PAL_THREADS", "WARP_KERNEL_THREADS", "ENC_THREADS", "HIST_THREADS",
                  "HIST_MAX_CTAS", "SCAN_THREADS", "HUFF_VARIANT_DEFAULT", "HUFF_VARIANT_CHAIN", "HUFF_VARIANT_AHEAD",
-                 "HUFF_VARIANT_AHEAD2", "HUFF_VARIANT_SCALAR", "HUFF_DEFAULT_VARIANT", "PAL_WIDE", "PAL_WIDE_STEPS",
+                 "HUFF_VARIANT_AHEAD2", "HUFF_VARIANT_SCALAR", "HUFF_VARIANT_RING", "HUFF_RING_SLOTS",
+                 "HUFF_DEFAULT_VARIANT", "PAL_WIDE", "PAL_WIDE_STEPS",
                  "PAL_VARIANT_DEFAULT", "PAL_VARIANT_VEC8", "PAL_VARIANT_WIDE", "PAL_DEFAULT_VARIANT"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     for v in range(6):

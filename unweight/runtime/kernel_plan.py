@@ -16,9 +16,12 @@ HUFF_VARIANT_CHAIN = 1
 HUFF_VARIANT_AHEAD = 2
 HUFF_VARIANT_AHEAD2 = 3
 HUFF_VARIANT_SCALAR = 4
+# AHEAD with its stream refills staged through a per-lane shared-memory ring (cp.async).
+HUFF_VARIANT_RING = 5
 HUFF_DEFAULT_VARIANT = HUFF_VARIANT_AHEAD
 HUFF_VARIANTS = {"chain": HUFF_VARIANT_CHAIN, "ahead": HUFF_VARIANT_AHEAD, "ahead2": HUFF_VARIANT_AHEAD2,
-                 "scalar": HUFF_VARIANT_SCALAR}
+                 "scalar": HUFF_VARIANT_SCALAR, "ring": HUFF_VARIANT_RING}
+HUFF_RING_SLOTS = 8
 PAL_VEC = 8
 PAL_WIDE = 32  # weights per thread of the wide palette decode (PAL_VARIANT_WIDE)
 PAL_WIDE_STEPS = PAL_WIDE // PAL_VEC  # its 8-weight chunks per thread
