@@ -41,9 +41,10 @@ constexpr int HUFF_THREADS = 128;
 //   RING    AHEAD with its stream blocks copied (cp.async) into a per-lane ring of
 //           HUFF_RING_SLOTS in shared memory at each step's start, so that the lanes of a
 //           warp, which refill at different rounds, never wait on each other's global loads.
-// DEFAULT (0) is what the runtime runs: AHEAD, the fastest of the three on every indexed
-// stream timed (bench_decode.py on an H200: 505-549 GB/s of BF16 written at S=256 where CHAIN
-// gives 442-514 and AHEAD2 409-573; 262-502 at S=1024 where CHAIN gives 183-441).
+// DEFAULT (0) is what the runtime runs: AHEAD, the fastest of CHAIN, AHEAD and AHEAD2 on every
+// indexed stream timed (bench_decode.py on an H200: 505-549 GB/s of BF16 written at S=256 where
+// CHAIN gives 442-514 and AHEAD2 409-573; 262-502 at S=1024 where CHAIN gives 183-441).  RING
+// has not run on a GPU.
 constexpr int HUFF_VARIANT_DEFAULT = 0;
 constexpr int HUFF_VARIANT_CHAIN = 1;
 constexpr int HUFF_VARIANT_AHEAD = 2;
