@@ -278,13 +278,10 @@ UW_UNROLL()
     load(0, sa, na);
     if (nq > 1) load(1, sb, nb);
 
-    // x rows of this lane's n-tile columns (B fragment: n = g).  A column past M reads row
-    // M - 1 again: an mma's output column n depends on B's column n alone, so those columns'
-    // sums are never stored and change no other; the loads stay unconditional (no branch,
-    // no zeroing per load) and, the same address as lane M - 1's, add no sectors.
+    // x rows of this lane's n-tile columns (B fragment: n = g; pmma_x_row).
     const uint16_t* xp[NT];
 UW_UNROLL()
-    for (int nt = 0; nt < NT; ++nt) xp[nt] = a.x + (nt * 8 + g < a.M ? nt * 8 + g : a.M - 1) * a.ldx + c0;
+    for (int nt = 0; nt < NT; ++nt) xp[nt] = a.x + pmma_x_row(nt * 8 + g, a.M) * a.ldx + c0;
 
     // Verbatim blocks: lane i < 16 follows row row0 + i with a cursor into vpos, as the fused
     // GEMM does (`rel`: that entry's block within its row, 0xFFFFFFFF when none is left).

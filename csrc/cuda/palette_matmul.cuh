@@ -189,6 +189,13 @@ UW_UNROLL()
   }
 }
 
+// The x row whose values feed B column m of an mma: m, or past the batch (m >= M) row M - 1
+// again.  An mma's output column depends on its own B column alone, so the sums of columns
+// past M (never stored) change no other; the x loads stay unconditional (no predicate, branch
+// or zeroing per load) and, at the bytes lane M - 1 reads, add no sectors.  Shared by the
+// fused GEMM and the tensor-core GEMV.
+UW_HD int pmma_x_row(int m, int M) { return m < M ? m : M - 1; }
+
 // Replaces the exponents of the BF16 pair `reg` with e0 (low half) and e1 (high half).
 UW_HD uint32_t set_exponents(uint32_t reg, uint32_t e0, uint32_t e1) {
   return (reg & 0x807F807Fu) | ((e0 & 0xFFu) << 7) | ((e1 & 0xFFu) << 23);
@@ -319,17 +326,14 @@ UW_UNROLL()
 UW_UNROLL()
   for (int i = 0; i < S - 1; ++i) issue(i, ring + i * kStageBytes);
 
-  // x rows of this lane's n-tile columns (B fragment: n = g): one pointer (the chunk's first
-  // row) advances, and n-tile nt is row offset xo[nt] from it (32-bit offsets keep the 8-tile
-  // kernel in registers).  A column past M reads row M - 1 again: an mma's output column n depends on B's column n
-  // alone, so those sums (never stored) change no other, and the loads stay unconditional (no
-  // predicate or zeroing per load; lane M - 1 reads the same bytes, so no sector is added).
-  // Offsets from the chunk's first row fit 32 bits (check_pmma bounds ldx).
+  // x rows of this lane's n-tile columns (B fragment: n = g; pmma_x_row): one pointer (the
+  // chunk's first row) advances, and n-tile nt is row offset xo[nt] from it (32-bit offsets,
+  // check_pmma bounds ldx, keep the 8-tile kernel in registers).
   const uint16_t* xp = a.x + m0 * a.ldx + kt0 * TK + 16 * t;
   int xo[NT];
 UW_UNROLL()
   for (int nt = 0; nt < NT; ++nt)
-    xo[nt] = static_cast<int>(((m0 + nt * 8 + g < a.M ? m0 + nt * 8 + g : a.M - 1) - m0) * a.ldx);
+    xo[nt] = static_cast<int>((pmma_x_row(m0 + nt * 8 + g, a.M) - m0) * a.ldx);
 
   // Verbatim blocks: lane i < 16 follows row row0 + i with a cursor into vpos (its first
   // entry at or after the tile being processed); `rel` is that entry's block index within
