@@ -128,6 +128,42 @@ def writable_path(path: str, who: str = "bench") -> str:
     return path
 
 
+def read_result(path: str, who: str):
+    """The JSON document at `path` (a recorded result), or None after one line on stderr when
+    it cannot be read or parsed."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"{who}: {path}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        return None
+
+
+def write_tuning(measured, cache_path: str | None, defaults: bool, stamp: str, who: str) -> int:
+    """Record a TuningTable of measurements in the user's tuning cache (cache_path: "" for the
+    default, None for none) and/or, with defaults, the shipped tuning_defaults.json (entries of
+    other devices and shapes are kept).  Returns 0, or 1 with one line when a file cannot be
+    written."""
+    from unweight.runtime import tuning_table as tt
+    try:
+        if cache_path is not None:
+            path = cache_path or tt.default_cache_path()
+            t = tt.TuningTable.load(path).update(measured)
+            t.comment = t.comment or "unweight tuning cache"
+            print("wrote", t.save(path))
+        if defaults:
+            t = tt.TuningTable.load(tt.DEFAULTS_PATH).update(measured)
+            t.comment = ("Shipped dispatch defaults, written by scripts/bench_kernels.py and scripts/bench_decode.py "
+                         "--write-defaults; a fused path is listed only where it beat decode + cuBLAS in the same "
+                         "run, a decoder variant only where it beat the default decoder in the same run. Last "
+                         + stamp + ".")
+            print("wrote", t.save(tt.DEFAULTS_PATH))
+    except OSError as e:
+        print(f"{who}: cannot write the tuning table {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def measured_rows(res) -> list:
     """The rows of a decode or kernels result that hold a timing (not an error, not skipped)."""
     return [r for r in res.get("rows", ()) if "error" not in r and "skipped" not in r]

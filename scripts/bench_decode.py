@@ -5,6 +5,8 @@ weights measured in the same process.  Needs a CUDA GPU; exits with status 2 and
 otherwise.
 
     python scripts/bench_decode.py [--shapes 4096x4096,128256x4096] [--runs 25] [--out PATH]
+                                   [--write-cache [PATH]] [--write-defaults]
+    python scripts/bench_decode.py --from-json RESULT.json --write-defaults   # no GPU needed
 
 Method (scripts/_bench_util.py, graph_time): weights are N(0, 0.02) BF16 made on the GPU,
 encoded by the host codec; each variant rotates over copies of its planes and outputs
@@ -15,6 +17,13 @@ design (a load-time operation), so it is timed call by call between events.
 
 GB/s: out_GBps counts the BF16 bytes written; moved_GBps counts planes read + BF16 written,
 the number to hold against the copy's read + write rate.
+
+Decoder choice: each stream is timed with every decoder variant (the same bits), and the
+runtime decodes a weight of that device, shape, encoding and checkpoint interval with the
+variant that was strictly faster than the default in the same run (runtime/tuning_table.py,
+"decoders").  --write-cache / --write-defaults record those choices in the user's tuning
+cache / the shipped tuning_defaults.json; --from-json takes them from a recorded run (a result
+JSON of this script, or a bench stage JSON of scripts/gpu_check.py, whose raw.decode it reads).
 """
 from __future__ import annotations
 
@@ -61,6 +70,39 @@ def default_decoders(kp) -> dict:
     """{encoding: the name of the variant the runtime runs} (the unsuffixed rows)."""
     return {"huffman": next(n for n, v in kp.HUFF_VARIANTS.items() if v == kp.HUFF_DEFAULT_VARIANT),
             "palette": next(n for n, v in kp.PAL_VARIANTS.items() if v == kp.PAL_DEFAULT_VARIANT)}
+
+
+def decoders_from_rows(rows, device_name: str, defaults: dict | None):
+    """TuningTable whose "decoders" hold the decoder times of a recorded run's rows: per shape
+    and stream (palette; huffman at each checkpoint interval), the median of each variant
+    whose decode was bitwise, the unsuffixed row under the run's default (`defaults`, the
+    run's default_decoders; None: a run that did not record them, whose rows say nothing).
+    Streams timed with one variant only are left out (nothing to choose)."""
+    from unweight.runtime.tuning_table import TuningTable
+    table = TuningTable()
+    if not defaults:
+        return table
+    for r in rows:
+        if "error" in r:
+            continue
+        streams: dict = {}
+        for key, v in r.items():
+            if not isinstance(v, dict) or "median_ms" not in v or not v.get("bitwise"):
+                continue
+            if key.startswith("huffman+index"):
+                s_chk, _, variant = key[len("huffman+index"):].partition("+")
+                if not s_chk.isdigit():
+                    continue
+                enc, S = "huffman", int(s_chk)
+            elif key == "palette" or key.startswith("palette+"):
+                enc, S, variant = "palette", 0, key.partition("+")[2]
+            else:
+                continue  # the copy, the transcode, the unindexed stream (its default only)
+            streams.setdefault((enc, S), {})[variant or defaults.get(enc, "")] = v["median_ms"]
+        for (enc, S), times in sorted(streams.items()):
+            if len(times) > 1 and defaults.get(enc) in times:
+                table.record_decoders(device_name, r["N"], r["K"], enc, S, times, defaults[enc])
+    return table
 
 
 def bench_shape(torch, name, N, K, seed, runs, l2, skip=()):
@@ -167,7 +209,14 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=bu.positive_float, default=600.0,
                     help="seconds; shapes that would not fit are skipped")
     ap.add_argument("--out", help="result JSON (default: benchmarks/results/decode-<date>-<gpu>-<commit>.json)")
+    ap.add_argument("--write-cache", nargs="?", const="", default=None, metavar="PATH",
+                    help="record the decoder choices in the user's tuning cache (or PATH)")
+    ap.add_argument("--write-defaults", action="store_true",
+                    help="record the decoder choices in unweight/runtime/tuning_defaults.json")
+    ap.add_argument("--from-json", metavar="RESULT", help="take the timings from a recorded run (no GPU)")
     args = ap.parse_args(argv)
+    if args.from_json:
+        return _from_json(args)
     out = bu.writable_path(args.out, "bench_decode") if args.out else None
     torch = bu.require_gpu()
     shapes = args.shapes or bu.parse_shapes(None)
@@ -180,7 +229,42 @@ def main(argv=None) -> int:
     bu.print_table(rows, ["shape", "copy_ms", "huffman_ms", "palette_ms", "transcode_ms", "huffman_GBps",
                           "palette_GBps"])
     print("wrote", bu.write_json(out, res))
-    return bu.nothing_measured("bench_decode", res, out)
+    if bu.nothing_measured("bench_decode", res, out):
+        return 1
+    env = res["environment"]
+    measured = decoders_from_rows(res["rows"], env.get("gpu"), res["default_decoders"])
+    _print_choices(measured)
+    stamp = (f"measured on {env.get('gpu')} (sm {env.get('sm')}, driver {env.get('driver')}, torch {env.get('torch')}) "
+             f"at {env['date']}, code {env.get('commit') or env['source_sha256'][:12]}, by scripts/bench_decode.py")
+    return bu.write_tuning(measured, args.write_cache, args.write_defaults, stamp, "bench_decode")
+
+
+def _print_choices(measured) -> None:
+    for key, e in sorted(measured.decoders.items()):
+        print(f"{key}: decoder {e['choice']} (default {e['default']}; "
+              + ", ".join(f"{n} {t:.4f} ms" for n, t in sorted(e["times_ms"].items())) + ")")
+
+
+def _from_json(args) -> int:
+    doc = bu.read_result(args.from_json, "bench_decode")
+    if doc is None:
+        return 2
+    dec = ((doc.get("raw") or {}).get("decode") or doc) if isinstance(doc, dict) else {}
+    env = (doc.get("env") or doc.get("environment") or {}) if isinstance(doc, dict) else {}
+    gpu = env.get("gpu") or (dec.get("environment") or {}).get("gpu")
+    if not gpu or not isinstance(dec, dict) or not dec.get("rows"):
+        print(f"{args.from_json}: no decode rows or GPU name in it", file=sys.stderr)
+        return 2
+    if not dec.get("default_decoders"):
+        print(f"{args.from_json}: the run did not record its default decoders; its rows choose nothing",
+              file=sys.stderr)
+        return 2
+    measured = decoders_from_rows(dec["rows"], gpu, dec["default_decoders"])
+    _print_choices(measured)
+    stamp = (f"measured on {gpu} (driver {env.get('driver')}, torch {env.get('torch')}) at "
+             f"{env.get('date') or doc.get('started')}, code {env.get('commit') or env.get('source_sha256', '')[:12]}, "
+             f"by scripts/bench_decode.py (taken from {os.path.basename(args.from_json)})")
+    return bu.write_tuning(measured, args.write_cache, args.write_defaults, stamp, "bench_decode")
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ def forced_fused_policy(model, device, path: str = "palette_gemm"):
     """A dispatch policy whose table says the fused kernel (`path` for palette layers) won for
     every compressed layer at every batch bucket it takes (to measure the fused path end to
     end, not a measured choice).  A GEMV path takes the batches it supports (1..4 on CUDA cores,
-    1..16 on the tensor cores); past them the one-tile GEMM."""
+    1..32 on the tensor cores); past them the one-tile GEMM."""
     from unweight.runtime import kernel_plan as kp
     from unweight.runtime.modules import CompressedLinear, compressed_modules
     from unweight.runtime.policy import GEMV_PATHS, DispatchPolicy
@@ -110,6 +110,23 @@ def forced_fused_policy(model, device, path: str = "palette_gemm"):
                          and not kp.pgemv_supported(M, m.n_cols, GEMV_PATHS[path]) else path)
                 t.record(name, m.n_rows, m.n_cols, m.encoding_name, M, {"decode_cublas": 1.0, fused: 0.5})
     return pol
+
+
+def decoders_used(model) -> dict:
+    """{"<encoding> <N>x<K> S=<S>": decoder variant name} the prepared model's compressed layers
+    decode with on their device (dispatch.decoder_variant: a variant fixed by use_decoders, else
+    the policy's measured choice, else the extension's default)."""
+    from unweight.runtime import dispatch
+    from unweight.runtime import kernel_plan as kp
+    from unweight.runtime.modules import compressed_modules
+    out = {}
+    for _, m in compressed_modules(model):
+        w = m.encoded()
+        names = kp.HUFF_VARIANTS if w.is_huffman else kp.PAL_VARIANTS
+        v = dispatch.decoder_variant(w, w.device, m.policy) or (
+            kp.HUFF_DEFAULT_VARIANT if w.is_huffman else kp.PAL_DEFAULT_VARIANT)
+        out[f"{w.encoding_name} {w.rows}x{w.cols} S={w.chk_interval}"] = next(n for n, c in names.items() if c == v)
+    return dict(sorted(out.items()))
 
 
 def _static_cache(model, batch, max_len):
@@ -278,7 +295,7 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
                 pol = forced_fused_policy(model, dev, FUSED_PATHS[extra])
                 info = prep.prepare(model, base, policy=pol)
             entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio")},
-                     "prepare_seconds": time.perf_counter() - t0, "runs": []}
+                     "decoders": decoders_used(model), "prepare_seconds": time.perf_counter() - t0, "runs": []}
             for b in batches:
                 r = time_decode(model, b, prompt, steps, runs, ref_logits=refs[b])
                 r.pop("last_logits", None)

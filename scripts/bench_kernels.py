@@ -21,8 +21,9 @@ from these very timings.  --write-cache records the choices in the user's tuning
 ($UNWEIGHT_TUNING_CACHE or ~/.cache/unweight/tuning.json, or PATH); --write-defaults in the
 shipped unweight/runtime/tuning_defaults.json (entries of other devices are kept).
 --from-json rebuilds those choices from a recorded run instead of measuring (a result JSON of
-this script, or a bench stage JSON of scripts/gpu_check.py, whose raw.kernels it reads): the
-same rule, from the same medians, a fused time counted only where its accuracy check passed.
+this script, or a bench stage JSON of scripts/gpu_check.py, whose raw.kernels it reads, and
+whose raw.decode gives the decoder choices as scripts/bench_decode.py records them): the same
+rule, from the same medians, a fused time counted only where its accuracy check passed.
 """
 from __future__ import annotations
 
@@ -296,32 +297,12 @@ def main(argv=None) -> int:
 
 def _write_tables(args, measured, stamp: str) -> int:
     """Record `measured` in the user's cache (--write-cache) and/or the shipped defaults."""
-    from unweight.runtime import tuning_table as tt
-    try:
-        if args.write_cache is not None:
-            path = args.write_cache or tt.default_cache_path()
-            t = tt.TuningTable.load(path).update(measured)
-            t.comment = t.comment or "unweight tuning cache"
-            print("wrote", t.save(path))
-        if args.write_defaults:
-            t = tt.TuningTable.load(tt.DEFAULTS_PATH).update(measured)
-            t.comment = ("Shipped dispatch defaults, written by scripts/bench_kernels.py --write-defaults; a fused "
-                         "path is listed only where it beat decode + cuBLAS in the same run. Last " + stamp + ".")
-            print("wrote", t.save(tt.DEFAULTS_PATH))
-    except OSError as e:
-        print(f"bench_kernels: cannot write the tuning table {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-        return 1
-    return 0
+    return bu.write_tuning(measured, args.write_cache, args.write_defaults, stamp, "bench_kernels")
 
 
 def _from_json(args) -> int:
-    import json
-
-    try:
-        with open(args.from_json) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        print(f"bench_kernels: {args.from_json}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+    doc = bu.read_result(args.from_json, "bench_kernels")
+    if doc is None:
         return 2
     if not isinstance(doc, dict):
         print(f"{args.from_json}: no kernel rows or GPU name in it", file=sys.stderr)
@@ -335,6 +316,13 @@ def _from_json(args) -> int:
     measured = table_from_rows(kern["rows"], gpu, kern.get("encodings") or ("palette", "huffman"))
     for key, e in sorted(measured.entries.items()):
         print(f"{key}: {e['choice']} (M={e['M']})")
+    # A gpu_check bench stage holds the decode benchmark of the same run: its decoder choices too.
+    import bench_decode
+    dec = (doc.get("raw") or {}).get("decode") or {}
+    if dec.get("rows"):
+        measured.update(bench_decode.decoders_from_rows(dec["rows"], gpu, dec.get("default_decoders")))
+        for key, e in sorted(measured.decoders.items()):
+            print(f"{key}: decoder {e['choice']} (default {e['default']})")
     stamp = (f"measured on {gpu} (driver {env.get('driver')}, torch {env.get('torch')}) at "
              f"{env.get('date') or doc.get('started')}, code {env.get('commit') or env.get('source_sha256', '')[:12]}, "
              f"by scripts/bench_kernels.py (taken from {os.path.basename(args.from_json)})")

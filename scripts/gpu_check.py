@@ -64,10 +64,11 @@ the Nsight Compute reports, packed: the device tool brings back 8 files).
 Back here: ``python3 scripts/render_gpu_results.py --import <files_at>`` after each call copies
 the JSONs into benchmarks/results/gpu/ and rewrites the README's "GPU results" section.  Then
 ``python3 scripts/bench_kernels.py --from-json <the bench JSON> --write-defaults`` records the
-measured matmul choices in the shipped tuning table.  The decoders' defaults are constants
-(kernel_plan.h / kernel_plan.py ``HUFF_DEFAULT_VARIANT``, ``PAL_DEFAULT_VARIANT``): the decode
-benchmark times every variant beside them, and a variant faster on every shape at the
-loaders' index takes their place, with the figures in the constant's comment.
+measured matmul choices, and the decoder variants that beat the defaults shape by shape, in
+the shipped tuning table.  The decoders' defaults are constants (kernel_plan.h /
+kernel_plan.py ``HUFF_DEFAULT_VARIANT``, ``PAL_DEFAULT_VARIANT``): the decode benchmark times
+every variant beside them, and a variant faster on every shape at the loaders' index takes
+their place, with the figures in the constant's comment.
 
 Exit status: 0 when every check that ran passed, 1 when one failed, 2 on bad usage.
 """

@@ -98,6 +98,34 @@ def test_decoder_variants_are_set_by_name_and_restored():
     assert dispatch._DECODERS == {"huffman": 0, "palette": 0}
 
 
+def test_policy_picks_each_pieces_decoder_and_use_decoders_overrides_it(monkeypatch):
+    """decode_into asks the policy for each piece's decoder variant (the CPU ops ignore it:
+    the same bits); a variant fixed by use_decoders wins over the policy's; no policy gives 0,
+    the extension's default.  The linear's decode asks the same policy."""
+    w, pieces = _stack(("huffman", "palette", "huffman"))
+    asked = []
+    policy = DispatchPolicy(None)
+
+    def decoder(p, device):
+        asked.append(p.encoding_name)
+        return 3 if p.is_huffman else 2
+    monkeypatch.setattr(policy, "decoder", decoder)
+    assert [dispatch.decoder_variant(p, p.device, policy) for p in pieces] == [3, 2, 3]
+    assert [dispatch.decoder_variant(p, p.device, None) for p in pieces] == [0, 0, 0]
+    prev = dispatch.use_decoders(huffman="chain")
+    try:
+        assert [dispatch.decoder_variant(p, p.device, policy) for p in pieces] == [1, 2, 1]
+    finally:
+        dispatch.use_decoders(**prev)
+    asked.clear()
+    assert torch.equal(dispatch.decode_new(pieces, 80, 96, policy), w)
+    assert asked == ["huffman", "palette", "huffman"]
+    asked.clear()
+    x = torch.randn(3, 96, dtype=torch.bfloat16)
+    assert torch.equal(dispatch.linear(pieces, x, None, 80, 96, policy), F.linear(x, w))
+    assert asked == ["huffman", "palette", "huffman"]
+
+
 @pytest.mark.parametrize("x_shape", [(5, 96), (2, 3, 96)])
 def test_backward_through_a_compressed_linear(x_shape):
     """Autograd through decode-into-scratch: the gradients of x and the bias are the dense

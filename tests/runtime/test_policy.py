@@ -85,3 +85,19 @@ def test_refusal_is_remembered_with_one_warning(on_cuda):
     assert len(got) == 1 and "too much shared memory" in str(got[0].message)
     assert p.linear_path(w, 1, cuda) == pol.DECODE_CUBLAS
     assert p.linear_path(w, 4, cuda) == pol.PALETTE_GEMM  # another bucket is unaffected
+
+
+def test_decoder_variant_from_the_table_on_cuda_only(monkeypatch):
+    """The policy names the decoder variant the table measured faster for the weight's device,
+    shape, encoding and checkpoint interval; 0 (the extension's default) off CUDA, without a
+    table, or for a shape it did not measure."""
+    from unweight.runtime import kernel_plan as kp
+    w = _module("huffman")[1].encoded()
+    t = TuningTable()
+    t.record_decoders(DEV, w.rows, w.cols, "huffman", w.chk_interval, {"ahead": 1.0, "ahead2": 0.5}, "ahead")
+    p = pol.DispatchPolicy(t)
+    monkeypatch.setattr(p, "device_name", lambda device: DEV)
+    assert p.decoder(w, torch.device("cuda", 0)) == kp.HUFF_VARIANT_AHEAD2
+    assert p.decoder(w, torch.device("cpu")) == 0
+    assert pol.DispatchPolicy(None).decoder(w, torch.device("cuda", 0)) == 0
+    assert p.decoder(_module("huffman", n=48)[1].encoded(), torch.device("cuda", 0)) == 0

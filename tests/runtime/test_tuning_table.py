@@ -169,3 +169,87 @@ def test_candidates():
     assert tuning.candidates("palette", 256, 4096) == both
     assert tuning.candidates("palette", 257, 4096, 512) == []  # past the kernel's batch range
     assert tuning.candidates("huffman", 1, 4096, 512) == []    # no fused Huffman kernel
+
+
+# --------------------------------------------------------------------------- decoders
+
+def test_decoder_choice_needs_a_win_over_the_default():
+    """A variant other than the default is chosen only when strictly faster than the default
+    timed in the same run; ties and missing or invalid times keep the default."""
+    names = tuning.decoder_names("huffman")
+    assert tuning.choose_decoder({"ahead": 1.0, "ahead2": 0.9, "chain": 0.95}, "ahead", names) == "ahead2"
+    assert tuning.choose_decoder({"ahead": 1.0, "ahead2": 1.0}, "ahead", names) == "ahead"
+    assert tuning.choose_decoder({"ahead2": 0.5}, "ahead", names) == "ahead"  # default not timed
+    assert tuning.choose_decoder({"ahead": float("nan"), "ahead2": 0.5}, "ahead", names) == "ahead"
+    assert tuning.choose_decoder({"ahead": 1.0, "ahead2": -1.0, "ring": 0.0}, "ahead", names) == "ahead"
+    assert tuning.choose_decoder({"ahead": 1.0, "fast": 0.1}, "ahead", names) == "ahead"  # no such variant
+
+
+def test_decoder_lookup_and_roundtrip(tmp_path):
+    """record_decoders keeps the variants' times; decoder() gives the variant number, 0 for the
+    default or an unmeasured key; the interval S is part of the key for Huffman only; save and
+    load keep the decoders; update overlays them key by key."""
+    kp = tuning.kp
+    t = tuning.TuningTable()
+    default = tuning.default_decoder("huffman")
+    other = next(n for n in tuning.decoder_names("huffman") if n not in (default, "scalar"))
+    assert t.record_decoders(DEV, 14336, 4096, "huffman", 256, {default: 0.22, other: 0.20, "bogus": 0.01},
+                             default) == other
+    assert t.record_decoders(DEV, 4096, 4096, "huffman", 256, {default: 0.066, other: 0.08}, default) == default
+    pal_other = next(n for n in tuning.decoder_names("palette") if n != tuning.default_decoder("palette"))
+    t.record_decoders(DEV, 4096, 4096, "palette", 256, {tuning.default_decoder("palette"): 0.02, pal_other: 0.03})
+    assert t.decoder(DEV, 14336, 4096, "huffman", 256) == kp.HUFF_VARIANTS[other]
+    assert t.decoder(DEV, 14336, 4096, "huffman", 1024) == 0  # another interval: not measured
+    assert t.decoder(DEV, 14336, 4096, "palette", 256) == 0
+    assert t.decoder(DEV, 4096, 4096, "huffman", 256) == 0  # the default won
+    assert t.decoder("NVIDIA A100-SXM4-80GB", 14336, 4096, "huffman", 256) == 0
+    assert tuning.decoder_key(DEV, 1, 2, "palette", 256) == tuning.decoder_key(DEV, 1, 2, "palette", 0)
+    assert "bogus" not in t.decoders[tuning.decoder_key(DEV, 14336, 4096, "huffman", 256)]["times_ms"]
+    path = str(tmp_path / "t.json")
+    t.save(path)
+    back = tuning.TuningTable.load(path)
+    assert back.decoders == t.decoders and back.decoder(DEV, 14336, 4096, "huffman", 256) == kp.HUFF_VARIANTS[other]
+    u = tuning.TuningTable()
+    u.record_decoders(DEV, 14336, 4096, "huffman", 256, {default: 0.2, other: 0.3})
+    assert back.update(u).decoder(DEV, 14336, 4096, "huffman", 256) == 0
+    # a table with no decoders writes none (the file stays as readers before them wrote it)
+    assert "decoders" not in tuning.TuningTable().to_json()
+
+
+def test_decoder_entry_without_this_builds_default_chooses_nothing(tmp_path, monkeypatch):
+    """An entry timed before the default changed, one that never timed the current default,
+    cannot claim a win over it; nor can a recorded choice the times do not support."""
+    t = tuning.TuningTable()
+    t.decoders[tuning.decoder_key(DEV, 8, 64, "huffman", 256)] = {
+        "default": "chain", "choice": "ahead2", "times_ms": {"chain": 1.0, "ahead2": 0.5}}
+    monkeypatch.setattr(tuning.kp, "HUFF_DEFAULT_VARIANT", tuning.kp.HUFF_VARIANT_RING)
+    assert t.decoder(DEV, 8, 64, "huffman", 256) == 0
+    t.decoders[tuning.decoder_key(DEV, 8, 64, "huffman", 256)]["times_ms"]["ring"] = 0.7
+    assert t.decoder(DEV, 8, 64, "huffman", 256) == tuning.kp.HUFF_VARIANT_AHEAD2
+    t.decoders[tuning.decoder_key(DEV, 8, 64, "huffman", 256)]["times_ms"]["ring"] = 0.4
+    assert t.decoder(DEV, 8, 64, "huffman", 256) == 0
+
+
+@pytest.mark.parametrize("decoders", ['[1]', '{"a|1|2|huffman|0": 3}', '{"a|1|2|huffman|0": {"times_ms": {}}}'])
+def test_malformed_decoders_are_ignored(tmp_path, decoders):
+    p = tmp_path / "t.json"
+    p.write_text('{"schema": 1, "entries": {}, "decoders": %s}' % decoders)
+    t = tuning.TuningTable.load(str(p))
+    assert t.decoders == {} and t.decoder("a", 1, 2, "huffman", 0) == 0
+
+
+def test_shipped_decoders_are_measured_wins():
+    """Every shipped decoder entry chooses what the rule gives from its own times, timed
+    against the default it names; decoder() agrees with it where this build's default is that
+    one."""
+    with open(tuning.DEFAULTS_PATH) as f:
+        doc = json.load(f)
+    t = tuning.load_table()
+    for key, e in doc.get("decoders", {}).items():
+        dev, n, k, enc, s = key.split("|")
+        names = tuning.decoder_names(enc)
+        assert e["default"] in e["times_ms"] and set(e["times_ms"]) <= set(names), key
+        assert e["choice"] == tuning.choose_decoder(e["times_ms"], e["default"], names), key
+        if e["default"] == tuning.default_decoder(enc):
+            want = 0 if e["choice"] == e["default"] else names[e["choice"]]
+            assert t.decoder(dev, int(n), int(k), enc, int(s)) == want, key

@@ -114,6 +114,68 @@ def test_kernels_unwritable_cache_is_one_line(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("bench_kernels: cannot write the tuning table")
 
 
+def test_e2e_records_the_decoders_a_prepared_model_uses():
+    """bench_e2e names, per compressed layer shape, the decoder variant its decode runs: the
+    default off CUDA (the policy measures none there) and a variant fixed by use_decoders."""
+    from unweight.runtime import dispatch
+    from unweight.runtime import prepare as prep
+    cfg = bench_e2e.llama8b_config(1, vocab_size=64, hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                                   num_key_value_heads=1, max_position_embeddings=64)
+    model = bench_e2e.build_model(cfg, "cpu")
+    bench_e2e.compress_in_place(model, "huffman")
+    prep.prepare(model, "huffman", policy=None)
+    got = bench_e2e.decoders_used(model)
+    from unweight.runtime.tuning_table import default_decoder
+    assert got and set(got.values()) == {default_decoder("huffman")} and all(k.startswith("huffman ") for k in got)
+    assert "huffman 128x64 S=0" in got
+    prev = dispatch.use_decoders(huffman="chain")
+    try:
+        assert set(bench_e2e.decoders_used(model).values()) == {"chain"}
+    finally:
+        dispatch.use_decoders(**prev)
+
+
+H200_BENCH = os.path.join(ROOT, "benchmarks", "results", "gpu", "2026-11-27-1342-h200-bench.json")
+
+
+def test_decoder_choices_from_a_recorded_run(tmp_path, capsys, monkeypatch):
+    """bench_decode --from-json on a runbook bench stage: per shape and stream, the variant
+    that beat the run's default; bench_kernels --from-json takes the same choices from the same
+    file.  (The H200 run timed AHEAD2 faster than the default AHEAD on the MLP matrices at
+    S = 256 and slower on the others and at S = 1024.)"""
+    from unweight.runtime import tuning_table as tt
+    cache = tmp_path / "cache.json"
+    monkeypatch.setenv(tt.ENV_CACHE, str(tmp_path / "unused.json"))
+    assert bench_decode.main(["--from-json", H200_BENCH, "--write-cache", str(cache)]) == 0
+    t = tt.TuningTable.load(str(cache))
+    got = {k: e["choice"] for k, e in t.decoders.items()}
+    assert got["NVIDIA H200|14336|4096|huffman|256"] == "ahead2"
+    assert got["NVIDIA H200|4096|14336|huffman|256"] == "ahead2"
+    assert got["NVIDIA H200|4096|4096|huffman|256"] == "ahead"
+    assert got["NVIDIA H200|14336|4096|huffman|1024"] == "ahead"
+    assert got["NVIDIA H200|4096|4096|palette|0"] == "wide"
+    assert all(e["default"] == ("ahead" if "|huffman|" in k else "wide") for k, e in t.decoders.items())
+    assert not t.entries  # the decode benchmark chooses no matmul path
+    if tt.default_decoder("huffman") == "ahead":
+        assert t.decoder("NVIDIA H200", 14336, 4096, "huffman", 256) == tt.kp.HUFF_VARIANT_AHEAD2
+    assert "decoder ahead2" in capsys.readouterr().out
+    both = tmp_path / "both.json"
+    assert bench_kernels.main(["--from-json", H200_BENCH, "--write-cache", str(both)]) == 0
+    k = tt.TuningTable.load(str(both))
+    assert k.decoders == t.decoders and k.entries
+
+
+@pytest.mark.parametrize("content, needle", [("[1]", "no decode rows or GPU name in it"),
+                                             ('{"environment": {"gpu": "G"}, "rows": [{"N": 1}]}',
+                                              "did not record its default decoders")])
+def test_decode_from_json_without_what_it_needs(tmp_path, content, needle, capsys):
+    p = tmp_path / "d.json"
+    p.write_text(content)
+    assert bench_decode.main(["--from-json", str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+
+
 # --------------------------------------------------------------------------- bench_moe
 
 MOE_SMALL = ["--experts", "4", "--top-k", "2", "--layers", "1", "--hidden", "64", "--moe-intermediate", "64",

@@ -6,7 +6,7 @@ q/k/v pieces of a merged projection) plus the padded row count the layer present
 
     linear(pieces, x, bias, out_rows, cols, policy)  ->  y [..., out_rows]
     embedding(pieces, ids, out_rows, cols)           ->  e [..., cols]
-    decode_into(pieces, out, out_rows, cols)         ->  the decoded [out_rows, cols] weight
+    decode_into(pieces, out, out_rows, cols, policy) ->  the decoded [out_rows, cols] weight
 
 The baseline is "decode into the per-device scratch (runtime/scratch.py), then the policy's
 dense GEMM"; the policy (runtime/policy.py) may pick a fused kernel on CUDA for each piece
@@ -28,7 +28,7 @@ from . import scratch
 from .policy import DECODE_CUBLAS, GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, DispatchPolicy
 from .weights import EncodedWeight
 
-__all__ = ["linear", "embedding", "decode_into", "decode_new", "fused", "use_decoders"]
+__all__ = ["linear", "embedding", "decode_into", "decode_new", "fused", "use_decoders", "decoder_variant"]
 
 _DECODE_ONLY = DispatchPolicy(None)
 
@@ -37,14 +37,16 @@ _LAYOUT = {PALETTE_GEMM: (1, False), PALETTE_GEMM_WIDE: (kp.PMMA_SUB_WIDE, False
 
 
 # The CUDA decoder each encoding runs: a variant of kernel_plan.HUFF_VARIANTS / PAL_VARIANTS,
-# 0 for the extension's default.  Every variant writes the same bits; use_decoders() switches
-# them process-wide so that a benchmark can time them end to end.
+# 0 for the policy's choice (the variant its table measured fastest for the weight, else the
+# extension's default).  Every variant writes the same bits; use_decoders() fixes one
+# process-wide so that a benchmark can time them end to end.
 _DECODERS = {"huffman": 0, "palette": 0}
 
 
 def use_decoders(huffman: str | int | None = None, palette: str | int | None = None) -> dict:
-    """Set the CUDA decoder variants by name ("chain", "ahead", "ahead2"; "vec8", "wide") or
-    number (0: the default); None leaves one as it is.  Returns the previous setting, which
+    """Set the CUDA decoder variants by name ("chain", "ahead", "ahead2", "ring"; "vec8",
+    "wide") or number (0: the policy's measured choice, else the extension's default); None
+    leaves one as it is.  Returns the previous setting, which
     use_decoders(**previous) restores.  A forward captured in a CUDA graph keeps the variant
     it was captured with."""
     prev = dict(_DECODERS)
@@ -61,35 +63,43 @@ def use_decoders(huffman: str | int | None = None, palette: str | int | None = N
     return prev
 
 
-def _decode_piece(w: EncodedWeight, out: Tensor, err: Tensor) -> None:
+def decoder_variant(w: EncodedWeight, device: torch.device, policy: DispatchPolicy | None) -> int:
+    """The CUDA decoder variant w is decoded with on `device`: the one use_decoders fixed, else
+    the policy's measured choice, else 0 (the extension's default)."""
+    return _DECODERS[w.encoding_name] or (policy.decoder(w, device) if policy is not None else 0)
+
+
+def _decode_piece(w: EncodedWeight, out: Tensor, err: Tensor, policy: DispatchPolicy | None) -> None:
+    v = decoder_variant(w, out.device, policy)
     if w.is_huffman:
         torch.ops.unweight.decode_huffman(w.sm, w.exp, w.off, w.table, w.lut, out, err, w.rows, w.cols,
                                           w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi, w.chk,
-                                          w.chk_interval, _DECODERS["huffman"])
+                                          w.chk_interval, v)
     else:
-        torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette,
-                                          _DECODERS["palette"])
+        torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette, v)
 
 
-def decode_into(pieces: list, out: Tensor, out_rows: int, cols: int) -> Tensor:
+def decode_into(pieces: list, out: Tensor, out_rows: int, cols: int, policy: DispatchPolicy | None = None) -> Tensor:
     """Decode the pieces, stacked, into the first out_rows*cols words of `out` (bf16, the
     pieces' device); rows past the pieces (vocab padding) are zero.  Returns the
-    [out_rows, cols] view."""
+    [out_rows, cols] view.  policy: picks each piece's CUDA decoder variant from its
+    measurements (None: the extension's default; the same bits either way)."""
     w = out[: out_rows * cols].view(out_rows, cols)
     err = scratch.error_counter(w.device)
     r = 0
     for p in pieces:
-        _decode_piece(p, w[r:r + p.rows], err)
+        _decode_piece(p, w[r:r + p.rows], err, policy)
         r += p.rows
     if r < out_rows:
         w[r:].zero_()
     return w
 
 
-def decode_new(pieces: list, out_rows: int, cols: int) -> Tensor:
+def decode_new(pieces: list, out_rows: int, cols: int, policy: DispatchPolicy | None = None) -> Tensor:
     """The decoded weight as a new bf16 [out_rows, cols] tensor (load-time dense conversion)."""
     dev = pieces[0].device
-    return decode_into(pieces, torch.empty(out_rows * cols, dtype=torch.bfloat16, device=dev), out_rows, cols)
+    return decode_into(pieces, torch.empty(out_rows * cols, dtype=torch.bfloat16, device=dev), out_rows, cols,
+                       policy)
 
 
 def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
@@ -125,7 +135,7 @@ class _RedecodingLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, bias, pieces, out_rows, cols, policy):
-        ctx.pieces, ctx.out_rows, ctx.cols = pieces, out_rows, cols
+        ctx.pieces, ctx.out_rows, ctx.cols, ctx.policy = pieces, out_rows, cols, policy
         ctx.has_bias = bias is not None
         return _linear(pieces, x, bias, out_rows, cols, policy)
 
@@ -133,7 +143,8 @@ class _RedecodingLinear(torch.autograd.Function):
     def backward(ctx, gy):
         gx = gb = None
         if ctx.needs_input_grad[0]:
-            w = decode_into(ctx.pieces, scratch.weights(gy.device, ctx.out_rows * ctx.cols), ctx.out_rows, ctx.cols)
+            w = decode_into(ctx.pieces, scratch.weights(gy.device, ctx.out_rows * ctx.cols), ctx.out_rows, ctx.cols,
+                            ctx.policy)
             gx = gy.matmul(w if w.dtype == gy.dtype else w.to(gy.dtype))
         if ctx.has_bias and ctx.needs_input_grad[1]:
             gb = gy.reshape(-1, gy.shape[-1]).sum(0)
@@ -170,7 +181,7 @@ def _linear(pieces: list, x: Tensor, bias: Tensor | None, out_rows: int, cols: i
                 r += p.rows
             y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
             return y.view(*x.shape[:-1], out_rows)
-    w = decode_into(pieces, scratch.weights(x.device, out_rows * cols), out_rows, cols)
+    w = decode_into(pieces, scratch.weights(x.device, out_rows * cols), out_rows, cols, policy)
     if w.dtype != x.dtype:
         w = w.to(x.dtype)
         bias = None if bias is None else bias.to(x.dtype)
@@ -189,7 +200,7 @@ def _piece_linear(w: EncodedWeight, x2: Tensor, bias: Tensor | None, path: str, 
             policy.refuse(w, x2.size(0), x2.device, path, str(e))
         else:
             return y if bias is None else y + bias.to(y.dtype)
-    wd = decode_into([w], scratch.weights(x2.device, w.rows * w.cols), w.rows, w.cols)
+    wd = decode_into([w], scratch.weights(x2.device, w.rows * w.cols), w.rows, w.cols, policy)
     return policy.dense_linear(x2, wd, bias)
 
 

@@ -330,6 +330,7 @@ class ExpertStack(LazyTensor):
         self.dtype = dtype
         self.sources = sources
         self.slot = 0  # offset of this parameter's region in the device scratch (prepare sets it)
+        self.policy = None  # picks the CUDA decoder variant per expert shape (prepare sets it)
 
     # ---------------------------------------------------------------- structure
     def planes(self) -> list:
@@ -376,7 +377,7 @@ class ExpertStack(LazyTensor):
     def decode_expert(self, e: int, out: Tensor) -> Tensor:
         """Decode expert e into the flat bf16 buffer `out` (>= rows * cols words, the planes'
         device); returns the bf16 [rows, cols] view.  The single place experts are decoded."""
-        return dispatch.decode_into(self.pieces(e), out, self.rows, self.cols)
+        return dispatch.decode_into(self.pieces(e), out, self.rows, self.cols, self.policy)
 
     def _expert(self, e: int) -> Tensor:
         if not -self.num_experts <= e < self.num_experts:

@@ -287,7 +287,7 @@ class CompressedWeightMixin:
 
     def decode_weight(self) -> Tensor:
         """The weight as a new bf16 [rows, cols] tensor on the module's device (not cached)."""
-        return dispatch.decode_new([self.encoded()], self.n_rows, self.n_cols)
+        return dispatch.decode_new([self.encoded()], self.n_rows, self.n_cols, getattr(self, "policy", None))
 
     @property
     def weight(self) -> LazyTensor:

@@ -38,6 +38,7 @@ class DispatchPolicy:
         self.dense_linear = dense_linear or F.linear
         self._names: dict[int, str] = {}
         self._refused: set = set()
+        self._decoders: dict[tuple, int] = {}
 
     def device_name(self, device: torch.device) -> str:
         """torch.cuda.get_device_name of a CUDA device (cached per index: the table's key)."""
@@ -62,6 +63,20 @@ class DispatchPolicy:
         if key in self._refused:
             return DECODE_CUBLAS
         return self.table.lookup(*key[:4], M)
+
+    def decoder(self, w: EncodedWeight, device: torch.device) -> int:
+        """The CUDA decoder variant for w on `device` (0: the extension's default): one the
+        table measured faster than the default for this device, shape, encoding and checkpoint
+        interval.  Every variant writes the same bits."""
+        if self.table is None or not self.table.decoders or device.type != "cuda":
+            return 0
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        key = (idx, w.rows, w.cols, w.encoding_name, w.chk_interval)
+        v = self._decoders.get(key)
+        if v is None:
+            v = self._decoders[key] = self.table.decoder(self.device_name(device), w.rows, w.cols, w.encoding_name,
+                                                         w.chk_interval)
+        return v
 
     def _warn_uncovered(self, w: EncodedWeight) -> None:
         self._remember(("uncovered", w.rows, w.cols),

@@ -283,6 +283,8 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     policy = policy if policy is not None else policies.measured()
     for _, m in compressed_modules(model):
         m.policy = policy
+    for *_, st in experts.expert_stacks(model):
+        st.policy = policy
     info = {"mode": mode, "modules": counts, "experts": experts_info,
             **_held_totals(model, experts_info),
             "scratch_bytes": {d: scratch.scratch_bytes(d) for d in need},

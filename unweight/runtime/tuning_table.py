@@ -23,12 +23,29 @@ Where the measurements live:
     written by ``unweight.tools.tune.tune()`` (or ``bench_kernels.py --write-cache``); its
     entries override the shipped ones key by key.
 
+The same table names the CUDA decoder each weight is decoded with (the decode of the
+decode + cuBLAS path, of MoE experts and of dense conversion), under the key
+
+    (device name, N, K, encoding, S)  ->  a decoder variant of kernel_plan.HUFF_VARIANTS /
+                                          PAL_VARIANTS ("ahead", "ring", ...; "wide", "vec8")
+
+with S the Huffman checkpoint interval the weight is decoded with (0 without an index; 0 for
+palette).  Every variant writes the same bits, so this choice changes speed only.  Rule: a
+variant other than the extension's default is chosen only when it was strictly faster than
+the default timed in the same run (``choose_decoder``); no measurement -> the default.
+
 File format (both files)::
 
     {"schema": 1, "comment": "...",
      "entries": {"<device>|<N>|<K>|<encoding>|<bucket>":
                  {"M": 16, "choice": "palette_gemm",
-                  "times_ms": {"decode_cublas": 0.031, "palette_gemm": 0.019}}}}
+                  "times_ms": {"decode_cublas": 0.031, "palette_gemm": 0.019}}},
+     "decoders": {"<device>|<N>|<K>|<encoding>|<S>":
+                  {"default": "ahead", "choice": "ahead2",
+                   "times_ms": {"ahead": 0.217, "ahead2": 0.206, "chain": 0.233}}}}
+
+("decoders" is optional: a file without it chooses no decoder, and readers that predate it
+ignore it.)
 """
 from __future__ import annotations
 
@@ -141,11 +158,41 @@ def entry_key(device: str, N: int, K: int, encoding: str, bucket_name: str) -> s
     return f"{device}|{int(N)}|{int(K)}|{encoding}|{bucket_name}"
 
 
+def decoder_names(encoding: str) -> dict:
+    """{variant name: variant number} of an encoding's CUDA decoders."""
+    return kp.HUFF_VARIANTS if encoding == "huffman" else kp.PAL_VARIANTS
+
+
+def default_decoder(encoding: str) -> str:
+    """The name of the variant the extension runs for an encoding when none is named."""
+    default = kp.HUFF_DEFAULT_VARIANT if encoding == "huffman" else kp.PAL_DEFAULT_VARIANT
+    return next(n for n, v in decoder_names(encoding).items() if v == default)
+
+
+def choose_decoder(times_ms: dict, default: str, names) -> str:
+    """The decoder to run from times measured in one run: the fastest of `names` strictly
+    faster than `default`; `default` when it was not (validly) measured."""
+    base = times_ms.get(default)
+    if not _finite(base):
+        return default
+    best, best_t = default, base
+    for name in sorted(names):  # sorted: a tie between two others keeps the same one every time
+        t = times_ms.get(name)
+        if name != default and _finite(t) and t < best_t:
+            best, best_t = name, t
+    return best
+
+
+def decoder_key(device: str, N: int, K: int, encoding: str, S: int = 0) -> str:
+    return f"{device}|{int(N)}|{int(K)}|{encoding}|{int(S) if encoding == 'huffman' else 0}"
+
+
 class TuningTable:
     """The dispatch table: entries keyed by entry_key(), each {"M", "choice", "times_ms"}."""
 
-    def __init__(self, entries: dict | None = None, comment: str = ""):
+    def __init__(self, entries: dict | None = None, comment: str = "", decoders: dict | None = None):
         self.entries: dict = dict(entries or {})
+        self.decoders: dict = dict(decoders or {})
         self.comment = comment
 
     # ------------------------------------------------------------------ files
@@ -166,10 +213,16 @@ class TuningTable:
             return cls()
         entries = {k: v for k, v in doc.get("entries", {}).items()
                    if isinstance(v, dict) and isinstance(v.get("times_ms"), dict)}
-        return cls(_rekey_legacy(entries), str(doc.get("comment", "")))
+        decoders = doc.get("decoders", {})
+        decoders = {k: v for k, v in (decoders.items() if isinstance(decoders, dict) else ())
+                    if isinstance(v, dict) and isinstance(v.get("times_ms"), dict) and isinstance(v.get("default"), str)}
+        return cls(_rekey_legacy(entries), str(doc.get("comment", "")), decoders)
 
     def to_json(self) -> dict:
-        return {"schema": SCHEMA, "comment": self.comment, "entries": dict(sorted(self.entries.items()))}
+        doc = {"schema": SCHEMA, "comment": self.comment, "entries": dict(sorted(self.entries.items()))}
+        if self.decoders:
+            doc["decoders"] = dict(sorted(self.decoders.items()))
+        return doc
 
     def save(self, path: str) -> str:
         """Write atomically (temp file + rename), creating the folder.  Returns the path."""
@@ -192,9 +245,37 @@ class TuningTable:
         # Re-derived from the times, not read from e["choice"]: only a recorded win counts.
         return choose(e["times_ms"])
 
+    def record_decoders(self, device: str, N: int, K: int, encoding: str, S: int, times_ms: dict,
+                        default: str | None = None) -> str:
+        """Store the decoder variants' times of one weight shape (keyed by variant name, the
+        run's default among them) and return the choice they give.  default: the variant the
+        run's unnamed decode ran (the extension's default when it was built), else this
+        build's default."""
+        names = decoder_names(encoding)
+        default = default or default_decoder(encoding)
+        times = {k: float(v) for k, v in times_ms.items() if k in names and _finite(v)}
+        choice = choose_decoder(times, default, names)
+        self.decoders[decoder_key(device, N, K, encoding, S)] = {"default": default, "choice": choice,
+                                                                 "times_ms": times}
+        return choice
+
+    def decoder(self, device: str, N: int, K: int, encoding: str, S: int = 0) -> int:
+        """The decoder variant number for a weight (0: the extension's default): a variant
+        recorded as strictly faster than this build's default timed in the same run.  An entry
+        that did not time this build's default (a table older than the default) chooses
+        nothing."""
+        e = self.decoders.get(decoder_key(device, N, K, encoding, S))
+        if e is None:
+            return 0
+        names = decoder_names(encoding)
+        # Re-derived from the times, not read from e["choice"]: only a recorded win counts.
+        choice = choose_decoder(e["times_ms"], default_decoder(encoding), names)
+        return 0 if choice == default_decoder(encoding) else names[choice]
+
     def update(self, other: "TuningTable") -> "TuningTable":
-        """Overlay other's entries on this table (other wins key by key).  Returns self."""
+        """Overlay other's entries and decoders on this table (other wins key by key).  Returns self."""
         self.entries.update(other.entries)
+        self.decoders.update(other.decoders)
         return self
 
 

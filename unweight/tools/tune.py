@@ -2,7 +2,9 @@
 
     tune(shapes, device="cuda")   times every shape and batch bucket and writes the user's
                                   tuning cache (runtime/tuning_table.py), read by the
-                                  measured dispatch policy of models prepared afterwards.
+                                  measured dispatch policy of models prepared afterwards;
+                                  and times each shape's CUDA decoder variants (the same
+                                  bits), so the policy decodes with the fastest.
 
 A tool on top of the runtime (it builds modules and runs forwards); nothing in the runtime
 imports it.  ``scripts/bench_kernels.py`` uses the same measurements for its tables.
@@ -22,7 +24,9 @@ from ..runtime.modules import CompressedLinear
 from ..runtime.policy import DispatchPolicy
 from ..runtime.prepare import prepare_module
 from ..runtime import kernel_plan as kp
-from ..runtime.tuning_table import BUCKET_BATCH, BUCKETS, DECODE_CUBLAS, TuningTable, candidates, default_cache_path
+from ..runtime import scratch
+from ..runtime.tuning_table import (BUCKET_BATCH, BUCKETS, DECODE_CUBLAS, TuningTable, candidates, decoder_names,
+                                    default_cache_path, default_decoder)
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +83,39 @@ def measure(m: CompressedLinear, M: int, warmup: int = 5, iters: int = 50) -> di
     return times
 
 
+def measure_decoders(m: CompressedLinear, warmup: int = 5, iters: int = 50) -> dict:
+    """Times (ms, CUDA-event medians) of decoding module m's weight (on CUDA) with each CUDA
+    decoder variant of its encoding, back to back in this process: {variant name: ms}.
+    Huffman's SCALAR reader (the fallback of shapes the vector readers cannot take) is left
+    out; a variant whose launch fails is left out."""
+    w = m.encoded()
+    enc = m.encoding_name
+    buf = scratch.weights(m.device, m.n_rows * m.n_cols)
+    times = {}
+    for name in decoder_names(enc):
+        if enc == "huffman" and kp.HUFF_VARIANTS[name] == kp.HUFF_VARIANT_SCALAR:
+            continue
+        prev = dispatch.use_decoders(**{enc: name})
+        try:
+            times[name] = time_cuda(lambda: dispatch.decode_into([w], buf, m.n_rows, m.n_cols), warmup, iters)
+        except RuntimeError as e:
+            log.info("unweight tune: decoder %s skipped for [%d, %d]: %s", name, m.n_rows, m.n_cols, e)
+        finally:
+            dispatch.use_decoders(**prev)
+    return times
+
+
 def tune(module_shapes: Iterable, device="cuda", buckets: Iterable[str] | None = None, warmup: int = 5,
-         iters: int = 50, path: str | None = None, save: bool = True) -> TuningTable:
+         iters: int = 50, path: str | None = None, save: bool = True, decoders: bool = True) -> TuningTable:
     """Measure and record the dispatch choice for every shape and batch bucket on `device`.
 
     module_shapes: compressed modules (CompressedLinear, timed with their own planes on
     `device`) and/or (N, K, encoding) tuples (timed on synthetic N(0, 0.02) weights encoded
     with the writer's grid).  buckets: subset of BUCKETS (default: every bucket the fused
     palette kernel takes, "1" .. "65-256"; ">256" has no fused candidate and stays
-    decode_cublas unmeasured).
+    decode_cublas unmeasured).  decoders: also time each shape's decoder variants (the
+    decode of the decode + cuBLAS path; a module's own planes keep their checkpoint interval,
+    a synthetic weight gets the one the GPU loaders add).
     The table at `path` (default: the user cache) is updated and, with save, written back;
     models prepared afterwards pick the new entries up.  Returns the updated table.
     """
@@ -114,6 +142,12 @@ def tune(module_shapes: Iterable, device="cuda", buckets: Iterable[str] | None =
                 choice = tab.record(name, m.n_rows, m.n_cols, m.encoding_name, M, times)
                 log.info("unweight tune: %s [%d, %d] %s M=%d -> %s %s", name, m.n_rows, m.n_cols,
                          m.encoding_name, M, choice, times)
+            if decoders:
+                times = measure_decoders(m, warmup, iters)
+                choice = tab.record_decoders(name, m.n_rows, m.n_cols, m.encoding_name, m.encoded().chk_interval,
+                                             times, default_decoder(m.encoding_name))
+                log.info("unweight tune: %s [%d, %d] %s decoder -> %s %s", name, m.n_rows, m.n_cols,
+                         m.encoding_name, choice, times)
     if save:
         tab.save(path)
     return tab

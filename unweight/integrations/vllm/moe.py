@@ -51,6 +51,7 @@ from ...format.errors import FormatError, InputError
 from ...format.header import TensorHeader
 from ...runtime import dispatch, scratch
 from ...runtime.modes import sharded_mode
+from .ops import current_policy
 from .common import PLANE_DTYPES, device_piece, gather, log, missing_plane, report_layer, take_shard, tp_info
 
 
@@ -276,8 +277,8 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         w13 = buf[: len(sel) * n13].view(len(sel), 2 * inter, hidden)
         w2 = buf[len(sel) * n13: len(sel) * (n13 + n2)].view(len(sel), hidden, inter)
         for i, e in enumerate(sel):
-            dispatch.decode_into(layer._uw_w13[e], w13[i].view(-1), 2 * inter, hidden)
-            dispatch.decode_into(layer._uw_w2[e], w2[i].view(-1), hidden, inter)
+            dispatch.decode_into(layer._uw_w13[e], w13[i].view(-1), 2 * inter, hidden, current_policy())
+            dispatch.decode_into(layer._uw_w2[e], w2[i].view(-1), hidden, inter, current_policy())
         return w13, w2
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):

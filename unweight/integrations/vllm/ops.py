@@ -46,6 +46,11 @@ def set_policy(policy: DispatchPolicy) -> None:
     _POLICY["p"] = policy
 
 
+def current_policy() -> DispatchPolicy | None:
+    """The policy set_policy set (None before a load)."""
+    return _POLICY.get("p")
+
+
 def piece_meta(w: EncodedWeight) -> list:
     return [w.encoding, w.rows, w.cols, w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi,
             len(w.palette)] + w.palette + [0] * (C.PAL_MAX_ENTRIES - len(w.palette)) + [w.chk_interval]
@@ -77,7 +82,7 @@ def pieces(planes: List[Tensor], meta: List[int]) -> list:
 @torch.library.custom_op("unweight_vllm::linear", mutates_args=())
 def linear(x: Tensor, planes: List[Tensor], meta: List[int], bias: Optional[Tensor], out_rows: int,
            cols: int) -> Tensor:
-    return dispatch.linear(pieces(planes, meta), x, bias, out_rows, cols, _POLICY.get("p"))
+    return dispatch.linear(pieces(planes, meta), x, bias, out_rows, cols, current_policy())
 
 
 @linear.register_fake
