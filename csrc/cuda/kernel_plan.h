@@ -41,10 +41,12 @@ constexpr int HUFF_THREADS = 128;
 //   RING    AHEAD with its stream blocks copied (cp.async) into a per-lane ring of
 //           HUFF_RING_SLOTS in shared memory at each step's start, so that the lanes of a
 //           warp, which refill at different rounds, never wait on each other's global loads.
-// DEFAULT (0) is what the runtime runs: AHEAD, the fastest of CHAIN, AHEAD and AHEAD2 on every
-// indexed stream timed (bench_decode.py on an H200: 505-549 GB/s of BF16 written at S=256 where
-// CHAIN gives 442-514 and AHEAD2 409-573; 262-502 at S=1024 where CHAIN gives 183-441).  RING
-// has not run on a GPU.
+// DEFAULT (0) is what the extension runs when no variant is named: AHEAD, the fastest of CHAIN,
+// AHEAD and AHEAD2 on every indexed stream timed or within 7% (bench_decode.py on an H200:
+// 505-549 GB/s of BF16 written at S=256 where CHAIN gives 442-514 and AHEAD2 409-573; 262-502 at
+// S=1024 where CHAIN gives 183-441).  The runtime names another variant for a weight where its
+// tuning table measured one faster for that GPU, shape and S (runtime/tuning_table.py,
+// "decoders": AHEAD2 on the H200's MLP matrices at S=256).  RING has not run on a GPU.
 constexpr int HUFF_VARIANT_DEFAULT = 0;
 constexpr int HUFF_VARIANT_CHAIN = 1;
 constexpr int HUFF_VARIANT_AHEAD = 2;
@@ -65,9 +67,9 @@ UW_PLAN_HD int huffman_ways(int variant) { return variant == HUFF_VARIANT_AHEAD2
 // 8-weight chunks, a warp's lanes taking consecutive chunks at every step (pal_wide_chunk), so
 // each of its load and store instructions covers whole sectors as VEC8's do; all four steps'
 // loads are issued together (48 bytes in flight per thread) and decoded with the register
-// tables of pal_regs.cuh.  DEFAULT (0) is what the runtime runs: WIDE, 1.33-1.43x VEC8's rate on
-// every shape timed (bench_decode.py on an H200: 1720-2097 GB/s of BF16 written, VEC8 1285-1464,
-// a device copy 1924-2075); a launch WIDE cannot take runs VEC8.
+// tables of pal_regs.cuh.  DEFAULT (0) is what the extension runs unless named: WIDE,
+// 1.33-1.43x VEC8's rate on every shape timed (bench_decode.py on an H200: 1720-2097 GB/s of
+// BF16 written, VEC8 1285-1464, a device copy 1924-2075); a launch WIDE cannot take runs VEC8.
 constexpr int PAL_VEC = 8;
 constexpr int PAL_WIDE = 32;
 constexpr int PAL_WIDE_STEPS = PAL_WIDE / PAL_VEC;

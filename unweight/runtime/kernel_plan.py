@@ -10,7 +10,8 @@ from __future__ import annotations
 from ..format import constants as C
 
 HUFF_THREADS = 128
-# Huffman decode variants (csrc/cuda/kernel_plan.h): 0 is the runtime's default, AHEAD.
+# Huffman decode variants (csrc/cuda/kernel_plan.h): 0 is the extension's default, AHEAD (the
+# runtime names another where its tuning table measured one faster: tuning_table "decoders").
 HUFF_VARIANT_DEFAULT = 0
 HUFF_VARIANT_CHAIN = 1
 HUFF_VARIANT_AHEAD = 2

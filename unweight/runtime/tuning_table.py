@@ -1,4 +1,5 @@
-"""The measured dispatch table: which path runs a compressed linear on a given device.
+"""The measured dispatch table: which path runs a compressed linear on a given device, and
+which CUDA decoder variant decodes each weight there.
 
 Pure data (no torch): the dispatch policy (runtime/policy.py) looks a choice up per forward
 under the key
