@@ -643,3 +643,78 @@ def test_verify_against_a_compressed_checkpoint_is_refused(tiny_model, tmp_path)
         assert str(e.value) == (f"--against {against} is a compressed checkpoint: it must be the original, "
                                 "uncompressed one")
     assert unweight.verify(c, against=os.path.join(src, "model.safetensors"))["ok"]
+
+
+# --------------------------------------------------------------------------- tune
+
+def test_tune_shapes_are_the_encoded_matrices_and_their_tp_blocks(tiny_model, tmp_path):
+    """tune_shapes: each encoded tensor's [rows, cols]; with tp, also every rank's row block
+    and column block where the segment grid lets the tensor split tp ways."""
+    from unweight.api import tune_shapes
+    from unweight.codec import shard as sh
+    from unweight.format.checkpoint import CompressedCheckpoint
+    src, _ = tiny_model
+    c = str(tmp_path / "c")
+    unweight.compress(src, c)
+    ck = CompressedCheckpoint(c)
+    try:
+        headers = [ck.header(b) for b in ck.encoded]
+    finally:
+        ck.close()
+    whole = sorted({(h.rows, h.cols) for h in headers})
+    assert tune_shapes(c) == whole and len(whole) >= 3
+    split = set(tune_shapes(c, tp=2))
+    want = set(whole)
+    for h in headers:
+        for role in ("rows", "cols"):
+            try:
+                plan = sh.tp_plan(h, 2, role)
+            except sh.ShardError:
+                continue
+            for r, cc in plan:
+                want.add((h.rows if r is None else r[1] - r[0], h.cols if cc is None else cc[1] - cc[0]))
+    assert split == want and split > set(whole)
+    with pytest.raises(InputError, match="no such file or folder"):
+        tune_shapes(str(tmp_path / "missing"))
+
+
+def test_tune_refuses_without_a_cuda_gpu(tiny_model, tmp_path, monkeypatch):
+    """Off a CUDA GPU, tune stops before timing anything with one InputError; bad options too."""
+    torch = pytest.importorskip("torch")
+    src, _ = tiny_model
+    c = str(tmp_path / "c")
+    unweight.compress(src, c)
+    cache = tmp_path / "cache.json"
+    with pytest.raises(InputError, match="CUDA GPU"):
+        unweight.api.tune(c, device="cpu", cache=str(cache))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(InputError, match="CUDA GPU"):
+        unweight.api.tune(c, cache=str(cache))
+    with pytest.raises(InputError, match="unknown encoding"):
+        unweight.api.tune(c, encodings=("fp8",))
+    with pytest.raises(InputError, match="tp must be at least 1"):
+        unweight.api.tune(c, tp=0)
+    assert not cache.exists()
+
+
+@pytest.mark.cuda
+def test_tune_on_the_gpu_records_every_shape(tiny_model, tmp_path):
+    """On a CUDA GPU: every encoded shape gets a path at the bucket asked for, in both
+    encodings, and a decoder choice; the cache holds them."""
+    torch = pytest.importorskip("torch")
+    from unweight import ops
+    if not torch.cuda.is_available() or not ops.cuda_kernels_built():
+        pytest.skip("needs a CUDA GPU and unweight._cuda")
+    from unweight.runtime.tuning_table import TuningTable
+    src, _ = tiny_model
+    c = str(tmp_path / "c")
+    unweight.compress(src, c)
+    cache = str(tmp_path / "cache.json")
+    r = unweight.api.tune(c, buckets=["1"], iters=3, cache=cache)
+    shapes = {tuple(s) for s in r["shapes"]}
+    assert {(p["N"], p["K"], p["encoding"]) for p in r["paths"]} == {(n, k, e) for n, k in shapes
+                                                                      for e in ("palette", "huffman")}
+    assert {p["bucket"] for p in r["paths"]} == {"1"}
+    assert {(d["N"], d["K"]) for d in r["decoders"]} == shapes
+    t = TuningTable.load(cache)
+    assert len(t.entries) == len(r["paths"]) and len(t.decoders) == len(r["decoders"])

@@ -376,3 +376,23 @@ def test_bad_decompress_shard_size_is_one_line_exit_2(tmp_path):
     p = run("decompress", str(tmp_path), str(tmp_path / "d"), "--max-shard-size", "-1")
     assert_one_line_error(p, 2)
     assert "bad max_shard_size '-1'" in p.stderr
+
+
+def test_tune_off_a_gpu_and_bad_paths_are_one_line(tiny_model, tmp_path):
+    """`unweight tune` measures on a CUDA GPU: off one, and for a path that is not a compressed
+    checkpoint, it says so in one line (exit 2, or 3 for a foreign file) and writes no cache."""
+    src, _ = tiny_model
+    c = str(tmp_path / "c")
+    assert run("compress", src, c).returncode == 0
+    env = {**os.environ, "UNWEIGHT_TUNING_CACHE": str(tmp_path / "cache.json"), "CUDA_VISIBLE_DEVICES": ""}
+    p = run("tune", c, env=env)
+    assert_one_line_error(p, 2)
+    assert "CUDA GPU" in p.stderr
+    p = run("tune", str(tmp_path / "missing"), env=env)
+    assert_one_line_error(p, 2)
+    assert "no such file or folder" in p.stderr
+    p = run("tune", src, env=env)  # an uncompressed checkpoint
+    assert_one_line_error(p)
+    p = run("tune", c, "--tp", "0", env=env)
+    assert_one_line_error(p, 2)
+    assert not (tmp_path / "cache.json").exists()

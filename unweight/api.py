@@ -477,3 +477,91 @@ def inspect(path, jobs: int | None = None) -> dict:
             "totals": {"tensors": len(rows), "encoded": sum(r["encoding"] != "raw" for r in rows),
                        "orig_bytes": tot_o, "stored_bytes": tot_s, "ratio": tot_s / tot_o if tot_o else 1.0,
                        "file_bytes": files, "bits_per_weight": 8 * files / max(1, tot_w)}}
+
+
+def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
+    """The [N, K] matrix shapes a GPU runs for a compressed checkpoint's encoded tensors (an
+    expert stack's per-expert matrix), sorted.  tp > 1: the shapes of one rank's block under
+    tensor parallelism, split by rows (column-parallel layers) and by columns (row-parallel
+    layers), each where the tensor's segment grid lets it split tp ways (the architecture,
+    which says which applies, is not read), and the whole shape (replicated layers)."""
+    path = sources.as_path(path, "path")
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file or folder")
+    from .codec import shard as sh
+    ck = CompressedCheckpoint(path)
+    shapes = set()
+    try:
+        for base in ck.encoded:
+            h = ck.header(base)
+            shapes.add((int(h.rows), int(h.cols)))
+            for role in (("rows", "cols") if tp > 1 else ()):
+                try:
+                    plan = sh.tp_plan(h, tp, role, base)
+                except sh.ShardError:
+                    continue  # this tensor cannot be split tp ways along that axis
+                for r, c in plan:
+                    shapes.add((int(h.rows) if r is None else r[1] - r[0], int(h.cols) if c is None else c[1] - c[0]))
+    finally:
+        ck.close()
+    return sorted(shapes)
+
+
+def tune(path, *, device: str = "cuda", encodings=("palette", "huffman"), buckets=None, tp: int = 1,
+         cache: str | None = None, iters: int = 50) -> dict:
+    """Measure, on this machine's CUDA GPU, which path runs each of a compressed checkpoint's
+    matrix shapes fastest at each batch bucket, and which decoder variant decodes it fastest
+    (unweight.tools.tune, on N(0, 0.02) weights of each shape and encoding); the choices go
+    to the tuning cache (`cache`, default $UNWEIGHT_TUNING_CACHE or
+    ~/.cache/unweight/tuning.json), which models loaded afterwards dispatch by.  Returns the
+    device name, the cache path and the choices."""
+    if tp < 1:
+        raise InputError(f"tp must be at least 1, got {tp}")
+    encodings = tuple(encodings)
+    for e in encodings:
+        if e not in ("palette", "huffman"):
+            raise InputError(f"unknown encoding {e!r}; one of palette, huffman")
+    shapes = tune_shapes(path, tp)
+    try:
+        import torch
+    except ImportError:
+        raise InputError("unweight tune measures on a CUDA GPU and needs torch (pip install unweight[runtime])") \
+            from None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InputError(f"bad device {device!r}") from None
+    if dev.type != "cuda":
+        raise InputError(f"unweight tune measures on a CUDA GPU, not on {device}")
+    if not torch.cuda.is_available():
+        raise InputError("unweight tune measures on a CUDA GPU, and none is visible here")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise InputError(f"no CUDA device {device} here ({torch.cuda.device_count()} visible)")
+    from .ops import cuda_kernels_built
+    if not cuda_kernels_built():
+        raise InputError("unweight tune needs the CUDA extension (unweight._cuda), which this install lacks")
+    from .runtime.tuning_table import BUCKETS, default_cache_path
+    if buckets is not None:
+        bad = [b for b in buckets if b not in BUCKETS]
+        if bad:
+            raise InputError(f"unknown batch bucket {bad[0]!r}; one of {', '.join(BUCKETS)}")
+    from .tools import tune as tuner
+    cache = os.path.expanduser(cache) if cache else default_cache_path()
+    t0 = time.perf_counter()
+    table = tuner.tune([(n, k, e) for n, k in shapes for e in encodings], device=dev, buckets=buckets, iters=iters,
+                       path=cache)
+    name = torch.cuda.get_device_name(dev)
+    mine = {tuple(map(int, (n, k))) for n, k in shapes}
+    paths, decoders = [], []
+    for key, e in sorted(table.entries.items()):
+        dev_name, n, k, enc, b = key.rsplit("|", 4)
+        if dev_name == name and (int(n), int(k)) in mine and enc in encodings:
+            paths.append({"N": int(n), "K": int(k), "encoding": enc, "bucket": b,
+                          "choice": table.lookup(name, int(n), int(k), enc, e["M"]), "times_ms": e["times_ms"]})
+    for key, e in sorted(table.decoders.items()):
+        dev_name, n, k, enc, s = key.rsplit("|", 4)
+        if dev_name == name and (int(n), int(k)) in mine and enc in encodings:
+            decoders.append({"N": int(n), "K": int(k), "encoding": enc, "S": int(s), "choice": e["choice"],
+                             "times_ms": e["times_ms"]})
+    return {"device": name, "cache": cache, "shapes": [list(s) for s in shapes], "paths": paths,
+            "decoders": decoders, "seconds": time.perf_counter() - t0}

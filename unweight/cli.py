@@ -197,6 +197,40 @@ def inspect(path, as_json, jobs):
             f"{tot['bits_per_weight']:.3f} bits/weight")
 
 
+def _tune_buckets() -> list:
+    """The batch buckets a fused kernel takes (runtime.tuning_table, no torch)."""
+    from .runtime.tuning_table import BUCKET_BATCH
+    from .runtime.kernel_plan import PMMA_MAX_M
+    return [b for b, m in BUCKET_BATCH.items() if m <= PMMA_MAX_M]
+
+
+@main.command()
+@click.argument("path")
+@click.option("--device", default="cuda", show_default=True, help="The CUDA device to measure on.")
+@click.option("--encoding", "encodings", multiple=True, type=click.Choice(["palette", "huffman"]),
+              help="Encodings to time each shape in (repeatable; default: both).")
+@click.option("--bucket", "buckets", multiple=True, type=click.Choice(_tune_buckets()),
+              help="Batch buckets to time (repeatable; default: all a fused kernel takes).")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Also time one rank's blocks under this tensor-parallel size.")
+@click.option("--cache", default=None, help="Tuning cache to update (default: $UNWEIGHT_TUNING_CACHE or "
+                                            "~/.cache/unweight/tuning.json).")
+@click.option("--json", "as_json", is_flag=True, help="Print the choices as JSON.")
+def tune(path, device, encodings, buckets, tp, cache, as_json):
+    """Time the kernels on this GPU for PATH's matrix shapes and record the fastest in the tuning cache."""
+    from . import api
+    r = _run(api.tune, path, device=device, encodings=encodings or ("palette", "huffman"),
+             buckets=list(buckets) or None, tp=tp, cache=cache)
+    if as_json:
+        _result(json.dumps(r, indent=2))
+        return
+    dec = {(d["N"], d["K"], d["encoding"]): d["choice"] for d in r["decoders"]}
+    rows = [[f"{p['N']}x{p['K']}", p["encoding"], p["bucket"], p["choice"], dec.get((p["N"], p["K"], p["encoding"]), "-")]
+            for p in r["paths"]]
+    _result(_table(rows, ["shape", "encoding", "batch", "path", "decoder"]) + "\n" +
+            f"{len(r['shapes'])} shapes timed on {r['device']} in {r['seconds']:.0f} s; choices recorded in {r['cache']}")
+
+
 def _check_output(output: str):
     """Refuse an --output that cannot be written before the run, not after both models were
     evaluated (hours on a full run).  Missing folders on its way are made when it is written."""
