@@ -66,10 +66,10 @@ def other_decoders(kp) -> dict:
             "palette": [n for n, v in kp.PAL_VARIANTS.items() if v != kp.PAL_DEFAULT_VARIANT]}
 
 
-def default_decoders(kp) -> dict:
-    """{encoding: the name of the variant the runtime runs} (the unsuffixed rows)."""
-    return {"huffman": next(n for n, v in kp.HUFF_VARIANTS.items() if v == kp.HUFF_DEFAULT_VARIANT),
-            "palette": next(n for n, v in kp.PAL_VARIANTS.items() if v == kp.PAL_DEFAULT_VARIANT)}
+def default_decoders() -> dict:
+    """{encoding: the name of the variant the extension runs unless named} (the unsuffixed rows)."""
+    from unweight.runtime.tuning_table import default_decoder
+    return {enc: default_decoder(enc) for enc in ("huffman", "palette")}
 
 
 def decoders_from_rows(rows, device_name: str, defaults: dict | None):
@@ -177,8 +177,7 @@ def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None
     res = {"benchmark": "decode", "environment": bu.environment(torch), "l2_bytes": l2, "runs": runs,
            "rotate_l2_factor": bu.ROTATE_L2_FACTOR, "rows": [],
            "skipped": [{"variant": t, "why": why} for t, why in sorted(skip.items())]}
-    from unweight.runtime import kernel_plan as kp
-    res["default_decoders"] = default_decoders(kp)
+    res["default_decoders"] = default_decoders()
     res["copy_1GiB"] = bu.copy_bandwidth(torch)
     for i, (name, N, K) in enumerate(shapes):
         # ~80 ns/weight covers encoding on the host, the checked decodes and the timings.

@@ -117,15 +117,14 @@ def decoders_used(model) -> dict:
     decode with on their device (dispatch.decoder_variant: a variant fixed by use_decoders, else
     the policy's measured choice, else the extension's default)."""
     from unweight.runtime import dispatch
-    from unweight.runtime import kernel_plan as kp
     from unweight.runtime.modules import compressed_modules
+    from unweight.runtime.tuning_table import decoder_names, default_decoder
     out = {}
     for _, m in compressed_modules(model):
         w = m.encoded()
-        names = kp.HUFF_VARIANTS if w.is_huffman else kp.PAL_VARIANTS
-        v = dispatch.decoder_variant(w, w.device, m.policy) or (
-            kp.HUFF_DEFAULT_VARIANT if w.is_huffman else kp.PAL_DEFAULT_VARIANT)
-        out[f"{w.encoding_name} {w.rows}x{w.cols} S={w.chk_interval}"] = next(n for n, c in names.items() if c == v)
+        names = {v: n for n, v in decoder_names(w.encoding_name).items()}
+        v = dispatch.decoder_variant(w, w.device, m.policy)
+        out[f"{w.encoding_name} {w.rows}x{w.cols} S={w.chk_interval}"] = names.get(v) or default_decoder(w.encoding_name)
     return dict(sorted(out.items()))
 
 

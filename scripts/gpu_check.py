@@ -1961,7 +1961,7 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
     # The tensor-core GEMV (not profiled on any GPU yet); the default Huffman decoder, whose
     # profile has no stall breakdown yet, and RING beside it (its stream refills through shared
     # memory: the stalls say whether the default waits on other lanes' loads); the batch-64
-    # GEMM, whose split fix-up now overlaps its loads; the staged GEMV; the batch-1 kernels of a
+    # GEMM, whose split fix-up issues its loads together; the staged GEMV; the batch-1 kernels of a
     # 4096-row layer.
     ("gemv-32768x4096-M1-mma", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "mma"],
      "pgemv_mma"),

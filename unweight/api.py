@@ -551,7 +551,7 @@ def tune(path, *, device: str = "cuda", encodings=("palette", "huffman"), bucket
     table = tuner.tune([(n, k, e) for n, k in shapes for e in encodings], device=dev, buckets=buckets, iters=iters,
                        path=cache)
     name = torch.cuda.get_device_name(dev)
-    mine = {tuple(map(int, (n, k))) for n, k in shapes}
+    mine = set(shapes)
     paths, decoders = [], []
     for key, e in sorted(table.entries.items()):
         dev_name, n, k, enc, b = key.rsplit("|", 4)

@@ -25,7 +25,8 @@ Where the measurements live:
     entries override the shipped ones key by key.
 
 The same table names the CUDA decoder each weight is decoded with (the decode of the
-decode + cuBLAS path, of MoE experts and of dense conversion), under the key
+decode + cuBLAS path, of MoE experts and of a module's decode_weight; a load-time dense
+conversion decodes with the default), under the key
 
     (device name, N, K, encoding, S)  ->  a decoder variant of kernel_plan.HUFF_VARIANTS /
                                           PAL_VARIANTS ("ahead", "ring", ...; "wide", "vec8")
@@ -268,10 +269,10 @@ class TuningTable:
         e = self.decoders.get(decoder_key(device, N, K, encoding, S))
         if e is None:
             return 0
-        names = decoder_names(encoding)
+        names, default = decoder_names(encoding), default_decoder(encoding)
         # Re-derived from the times, not read from e["choice"]: only a recorded win counts.
-        choice = choose_decoder(e["times_ms"], default_decoder(encoding), names)
-        return 0 if choice == default_decoder(encoding) else names[choice]
+        choice = choose_decoder(e["times_ms"], default, names)
+        return 0 if choice == default else names[choice]
 
     def update(self, other: "TuningTable") -> "TuningTable":
         """Overlay other's entries and decoders on this table (other wins key by key).  Returns self."""

@@ -276,9 +276,10 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         buf = scratch.weights(device, len(sel) * (n13 + n2))
         w13 = buf[: len(sel) * n13].view(len(sel), 2 * inter, hidden)
         w2 = buf[len(sel) * n13: len(sel) * (n13 + n2)].view(len(sel), hidden, inter)
+        policy = current_policy()
         for i, e in enumerate(sel):
-            dispatch.decode_into(layer._uw_w13[e], w13[i].view(-1), 2 * inter, hidden, current_policy())
-            dispatch.decode_into(layer._uw_w2[e], w2[i].view(-1), hidden, inter, current_policy())
+            dispatch.decode_into(layer._uw_w13[e], w13[i].view(-1), 2 * inter, hidden, policy)
+            dispatch.decode_into(layer._uw_w2[e], w2[i].view(-1), hidden, inter, policy)
         return w13, w2
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
