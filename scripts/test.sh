@@ -6,8 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # Every install skips byte-compiling the packages' sources (--no-compile): Python compiles a
-# module on its first import instead, and most of torch's, vLLM's and transformers' modules
-# are never imported here (torch alone installs in ~11 s this way against ~39 s).
+# module on its first import instead and caches it, and most of torch's, vLLM's and
+# transformers' modules are never imported here (torch alone installs in ~11 s this way against
+# ~39 s).  That cache is what makes it pay, so it is switched on even where the environment
+# turns it off (PYTHONDONTWRITEBYTECODE): without it every test process would compile torch.
+unset PYTHONDONTWRITEBYTECODE
 # torch first and pinned: the machine carries a local CPU wheel of 2.13.0; an unpinned torch
 # pulled in by a dependency would download several GB of CUDA packages.
 $PY -m pip install -q --no-compile "torch==2.13.0"
