@@ -179,17 +179,22 @@ def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None
            "skipped": [{"variant": t, "why": why} for t, why in sorted(skip.items())]}
     res["default_decoders"] = default_decoders()
     res["copy_1GiB"] = bu.copy_bandwidth(torch)
+    # Before two shapes are timed: ~80 ns/weight for encoding on the host, the checked decodes
+    # and the timings; then the run's own rate.
+    est = bu.WorkEstimate(5, 8e-8)
     for i, (name, N, K) in enumerate(shapes):
-        # ~80 ns/weight covers encoding on the host, the checked decodes and the timings.
-        need = 5 + 8e-8 * N * K
+        need = est.need(N * K)
         if budget.left() < need:
             res["skipped"].append({"shape": name, "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
             continue
+        t0 = time.monotonic()
         try:
             row = bench_shape(torch, name, N, K, i, runs, l2, skip)
         except Exception as e:  # noqa: BLE001 - a failing kernel is a finding; the next shape still runs
             row = {"shape": name, "N": N, "K": K, "error": f"{type(e).__name__}: {e}"}
             bu.sync(torch)
+        else:
+            est.record(N * K, time.monotonic() - t0)
         res["rows"].append(row)
         log(f"decode {name}: " + ", ".join(f"{e} {v['median_ms']:.4f} ms ({v.get('out_GBps', 0):.0f} GB/s)"
                                            for e, v in row.items() if isinstance(v, dict) and "median_ms" in v)

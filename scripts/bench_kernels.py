@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_util as bu  # noqa: E402
@@ -212,14 +213,18 @@ def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("pale
     res = {"benchmark": "kernels", "environment": bu.environment(torch), "l2_bytes": l2, "runs": runs,
            "batches": list(batches), "encodings": list(encodings), "rows": [],
            "skipped": [{"variant": t, "why": why} for t, why in sorted(skip.items())]}
+    est = bu.WorkEstimate(5, 1e-8)  # the prior until two shapes are timed, then the run's own rate
     for name, N, K in shapes:
-        need = 5 + 1e-8 * N * K * len(batches)
+        need = est.need(N * K * len(batches))
         if budget.left() < need:
             res["skipped"].append({"shape": name, "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
             continue
+        t0 = time.monotonic()
         try:
-            res["rows"] += bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, dev_name, log,
-                                       skip)
+            rows = bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, dev_name, log, skip)
+            res["rows"] += rows
+            if not any("skipped" in r for r in rows):  # a shape cut short says nothing of the rate
+                est.record(N * K * len(batches), time.monotonic() - t0)
         except Exception as e:  # noqa: BLE001 - a failing shape is a finding; the next one still runs
             res["rows"].append({"shape": name, "N": N, "K": K, "error": f"{type(e).__name__}: {e}"})
             bu.sync(torch)

@@ -292,3 +292,29 @@ def test_moe_reference_follows_the_variants_sums():
     assert bench_moe.reference(bf16, None) == ("grouped_mm", "g")
     only = {"experts_implementation": "batched_mm", "logits_sha256": "x"}
     assert bench_moe.reference(only, "unweight") == ("batched_mm", "x")
+
+
+def test_work_estimate_follows_the_run_once_two_shapes_are_timed():
+    """The prior until two parts are timed; then a non-negative line through the timings, with
+    the margin: a large last shape is asked what the run's own rate says it needs."""
+    est = bu.WorkEstimate(5, 1e-8, margin=1.25)
+    assert est.need(1e9) == 5 + 10.0
+    est.record(100e6, 3.0)
+    assert est.need(1e9) == 15.0                  # one timing: still the prior
+    est.record(400e6, 6.0)                          # 2 s + 1e-8 s per unit
+    assert abs(est.need(1e9) - 1.25 * (2 + 10)) < 1e-9
+    est.record(400e6, 6.0)
+    assert abs(est.need(0) - 1.25 * 2) < 1e-9      # least squares through repeated points
+
+
+def test_work_estimate_never_negative_or_shrinking():
+    """Timings falling with size (noise) give the slowest part, and a negative intercept a line
+    through the origin: never a need below what the slower parts took."""
+    est = bu.WorkEstimate(5, 1e-8, margin=1.0)
+    est.record(100, 4.0)
+    est.record(200, 3.0)
+    assert est.need(1000) == 4.0
+    est = bu.WorkEstimate(5, 1e-8, margin=1.0)
+    est.record(100, 1.0)
+    est.record(200, 3.0)                             # the line would cross zero at 50
+    assert est.need(0) == 0.0 and est.need(200) >= 3.0 * 0.9
