@@ -243,10 +243,37 @@ def main(argv=None) -> int:
     return bu.write_tuning(measured, args.write_cache, args.write_defaults, stamp, "bench_decode")
 
 
+def default_candidates(measured) -> list:
+    """The variants faster than the run's default on every shape of a stream: [(encoding, S,
+    variant, shapes, least and most time saved as fractions of the default's time)], the
+    fastest-everywhere first.  Such a variant is the case for changing the compiled-in default
+    (kernel_plan.h / kernel_plan.py HUFF_DEFAULT_VARIANT, PAL_DEFAULT_VARIANT); one that wins on
+    some shapes only is what the tuning table's per-shape choice is for."""
+    streams: dict = {}
+    for key, e in measured.decoders.items():
+        *_, enc, s_chk = key.split("|")
+        streams.setdefault((enc, int(s_chk)), []).append(e)
+    out = []
+    for (enc, S), entries in sorted(streams.items()):
+        default = entries[0]["default"]
+        if any(e["default"] != default for e in entries):
+            continue  # rows of runs with different defaults say nothing together
+        names = set.intersection(*(set(e["times_ms"]) for e in entries)) - {default}
+        for name in sorted(names):
+            saved = [1 - e["times_ms"][name] / e["times_ms"][default] for e in entries]
+            if min(saved) > 0:
+                out.append((enc, S, name, len(entries), min(saved), max(saved)))
+    return sorted(out, key=lambda c: -c[4])
+
+
 def _print_choices(measured) -> None:
     for key, e in sorted(measured.decoders.items()):
         print(f"{key}: decoder {e['choice']} (default {e['default']}; "
               + ", ".join(f"{n} {t:.4f} ms" for n, t in sorted(e["times_ms"].items())) + ")")
+    for enc, S, name, n, lo, hi in default_candidates(measured):
+        stream = f"{enc}, index S={S}" if enc == "huffman" else enc
+        print(f"{stream}: {name} is faster than the default on all {n} shapes ({lo:.1%}-{hi:.1%} less time): "
+              f"a case for making it the compiled-in default")
 
 
 def _from_json(args) -> int:

@@ -68,7 +68,8 @@ measured matmul choices, and the decoder variants that beat the defaults shape b
 the shipped tuning table.  The decoders' defaults are constants (kernel_plan.h /
 kernel_plan.py ``HUFF_DEFAULT_VARIANT``, ``PAL_DEFAULT_VARIANT``): the decode benchmark times
 every variant beside them, and a variant faster on every shape at the loaders' index takes
-their place, with the figures in the constant's comment.
+their place, with the figures in the constant's comment (``bench_decode.py --from-json`` names
+such a variant in its last lines).
 
 Exit status: 0 when every check that ran passed, 1 when one failed, 2 on bad usage.
 """

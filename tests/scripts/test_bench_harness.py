@@ -318,3 +318,23 @@ def test_work_estimate_never_negative_or_shrinking():
     est.record(100, 1.0)
     est.record(200, 3.0)                             # the line would cross zero at 50
     assert est.need(0) == 0.0 and est.need(200) >= 3.0 * 0.9
+
+
+def test_default_candidates_need_a_win_on_every_shape(capsys):
+    """A variant is named as the case for a new compiled-in default only where it beat the
+    run's default on every shape of that stream: in the H200 run none did (AHEAD2 won on the MLP
+    matrices only), in a made-up run where RING wins everywhere at S = 256 it is named."""
+    from unweight.runtime import tuning_table as tt
+    doc = json.load(open(H200_BENCH))
+    h200 = bench_decode.decoders_from_rows(doc["raw"]["decode"]["rows"], "NVIDIA H200",
+                                           doc["raw"]["decode"]["default_decoders"])
+    assert bench_decode.default_candidates(h200) == []
+    t = tt.TuningTable()
+    for n, (ahead, ring, chain) in {4096: (0.10, 0.08, 0.12), 6144: (0.14, 0.10, 0.13)}.items():
+        t.record_decoders("G", n, 4096, "huffman", 256, {"ahead": ahead, "ring": ring, "chain": chain}, "ahead")
+        t.record_decoders("G", n, 4096, "huffman", 1024, {"ahead": ahead, "ring": ahead * 1.1}, "ahead")
+    (c,) = bench_decode.default_candidates(t)
+    assert c[:4] == ("huffman", 256, "ring", 2) and abs(c[4] - 0.2) < 1e-9 and abs(c[5] - 1 / 3.5) < 1e-9
+    bench_decode._print_choices(t)
+    assert "huffman, index S=256: ring is faster than the default on all 2 shapes (20.0%-28.6% less time)" \
+        in capsys.readouterr().out
