@@ -254,10 +254,12 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
             choice[id(m)] = mode
     dense_of = {}
     counts = {"dense": 0, "huffman": 0, "palette": 0}
+    policy = policy if policy is not None else policies.measured()
     # Owners first so a tied module finds its source's dense Parameter.
     for n, m in sorted(cms, key=lambda it: it[1].is_tied):
         c = choice[id(m.owner())]
         if c == "dense":
+            m.policy = policy  # its decode at load runs the decoder the table chose for its shape
             _to_dense(model, n, m, dense_of)
             counts["dense"] += 1
             continue
@@ -280,7 +282,6 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
         need[k] = max(need.get(k, 0), m.n_rows * m.n_cols)
     for dev, numel in need.items():
         scratch.reserve(dev, numel)
-    policy = policy if policy is not None else policies.measured()
     for _, m in compressed_modules(model):
         m.policy = policy
     for *_, st in experts.expert_stacks(model):

@@ -25,8 +25,8 @@ Where the measurements live:
     entries override the shipped ones key by key.
 
 The same table names the CUDA decoder each weight is decoded with (the decode of the
-decode + cuBLAS path, of MoE experts and of a module's decode_weight; a load-time dense
-conversion decodes with the default), under the key
+decode + cuBLAS path, of MoE experts, of a module's decode_weight and of a load-time dense
+conversion, transformers' and vLLM's), under the key
 
     (device name, N, K, encoding, S)  ->  a decoder variant of kernel_plan.HUFF_VARIANTS /
                                           PAL_VARIANTS ("ahead", "ring", ...; "wide", "vec8")

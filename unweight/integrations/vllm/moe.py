@@ -222,9 +222,11 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         layer._uw_shape = (inter, hidden)
         record = {"tp_rank": rank, "tp_size": size, "verified": verify, "mode": mode, "experts": len(local)}
         if mode == "dense":
-            # decoded once here; the unquantized method's own weight conversion then applies
-            w13_t = torch.stack([dispatch.decode_new(p, 2 * inter, hidden) for p in w13])
-            w2_t = torch.stack([dispatch.decode_new(p, hidden, inter) for p in w2])
+            # decoded once here (by the decoder the tuning table chose per shape; every variant
+            # writes the same bits); the unquantized method's own weight conversion then applies
+            policy = current_policy()
+            w13_t = torch.stack([dispatch.decode_new(p, 2 * inter, hidden, policy) for p in w13])
+            w2_t = torch.stack([dispatch.decode_new(p, hidden, inter, policy) for p in w2])
             layer.register_parameter("w13_weight", nn.Parameter(w13_t, requires_grad=False))
             layer.register_parameter("w2_weight", nn.Parameter(w2_t, requires_grad=False))
             super().process_weights_after_loading(layer)

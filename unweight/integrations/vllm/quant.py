@@ -398,7 +398,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
         del layer._uw_pieces, layer._uw_pending
         record = {"tp_rank": rank, "tp_size": size, "verified": verify, "mode": mode}
         if mode == "dense":
-            w = dispatch.decode_new(weights, layer._uw_out_rows, layer._uw_cols)
+            w = dispatch.decode_new(weights, layer._uw_out_rows, layer._uw_cols, uvops.current_policy())
             layer.register_buffer("uw_dense", w, persistent=False)
             layer._uw_n, layer._uw_meta = 0, []
             for r in report:
