@@ -139,6 +139,17 @@ def read_result(path: str, who: str):
         return None
 
 
+def tuning_stamp(env: dict, who: str, source: str | None = None, when: str | None = None) -> str:
+    """Where a tuning table's measurements come from, for its comment: GPU, sm (when recorded),
+    driver, torch, date (`when` where env has none), code, the script, and the recorded result
+    it was taken from (`source`)."""
+    sm = f"sm {env['sm']}, " if env.get("sm") else ""
+    code = env.get("commit") or (env.get("source_sha256") or "")[:12]
+    return (f"measured on {env.get('gpu')} ({sm}driver {env.get('driver')}, torch {env.get('torch')}) at "
+            f"{env.get('date') or when}, code {code}, by scripts/{who}.py"
+            + (f" (taken from {os.path.basename(source)})" if source else ""))
+
+
 def write_tuning(measured, cache_path: str | None, defaults: bool, stamp: str, who: str) -> int:
     """Record a TuningTable of measurements in the user's tuning cache (cache_path: "" for the
     default, None for none) and/or, with defaults, the shipped tuning_defaults.json (entries of

@@ -237,10 +237,9 @@ def main(argv=None) -> int:
         return 1
     env = res["environment"]
     measured = decoders_from_rows(res["rows"], env.get("gpu"), res["default_decoders"])
-    _print_choices(measured)
-    stamp = (f"measured on {env.get('gpu')} (sm {env.get('sm')}, driver {env.get('driver')}, torch {env.get('torch')}) "
-             f"at {env['date']}, code {env.get('commit') or env['source_sha256'][:12]}, by scripts/bench_decode.py")
-    return bu.write_tuning(measured, args.write_cache, args.write_defaults, stamp, "bench_decode")
+    print_choices(measured)
+    return bu.write_tuning(measured, args.write_cache, args.write_defaults, bu.tuning_stamp(env, "bench_decode"),
+                           "bench_decode")
 
 
 def default_candidates(measured) -> list:
@@ -249,9 +248,10 @@ def default_candidates(measured) -> list:
     fastest-everywhere first.  Such a variant is the case for changing the compiled-in default
     (kernel_plan.h / kernel_plan.py HUFF_DEFAULT_VARIANT, PAL_DEFAULT_VARIANT); one that wins on
     some shapes only is what the tuning table's per-shape choice is for."""
+    from unweight.runtime.tuning_table import split_key
     streams: dict = {}
     for key, e in measured.decoders.items():
-        *_, enc, s_chk = key.split("|")
+        *_, enc, s_chk = split_key(key)
         streams.setdefault((enc, int(s_chk)), []).append(e)
     out = []
     for (enc, S), entries in sorted(streams.items()):
@@ -266,7 +266,7 @@ def default_candidates(measured) -> list:
     return sorted(out, key=lambda c: -c[4])
 
 
-def _print_choices(measured) -> None:
+def print_choices(measured) -> None:
     for key, e in sorted(measured.decoders.items()):
         print(f"{key}: decoder {e['choice']} (default {e['default']}; "
               + ", ".join(f"{n} {t:.4f} ms" for n, t in sorted(e["times_ms"].items())) + ")")
@@ -291,10 +291,8 @@ def _from_json(args) -> int:
               file=sys.stderr)
         return 2
     measured = decoders_from_rows(dec["rows"], gpu, dec["default_decoders"])
-    _print_choices(measured)
-    stamp = (f"measured on {gpu} (driver {env.get('driver')}, torch {env.get('torch')}) at "
-             f"{env.get('date') or doc.get('started')}, code {env.get('commit') or env.get('source_sha256', '')[:12]}, "
-             f"by scripts/bench_decode.py (taken from {os.path.basename(args.from_json)})")
+    print_choices(measured)
+    stamp = bu.tuning_stamp({**env, "gpu": gpu}, "bench_decode", args.from_json, doc.get("started"))
     return bu.write_tuning(measured, args.write_cache, args.write_defaults, stamp, "bench_decode")
 
 

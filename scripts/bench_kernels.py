@@ -295,9 +295,7 @@ def main(argv=None) -> int:
     env = res["environment"]
     if bu.nothing_measured("bench_kernels", res, out):
         return 1  # no timing: nothing to record in a tuning table either
-    stamp = (f"measured on {env.get('gpu')} (sm {env.get('sm')}, driver {env.get('driver')}, torch {env.get('torch')}) "
-             f"at {env['date']}, code {env.get('commit') or env['source_sha256'][:12]}, by scripts/bench_kernels.py")
-    return _write_tables(args, measured, stamp)
+    return _write_tables(args, measured, bu.tuning_stamp(env, "bench_kernels"))
 
 
 def _write_tables(args, measured, stamp: str) -> int:
@@ -325,13 +323,10 @@ def _from_json(args) -> int:
     import bench_decode
     dec = (doc.get("raw") or {}).get("decode") or {}
     if dec.get("rows"):
-        measured.update(bench_decode.decoders_from_rows(dec["rows"], gpu, dec.get("default_decoders")))
-        for key, e in sorted(measured.decoders.items()):
-            print(f"{key}: decoder {e['choice']} (default {e['default']})")
-    stamp = (f"measured on {gpu} (driver {env.get('driver')}, torch {env.get('torch')}) at "
-             f"{env.get('date') or doc.get('started')}, code {env.get('commit') or env.get('source_sha256', '')[:12]}, "
-             f"by scripts/bench_kernels.py (taken from {os.path.basename(args.from_json)})")
-    return _write_tables(args, measured, stamp)
+        decoders = bench_decode.decoders_from_rows(dec["rows"], gpu, dec.get("default_decoders"))
+        bench_decode.print_choices(decoders)
+        measured.update(decoders)
+    return _write_tables(args, measured, bu.tuning_stamp(env, "bench_kernels", args.from_json, doc.get("started")))
 
 
 if __name__ == "__main__":

@@ -540,7 +540,7 @@ def tune(path, *, device: str = "cuda", encodings=("palette", "huffman"), bucket
     from .ops import cuda_kernels_built
     if not cuda_kernels_built():
         raise InputError("unweight tune needs the CUDA extension (unweight._cuda), which this install lacks")
-    from .runtime.tuning_table import BUCKETS, default_cache_path
+    from .runtime.tuning_table import BUCKETS, default_cache_path, split_key
     if buckets is not None:
         bad = [b for b in buckets if b not in BUCKETS]
         if bad:
@@ -554,14 +554,14 @@ def tune(path, *, device: str = "cuda", encodings=("palette", "huffman"), bucket
     mine = set(shapes)
     paths, decoders = [], []
     for key, e in sorted(table.entries.items()):
-        dev_name, n, k, enc, b = key.rsplit("|", 4)
-        if dev_name == name and (int(n), int(k)) in mine and enc in encodings:
-            paths.append({"N": int(n), "K": int(k), "encoding": enc, "bucket": b,
-                          "choice": table.lookup(name, int(n), int(k), enc, e["M"]), "times_ms": e["times_ms"]})
+        dev_name, n, k, enc, b = split_key(key)
+        if dev_name == name and (n, k) in mine and enc in encodings:
+            paths.append({"N": n, "K": k, "encoding": enc, "bucket": b,
+                          "choice": table.lookup(name, n, k, enc, e["M"]), "times_ms": e["times_ms"]})
     for key, e in sorted(table.decoders.items()):
-        dev_name, n, k, enc, s = key.rsplit("|", 4)
-        if dev_name == name and (int(n), int(k)) in mine and enc in encodings:
-            decoders.append({"N": int(n), "K": int(k), "encoding": enc, "S": int(s), "choice": e["choice"],
+        dev_name, n, k, enc, s = split_key(key)
+        if dev_name == name and (n, k) in mine and enc in encodings:
+            decoders.append({"N": n, "K": k, "encoding": enc, "S": int(s), "choice": e["choice"],
                              "times_ms": e["times_ms"]})
     return {"device": name, "cache": cache, "shapes": [list(s) for s in shapes], "paths": paths,
             "decoders": decoders, "seconds": time.perf_counter() - t0}

@@ -335,6 +335,6 @@ def test_default_candidates_need_a_win_on_every_shape(capsys):
         t.record_decoders("G", n, 4096, "huffman", 1024, {"ahead": ahead, "ring": ahead * 1.1}, "ahead")
     (c,) = bench_decode.default_candidates(t)
     assert c[:4] == ("huffman", 256, "ring", 2) and abs(c[4] - 0.2) < 1e-9 and abs(c[5] - 1 / 3.5) < 1e-9
-    bench_decode._print_choices(t)
+    bench_decode.print_choices(t)
     assert "huffman, index S=256: ring is faster than the default on all 2 shapes (20.0%-28.6% less time)" \
         in capsys.readouterr().out

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from . import kernel_plan as kp
 from .tuning_table import (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV,
                            PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA, GEMV_PATHS, TuningTable,
-                           bucket, load_table)
+                           bucket, load_table, split_key)
 from .weights import EncodedWeight
 
 log = logging.getLogger(__name__)
@@ -104,8 +104,8 @@ class DispatchPolicy:
             return False
         name = self.device_name(device)
         for key, e in self.table.entries.items():
-            dev, n, k, enc, _bucket = key.split("|")
-            if dev == name and self.table.lookup(dev, int(n), int(k), enc, int(e.get("M", 1))) != DECODE_CUBLAS:
+            dev, n, k, enc, _bucket = split_key(key)
+            if dev == name and self.table.lookup(dev, n, k, enc, int(e.get("M", 1))) != DECODE_CUBLAS:
                 return True
         return False
 

@@ -189,6 +189,13 @@ def decoder_key(device: str, N: int, K: int, encoding: str, S: int = 0) -> str:
     return f"{device}|{int(N)}|{int(K)}|{encoding}|{int(S) if encoding == 'huffman' else 0}"
 
 
+def split_key(key: str) -> tuple:
+    """(device, N, K, encoding, last) of an entry_key or decoder_key (last: the bucket name, or
+    S as a string); the device name may itself hold "|"."""
+    device, n, k, encoding, last = key.rsplit("|", 4)
+    return device, int(n), int(k), encoding, last
+
+
 class TuningTable:
     """The dispatch table: entries keyed by entry_key(), each {"M", "choice", "times_ms"}."""
 
