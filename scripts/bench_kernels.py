@@ -112,7 +112,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
 
 
 # The fused palette GEMM's other copy layouts, and the palette GEMV (batch 1..4; its tensor-core
-# variant 1..16), timed beside
+# variants 1..32), timed beside
 # the one-tile kernel: (row key, tuning-table path, variant tag for the GPU runbook's skips,
 # whether it must give the one-tile kernel's bits: the layouts do, the GEMV sums in its own order).
 LAYOUTS = (("palette_fused_wide", "palette_gemm_wide", "gemm:wide", True),
@@ -120,7 +120,8 @@ LAYOUTS = (("palette_fused_wide", "palette_gemm_wide", "gemm:wide", True),
            ("palette_gemv", "palette_gemv", "gemv", False),
            ("palette_gemv_deep", "palette_gemv_deep", "gemv:deep", False),
            ("palette_gemv_staged", "palette_gemv_staged", "gemv:staged", False),
-           ("palette_gemv_mma", "palette_gemv_mma", "gemv:mma", False))
+           ("palette_gemv_mma", "palette_gemv_mma", "gemv:mma", False),
+           ("palette_gemv_mma_staged", "palette_gemv_mma_staged", "gemv:mma_staged", False))
 
 
 def _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path, y_one=None) -> None:

@@ -842,11 +842,14 @@ def _verbatim_heavy(np, cols, seed):
 # In the order the correctness stage runs their groups: the variants no GPU has run yet first,
 # since the stage's last groups get only the time left (in the second H200 run the stage's time
 # ran out before the last group, then gemv:deep, ran any check).
-VARIANT_TAGS = ("gemv:mma", "huffman:ring", "gemv:staged", "huffman:chain", "huffman:ahead2", "huffman:scalar",
-                "palette:vec8", "gemm:wide", "gemm:xs", "gemv", "gemv:deep")
-# The GEMV's variants by tag: the tuning table's path and what it is called (each must give the
-# default GEMV's bits).
-GEMV_VARIANTS = {"gemv:deep": ("palette_gemv_deep", "deep"), "gemv:staged": ("palette_gemv_staged", "staged")}
+VARIANT_TAGS = ("gemv:mma_staged", "gemv:mma", "huffman:ring", "gemv:staged", "huffman:chain", "huffman:ahead2",
+                "huffman:scalar", "palette:vec8", "gemm:wide", "gemm:xs", "gemv", "gemv:deep")
+# The GEMV's variants by tag: the tuning table's path, what it is called, the path whose bits it
+# must give (the same steps and sums in the same order) and the batches that are checked.
+GEMV_VARIANTS = {"gemv:deep": ("palette_gemv_deep", "deep", "palette_gemv", (1, 2, 3, 4)),
+                 "gemv:staged": ("palette_gemv_staged", "staged", "palette_gemv", (1, 2, 3, 4)),
+                 "gemv:mma_staged": ("palette_gemv_mma_staged", "mma staged", "palette_gemv_mma",
+                                     (1, 2, 4, 8, 9, 16, 17, 32))}
 # The fused GEMM's copy layouts by tag: the tuning table's path and what it is called.
 GEMM_LAYOUTS = {"gemm:wide": ("palette_gemm_wide", "wide stages"), "gemm:xs": ("palette_gemm_xs", "shared x")}
 
@@ -1012,26 +1015,26 @@ def group_variant(rec, device, tag):
                       (1, 2, 4, 8, 9, 16, 17, 32))
         rec.check("palette GEMV mma on verbatim-heavy weights", mma_case, _verbatim_heavy(np, 576, 5), (1, 3, 16, 24))
     elif tag in GEMV_VARIANTS:
-        from unweight.runtime.tuning_table import PALETTE_GEMV
         cases = _gemv_cases(device)
-        vpath, vname = GEMV_VARIANTS[tag]
+        vpath, vname, ref, batches = GEMV_VARIANTS[tag]
+        span = f"{batches[0]}-{batches[-1]}"
 
-        def deep_case(w):
-            """The variant gives the GEMV's bits at batch 1..4 (the same sums in the same order;
-            tested through the emulator on the CPU)."""
+        def same_bits_case(w):
+            """The variant gives its reference's bits at each batch checked (the same sums in the
+            same order; tested through the emulator on the CPU)."""
             ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
-            x4 = h.bf16_tensor(h.make_weights(4, w.shape[1], seed=w.shape[0], spread=False), device)
+            xs = h.bf16_tensor(h.make_weights(batches[-1], w.shape[1], seed=w.shape[0], spread=False), device)
             r = {}
-            for M in (1, 2, 3, 4):
-                x = x4[:M].contiguous()
+            for M in batches:
+                x = xs[:M].contiguous()
                 r[f"M={M}"] = bool(torch.equal(h.fused_op(ew, x, err, vpath).view(torch.int16),
-                                               h.fused_op(ew, x, err, PALETTE_GEMV).view(torch.int16)))
+                                               h.fused_op(ew, x, err, ref).view(torch.int16)))
             r["passed"] = all(r.values())
             return r
-        for N, K in cases:
-            rec.check(f"palette GEMV {vname} {N}x{K}: the GEMV's bits at batch 1-4", deep_case,
+        for N, K in cases + ([(40, 1088)] if ref != "palette_gemv" else []):
+            rec.check(f"palette GEMV {vname} {N}x{K}: {ref}'s bits at batch {span}", same_bits_case,
                       h.make_weights(N, K, seed=N + 11 * K))
-        rec.check(f"palette GEMV {vname} on verbatim-heavy weights: the GEMV's bits", deep_case,
+        rec.check(f"palette GEMV {vname} on verbatim-heavy weights: {ref}'s bits", same_bits_case,
                   _verbatim_heavy(np, 576, 5))
     else:
         raise ValueError(f"unknown variant {tag!r}")
@@ -1139,7 +1142,8 @@ def sanitizer_driver(device: str = "cuda") -> int:
                         n += 1
             if cols % 64 == 0:
                 for M in (1, 2, 3, 4):
-                    for path in ("palette_gemv", "palette_gemv_deep", "palette_gemv_staged", "palette_gemv_mma"):
+                    for path in ("palette_gemv", "palette_gemv_deep", "palette_gemv_staged", "palette_gemv_mma",
+                                 "palette_gemv_mma_staged"):
                         h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, path)
                         n += 1
     _, _, bad = _corrupt_stream(h, tc, C)
@@ -1816,12 +1820,13 @@ def stage_eval(st: Stage) -> None:
 
 # bench_e2e's modes: the runtime's defaults first, then the variants (VARIANT_TAGS), then
 # dense (it turns the modules into plain nn.Linear, so it comes last).
-BENCH_E2E_MODES = ("palette", "palette+fused", "huffman", "palette+gemv", "palette+gemv-mma", "huffman+ring",
-                   "palette+gemv-deep", "palette+gemv-staged", "palette+fused-wide", "palette+fused-xs",
+BENCH_E2E_MODES = ("palette", "palette+fused", "huffman", "palette+gemv", "palette+gemv-mma",
+                   "palette+gemv-mma-staged", "huffman+ring", "palette+gemv-deep", "palette+gemv-staged",
+                   "palette+fused-wide", "palette+fused-xs",
                    "palette+vec8", "huffman+ahead2", "dense")
 E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm:xs", "palette+gemv": "gemv",
                     "palette+gemv-deep": "gemv:deep", "palette+gemv-staged": "gemv:staged",
-                    "palette+gemv-mma": "gemv:mma",
+                    "palette+gemv-mma": "gemv:mma", "palette+gemv-mma-staged": "gemv:mma_staged",
                     "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2", "huffman+ring": "huffman:ring",
                     "palette+vec8": "palette:vec8"}
 
@@ -1959,13 +1964,15 @@ def _bench_moe(budget: "bu.Budget", path: str) -> dict:
 # Kernels profiled under Nsight Compute (scripts/profile_kernels.py): the arguments, the kernel
 # name regex.  Three launches each; the third is measured.
 PROFILES = (  # in order of what they answer first; the step stops when its time is spent
-    # The tensor-core GEMV (not profiled on any GPU yet); the default Huffman decoder, whose
+    # The tensor-core GEMV and its staged form (not profiled on any GPU yet); the default Huffman decoder, whose
     # profile has no stall breakdown yet, and RING beside it (its stream refills through shared
     # memory: the stalls say whether the default waits on other lanes' loads); the batch-64
     # GEMM, whose split fix-up issues its loads together; the staged GEMV; the batch-1 kernels of a
     # 4096-row layer.
     ("gemv-32768x4096-M1-mma", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "mma"],
      "pgemv_mma"),
+    ("gemv-32768x4096-M1-mma_staged", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
+                                       "mma_staged"], "pgemv_mma_staged"),
     ("huffman-4096x4096-index256-ahead", ["--kernel", "huffman", "--index", "256", "--variant", "ahead"],
      "huffman_ahead"),
     ("huffman-4096x4096-index256-ring", ["--kernel", "huffman", "--index", "256", "--variant", "ring"],

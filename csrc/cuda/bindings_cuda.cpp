@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../decode_primitives.h"
+#include "emu/global_bounds.h"
 #include "emu/host_buffer.h"
 #include "emu/selftest.h"
 #include "kernel_plan.h"
@@ -52,7 +53,8 @@ void need(bool ok, const char* what) {
 struct AlignedCopy {
   emu::HostBuffer buf;
   unsigned char* p;
-  AlignedCopy(const void* src, size_t n) : buf(n), p(buf.data()) { std::memcpy(p, src, n); }
+  size_t n;
+  AlignedCopy(const void* src, size_t bytes) : buf(bytes), p(buf.data()), n(bytes) { std::memcpy(p, src, bytes); }
 };
 struct EmuOperands {
   int M;
@@ -164,6 +166,11 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PGEMV_MMA_WARPS_PER_SM") = plan::PGEMV_MMA_WARPS_PER_SM;
   m.attr("PGEMV_MMA_MIN_STEPS") = plan::PGEMV_MMA_MIN_STEPS;
   m.attr("PGEMV_MMA_SMEM_BYTES") = plan::PGEMV_MMA_SMEM_BYTES;
+  m.attr("PGEMV_VARIANT_MMA_STAGED") = plan::PGEMV_VARIANT_MMA_STAGED;
+  m.attr("PGEMV_MMA_STAGED_DEPTH") = plan::PGEMV_MMA_STAGED_DEPTH;
+  m.attr("PGEMV_MMA_STAGED_SLOT") = plan::PGEMV_MMA_STAGED_SLOT;
+  m.attr("PGEMV_MMA_STAGED_CTAS_PER_SM") = plan::PGEMV_MMA_STAGED_CTAS_PER_SM;
+  m.attr("PGEMV_MMA_STAGED_SMEM_BYTES") = plan::PGEMV_MMA_STAGED_SMEM_BYTES;
   m.attr("PMMA_CHUNK_M") = plan::PMMA_CHUNK_M;
   m.attr("PMMA_MAX_M") = plan::PMMA_MAX_M;
   m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
@@ -234,6 +241,7 @@ PYBIND11_MODULE(_cuda, m) {
     plan::pgemv_mma_steps(K, parts, part, &first, &last);
     return py::make_tuple(first, last);
   });
+  m.def("plan_pgemv_is_mma", &plan::pgemv_is_mma);
   m.def("plan_pgemv_max_m", &plan::pgemv_max_m);
   m.def("plan_pgemv_variant_parts", &plan::pgemv_variant_parts);
   m.def("plan_pgemv_variant_grid", &plan::pgemv_variant_grid);
@@ -403,14 +411,14 @@ PYBIND11_MODULE(_cuda, m) {
     return py::make_tuple(e ? py::object(py::str(e)) : py::object(py::none()), out);
   }, "Two emulated CTAs handing each other words as the split-K fix-up does (emu/selftest.h, kind 0-3): "
      "(the emulator's error or None, out [32]).");
-  m.def("emu_selftest_access", [](int op, int bytes, int stride, uint32_t lanes) -> py::object {
-    const char* e = emu::selftest_access_host(op, bytes, stride, lanes);
+  m.def("emu_selftest_access", [](int op, int bytes, int stride, uint32_t lanes, int64_t bound) -> py::object {
+    const char* e = emu::selftest_access_host(op, bytes, stride, lanes, bound);
     if (e == nullptr) return py::none();
     return py::str(e);
-  }, py::arg("op"), py::arg("bytes"), py::arg("stride"), py::arg("lanes") = 0xFFFFFFFFu,
+  }, py::arg("op"), py::arg("bytes"), py::arg("stride"), py::arg("lanes") = 0xFFFFFFFFu, py::arg("bound") = -1,
      "One emulated warp, one access per lane in `lanes`, lane l at byte l * stride (op 0: shared load, 1: shared "
-     "store, 2: cp.async, 3: global load, 4: global store; emu/selftest.h), for the access profile; the "
-     "emulator's error or None.");
+     "store, 2: cp.async, 3: global load, 4: global store; emu/selftest.h), for the access profile; bound >= 0: "
+     "the global buffer's first `bound` bytes are the launch's only buffer.  The emulator's error or None.");
   m.def("emu_profile", [](bool on) {
     static const char* const kinds[] = {"shared_load", "shared_store", "shared_async", "global_load",
                                         "global_store", "global_async"};
@@ -607,8 +615,13 @@ PYBIND11_MODULE(_cuda, m) {
     const Palette pal = make_palette(palette);
     uint16_t* yp = y.mutable_data();
     const char* e;
+    const std::pair<const void*, size_t> vb{vpos.data(), vpos.nbytes()}, yb{yp, y.nbytes()};
     {
       py::gil_scoped_release nogil;
+      // (a read past any of these fails the emulated launch)
+      const emu::GlobalBounds bounds{{o.x.p, o.x.n}, {o.sm.p, o.sm.n}, {o.idx.p, o.idx.n}, {o.vexp.p, o.vexp.n}, vb, yb,
+                                     {ws.data(), ws.size() * sizeof(float)},
+                                     {counters.data(), counters.size() * sizeof(int32_t)}};
       e = cuda::emulate::palette_gemm(o.x16(), K, M, o.sm.p, o.idx.p, N, K, pal, vpos.data(), nv,
                                       o.vexp.p, splits, ws.data(),
                                       counters.data(), yp, N, force_general ? 1 : 0, stage_tiles,
@@ -632,8 +645,11 @@ PYBIND11_MODULE(_cuda, m) {
     const Palette pal = make_palette(palette);
     uint16_t* yp = y.mutable_data();
     const char* e;
+    const std::pair<const void*, size_t> vb{vpos.data(), vpos.nbytes()}, yb{yp, y.nbytes()};
     {
       py::gil_scoped_release nogil;
+      // (a read past any of these fails the emulated launch)
+      const emu::GlobalBounds bounds{{o.x.p, o.x.n}, {o.sm.p, o.sm.n}, {o.idx.p, o.idx.n}, {o.vexp.p, o.vexp.n}, vb, yb};
       e = cuda::emulate::palette_gemv(o.x16(), K, M, o.sm.p, o.idx.p, N, K, pal, vpos.data(), nv,
                                       o.vexp.p, parts, yp, N, force_general ? 1 : 0, variant);
     }

@@ -190,12 +190,25 @@ constexpr int PGEMV_MMA4_CTAS_PER_SM = 1;
 constexpr int PGEMV_MMA_WARPS_PER_SM = PGEMV_MMA_CTAS_PER_SM * PGEMV_WARPS;
 // Steps a part keeps at least (the loads of two are in flight while one is used).
 constexpr int PGEMV_MMA_MIN_STEPS = 4;
+// The staged tensor-core variant (dispatch path palette_gemv_mma_staged): the same tiles,
+// steps, parts and bits, with each step's 3 KB landing in a per-warp ring of
+// PGEMV_MMA_STAGED_DEPTH slots in shared memory through cp.async: DEPTH - 1 steps (9 KB) in
+// flight per warp without the 48 registers the register-direct stream spends on them, at
+// PGEMV_MMA_STAGED_CTAS_PER_SM CTAs per SM (144 KB per SM in flight where the register-direct
+// variant has 48-96).  Four n-tiles (batch 17-32) run at PGEMV_MMA4_CTAS_PER_SM CTAs per SM, as
+// that variant does.
+constexpr int PGEMV_VARIANT_MMA_STAGED = 5;
+constexpr int PGEMV_MMA_STAGED_DEPTH = 4;
+constexpr int PGEMV_MMA_STAGED_SLOT = PGEMV_MMA_ROWS * (PGEMV_MMA_COLS + PGEMV_MMA_COLS / 2);
+constexpr int PGEMV_MMA_STAGED_CTAS_PER_SM = 2;
 // Shared memory: the parts' sums, [PGEMV_WARPS][PGEMV_MAX_M] fp32; the staged variant adds
 // its rings after them.
 constexpr int PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4;
 constexpr int PGEMV_STAGED_SMEM_BYTES = PGEMV_SMEM_BYTES + PGEMV_WARPS * PGEMV_STAGED_DEPTH * PGEMV_STAGED_SLOT;
 // The tensor-core variant's parts' sums: [PGEMV_WARPS][PGEMV_MMA_ROWS][PGEMV_MMA_MAX_M] fp32.
 constexpr int PGEMV_MMA_SMEM_BYTES = PGEMV_WARPS * PGEMV_MMA_ROWS * PGEMV_MMA_MAX_M * 4;
+// The staged tensor-core variant's rings (each warp's parts' sums go into its own ring).
+constexpr int PGEMV_MMA_STAGED_SMEM_BYTES = PGEMV_WARPS * PGEMV_MMA_STAGED_DEPTH * PGEMV_MMA_STAGED_SLOT;
 
 UW_PLAN_HD int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -390,14 +403,17 @@ UW_PLAN_HD int64_t pgemv_mma_grid(int64_t N, int parts) {
 UW_PLAN_HD void pgemv_mma_steps(int64_t K, int parts, int part, int64_t* first, int64_t* last) {
   pgemv_steps_of(K, PGEMV_MMA_COLS, parts, part, first, last);
 }
-// Per variant (a resolved PGEMV_VARIANT_*, not DEFAULT): the most batch rows, the warps per
-// row or tile, and the grid.
-UW_PLAN_HD int pgemv_max_m(int variant) { return variant == PGEMV_VARIANT_MMA ? PGEMV_MMA_MAX_M : PGEMV_MAX_M; }
+// Per variant (a resolved PGEMV_VARIANT_*, not DEFAULT): whether it is a tensor-core one, the
+// most batch rows, the warps per row or tile, and the grid.
+UW_PLAN_HD constexpr bool pgemv_is_mma(int variant) {
+  return variant == PGEMV_VARIANT_MMA || variant == PGEMV_VARIANT_MMA_STAGED;
+}
+UW_PLAN_HD int pgemv_max_m(int variant) { return pgemv_is_mma(variant) ? PGEMV_MMA_MAX_M : PGEMV_MAX_M; }
 UW_PLAN_HD int pgemv_variant_parts(int64_t N, int64_t K, int64_t num_sms, int variant) {
-  return variant == PGEMV_VARIANT_MMA ? pgemv_mma_parts(N, K, num_sms) : pgemv_parts(N, K, num_sms);
+  return pgemv_is_mma(variant) ? pgemv_mma_parts(N, K, num_sms) : pgemv_parts(N, K, num_sms);
 }
 UW_PLAN_HD int64_t pgemv_variant_grid(int64_t N, int parts, int variant) {
-  return variant == PGEMV_VARIANT_MMA ? pgemv_mma_grid(N, parts) : pgemv_grid(N, parts);
+  return pgemv_is_mma(variant) ? pgemv_mma_grid(N, parts) : pgemv_grid(N, parts);
 }
 
 }  // namespace plan

@@ -31,6 +31,22 @@ const char* pal_path(int* variant, bool* vec, int64_t cols, int64_t k0, int64_t 
 // weights by the resolved `variant`: the wide variant's whole warps, else a thread per chunk.
 void pal_launch_size(int variant, int64_t n_rows, int64_t width, int64_t* total, int64_t* grid);
 
+#if defined(__CUDACC__)
+// Past 48 KiB a kernel must opt in to its dynamic shared memory: done once per kernel and
+// device, before its first launch there (a failure shows in the launch's own status).
+template <auto Kernel>
+void opt_in_smem(int smem) {
+  if (smem <= 48 * 1024) return;
+  constexpr int kDevices = 64;
+  static bool done[kDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kDevices && !done[dev]) {
+    cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    done[dev] = true;
+  }
+}
+#endif
+
 }  // namespace detail
 }  // namespace cuda
 }  // namespace unweight

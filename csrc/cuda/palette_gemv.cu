@@ -9,7 +9,8 @@
 // through cp.async into per-warp shared-memory rings (PGEMV_STAGED_SMEM_BYTES of dynamic
 // shared memory, under the 48 KB that needs no opt-in).  The tensor-core variant
 // (pgemv_mma_body): batches of up to 32 rows; __launch_bounds__(256, 2) for one or two
-// n-tiles of 8, (256, 1) for four.
+// n-tiles of 8, (256, 1) for four.  Its staged form: the same bounds, loads through cp.async
+// into per-warp rings (PGEMV_MMA_STAGED_SMEM_BYTES, past 48 KB: opted in per device).
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -27,10 +28,10 @@ namespace {
 // per batch of loads and staging, and the launch's dynamic shared memory.
 template <int V>
 struct PgemvVariant {
-  static constexpr bool kMma = V == plan::PGEMV_VARIANT_MMA;
-  static constexpr bool kStaged = V == plan::PGEMV_VARIANT_STAGED;
+  static constexpr bool kMma = plan::pgemv_is_mma(V);
+  static constexpr bool kStaged = V == plan::PGEMV_VARIANT_STAGED || V == plan::PGEMV_VARIANT_MMA_STAGED;
   static constexpr int kUnroll = V == plan::PGEMV_VARIANT_DEEP ? plan::PGEMV_DEEP_UNROLL : kStaged ? 1 : plan::PGEMV_UNROLL;
-  static constexpr int kSmem = kMma ? plan::PGEMV_MMA_SMEM_BYTES
+  static constexpr int kSmem = kMma ? (kStaged ? plan::PGEMV_MMA_STAGED_SMEM_BYTES : plan::PGEMV_MMA_SMEM_BYTES)
                                     : kStaged ? plan::PGEMV_STAGED_SMEM_BYTES : plan::PGEMV_SMEM_BYTES;
   static_assert(kUnroll >= 1, "steps per batch of loads");  // (also what keeps kUnroll referenced for MMA)
 };
@@ -39,7 +40,7 @@ struct PgemvVariant {
 template <int MB, bool kPaired, int V, class Ctx>
 UW_HD void pgemv_variant_body(Ctx& c, const PgemvArgs& a) {
   if constexpr (PgemvVariant<V>::kMma)
-    pgemv_mma_body<MB / 8, kPaired>(c, a);
+    pgemv_mma_body<MB / 8, kPaired, PgemvVariant<V>::kStaged>(c, a);
   else
     pgemv_body<MB, kPaired, PgemvVariant<V>::kUnroll, PgemvVariant<V>::kStaged>(c, a);
 }
@@ -73,17 +74,27 @@ __global__ void __launch_bounds__(plan::PGEMV_THREADS,
   pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA>(c, a);
 }
 
+template <int MB, bool kPaired>
+__global__ void __launch_bounds__(plan::PGEMV_THREADS,
+                                  MB > 16 ? plan::PGEMV_MMA4_CTAS_PER_SM : plan::PGEMV_MMA_STAGED_CTAS_PER_SM)
+    pgemv_mma_staged_kernel(PgemvArgs a) {
+  emu::DeviceCtx c;
+  pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA_STAGED>(c, a);
+}
+static_assert(plan::PGEMV_MMA_STAGED_CTAS_PER_SM * (plan::PGEMV_MMA_STAGED_SMEM_BYTES + 1024) <= 228 * 1024,
+              "the staged tensor-core GEMV's rings let PGEMV_MMA_STAGED_CTAS_PER_SM CTAs share an sm_90 SM");
+
 // Resolves DEFAULT to STD; false for a variant that is not plan::PGEMV_VARIANT_*.
 bool resolve_pgemv_variant(int* variant) {
   if (*variant == plan::PGEMV_VARIANT_DEFAULT) *variant = plan::PGEMV_VARIANT_STD;
   return *variant == plan::PGEMV_VARIANT_STD || *variant == plan::PGEMV_VARIANT_DEEP ||
-         *variant == plan::PGEMV_VARIANT_STAGED || *variant == plan::PGEMV_VARIANT_MMA;
+         *variant == plan::PGEMV_VARIANT_STAGED || plan::pgemv_is_mma(*variant);
 }
 
 // variant: resolved.
 const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
                         int parts, const void* x, const void* sm, const void* idx, const void* vexp, int variant) {
-  if (variant == plan::PGEMV_VARIANT_MMA) {
+  if (plan::pgemv_is_mma(variant)) {
     if (M < 1 || M > plan::PGEMV_MMA_MAX_M) return "the tensor-core palette_gemv supports 1 <= M <= 32";
   } else if (M < 1 || M > plan::PGEMV_MAX_M) {
     return "palette_gemv supports 1 <= M <= 4";
@@ -103,7 +114,8 @@ const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, c
 // 1, 2 or 4 for the CUDA-core variants, 8, 16 or 32 for the tensor-core one).
 template <class F>
 void with_variant(int M, bool paired, int variant, F&& f) {
-  using plan::PGEMV_VARIANT_DEEP, plan::PGEMV_VARIANT_STAGED, plan::PGEMV_VARIANT_STD, plan::PGEMV_VARIANT_MMA;
+  using plan::PGEMV_VARIANT_DEEP, plan::PGEMV_VARIANT_STAGED, plan::PGEMV_VARIANT_STD, plan::PGEMV_VARIANT_MMA,
+      plan::PGEMV_VARIANT_MMA_STAGED;
   auto go = [&](auto mb, auto v) {
     if (paired) f(mb, std::true_type{}, v); else f(mb, std::false_type{}, v);
   };
@@ -112,10 +124,15 @@ void with_variant(int M, bool paired, int variant, F&& f) {
     else if (M == 2) go(std::integral_constant<int, 2>{}, v);
     else go(std::integral_constant<int, 4>{}, v);
   };
+  auto go_mma = [&](auto v) {
+    if (M <= 8) go(std::integral_constant<int, 8>{}, v);
+    else if (M <= 16) go(std::integral_constant<int, 16>{}, v);
+    else go(std::integral_constant<int, 32>{}, v);
+  };
   if (variant == PGEMV_VARIANT_MMA) {
-    if (M <= 8) go(std::integral_constant<int, 8>{}, std::integral_constant<int, PGEMV_VARIANT_MMA>{});
-    else if (M <= 16) go(std::integral_constant<int, 16>{}, std::integral_constant<int, PGEMV_VARIANT_MMA>{});
-    else go(std::integral_constant<int, 32>{}, std::integral_constant<int, PGEMV_VARIANT_MMA>{});
+    go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA>{});
+  } else if (variant == PGEMV_VARIANT_MMA_STAGED) {
+    go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_STAGED>{});
   } else if (variant == PGEMV_VARIANT_DEEP) {
     go_m(std::integral_constant<int, PGEMV_VARIANT_DEEP>{});
   } else if (variant == PGEMV_VARIANT_STAGED) {
@@ -144,9 +161,12 @@ template <int MB, bool kPaired, int kVariant>
 void launch_pgemv(const PgemvArgs& a, cudaStream_t s) {
   const auto grid = static_cast<unsigned>(plan::pgemv_variant_grid(a.N, a.parts, kVariant));
   constexpr int smem = PgemvVariant<kVariant>::kSmem;
-  if constexpr (kVariant == plan::PGEMV_VARIANT_MMA)
+  if constexpr (kVariant == plan::PGEMV_VARIANT_MMA) {
     pgemv_mma_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
-  else if constexpr (kVariant == plan::PGEMV_VARIANT_DEEP)
+  } else if constexpr (kVariant == plan::PGEMV_VARIANT_MMA_STAGED) {
+    opt_in_smem<pgemv_mma_staged_kernel<MB, kPaired>>(smem);
+    pgemv_mma_staged_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
+  } else if constexpr (kVariant == plan::PGEMV_VARIANT_DEEP)
     pgemv_deep_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
   else if constexpr (kVariant == plan::PGEMV_VARIANT_STAGED)
     pgemv_staged_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);

@@ -23,6 +23,29 @@ struct PgemvArgs : PalProduct {
   int lparts;  // log2(parts)
 };
 
+// The staged variants' stream: a per-warp ring of D slots in shared memory, filled by cp.async
+// with one commit group per step.  Before step q, the slot step q - 1 used is refilled with step
+// q + D - 1 (issue(step, slot), which commits a group even past the part's end, so that
+// wait<D - 1> always means "step q has landed"); then use(q, slot) reads slot q % D.  A
+// syncwarp before each refill (every lane has read the slot) and after each wait (the other
+// lanes' copies have landed too).  Unrolled over the ring so that every slot offset is a
+// constant.
+template <int D, class Ctx, class Issue, class Use>
+UW_HD void ring_steps(Ctx& c, int nq, Issue&& issue, Use&& use) {
+  for (int q0 = 0; q0 < nq; q0 += D) {
+UW_UNROLL()
+    for (int j = 0; j < D; ++j) {
+      const int q = q0 + j;
+      if (q >= nq) break;  // warp-uniform: the part's last steps
+      c.syncwarp();
+      issue(q + D - 1, (j + D - 1) % D);
+      c.template cp_async_wait<D - 1>();
+      c.syncwarp();
+      use(q, j);
+    }
+  }
+}
+
 // One CTA: PGEMV_WARPS / parts rows, `parts` warps each.  MB: batch rows the registers hold
 // (M <= MB); kPaired: the palette decode (pal_regs.cuh); U: steps per batch of loads
 // (PGEMV_UNROLL, or PGEMV_DEEP_UNROLL for the deep variant; the order of the sums is the same).
@@ -152,23 +175,13 @@ UW_UNROLL()
         }
     };
     if constexpr (kStaged) {
-      // Unrolled over the ring so that every slot offset is a constant.
-      for (int q0 = 0; q0 < nq; q0 += D) {
-UW_UNROLL()
-        for (int j = 0; j < D; ++j) {
-          const int q = q0 + j;
-          if (q >= nq) break;           // warp-uniform: the part's last steps
-          c.syncwarp();                 // every lane has read slot (q - 1) % D, which issue refills
-          issue(q + D - 1, (j + D - 1) % D);
-          c.template cp_async_wait<D - 1>();  // step q's group has landed
-          c.syncwarp();                 // and so have the other lanes' copies (the index bytes)
-          const unsigned char* st = ring + j * plan::PGEMV_STAGED_SLOT;
-          uint32_t s[4], n[2];
-          c.lds_v4(st + 16 * lane, s);
-          c.lds_v2(st + COLS + 8 * lane, n);
-          step(q, s, n);
-        }
-      }
+      ring_steps<D>(c, nq, issue, [&](int q, int slot) {
+        const unsigned char* st = ring + slot * plan::PGEMV_STAGED_SLOT;
+        uint32_t s[4], n[2];
+        c.lds_v4(st + 16 * lane, s);
+        c.lds_v2(st + COLS + 8 * lane, n);
+        step(q, s, n);
+      });
     } else {
       auto compute = [&](int b, const uint32_t (&s)[U][4], const uint32_t (&n)[U][2]) {
 UW_UNROLL()
@@ -231,7 +244,20 @@ UW_UNROLL()
 // nothing goes through shared memory but the parts' sums.  Accumulation: per step, per half,
 // per mma in order, then the parts in part order: deterministic, and a batch row's sums depend
 // only on its own x row (the same bits at every batch size 1..PGEMV_MMA_MAX_M).
-template <int NT, bool kPaired, class Ctx>
+//
+// kStaged (PGEMV_VARIANT_MMA_STAGED): the step's 3 KB land in a per-warp ring of
+// PGEMV_MMA_STAGED_DEPTH slots in shared memory through cp.async instead of in registers, so
+// DEPTH - 1 steps are in flight per warp at no register cost (the register-direct stream holds
+// one to two steps in 48 registers).  A slot is the tile's 16 rows of 128 sign+mantissa bytes,
+// then its 16 rows of 64 index bytes.  Copies: lane L takes 16-byte pieces L and L + 32k of
+// each plane, so a warp's copy instruction covers 4 (sign+mantissa) or 8 (index) whole rows
+// of the step, 128- or 64-byte runs.  Reads: lane (g, t) takes the pieces it would have
+// loaded, one 16- and one 8-byte shared load per row and half.  The pieces sit XOR-swizzled
+// by row (sign+mantissa piece ^ 4 on odd rows, index 8-byte piece ^ 4 on rows 2, 3 mod 4), so
+// each quarter warp's 16-byte reads and each half warp's 8-byte reads fall in 32 distinct
+// banks.  The steps, the decode, the mma and the sums are the register-direct variant's, in
+// its order: the same bits.  The parts' sums go into each warp's own ring once it is drained.
+template <int NT, bool kPaired, bool kStaged, class Ctx>
 UW_HD void pgemv_mma_body(Ctx& c, const PgemvArgs& a) {
   constexpr int COLS = plan::PGEMV_MMA_COLS, HALF = COLS / 2, ROWS = plan::PGEMV_MMA_ROWS;
   static_assert(ROWS == plan::PMMA_TILE_N, "a tile is the fused GEMM's (its verbatim cursors and patch)");
@@ -273,10 +299,70 @@ UW_UNROLL()
           }
         }
     };
+    // The staged feed (kStaged): step q's copies into ring slot `slot` (== q % D), one
+    // cp.async group per step, empty past the part's end (so wait<D - 1> always means "step q
+    // has landed").  The missing half of a half step is zero-filled from a valid address.
+    constexpr int D = plan::PGEMV_MMA_STAGED_DEPTH, SLOT = plan::PGEMV_MMA_STAGED_SLOT;
+    constexpr int SM_ROW = COLS, IDX_ROW = COLS / 2, IDX_AT = ROWS * SM_ROW;
+    unsigned char* const ring = c.smem() + static_cast<int64_t>(warp) * D * SLOT;
+    // This lane's copy pieces: sign+mantissa rows lane/8 + 4k (k < 4), piece lane % 8; index
+    // rows lane/4 + 8k (k < 2), piece lane % 4; their sources (rows past N: row N - 1) and
+    // swizzled destinations within a slot.
+    const int cp_piece = lane & 7, ci_piece = lane & 3;
+    const uint8_t* csp[kStaged ? 4 : 1];
+    const uint8_t* cip[kStaged ? 2 : 1];
+    int cs_dst[kStaged ? 4 : 1], ci_dst[kStaged ? 2 : 1];
+    if constexpr (kStaged) {
+UW_UNROLL()
+      for (int k = 0; k < 4; ++k) {
+        const int rt = (lane >> 3) + 4 * k;
+        const int64_t r = row0 + rt < last ? row0 + rt : last;
+        csp[k] = a.sm + r * a.K + s0 * COLS + 16 * cp_piece;
+        cs_dst[k] = rt * SM_ROW + 16 * (cp_piece ^ ((rt & 1) << 2));
+      }
+UW_UNROLL()
+      for (int k = 0; k < 2; ++k) {
+        const int rt = (lane >> 2) + 8 * k;
+        const int64_t r = row0 + rt < last ? row0 + rt : last;
+        cip[k] = a.idx + r * (a.K / 2) + s0 * (COLS / 2) + 16 * ci_piece;
+        ci_dst[k] = IDX_AT + rt * IDX_ROW + 16 * (ci_piece ^ (((rt >> 1) & 1) << 1));
+      }
+    }
+    auto issue = [&](int q, int slot) {
+      if (q < nq) {
+        unsigned char* st = ring + slot * SLOT;
+        const bool sm_ok = q != q_half || cp_piece < 4, idx_ok = q != q_half || ci_piece < 2;
+UW_UNROLL()
+        for (int k = 0; k < 4; ++k)
+          c.cp_async16(st + cs_dst[k], sm_ok ? csp[k] + q * COLS : a.sm, sm_ok ? 16 : 0);
+UW_UNROLL()
+        for (int k = 0; k < 2; ++k)
+          c.cp_async16(st + ci_dst[k], idx_ok ? cip[k] + q * (COLS / 2) : a.idx, idx_ok ? 16 : 0);
+      }
+      c.cp_async_commit();
+    };
+    // Lane (g, t)'s reads of a slot: rows g and g + 8 (the swizzle depends on g alone).
+    const int rd_sm = g * SM_ROW, rd_idx = IDX_AT + g * IDX_ROW;
+    const int sw_sm = (g & 1) << 2, sw_idx = ((g >> 1) & 1) << 2;
+    auto read = [&](int slot, uint32_t (&s)[2][2][4], uint32_t (&n)[2][2][2]) {
+      const unsigned char* st = ring + slot * SLOT;
+UW_UNROLL()
+      for (int rr = 0; rr < 2; ++rr)
+UW_UNROLL()
+        for (int h = 0; h < 2; ++h) {
+          c.lds_v4(st + rd_sm + rr * 8 * SM_ROW + 16 * ((4 * h + t) ^ sw_sm), s[rr][h]);
+          c.lds_v2(st + rd_idx + rr * 8 * IDX_ROW + 8 * ((4 * h + t) ^ sw_idx), n[rr][h]);
+        }
+    };
     uint32_t sa[2][2][4], na[2][2][2], sb[2][2][4], nb[2][2][2];
-    // Both buffers' loads go out before the verbatim search (dependent L2 reads).
-    load(0, sa, na);
-    if (nq > 1) load(1, sb, nb);
+    if constexpr (kStaged) {
+UW_UNROLL()
+      for (int q = 0; q < D - 1; ++q) issue(q, q);  // in flight while the verbatim cursors are found
+    } else {
+      // Both buffers' loads go out before the verbatim search (dependent L2 reads).
+      load(0, sa, na);
+      if (nq > 1) load(1, sb, nb);
+    }
 
     // x rows of this lane's n-tile columns (B fragment: n = g; pmma_x_row).
     const uint16_t* xp[NT];
@@ -326,25 +412,41 @@ UW_UNROLL()
         }
       }
     };
-    // Step q + 1 is in flight while step q is used; a buffer is refilled (two steps ahead) as
-    // soon as it has been used.
-    for (int q = 0; q < nq; q += 2) {
-      compute(q, sa, na);
-      if (q + 2 < nq) load(q + 2, sa, na);
-      if (q + 1 >= nq) break;
-      compute(q + 1, sb, nb);
-      if (q + 3 < nq) load(q + 3, sb, nb);
+    if constexpr (kStaged) {
+      ring_steps<D>(c, nq, issue, [&](int q, int slot) {
+        read(slot, sa, na);
+        compute(q, sa, na);
+      });
+    } else {
+      // Step q + 1 is in flight while step q is used; a buffer is refilled (two steps ahead) as
+      // soon as it has been used.
+      for (int q = 0; q < nq; q += 2) {
+        compute(q, sa, na);
+        if (q + 2 < nq) load(q + 2, sa, na);
+        if (q + 1 >= nq) break;
+        compute(q + 1, sb, nb);
+        if (q + 3 < nq) load(q + 3, sb, nb);
+      }
     }
   }
 
   // Epilogue.  acc[nt][e]: tile row g (+8 for e >= 2), batch row nt*8 + 2t + (e & 1).  With
   // parts, the sums go through shared memory, [warp][tile row][batch row], and part 0's warp
   // adds them in part order.
+  // (kStaged: each warp's sums in its own ring, whose copies have all landed by now: the groups
+  // still counted are the empty ones past the part's end.)
+  constexpr int kWarpFloats = kStaged ? plan::PGEMV_MMA_STAGED_DEPTH * plan::PGEMV_MMA_STAGED_SLOT / 4
+                                      : ROWS * plan::PGEMV_MMA_MAX_M;
+  static_assert(kWarpFloats >= ROWS * plan::PGEMV_MMA_MAX_M, "a warp's sums fit its ring");
   float* red = reinterpret_cast<float*>(c.smem());
   auto at = [&](int w, int nt, int e) {
-    return red + (w * ROWS + g + (e >> 1) * 8) * plan::PGEMV_MMA_MAX_M + nt * 8 + 2 * t + (e & 1);
+    return red + w * kWarpFloats + (g + (e >> 1) * 8) * plan::PGEMV_MMA_MAX_M + nt * 8 + 2 * t + (e & 1);
   };
   if (a.parts > 1) {
+    if constexpr (kStaged) {
+      c.template cp_async_wait<0>();
+      c.syncwarp();  // every lane's last ring read is done before the sums overwrite it
+    }
 UW_UNROLL()
     for (int nt = 0; nt < NT; ++nt)
       for (int e = 0; e < 4; ++e) c.sts(at(warp, nt, e), acc[nt][e]);

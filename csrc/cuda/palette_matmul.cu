@@ -92,16 +92,7 @@ template <int NT, bool kPaired, int kSub, bool kXs>
 void launch_pmma(const PmmaArgs& a, int64_t splits, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(plan::pmma_grid_x(a.N, a.M)), static_cast<unsigned>(splits));
   const int smem = plan::pmma_smem_bytes(kSub, NT, kXs);
-  if (smem > 48 * 1024) {
-    // Past 48 KiB a kernel must opt in to its dynamic shared memory, once per device.
-    constexpr int kDevices = 64;
-    static bool done[kDevices] = {};
-    int dev = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kDevices && !done[dev]) {
-      cudaFuncSetAttribute(pmma_kernel<NT, kPaired, kSub, kXs>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      done[dev] = true;
-    }
-  }
+  opt_in_smem<pmma_kernel<NT, kPaired, kSub, kXs>>(smem);
   pmma_kernel<NT, kPaired, kSub, kXs><<<grid, plan::PMMA_THREADS, smem, s>>>(a);
 }
 

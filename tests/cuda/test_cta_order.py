@@ -98,10 +98,12 @@ def test_palette_gemm_fixup_sums_in_split_order():
     assert np.array_equal(outs[0][0][0], want_bits)
 
 
-@pytest.mark.parametrize("variant,M", [(0, 3), (kp.PGEMV_VARIANT_MMA, 3), (kp.PGEMV_VARIANT_MMA, 20)])
+@pytest.mark.parametrize("variant,M", [(0, 3), (kp.PGEMV_VARIANT_MMA, 3), (kp.PGEMV_VARIANT_MMA, 20),
+                                       (kp.PGEMV_VARIANT_MMA_STAGED, 3), (kp.PGEMV_VARIANT_MMA_STAGED, 20)])
 def test_palette_gemv(variant, M):
-    """The CUDA-core GEMV and the tensor-core one at one and four n-tiles: the parts' sums go
-    through shared memory, read after the CTA's barrier whichever warp arrives last."""
+    """The CUDA-core GEMV and the tensor-core ones at one and four n-tiles: the parts' sums go
+    through shared memory (the staged variant's into each warp's drained ring), read after the
+    CTA's barrier whichever warp arrives last."""
     w = make_weights(200, 512, seed=4)
     enc = tc.encode(w, "palette")
     p = enc.planes

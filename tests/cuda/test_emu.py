@@ -110,3 +110,15 @@ def test_shared_memory_races_and_bad_accesses_are_errors(kind, what):
     err = _cuda.emu_selftest_error(kind)
     assert err is not None and what in err, err
     assert "thread" in err and "shared byte" in err
+
+
+@pytest.mark.parametrize("op, bytes_, what", [(2, 16, "cp.async source"), (3, 16, "global load"),
+                                               (3, 4, "global load"), (4, 16, "global store")])
+def test_global_accesses_outside_the_launch_buffers_are_errors(op, bytes_, what):
+    # With the launch's buffers named (global_bounds.h, as the GEMM and GEMV emulations name
+    # their planes), an access reaching one byte past them fails the launch, naming the thread.
+    span = 32 * 16
+    assert _cuda.emu_selftest_access(op, bytes_, 16, bound=span) is None
+    err = _cuda.emu_selftest_access(op, bytes_, 16, bound=span - 16 + bytes_ - 1)
+    assert err is not None and what in err and "outside every buffer" in err and "thread 31" in err, err
+    assert _cuda.emu_selftest_access(op, bytes_, 16, lanes=0x7FFFFFFF, bound=span - 16) is None

@@ -256,6 +256,24 @@ def test_palette_gemv_mma_accuracy_determinism_and_batch_invariance(NK):
     assert int(err.item()) == 0
 
 
+@pytest.mark.variant
+@pytest.mark.parametrize("NK", [(63, 192), (40, 1088), (9, 4160), (1024, 4096), (4096, 1024), (128, 14336)])
+def test_palette_gemv_mma_staged_gives_the_mma_bits(NK):
+    """The staged tensor-core GEMV (loads through cp.async into per-warp rings, past 48 KB of
+    shared memory) at batch 1..32: the register-direct tensor-core GEMV's bits."""
+    from unweight.runtime.tuning_table import PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED
+    N, K = NK
+    w = make_weights(N, K, seed=N + 9 * K)
+    err = _err()
+    ew = encoded_weight(tc.encode(w, "palette"), "cuda", err)
+    x32 = bf16_tensor(make_weights(32, K, seed=N + 4, spread=False), "cuda")
+    for M in (1, 2, 8, 9, 16, 17, 32):
+        x = x32[:M].contiguous()
+        assert torch.equal(fused_op(ew, x, None, PALETTE_GEMV_MMA_STAGED).view(torch.int16),
+                           fused_op(ew, x, None, PALETTE_GEMV_MMA).view(torch.int16)), M
+    assert int(err.item()) == 0
+
+
 def test_fused_huffman_reports_corruption():
     _need_fused("huffman")
     from unweight.runtime import scratch

@@ -28,9 +28,10 @@
         order of the sums.  variant: kernel_plan.PGEMV_VARIANT_* (0 the default; DEEP, twice the
         loads in flight per lane, PALETTE_GEMV_DEEP; STAGED, loads through cp.async into
         shared-memory rings, PALETTE_GEMV_STAGED: the same bits; MMA, a warp streams a 16-row
-        tile into registers and multiplies on the tensor cores, batches of 1..16,
+        tile into registers and multiplies on the tensor cores, batches of 1..32,
         PALETTE_GEMV_MMA: tensor-core sums, deterministic and batch-invariant, not the
-        CUDA-core bits).  parts comes from palette_gemv_parts(..., variant).  No workspace.
+        CUDA-core bits; MMA_STAGED, its loads through cp.async into shared-memory rings,
+        PALETTE_GEMV_MMA_STAGED: the MMA bits).  parts comes from palette_gemv_parts(..., variant).  No workspace.
 
 The CUDA kernels need cols % 64 == 0 and 16-byte aligned planes (palette_supported); it
 raises ValueError / RuntimeError for what it refuses and the runtime dispatch falls back to

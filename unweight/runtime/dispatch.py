@@ -107,7 +107,8 @@ def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
     its two-tile copy stages, or PALETTE_GEMM_XS for x shared per CTA; the same bits) or, with
     PALETTE_GEMV, the palette GEMV (batch 1..4; its own order of sums), or PALETTE_GEMV_DEEP /
     PALETTE_GEMV_STAGED, its variants with more loads in flight (the GEMV's bits), or
-    PALETTE_GEMV_MMA, the tensor-core GEMV (batch 1..32; tensor-core sums).  x2: bf16
+    PALETTE_GEMV_MMA, the tensor-core GEMV (batch 1..32; tensor-core sums), or
+    PALETTE_GEMV_MMA_STAGED, its loads through shared-memory rings (its bits).  x2: bf16
     [M, cols] unit column stride, on W's CUDA device.
     The split partials and arrival counters are views of the device's scratch, sized for every
     batch the kernel takes, so only a layer shape's first fused forward can grow them.  Raises

@@ -106,11 +106,19 @@ PGEMV_MMA_CTAS_PER_SM = 2
 PGEMV_MMA4_CTAS_PER_SM = 1
 PGEMV_MMA_WARPS_PER_SM = PGEMV_MMA_CTAS_PER_SM * PGEMV_WARPS
 PGEMV_MMA_MIN_STEPS = 4
+# The staged tensor-core variant (path palette_gemv_mma_staged): the same tiles, steps, parts and
+# bits, each step landing in a per-warp shared-memory ring of PGEMV_MMA_STAGED_DEPTH slots through
+# cp.async.
+PGEMV_VARIANT_MMA_STAGED = 5
+PGEMV_MMA_STAGED_DEPTH = 4
+PGEMV_MMA_STAGED_SLOT = PGEMV_MMA_ROWS * (PGEMV_MMA_COLS + PGEMV_MMA_COLS // 2)
+PGEMV_MMA_STAGED_CTAS_PER_SM = 2
 PGEMV_VARIANTS = {"std": PGEMV_VARIANT_STD, "deep": PGEMV_VARIANT_DEEP, "staged": PGEMV_VARIANT_STAGED,
-                  "mma": PGEMV_VARIANT_MMA}
+                  "mma": PGEMV_VARIANT_MMA, "mma_staged": PGEMV_VARIANT_MMA_STAGED}
 PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4
 PGEMV_STAGED_SMEM_BYTES = PGEMV_SMEM_BYTES + PGEMV_WARPS * PGEMV_STAGED_DEPTH * PGEMV_STAGED_SLOT
 PGEMV_MMA_SMEM_BYTES = PGEMV_WARPS * PGEMV_MMA_ROWS * PGEMV_MMA_MAX_M * 4
+PGEMV_MMA_STAGED_SMEM_BYTES = PGEMV_WARPS * PGEMV_MMA_STAGED_DEPTH * PGEMV_MMA_STAGED_SLOT
 
 
 def cdiv(a: int, b: int) -> int:
@@ -343,20 +351,25 @@ def pgemv_mma_steps(K: int, parts: int, part: int) -> tuple[int, int]:
     return pgemv_steps_of(K, PGEMV_MMA_COLS, parts, part)
 
 
+def pgemv_is_mma(variant: int) -> bool:
+    """Whether a GEMV variant runs on tensor cores (register-direct or staged)."""
+    return variant in (PGEMV_VARIANT_MMA, PGEMV_VARIANT_MMA_STAGED)
+
+
 def pgemv_max_m(variant: int = PGEMV_VARIANT_DEFAULT) -> int:
     """The most batch rows a GEMV variant takes."""
-    return PGEMV_MMA_MAX_M if variant == PGEMV_VARIANT_MMA else PGEMV_MAX_M
+    return PGEMV_MMA_MAX_M if pgemv_is_mma(variant) else PGEMV_MAX_M
 
 
 def pgemv_variant_parts(N: int, K: int, num_sms: int, variant: int = PGEMV_VARIANT_DEFAULT) -> int:
-    """Warps per row (per tile for the tensor-core variant) of a GEMV variant's launch."""
-    if variant == PGEMV_VARIANT_MMA:
+    """Warps per row (per tile for the tensor-core variants) of a GEMV variant's launch."""
+    if pgemv_is_mma(variant):
         return pgemv_mma_parts(N, K, num_sms)
     return pgemv_parts(N, K, num_sms)
 
 
 def pgemv_variant_grid(N: int, parts: int, variant: int = PGEMV_VARIANT_DEFAULT) -> int:
-    return pgemv_mma_grid(N, parts) if variant == PGEMV_VARIANT_MMA else pgemv_grid(N, parts)
+    return pgemv_mma_grid(N, parts) if pgemv_is_mma(variant) else pgemv_grid(N, parts)
 
 
 def pgemv_supported(M: int, K: int, variant: int = PGEMV_VARIANT_DEFAULT) -> bool:

@@ -226,7 +226,7 @@ UW_HD void access_body(Ctx& c, int op, int bytes, int stride, uint32_t lanes, un
 
 }  // namespace
 
-const char* selftest_access_host(int op, int bytes, int stride, uint32_t lanes) {
+const char* selftest_access_host(int op, int bytes, int stride, uint32_t lanes, int64_t bound) {
   const bool ok = (op == 0 && (bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8 || bytes == 16)) ||
                   (op == 1 && (bytes == 4 || bytes == 8 || bytes == 16)) || ((op == 2 || op == 4) && bytes == 16) ||
                   (op == 3 && (bytes == 4 || bytes == 8 || bytes == 16));
@@ -234,6 +234,8 @@ const char* selftest_access_host(int op, int bytes, int stride, uint32_t lanes) 
   const int region = (kWarpSize * stride + 16 + 127) / 128 * 128;
   const HostBuffer gbuf(static_cast<size_t>(region));  // sectors fall as on the device
   unsigned char* g = gbuf.data();
+  if (bound > region) return "selftest_access: bound past the buffer";
+  const GlobalBounds scope{{g, bound >= 0 ? static_cast<size_t>(bound) : static_cast<size_t>(region)}};
   return launch(1, 1, kWarpSize, static_cast<size_t>(region),
                 [&](ThreadCtx& c) { access_body(c, op, bytes, stride, lanes, g, region); });
 }

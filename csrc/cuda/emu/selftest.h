@@ -58,9 +58,10 @@ const char* selftest_grid_host(int kind, float* out);
 //   op 2: cp.async of 16 bytes, global l * stride -> shared l * stride
 //   op 3: global load of `bytes` (4, 8 or 16) through device_util.cuh's streaming loads
 //   op 4: global store of 16 bytes through device_util.cuh's st_v4
-// stride: 0..512, a multiple of the size.  Returns the emulator's error, or a message for bad
-// arguments.
-const char* selftest_access_host(int op, int bytes, int stride, uint32_t lanes);
+// stride: 0..512, a multiple of the size.  bound >= 0: the launch runs with the global buffer's
+// first `bound` bytes as its only buffer (global_bounds.h), so an access past them fails.
+// Returns the emulator's error, or a message for bad arguments.
+const char* selftest_access_host(int op, int bytes, int stride, uint32_t lanes, int64_t bound = -1);
 
 // The access profile: every emulated launch from now on is profiled when `on`.  out[kind *
 // kProfileFields + field] receives the totals since the last call (which are then reset):

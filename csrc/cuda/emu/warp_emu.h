@@ -38,6 +38,10 @@
 //   * global memory one CTA hands another (st_grid / ld_grid, GridShadow): the storing
 //     thread must threadfence between its store and its CTA's arrival atomic (release), the
 //     loading thread between learning of that arrival and its load (acquire).
+//   * global reads outside the caller's buffers, while a GlobalBounds scope names them: every
+//     access through device_util.cuh's helpers (ld_stream_*, ld_reuse_v4, st_v4) and every
+//     cp.async source must lie inside one of its ranges (plain array reads of a body are not
+//     seen; the kernels' streams and copies all go through the helpers);
 // It can also count what a profiler's memory counters would for the launch -- shared-memory
 // wavefronts per bank-conflicted request, global sectors per request -- so CPU-only CI sees a
 // bank conflict or an uncoalesced load (profile(), below).
@@ -76,6 +80,7 @@
 #include <vector>
 
 #include "ctx.cuh"
+#include "global_bounds.h"
 
 namespace unweight {
 namespace emu {
@@ -302,6 +307,7 @@ inline bool profiling() {
   return profile().on;
 }
 
+
 // One CTA: its fibers, shared memory and rendezvous state.
 class Cta {
  public:
@@ -326,6 +332,7 @@ class Cta {
     }
     profiling_ = profiling();
     if (profiling_) traces_.resize(nw);
+    bounds_ = global_ranges();
   }
   Cta(const Cta&) = delete;
   Cta& operator=(const Cta&) = delete;
@@ -361,9 +368,10 @@ class Cta {
   void step_warp(int w) {
     for (int t = w * kWarpSize; t < (w + 1) * kWarpSize && t < n_ && error_ == nullptr; ++t) {
       if (threads_[t].done) continue;
-      if (profiling_) global_trace() = GlobalTrace{&Cta::on_global, &threads_[t].ctx};
+      const bool traced = profiling_ || bounds_ != nullptr;
+      if (traced) global_trace() = GlobalTrace{&Cta::on_global, &threads_[t].ctx};
       swapcontext(&main_, &threads_[t].uc);
-      if (profiling_) global_trace() = GlobalTrace{};
+      if (traced) global_trace() = GlobalTrace{};
     }
   }
   // Closes a round in which every warp had a turn: false once the CTA is over, finished or
@@ -449,6 +457,15 @@ class Cta {
     return b >= smem_ && b < smem_ + smem_bytes_;
   }
 
+  // Fails the launch when a GlobalBounds scope is open and [p, p + n) lies outside its buffers.
+  void check_global(int tid, const void* p, size_t n, const char* what) {
+    if (bounds_ == nullptr || bounds_->contains(p, n)) return;
+    char msg[192];
+    std::snprintf(msg, sizeof(msg), "emulated kernel: %s of %zu bytes at %p outside every buffer of the launch "
+                  "(thread %d of CTA (%lld, %lld))", what, n, p, tid, static_cast<long long>(bx_),
+                  static_cast<long long>(by_));
+    fail(tid, keep(msg));
+  }
   [[noreturn]] void fail_access(int tid, const char* what, const void* smem_at) {
     fail_at(tid, what, static_cast<const unsigned char*>(smem_at), -1);
   }
@@ -578,6 +595,7 @@ class Cta {
 
   UW_EMU_NOINLINE static void on_global(void* thread, const void* p, unsigned bytes, bool store) {
     ThreadCtx* c = static_cast<ThreadCtx*>(thread);
+    c->cta_->check_global(c->tid_, p, bytes, store ? "global store" : "global load");
     c->cta_->record(c->tid_, store ? kGlobalStore : kGlobalLoad, reinterpret_cast<uintptr_t>(p), bytes,
                     UW_EMU_CALL_SITE());
   }
@@ -789,6 +807,7 @@ class Cta {
   std::vector<uint32_t> rd_lanes_, rd_bar_, rd_sync_;
   std::string unwritten_read_;  // the first read of a word no thread had written
   bool profiling_ = false;      // profile().on when the launch started
+  const GlobalRanges* bounds_ = nullptr;  // global_ranges() when the CTA started
   std::vector<Trace> traces_;   // per warp, when profiling
   ProfileTotals prof_;
   std::vector<Warp> warps_;
@@ -859,6 +878,7 @@ inline void ThreadCtx::h_cp_async16(void* smem_dst, const void* gmem_src, int sr
   cp.dst = static_cast<unsigned char*>(smem_dst);
   std::memset(cp.bytes, 0, 16);
   const int n = src_bytes < 0 ? 0 : (src_bytes > 16 ? 16 : src_bytes);
+  if (n > 0) cta_->check_global(tid_, gmem_src, static_cast<size_t>(n), "cp.async source");
   if (n > 0) cta_->record(tid_, kGlobalAsync, reinterpret_cast<uintptr_t>(gmem_src), static_cast<size_t>(n), site);
   std::memcpy(cp.bytes, gmem_src, static_cast<size_t>(n));
   open_.push_back(cp);
