@@ -121,7 +121,8 @@ LAYOUTS = (("palette_fused_wide", "palette_gemm_wide", "gemm:wide", True),
            ("palette_gemv_deep", "palette_gemv_deep", "gemv:deep", False),
            ("palette_gemv_staged", "palette_gemv_staged", "gemv:staged", False),
            ("palette_gemv_mma", "palette_gemv_mma", "gemv:mma", False),
-           ("palette_gemv_mma_staged", "palette_gemv_mma_staged", "gemv:mma_staged", False))
+           ("palette_gemv_mma_staged", "palette_gemv_mma_staged", "gemv:mma_staged", False),
+           ("palette_gemv_mma_prefetch", "palette_gemv_mma_prefetch", "gemv:mma_prefetch", False))
 
 
 def _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path, y_one=None) -> None:

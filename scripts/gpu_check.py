@@ -842,14 +842,16 @@ def _verbatim_heavy(np, cols, seed):
 # In the order the correctness stage runs their groups: the variants no GPU has run yet first,
 # since the stage's last groups get only the time left (in the second H200 run the stage's time
 # ran out before the last group, then gemv:deep, ran any check).
-VARIANT_TAGS = ("gemv:mma_staged", "gemv:mma", "huffman:ring", "gemv:staged", "huffman:chain", "huffman:ahead2",
-                "huffman:scalar", "palette:vec8", "gemm:wide", "gemm:xs", "gemv", "gemv:deep")
+VARIANT_TAGS = ("gemv:mma_staged", "gemv:mma_prefetch", "gemv:mma", "huffman:ring", "gemv:staged", "huffman:chain",
+                "huffman:ahead2", "huffman:scalar", "palette:vec8", "gemm:wide", "gemm:xs", "gemv", "gemv:deep")
 # The GEMV's variants by tag: the tuning table's path, what it is called, the path whose bits it
 # must give (the same steps and sums in the same order) and the batches that are checked.
 GEMV_VARIANTS = {"gemv:deep": ("palette_gemv_deep", "deep", "palette_gemv", (1, 2, 3, 4)),
                  "gemv:staged": ("palette_gemv_staged", "staged", "palette_gemv", (1, 2, 3, 4)),
                  "gemv:mma_staged": ("palette_gemv_mma_staged", "mma staged", "palette_gemv_mma",
-                                     (1, 2, 4, 8, 9, 16, 17, 32))}
+                                     (1, 2, 4, 8, 9, 16, 17, 32)),
+                 "gemv:mma_prefetch": ("palette_gemv_mma_prefetch", "mma prefetch", "palette_gemv_mma",
+                                       (1, 2, 4, 8, 9, 16, 17, 32))}
 # The fused GEMM's copy layouts by tag: the tuning table's path and what it is called.
 GEMM_LAYOUTS = {"gemm:wide": ("palette_gemm_wide", "wide stages"), "gemm:xs": ("palette_gemm_xs", "shared x")}
 
@@ -1143,7 +1145,7 @@ def sanitizer_driver(device: str = "cuda") -> int:
             if cols % 64 == 0:
                 for M in (1, 2, 3, 4):
                     for path in ("palette_gemv", "palette_gemv_deep", "palette_gemv_staged", "palette_gemv_mma",
-                                 "palette_gemv_mma_staged"):
+                                 "palette_gemv_mma_staged", "palette_gemv_mma_prefetch"):
                         h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, path)
                         n += 1
     _, _, bad = _corrupt_stream(h, tc, C)
@@ -1821,12 +1823,13 @@ def stage_eval(st: Stage) -> None:
 # bench_e2e's modes: the runtime's defaults first, then the variants (VARIANT_TAGS), then
 # dense (it turns the modules into plain nn.Linear, so it comes last).
 BENCH_E2E_MODES = ("palette", "palette+fused", "huffman", "palette+gemv", "palette+gemv-mma",
-                   "palette+gemv-mma-staged", "huffman+ring", "palette+gemv-deep", "palette+gemv-staged",
-                   "palette+fused-wide", "palette+fused-xs",
-                   "palette+vec8", "huffman+ahead2", "dense")
+                   "palette+gemv-mma-staged", "palette+gemv-mma-prefetch", "huffman+ring", "palette+gemv-deep",
+                   "palette+gemv-staged", "palette+fused-wide", "palette+fused-xs", "palette+vec8", "huffman+ahead2",
+                   "dense")
 E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm:xs", "palette+gemv": "gemv",
                     "palette+gemv-deep": "gemv:deep", "palette+gemv-staged": "gemv:staged",
                     "palette+gemv-mma": "gemv:mma", "palette+gemv-mma-staged": "gemv:mma_staged",
+                    "palette+gemv-mma-prefetch": "gemv:mma_prefetch",
                     "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2", "huffman+ring": "huffman:ring",
                     "palette+vec8": "palette:vec8"}
 
@@ -1964,7 +1967,7 @@ def _bench_moe(budget: "bu.Budget", path: str) -> dict:
 # Kernels profiled under Nsight Compute (scripts/profile_kernels.py): the arguments, the kernel
 # name regex.  Three launches each; the third is measured.
 PROFILES = (  # in order of what they answer first; the step stops when its time is spent
-    # The tensor-core GEMV and its staged form (not profiled on any GPU yet); the default Huffman decoder, whose
+    # The tensor-core GEMV and its staged and prefetching forms (not profiled on any GPU yet); the default Huffman decoder, whose
     # profile has no stall breakdown yet, and RING beside it (its stream refills through shared
     # memory: the stalls say whether the default waits on other lanes' loads); the batch-64
     # GEMM, whose split fix-up issues its loads together; the staged GEMV; the batch-1 kernels of a
@@ -1973,6 +1976,8 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
      "pgemv_mma"),
     ("gemv-32768x4096-M1-mma_staged", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
                                        "mma_staged"], "pgemv_mma_staged"),
+    ("gemv-32768x4096-M1-mma_prefetch", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
+                                         "mma_prefetch"], "pgemv_mma_prefetch"),
     ("huffman-4096x4096-index256-ahead", ["--kernel", "huffman", "--index", "256", "--variant", "ahead"],
      "huffman_ahead"),
     ("huffman-4096x4096-index256-ring", ["--kernel", "huffman", "--index", "256", "--variant", "ring"],

@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     ap.add_argument("--x-shared", action="store_true", help="fused: x copied once per CTA into shared memory")
     ap.add_argument("--variant", default="default",
                     help="decoder variant: default, or a name of runtime.kernel_plan.HUFF_VARIANTS (huffman) "
-                         "or PAL_VARIANTS (palette); gemv: default, deep, staged, mma or mma_staged (PGEMV_VARIANTS)")
+                         "or PAL_VARIANTS (palette); gemv: default, deep, staged, mma, mma_staged "
+                         "or mma_prefetch (PGEMV_VARIANTS)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import numpy as np

@@ -188,7 +188,8 @@ def kernels_table(bench: dict) -> list[str]:
         if (r["N"], r["K"]) not in shapes:
             shapes.append((r["N"], r["K"]))
     variants = [k for k in ("palette_fused", "palette_fused_wide", "palette_fused_xs", "palette_gemv",
-                            "palette_gemv_mma", "palette_gemv_mma_staged", "palette_gemv_deep", "palette_gemv_staged",
+                            "palette_gemv_mma", "palette_gemv_mma_staged",
+                            "palette_gemv_mma_prefetch", "palette_gemv_deep", "palette_gemv_staged",
                             "huffman_fused", "palette_decode_cublas", "huffman_decode_cublas")
                 if any(k in r for r in rows)]
     label = {"palette_fused": "palette fused", "palette_fused_wide": "palette fused, wide stages",
@@ -197,6 +198,7 @@ def kernels_table(bench: dict) -> list[str]:
              "palette_gemv_staged": "palette GEMV, staged (batch 1-4)",
              "palette_gemv_mma": "palette GEMV, tensor cores (batch 1-32)",
              "palette_gemv_mma_staged": "palette GEMV, tensor cores, staged (batch 1-32)",
+             "palette_gemv_mma_prefetch": "palette GEMV, tensor cores, L2 prefetch (batch 1-32)",
              "huffman_fused": "huffman fused",
              "palette_decode_cublas": "palette decode + cuBLAS", "huffman_decode_cublas": "huffman decode + cuBLAS"}
     lines = ["**y = x W^T against cuBLAS BF16** (cuBLAS in microseconds; the others as time / cuBLAS time, "

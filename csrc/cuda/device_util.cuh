@@ -90,6 +90,22 @@ UW_HD void ld_reuse_v4(const uint16_t* p, uint32_t (&v)[4]) {
 #endif
 }
 
+// An L2 prefetch of [p, p + bytes) (1 <= bytes <= 128: at most one 128-byte line boundary
+// crossed): the lines come from DRAM into L2 while the thread goes on, at no register cost, so
+// a later load of them waits for L2 only.  Two per-thread line prefetches (its first and its
+// last byte's line), not sm_90's bulk prefetch: that one is a warp-uniform instruction, which
+// the compiler wraps in a loop over the lanes' distinct addresses (~9 instructions each).
+// Host: the emulator checks the range against the launch's buffers (a prefetch must name
+// valid memory).
+UW_HD void prefetch_l2(const uint8_t* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p + bytes - 1));
+#else
+  emu::trace_prefetch(p, bytes);
+#endif
+}
+
 UW_HD void st_v4(uint16_t* p, const uint32_t (&v)[4]) {
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<uint4*>(p) = make_uint4(v[0], v[1], v[2], v[3]);

@@ -201,6 +201,13 @@ constexpr int PGEMV_VARIANT_MMA_STAGED = 5;
 constexpr int PGEMV_MMA_STAGED_DEPTH = 4;
 constexpr int PGEMV_MMA_STAGED_SLOT = PGEMV_MMA_ROWS * (PGEMV_MMA_COLS + PGEMV_MMA_COLS / 2);
 constexpr int PGEMV_MMA_STAGED_CTAS_PER_SM = 2;
+// The prefetching tensor-core variant (dispatch path palette_gemv_mma_prefetch): the
+// register-direct variant (its loads, bits and CTAs per SM) with an L2 prefetch of the step
+// PGEMV_MMA_PREFETCH_STEPS past its last load: 12 KB asked of DRAM per warp instead of 6, the
+// prefetched 6 KB costing no register.  At 16 warps per SM the GPU then holds ~13 MB of
+// prefetched lines at once, a quarter of an H100's L2.
+constexpr int PGEMV_VARIANT_MMA_PREFETCH = 6;
+constexpr int PGEMV_MMA_PREFETCH_STEPS = 2;
 // Shared memory: the parts' sums, [PGEMV_WARPS][PGEMV_MAX_M] fp32; the staged variant adds
 // its rings after them.
 constexpr int PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4;
@@ -406,7 +413,7 @@ UW_PLAN_HD void pgemv_mma_steps(int64_t K, int parts, int part, int64_t* first, 
 // Per variant (a resolved PGEMV_VARIANT_*, not DEFAULT): whether it is a tensor-core one, the
 // most batch rows, the warps per row or tile, and the grid.
 UW_PLAN_HD constexpr bool pgemv_is_mma(int variant) {
-  return variant == PGEMV_VARIANT_MMA || variant == PGEMV_VARIANT_MMA_STAGED;
+  return variant == PGEMV_VARIANT_MMA || variant == PGEMV_VARIANT_MMA_STAGED || variant == PGEMV_VARIANT_MMA_PREFETCH;
 }
 UW_PLAN_HD int pgemv_max_m(int variant) { return pgemv_is_mma(variant) ? PGEMV_MMA_MAX_M : PGEMV_MAX_M; }
 UW_PLAN_HD int pgemv_variant_parts(int64_t N, int64_t K, int64_t num_sms, int variant) {

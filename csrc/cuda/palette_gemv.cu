@@ -10,7 +10,8 @@
 // shared memory, under the 48 KB that needs no opt-in).  The tensor-core variant
 // (pgemv_mma_body): batches of up to 32 rows; __launch_bounds__(256, 2) for one or two
 // n-tiles of 8, (256, 1) for four.  Its staged form: the same bounds, loads through cp.async
-// into per-warp rings (PGEMV_MMA_STAGED_SMEM_BYTES, past 48 KB: opted in per device).
+// into per-warp rings (PGEMV_MMA_STAGED_SMEM_BYTES, past 48 KB: opted in per device).  Its
+// prefetching form: the register-direct kernel's bounds and shared memory.
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -30,17 +31,19 @@ template <int V>
 struct PgemvVariant {
   static constexpr bool kMma = plan::pgemv_is_mma(V);
   static constexpr bool kStaged = V == plan::PGEMV_VARIANT_STAGED || V == plan::PGEMV_VARIANT_MMA_STAGED;
+  static constexpr bool kPrefetch = V == plan::PGEMV_VARIANT_MMA_PREFETCH;
   static constexpr int kUnroll = V == plan::PGEMV_VARIANT_DEEP ? plan::PGEMV_DEEP_UNROLL : kStaged ? 1 : plan::PGEMV_UNROLL;
   static constexpr int kSmem = kMma ? (kStaged ? plan::PGEMV_MMA_STAGED_SMEM_BYTES : plan::PGEMV_MMA_SMEM_BYTES)
                                     : kStaged ? plan::PGEMV_STAGED_SMEM_BYTES : plan::PGEMV_SMEM_BYTES;
   static_assert(kUnroll >= 1, "steps per batch of loads");  // (also what keeps kUnroll referenced for MMA)
+  static_assert(!kPrefetch || (kMma && !kStaged), "the L2 prefetch feeds the register-direct tensor-core GEMV");
 };
 
 // MB: batch rows the registers hold (the tensor-core variant: 8 per n-tile).
 template <int MB, bool kPaired, int V, class Ctx>
 UW_HD void pgemv_variant_body(Ctx& c, const PgemvArgs& a) {
   if constexpr (PgemvVariant<V>::kMma)
-    pgemv_mma_body<MB / 8, kPaired, PgemvVariant<V>::kStaged>(c, a);
+    pgemv_mma_body<MB / 8, kPaired, PgemvVariant<V>::kStaged, PgemvVariant<V>::kPrefetch>(c, a);
   else
     pgemv_body<MB, kPaired, PgemvVariant<V>::kUnroll, PgemvVariant<V>::kStaged>(c, a);
 }
@@ -81,6 +84,13 @@ __global__ void __launch_bounds__(plan::PGEMV_THREADS,
   emu::DeviceCtx c;
   pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA_STAGED>(c, a);
 }
+template <int MB, bool kPaired>
+__global__ void __launch_bounds__(plan::PGEMV_THREADS,
+                                  MB > 16 ? plan::PGEMV_MMA4_CTAS_PER_SM : plan::PGEMV_MMA_CTAS_PER_SM)
+    pgemv_mma_prefetch_kernel(PgemvArgs a) {
+  emu::DeviceCtx c;
+  pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA_PREFETCH>(c, a);
+}
 static_assert(plan::PGEMV_MMA_STAGED_CTAS_PER_SM * (plan::PGEMV_MMA_STAGED_SMEM_BYTES + 1024) <= 228 * 1024,
               "the staged tensor-core GEMV's rings let PGEMV_MMA_STAGED_CTAS_PER_SM CTAs share an sm_90 SM");
 
@@ -115,7 +125,7 @@ const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, c
 template <class F>
 void with_variant(int M, bool paired, int variant, F&& f) {
   using plan::PGEMV_VARIANT_DEEP, plan::PGEMV_VARIANT_STAGED, plan::PGEMV_VARIANT_STD, plan::PGEMV_VARIANT_MMA,
-      plan::PGEMV_VARIANT_MMA_STAGED;
+      plan::PGEMV_VARIANT_MMA_STAGED, plan::PGEMV_VARIANT_MMA_PREFETCH;
   auto go = [&](auto mb, auto v) {
     if (paired) f(mb, std::true_type{}, v); else f(mb, std::false_type{}, v);
   };
@@ -133,6 +143,8 @@ void with_variant(int M, bool paired, int variant, F&& f) {
     go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA>{});
   } else if (variant == PGEMV_VARIANT_MMA_STAGED) {
     go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_STAGED>{});
+  } else if (variant == PGEMV_VARIANT_MMA_PREFETCH) {
+    go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_PREFETCH>{});
   } else if (variant == PGEMV_VARIANT_DEEP) {
     go_m(std::integral_constant<int, PGEMV_VARIANT_DEEP>{});
   } else if (variant == PGEMV_VARIANT_STAGED) {
@@ -166,6 +178,8 @@ void launch_pgemv(const PgemvArgs& a, cudaStream_t s) {
   } else if constexpr (kVariant == plan::PGEMV_VARIANT_MMA_STAGED) {
     opt_in_smem<pgemv_mma_staged_kernel<MB, kPaired>>(smem);
     pgemv_mma_staged_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
+  } else if constexpr (kVariant == plan::PGEMV_VARIANT_MMA_PREFETCH) {
+    pgemv_mma_prefetch_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
   } else if constexpr (kVariant == plan::PGEMV_VARIANT_DEEP)
     pgemv_deep_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
   else if constexpr (kVariant == plan::PGEMV_VARIANT_STAGED)

@@ -257,7 +257,14 @@ UW_UNROLL()
 // each quarter warp's 16-byte reads and each half warp's 8-byte reads fall in 32 distinct
 // banks.  The steps, the decode, the mma and the sums are the register-direct variant's, in
 // its order: the same bits.  The parts' sums go into each warp's own ring once it is drained.
-template <int NT, bool kPaired, bool kStaged, class Ctx>
+//
+// kPrefetch (PGEMV_VARIANT_MMA_PREFETCH, register-direct only): besides its loads, each step
+// asks L2 for the bytes of the step PGEMV_MMA_PREFETCH_STEPS past the last one loaded (lane
+// i < 16 row i's sign+mantissa bytes, lane 16 + i its index bytes: one bulk prefetch each on
+// sm_90), so those loads wait on L2 rather than DRAM and what the SM has asked of DRAM grows
+// by that many steps at no register or shared-memory cost.  The loads, decode, mma and sums
+// are the register-direct variant's: the same bits.
+template <int NT, bool kPaired, bool kStaged, bool kPrefetch, class Ctx>
 UW_HD void pgemv_mma_body(Ctx& c, const PgemvArgs& a) {
   constexpr int COLS = plan::PGEMV_MMA_COLS, HALF = COLS / 2, ROWS = plan::PGEMV_MMA_ROWS;
   static_assert(ROWS == plan::PMMA_TILE_N, "a tile is the fused GEMM's (its verbatim cursors and patch)");
@@ -354,6 +361,18 @@ UW_UNROLL()
           c.lds_v2(st + rd_idx + rr * 8 * IDX_ROW + 8 * ((4 * h + t) ^ sw_idx), n[rr][h]);
         }
     };
+    // The prefetch feed (kPrefetch): this lane's row of the tile (rows past N: row N - 1, as
+    // the loads) in one of the two planes, and the bytes of step q there (half a step's at a
+    // half step, whose missing half may lie past the plane).
+    constexpr int PF = plan::PGEMV_MMA_PREFETCH_STEPS;
+    const bool pf_idx = lane >= ROWS;
+    const int64_t pf_r = row0 + (lane & (ROWS - 1)) < last ? row0 + (lane & (ROWS - 1)) : last;
+    const int pf_step = pf_idx ? COLS / 2 : COLS;
+    const uint8_t* const pf = pf_idx ? a.idx + pf_r * (a.K / 2) + s0 * (COLS / 2) : a.sm + pf_r * a.K + s0 * COLS;
+    auto prefetch = [&](int q) {
+      if (kPrefetch && q < nq)
+        prefetch_l2(pf + static_cast<int64_t>(q) * pf_step, static_cast<uint32_t>(q == q_half ? pf_step / 2 : pf_step));
+    };
     uint32_t sa[2][2][4], na[2][2][2], sb[2][2][4], nb[2][2][2];
     if constexpr (kStaged) {
 UW_UNROLL()
@@ -362,6 +381,10 @@ UW_UNROLL()
       // Both buffers' loads go out before the verbatim search (dependent L2 reads).
       load(0, sa, na);
       if (nq > 1) load(1, sb, nb);
+      if constexpr (kPrefetch) {
+UW_UNROLL()
+        for (int q = 2; q < 2 + PF; ++q) prefetch(q);
+      }
     }
 
     // x rows of this lane's n-tile columns (B fragment: n = g; pmma_x_row).
@@ -423,9 +446,11 @@ UW_UNROLL()
       for (int q = 0; q < nq; q += 2) {
         compute(q, sa, na);
         if (q + 2 < nq) load(q + 2, sa, na);
+        prefetch(q + 2 + PF);
         if (q + 1 >= nq) break;
         compute(q + 1, sb, nb);
         if (q + 3 < nq) load(q + 3, sb, nb);
+        prefetch(q + 3 + PF);
       }
     }
   }

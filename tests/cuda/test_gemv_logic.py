@@ -11,7 +11,8 @@
 * the tensor-core variant (``pgemv_mma_body``, PGEMV_VARIANT_MMA): its tile geometry, and the
   same checks at batch 1..32, including the half step of a row whose K is an odd multiple of 64;
   its staged form (PGEMV_VARIANT_MMA_STAGED, loads through cp.async into per-warp rings, which
-  the emulator checks for races and lands only at their waits) gives its bits.
+  the emulator checks for races and lands only at their waits) and its prefetching form
+  (PGEMV_VARIANT_MMA_PREFETCH, whose L2 prefetches must name the planes' bytes) give its bits.
 """
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ torch = pytest.importorskip("torch")
 
 MMA = kp.PGEMV_VARIANT_MMA
 MMA_STAGED = kp.PGEMV_VARIANT_MMA_STAGED
+MMA_PREFETCH = kp.PGEMV_VARIANT_MMA_PREFETCH
 
 
 def _gemv(x, enc, parts=1, general=False, planes=None, variant=0):
@@ -244,7 +246,7 @@ def test_mma_parts_cover_every_step_once_and_fill_the_device():
     assert [kp.pgemv_mma_parts(N, K, 132) for N, K in shapes] == [8, 4, 2, 8, 1]
     assert [kp.pgemv_variant_parts(N, K, 132, MMA) for N, K in shapes] == [8, 4, 2, 8, 1]
     assert kp.pgemv_variant_parts(4096, 4096, 132) == kp.pgemv_parts(4096, 4096, 132)
-    assert [kp.pgemv_max_m(v) for v in (0, 1, 2, 3, MMA, MMA_STAGED)] == [4, 4, 4, 4, 32, 32]
+    assert [kp.pgemv_max_m(v) for v in (0, 1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH)] == [4, 4, 4, 4, 32, 32, 32]
     assert [kp.pgemv_variant_parts(N, K, 132, MMA_STAGED) for N, K in shapes] == [8, 4, 2, 8, 1]
     assert kp.pgemv_variant_grid(4096, 8, MMA_STAGED) == kp.pgemv_mma_grid(4096, 8)
     assert kp.pgemv_supported(32, 4096, MMA) and not kp.pgemv_supported(33, 4096, MMA)
@@ -256,19 +258,20 @@ def test_mma_cpp_plan_matches_python():
     for name in ("PGEMV_VARIANT_MMA", "PGEMV_MMA_ROWS", "PGEMV_MMA_COLS", "PGEMV_MMA_MAX_M", "PGEMV_MMA_CTAS_PER_SM",
                  "PGEMV_MMA_WARPS_PER_SM", "PGEMV_MMA_MIN_STEPS", "PGEMV_MMA_SMEM_BYTES", "PGEMV_MMA4_CTAS_PER_SM",
                  "PGEMV_VARIANT_MMA_STAGED", "PGEMV_MMA_STAGED_DEPTH", "PGEMV_MMA_STAGED_SLOT",
-                 "PGEMV_MMA_STAGED_CTAS_PER_SM", "PGEMV_MMA_STAGED_SMEM_BYTES"):
+                 "PGEMV_MMA_STAGED_CTAS_PER_SM", "PGEMV_MMA_STAGED_SMEM_BYTES", "PGEMV_VARIANT_MMA_PREFETCH",
+                 "PGEMV_MMA_PREFETCH_STEPS"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     for N in (1, 17, 1000, 4096, 128256):
         for K in (64, 576, 4096, 14336):
             for sms in (1, 132, 1000):
                 assert _cuda.plan_pgemv_mma_parts(N, K, sms) == kp.pgemv_mma_parts(N, K, sms)
-                for v in (1, 2, 3, MMA, MMA_STAGED):
+                for v in (1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH):
                     assert _cuda.plan_pgemv_variant_parts(N, K, sms, v) == kp.pgemv_variant_parts(N, K, sms, v)
         for parts in (1, 2, 4, 8):
             assert _cuda.plan_pgemv_mma_grid(N, parts) == kp.pgemv_mma_grid(N, parts)
-            for v in (1, 2, 3, MMA, MMA_STAGED):
+            for v in (1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH):
                 assert _cuda.plan_pgemv_variant_grid(N, parts, v) == kp.pgemv_variant_grid(N, parts, v)
-    for v in (0, 1, 2, 3, MMA, MMA_STAGED):
+    for v in (0, 1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH, 7):
         assert _cuda.plan_pgemv_max_m(v) == kp.pgemv_max_m(v)
         assert _cuda.plan_pgemv_is_mma(v) == kp.pgemv_is_mma(v)
     for K in (64, 576, 1088, 14336):
@@ -331,12 +334,15 @@ def test_mma_launcher_limits_without_a_gpu():
 
 @needs_ext
 @pytest.mark.parametrize("general", [False, True])
-def test_mma_staged_gives_the_mma_bits(general):
+@pytest.mark.parametrize("variant", [MMA_STAGED, MMA_PREFETCH])
+def test_mma_feeds_give_the_mma_bits(general, variant):
     """PGEMV_VARIANT_MMA_STAGED runs the register-direct tensor-core GEMV's steps, decode, mma
     and sums in the same order from per-warp shared-memory rings (its copies swizzled by row;
     the emulator lands a copy only at its wait and fails a read of a slot a copy is still
-    filling): the MMA bits on odd shapes (tiles past N, half steps, parts ending in a half
-    step), every parts, one, two and four n-tiles, heavy verbatim blocks and either decode."""
+    filling); PGEMV_VARIANT_MMA_PREFETCH adds L2 prefetches, which the emulator checks lie in
+    the planes (a half step's second half past the last row would not).  Both give the MMA
+    bits on odd shapes (tiles past N, half steps, parts ending in a half step), every parts,
+    one, two and four n-tiles, heavy verbatim blocks and either decode."""
     rng = np.random.default_rng(23)
     f = (rng.standard_normal((77, 1088)) * np.exp2(rng.integers(-20, 20, (77, 1088)))).astype(np.float32)
     heavy = (f.view(np.uint32) >> 16).astype(np.uint16)
@@ -347,7 +353,7 @@ def test_mma_staged_gives_the_mma_bits(general):
             x = _x(M, w.shape[1], seed=M + 7 * w.shape[1])
             for parts in (1, 2, 8):
                 want = _gemv(x, enc, parts, general, variant=MMA)
-                got = _gemv(x, enc, parts, general, variant=MMA_STAGED)
+                got = _gemv(x, enc, parts, general, variant=variant)
                 assert np.array_equal(got, want), (w.shape, M, parts)
 
 

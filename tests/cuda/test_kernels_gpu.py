@@ -257,11 +257,13 @@ def test_palette_gemv_mma_accuracy_determinism_and_batch_invariance(NK):
 
 
 @pytest.mark.variant
+@pytest.mark.parametrize("path", ["palette_gemv_mma_staged", "palette_gemv_mma_prefetch"])
 @pytest.mark.parametrize("NK", [(63, 192), (40, 1088), (9, 4160), (1024, 4096), (4096, 1024), (128, 14336)])
-def test_palette_gemv_mma_staged_gives_the_mma_bits(NK):
+def test_palette_gemv_mma_feeds_give_the_mma_bits(NK, path):
     """The staged tensor-core GEMV (loads through cp.async into per-warp rings, past 48 KB of
-    shared memory) at batch 1..32: the register-direct tensor-core GEMV's bits."""
-    from unweight.runtime.tuning_table import PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED
+    shared memory) and the prefetching one (L2 bulk prefetches ahead of its loads) at batch
+    1..32: the register-direct tensor-core GEMV's bits."""
+    from unweight.runtime.tuning_table import PALETTE_GEMV_MMA
     N, K = NK
     w = make_weights(N, K, seed=N + 9 * K)
     err = _err()
@@ -269,7 +271,7 @@ def test_palette_gemv_mma_staged_gives_the_mma_bits(NK):
     x32 = bf16_tensor(make_weights(32, K, seed=N + 4, spread=False), "cuda")
     for M in (1, 2, 8, 9, 16, 17, 32):
         x = x32[:M].contiguous()
-        assert torch.equal(fused_op(ew, x, None, PALETTE_GEMV_MMA_STAGED).view(torch.int16),
+        assert torch.equal(fused_op(ew, x, None, path).view(torch.int16),
                            fused_op(ew, x, None, PALETTE_GEMV_MMA).view(torch.int16)), M
     assert int(err.item()) == 0
 

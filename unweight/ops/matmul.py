@@ -31,7 +31,8 @@
         tile into registers and multiplies on the tensor cores, batches of 1..32,
         PALETTE_GEMV_MMA: tensor-core sums, deterministic and batch-invariant, not the
         CUDA-core bits; MMA_STAGED, its loads through cp.async into shared-memory rings,
-        PALETTE_GEMV_MMA_STAGED: the MMA bits).  parts comes from palette_gemv_parts(..., variant).  No workspace.
+        PALETTE_GEMV_MMA_STAGED, and MMA_PREFETCH, its loads behind an L2 prefetch,
+        PALETTE_GEMV_MMA_PREFETCH: the MMA bits).  parts comes from palette_gemv_parts(..., variant).  No workspace.
 
 The CUDA kernels need cols % 64 == 0 and 16-byte aligned planes (palette_supported); it
 raises ValueError / RuntimeError for what it refuses and the runtime dispatch falls back to

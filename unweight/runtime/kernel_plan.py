@@ -113,8 +113,13 @@ PGEMV_VARIANT_MMA_STAGED = 5
 PGEMV_MMA_STAGED_DEPTH = 4
 PGEMV_MMA_STAGED_SLOT = PGEMV_MMA_ROWS * (PGEMV_MMA_COLS + PGEMV_MMA_COLS // 2)
 PGEMV_MMA_STAGED_CTAS_PER_SM = 2
+# The prefetching tensor-core variant (path palette_gemv_mma_prefetch): the register-direct
+# variant's loads and bits, plus an L2 prefetch PGEMV_MMA_PREFETCH_STEPS steps past its loads.
+PGEMV_VARIANT_MMA_PREFETCH = 6
+PGEMV_MMA_PREFETCH_STEPS = 2
 PGEMV_VARIANTS = {"std": PGEMV_VARIANT_STD, "deep": PGEMV_VARIANT_DEEP, "staged": PGEMV_VARIANT_STAGED,
-                  "mma": PGEMV_VARIANT_MMA, "mma_staged": PGEMV_VARIANT_MMA_STAGED}
+                  "mma": PGEMV_VARIANT_MMA, "mma_staged": PGEMV_VARIANT_MMA_STAGED,
+                  "mma_prefetch": PGEMV_VARIANT_MMA_PREFETCH}
 PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4
 PGEMV_STAGED_SMEM_BYTES = PGEMV_SMEM_BYTES + PGEMV_WARPS * PGEMV_STAGED_DEPTH * PGEMV_STAGED_SLOT
 PGEMV_MMA_SMEM_BYTES = PGEMV_WARPS * PGEMV_MMA_ROWS * PGEMV_MMA_MAX_M * 4
@@ -352,8 +357,8 @@ def pgemv_mma_steps(K: int, parts: int, part: int) -> tuple[int, int]:
 
 
 def pgemv_is_mma(variant: int) -> bool:
-    """Whether a GEMV variant runs on tensor cores (register-direct or staged)."""
-    return variant in (PGEMV_VARIANT_MMA, PGEMV_VARIANT_MMA_STAGED)
+    """Whether a GEMV variant runs on tensor cores (register-direct, staged or prefetching)."""
+    return variant in (PGEMV_VARIANT_MMA, PGEMV_VARIANT_MMA_STAGED, PGEMV_VARIANT_MMA_PREFETCH)
 
 
 def pgemv_max_m(variant: int = PGEMV_VARIANT_DEFAULT) -> int:

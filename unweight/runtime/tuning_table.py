@@ -7,7 +7,7 @@ under the key
     (device name, N, K, encoding, batch bucket)  ->  "decode_cublas" | "palette_gemm" | "palette_gemm_wide"
                                                      | "palette_gemm_xs" | "palette_gemv" | "palette_gemv_deep"
                                                      | "palette_gemv_staged" | "palette_gemv_mma"
-                                                     | "palette_gemv_mma_staged"
+                                                     | "palette_gemv_mma_staged" | "palette_gemv_mma_prefetch"
 
 with N, K the weight's [N, K] shape, encoding "huffman" / "palette", and the batch bucket of
 M = x.numel() // K one of BUCKETS ("1", "2-4", "5-16", "17-32", "33-64", "65-256", ">256").
@@ -88,16 +88,20 @@ PALETTE_GEMV_MMA = "palette_gemv_mma"
 # (kernel_plan.h, MMA_STAGED): three steps in flight per warp at no register cost; the same
 # bits as PALETTE_GEMV_MMA.
 PALETTE_GEMV_MMA_STAGED = "palette_gemv_mma_staged"
+# The tensor-core GEMV with an L2 prefetch of the steps past its loads (kernel_plan.h,
+# MMA_PREFETCH): more asked of DRAM at no register cost; the same bits as PALETTE_GEMV_MMA.
+PALETTE_GEMV_MMA_PREFETCH = "palette_gemv_mma_prefetch"
 # The GEMV paths and the kernel variant each runs (ops.palette_gemv's `variant`).
 GEMV_PATHS = {PALETTE_GEMV: kp.PGEMV_VARIANT_DEFAULT, PALETTE_GEMV_DEEP: kp.PGEMV_VARIANT_DEEP,
               PALETTE_GEMV_STAGED: kp.PGEMV_VARIANT_STAGED, PALETTE_GEMV_MMA: kp.PGEMV_VARIANT_MMA,
-              PALETTE_GEMV_MMA_STAGED: kp.PGEMV_VARIANT_MMA_STAGED}
+              PALETTE_GEMV_MMA_STAGED: kp.PGEMV_VARIANT_MMA_STAGED,
+              PALETTE_GEMV_MMA_PREFETCH: kp.PGEMV_VARIANT_MMA_PREFETCH}
 # Times recorded under other names (a fused Huffman kernel some earlier tables list) are kept
 # out of every choice: only these paths exist.
 CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP,
-           PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED)
+           PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH)
 FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED,
-         PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED)
+         PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH)
 
 # (upper bound inclusive, name); the last bucket is open-ended.
 # (17-32 and 33-64 are apart because the tensor-core GEMV takes batches up to 32.)

@@ -128,8 +128,11 @@ UW_HD int frag_c_col(int lane, int i) { return 2 * (lane & 3) + (i & 1); }
 // and unprofiled launches pay one thread-local test per access.  Host functions: the device
 // side of the helpers never calls them.
 // ---------------------------------------------------------------------------------------
+// kind: what the access is (a prefetch moves no data: the emulator checks its address range
+// against the launch's buffers and leaves it out of the profile).
+enum class GlobalKind { kLoad, kStore, kPrefetch };
 struct GlobalTrace {
-  void (*fn)(void* thread, const void* p, unsigned bytes, bool store) = nullptr;
+  void (*fn)(void* thread, const void* p, unsigned bytes, GlobalKind kind) = nullptr;
   void* thread = nullptr;
 };
 inline GlobalTrace& global_trace() {
@@ -140,7 +143,11 @@ inline GlobalTrace& global_trace() {
 // call below, which must therefore lie in the body's code at the helper's call site.
 __attribute__((always_inline)) inline void trace_global(const void* p, unsigned bytes, bool store) {
   const GlobalTrace& t = global_trace();
-  if (t.fn != nullptr) t.fn(t.thread, p, bytes, store);
+  if (t.fn != nullptr) t.fn(t.thread, p, bytes, store ? GlobalKind::kStore : GlobalKind::kLoad);
+}
+__attribute__((always_inline)) inline void trace_prefetch(const void* p, unsigned bytes) {
+  const GlobalTrace& t = global_trace();
+  if (t.fn != nullptr) t.fn(t.thread, p, bytes, GlobalKind::kPrefetch);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -593,9 +593,12 @@ class Cta {
     std::array<std::vector<Rec>, kWarpSize> lanes;
   };
 
-  UW_EMU_NOINLINE static void on_global(void* thread, const void* p, unsigned bytes, bool store) {
+  UW_EMU_NOINLINE static void on_global(void* thread, const void* p, unsigned bytes, GlobalKind kind) {
     ThreadCtx* c = static_cast<ThreadCtx*>(thread);
-    c->cta_->check_global(c->tid_, p, bytes, store ? "global store" : "global load");
+    const bool store = kind == GlobalKind::kStore;
+    c->cta_->check_global(c->tid_, p, bytes,
+                          store ? "global store" : kind == GlobalKind::kLoad ? "global load" : "L2 prefetch");
+    if (kind == GlobalKind::kPrefetch) return;  // (no data moved: not in the access profile)
     c->cta_->record(c->tid_, store ? kGlobalStore : kGlobalLoad, reinterpret_cast<uintptr_t>(p), bytes,
                     UW_EMU_CALL_SITE());
   }
