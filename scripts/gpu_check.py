@@ -1967,21 +1967,22 @@ def _bench_moe(budget: "bu.Budget", path: str) -> dict:
 # Kernels profiled under Nsight Compute (scripts/profile_kernels.py): the arguments, the kernel
 # name regex.  Three launches each; the third is measured.
 PROFILES = (  # in order of what they answer first; the step stops when its time is spent
-    # The tensor-core GEMV and its staged and prefetching forms (not profiled on any GPU yet); the default Huffman decoder, whose
+    # The tensor-core GEMV (not profiled on any GPU yet); the default Huffman decoder, whose
     # profile has no stall breakdown yet, and RING beside it (its stream refills through shared
-    # memory: the stalls say whether the default waits on other lanes' loads); the batch-64
-    # GEMM, whose split fix-up issues its loads together; the staged GEMV; the batch-1 kernels of a
-    # 4096-row layer.
+    # memory: the stalls say whether the default waits on other lanes' loads); the tensor-core
+    # GEMV's staged and prefetching forms (their timings are bench_kernels'; these say where the
+    # bytes in flight went); the batch-64 GEMM, whose split fix-up issues its loads together; the
+    # staged GEMV; the batch-1 kernels of a 4096-row layer.
     ("gemv-32768x4096-M1-mma", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "mma"],
      "pgemv_mma"),
-    ("gemv-32768x4096-M1-mma_staged", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
-                                       "mma_staged"], "pgemv_mma_staged"),
-    ("gemv-32768x4096-M1-mma_prefetch", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
-                                         "mma_prefetch"], "pgemv_mma_prefetch"),
     ("huffman-4096x4096-index256-ahead", ["--kernel", "huffman", "--index", "256", "--variant", "ahead"],
      "huffman_ahead"),
     ("huffman-4096x4096-index256-ring", ["--kernel", "huffman", "--index", "256", "--variant", "ring"],
      "huffman_ring"),
+    ("gemv-32768x4096-M1-mma_staged", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
+                                       "mma_staged"], "pgemv_mma_staged"),
+    ("gemv-32768x4096-M1-mma_prefetch", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
+                                         "mma_prefetch"], "pgemv_mma_prefetch"),
     ("fused-4096x4096-M64", ["--kernel", "fused", "--batch", "64"], "pmma"),
     ("gemv-32768x4096-M1-staged", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "staged"],
      "pgemv_staged"),
