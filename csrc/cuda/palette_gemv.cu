@@ -94,6 +94,17 @@ __global__ void __launch_bounds__(plan::PGEMV_THREADS,
 static_assert(plan::PGEMV_MMA_STAGED_CTAS_PER_SM * (plan::PGEMV_MMA_STAGED_SMEM_BYTES + 1024) <= 228 * 1024,
               "the staged tensor-core GEMV's rings let PGEMV_MMA_STAGED_CTAS_PER_SM CTAs share an sm_90 SM");
 
+// The kernel of a resolved variant V at MB batch rows.
+template <int MB, bool kPaired, int V>
+constexpr auto pgemv_kernel_of() {
+  if constexpr (V == plan::PGEMV_VARIANT_MMA) return &pgemv_mma_kernel<MB, kPaired>;
+  else if constexpr (V == plan::PGEMV_VARIANT_MMA_STAGED) return &pgemv_mma_staged_kernel<MB, kPaired>;
+  else if constexpr (V == plan::PGEMV_VARIANT_MMA_PREFETCH) return &pgemv_mma_prefetch_kernel<MB, kPaired>;
+  else if constexpr (V == plan::PGEMV_VARIANT_DEEP) return &pgemv_deep_kernel<MB, kPaired>;
+  else if constexpr (V == plan::PGEMV_VARIANT_STAGED) return &pgemv_staged_kernel<MB, kPaired>;
+  else return &pgemv_kernel<MB, kPaired>;
+}
+
 // Resolves DEFAULT to STD; false for a variant that is not plan::PGEMV_VARIANT_*.
 bool resolve_pgemv_variant(int* variant) {
   if (*variant == plan::PGEMV_VARIANT_DEFAULT) *variant = plan::PGEMV_VARIANT_STD;
@@ -173,19 +184,9 @@ template <int MB, bool kPaired, int kVariant>
 void launch_pgemv(const PgemvArgs& a, cudaStream_t s) {
   const auto grid = static_cast<unsigned>(plan::pgemv_variant_grid(a.N, a.parts, kVariant));
   constexpr int smem = PgemvVariant<kVariant>::kSmem;
-  if constexpr (kVariant == plan::PGEMV_VARIANT_MMA) {
-    pgemv_mma_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
-  } else if constexpr (kVariant == plan::PGEMV_VARIANT_MMA_STAGED) {
-    opt_in_smem<pgemv_mma_staged_kernel<MB, kPaired>>(smem);
-    pgemv_mma_staged_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
-  } else if constexpr (kVariant == plan::PGEMV_VARIANT_MMA_PREFETCH) {
-    pgemv_mma_prefetch_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
-  } else if constexpr (kVariant == plan::PGEMV_VARIANT_DEEP)
-    pgemv_deep_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
-  else if constexpr (kVariant == plan::PGEMV_VARIANT_STAGED)
-    pgemv_staged_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
-  else
-    pgemv_kernel<MB, kPaired><<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
+  constexpr auto kernel = pgemv_kernel_of<MB, kPaired, kVariant>();
+  opt_in_smem<kernel>(smem);  // (nothing to do at 48 KiB or less)
+  kernel<<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
 }
 
 }  // namespace detail

@@ -260,9 +260,9 @@ UW_UNROLL()
 //
 // kPrefetch (PGEMV_VARIANT_MMA_PREFETCH, register-direct only): besides its loads, each step
 // asks L2 for the bytes of the step PGEMV_MMA_PREFETCH_STEPS past the last one loaded (lane
-// i < 16 row i's sign+mantissa bytes, lane 16 + i its index bytes: one bulk prefetch each on
-// sm_90), so those loads wait on L2 rather than DRAM and what the SM has asked of DRAM grows
-// by that many steps at no register or shared-memory cost.  The loads, decode, mma and sums
+// i < 16 row i's sign+mantissa bytes, lane 16 + i its index bytes; device_util.cuh's
+// prefetch_l2), so those loads wait on L2 rather than DRAM and what the SM has asked of DRAM
+// grows by that many steps at no register or shared-memory cost.  The loads, decode, mma and sums
 // are the register-direct variant's: the same bits.
 template <int NT, bool kPaired, bool kStaged, bool kPrefetch, class Ctx>
 UW_HD void pgemv_mma_body(Ctx& c, const PgemvArgs& a) {

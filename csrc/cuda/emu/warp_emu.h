@@ -38,10 +38,11 @@
 //   * global memory one CTA hands another (st_grid / ld_grid, GridShadow): the storing
 //     thread must threadfence between its store and its CTA's arrival atomic (release), the
 //     loading thread between learning of that arrival and its load (acquire).
-//   * global reads outside the caller's buffers, while a GlobalBounds scope names them: every
-//     access through device_util.cuh's helpers (ld_stream_*, ld_reuse_v4, st_v4) and every
-//     cp.async source must lie inside one of its ranges (plain array reads of a body are not
-//     seen; the kernels' streams and copies all go through the helpers);
+//   * global accesses outside the caller's buffers, while a GlobalBounds scope names them:
+//     every load, store and L2 prefetch through device_util.cuh's helpers (ld_stream_*,
+//     ld_reuse_v4, st_v4, prefetch_l2) and every cp.async source must lie inside one of its
+//     ranges (plain array reads of a body are not seen; the kernels' streams and copies all go
+//     through the helpers).
 // It can also count what a profiler's memory counters would for the launch -- shared-memory
 // wavefronts per bank-conflicted request, global sectors per request -- so CPU-only CI sees a
 // bank conflict or an uncoalesced load (profile(), below).
@@ -306,7 +307,6 @@ inline bool profiling() {
   std::lock_guard<std::mutex> lock(profile().mu);
   return profile().on;
 }
-
 
 // One CTA: its fibers, shared memory and rendezvous state.
 class Cta {
@@ -881,8 +881,10 @@ inline void ThreadCtx::h_cp_async16(void* smem_dst, const void* gmem_src, int sr
   cp.dst = static_cast<unsigned char*>(smem_dst);
   std::memset(cp.bytes, 0, 16);
   const int n = src_bytes < 0 ? 0 : (src_bytes > 16 ? 16 : src_bytes);
-  if (n > 0) cta_->check_global(tid_, gmem_src, static_cast<size_t>(n), "cp.async source");
-  if (n > 0) cta_->record(tid_, kGlobalAsync, reinterpret_cast<uintptr_t>(gmem_src), static_cast<size_t>(n), site);
+  if (n > 0) {
+    cta_->check_global(tid_, gmem_src, static_cast<size_t>(n), "cp.async source");
+    cta_->record(tid_, kGlobalAsync, reinterpret_cast<uintptr_t>(gmem_src), static_cast<size_t>(n), site);
+  }
   std::memcpy(cp.bytes, gmem_src, static_cast<size_t>(n));
   open_.push_back(cp);
 }
