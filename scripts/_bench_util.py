@@ -592,16 +592,19 @@ def bf16_weights(torch, N, K, seed=0, std=0.02):
     return (torch.randn((N, K), generator=g, device=device(torch)) * std).to(torch.bfloat16)
 
 
-def clone_encoded(w):
-    """A copy of an EncodedWeight with its own device planes (a rotation copy)."""
+def clone_encoded(w, tiled: bool = False):
+    """A copy of an EncodedWeight with its own device planes (a rotation copy); tiled: a
+    palette weight's sm and idx permuted tile-major (ops.tile_palette_planes)."""
+    from unweight.ops.layout import tile_palette_planes
     from unweight.runtime.weights import EncodedWeight
 
     def c(t):
         return None if t is None else t.clone()
+    sm, idx = tile_palette_planes(w.sm, w.idx) if tiled else (c(w.sm), c(w.idx))
     return EncodedWeight(w.encoding, w.rows, w.cols, w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi,
-                         list(w.palette), c(w.sm), exp=c(w.exp), off=c(w.off), table=c(w.table), lut=c(w.lut),
-                         idx=c(w.idx), vpos=c(w.vpos), vexp=c(w.vexp), name=w.name, chk=c(w.chk),
-                         chk_interval=w.chk_interval)
+                         list(w.palette), sm, exp=c(w.exp), off=c(w.off), table=c(w.table), lut=c(w.lut),
+                         idx=idx, vpos=c(w.vpos), vexp=c(w.vexp), name=w.name, chk=c(w.chk),
+                         chk_interval=w.chk_interval, tiled=tiled or w.tiled)
 
 
 def encoded_bytes(w) -> int:

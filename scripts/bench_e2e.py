@@ -33,9 +33,11 @@ import _bench_util as bu  # noqa: E402
 # <mode>[+fused | +fused-wide | +fused-xs | +gemv | +<decoder variant>]: the fused palette GEMM
 # forced on (one-tile copy stages, two-tile stages, or x shared per CTA), the palette GEMV at
 # batch 1..4 (its tensor-core variant 1..32; the one-tile GEMM above), or the decode + cuBLAS path with another decoder
-# (dispatch.use_decoders).
-MODES = ("huffman", "palette", "huffman+fused", "palette+fused", "palette+fused-wide", "palette+fused-xs",
-         "palette+gemv", "palette+gemv-mma", "palette+gemv-mma-staged", "palette+gemv-mma-prefetch",
+# (dispatch.use_decoders).  A trailing "+tiled" (palette) holds the matmul weights' planes
+# tile-major (prepare's plane_order="tiled"); "palette+tiled" with the measured dispatch.
+MODES = ("huffman", "palette", "palette+tiled", "huffman+fused", "palette+fused", "palette+fused-wide",
+         "palette+fused-xs", "palette+gemv", "palette+gemv-mma", "palette+gemv-mma+tiled", "palette+fused-wide+tiled",
+         "palette+gemv-mma-staged", "palette+gemv-mma-prefetch",
          "palette+gemv-deep", "palette+gemv-staged",
          "huffman+chain", "huffman+ahead", "huffman+ahead2", "huffman+ring", "palette+vec8", "palette+wide", "dense")
 FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs",
@@ -287,15 +289,19 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
             continue
         t0 = time.perf_counter()
         base, _, extra = mode.partition("+")
+        order = "file"
+        if extra == "tiled" or extra.endswith("+tiled"):
+            order, extra = "tiled", extra[: -len("tiled")].rstrip("+")
         # "+<decoder variant>" (chain, ahead, ahead2, ring; vec8, wide): the decode runs that variant for this mode
         decoder = extra if extra and extra not in FUSED_PATHS else None
         previous = dispatch.use_decoders(**{base: decoder}) if decoder else None
         try:
-            info = prep.prepare(model, base, policy=None)
+            info = prep.prepare(model, base, policy=None, plane_order=order)
             if extra in FUSED_PATHS:
                 pol = forced_fused_policy(model, dev, FUSED_PATHS[extra])
-                info = prep.prepare(model, base, policy=pol)
-            entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio")},
+                info = prep.prepare(model, base, policy=pol, plane_order=order)
+            entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio",
+                                                       "tiled_modules")},
                      "decoders": decoders_used(model), "prepare_seconds": time.perf_counter() - t0, "runs": []}
             for b in batches:
                 r = time_decode(model, b, prompt, steps, runs, ref_logits=refs[b])

@@ -58,6 +58,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
         copies[e] = [ew] + [bu.clone_encoded(ew) for _ in range(bu.rotation_copies(bu.encoded_bytes(ew), l2) - 1)]
     scratch.reserve(dev, N * K)
     baseline = DispatchPolicy(None)
+    tiled = []  # tile-major copies of the palette weights, made at the first batch that times them
     rows = []
     for M in batches:
         if budget.left() < 3 + 2e-9 * N * K * (1 + 2 * len(encodings)):
@@ -94,6 +95,11 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                             y_one = h.fused_op(ws[0], x, err).view(torch.int16)
                         _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path,
                                      y_one if same else None)
+                    if "tiled" not in skip and kp.pal_tiled_ok(N, K):
+                        tiled = tiled or [bu.clone_encoded(q, tiled=True) for q in ws]
+                        for key, path in TILED:
+                            if path in times:  # its file-order run passed
+                                _time_tiled(torch, h, ws, tiled, x, err, t_cublas, runs, r, key, path)
                 if e == "palette" and M == 1 and budget.left() > 30:
                     r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas,
                                                             wide="gemm:wide" not in skip)
@@ -105,7 +111,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
         log(f"kernels {name} M={M}: cuBLAS {t_cublas * 1e3:.1f} us; " + "; ".join(
             f"{e} fused {_ratio(r.get(e + '_fused'))}, decode+cuBLAS {_ratio(r.get(e + '_decode_cublas'))}"
             for e in copies) + "".join(f"; {key.replace('_', ' ')} {_ratio(r[key])}"
-                                       for key, *_ in LAYOUTS if key in r))
+                                       for key, *_ in LAYOUTS + TILED if key in r))
     del dense, copies
     bu.empty_cache(torch)
     return rows
@@ -123,6 +129,33 @@ LAYOUTS = (("palette_fused_wide", "palette_gemm_wide", "gemm:wide", True),
            ("palette_gemv_mma", "palette_gemv_mma", "gemv:mma", False),
            ("palette_gemv_mma_staged", "palette_gemv_mma_staged", "gemv:mma_staged", False),
            ("palette_gemv_mma_prefetch", "palette_gemv_mma_prefetch", "gemv:mma_prefetch", False))
+
+
+# The palette kernels timed again on tile-major planes (ops/layout.py; the same bits as on file
+# order, checked): (row key, path).  Not dispatch choices: the order is fixed when a weight is
+# loaded, so these rows say whether a runtime should load its matmul weights tile-major.
+TILED = (("palette_fused_tiled", "palette_gemm"),
+         ("palette_fused_wide_tiled", "palette_gemm_wide"),
+         ("palette_gemv_tiled", "palette_gemv"),
+         ("palette_gemv_mma_tiled", "palette_gemv_mma"),
+         ("palette_gemv_mma_staged_tiled", "palette_gemv_mma_staged"))
+
+
+def _time_tiled(torch, h, ws, tiled, x, err, t_cublas, runs, r, key, path) -> None:
+    """Times `path` on the tile-major copies into r[key], with its time against the file-order
+    run of the same path (r's entry for it) and whether it gave the file-order bits."""
+    try:
+        want = h.fused_op(ws[0], x, err, path).view(torch.int16)
+        same = bool(torch.equal(h.fused_op(tiled[0], x, err, path).view(torch.int16), want))
+        t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, path) for q in tiled], runs=runs)
+    except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
+        r[key] = {"error": f"{type(ex).__name__}: {ex}"}
+        return
+    base = next((r[k] for k, p, *_ in LAYOUTS if p == path and k in r), r.get("palette_fused"))
+    r[key] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "same_bits_as_file_order": same,
+              "weight_GBps": bu.encoded_bytes(tiled[0]) / (t["median_ms"] * 1e-3) / 1e9}
+    if base and "median_ms" in base:
+        r[key]["time_vs_file_order"] = t["median_ms"] / base["median_ms"]
 
 
 def _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path, y_one=None) -> None:

@@ -115,6 +115,8 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("HUFF_VARIANT_RING") = plan::HUFF_VARIANT_RING;
   m.attr("HUFF_RING_SLOTS") = plan::HUFF_RING_SLOTS;
   m.attr("HUFF_DEFAULT_VARIANT") = plan::HUFF_DEFAULT_VARIANT;
+  m.attr("PAL_TILE_ROWS") = plan::PAL_TILE_ROWS;
+  m.attr("PAL_TILE_COLS") = plan::PAL_TILE_COLS;
   m.attr("PAL_VEC") = plan::PAL_VEC;
   m.attr("PAL_WIDE") = plan::PAL_WIDE;
   m.attr("PAL_WIDE_STEPS") = plan::PAL_WIDE_STEPS;
@@ -215,6 +217,9 @@ PYBIND11_MODULE(_cuda, m) {
     return out;
   });
   m.def("plan_warp_grid", &plan::warp_grid);
+  m.def("plan_pal_tiled_ok", &plan::pal_tiled_ok);
+  m.def("plan_pal_sm_index", &plan::pal_sm_index);
+  m.def("plan_pal_idx_index", &plan::pal_idx_index);
   m.def("plan_enc_grid", &plan::enc_grid);
   m.def("plan_hist_grid", &plan::hist_grid);
   m.def("plan_pmma_ntiles", &plan::pmma_ntiles);
@@ -308,18 +313,19 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("palette_decode", [](uintptr_t sm, uintptr_t idx, int64_t rows, int64_t cols, int64_t r0,
                              int64_t r1, int64_t k0, int64_t k1, py::bytes palette, uintptr_t vpos,
                              int64_t nv, uintptr_t vexp, uintptr_t out, int64_t out_stride,
-                             uintptr_t err, uintptr_t stream, int variant) {
+                             uintptr_t err, uintptr_t stream, int variant, int tiled) {
     need(sm && idx && out && err, "null device pointer");
     need(nv == 0 || (vpos && vexp), "null verbatim pointers");
     check(cuda::palette_decode(dev<const uint8_t>(sm), dev<const uint8_t>(idx), rows, cols, r0, r1, k0, k1,
                                make_palette(palette), dev<const uint32_t>(vpos), nv,
                                dev<const uint8_t>(vexp), dev<uint16_t>(out), out_stride,
-                               dev<int32_t>(err), variant, stream_of(stream)));
+                               dev<int32_t>(err), variant, tiled, stream_of(stream)));
   }, py::arg("sm"), py::arg("idx"), py::arg("rows"), py::arg("cols"), py::arg("r0"), py::arg("r1"),
      py::arg("k0"), py::arg("k1"), py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"),
      py::arg("out"), py::arg("out_stride"), py::arg("err"), py::arg("stream") = 0, py::arg("variant") = 0,
+     py::arg("tiled") = 0,
      "Decode rows [r0,r1) x cols [k0,k1) of the full sm/idx planes into out (rectangle origin); variant: "
-     "PAL_VARIANT_* of kernel_plan.h (0: the default).");
+     "PAL_VARIANT_* of kernel_plan.h (0: the default); tiled: the planes are tile-major (kernel_plan.h).");
 
   m.def("exp_histogram", [](uintptr_t exps, int64_t n, uintptr_t hist, uintptr_t stream) {
     need(exps && hist, "null device pointer");
@@ -350,32 +356,33 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("palette_gemm", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
                            py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int splits, uintptr_t ws,
                            uintptr_t counters, uintptr_t y, int64_t ldy, uintptr_t stream, int stage_tiles,
-                           int x_shared) {
+                           int x_shared, int tiled) {
     need(x && sm && idx && y, "null device pointer");
     need(nv == 0 || (vpos && vexp), "null verbatim pointers");
     check(cuda::palette_gemm(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx), N, K,
                              make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp), splits,
                              dev<float>(ws), dev<int32_t>(counters), dev<uint16_t>(y), ldy, stage_tiles, x_shared,
-                             stream_of(stream)));
+                             tiled, stream_of(stream)));
   }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
      py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("splits"), py::arg("ws"),
      py::arg("counters"), py::arg("y"), py::arg("ldy"), py::arg("stream") = 0, py::arg("stage_tiles") = 1,
-     py::arg("x_shared") = 0,
+     py::arg("x_shared") = 0, py::arg("tiled") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on the tensor cores (M <= 256, K % 64 == 0); "
      "with splits > 1, ws is fp32 scratch [splits, M, N] and counters int32 [plan_pmma_counters(N)], zero; "
-     "stage_tiles 1 or 2 (wide stages); x_shared 1: x staged once per CTA in shared memory (stage_tiles 1).");
+     "stage_tiles 1 or 2 (wide stages); x_shared 1: x staged once per CTA in shared memory (stage_tiles 1); "
+     "tiled 1: the planes are tile-major (N % 16 == 0).");
 
   m.def("palette_gemv", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
                            py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int parts, uintptr_t y,
-                           int64_t ldy, uintptr_t stream, int variant) {
+                           int64_t ldy, uintptr_t stream, int variant, int tiled) {
     need(x && sm && idx && y, "null device pointer");
     need(nv == 0 || (vpos && vexp), "null verbatim pointers");
     check(cuda::palette_gemv(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx), N, K,
                              make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp), parts,
-                             dev<uint16_t>(y), ldy, variant, stream_of(stream)));
+                             dev<uint16_t>(y), ldy, variant, tiled, stream_of(stream)));
   }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
      py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("parts"), py::arg("y"),
-     py::arg("ldy"), py::arg("stream") = 0, py::arg("variant") = 0,
+     py::arg("ldy"), py::arg("stream") = 0, py::arg("variant") = 0, py::arg("tiled") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on CUDA cores (M <= 4, K % 64 == 0); parts: "
      "warps per row (plan_pgemv_parts); variant: PGEMV_VARIANT_* (0: the default).");
 
@@ -533,7 +540,7 @@ PYBIND11_MODULE(_cuda, m) {
 
   m.def("emulate_palette_decode", [](arr<uint8_t> sm, arr<uint8_t> idx, int64_t r0, int64_t r1, int64_t k0,
                                      int64_t k1, py::bytes palette, arr<uint32_t> vpos, arr<uint8_t> vexp,
-                                     arr<uint16_t> out, int variant, py::object path_out) {
+                                     arr<uint16_t> out, int variant, py::object path_out, int tiled) {
     need(sm.ndim() == 2 && idx.ndim() == 2 && out.ndim() == 2, "planes must be 2-D");
     const int64_t rows = sm.shape(0), cols = sm.shape(1);
     need(idx.shape(0) == rows && idx.shape(1) == (cols + 1) / 2, "idx shape mismatch");
@@ -543,14 +550,16 @@ PYBIND11_MODULE(_cuda, m) {
     int path = -1;
     const char* e = cuda::emulate::palette_decode(sm.data(), idx.data(), rows, cols, r0, r1, k0, k1,
                                                   make_palette(palette), vpos.data(), vpos.size(), vexp.data(),
-                                                  out.mutable_data(), out.shape(1), &err, variant, &path);
+                                                  out.mutable_data(), out.shape(1), &err, variant, tiled, &path);
     check(e);
     if (!path_out.is_none()) path_out.attr("append")(path);
     return err;
   }, py::arg("sm"), py::arg("idx"), py::arg("r0"), py::arg("r1"), py::arg("k0"), py::arg("k1"), py::arg("palette"),
      py::arg("vpos"), py::arg("vexp"), py::arg("out"), py::arg("variant") = 0, py::arg("path_out") = py::none(),
+     py::arg("tiled") = 0,
      "Host run of the palette decode bodies (variant: PAL_VARIANT_*; path_out: a list that receives the variant "
-     "that ran); returns the error count.");
+     "that ran; tiled: sm and idx hold tile-major bytes in their [rows, cols] and [rows, cols / 2] shapes); "
+     "returns the error count.");
 
   m.def("emulate_exp_histogram", [](arr<uint8_t> exps) {
     arr<uint64_t> hist(256);
@@ -606,7 +615,7 @@ PYBIND11_MODULE(_cuda, m) {
      "The fused kernels' warp-wide lower bounds through the emulator: int64 [len(ka), 4].");
   m.def("emulate_palette_gemm", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
                                    arr<uint32_t> vpos, arr<uint8_t> vexp, int splits, bool force_general,
-                                   int stage_tiles, int x_shared) {
+                                   int stage_tiles, int x_shared, int tiled) {
     check_emu_operands(x, sm, idx, vpos, vexp);
     const EmuOperands o(x, sm, idx, vpos, vexp);
     const int M = o.M;
@@ -627,18 +636,20 @@ PYBIND11_MODULE(_cuda, m) {
       e = cuda::emulate::palette_gemm(o.x16(), K, M, o.sm.p, o.idx.p, N, K, pal, vpos.data(), nv,
                                       o.vexp.p, splits, ws.data(),
                                       counters.data(), yp, N, force_general ? 1 : 0, stage_tiles,
-                                      x_shared);
+                                      x_shared, tiled);
     }
     check(e);
     for (int32_t c : counters) need(c == 0, "emulated palette_gemm left an arrival counter non-zero");
     return y;
   }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
      py::arg("splits") = 1, py::arg("force_general") = false, py::arg("stage_tiles") = 1, py::arg("x_shared") = 0,
-     "The fused GEMM's kernel body through the warp emulator: y uint16 (bf16 bits) [M, N].");
+     py::arg("tiled") = 0,
+     "The fused GEMM's kernel body through the warp emulator (tiled: sm and idx hold tile-major bytes in their "
+     "[N, K] and [N, K / 2] shapes): y uint16 (bf16 bits) [M, N].");
 
   m.def("emulate_palette_gemv", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
                                    arr<uint32_t> vpos, arr<uint8_t> vexp, int parts, bool force_general,
-                                   int variant) {
+                                   int variant, int tiled) {
     check_emu_operands(x, sm, idx, vpos, vexp);
     const EmuOperands o(x, sm, idx, vpos, vexp);
     const int M = o.M;
@@ -653,12 +664,12 @@ PYBIND11_MODULE(_cuda, m) {
       // (a read past any of these fails the emulated launch)
       const emu::GlobalBounds bounds{{o.x.p, o.x.n}, {o.sm.p, o.sm.n}, {o.idx.p, o.idx.n}, {o.vexp.p, o.vexp.n}, vb, yb};
       e = cuda::emulate::palette_gemv(o.x16(), K, M, o.sm.p, o.idx.p, N, K, pal, vpos.data(), nv,
-                                      o.vexp.p, parts, yp, N, force_general ? 1 : 0, variant);
+                                      o.vexp.p, parts, yp, N, force_general ? 1 : 0, variant, tiled);
     }
     check(e);
     return y;
   }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
-     py::arg("parts") = 1, py::arg("force_general") = false, py::arg("variant") = 0,
-     "The palette GEMV's kernel body through the warp emulator (variant: PGEMV_VARIANT_*): y uint16 (bf16 bits) "
-     "[M, N].");
+     py::arg("parts") = 1, py::arg("force_general") = false, py::arg("variant") = 0, py::arg("tiled") = 0,
+     "The palette GEMV's kernel body through the warp emulator (variant: PGEMV_VARIANT_*; tiled as for "
+     "emulate_palette_gemm): y uint16 (bf16 bits) [M, N].");
 }

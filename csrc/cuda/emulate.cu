@@ -27,12 +27,12 @@ namespace emulate {
 const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
-                           int64_t out_stride, int32_t* err, int variant, int* path) {
-  if (const char* e = check_pal(rows, cols, r0, r1, k0, k1, pal, nv, out_stride)) return e;
+                           int64_t out_stride, int32_t* err, int variant, int tiled, int* path) {
+  if (const char* e = check_pal(rows, cols, r0, r1, k0, k1, pal, nv, out_stride, tiled)) return e;
   bool vec = false;
   if (const char* e = pal_path(&variant, &vec, cols, k0, k1, out_stride, out, sm, idx)) return e;
   if (path) *path = variant;
-  PalArgs a{sm, idx, rows, cols, r0, r1, k0, k1, pal, out, out_stride, {}};
+  PalArgs a{sm, idx, rows, cols, r0, r1, k0, k1, pal, out, out_stride, {}, tiled != 0};
   const bool wide = variant == plan::PAL_VARIANT_WIDE, paired = pal_tables(pal, a.pt);
   int64_t total, grid;
   pal_launch_size(variant, r1 - r0, k1 - k0, &total, &grid);
@@ -52,7 +52,7 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
   } else {
     for (int64_t t = 0; t < grid * plan::PAL_THREADS; ++t) thread(t);
   }
-  const PatchArgs p{sm, rows, cols, r0, r1, k0, k1, vpos, nv, vexp, out, out_stride};
+  const PatchArgs p{sm, rows, cols, r0, r1, k0, k1, vpos, nv, vexp, out, out_stride, tiled != 0};
   for (int64_t w = 0; w < plan::warp_grid(nv) * plan::WARPS_PER_CTA; ++w) {
     if (w >= nv) continue;
     for (int lane = 0; lane < plan::WARP; ++lane)

@@ -41,19 +41,19 @@ constexpr int HUFF_THREADS = 128;
 //   RING    AHEAD with its stream blocks copied (cp.async) into a per-lane ring of
 //           HUFF_RING_SLOTS in shared memory at each step's start, so that the lanes of a
 //           warp, which refill at different rounds, never wait on each other's global loads.
-// DEFAULT (0) is what the extension runs when no variant is named: AHEAD, the fastest of CHAIN,
-// AHEAD and AHEAD2 on every indexed stream timed or within 7% (bench_decode.py on an H200:
-// 505-549 GB/s of BF16 written at S=256 where CHAIN gives 442-514 and AHEAD2 409-573; 262-502 at
-// S=1024 where CHAIN gives 183-441).  The runtime names another variant for a weight where its
-// tuning table measured one faster for that GPU, shape and S (runtime/tuning_table.py,
-// "decoders": AHEAD2 on the H200's MLP matrices at S=256).  RING has not run on a GPU.
+// DEFAULT (0) is what the extension runs when no variant is named: RING, the fastest variant on
+// every shape timed (bench_decode.py on an H200, Llama-3.1-8B's four layer shapes and its
+// lm_head, GB/s of BF16 written: 682-844 at S=256 where AHEAD gives 503-602 and AHEAD2 410-632;
+// 570-834 at S=1024 where AHEAD gives 259-568), bitwise equal to the others.  The runtime names
+// another variant for a weight where its tuning table measured one faster for that GPU, shape
+// and S (runtime/tuning_table.py, "decoders").
 constexpr int HUFF_VARIANT_DEFAULT = 0;
 constexpr int HUFF_VARIANT_CHAIN = 1;
 constexpr int HUFF_VARIANT_AHEAD = 2;
 constexpr int HUFF_VARIANT_AHEAD2 = 3;
 constexpr int HUFF_VARIANT_SCALAR = 4;
 constexpr int HUFF_VARIANT_RING = 5;
-constexpr int HUFF_DEFAULT_VARIANT = HUFF_VARIANT_AHEAD;
+constexpr int HUFF_DEFAULT_VARIANT = HUFF_VARIANT_RING;
 // RING's per-lane slots of 16 stream bytes (HUFF_THREADS x 8 x 16 = 16 KiB per CTA, beside
 // the 32 KiB LUT: the 48 KiB of static shared memory a CTA may have).  A step reads at most
 // 3 blocks past its first, and a step's copies are waited for a step later, so 8 slots
@@ -305,6 +305,42 @@ UW_PLAN_HD void pal_wide_units(int64_t t, int64_t n_cols, int64_t (&r)[PAL_WIDE_
     const int64_t left = n_cols - k[s];
     n[s] = static_cast<int>(left < PAL_VEC ? left : PAL_VEC);
   }
+}
+
+// --- palette plane order in device memory ------------------------------------------------
+// The palette kernels read the sign+mantissa plane sm [N, K] and the index plane idx
+// [N, K / 2] in one of two orders.  File order (FORMAT.md): row-major.  Tile-major: the
+// matrix cut into PAL_TILE_ROWS x PAL_TILE_COLS tiles (the fused kernels' 16-row A tile by
+// a 64-column mma tile), tiles stored row of tiles by row of tiles, each tile's 16 rows of 64
+// bytes (of 32 index bytes) contiguous: [N / 16][K / 64][16][64] and [N / 16][K / 64][16][32].
+// A runtime may permute a weight's planes into it at load (N % 16 == 0, K % 64 == 0); the
+// file format does not change.  In file order a warp's 16-row step reads 64- or 128-byte runs
+// of 16 rows a row length apart, each run from a different DRAM page; tile-major, the same
+// step is one contiguous run (1 KB of sign+mantissa and 512 bytes of index per tile), and a
+// warp's consecutive steps are consecutive too, as Marlin's permuted weights are.  Both
+// orders are one formula: byte (r, k) of sm sits at
+//   (r / 16) * 16 K + (r % 16) * ld_row + (k / 64) * ld_tile + k % 64
+// with (ld_row, ld_tile) = (K, 64) in file order (which makes it r K + k) and (64, 1024)
+// tile-major; idx byte (r, k / 2) at half that offset (k even).  A kernel that advances by c
+// columns (a multiple of 64) moves its pointers by c / 64 * ld_tile bytes of sm.
+constexpr int PAL_TILE_ROWS = 16;
+constexpr int PAL_TILE_COLS = 64;
+UW_PLAN_HD bool pal_tiled_ok(int64_t N, int64_t K) {
+  return N > 0 && K > 0 && N % PAL_TILE_ROWS == 0 && K % PAL_TILE_COLS == 0;
+}
+UW_PLAN_HD int64_t pal_ld_row(int64_t K, bool tiled) { return tiled ? PAL_TILE_COLS : K; }
+UW_PLAN_HD int64_t pal_ld_tile(bool tiled) { return tiled ? PAL_TILE_ROWS * PAL_TILE_COLS : PAL_TILE_COLS; }
+UW_PLAN_HD int64_t pal_offset(int64_t r, int64_t k, int64_t K, int64_t ld_row, int64_t ld_tile) {
+  return (r / PAL_TILE_ROWS) * PAL_TILE_ROWS * K + (r % PAL_TILE_ROWS) * ld_row + (k / PAL_TILE_COLS) * ld_tile +
+         k % PAL_TILE_COLS;
+}
+// Byte of sign+mantissa (r, k) and the index byte holding its nibble (bit 4 (k % 2)), in
+// either order, for any width (a file-order index row is ceil(cols / 2) bytes).
+UW_PLAN_HD int64_t pal_sm_index(int64_t r, int64_t k, int64_t cols, bool tiled) {
+  return tiled ? pal_offset(r, k, cols, pal_ld_row(cols, true), pal_ld_tile(true)) : r * cols + k;
+}
+UW_PLAN_HD int64_t pal_idx_index(int64_t r, int64_t k, int64_t cols, bool tiled) {
+  return tiled ? pal_sm_index(r, k, cols, true) / 2 : r * ((cols + 1) / 2) + k / 2;
 }
 
 // --- warp-per-item kernels --------------------------------------------------------------

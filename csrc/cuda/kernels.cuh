@@ -94,11 +94,12 @@ const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
 // patches the verbatim blocks that intersect the rectangle.  Nibbles >= palette size and
 // unsorted/out-of-range verbatim ids add to *err.  variant: plan::PAL_VARIANT_* (0: the
 // runtime's default); both write the same bits, and a rectangle the wide variant's alignment
-// rules out runs VEC8.
+// rules out runs VEC8.  tiled: the planes are tile-major (kernel_plan.h pal_offset; rows % 16
+// == 0, cols % 64 == 0), else in file order.
 const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
-                           int64_t out_stride, int32_t* err, int variant, void* stream);
+                           int64_t out_stride, int32_t* err, int variant, int tiled, void* stream);
 
 // out[i, :] = row ids[i] of the palette matrix (full planes; ids int64 [n_ids] on the
 // device), BF16 [n_ids, cols] with row stride out_stride, verbatim blocks found by binary
@@ -127,7 +128,8 @@ const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols
 
 // ----------------------------------------------------------------------- fused GEMM
 // y[m, r] = sum_k x[m, k] * W[r, k] for m < M (1..256), r < N, on the tensor cores: W the
-// palette-coded [N, K] matrix (K % 64 == 0) in its file-order planes, x bf16 [M, K] row stride
+// palette-coded [N, K] matrix (K % 64 == 0) in its planes (tiled: tile-major, N % 16 == 0;
+// else file order), x bf16 [M, K] row stride
 // ldx (% 8 == 0), y bf16 [M, N] row stride ldy; fp32 accumulation, one rounding.  x, sm, idx
 // (and vexp when nv > 0) 16-byte aligned.  splits: the K split (plan::pmma_splits); when > 1,
 // ws is fp32 scratch [splits, M, N] and counters int32 [plan::pmma_counters(N)], all zero
@@ -138,17 +140,17 @@ const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
                          float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int stage_tiles, int x_shared,
-                         void* stream);
+                         int tiled, void* stream);
 
 // y[m, r] = sum_k x[m, k] * W[r, k] for m < M, r < N: the palette GEMV (palette_gemv.cu),
-// same operands and alignment as palette_gemm; variant: plan::PGEMV_VARIANT_* (0 the default;
+// same operands, plane orders and alignment as palette_gemm; variant: plan::PGEMV_VARIANT_* (0 the default;
 // DEEP and STAGED give its bits; MMA runs on the tensor cores, its own sums); M: 1..4, or
 // 1..32 for MMA (plan::pgemv_max_m); parts: warps per row, or per 16-row tile for MMA
 // (plan::pgemv_variant_parts: 1, 2, 4 or 8), which sets the order of the fp32 sums.  Needs no
 // workspace.
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
-                         uint16_t* y, int64_t ldy, int variant, void* stream);
+                         uint16_t* y, int64_t ldy, int variant, int tiled, void* stream);
 
 // ----------------------------------------------------------------------- host emulation
 // The same bodies the kernels run, on the host over the same launch geometry (host
@@ -179,7 +181,7 @@ const char* palette_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
 const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
-                           int64_t out_stride, int32_t* err, int variant, int* path);
+                           int64_t out_stride, int32_t* err, int variant, int tiled, int* path);
 // The transcode kernels' bodies through the warp emulator, over their launch geometry.
 const char* exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist);
 const char* palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palette pal,
@@ -192,11 +194,11 @@ const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
                          float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int force_general, int stage_tiles,
-                         int x_shared);
+                         int x_shared, int tiled);
 // As palette_gemv, through the warp emulator (force_general as for palette_gemm).
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
-                         uint16_t* y, int64_t ldy, int force_general, int variant);
+                         uint16_t* y, int64_t ldy, int force_general, int variant, int tiled);
 // The fused kernels' verbatim searches in sorted v[0, n), one emulated warp per key pair:
 // out[count][4] = warp_lower_bound2's two results for (ka[i], kb[i]), warp_lower_bound's for
 // ka[i], and lane 31's copy of the first.

@@ -39,8 +39,10 @@ const char* check_huff(int64_t stream_bytes, int64_t rows, int64_t cols, int64_t
 }
 
 const char* check_pal(int64_t rows, int64_t cols, int64_t r0, int64_t r1, int64_t k0, int64_t k1,
-                      const Palette& pal, int64_t nv, int64_t out_stride) {
+                      const Palette& pal, int64_t nv, int64_t out_stride, int tiled) {
   if (rows <= 0 || cols <= 0) return "matrix dimensions must be positive";
+  if (tiled != 0 && tiled != 1) return "tiled must be 0 or 1";
+  if (tiled && !plan::pal_tiled_ok(rows, cols)) return "tile-major planes need rows % 16 == 0 and cols % 64 == 0";
   if (!(0 <= r0 && r0 < r1 && r1 <= rows && 0 <= k0 && k0 < k1 && k1 <= cols))
     return "decode rectangle out of bounds";
   if (pal.size < 1 || pal.size > PAL_MAX_ENTRIES) return "palette must have 1..16 entries";
@@ -102,15 +104,15 @@ void detail::pal_launch_size(int variant, int64_t n_rows, int64_t width, int64_t
 const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
-                           int64_t out_stride, int32_t* err, int variant, void* stream) {
-  if (const char* e = check_pal(rows, cols, r0, r1, k0, k1, pal, nv, out_stride)) return e;
+                           int64_t out_stride, int32_t* err, int variant, int tiled, void* stream) {
+  if (const char* e = check_pal(rows, cols, r0, r1, k0, k1, pal, nv, out_stride, tiled)) return e;
   bool vec = false;
   if (const char* e = pal_path(&variant, &vec, cols, k0, k1, out_stride, out, sm, idx)) return e;
   int64_t total, grid;
   pal_launch_size(variant, r1 - r0, k1 - k0, &total, &grid);
   if (!grid_ok(grid) || (nv > 0 && !grid_ok(plan::warp_grid(nv)))) return "matrix too large for one launch";
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  PalArgs a{sm, idx, rows, cols, r0, r1, k0, k1, pal, out, out_stride, {}};
+  PalArgs a{sm, idx, rows, cols, r0, r1, k0, k1, pal, out, out_stride, {}, tiled != 0};
   if (variant == plan::PAL_VARIANT_WIDE) {
     const bool paired = pal_tables(pal, a.pt);
     launch_palette_decode_wide(a, paired, grid, total, err, s);
@@ -119,7 +121,7 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
   }
   if (const char* e = launch_status()) return e;
   if (nv > 0) {
-    const PatchArgs p{sm, rows, cols, r0, r1, k0, k1, vpos, nv, vexp, out, out_stride};
+    const PatchArgs p{sm, rows, cols, r0, r1, k0, k1, vpos, nv, vexp, out, out_stride, tiled != 0};
     launch_verbatim_patch(p, err, s);
   }
   return launch_status();

@@ -17,20 +17,20 @@ struct PalArgs {
   uint16_t* out;
   int64_t out_stride;
   PalTables pt;  // the wide variant's register tables (pal_tables), filled by its launcher
+  bool tiled;    // the planes tile-major (kernel_plan.h pal_offset), else in file order
 };
 
 // Weights [k, k + n) of rectangle row r, one by one (any alignment): the tail of a rectangle
 // whose width is not a multiple of a thread's vector.  False on an index past the palette.
 UW_HD bool pal_decode_scalar(const PalArgs& a, int64_t r, int64_t k, int n) {
   const int64_t row = a.r0 + r, col = a.k0 + k;
-  const uint8_t* smr = a.sm + row * a.cols;
-  const uint8_t* ir = a.idx + row * ((a.cols + 1) / 2);
   uint16_t* o = a.out + r * a.out_stride + k;
   uint32_t bad = 0;
   for (int j = 0; j < n; ++j) {
-    const uint32_t nb = pal_nibble(ir, col + j);
+    const int64_t c = col + j;
+    const uint32_t nb = pal_nibble(a.idx + plan::pal_idx_index(row, c, a.cols, a.tiled), c & 1);
     bad |= nb >= static_cast<uint32_t>(a.pal.size);
-    o[j] = bf16_from_parts(smr[col + j], pal_exp(a.pal, nb));
+    o[j] = bf16_from_parts(a.sm[plan::pal_sm_index(row, c, a.cols, a.tiled)], pal_exp(a.pal, nb));
   }
   return bad == 0;
 }
@@ -38,22 +38,22 @@ UW_HD bool pal_decode_scalar(const PalArgs& a, int64_t r, int64_t k, int n) {
 // kVec: the launcher proved 8-byte alignment of sm rows, 4-byte of idx rows and 16-byte of
 // output chunks (cols, k0, out_stride multiples of 8); a tail chunk (< 8 weights) of a
 // rectangle whose width is not a multiple of 8 takes the scalar path (one branch per thread).
+// A chunk's 8 weights lie in one 64-column tile row, so they are 8 contiguous sign+mantissa
+// bytes and 4 index bytes in either plane order.
 template <bool kVec>
 UW_HD bool pal_decode_body(int64_t t, const PalArgs& a) {
   int64_t r, k;
   int n;
   plan::pal_unit(t, a.k1 - a.k0, &r, &k, &n);
   const int64_t row = a.r0 + r, col = a.k0 + k;
-  const int64_t ib = (a.cols + 1) / 2;
-  const uint8_t* smr = a.sm + row * a.cols;
-  const uint8_t* ir = a.idx + row * ib;
   uint16_t* o = a.out + r * a.out_stride + k;
   const uint32_t size = static_cast<uint32_t>(a.pal.size);
   uint32_t bad = 0;
   if (kVec && n == plan::PAL_VEC) {
-    const uint32_t nib = ld_stream_u32(ir + col / 2);  // 8 nibbles, column j at bits 4j
+    const int64_t at = plan::pal_sm_index(row, col, a.cols, a.tiled);
+    const uint32_t nib = ld_stream_u32(a.idx + at / 2);  // 8 nibbles, column j at bits 4j
     uint32_t s0, s1;
-    ld_stream_v2(smr + col, s0, s1);
+    ld_stream_v2(a.sm + at, s0, s1);
     uint32_t w[4];
 UW_UNROLL()
     for (int j = 0; j < 8; j += 2) {
@@ -84,15 +84,15 @@ UW_HD bool pal_decode_wide_body(int64_t t, const PalArgs& a) {
   int64_t r[S], k[S];
   int n[S];
   plan::pal_wide_units(t, a.k1 - a.k0, r, k, n);
-  const int64_t rows = a.r1 - a.r0, ib = (a.cols + 1) / 2;
+  const int64_t rows = a.r1 - a.r0;
   uint32_t nib[S], s0[S], s1[S];
 UW_UNROLL()
   for (int s = 0; s < S; ++s) {
     nib[s] = s0[s] = s1[s] = 0;
     if (r[s] < rows) {
-      const int64_t row = a.r0 + r[s], col = a.k0 + k[s];
-      nib[s] = ld_stream_u32(a.idx + row * ib + col / 2);  // 8 nibbles, column j at bits 4j
-      ld_stream_v2(a.sm + row * a.cols + col, s0[s], s1[s]);
+      const int64_t at = plan::pal_sm_index(a.r0 + r[s], a.k0 + k[s], a.cols, a.tiled);  // (cols even)
+      nib[s] = ld_stream_u32(a.idx + at / 2);  // 8 nibbles, column j at bits 4j
+      ld_stream_v2(a.sm + at, s0[s], s1[s]);
     }
   }
   const uint32_t c = (0x80u - static_cast<uint32_t>(a.pal.size)) * 0x01010101u;
@@ -117,6 +117,7 @@ struct PatchArgs {
   const uint8_t* vexp;
   uint16_t* out;
   int64_t out_stride;
+  bool tiled;  // sm tile-major (PalArgs::tiled)
 };
 
 // Lane `lane` of the warp for verbatim block v writes its columns lane, lane+32, ... of the
@@ -132,7 +133,7 @@ UW_HD bool patch_lane_body(int64_t v, int lane, const PatchArgs& a) {
     const int64_t c = b * PAL_BLOCK + jb;
     if (c < a.k0 || c >= a.k1) continue;
     a.out[(r - a.r0) * a.out_stride + (c - a.k0)] =
-        bf16_from_parts(a.sm[r * a.cols + c], a.vexp[v * PAL_BLOCK + jb]);
+        bf16_from_parts(a.sm[plan::pal_sm_index(r, c, a.cols, a.tiled)], a.vexp[v * PAL_BLOCK + jb]);
   }
   return true;
 }

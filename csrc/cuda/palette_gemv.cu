@@ -114,7 +114,8 @@ bool resolve_pgemv_variant(int* variant) {
 
 // variant: resolved.
 const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
-                        int parts, const void* x, const void* sm, const void* idx, const void* vexp, int variant) {
+                        int parts, const void* x, const void* sm, const void* idx, const void* vexp, int variant,
+                        int tiled) {
   if (plan::pgemv_is_mma(variant)) {
     if (M < 1 || M > plan::PGEMV_MMA_MAX_M) return "the tensor-core palette_gemv supports 1 <= M <= 32";
   } else if (M < 1 || M > plan::PGEMV_MAX_M) {
@@ -122,7 +123,7 @@ const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, c
   }
   if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
   if (K % plan::PMMA_TILE_K != 0) return "palette_gemv needs K % 64 == 0 (decode + matmul instead)";
-  if (const char* e = check_pal_product(N, K, ldx, ldy, pal.size, nv)) return e;
+  if (const char* e = check_pal_product(N, K, ldx, ldy, pal.size, nv, tiled)) return e;
   if (parts < 1 || parts > plan::PGEMV_MAX_PARTS || (parts & (parts - 1)) != 0)
     return "palette_gemv: parts must be 1, 2, 4 or 8";
   if (!grid_ok(plan::pgemv_variant_grid(N, parts, variant))) return "matrix too large for one launch";
@@ -167,10 +168,11 @@ void with_variant(int M, bool paired, int variant, F&& f) {
 
 PgemvArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                     int64_t K, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts, uint16_t* y,
-                    int64_t ldy) {
+                    int64_t ldy, int tiled) {
   PgemvArgs a{};
   a.x = x; a.ldx = ldx; a.M = M;
   a.sm = sm; a.idx = idx; a.N = N; a.K = K;
+  a.set_order(tiled != 0);
   a.vpos = vpos; a.nv = nv; a.vexp = vexp;
   a.parts = parts;
   a.lparts = plan::pgemv_log2_parts(parts);
@@ -195,10 +197,10 @@ using namespace detail;
 
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
-                         uint16_t* y, int64_t ldy, int variant, void* stream) {
+                         uint16_t* y, int64_t ldy, int variant, int tiled, void* stream) {
   if (!resolve_pgemv_variant(&variant)) return "unknown palette GEMV variant";
-  if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, variant)) return e;
-  PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy);
+  if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, variant, tiled)) return e;
+  PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy, tiled);
   const bool paired = pal_tables(pal, a.pt);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   with_variant(M, paired, variant, [&](auto mb, auto p, auto v) {
@@ -211,10 +213,10 @@ namespace emulate {
 
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
-                         uint16_t* y, int64_t ldy, int force_general, int variant) {
+                         uint16_t* y, int64_t ldy, int force_general, int variant, int tiled) {
   if (!resolve_pgemv_variant(&variant)) return "unknown palette GEMV variant";
-  if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, variant)) return e;
-  PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy);
+  if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, variant, tiled)) return e;
+  PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy, tiled);
   const bool paired = pal_tables(pal, a.pt) && !force_general;
   const char* err = nullptr;
   with_variant(M, paired, variant, [&](auto mb, auto p, auto v) {

@@ -69,8 +69,10 @@ UW_UNROLL()
     // This lane's columns of the part's first step, then one step (COLS columns) per q.  Its
     // 16 columns exist in steps q < lim (the row's last step may end inside the warp).
     const int64_t c0 = s0 * COLS + 16 * lane;
-    const uint8_t* sp = a.sm + r * a.K + c0;
-    const uint8_t* ip = a.idx + r * (a.K / 2) + c0 / 2;
+    const uint8_t* sp = a.sm + a.sm_at(r, c0);
+    const uint8_t* ip = a.idx + a.idx_at(r, c0);
+    // A step's advance (32-bit: a few KB; the file-order kernel's were immediates).
+    const int dq_sm = static_cast<int>(a.sm_cols(COLS)), dq_ix = static_cast<int>(a.idx_cols(COLS));
     const uint16_t* xp = a.x + c0;
     const int nq = static_cast<int>(s1 - s0);
     const int64_t lane_steps = (a.K - 16 * lane + COLS - 1) / COLS - s0;  // steps whose columns exist
@@ -82,8 +84,8 @@ UW_UNROLL()
       for (int u = 0; u < U; ++u) {
         const int q = b * U + u;
         if (q < lim) {
-          ld_stream_v4(sp + q * COLS, s[u]);
-          ld_stream_v2(ip + q * (COLS / 2), n[u][0], n[u][1]);
+          ld_stream_v4(sp + q * dq_sm, s[u]);
+          ld_stream_v2(ip + q * dq_ix, n[u][0], n[u][1]);
         } else {
           s[u][0] = s[u][1] = s[u][2] = s[u][3] = 0u;
           n[u][0] = n[u][1] = 0u;
@@ -97,17 +99,17 @@ UW_UNROLL()
     // Columns that do not exist are zero-filled from a valid address.
     // Lane 2L's step count decides lane L's index copy (lanes 2L and 2L + 1 exist together).
     const int lim_pair = kStaged ? c.shfl(lim, (2 * lane) & (emu::kWarpSize - 1)) : 0;
-    const uint8_t* ipw = a.idx + r * (a.K / 2) + s0 * (COLS / 2);
+    const uint8_t* ipw = kStaged && lane < 16 ? a.idx + a.idx_at(r, s0 * COLS + 32 * lane) : a.idx;
     constexpr int D = plan::PGEMV_STAGED_DEPTH;
     unsigned char* ring = c.smem() + plan::PGEMV_SMEM_BYTES + static_cast<int64_t>(warp) * D * plan::PGEMV_STAGED_SLOT;
     auto issue = [&](int q, int slot) {  // slot == q % D, a constant where the loop is unrolled
       if (q < nq) {
         unsigned char* st = ring + slot * plan::PGEMV_STAGED_SLOT;
         const bool mine = q < lim;
-        c.cp_async16(st + 16 * lane, mine ? sp + q * COLS : a.sm, mine ? 16 : 0);
+        c.cp_async16(st + 16 * lane, mine ? sp + q * dq_sm : a.sm, mine ? 16 : 0);
         if (lane < 16) {
           const bool pair = q < lim_pair;
-          c.cp_async16(st + COLS + 16 * lane, pair ? ipw + q * (COLS / 2) + 16 * lane : a.idx, pair ? 16 : 0);
+          c.cp_async16(st + COLS + 16 * lane, pair ? ipw + q * dq_ix : a.idx, pair ? 16 : 0);
         }
       }
       c.cp_async_commit();
@@ -237,7 +239,9 @@ UW_UNROLL()
 // A step is PGEMV_MMA_COLS = 128 columns of the warp's 16 rows.  Lane (g = lane/4, t = lane%4)
 // owns the step's columns 16t..16t+15 (half 0) and 64+16t..64+16t+15 (half 1) of rows g and
 // g + 8: per half and row one 16-byte sign+mantissa load and one 8-byte index load, which over
-// the warp cover 64 and 32 contiguous bytes of each of 8 rows (whole sectors).  A half is then
+// the warp cover 64 and 32 contiguous bytes of each of 8 rows (whole sectors); on tile-major
+// planes (kernel_plan.h pal_offset) those 8 rows' runs are adjacent, 512 and 256 contiguous
+// bytes, and a step is two consecutive tiles.  A half is then
 // exactly a 64-column tile of the fused GEMM (palette_matmul.cuh): its mma j (0..3) contracts
 // over columns 16t + 4j + {0,1,2,3} of every lane t, and its two 32-column verbatim blocks are
 // held by lanes t = 0, 1 and t = 2, 3.  The loads of two steps are in flight while one is used;
@@ -288,8 +292,12 @@ UW_UNROLL()
     const int64_t last = a.N - 1;
     const int64_t r_lo = row0 + g < last ? row0 + g : last, r_hi = row0 + g + 8 < last ? row0 + g + 8 : last;
     const int64_t c0 = s0 * COLS + 16 * t;
-    const uint8_t* const sp[2] = {a.sm + r_lo * a.K + c0, a.sm + r_hi * a.K + c0};
-    const uint8_t* const ip[2] = {a.idx + r_lo * (a.K / 2) + c0 / 2, a.idx + r_hi * (a.K / 2) + c0 / 2};
+    const uint8_t* const sp[2] = {a.sm + a.sm_at(r_lo, c0), a.sm + a.sm_at(r_hi, c0)};
+    const uint8_t* const ip[2] = {a.idx + a.idx_at(r_lo, c0), a.idx + a.idx_at(r_hi, c0)};
+    // A step's and a half's advance in each plane (one run per row in file order; tile-major,
+    // a half is one 16-row tile, the next half the next tile).
+    const int dq_sm = static_cast<int>(a.sm_cols(COLS)), dh_sm = static_cast<int>(a.sm_cols(HALF));
+    const int dq_ix = static_cast<int>(a.idx_cols(COLS)), dh_ix = static_cast<int>(a.idx_cols(HALF));
     // Step q's loads: [row g, g + 8][half] 16 sign+mantissa bytes and 8 index bytes (zeros for
     // the missing half of a half step).
     auto load = [&](int q, uint32_t (&s)[2][2][4], uint32_t (&n)[2][2][2]) {
@@ -298,8 +306,8 @@ UW_UNROLL()
 UW_UNROLL()
         for (int rr = 0; rr < 2; ++rr) {
           if (h == 0 || q != q_half) {
-            ld_stream_v4(sp[rr] + q * COLS + h * HALF, s[rr][h]);
-            ld_stream_v2(ip[rr] + q * (COLS / 2) + h * (HALF / 2), n[rr][h][0], n[rr][h][1]);
+            ld_stream_v4(sp[rr] + q * dq_sm + h * dh_sm, s[rr][h]);
+            ld_stream_v2(ip[rr] + q * dq_ix + h * dh_ix, n[rr][h][0], n[rr][h][1]);
           } else {
             s[rr][h][0] = s[rr][h][1] = s[rr][h][2] = s[rr][h][3] = 0u;
             n[rr][h][0] = n[rr][h][1] = 0u;
@@ -324,14 +332,14 @@ UW_UNROLL()
       for (int k = 0; k < 4; ++k) {
         const int rt = (lane >> 3) + 4 * k;
         const int64_t r = row0 + rt < last ? row0 + rt : last;
-        csp[k] = a.sm + r * a.K + s0 * COLS + 16 * cp_piece;
+        csp[k] = a.sm + a.sm_at(r, s0 * COLS + 16 * cp_piece);
         cs_dst[k] = rt * SM_ROW + 16 * (cp_piece ^ ((rt & 1) << 2));
       }
 UW_UNROLL()
       for (int k = 0; k < 2; ++k) {
         const int rt = (lane >> 2) + 8 * k;
         const int64_t r = row0 + rt < last ? row0 + rt : last;
-        cip[k] = a.idx + r * (a.K / 2) + s0 * (COLS / 2) + 16 * ci_piece;
+        cip[k] = a.idx + a.idx_at(r, s0 * COLS + 32 * ci_piece);
         ci_dst[k] = IDX_AT + rt * IDX_ROW + 16 * (ci_piece ^ (((rt >> 1) & 1) << 1));
       }
     }
@@ -341,10 +349,10 @@ UW_UNROLL()
         const bool sm_ok = q != q_half || cp_piece < 4, idx_ok = q != q_half || ci_piece < 2;
 UW_UNROLL()
         for (int k = 0; k < 4; ++k)
-          c.cp_async16(st + cs_dst[k], sm_ok ? csp[k] + q * COLS : a.sm, sm_ok ? 16 : 0);
+          c.cp_async16(st + cs_dst[k], sm_ok ? csp[k] + q * dq_sm : a.sm, sm_ok ? 16 : 0);
 UW_UNROLL()
         for (int k = 0; k < 2; ++k)
-          c.cp_async16(st + ci_dst[k], idx_ok ? cip[k] + q * (COLS / 2) : a.idx, idx_ok ? 16 : 0);
+          c.cp_async16(st + ci_dst[k], idx_ok ? cip[k] + q * dq_ix : a.idx, idx_ok ? 16 : 0);
       }
       c.cp_async_commit();
     };
@@ -362,16 +370,26 @@ UW_UNROLL()
         }
     };
     // The prefetch feed (kPrefetch): this lane's row of the tile (rows past N: row N - 1, as
-    // the loads) in one of the two planes, and the bytes of step q there (half a step's at a
-    // half step, whose missing half may lie past the plane).
+    // the loads) in one of the two planes, and the bytes of step q there: its two halves, one
+    // run in file order, two tile-major (only the first at a half step, whose missing half may
+    // lie past the plane).
     constexpr int PF = plan::PGEMV_MMA_PREFETCH_STEPS;
     const bool pf_idx = lane >= ROWS;
     const int64_t pf_r = row0 + (lane & (ROWS - 1)) < last ? row0 + (lane & (ROWS - 1)) : last;
-    const int pf_step = pf_idx ? COLS / 2 : COLS;
-    const uint8_t* const pf = pf_idx ? a.idx + pf_r * (a.K / 2) + s0 * (COLS / 2) : a.sm + pf_r * a.K + s0 * COLS;
+    const uint32_t pf_half = pf_idx ? HALF / 2 : HALF;  // bytes of a half step's row
+    const int pf_q = pf_idx ? dq_ix : dq_sm, pf_h = pf_idx ? dh_ix : dh_sm;
+    const uint8_t* const pf = pf_idx ? a.idx + a.idx_at(pf_r, s0 * COLS) : a.sm + a.sm_at(pf_r, s0 * COLS);
     auto prefetch = [&](int q) {
-      if (kPrefetch && q < nq)
-        prefetch_l2(pf + static_cast<int64_t>(q) * pf_step, static_cast<uint32_t>(q == q_half ? pf_step / 2 : pf_step));
+      if (kPrefetch && q < nq) {
+        const uint8_t* p = pf + static_cast<int64_t>(q) * pf_q;
+        const bool whole = q != q_half;
+        if (static_cast<uint32_t>(pf_h) == pf_half) {
+          prefetch_l2(p, whole ? 2 * pf_half : pf_half);
+        } else {
+          prefetch_l2(p, pf_half);
+          if (whole) prefetch_l2(p + pf_h, pf_half);
+        }
+      }
     };
     uint32_t sa[2][2][4], na[2][2][2], sb[2][2][4], nb[2][2][2];
     if constexpr (kStaged) {

@@ -31,14 +31,14 @@ __global__ void __launch_bounds__(plan::PMMA_THREADS, NT == 8 ? 3 : plan::PMMA_C
 
 const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
                        int splits, const void* x, const void* sm, const void* idx, const void* vexp,
-                       const float* ws, const int32_t* counters, int stage_tiles, int x_shared) {
+                       const float* ws, const int32_t* counters, int stage_tiles, int x_shared, int tiled) {
   if (plan::pmma_ntiles(M) == 0) return "palette_gemm supports 1 <= M <= 256";
   if (stage_tiles != 1 && stage_tiles != plan::PMMA_SUB_WIDE) return "palette_gemm: stage_tiles must be 1 or 2";
   if (x_shared != 0 && x_shared != 1) return "palette_gemm: x_shared must be 0 or 1";
   if (x_shared && stage_tiles != 1) return "palette_gemm: shared x goes with stage_tiles = 1";
   if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
   if (K % plan::PMMA_TILE_K != 0) return "palette_gemm needs K % 64 == 0 (decode + matmul instead)";
-  if (const char* e = check_pal_product(N, K, ldx, ldy, pal.size, nv)) return e;
+  if (const char* e = check_pal_product(N, K, ldx, ldy, pal.size, nv, tiled)) return e;
   if (ldx > INT32_MAX / plan::PMMA_CHUNK_M) return "palette_gemm: x row stride too large";
   if (splits < 1 || splits > plan::PMMA_MAX_SPLITS || splits > K / plan::PMMA_TILE_K)
     return "palette_gemm: splits must be in 1 .. K / 64";
@@ -74,10 +74,11 @@ void with_variant(int M, bool paired, int stage_tiles, int x_shared, F&& f) {
 
 PmmaArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                    int64_t K, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits, float* ws,
-                   int32_t* counters, uint16_t* y, int64_t ldy) {
+                   int32_t* counters, uint16_t* y, int64_t ldy, int tiled) {
   PmmaArgs a{};
   a.x = x; a.ldx = ldx; a.M = M;
   a.sm = sm; a.idx = idx; a.N = N; a.K = K;
+  a.set_order(tiled != 0);
   a.vpos = vpos; a.nv = nv; a.vexp = vexp;
   a.split_tiles = plan::pmma_split_tiles(K, splits);
   a.chunks = plan::pmma_chunks(M);
@@ -103,11 +104,11 @@ using namespace detail;
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
                          float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int stage_tiles, int x_shared,
-                         void* stream) {
+                         int tiled, void* stream) {
   if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters, stage_tiles,
-                                 x_shared))
+                                 x_shared, tiled))
     return e;
-  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy);
+  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy, tiled);
   const bool paired = pal_tables(pal, a.pt);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   with_variant(M, paired, stage_tiles, x_shared, [&](auto nt, auto p, auto sub, auto xs) {
@@ -121,11 +122,11 @@ namespace emulate {
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
                          float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int force_general,
-                         int stage_tiles, int x_shared) {
+                         int stage_tiles, int x_shared, int tiled) {
   if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters, stage_tiles,
-                                 x_shared))
+                                 x_shared, tiled))
     return e;
-  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy);
+  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy, tiled);
   const bool paired = pal_tables(pal, a.pt) && !force_general;
   const char* err = nullptr;
   with_variant(M, paired, stage_tiles, x_shared, [&](auto nt, auto p, auto sub, auto xs) {

@@ -14,9 +14,10 @@
 // 16t + 4j + {0,1,2,3} of every lane t: the fragment's logical k = 2t, 2t+1 are the first two,
 // k = 2t+8, 2t+9 the last two.  So a lane's weights of a tile row are 16 consecutive bytes of
 // sign+mantissa and 8 consecutive bytes of index (one 16-byte and one 8-byte shared load),
-// and its x values are 16 consecutive bf16 of one x row (two 16-byte loads): the planes stay
-// in file order (no load-time permutation, no second copy), and the same planes serve
-// decode, row gather and this kernel.
+// and its x values are 16 consecutive bf16 of one x row (two 16-byte loads): the fragments
+// need no load-time permutation, and the same planes serve decode, row gather and this
+// kernel.  The planes may be in file order or tile-major (kernel_plan.h pal_offset: each
+// 16-row, 64-column tile contiguous), which changes only where the copies read from.
 #pragma once
 #include "device_util.cuh"
 #include "emu/ctx.cuh"
@@ -32,21 +33,37 @@ struct PalProduct {
   const uint16_t* x;  // bf16 [M, ldx]
   int64_t ldx;
   int M;
-  const uint8_t* sm;   // [N, K]
-  const uint8_t* idx;  // [N, K / 2]
+  const uint8_t* sm;   // [N, K], in file order or tile-major (kernel_plan.h pal_offset)
+  const uint8_t* idx;  // [N, K / 2], the same order
   int64_t N, K;
+  int64_t ld_row, ld_tile;  // the planes' order (plan::pal_ld_row, pal_ld_tile), bytes of sm
   PalTables pt;  // the palette as byte-permute tables (pal_regs.cuh)
   const uint32_t* vpos;  // [nv] ascending block ids r * (K / 32) + b
   int64_t nv;
   const uint8_t* vexp;  // [nv, 32]
   uint16_t* y;          // bf16 [M, ldy]
   int64_t ldy;
+
+  // Offsets of sign+mantissa byte (r, k) and of index byte (r, k / 2) (k even) in the planes,
+  // and the bytes of sm (of idx) a run of `cols` columns (a multiple of 64) advances.
+  UW_HD int64_t sm_at(int64_t r, int64_t k) const { return plan::pal_offset(r, k, K, ld_row, ld_tile); }
+  UW_HD int64_t idx_at(int64_t r, int64_t k) const { return sm_at(r, k) / 2; }
+  UW_HD int64_t sm_cols(int64_t cols) const { return cols / plan::PAL_TILE_COLS * ld_tile; }
+  UW_HD int64_t idx_cols(int64_t cols) const { return sm_cols(cols) / 2; }
+  // Sets the planes' order (tiled: tile-major, which the launcher checked N and K allow).
+  void set_order(bool tiled) {
+    ld_row = plan::pal_ld_row(K, tiled);
+    ld_tile = plan::pal_ld_tile(tiled);
+  }
 };
 
 // Host checks of the operands both fused palette kernels share, after their own M and
-// K % 64 checks: nullptr when the strides, palette and verbatim blocks are valid, else the
-// error the launcher returns.
-inline const char* check_pal_product(int64_t N, int64_t K, int64_t ldx, int64_t ldy, int pal_size, int64_t nv) {
+// K % 64 checks: nullptr when the strides, palette, verbatim blocks and plane order are
+// valid, else the error the launcher returns.
+inline const char* check_pal_product(int64_t N, int64_t K, int64_t ldx, int64_t ldy, int pal_size, int64_t nv,
+                                     int tiled) {
+  if (tiled != 0 && tiled != 1) return "tiled must be 0 or 1";
+  if (tiled && !plan::pal_tiled_ok(N, K)) return "tile-major planes need N % 16 == 0 and K % 64 == 0";
   if (ldx < K || ldx % 8 != 0) return "x row stride must be >= K and a multiple of 8";
   if (ldy < N) return "y row stride must be >= N";
   if (pal_size < 1 || pal_size > PAL_MAX_ENTRIES) return "palette must have 1..16 entries";
@@ -287,9 +304,10 @@ UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
   const int64_t r_lo = row0 + g < last ? row0 + g : last, r_hi = row0 + g + 8 < last ? row0 + g + 8 : last;
   const int64_t r_ix = row0 + (lane >> 1) < last ? row0 + (lane >> 1) : last;
   // kSub = 1: this lane's three copies per stage, and where they land.
-  const uint8_t* q_lo = a.sm + r_lo * a.K + kt0 * TK + 16 * t;
-  const uint8_t* q_hi = a.sm + r_hi * a.K + kt0 * TK + 16 * t;
-  const uint8_t* q_ix = a.idx + r_ix * (a.K / 2) + kt0 * (TK / 2) + 16 * (lane & 1);
+  const uint8_t* q_lo = a.sm + a.sm_at(r_lo, kt0 * TK + 16 * t);
+  const uint8_t* q_hi = a.sm + a.sm_at(r_hi, kt0 * TK + 16 * t);
+  const uint8_t* q_ix = a.idx + a.idx_at(r_ix, kt0 * TK + 32 * (lane & 1));
+  const int d_sm = static_cast<int>(a.sm_cols(TK)), d_ix = static_cast<int>(a.idx_cols(TK));  // a tile's advance
   const int w_lo = g * TK + 16 * t, w_hi = (g + 8) * TK + 16 * t;
   const int w_ix = plan::PMMA_SM_BYTES + (lane >> 1) * (TK / 2) + 16 * (lane & 1);
   // kSub = 2: four sign+mantissa rows and two index rows per lane (pmma_issue_wide).
@@ -298,12 +316,12 @@ UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
 UW_UNROLL()
   for (int i = 0; i < 4; ++i) {
     const int64_t r = row0 + 4 * i + (lane >> 3) < last ? row0 + 4 * i + (lane >> 3) : last;
-    qs[i] = a.sm + r * a.K + kt0 * TK + 16 * (lane & 7);
+    qs[i] = a.sm + a.sm_at(r, kt0 * TK + 16 * (lane & 7));
   }
 UW_UNROLL()
   for (int i = 0; i < 2; ++i) {
     const int64_t r = row0 + 8 * i + (lane >> 2) < last ? row0 + 8 * i + (lane >> 2) : last;
-    qi[i] = a.idx + r * (a.K / 2) + kt0 * (TK / 2) + 16 * (lane & 3);
+    qi[i] = a.idx + a.idx_at(r, kt0 * TK + 32 * (lane & 3));
   }
   auto issue = [&](int stage, unsigned char* st) {
     if (kXs && stage < ntiles)  // before pmma_issue's commit: the same group as the weights
@@ -311,16 +329,16 @@ UW_UNROLL()
                            (kt0 + stage) * TK);
     if (kSub == 1) {
       pmma_issue(c, stage < ntiles, st, q_lo, q_hi, q_ix, w_lo, w_hi, w_ix);
-      q_lo += TK;
-      q_hi += TK;
-      q_ix += TK / 2;
+      q_lo += d_sm;
+      q_hi += d_sm;
+      q_ix += d_ix;
     } else {
       const int left = ntiles - 2 * stage;
       pmma_issue_wide(c, left >= 2 ? 2 : (left > 0 ? left : 0), st, qs, qi, lane);
 UW_UNROLL()
-      for (int i = 0; i < 4; ++i) qs[i] += 2 * TK;
+      for (int i = 0; i < 4; ++i) qs[i] += 2 * d_sm;
 UW_UNROLL()
-      for (int i = 0; i < 2; ++i) qi[i] += TK;
+      for (int i = 0; i < 2; ++i) qi[i] += 2 * d_ix;
     }
   };
 UW_UNROLL()

@@ -139,7 +139,8 @@ def decode_op(w, out, err, variant: int = 0) -> None:
                                           w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi, w.chk,
                                           w.chk_interval, variant)
     else:
-        torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette, variant)
+        torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette, variant,
+                                          w.tiled)
 
 
 def gather_op(w, ids, err):

@@ -36,3 +36,42 @@ def test_dense_conversion_decodes_with_the_measured_policy(llama_ck, monkeypatch
     m = unweight.load(ck["huffman"], device="cpu", mode="dense")
     assert m.unweight_info["modules"]["dense"] > 0 and not list(compressed_modules(m))
     assert len(asked) >= m.unweight_info["modules"]["dense"] - len(m.unweight_info["tied"])
+
+
+def test_tile_major_planes_hold_the_same_model(llama_ck):
+    """plane_order="tiled" permutes every palette matmul weight that is whole 16 x 64 tiles
+    (not the embedding, nor the lm_head tied to it): the logits are bitwise the file-order
+    model's, state_dict() and host_planes() still give the checkpoint's bytes, a state-dict
+    load puts the planes back in file order, and prepare's default order undoes the permutation."""
+    import torch
+
+    from unweight.format import constants as C
+    _, ck = llama_ck
+    ref = unweight.load(ck["palette"], device="cpu", mode="palette")
+    m = unweight.load(ck["palette"], device="cpu", mode="palette")
+    info = prep.prepare(m, "palette", plane_order="tiled")
+    mods = dict(compressed_modules(m))
+    tiled = {n for n, x in mods.items() if x.plane_order == "tiled" and not x.is_tied}
+    assert info["tiled_modules"] == len(tiled) >= 10  # q, o, gate, up, down x 2 layers
+    assert all(mods[n].can_tile() for n in tiled)
+    assert not any(x.can_tile() for n, x in mods.items() if n not in tiled)
+    n0 = sorted(tiled)[0]
+    assert not torch.equal(mods[n0].weight__sm, dict(compressed_modules(ref))[n0].weight__sm)
+    ids = torch.tensor([[1, 5, 9, 33, 200]])
+    with torch.no_grad():
+        want = ref(ids).logits
+        assert torch.equal(m(ids).logits.view(torch.int16), want.view(torch.int16))
+    sd, rsd = m.state_dict(), ref.state_dict()
+    assert sd.keys() == rsd.keys() and all(torch.equal(sd[k], rsd[k]) for k in rsd)
+    hp, rhp = mods[n0].host_planes(), dict(compressed_modules(ref))[n0].host_planes()
+    assert all((hp[s] == rhp[s]).all() for s in (C.SUFFIX_SM, C.SUFFIX_IDX))
+    m.load_state_dict(rsd)
+    assert all(x.plane_order == "file" for _, x in compressed_modules(m))
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits.view(torch.int16), want.view(torch.int16))
+    prep.prepare(m, "palette", plane_order="tiled")
+    prep.prepare(m, "palette")
+    assert all(x.plane_order == "file" for _, x in compressed_modules(m))
+    assert all(torch.equal(v, rsd[k]) for k, v in m.state_dict().items())
+    with pytest.raises(ValueError, match="plane_order"):
+        prep.prepare(m, "palette", plane_order="rows")

@@ -8,6 +8,7 @@ tracing, CUDA-graph capture) and a CPU implementation where one exists.
     decode.py     decode_huffman, decode_palette                             (out-variant)
     gather.py     gather_rows_huffman, gather_rows_palette                   (embedding lookups)
     matmul.py     palette_matmul, palette_gemv                               (fused decode + GEMM / GEMV)
+    layout.py     tile_palette_planes, untile_palette_planes                 (the planes' device order)
     transcode.py  build_lut, exp_histogram, palette_encode, palette_verbatim,
                   transcode_to_palette()                                     (load time)
 
@@ -16,6 +17,7 @@ Importing it imports torch and registers the ops; it never touches a CUDA device
 from ._ext import cuda_available, cuda_kernels_built
 from .decode import decode_huffman, decode_palette
 from .gather import gather_rows_huffman, gather_rows_palette
+from .layout import tile_palette_planes, untile_palette_planes
 from .matmul import (palette_counters_elems, palette_gemv, palette_gemv_parts, palette_gemv_supported, palette_matmul,
                      palette_splits, palette_supported, palette_workspace_elems, palette_workspace_max)
 from .transcode import build_lut, exp_histogram, palette_encode, palette_verbatim, transcode_to_palette
@@ -24,4 +26,4 @@ __all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_pal
            "gather_rows_huffman", "gather_rows_palette", "palette_matmul", "palette_splits", "palette_supported",
            "palette_gemv", "palette_gemv_parts", "palette_gemv_supported",
            "palette_workspace_elems", "palette_workspace_max", "palette_counters_elems", "build_lut", "exp_histogram", "palette_encode",
-           "palette_verbatim", "transcode_to_palette"]
+           "palette_verbatim", "transcode_to_palette", "tile_palette_planes", "untile_palette_planes"]

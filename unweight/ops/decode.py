@@ -2,7 +2,7 @@
 
     torch.ops.unweight.decode_huffman(sm, exp, off, table, lut, out, err, rows, cols, R, C, exp_lo, exp_hi,
                                       chk=None, chk_interval=0, variant=0)
-    torch.ops.unweight.decode_palette(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0)
+    torch.ops.unweight.decode_palette(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0, tiled=False)
         out: bf16 [rows, cols] (row-major, any row stride >= cols), mutated; returns nothing.
         decode_huffman with a uint8 `out` writes the exponent bytes only (the palette
         transcode's first pass).  chk / chk_interval: the checkpoint index (FORMAT.md
@@ -10,7 +10,8 @@
         whole segments; the CPU decoder does not need it.  variant: the CUDA decoder to run
         (runtime.kernel_plan.HUFF_VARIANTS; 0, the default, is what the runtime runs); every
         variant writes the same bits, and the CPU ignores it.  decode_palette's variant likewise
-        picks the CUDA kernel (runtime.kernel_plan.PAL_VARIANTS; 0 the default).
+        picks the CUDA kernel (runtime.kernel_plan.PAL_VARIANTS; 0 the default).  tiled: sm and idx
+        hold their bytes tile-major (ops/layout.py), the order the fused kernels stream fastest.
 
 Planes (docs/FORMAT.md), on the device of ``out``:
     sm    uint8  [rows, cols]           exp   uint8 [stream bytes]     off  uint32 [n_seg + 1]
@@ -36,6 +37,7 @@ from torch import Tensor
 
 from ..format.errors import FormatError
 from . import _ext
+from .layout import untile_palette_planes
 
 __all__ = ["decode_huffman", "decode_palette", "n_units", "index_args"]
 
@@ -140,20 +142,22 @@ def _check_palette(sm, idx, vpos, vexp, out, rows, cols, palette):
 
 @torch.library.custom_op("unweight::decode_palette", mutates_args=("out", "err"))
 def decode_palette(sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, out: Tensor, err: Tensor, rows: int,
-                   cols: int, palette: List[int], variant: int = 0) -> None:
+                   cols: int, palette: List[int], variant: int = 0, tiled: bool = False) -> None:
     raise NotImplementedError(f"unweight::decode_palette has no kernel for device {out.device}")
 
 
 @decode_palette.register_fake
-def _(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0):
+def _(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0, tiled=False):
     return None
 
 
 @decode_palette.register_kernel("cpu")
-def _(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0):
+def _(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0, tiled=False):
     if rows == 0 or cols == 0:
         return
     _check_palette(sm, idx, vpos, vexp, out, rows, cols, palette)
+    if tiled:  # the C++ codec reads file order
+        sm, idx = untile_palette_planes(sm, idx)
     if not out.is_contiguous():
         raise ValueError("decode_palette on CPU writes a contiguous [rows, cols] output")
     try:
@@ -166,11 +170,11 @@ def _(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0):
 
 
 @decode_palette.register_kernel("cuda")
-def _(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0):
+def _(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0, tiled=False):
     if rows == 0 or cols == 0:
         return
     _check_palette(sm, idx, vpos, vexp, out, rows, cols, palette)
     with torch.cuda.device_of(out):
         _ext.cuda_module().palette_decode(_ext.ptr(sm), _ext.ptr(idx), rows, cols, 0, rows, 0, cols, bytes(palette),
                                           _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), _ext.ptr(out),
-                                          out.stride(0), _ext.ptr(err), _ext.stream(out), variant)
+                                          out.stride(0), _ext.ptr(err), _ext.stream(out), variant, int(tiled))

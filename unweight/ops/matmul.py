@@ -1,10 +1,11 @@
 """Fused decode + matmul: y = x @ W^T with W kept palette-coded, on the tensor cores.
 
     torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, workspace, counters, rows, cols,
-                                      palette, splits, stage_tiles=1, x_shared=False) -> y
+                                      palette, splits, stage_tiles=1, x_shared=False, tiled=False) -> y
         x: bf16 [M, cols] (unit column stride), 1 <= M <= 256 on CUDA; y: bf16 [M, rows];
-        fp32 accumulation, one rounding.  sm, idx, vpos, vexp: the palette planes in file order
-        (docs/FORMAT.md), on x's device.
+        fp32 accumulation, one rounding.  sm, idx, vpos, vexp: the palette planes (docs/FORMAT.md),
+        on x's device; tiled: sm and idx tile-major (ops/layout.py: a warp's 16-row steps are
+        contiguous runs of memory), else in file order.  Both orders give the same bits.
         splits: how many K slices the CUDA kernel works on in parallel (palette_splits(); any
             value in 1 .. cols // 64 is correct: the choice moves work between SMs and sets
             the order of the fp32 sums).
@@ -21,7 +22,8 @@
         Both are views of the runtime's per-device buffers (runtime/scratch.py), so a forward
         allocates nothing but y.
 
-    torch.ops.unweight.palette_gemv(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0) -> y
+    torch.ops.unweight.palette_gemv(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0,
+                                    tiled=False) -> y
         The same product for batches of 1..4 on CUDA cores (a warp streams one row into
         registers; PALETTE_GEMV): x bf16 [M, cols], y bf16 [M, rows], fp32 accumulation, one
         rounding.  parts: warps per row (palette_gemv_parts(); 1, 2, 4 or 8), which sets the
@@ -33,6 +35,7 @@
         CUDA-core bits; MMA_STAGED, its loads through cp.async into shared-memory rings,
         PALETTE_GEMV_MMA_STAGED, and MMA_PREFETCH, its loads behind an L2 prefetch,
         PALETTE_GEMV_MMA_PREFETCH: the MMA bits).  parts comes from palette_gemv_parts(..., variant).  No workspace.
+        tiled as for palette_matmul.
 
 The CUDA kernels need cols % 64 == 0 and 16-byte aligned planes (palette_supported); it
 raises ValueError / RuntimeError for what it refuses and the runtime dispatch falls back to
@@ -109,22 +112,24 @@ def _reference(x: Tensor, w_bits: np.ndarray) -> Tensor:
 @torch.library.custom_op("unweight::palette_matmul", mutates_args=("workspace", "counters"))
 def palette_matmul(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, workspace: Tensor,
                    counters: Tensor, rows: int, cols: int, palette: List[int], splits: int,
-                   stage_tiles: int = 1, x_shared: bool = False) -> Tensor:
+                   stage_tiles: int = 1, x_shared: bool = False, tiled: bool = False) -> Tensor:
     raise NotImplementedError(f"unweight::palette_matmul has no kernel for device {x.device}")
 
 
 @palette_matmul.register_fake
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False):
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
+      tiled=False):
     return x.new_empty((x.size(0), rows))
 
 
 @palette_matmul.register_kernel("cpu")
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False):
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
+      tiled=False):
     if x.dim() != 2 or x.size(1) != cols:
         raise ValueError(f"palette_matmul takes x [M, {cols}], got {tuple(x.shape)}")
     w = np.empty((rows, cols), dtype=np.uint16)
     torch.ops.unweight.decode_palette(sm, idx, vpos, vexp, torch.from_numpy(w).view(torch.bfloat16),
-                                      torch.zeros(1, dtype=torch.int32), rows, cols, palette)
+                                      torch.zeros(1, dtype=torch.int32), rows, cols, palette, 0, tiled)
     return _reference(x, w)
 
 
@@ -144,7 +149,8 @@ def _cuda_x(op: str, x: Tensor, cols: int, supported, max_m: int, planes: tuple)
 
 
 @palette_matmul.register_kernel("cuda")
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False):
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
+      tiled=False):
     x = _cuda_x("palette_matmul", x, cols, palette_supported, plan.PMMA_MAX_M,
                 (sm, idx, vpos, vexp, workspace, counters))
     M = x.size(0)
@@ -158,7 +164,7 @@ def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, 
         _ext.cuda_module().palette_gemm(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
                                         bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), splits,
                                         _ext.ptr(workspace), _ext.ptr(counters), _ext.ptr(y), y.stride(0),
-                                        _ext.stream(x), stage_tiles, int(x_shared))
+                                        _ext.stream(x), stage_tiles, int(x_shared), int(tiled))
     return y
 
 
@@ -178,23 +184,24 @@ def palette_gemv_supported(M: int, cols: int, variant: int = 0) -> bool:
 
 @torch.library.custom_op("unweight::palette_gemv", mutates_args=())
 def palette_gemv(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, rows: int, cols: int,
-                 palette: List[int], parts: int, variant: int = 0) -> Tensor:
+                 palette: List[int], parts: int, variant: int = 0, tiled: bool = False) -> Tensor:
     raise NotImplementedError(f"unweight::palette_gemv has no kernel for device {x.device}")
 
 
 @palette_gemv.register_fake
-def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0):
+def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False):
     return x.new_empty((x.size(0), rows))
 
 
 @palette_gemv.register_kernel("cpu")
-def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0):
+def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False):
     return torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, x.new_empty(0, dtype=torch.float32),
-                                             x.new_empty(0, dtype=torch.int32), rows, cols, palette, 1)
+                                             x.new_empty(0, dtype=torch.int32), rows, cols, palette, 1,
+                                             tiled=tiled)
 
 
 @palette_gemv.register_kernel("cuda")
-def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0):
+def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False):
     x = _cuda_x("palette_gemv", x, cols, lambda M, K: palette_gemv_supported(M, K, variant),
                 plan.pgemv_max_m(variant), (sm, idx, vpos, vexp))
     M = x.size(0)
@@ -202,5 +209,5 @@ def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0):
     with torch.cuda.device_of(x):
         _ext.cuda_module().palette_gemv(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
                                         bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), parts,
-                                        _ext.ptr(y), y.stride(0), _ext.stream(x), variant)
+                                        _ext.ptr(y), y.stride(0), _ext.stream(x), variant, int(tiled))
     return y

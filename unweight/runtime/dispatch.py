@@ -76,7 +76,8 @@ def _decode_piece(w: EncodedWeight, out: Tensor, err: Tensor, policy: DispatchPo
                                           w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi, w.chk,
                                           w.chk_interval, v)
     else:
-        torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette, v)
+        torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette, v,
+                                          w.tiled)
 
 
 def decode_into(pieces: list, out: Tensor, out_rows: int, cols: int, policy: DispatchPolicy | None = None) -> Tensor:
@@ -120,12 +121,12 @@ def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
     if path in GEMV_PATHS:
         v = GEMV_PATHS[path]
         return torch.ops.unweight.palette_gemv(x2, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette,
-                                               ops.palette_gemv_parts(w.rows, w.cols, dev, v), v)
+                                               ops.palette_gemv_parts(w.rows, w.cols, dev, v), v, w.tiled)
     splits = ops.palette_splits(w.rows, w.cols, dev, x2.size(0))
     ws = scratch.workspace(dev, ops.palette_workspace_max(w.rows, w.cols, dev))
     cnt = scratch.counters(dev, ops.palette_counters_elems(w.rows))
     return torch.ops.unweight.palette_matmul(x2, w.sm, w.idx, w.vpos, w.vexp, ws, cnt, w.rows, w.cols, w.palette,
-                                             splits, *_LAYOUT[path])
+                                             splits, *_LAYOUT[path], tiled=w.tiled)
 
 
 class _RedecodingLinear(torch.autograd.Function):
@@ -211,6 +212,8 @@ def _gather_piece(w: EncodedWeight, ids: Tensor, err: Tensor | None = None) -> T
         return torch.ops.unweight.gather_rows_huffman(ids, w.sm, w.exp, w.off, w.table, w.rows, w.cols,
                                                       w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi,
                                                       w.lut, err, w.chk, w.chk_interval)
+    if w.tiled:  # the row-gather kernel reads file order; a runtime tiles only matmul weights
+        raise ValueError(f"row gather needs file-order palette planes; {w.name or 'this weight'} is tile-major")
     return torch.ops.unweight.gather_rows_palette(ids, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette, err)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..format import constants as C
 
 HUFF_THREADS = 128
-# Huffman decode variants (csrc/cuda/kernel_plan.h): 0 is the extension's default, AHEAD (the
+# Huffman decode variants (csrc/cuda/kernel_plan.h): 0 is the extension's default, RING (the
 # runtime names another where its tuning table measured one faster: tuning_table "decoders").
 HUFF_VARIANT_DEFAULT = 0
 HUFF_VARIANT_CHAIN = 1
@@ -19,7 +19,7 @@ HUFF_VARIANT_AHEAD2 = 3
 HUFF_VARIANT_SCALAR = 4
 # AHEAD with its stream refills staged through a per-lane shared-memory ring (cp.async).
 HUFF_VARIANT_RING = 5
-HUFF_DEFAULT_VARIANT = HUFF_VARIANT_AHEAD
+HUFF_DEFAULT_VARIANT = HUFF_VARIANT_RING
 HUFF_VARIANTS = {"chain": HUFF_VARIANT_CHAIN, "ahead": HUFF_VARIANT_AHEAD, "ahead2": HUFF_VARIANT_AHEAD2,
                  "scalar": HUFF_VARIANT_SCALAR, "ring": HUFF_VARIANT_RING}
 HUFF_RING_SLOTS = 8
@@ -227,6 +227,40 @@ def verbatim_lane_cols(vid: int, lane: int, cols: int) -> list[int]:
     """Columns (absolute, < cols) lane `lane` handles in verbatim block id `vid`."""
     b = vid % blocks_per_row(cols)
     return [b * C.PAL_BLOCK + j for j in range(lane, C.PAL_BLOCK, WARP) if b * C.PAL_BLOCK + j < cols]
+
+
+# --- palette plane order in device memory (kernel_plan.h: file order or tile-major) -------
+PAL_TILE_ROWS = 16
+PAL_TILE_COLS = 64
+
+
+def pal_tiled_ok(N: int, K: int) -> bool:
+    """Whether an [N, K] palette weight can be held tile-major (whole 16 x 64 tiles)."""
+    return N > 0 and K > 0 and N % PAL_TILE_ROWS == 0 and K % PAL_TILE_COLS == 0
+
+
+def pal_ld_row(K: int, tiled: bool) -> int:
+    return PAL_TILE_COLS if tiled else K
+
+
+def pal_ld_tile(tiled: bool) -> int:
+    return PAL_TILE_ROWS * PAL_TILE_COLS if tiled else PAL_TILE_COLS
+
+
+def pal_offset(r: int, k: int, K: int, tiled: bool) -> int:
+    """Byte offset of sign+mantissa (r, k) in the plane (idx (r, k // 2): half of it, k even)."""
+    return ((r // PAL_TILE_ROWS) * PAL_TILE_ROWS * K + (r % PAL_TILE_ROWS) * pal_ld_row(K, tiled)
+            + (k // PAL_TILE_COLS) * pal_ld_tile(tiled) + k % PAL_TILE_COLS)
+
+
+def pal_sm_index(r: int, k: int, cols: int, tiled: bool) -> int:
+    """Byte of sign+mantissa (r, k) in either order, any width."""
+    return pal_offset(r, k, cols, True) if tiled else r * cols + k
+
+
+def pal_idx_index(r: int, k: int, cols: int, tiled: bool) -> int:
+    """Index byte holding (r, k)'s nibble (bit 4 (k % 2)); a file-order row is ceil(cols / 2) bytes."""
+    return pal_offset(r, k, cols, True) // 2 if tiled else r * ((cols + 1) // 2) + k // 2
 
 
 # --- palette encode: one thread per (row, PAL_BLOCK block) -----------------------------

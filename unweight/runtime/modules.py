@@ -11,6 +11,11 @@ by runtime/prepare.py; None = always decode + F.linear) decides where a fused ke
 A tied output projection (SmolLM2's lm_head = embed_tokens) is a CompressedLinear that owns
 no planes: it reads its source embedding's buffers at every forward.  The source is held in
 a plain list, not as a submodule, so state_dict() and .to() see the planes exactly once.
+
+A palette CompressedLinear may hold its sm and idx buffers tile-major (``set_plane_order``,
+ops/layout.py), the order the fused kernels stream fastest; everything that leaves the
+module (state_dict(), host_planes()) is in file order whatever it holds, and a state-dict
+load, which writes file-order bytes into the buffers, puts it back in file order.
 """
 from __future__ import annotations
 
@@ -23,7 +28,9 @@ from ..codec import tensor_codec as tc
 from ..format import constants as C
 from ..format.errors import FormatError, InputError
 from ..format.header import TensorHeader
+from ..ops import layout as ops_layout
 from . import dispatch
+from . import kernel_plan as kp
 from .weights import EncodedWeight
 
 
@@ -158,6 +165,11 @@ class CompressedWeightMixin:
         """Register the plane buffers.  shapes: {suffix: (shape, torch dtype)} for empty (e.g.
         meta) buffers to be filled by a state-dict load; planes: {suffix: array/tensor}."""
         self._tied = []
+        self._tiled = False  # sm and idx in file order (set_plane_order)
+        if not getattr(self, "_order_hooks", False):
+            self._register_state_dict_hook(_file_order_state_dict)
+            self._register_load_state_dict_pre_hook(_loading_file_order, with_module=True)
+            self._order_hooks = True
         self.__dict__.setdefault("policy", None)  # kept across replace_planes (a transcode)
         self.header = header
         self._info = _Info(header)
@@ -258,12 +270,43 @@ class CompressedWeightMixin:
         return self.n_rows * self.n_cols * 2
 
     def host_planes(self) -> dict:
-        """{suffix: NumPy array} of the planes on the host (zero-copy on CPU)."""
+        """{suffix: NumPy array} of the planes on the host, in file order (zero-copy on CPU
+        when the module holds file order)."""
         out = {}
-        for suf, t in self.planes().items():
+        for suf, t in _file_order(self.owner(), self.planes()).items():
             t = t.detach().cpu()
             out[suf] = t.numpy()
         return out
+
+    @property
+    def plane_order(self) -> str:
+        """"tiled" when sm and idx are held tile-major, else "file"."""
+        return "tiled" if self.owner()._tiled else "file"
+
+    def can_tile(self) -> bool:
+        """Whether set_plane_order("tiled") applies: a palette weight this module owns, of
+        whole 16 x 64 tiles, read by matmuls only (not an embedding, whose row gather reads
+        file order)."""
+        return (isinstance(self, CompressedLinear) and not self._tied and self.encoding == C.ENC_PALETTE
+                and kp.pal_tiled_ok(self.n_rows, self.n_cols))
+
+    def set_plane_order(self, order: str) -> bool:
+        """Hold sm and idx in `order` ("file" or "tiled"), permuting them in place on their
+        device (one plane's worth of temporary memory); True when the order changed.  A
+        module that cannot tile (can_tile) stays in file order and "tiled" is a no-op."""
+        if order not in ("file", "tiled"):
+            raise ValueError(f"plane order must be 'file' or 'tiled', got {order!r}")
+        if self._tied:  # the source's planes: its own order
+            return False
+        want = order == "tiled" and self.can_tile()
+        if want == self._tiled:
+            return False
+        sm, idx = self.weight__sm.data, self.weight__idx.data
+        st, it = (ops_layout.tile_palette_planes if want else ops_layout.untile_palette_planes)(sm, idx)
+        sm.copy_(st)
+        idx.copy_(it)
+        self._tiled = want
+        return True
 
     def check_loaded(self, where: str = ""):
         """After a state-dict load: the header plane must parse and agree with the planes."""
@@ -283,7 +326,7 @@ class CompressedWeightMixin:
                              i.palette, p[C.SUFFIX_SM], exp=p.get(C.SUFFIX_EXP), off=p.get(C.SUFFIX_OFF),
                              table=o.code_table() if i.encoding == C.ENC_HUFFMAN else None, lut=o.weight_lut,
                              idx=p.get(C.SUFFIX_IDX), vpos=p.get(C.SUFFIX_VPOS), vexp=p.get(C.SUFFIX_VEXP),
-                             chk=p.get(C.SUFFIX_CHK), chk_interval=i.chk_interval)
+                             chk=p.get(C.SUFFIX_CHK), chk_interval=i.chk_interval, tiled=o._tiled)
 
     def decode_weight(self) -> Tensor:
         """The weight as a new bf16 [rows, cols] tensor on the module's device (not cached)."""
@@ -294,6 +337,31 @@ class CompressedWeightMixin:
         """A stand-in for the dense weight (bf16 [rows, cols]): shape, dtype and device without
         decoding; anything else decodes it (see LazyTensor)."""
         return _LazyWeight(self)
+
+
+def _file_order(owner, planes: dict) -> dict:
+    """{suffix: tensor} of `owner`'s planes with sm and idx in file order (new tensors where
+    the module holds them tile-major)."""
+    if not owner._tiled:
+        return planes
+    sm, idx = ops_layout.untile_palette_planes(planes[C.SUFFIX_SM], planes[C.SUFFIX_IDX])
+    return {**planes, C.SUFFIX_SM: sm, C.SUFFIX_IDX: idx}
+
+
+def _file_order_state_dict(module, state_dict, prefix, local_metadata):
+    """state_dict() hook: the checkpoint's bytes, whatever order the module holds."""
+    if getattr(module, "_tiled", False):
+        keys = {s: prefix + "weight" + s for s in (C.SUFFIX_SM, C.SUFFIX_IDX)}
+        planes = _file_order(module, {s: state_dict[k] for s, k in keys.items()})
+        for s, k in keys.items():
+            state_dict[k] = planes[s]
+    return state_dict
+
+
+def _loading_file_order(module, state_dict, prefix, *args):
+    """load_state_dict() pre-hook: the load copies file-order bytes into the buffers."""
+    if prefix + "weight" + C.SUFFIX_SM in state_dict:
+        module._tiled = False
 
 
 class _ShapeOnly:

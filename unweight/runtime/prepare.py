@@ -213,12 +213,17 @@ def _auto_modes(owners: list, stacks: list = ()) -> dict:
     return out
 
 
-def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolicy | None = None) -> dict:
+def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolicy | None = None,
+            plane_order: str = "file") -> dict:
     """Finish a model whose compressed modules hold loaded planes: validate, apply `mode`,
     build device tables, set the dispatch policy (default: the measured one, which only ever
-    picks a fused kernel on CUDA), reserve scratch.  Returns the summary stored as
-    model.unweight_info."""
+    picks a fused kernel on CUDA), reserve scratch.  plane_order: "file", or "tiled" to hold
+    every palette matmul weight that can be tile-major (CompressedWeightMixin.set_plane_order;
+    the same results, the planes in the order the fused kernels stream fastest).  Returns the
+    summary stored as model.unweight_info."""
     check_mode(mode)
+    if plane_order not in ("file", "tiled"):
+        raise ValueError(f"plane_order must be 'file' or 'tiled', got {plane_order!r}")
     plan = getattr(model, "_unweight_plan", {}) or {}
     decode_fallbacks(model, plan)
     cms = compressed_modules(model)
@@ -282,11 +287,14 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
         need[k] = max(need.get(k, 0), m.n_rows * m.n_cols)
     for dev, numel in need.items():
         scratch.reserve(dev, numel)
+    tiled = 0
     for _, m in compressed_modules(model):
         m.policy = policy
+        m.set_plane_order(plane_order)
+        tiled += m.plane_order == "tiled" and not m.is_tied
     for *_, st in experts.expert_stacks(model):
         st.policy = policy
-    info = {"mode": mode, "modules": counts, "experts": experts_info,
+    info = {"mode": mode, "modules": counts, "experts": experts_info, "tiled_modules": tiled,
             **_held_totals(model, experts_info),
             "scratch_bytes": {d: scratch.scratch_bytes(d) for d in need},
             "tied": plan.get("tied", []),

@@ -36,17 +36,19 @@ class EncodedWeight:
                  lut [4, 4096] uint16 on CUDA (empty on CPU)
         palette: sm [rows, cols], idx [rows, ceil(cols/2)], vpos [nv], vexp [nv, PAL_BLOCK]
     chk: the Huffman checkpoint index uint16 [n_seg, P] and chk_interval its S (None and 0
-    without one; FORMAT.md "Checkpoint index").  Unused planes are None.
+    without one; FORMAT.md "Checkpoint index").  Unused planes are None.  tiled: a palette
+    weight's sm and idx hold their bytes tile-major (ops/layout.py), which every palette op
+    is told; False (file order) unless the holder permuted them.
     """
 
     __slots__ = ("encoding", "rows", "cols", "rows_per_group", "cols_per_chunk", "exp_lo", "exp_hi", "palette",
-                 "sm", "exp", "off", "table", "lut", "idx", "vpos", "vexp", "name", "chk", "chk_interval")
+                 "sm", "exp", "off", "table", "lut", "idx", "vpos", "vexp", "name", "chk", "chk_interval", "tiled")
 
     def __init__(self, encoding: int, rows: int, cols: int, rows_per_group: int, cols_per_chunk: int, exp_lo: int,
                  exp_hi: int, palette: list, sm: Tensor, exp: Tensor | None = None, off: Tensor | None = None,
                  table: Tensor | None = None, lut: Tensor | None = None, idx: Tensor | None = None,
                  vpos: Tensor | None = None, vexp: Tensor | None = None, name: str = "",
-                 chk: Tensor | None = None, chk_interval: int = 0):
+                 chk: Tensor | None = None, chk_interval: int = 0, tiled: bool = False):
         self.encoding, self.rows, self.cols = encoding, rows, cols
         self.rows_per_group, self.cols_per_chunk = rows_per_group, cols_per_chunk
         self.exp_lo, self.exp_hi, self.palette = exp_lo, exp_hi, palette
@@ -54,6 +56,7 @@ class EncodedWeight:
         self.idx, self.vpos, self.vexp = idx, vpos, vexp
         self.name = name
         self.chk, self.chk_interval = (chk, int(chk_interval)) if chk is not None and chk_interval else (None, 0)
+        self.tiled = bool(tiled)
 
     @classmethod
     def from_header(cls, header: TensorHeader, planes: dict, table: Tensor | None = None, lut: Tensor | None = None,
