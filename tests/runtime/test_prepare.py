@@ -48,8 +48,8 @@ def test_tile_major_planes_hold_the_same_model(llama_ck):
     from unweight.format import constants as C
     _, ck = llama_ck
     ref = unweight.load(ck["palette"], device="cpu", mode="palette")
-    m = unweight.load(ck["palette"], device="cpu", mode="palette")
-    info = prep.prepare(m, "palette", plane_order="tiled")
+    m = unweight.load(ck["palette"], device="cpu", mode="palette", plane_order="tiled")
+    info = m.unweight_info
     mods = dict(compressed_modules(m))
     tiled = {n for n, x in mods.items() if x.plane_order == "tiled" and not x.is_tied}
     assert info["tiled_modules"] == len(tiled) >= 10  # q, o, gate, up, down x 2 layers
@@ -75,3 +75,5 @@ def test_tile_major_planes_hold_the_same_model(llama_ck):
     assert all(torch.equal(v, rsd[k]) for k, v in m.state_dict().items())
     with pytest.raises(ValueError, match="plane_order"):
         prep.prepare(m, "palette", plane_order="rows")
+    with pytest.raises(unweight.InputError, match="plane_order"):
+        unweight.load(ck["palette"], device="cpu", plane_order="rows")

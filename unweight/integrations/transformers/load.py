@@ -23,7 +23,7 @@ def _model_class(config):
 
 
 def load(path: str, device: str | torch.device | None = None, mode: str = "auto", *, model_class=None,
-         verify: bool = True, **from_pretrained_kwargs):
+         verify: bool = True, plane_order: str = "file", **from_pretrained_kwargs):
     """Load an unweight checkpoint folder as a ready transformers model.
 
     path: folder written by ``unweight compress`` (config.json + safetensors shards).
@@ -33,12 +33,16 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
     model_class: the transformers class to instantiate (default: config.architectures[0]
         when transformers has it, else AutoModel).
     verify: decode-and-checksum pass at load (structure and raw checksums are always checked).
+    plane_order: "file", or "tiled" to hold palette matmul weights tile-major in memory (the
+        order the fused kernels stream fastest; the same results: runtime/prepare.py).
     Returns the model in eval mode (with ``output_loading_info=True``, from_pretrained's
     (model, loading info) pair); model.unweight_info summarizes what was done.  A checkpoint
     the model cannot take whole (a stored tensor with no place, a parameter the checkpoint
     does not fill) fails with one InputError line.
     """
     check_mode(mode)
+    if plane_order not in ("file", "tiled"):
+        raise InputError(f"plane_order must be 'file' or 'tiled', got {plane_order!r}")
     path = as_path(path, "path")
     if not os.path.isdir(path):
         raise InputError(f"{path}: not a folder (unweight.load takes a compressed checkpoint folder)")
@@ -52,7 +56,7 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
     qc = dict(qc) if qc is not None else {}
     if qc.get("quant_method") != C.QUANT_METHOD:
         raise InputError(f"{path}: config.json has no unweight quantization_config (compress it with unweight)")
-    qc.update(mode=mode, verify=verify)
+    qc.update(mode=mode, verify=verify, plane_order=plane_order)
     config.quantization_config = qc
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

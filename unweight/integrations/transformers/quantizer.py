@@ -42,18 +42,21 @@ class UnweightConfig(QuantizationConfigMixin):
     """The ``quantization_config`` block ``unweight compress`` writes into config.json.
 
     format_version: "1.0"; encoding: what compress was asked for; mode: runtime mode
-    ("auto" | "huffman" | "palette" | "dense"); verify: decode+checksum pass at load.
+    ("auto" | "huffman" | "palette" | "dense"); verify: decode+checksum pass at load;
+    plane_order: "file" or "tiled", the order palette matmul weights are held in (prepare).
+    The last three are load options (unweight.load sets them).
     Unknown keys (tool_version, encoded_dtype, ...) are kept so config.json round-trips.
     """
 
     def __init__(self, format_version: str = C.FORMAT_VERSION, encoding: str = "huffman", mode: str = "auto",
-                 verify: bool = True, **kwargs):
+                 verify: bool = True, plane_order: str = "file", **kwargs):
         kwargs.pop("quant_method", None)
         self.quant_method = C.QUANT_METHOD
         self.format_version = str(format_version)
         self.encoding = encoding
         self.mode = mode
         self.verify = verify
+        self.plane_order = plane_order
         for k, v in kwargs.items():
             setattr(self, k, v)
         check_format_version(self.format_version)
@@ -140,14 +143,15 @@ class UnweightHfQuantizer(HfQuantizer):
         if loading is not None:
             convert.check_loading(model, *loading)
         mode = getattr(self.quantization_config, "mode", "auto") or "auto"
+        order = getattr(self.quantization_config, "plane_order", "file") or "file"
         if getattr(model, "_unweight_tp", None):
             tp.load_tp_planes(model, verify=env_verify(bool(getattr(self.quantization_config, "verify", True))))
             mode = tp.resolve_mode(mode, model)
             before = dict(model.named_modules())
-            prepare(model, mode)
+            prepare(model, mode, plane_order=order)
             tp.reinstall_styles(model, before)
             return model
-        prepare(model, mode)
+        prepare(model, mode, plane_order=order)
         return model
 
     def is_serializable(self):
