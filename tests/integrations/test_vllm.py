@@ -54,8 +54,8 @@ def _ok(r):
 
 
 def _llama_variants(models, root) -> dict:
-    """Copies of the huffman Llama: quantization_config mode "palette" and "dense", and one
-    with a flipped bit in a raw tensor (a norm)."""
+    """Copies of the huffman Llama: quantization_config mode "palette" (with plane_order
+    "tiled") and "dense", and one with a flipped bit in a raw tensor (a norm)."""
     import shutil
     import struct
     out = {}
@@ -65,6 +65,8 @@ def _llama_variants(models, root) -> dict:
         p = os.path.join(out[mode], "config.json")
         cfg = json.load(open(p))
         cfg["quantization_config"]["mode"] = mode
+        if mode == "palette":  # and its linear pieces held tile-major
+            cfg["quantization_config"]["plane_order"] = "tiled"
         json.dump(cfg, open(p, "w"))
     out["flipped"] = os.path.join(root, "flipped")
     shutil.copytree(models["huffman"], out["flipped"])
@@ -99,7 +101,9 @@ def test_tp1_eager_compiled_and_decode_at_load(models, tmp_path):
     assert _ok(res[1]) == base_eager
     assert _ok(res[3]) == base_compiled          # torch.compile traced through unweight_vllm ops
     assert _ok(res[4]) == base_eager             # --load-format unweight (decoded to bf16 at load)
-    assert _ok(res[5]) == base_eager             # palette mode on a huffman file: shards transcoded on the host
+    assert _ok(res[5]) == base_eager             # palette mode on a huffman file: shards transcoded on the host,
+    assert any(pc["plane_order"] == "tiled"      # and held tile-major (plane_order "tiled")
+               for r in res[5]["reports"][0].values() for pc in r.get("pieces", ()) if "plane_order" in pc)
     assert _ok(res[6]) == base_compiled          # dense mode compiled (unweight_vllm::dense_gemm)
     assert "checksum mismatch in tensor 'model.layers.0.input_layernorm.weight'" in res[7]["error"]
     assert "LoRA adapters need the base weights dense" in res[8]["error"]

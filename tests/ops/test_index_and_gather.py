@@ -17,7 +17,7 @@ from unweight.codec import tensor_codec as tc
 from unweight.format import constants as C
 from unweight.integrations.vllm import ops as vops
 from unweight.runtime import dispatch, scratch
-from unweight.runtime.modules import CompressedEmbedding
+from unweight.runtime.modules import CompressedEmbedding, CompressedLinear
 from unweight.runtime.weights import EncodedWeight
 
 from ..cuda.helpers import make_weights
@@ -128,3 +128,21 @@ def test_module_and_vllm_arguments_carry_the_index():
     ids = torch.tensor([0, 511, 100])
     assert torch.equal(dispatch.embedding([back], ids, 512, 256).view(torch.int16),
                        emb.weight.detach()[ids].view(torch.int16))
+
+
+def test_vllm_arguments_carry_the_plane_order():
+    """A tile-major palette piece (vLLM's plane_order "tiled": common.hold_tiled) keeps its
+    order through the op arguments, so the op's linear reads it as such: the file-order bits."""
+    from unweight.integrations.vllm.common import hold_tiled
+    lin = torch.nn.Linear(128, 48, bias=False).to(torch.bfloat16)
+    ew = CompressedLinear.from_linear(lin, "palette").encoded()
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    want = dispatch.linear([ew], x, None, 48, 128)
+    tiled = hold_tiled(CompressedLinear.from_linear(lin, "palette").encoded())
+    assert tiled.tiled and not torch.equal(tiled.sm, ew.sm)
+    placeholder = torch.empty(0, dtype=torch.uint8)
+    (back,) = vops.pieces(vops.piece_planes(tiled, placeholder), vops.piece_meta(tiled))
+    assert back.tiled and len(vops.piece_meta(tiled)) == vops.META_LEN
+    assert torch.equal(dispatch.linear([back], x, None, 48, 128).view(torch.int16), want.view(torch.int16))
+    odd = CompressedLinear.from_linear(torch.nn.Linear(100, 40).to(torch.bfloat16), "palette").encoded()
+    assert not hold_tiled(odd).tiled  # not whole 16 x 64 tiles: file order

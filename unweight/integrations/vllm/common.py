@@ -17,6 +17,7 @@ from ...codec import tensor_codec as tc
 from ...format import constants as C
 from ...format.errors import FormatError
 from ...format.header import TensorHeader
+from ...runtime import kernel_plan as kp
 from ...runtime import scratch
 from ...runtime.weights import EncodedWeight
 
@@ -101,6 +102,17 @@ def device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> Encod
             return device_piece(enc.header, enc.planes, dev, mode, name)
         table = lut = None
     return EncodedWeight.from_header(hs, planes, table=table, lut=lut, name=name)
+
+
+def hold_tiled(w: EncodedWeight) -> EncodedWeight:
+    """A palette piece of whole 16 x 64 tiles with its sm and idx permuted tile-major on their
+    device (ops/layout.py; the fused kernels' streaming order, the same results); any other
+    piece as it is."""
+    if w.is_huffman or w.tiled or not kp.pal_tiled_ok(w.rows, w.cols):
+        return w
+    w.sm, w.idx = ops.tile_palette_planes(w.sm, w.idx)
+    w.tiled = True
+    return w
 
 
 def gather(layer, record) -> list:

@@ -15,7 +15,8 @@ the pieces as a flat tensor list plus an int list of metadata:
         palette: sm uint8 [n, k], idx uint8 [n, ceil(k/2)], vpos uint32 [nv], vexp uint8 [nv, 32],
                  an empty uint8 placeholder twice
     meta: META_LEN ints per piece: encoding, rows, cols, R, C, exp_lo, exp_hi, pal_size, palette[16],
-          chk_interval (0: no index)
+          chk_interval (0: no index), tiled (1: a palette piece's sm and idx are tile-major,
+          ops/layout.py)
 
     unweight_vllm::linear(x, planes, meta, bias, out_rows, cols) -> y   bf16 [..., out_rows]
     unweight_vllm::embedding(ids, planes, meta, out_rows, cols) -> e   bf16 [..., cols]
@@ -35,7 +36,7 @@ from ...runtime import dispatch
 from ...runtime.policy import DispatchPolicy
 from ...runtime.weights import EncodedWeight
 
-META_LEN = 9 + C.PAL_MAX_ENTRIES
+META_LEN = 10 + C.PAL_MAX_ENTRIES
 PLANES_PER_PIECE = 6
 
 _POLICY: dict = {}
@@ -53,7 +54,8 @@ def current_policy() -> DispatchPolicy | None:
 
 def piece_meta(w: EncodedWeight) -> list:
     return [w.encoding, w.rows, w.cols, w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi,
-            len(w.palette)] + w.palette + [0] * (C.PAL_MAX_ENTRIES - len(w.palette)) + [w.chk_interval]
+            len(w.palette)] + w.palette + [0] * (C.PAL_MAX_ENTRIES - len(w.palette)) + [w.chk_interval,
+                                                                                         int(w.tiled)]
 
 
 def piece_planes(w: EncodedWeight, placeholder: Tensor) -> list:
@@ -74,7 +76,7 @@ def pieces(planes: List[Tensor], meta: List[int]) -> list:
         S = m[8 + C.PAL_MAX_ENTRIES]
         kw = ({"exp": t[1], "off": t[2], "table": t[3], "lut": t[4], "chk": t[5] if S else None, "chk_interval": S}
               if m[0] == C.ENC_HUFFMAN
-              else {"idx": t[1], "vpos": t[2], "vexp": t[3]})
+              else {"idx": t[1], "vpos": t[2], "vexp": t[3], "tiled": bool(m[9 + C.PAL_MAX_ENTRIES])})
         out.append(EncodedWeight(m[0], m[1], m[2], m[3], m[4], m[5], m[6], list(m[8:8 + m[7]]), t[0], **kw))
     return out
 

@@ -21,7 +21,9 @@ kernel where the measured policy picks one).
 Modes (``quantization_config.mode``, as unweight.load's): "huffman" / "palette" keep the
 shards compressed (transcoding a piece stored in the other encoding), "auto" keeps the
 stored encoding (serving is where memory is short), "dense" decodes each rank's shard to
-BF16 at load.  Every layer logs one ``unweight layer report {json}`` line: its path, and per
+BF16 at load.  ``quantization_config.plane_order`` (or UNWEIGHT_PLANE_ORDER) "tiled" holds the
+palette pieces of linear layers tile-major (ops/layout.py; the same results).  Every layer
+logs one ``unweight layer report {json}`` line: its path, and per
 piece the block of the tensor this rank holds and its bytes (an experts layer: one entry per
 gate / up / down over the rank's experts, the bytes summed).
 """
@@ -54,7 +56,8 @@ from ...runtime.modes import check_mode, sharded_mode
 from ...runtime.policy import DispatchPolicy
 from ...runtime.tuning_table import load_table
 from . import ops as uvops
-from .common import PLANE_DTYPES, device_piece, gather, log, missing_plane, report_layer, take_shard, tp_info
+from .common import (PLANE_DTYPES, device_piece, gather, hold_tiled, log, missing_plane, report_layer, take_shard,
+                     tp_info)
 
 _DEFAULT_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
@@ -117,11 +120,16 @@ def _refuse_lora() -> None:
 class UnweightConfig(QuantizationConfig):
     """quantization_config of a checkpoint written by ``unweight compress``."""
 
-    def __init__(self, format_version: str = C.FORMAT_VERSION, encoding: str | None = None, mode: str = "auto"):
+    def __init__(self, format_version: str = C.FORMAT_VERSION, encoding: str | None = None, mode: str = "auto",
+                 plane_order: str = "file"):
         super().__init__()
         self.format_version = check_format_version(format_version)
         self.encoding = encoding
         self.mode = check_mode(mode or "auto")
+        if plane_order not in ("file", "tiled"):
+            raise InputError(f"unweight: plane_order must be 'file' or 'tiled', got {plane_order!r}")
+        # "tiled": palette linear weights held tile-major (ops/layout.py), as unweight.load's
+        self.plane_order = plane_order
         # base tensor name -> [rows, cols, encoding, R, C]; filled by maybe_update_config
         self.encoded: dict[str, list] = {}
         self.model_path: str | None = None
@@ -150,7 +158,8 @@ class UnweightConfig(QuantizationConfig):
     def from_config(cls, config: dict[str, Any]) -> "UnweightConfig":
         refuse_source_quantization(config.get("source_quantization_config"), "unweight checkpoint")
         return cls(format_version=config.get("format_version", C.FORMAT_VERSION), encoding=config.get("encoding"),
-                   mode=os.environ.get("UNWEIGHT_MODE") or config.get("mode") or "auto")
+                   mode=os.environ.get("UNWEIGHT_MODE") or config.get("mode") or "auto",
+                   plane_order=os.environ.get("UNWEIGHT_PLANE_ORDER") or config.get("plane_order") or "file")
 
     def maybe_update_config(self, model_name: str, hf_config=None, revision: str | None = None):
         """Read every encoded tensor's header (small ``__hdr`` planes only) from the checkpoint.
@@ -385,6 +394,11 @@ class _UnweightMethodBase(QuantizeMethodBase):
             if verify:
                 self._verify_piece(layer, pc)
             w = device_piece(pc["header"], pc["planes"], dev, mode, pc["name"])
+            # Tile-major only where the pieces feed matmuls alone: not an embedding (its row
+            # gather reads file order), which a tied lm_head computes with.
+            if mode != "dense" and self.config.plane_order == "tiled" and (
+                    not isinstance(layer, VocabParallelEmbedding) or isinstance(layer, ParallelLMHead)):
+                w = hold_tiled(w)
             weights.append(w)
             held = sum(int(t.numel() * t.element_size()) for t in uvops.piece_planes(w, _EMPTY) if t is not None)
             hs = pc["header"]
@@ -392,6 +406,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
                            "full_shape": [pc["full_header"].rows, pc["full_header"].cols],
                            "rows": list(pc["rows"]), "cols": list(pc["cols"]), "held_shape": [hs.rows, hs.cols],
                            "held_bytes": held, "full_planes_bytes": pc["full_bytes"],
+                           "plane_order": "tiled" if w.tiled else "file",
                            "bf16_shard_bytes": hs.rows * hs.cols * 2})
         for suf in C.ALL_SUFFIXES:
             delattr(layer, "weight" + suf)
