@@ -134,6 +134,32 @@ def test_transcode_both_ways():
     assert cl.encoding_name == "huffman" and torch.equal(cl.decode_weight(), lin.weight)
 
 
+def test_plane_order_only_for_palette_matmul_weights_and_reset_by_a_new_encoding():
+    """set_plane_order("tiled") permutes a palette CompressedLinear of whole 16 x 64 tiles (its
+    forward, dense copy and palette -> huffman transcode unchanged), is a no-op elsewhere
+    (huffman, odd shapes, embeddings and the head tied to one), and a transcode's new planes
+    are file order."""
+    lin = _linear(48, 128)
+    cl = CompressedLinear.from_linear(lin, "palette")
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    want = cl(x)
+    sm = cl.weight__sm.clone()
+    assert cl.can_tile() and cl.set_plane_order("tiled") and cl.plane_order == "tiled"
+    assert not torch.equal(cl.weight__sm, sm) and not cl.set_plane_order("tiled")
+    assert cl.encoded().tiled and torch.equal(cl(x).view(torch.int16), want.view(torch.int16))
+    assert torch.equal(cl.decode_weight(), lin.weight) and torch.equal(cl.to_dense().weight, lin.weight)
+    prepare._transcode(cl, "huffman")  # from the file-order bytes
+    assert cl.plane_order == "file" and torch.equal(cl.decode_weight(), lin.weight)
+    assert not cl.set_plane_order("tiled")  # huffman: nothing to permute
+    odd = CompressedLinear.from_linear(_linear(40, 128), "palette")
+    emb = CompressedEmbedding.from_embedding(_embedding(64, 64), "palette")
+    head = CompressedLinear.tied_to(emb)
+    for m in (odd, emb, head):
+        assert not m.can_tile() and not m.set_plane_order("tiled") and m.plane_order == "file"
+    with pytest.raises(ValueError, match="plane order"):
+        cl.set_plane_order("columns")
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("enc", ENCODINGS)
