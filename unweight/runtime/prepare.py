@@ -219,7 +219,8 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     build device tables, set the dispatch policy (default: the measured one, which only ever
     picks a fused kernel on CUDA), reserve scratch.  plane_order: "file", or "tiled" to hold
     every palette matmul weight that can be tile-major (CompressedWeightMixin.set_plane_order;
-    the same results, the planes in the order the fused kernels stream fastest).  Returns the
+    the same results, the planes in the order the fused kernels stream fastest; on CPU, where
+    the codec reads file order, each decode untiles them first).  Returns the
     summary stored as model.unweight_info."""
     check_mode(mode)
     if plane_order not in ("file", "tiled"):

@@ -34,7 +34,8 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
         when transformers has it, else AutoModel).
     verify: decode-and-checksum pass at load (structure and raw checksums are always checked).
     plane_order: "file", or "tiled" to hold palette matmul weights tile-major in memory (the
-        order the fused kernels stream fastest; the same results: runtime/prepare.py).
+        order the fused kernels stream fastest; the same results: runtime/prepare.py).  For a
+        GPU: on CPU every decode first puts the planes back in file order, which only costs.
     Returns the model in eval mode (with ``output_loading_info=True``, from_pretrained's
     (model, loading info) pair); model.unweight_info summarizes what was done.  A checkpoint
     the model cannot take whole (a stored tensor with no place, a parameter the checkpoint
