@@ -38,11 +38,16 @@ const char* check_huff(int64_t stream_bytes, int64_t rows, int64_t cols, int64_t
   return nullptr;
 }
 
+const char* check_plane_order(int64_t rows, int64_t cols, int tiled) {
+  if (tiled != 0 && tiled != 1) return "tiled must be 0 or 1";
+  if (tiled && !plan::pal_tiled_ok(rows, cols)) return "tile-major planes need rows % 16 == 0 and cols % 64 == 0";
+  return nullptr;
+}
+
 const char* check_pal(int64_t rows, int64_t cols, int64_t r0, int64_t r1, int64_t k0, int64_t k1,
                       const Palette& pal, int64_t nv, int64_t out_stride, int tiled) {
   if (rows <= 0 || cols <= 0) return "matrix dimensions must be positive";
-  if (tiled != 0 && tiled != 1) return "tiled must be 0 or 1";
-  if (tiled && !plan::pal_tiled_ok(rows, cols)) return "tile-major planes need rows % 16 == 0 and cols % 64 == 0";
+  if (const char* e = check_plane_order(rows, cols, tiled)) return e;
   if (!(0 <= r0 && r0 < r1 && r1 <= rows && 0 <= k0 && k0 < k1 && k1 <= cols))
     return "decode rectangle out of bounds";
   if (pal.size < 1 || pal.size > PAL_MAX_ENTRIES) return "palette must have 1..16 entries";

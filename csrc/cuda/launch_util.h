@@ -20,6 +20,9 @@ const char* check_huff(int64_t stream_bytes, int64_t rows, int64_t cols, int64_t
                        const uint16_t* out16, const uint8_t* out8, int64_t out_stride);
 const char* check_pal(int64_t rows, int64_t cols, int64_t r0, int64_t r1, int64_t k0, int64_t k1,
                       const Palette& pal, int64_t nv, int64_t out_stride, int tiled);
+// The planes' order flag of every palette launcher (kernel_plan.h pal_offset): 0 (file order)
+// or 1 (tile-major, which needs whole 16 x 64 tiles).
+const char* check_plane_order(int64_t rows, int64_t cols, int tiled);
 // The palette decode variant to run (plan::PAL_VARIANT_*; DEFAULT resolved, unknown refused):
 // *variant becomes VEC8 or WIDE, WIDE only where VEC8's vector path applies (its chunks are
 // VEC8's) and the width k1 - k0 is whole chunks.  *vec: whether that path applies (cols, k0

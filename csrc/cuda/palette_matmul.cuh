@@ -21,6 +21,7 @@
 #pragma once
 #include "device_util.cuh"
 #include "emu/ctx.cuh"
+#include "launch_util.h"  // check_plane_order
 #include "pal_regs.cuh"
 
 namespace unweight {
@@ -62,8 +63,7 @@ struct PalProduct {
 // valid, else the error the launcher returns.
 inline const char* check_pal_product(int64_t N, int64_t K, int64_t ldx, int64_t ldy, int pal_size, int64_t nv,
                                      int tiled) {
-  if (tiled != 0 && tiled != 1) return "tiled must be 0 or 1";
-  if (tiled && !plan::pal_tiled_ok(N, K)) return "tile-major planes need N % 16 == 0 and K % 64 == 0";
+  if (const char* e = check_plane_order(N, K, tiled)) return e;
   if (ldx < K || ldx % 8 != 0) return "x row stride must be >= K and a multiple of 8";
   if (ldy < N) return "y row stride must be >= N";
   if (pal_size < 1 || pal_size > PAL_MAX_ENTRIES) return "palette must have 1..16 entries";

@@ -35,17 +35,22 @@ def _shape(sm: Tensor, idx: Tensor) -> tuple[int, int]:
     return rows, cols
 
 
+def _reorder(sm: Tensor, idx: Tensor, to_tiled: bool) -> tuple[Tensor, Tensor]:
+    """Both planes between the orders: one transpose of the (row tile, row, column tile,
+    column) axes, which swaps the middle two whichever way it goes."""
+    rows, cols = _shape(sm, idx)
+
+    def swap(p: Tensor, width: int) -> Tensor:  # width: a tile row's bytes in this plane
+        mid = (_R, cols // _C) if to_tiled else (cols // _C, _R)
+        return p.reshape(rows // _R, *mid, width).transpose(1, 2).contiguous().view(rows, p.size(1))
+    return swap(sm, _C), swap(idx, _C // 2)
+
+
 def tile_palette_planes(sm: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
     """File order -> tile-major (new tensors, same shapes and device)."""
-    rows, cols = _shape(sm, idx)
-    t = sm.reshape(rows // _R, _R, cols // _C, _C).transpose(1, 2).contiguous().view(rows, cols)
-    i = idx.reshape(rows // _R, _R, cols // _C, _C // 2).transpose(1, 2).contiguous().view(rows, cols // 2)
-    return t, i
+    return _reorder(sm, idx, True)
 
 
 def untile_palette_planes(sm: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
     """Tile-major -> file order (new tensors, same shapes and device)."""
-    rows, cols = _shape(sm, idx)
-    t = sm.reshape(rows // _R, cols // _C, _R, _C).transpose(1, 2).contiguous().view(rows, cols)
-    i = idx.reshape(rows // _R, cols // _C, _R, _C // 2).transpose(1, 2).contiguous().view(rows, cols // 2)
-    return t, i
+    return _reorder(sm, idx, False)

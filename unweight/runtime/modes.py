@@ -4,6 +4,9 @@
         encoding is transcoded at load) and are decoded per forward.
     "dense": decoded once at load into ordinary nn.Linear / nn.Embedding weights.
     "auto": dense where the memory allows it, compressed otherwise (runtime/prepare.py).
+
+Plane orders of the palette matmul weights a compressed mode keeps: "file" (as stored) or
+"tiled" (tile-major, ops/layout.py; runtime/prepare.py).
 """
 from __future__ import annotations
 
@@ -17,6 +20,16 @@ def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise InputError(f"unknown mode {mode!r}: choose {', '.join(MODES)}")
     return mode
+
+
+PLANE_ORDERS = ("file", "tiled")
+
+
+def check_plane_order(order: str, error: type = InputError) -> str:
+    """Return order, or raise `error` (InputError for user input) naming the choices."""
+    if order not in PLANE_ORDERS:
+        raise error(f"plane_order {order!r} is not a plane order: choose {', '.join(PLANE_ORDERS)}")
+    return order
 
 
 def sharded_mode(mode: str, stored_encoding: str) -> str:

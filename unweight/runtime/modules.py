@@ -31,6 +31,7 @@ from ..format.header import TensorHeader
 from ..ops import layout as ops_layout
 from . import dispatch
 from . import kernel_plan as kp
+from .modes import check_plane_order
 from .weights import EncodedWeight
 
 
@@ -294,8 +295,7 @@ class CompressedWeightMixin:
         """Hold sm and idx in `order` ("file" or "tiled"), permuting them in place on their
         device (one plane's worth of temporary memory); True when the order changed.  A
         module that cannot tile (can_tile) stays in file order and "tiled" is a no-op."""
-        if order not in ("file", "tiled"):
-            raise ValueError(f"plane order must be 'file' or 'tiled', got {order!r}")
+        check_plane_order(order, ValueError)
         if self._tied:  # the source's planes: its own order
             return False
         want = order == "tiled" and self.can_tile()

@@ -45,7 +45,7 @@ from ..format import constants as C
 from . import experts, scratch
 from . import policy as policies
 from .convert import decode_fallbacks, set_module
-from .modes import check_mode
+from .modes import check_mode, check_plane_order
 from .modules import CompressedEmbedding, CompressedWeightMixin, compressed_modules
 from .weights import load_index
 
@@ -223,8 +223,7 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     the codec reads file order, each decode untiles them first).  Returns the
     summary stored as model.unweight_info."""
     check_mode(mode)
-    if plane_order not in ("file", "tiled"):
-        raise ValueError(f"plane_order must be 'file' or 'tiled', got {plane_order!r}")
+    check_plane_order(plane_order, ValueError)
     plan = getattr(model, "_unweight_plan", {}) or {}
     decode_fallbacks(model, plan)
     cms = compressed_modules(model)

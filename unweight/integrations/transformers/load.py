@@ -8,7 +8,7 @@ import torch
 from ...format import constants as C
 from ...format.checkpoint import CompressedCheckpoint
 from ...format.errors import InputError
-from ...runtime.modes import check_mode
+from ...runtime.modes import check_mode, check_plane_order
 from ...sources import as_path
 from .quantizer import register
 
@@ -42,8 +42,7 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
     does not fill) fails with one InputError line.
     """
     check_mode(mode)
-    if plane_order not in ("file", "tiled"):
-        raise InputError(f"plane_order must be 'file' or 'tiled', got {plane_order!r}")
+    check_plane_order(plane_order)
     path = as_path(path, "path")
     if not os.path.isdir(path):
         raise InputError(f"{path}: not a folder (unweight.load takes a compressed checkpoint folder)")

@@ -52,7 +52,7 @@ from ...format.errors import FormatError, InputError
 from ...format.header import TensorHeader
 from ...format.quant_config import check_format_version, refuse_source_quantization
 from ...runtime import dispatch, scratch
-from ...runtime.modes import check_mode, sharded_mode
+from ...runtime.modes import check_mode, check_plane_order, sharded_mode
 from ...runtime.policy import DispatchPolicy
 from ...runtime.tuning_table import load_table
 from . import ops as uvops
@@ -126,10 +126,8 @@ class UnweightConfig(QuantizationConfig):
         self.format_version = check_format_version(format_version)
         self.encoding = encoding
         self.mode = check_mode(mode or "auto")
-        if plane_order not in ("file", "tiled"):
-            raise InputError(f"unweight: plane_order must be 'file' or 'tiled', got {plane_order!r}")
         # "tiled": palette linear weights held tile-major (ops/layout.py), as unweight.load's
-        self.plane_order = plane_order
+        self.plane_order = check_plane_order(plane_order)
         # base tensor name -> [rows, cols, encoding, R, C]; filled by maybe_update_config
         self.encoded: dict[str, list] = {}
         self.model_path: str | None = None
