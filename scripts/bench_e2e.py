@@ -34,7 +34,8 @@ import _bench_util as bu  # noqa: E402
 # forced on (one-tile copy stages, two-tile stages, or x shared per CTA), the palette GEMV at
 # batch 1..4 (its tensor-core variant 1..32; the one-tile GEMM above), or the decode + cuBLAS path with another decoder
 # (dispatch.use_decoders).  A trailing "+tiled" (palette) holds the matmul weights' planes
-# tile-major (prepare's plane_order="tiled"); "palette+tiled" with the measured dispatch.
+# tile-major (prepare's plane_order="tiled"); "palette+tiled" alone decodes them + cuBLAS.
+# Every other mode holds file order.
 MODES = ("huffman", "palette", "palette+tiled", "huffman+fused", "palette+fused", "palette+fused-wide",
          "palette+fused-xs", "palette+gemv", "palette+gemv-mma", "palette+gemv-mma+tiled", "palette+fused-wide+tiled",
          "palette+gemv-mma-staged", "palette+gemv-mma-prefetch",
@@ -102,7 +103,7 @@ def forced_fused_policy(model, device, path: str = "palette_gemm"):
     from unweight.runtime import kernel_plan as kp
     from unweight.runtime.modules import CompressedLinear, compressed_modules
     from unweight.runtime.policy import GEMV_PATHS, DispatchPolicy
-    from unweight.runtime.tuning_table import TuningTable
+    from unweight.runtime.tuning_table import TuningTable, table_encoding
     t = TuningTable(comment="forced fused (bench_e2e)")
     pol = DispatchPolicy(t)
     name = pol.device_name(device) if device.type == "cuda" else "cpu"
@@ -112,7 +113,9 @@ def forced_fused_policy(model, device, path: str = "palette_gemm"):
                 fused = ("huffman_gemm" if m.encoding_name == "huffman"
                          else "palette_gemm" if path in GEMV_PATHS
                          and not kp.pgemv_supported(M, m.n_cols, GEMV_PATHS[path]) else path)
-                t.record(name, m.n_rows, m.n_cols, m.encoding_name, M, {"decode_cublas": 1.0, fused: 0.5})
+                for tiled in (False, True):  # the same choice whichever plane order the layer is held in
+                    t.record(name, m.n_rows, m.n_cols, table_encoding(m.encoding_name, tiled), M,
+                             {"decode_cublas": 1.0, fused: 0.5})
     return pol
 
 
@@ -289,7 +292,7 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
             continue
         t0 = time.perf_counter()
         base, _, extra = mode.partition("+")
-        order = "file"
+        order = "file"  # explicit: "auto" would follow whatever tuning table this machine has
         if extra == "tiled" or extra.endswith("+tiled"):
             order, extra = "tiled", extra[: -len("tiled")].rstrip("+")
         # "+<decoder variant>" (chain, ahead, ahead2, ring; vec8, wide): the decode runs that variant for this mode

@@ -97,9 +97,16 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                                      y_one if same else None)
                     if "tiled" not in skip and kp.pal_tiled_ok(N, K):
                         tiled = tiled or [bu.clone_encoded(q, tiled=True) for q in ws]
+                        t = bu.graph_time(torch, [lambda q=q: dispatch.linear([q], x, None, N, K, baseline)
+                                                  for q in tiled], runs=runs)
+                        r["palette_tiled_decode_cublas"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas}
+                        times_tiled = {"decode_cublas": t["median_ms"]}
                         for key, path in TILED:
                             if path in times:  # its file-order run passed
                                 _time_tiled(torch, h, ws, tiled, x, err, t_cublas, runs, r, key, path)
+                                if r[key].get("same_bits_as_file_order"):
+                                    times_tiled[path] = r[key]["median_ms"]
+                        table.record(dev_name, N, K, "palette:tiled", M, times_tiled)
                 if e == "palette" and M == 1 and budget.left() > 30:
                     r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas,
                                                             wide="gemm:wide" not in skip)
@@ -132,8 +139,10 @@ LAYOUTS = (("palette_fused_wide", "palette_gemm_wide", "gemm:wide", True),
 
 
 # The palette kernels timed again on tile-major planes (ops/layout.py; the same bits as on file
-# order, checked): (row key, path).  Not dispatch choices: the order is fixed when a weight is
-# loaded, so these rows say whether a runtime should load its matmul weights tile-major.
+# order, checked): (row key, path).  They fill the table's "palette:tiled" entries (with decode
+# + cuBLAS on the same tile-major copies as their baseline), from which a runtime both picks a
+# tile-major weight's path and decides, per shape, which order to load a weight in
+# (TuningTable.plane_order).
 TILED = (("palette_fused_tiled", "palette_gemm"),
          ("palette_fused_wide_tiled", "palette_gemm_wide"),
          ("palette_gemv_tiled", "palette_gemv"),
@@ -272,7 +281,7 @@ def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("pale
 
 def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):
     """TuningTable of a recorded run's rows (the dispatch choices bench_shape recorded)."""
-    from unweight.runtime.tuning_table import PALETTE_GEMM, TuningTable
+    from unweight.runtime.tuning_table import PALETTE_GEMM, TuningTable, bucket, entry_key
     table = TuningTable()
     for r in rows:
         # Only palette has a fused kernel: for huffman, decode + cuBLAS has nothing to choose from.
@@ -288,6 +297,16 @@ def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):
                     lay.get("same_bits_as_palette_fused") or not same):
                 times[path] = lay["median_ms"]
         table.record(device_name, r["N"], r["K"], "palette", r["M"], times)
+        # The tile-major timings, where the run has their own decode + cuBLAS baseline.
+        dec_t = r.get("palette_tiled_decode_cublas") or {}
+        if "median_ms" in dec_t:
+            times = {"decode_cublas": dec_t["median_ms"]}
+            for key, path in TILED:
+                lay = r.get(key) or {}
+                if "median_ms" in lay and lay.get("same_bits_as_file_order") and path in table.entries.get(
+                        entry_key(device_name, r["N"], r["K"], "palette", bucket(r["M"])), {}).get("times_ms", {}):
+                    times[path] = lay["median_ms"]
+            table.record(device_name, r["N"], r["K"], "palette:tiled", r["M"], times)
     return table
 
 
@@ -354,6 +373,8 @@ def _from_json(args) -> int:
     measured = table_from_rows(kern["rows"], gpu, kern.get("encodings") or ("palette", "huffman"))
     for key, e in sorted(measured.entries.items()):
         print(f"{key}: {e['choice']} (M={e['M']})")
+    for n, k in sorted({(int(r["N"]), int(r["K"])) for r in kern["rows"] if "palette_tiled_decode_cublas" in r}):
+        print(f"{gpu}|{n}|{k}|palette plane order: {measured.plane_order(gpu, n, k)}")
     # A gpu_check bench stage holds the decode benchmark of the same run: its decoder choices too.
     import bench_decode
     dec = (doc.get("raw") or {}).get("decode") or {}

@@ -1074,6 +1074,39 @@ def group_variant(rec, device, tag):
                       h.make_weights(N, K, seed=N + 17 * K))
         rec.check("tile-major palette on verbatim-heavy weights", tiled_case,
                   np.ascontiguousarray(_verbatim_heavy(np, 1088, 6)[:256]))
+
+        def auto_order():
+            """plane_order "auto" under a table that timed tile-major faster: a CUDA module is
+            tiled and runs the path its tile-major entry names, with the file-order module's bits
+            on the same path; off CUDA it stays in file order."""
+            from unweight.runtime.modules import CompressedLinear
+            from unweight.runtime.policy import DispatchPolicy
+            from unweight.runtime.prepare import prepare_module
+            torch.manual_seed(0)
+            lin = torch.nn.Linear(1024, 768).to(torch.bfloat16).to(device)
+            torch.nn.init.normal_(lin.weight, std=0.02)
+            name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+            t = tt.TuningTable()
+            t.record(name, 768, 1024, "palette", 1, {"decode_cublas": 1.0, tt.PALETTE_GEMM: 0.8})
+            t.record(name, 768, 1024, "palette:tiled", 1, {"decode_cublas": 1.0, tt.PALETTE_GEMV_MMA: 0.5})
+            mods = []
+            for order in ("file", "auto"):
+                cl = CompressedLinear.from_linear(lin, "palette")
+                prepare_module(cl, DispatchPolicy(t))
+                cl.set_plane_order(order)
+                mods.append(cl)
+            x = torch.randn(1, 1024, device=device).to(torch.bfloat16)
+            r = {"order": mods[1].plane_order}
+            if device != "cuda":
+                r["passed"] = r["order"] == "file"
+                return r
+            r["path"] = mods[1].policy.linear_path(mods[1].encoded(), 1, x.device)
+            mods[0].policy = DispatchPolicy(tt.TuningTable({tt.entry_key(name, 768, 1024, "palette", "1"): {
+                "M": 1, "choice": tt.PALETTE_GEMV_MMA, "times_ms": {"decode_cublas": 1.0, tt.PALETTE_GEMV_MMA: 0.5}}}))
+            r["same_bits"] = bool(torch.equal(mods[1](x).view(torch.int16), mods[0](x).view(torch.int16)))
+            r["passed"] = r["order"] == "tiled" and r["path"] == tt.PALETTE_GEMV_MMA and r["same_bits"]
+            return r
+        rec.check("plane order auto: tiled where the table timed it faster, the same bits", auto_order)
     else:
         raise ValueError(f"unknown variant {tag!r}")
     rec.check("device error counter still zero", lambda: {"passed": int(err.item()) == 0, "count": int(err.item())})

@@ -555,13 +555,16 @@ def tune(path, *, device: str = "cuda", encodings=("palette", "huffman"), bucket
     paths, decoders = [], []
     for key, e in sorted(table.entries.items()):
         dev_name, n, k, enc, b = split_key(key)
-        if dev_name == name and (n, k) in mine and enc in encodings:
-            paths.append({"N": n, "K": k, "encoding": enc, "bucket": b,
+        base, _, order = enc.partition(":")
+        if dev_name == name and (n, k) in mine and base in encodings:
+            paths.append({"N": n, "K": k, "encoding": base, "plane_order": order or "file", "bucket": b,
                           "choice": table.lookup(name, n, k, enc, e["M"]), "times_ms": e["times_ms"]})
     for key, e in sorted(table.decoders.items()):
         dev_name, n, k, enc, s = split_key(key)
         if dev_name == name and (n, k) in mine and enc in encodings:
             decoders.append({"N": n, "K": k, "encoding": enc, "S": int(s), "choice": e["choice"],
                              "times_ms": e["times_ms"]})
+    # The order a palette weight of each shape is held in under plane_order="auto".
+    orders = {f"{n}x{k}": table.plane_order(name, n, k) for n, k in shapes} if "palette" in encodings else {}
     return {"device": name, "cache": cache, "shapes": [list(s) for s in shapes], "paths": paths,
-            "decoders": decoders, "seconds": time.perf_counter() - t0}
+            "decoders": decoders, "plane_orders": orders, "seconds": time.perf_counter() - t0}

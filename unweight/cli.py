@@ -225,9 +225,12 @@ def tune(path, device, encodings, buckets, tp, cache, as_json):
         _result(json.dumps(r, indent=2))
         return
     dec = {(d["N"], d["K"], d["encoding"]): d["choice"] for d in r["decoders"]}
-    rows = [[f"{p['N']}x{p['K']}", p["encoding"], p["bucket"], p["choice"], dec.get((p["N"], p["K"], p["encoding"]), "-")]
+    orders = r.get("plane_orders", {})
+    rows = [[f"{p['N']}x{p['K']}", p["encoding"], p["plane_order"], p["bucket"], p["choice"],
+             dec.get((p["N"], p["K"], p["encoding"]), "-"),
+             orders.get(f"{p['N']}x{p['K']}", "-") if p["encoding"] == "palette" else "-"]
             for p in r["paths"]]
-    _result(_table(rows, ["shape", "encoding", "batch", "path", "decoder"]) + "\n" +
+    _result(_table(rows, ["shape", "encoding", "planes", "batch", "path", "decoder", "auto order"]) + "\n" +
             f"{len(r['shapes'])} shapes timed on {r['device']} in {r['seconds']:.0f} s; choices recorded in {r['cache']}")
 
 

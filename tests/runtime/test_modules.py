@@ -160,6 +160,28 @@ def test_plane_order_only_for_palette_matmul_weights_and_reset_by_a_new_encoding
         cl.set_plane_order("columns")
 
 
+def test_auto_plane_order_follows_the_policy():
+    """set_plane_order("auto") holds a weight in the order its policy names for its shape and
+    device (file order without a policy, and for a module that cannot tile)."""
+    class Says:
+        def __init__(self, order):
+            self.order, self.asked = order, []
+
+        def plane_order(self, n, k, device):
+            self.asked.append((n, k, str(device)))
+            return self.order
+
+    cl = CompressedLinear.from_linear(_linear(48, 128), "palette")
+    assert not cl.set_plane_order("auto") and cl.plane_order == "file"  # no policy
+    cl.policy = Says("tiled")
+    assert cl.set_plane_order("auto") and cl.plane_order == "tiled" and cl.policy.asked == [(48, 128, "cpu")]
+    cl.policy = Says("file")
+    assert cl.set_plane_order("auto") and cl.plane_order == "file"
+    odd = CompressedLinear.from_linear(_linear(40, 128), "palette")
+    odd.policy = Says("tiled")
+    assert not odd.set_plane_order("auto") and odd.policy.asked == []
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("enc", ENCODINGS)

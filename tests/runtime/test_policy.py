@@ -103,3 +103,18 @@ def test_decoder_variant_from_the_table_on_cuda_only(monkeypatch):
     assert p.decoder(w, torch.device("cpu")) == 0
     assert pol.DispatchPolicy(None).decoder(w, torch.device("cuda", 0)) == 0
     assert p.decoder(_module("huffman", n=48)[1].encoded(), torch.device("cuda", 0)) == 0
+
+
+def test_tile_major_weight_is_looked_up_under_its_own_entries_and_auto_order(on_cuda):
+    """A tile-major weight takes the paths measured tile-major ("palette:tiled"), never the
+    file-order ones; plane_order is "tiled" only on CUDA where the table measured it faster."""
+    p, cuda, w = on_cuda
+    p.table.record(DEV, w.rows, w.cols, "palette:tiled", 1, {"decode_cublas": 1.0, "palette_gemv_mma": 0.05})
+    assert p.plane_order(w.rows, w.cols, cuda) == "tiled"  # 0.05 against file order's best, 0.1
+    assert p.plane_order(w.rows, w.cols, "cpu") == "file"
+    assert pol.DispatchPolicy(None).plane_order(w.rows, w.cols, cuda) == "file"
+    w.tiled = True
+    assert p.linear_path(w, 1, cuda) == pol.PALETTE_GEMV_MMA
+    assert p.linear_path(w, 4, cuda) == pol.DECODE_CUBLAS  # not measured tile-major at this batch
+    w.tiled = False
+    assert p.linear_path(w, 4, cuda) == pol.PALETTE_GEMM

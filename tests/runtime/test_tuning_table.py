@@ -171,6 +171,34 @@ def test_candidates():
     assert tuning.candidates("huffman", 1, 4096, 512) == []    # no fused Huffman kernel
 
 
+def test_tile_major_entries_are_their_own_key_and_decide_the_plane_order():
+    """A tile-major palette weight is measured under "palette:tiled"; plane_order says "tiled"
+    only where both orders were timed and the best tile-major time wins over the buckets timed
+    in both (geometric mean), "file" otherwise."""
+    assert tuning.table_encoding("palette", True) == "palette:tiled"
+    assert tuning.table_encoding("palette", False) == "palette"
+    assert tuning.table_encoding("huffman", True) == "huffman"  # nothing of Huffman is tiled
+    assert tuning.candidates("palette:tiled", 1, 4096) == tuning.candidates("palette", 1, 4096)
+    t = tuning.TuningTable()
+    assert t.plane_order(DEV, 64, 128) == "file"  # nothing measured
+    t.record(DEV, 64, 128, "palette", 1, {"decode_cublas": 1.0, "palette_gemv_mma": 0.5})
+    assert t.plane_order(DEV, 64, 128) == "file"  # one order only
+    t.record(DEV, 64, 128, "palette:tiled", 1, {"decode_cublas": 1.0, "palette_gemv_mma": 0.4})
+    assert t.lookup(DEV, 64, 128, "palette:tiled", 1) == "palette_gemv_mma"
+    assert t.best_ms(DEV, 64, 128, "palette:tiled", "1") == 0.4
+    assert t.plane_order(DEV, 64, 128) == "tiled"
+    assert t.plane_order("NVIDIA H200", 64, 128) == "file"  # another device measured nothing
+    # A second bucket that tile-major loses by more: the geometric mean decides (0.8 * 1.5 > 1).
+    t.record(DEV, 64, 128, "palette", 16, {"decode_cublas": 2.0, "palette_gemm": 1.0})
+    t.record(DEV, 64, 128, "palette:tiled", 16, {"decode_cublas": 2.0, "palette_gemm": 1.5})
+    assert t.plane_order(DEV, 64, 128) == "file"
+    # A bucket timed in one order only does not count.
+    t.record(DEV, 64, 128, "palette:tiled", 64, {"decode_cublas": 0.1})
+    assert t.plane_order(DEV, 64, 128) == "file"
+    t.record(DEV, 64, 128, "palette:tiled", 16, {"decode_cublas": 2.0, "palette_gemm": 1.2})
+    assert t.plane_order(DEV, 64, 128) == "tiled"
+
+
 # --------------------------------------------------------------------------- decoders
 
 def test_decoder_choice_needs_a_win_over_the_default():

@@ -114,6 +114,54 @@ def test_kernels_unwritable_cache_is_one_line(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("bench_kernels: cannot write the tuning table")
 
 
+def test_kernels_from_json_records_tile_major_entries_and_the_plane_order(tmp_path, capsys):
+    """--from-json files the tile-major timings under "palette:tiled", each against the decode
+    + cuBLAS timed on the same tile-major copies, counting only kernels that gave the
+    file-order bits and passed in file order; the plane order follows (here tile-major wins
+    batch 1 by more than it loses batch 16)."""
+    from unweight.runtime.tuning_table import TuningTable
+    gpu = "NVIDIA Test GPU"
+
+    def row(M, file_ms, tiled_ms, same=True):
+        return {"shape": "a", "N": 4096, "K": 4096, "M": M, "cublas": {"median_ms": 1.0},
+                "palette_decode_cublas": {"median_ms": 2.0},
+                "palette_tiled_decode_cublas": {"median_ms": 2.0},
+                "palette_gemv_mma": {"median_ms": file_ms, "accuracy": {"passed": True}},
+                "palette_gemv_mma_tiled": {"median_ms": tiled_ms, "same_bits_as_file_order": same},
+                "palette_gemv_tiled": {"median_ms": 0.1, "same_bits_as_file_order": True}}  # no file-order run
+
+    rec = {"environment": {"gpu": gpu}, "encodings": ["palette"],
+           "rows": [row(1, 1.0, 0.5), row(16, 1.0, 1.5), row(32, 3.0, 0.1, same=False)]}
+    (tmp_path / "k.json").write_text(json.dumps(rec))
+    cache = tmp_path / "cache.json"
+    assert bench_kernels.main(["--from-json", str(tmp_path / "k.json"), "--write-cache", str(cache)]) == 0
+    assert f"{gpu}|4096|4096|palette plane order: tiled" in capsys.readouterr().out
+    t = TuningTable.load(str(cache))
+    assert t.lookup(gpu, 4096, 4096, "palette:tiled", 1) == "palette_gemv_mma"
+    assert t.entries[f"{gpu}|4096|4096|palette:tiled|1"]["times_ms"] == {"decode_cublas": 2.0, "palette_gemv_mma": 0.5}
+    assert t.lookup(gpu, 4096, 4096, "palette:tiled", 32) == "decode_cublas"  # other bits: not counted
+    assert t.plane_order(gpu, 4096, 4096) == "tiled"
+
+
+def test_e2e_forced_policy_covers_both_plane_orders():
+    """bench_e2e's forced policy names its path for a layer held tile-major too (a tile-major
+    weight is looked up under its own entries), so a "+tiled" mode times the fused kernel."""
+    import torch
+    from unweight.runtime import prepare as prep
+    from unweight.runtime.modules import CompressedLinear, compressed_modules
+    cfg = bench_e2e.llama8b_config(1, vocab_size=64, hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                                   num_key_value_heads=1, max_position_embeddings=64)
+    model = bench_e2e.build_model(cfg, "cpu")
+    bench_e2e.compress_in_place(model, "palette")
+    prep.prepare(model, "palette", policy=None, plane_order="tiled")
+    pol = bench_e2e.forced_fused_policy(model, torch.device("cpu"), "palette_gemv_mma")
+    lins = [m for _, m in compressed_modules(model) if isinstance(m, CompressedLinear) and not m.is_tied]
+    assert any(m.plane_order == "tiled" for m in lins)
+    for m in lins:
+        enc = "palette:tiled" if m.plane_order == "tiled" else "palette"
+        assert pol.table.lookup("cpu", m.n_rows, m.n_cols, enc, 1) == "palette_gemv_mma"
+
+
 def test_e2e_records_the_decoders_a_prepared_model_uses():
     """bench_e2e names, per compressed layer shape, the decoder variant its decode runs: the
     default off CUDA (the policy measures none there) and a variant fixed by use_decoders."""

@@ -1,5 +1,5 @@
 """unweight.tools.tune: the measured dispatch table written from this machine's GPU (matmul
-paths per batch bucket, and the decoder variant per shape).  Timings need a CUDA GPU; off one
+paths per batch bucket, in both plane orders for palette, and the decoder variant per shape).  Timings need a CUDA GPU; off one
 the tool refuses with a ValueError."""
 import pytest
 
@@ -31,9 +31,11 @@ def test_tune_records_paths_and_decoders(tmp_path):
     back = tt.TuningTable.load(path)
     assert back.entries == tab.entries and back.decoders == tab.decoders
     name = torch.cuda.get_device_name(0)
-    for enc in ("huffman", "palette"):
+    for enc in ("huffman", "palette", "palette:tiled"):  # a palette weight is timed in both plane orders
         e = back.entries[tt.entry_key(name, 256, 512, enc, "1")]
         assert back.lookup(name, 256, 512, enc, 1) == tt.choose(e["times_ms"])
+    assert not any("huffman:tiled" in k for k in back.entries)
+    assert back.plane_order(name, 256, 512) in ("file", "tiled")
     (hk, he), = [(k, e) for k, e in back.decoders.items() if "|huffman|" in k]
     assert hk == tt.decoder_key(name, 256, 512, "huffman", C.LOAD_CHK_INTERVAL)  # the index prepare adds
     assert set(he["times_ms"]) == {n for n, v in kp.HUFF_VARIANTS.items() if v != kp.HUFF_VARIANT_SCALAR}

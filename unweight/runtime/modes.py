@@ -5,8 +5,10 @@
     "dense": decoded once at load into ordinary nn.Linear / nn.Embedding weights.
     "auto": dense where the memory allows it, compressed otherwise (runtime/prepare.py).
 
-Plane orders of the palette matmul weights a compressed mode keeps: "file" (as stored) or
-"tiled" (tile-major, ops/layout.py; runtime/prepare.py).
+Plane orders of the palette matmul weights a compressed mode keeps: "file" (as stored),
+"tiled" (tile-major, ops/layout.py; runtime/prepare.py), or "auto" (the default: per weight,
+whichever order the dispatch table measured faster on its device; file order where nothing
+was measured, and always on CPU).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-PLANE_ORDERS = ("file", "tiled")
+PLANE_ORDERS = ("auto", "file", "tiled")
 
 
 def check_plane_order(order: str, error: type = InputError) -> str:

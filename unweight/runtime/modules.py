@@ -292,12 +292,18 @@ class CompressedWeightMixin:
                 and kp.pal_tiled_ok(self.n_rows, self.n_cols))
 
     def set_plane_order(self, order: str) -> bool:
-        """Hold sm and idx in `order` ("file" or "tiled"), permuting them in place on their
-        device (one plane's worth of temporary memory); True when the order changed.  A
-        module that cannot tile (can_tile) stays in file order and "tiled" is a no-op."""
+        """Hold sm and idx in `order` ("file", "tiled", or "auto": the order the module's
+        dispatch policy measured faster for its shape and device, DispatchPolicy.plane_order),
+        permuting them in place on their device (one plane's worth of temporary memory); True
+        when the order changed.  A module that cannot tile (can_tile) stays in file order and
+        "tiled" is a no-op."""
         check_plane_order(order, ValueError)
         if self._tied:  # the source's planes: its own order
             return False
+        if order == "auto":
+            pol = getattr(self, "policy", None)
+            order = pol.plane_order(self.n_rows, self.n_cols, self.device) if pol is not None and self.can_tile() \
+                else "file"
         want = order == "tiled" and self.can_tile()
         if want == self._tiled:
             return False

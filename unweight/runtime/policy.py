@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from . import kernel_plan as kp
 from .tuning_table import (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV,
                            PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED,
-                           PALETTE_GEMV_MMA_PREFETCH, GEMV_PATHS, TuningTable, bucket, load_table, split_key)
+                           PALETTE_GEMV_MMA_PREFETCH, GEMV_PATHS, TuningTable, bucket, load_table, split_key,
+                           table_encoding)
 from .weights import EncodedWeight
 
 log = logging.getLogger(__name__)
@@ -60,15 +61,30 @@ class DispatchPolicy:
         if not kp.pmma_supported(M, w.cols):
             self._warn_uncovered(w)
             return DECODE_CUBLAS
-        key = (self.device_name(device), w.rows, w.cols, w.encoding_name, bucket(M))
+        key = self._key(w, M, device)
         if key in self._refused:
             return DECODE_CUBLAS
         return self.table.lookup(*key[:4], M)
 
+    def _key(self, w: EncodedWeight, M: int, device: torch.device) -> tuple:
+        """(device name, N, K, table encoding, bucket): the table key of w at batch M; a
+        tile-major weight is looked up under its own measurements."""
+        return (self.device_name(device), w.rows, w.cols, table_encoding(w.encoding_name, w.tiled), bucket(M))
+
+    def plane_order(self, N: int, K: int, device) -> str:
+        """The order to hold a palette [N, K] matmul weight's planes in on `device` for
+        plane_order="auto": "tiled" where the table measured it faster tile-major there
+        (TuningTable.plane_order), else "file" (always on CPU, where the codec reads file order)."""
+        device = torch.device(device)
+        if self.table is None or not self.table.entries or device.type != "cuda":
+            return "file"
+        return self.table.plane_order(self.device_name(device), N, K)
+
     def decoder(self, w: EncodedWeight, device: torch.device) -> int:
         """The CUDA decoder variant for w on `device` (0: the extension's default): one the
         table measured faster than the default for this device, shape, encoding and checkpoint
-        interval.  Every variant writes the same bits."""
+        interval.  Every variant writes the same bits (on either plane order; the decoders are
+        measured on file order)."""
         if self.table is None or not self.table.decoders or device.type != "cuda":
             return 0
         idx = device.index if device.index is not None else torch.cuda.current_device()
@@ -93,7 +109,7 @@ class DispatchPolicy:
 
     def refuse(self, w: EncodedWeight, M: int, device: torch.device, path: str, reason: str) -> None:
         """A fused launcher refused this problem: run decode + GEMM for it from now on (one warning)."""
-        key = (self.device_name(device), w.rows, w.cols, w.encoding_name, bucket(M))
+        key = self._key(w, M, device)
         self._remember(key, f"unweight: {path} refused {w.name or 'a layer'} [{w.rows}x{w.cols}] at batch {M} on "
                             f"{key[0]} ({reason}); using decode + cuBLAS for it")
 

@@ -214,13 +214,15 @@ def _auto_modes(owners: list, stacks: list = ()) -> dict:
 
 
 def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolicy | None = None,
-            plane_order: str = "file") -> dict:
+            plane_order: str = "auto") -> dict:
     """Finish a model whose compressed modules hold loaded planes: validate, apply `mode`,
     build device tables, set the dispatch policy (default: the measured one, which only ever
-    picks a fused kernel on CUDA), reserve scratch.  plane_order: "file", or "tiled" to hold
-    every palette matmul weight that can be tile-major (CompressedWeightMixin.set_plane_order;
-    the same results, the planes in the order the fused kernels stream fastest; on CPU, where
-    the codec reads file order, each decode untiles them first).  Returns the
+    picks a fused kernel on CUDA), reserve scratch.  plane_order: "tiled" holds every palette
+    matmul weight that can be tile-major (CompressedWeightMixin.set_plane_order; the same
+    results, the planes in the order the fused kernels stream; on CPU, where the codec reads
+    file order, each decode untiles them first), "file" keeps the stored order, "auto" each
+    weight in the order the policy's table measured faster for its shape and device (file
+    order where nothing was measured, and on CPU).  Returns the
     summary stored as model.unweight_info."""
     check_mode(mode)
     check_plane_order(plane_order, ValueError)

@@ -9,7 +9,9 @@ under the key
                                                      | "palette_gemv_staged" | "palette_gemv_mma"
                                                      | "palette_gemv_mma_staged" | "palette_gemv_mma_prefetch"
 
-with N, K the weight's [N, K] shape, encoding "huffman" / "palette", and the batch bucket of
+with N, K the weight's [N, K] shape, encoding "huffman" / "palette" / "palette:tiled" (a palette
+weight whose planes are held tile-major, ops/layout.py: the same kernels reading other
+addresses, so measured apart; ``table_encoding``), and the batch bucket of
 M = x.numel() // K one of BUCKETS ("1", "2-4", "5-16", "17-32", "33-64", "65-256", ">256").
 
 Rules:
@@ -17,6 +19,11 @@ Rules:
     decode + cuBLAS timed in the same run (``choose``); the lookup re-applies that rule to
     the recorded times, so a hand-edited or stale entry can never select a slower path;
   * no measurement for the device / shape / bucket -> decode + cuBLAS.
+
+The same entries decide the order a runtime holds a palette matmul weight's planes in
+(``plane_order``, for plane_order="auto"): tile-major only where the table timed the shape in
+both orders and the best path's time was lower tile-major (geometric mean over the buckets
+timed in both); file order otherwise.
 
 Where the measurements live:
   * shipped defaults: ``unweight/runtime/tuning_defaults.json``, written by
@@ -120,6 +127,15 @@ NO_MEASUREMENT_COMMENT = ("Shipped dispatch defaults, written by scripts/bench_k
                           "No entries: every (device, shape, batch) runs decode + cuBLAS.")
 
 
+TILED = ":tiled"
+
+
+def table_encoding(encoding: str, tiled: bool = False) -> str:
+    """The encoding field of an entry key: "palette:tiled" for a palette weight held
+    tile-major, else the encoding itself."""
+    return encoding + TILED if tiled and encoding == "palette" else encoding
+
+
 def bucket(M: int) -> str:
     """Batch bucket of M rows (M >= 1; M <= 0 maps to "1", an empty batch costs nothing)."""
     for hi, name in _BUCKET_BOUNDS:
@@ -160,7 +176,7 @@ def candidates(encoding: str, M: int, K: int, cols_per_chunk: int = 0) -> list[s
     and the palette GEMV's variants (batch 1..4 on CUDA cores, 1..32 on the tensor cores), for
     palette weights within their batch and shape limits; none for Huffman weights
     (cols_per_chunk is accepted for callers that pass the grid)."""
-    if encoding != "palette":
+    if encoding not in ("palette", "palette" + TILED):
         return []
     out = [p for p in FUSED if p not in GEMV_PATHS] if kp.pmma_supported(M, K) else []
     return out + [p for p, v in GEMV_PATHS.items() if kp.pgemv_supported(M, K, v)]
@@ -263,6 +279,25 @@ class TuningTable:
             return DECODE_CUBLAS
         # Re-derived from the times, not read from e["choice"]: only a recorded win counts.
         return choose(e["times_ms"])
+
+    def best_ms(self, device: str, N: int, K: int, encoding: str, bucket_name: str) -> float | None:
+        """The time of the path lookup() runs for this key (None: not measured)."""
+        e = self.entries.get(entry_key(device, N, K, encoding, bucket_name))
+        if e is None:
+            return None
+        t = e["times_ms"].get(choose(e["times_ms"]))
+        return float(t) if _finite(t) else None
+
+    def plane_order(self, device: str, N: int, K: int) -> str:
+        """"tiled" when the palette [N, K] weight was timed in both plane orders on `device`
+        and, over the buckets timed in both, the geometric mean of (best tile-major time /
+        best file-order time) is below 1; else "file" (nothing measured keeps the stored order)."""
+        ratios = []
+        for b in BUCKETS:
+            f, t = (self.best_ms(device, N, K, enc, b) for enc in ("palette", "palette" + TILED))
+            if f is not None and t is not None:
+                ratios.append(math.log(t / f))
+        return "tiled" if ratios and sum(ratios) < 0 else "file"
 
     def record_decoders(self, device: str, N: int, K: int, encoding: str, S: int, times_ms: dict,
                         default: str | None = None) -> str:

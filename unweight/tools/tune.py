@@ -1,8 +1,9 @@
 """Measure the dispatch table: fused kernels against decode + cuBLAS on this GPU.
 
-    tune(shapes, device="cuda")   times every shape and batch bucket and writes the user's
-                                  tuning cache (runtime/tuning_table.py), read by the
-                                  measured dispatch policy of models prepared afterwards;
+    tune(shapes, device="cuda")   times every shape and batch bucket (a palette weight in both
+                                  plane orders) and writes the user's tuning cache
+                                  (runtime/tuning_table.py), read by the measured dispatch
+                                  policy of models prepared afterwards;
                                   and times each shape's CUDA decoder variants (the same
                                   bits), so the policy decodes with the fastest.
 
@@ -26,7 +27,7 @@ from ..runtime.prepare import prepare_module
 from ..runtime import kernel_plan as kp
 from ..runtime import scratch
 from ..runtime.tuning_table import (BUCKET_BATCH, BUCKETS, DECODE_CUBLAS, TuningTable, candidates, decoder_names,
-                                    default_cache_path, default_decoder)
+                                    default_cache_path, default_decoder, table_encoding)
 
 log = logging.getLogger(__name__)
 
@@ -136,12 +137,19 @@ def tune(module_shapes: Iterable, device="cuda", buckets: Iterable[str] | None =
                 m = synthetic_module(int(N), int(K), enc, device, seed=i)
             else:
                 m = item
-            for b in buckets:
-                M = BUCKET_BATCH[b]
-                times = measure(m, M, warmup, iters)
-                choice = tab.record(name, m.n_rows, m.n_cols, m.encoding_name, M, times)
-                log.info("unweight tune: %s [%d, %d] %s M=%d -> %s %s", name, m.n_rows, m.n_cols,
-                         m.encoding_name, M, choice, times)
+            before = m.plane_order
+            # A palette weight that can be held tile-major is timed in both orders: the table
+            # then also says which order to hold it in (TuningTable.plane_order).
+            for order in ("file", "tiled") if m.can_tile() else ("file",):
+                m.set_plane_order(order)
+                enc = table_encoding(m.encoding_name, order == "tiled")
+                for b in buckets:
+                    M = BUCKET_BATCH[b]
+                    times = measure(m, M, warmup, iters)
+                    choice = tab.record(name, m.n_rows, m.n_cols, enc, M, times)
+                    log.info("unweight tune: %s [%d, %d] %s M=%d -> %s %s", name, m.n_rows, m.n_cols, enc, M, choice,
+                             times)
+            m.set_plane_order(before)
             if decoders:
                 times = measure_decoders(m, warmup, iters)
                 choice = tab.record_decoders(name, m.n_rows, m.n_cols, m.encoding_name, m.encoded().chk_interval,

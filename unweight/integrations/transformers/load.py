@@ -23,7 +23,7 @@ def _model_class(config):
 
 
 def load(path: str, device: str | torch.device | None = None, mode: str = "auto", *, model_class=None,
-         verify: bool = True, plane_order: str = "file", **from_pretrained_kwargs):
+         verify: bool = True, plane_order: str = "auto", **from_pretrained_kwargs):
     """Load an unweight checkpoint folder as a ready transformers model.
 
     path: folder written by ``unweight compress`` (config.json + safetensors shards).
@@ -33,9 +33,11 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
     model_class: the transformers class to instantiate (default: config.architectures[0]
         when transformers has it, else AutoModel).
     verify: decode-and-checksum pass at load (structure and raw checksums are always checked).
-    plane_order: "file", or "tiled" to hold palette matmul weights tile-major in memory (the
-        order the fused kernels stream fastest; the same results: runtime/prepare.py).  For a
-        GPU: on CPU every decode first puts the planes back in file order, which only costs.
+    plane_order: "tiled" holds palette matmul weights tile-major in memory (the order the
+        fused kernels stream; the same results: runtime/prepare.py), "file" as stored, "auto"
+        (the default) each in the order the dispatch table measured faster for its shape on
+        its GPU, file order where nothing was measured.  Tile-major is for a GPU: on CPU every
+        decode first puts the planes back in file order, which only costs.
     Returns the model in eval mode (with ``output_loading_info=True``, from_pretrained's
     (model, loading info) pair); model.unweight_info summarizes what was done.  A checkpoint
     the model cannot take whole (a stored tensor with no place, a parameter the checkpoint

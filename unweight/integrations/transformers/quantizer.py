@@ -43,13 +43,13 @@ class UnweightConfig(QuantizationConfigMixin):
 
     format_version: "1.0"; encoding: what compress was asked for; mode: runtime mode
     ("auto" | "huffman" | "palette" | "dense"); verify: decode+checksum pass at load;
-    plane_order: "file" or "tiled", the order palette matmul weights are held in (prepare).
+    plane_order: "auto", "file" or "tiled", the order palette matmul weights are held in (prepare).
     The last three are load options (unweight.load sets them).
     Unknown keys (tool_version, encoded_dtype, ...) are kept so config.json round-trips.
     """
 
     def __init__(self, format_version: str = C.FORMAT_VERSION, encoding: str = "huffman", mode: str = "auto",
-                 verify: bool = True, plane_order: str = "file", **kwargs):
+                 verify: bool = True, plane_order: str = "auto", **kwargs):
         kwargs.pop("quant_method", None)
         self.quant_method = C.QUANT_METHOD
         self.format_version = str(format_version)
@@ -143,7 +143,7 @@ class UnweightHfQuantizer(HfQuantizer):
         if loading is not None:
             convert.check_loading(model, *loading)
         mode = getattr(self.quantization_config, "mode", "auto") or "auto"
-        order = getattr(self.quantization_config, "plane_order", "file") or "file"
+        order = getattr(self.quantization_config, "plane_order", "auto") or "auto"
         if getattr(model, "_unweight_tp", None):
             tp.load_tp_planes(model, verify=env_verify(bool(getattr(self.quantization_config, "verify", True))))
             mode = tp.resolve_mode(mode, model)

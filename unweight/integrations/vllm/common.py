@@ -104,11 +104,14 @@ def device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> Encod
     return EncodedWeight.from_header(hs, planes, table=table, lut=lut, name=name)
 
 
-def hold_tiled(w: EncodedWeight) -> EncodedWeight:
+def hold_tiled(w: EncodedWeight, order: str = "tiled", policy=None) -> EncodedWeight:
     """A palette piece of whole 16 x 64 tiles with its sm and idx permuted tile-major on their
-    device (ops/layout.py; the fused kernels' streaming order, the same results); any other
-    piece as it is."""
-    if w.is_huffman or w.tiled or not kp.pal_tiled_ok(w.rows, w.cols):
+    device (ops/layout.py; the fused kernels' streaming order, the same results) when `order`
+    is "tiled", or "auto" and the policy (DispatchPolicy) measured its shape faster tile-major
+    on that device; any other piece as it is."""
+    if w.is_huffman or w.tiled or order == "file" or not kp.pal_tiled_ok(w.rows, w.cols):
+        return w
+    if order == "auto" and (policy is None or policy.plane_order(w.rows, w.cols, w.device) != "tiled"):
         return w
     w.sm, w.idx = ops.tile_palette_planes(w.sm, w.idx)
     w.tiled = True

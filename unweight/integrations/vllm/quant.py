@@ -22,7 +22,9 @@ Modes (``quantization_config.mode``, as unweight.load's): "huffman" / "palette" 
 shards compressed (transcoding a piece stored in the other encoding), "auto" keeps the
 stored encoding (serving is where memory is short), "dense" decodes each rank's shard to
 BF16 at load.  ``quantization_config.plane_order`` (or UNWEIGHT_PLANE_ORDER) "tiled" holds the
-palette pieces of linear layers tile-major (ops/layout.py; the same results).  Every layer
+palette pieces of linear layers tile-major (ops/layout.py; the same results), "file" as
+stored, and "auto" (the default) each piece in the order the dispatch table measured faster
+for its shape on this GPU (file order where nothing was measured, and on CPU).  Every layer
 logs one ``unweight layer report {json}`` line: its path, and per
 piece the block of the tensor this rank holds and its bytes (an experts layer: one entry per
 gate / up / down over the rank's experts, the bytes summed).
@@ -121,12 +123,12 @@ class UnweightConfig(QuantizationConfig):
     """quantization_config of a checkpoint written by ``unweight compress``."""
 
     def __init__(self, format_version: str = C.FORMAT_VERSION, encoding: str | None = None, mode: str = "auto",
-                 plane_order: str = "file"):
+                 plane_order: str = "auto"):
         super().__init__()
         self.format_version = check_format_version(format_version)
         self.encoding = encoding
         self.mode = check_mode(mode or "auto")
-        # "tiled": palette linear weights held tile-major (ops/layout.py), as unweight.load's
+        # palette linear weights held tile-major (ops/layout.py) or as stored, as unweight.load's
         self.plane_order = check_plane_order(plane_order)
         # base tensor name -> [rows, cols, encoding, R, C]; filled by maybe_update_config
         self.encoded: dict[str, list] = {}
@@ -157,7 +159,7 @@ class UnweightConfig(QuantizationConfig):
         refuse_source_quantization(config.get("source_quantization_config"), "unweight checkpoint")
         return cls(format_version=config.get("format_version", C.FORMAT_VERSION), encoding=config.get("encoding"),
                    mode=os.environ.get("UNWEIGHT_MODE") or config.get("mode") or "auto",
-                   plane_order=os.environ.get("UNWEIGHT_PLANE_ORDER") or config.get("plane_order") or "file")
+                   plane_order=os.environ.get("UNWEIGHT_PLANE_ORDER") or config.get("plane_order") or "auto")
 
     def maybe_update_config(self, model_name: str, hf_config=None, revision: str | None = None):
         """Read every encoded tensor's header (small ``__hdr`` planes only) from the checkpoint.
@@ -394,9 +396,9 @@ class _UnweightMethodBase(QuantizeMethodBase):
             w = device_piece(pc["header"], pc["planes"], dev, mode, pc["name"])
             # Tile-major only where the pieces feed matmuls alone: not an embedding (its row
             # gather reads file order), which a tied lm_head computes with.
-            if mode != "dense" and self.config.plane_order == "tiled" and (
-                    not isinstance(layer, VocabParallelEmbedding) or isinstance(layer, ParallelLMHead)):
-                w = hold_tiled(w)
+            if mode != "dense" and (not isinstance(layer, VocabParallelEmbedding)
+                                    or isinstance(layer, ParallelLMHead)):
+                w = hold_tiled(w, self.config.plane_order, uvops.current_policy())
             weights.append(w)
             held = sum(int(t.numel() * t.element_size()) for t in uvops.piece_planes(w, _EMPTY) if t is not None)
             hs = pc["header"]
