@@ -190,7 +190,8 @@ def kernels_table(bench: dict) -> list[str]:
     variants = [k for k in ("palette_fused", "palette_fused_wide", "palette_fused_xs", "palette_gemv",
                             "palette_gemv_mma", "palette_gemv_mma_staged",
                             "palette_gemv_mma_prefetch", "palette_gemv_deep", "palette_gemv_staged",
-                            "huffman_fused", "palette_decode_cublas", "huffman_decode_cublas")
+                            "huffman_fused", "palette_decode_cublas", "huffman_decode_cublas",
+                            *(key for key, _ in TILED_ROWS))
                 if any(k in r for r in rows)]
     label = {"palette_fused": "palette fused", "palette_fused_wide": "palette fused, wide stages",
              "palette_fused_xs": "palette fused, shared x", "palette_gemv": "palette GEMV (batch 1-4)",
@@ -200,7 +201,8 @@ def kernels_table(bench: dict) -> list[str]:
              "palette_gemv_mma_staged": "palette GEMV, tensor cores, staged (batch 1-32)",
              "palette_gemv_mma_prefetch": "palette GEMV, tensor cores, L2 prefetch (batch 1-32)",
              "huffman_fused": "huffman fused",
-             "palette_decode_cublas": "palette decode + cuBLAS", "huffman_decode_cublas": "huffman decode + cuBLAS"}
+             "palette_decode_cublas": "palette decode + cuBLAS", "huffman_decode_cublas": "huffman decode + cuBLAS",
+             **dict(TILED_ROWS)}
     lines = ["**y = x W^T against cuBLAS BF16** (cuBLAS in microseconds; the others as time / cuBLAS time, "
              "so 2.00 is twice as slow; \"—\" the kernel refuses that batch):", "",
              "| shape [N, K] | path | " + " | ".join(f"M={m}" for m in batches) + " |",
@@ -216,7 +218,33 @@ def kernels_table(bench: dict) -> list[str]:
                 e = (by.get((N, K, m)) or {}).get(v) or {}
                 cs.append(_f(e.get("time_vs_cublas")) if "time_vs_cublas" in e else ("error" if "error" in e else "—"))
             lines.append(f"| | {label[v]} | " + " | ".join(cs) + " |")
-    return lines + [""]
+    return lines + [""] + plane_order_lines(bench, rows)
+
+
+# The tile-major rows of bench_kernels.py (its TILED, and decode + cuBLAS on the same copies).
+TILED_ROWS = (("palette_tiled_decode_cublas", "palette decode + cuBLAS, tile-major"),
+              ("palette_fused_tiled", "palette fused, tile-major"),
+              ("palette_fused_wide_tiled", "palette fused, wide stages, tile-major"),
+              ("palette_gemv_tiled", "palette GEMV, tile-major (batch 1-4)"),
+              ("palette_gemv_mma_tiled", "palette GEMV, tensor cores, tile-major (batch 1-32)"),
+              ("palette_gemv_mma_staged_tiled", "palette GEMV, tensor cores, staged, tile-major (batch 1-32)"))
+
+
+def plane_order_lines(bench: dict, rows: list) -> list[str]:
+    """The plane order plane_order="auto" holds each shape's palette weight in under the table
+    these rows give (bench_kernels.table_from_rows, TuningTable.plane_order), and whether every
+    tile-major run gave the file-order bits; nothing where no tile-major row was timed."""
+    if not any("palette_tiled_decode_cublas" in r for r in rows):
+        return []
+    import bench_kernels
+    gpu = (bench.get("env") or {}).get("gpu") or "gpu"
+    table = bench_kernels.table_from_rows(rows, gpu, ("palette",))
+    shapes = sorted({(r["N"], r["K"]) for r in rows if "palette_tiled_decode_cublas" in r})
+    orders = ", ".join(f"{n} x {k} {table.plane_order(gpu, n, k)}" for n, k in shapes)
+    runs = [r[key] for r in rows for key, _ in TILED_ROWS[1:] if "same_bits_as_file_order" in (r.get(key) or {})]
+    same = sum(bool(e["same_bits_as_file_order"]) for e in runs)
+    return [f"Plane order `plane_order=\"auto\"` picks from these timings: {orders}. Tile-major runs with the "
+            f"file-order bits: {same} of {len(runs)}.", ""]
 
 
 def e2e_table(bench: dict) -> list[str]:

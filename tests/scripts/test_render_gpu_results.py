@@ -51,3 +51,25 @@ def test_other_tolerance_checks_read_within_tolerance():
 def test_failed_tolerance_check_still_reads_differs():
     row = _row([_check("dense", "bitwise"), _check("huffman", "tolerance", differing=5, diff=0.2, status="fail")])
     assert row == ["piqa", "bitwise (1838 docs)", "DIFFERS (5 of 1838)", "—"]
+
+
+def test_kernel_table_shows_tile_major_rows_and_the_order_auto_picks():
+    """The kernels table gains the tile-major rows, and a line names the plane order the
+    table from those rows gives each shape and how many tile-major runs kept the bits."""
+    def row(M, tiled_ms):
+        return {"shape": "o", "N": 4096, "K": 4096, "M": M, "cublas": {"median_ms": 0.010},
+                "palette_decode_cublas": {"median_ms": 0.02, "time_vs_cublas": 2.0},
+                "palette_tiled_decode_cublas": {"median_ms": 0.02, "time_vs_cublas": 2.0},
+                "palette_gemv_mma": {"median_ms": 0.011, "time_vs_cublas": 1.1, "accuracy": {"passed": True}},
+                "palette_gemv_mma_tiled": {"median_ms": tiled_ms, "time_vs_cublas": tiled_ms / 0.010,
+                                           "same_bits_as_file_order": True}}
+    bench = {"env": {"gpu": "NVIDIA H100 80GB HBM3"}, "raw": {"kernels": {"rows": [row(1, 0.008), row(16, 0.012)]}}}
+    lines = _renderer().kernels_table(bench)
+    tiled = [ln for ln in lines if "tensor cores, tile-major" in ln]
+    assert tiled == ["| | palette GEMV, tensor cores, tile-major (batch 1-32) | 0.80 | 1.20 |"]
+    assert any("decode + cuBLAS, tile-major" in ln for ln in lines)
+    note = [ln for ln in lines if ln.startswith("Plane order")]
+    assert note == ['Plane order `plane_order="auto"` picks from these timings: 4096 x 4096 tiled. Tile-major runs '
+                    'with the file-order bits: 2 of 2.']
+    assert not any(ln.startswith("Plane order") for ln in _renderer().kernels_table(
+        {"raw": {"kernels": {"rows": [{k: v for k, v in row(1, 0.008).items() if "tiled" not in k}]}}}))
