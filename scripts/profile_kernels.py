@@ -9,7 +9,7 @@
 --kernel huffman / palette: the decode to BF16 (huffman with the checkpoint index at --index S,
 0 for the stream as stored, by the decoder --variant); fused: the palette matmul y = x W^T at batch --batch
 (--stage-tiles 2: its wide-stage variant; --x-shared: x shared per CTA); gemv: the palette
-GEMV at batch --batch (1..4).  The first
+GEMV at batch --batch (1..4); --tiled: a palette kernel on tile-major planes.  The first
 two launches warm the caches and tables.  The result is checked (decodes bitwise against the
 source weights; the matmul within 2x cuBLAS's error against a float64 reference); nothing is
 timed here (scripts/bench_decode.py and bench_kernels.py time).  Exit status 1 when a check
@@ -38,6 +38,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stage-tiles", type=int, default=1, choices=(1, 2),
                     help="fused: 64-column tiles per copy stage (2: the wide-stage kernel)")
     ap.add_argument("--x-shared", action="store_true", help="fused: x copied once per CTA into shared memory")
+    ap.add_argument("--tiled", action="store_true",
+                    help="palette / fused / gemv: the planes held tile-major (ops/layout.py), as a runtime may hold them")
     ap.add_argument("--variant", default="default",
                     help="decoder variant: default, or a name of runtime.kernel_plan.HUFF_VARIANTS (huffman) "
                          "or PAL_VARIANTS (palette); gemv: default, deep, staged, mma, mma_staged "
@@ -61,6 +63,10 @@ def main(argv=None) -> int:
     if encoding == "huffman" and args.index:
         enc = tc.with_index(enc.header, enc.planes, chk_interval=args.index)
     ew = h.encoded_weight(enc, dev, err)
+    if args.tiled:
+        if encoding != "palette" or not kp.pal_tiled_ok(args.rows, args.cols):
+            ap.error("--tiled takes a palette kernel on whole 16 x 64 tiles")
+        ew = bu.clone_encoded(ew, tiled=True)
     if args.kernel in ("fused", "gemv"):
         from unweight.runtime.tuning_table import GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV
         if args.x_shared and args.stage_tiles != 1:
@@ -81,9 +87,9 @@ def main(argv=None) -> int:
         bu.sync(torch)
         ok = bool(np.array_equal(h.bits(out), w_bits)) and int(err.item()) == 0
         what = "bitwise" if ok else "not bitwise"
-    log.info("%s %dx%d (index %s, batch %s, variant %s, stage tiles %d, shared x %s): %s -> %s", args.kernel,
-             args.rows, args.cols, args.index, args.batch, args.variant, args.stage_tiles, args.x_shared, what,
-             "ok" if ok else "FAILED")
+    log.info("%s %dx%d (index %s, batch %s, variant %s, stage tiles %d, shared x %s, %s order): %s -> %s",
+             args.kernel, args.rows, args.cols, args.index, args.batch, args.variant, args.stage_tiles, args.x_shared,
+             "tile-major" if args.tiled else "file", what, "ok" if ok else "FAILED")
     return 0 if ok else 1
 
 

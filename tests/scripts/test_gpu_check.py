@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -243,3 +245,24 @@ def test_a_call_packs_its_extra_files_into_one_archive(tmp_path):
         assert names == sorted(["build.log", "pytest.log", "pytest-variants.log"] + [f"ncu/k{i}.txt" for i in range(6)])
         assert tar.extractfile("ncu/k3.txt").read() == b"report 3"
     assert gc.pack_extras(str(tmp_path), 1) is None  # packed once: nothing left to pack
+
+
+def test_tile_major_profiles_run_their_kernel_here():
+    """Each tile-major entry of the bench stage's PROFILES is a profile_kernels.py command that
+    runs (checked) on this machine too, at a small row count: the tile-major planes reach the
+    kernel's op; --tiled refuses a Huffman kernel in one line."""
+    gc = _gpu_check_module()
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import profile_kernels
+    finally:
+        sys.path.pop(0)
+    tiled = [args for _, args, _ in gc.PROFILES if "--tiled" in args]
+    assert tiled and {gc._profile_variant(a) for a in tiled} <= set(gc.VARIANT_TAGS) | {None}
+    for args in tiled:
+        small = list(args)
+        if "--rows" in small:
+            small[small.index("--rows") + 1] = "64"
+        assert profile_kernels.main(small + ["--cols", "512"]) == 0
+    with pytest.raises(SystemExit):
+        profile_kernels.main(["--kernel", "huffman", "--rows", "64", "--cols", "512", "--tiled"])
