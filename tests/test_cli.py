@@ -396,3 +396,27 @@ def test_tune_off_a_gpu_and_bad_paths_are_one_line(tiny_model, tmp_path):
     p = run("tune", c, "--tp", "0", env=env)
     assert_one_line_error(p, 2)
     assert not (tmp_path / "cache.json").exists()
+
+
+def test_tune_table_names_each_rows_plane_order_and_the_auto_order(monkeypatch):
+    """`unweight tune`'s table (from api.tune's result): a row per path entry with the plane
+    order it was timed in, the decoder, and the order plane_order="auto" then holds the shape in."""
+    from click.testing import CliRunner
+
+    from unweight import api
+    from unweight.cli import main
+    entry = {"N": 4096, "K": 4096, "bucket": "1", "times_ms": {}}
+    res = {"device": "NVIDIA H200", "cache": "/tmp/t.json", "shapes": [[4096, 4096]], "seconds": 3.0,
+           "paths": [{**entry, "encoding": "palette", "plane_order": "file", "choice": "palette_gemv_mma"},
+                     {**entry, "encoding": "palette", "plane_order": "tiled", "choice": "palette_gemv_mma"},
+                     {**entry, "encoding": "huffman", "plane_order": "file", "choice": "decode_cublas"}],
+           "decoders": [{"N": 4096, "K": 4096, "encoding": "huffman", "S": 256, "choice": "ring", "times_ms": {}}],
+           "plane_orders": {"4096x4096": "tiled"}}
+    monkeypatch.setattr(api, "tune", lambda *a, **k: res)
+    r = CliRunner().invoke(main, ["tune", "anything"])
+    assert r.exit_code == 0, r.output
+    rows = [ln.split() for ln in r.output.splitlines() if ln.startswith("4096x4096")]
+    assert rows == [["4096x4096", "palette", "file", "1", "palette_gemv_mma", "-", "tiled"],
+                    ["4096x4096", "palette", "tiled", "1", "palette_gemv_mma", "-", "tiled"],
+                    ["4096x4096", "huffman", "file", "1", "decode_cublas", "ring", "-"]]
+    assert "1 shapes timed on NVIDIA H200" in r.output
