@@ -14,12 +14,17 @@ it (huffman), then measures, each variant in a fresh process:
                  default "grouped_mm" implementation reading the whole ExpertStack)
     routed       unweight.load(mode="huffman"): only the experts the router picked are decoded
     routed-pal   the same in palette mode (transcoded at load)
+    routed-pal-fused  (CUDA only) routed-pal with every routed expert projection the fused
+                 kernels take run on the compressed planes (the tensor-core GEMV at batches
+                 1..32, the GEMM past them; forced_expert_policy), none decoded: not the
+                 measured choice but what it would be if the kernels won
 
 For each: per-token decode time (median of --steps single-token forwards with a KV cache
 after a --prompt-token prefill), the prefill time, bytes the model holds (parameters and
 buffers, plus the decode scratch), peak RSS of the process, experts decoded per layer per
-token (a count at the decode point), and whether the logits equal the BF16 model's bit for
-bit (the routed variants against the BF16 model under transformers' "batched_mm" experts
+token (a count at the decode point; fused: the projections run on the compressed planes),
+the largest logit difference from the BF16 model and whether its greedy tokens match, and
+whether the logits equal the BF16 model's bit for bit (the routed variants against the BF16 model under transformers' "batched_mm" experts
 forward, whose sums theirs repeat; on CUDA the default "grouped_mm" sums in another order).
 --rounds runs every variant that many times, the order rotated each round (a shared
 machine's load drifts); the table gives the median over rounds, the JSON every run.
@@ -51,6 +56,36 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import _bench_util as bu  # noqa: E402
 
 VARIANTS = ("bf16", "decode-all", "routed", "routed-pal")
+CUDA_VARIANTS = VARIANTS + ("routed-pal-fused",)
+
+
+def variants(device: str, chosen=None) -> tuple:
+    """The variants that run on `device` (the fused kernels run on CUDA only), in table order:
+    those `chosen` (None: all), and bf16, which every other is compared with."""
+    out = CUDA_VARIANTS if device.startswith("cuda") else VARIANTS
+    return tuple(v for v in out if chosen is None or v == "bf16" or v in chosen)
+
+
+def forced_expert_policy(model, device):
+    """A dispatch policy whose table says the fused palette kernels won for every expert piece
+    shape of the model's stacks at every batch bucket they take (the tensor-core GEMV where it
+    takes the batch, else the GEMM), set on each stack (the dense layers keep theirs)."""
+    from unweight.runtime import experts as ex
+    from unweight.runtime import kernel_plan as kp
+    from unweight.runtime.policy import GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMV_MMA, DispatchPolicy
+    from unweight.runtime.tuning_table import BUCKET_BATCH, TuningTable
+    t = TuningTable(comment="forced fused experts (bench_moe)")
+    pol = DispatchPolicy(t)
+    name = pol.device_name(device)
+    for *_, st in ex.expert_stacks(model):
+        for p in st.pieces(0):
+            for M in BUCKET_BATCH.values():
+                if M <= kp.PMMA_MAX_M and not p.is_huffman and kp.pmma_supported(M, p.cols):
+                    path = (PALETTE_GEMV_MMA if kp.pgemv_supported(M, p.cols, GEMV_PATHS[PALETTE_GEMV_MMA])
+                            else PALETTE_GEMM)
+                    t.record(name, p.rows, p.cols, "palette", M, {"decode_cublas": 1.0, path: 0.5})
+        st.policy = pol
+    return pol
 
 
 def build(folder: str, a) -> dict:
@@ -101,21 +136,29 @@ def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
     if variant == "bf16":
         model = AutoModelForCausalLM.from_pretrained(bf16, device_map=a.device).eval()
     else:
-        model = unweight.load(comp, device=a.device, mode="palette" if variant == "routed-pal" else "huffman")
+        model = unweight.load(comp, device=a.device, mode="palette" if variant.startswith("routed-pal") else "huffman")
         if variant == "decode-all":
             model.set_experts_implementation("grouped_mm")
+        if variant == "routed-pal-fused":
+            forced_expert_policy(model, dev)
     sync()
     load_s = time.perf_counter() - t0
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev)
-    decoded = [0]
-    orig = ex.ExpertStack.decode_expert
+    decoded, fused = [0], [0]
+    orig, orig_fused = ex.ExpertStack.decode_expert, ex.ExpertStack.fused_linear
 
     def counting(stack, e, out):
         decoded[0] += 1
         return orig(stack, e, out)
 
+    def counting_fused(stack, e, x):
+        y = orig_fused(stack, e, x)
+        fused[0] += y is not None
+        return y
+
     ex.ExpertStack.decode_expert = counting
+    ex.ExpertStack.fused_linear = counting_fused
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, a.vocab, (1, a.prompt), generator=g).to(dev)
 
@@ -129,7 +172,7 @@ def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
             prefill_s = time.perf_counter() - t0
             logits = [out.logits[0, -1].float()]
             cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-            decoded[0] = 0
+            decoded[0] = fused[0] = 0
             times = []
             for _ in range(a.steps):
                 t0 = time.perf_counter()
@@ -142,7 +185,10 @@ def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
 
     prefill_s, times, logits = generate()
     device_peak = torch.cuda.max_memory_allocated(dev) if cuda else None
-    n_decoded = decoded[0]
+    n_decoded, n_fused = decoded[0], fused[0]
+    if a.logits_out:  # this run's logits, for the parent's comparison with the BF16 model's
+        import numpy as np
+        np.save(a.logits_out, torch.stack(logits).cpu().numpy())
     impl = getattr(model.config, "_experts_implementation", None)
     extra = {}
     if variant == "bf16" and impl != "batched_mm":
@@ -166,6 +212,7 @@ def run_variant(variant: str, bf16: str, comp: str, a) -> dict:
         # each expert of a layer is one decode per stack (gate_up, down): experts per layer per token
         "experts_decoded_per_layer_token": round(n_decoded / max(1, a.steps) / max(1, n_stacks), 2)
         if n_stacks else 0.0,
+        "experts_fused_per_layer_token": round(n_fused / max(1, a.steps) / max(1, n_stacks), 2) if n_stacks else 0.0,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         # what loading and running the model added to the process, measured after the steps
         # (the load-time verify pass and the checkpoint's mapped pages count in the peak only)
@@ -259,7 +306,11 @@ def main() -> int:
     ap.add_argument("--keep", help="folder to build the checkpoints in and keep (default: a temporary one)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda: where every variant runs")
     ap.add_argument("--json-out", help="write the result JSON here instead of benchmarks/results/")
-    ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # child process
+    ap.add_argument("--variants", nargs="+", choices=CUDA_VARIANTS, metavar="VARIANT",
+                    help="run only these (bf16 always runs: the others are compared with it; default: all that "
+                         "run on --device)")
+    ap.add_argument("--variant", choices=CUDA_VARIANTS, help=argparse.SUPPRESS)  # child process
+    ap.add_argument("--logits-out", help=argparse.SUPPRESS)
     ap.add_argument("--dirs", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -269,6 +320,8 @@ def main() -> int:
             json.dump(res, f)
         return 0
     check_args(a, ap)
+    if a.variants and not a.device.startswith("cuda") and "routed-pal-fused" in a.variants:
+        ap.error("--variants routed-pal-fused runs on CUDA only (--device cuda)")
     json_out = bu.writable_path(a.json_out, "bench_moe") if a.json_out else None
 
     import torch
@@ -289,26 +342,35 @@ def main() -> int:
             model_info["bf16_file_bytes"] = rep["input_bytes"]
             with open(os.path.join(work, KEPT), "w") as f:
                 json.dump({"build": build_args(a), "model": model_info}, f)
-        runs = {v: [] for v in VARIANTS}
+        vs = variants(a.device, a.variants)
+        runs = {v: [] for v in vs}
         for rnd in range(a.rounds):
-            for v in VARIANTS[rnd % len(VARIANTS):] + VARIANTS[:rnd % len(VARIANTS)]:
+            for v in vs[rnd % len(vs):] + vs[:rnd % len(vs)]:
                 out = os.path.join(work, f"{v}.json")
-                argv = [sys.executable, os.path.abspath(__file__), "--variant", v, "--dirs", bf16, comp, "--out", out]
+                argv = [sys.executable, os.path.abspath(__file__), "--variant", v, "--dirs", bf16, comp, "--out", out,
+                        "--logits-out", os.path.join(work, f"{v}-logits.npy")]
                 argv += [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in
                          ("experts", "top_k", "layers", "hidden", "moe_intermediate", "vocab", "steps", "prompt",
                           "threads", "device")]
                 run_child(argv, v)
                 with open(out) as f:
                     runs[v].append(json.load(f))
-        if not any(x["experts_held_bytes"] for x in runs["routed"]):
+        if not any(x["experts_held_bytes"] for v in vs if v != "bf16" for x in runs[v]):
             # The loader kept every expert BF16: "routed" would be a BF16 timing under another name.
             bu.fail("bench_moe: the compressed model holds no routed expert stacks (its experts were stored "
                     "uncompressed); nothing routed was measured", 1)
         rows = []
-        for v in VARIANTS:
+        import numpy as np
+        ref_logits = np.load(os.path.join(work, "bf16-logits.npy"))
+        for v in vs:
             r = dict(runs[v][0])
             ref_impl, ref = reference(runs["bf16"][0], r.get("experts_implementation"))
             r["logits_equal_bf16"] = all(x["logits_sha256"] == ref for x in runs[v])
+            # Against the BF16 model's default run (the last round of each): what a variant that is
+            # not bitwise (the fused kernels: the GEMM's error bound) changes.
+            got = np.load(os.path.join(work, f"{v}-logits.npy"))
+            r["max_abs_logit_diff_vs_bf16"] = float(np.abs(got - ref_logits).max())
+            r["greedy_tokens_equal_bf16"] = bool((got.argmax(-1) == ref_logits.argmax(-1)).all())
             r["reference_experts_implementation"] = ref_impl
             for k in ("ms_per_token", "prefill_ms", "load_s", "peak_rss_bytes", "rss_added_bytes"):
                 r[k] = statistics.median(x[k] for x in runs[v])
@@ -336,7 +398,9 @@ def main() -> int:
               f"average {os.getloadavg()[0]:.1f}")
         bu.print_table(rows, ["variant", "ms_per_token", "ms_per_token_spread", "vs_bf16", "prefill_ms", "held_MB",
                               "rss_added_MB", "peak_rss_MB",
-                              "experts_decoded_per_layer_token", "logits_equal_bf16", "experts_implementation",
+                              "experts_decoded_per_layer_token", "experts_fused_per_layer_token",
+                              "logits_equal_bf16", "max_abs_logit_diff_vs_bf16", "greedy_tokens_equal_bf16",
+                              "experts_implementation",
                               "reference_experts_implementation"])
         print(f"wrote {os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path}")
     finally:

@@ -300,3 +300,87 @@ def test_cuda_kernel_logic_decodes_one_expert_from_its_views(weights, encoding):
                                              p.vpos.numpy(), p.vexp.numpy(), out)
         assert nerr == 0
         np.testing.assert_array_equal(out, w[e])
+
+
+class _ForcedFused:
+    """A policy that runs the tensor-core GEMV (else the GEMM) wherever the kernels take the
+    problem, on any device (the measured policy does so only where CUDA timed it faster)."""
+
+    def __init__(self):
+        from unweight.runtime.policy import DispatchPolicy
+        self.base, self.asked = DispatchPolicy(None), []
+
+    def linear_path(self, w, M, device):
+        from unweight.runtime import kernel_plan as kp
+        from unweight.runtime.policy import DECODE_CUBLAS, GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMV_MMA
+        self.asked.append((w.rows, w.cols, M))
+        if w.is_huffman or not kp.pmma_supported(M, w.cols):
+            return DECODE_CUBLAS
+        return PALETTE_GEMV_MMA if kp.pgemv_supported(M, w.cols, GEMV_PATHS[PALETTE_GEMV_MMA]) else PALETTE_GEMM
+
+    def __getattr__(self, name):  # decoder choice, dense GEMM, refusals: the plain policy's
+        return getattr(self.base, name)
+
+
+def test_fused_linear_runs_the_policys_kernel_on_the_compressed_expert():
+    """ExpertStack.fused_linear: x @ W_e^T through the kernel the policy picks for expert e's
+    pieces (bitwise what that kernel gives on the piece), or None (decode as before) without a
+    policy, for a Huffman stack, a non-bf16 x or one autograd tracks."""
+    from unweight.runtime import dispatch
+    rng = np.random.default_rng(3)
+    w = bf16_gaussian(rng, (E, ROWS, 128))
+    w[2, 1, 5] = 0x0003  # a verbatim block in matrix 2
+    _, st = _stored_stack(w, "palette")
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    assert st.fused_linear(2, x) is None  # no policy
+    st.policy = _ForcedFused()
+    for e in (2, -1):
+        got = st.fused_linear(e, x)
+        want = dispatch.fused(st.pieces(e % E)[0], x, "palette_gemv_mma")
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert st.policy.asked[-1] == (ROWS, 128, 3)
+    assert st.fused_linear(2, x.float()) is None
+    with torch.enable_grad():
+        assert st.fused_linear(2, x.clone().requires_grad_()) is None
+    with pytest.raises(IndexError):
+        st.fused_linear(E, x)
+    _, hs = _stored_stack(w, "huffman")
+    hs.policy = _ForcedFused()
+    assert hs.fused_linear(2, x) is None
+
+
+def test_routed_forward_takes_fused_kernels_where_the_policy_picks_them(monkeypatch):
+    """A Mixtral experts module with compressed palette stacks under a policy that picks the
+    fused kernels: every routed expert's two projections run them (none is decoded), and the
+    output stays within bf16 rounding of batched_mm's."""
+    pytest.importorskip("transformers")
+    from transformers.integrations.moe import batched_mm_experts_forward
+    m = _experts_module("transformers.models.mixtral.modeling_mixtral.MixtralExperts",
+                        dict(model_type="mixtral", hidden_size=64, intermediate_size=64, num_local_experts=6))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(9, 64, generator=g).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(9)])
+    wts = torch.softmax(torch.randn(9, 2, generator=g), -1)
+    with torch.no_grad():
+        want = batched_mm_experts_forward(m, x, idx, wts)
+    holders = []
+    for attr in ("gate_up_proj", "down_proj"):
+        dense = getattr(m, attr).detach()
+        holder, st = _stored_stack(dense.view(torch.uint16).numpy(), "palette")
+        st.policy = _ForcedFused()
+        holders.append(holder)
+        del m._parameters[attr]
+        setattr(m, attr, st)
+    decoded = []
+    orig = ex.ExpertStack.decode_expert
+    monkeypatch.setattr(ex.ExpertStack, "decode_expert", lambda s, e, out: decoded.append(e) or orig(s, e, out))
+    with torch.no_grad():
+        got = ex.routed_experts_forward(m, x, idx, wts)
+    assert decoded == []
+    routed = torch.unique(idx).tolist()
+    counts = [int((idx == e).sum()) for e in routed]
+    for st, rows, cols in ((m.gate_up_proj, 128, 64), (m.down_proj, 64, 64)):
+        # each routed expert's batch: asked by fused_linear, then by dispatch.linear
+        assert sorted(set(st.policy.asked)) == sorted({(rows, cols, n) for n in counts})
+        assert len(st.policy.asked) == 2 * len(routed)
+    assert got.dtype == want.dtype and torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-3)

@@ -246,6 +246,8 @@ def _moe(argv, monkeypatch):
     (["--hidden", "60"], "--hidden 60 is not a multiple of 8"),
     (["--moe-intermediate", "32"], "2048 weights per expert matrix, under the 4096 unweight encodes"),
     (["--device", "gpu"], "--device 'gpu': choose cpu or cuda"),
+    (["--variants", "routed-pal-fused"], "--variants routed-pal-fused runs on CUDA only"),
+    (["--variants", "fast"], "invalid choice: 'fast'"),
 ])
 def test_moe_bad_arguments(argv, needle, monkeypatch, capsys):
     code, err = _exit(lambda: _moe(argv, monkeypatch), capsys)
@@ -386,3 +388,29 @@ def test_default_candidates_need_a_win_on_every_shape(capsys):
     bench_decode.print_choices(t)
     assert "huffman, index S=256: ring is faster than the default on all 2 shapes (20.0%-28.6% less time)" \
         in capsys.readouterr().out
+
+
+def test_moe_forced_expert_policy_names_a_fused_kernel_for_every_expert_piece(tmp_path, monkeypatch):
+    """The CUDA-only "routed-pal-fused" variant's policy: for every expert piece shape of the
+    model's stacks, a fused win at each batch bucket the kernels take (the tensor-core GEMV
+    up to its batch limit, the GEMM past it), set on every stack; the variant runs on CUDA only."""
+    import argparse
+
+    import unweight
+    from unweight.runtime import experts as ex
+    from unweight.runtime.policy import DispatchPolicy
+    assert "routed-pal-fused" in bench_moe.variants("cuda") and "routed-pal-fused" not in bench_moe.variants("cpu")
+    assert bench_moe.variants("cuda", ["routed-pal-fused", "routed"]) == ("bf16", "routed", "routed-pal-fused")
+    a = argparse.Namespace(experts=4, top_k=2, layers=1, hidden=64, moe_intermediate=64, vocab=128)
+    bench_moe.build(str(tmp_path / "bf16"), a)
+    unweight.compress(str(tmp_path / "bf16"), str(tmp_path / "c"), progress=False)
+    model = unweight.load(str(tmp_path / "c"), device="cpu", mode="palette")
+    monkeypatch.setattr(DispatchPolicy, "device_name", lambda self, device: "NVIDIA Test GPU")
+    pol = bench_moe.forced_expert_policy(model, "cpu")
+    stacks = [st for *_, st in ex.expert_stacks(model)]
+    assert stacks and all(st.policy is pol for st in stacks)
+    shapes = {(p.rows, p.cols) for st in stacks for p in st.pieces(0)}
+    assert shapes == {(64, 64)}
+    for n, k in shapes:
+        assert pol.table.lookup("NVIDIA Test GPU", n, k, "palette", 1) == "palette_gemv_mma"
+        assert pol.table.lookup("NVIDIA Test GPU", n, k, "palette", 64) == "palette_gemm"

@@ -27,7 +27,9 @@ expert's weight at once, so while the experts stay compressed runtime/prepare.py
 :func:`routed_experts_forward`, registered as the implementation "unweight": it computes what
 "batched_mm" computes, with the same operations in the same order (per-sample projections,
 then the fp32 sum over the top-k), so the logits are bitwise those of the default load, but
-it takes the weights one routed expert at a time through ``self.gate_up_proj[e]``.  (The
+it takes the weights one routed expert at a time through ``self.gate_up_proj[e]`` (or, where
+the dispatch policy measured a fused kernel faster for an expert's shape and batch on the GPU,
+runs that kernel on the expert's compressed planes: ``ExpertStack.fused_linear``).  (The
 "eager" loop also indexes one expert at a time, but sums the top-k in the hidden dtype,
 which for fp32 routing weights, Mixtral's and DeepSeek-V3's, rounds differently from the
 default implementations; a model loaded with "eager" keeps it.)  A forward that multiplies the
@@ -59,6 +61,7 @@ from ..format.errors import FormatError, InputError
 from ..format.header import TensorHeader
 from . import dispatch, scratch
 from .modules import LazyTensor, _ShapeOnly, refuse_dtype_cast
+from .policy import DECODE_CUBLAS
 from .weights import EncodedWeight, load_index
 
 log = logging.getLogger(__name__)
@@ -403,6 +406,23 @@ class ExpertStack(LazyTensor):
             self.decode_expert(int(e), out[i].view(-1))
         return out if self.dtype == torch.bfloat16 else out.to(self.dtype)
 
+    def fused_linear(self, e: int, x: Tensor) -> Tensor | None:
+        """x @ W_e^T, bf16 [T, rows], for a bf16 x [T, cols] on the planes' device, through the
+        fused kernels where the policy picks one for a piece of expert e's shape at this batch
+        (dispatch.linear: those pieces run the kernel, the others decode + GEMM; the measured
+        policy picks one only on CUDA, where it was timed faster); None where it picks none, for
+        a non-bf16 stack, or when autograd tracks x: the caller then decodes the expert
+        (``stack[e]``) and multiplies, as without a policy."""
+        pol = self.policy
+        if (pol is None or x.dtype != torch.bfloat16 or self.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[-1] != self.cols or (torch.is_grad_enabled() and x.requires_grad)):
+            return None
+        if not -self.num_experts <= e < self.num_experts:
+            raise IndexError(f"expert {e} out of range for {self.name} with {self.num_experts} experts")
+        pieces = self.pieces(e % self.num_experts)
+        if all(pol.linear_path(p, x.shape[0], x.device) == DECODE_CUBLAS for p in pieces):
+            return None
+        return dispatch.linear(pieces, x, None, self.rows, self.cols, pol)
+
     def __getitem__(self, idx):
         e = _as_index(idx)
         if e is not None:
@@ -455,10 +475,23 @@ def _expert_linear(x: Tensor, w: Tensor, bias: Tensor | None, transposed: bool) 
     return out if bias is None else out.add_(bias)
 
 
+def _routed_linear(param, e: int, x: Tensor, bias: Tensor | None, transposed: bool) -> Tensor:
+    """Expert e's projection of x: a fused kernel where the stack's policy measured one faster
+    (ExpertStack.fused_linear; [out, in] weights only, the layout the kernels contract), else
+    the expert decoded and multiplied as transformers' loops do (_expert_linear)."""
+    if isinstance(param, ExpertStack) and not transposed:
+        y = param.fused_linear(e, x)
+        if y is not None:
+            return y if bias is None else y.add_(bias)
+    return _expert_linear(x, param[e], bias, transposed)
+
+
 def routed_experts_forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
     """An experts forward for transformers' ``use_experts_implementation`` modules that reads
     one routed expert's weights at a time (``self.gate_up_proj[e]``) and computes what
-    transformers' "batched_mm" forward computes.
+    transformers' "batched_mm" forward computes.  On CUDA, an expert projection whose shape and
+    batch the dispatch table measured faster in a fused kernel runs it on the compressed
+    weights instead (the GEMM's error bound, not batched_mm's bits; runtime/policy.py).
 
     hidden_states [T, H]; top_k_index, top_k_weights [T, k] (ids >= num_experts: expert-parallel
     sentinels, weight 0).  Returns [T, H] in hidden_states' dtype.
@@ -474,10 +507,10 @@ def routed_experts_forward(self, hidden_states: Tensor, top_k_index: Tensor, top
         if not 0 <= e < self.num_experts:
             continue  # a sentinel's sample weight is 0: its row stays 0, as batched_mm's 0 * proj
         rows = (expert_ids == e).nonzero().reshape(-1)
-        y = _expert_linear(hidden_states[rows // num_top_k], up[e], None if up_bias is None else up_bias[e],
+        y = _routed_linear(up, e, hidden_states[rows // num_top_k], None if up_bias is None else up_bias[e],
                            self.is_transposed)
         y = self._apply_gate(y) if self.has_gate else self.act_fn(y)
-        y = _expert_linear(y, self.down_proj[e], self.down_proj_bias[e] if self.has_bias else None, self.is_transposed)
+        y = _routed_linear(self.down_proj, e, y, self.down_proj_bias[e] if self.has_bias else None, self.is_transposed)
         if getattr(self, "has_post_expert_norm", False):  # transformers 5.17's experts have no such norm
             y = self.post_expert_norm(y)
         if proj is None:
