@@ -518,6 +518,36 @@ def group_decode(rec, device):
         r["passed"] = all(r.values())
         return r
     rec.check("decode ops captured in a CUDA graph replay bitwise", graph_capture)
+
+    def expert_slots():
+        # A layer's palette experts decoded by expert ids held on the device (vLLM's routed MoE
+        # decode): bitwise for repeated and unordered ids; on CUDA also captured in a graph
+        # and replayed with other ids written into the same id tensor (no host sync inside).
+        from unweight.runtime.expert_slots import ExpertSlots
+        E, rows, cols = 6, 96, 200
+        w = np.stack([h.make_weights(rows, cols, seed=40 + e) for e in range(E)])
+        w[2, 3, 17] = 0x0001  # subnormal: a verbatim block in expert 2 only
+        slots = ExpertSlots.from_weights(w, device)
+        ids = torch.tensor([4, 2, 2, 0], device=device)
+        out = torch.empty(len(ids) * rows * cols, dtype=torch.bfloat16, device=device)
+        r = {"eager": bool(np.array_equal(h.bits(slots.decode(ids, out)), w[[4, 2, 2, 0]]))}
+        if device == "cuda":
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                slots.decode(ids, out)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                got = slots.decode(ids, out)
+            ids.copy_(torch.tensor([1, 5, 3, 2], device=device))
+            out.fill_(0)
+            g.replay()
+            torch.cuda.synchronize()
+            r["graph_replay_new_ids"] = bool(np.array_equal(h.bits(got), w[[1, 5, 3, 2]]))
+        r["passed"] = all(r.values())
+        return r
+    rec.check("expert slots: palette experts decoded by device ids, bitwise (and in a CUDA graph)", expert_slots)
     rec.check("device error counter still zero", lambda: {"passed": int(err.item()) == 0, "count": int(err.item())})
 
 

@@ -278,10 +278,25 @@ def test_moe_tp2_experts_stay_compressed_per_rank(moe_models):
     assert "model.embed_tokens.weight -> decoded to bf16 at load" in log
 
 
-def test_moe_compiled(moe_models):
+def test_moe_compiled(moe_models, tmp_path):
     """vLLM's default compiled mode with compressed experts: on CPU vLLM traces the MoE forward
-    into its graph, and the routed decode runs behind unweight_vllm::moe_routed."""
+    into its graph, and the routed decode runs behind unweight_vllm::moe_routed; in palette
+    mode each projection's experts are held as one palette stack that decodes by expert ids
+    (runtime/expert_slots.py), the same tokens."""
+    import shutil
     src, comp = moe_models["qwen3_moe"]
-    res, _ = _run([{"model": src, "eager": False, "max_tokens": 8}, {"model": comp, "eager": False, "max_tokens": 8}],
-                  timeout=600)
+    pal = str(tmp_path / "palette")
+    shutil.copytree(comp, pal)
+    cfg_path = os.path.join(pal, "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["quantization_config"]["mode"] = "palette"
+    json.dump(cfg, open(cfg_path, "w"))
+    res, _ = _run([{"model": src, "eager": False, "max_tokens": 8}, {"model": comp, "eager": False, "max_tokens": 8},
+                   {"model": pal, "eager": False, "max_tokens": 8}], timeout=600)
     assert _ok(res[1]) == _ok(res[0])
+    assert _ok(res[2]) == _ok(res[0])
+    moe = {k: v for k, v in res[2]["reports"][0].items() if k.endswith(".experts")}
+    assert moe and all(v["path"] == "compressed" and v["mode"] == "palette" for v in moe.values())
+    for v in moe.values():
+        assert [pc["encoding"] for pc in v["pieces"]] == ["palette"] * 3
+        assert 0 < v["held_bytes"] < 0.8 * v["bf16_bytes"], v

@@ -15,14 +15,22 @@ narrows them) and the mapped planes are dropped.  After loading, each piece is d
 and the TP group checks every expert tensor's stored crc32 from the ranks' shard crcs (one
 all-gather per layer, codec/shard_check.py).
 
+Palette mode holds each projection's experts as one palette stack instead
+(runtime/expert_slots.py), built at load from the rank's decoded pieces: its experts decode by
+ids that stay on the device.
+
 Forward: the pieces of the experts the batch routes to are decoded into the device's scratch
 as [E', 2I/tp, H] and [E', H, I/tp] bf16 stacks, handed to the same kernel vLLM's unquantized
 method builds for this platform (its weight conversion, e.g. the CPU kernels' prepacking,
 runs on the decoded stacks), and the routed ids are renumbered onto the stack in increasing
 order.  What vLLM's op allows: its experts kernels take any number of experts and ids below
-global_num_experts, so on the CPU only the routed experts are decoded (finding them reads the
-ids on the host); on CUDA, where that read would synchronise the stream and break CUDA-graph
-capture, every local expert is decoded (GPU behaviour is unmeasured).  The scratch then holds
+global_num_experts, so only the routed experts are decoded.  On the CPU, and on CUDA for a
+Huffman layer, finding them reads the ids on the host; while a CUDA graph is being captured,
+where that read would synchronise the stream and break the capture, a Huffman layer decodes
+every local expert, and the graph's replays do the same.  A palette layer on CUDA never reads
+them: slot s of its decoded stack is the expert of routing choice s (T * k slots, or every
+local expert when there are fewer), and the routing is renumbered onto the slots (GPU
+behaviour is unmeasured).  The scratch then holds
 the BF16 weights of one layer's routed experts; layers run one at a time, so it is one
 layer's worth, never the model's.
 
@@ -36,6 +44,7 @@ import json
 import logging
 import os
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -50,6 +59,7 @@ from ...format import constants as C
 from ...format.errors import FormatError, InputError
 from ...format.header import TensorHeader
 from ...runtime import dispatch, scratch
+from ...runtime.expert_slots import ExpertSlots
 from ...runtime.modes import sharded_mode
 from .ops import current_policy
 from .common import PLANE_DTYPES, device_piece, gather, log, missing_plane, report_layer, take_shard, tp_info
@@ -198,27 +208,47 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         if verify:
             self._verify(layer)
         w13, w2, report = [], [], []
+        # Palette mode: the layer's experts held as one palette stack per projection
+        # (runtime/expert_slots.py), so that the experts a batch routes to decode from the device
+        # ids (a CUDA graph cannot read the routing on the host), built from the host weights.
+        host = {"w13": [], "w2": []} if mode == "palette" else None
         for e in local:
             ws = {}
             for sid in SHARD_IDS:
                 pc = layer._uw_pieces[(e, sid)]
-                ws[sid] = device_piece(pc["header"], pc["planes"], dev,
-                                                            "auto" if mode == "dense" else mode, pc["name"])
                 hs = pc["header"]
-                held = sum(int(t.numel() * t.element_size()) for t in _piece_tensors(ws[sid]))
-                report.append({"name": pc["name"], "expert": e, "shard_id": sid, "encoding": ws[sid].encoding_name,
+                if host is not None:
+                    ws[sid] = tc.decode(hs, pc["planes"], verify=False, where=pc["name"])
+                    held, enc = 0, "palette"  # filled in from the stacks below
+                else:
+                    ws[sid] = device_piece(hs, pc["planes"], dev, "auto" if mode == "dense" else mode, pc["name"])
+                    held = sum(int(t.numel() * t.element_size()) for t in _piece_tensors(ws[sid]))
+                    enc = ws[sid].encoding_name
+                report.append({"name": pc["name"], "expert": e, "shard_id": sid, "encoding": enc,
                                "full_shape": [pc["full_header"].rows, pc["full_header"].cols],
                                "rows": list(pc["rows"]), "cols": list(pc["cols"]), "held_shape": [hs.rows, hs.cols],
                                "held_bytes": held, "full_planes_bytes": pc["full_bytes"],
                                "bf16_shard_bytes": hs.rows * hs.cols * 2})
-            w13.append([ws["w1"], ws["w3"]])
-            w2.append([ws["w2"]])
+            if host is not None:
+                host["w13"].append(np.concatenate([ws["w1"], ws["w3"]]))
+                host["w2"].append(ws["w2"])
+            else:
+                w13.append([ws["w1"], ws["w3"]])
+                w2.append([ws["w2"]])
         for stem in ("w13_weight", "w2_weight"):
             for suf in C.ALL_SUFFIXES:
                 delattr(layer, stem + suf)
         del layer._uw_pieces, layer._uw_pending
         layer._uw_experts = local
-        inter, hidden = w2[0][0].cols, w2[0][0].rows
+        layer._uw_slots = None
+        if host is not None:
+            layer._uw_slots = (ExpertSlots.from_weights(np.stack(host["w13"]), dev),
+                               ExpertSlots.from_weights(np.stack(host["w2"]), dev))
+            del host
+            _share_stack_bytes(report, layer._uw_slots)
+            inter, hidden = layer._uw_slots[1].cols, layer._uw_slots[1].rows
+        else:
+            inter, hidden = w2[0][0].cols, w2[0][0].rows
         layer._uw_shape = (inter, hidden)
         record = {"tp_rank": rank, "tp_size": size, "verified": verify, "mode": mode, "experts": len(local)}
         if mode == "dense":
@@ -236,6 +266,10 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
             record["path"] = "decoded-to-bf16-at-load"
         else:
             # keep the planes reachable as module buffers (device moves, memory accounting)
+            if layer._uw_slots is not None:
+                for i, st in enumerate(layer._uw_slots):
+                    for k, t in enumerate(st.tensors()):
+                        layer.register_buffer(f"uw_slots_{i}_{k}", t, persistent=False)
             for i, pieces in enumerate(w13 + w2):
                 for j, p in enumerate(pieces):
                     for k, t in enumerate(_piece_tensors(p)):
@@ -270,15 +304,20 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
 
     # ------------------------------------------------------------------ forward
 
-    def _decode_experts(self, layer, sel: list, device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_experts(self, layer, sel, device) -> tuple[torch.Tensor, torch.Tensor]:
         """bf16 w13 [len(sel), 2I, H] and w2 [len(sel), H, I] of the local experts `sel`
-        (indices into the layer's local experts), decoded into the device's scratch."""
+        (indices into the layer's local experts: a list, or for palette stacks an integer
+        tensor on the device, read there), decoded into the device's scratch."""
         inter, hidden = layer._uw_shape
         n13, n2 = 2 * inter * hidden, hidden * inter
         buf = scratch.weights(device, len(sel) * (n13 + n2))
+        policy = current_policy()
+        if layer._uw_slots is not None:
+            ids = sel if isinstance(sel, torch.Tensor) else torch.tensor(sel, dtype=torch.int64, device=device)
+            return (layer._uw_slots[0].decode(ids, buf[: len(sel) * n13], policy),
+                    layer._uw_slots[1].decode(ids, buf[len(sel) * n13: len(sel) * (n13 + n2)], policy))
         w13 = buf[: len(sel) * n13].view(len(sel), 2 * inter, hidden)
         w2 = buf[len(sel) * n13: len(sel) * (n13 + n2)].view(len(sel), hidden, inter)
-        policy = current_policy()
         for i, e in enumerate(sel):
             dispatch.decode_into(layer._uw_w13[e], w13[i].view(-1), 2 * inter, hidden, policy)
             dispatch.decode_into(layer._uw_w2[e], w2[i].view(-1), hidden, inter, policy)
@@ -295,9 +334,20 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         return self.apply_routed(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
 
     def apply_routed(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
-        """The compressed experts' forward: decode the routed (CPU) or all local (GPU) experts
-        into scratch, then vLLM's experts kernel on them."""
-        if x.device.type == "cpu":
+        """The compressed experts' forward: decode the routed experts into scratch, then vLLM's
+        experts kernel on them.  On CUDA, palette stacks decode by the device ids: slot s holds
+        the expert of routing choice s (of T * k, or every local expert when there are fewer),
+        with no host sync, so a CUDA graph captures it; a Huffman layer reads the routed ids on
+        the host, and decodes every local expert while a graph is being captured."""
+        if x.device.type != "cpu" and layer._uw_slots is not None:
+            flat = topk_ids.reshape(-1)
+            if flat.numel() < len(layer._uw_experts):
+                sel = flat
+                ids = torch.arange(flat.numel(), device=flat.device, dtype=topk_ids.dtype).view_as(topk_ids)
+            else:
+                sel = torch.arange(len(layer._uw_experts), device=flat.device)
+                ids = topk_ids
+        elif x.device.type == "cpu" or not torch.cuda.is_current_stream_capturing():
             # Only the routed experts, renumbered in increasing order onto the decoded stack.
             used = torch.unique(topk_ids)
             sel = used.tolist()
@@ -335,6 +385,14 @@ def moe_routed(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tens
 @moe_routed.register_fake
 def _(x, topk_weights, topk_ids, prefix):
     return torch.empty_like(x)
+
+
+def _share_stack_bytes(report: list, slots: tuple) -> None:
+    """The layer report's held bytes of palette stacks (w13, w2): each expert's share of its
+    stack, w13's split between gate (w1) and up (w3) by rows (halves)."""
+    per = [st.held_bytes() / st.num_experts for st in slots]
+    for r in report:
+        r["held_bytes"] = int(round(per[0] / 2 if r["shard_id"] in ("w1", "w3") else per[1]))
 
 
 class _Stacks(nn.Module):

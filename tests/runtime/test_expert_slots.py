@@ -1,0 +1,59 @@
+"""runtime/expert_slots.py: a layer's palette experts decoded by expert ids held in a tensor,
+bit for bit the experts' weights, whatever the ids (repeats, any order, one or all), with
+verbatim lists of different lengths padded by real blocks."""
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import bf16_gaussian
+from unweight.codec import tensor_codec as tc
+from unweight.format import constants as C
+from unweight.runtime.expert_slots import ExpertSlots
+
+
+def _experts(E=5, rows=48, cols=96, seed=0):
+    rng = np.random.default_rng(seed)
+    w = bf16_gaussian(rng, (E, rows, cols))
+    w[1, 0, :4] = [0x7FC1, 0xFF80, 0x0001, 0x8000]  # NaN payload, -Inf, subnormal, -0: verbatim blocks
+    w[3, 5, 7] = 0x0003
+    w[3, 40, 90] = 0x0002  # expert 3: the longest verbatim list; experts 0, 2, 4: none
+    return w
+
+
+@pytest.mark.parametrize("cols", [96, 100])  # 100: each row's last block is short
+def test_any_ids_decode_to_the_experts_bits(cols):
+    w = _experts(cols=cols)
+    slots = ExpertSlots.from_weights(w, "cpu", threads=1)
+    assert slots.vpos.shape[0] == 5 and slots.vpos.shape[1] >= 2  # padded to the longest list
+    assert all(bool((row[1:] > row[:-1]).all()) for row in slots.vpos)  # each list ascending
+    for ids in ([3], [0, 1, 2, 3, 4], [4, 3, 3, 1], [2, 2, 2, 2, 2, 2, 2]):
+        t = torch.tensor(ids)
+        out = torch.full((len(ids) * 48 * cols,), float("nan"), dtype=torch.bfloat16)
+        got = slots.decode(t, out)
+        assert got.shape == (len(ids), 48, cols)
+        assert np.array_equal(got.view(torch.int16).numpy().view(np.uint16), w[ids])
+
+
+def test_layer_without_verbatim_blocks_and_held_bytes():
+    rng = np.random.default_rng(1)
+    w = bf16_gaussian(rng, (3, 32, 64))
+    slots = ExpertSlots.from_weights(w, "cpu", threads=1)
+    enc = tc.encode(w, "palette", threads=1)
+    if enc.header.num_verbatim == 0:
+        assert slots.vpos.shape == (3, 0)
+    got = slots.decode(torch.tensor([2, 0]), torch.empty(2 * 32 * 64, dtype=torch.bfloat16))
+    assert np.array_equal(got.view(torch.int16).numpy().view(np.uint16), w[[2, 0]])
+    planes = enc.planes[C.SUFFIX_SM].nbytes + enc.planes[C.SUFFIX_IDX].nbytes
+    assert planes <= slots.held_bytes() <= planes + 3 * slots.vpos.shape[1] * (8 + C.PAL_BLOCK)
+    with pytest.raises(ValueError, match="experts, rows, cols"):
+        ExpertSlots.from_weights(w[0], "cpu")
+
+
+def test_slot_weight_is_one_palette_matrix_with_slot_offsets():
+    w = _experts()
+    slots = ExpertSlots.from_weights(w, "cpu", threads=1)
+    pw = slots.slots_weight(torch.tensor([3, 1]))
+    assert (pw.rows, pw.cols) == (2 * 48, 96) and pw.vpos.dtype == torch.uint32
+    v = pw.vpos.view(torch.int32).to(torch.int64)
+    n = slots.vpos.shape[1]
+    assert torch.equal(v[:n], slots.vpos[3]) and torch.equal(v[n:], slots.vpos[1] + slots.blocks)
