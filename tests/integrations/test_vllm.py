@@ -300,3 +300,32 @@ def test_moe_compiled(moe_models, tmp_path):
     for v in moe.values():
         assert [pc["encoding"] for pc in v["pieces"]] == ["palette"] * 3
         assert 0 < v["held_bytes"] < 0.8 * v["bf16_bytes"], v
+
+
+def test_palette_pieces_when_the_experts_make_no_stack():
+    """Palette mode's fallback for a layer whose experts would pad their verbatim lists past
+    SLOT_PADDING_MAX: one palette piece per expert and shard id, decoding to the experts'
+    bits, with the report's held bytes those pieces' planes."""
+    import types
+
+    import numpy as np
+    import torch
+
+    from tests.conftest import bf16_gaussian
+    from unweight.integrations.vllm import moe
+    from unweight.runtime import dispatch
+    rng = np.random.default_rng(0)
+    host = {"w13": [bf16_gaussian(rng, (64, 128)) for _ in range(3)],
+            "w2": [bf16_gaussian(rng, (128, 32)) for _ in range(3)]}
+    host["w13"][1][5, 3] = 0x0001  # a verbatim block in expert 1's gate
+    report = [{"expert": e, "shard_id": sid, "held_bytes": 0} for e in (4, 5, 6) for sid in moe.SHARD_IDS]
+    w13, w2 = [], []
+    me = types.SimpleNamespace(prefix="model.layers.0.mlp.experts")
+    moe.UnweightFusedMoEMethod._palette_pieces(me, [4, 5, 6], host, w13, w2, report, torch.device("cpu"))
+    assert len(w13) == len(w2) == 3 and all(p.encoding_name == "palette" for ps in w13 + w2 for p in ps)
+    for i in range(3):
+        got13 = dispatch.decode_new(w13[i], 64, 128)
+        got2 = dispatch.decode_new(w2[i], 128, 32)
+        assert np.array_equal(got13.view(torch.int16).numpy().view(np.uint16), host["w13"][i])
+        assert np.array_equal(got2.view(torch.int16).numpy().view(np.uint16), host["w2"][i])
+    assert all(0 < r["held_bytes"] < 0.8 * (2 * 32 * 128 if r["shard_id"] != "w2" else 2 * 128 * 32) for r in report)

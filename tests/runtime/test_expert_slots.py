@@ -25,6 +25,8 @@ def test_any_ids_decode_to_the_experts_bits(cols):
     w = _experts(cols=cols)
     slots = ExpertSlots.from_weights(w, "cpu", threads=1)
     assert slots.vpos.shape[0] == 5 and slots.vpos.shape[1] >= 2  # padded to the longest list
+    nv = tc.encode(w, "palette", threads=1).header.num_verbatim
+    assert slots.padding_bytes == (5 * slots.vpos.shape[1] - nv) * (8 + C.PAL_BLOCK) > 0
     assert all(bool((row[1:] > row[:-1]).all()) for row in slots.vpos)  # each list ascending
     for ids in ([3], [0, 1, 2, 3, 4], [4, 3, 3, 1], [2, 2, 2, 2, 2, 2, 2]):
         t = torch.tensor(ids)
@@ -45,6 +47,7 @@ def test_layer_without_verbatim_blocks_and_held_bytes():
     assert np.array_equal(got.view(torch.int16).numpy().view(np.uint16), w[[2, 0]])
     planes = enc.planes[C.SUFFIX_SM].nbytes + enc.planes[C.SUFFIX_IDX].nbytes
     assert planes <= slots.held_bytes() <= planes + 3 * slots.vpos.shape[1] * (8 + C.PAL_BLOCK)
+    assert slots.padding_bytes == (3 * slots.vpos.shape[1] - enc.header.num_verbatim) * (8 + C.PAL_BLOCK)
     with pytest.raises(ValueError, match="experts, rows, cols"):
         ExpertSlots.from_weights(w[0], "cpu")
 

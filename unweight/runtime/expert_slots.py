@@ -16,8 +16,9 @@ of expert ids, a device tensor, decodes with a fixed number of launches and no h
   [S * rows, cols] matrix, and that matrix decodes as one palette weight through
   runtime.dispatch (one decode launch and one patch launch, any S).
 
-The bytes held are the stack's planes plus the padded lists (``held_bytes``); the bits decoded
-are the original weights' (tests/runtime/test_expert_slots.py).
+The bytes held are the stack's planes plus the padded lists (``held_bytes``; the padding alone:
+``padding_bytes``, which one expert with many verbatim blocks multiplies by the expert count);
+the bits decoded are the original weights' (tests/runtime/test_expert_slots.py).
 """
 from __future__ import annotations
 
@@ -79,9 +80,12 @@ class ExpertSlots:
                 ex[i, :len(seg)] = (seg >> 7) & 0xFF
             exps[e] = np.concatenate([vexp[bounds[e]:bounds[e + 1]], ex])[order]
         dev = torch.device(device)
-        return cls(torch.from_numpy(p[C.SUFFIX_SM]).to(dev), torch.from_numpy(p[C.SUFFIX_IDX]).to(dev),
+        slots = cls(torch.from_numpy(p[C.SUFFIX_SM]).to(dev), torch.from_numpy(p[C.SUFFIX_IDX]).to(dev),
                    torch.from_numpy(pos).to(dev), torch.from_numpy(exps).to(dev),
                    [int(b) for b in h.palette[: h.pal_size]], int(h.rows_per_group), int(h.cols_per_chunk))
+        # the bytes the padded entries hold (8 of block id, PAL_BLOCK of exponents each)
+        slots.padding_bytes = (E * width - len(vpos)) * (8 + C.PAL_BLOCK)
+        return slots
 
     def tensors(self) -> list:
         """The device tensors held (to register as module buffers)."""

@@ -66,6 +66,9 @@ from .common import PLANE_DTYPES, device_piece, gather, log, missing_plane, repo
 
 
 SHARD_IDS = ("w1", "w3", "w2")  # vLLM's names: gate, up (stacked into w13), down
+# The most the padded verbatim lists of a layer's expert stacks (runtime/expert_slots.py) may
+# add, as a fraction of the bytes the stacks hold; past it the layer keeps per-expert pieces.
+SLOT_PADDING_MAX = 0.05
 
 
 def expert_names(layer, prefix: str) -> dict:
@@ -242,13 +245,19 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         layer._uw_experts = local
         layer._uw_slots = None
         if host is not None:
-            layer._uw_slots = (ExpertSlots.from_weights(np.stack(host["w13"]), dev),
-                               ExpertSlots.from_weights(np.stack(host["w2"]), dev))
-            del host
-            _share_stack_bytes(report, layer._uw_slots)
-            inter, hidden = layer._uw_slots[1].cols, layer._uw_slots[1].rows
-        else:
+            slots = tuple(ExpertSlots.from_weights(np.stack(host[k]), dev) for k in ("w13", "w2"))
+            if sum(st.padding_bytes for st in slots) <= SLOT_PADDING_MAX * sum(st.held_bytes() for st in slots):
+                layer._uw_slots = slots
+                _share_stack_bytes(report, slots)
+            else:  # an expert with many verbatim blocks: per-expert pieces, routed on the host
+                log.info("unweight: %s keeps per-expert palette pieces (padding its experts' verbatim lists to one "
+                         "length would add %d bytes)", self.prefix, sum(st.padding_bytes for st in slots))
+                self._palette_pieces(local, host, w13, w2, report, dev)
+            del host, slots
+        if w2:
             inter, hidden = w2[0][0].cols, w2[0][0].rows
+        else:
+            inter, hidden = layer._uw_slots[1].cols, layer._uw_slots[1].rows
         layer._uw_shape = (inter, hidden)
         record = {"tp_rank": rank, "tp_size": size, "verified": verify, "mode": mode, "experts": len(local)}
         if mode == "dense":
@@ -287,6 +296,24 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         log.info("unweight: %s -> %s (%d experts, rank %d/%d holds intermediate %s of each, %.3fx of its bf16 "
                  "shard)", self.prefix, "compressed in memory" if mode != "dense" else "decoded to bf16 at load",
                  len(local), rank, size, report[0]["rows"], held / max(1, bf16))
+
+    def _palette_pieces(self, local, host, w13, w2, report, dev) -> None:
+        """Palette pieces per expert from the host weights host["w13"][i] ([2I, H], gate over
+        up) and host["w2"][i] of local expert i (what palette mode holds when the layer's
+        experts do not make one stack), appended to w13 / w2, with the report's held bytes."""
+        held = {}
+        for i, e in enumerate(local):
+            half = host["w13"][i].shape[0] // 2
+            ps = {sid: device_piece(enc.header, enc.planes, dev, "palette", f"{self.prefix}.{e}.{sid}")
+                  for sid, enc in (("w1", tc.encode(host["w13"][i][:half], "palette")),
+                                   ("w3", tc.encode(host["w13"][i][half:], "palette")),
+                                   ("w2", tc.encode(host["w2"][i], "palette")))}
+            for sid, p in ps.items():
+                held[(e, sid)] = sum(int(t.numel() * t.element_size()) for t in _piece_tensors(p))
+            w13.append([ps["w1"], ps["w3"]])
+            w2.append([ps["w2"]])
+        for r in report:
+            r["held_bytes"] = held[(r["expert"], r["shard_id"])]
 
     def _verify(self, layer) -> None:
         """Decode each piece once; the TP group checks every expert tensor's stored crc32 from
