@@ -327,6 +327,21 @@ PYBIND11_MODULE(_cuda, m) {
      "Decode rows [r0,r1) x cols [k0,k1) of the full sm/idx planes into out (rectangle origin); variant: "
      "PAL_VARIANT_* of kernel_plan.h (0: the default); tiled: the planes are tile-major (kernel_plan.h).");
 
+  m.def("palette_decode_slots", [](uintptr_t ids, int64_t slots, int64_t n, uintptr_t sm, uintptr_t idx, int64_t rows,
+                                   int64_t cols, py::bytes palette, uintptr_t vpos, int64_t nv_per, uintptr_t vexp,
+                                   uintptr_t out, uintptr_t err, uintptr_t stream, int variant) {
+    need(slots == 0 || (ids && sm && idx && out && err), "null device pointer");
+    need(nv_per == 0 || (vpos && vexp), "null verbatim pointers");
+    check(cuda::palette_decode_slots(dev<const int64_t>(ids), slots, n, dev<const uint8_t>(sm),
+                                     dev<const uint8_t>(idx), rows, cols, make_palette(palette),
+                                     dev<const uint32_t>(vpos), nv_per, dev<const uint8_t>(vexp), dev<uint16_t>(out),
+                                     dev<int32_t>(err), variant, stream_of(stream)));
+  }, py::arg("ids"), py::arg("slots"), py::arg("n"), py::arg("sm"), py::arg("idx"), py::arg("rows"), py::arg("cols"),
+     py::arg("palette"), py::arg("vpos"), py::arg("nv_per"), py::arg("vexp"), py::arg("out"), py::arg("err"),
+     py::arg("stream") = 0, py::arg("variant") = 0,
+     "out[s] = matrix ids[s] (int64 device ids, read on the device) of a palette stack sm [n, rows, cols], idx "
+     "[n, rows, ceil(cols/2)] with verbatim lists vpos [n, nv_per], vexp [n, nv_per, 32].");
+
   m.def("exp_histogram", [](uintptr_t exps, int64_t n, uintptr_t hist, uintptr_t stream) {
     need(exps && hist, "null device pointer");
     check(cuda::exp_histogram(dev<const uint8_t>(exps), n, dev<unsigned long long>(hist), stream_of(stream)));
@@ -560,6 +575,28 @@ PYBIND11_MODULE(_cuda, m) {
      "Host run of the palette decode bodies (variant: PAL_VARIANT_*; path_out: a list that receives the variant "
      "that ran; tiled: sm and idx hold tile-major bytes in their [rows, cols] and [rows, cols / 2] shapes); "
      "returns the error count.");
+
+  m.def("emulate_palette_decode_slots", [](arr<int64_t> ids, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
+                                           arr<uint32_t> vpos, arr<uint8_t> vexp, arr<uint16_t> out, int variant,
+                                           py::object kind_out) {
+    need(sm.ndim() == 3 && idx.ndim() == 3 && out.ndim() == 3 && vpos.ndim() == 2 && vexp.ndim() == 3,
+         "sm, idx, out, vexp must be 3-D and vpos 2-D");
+    const int64_t n = sm.shape(0), rows = sm.shape(1), cols = sm.shape(2);
+    need(idx.shape(0) == n && idx.shape(1) == rows && idx.shape(2) == (cols + 1) / 2, "idx shape mismatch");
+    need(out.shape(0) == ids.size() && out.shape(1) == rows && out.shape(2) == cols, "out shape mismatch");
+    need(vpos.shape(0) == n && vexp.shape(0) == n && vexp.shape(1) == vpos.shape(1) && vexp.shape(2) == PAL_BLOCK,
+         "verbatim list shapes mismatch");
+    int32_t err = 0;
+    int kind = -1;
+    check(cuda::emulate::palette_decode_slots(ids.data(), ids.size(), n, sm.data(), idx.data(), rows, cols,
+                                              make_palette(palette), vpos.data(), vpos.shape(1), vexp.data(),
+                                              out.mutable_data(), &err, variant, &kind));
+    if (!kind_out.is_none()) kind_out.attr("append")(kind);
+    return err;
+  }, py::arg("ids"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
+     py::arg("out"), py::arg("variant") = 0, py::arg("kind_out") = py::none(),
+     "Host run of the palette slots decode bodies (ids on the host); kind_out: a list that receives the slot body "
+     "that ran (0 / 1 VEC8 scalar / vector, 2 / 3 wide general / paired); returns the error count.");
 
   m.def("emulate_exp_histogram", [](arr<uint8_t> exps) {
     arr<uint64_t> hist(256);

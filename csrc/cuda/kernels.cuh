@@ -101,6 +101,16 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
                            int64_t out_stride, int32_t* err, int variant, int tiled, void* stream);
 
+// Slot s of out (BF16 [slots, rows, cols]) = matrix ids[s] (int64 on the device, read there:
+// no host sync) of a stack of n palette matrices: sm [n, rows, cols], idx [n, rows,
+// ceil(cols / 2)], one palette, and each matrix's verbatim list of nv_per entries (vpos
+// [n, nv_per] block ids within the matrix, ascending; vexp [n, nv_per, PAL_BLOCK]).  An id
+// outside [0, n) leaves its slot unwritten and adds 1 to *err, as do nibbles >= the palette
+// size and a list that is not ascending.  variant: as palette_decode's.  slots <= 65535.
+const char* palette_decode_slots(const int64_t* ids, int64_t slots, int64_t n, const uint8_t* sm, const uint8_t* idx,
+                                 int64_t rows, int64_t cols, Palette pal, const uint32_t* vpos, int64_t nv_per,
+                                 const uint8_t* vexp, uint16_t* out, int32_t* err, int variant, void* stream);
+
 // out[i, :] = row ids[i] of the palette matrix (full planes; ids int64 [n_ids] on the
 // device), BF16 [n_ids, cols] with row stride out_stride, verbatim blocks found by binary
 // search in vpos.  No host sync: an id outside [0, rows) gives a zero row and adds 1 to *err,
@@ -182,6 +192,11 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,
                            int64_t out_stride, int32_t* err, int variant, int tiled, int* path);
+// As palette_decode_slots, over the kernels' launch geometry (ids on the host); *kind: the
+// slot body that ran (0 / 1 VEC8 without / with vector access, 2 / 3 wide general / paired).
+const char* palette_decode_slots(const int64_t* ids, int64_t slots, int64_t n, const uint8_t* sm, const uint8_t* idx,
+                                 int64_t rows, int64_t cols, Palette pal, const uint32_t* vpos, int64_t nv_per,
+                                 const uint8_t* vexp, uint16_t* out, int32_t* err, int variant, int* kind);
 // The transcode kernels' bodies through the warp emulator, over their launch geometry.
 const char* exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist);
 const char* palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palette pal,

@@ -187,6 +187,46 @@ UW_HD bool pgather_body(int64_t t, const PGatherArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Slots: a stack of n palette matrices [n, rows, cols] (one palette; each matrix's verbatim
+// list of one length nv_per, ascending block ids within the matrix: runtime/expert_slots.py
+// pads them) decoded by matrix ids that stay on the device: output slot s is matrix ids[s].
+// The kernels run the whole-matrix bodies above with the slot's pointers (grid y = slot).
+// ---------------------------------------------------------------------------------------
+struct SlotArgs {
+  const int64_t* ids;  // [slots] on the device
+  int64_t n;           // matrices in the stack
+  int64_t sm_stride, idx_stride, out_stride;  // elements from one matrix (or output slot) to the next
+  const uint32_t* vpos;  // [n, nv_per]
+  const uint8_t* vexp;   // [n, nv_per, PAL_BLOCK]
+  int64_t nv_per;
+};
+
+// `a` (the decode of the stack's first matrix into output slot 0) moved to slot `slot`: its
+// matrix's planes and its output.  False for an id outside [0, n): the slot is not written.
+UW_HD bool slot_pal_args(const PalArgs& a, const SlotArgs& s, int64_t slot, PalArgs* b) {
+  const int64_t e = s.ids[slot];
+  if (e < 0 || e >= s.n) return false;
+  *b = a;
+  b->sm = a.sm + e * s.sm_stride;
+  b->idx = a.idx + e * s.idx_stride;
+  b->out = a.out + slot * s.out_stride;
+  return true;
+}
+
+// The verbatim patch of slot `slot` (p: slot 0's, without its list): its matrix's list.
+UW_HD bool slot_patch_args(const PatchArgs& p, const SlotArgs& s, int64_t slot, PatchArgs* q) {
+  const int64_t e = s.ids[slot];
+  if (e < 0 || e >= s.n) return false;
+  *q = p;
+  q->sm = p.sm + e * s.sm_stride;
+  q->vpos = s.vpos + e * s.nv_per;
+  q->vexp = s.vexp + e * s.nv_per * PAL_BLOCK;
+  q->nv = s.nv_per;
+  q->out = p.out + slot * s.out_stride;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
 // Launchers (palette_decode.cu): the launch alone; launch.cu checks the arguments and
 // sizes the grid first.
 // ---------------------------------------------------------------------------------------
@@ -197,6 +237,13 @@ void launch_palette_decode_wide(const PalArgs& a, bool paired, int64_t grid, int
                                 cudaStream_t s);
 // One warp per verbatim block (p.nv > 0).
 void launch_verbatim_patch(const PatchArgs& p, int32_t* err, cudaStream_t s);
+// Slots (SlotArgs), grid y = slot: kind 0 / 1 the VEC8 body without / with vector access, 2 / 3
+// the wide body with general / paired tables.  An id out of range adds 1 to *err (once per slot).
+void launch_palette_decode_slots(const PalArgs& a, const SlotArgs& sa, int kind, int64_t grid, int64_t total,
+                                 int64_t slots, int32_t* err, cudaStream_t s);
+// One warp per verbatim entry of each slot's list (sa.nv_per > 0), grid y = slot.
+void launch_verbatim_patch_slots(const PatchArgs& p, const SlotArgs& sa, int64_t slots, int32_t* err,
+                                 cudaStream_t s);
 
 }  // namespace detail
 }  // namespace cuda

@@ -367,3 +367,52 @@ def test_emulated_transcode_matches_cpu_encoder(shape):
     assert np.array_equal(idx, ref.planes[C.SUFFIX_IDX])
     assert np.array_equal(vpos, ref.planes[C.SUFFIX_VPOS])
     assert np.array_equal(vexp, ref.planes[C.SUFFIX_VEXP])
+
+
+# ------------------------------------------------------------------------------- slots
+def _slots_planes(w):
+    """The host planes of runtime/expert_slots.ExpertSlots for experts w [E, rows, cols]."""
+    import torch  # noqa: F401  (ExpertSlots holds tensors)
+    from unweight.runtime.expert_slots import ExpertSlots
+    st = ExpertSlots.from_weights(w, "cpu", threads=1)
+    return st, (st.sm.numpy(), st.idx.numpy(), bytes(st.palette), st.vpos.numpy(), st.vexp.numpy())
+
+
+@needs_ext
+@pytest.mark.parametrize("cols", [64, 96, 100, 7])  # wide / VEC8 vector, then the scalar body (cols % 8 != 0)
+def test_emulated_slots_decode_gives_each_slots_expert(cols):
+    """The slot kernels' bodies over their grid (y = slot): slot s is expert ids[s], repeats
+    and any order, every variant; each expert's padded verbatim list patches its own slot."""
+    rng = np.random.default_rng(cols)
+    w = np.stack([make_weights(24, cols, seed=e) for e in range(5)])
+    w[1, 0, :4 if cols >= 4 else 1] = 0x0001  # verbatim blocks in experts 1 and 3 only
+    w[3, 23, cols - 1] = 0xFF80
+    st, (sm, idx, pal, vpos, vexp) = _slots_planes(w)
+    assert vpos.shape[1] >= 1
+    for variant in (kp.PAL_VARIANT_WIDE, kp.PAL_VARIANT_VEC8):
+        for ids in ([3], [4, 1, 1, 0, 3], rng.integers(0, 5, size=9)):
+            ids = np.asarray(ids, dtype=np.int64)
+            out = np.zeros((len(ids), 24, cols), np.uint16)
+            kind = []
+            assert _cuda.emulate_palette_decode_slots(ids, sm, idx, pal, vpos, vexp, out, variant, kind) == 0
+            assert np.array_equal(out, w[ids])
+            assert kind[0] == (0 if cols % 8 else 1 if variant == kp.PAL_VARIANT_VEC8 else kind[0])
+            assert variant == kp.PAL_VARIANT_VEC8 or cols % 8 or kind[0] in (2, 3)
+
+
+@needs_ext
+def test_emulated_slots_decode_counts_bad_ids_and_lists():
+    """An id outside the stack leaves its slot unwritten and counts once; a list that is not
+    ascending counts; an empty slot list launches nothing."""
+    w = np.stack([make_weights(16, 64, seed=e) for e in range(3)])
+    w[2, 5, 9] = w[2, 10, 40] = 0x0001  # two verbatim blocks in expert 2
+    _, (sm, idx, pal, vpos, vexp) = _slots_planes(w)
+    out = np.full((3, 16, 64), 0x1234, np.uint16)
+    assert _cuda.emulate_palette_decode_slots(np.array([2, 3, -1], np.int64), sm, idx, pal, vpos, vexp, out) == 2
+    assert np.array_equal(out[0], w[2]) and (out[1:] == 0x1234).all()
+    assert vpos.shape[1] >= 2
+    bad = vpos.copy()
+    bad[2] = bad[2][::-1]
+    assert _cuda.emulate_palette_decode_slots(np.array([2], np.int64), sm, idx, pal, bad, vexp, out[:1]) >= 1
+    assert _cuda.emulate_palette_decode_slots(np.zeros(0, np.int64), sm, idx, pal, vpos, vexp,
+                                              np.zeros((0, 16, 64), np.uint16)) == 0

@@ -26,8 +26,8 @@ def test_any_ids_decode_to_the_experts_bits(cols):
     slots = ExpertSlots.from_weights(w, "cpu", threads=1)
     assert slots.vpos.shape[0] == 5 and slots.vpos.shape[1] >= 2  # padded to the longest list
     nv = tc.encode(w, "palette", threads=1).header.num_verbatim
-    assert slots.padding_bytes == (5 * slots.vpos.shape[1] - nv) * (8 + C.PAL_BLOCK) > 0
-    assert all(bool((row[1:] > row[:-1]).all()) for row in slots.vpos)  # each list ascending
+    assert slots.padding_bytes == (5 * slots.vpos.shape[1] - nv) * (4 + C.PAL_BLOCK) > 0
+    assert all(bool((row[1:] > row[:-1]).all()) for row in slots.vpos.to(torch.int64))  # each list ascending
     for ids in ([3], [0, 1, 2, 3, 4], [4, 3, 3, 1], [2, 2, 2, 2, 2, 2, 2]):
         t = torch.tensor(ids)
         out = torch.full((len(ids) * 48 * cols,), float("nan"), dtype=torch.bfloat16)
@@ -46,17 +46,14 @@ def test_layer_without_verbatim_blocks_and_held_bytes():
     got = slots.decode(torch.tensor([2, 0]), torch.empty(2 * 32 * 64, dtype=torch.bfloat16))
     assert np.array_equal(got.view(torch.int16).numpy().view(np.uint16), w[[2, 0]])
     planes = enc.planes[C.SUFFIX_SM].nbytes + enc.planes[C.SUFFIX_IDX].nbytes
-    assert planes <= slots.held_bytes() <= planes + 3 * slots.vpos.shape[1] * (8 + C.PAL_BLOCK)
-    assert slots.padding_bytes == (3 * slots.vpos.shape[1] - enc.header.num_verbatim) * (8 + C.PAL_BLOCK)
+    assert planes <= slots.held_bytes() <= planes + 3 * slots.vpos.shape[1] * (4 + C.PAL_BLOCK)
+    assert slots.padding_bytes == (3 * slots.vpos.shape[1] - enc.header.num_verbatim) * (4 + C.PAL_BLOCK)
     with pytest.raises(ValueError, match="experts, rows, cols"):
         ExpertSlots.from_weights(w[0], "cpu")
 
 
-def test_slot_weight_is_one_palette_matrix_with_slot_offsets():
-    w = _experts()
-    slots = ExpertSlots.from_weights(w, "cpu", threads=1)
-    pw = slots.slots_weight(torch.tensor([3, 1]))
-    assert (pw.rows, pw.cols) == (2 * 48, 96) and pw.vpos.dtype == torch.uint32
-    v = pw.vpos.view(torch.int32).to(torch.int64)
-    n = slots.vpos.shape[1]
-    assert torch.equal(v[:n], slots.vpos[3]) and torch.equal(v[n:], slots.vpos[1] + slots.blocks)
+def test_an_id_outside_the_stack_is_a_format_error_on_cpu():
+    from unweight.format.errors import FormatError
+    slots = ExpertSlots.from_weights(_experts(), "cpu", threads=1)
+    with pytest.raises(FormatError, match="outside the stack"):
+        slots.decode(torch.tensor([1, 5]), torch.empty(2 * 48 * 96, dtype=torch.bfloat16))

@@ -3,6 +3,8 @@
     torch.ops.unweight.decode_huffman(sm, exp, off, table, lut, out, err, rows, cols, R, C, exp_lo, exp_hi,
                                       chk=None, chk_interval=0, variant=0)
     torch.ops.unweight.decode_palette(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0, tiled=False)
+    torch.ops.unweight.decode_palette_slots(ids, sm, idx, vpos, vexp, out, err, palette, variant=0)
+        (slot s of out [S, rows, cols] = matrix ids[s] of a palette stack; see its docstring)
         out: bf16 [rows, cols] (row-major, any row stride >= cols), mutated; returns nothing.
         decode_huffman with a uint8 `out` writes the exponent bytes only (the palette
         transcode's first pass).  chk / chk_interval: the checkpoint index (FORMAT.md
@@ -178,3 +180,65 @@ def _(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0, tiled=False
         _ext.cuda_module().palette_decode(_ext.ptr(sm), _ext.ptr(idx), rows, cols, 0, rows, 0, cols, bytes(palette),
                                           _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), _ext.ptr(out),
                                           out.stride(0), _ext.ptr(err), _ext.stream(out), variant, int(tiled))
+
+
+# ------------------------------------------------------------------------ decode_palette_slots
+
+
+def _check_slots(ids, sm, idx, vpos, vexp, out, palette):
+    if sm.dim() != 3 or idx.dim() != 3 or vpos.dim() != 2 or vexp.dim() != 3 or out.dim() != 3 or ids.dim() != 1:
+        raise ValueError("decode_palette_slots: ids 1-D; sm, idx, vexp, out 3-D; vpos 2-D")
+    n, rows, cols = sm.shape
+    if (tuple(idx.shape) != (n, rows, (cols + 1) // 2) or tuple(out.shape) != (ids.numel(), rows, cols)
+            or vpos.shape[0] != n or tuple(vexp.shape) != (n, vpos.shape[1], 32)):
+        raise ValueError(f"decode_palette_slots: shapes do not fit a stack {tuple(sm.shape)} and "
+                         f"{ids.numel()} slots")
+    if ids.dtype != torch.int64 or vpos.dtype != torch.uint32:
+        raise ValueError("decode_palette_slots: ids must be int64 and vpos uint32")
+    _ext.require_contiguous("decode_palette_slots", ids, sm, idx, vpos, vexp, out)
+    _ext.same_device("decode_palette_slots", out, ids, sm, idx, vpos, vexp)
+    if not 1 <= len(palette) <= 16:
+        raise ValueError(f"decode_palette_slots: palette must have 1..16 entries, got {len(palette)}")
+
+
+@torch.library.custom_op("unweight::decode_palette_slots", mutates_args=("out", "err"))
+def decode_palette_slots(ids: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, out: Tensor, err: Tensor,
+                         palette: List[int], variant: int = 0) -> None:
+    """out[s] = matrix ids[s] of a palette stack (runtime/expert_slots.py): sm uint8 [n, rows,
+    cols], idx uint8 [n, rows, ceil(cols/2)], vpos uint32 [n, V] (each matrix's verbatim block
+    ids, ascending, one length), vexp uint8 [n, V, 32]; ids int64 [S]; out bf16 [S, rows, cols],
+    mutated.  On CUDA the ids are read on the device (no host sync); an id outside [0, n) adds 1
+    to err and leaves its slot unwritten.  On CPU such an id raises FormatError."""
+    raise NotImplementedError(f"unweight::decode_palette_slots has no kernel for device {out.device}")
+
+
+@decode_palette_slots.register_fake
+def _(ids, sm, idx, vpos, vexp, out, err, palette, variant=0):
+    return None
+
+
+@decode_palette_slots.register_kernel("cpu")
+def _(ids, sm, idx, vpos, vexp, out, err, palette, variant=0):
+    _check_slots(ids, sm, idx, vpos, vexp, out, palette)
+    n, rows, cols = sm.shape
+    pal = np.asarray(palette, dtype=np.uint8)
+    for s, e in enumerate(ids.tolist()):  # a host op may read the ids
+        if not 0 <= e < n:
+            err.add_(1)
+            raise FormatError(f"decode_palette_slots: id {e} of slot {s} is outside the stack's {n} matrices")
+        try:
+            _ext._C.palette_decode(_ext.np_view(sm[e]), _ext.np_view(idx[e]), rows, cols, 0, rows, pal,
+                                   _ext.np_view(vpos[e]), _ext.np_view(vexp[e]), _ext.np_view(out[s]), _ext.threads())
+        except ValueError as ex:
+            err.add_(1)
+            raise FormatError(f"palette decode failed: {ex}") from None
+
+
+@decode_palette_slots.register_kernel("cuda")
+def _(ids, sm, idx, vpos, vexp, out, err, palette, variant=0):
+    _check_slots(ids, sm, idx, vpos, vexp, out, palette)
+    n, rows, cols = sm.shape
+    with torch.cuda.device_of(out):
+        _ext.cuda_module().palette_decode_slots(_ext.ptr(ids), ids.numel(), n, _ext.ptr(sm), _ext.ptr(idx), rows,
+                                                cols, bytes(palette), _ext.ptr(vpos), vpos.shape[1], _ext.ptr(vexp),
+                                                _ext.ptr(out), _ext.ptr(err), _ext.stream(out), variant)

@@ -28,7 +28,8 @@ from . import scratch
 from .policy import DECODE_CUBLAS, GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, DispatchPolicy
 from .weights import EncodedWeight
 
-__all__ = ["linear", "embedding", "decode_into", "decode_new", "fused", "use_decoders", "decoder_variant"]
+__all__ = ["linear", "embedding", "decode_into", "decode_new", "fused", "use_decoders", "decoder_variant",
+           "palette_variant"]
 
 _DECODE_ONLY = DispatchPolicy(None)
 
@@ -61,6 +62,12 @@ def use_decoders(huffman: str | int | None = None, palette: str | int | None = N
             raise ValueError(f"unknown {enc} decoder variant {v}")
         _DECODERS[enc] = int(v)
     return prev
+
+
+def palette_variant() -> int:
+    """The palette decoder variant use_decoders fixed (0: the extension's default), for decodes
+    that no weight's measurement covers (runtime/expert_slots.py)."""
+    return _DECODERS["palette"]
 
 
 def decoder_variant(w: EncodedWeight, device: torch.device, policy: DispatchPolicy | None) -> int:

@@ -11,10 +11,10 @@ of expert ids, a device tensor, decodes with a fixed number of launches and no h
 * each expert's verbatim list is padded to the layer's longest with further blocks of the same
   expert, written with their own exponents (patching them rewrites exactly what the palette
   decode wrote), so every expert's list has one length and holds ascending block ids;
-* ``decode(ids, out)``: slot s of the output is expert ids[s].  The slots' planes are gathered
-  from the stack (index_select), their verbatim ids offset by the slot's place in an
-  [S * rows, cols] matrix, and that matrix decodes as one palette weight through
-  runtime.dispatch (one decode launch and one patch launch, any S).
+* ``decode(ids, out)``: slot s of the output is expert ids[s], decoded by
+  ops.decode_palette_slots, whose kernels read the ids on the device (grid y = slot) and run
+  the palette decode's own bodies on that expert's planes: one decode launch and one patch
+  launch for any S, the planes read once.
 
 The bytes held are the stack's planes plus the padded lists (``held_bytes``; the padding alone:
 ``padding_bytes``, which one expert with many verbatim blocks multiplies by the expert count);
@@ -28,8 +28,7 @@ from torch import Tensor
 
 from ..codec import tensor_codec as tc
 from ..format import constants as C
-from . import dispatch
-from .weights import EncodedWeight
+from . import dispatch, scratch
 
 __all__ = ["ExpertSlots"]
 
@@ -40,7 +39,7 @@ class ExpertSlots:
 
     def __init__(self, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, palette: list, rows_per_group: int,
                  cols_per_chunk: int):
-        """sm uint8 [E, rows, cols]; idx uint8 [E, rows, ceil(cols / 2)]; vpos int64 [E, V]
+        """sm uint8 [E, rows, cols]; idx uint8 [E, rows, ceil(cols / 2)]; vpos uint32 [E, V]
         (each expert's block ids within its matrix, ascending); vexp uint8 [E, V, PAL_BLOCK];
         palette: the stack's exponents; all tensors on one device."""
         self.sm, self.idx, self.vpos, self.vexp = sm, idx, vpos, vexp
@@ -64,7 +63,7 @@ class ExpertSlots:
         vexp = p[C.SUFFIX_VEXP].reshape(-1, C.PAL_BLOCK)
         bounds = np.searchsorted(vpos, np.arange(E + 1, dtype=np.int64) * bpm)
         width = int(np.diff(bounds).max()) if E else 0
-        pos = np.empty((E, width), np.int64)
+        pos = np.empty((E, width), np.uint32)
         exps = np.zeros((E, width, C.PAL_BLOCK), np.uint8)
         for e in range(E):
             own = vpos[bounds[e]:bounds[e + 1]] - e * bpm
@@ -83,8 +82,8 @@ class ExpertSlots:
         slots = cls(torch.from_numpy(p[C.SUFFIX_SM]).to(dev), torch.from_numpy(p[C.SUFFIX_IDX]).to(dev),
                    torch.from_numpy(pos).to(dev), torch.from_numpy(exps).to(dev),
                    [int(b) for b in h.palette[: h.pal_size]], int(h.rows_per_group), int(h.cols_per_chunk))
-        # the bytes the padded entries hold (8 of block id, PAL_BLOCK of exponents each)
-        slots.padding_bytes = (E * width - len(vpos)) * (8 + C.PAL_BLOCK)
+        # the bytes the padded entries hold (4 of block id, PAL_BLOCK of exponents each)
+        slots.padding_bytes = (E * width - len(vpos)) * (4 + C.PAL_BLOCK)
         return slots
 
     def tensors(self) -> list:
@@ -98,27 +97,19 @@ class ExpertSlots:
     def device(self) -> torch.device:
         return self.sm.device
 
-    def slots_weight(self, ids: Tensor) -> EncodedWeight:
-        """The experts ids [S] (an integer tensor on the stack's device) as one palette weight
-        [S * rows, cols]: their planes gathered, their verbatim ids moved to their slot's rows.
-        No host sync: S is the only size, and it comes from the shape of ids."""
-        ids = ids.reshape(-1).to(torch.int64)
+    def decode(self, ids: Tensor, out: Tensor) -> Tensor:
+        """Experts ids [S] (an integer tensor on the stack's device) decoded into the first
+        S * rows * cols words of `out` (bf16, the stack's device): the bf16 [S, rows, cols] view,
+        slot s holding expert ids[s].  One launch of ops.decode_palette_slots (and one of its
+        verbatim patch), which on CUDA reads the ids on the device: no host sync, so a CUDA
+        graph captures it, and a replay decodes whatever ids the tensor then holds.  An id
+        outside [0, E) leaves its slot unwritten and counts on the device's error counter (a
+        FormatError on CPU)."""
+        ids = ids.reshape(-1)
+        if ids.dtype != torch.int64:
+            ids = ids.to(torch.int64)
         S = ids.numel()
-        if S * self.blocks > 0x7FFFFFFF:
-            raise ValueError(f"{S} slots of {self.blocks} blocks exceed the uint32 block ids of one decode")
-        sm = self.sm.index_select(0, ids).view(S * self.rows, self.cols)
-        idx = self.idx.index_select(0, ids).view(S * self.rows, -1)
-        base = torch.arange(S, device=ids.device, dtype=torch.int64).mul_(self.blocks).unsqueeze(1)
-        vpos = (self.vpos.index_select(0, ids) + base).reshape(-1).to(torch.int32).view(torch.uint32)
-        vexp = self.vexp.index_select(0, ids).reshape(-1, C.PAL_BLOCK)
-        return EncodedWeight(C.ENC_PALETTE, S * self.rows, self.cols, self.grid[0], self.grid[1], 0, 0, self.palette,
-                             sm, idx=idx, vpos=vpos, vexp=vexp)
-
-    def decode(self, ids: Tensor, out: Tensor, policy=None) -> Tensor:
-        """Experts ids [S] decoded into the first S * rows * cols words of `out` (bf16, the
-        stack's device): the bf16 [S, rows, cols] view, slot s holding expert ids[s].  An id
-        outside [0, E) is an error of index_select's.  policy: picks the decoder variant
-        (runtime/policy.py; the same bits either way)."""
-        S = ids.numel()
-        w = dispatch.decode_into([self.slots_weight(ids)], out, S * self.rows, self.cols, policy)
-        return w.view(S, self.rows, self.cols)
+        w = out[: S * self.rows * self.cols].view(S, self.rows, self.cols)
+        torch.ops.unweight.decode_palette_slots(ids, self.sm, self.idx, self.vpos, self.vexp, w,
+                                                scratch.error_counter(w.device), self.palette, dispatch.palette_variant())
+        return w

@@ -341,8 +341,8 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         policy = current_policy()
         if layer._uw_slots is not None:
             ids = sel if isinstance(sel, torch.Tensor) else torch.tensor(sel, dtype=torch.int64, device=device)
-            return (layer._uw_slots[0].decode(ids, buf[: len(sel) * n13], policy),
-                    layer._uw_slots[1].decode(ids, buf[len(sel) * n13: len(sel) * (n13 + n2)], policy))
+            return (layer._uw_slots[0].decode(ids, buf[: len(sel) * n13]),
+                    layer._uw_slots[1].decode(ids, buf[len(sel) * n13: len(sel) * (n13 + n2)]))
         w13 = buf[: len(sel) * n13].view(len(sel), 2 * inter, hidden)
         w2 = buf[len(sel) * n13: len(sel) * (n13 + n2)].view(len(sel), hidden, inter)
         for i, e in enumerate(sel):
