@@ -64,38 +64,33 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
 const char* palette_decode_slots(const int64_t* ids, int64_t slots, int64_t n, const uint8_t* sm, const uint8_t* idx,
                                  int64_t rows, int64_t cols, Palette pal, const uint32_t* vpos, int64_t nv_per,
                                  const uint8_t* vexp, uint16_t* out, int32_t* err, int variant, int* kind) {
-  int k = 0;
-  int64_t total = 0, grid = 0;
-  if (const char* e = pal_slots_plan(slots, n, rows, cols, pal, nv_per, sm, idx, out, &variant, &k, &total, &grid))
+  SlotPlan pl;
+  if (const char* e = slots_plan(ids, slots, n, sm, idx, rows, cols, pal, vpos, nv_per, vexp, out, variant, &pl))
     return e;
-  PalArgs a{sm, idx, rows, cols, 0, rows, 0, cols, pal, out, cols, {}, false};
-  if (k == 2 && pal_tables(pal, a.pt)) k = 3;
-  if (kind) *kind = k;
-  const SlotArgs sa{ids, n, rows * cols, rows * ((cols + 1) / 2), rows * cols, vpos, vexp, nv_per};
-  const PatchArgs p{sm, rows, cols, 0, rows, 0, cols, nullptr, 0, nullptr, out, cols, false};
+  if (kind) *kind = pl.kind;
   for (int64_t slot = 0; slot < slots; ++slot) {  // grid y
-    PalArgs b;
-    if (!slot_pal_args(a, sa, slot, &b)) {
+    PalArgs a = pl.a;
+    if (!slot_args(pl.sa, slot, &a, nullptr)) {
       ++*err;
       continue;
     }
-    for (int64_t t = 0; t < grid * plan::PAL_THREADS; ++t) {
-      if (t >= total) continue;
-      const bool ok = k == 0   ? pal_decode_body<false>(t, b)
-                      : k == 1 ? pal_decode_body<true>(t, b)
-                      : k == 2 ? pal_decode_wide_body<false>(t, b)
-                               : pal_decode_wide_body<true>(t, b);
+    for (int64_t t = 0; t < pl.grid * plan::PAL_THREADS; ++t) {
+      if (t >= pl.total) continue;
+      const bool ok = pl.kind == 0   ? pal_decode_body<false>(t, a)
+                      : pl.kind == 1 ? pal_decode_body<true>(t, a)
+                      : pl.kind == 2 ? pal_decode_wide_body<false>(t, a)
+                                     : pal_decode_wide_body<true>(t, a);
       if (!ok) ++*err;
     }
   }
   // The patch kernel runs after the decode kernel: every slot's decode first.
   for (int64_t slot = 0; slot < slots; ++slot) {
-    PatchArgs q;
-    if (!slot_patch_args(p, sa, slot, &q)) continue;
+    PatchArgs p = pl.p;
+    if (!slot_args(pl.sa, slot, nullptr, &p)) continue;
     for (int64_t w = 0; w < plan::warp_grid(nv_per) * plan::WARPS_PER_CTA; ++w) {
-      if (w >= q.nv) continue;
+      if (w >= p.nv) continue;
       for (int lane = 0; lane < plan::WARP; ++lane)
-        if (!patch_lane_body(w, lane, q)) ++*err;
+        if (!patch_lane_body(w, lane, p)) ++*err;
     }
   }
   return nullptr;

@@ -132,40 +132,33 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
   return launch_status();
 }
 
-const char* detail::pal_slots_plan(int64_t slots, int64_t n, int64_t rows, int64_t cols, const Palette& pal,
-                                   int64_t nv_per, const void* sm, const void* idx, const void* out, int* variant,
-                                   int* kind, int64_t* total, int64_t* grid) {
+const char* detail::slots_plan(const int64_t* ids, int64_t slots, int64_t n, const uint8_t* sm, const uint8_t* idx,
+                               int64_t rows, int64_t cols, const Palette& pal, const uint32_t* vpos, int64_t nv_per,
+                               const uint8_t* vexp, uint16_t* out, int variant, SlotPlan* pl) {
   if (n < 1) return "the stack must hold at least one matrix";
   if (slots < 0 || slots > 65535) return "slot count out of range (0..65535: the grid's y size)";
   if (const char* e = check_pal(rows, cols, 0, rows, 0, cols, pal, nv_per, cols, 0)) return e;
   bool vec = false;
   // Each matrix and output slot starts a whole number of vector units past the first (cols % 8
   // == 0 whenever vec holds), so the first ones' alignment stands for every slot's.
-  if (const char* e = pal_path(variant, &vec, cols, 0, cols, cols, out, sm, idx)) return e;
-  pal_launch_size(*variant, rows, cols, total, grid);
-  if (!grid_ok(*grid) || (nv_per > 0 && !grid_ok(plan::warp_grid(nv_per)))) return "matrix too large for one launch";
-  *kind = *variant == plan::PAL_VARIANT_WIDE ? 2 : vec ? 1 : 0;
+  if (const char* e = pal_path(&variant, &vec, cols, 0, cols, cols, out, sm, idx)) return e;
+  pal_launch_size(variant, rows, cols, &pl->total, &pl->grid);
+  if (!grid_ok(pl->grid) || (nv_per > 0 && !grid_ok(plan::warp_grid(nv_per)))) return "matrix too large for one launch";
+  pl->a = PalArgs{sm, idx, rows, cols, 0, rows, 0, cols, pal, out, cols, {}, false};
+  pl->p = PatchArgs{sm, rows, cols, 0, rows, 0, cols, nullptr, 0, nullptr, out, cols, false};
+  pl->sa = SlotArgs{ids, n, sm, idx, out, rows * cols, rows * ((cols + 1) / 2), rows * cols, vpos, vexp, nv_per};
+  pl->kind = variant == plan::PAL_VARIANT_WIDE ? (pal_tables(pal, pl->a.pt) ? 3 : 2) : vec ? 1 : 0;
   return nullptr;
 }
 
 const char* palette_decode_slots(const int64_t* ids, int64_t slots, int64_t n, const uint8_t* sm, const uint8_t* idx,
                                  int64_t rows, int64_t cols, Palette pal, const uint32_t* vpos, int64_t nv_per,
                                  const uint8_t* vexp, uint16_t* out, int32_t* err, int variant, void* stream) {
-  int kind = 0;
-  int64_t total = 0, grid = 0;
-  if (const char* e = pal_slots_plan(slots, n, rows, cols, pal, nv_per, sm, idx, out, &variant, &kind, &total, &grid))
+  SlotPlan pl;
+  if (const char* e = slots_plan(ids, slots, n, sm, idx, rows, cols, pal, vpos, nv_per, vexp, out, variant, &pl))
     return e;
   if (slots == 0) return nullptr;
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  PalArgs a{sm, idx, rows, cols, 0, rows, 0, cols, pal, out, cols, {}, false};
-  if (kind == 2 && pal_tables(pal, a.pt)) kind = 3;
-  const SlotArgs sa{ids, n, rows * cols, rows * ((cols + 1) / 2), rows * cols, vpos, vexp, nv_per};
-  launch_palette_decode_slots(a, sa, kind, grid, total, slots, err, s);
-  if (const char* e = launch_status()) return e;
-  if (nv_per > 0) {
-    const PatchArgs p{sm, rows, cols, 0, rows, 0, cols, nullptr, 0, nullptr, out, cols, false};
-    launch_verbatim_patch_slots(p, sa, slots, err, s);
-  }
+  launch_palette_decode_slots(pl, slots, err, static_cast<cudaStream_t>(stream));
   return launch_status();
 }
 

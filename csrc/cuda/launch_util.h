@@ -33,14 +33,6 @@ const char* pal_path(int* variant, bool* vec, int64_t cols, int64_t k0, int64_t 
 // Threads (*total, the kernels' bound on t) and CTAs of a palette decode of n_rows x width
 // weights by the resolved `variant`: the wide variant's whole warps, else a thread per chunk.
 void pal_launch_size(int variant, int64_t n_rows, int64_t width, int64_t* total, int64_t* grid);
-// The plan of a slots decode (palette_decode_slots) of `slots` slots of a stack of n
-// [rows, cols] matrices: the arguments checked, the variant resolved as pal_path does for one
-// whole matrix, *kind the slot kernel's body (launch_palette_decode_slots: 0 / 1 VEC8 without
-// / with vector access, 2 wide; the launcher makes it 3 for paired tables), and one slot's
-// *total threads over *grid CTAs.
-const char* pal_slots_plan(int64_t slots, int64_t n, int64_t rows, int64_t cols, const Palette& pal, int64_t nv_per,
-                           const void* sm, const void* idx, const void* out, int* variant, int* kind, int64_t* total,
-                           int64_t* grid);
 
 #if defined(__CUDACC__)
 // Past 48 KiB a kernel must opt in to its dynamic shared memory: done once per kernel and

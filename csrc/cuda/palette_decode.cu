@@ -43,26 +43,24 @@ template <int kKind>
 __global__ void __launch_bounds__(plan::PAL_THREADS) palette_decode_slots_kernel(PalArgs a, SlotArgs sa,
                                                                                   int64_t total, int32_t* err) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * plan::PAL_THREADS + threadIdx.x;
-  PalArgs b;
-  if (!slot_pal_args(a, sa, blockIdx.y, &b)) {
+  if (!slot_args(sa, blockIdx.y, &a, nullptr)) {
     if (t == 0) atomicAdd(err, 1);
     return;
   }
   if (t >= total) return;
-  const bool ok = kKind == 0   ? pal_decode_body<false>(t, b)
-                  : kKind == 1 ? pal_decode_body<true>(t, b)
-                  : kKind == 2 ? pal_decode_wide_body<false>(t, b)
-                               : pal_decode_wide_body<true>(t, b);
+  const bool ok = kKind == 0   ? pal_decode_body<false>(t, a)
+                  : kKind == 1 ? pal_decode_body<true>(t, a)
+                  : kKind == 2 ? pal_decode_wide_body<false>(t, a)
+                               : pal_decode_wide_body<true>(t, a);
   if (!ok) atomicAdd(err, 1);
 }
 
 __global__ void __launch_bounds__(plan::WARP_KERNEL_THREADS) verbatim_patch_slots_kernel(PatchArgs p, SlotArgs sa,
                                                                                          int32_t* err) {
-  PatchArgs q;
-  if (!slot_patch_args(p, sa, blockIdx.y, &q)) return;  // counted by the decode
+  if (!slot_args(sa, blockIdx.y, nullptr, &p)) return;  // counted by the decode
   const int64_t v = static_cast<int64_t>(blockIdx.x) * plan::WARPS_PER_CTA + threadIdx.x / plan::WARP;
-  if (v >= q.nv) return;
-  if (!patch_lane_body(v, threadIdx.x % plan::WARP, q)) atomicAdd(err, 1);
+  if (v >= p.nv) return;
+  if (!patch_lane_body(v, threadIdx.x % plan::WARP, p)) atomicAdd(err, 1);
 }
 
 __global__ void __launch_bounds__(plan::PAL_THREADS) palette_gather_kernel(PGatherArgs a, int64_t total,
@@ -93,21 +91,18 @@ void launch_verbatim_patch(const PatchArgs& p, int32_t* err, cudaStream_t s) {
   verbatim_patch_kernel<<<static_cast<unsigned>(plan::warp_grid(p.nv)), plan::WARP_KERNEL_THREADS, 0, s>>>(p, err);
 }
 
-void launch_palette_decode_slots(const PalArgs& a, const SlotArgs& sa, int kind, int64_t grid, int64_t total,
-                                 int64_t slots, int32_t* err, cudaStream_t s) {
-  const dim3 g(static_cast<unsigned>(grid), static_cast<unsigned>(slots));
-  switch (kind) {
-    case 0: palette_decode_slots_kernel<0><<<g, plan::PAL_THREADS, 0, s>>>(a, sa, total, err); break;
-    case 1: palette_decode_slots_kernel<1><<<g, plan::PAL_THREADS, 0, s>>>(a, sa, total, err); break;
-    case 2: palette_decode_slots_kernel<2><<<g, plan::PAL_THREADS, 0, s>>>(a, sa, total, err); break;
-    default: palette_decode_slots_kernel<3><<<g, plan::PAL_THREADS, 0, s>>>(a, sa, total, err); break;
+void launch_palette_decode_slots(const SlotPlan& pl, int64_t slots, int32_t* err, cudaStream_t s) {
+  const dim3 g(static_cast<unsigned>(pl.grid), static_cast<unsigned>(slots));
+  switch (pl.kind) {
+    case 0: palette_decode_slots_kernel<0><<<g, plan::PAL_THREADS, 0, s>>>(pl.a, pl.sa, pl.total, err); break;
+    case 1: palette_decode_slots_kernel<1><<<g, plan::PAL_THREADS, 0, s>>>(pl.a, pl.sa, pl.total, err); break;
+    case 2: palette_decode_slots_kernel<2><<<g, plan::PAL_THREADS, 0, s>>>(pl.a, pl.sa, pl.total, err); break;
+    default: palette_decode_slots_kernel<3><<<g, plan::PAL_THREADS, 0, s>>>(pl.a, pl.sa, pl.total, err); break;
   }
-}
-
-void launch_verbatim_patch_slots(const PatchArgs& p, const SlotArgs& sa, int64_t slots, int32_t* err,
-                                 cudaStream_t s) {
-  const dim3 g(static_cast<unsigned>(plan::warp_grid(sa.nv_per)), static_cast<unsigned>(slots));
-  verbatim_patch_slots_kernel<<<g, plan::WARP_KERNEL_THREADS, 0, s>>>(p, sa, err);
+  if (pl.sa.nv_per > 0) {
+    const dim3 gp(static_cast<unsigned>(plan::warp_grid(pl.sa.nv_per)), static_cast<unsigned>(slots));
+    verbatim_patch_slots_kernel<<<gp, plan::WARP_KERNEL_THREADS, 0, s>>>(pl.p, pl.sa, err);
+  }
 }
 
 }  // namespace detail

@@ -195,36 +195,51 @@ UW_HD bool pgather_body(int64_t t, const PGatherArgs& a) {
 struct SlotArgs {
   const int64_t* ids;  // [slots] on the device
   int64_t n;           // matrices in the stack
+  const uint8_t* sm;   // the stack's planes, and the output of slot 0
+  const uint8_t* idx;
+  uint16_t* out;
   int64_t sm_stride, idx_stride, out_stride;  // elements from one matrix (or output slot) to the next
   const uint32_t* vpos;  // [n, nv_per]
   const uint8_t* vexp;   // [n, nv_per, PAL_BLOCK]
   int64_t nv_per;
 };
 
-// `a` (the decode of the stack's first matrix into output slot 0) moved to slot `slot`: its
-// matrix's planes and its output.  False for an id outside [0, n): the slot is not written.
-UW_HD bool slot_pal_args(const PalArgs& a, const SlotArgs& s, int64_t slot, PalArgs* b) {
+// Points the whole-matrix decode (a) and verbatim patch (p) arguments, either may be null, at
+// slot `slot`: its matrix's planes and list, and its output.  False for an id outside
+// [0, n): the slot is not written.
+UW_HD bool slot_args(const SlotArgs& s, int64_t slot, PalArgs* a, PatchArgs* p) {
   const int64_t e = s.ids[slot];
   if (e < 0 || e >= s.n) return false;
-  *b = a;
-  b->sm = a.sm + e * s.sm_stride;
-  b->idx = a.idx + e * s.idx_stride;
-  b->out = a.out + slot * s.out_stride;
+  const uint8_t* sm = s.sm + e * s.sm_stride;
+  uint16_t* out = s.out + slot * s.out_stride;
+  if (a) {
+    a->sm = sm;
+    a->idx = s.idx + e * s.idx_stride;
+    a->out = out;
+  }
+  if (p) {
+    p->sm = sm;
+    p->out = out;
+    p->vpos = s.vpos + e * s.nv_per;
+    p->vexp = s.vexp + e * s.nv_per * PAL_BLOCK;
+    p->nv = s.nv_per;
+  }
   return true;
 }
 
-// The verbatim patch of slot `slot` (p: slot 0's, without its list): its matrix's list.
-UW_HD bool slot_patch_args(const PatchArgs& p, const SlotArgs& s, int64_t slot, PatchArgs* q) {
-  const int64_t e = s.ids[slot];
-  if (e < 0 || e >= s.n) return false;
-  *q = p;
-  q->sm = p.sm + e * s.sm_stride;
-  q->vpos = s.vpos + e * s.nv_per;
-  q->vexp = s.vexp + e * s.nv_per * PAL_BLOCK;
-  q->nv = s.nv_per;
-  q->out = p.out + slot * s.out_stride;
-  return true;
-}
+// A slots decode ready to launch (slots_plan in launch.cu, which checks the arguments): slot
+// 0's decode and patch arguments, the stack, the slot kernel's body (kind: 0 / 1 VEC8 without /
+// with vector access, 2 / 3 wide with general / paired tables) and one slot's threads and CTAs.
+struct SlotPlan {
+  PalArgs a;
+  PatchArgs p;
+  SlotArgs sa;
+  int kind;
+  int64_t total, grid;
+};
+const char* slots_plan(const int64_t* ids, int64_t slots, int64_t n, const uint8_t* sm, const uint8_t* idx,
+                       int64_t rows, int64_t cols, const Palette& pal, const uint32_t* vpos, int64_t nv_per,
+                       const uint8_t* vexp, uint16_t* out, int variant, SlotPlan* plan);
 
 // ---------------------------------------------------------------------------------------
 // Launchers (palette_decode.cu): the launch alone; launch.cu checks the arguments and
@@ -237,13 +252,9 @@ void launch_palette_decode_wide(const PalArgs& a, bool paired, int64_t grid, int
                                 cudaStream_t s);
 // One warp per verbatim block (p.nv > 0).
 void launch_verbatim_patch(const PatchArgs& p, int32_t* err, cudaStream_t s);
-// Slots (SlotArgs), grid y = slot: kind 0 / 1 the VEC8 body without / with vector access, 2 / 3
-// the wide body with general / paired tables.  An id out of range adds 1 to *err (once per slot).
-void launch_palette_decode_slots(const PalArgs& a, const SlotArgs& sa, int kind, int64_t grid, int64_t total,
-                                 int64_t slots, int32_t* err, cudaStream_t s);
-// One warp per verbatim entry of each slot's list (sa.nv_per > 0), grid y = slot.
-void launch_verbatim_patch_slots(const PatchArgs& p, const SlotArgs& sa, int64_t slots, int32_t* err,
-                                 cudaStream_t s);
+// Slots (SlotPlan), grid y = slot: the decode, then (nv_per > 0) one warp per verbatim entry
+// of each slot's list.  An id out of range adds 1 to *err (once per slot).
+void launch_palette_decode_slots(const SlotPlan& pl, int64_t slots, int32_t* err, cudaStream_t s);
 
 }  // namespace detail
 }  // namespace cuda
