@@ -179,11 +179,64 @@ def bench_shape(torch, name, N, K, seed, runs, l2, skip=()):
     return row
 
 
+# A mixture-of-experts layer's projection for the routed decode (runtime/expert_slots.py): 32
+# experts of Qwen3-30B-A3B's gate+up shape at TP=1 (32 of its 128: ~10 s to encode on the host),
+# and the slot counts timed: one token's top-8 and every expert.
+SLOTS_LAYER = (32, 1536, 2048)
+SLOTS_COUNTS = (8, 32)
+
+
+def bench_slots(torch, runs, l2, layer=SLOTS_LAYER, counts=SLOTS_COUNTS) -> dict:
+    """The expert-slot decode (ops.decode_palette_slots: the routed experts of a palette stack by
+    ids on the device) against decoding the same experts one launch each (ops.decode_palette
+    on each expert's own planes, what a layer of per-expert pieces does), at each slot count:
+    the ids rotate over disjoint sets so the planes read span >= 4x the L2 where the layer
+    allows.  Every slot decode is first checked bitwise."""
+    import numpy as np
+
+    from unweight.runtime.expert_slots import ExpertSlots
+    h = bu.import_helpers()
+    dev = bu.device(torch)
+    E, rows, cols = layer
+    w = np.stack([h.bits(bu.bf16_weights(torch, rows, cols, seed=100 + e)) for e in range(E)])
+    slots = ExpertSlots.from_weights(w, dev)
+    err = torch.zeros(1, dtype=torch.int32, device=dev)
+    planes_per_expert = rows * (cols + (cols + 1) // 2)  # sign+mantissa and index bytes
+    res = {"experts": E, "rows": rows, "cols": cols, "verbatim_per_expert": int(slots.vpos.shape[1]),
+           "padding_bytes": int(slots.padding_bytes), "held_bytes": slots.held_bytes(), "rows_by_slots": []}
+    # Each expert as a weight of its own (views of the stack), for the one-launch-per-expert baseline.
+    from unweight.format import constants as C
+    from unweight.runtime.weights import EncodedWeight
+    own = [EncodedWeight(C.ENC_PALETTE, rows, cols, *slots.grid, 0, 0, slots.palette, slots.sm[e], idx=slots.idx[e],
+                         vpos=slots.vpos[e], vexp=slots.vexp[e]) for e in range(E)]
+    for S in counts:
+        sets = max(1, min(E // S, bu.rotation_copies(S * planes_per_expert, l2)))
+        id_lists = [[(i * S + j) % E for j in range(S)] for i in range(sets)]
+        ids = [torch.tensor(x, device=dev) for x in id_lists]
+        outs = [torch.empty(S * rows * cols, dtype=torch.bfloat16, device=dev) for _ in range(sets)]
+        got = slots.decode(ids[0], outs[0])
+        bitwise = bool(np.array_equal(h.bits(got), w[id_lists[0]]))
+        t = bu.graph_time(torch, [lambda i=i, o=o: slots.decode(i, o) for i, o in zip(ids, outs)], runs=runs)
+        r = {"slots": S, "bitwise": bitwise, "rotation_sets": sets, **t,
+             "out_GBps": S * rows * cols * 2 / (t["median_ms"] * 1e-3) / 1e9}
+
+        def one_each(x, o):
+            for j, e in enumerate(x):
+                h.decode_op(own[e], o[j * rows * cols:(j + 1) * rows * cols].view(rows, cols), err)
+        t1 = bu.graph_time(torch, [lambda x=x, o=o: one_each(x, o) for x, o in zip(id_lists, outs)], runs=runs)
+        r["one_launch_per_expert"] = {**t1, "time_vs_slots": t1["median_ms"] / t["median_ms"]}
+        res["rows_by_slots"].append(r)
+    res["device_errors"] = int(err.item())
+    return res
+
+
 def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None = None, log=print,
-        skip: dict | None = None) -> dict:
+        skip: dict | None = None, slots_layer: tuple | None = SLOTS_LAYER) -> dict:
     """Decode benchmark over `shapes` [(name, N, K)] within `budget`; a shape that fails is
     recorded with its error and the next one still runs.  Writes out_path after every shape.
-    skip: {"huffman:<variant>" | "palette:<variant>": why} decoder variants left out."""
+    skip: {"huffman:<variant>" | "palette:<variant>": why} decoder variants left out.
+    slots_layer: (experts, rows, cols) of the routed MoE decode's layer (bench_slots; None: not
+    timed)."""
     skip = dict(skip or {})
     l2 = bu.l2_bytes(torch)
     res = {"benchmark": "decode", "environment": bu.environment(torch), "l2_bytes": l2, "runs": runs,
@@ -214,6 +267,22 @@ def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None
         if out_path:
             bu.write_json(out_path, res)
         bu.empty_cache(torch)
+    # The routed MoE decode, where the budget leaves room (~10 s: the layer encoded on the host).
+    if slots_layer is not None and budget.left() > 20:
+        try:
+            res["moe_slots"] = bench_slots(torch, runs, l2, slots_layer,
+                                           tuple(c for c in SLOTS_COUNTS if c <= slots_layer[0]) or (slots_layer[0],))
+            log("decode moe slots: " + ", ".join(
+                f"{r['slots']} slots {r['median_ms']:.4f} ms ({r['out_GBps']:.0f} GB/s)"
+                + (f", one launch per expert x{r['one_launch_per_expert']['time_vs_slots']:.2f}"
+                   if "one_launch_per_expert" in r else "") for r in res["moe_slots"]["rows_by_slots"]))
+        except Exception as e:  # noqa: BLE001 - a failing kernel is a finding
+            res["moe_slots"] = {"error": f"{type(e).__name__}: {e}"}
+            bu.sync(torch)
+        if out_path:
+            bu.write_json(out_path, res)
+    elif slots_layer is not None:
+        res["skipped"].append({"shape": "moe slots", "why": f"{budget.left():.0f} s left"})
     return res
 
 

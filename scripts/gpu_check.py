@@ -906,6 +906,7 @@ def group_bench_smoke(rec, device):
                                                            for row in r["rows"]),
         "ahead2_timed": all(any(k.endswith("+ahead2") for k in row) for row in r["rows"]),
         "vec8_timed": all("palette+vec8" in row for row in r["rows"]),
+        "moe_slots_bitwise": all(x["bitwise"] for x in (r.get("moe_slots") or {}).get("rows_by_slots", [])),
         "skip_recorded": any(x.get("variant") == "huffman:chain" for x in r["skipped"])})
     rec.check("bench kernels process on a tiny shape, gemm:wide left out", child, "kernels", lambda r: {
         "rows": len(r["rows"]) == 2, "wide_left_out": all("palette_fused_wide" not in row for row in r["rows"]),
@@ -2007,6 +2008,7 @@ E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm
 
 # The harness' self-test sizes (device "cpu": the dry run runs the bench children on these).
 SMOKE_SHAPES = (("t", 64, 512), ("odd", 33, 4097))
+SMOKE_SLOTS_LAYER = (4, 32, 64)  # bench_decode's routed MoE decode, on the self-test's CPU
 SMOKE_E2E = dict(layers=1, batches=[1], prompt=4, steps=1, runs=2,
                  cfg_over=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                num_key_value_heads=2))
@@ -2027,7 +2029,8 @@ def bench_child(name: str, budget: float, path: str, skip: dict, device: str = "
     quiet = log if gpu else (lambda m: None)
     with torch.no_grad():
         if name == "decode":
-            res = bench_decode.run(torch, shapes, b, out_path=path, log=quiet, skip=skip, **({} if gpu else {"runs": 3}))
+            res = bench_decode.run(torch, shapes, b, out_path=path, log=quiet, skip=skip,
+                                   **({} if gpu else {"runs": 3, "slots_layer": SMOKE_SLOTS_LAYER}))
         elif name == "kernels":
             res = bench_kernels.run(torch, shapes if gpu else shapes[:1], b, out_path=path, log=quiet, skip=skip,
                                     **({} if gpu else {"runs": 3, "batches": (1, 4)}))

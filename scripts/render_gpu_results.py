@@ -177,6 +177,23 @@ def decode_table(bench: dict) -> list[str]:
     return lines + [""]
 
 
+def slots_lines(bench: dict) -> list[str]:
+    """The routed MoE decode (bench_decode.py's moe_slots): per slot count, the time, GB/s of
+    BF16 written and the one-launch-per-expert decode's time against it."""
+    ms = (bench.get("raw", {}).get("decode") or {}).get("moe_slots") or {}
+    rows = ms.get("rows_by_slots") or []
+    if not rows:
+        return []
+    parts = []
+    for r in rows:
+        one = (r.get("one_launch_per_expert") or {}).get("time_vs_slots")
+        parts.append(f"{r['slots']} slots {r['median_ms'] * 1e3:.1f} us ({r['out_GBps']:.0f} GB/s"
+                     + (f"; one launch per expert {one:.2f}x the time" if one else "") + ")"
+                     + ("" if r.get("bitwise") else " NOT BITWISE"))
+    return [f"**Routed MoE decode** (`ops.decode_palette_slots`, experts by ids on the device; a layer of "
+            f"{ms['experts']} experts of {ms['rows']} x {ms['cols']}): " + "; ".join(parts) + ".", ""]
+
+
 def kernels_table(bench: dict) -> list[str]:
     rows = (bench.get("raw", {}).get("kernels") or {}).get("rows") or []
     rows = [r for r in rows if "cublas" in r]
@@ -423,7 +440,8 @@ def render_gpu(gpu: str, recs: dict, several: bool) -> list[str]:
     if fails:
         out += ["Failed checks:", ""] + fails + [""]
     bench = recs.get("bench") or {}
-    out += decode_table(bench) + kernels_table(bench) + e2e_table(bench) + moe_table(bench) + profile_table(bench)
+    out += (decode_table(bench) + slots_lines(bench) + kernels_table(bench) + e2e_table(bench) + moe_table(bench)
+            + profile_table(bench))
     out += eval_table(recs.get("eval") or {})
     model = recs.get("model") or {}
     loads = [c for c in model.get("checks", []) if c.get("name", "").startswith("unweight.load(")]

@@ -414,3 +414,14 @@ def test_moe_forced_expert_policy_names_a_fused_kernel_for_every_expert_piece(tm
     for n, k in shapes:
         assert pol.table.lookup("NVIDIA Test GPU", n, k, "palette", 1) == "palette_gemv_mma"
         assert pol.table.lookup("NVIDIA Test GPU", n, k, "palette", 64) == "palette_gemm"
+
+
+def test_decode_bench_times_the_expert_slots_against_one_launch_per_expert():
+    """bench_decode's MoE row on a small layer (on CPU the timing is wall-clock, not a figure):
+    every slot count decodes bitwise and gets its one-launch-per-expert baseline."""
+    import torch
+    res = bench_decode.bench_slots(torch, runs=2, l2=1 << 16, layer=(4, 32, 64), counts=(2, 4))
+    assert [r["slots"] for r in res["rows_by_slots"]] == [2, 4]
+    for r in res["rows_by_slots"]:
+        assert r["bitwise"] and r["median_ms"] > 0 and r["one_launch_per_expert"]["time_vs_slots"] > 0
+    assert res["device_errors"] == 0 and res["held_bytes"] > 0
