@@ -216,8 +216,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
             mode = "palette"
             log.info("unweight: %s -> palette experts on CUDA (mode auto: the routed decode runs inside CUDA "
                      "graphs)", self.prefix)
-        if verify:
-            self._verify(layer)
+        decoded = self._verify(layer, keep=mode == "palette") if verify else {}
         w13, w2, report = [], [], []
         # Palette mode: the layer's experts held as one palette stack per projection
         # (runtime/expert_slots.py), so that the experts a batch routes to decode from the device
@@ -229,7 +228,9 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
                 pc = layer._uw_pieces[(e, sid)]
                 hs = pc["header"]
                 if host is not None:
-                    ws[sid] = tc.decode(hs, pc["planes"], verify=False, where=pc["name"])
+                    ws[sid] = decoded.pop(pc["name"], None)
+                    if ws[sid] is None:
+                        ws[sid] = tc.decode(hs, pc["planes"], verify=False, where=pc["name"])
                     held, enc = 0, "palette"  # filled in from the stacks below
                 else:
                     ws[sid] = device_piece(hs, pc["planes"], dev, "auto" if mode == "dense" else mode, pc["name"])
@@ -323,12 +324,16 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         for r in report:
             r["held_bytes"] = held[(r["expert"], r["shard_id"])]
 
-    def _verify(self, layer) -> None:
+    def _verify(self, layer, keep: bool = False) -> dict:
         """Decode each piece once; the TP group checks every expert tensor's stored crc32 from
-        the shard records (one all-gather for the whole layer)."""
-        mine = {}
+        the shard records (one all-gather for the whole layer).  keep: return the decoded
+        pieces, {checkpoint name: uint16 [rows, cols]} (palette mode builds its stacks from
+        them), else {}."""
+        mine, decoded = {}, {}
         for pc in layer._uw_pieces.values():
             w = tc.decode(pc["header"], pc["planes"], verify=False, where=pc["name"])
+            if keep:
+                decoded[pc["name"]] = w
             check_index(pc["header"], pc["planes"], w, where=pc["name"])  # the GPU decoders start chains at it
             h = pc["full_header"]
             mine[pc["name"]] = (shard_record(w, rows=pc["rows"]) if tuple(pc["cols"]) == (0, h.cols)
@@ -336,6 +341,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         everyone = gather(layer, mine)
         for pc in layer._uw_pieces.values():
             check_shard_records([d[pc["name"]] for d in everyone if pc["name"] in d], pc["full_header"], pc["name"])
+        return decoded
 
     # ------------------------------------------------------------------ forward
 
