@@ -75,12 +75,7 @@ const char* palette_decode_slots(const int64_t* ids, int64_t slots, int64_t n, c
       continue;
     }
     for (int64_t t = 0; t < pl.grid * plan::PAL_THREADS; ++t) {
-      if (t >= pl.total) continue;
-      const bool ok = pl.kind == 0   ? pal_decode_body<false>(t, a)
-                      : pl.kind == 1 ? pal_decode_body<true>(t, a)
-                      : pl.kind == 2 ? pal_decode_wide_body<false>(t, a)
-                                     : pal_decode_wide_body<true>(t, a);
-      if (!ok) ++*err;
+      if (t < pl.total && !slot_decode_body(pl.kind, t, a)) ++*err;
     }
   }
   // The patch kernel runs after the decode kernel: every slot's decode first.

@@ -48,11 +48,7 @@ __global__ void __launch_bounds__(plan::PAL_THREADS) palette_decode_slots_kernel
     return;
   }
   if (t >= total) return;
-  const bool ok = kKind == 0   ? pal_decode_body<false>(t, a)
-                  : kKind == 1 ? pal_decode_body<true>(t, a)
-                  : kKind == 2 ? pal_decode_wide_body<false>(t, a)
-                               : pal_decode_wide_body<true>(t, a);
-  if (!ok) atomicAdd(err, 1);
+  if (!slot_decode_body(kKind, t, a)) atomicAdd(err, 1);
 }
 
 __global__ void __launch_bounds__(plan::WARP_KERNEL_THREADS) verbatim_patch_slots_kernel(PatchArgs p, SlotArgs sa,

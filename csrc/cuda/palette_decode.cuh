@@ -227,9 +227,19 @@ UW_HD bool slot_args(const SlotArgs& s, int64_t slot, PalArgs* a, PatchArgs* p) 
   return true;
 }
 
+// Thread t's whole-matrix decode by the slot kernel's body `kind` (SlotPlan::kind: 0 / 1 VEC8
+// without / with vector access, 2 / 3 wide with general / paired tables); the kernels pass it
+// as a template constant, so the choice folds away there.
+UW_HD bool slot_decode_body(int kind, int64_t t, const PalArgs& a) {
+  return kind == 0   ? pal_decode_body<false>(t, a)
+         : kind == 1 ? pal_decode_body<true>(t, a)
+         : kind == 2 ? pal_decode_wide_body<false>(t, a)
+                     : pal_decode_wide_body<true>(t, a);
+}
+
 // A slots decode ready to launch (slots_plan in launch.cu, which checks the arguments): slot
-// 0's decode and patch arguments, the stack, the slot kernel's body (kind: 0 / 1 VEC8 without /
-// with vector access, 2 / 3 wide with general / paired tables) and one slot's threads and CTAs.
+// 0's decode and patch arguments, the stack, the slot kernel's body (kind: slot_decode_body's)
+// and one slot's threads and CTAs.
 struct SlotPlan {
   PalArgs a;
   PatchArgs p;

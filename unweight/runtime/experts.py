@@ -414,7 +414,8 @@ class ExpertStack(LazyTensor):
         a non-bf16 stack, or when autograd tracks x: the caller then decodes the expert
         (``stack[e]``) and multiplies, as without a policy."""
         pol = self.policy
-        if (pol is None or x.dtype != torch.bfloat16 or self.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[-1] != self.cols or (torch.is_grad_enabled() and x.requires_grad)):
+        if (pol is None or x.dtype != torch.bfloat16 or self.dtype != torch.bfloat16 or x.dim() != 2
+                or x.shape[-1] != self.cols or (torch.is_grad_enabled() and x.requires_grad)):
             return None
         if not -self.num_experts <= e < self.num_experts:
             raise IndexError(f"expert {e} out of range for {self.name} with {self.num_experts} experts")

@@ -32,6 +32,7 @@ from ..ops import layout as ops_layout
 from . import dispatch
 from . import kernel_plan as kp
 from .modes import check_plane_order
+from .policy import resolve_plane_order
 from .weights import EncodedWeight
 
 
@@ -300,11 +301,10 @@ class CompressedWeightMixin:
         check_plane_order(order, ValueError)
         if self._tied:  # the source's planes: its own order
             return False
-        if order == "auto":
-            pol = getattr(self, "policy", None)
-            order = pol.plane_order(self.n_rows, self.n_cols, self.device) if pol is not None and self.can_tile() \
-                else "file"
-        want = order == "tiled" and self.can_tile()
+        can = self.can_tile()
+        order = resolve_plane_order(order if can else "file", getattr(self, "policy", None), self.n_rows, self.n_cols,
+                                    self.device)
+        want = order == "tiled" and can
         if want == self._tiled:
             return False
         sm, idx = self.weight__sm.data, self.weight__idx.data

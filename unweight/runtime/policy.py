@@ -127,6 +127,15 @@ class DispatchPolicy:
         return False
 
 
+def resolve_plane_order(order: str, policy: DispatchPolicy | None, N: int, K: int, device) -> str:
+    """"file" or "tiled": the order to hold a palette [N, K] matmul weight's planes in on
+    `device` when asked for `order`; "auto" is the policy's measured choice
+    (DispatchPolicy.plane_order), file order without a policy."""
+    if order != "auto":
+        return order
+    return policy.plane_order(N, K, device) if policy is not None else "file"
+
+
 def measured() -> DispatchPolicy:
     """Policy from the shipped tuning defaults overlaid with the user's cache."""
     return DispatchPolicy(load_table())

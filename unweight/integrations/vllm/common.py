@@ -19,6 +19,7 @@ from ...format.errors import FormatError
 from ...format.header import TensorHeader
 from ...runtime import kernel_plan as kp
 from ...runtime import scratch
+from ...runtime.policy import resolve_plane_order
 from ...runtime.weights import EncodedWeight
 
 # a child of vLLM's logger, so the lines show up in every vLLM process with vLLM's formatting
@@ -109,9 +110,8 @@ def hold_tiled(w: EncodedWeight, order: str = "tiled", policy=None) -> EncodedWe
     device (ops/layout.py; the fused kernels' streaming order, the same results) when `order`
     is "tiled", or "auto" and the policy (DispatchPolicy) measured its shape faster tile-major
     on that device; any other piece as it is."""
-    if w.is_huffman or w.tiled or order == "file" or not kp.pal_tiled_ok(w.rows, w.cols):
-        return w
-    if order == "auto" and (policy is None or policy.plane_order(w.rows, w.cols, w.device) != "tiled"):
+    if (w.is_huffman or w.tiled or not kp.pal_tiled_ok(w.rows, w.cols)
+            or resolve_plane_order(order, policy, w.rows, w.cols, w.device) != "tiled"):
         return w
     w.sm, w.idx = ops.tile_palette_planes(w.sm, w.idx)
     w.tiled = True
