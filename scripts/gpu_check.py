@@ -945,17 +945,21 @@ def _verbatim_heavy(np, cols, seed):
 # since the stage's last groups get only the time left (in the second H200 run the stage's time
 # ran out before the last group, then gemv:deep, ran any check).
 # "tiled": every palette kernel on tile-major planes (ops/layout.py) against the file-order ones.
-VARIANT_TAGS = ("tiled", "huffman:ahead", "gemv:mma", "gemv:mma_staged", "gemv:mma_prefetch", "gemv:staged",
+VARIANT_TAGS = ("tiled", "gemv:mma_bulk", "huffman:ahead", "gemv:mma", "gemv:mma_staged", "gemv:mma_prefetch", "gemv:staged",
                 "huffman:chain", "huffman:ahead2", "huffman:scalar", "palette:vec8", "gemm:wide", "gemm:xs", "gemv",
                 "gemv:deep")
 # The GEMV's variants by tag: the tuning table's path, what it is called, the path whose bits it
-# must give (the same steps and sums in the same order) and the batches that are checked.
+# must give (the same steps and sums in the same order) and the batches that are checked.  A
+# variant that runs tile-major only (tuning_table.TILED_ONLY: the bulk-copy one) is run on
+# tile-major copies of the planes, against its reference on the file-order ones.
 GEMV_VARIANTS = {"gemv:deep": ("palette_gemv_deep", "deep", "palette_gemv", (1, 2, 3, 4)),
                  "gemv:staged": ("palette_gemv_staged", "staged", "palette_gemv", (1, 2, 3, 4)),
                  "gemv:mma_staged": ("palette_gemv_mma_staged", "mma staged", "palette_gemv_mma",
                                      (1, 2, 4, 8, 9, 16, 17, 32)),
                  "gemv:mma_prefetch": ("palette_gemv_mma_prefetch", "mma prefetch", "palette_gemv_mma",
-                                       (1, 2, 4, 8, 9, 16, 17, 32))}
+                                       (1, 2, 4, 8, 9, 16, 17, 32)),
+                 "gemv:mma_bulk": ("palette_gemv_mma_bulk", "mma bulk copies", "palette_gemv_mma",
+                                   (1, 2, 4, 8, 9, 16, 17, 32))}
 # The fused GEMM's copy layouts by tag: the tuning table's path and what it is called.
 GEMM_LAYOUTS = {"gemm:wide": ("palette_gemm_wide", "wide stages"), "gemm:xs": ("palette_gemm_xs", "shared x")}
 
@@ -1121,31 +1125,41 @@ def group_variant(rec, device, tag):
                       (1, 2, 4, 8, 9, 16, 17, 32))
         rec.check("palette GEMV mma on verbatim-heavy weights", mma_case, _verbatim_heavy(np, 576, 5), (1, 3, 16, 24))
     elif tag in GEMV_VARIANTS:
-        cases = _gemv_cases(device)
+        from unweight.runtime.tuning_table import TILED_ONLY
         vpath, vname, ref, batches = GEMV_VARIANTS[tag]
+        tiled_only = vpath in TILED_ONLY
         span = f"{batches[0]}-{batches[-1]}"
+        cases = _gemv_cases(device) + ([(40, 1088)] if ref != "palette_gemv" else [])
+        heavy = _verbatim_heavy(np, 576, 5)
+        if tiled_only:  # whole 16 x 64 tiles
+            cases = [(16, 64), (48, 1088), (64, 4160)] + [c for c in cases if kp.pal_tiled_ok(*c)]
+            heavy = np.ascontiguousarray(_verbatim_heavy(np, 1088, 6)[:256])
 
         def same_bits_case(w):
             """The variant gives its reference's bits at each batch checked (the same sums in the
-            same order; tested through the emulator on the CPU)."""
+            same order; tested through the emulator on the CPU); a tile-major-only variant on
+            tile-major copies of the planes."""
             ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
+            ev = bu.clone_encoded(ew, tiled=True) if tiled_only else ew
             xs = h.bf16_tensor(h.make_weights(batches[-1], w.shape[1], seed=w.shape[0], spread=False), device)
+            before = int(err.item())
             r = {}
             for M in batches:
                 x = xs[:M].contiguous()
-                r[f"M={M}"] = bool(torch.equal(h.fused_op(ew, x, err, vpath).view(torch.int16),
+                r[f"M={M}"] = bool(torch.equal(h.fused_op(ev, x, err, vpath).view(torch.int16),
                                                h.fused_op(ew, x, err, ref).view(torch.int16)))
-            r["passed"] = all(r.values())
+            r["passed"] = all(r.values()) and int(err.item()) == before
             return r
-        for N, K in cases + ([(40, 1088)] if ref != "palette_gemv" else []):
+        for N, K in cases:
             rec.check(f"palette GEMV {vname} {N}x{K}: {ref}'s bits at batch {span}", same_bits_case,
                       h.make_weights(N, K, seed=N + 11 * K))
-        rec.check(f"palette GEMV {vname} on verbatim-heavy weights: {ref}'s bits", same_bits_case,
-                  _verbatim_heavy(np, 576, 5))
+        rec.check(f"palette GEMV {vname} on verbatim-heavy weights: {ref}'s bits", same_bits_case, heavy)
     elif tag == "tiled":
         from unweight.runtime import tuning_table as tt
         from unweight.runtime.policy import GEMV_PATHS
-        paths = [tt.PALETTE_GEMM, tt.PALETTE_GEMM_WIDE, tt.PALETTE_GEMM_XS, *GEMV_PATHS]
+        # (a tile-major-only path, the bulk-copy GEMV, has its own group: gemv:mma_bulk)
+        paths = [tt.PALETTE_GEMM, tt.PALETTE_GEMM_WIDE, tt.PALETTE_GEMM_XS,
+                 *(p for p in GEMV_PATHS if p not in tt.TILED_ONLY)]
         cases = [(16, 64), (48, 1088), (64, 4160)]
         if device == "cuda":
             cases += [(1024, 4096), (4096, 14336)]
@@ -1994,14 +2008,15 @@ def stage_eval(st: Stage) -> None:
 # bench_e2e's modes: the runtime's defaults first, then the variants (VARIANT_TAGS), then
 # dense (it turns the modules into plain nn.Linear, so it comes last).
 BENCH_E2E_MODES = ("palette", "palette+tiled", "palette+gemv-mma", "palette+gemv-mma+tiled", "palette+fused",
-                   "huffman", "palette+gemv", "palette+gemv-mma-staged", "palette+gemv-mma-prefetch", "huffman+ahead",
+                   "palette+gemv-mma-bulk+tiled", "huffman", "palette+gemv", "palette+gemv-mma-staged",
+                   "palette+gemv-mma-prefetch", "huffman+ahead",
                    "palette+gemv-deep",
                    "palette+gemv-staged", "palette+fused-wide", "palette+fused-xs", "palette+vec8", "huffman+ahead2",
                    "dense")
 E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm:xs", "palette+gemv": "gemv",
                     "palette+gemv-deep": "gemv:deep", "palette+gemv-staged": "gemv:staged",
                     "palette+gemv-mma": "gemv:mma", "palette+gemv-mma-staged": "gemv:mma_staged",
-                    "palette+gemv-mma-prefetch": "gemv:mma_prefetch",
+                    "palette+gemv-mma-prefetch": "gemv:mma_prefetch", "palette+gemv-mma-bulk+tiled": "gemv:mma_bulk",
                     "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2", "huffman+ahead": "huffman:ahead",
                     "palette+vec8": "palette:vec8", "palette+tiled": "tiled", "palette+gemv-mma+tiled": "tiled"}
 
@@ -2159,6 +2174,9 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
     # throughput the file-order profile left at half (H200: 50 %, at 25 % occupancy).
     ("gemv-32768x4096-M1-mma-tiled", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "mma",
                                       "--tiled"], "pgemv_mma"),
+    # The copy engine feeding the same kernel from the same tile-major planes.
+    ("gemv-32768x4096-M1-mma_bulk-tiled", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
+                                           "mma_bulk", "--tiled"], "pgemv_mma_bulk"),
     ("huffman-4096x4096-index256-ahead", ["--kernel", "huffman", "--index", "256", "--variant", "ahead"],
      "huffman_ahead"),
     ("huffman-4096x4096-index256-ring", ["--kernel", "huffman", "--index", "256", "--variant", "ring"],

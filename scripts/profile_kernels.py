@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", default="default",
                     help="decoder variant: default, or a name of runtime.kernel_plan.HUFF_VARIANTS (huffman) "
                          "or PAL_VARIANTS (palette); gemv: default, deep, staged, mma, mma_staged "
-                         "or mma_prefetch (PGEMV_VARIANTS)")
+                         "mma_prefetch or mma_bulk (PGEMV_VARIANTS; mma_bulk needs --tiled)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import numpy as np

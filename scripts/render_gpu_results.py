@@ -244,7 +244,8 @@ TILED_ROWS = (("palette_tiled_decode_cublas", "palette decode + cuBLAS, tile-maj
               ("palette_fused_wide_tiled", "palette fused, wide stages, tile-major"),
               ("palette_gemv_tiled", "palette GEMV, tile-major (batch 1-4)"),
               ("palette_gemv_mma_tiled", "palette GEMV, tensor cores, tile-major (batch 1-32)"),
-              ("palette_gemv_mma_staged_tiled", "palette GEMV, tensor cores, staged, tile-major (batch 1-32)"))
+              ("palette_gemv_mma_staged_tiled", "palette GEMV, tensor cores, staged, tile-major (batch 1-32)"),
+              ("palette_gemv_mma_bulk_tiled", "palette GEMV, tensor cores, bulk copies, tile-major (batch 1-32)"))
 
 
 def plane_order_lines(bench: dict, rows: list) -> list[str]:

@@ -175,6 +175,11 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PGEMV_MMA_STAGED_SMEM_BYTES") = plan::PGEMV_MMA_STAGED_SMEM_BYTES;
   m.attr("PGEMV_VARIANT_MMA_PREFETCH") = plan::PGEMV_VARIANT_MMA_PREFETCH;
   m.attr("PGEMV_MMA_PREFETCH_STEPS") = plan::PGEMV_MMA_PREFETCH_STEPS;
+  m.attr("PGEMV_VARIANT_MMA_BULK") = plan::PGEMV_VARIANT_MMA_BULK;
+  m.attr("PGEMV_MMA_BULK_DEPTH") = plan::PGEMV_MMA_BULK_DEPTH;
+  m.attr("PGEMV_MMA_BULK_SLOT") = plan::PGEMV_MMA_BULK_SLOT;
+  m.attr("PGEMV_MMA_BULK_CTAS_PER_SM") = plan::PGEMV_MMA_BULK_CTAS_PER_SM;
+  m.attr("PGEMV_MMA_BULK_SMEM_BYTES") = plan::PGEMV_MMA_BULK_SMEM_BYTES;
   m.attr("PMMA_CHUNK_M") = plan::PMMA_CHUNK_M;
   m.attr("PMMA_MAX_M") = plan::PMMA_MAX_M;
   m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
@@ -428,6 +433,13 @@ PYBIND11_MODULE(_cuda, m) {
      "2: hang across syncthreads/syncwarp, 3-5: shared-memory races, 6-7: a cp.async stage read before its wait, "
      "8-10: out of bounds, misaligned, unwritten, 11: a read racing atomics, 12: a 2-byte read racing, 13: a "
      "2-byte store; emu/selftest.h); None if it reports none.");
+  m.def("emu_selftest_bulk", [](int kind) -> py::object {
+    arr<uint32_t> out({32, 4});
+    std::fill(out.mutable_data(), out.mutable_data() + 128, 0u);
+    const char* e = emu::selftest_bulk_host(kind, out.mutable_data());
+    return py::make_tuple(e ? py::object(py::str(e)) : py::object(py::none()), out);
+  }, "One emulated warp streaming 4 steps through two bulk-copy slots (emu/selftest.h, kind 0: by the rules, "
+     "1-7: each breaks one): (the emulator's error or None, out [32, 4] the lanes' sums).");
   m.def("emu_selftest_grid", [](int kind) -> py::object {
     arr<float> out(32);
     std::fill(out.mutable_data(), out.mutable_data() + 32, -1.f);

@@ -208,6 +208,17 @@ constexpr int PGEMV_MMA_STAGED_CTAS_PER_SM = 2;
 // prefetched lines at once, a quarter of an H100's L2.
 constexpr int PGEMV_VARIANT_MMA_PREFETCH = 6;
 constexpr int PGEMV_MMA_PREFETCH_STEPS = 2;
+// The bulk-copy tensor-core variant (dispatch path palette_gemv_mma_bulk; sm_90+ and tile-major
+// planes, where a warp's part is one run of bytes per plane): the same tiles, steps, parts and
+// bits, each step fetched by the copy engine (two cp.async.bulk by one lane, counted on an
+// mbarrier) into a per-warp ring of PGEMV_MMA_BULK_DEPTH slots: DEPTH - 1 steps (9 KB) in
+// flight per warp, 144 KB per SM at PGEMV_MMA_BULK_CTAS_PER_SM CTAs, with the staged variant's
+// memory but two instructions per step to ask for it instead of six copies per lane.  Shared
+// memory: the rings, then one 8-byte mbarrier per slot.
+constexpr int PGEMV_VARIANT_MMA_BULK = 7;
+constexpr int PGEMV_MMA_BULK_DEPTH = 4;
+constexpr int PGEMV_MMA_BULK_SLOT = PGEMV_MMA_ROWS * (PGEMV_MMA_COLS + PGEMV_MMA_COLS / 2);
+constexpr int PGEMV_MMA_BULK_CTAS_PER_SM = 2;
 // Shared memory: the parts' sums, [PGEMV_WARPS][PGEMV_MAX_M] fp32; the staged variant adds
 // its rings after them.
 constexpr int PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4;
@@ -216,6 +227,8 @@ constexpr int PGEMV_STAGED_SMEM_BYTES = PGEMV_SMEM_BYTES + PGEMV_WARPS * PGEMV_S
 constexpr int PGEMV_MMA_SMEM_BYTES = PGEMV_WARPS * PGEMV_MMA_ROWS * PGEMV_MMA_MAX_M * 4;
 // The staged tensor-core variant's rings (each warp's parts' sums go into its own ring).
 constexpr int PGEMV_MMA_STAGED_SMEM_BYTES = PGEMV_WARPS * PGEMV_MMA_STAGED_DEPTH * PGEMV_MMA_STAGED_SLOT;
+// The bulk-copy variant's rings (the parts' sums go there too), then its mbarriers.
+constexpr int PGEMV_MMA_BULK_SMEM_BYTES = PGEMV_WARPS * PGEMV_MMA_BULK_DEPTH * (PGEMV_MMA_BULK_SLOT + 8);
 
 UW_PLAN_HD int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -449,7 +462,8 @@ UW_PLAN_HD void pgemv_mma_steps(int64_t K, int parts, int part, int64_t* first, 
 // Per variant (a resolved PGEMV_VARIANT_*, not DEFAULT): whether it is a tensor-core one, the
 // most batch rows, the warps per row or tile, and the grid.
 UW_PLAN_HD constexpr bool pgemv_is_mma(int variant) {
-  return variant == PGEMV_VARIANT_MMA || variant == PGEMV_VARIANT_MMA_STAGED || variant == PGEMV_VARIANT_MMA_PREFETCH;
+  return variant == PGEMV_VARIANT_MMA || variant == PGEMV_VARIANT_MMA_STAGED || variant == PGEMV_VARIANT_MMA_PREFETCH ||
+         variant == PGEMV_VARIANT_MMA_BULK;
 }
 UW_PLAN_HD int pgemv_max_m(int variant) { return pgemv_is_mma(variant) ? PGEMV_MMA_MAX_M : PGEMV_MAX_M; }
 UW_PLAN_HD int pgemv_variant_parts(int64_t N, int64_t K, int64_t num_sms, int variant) {

@@ -11,7 +11,9 @@
 // (pgemv_mma_body): batches of up to 32 rows; __launch_bounds__(256, 2) for one or two
 // n-tiles of 8, (256, 1) for four.  Its staged form: the same bounds, loads through cp.async
 // into per-warp rings (PGEMV_MMA_STAGED_SMEM_BYTES, past 48 KB: opted in per device).  Its
-// prefetching form: the register-direct kernel's bounds and shared memory.
+// prefetching form: the register-direct kernel's bounds and shared memory.  Its bulk-copy form
+// (sm_90+, tile-major planes): the same bounds, steps fetched by cp.async.bulk into per-warp
+// rings (PGEMV_MMA_BULK_SMEM_BYTES, opted in); the launcher refuses it on an older device.
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -32,8 +34,11 @@ struct PgemvVariant {
   static constexpr bool kMma = plan::pgemv_is_mma(V);
   static constexpr bool kStaged = V == plan::PGEMV_VARIANT_STAGED || V == plan::PGEMV_VARIANT_MMA_STAGED;
   static constexpr bool kPrefetch = V == plan::PGEMV_VARIANT_MMA_PREFETCH;
+  static constexpr bool kBulk = V == plan::PGEMV_VARIANT_MMA_BULK;
   static constexpr int kUnroll = V == plan::PGEMV_VARIANT_DEEP ? plan::PGEMV_DEEP_UNROLL : kStaged ? 1 : plan::PGEMV_UNROLL;
-  static constexpr int kSmem = kMma ? (kStaged ? plan::PGEMV_MMA_STAGED_SMEM_BYTES : plan::PGEMV_MMA_SMEM_BYTES)
+  static constexpr int kSmem = kMma ? (kStaged ? plan::PGEMV_MMA_STAGED_SMEM_BYTES
+                                      : kBulk  ? plan::PGEMV_MMA_BULK_SMEM_BYTES
+                                               : plan::PGEMV_MMA_SMEM_BYTES)
                                     : kStaged ? plan::PGEMV_STAGED_SMEM_BYTES : plan::PGEMV_SMEM_BYTES;
   static_assert(kUnroll >= 1, "steps per batch of loads");  // (also what keeps kUnroll referenced for MMA)
   static_assert(!kPrefetch || (kMma && !kStaged), "the L2 prefetch feeds the register-direct tensor-core GEMV");
@@ -43,7 +48,8 @@ struct PgemvVariant {
 template <int MB, bool kPaired, int V, class Ctx>
 UW_HD void pgemv_variant_body(Ctx& c, const PgemvArgs& a) {
   if constexpr (PgemvVariant<V>::kMma)
-    pgemv_mma_body<MB / 8, kPaired, PgemvVariant<V>::kStaged, PgemvVariant<V>::kPrefetch>(c, a);
+    pgemv_mma_body<MB / 8, kPaired, PgemvVariant<V>::kStaged, PgemvVariant<V>::kPrefetch, PgemvVariant<V>::kBulk>(
+        c, a);
   else
     pgemv_body<MB, kPaired, PgemvVariant<V>::kUnroll, PgemvVariant<V>::kStaged>(c, a);
 }
@@ -91,6 +97,17 @@ __global__ void __launch_bounds__(plan::PGEMV_THREADS,
   emu::DeviceCtx c;
   pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA_PREFETCH>(c, a);
 }
+template <int MB, bool kPaired>
+__global__ void __launch_bounds__(plan::PGEMV_THREADS,
+                                  MB > 16 ? plan::PGEMV_MMA4_CTAS_PER_SM : plan::PGEMV_MMA_BULK_CTAS_PER_SM)
+    pgemv_mma_bulk_kernel(PgemvArgs a) {
+  emu::DeviceCtx c;
+  pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA_BULK>(c, a);
+}
+static_assert(plan::PGEMV_MMA_BULK_CTAS_PER_SM * (plan::PGEMV_MMA_BULK_SMEM_BYTES + 1024) <= 228 * 1024,
+              "the bulk-copy tensor-core GEMV's rings let PGEMV_MMA_BULK_CTAS_PER_SM CTAs share an sm_90 SM");
+static_assert(plan::PGEMV_MMA_ROWS * plan::PGEMV_MMA_MAX_M * 4 <= plan::PGEMV_MMA_BULK_DEPTH * plan::PGEMV_MMA_BULK_SLOT,
+              "a warp's sums fit its bulk ring");
 static_assert(plan::PGEMV_MMA_STAGED_CTAS_PER_SM * (plan::PGEMV_MMA_STAGED_SMEM_BYTES + 1024) <= 228 * 1024,
               "the staged tensor-core GEMV's rings let PGEMV_MMA_STAGED_CTAS_PER_SM CTAs share an sm_90 SM");
 
@@ -100,6 +117,7 @@ constexpr auto pgemv_kernel_of() {
   if constexpr (V == plan::PGEMV_VARIANT_MMA) return &pgemv_mma_kernel<MB, kPaired>;
   else if constexpr (V == plan::PGEMV_VARIANT_MMA_STAGED) return &pgemv_mma_staged_kernel<MB, kPaired>;
   else if constexpr (V == plan::PGEMV_VARIANT_MMA_PREFETCH) return &pgemv_mma_prefetch_kernel<MB, kPaired>;
+  else if constexpr (V == plan::PGEMV_VARIANT_MMA_BULK) return &pgemv_mma_bulk_kernel<MB, kPaired>;
   else if constexpr (V == plan::PGEMV_VARIANT_DEEP) return &pgemv_deep_kernel<MB, kPaired>;
   else if constexpr (V == plan::PGEMV_VARIANT_STAGED) return &pgemv_staged_kernel<MB, kPaired>;
   else return &pgemv_kernel<MB, kPaired>;
@@ -113,6 +131,13 @@ bool resolve_pgemv_variant(int* variant) {
 }
 
 // variant: resolved.
+// The current device runs cp.async.bulk (compute capability 9.0 or later).
+bool device_has_bulk_copy() {
+  int dev = 0, major = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+}
+
 const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
                         int parts, const void* x, const void* sm, const void* idx, const void* vexp, int variant,
                         int tiled) {
@@ -129,6 +154,8 @@ const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, c
   if (!grid_ok(plan::pgemv_variant_grid(N, parts, variant))) return "matrix too large for one launch";
   if (!aligned(x, 16) || !aligned(sm, 16) || !aligned(idx, 16) || (nv > 0 && !aligned(vexp, 16)))
     return "palette_gemv needs x, sm, idx and vexp 16-byte aligned";
+  if (variant == plan::PGEMV_VARIANT_MMA_BULK && !tiled)
+    return "the bulk-copy tensor-core palette_gemv needs tile-major planes";
   return nullptr;
 }
 
@@ -137,7 +164,7 @@ const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, c
 template <class F>
 void with_variant(int M, bool paired, int variant, F&& f) {
   using plan::PGEMV_VARIANT_DEEP, plan::PGEMV_VARIANT_STAGED, plan::PGEMV_VARIANT_STD, plan::PGEMV_VARIANT_MMA,
-      plan::PGEMV_VARIANT_MMA_STAGED, plan::PGEMV_VARIANT_MMA_PREFETCH;
+      plan::PGEMV_VARIANT_MMA_STAGED, plan::PGEMV_VARIANT_MMA_PREFETCH, plan::PGEMV_VARIANT_MMA_BULK;
   auto go = [&](auto mb, auto v) {
     if (paired) f(mb, std::true_type{}, v); else f(mb, std::false_type{}, v);
   };
@@ -157,6 +184,8 @@ void with_variant(int M, bool paired, int variant, F&& f) {
     go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_STAGED>{});
   } else if (variant == PGEMV_VARIANT_MMA_PREFETCH) {
     go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_PREFETCH>{});
+  } else if (variant == PGEMV_VARIANT_MMA_BULK) {
+    go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_BULK>{});
   } else if (variant == PGEMV_VARIANT_DEEP) {
     go_m(std::integral_constant<int, PGEMV_VARIANT_DEEP>{});
   } else if (variant == PGEMV_VARIANT_STAGED) {
@@ -200,6 +229,8 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
                          uint16_t* y, int64_t ldy, int variant, int tiled, void* stream) {
   if (!resolve_pgemv_variant(&variant)) return "unknown palette GEMV variant";
   if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, variant, tiled)) return e;
+  if (variant == plan::PGEMV_VARIANT_MMA_BULK && !device_has_bulk_copy())
+    return "the bulk-copy tensor-core palette_gemv needs an sm_90 GPU (cp.async.bulk)";
   PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy, tiled);
   const bool paired = pal_tables(pal, a.pt);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);

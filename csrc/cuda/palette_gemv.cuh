@@ -268,7 +268,18 @@ UW_UNROLL()
 // prefetch_l2), so those loads wait on L2 rather than DRAM and what the SM has asked of DRAM
 // grows by that many steps at no register or shared-memory cost.  The loads, decode, mma and sums
 // are the register-direct variant's: the same bits.
-template <int NT, bool kPaired, bool kStaged, bool kPrefetch, class Ctx>
+//
+// kBulk (PGEMV_VARIANT_MMA_BULK, sm_90+, tile-major planes only): on tile-major planes a warp's
+// part is one run of bytes in each plane, so the copy engine can fetch it: lane 0 asks for each
+// step with two cp.async.bulk copies (its 2 KB of sign+mantissa bytes, its 1 KB of index bytes)
+// into a per-warp ring of PGEMV_MMA_BULK_DEPTH slots, counted on one mbarrier per slot, and the
+// lanes wait on the slot's barrier, read back what they would have loaded and go on as the
+// register-direct variant does.  DEPTH - 1 steps in flight per warp at no register cost and two
+// instructions per step to ask for them (the staged variant spends six cp.async per lane and
+// their addresses); the slot holds the two tiles as stored, whose reads are conflict-free with
+// no swizzle (a quarter warp's 16-byte reads cover one 128-byte run, a half warp's 8-byte reads
+// another).  The same steps, decode, mma and sums in the same order: the same bits.
+template <int NT, bool kPaired, bool kStaged, bool kPrefetch, bool kBulk, class Ctx>
 UW_HD void pgemv_mma_body(Ctx& c, const PgemvArgs& a) {
   constexpr int COLS = plan::PGEMV_MMA_COLS, HALF = COLS / 2, ROWS = plan::PGEMV_MMA_ROWS;
   static_assert(ROWS == plan::PMMA_TILE_N, "a tile is the fused GEMM's (its verbatim cursors and patch)");
@@ -391,8 +402,51 @@ UW_UNROLL()
         }
       }
     };
+    // The bulk feed (kBulk): slot `slot` holds step q's two tiles of sign+mantissa bytes (16 rows
+    // of 64, twice), then its two of index bytes (16 rows of 32, twice); the second of each pair
+    // is neither copied nor read at a half step.  Barrier `slot` counts one arrival (lane 0's,
+    // with the step's bytes) and the two copies; the k-th use of a slot waits on parity k & 1.
+    static_assert(!kBulk || (!kStaged && !kPrefetch), "one feed per variant");
+    constexpr int DB = plan::PGEMV_MMA_BULK_DEPTH, BSLOT = plan::PGEMV_MMA_BULK_SLOT, B_SM = ROWS * COLS;
+    unsigned char* const bring = c.smem() + static_cast<int64_t>(warp) * DB * BSLOT;
+    uint64_t* const bars = reinterpret_cast<uint64_t*>(c.smem() + plan::PGEMV_WARPS * DB * BSLOT) + warp * DB;
+    const uint8_t* const bsm = a.sm + a.sm_at(row0, s0 * COLS);  // the part's run in each plane
+    const uint8_t* const bix = a.idx + a.idx_at(row0, s0 * COLS);
+    auto bissue = [&](int q, int slot) {
+      if (lane == 0 && q < nq) {
+        const unsigned smb = static_cast<unsigned>((q == q_half ? HALF : COLS) * ROWS);
+        c.mbar_arrive_expect_tx(bars + slot, smb + smb / 2);
+        c.bulk_copy(bring + slot * BSLOT, bsm + static_cast<int64_t>(q) * dq_sm, smb, bars + slot);
+        c.bulk_copy(bring + slot * BSLOT + B_SM, bix + static_cast<int64_t>(q) * dq_ix, smb / 2, bars + slot);
+      }
+    };
+    auto bread = [&](int q, int slot, uint32_t (&s)[2][2][4], uint32_t (&n)[2][2][2]) {
+      const unsigned char* st = bring + slot * BSLOT;
+UW_UNROLL()
+      for (int h = 0; h < 2; ++h)
+UW_UNROLL()
+        for (int rr = 0; rr < 2; ++rr) {
+          if (h == 1 && q == q_half) {
+            s[rr][h][0] = s[rr][h][1] = s[rr][h][2] = s[rr][h][3] = 0u;
+            n[rr][h][0] = n[rr][h][1] = 0u;
+          } else {
+            const int row = g + 8 * rr;
+            c.lds_v4(st + h * ROWS * HALF + row * HALF + 16 * t, s[rr][h]);
+            c.lds_v2(st + B_SM + h * ROWS * (HALF / 2) + row * (HALF / 2) + 8 * t, n[rr][h]);
+          }
+        }
+    };
     uint32_t sa[2][2][4], na[2][2][2], sb[2][2][4], nb[2][2][2];
-    if constexpr (kStaged) {
+    if constexpr (kBulk) {
+      if (lane == 0) {
+UW_UNROLL()
+        for (int j = 0; j < DB; ++j) c.mbar_init(bars + j, 1);
+        c.mbar_init_fence();
+      }
+      c.syncwarp();
+UW_UNROLL()
+      for (int q = 0; q < DB - 1; ++q) bissue(q, q);  // in flight while the verbatim cursors are found
+    } else if constexpr (kStaged) {
 UW_UNROLL()
       for (int q = 0; q < D - 1; ++q) issue(q, q);  // in flight while the verbatim cursors are found
     } else {
@@ -453,7 +507,20 @@ UW_UNROLL()
         }
       }
     };
-    if constexpr (kStaged) {
+    if constexpr (kBulk) {
+      for (int q0 = 0; q0 < nq; q0 += DB) {
+UW_UNROLL()
+        for (int j = 0; j < DB; ++j) {
+          const int q = q0 + j;
+          if (q >= nq) break;  // warp-uniform: the part's last steps
+          c.syncwarp();        // every lane has read slot (j + DB - 1) % DB (step q - 1) before its refill
+          bissue(q + DB - 1, (j + DB - 1) % DB);
+          c.mbar_wait(bars + j, static_cast<unsigned>(q / DB) & 1u);
+          bread(q, j, sa, na);
+          compute(q, sa, na);
+        }
+      }
+    } else if constexpr (kStaged) {
       ring_steps<D>(c, nq, issue, [&](int q, int slot) {
         read(slot, sa, na);
         compute(q, sa, na);
@@ -478,7 +545,9 @@ UW_UNROLL()
   // adds them in part order.
   // (kStaged: each warp's sums in its own ring, whose copies have all landed by now: the groups
   // still counted are the empty ones past the part's end.)
+  // (kBulk: likewise, every copy having been waited for in the loop.)
   constexpr int kWarpFloats = kStaged ? plan::PGEMV_MMA_STAGED_DEPTH * plan::PGEMV_MMA_STAGED_SLOT / 4
+                              : kBulk ? plan::PGEMV_MMA_BULK_DEPTH * plan::PGEMV_MMA_BULK_SLOT / 4
                                       : ROWS * plan::PGEMV_MMA_MAX_M;
   static_assert(kWarpFloats >= ROWS * plan::PGEMV_MMA_MAX_M, "a warp's sums fit its ring");
   float* red = reinterpret_cast<float*>(c.smem());
@@ -490,6 +559,7 @@ UW_UNROLL()
       c.template cp_async_wait<0>();
       c.syncwarp();  // every lane's last ring read is done before the sums overwrite it
     }
+    if constexpr (kBulk) c.syncwarp();  // (the same)
 UW_UNROLL()
     for (int nt = 0; nt < NT; ++nt)
       for (int e = 0; e < 4; ++e) c.sts(at(warp, nt, e), acc[nt][e]);

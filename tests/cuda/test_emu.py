@@ -95,8 +95,8 @@ def test_grid_memory_needs_a_threadfence_on_both_sides():
     (3, "shared-memory race"),                            # across warps, only a syncwarp between
     (4, "shared-memory race"),                            # within a warp, only a ballot between
     (5, "race: write to a word another thread read"),     # rewritten before a syncwarp
-    (6, "cp.async copy has not been waited for"),         # own stage read before its wait
-    (7, "cp.async copy has not been waited for"),         # a neighbour's stage still in flight
+    (6, "cp.async or bulk copy has not been waited for"),         # own stage read before its wait
+    (7, "cp.async or bulk copy has not been waited for"),         # a neighbour's stage still in flight
     (8, "outside the launch's dynamic shared memory"),
     (9, "not aligned to its size"),
     (10, "no thread had written"),
@@ -122,3 +122,26 @@ def test_global_accesses_outside_the_launch_buffers_are_errors(op, bytes_, what)
     err = _cuda.emu_selftest_access(op, bytes_, 16, bound=span - 16 + bytes_ - 1)
     assert err is not None and what in err and "outside every buffer" in err and "thread 31" in err, err
     assert _cuda.emu_selftest_access(op, bytes_, 16, lanes=0x7FFFFFFF, bound=span - 16) is None
+
+
+def test_bulk_copies_land_at_the_wait_that_sees_their_phase():
+    # One warp streams four 512-byte steps through two bulk-copy slots: every lane's sums are
+    # the source's, with the slots' barriers on alternating parities.
+    err, out = _cuda.emu_selftest_bulk(0)
+    src = (np.arange(512, dtype=np.uint64) * 2654435761) & 0xFFFFFFFF
+    want = src.reshape(4, 32, 4).sum(axis=0) & 0xFFFFFFFF
+    assert err is None and np.array_equal(out.astype(np.uint64), want)
+
+
+@pytest.mark.parametrize("kind, what", [
+    (1, "bulk copy has not been waited for"),         # step 1 read before its wait
+    (2, "race: write to a word another thread read"),  # slot refilled before the syncwarp
+    (3, "before fence.mbarrier_init"),
+    (4, "bulk copies no thread waited for"),          # the last step never waited for
+    (5, "deadlock"),                                  # a phase expecting bytes no copy brings
+    (6, "multiples of 16"),
+    (7, "more arrivals"),
+])
+def test_bulk_copy_rules_are_errors(kind, what):
+    err, _ = _cuda.emu_selftest_bulk(kind)
+    assert err is not None and what in err, err

@@ -30,6 +30,7 @@ torch = pytest.importorskip("torch")
 MMA = kp.PGEMV_VARIANT_MMA
 MMA_STAGED = kp.PGEMV_VARIANT_MMA_STAGED
 MMA_PREFETCH = kp.PGEMV_VARIANT_MMA_PREFETCH
+MMA_BULK = kp.PGEMV_VARIANT_MMA_BULK
 
 
 def _gemv(x, enc, parts=1, general=False, planes=None, variant=0):
@@ -191,7 +192,7 @@ def test_variants_give_the_default_bits(general, variant):
                 assert np.array_equal(got, want), (w.shape, M, parts)
                 assert np.array_equal(_gemv(x, enc, parts, general, variant=kp.PGEMV_VARIANT_STD), want)
     with pytest.raises(RuntimeError, match="unknown palette GEMV variant"):
-        _gemv(_x(1, 64, seed=1), tc.encode(make_weights(4, 64, seed=1), "palette"), variant=7)
+        _gemv(_x(1, 64, seed=1), tc.encode(make_weights(4, 64, seed=1), "palette"), variant=8)
 
 
 @needs_ext
@@ -246,7 +247,10 @@ def test_mma_parts_cover_every_step_once_and_fill_the_device():
     assert [kp.pgemv_mma_parts(N, K, 132) for N, K in shapes] == [8, 4, 2, 8, 1]
     assert [kp.pgemv_variant_parts(N, K, 132, MMA) for N, K in shapes] == [8, 4, 2, 8, 1]
     assert kp.pgemv_variant_parts(4096, 4096, 132) == kp.pgemv_parts(4096, 4096, 132)
-    assert [kp.pgemv_max_m(v) for v in (0, 1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH)] == [4, 4, 4, 4, 32, 32, 32]
+    assert [kp.pgemv_max_m(v) for v in (0, 1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH, MMA_BULK)] == \
+        [4, 4, 4, 4, 32, 32, 32, 32]
+    assert [kp.pgemv_variant_parts(N, K, 132, MMA_BULK) for N, K in shapes] == [8, 4, 2, 8, 1]
+    assert [v for v in kp.PGEMV_VARIANTS.values() if kp.pgemv_needs_tiled(v)] == [MMA_BULK]
     assert [kp.pgemv_variant_parts(N, K, 132, MMA_STAGED) for N, K in shapes] == [8, 4, 2, 8, 1]
     assert kp.pgemv_variant_grid(4096, 8, MMA_STAGED) == kp.pgemv_mma_grid(4096, 8)
     assert kp.pgemv_supported(32, 4096, MMA) and not kp.pgemv_supported(33, 4096, MMA)
@@ -259,19 +263,20 @@ def test_mma_cpp_plan_matches_python():
                  "PGEMV_MMA_WARPS_PER_SM", "PGEMV_MMA_MIN_STEPS", "PGEMV_MMA_SMEM_BYTES", "PGEMV_MMA4_CTAS_PER_SM",
                  "PGEMV_VARIANT_MMA_STAGED", "PGEMV_MMA_STAGED_DEPTH", "PGEMV_MMA_STAGED_SLOT",
                  "PGEMV_MMA_STAGED_CTAS_PER_SM", "PGEMV_MMA_STAGED_SMEM_BYTES", "PGEMV_VARIANT_MMA_PREFETCH",
-                 "PGEMV_MMA_PREFETCH_STEPS"):
+                 "PGEMV_MMA_PREFETCH_STEPS", "PGEMV_VARIANT_MMA_BULK", "PGEMV_MMA_BULK_DEPTH", "PGEMV_MMA_BULK_SLOT",
+                 "PGEMV_MMA_BULK_CTAS_PER_SM", "PGEMV_MMA_BULK_SMEM_BYTES"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     for N in (1, 17, 1000, 4096, 128256):
         for K in (64, 576, 4096, 14336):
             for sms in (1, 132, 1000):
                 assert _cuda.plan_pgemv_mma_parts(N, K, sms) == kp.pgemv_mma_parts(N, K, sms)
-                for v in (1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH):
+                for v in (1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH, MMA_BULK):
                     assert _cuda.plan_pgemv_variant_parts(N, K, sms, v) == kp.pgemv_variant_parts(N, K, sms, v)
         for parts in (1, 2, 4, 8):
             assert _cuda.plan_pgemv_mma_grid(N, parts) == kp.pgemv_mma_grid(N, parts)
-            for v in (1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH):
+            for v in (1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH, MMA_BULK):
                 assert _cuda.plan_pgemv_variant_grid(N, parts, v) == kp.pgemv_variant_grid(N, parts, v)
-    for v in (0, 1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH, 7):
+    for v in (0, 1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH, MMA_BULK, 8):
         assert _cuda.plan_pgemv_max_m(v) == kp.pgemv_max_m(v)
         assert _cuda.plan_pgemv_is_mma(v) == kp.pgemv_is_mma(v)
     for K in (64, 576, 1088, 14336):

@@ -276,6 +276,34 @@ def test_palette_gemv_mma_feeds_give_the_mma_bits(NK, path):
     assert int(err.item()) == 0
 
 
+@pytest.mark.variant
+@pytest.mark.parametrize("NK", [(16, 64), (48, 1088), (64, 4160), (1024, 4096), (4096, 1024), (128, 14336)])
+def test_palette_gemv_mma_bulk_gives_the_mma_bits(NK):
+    """The bulk-copy tensor-core GEMV (cp.async.bulk into per-warp rings on mbarriers; sm_90+)
+    on tile-major planes at batch 1..32: the register-direct tensor-core GEMV's bits on the
+    file-order planes; refused on file-order planes."""
+    from unweight.ops.layout import tile_palette_planes
+    from unweight.runtime.tuning_table import PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_BULK
+    from unweight.runtime.weights import EncodedWeight
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("cp.async.bulk needs sm_90")
+    N, K = NK
+    w = make_weights(N, K, seed=N + 5 * K)
+    err = _err()
+    ew = encoded_weight(tc.encode(w, "palette"), "cuda", err)
+    sm, idx = tile_palette_planes(ew.sm, ew.idx)
+    et = EncodedWeight(ew.encoding, ew.rows, ew.cols, ew.rows_per_group, ew.cols_per_chunk, ew.exp_lo, ew.exp_hi,
+                       list(ew.palette), sm, idx=idx, vpos=ew.vpos, vexp=ew.vexp, tiled=True)
+    x32 = bf16_tensor(make_weights(32, K, seed=N + 6, spread=False), "cuda")
+    for M in (1, 2, 8, 9, 16, 17, 32):
+        x = x32[:M].contiguous()
+        assert torch.equal(fused_op(et, x, None, PALETTE_GEMV_MMA_BULK).view(torch.int16),
+                           fused_op(ew, x, None, PALETTE_GEMV_MMA).view(torch.int16)), M
+    with pytest.raises(RuntimeError, match="tile-major"):
+        fused_op(ew, x32[:1].contiguous(), None, PALETTE_GEMV_MMA_BULK)
+    assert int(err.item()) == 0
+
+
 def test_fused_huffman_reports_corruption():
     _need_fused("huffman")
     from unweight.runtime import scratch

@@ -83,6 +83,8 @@ def test_gemv_variants_give_their_file_order_bits(variant):
     """Each GEMV variant, one part and eight per row or tile, one and several n-tiles or batch
     rows: tile-major planes give the bits of the file-order ones."""
     batches = (1, 17) if kp.pgemv_is_mma(variant) else (1, 4)
+    # (the bulk-copy variant runs tile-major only: its reference is the register-direct one's bits)
+    ref = kp.PGEMV_VARIANT_MMA if kp.pgemv_needs_tiled(variant) else variant
     for w in _cases():
         N, K = w.shape
         enc = tc.encode(w, "palette")
@@ -90,7 +92,7 @@ def test_gemv_variants_give_their_file_order_bits(variant):
         for M in batches:
             x = _x(M, K, seed=M + K)
             for parts in (1, 8):
-                want = _gemv(x, enc, enc.planes, parts, variant, False)
+                want = _gemv(x, enc, enc.planes, parts, ref, False)
                 assert np.array_equal(_gemv(x, enc, t, parts, variant, True), want), (w.shape, M, parts)
 
 
@@ -150,3 +152,38 @@ def test_cpp_order_matches_python():
                     assert kp.pal_idx_index(r, k, K, tiled) == (o // 2 if tiled else r * ((K + 1) // 2) + k // 2)
                     seen.add(o)
             assert seen == set(range(N * K))
+
+
+@needs_ext
+@pytest.mark.parametrize("general", [False, True])
+def test_bulk_copy_gemv_gives_the_mma_bits(general):
+    """PGEMV_VARIANT_MMA_BULK: lane 0 fetches each step's two tiles with cp.async.bulk into the
+    warp's ring, counted on the slot's mbarrier; the emulator lands a copy only when a wait sees
+    its phase complete, fails a read before that and a refill the other lanes' reads are not
+    ordered before, and bounds-checks each copy's source.  On tile-major planes it gives the
+    register-direct GEMV's bits: tiles with a half step (1088 = 8.5 steps) and parts ending in
+    one, parts 1, 2 and 8, one, two and four n-tiles, heavy verbatim blocks, either decode."""
+    bulk = kp.PGEMV_VARIANT_MMA_BULK
+    for w in _cases():  # (48 x 1088 at one part: nine steps, the ring's parities 0, 1, 0)
+        N, K = w.shape
+        enc = tc.encode(w, "palette")
+        t = _tile(enc.planes)
+        for M in (1, 9, 20):
+            x = _x(M, K, seed=2 * M + K)
+            for parts in (1, 2, 8):
+                want = _cuda.emulate_palette_gemv(x, enc.planes[C.SUFFIX_SM], enc.planes[C.SUFFIX_IDX], _pal(enc),
+                                                  enc.planes[C.SUFFIX_VPOS], enc.planes[C.SUFFIX_VEXP], parts,
+                                                  general, kp.PGEMV_VARIANT_MMA, 0)
+                got = _cuda.emulate_palette_gemv(x, t[C.SUFFIX_SM], t[C.SUFFIX_IDX], _pal(enc), t[C.SUFFIX_VPOS],
+                                                 t[C.SUFFIX_VEXP], parts, general, bulk, 1)
+                assert np.array_equal(got, want), (w.shape, M, parts)
+
+
+@needs_ext
+def test_bulk_copy_gemv_refuses_file_order():
+    """A warp's part is one run of bytes only tile-major: on file-order planes the launcher and
+    its emulation refuse the bulk-copy variant with one line."""
+    w = make_weights(32, 1088, seed=3)
+    enc = tc.encode(w, "palette")
+    with pytest.raises(RuntimeError, match="needs tile-major planes"):
+        _gemv(_x(1, 1088, seed=1), enc, enc.planes, 1, kp.PGEMV_VARIANT_MMA_BULK, False)

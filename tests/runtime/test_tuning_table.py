@@ -102,9 +102,11 @@ def test_choose_never_picks_a_path_not_faster_than_decode_cublas():
     for _ in range(500):
         times = {k: float(v) for k, v in zip(tuning.CHOICES, rng.uniform(0.01, 1, len(tuning.CHOICES)))
                  if rng.random() < 0.8}
-        ch = c(times)
-        if ch != tuning.DECODE_CUBLAS:
-            assert times[ch] < times["decode_cublas"] and times[ch] == min(times.values())
+        for enc in ("palette", "palette:tiled"):  # (a tile-major-only path counts tile-major only)
+            ch = c(times, enc)
+            ok = {k: v for k, v in times.items() if enc.endswith(":tiled") or k not in tuning.TILED_ONLY}
+            if ch != tuning.DECODE_CUBLAS:
+                assert times[ch] < times["decode_cublas"] and times[ch] == min(ok.values())
 
 
 def test_record_save_load_roundtrip(tmp_path):
@@ -178,7 +180,10 @@ def test_tile_major_entries_are_their_own_key_and_decide_the_plane_order():
     assert tuning.table_encoding("palette", True) == "palette:tiled"
     assert tuning.table_encoding("palette", False) == "palette"
     assert tuning.table_encoding("huffman", True) == "huffman"  # nothing of Huffman is tiled
-    assert tuning.candidates("palette:tiled", 1, 4096) == tuning.candidates("palette", 1, 4096)
+    # Tile-major adds the bulk-copy GEMV, which only tile-major planes let a warp fetch whole.
+    assert tuning.candidates("palette:tiled", 1, 4096) == tuning.candidates("palette", 1, 4096) + \
+        ["palette_gemv_mma_bulk"]
+    assert tuning.candidates("palette:tiled", 33, 4096) == tuning.candidates("palette", 33, 4096)
     t = tuning.TuningTable()
     assert t.plane_order(DEV, 64, 128) == "file"  # nothing measured
     t.record(DEV, 64, 128, "palette", 1, {"decode_cublas": 1.0, "palette_gemv_mma": 0.5})
@@ -281,3 +286,19 @@ def test_shipped_decoders_are_measured_wins():
         if e["default"] == tuning.default_decoder(enc):
             want = 0 if e["choice"] == e["default"] else names[e["choice"]]
             assert t.decoder(dev, int(n), int(k), enc, int(s)) == want, key
+
+
+def test_a_tile_major_only_path_never_runs_file_order():
+    """The bulk-copy GEMV reads tile-major planes only: a file-order entry that lists it (a
+    hand-edited or foreign table) never chooses it; a tile-major entry does where it won."""
+    times = {"decode_cublas": 1.0, "palette_gemv_mma": 0.6, "palette_gemv_mma_bulk": 0.4}
+    assert tuning.choose(times) == "palette_gemv_mma"
+    assert tuning.choose(times, "palette") == "palette_gemv_mma"
+    assert tuning.choose(times, "palette:tiled") == "palette_gemv_mma_bulk"
+    t = tuning.TuningTable()
+    assert t.record(DEV, 64, 128, "palette", 1, times) == "palette_gemv_mma"
+    assert t.record(DEV, 64, 128, "palette:tiled", 1, times) == "palette_gemv_mma_bulk"
+    assert t.lookup(DEV, 64, 128, "palette", 1) == "palette_gemv_mma"
+    assert t.lookup(DEV, 64, 128, "palette:tiled", 1) == "palette_gemv_mma_bulk"
+    assert t.best_ms(DEV, 64, 128, "palette:tiled", "1") == 0.4
+    assert t.best_ms(DEV, 64, 128, "palette", "1") == 0.6

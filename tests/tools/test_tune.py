@@ -33,7 +33,11 @@ def test_tune_records_paths_and_decoders(tmp_path):
     name = torch.cuda.get_device_name(0)
     for enc in ("huffman", "palette", "palette:tiled"):  # a palette weight is timed in both plane orders
         e = back.entries[tt.entry_key(name, 256, 512, enc, "1")]
-        assert back.lookup(name, 256, 512, enc, 1) == tt.choose(e["times_ms"])
+        assert back.lookup(name, 256, 512, enc, 1) == tt.choose(e["times_ms"], enc)
+    # The bulk-copy GEMV is timed tile-major only (where an sm_90 GPU runs it).
+    tiled_times = back.entries[tt.entry_key(name, 256, 512, "palette:tiled", "1")]["times_ms"]
+    assert "palette_gemv_mma_bulk" not in back.entries[tt.entry_key(name, 256, 512, "palette", "1")]["times_ms"]
+    assert ("palette_gemv_mma_bulk" in tiled_times) == (torch.cuda.get_device_capability(0)[0] >= 9)
     assert not any("huffman:tiled" in k for k in back.entries)
     assert back.plane_order(name, 256, 512) in ("file", "tiled")
     (hk, he), = [(k, e) for k, e in back.decoders.items() if "|huffman|" in k]

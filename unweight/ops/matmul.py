@@ -33,8 +33,10 @@
         tile into registers and multiplies on the tensor cores, batches of 1..32,
         PALETTE_GEMV_MMA: tensor-core sums, deterministic and batch-invariant, not the
         CUDA-core bits; MMA_STAGED, its loads through cp.async into shared-memory rings,
-        PALETTE_GEMV_MMA_STAGED, and MMA_PREFETCH, its loads behind an L2 prefetch,
-        PALETTE_GEMV_MMA_PREFETCH: the MMA bits).  parts comes from palette_gemv_parts(..., variant).  No workspace.
+        PALETTE_GEMV_MMA_STAGED, MMA_PREFETCH, its loads behind an L2 prefetch,
+        PALETTE_GEMV_MMA_PREFETCH, and MMA_BULK, its steps fetched by cp.async.bulk into
+        shared-memory rings, PALETTE_GEMV_MMA_BULK, sm_90+ and tiled planes only: the MMA bits).
+        parts comes from palette_gemv_parts(..., variant).  No workspace.
         tiled as for palette_matmul.
 
 The CUDA kernels need cols % 64 == 0 and 16-byte aligned planes (palette_supported); it

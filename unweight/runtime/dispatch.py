@@ -117,7 +117,8 @@ def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
     PALETTE_GEMV_STAGED, its variants with more loads in flight (the GEMV's bits), or
     PALETTE_GEMV_MMA, the tensor-core GEMV (batch 1..32; tensor-core sums), or
     PALETTE_GEMV_MMA_STAGED / PALETTE_GEMV_MMA_PREFETCH, its loads through shared-memory rings
-    or ahead of an L2 prefetch (its bits).  x2: bf16
+    or ahead of an L2 prefetch (its bits), or PALETTE_GEMV_MMA_BULK, its steps fetched by the
+    copy engine (its bits; sm_90+, tile-major weights only).  x2: bf16
     [M, cols] unit column stride, on W's CUDA device.
     The split partials and arrival counters are views of the device's scratch, sized for every
     batch the kernel takes, so only a layer shape's first fused forward can grow them.  Raises

@@ -117,13 +117,21 @@ PGEMV_MMA_STAGED_CTAS_PER_SM = 2
 # variant's loads and bits, plus an L2 prefetch PGEMV_MMA_PREFETCH_STEPS steps past its loads.
 PGEMV_VARIANT_MMA_PREFETCH = 6
 PGEMV_MMA_PREFETCH_STEPS = 2
+# The bulk-copy tensor-core variant (path palette_gemv_mma_bulk; sm_90+, tile-major planes only):
+# the same tiles, steps, parts and bits, each step fetched by two cp.async.bulk copies of one lane
+# into a per-warp ring of PGEMV_MMA_BULK_DEPTH slots, one mbarrier per slot.
+PGEMV_VARIANT_MMA_BULK = 7
+PGEMV_MMA_BULK_DEPTH = 4
+PGEMV_MMA_BULK_SLOT = PGEMV_MMA_ROWS * (PGEMV_MMA_COLS + PGEMV_MMA_COLS // 2)
+PGEMV_MMA_BULK_CTAS_PER_SM = 2
 PGEMV_VARIANTS = {"std": PGEMV_VARIANT_STD, "deep": PGEMV_VARIANT_DEEP, "staged": PGEMV_VARIANT_STAGED,
                   "mma": PGEMV_VARIANT_MMA, "mma_staged": PGEMV_VARIANT_MMA_STAGED,
-                  "mma_prefetch": PGEMV_VARIANT_MMA_PREFETCH}
+                  "mma_prefetch": PGEMV_VARIANT_MMA_PREFETCH, "mma_bulk": PGEMV_VARIANT_MMA_BULK}
 PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4
 PGEMV_STAGED_SMEM_BYTES = PGEMV_SMEM_BYTES + PGEMV_WARPS * PGEMV_STAGED_DEPTH * PGEMV_STAGED_SLOT
 PGEMV_MMA_SMEM_BYTES = PGEMV_WARPS * PGEMV_MMA_ROWS * PGEMV_MMA_MAX_M * 4
 PGEMV_MMA_STAGED_SMEM_BYTES = PGEMV_WARPS * PGEMV_MMA_STAGED_DEPTH * PGEMV_MMA_STAGED_SLOT
+PGEMV_MMA_BULK_SMEM_BYTES = PGEMV_WARPS * PGEMV_MMA_BULK_DEPTH * (PGEMV_MMA_BULK_SLOT + 8)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -391,8 +399,15 @@ def pgemv_mma_steps(K: int, parts: int, part: int) -> tuple[int, int]:
 
 
 def pgemv_is_mma(variant: int) -> bool:
-    """Whether a GEMV variant runs on tensor cores (register-direct, staged or prefetching)."""
-    return variant in (PGEMV_VARIANT_MMA, PGEMV_VARIANT_MMA_STAGED, PGEMV_VARIANT_MMA_PREFETCH)
+    """Whether a GEMV variant runs on tensor cores (register-direct, staged, prefetching or bulk-copy)."""
+    return variant in (PGEMV_VARIANT_MMA, PGEMV_VARIANT_MMA_STAGED, PGEMV_VARIANT_MMA_PREFETCH,
+                       PGEMV_VARIANT_MMA_BULK)
+
+
+def pgemv_needs_tiled(variant: int) -> bool:
+    """Whether a GEMV variant runs only on tile-major planes (the bulk-copy one: a warp's part
+    must be one run of bytes per plane)."""
+    return variant == PGEMV_VARIANT_MMA_BULK
 
 
 def pgemv_max_m(variant: int = PGEMV_VARIANT_DEFAULT) -> int:

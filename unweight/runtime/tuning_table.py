@@ -8,6 +8,7 @@ under the key
                                                      | "palette_gemm_xs" | "palette_gemv" | "palette_gemv_deep"
                                                      | "palette_gemv_staged" | "palette_gemv_mma"
                                                      | "palette_gemv_mma_staged" | "palette_gemv_mma_prefetch"
+                                                     | "palette_gemv_mma_bulk"
 
 with N, K the weight's [N, K] shape, encoding "huffman" / "palette" / "palette:tiled" (a palette
 weight whose planes are held tile-major, ops/layout.py: the same kernels reading other
@@ -98,17 +99,25 @@ PALETTE_GEMV_MMA_STAGED = "palette_gemv_mma_staged"
 # The tensor-core GEMV with an L2 prefetch of the steps past its loads (kernel_plan.h,
 # MMA_PREFETCH): more asked of DRAM at no register cost; the same bits as PALETTE_GEMV_MMA.
 PALETTE_GEMV_MMA_PREFETCH = "palette_gemv_mma_prefetch"
+# The tensor-core GEMV fed by the copy engine (kernel_plan.h, MMA_BULK: cp.async.bulk into
+# per-warp rings counted on mbarriers; sm_90+): only for weights held tile-major, where a warp's
+# part is one run of bytes per plane; the same bits as PALETTE_GEMV_MMA.
+PALETTE_GEMV_MMA_BULK = "palette_gemv_mma_bulk"
 # The GEMV paths and the kernel variant each runs (ops.palette_gemv's `variant`).
 GEMV_PATHS = {PALETTE_GEMV: kp.PGEMV_VARIANT_DEFAULT, PALETTE_GEMV_DEEP: kp.PGEMV_VARIANT_DEEP,
               PALETTE_GEMV_STAGED: kp.PGEMV_VARIANT_STAGED, PALETTE_GEMV_MMA: kp.PGEMV_VARIANT_MMA,
               PALETTE_GEMV_MMA_STAGED: kp.PGEMV_VARIANT_MMA_STAGED,
-              PALETTE_GEMV_MMA_PREFETCH: kp.PGEMV_VARIANT_MMA_PREFETCH}
+              PALETTE_GEMV_MMA_PREFETCH: kp.PGEMV_VARIANT_MMA_PREFETCH,
+              PALETTE_GEMV_MMA_BULK: kp.PGEMV_VARIANT_MMA_BULK}
+# Paths that run only on tile-major planes: never chosen for a file-order entry.
+TILED_ONLY = tuple(p for p, v in GEMV_PATHS.items() if kp.pgemv_needs_tiled(v))
 # Times recorded under other names (a fused Huffman kernel some earlier tables list) are kept
 # out of every choice: only these paths exist.
 CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP,
-           PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH)
+           PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH,
+           PALETTE_GEMV_MMA_BULK)
 FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED,
-         PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH)
+         PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH, PALETTE_GEMV_MMA_BULK)
 
 # (upper bound inclusive, name); the last bucket is open-ended.
 # (17-32 and 33-64 are apart because the tensor-core GEMV takes batches up to 32.)
@@ -156,14 +165,18 @@ def _finite(t) -> bool:
     return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0
 
 
-def choose(times_ms: dict) -> str:
+def choose(times_ms: dict, encoding: str = "") -> str:
     """The path to run from times measured in one run: the fastest fused path that is strictly
-    faster than decode_cublas; decode_cublas when it was not measured (or not validly)."""
+    faster than decode_cublas; decode_cublas when it was not measured (or not validly).  A
+    TILED_ONLY path counts only for an encoding held tile-major ("palette:tiled")."""
     base = times_ms.get(DECODE_CUBLAS)
     if not _finite(base):
         return DECODE_CUBLAS
     best, best_t = DECODE_CUBLAS, base
+    tiled = encoding.endswith(TILED)
     for path in FUSED:  # in this order: a tie keeps the first
+        if path in TILED_ONLY and not tiled:
+            continue
         t = times_ms.get(path)
         if _finite(t) and t < best_t:
             best, best_t = path, t
@@ -179,7 +192,9 @@ def candidates(encoding: str, M: int, K: int, cols_per_chunk: int = 0) -> list[s
     if encoding not in ("palette", "palette" + TILED):
         return []
     out = [p for p in FUSED if p not in GEMV_PATHS] if kp.pmma_supported(M, K) else []
-    return out + [p for p, v in GEMV_PATHS.items() if kp.pgemv_supported(M, K, v)]
+    tiled = encoding.endswith(TILED)
+    return out + [p for p, v in GEMV_PATHS.items()
+                  if kp.pgemv_supported(M, K, v) and (tiled or p not in TILED_ONLY)]
 
 
 def entry_key(device: str, N: int, K: int, encoding: str, bucket_name: str) -> str:
@@ -267,7 +282,7 @@ class TuningTable:
     def record(self, device: str, N: int, K: int, encoding: str, M: int, times_ms: dict) -> str:
         """Store the times measured at batch M (into M's bucket) and return the choice they give."""
         times = {k: float(v) for k, v in times_ms.items() if k in CHOICES and _finite(v)}
-        choice = choose(times)
+        choice = choose(times, encoding)
         self.entries[entry_key(device, N, K, encoding, bucket(M))] = {"M": int(M), "choice": choice,
                                                                        "times_ms": times}
         return choice
@@ -278,14 +293,14 @@ class TuningTable:
         if e is None:
             return DECODE_CUBLAS
         # Re-derived from the times, not read from e["choice"]: only a recorded win counts.
-        return choose(e["times_ms"])
+        return choose(e["times_ms"], encoding)
 
     def best_ms(self, device: str, N: int, K: int, encoding: str, bucket_name: str) -> float | None:
         """The time of the path lookup() runs for this key (None: not measured)."""
         e = self.entries.get(entry_key(device, N, K, encoding, bucket_name))
         if e is None:
             return None
-        t = e["times_ms"].get(choose(e["times_ms"]))
+        t = e["times_ms"].get(choose(e["times_ms"], encoding))
         return float(t) if _finite(t) else None
 
     def plane_order(self, device: str, N: int, K: int) -> str:

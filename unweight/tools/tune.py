@@ -76,7 +76,8 @@ def measure(m: CompressedLinear, M: int, warmup: int = 5, iters: int = 50) -> di
     x = torch.randn((M, K), device=dev).to(torch.bfloat16)
     w = m.encoded()
     times = {DECODE_CUBLAS: time_cuda(lambda: dispatch.linear([w], x, None, N, K, _DECODE_ONLY), warmup, iters)}
-    for cand in candidates(m.encoding_name, M, K, m.cols_per_chunk):
+    # (a tile-major weight's candidates include the paths that run tile-major only)
+    for cand in candidates(table_encoding(m.encoding_name, w.tiled), M, K, m.cols_per_chunk):
         try:
             times[cand] = time_cuda(lambda cand=cand: dispatch.fused(w, x, cand), warmup, iters)
         except RuntimeError as e:  # launcher refusal: not a candidate on this device

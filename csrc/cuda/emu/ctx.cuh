@@ -29,6 +29,17 @@
 //                                             zero-filled (n in 0..16; src is still read as a
 //                                             16-byte aligned address)
 //              cp_async_commit()  cp_async_wait<N>()   PTX cp.async.commit_group / wait_group N
+//   bulk       (sm_90+: the Hopper bulk-copy engine, completion counted on an mbarrier in
+//              shared memory; PTX "Asynchronous data movement: cp.async.bulk", "mbarrier")
+//              mbar_init(bar, count)          mbarrier.init: `count` arrivals complete a phase
+//              mbar_init_fence()              fence.mbarrier_init: the inits are visible to the
+//                                             copy engine (then a syncwarp / syncthreads)
+//              mbar_arrive_expect_tx(bar, n)  one arrival, and n more bytes the phase waits for
+//              bulk_copy(dst, src, n, bar)    cp.async.bulk global -> shared of n bytes (n, src
+//                                             and dst multiples of 16), counted on bar
+//              mbar_wait(bar, parity)         spins on mbarrier.try_wait.parity until the phase
+//                                             of that parity has completed; the copies it
+//                                             counted are then visible to the waiting thread
 //   sync       syncthreads()  syncwarp(mask)  threadfence()
 //              atomic_add(p, v)               atomicAdd on global or shared memory (int, unsigned,
 //                                             unsigned long long); returns the old value
@@ -209,6 +220,53 @@ struct DeviceCtx {
   UW_HD void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
   template <int N>
   UW_HD void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+  // The bulk-copy engine (sm_90+; the sm_80 build traps, and no launcher runs these there).
+  static UW_HD unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+  UW_HD void mbar_init(uint64_t* bar, unsigned count) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+#else
+    __trap();
+#endif
+  }
+  UW_HD void mbar_init_fence() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+    __trap();
+#endif
+  }
+  UW_HD void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+#else
+    __trap();
+#endif
+  }
+  UW_HD void bulk_copy(void* smem_dst, const void* gmem_src, unsigned bytes, uint64_t* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(smem_dst)), "l"(gmem_src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+#else
+    __trap();
+#endif
+  }
+  UW_HD void mbar_wait(uint64_t* bar, unsigned parity) {
+#if __CUDA_ARCH__ >= 900
+    unsigned done = 0;
+    do {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.b32 %0, 1, 0, p;\n}"
+          : "=r"(done)
+          : "r"(smem_u32(bar)), "r"(parity)
+          : "memory");
+    } while (!done);
+#else
+    __trap();
+#endif
+  }
   UW_HD void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -250,6 +308,11 @@ struct DeviceCtx {
   UW_HD void cp_async_commit() {}
   template <int N>
   UW_HD void cp_async_wait() {}
+  UW_HD void mbar_init(uint64_t*, unsigned) {}
+  UW_HD void mbar_init_fence() {}
+  UW_HD void mbar_arrive_expect_tx(uint64_t*, unsigned) {}
+  UW_HD void bulk_copy(void*, const void*, unsigned, uint64_t*) {}
+  UW_HD void mbar_wait(uint64_t*, unsigned) {}
   UW_HD void mma_bf16_16816(float (&)[4], const uint32_t (&)[4], const uint32_t (&)[2], const float (&)[4]) {}
 #endif
 };

@@ -224,7 +224,54 @@ UW_HD void access_body(Ctx& c, int op, int bytes, int stride, uint32_t lanes, un
   }
 }
 
+// selftest.h, selftest_bulk_host.  Shared memory: two 512-byte slots, then two mbarriers.
+template <class Ctx>
+UW_HD void bulk_body(Ctx& c, int kind, const uint32_t* src, uint32_t* out) {
+  constexpr int kSlot = 512, kSteps = 4;
+  unsigned char* ring = c.smem();
+  uint64_t* bars = reinterpret_cast<uint64_t*>(c.smem() + 2 * kSlot);
+  const int lane = c.lane();
+  if (lane == 0) {
+    for (int j = 0; j < 2; ++j) c.mbar_init(bars + j, 1);
+    if (kind != 3) c.mbar_init_fence();
+  }
+  c.syncwarp();
+  auto issue = [&](int q) {
+    if (lane == 0 && q < kSteps) {
+      const unsigned bytes = kind == 6 ? 8u : static_cast<unsigned>(kSlot);
+      c.mbar_arrive_expect_tx(bars + q % 2, kind == 5 && q == 1 ? bytes + 16 : bytes);
+      if (kind == 7 && q == 0) c.mbar_arrive_expect_tx(bars, 0);
+      c.bulk_copy(ring + (q % 2) * kSlot, src + q * (kSlot / 4), bytes, bars + q % 2);
+    }
+  };
+  issue(0);
+  issue(1);
+  uint32_t acc[4] = {0, 0, 0, 0};
+  const int last = kind == 4 ? kSteps - 1 : kSteps;
+  for (int q = 0; q < last; ++q) {
+    if (!(kind == 1 && q == 1)) c.mbar_wait(bars + q % 2, static_cast<unsigned>(q / 2) & 1u);
+    uint32_t v[4];
+    c.lds_v4(ring + (q % 2) * kSlot + 16 * lane, v);
+    for (int i = 0; i < 4; ++i) acc[i] += v[i];
+    if (kind != 2) {
+      c.syncwarp();  // every lane has read the slot before lane 0 refills it
+    } else {
+      (void)c.ballot(true);  // in step, but a ballot orders no memory
+    }
+    issue(q + 2);
+  }
+  for (int i = 0; i < 4; ++i) out[4 * lane + i] = acc[i];
+}
+
 }  // namespace
+
+const char* selftest_bulk_host(int kind, uint32_t* out) {
+  const HostBuffer buf(4 * 512);
+  uint32_t* s = reinterpret_cast<uint32_t*>(buf.data());
+  for (uint32_t i = 0; i < 4 * 128; ++i) s[i] = i * 2654435761u;
+  const GlobalBounds scope{{s, 4 * 512}};
+  return launch(1, 1, kWarpSize, 2 * 512 + 16, [&](ThreadCtx& c) { bulk_body(c, kind, s, out); });
+}
 
 const char* selftest_access_host(int op, int bytes, int stride, uint32_t lanes, int64_t bound) {
   const bool ok = (op == 0 && (bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8 || bytes == 16)) ||

@@ -45,6 +45,17 @@ const char* selftest_collectives_host(const uint32_t* src, int32_t* out);
 //   kind 13: a 2-byte store (stores must cover whole words)
 const char* selftest_error_host(int kind);
 
+// One warp streams 4 steps of 512 bytes (src: 512 uint32) through a ring of two shared-memory
+// slots filled by bulk copies (lane 0 issues, one mbarrier per slot, every lane waits on its
+// slot's parity and reads its 16 bytes of the step); out[32][4]: per lane, the sums over the
+// steps of its four words.  kind 0 follows the rules; each other kind breaks one and must
+// return an error: 1 step 1 read before its wait, 2 a slot refilled before the syncwarp that
+// orders the other lanes' reads of it, 3 no fence.mbarrier_init before the first copy, 4 the
+// last step never waited for, 5 a phase expecting 16 bytes more than its copies bring (a hang
+// on the GPU), 6 a copy of 8 bytes (sizes are multiples of 16), 7 two arrivals on a barrier
+// initialised for one.
+const char* selftest_bulk_host(int kind, uint32_t* out);
+
 // Two CTAs handing each other fp32 words through global memory as the split-K fix-up does
 // (st_grid, threadfence, an arrival count, ld_grid): kind 0 correctly, out[32] = t + 100 + t;
 // kind 1 without the storing threads' threadfence, 2 without the loading threads', 3 with the

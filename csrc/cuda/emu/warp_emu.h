@@ -19,6 +19,12 @@
 //   * cp.async is deferred: the source is read when the copy is issued but the bytes land in
 //     shared memory only when a cp_async_wait<N> retires its group (and reading them before
 //     that is an error, below);
+//   * bulk copies (cp.async.bulk counted on an mbarrier) are deferred too: the source is read
+//     at the copy, the bytes land only when a thread waiting on the barrier finds its phase
+//     complete (every arrival made and every expected byte copied), and a thread may read
+//     them only after its own wait saw that phase (or a syncthreads since); a barrier handed
+//     to a copy before its initialising thread's fence, more arrivals than its count in a
+//     phase, and a CTA that ends with copies no thread waited for are errors;
 //   * shared memory starts filled with 0xA5, not zeros;
 //   * shared-memory races, by happens-before rather than by the order the fibers happen to
 //     run in (the hazards racecheck reports on a GPU).  Every shared-memory access of a
@@ -145,6 +151,13 @@ class ThreadCtx {
   UW_HD void cp_async_commit() { UW_EMU_HOST_ONLY(h_commit();) }
   template <int N>
   UW_HD void cp_async_wait() { UW_EMU_HOST_ONLY(h_wait(N);) }
+  UW_HD void mbar_init(uint64_t* bar, unsigned count) { UW_EMU_HOST_ONLY(h_mbar_init(bar, count);) }
+  UW_HD void mbar_init_fence() { UW_EMU_HOST_ONLY(h_mbar_init_fence();) }
+  UW_HD void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) { UW_EMU_HOST_ONLY(h_mbar_arrive(bar, bytes);) }
+  UW_HD void bulk_copy(void* smem_dst, const void* gmem_src, unsigned bytes, uint64_t* bar) {
+    UW_EMU_HOST_ONLY(h_bulk_copy(smem_dst, gmem_src, bytes, bar);)
+  }
+  UW_HD void mbar_wait(uint64_t* bar, unsigned parity) { UW_EMU_HOST_ONLY(h_mbar_wait(bar, parity);) }
 
   static constexpr int kSlotBytes = 48;  // largest per-lane payload: an mma's a, b, c
 
@@ -195,6 +208,11 @@ class ThreadCtx {
     open_.clear();
   }
   inline void h_wait(int n);
+  inline void h_mbar_init(uint64_t* bar, unsigned count);
+  inline void h_mbar_init_fence();
+  inline void h_mbar_arrive(uint64_t* bar, unsigned bytes);
+  inline void h_bulk_copy(void* smem_dst, const void* gmem_src, unsigned bytes, uint64_t* bar);
+  inline void h_mbar_wait(uint64_t* bar, unsigned parity);
 
   Cta* cta_ = nullptr;
   int tid_ = 0;
@@ -321,6 +339,7 @@ class Cta {
     const size_t words = (smem_bytes + 3) / 4, nw = warps_.size();
     writer_.assign(words, kNobody);
     in_flight_.assign(words, kNobody);
+    bulk_bar_.assign(words, 0);
     w_bar_.assign(words, 0);
     w_sync_.assign(words, 0);
     rd_lanes_.assign(words * nw, 0);
@@ -381,6 +400,9 @@ class Cta {
     if (error_ == nullptr && live_ > 0 && progress_ == progress_before)
       error_ = "emulated kernel deadlocked: a barrier or warp collective that not every participant reaches";
     if (error_ == nullptr && live_ == 0 && !unwritten_read_.empty()) error_ = keep(unwritten_read_);
+    if (error_ == nullptr && live_ == 0)
+      for (const auto& mb : mbars_)
+        if (!mb.second.copies.empty()) error_ = "emulated kernel: the CTA ended with bulk copies no thread waited for";
     return error_ == nullptr && live_ > 0;
   }
   uint64_t progress() const { return progress_; }
@@ -450,7 +472,76 @@ class Cta {
   }
 
   // ---- shared-memory race check (see the header comment) ----
-  enum Access { kRead, kWrite, kAtomic, kAsyncIssue, kAsyncLand };
+  enum Access { kRead, kWrite, kAtomic, kAsyncIssue, kAsyncLand, kBulkLand };
+
+  // ---- mbarriers and bulk copies (see the header comment) ----
+  void mbar_init(int tid, uint64_t* bar, unsigned count) {
+    const size_t off = bar_offset(tid, bar);
+    if (count == 0) fail_at(tid, "mbarrier initialised with an arrival count of 0", smem_ + off, -1);
+    shared_access(tid, bar, 8, kWrite);
+    MBar& m = mbars_[off];
+    m = MBar{};
+    m.count = m.pending = count;
+    m.init_tid = tid;
+  }
+  void mbar_init_fence(int tid) {
+    for (auto& mb : mbars_)
+      if (mb.second.init_tid == tid) mb.second.fenced = true;
+  }
+  void mbar_arrive(int tid, uint64_t* bar, unsigned bytes) {
+    MBar& m = mbar_of(tid, bar);
+    shared_access(tid, bar, 8, kAtomic);
+    if (m.pending == 0) fail_at(tid, "more arrivals on an mbarrier than its count in one phase", raw(bar), -1);
+    --m.pending;
+    m.expect += bytes;
+    ++progress_;
+  }
+  void bulk_copy(int tid, void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+    MBar& m = mbar_of(tid, bar);
+    unsigned char* d = static_cast<unsigned char*>(dst);
+    if (!m.fenced) fail_at(tid, "mbarrier handed to a bulk copy before fence.mbarrier_init", raw(bar), -1);
+    if (bytes == 0 || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
+      fail_at(tid, "bulk copy: size and source must be non-zero multiples of 16 bytes", in_shared(d) ? d : smem_, -1);
+    if (d < smem_ || d + bytes > smem_ + smem_bytes_ || (d - smem_) % 16 != 0)
+      fail_at(tid, "bulk copy destination outside the launch's shared memory or not 16-byte aligned", smem_, -1);
+    check_global(tid, src, bytes, "bulk copy source");
+    const size_t w0 = static_cast<size_t>(d - smem_) / 4;
+    for (size_t i = w0; i < w0 + bytes / 4; ++i) word_access(tid, i, kAsyncIssue);
+    m.copies.push_back(BulkCopy{d, std::vector<unsigned char>(static_cast<const unsigned char*>(src),
+                                                               static_cast<const unsigned char*>(src) + bytes)});
+    m.issued += bytes;
+    ++progress_;
+  }
+  void mbar_wait(int tid, uint64_t* bar, unsigned parity) {
+    const size_t off = static_cast<size_t>(raw(bar) - smem_);
+    for (;;) {
+      MBar& m = mbar_of(tid, bar);
+      shared_access(tid, bar, 8, kAtomic);
+      if ((m.phase & 1u) != (parity & 1u)) {  // the phase of that parity has completed
+        uint32_t& s = seen_[(static_cast<uint64_t>(tid) << 32) | off];
+        s = std::max(s, m.phase);
+        return;
+      }
+      if (m.pending == 0 && m.issued == m.expect) {  // the phase completes: its copies land
+        const uint32_t key = static_cast<uint32_t>(off);
+        for (const BulkCopy& cp : m.copies) {
+          std::memcpy(cp.dst, cp.bytes.data(), cp.bytes.size());
+          const size_t w0 = static_cast<size_t>(cp.dst - smem_) / 4;
+          for (size_t i = w0; i < w0 + cp.bytes.size() / 4; ++i) {
+            bulk_bar_[i] = key;
+            word_access(tid, i, kBulkLand, m.phase + 1);
+          }
+        }
+        m.copies.clear();
+        ++m.phase;
+        m.pending = m.count;
+        m.expect = m.issued = 0;
+        ++progress_;
+        continue;
+      }
+      yield(tid);
+    }
+  }
 
   bool in_shared(const void* p) const {
     const unsigned char* b = static_cast<const unsigned char*>(p);
@@ -509,6 +600,37 @@ class Cta {
  private:
   static constexpr int16_t kNobody = -1;
   static constexpr int16_t kAtomics = -2;  // last written by atomics (of any threads)
+  static constexpr int16_t kBulk = -3;     // last written by a bulk copy (bulk_bar_, w_sync_: its phase)
+
+  struct BulkCopy {
+    unsigned char* dst;
+    std::vector<unsigned char> bytes;  // the source as read at the copy
+  };
+  struct MBar {
+    unsigned count = 0, pending = 0;  // arrivals per phase, and those still to come
+    uint64_t expect = 0, issued = 0;  // bytes the phase waits for, and bytes copied
+    uint32_t phase = 0;               // completed phases
+    int init_tid = -1;
+    bool fenced = false;              // the initialising thread's fence.mbarrier_init came since
+    std::vector<BulkCopy> copies;     // issued, not landed
+  };
+  unsigned char* raw(const void* p) const { return const_cast<unsigned char*>(static_cast<const unsigned char*>(p)); }
+  size_t bar_offset(int tid, const void* bar) const {
+    const unsigned char* b = static_cast<const unsigned char*>(bar);
+    if (!in_shared(b) || b + 8 > smem_ + smem_bytes_ || (b - smem_) % 8 != 0)
+      const_cast<Cta*>(this)->fail_at(tid, "mbarrier outside the launch's shared memory or not 8-byte aligned",
+                                      in_shared(b) ? b : smem_, -1);
+    return static_cast<size_t>(b - smem_);
+  }
+  MBar& mbar_of(int tid, const void* bar) {
+    const auto it = mbars_.find(bar_offset(tid, bar));
+    if (it == mbars_.end()) fail_at(tid, "use of an mbarrier no thread initialised", raw(bar), -1);
+    return it->second;
+  }
+  bool bulk_seen(int tid, size_t i) const {
+    const auto it = seen_.find((static_cast<uint64_t>(tid) << 32) | bulk_bar_[i]);
+    return it != seen_.end() && it->second >= w_sync_[i];
+  }
 
   // Whether an access by thread `first` (kAtomics: by atomics whose newest ran at barrier
   // generation `bar`) at barrier generation `bar` and its warp's syncwarp generation `sync`
@@ -519,11 +641,18 @@ class Cta {
     return warps_[static_cast<size_t>(first / kWarpSize)].joined[first % kWarpSize][then % kWarpSize] > sync;
   }
 
-  void word_access(int tid, size_t i, Access kind) {
+  void word_access(int tid, size_t i, Access kind, uint32_t phase = 0) {
     const size_t nw = warps_.size();
     const int wp = tid / kWarpSize, lane = tid % kWarpSize;
     const uint32_t bar = static_cast<uint32_t>(bar_gen_), sync = warps_[static_cast<size_t>(wp)].sync_gen;
     unsigned char* at = smem_ + 4 * i;
+    if (kind == kBulkLand) {  // a bulk copy's word, visible to the threads whose wait sees `phase`
+      in_flight_[i] = kNobody;
+      writer_[i] = kBulk;
+      w_bar_[i] = bar;
+      w_sync_[i] = phase;
+      return;
+    }
     if (kind == kAsyncLand) {  // the issuing thread's wait retired its copy
       in_flight_[i] = kNobody;
       writer_[i] = static_cast<int16_t>(tid);
@@ -532,18 +661,23 @@ class Cta {
       return;
     }
     if (in_flight_[i] != kNobody)
-      fail_at(tid, kind == kRead ? "read of a shared-memory word whose cp.async copy has not been waited for"
-                                 : "write to a shared-memory word with a cp.async copy in flight",
+      fail_at(tid, kind == kRead ? "read of a shared-memory word whose cp.async or bulk copy has not been waited for"
+                                 : "write to a shared-memory word with a cp.async or bulk copy in flight",
               at, in_flight_[i]);
     const int w = writer_[i];
+    // Whether the last write is ordered before this access (a bulk copy's: the thread's own
+    // wait saw its phase, or a syncthreads came since).
+    const bool w_ordered = w == kBulk ? bar_gen_ > w_bar_[i] || bulk_seen(tid, i) : ordered(w, tid, w_bar_[i], w_sync_[i]);
     if (kind == kRead) {
       // A word no thread has written yet may be written later by another thread with no
       // barrier between (then that write fails as a race); only a read that stays unwritten
       // to the end of the CTA is reported as such.
       if (w == kNobody && unwritten_read_.empty())
         unwritten_read_ = describe(tid, "read of a shared-memory word no thread had written", at, -1);
-      if (w != kNobody && w != tid && !ordered(w, tid, w_bar_[i], w_sync_[i]))
-        fail_at(tid, "shared-memory race: read of a word another thread wrote, with no barrier between", at, w);
+      if (w != kNobody && w != tid && !w_ordered)
+        fail_at(tid, w == kBulk ? "read of a bulk copy's word before a wait on its mbarrier saw the copy complete"
+                                : "shared-memory race: read of a word another thread wrote, with no barrier between",
+                at, w);
       const size_t r = i * nw + static_cast<size_t>(wp);
       if (rd_bar_[r] < bar) rd_lanes_[r] = 0;  // earlier reads are ordered before any later access
       rd_lanes_[r] |= 1u << lane;
@@ -553,7 +687,7 @@ class Cta {
     }
     // A write (or a cp.async being started, which may write at any time from now on, or an
     // atomic: atomics of one word need no order among themselves, only against plain accesses).
-    if (w != kNobody && w != tid && !(kind == kAtomic && w == kAtomics) && !ordered(w, tid, w_bar_[i], w_sync_[i]))
+    if (w != kNobody && w != tid && !(kind == kAtomic && w == kAtomics) && !w_ordered)
       fail_at(tid, "shared-memory race: two threads wrote one word with no barrier between", at, w);
     for (size_t q = 0; q < nw; ++q) {
       const size_t r = i * nw + q;
@@ -808,6 +942,9 @@ class Cta {
   std::vector<int16_t> writer_, in_flight_;
   std::vector<uint32_t> w_bar_, w_sync_;
   std::vector<uint32_t> rd_lanes_, rd_bar_, rd_sync_;
+  std::vector<uint32_t> bulk_bar_;  // a bulk copy's word: its mbarrier's shared-memory offset
+  std::unordered_map<size_t, MBar> mbars_;          // by shared-memory offset
+  std::unordered_map<uint64_t, uint32_t> seen_;     // (thread << 32 | barrier offset) -> phases its waits saw
   std::string unwritten_read_;  // the first read of a word no thread had written
   bool profiling_ = false;      // profile().on when the launch started
   const GlobalRanges* bounds_ = nullptr;  // global_ranges() when the CTA started
@@ -897,6 +1034,14 @@ inline void ThreadCtx::h_wait(int n) {
     groups_.erase(groups_.begin());
   }
 }
+
+inline void ThreadCtx::h_mbar_init(uint64_t* bar, unsigned count) { cta_->mbar_init(tid_, bar, count); }
+inline void ThreadCtx::h_mbar_init_fence() { cta_->mbar_init_fence(tid_); }
+inline void ThreadCtx::h_mbar_arrive(uint64_t* bar, unsigned bytes) { cta_->mbar_arrive(tid_, bar, bytes); }
+inline void ThreadCtx::h_bulk_copy(void* smem_dst, const void* gmem_src, unsigned bytes, uint64_t* bar) {
+  cta_->bulk_copy(tid_, smem_dst, gmem_src, bytes, bar);
+}
+inline void ThreadCtx::h_mbar_wait(uint64_t* bar, unsigned parity) { cta_->mbar_wait(tid_, bar, parity); }
 
 // mma.sync m16n8k16 bf16 -> fp32: every lane deposits its fragments, then computes its own
 // four outputs from the whole tiles (rebuilt with the PTX layout functions of ctx.cuh).
