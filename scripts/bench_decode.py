@@ -225,6 +225,25 @@ def bench_slots(torch, runs, l2, layer=SLOTS_LAYER, counts=SLOTS_COUNTS) -> dict
                 h.decode_op(own[e], o[j * rows * cols:(j + 1) * rows * cols].view(rows, cols), err)
         t1 = bu.graph_time(torch, [lambda x=x, o=o: one_each(x, o) for x, o in zip(id_lists, outs)], runs=runs)
         r["one_launch_per_expert"] = {**t1, "time_vs_slots": t1["median_ms"] / t["median_ms"]}
+        # A decode step's routed projection, one token per slot: the slots GEMV on the compressed
+        # stack (ExpertSlots.gemv) against the slot decode + a batched matmul on the decoded
+        # experts (what the layer runs without it).  time_vs_decode_matmul < 1: the GEMV wins.
+        xs = torch.randn(S, cols, device=dev).to(torch.bfloat16)
+
+        def decode_matmul(i, o):
+            wd = slots.decode(i, o)
+            return torch.bmm(wd, xs.unsqueeze(-1))
+        try:
+            tg = bu.graph_time(torch, [lambda i=i: slots.gemv(xs, i) for i in ids], runs=runs)
+            td = bu.graph_time(torch, [lambda i=i, o=o: decode_matmul(i, o) for i, o in zip(ids, outs)], runs=runs)
+            y = slots.gemv(xs, ids[0]).float()
+            ref = decode_matmul(ids[0], outs[0]).squeeze(-1).float()
+            r["slots_gemv"] = {**tg, "decode_matmul_ms": td["median_ms"],
+                               "time_vs_decode_matmul": tg["median_ms"] / td["median_ms"],
+                               "weight_GBps": S * planes_per_expert / (tg["median_ms"] * 1e-3) / 1e9,
+                               "max_rel_diff": float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))}
+        except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
+            r["slots_gemv"] = {"error": f"{type(ex).__name__}: {ex}"}
         res["rows_by_slots"].append(r)
     res["device_errors"] = int(err.item())
     return res

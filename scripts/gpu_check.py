@@ -741,6 +741,69 @@ def group_fused(rec, device):
         rec.check("routed experts: each routed projection on the fused kernel, within bound of batched_mm",
                   routed_experts_fused)
 
+    def slots_gemv():
+        """The slots GEMV over a palette expert stack (vLLM's decode-step MoE on compressed
+        experts): each slot the tensor-core GEMV's bits on its expert alone, at 8 slots of a
+        token's top-8; a SwiGLU layer's routed_forward within bound of the dense experts; on
+        CUDA captured in a graph and replayed with other ids written into the same tensor."""
+        from unweight import ops
+        from unweight.runtime import kernel_plan as kp
+        from unweight.runtime import scratch
+        from unweight.runtime.expert_slots import ExpertSlots, routed_forward
+        E, H, inter = 16, 512, 256
+        w13 = np.stack([h.make_weights(2 * inter, H, seed=60 + e) for e in range(E)])
+        w2 = np.stack([h.make_weights(H, inter, seed=80 + e) for e in range(E)])
+        w13[5, 3, 17] = 0x0001  # a verbatim block in expert 5 only: padded lists elsewhere
+        s13, s2 = ExpertSlots.from_weights(w13, device), ExpertSlots.from_weights(w2, device)
+        ids = torch.tensor([5, 0, 9, 5, 15, 2, 7, 1], device=device)
+        x = h.bf16_tensor(h.make_weights(len(ids), H, seed=3, spread=False), device)
+        before = scratch.device_errors(device)
+        y = s13.gemv(x, ids)
+        r = {}
+        if device == "cuda":  # the CPU op is the fp32 reference, not the kernel's sums
+            parts = ops.palette_gemv_parts(s13.rows * len(ids), H, device, kp.PGEMV_VARIANT_MMA)
+            same = []
+            for s, e in enumerate(ids.tolist()):
+                ew = h.encoded_weight(tc.encode(w13[e], "palette"), device, err)
+                want = torch.ops.unweight.palette_gemv(x[s:s + 1], ew.sm, ew.idx, ew.vpos, ew.vexp, ew.rows, ew.cols,
+                                                       ew.palette, parts, kp.PGEMV_VARIANT_MMA)
+                same.append(bool(torch.equal(y[s:s + 1].view(torch.int16), want.view(torch.int16))))
+            r["slots_bitwise"] = all(same)
+        topk_ids = ids.view(1, 8)
+        topk_w = torch.softmax(torch.randn(1, 8, device=device), dim=-1)
+        xt = x[:1] * 20
+        out = routed_forward(s13, s2, xt, topk_w, topk_ids)
+        f13 = torch.from_numpy(w13).view(torch.bfloat16).to(device).double()
+        f2 = torch.from_numpy(w2).view(torch.bfloat16).to(device).double()
+        want = torch.zeros(H, dtype=torch.float64, device=device)
+        for j, e in enumerate(topk_ids[0].tolist()):
+            hh = f13[e] @ xt[0].double()
+            want += float(topk_w[0, j]) * (f2[e] @ (torch.nn.functional.silu(hh[:inter]) * hh[inter:]))
+        diff = float((out[0].double() - want).abs().max())
+        bound = 2e-2 * float(want.abs().max())
+        r.update(routed_max_abs_diff=diff, bound=bound, routed_within_bound=diff <= bound)
+        if device == "cuda":
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                routed_forward(s13, s2, xt, topk_w, topk_ids)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                got = routed_forward(s13, s2, xt, topk_w, topk_ids)
+            new = torch.tensor([[3, 3, 12, 4, 8, 10, 11, 6]], device=device)
+            topk_ids.copy_(new)
+            g.replay()
+            torch.cuda.synchronize()
+            again = routed_forward(s13, s2, xt, topk_w, new)
+            r["graph_replay_new_ids"] = bool(torch.equal(got.view(torch.int16), again.view(torch.int16)))
+        r["device_errors"] = scratch.device_errors(device) - before
+        r["passed"] = all(v for v in r.values() if isinstance(v, bool)) and r["device_errors"] == 0
+        return r
+    if "palette" in paths:
+        rec.check("slots GEMV: each slot the tensor-core GEMV's bits on its expert; routed SwiGLU within bound; "
+                  "CUDA graph replay with new ids", slots_gemv)
+
     def graph_capture(enc_name):
         if device != "cuda":
             return {"skipped": True, "why": "CUDA graphs need CUDA"}

@@ -187,9 +187,12 @@ def slots_lines(bench: dict) -> list[str]:
     parts = []
     for r in rows:
         one = (r.get("one_launch_per_expert") or {}).get("time_vs_slots")
+        g = r.get("slots_gemv") or {}
         parts.append(f"{r['slots']} slots {r['median_ms'] * 1e3:.1f} us ({r['out_GBps']:.0f} GB/s"
                      + (f"; one launch per expert {one:.2f}x the time" if one else "") + ")"
-                     + ("" if r.get("bitwise") else " NOT BITWISE"))
+                     + ("" if r.get("bitwise") else " NOT BITWISE")
+                     + (f", slots GEMV {g['median_ms'] * 1e3:.1f} us ({g['time_vs_decode_matmul']:.2f}x slot decode + "
+                        f"batched matmul)" if "median_ms" in g else ""))
     return [f"**Routed MoE decode** (`ops.decode_palette_slots`, experts by ids on the device; a layer of "
             f"{ms['experts']} experts of {ms['rows']} x {ms['cols']}): " + "; ".join(parts) + ".", ""]
 

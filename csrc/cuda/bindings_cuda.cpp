@@ -54,7 +54,11 @@ struct AlignedCopy {
   emu::HostBuffer buf;
   unsigned char* p;
   size_t n;
-  AlignedCopy(const void* src, size_t bytes) : buf(bytes), p(buf.data()), n(bytes) { std::memcpy(p, src, bytes); }
+  // (the bound also tells the compiler the copy's size is an object's)
+  AlignedCopy(const void* src, size_t bytes) : buf(bytes), p(buf.data()), n(bytes) {
+    if (bytes > (SIZE_MAX >> 2)) throw std::length_error("array too large to copy");
+    std::memcpy(p, src, bytes);
+  }
 };
 struct EmuOperands {
   int M;
@@ -406,6 +410,21 @@ PYBIND11_MODULE(_cuda, m) {
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on CUDA cores (M <= 4, K % 64 == 0); parts: "
      "warps per row (plan_pgemv_parts); variant: PGEMV_VARIANT_* (0: the default).");
 
+  m.def("palette_gemv_slots", [](uintptr_t x, int64_t ldx, uintptr_t ids, int64_t slots, int64_t E, uintptr_t sm,
+                                 uintptr_t idx, int64_t N, int64_t K, py::bytes palette, uintptr_t vpos, int64_t V,
+                                 uintptr_t vexp, int parts, uintptr_t y, int64_t ldy, uintptr_t err, uintptr_t stream) {
+    need(slots == 0 || (x && ids && sm && idx && y && err), "null device pointer");
+    need(V == 0 || (vpos && vexp), "null verbatim pointers");
+    check(cuda::palette_gemv_slots(dev<const uint16_t>(x), ldx, dev<const int64_t>(ids), slots, E,
+                                   dev<const uint8_t>(sm), dev<const uint8_t>(idx), N, K, make_palette(palette),
+                                   dev<const uint32_t>(vpos), V, dev<const uint8_t>(vexp), parts, dev<uint16_t>(y),
+                                   ldy, dev<int32_t>(err), stream_of(stream)));
+  }, py::arg("x"), py::arg("ldx"), py::arg("ids"), py::arg("slots"), py::arg("E"), py::arg("sm"), py::arg("idx"),
+     py::arg("N"), py::arg("K"), py::arg("palette"), py::arg("vpos"), py::arg("V"), py::arg("vexp"), py::arg("parts"),
+     py::arg("y"), py::arg("ldy"), py::arg("err"), py::arg("stream") = 0,
+     "y[s] = x[s] @ W[ids[s]]^T (bf16, batch 1 per slot) for a palette stack sm [E, N, K], idx [E, N, K/2], vpos "
+     "[E, V], vexp [E, V, 32]; ids int64 read on the device; parts as palette_gemv's tensor-core variant.");
+
   // --------------------------------------------------------------------- warp emulator self-tests
   m.def("emu_selftest_mma", [](arr<uint16_t> A, arr<uint16_t> B, arr<float> C) {
     need(A.size() == 256 && B.size() == 128 && C.size() == 128, "A [16,16], B [16,8] bf16 bits and C [16,8] fp32");
@@ -588,6 +607,41 @@ PYBIND11_MODULE(_cuda, m) {
      "that ran; tiled: sm and idx hold tile-major bytes in their [rows, cols] and [rows, cols / 2] shapes); "
      "returns the error count.");
 
+  m.def("emulate_palette_gemv_slots", [](arr<uint16_t> x, arr<int64_t> ids, arr<uint8_t> sm, arr<uint8_t> idx,
+                                         py::bytes palette, arr<uint32_t> vpos, arr<uint8_t> vexp, int parts,
+                                         bool force_general) {
+    need(x.ndim() == 2 && ids.ndim() == 1 && sm.ndim() == 3 && idx.ndim() == 3 && vpos.ndim() == 2 && vexp.ndim() == 3,
+         "x 2-D, ids 1-D, sm, idx, vexp 3-D and vpos 2-D");
+    const int64_t S = ids.shape(0), E = sm.shape(0), N = sm.shape(1), K = sm.shape(2);
+    need(x.shape(0) == S && x.shape(1) == K, "x must be [slots, K]");
+    need(idx.shape(0) == E && idx.shape(1) == N && idx.shape(2) == (K + 1) / 2, "idx shape mismatch");
+    need(vpos.shape(0) == E && vexp.shape(0) == E && vexp.shape(1) == vpos.shape(1) && vexp.shape(2) == PAL_BLOCK,
+         "verbatim list shapes mismatch");
+    arr<uint16_t> y({S, N});
+    std::fill(y.mutable_data(), y.mutable_data() + S * N, uint16_t{0xFFFF});  // unwritten rows show
+    int32_t err = 0;
+    const Palette pal = make_palette(palette);
+    // (16-byte aligned copies, as device buffers are)
+    const AlignedCopy xc(x.data(), x.nbytes()), smc(sm.data(), sm.nbytes()), idxc(idx.data(), idx.nbytes()),
+        vexpc(vexp.data(), vexp.nbytes());
+    uint16_t* yp = y.mutable_data();
+    const uint32_t* vp = vpos.data();
+    const int64_t* ip = ids.data();
+    const int64_t V = vpos.shape(1);
+    const std::pair<const void*, size_t> vb{vp, vpos.nbytes()}, ib{ip, ids.nbytes()}, yb{yp, y.nbytes()};
+    const char* e;
+    {
+      py::gil_scoped_release nogil;
+      const emu::GlobalBounds bounds{{xc.p, xc.n}, {smc.p, smc.n}, {idxc.p, idxc.n}, {vexpc.p, vexpc.n}, vb, ib, yb};
+      e = cuda::emulate::palette_gemv_slots(reinterpret_cast<const uint16_t*>(xc.p), K, ip, S, E, smc.p, idxc.p, N, K,
+                                            pal, vp, V, vexpc.p, parts, yp, N, &err, force_general ? 1 : 0);
+    }
+    check(e);
+    return py::make_tuple(y, err);
+  }, py::arg("x"), py::arg("ids"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
+     py::arg("parts") = 1, py::arg("force_general") = false,
+     "The slots GEMV's kernel body through the warp emulator (ids on the host): (y uint16 [slots, N], rows of a bad "
+     "id left 0xFFFF; the error count).");
   m.def("emulate_palette_decode_slots", [](arr<int64_t> ids, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
                                            arr<uint32_t> vpos, arr<uint8_t> vexp, arr<uint16_t> out, int variant,
                                            py::object kind_out) {

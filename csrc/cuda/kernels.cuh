@@ -162,6 +162,16 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
                          uint16_t* y, int64_t ldy, int variant, int tiled, void* stream);
 
+// y[s] = x[s] @ W[ids[s]]^T for s < slots (bf16 x [slots, ldx], y [slots, ldy]): the tensor-core
+// GEMV at batch 1 over the slots of a palette stack (palette_gemv.cuh pgemv_slots_body), ids
+// int64 read on the device; the stack as palette_decode_slots takes it (sm [E, N, K], idx [E, N,
+// K / 2], vpos [E, V], vexp [E, V, 32]; file order).  parts as palette_gemv's for its MMA
+// variant.  An id outside [0, E) adds 1 to *err and leaves its row unwritten.  slots <= 65535.
+const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* ids, int64_t slots, int64_t E,
+                               const uint8_t* sm, const uint8_t* idx, int64_t N, int64_t K, Palette pal,
+                               const uint32_t* vpos, int64_t V, const uint8_t* vexp, int parts, uint16_t* y,
+                               int64_t ldy, int32_t* err, void* stream);
+
 // ----------------------------------------------------------------------- host emulation
 // The same bodies the kernels run, on the host over the same launch geometry (host
 // pointers): the cooperative ones through the warp emulator, the per-thread palette decode
@@ -214,6 +224,11 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
                          uint16_t* y, int64_t ldy, int force_general, int variant, int tiled);
+// As palette_gemv_slots, through the warp emulator (ids and err on the host).
+const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* ids, int64_t slots, int64_t E,
+                               const uint8_t* sm, const uint8_t* idx, int64_t N, int64_t K, Palette pal,
+                               const uint32_t* vpos, int64_t V, const uint8_t* vexp, int parts, uint16_t* y,
+                               int64_t ldy, int32_t* err, int force_general);
 // The fused kernels' verbatim searches in sorted v[0, n), one emulated warp per key pair:
 // out[count][4] = warp_lower_bound2's two results for (ka[i], kb[i]), warp_lower_bound's for
 // ka[i], and lane 31's copy of the first.

@@ -220,9 +220,60 @@ void launch_pgemv(const PgemvArgs& a, cudaStream_t s) {
   kernel<<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
 }
 
+namespace {
+
+template <bool kPaired>
+__global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_MMA_CTAS_PER_SM)
+    pgemv_slots_kernel(PgemvSlotArgs a) {
+  emu::DeviceCtx c;
+  pgemv_slots_body<kPaired>(c, a);
+}
+
+// Checks a slots GEMV and fills its arguments (paired: the palette's decode); nullptr or the error.
+const char* slots_gemv_plan(const uint16_t* x, int64_t ldx, const int64_t* ids, int64_t slots, int64_t E,
+                            const uint8_t* sm, const uint8_t* idx, int64_t N, int64_t K, const Palette& pal,
+                            const uint32_t* vpos, int64_t V, const uint8_t* vexp, int parts, uint16_t* y,
+                            int64_t ldy, int32_t* err, PgemvSlotArgs* a, bool* paired) {
+  if (slots < 0 || slots > 65535) return "palette_gemv_slots: 0..65535 slots";
+  if (E < 1) return "palette_gemv_slots: the stack holds no matrix";
+  if (V < 0 || V > N * plan::blocks_per_row(K)) return "palette_gemv_slots: bad verbatim list length";
+  if (slots > 0 && (ids == nullptr || err == nullptr)) return "palette_gemv_slots: null ids or error counter";
+  if (const char* e = check_pgemv(1, N, K, ldx, ldy, pal, V, parts, x, sm, idx, vexp, plan::PGEMV_VARIANT_MMA, 0))
+    return e;
+  a->base = make_args(x, ldx, 1, sm, idx, N, K, vpos, V, vexp, parts, y, ldy, 0);
+  *paired = pal_tables(pal, a->base.pt);
+  a->ids = ids;
+  a->E = E;
+  a->sm_stride = N * K;
+  a->idx_stride = N * (K / 2);
+  a->V = V;
+  a->err = err;
+  return nullptr;
+}
+
+}  // namespace
 }  // namespace detail
 
 using namespace detail;
+
+const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* ids, int64_t slots, int64_t E,
+                               const uint8_t* sm, const uint8_t* idx, int64_t N, int64_t K, Palette pal,
+                               const uint32_t* vpos, int64_t V, const uint8_t* vexp, int parts, uint16_t* y,
+                               int64_t ldy, int32_t* err, void* stream) {
+  PgemvSlotArgs a{};
+  bool paired = false;
+  if (const char* e = slots_gemv_plan(x, ldx, ids, slots, E, sm, idx, N, K, pal, vpos, V, vexp, parts, y, ldy, err,
+                                      &a, &paired))
+    return e;
+  if (slots == 0) return nullptr;
+  const dim3 grid(static_cast<unsigned>(plan::pgemv_mma_grid(N, parts)), static_cast<unsigned>(slots));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (paired)
+    pgemv_slots_kernel<true><<<grid, plan::PGEMV_THREADS, plan::PGEMV_MMA_SMEM_BYTES, s>>>(a);
+  else
+    pgemv_slots_kernel<false><<<grid, plan::PGEMV_THREADS, plan::PGEMV_MMA_SMEM_BYTES, s>>>(a);
+  return launch_status();
+}
 
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
@@ -256,6 +307,24 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
                       [&](emu::ThreadCtx& c) { pgemv_variant_body<decltype(mb)::value, decltype(p)::value, V>(c, a); });
   });
   return err;
+}
+
+const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* ids, int64_t slots, int64_t E,
+                               const uint8_t* sm, const uint8_t* idx, int64_t N, int64_t K, Palette pal,
+                               const uint32_t* vpos, int64_t V, const uint8_t* vexp, int parts, uint16_t* y,
+                               int64_t ldy, int32_t* err, int force_general) {
+  PgemvSlotArgs a{};
+  bool paired = false;
+  if (const char* e = slots_gemv_plan(x, ldx, ids, slots, E, sm, idx, N, K, pal, vpos, V, vexp, parts, y, ldy, err,
+                                      &a, &paired))
+    return e;
+  if (slots == 0) return nullptr;
+  const int64_t gx = plan::pgemv_mma_grid(N, parts);
+  if (paired && !force_general)
+    return emu::launch(gx, slots, plan::PGEMV_THREADS, plan::PGEMV_MMA_SMEM_BYTES,
+                       [&](emu::ThreadCtx& c) { pgemv_slots_body<true>(c, a); });
+  return emu::launch(gx, slots, plan::PGEMV_THREADS, plan::PGEMV_MMA_SMEM_BYTES,
+                     [&](emu::ThreadCtx& c) { pgemv_slots_body<false>(c, a); });
 }
 
 }  // namespace emulate

@@ -583,6 +583,41 @@ UW_UNROLL(1)  // once per warp: kept short rather than unrolled for each of the 
     }
 }
 
+// The tensor-core GEMV over the slots of a palette stack (runtime/expert_slots.py): slot s
+// (grid y) computes y[s] = x[s] @ W[ids[s]]^T at batch 1, reading its expert's id on the device
+// (no host sync: a CUDA graph captures it, and a replay runs whatever ids the tensor holds).  The
+// stack's experts share one palette and hold their planes at a fixed stride and their verbatim
+// lists padded to one length V (ascending block ids within the expert), so a slot is the
+// register-direct GEMV's launch with its pointers moved: the same tiles, steps, parts and sums,
+// so each slot's bits are those of pgemv_mma_body on its expert alone.  An id outside [0, E)
+// leaves its slot unwritten and adds 1 to *err (once per slot).
+struct PgemvSlotArgs {
+  PgemvArgs base;      // expert 0's [N, K] product at M = 1, with slot 0's x and y rows
+  const int64_t* ids;  // [slots]
+  int64_t E;           // experts in the stack
+  int64_t sm_stride, idx_stride;  // bytes from one expert's plane to the next
+  int64_t V;           // each expert's verbatim list length (vpos [E, V], vexp [E, V, PAL_BLOCK])
+  int32_t* err;
+};
+
+template <bool kPaired, class Ctx>
+UW_HD void pgemv_slots_body(Ctx& c, const PgemvSlotArgs& a) {
+  const int64_t slot = c.block_y();
+  const int64_t e = a.ids[slot];  // the CTA's: every warp of it returns, or none
+  if (e < 0 || e >= a.E) {
+    if (c.block_x() == 0 && c.tid() == 0) c.atomic_add(a.err, int32_t{1});
+    return;
+  }
+  PgemvArgs p = a.base;
+  p.sm += e * a.sm_stride;
+  p.idx += e * a.idx_stride;
+  p.vpos += e * a.V;
+  p.vexp += e * a.V * PAL_BLOCK;
+  p.x += slot * p.ldx;
+  p.y += slot * p.ldy;
+  pgemv_mma_body<1, kPaired, false, false, false>(c, p);
+}
+
 // Launchers of the kernel instantiations (palette_gemv.cu).
 template <int MB, bool kPaired, int kVariant>
 void launch_pgemv(const PgemvArgs& a, cudaStream_t s);

@@ -374,3 +374,37 @@ def test_mma_staged_meets_the_bound_and_is_batch_invariant():
         _fa_check(y, x, w)
         for M in (1, 8, 17):
             assert np.array_equal(_gemv(np.ascontiguousarray(x[:M]), enc, parts, variant=MMA_STAGED), y[:M]), M
+
+
+@needs_ext
+@pytest.mark.parametrize("general", [False, True])
+def test_slots_gemv_is_each_experts_mma_gemv(general):
+    """The slots GEMV (pgemv_slots_body: grid y = slot, the expert id read in the kernel) over a
+    palette stack with padded verbatim lists (runtime/expert_slots.py): slot s gives the
+    register-direct tensor-core GEMV's bits on expert ids[s] alone at batch 1, for repeated and
+    unordered ids, a half step (1088 = 8.5 steps), parts 1 and 4 and either decode; an id outside
+    the stack leaves its row unwritten and counts once."""
+    from unweight.runtime.expert_slots import ExpertSlots
+    rng = np.random.default_rng(31)
+    E, N, K = 4, 40, 1088
+    w = np.stack([make_weights(N, K, seed=e) for e in range(E)])
+    f = (rng.standard_normal((N, K)) * np.exp2(rng.integers(-20, 20, (N, K)))).astype(np.float32)
+    w[2] = (f.view(np.uint32) >> 16).astype(np.uint16)  # expert 2: most blocks verbatim, the others few
+    st = ExpertSlots.from_weights(w, "cpu", threads=1)
+    planes = [t.numpy() for t in (st.sm, st.idx, st.vpos, st.vexp)]
+    pal = bytes(st.palette)
+    ids = np.array([2, 0, 2, 3, 1], np.int64)
+    x = _x(len(ids), K, seed=5)
+    for parts in (1, 4):
+        y, nerr = _cuda.emulate_palette_gemv_slots(x, ids, planes[0], planes[1], pal, planes[2], planes[3], parts,
+                                                   general)
+        assert nerr == 0
+        for s, e in enumerate(ids):
+            enc = tc.encode(w[e], "palette")
+            want = _gemv(np.ascontiguousarray(x[s:s + 1]), enc, parts, general, variant=MMA)
+            assert np.array_equal(y[s:s + 1], want), (parts, s, e)
+    bad = np.array([1, 4, -1], np.int64)
+    y, nerr = _cuda.emulate_palette_gemv_slots(x[:3], bad, planes[0], planes[1], pal, planes[2], planes[3], 1, general)
+    assert nerr == 2 and (y[1:] == 0xFFFF).all()
+    enc = tc.encode(w[1], "palette")
+    assert np.array_equal(y[:1], _gemv(np.ascontiguousarray(x[:1]), enc, 1, general, variant=MMA))

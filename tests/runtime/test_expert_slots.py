@@ -57,3 +57,51 @@ def test_an_id_outside_the_stack_is_a_format_error_on_cpu():
     slots = ExpertSlots.from_weights(_experts(), "cpu", threads=1)
     with pytest.raises(FormatError, match="outside the stack"):
         slots.decode(torch.tensor([1, 5]), torch.empty(2 * 48 * 96, dtype=torch.bfloat16))
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    return t.view(torch.int16).numpy().view(np.uint16)
+
+
+def test_gemv_is_each_slots_expert_product():
+    """ExpertSlots.gemv on CPU (the op's reference): slot s is x[s] @ W[ids[s]]^T in fp32 with one
+    rounding, bit for bit, for repeated and unordered ids; a bad id is a FormatError."""
+    from unweight.format.errors import FormatError
+    w = _experts(cols=128)
+    slots = ExpertSlots.from_weights(w, "cpu", threads=1)
+    rng = np.random.default_rng(2)
+    ids = torch.tensor([3, 0, 3, 4, 1, 1])
+    x = torch.from_numpy(bf16_gaussian(rng, (6, 128))).view(torch.bfloat16)
+    want = torch.einsum("sk,snk->sn", x.float(), torch.from_numpy(w[ids.numpy()]).view(torch.bfloat16).float())
+    assert np.array_equal(_bits(slots.gemv(x, ids)), _bits(want.to(torch.bfloat16)))
+    with pytest.raises(FormatError, match="outside the stack"):
+        slots.gemv(x[:2], torch.tensor([0, 9]))
+
+
+def test_routed_forward_is_the_swiglu_moe_within_bf16_rounding():
+    """routed_forward against the routed experts computed densely in fp64 from the decoded
+    weights: within a few bf16 ulps of the output's scale (its products and activation round
+    to bf16 where a dense experts kernel would); shapes that make no SwiGLU MoE are refused."""
+    from unweight.runtime.expert_slots import routed_forward
+    rng = np.random.default_rng(3)
+    E, H, inter, T, k = 6, 64, 128, 3, 2
+    w13 = bf16_gaussian(rng, (E, 2 * inter, H))
+    w2 = bf16_gaussian(rng, (E, H, inter))
+    s13, s2 = ExpertSlots.from_weights(w13, "cpu", threads=1), ExpertSlots.from_weights(w2, "cpu", threads=1)
+    x = torch.from_numpy(bf16_gaussian(rng, (T, H))).view(torch.bfloat16) * 20
+    topk_ids = torch.tensor([[1, 4], [0, 1], [5, 5]])
+    topk_weights = torch.tensor([[0.75, 0.25], [0.5, 0.5], [0.9, 0.1]])
+    out = routed_forward(s13, s2, x, topk_weights, topk_ids)
+    assert out.shape == (T, H) and out.dtype == torch.bfloat16
+    f13 = torch.from_numpy(w13).view(torch.bfloat16).double()
+    f2 = torch.from_numpy(w2).view(torch.bfloat16).double()
+    want = torch.zeros(T, H, dtype=torch.float64)
+    for t in range(T):
+        for j in range(k):
+            e = int(topk_ids[t, j])
+            h = f13[e] @ x[t].double()
+            want[t] += float(topk_weights[t, j]) * (f2[e] @ (torch.nn.functional.silu(h[:inter]) * h[inter:]))
+    scale = want.abs().max()
+    assert float((out.double() - want).abs().max()) <= 0.02 * float(scale)
+    with pytest.raises(ValueError, match="SwiGLU"):
+        routed_forward(s2, s13, x, topk_weights, topk_ids)

@@ -302,3 +302,20 @@ def test_a_tile_major_only_path_never_runs_file_order():
     assert t.lookup(DEV, 64, 128, "palette:tiled", 1) == "palette_gemv_mma_bulk"
     assert t.best_ms(DEV, 64, 128, "palette:tiled", "1") == 0.4
     assert t.best_ms(DEV, 64, 128, "palette", "1") == 0.6
+
+
+def test_faster_is_a_recorded_win_over_decode_cublas():
+    """TuningTable.faster: the path timed strictly faster than decode + cuBLAS in the same run at
+    that key, even where another path was faster still; never a tile-major-only path for a
+    file-order key; nothing measured, nothing faster."""
+    t = tuning.TuningTable()
+    assert not t.faster(DEV, 64, 128, "palette", 1, "palette_gemv_mma")
+    t.record(DEV, 64, 128, "palette", 1, {"decode_cublas": 1.0, "palette_gemv_mma": 0.8, "palette_gemm": 0.5,
+                                          "palette_gemv_mma_bulk": 0.4})
+    assert t.faster(DEV, 64, 128, "palette", 1, "palette_gemv_mma")
+    assert not t.faster(DEV, 64, 128, "palette", 1, "palette_gemv_mma_bulk")
+    assert not t.faster(DEV, 64, 128, "palette", 16, "palette_gemv_mma")  # another bucket
+    t.record(DEV, 64, 128, "palette", 4, {"decode_cublas": 1.0, "palette_gemv_mma": 1.0})
+    assert not t.faster(DEV, 64, 128, "palette", 4, "palette_gemv_mma")  # a tie is no win
+    from unweight.runtime.policy import DispatchPolicy
+    assert not DispatchPolicy(t).measured_faster(64, 128, 1, "palette_gemv_mma", "cpu")

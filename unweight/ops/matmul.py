@@ -39,6 +39,14 @@
         parts comes from palette_gemv_parts(..., variant).  No workspace.
         tiled as for palette_matmul.
 
+    torch.ops.unweight.palette_gemv_slots(x, ids, sm, idx, vpos, vexp, err, palette, parts) -> y
+        y[s] = x[s] @ W[ids[s]]^T for the slots of a palette stack (runtime/expert_slots.py: one
+        palette, sm uint8 [E, rows, cols], idx [E, rows, cols / 2], vpos uint32 [E, V], vexp
+        [E, V, 32]): x bf16 [S, cols], ids int64 [S], y bf16 [S, rows].  On CUDA the tensor-core
+        GEMV at batch 1 per slot, reading the ids on the device (no host sync; a graph captures
+        it): each slot's bits are palette_gemv's (variant MMA, `parts`) on its expert.  An id
+        outside [0, E) adds 1 to err and leaves its row unwritten (CPU: raises FormatError).
+
 The CUDA kernels need cols % 64 == 0 and 16-byte aligned planes (palette_supported); it
 raises ValueError / RuntimeError for what it refuses and the runtime dispatch falls back to
 decode + cuBLAS.  The CPU implementation decodes and multiplies in fp32 with one rounding
@@ -59,7 +67,7 @@ from torch import Tensor
 from ..runtime import kernel_plan as plan
 from . import _ext
 
-__all__ = ["palette_matmul", "palette_splits", "palette_workspace_elems", "palette_workspace_max",
+__all__ = ["palette_matmul", "palette_gemv_slots", "palette_splits", "palette_workspace_elems", "palette_workspace_max",
            "palette_counters_elems", "palette_supported", "palette_gemv", "palette_gemv_parts",
            "palette_gemv_supported"]
 
@@ -212,4 +220,60 @@ def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False
         _ext.cuda_module().palette_gemv(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
                                         bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), parts,
                                         _ext.ptr(y), y.stride(0), _ext.stream(x), variant, int(tiled))
+    return y
+
+
+# ------------------------------------------------------------------------ palette_gemv_slots
+
+
+def _check_gemv_slots(x, ids, sm, idx, vpos, vexp, palette):
+    if x.dim() != 2 or ids.dim() != 1 or sm.dim() != 3 or idx.dim() != 3 or vpos.dim() != 2 or vexp.dim() != 3:
+        raise ValueError("palette_gemv_slots: x 2-D, ids 1-D, sm, idx, vexp 3-D, vpos 2-D")
+    n, rows, cols = sm.shape
+    if (tuple(x.shape) != (ids.numel(), cols) or tuple(idx.shape) != (n, rows, (cols + 1) // 2)
+            or vpos.shape[0] != n or tuple(vexp.shape) != (n, vpos.shape[1], 32)):
+        raise ValueError(f"palette_gemv_slots: shapes do not fit a stack {tuple(sm.shape)}, x {tuple(x.shape)} "
+                         f"and {ids.numel()} slots")
+    if x.dtype != torch.bfloat16 or ids.dtype != torch.int64 or vpos.dtype != torch.uint32:
+        raise ValueError("palette_gemv_slots: x must be bf16, ids int64 and vpos uint32")
+    if not 1 <= len(palette) <= 16:
+        raise ValueError(f"palette_gemv_slots: palette must have 1..16 entries, got {len(palette)}")
+    _ext.require_contiguous("palette_gemv_slots", ids, sm, idx, vpos, vexp)
+    _ext.same_device("palette_gemv_slots", x, ids, sm, idx, vpos, vexp)
+
+
+@torch.library.custom_op("unweight::palette_gemv_slots", mutates_args=("err",))
+def palette_gemv_slots(x: Tensor, ids: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, err: Tensor,
+                       palette: List[int], parts: int) -> Tensor:
+    raise NotImplementedError(f"unweight::palette_gemv_slots has no kernel for device {x.device}")
+
+
+@palette_gemv_slots.register_fake
+def _(x, ids, sm, idx, vpos, vexp, err, palette, parts):
+    return x.new_empty((x.size(0), sm.size(1)))
+
+
+@palette_gemv_slots.register_kernel("cpu")
+def _(x, ids, sm, idx, vpos, vexp, err, palette, parts):
+    # The reference: each slot's expert decoded (decode_palette_slots, which raises on a bad id),
+    # then fp32 products with one rounding.
+    _check_gemv_slots(x, ids, sm, idx, vpos, vexp, palette)
+    S, (_, rows, cols) = ids.numel(), sm.shape
+    w = torch.empty((S, rows, cols), dtype=torch.bfloat16)
+    torch.ops.unweight.decode_palette_slots(ids, sm, idx, vpos, vexp, w, err, palette)
+    return torch.einsum("sk,snk->sn", x.float(), w.float()).to(torch.bfloat16)
+
+
+@palette_gemv_slots.register_kernel("cuda")
+def _(x, ids, sm, idx, vpos, vexp, err, palette, parts):
+    _check_gemv_slots(x, ids, sm, idx, vpos, vexp, palette)
+    S, (E, rows, cols) = ids.numel(), sm.shape
+    x = _cuda_x("palette_gemv_slots", x, cols, lambda M, K: K % plan.PMMA_TILE_K == 0 and M <= 65535, 65535,
+                (sm, idx, vpos, vexp))
+    y = torch.empty((S, rows), dtype=torch.bfloat16, device=x.device)
+    with torch.cuda.device_of(x):
+        _ext.cuda_module().palette_gemv_slots(_ext.ptr(x), x.stride(0), _ext.ptr(ids), S, E, _ext.ptr(sm),
+                                              _ext.ptr(idx), rows, cols, bytes(palette), _ext.ptr(vpos),
+                                              vpos.shape[1], _ext.ptr(vexp), parts, _ext.ptr(y), y.stride(0),
+                                              _ext.ptr(err), _ext.stream(x))
     return y

@@ -16,6 +16,12 @@ of expert ids, a device tensor, decodes with a fixed number of launches and no h
   the palette decode's own bodies on that expert's planes: one decode launch and one patch
   launch for any S, the planes read once.
 
+* ``gemv(x, ids)``: y[s] = x[s] @ W[ids[s]]^T at batch 1 per slot, on the compressed planes
+  (ops.palette_gemv_slots: the tensor-core GEMV over grid y = slot, ids read on the device);
+  ``routed_forward`` composes a SwiGLU MoE's routed experts from two of them (w13, w2) for the
+  few tokens of a decode step, reading 0.75 of the experts' BF16 bytes where decode + a dense
+  experts kernel writes and reads them again.
+
 The bytes held are the stack's planes plus the padded lists (``held_bytes``; the padding alone:
 ``padding_bytes``, which one expert with many verbatim blocks multiplies by the expert count);
 the bits decoded are the original weights' (tests/runtime/test_expert_slots.py).
@@ -26,11 +32,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+import torch.nn.functional as F
+
+from .. import ops
 from ..codec import tensor_codec as tc
 from ..format import constants as C
 from . import dispatch, scratch
+from . import kernel_plan as kp
 
-__all__ = ["ExpertSlots"]
+__all__ = ["ExpertSlots", "routed_forward"]
 
 
 class ExpertSlots:
@@ -113,3 +123,41 @@ class ExpertSlots:
         torch.ops.unweight.decode_palette_slots(ids, self.sm, self.idx, self.vpos, self.vexp, w,
                                                 scratch.error_counter(w.device), self.palette, dispatch.palette_variant())
         return w
+
+    def gemv(self, x: Tensor, ids: Tensor) -> Tensor:
+        """y bf16 [S, rows] = x[s] @ W[ids[s]]^T for x bf16 [S, cols] and expert ids [S] (an
+        integer tensor), all on the stack's device: one launch of ops.palette_gemv_slots, which
+        on CUDA reads the ids on the device (no host sync; a CUDA graph captures it) and runs
+        the tensor-core GEMV on each slot's expert planes (its bits: the GEMV's on that expert
+        alone at batch 1); fp32 sums, one rounding.  An id outside [0, E) leaves its row
+        unwritten and counts on the device's error counter (a FormatError on CPU)."""
+        ids = ids.reshape(-1)
+        if ids.dtype != torch.int64:
+            ids = ids.to(torch.int64)
+        dev = self.device
+        # (the launch holds S times one matrix's tiles: the split over K is planned for all of them)
+        parts = ops.palette_gemv_parts(self.rows * max(1, ids.numel()), self.cols, dev, kp.PGEMV_VARIANT_MMA)
+        return torch.ops.unweight.palette_gemv_slots(x, ids, self.sm, self.idx, self.vpos, self.vexp,
+                                                     scratch.error_counter(dev), self.palette, parts)
+
+
+def routed_forward(w13: ExpertSlots, w2: ExpertSlots, x: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
+    """A SwiGLU MoE layer's routed experts on their compressed planes: out[t] = sum_j
+    topk_weights[t, j] * W2[e] (silu(W1[e] x[t]) * W3[e] x[t]) with e = topk_ids[t, j], W13 = [W1;
+    W3] stacked by rows (w13: [E, 2I, H], w2: [E, H, I]).  x bf16 [T, H]; topk_weights [T, k];
+    topk_ids [T, k] (local expert ids); returns bf16 [T, H] on x's device.  Slot s = t * k + j:
+    two ExpertSlots.gemv launches over the T * k slots (no host sync, nothing decoded), the
+    activation in fp32 rounded to bf16, the weighted sum over k in fp32 with one rounding: within
+    bf16 rounding of a dense experts kernel on the decoded weights, not its bits."""
+    T, k = topk_ids.shape
+    inter = w13.rows // 2
+    if w13.rows != 2 * inter or w2.cols != inter or w2.rows != w13.cols or x.shape != (T, w13.cols):
+        raise ValueError(f"routed_forward: stacks [{w13.num_experts}, {w13.rows}, {w13.cols}] and "
+                         f"[{w2.num_experts}, {w2.rows}, {w2.cols}] do not make a SwiGLU MoE for x {tuple(x.shape)}")
+    ids = topk_ids.reshape(-1)
+    xs = x.to(torch.bfloat16).repeat_interleave(k, dim=0)  # slot s = t * k + j holds x[t]
+    h = w13.gemv(xs, ids).float()
+    act = (F.silu(h[:, :inter]) * h[:, inter:]).to(torch.bfloat16)
+    y = w2.gemv(act, ids)
+    out = (y.float().view(T, k, -1) * topk_weights.float().view(T, k, 1)).sum(dim=1)
+    return out.to(x.dtype)

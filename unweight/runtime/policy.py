@@ -66,6 +66,15 @@ class DispatchPolicy:
             return DECODE_CUBLAS
         return self.table.lookup(*key[:4], M)
 
+    def measured_faster(self, N: int, K: int, M: int, path: str, device) -> bool:
+        """Whether the table timed `path` strictly faster than decode + cuBLAS for a file-order
+        palette [N, K] weight at batch M on `device` (for callers composing the kernel into
+        something else than a linear, e.g. a MoE layer's routed experts)."""
+        device = torch.device(device)
+        if self.table is None or not self.table.entries or device.type != "cuda":
+            return False
+        return self.table.faster(self.device_name(device), N, K, "palette", M, path)
+
     def _key(self, w: EncodedWeight, M: int, device: torch.device) -> tuple:
         """(device name, N, K, table encoding, bucket): the table key of w at batch M; a
         tile-major weight is looked up under its own measurements."""

@@ -295,6 +295,15 @@ class TuningTable:
         # Re-derived from the times, not read from e["choice"]: only a recorded win counts.
         return choose(e["times_ms"], encoding)
 
+    def faster(self, device: str, N: int, K: int, encoding: str, M: int, path: str) -> bool:
+        """Whether `path` was timed strictly faster than decode_cublas in the same run for this
+        key at batch M (whether or not it was the fastest path there)."""
+        e = self.entries.get(entry_key(device, N, K, encoding, bucket(M)))
+        if e is None or (path in TILED_ONLY and not encoding.endswith(TILED)):
+            return False
+        t, base = e["times_ms"].get(path), e["times_ms"].get(DECODE_CUBLAS)
+        return _finite(t) and _finite(base) and t < base
+
     def best_ms(self, device: str, N: int, K: int, encoding: str, bucket_name: str) -> float | None:
         """The time of the path lookup() runs for this key (None: not measured)."""
         e = self.entries.get(entry_key(device, N, K, encoding, bucket_name))

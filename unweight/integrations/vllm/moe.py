@@ -31,7 +31,12 @@ where that read would synchronise the stream and break the capture, a Huffman la
 every local expert, and the graph's replays do the same.  A palette layer on CUDA never reads
 them: slot s of its decoded stack is the expert of routing choice s (T * k slots, or every
 local expert when there are fewer), and the routing is renumbered onto the slots (GPU
-behaviour is unmeasured).  The scratch then holds
+behaviour is unmeasured).  Where the dispatch table timed the tensor-core GEMV faster than
+decode + cuBLAS at batch 1 for both of the layer's expert shapes, a SwiGLU layer with fewer
+routing choices than local experts (a decode step) and no shared experts skips the decode:
+its routed experts run on the compressed stacks (runtime/expert_slots.py routed_forward, two
+slot GEMV launches, still with no host sync), within bf16 rounding of vLLM's kernel on the
+decoded weights.  The scratch then holds
 the BF16 weights of one layer's routed experts; layers run one at a time, so it is one
 layer's worth, never the model's.
 
@@ -60,7 +65,9 @@ from ...format import constants as C
 from ...format.errors import FormatError, InputError
 from ...format.header import TensorHeader
 from ...runtime import dispatch, scratch
-from ...runtime.expert_slots import ExpertSlots
+from ...runtime import kernel_plan as kp
+from ...runtime.expert_slots import ExpertSlots, routed_forward
+from ...runtime.tuning_table import PALETTE_GEMV_MMA
 from ...runtime.modes import sharded_mode
 from .ops import current_policy
 from .common import PLANE_DTYPES, device_piece, gather, log, missing_plane, report_layer, take_shard, tp_info
@@ -374,6 +381,23 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
             return torch.ops.unweight_vllm.moe_routed(x, topk_weights, topk_ids, self.prefix)
         return self.apply_routed(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
 
+    def _slots_gemv(self, layer, device) -> bool:
+        """Whether this layer's routed experts run on their compressed stacks at a decode step
+        (routed_forward): a SwiGLU layer (gate and up stacked, silu) whose router weights
+        scale the outputs, with both expert shapes timed faster on the tensor-core GEMV than
+        decode + cuBLAS at batch 1 on this device.  Decided once per layer."""
+        v = getattr(layer, "_uw_slots_gemv", None)
+        if v is None:
+            policy = current_policy()
+            act = getattr(layer.activation, "value", layer.activation)
+            v = (act == "silu" and not layer.apply_router_weight_on_input and policy is not None
+                 and all(policy.measured_faster(st.rows, st.cols, 1, PALETTE_GEMV_MMA, device)
+                         and kp.pgemv_supported(1, st.cols, kp.PGEMV_VARIANT_MMA) for st in layer._uw_slots))
+            layer._uw_slots_gemv = v
+            if v:
+                log.info("unweight: %s runs its routed experts on the compressed stacks at decode steps", self.prefix)
+        return v
+
     def apply_routed(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
         """The compressed experts' forward: decode the routed experts into scratch, then vLLM's
         experts kernel on them.  On CUDA, palette stacks decode by the device ids: slot s holds
@@ -382,6 +406,8 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         the host, and decodes every local expert while a graph is being captured."""
         if x.device.type != "cpu" and layer._uw_slots is not None:
             flat = topk_ids.reshape(-1)
+            if flat.numel() < len(layer._uw_experts) and shared_experts is None and self._slots_gemv(layer, x.device):
+                return routed_forward(*layer._uw_slots, x, topk_weights, topk_ids)
             if flat.numel() < len(layer._uw_experts):
                 sel = flat
                 ids = torch.arange(flat.numel(), device=flat.device, dtype=topk_ids.dtype).view_as(topk_ids)
