@@ -384,15 +384,20 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
     def _slots_gemv(self, layer, device) -> bool:
         """Whether this layer's routed experts run on their compressed stacks at a decode step
         (routed_forward): a SwiGLU layer (gate and up stacked, silu) whose router weights
-        scale the outputs, with both expert shapes timed faster on the tensor-core GEMV than
-        decode + cuBLAS at batch 1 on this device.  Decided once per layer."""
+        scale the outputs, with the rank's expert projections timed faster on the tensor-core
+        GEMV than decode + cuBLAS at batch 1 on this device.  The shapes looked up are the
+        ones `unweight tune --tp N` times for a checkpoint (its per-expert matrices, each
+        rank's block): gate / up [I / tp, H] for the stacked w13, down [H, I / tp].  Decided
+        once per layer."""
         v = getattr(layer, "_uw_slots_gemv", None)
         if v is None:
             policy = current_policy()
             act = getattr(layer.activation, "value", layer.activation)
+            s13, s2 = layer._uw_slots
+            shapes = ((s13.rows // 2, s13.cols), (s2.rows, s2.cols))
             v = (act == "silu" and not layer.apply_router_weight_on_input and policy is not None
-                 and all(policy.measured_faster(st.rows, st.cols, 1, PALETTE_GEMV_MMA, device)
-                         and kp.pgemv_supported(1, st.cols, kp.PGEMV_VARIANT_MMA) for st in layer._uw_slots))
+                 and all(policy.measured_faster(n, k, 1, PALETTE_GEMV_MMA, device)
+                         and kp.pgemv_supported(1, k, kp.PGEMV_VARIANT_MMA) for n, k in shapes))
             layer._uw_slots_gemv = v
             if v:
                 log.info("unweight: %s runs its routed experts on the compressed stacks at decode steps", self.prefix)
