@@ -101,10 +101,8 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                                                   for q in tiled], runs=runs)
                         r["palette_tiled_decode_cublas"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas}
                         times_tiled = {"decode_cublas": t["median_ms"]}
-                        for key, path, ref in TILED:
-                            # (its file-order reference ran and passed; the tile-major-only
-                            # bulk-copy GEMV has its own runbook tag)
-                            if ref in times and ("gemv:mma_bulk" if path != ref else None) not in skip:
+                        for key, path, ref, tag in TILED:
+                            if ref in times and tag not in skip:  # (its file-order reference passed)
                                 _time_tiled(torch, h, ws, tiled, x, err, t_cublas, runs, r, key, path, ref)
                                 if r[key].get("same_bits_as_file_order"):
                                     times_tiled[path] = r[key]["median_ms"]
@@ -141,17 +139,18 @@ LAYOUTS = (("palette_fused_wide", "palette_gemm_wide", "gemm:wide", True),
 
 
 # The palette kernels timed again on tile-major planes (ops/layout.py; the same bits as on file
-# order, checked): (row key, path, the file-order path whose bits and time it is held to).  They
+# order, checked): (row key, path, the file-order path whose bits and time it is held to, the
+# runbook's variant tag that leaves it out beside "tiled", or None).  They
 # fill the table's "palette:tiled" entries (with decode + cuBLAS on the same tile-major copies as
 # their baseline), from which a runtime both picks a tile-major weight's path and decides, per
 # shape, which order to load a weight in (TuningTable.plane_order).  The bulk-copy GEMV runs
 # tile-major only: it is held to the register-direct tensor-core GEMV's file-order bits.
-TILED = (("palette_fused_tiled", "palette_gemm", "palette_gemm"),
-         ("palette_fused_wide_tiled", "palette_gemm_wide", "palette_gemm_wide"),
-         ("palette_gemv_tiled", "palette_gemv", "palette_gemv"),
-         ("palette_gemv_mma_tiled", "palette_gemv_mma", "palette_gemv_mma"),
-         ("palette_gemv_mma_staged_tiled", "palette_gemv_mma_staged", "palette_gemv_mma_staged"),
-         ("palette_gemv_mma_bulk_tiled", "palette_gemv_mma_bulk", "palette_gemv_mma"))
+TILED = (("palette_fused_tiled", "palette_gemm", "palette_gemm", None),
+         ("palette_fused_wide_tiled", "palette_gemm_wide", "palette_gemm_wide", None),
+         ("palette_gemv_tiled", "palette_gemv", "palette_gemv", None),
+         ("palette_gemv_mma_tiled", "palette_gemv_mma", "palette_gemv_mma", None),
+         ("palette_gemv_mma_staged_tiled", "palette_gemv_mma_staged", "palette_gemv_mma_staged", None),
+         ("palette_gemv_mma_bulk_tiled", "palette_gemv_mma_bulk", "palette_gemv_mma", "gemv:mma_bulk"))
 
 
 def _time_tiled(torch, h, ws, tiled, x, err, t_cublas, runs, r, key, path, ref) -> None:
@@ -306,7 +305,7 @@ def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):
         dec_t = r.get("palette_tiled_decode_cublas") or {}
         if "median_ms" in dec_t:
             times = {"decode_cublas": dec_t["median_ms"]}
-            for key, path, ref in TILED:
+            for key, path, ref, _ in TILED:
                 lay = r.get(key) or {}
                 if "median_ms" in lay and lay.get("same_bits_as_file_order") and ref in table.entries.get(
                         entry_key(device_name, r["N"], r["K"], "palette", bucket(r["M"])), {}).get("times_ms", {}):

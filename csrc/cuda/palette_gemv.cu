@@ -131,11 +131,17 @@ bool resolve_pgemv_variant(int* variant) {
 }
 
 // variant: resolved.
-// The current device runs cp.async.bulk (compute capability 9.0 or later).
+// The current device runs cp.async.bulk (compute capability 9.0 or later); asked once per
+// device, since a forward launches this per layer.
 bool device_has_bulk_copy() {
+  constexpr int kDevices = 64;
+  static signed char known[kDevices] = {};  // 0 unknown, 1 yes, -1 no
   int dev = 0, major = 0;
-  return cudaGetDevice(&dev) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (dev >= 0 && dev < kDevices && known[dev] != 0) return known[dev] > 0;
+  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+  if (dev >= 0 && dev < kDevices) known[dev] = ok ? 1 : -1;
+  return ok;
 }
 
 const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,

@@ -411,9 +411,9 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         the host, and decodes every local expert while a graph is being captured."""
         if x.device.type != "cpu" and layer._uw_slots is not None:
             flat = topk_ids.reshape(-1)
-            if flat.numel() < len(layer._uw_experts) and shared_experts is None and self._slots_gemv(layer, x.device):
-                return routed_forward(*layer._uw_slots, x, topk_weights, topk_ids)
             if flat.numel() < len(layer._uw_experts):
+                if shared_experts is None and self._slots_gemv(layer, x.device):
+                    return routed_forward(*layer._uw_slots, x, topk_weights, topk_ids)
                 sel = flat
                 ids = torch.arange(flat.numel(), device=flat.device, dtype=topk_ids.dtype).view_as(topk_ids)
             else:
