@@ -592,6 +592,14 @@ def bf16_weights(torch, N, K, seed=0, std=0.02):
     return (torch.randn((N, K), generator=g, device=device(torch)) * std).to(torch.bfloat16)
 
 
+def as_gpu_loaders_hold(w):
+    """An EncodedWeight as the GPU loaders hold it: a palette weight's palette in paired order
+    with its index rewritten to match (runtime.weights.hold_paired, the decode's cheaper
+    lookup; the same weights), in place."""
+    from unweight.runtime.weights import hold_paired
+    return hold_paired(w)
+
+
 def clone_encoded(w, tiled: bool = False):
     """A copy of an EncodedWeight with its own device planes (a rotation copy); tiled: a
     palette weight's sm and idx permuted tile-major (ops.tile_palette_planes)."""

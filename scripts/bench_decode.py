@@ -139,7 +139,7 @@ def bench_shape(torch, name, N, K, seed, runs, l2, skip=()):
     from unweight.runtime import kernel_plan as kp
     decoders = other_decoders(kp)
     for e, enc in encs.items():
-        ew = h.encoded_weight(enc, dev, err)
+        ew = bu.as_gpu_loaders_hold(h.encoded_weight(enc, dev, err))
         nb = bu.encoded_bytes(ew)
         k = bu.rotation_copies(nb + dense, l2)
         ws = [ew] + [bu.clone_encoded(ew) for _ in range(k - 1)]

@@ -304,7 +304,7 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
                 pol = forced_fused_policy(model, dev, FUSED_PATHS[extra])
                 info = prep.prepare(model, base, policy=pol, plane_order=order)
             entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio",
-                                                       "tiled_modules")},
+                                                       "tiled_modules", "paired_palette_modules")},
                      "decoders": decoders_used(model), "prepare_seconds": time.perf_counter() - t0, "runs": []}
             for b in batches:
                 r = time_decode(model, b, prompt, steps, runs, ref_logits=refs[b])

@@ -54,7 +54,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
         enc = tc.encode(w_bits, e)
         if e == "huffman":  # as the GPU loaders hold it: with the checkpoint index (prepare._add_index)
             enc = tc.with_index(enc.header, enc.planes, chk_interval=C.LOAD_CHK_INTERVAL)
-        ew = h.encoded_weight(enc, dev, err)
+        ew = bu.as_gpu_loaders_hold(h.encoded_weight(enc, dev, err))
         copies[e] = [ew] + [bu.clone_encoded(ew) for _ in range(bu.rotation_copies(bu.encoded_bytes(ew), l2) - 1)]
     scratch.reserve(dev, N * K)
     baseline = DispatchPolicy(None)
@@ -66,6 +66,8 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
             continue
         x = torch.randn((M, K), device=dev).to(torch.bfloat16)
         r = {"shape": name, "N": N, "K": K, "M": M}
+        if "palette" in copies:  # the palette order the rows ran with (the loaders': paired where it can)
+            r["palette"] = list(copies["palette"][0].palette)
         t = bu.graph_time(torch, [lambda d=d: F.linear(x, d) for d in dense], runs=runs)
         r["cublas"] = {**t, "weight_GBps": N * K * 2 / (t["median_ms"] * 1e-3) / 1e9}
         t_cublas = t["median_ms"]

@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     enc = tc.encode(w_bits, encoding)
     if encoding == "huffman" and args.index:
         enc = tc.with_index(enc.header, enc.planes, chk_interval=args.index)
-    ew = h.encoded_weight(enc, dev, err)
+    ew = bu.as_gpu_loaders_hold(h.encoded_weight(enc, dev, err))
     if args.tiled:
         if encoding != "palette" or not kp.pal_tiled_ok(args.rows, args.cols):
             ap.error("--tiled takes a palette kernel on whole 16 x 64 tiles")

@@ -416,3 +416,40 @@ def test_emulated_slots_decode_counts_bad_ids_and_lists():
     assert _cuda.emulate_palette_decode_slots(np.array([2], np.int64), sm, idx, pal, bad, vexp, out[:1]) >= 1
     assert _cuda.emulate_palette_decode_slots(np.zeros(0, np.int64), sm, idx, pal, vpos, vexp,
                                               np.zeros((0, 16, 64), np.uint16)) == 0
+
+
+# ------------------------------------------------------------------ paired palette order
+@needs_ext
+@pytest.mark.parametrize("shape", [(32, 256), (40, 1088)])
+def test_emulated_kernels_take_the_paired_decode_on_a_reordered_palette(shape):
+    """A writer-order palette that does not pair, held reordered (ops.paired_palette, the GPU
+    loaders' order): the C++ table build agrees that it pairs (the wide decode runs its paired
+    body, 3, where the stored order ran the general one, 2), and the decode, the tensor-core
+    GEMV and the fused GEMM give the stored order's bits."""
+    import torch
+
+    from unweight import ops
+    rows, cols = shape
+    w = make_weights(rows, cols, seed=rows * cols)
+    enc = tc.encode(w, "palette")
+    h, p = enc.header, enc.planes
+    pal = [int(b) for b in h.palette[: h.pal_size]]
+    assert not ops.palette_pairs(pal)
+    new, nib = ops.paired_palette(pal)
+    idx2 = ops.remap_index(torch.from_numpy(p[C.SUFFIX_IDX]), nib).numpy()
+    sm, vpos, vexp = p[C.SUFFIX_SM], p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP]
+    assert vpos.size > 0  # verbatim blocks too
+    kinds = []
+    for pl, ix in ((bytes(pal), p[C.SUFFIX_IDX]), (bytes(new), idx2)):
+        out, kind = np.zeros((1, rows, cols), np.uint16), []
+        assert _cuda.emulate_palette_decode_slots(np.zeros(1, np.int64), aligned(sm[None]), aligned(ix[None]), pl,
+                                                  vpos[None], vexp[None], out, kp.PAL_VARIANT_WIDE, kind) == 0
+        assert np.array_equal(out[0], w)
+        kinds += kind
+    assert kinds == [2, 3]
+    x = (np.random.default_rng(1).standard_normal((3, cols)).astype(np.float32).view(np.uint32) >> 16).astype(
+        np.uint16)
+    for run in (lambda pl, ix: _cuda.emulate_palette_gemv(x, sm, ix, pl, vpos, vexp, 1, False,
+                                                         kp.PGEMV_VARIANT_MMA),
+                lambda pl, ix: _cuda.emulate_palette_gemm(x, sm, ix, pl, vpos, vexp)):
+        assert np.array_equal(run(bytes(pal), p[C.SUFFIX_IDX]), run(bytes(new), idx2))

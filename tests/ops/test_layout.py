@@ -67,3 +67,86 @@ def test_cpu_ops_read_tile_major_planes():
     torch.library.opcheck(torch.ops.unweight.palette_gemv.default,
                           (x, st, it, p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], rows, cols, pal, 1, 0, True),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+# ------------------------------------------------------------------ paired palette order
+def _can_pair(pal) -> bool:
+    n, evens = len(pal), sum(1 for e in pal if e % 2 == 0)
+    return n <= 8 or evens // 2 + (n - evens) // 2 >= n - 8
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_paired_palette_reorders_every_palette_that_can_pair(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 17))
+    lo = int(rng.integers(0, 240))
+    # a contiguous run (trained weights' palettes) or any distinct exponents, in a shuffled order
+    pal = [int(v) for v in (rng.permutation(np.arange(lo, lo + n)) if seed % 2 else rng.choice(256, n, replace=False))]
+    got = ops.paired_palette(pal)
+    if ops.palette_pairs(pal) or not _can_pair(pal):
+        assert got is None
+        return
+    new, nib = got
+    assert ops.palette_pairs(new) and sorted(new) == sorted(pal)
+    assert sorted(nib) == list(range(16)) and nib[n:] == list(range(n, 16))  # out-of-range nibbles stay out
+    assert all(new[nib[i]] == pal[i] for i in range(n))
+    assert ops.inverse_nibble_map(nib)[nib[5]] == 5
+
+
+def test_writer_order_palettes_of_trained_like_weights_pair_only_reordered():
+    """The writer's count order (FORMAT.md) seldom pairs; a contiguous run of 16 always can."""
+    _, h, _ = _palette(64, 1024, seed=1)
+    pal = [int(b) for b in h.palette[: h.pal_size]]
+    assert h.pal_size == 16 and not ops.palette_pairs(pal)
+    assert ops.paired_palette(pal) is not None
+    assert ops.paired_palette(list(range(100, 116))) is None  # value order pairs as it is
+    assert ops.paired_palette([1, 3, 5, 7, 9, 11, 13, 15, 17, 2, 4, 6, 8, 10, 12, 14]) is None  # 9 odd: cannot
+    with pytest.raises(ValueError):
+        ops.paired_palette([])
+
+
+def _with_verbatim(rows, cols, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(rows, cols, generator=g) * 0.02)
+    w[0, 5], w[rows - 1, cols - 1], w[rows // 2, 0] = 1e30, -1e-30, float("nan")
+    w = w.to(torch.bfloat16)
+    e = tc.encode(w.view(torch.uint16).numpy(), "palette")
+    return w, e.header, {s: plane_tensor(a) for s, a in e.planes.items()}
+
+
+@pytest.mark.parametrize("rows,cols,tiled", [(48, 1088, False), (48, 1088, True), (7, 333, False)])
+def test_a_paired_palette_decodes_the_same_bits_and_maps_back(rows, cols, tiled):
+    """Rewritten index (both nibbles of every byte, the odd width's pad nibble too) and the
+    reordered palette give every weight bit for bit, tile-major or not, verbatim blocks
+    included; the inverse map gives the stored bytes back."""
+    w, h, p = _with_verbatim(rows, cols, seed=rows + cols)
+    assert h.num_verbatim > 0
+    pal = [int(b) for b in h.palette[: h.pal_size]]
+    n = len(pal)
+    # the paired order where the writer's does not pair; else any reorder (the same contract)
+    new, nib = ops.paired_palette(pal) or (pal[::-1], list(range(n - 1, -1, -1)) + list(range(n, 16)))
+    sm, idx = p[C.SUFFIX_SM], p[C.SUFFIX_IDX]
+    if tiled:
+        sm, idx = ops.tile_palette_planes(sm, idx)
+    idx2 = ops.remap_index(idx, nib)
+    assert idx2.shape == idx.shape and idx2.dtype == torch.uint8 and not torch.equal(idx2, idx)
+    out = torch.empty(rows, cols, dtype=torch.bfloat16)
+    err = torch.zeros(1, dtype=torch.int32)
+    torch.ops.unweight.decode_palette(sm, idx2, p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], out, err, rows, cols, new, 0,
+                                      tiled)
+    assert torch.equal(out.view(torch.uint16), w.view(torch.uint16)) and int(err) == 0
+    assert torch.equal(ops.remap_index(idx2, ops.inverse_nibble_map(nib)), idx)
+
+
+def test_remap_index_checks_its_arguments_and_bounds_its_memory(monkeypatch):
+    from unweight.ops import layout
+    idx = torch.arange(256, dtype=torch.uint8).repeat(5, 3)
+    nib = list(range(15, -1, -1))
+    monkeypatch.setattr(layout, "_REMAP_CHUNK", 100)  # several slices, the last one short
+    got = ops.remap_index(idx, nib)
+    want = torch.tensor([(15 - (b & 15)) | (15 - (b >> 4)) << 4 for b in range(256)], dtype=torch.uint8).repeat(5, 3)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="permutation"):
+        ops.remap_index(idx, [0] * 16)
+    with pytest.raises(ValueError, match="uint8"):
+        ops.remap_index(idx.to(torch.int32), nib)

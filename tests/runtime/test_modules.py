@@ -160,6 +160,45 @@ def test_plane_order_only_for_palette_matmul_weights_and_reset_by_a_new_encoding
         cl.set_plane_order("columns")
 
 
+def test_paired_palette_order_holds_the_same_weight_and_gives_back_the_stored_bytes():
+    """set_palette_order("paired") rewrites idx for a reordered palette (ops.paired_palette):
+    forward, dense copy and row gather unchanged, tile-major on top too; state_dict() and
+    host_planes() give the stored bytes, a state-dict load puts the module back in file order,
+    "file" undoes it; no-op for huffman and for a head tied to an embedding (the source's order)."""
+    lin = _linear(48, 128)
+    cl = CompressedLinear.from_linear(lin, "palette")
+    assert not ops.palette_pairs(cl.palette)  # the writer's count order
+    stored = {k: v.clone() for k, v in cl.state_dict().items()}
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    want = cl(x).view(torch.int16)
+    assert cl.set_palette_order("paired") and cl.palette_order == "paired" and not cl.set_palette_order("paired")
+    assert ops.palette_pairs(cl.encoded().palette)
+    assert cl.palette == [int(b) for b in cl.header.palette[: cl.header.pal_size]]  # the stored palette
+    assert not torch.equal(cl.weight__idx, stored["weight__idx"])
+    assert torch.equal(cl(x).view(torch.int16), want) and torch.equal(cl.decode_weight(), lin.weight)
+    assert torch.equal(torch.from_numpy(cl.host_planes()[C.SUFFIX_IDX]), stored["weight__idx"])
+    assert cl.set_plane_order("tiled") and torch.equal(cl(x).view(torch.int16), want)
+    assert all(torch.equal(v, stored[k]) for k, v in cl.state_dict().items())
+    cl.load_state_dict(stored)
+    assert cl.palette_order == "file" and cl.plane_order == "file" and torch.equal(cl(x).view(torch.int16), want)
+    assert cl.set_palette_order("paired") and cl.set_palette_order("file")
+    assert torch.equal(cl.weight__idx, stored["weight__idx"])
+    emb_dense = _embedding(64, 64)
+    emb = CompressedEmbedding.from_embedding(emb_dense, "palette")
+    head = CompressedLinear.tied_to(emb)
+    ids = torch.tensor([[3, 63, 0, 17]])
+    xe = torch.randn(2, 64, dtype=torch.bfloat16)
+    want_e, want_h = emb(ids), head(xe).view(torch.int16)
+    if ops.paired_palette(emb.palette) is not None:
+        assert emb.set_palette_order("paired")
+    assert not head.set_palette_order("paired") and head.palette_order == emb.palette_order
+    assert torch.equal(emb(ids), want_e) and torch.equal(head(xe).view(torch.int16), want_h)
+    hl = CompressedLinear.from_linear(lin, "huffman")
+    assert not hl.set_palette_order("paired") and hl.palette_order == "file"
+    with pytest.raises(ValueError, match="palette order"):
+        cl.set_palette_order("sorted")
+
+
 def test_auto_plane_order_follows_the_policy():
     """set_plane_order("auto") holds a weight in the order its policy names for its shape and
     device (file order without a policy, and for a module that cannot tile)."""

@@ -53,6 +53,8 @@ def test_tile_major_planes_hold_the_same_model(llama_ck):
     mods = dict(compressed_modules(m))
     tiled = {n for n, x in mods.items() if x.plane_order == "tiled" and not x.is_tied}
     assert info["tiled_modules"] == len(tiled) >= 10  # q, o, gate, up, down x 2 layers
+    # the paired palette order is the CUDA decode's: on CPU every module keeps the stored order
+    assert info["paired_palette_modules"] == 0 and all(x.palette_order == "file" for x in mods.values())
     assert all(mods[n].can_tile() for n in tiled)
     assert not any(x.can_tile() for n, x in mods.items() if n not in tiled)
     n0 = sorted(tiled)[0]

@@ -1,4 +1,5 @@
-"""Tile-major order of the palette planes (csrc/cuda/kernel_plan.h, "palette plane order").
+"""The device order of the palette planes: tile-major bytes (csrc/cuda/kernel_plan.h, "palette
+plane order") and the paired palette order (csrc/cuda/pal_regs.cuh, pal_tables).
 
     tile_palette_planes(sm, idx) -> (sm_t, idx_t)
     untile_palette_planes(sm_t, idx_t) -> (sm, idx)
@@ -12,14 +13,28 @@ The palette kernels (decode_palette, palette_matmul, palette_gemv with ``tiled=T
 tile-major weight as fast as their loads allow: a warp's 16-row step is one contiguous run of
 DRAM instead of 16 runs a row length apart.  The file format does not change; a runtime may
 hold a weight either way.
+
+    palette_pairs(palette) -> bool
+    paired_palette(palette) -> (palette, nibble_map) or None
+    remap_index(idx, nibble_map) -> idx
+        The CUDA palette decode looks an index up with byte permutes on register tables; it
+        takes 8 operations per 4 weights when every entry k < 8 and its partner k + 8 have
+        exponents of the same parity ("paired"), 11 otherwise.  The writer orders a palette by
+        count (docs/FORMAT.md, "Palette choice"), which seldom pairs; a holder may reorder the
+        palette and rewrite every index nibble to match (a bijection on 0..15 that keeps the
+        nibbles >= pal_size where they are, so a corrupt nibble is still out of range) and get the
+        same weights from fewer operations.  remap_index with the inverse map gives the file's
+        bytes back.
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..runtime import kernel_plan as plan
 
-__all__ = ["tile_palette_planes", "untile_palette_planes"]
+__all__ = ["tile_palette_planes", "untile_palette_planes", "palette_pairs", "paired_palette", "remap_index",
+           "inverse_nibble_map"]
 
 _R, _C = plan.PAL_TILE_ROWS, plan.PAL_TILE_COLS
 
@@ -54,3 +69,78 @@ def tile_palette_planes(sm: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
 def untile_palette_planes(sm: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
     """Tile-major -> file order (new tensors, same shapes and device)."""
     return _reorder(sm, idx, False)
+
+
+def palette_pairs(palette) -> bool:
+    """Whether the CUDA decode's paired lookup applies to `palette` (a list of 1..16 exponents
+    in index order): entries k and k + 8 of the same parity wherever both are used (pal_tables
+    in csrc/cuda/pal_regs.cuh fills an unused partner with the matching parity)."""
+    p = [int(e) for e in palette]
+    return all((p[k] ^ p[k + 8]) & 1 == 0 for k in range(max(0, len(p) - 8)))
+
+
+def paired_palette(palette) -> tuple[list[int], list[int]] | None:
+    """The palette reordered so that palette_pairs holds, and the nibble map old index -> new
+    index (16 entries; indices >= len(palette) map to themselves); None when the palette pairs
+    already or no order of its entries pairs (16 entries of which an odd number are even).
+
+    Entries k < n - 8 (n = len(palette)) need a same-parity partner at k + 8; entries
+    n - 8 .. 7 stand alone.  Same-parity pairs are taken from the even entries, then the odd
+    ones, each list in index order (the most frequent entries keep the low indices where they
+    can)."""
+    p = [int(e) for e in palette]
+    n = len(p)
+    if not 1 <= n <= 16:
+        raise ValueError(f"a palette has 1..16 entries, got {n}")
+    if palette_pairs(p):
+        return None
+    need = n - 8  # slots k, k + 8 both used
+    ev = [i for i in range(n) if p[i] % 2 == 0]
+    od = [i for i in range(n) if p[i] % 2 == 1]
+    pe = min(len(ev) // 2, need)
+    po = need - pe
+    if 2 * po > len(od):
+        return None
+    pairs = [(ev[2 * j], ev[2 * j + 1]) for j in range(pe)] + [(od[2 * j], od[2 * j + 1]) for j in range(po)]
+    alone = ev[2 * pe:] + od[2 * po:]
+    slot = [0] * n  # old index -> new index
+    for k, (a, b) in enumerate(pairs):
+        slot[a], slot[b] = k, k + 8
+    for k, a in enumerate(alone, start=need):
+        slot[a] = k
+    new = [0] * n
+    for old, k in enumerate(slot):
+        new[k] = p[old]
+    nib = slot + list(range(n, 16))
+    assert sorted(nib) == list(range(16)) and palette_pairs(new)
+    return new, nib
+
+
+def inverse_nibble_map(nibble_map) -> list[int]:
+    """The map that undoes `nibble_map` (a permutation of 0..15)."""
+    inv = [0] * 16
+    for old, new in enumerate(nibble_map):
+        inv[int(new)] = old
+    return inv
+
+
+# Index bytes rewritten per slice: bounds remap_index's temporaries (int64 indices) to
+# 8 x this many bytes on the planes' device.
+_REMAP_CHUNK = 1 << 24
+
+
+def remap_index(idx: Tensor, nibble_map) -> Tensor:
+    """A new index plane (uint8, idx's shape and device, any order of its bytes) with both
+    nibbles of every byte mapped through `nibble_map` (16 entries, a permutation of 0..15)."""
+    if idx.dtype != torch.uint8:
+        raise ValueError(f"an index plane is uint8, got {idx.dtype}")
+    nib = [int(v) for v in nibble_map]
+    if sorted(nib) != list(range(16)):
+        raise ValueError("a nibble map is a permutation of 0..15")
+    lut = torch.tensor([nib[b & 15] | nib[b >> 4] << 4 for b in range(256)], dtype=torch.uint8, device=idx.device)
+    flat = idx.contiguous().view(-1)
+    out = torch.empty_like(flat)
+    for a in range(0, flat.numel(), _REMAP_CHUNK):
+        b = min(a + _REMAP_CHUNK, flat.numel())
+        torch.index_select(lut, 0, flat[a:b].to(torch.int64), out=out[a:b])
+    return out.view(idx.shape)

@@ -13,9 +13,11 @@ no planes: it reads its source embedding's buffers at every forward.  The source
 a plain list, not as a submodule, so state_dict() and .to() see the planes exactly once.
 
 A palette CompressedLinear may hold its sm and idx buffers tile-major (``set_plane_order``,
-ops/layout.py), the order the fused kernels stream fastest; everything that leaves the
-module (state_dict(), host_planes()) is in file order whatever it holds, and a state-dict
-load, which writes file-order bytes into the buffers, puts it back in file order.
+ops/layout.py), the order the fused kernels stream fastest, and a palette module its palette
+in paired order with idx rewritten to match (``set_palette_order``, ops.paired_palette: the
+CUDA decode's cheaper lookup); everything that leaves the module (state_dict(),
+host_planes()) is in file order whatever it holds, and a state-dict load, which writes
+file-order bytes into the buffers, puts it back in file order.
 """
 from __future__ import annotations
 
@@ -168,6 +170,7 @@ class CompressedWeightMixin:
         meta) buffers to be filled by a state-dict load; planes: {suffix: array/tensor}."""
         self._tied = []
         self._tiled = False  # sm and idx in file order (set_plane_order)
+        self._pal_map = None  # idx and palette as stored (set_palette_order: (palette, nibble map))
         if not getattr(self, "_order_hooks", False):
             self._register_state_dict_hook(_file_order_state_dict)
             self._register_load_state_dict_pre_hook(_loading_file_order, with_module=True)
@@ -314,6 +317,33 @@ class CompressedWeightMixin:
         self._tiled = want
         return True
 
+    @property
+    def palette_order(self) -> str:
+        """"paired" when the module holds its palette reordered and idx rewritten to match
+        (set_palette_order), else "file"."""
+        return "paired" if self.owner()._pal_map is not None else "file"
+
+    def set_palette_order(self, order: str) -> bool:
+        """Hold the palette in `order`: "paired" (ops.paired_palette: every index nibble of idx
+        rewritten in place on its device, one plane's worth of temporary memory) or "file" (as
+        stored); True when the order changed.  A huffman or tied module, or a palette that pairs
+        as stored or cannot pair, stays as it is.  The weight's values do not change."""
+        if order not in ("file", "paired"):
+            raise ValueError(f"palette order {order!r}: choose 'file' or 'paired'")
+        if self._tied or self.encoding != C.ENC_PALETTE or (order == "paired") == (self._pal_map is not None):
+            return False
+        idx = self.weight__idx.data
+        if order == "file":
+            idx.copy_(ops_layout.remap_index(idx, ops_layout.inverse_nibble_map(self._pal_map[1])))
+            self._pal_map = None
+            return True
+        paired = ops_layout.paired_palette(self._info.palette)
+        if paired is None:
+            return False
+        idx.copy_(ops_layout.remap_index(idx, paired[1]))
+        self._pal_map = paired
+        return True
+
     def check_loaded(self, where: str = ""):
         """After a state-dict load: the header plane must parse and agree with the planes."""
         o = self.owner()
@@ -328,8 +358,9 @@ class CompressedWeightMixin:
         o = self.owner()
         i = o._info
         p = {suf: getattr(o, "weight" + suf) for suf in o._suffixes}
+        pal = i.palette if o._pal_map is None else o._pal_map[0]
         return EncodedWeight(i.encoding, i.n_rows, i.n_cols, i.rows_per_group, i.cols_per_chunk, i.exp_lo, i.exp_hi,
-                             i.palette, p[C.SUFFIX_SM], exp=p.get(C.SUFFIX_EXP), off=p.get(C.SUFFIX_OFF),
+                             pal, p[C.SUFFIX_SM], exp=p.get(C.SUFFIX_EXP), off=p.get(C.SUFFIX_OFF),
                              table=o.code_table() if i.encoding == C.ENC_HUFFMAN else None, lut=o.weight_lut,
                              idx=p.get(C.SUFFIX_IDX), vpos=p.get(C.SUFFIX_VPOS), vexp=p.get(C.SUFFIX_VEXP),
                              chk=p.get(C.SUFFIX_CHK), chk_interval=i.chk_interval, tiled=o._tiled)
@@ -347,16 +378,20 @@ class CompressedWeightMixin:
 
 def _file_order(owner, planes: dict) -> dict:
     """{suffix: tensor} of `owner`'s planes with sm and idx in file order (new tensors where
-    the module holds them tile-major)."""
-    if not owner._tiled:
+    the module holds them tile-major or its index rewritten for a paired palette)."""
+    if not owner._tiled and owner._pal_map is None:
         return planes
-    sm, idx = ops_layout.untile_palette_planes(planes[C.SUFFIX_SM], planes[C.SUFFIX_IDX])
+    sm, idx = planes[C.SUFFIX_SM], planes[C.SUFFIX_IDX]
+    if owner._tiled:
+        sm, idx = ops_layout.untile_palette_planes(sm, idx)
+    if owner._pal_map is not None:  # a byte-wise map: it commutes with the tiling's byte moves
+        idx = ops_layout.remap_index(idx, ops_layout.inverse_nibble_map(owner._pal_map[1]))
     return {**planes, C.SUFFIX_SM: sm, C.SUFFIX_IDX: idx}
 
 
 def _file_order_state_dict(module, state_dict, prefix, local_metadata):
     """state_dict() hook: the checkpoint's bytes, whatever order the module holds."""
-    if getattr(module, "_tiled", False):
+    if getattr(module, "_tiled", False) or getattr(module, "_pal_map", None) is not None:
         keys = {s: prefix + "weight" + s for s in (C.SUFFIX_SM, C.SUFFIX_IDX)}
         planes = _file_order(module, {s: state_dict[k] for s, k in keys.items()})
         for s, k in keys.items():
@@ -368,6 +403,7 @@ def _loading_file_order(module, state_dict, prefix, *args):
     """load_state_dict() pre-hook: the load copies file-order bytes into the buffers."""
     if prefix + "weight" + C.SUFFIX_SM in state_dict:
         module._tiled = False
+        module._pal_map = None
 
 
 class _ShapeOnly:

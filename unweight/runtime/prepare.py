@@ -136,9 +136,17 @@ def prepare_module(m: CompressedWeightMixin, policy: policies.DispatchPolicy | N
     CUDA decode tables (and checkpoint index), scratch, policy (None: decode + F.linear only)."""
     _add_index(m)
     _build_lut(m)
+    _hold_palette(m)
     if not (isinstance(m, CompressedEmbedding) and m.device.type == "cpu"):
         scratch.reserve(m.device, m.n_rows * m.n_cols)
     m.policy = policy
+
+
+def _hold_palette(m: CompressedWeightMixin) -> None:
+    """The palette order a module runs in: paired on CUDA (ops.paired_palette, the decode's
+    cheaper lookup; the same weights, so always), as stored on CPU, where the codec's lookup
+    costs the same in any order."""
+    m.set_palette_order("paired" if m.device.type == "cuda" else "file")
 
 
 def _time_cuda(fn, reps: int = 5) -> float:
@@ -222,8 +230,9 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     results, the planes in the order the fused kernels stream; on CPU, where the codec reads
     file order, each decode untiles them first), "file" keeps the stored order, "auto" each
     weight in the order the policy's table measured faster for its shape and device (file
-    order where nothing was measured, and on CPU).  Returns the
-    summary stored as model.unweight_info."""
+    order where nothing was measured, and on CPU).  Palette weights on CUDA hold their
+    palette in paired order (CompressedWeightMixin.set_palette_order).  Returns the summary
+    stored as model.unweight_info."""
     check_mode(mode)
     check_plane_order(plane_order, ValueError)
     plan = getattr(model, "_unweight_plan", {}) or {}
@@ -289,14 +298,17 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
         need[k] = max(need.get(k, 0), m.n_rows * m.n_cols)
     for dev, numel in need.items():
         scratch.reserve(dev, numel)
-    tiled = 0
+    tiled = paired = 0
     for _, m in compressed_modules(model):
         m.policy = policy
         m.set_plane_order(plane_order)
         tiled += m.plane_order == "tiled" and not m.is_tied
+        _hold_palette(m)
+        paired += m.palette_order == "paired" and not m.is_tied
     for *_, st in experts.expert_stacks(model):
         st.policy = policy
     info = {"mode": mode, "modules": counts, "experts": experts_info, "tiled_modules": tiled,
+            "paired_palette_modules": paired,
             **_held_totals(model, experts_info),
             "scratch_bytes": {d: scratch.scratch_bytes(d) for d in need},
             "tied": plan.get("tied", []),

@@ -12,6 +12,7 @@ from torch import Tensor
 from ..codec import tensor_codec as tc
 from ..format import constants as C
 from ..format.header import TensorHeader
+from ..ops import layout as ops_layout
 
 
 def load_index(header: TensorHeader, planes: dict, host: dict) -> tuple | None:
@@ -81,3 +82,16 @@ class EncodedWeight:
     @property
     def device(self):
         return self.sm.device
+
+
+def hold_paired(w: EncodedWeight) -> EncodedWeight:
+    """`w` with its palette in paired order and idx rewritten to match, in place on its device
+    (ops.paired_palette: the CUDA palette decode's cheaper lookup; the same weights); a huffman
+    weight, or a palette that pairs as stored or cannot pair, as it is."""
+    if w.is_huffman or w.idx is None:
+        return w
+    paired = ops_layout.paired_palette(w.palette)
+    if paired is not None:
+        w.idx = ops_layout.remap_index(w.idx, paired[1])
+        w.palette = paired[0]
+    return w
