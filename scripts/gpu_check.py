@@ -116,9 +116,9 @@ CALLS = {n: {"deadline": d, "carry": f".gpu_carry/call{n}"} for n, d in ((1, 520
 CALL_STAGES = {1: ("build", "correctness", "bench"), 2: ("model", "sanitizer", "eval")}
 STAGES = ("build", "correctness", "sanitizer", "model", "eval", "bench")
 # Seconds each stage may take at most, and the least it is worth starting with.
-STAGE_BUDGET = {"build": 240, "correctness": 190, "sanitizer": 60, "model": 100, "eval": 480, "bench": 400}
+STAGE_BUDGET = {"build": 240, "correctness": 220, "sanitizer": 60, "model": 100, "eval": 480, "bench": 400}
 STAGE_MIN = {"build": 30, "correctness": 30, "sanitizer": 40, "model": 40, "eval": 45, "bench": 60}
-CUDA_ARCHS = "80;90a"
+CUDA_ARCHS = "80;90a"  # what CI compiles; on a device the build takes its own (device_archs)
 
 # Carried Python packages (pure-Python wheels, unpacked into one site folder on the device):
 # (distribution, version, import name, requirements as the wheel's METADATA states them, without extras).
@@ -1004,13 +1004,16 @@ def _verbatim_heavy(np, cols, seed):
 # a variant that faults on its first device run (an illegal address poisons the CUDA context)
 # then costs its own checks only.  The verdicts go to STATE/variants.json, and the benchmarks
 # leave out a variant whose checks failed on the same build (bench_variants_to_skip).
-# In the order the correctness stage runs their groups: the variants no GPU has run yet first,
-# since the stage's last groups get only the time left (in the second H200 run the stage's time
-# ran out before the last group, then gemv:deep, ran any check).
+# In the order the correctness stage runs their groups, each taking the time it needs from what
+# is left: first what the shipped tuning table runs on the H200 (tile-major planes everywhere;
+# the tensor-core GEMV at batch 2-16, its bulk-copy feed at 17-32; the CUDA-core GEMV at batch 1;
+# the shared-x GEMM at 17-64), then the other variants.  (A process start costs ~8 s: in the
+# third H200 run, which reserved that for every later group, the first groups, the tile-major
+# checks among them, got no time.)
 # "tiled": every palette kernel on tile-major planes (ops/layout.py) against the file-order ones.
-VARIANT_TAGS = ("tiled", "gemv:mma_bulk", "huffman:ahead", "gemv:mma", "gemv:mma_staged", "gemv:mma_prefetch", "gemv:staged",
-                "huffman:chain", "huffman:ahead2", "huffman:scalar", "palette:vec8", "gemm:wide", "gemm:xs", "gemv",
-                "gemv:deep")
+VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv", "gemm:xs", "gemv:mma_staged", "gemv:staged", "gemm:wide",
+                "gemv:deep", "gemv:mma_prefetch", "huffman:ahead", "huffman:chain", "huffman:ahead2", "huffman:scalar",
+                "palette:vec8")
 # The GEMV's variants by tag: the tuning table's path, what it is called, the path whose bits it
 # must give (the same steps and sums in the same order) and the batches that are checked.  A
 # variant that runs tile-major only (tuning_table.TILED_ONLY: the bulk-copy one) is run on
@@ -1322,7 +1325,6 @@ def bench_variants_to_skip() -> dict:
 GROUPS = {"probe": group_probe, "decode": group_decode, "fused": group_fused, "corrupt": group_corrupt,
           "bench_smoke": group_bench_smoke}
 GROUPS.update({f"variant={t}": functools.partial(group_variant, tag=t) for t in VARIANT_TAGS})
-GROUP_RESERVE_S = 8  # a group process's start, CUDA's initialisation and its first checks (~6 s on an H100)
 CORRECTNESS_GROUPS = (("probe", 40), ("decode", 120), ("fused", 120), ("corrupt", 60),
                       *((f"variant={t}", 60) for t in VARIANT_TAGS))
 
@@ -1532,6 +1534,23 @@ def _zlib_shim(st: Stage) -> dict:
     return extra
 
 
+def device_archs() -> str:
+    """UNWEIGHT_CUDA_ARCHS for this machine's GPU: "90a" on compute capability 9.0, "80" on 8.x
+    (an sm_80 cubin runs on every 8.x), else CUDA_ARCHS.  The other target costs the lease
+    its compile time (~40 of an H200 call's 85 s) and runs nothing here; CI compiles both."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return CUDA_ARCHS
+    caps = {c.strip() for c in out if c.strip()}
+    if caps == {"9.0"}:
+        return "90a"
+    if caps and all(c.startswith("8.") for c in caps):
+        return "80"
+    return CUDA_ARCHS
+
+
 def build(st: Stage, out_dir: str | None, force: bool = True) -> bool:
     """Build unweight._C and unweight._cuda in place; reuse a build of the same sources from an
     earlier call on this machine unless force."""
@@ -1544,7 +1563,8 @@ def build(st: Stage, out_dir: str | None, force: bool = True) -> bool:
             st.add("extensions from this machine's earlier build", "pass", reused=True, build_seconds=prev.get("seconds"),
                    archs=probe.get("archs"))
             return True
-    env = dict(os.environ, UNWEIGHT_CUDA_ARCHS=CUDA_ARCHS, UNWEIGHT_LINEINFO="1", UNWEIGHT_WERROR="0",
+    archs = device_archs() if DEV == "cuda" else CUDA_ARCHS
+    env = dict(os.environ, UNWEIGHT_CUDA_ARCHS=archs, UNWEIGHT_LINEINFO="1", UNWEIGHT_WERROR="0",
                UNWEIGHT_BUILD_JOBS=str(min(16, os.cpu_count() or 4)))
     if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
         env.setdefault("CUDA_HOME", "/usr/local/cuda")
@@ -1567,7 +1587,7 @@ def build(st: Stage, out_dir: str | None, force: bool = True) -> bool:
     warnings = [ln for ln in text.splitlines() if "warning" in ln.lower() and "ptxas info" not in ln][:40]
     failed_cuda = "CUDA extension not built" in text
     st.add("setup.py build_ext --inplace", "pass" if rc == 0 and not failed_cuda else "fail", seconds=round(secs, 1),
-           returncode=rc, archs_requested=CUDA_ARCHS, jobs=env["UNWEIGHT_BUILD_JOBS"], warnings=warnings,
+           returncode=rc, archs_requested=archs, jobs=env["UNWEIGHT_BUILD_JOBS"], warnings=warnings,
            cuda_extension_built=not failed_cuda, log_tail=_tail(text, 30))
     probe = _import_probe()
     if probe.get("ok") and not probe.get("devices"):
@@ -1622,15 +1642,13 @@ def stage_correctness(st: Stage, out_dir: str) -> None:
     # The cuda pytest tier first, the runtime's default kernels apart from the other variants
     # (a fault in a variant's first device run poisons the rest of its process), then the
     # check groups, the variants' last and each in its own process.
-    # The tiers' shares leave the groups about 8 s each (GROUP_RESERVE_S); the default tier took
-    # 28 s of an H100 on 2026-11-23.
+    # The default tier took 24-36 s of an H100 / H200, the variant tier ~21 s.
     _pytest_tier(st, out_dir, "cuda and not variant", min(100.0, st.budget.left() * 0.3), "pytest.log")
     _pytest_tier(st, out_dir, "cuda and variant", min(40.0, st.budget.left() * 0.15), "pytest-variants.log")
-    groups = list(CORRECTNESS_GROUPS)
-    for i, (g, cap) in enumerate(groups):
-        # Each later group keeps the time a process start and a few checks take.
-        rest = sum(min(c, GROUP_RESERVE_S) for _, c in groups[i + 1:])
-        run_group(st, g, min(cap, st.budget.left() - rest))
+    # The groups in priority order (CORRECTNESS_GROUPS), each up to its cap from what is left: the
+    # last ones are skipped when the stage's time runs out, never the first.
+    for g, cap in CORRECTNESS_GROUPS:
+        run_group(st, g, min(cap, st.budget.left()))
     verdicts = variant_verdicts(st)
     st.rec["raw"]["variants"] = verdicts
     if DEV == "cuda":

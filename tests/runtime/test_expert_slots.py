@@ -20,10 +20,15 @@ def _experts(E=5, rows=48, cols=96, seed=0):
     return w
 
 
+@pytest.mark.parametrize("paired", [False, True])  # True: the palette order the CUDA loaders hold
 @pytest.mark.parametrize("cols", [96, 100])  # 100: each row's last block is short
-def test_any_ids_decode_to_the_experts_bits(cols):
+def test_any_ids_decode_to_the_experts_bits(cols, paired):
+    from unweight import ops
     w = _experts(cols=cols)
-    slots = ExpertSlots.from_weights(w, "cpu", threads=1)
+    slots = ExpertSlots.from_weights(w, "cpu", threads=1, paired=paired)
+    stored = [int(b) for b in tc.encode(w, "palette", threads=1).header.palette[:16]][: len(slots.palette)]
+    assert (slots.palette != stored) == (paired and ops.paired_palette(stored) is not None)
+    assert not paired or ops.palette_pairs(slots.palette) or ops.paired_palette(stored) is None
     assert slots.vpos.shape[0] == 5 and slots.vpos.shape[1] >= 2  # padded to the longest list
     nv = tc.encode(w, "palette", threads=1).header.num_verbatim
     assert slots.padding_bytes == (5 * slots.vpos.shape[1] - nv) * (4 + C.PAL_BLOCK) > 0
@@ -63,12 +68,14 @@ def _bits(t: torch.Tensor) -> np.ndarray:
     return t.view(torch.int16).numpy().view(np.uint16)
 
 
-def test_gemv_is_each_slots_expert_product():
+@pytest.mark.parametrize("paired", [False, True])
+def test_gemv_is_each_slots_expert_product(paired):
     """ExpertSlots.gemv on CPU (the op's reference): slot s is x[s] @ W[ids[s]]^T in fp32 with one
-    rounding, bit for bit, for repeated and unordered ids; a bad id is a FormatError."""
+    rounding, bit for bit, for repeated and unordered ids, in either palette order; a bad id is
+    a FormatError."""
     from unweight.format.errors import FormatError
     w = _experts(cols=128)
-    slots = ExpertSlots.from_weights(w, "cpu", threads=1)
+    slots = ExpertSlots.from_weights(w, "cpu", threads=1, paired=paired)
     rng = np.random.default_rng(2)
     ids = torch.tensor([3, 0, 3, 4, 1, 1])
     x = torch.from_numpy(bf16_gaussian(rng, (6, 128))).view(torch.bfloat16)

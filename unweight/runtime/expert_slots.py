@@ -59,8 +59,11 @@ class ExpertSlots:
         self.blocks = self.rows * -(-self.cols // C.PAL_BLOCK)  # blocks of one expert's matrix
 
     @classmethod
-    def from_weights(cls, w: np.ndarray, device, threads: int | None = None) -> "ExpertSlots":
-        """From the experts' BF16 bits, uint16 [E, rows, cols] on the host."""
+    def from_weights(cls, w: np.ndarray, device, threads: int | None = None,
+                     paired: bool | None = None) -> "ExpertSlots":
+        """From the experts' BF16 bits, uint16 [E, rows, cols] on the host.  paired: hold the
+        palette in paired order with idx rewritten to match (ops.paired_palette: the CUDA
+        decode's cheaper lookup, the same weights); None: on a CUDA device."""
         w = np.ascontiguousarray(w, dtype=np.uint16)
         if w.ndim != 3:
             raise ValueError(f"expert slots take [experts, rows, cols] weights, got shape {w.shape}")
@@ -94,6 +97,10 @@ class ExpertSlots:
                    [int(b) for b in h.palette[: h.pal_size]], int(h.rows_per_group), int(h.cols_per_chunk))
         # the bytes the padded entries hold (4 of block id, PAL_BLOCK of exponents each)
         slots.padding_bytes = (E * width - len(vpos)) * (4 + C.PAL_BLOCK)
+        reorder = ops.paired_palette(slots.palette) if (dev.type == "cuda" if paired is None else paired) else None
+        if reorder is not None:
+            slots.palette = reorder[0]
+            slots.idx = ops.remap_index(slots.idx, reorder[1])
         return slots
 
     def tensors(self) -> list:
