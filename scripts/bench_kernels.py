@@ -49,9 +49,9 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
     w = bu.bf16_weights(torch, N, K, seed=N + K)
     w_bits = h.bits(w)
     dense = [w] + [w.clone() for _ in range(bu.rotation_copies(N * K * 2, l2) - 1)]
-    copies = {}
+    copies, encs = {}, {}
     for e in encodings:
-        enc = tc.encode(w_bits, e)
+        enc = encs[e] = tc.encode(w_bits, e)
         if e == "huffman":  # as the GPU loaders hold it: with the checkpoint index (prepare._add_index)
             enc = tc.with_index(enc.header, enc.planes, chk_interval=C.LOAD_CHK_INTERVAL)
         ew = bu.as_gpu_loaders_hold(h.encoded_weight(enc, dev, err))
@@ -59,6 +59,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
     scratch.reserve(dev, N * K)
     baseline = DispatchPolicy(None)
     tiled = []  # tile-major copies of the palette weights, made at the first batch that times them
+    writer = []  # the same in the writer's palette order (WRITER_ORDER_BATCHES)
     rows = []
     for M in batches:
         if budget.left() < 3 + 2e-9 * N * K * (1 + 2 * len(encodings)):
@@ -109,6 +110,16 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                                 if r[key].get("same_bits_as_file_order"):
                                     times_tiled[path] = r[key]["median_ms"]
                         table.record(dev_name, N, K, "palette:tiled", M, times_tiled)
+                        base = r.get("palette_gemv_mma_tiled", {})
+                        if (M in WRITER_ORDER_BATCHES and "median_ms" in base
+                                and list(encs[e].header.palette[: encs[e].header.pal_size]) != list(ws[0].palette)):
+                            writer = writer or [bu.clone_encoded(h.encoded_weight(encs[e], dev, err), tiled=True)
+                                                for _ in ws]
+                            key = "palette_gemv_mma_tiled_writer_order"
+                            _time_tiled(torch, h, ws, writer, x, err, t_cublas, runs, r, key, "palette_gemv_mma",
+                                        "palette_gemv_mma")
+                            if "median_ms" in r[key]:
+                                r[key]["time_vs_paired"] = r[key]["median_ms"] / base["median_ms"]
                 if e == "palette" and M == 1 and budget.left() > 30:
                     r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas,
                                                             wide="gemm:wide" not in skip)
@@ -120,7 +131,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
         log(f"kernels {name} M={M}: cuBLAS {t_cublas * 1e3:.1f} us; " + "; ".join(
             f"{e} fused {_ratio(r.get(e + '_fused'))}, decode+cuBLAS {_ratio(r.get(e + '_decode_cublas'))}"
             for e in copies) + "".join(f"; {key.replace('_', ' ')} {_ratio(r[key])}"
-                                       for key, *_ in LAYOUTS + TILED if key in r))
+                                       for key, *_ in LAYOUTS + TILED + WRITER_ROW if key in r))
     del dense, copies
     bu.empty_cache(torch)
     return rows
@@ -153,6 +164,13 @@ TILED = (("palette_fused_tiled", "palette_gemm", "palette_gemm", None),
          ("palette_gemv_mma_tiled", "palette_gemv_mma", "palette_gemv_mma", None),
          ("palette_gemv_mma_staged_tiled", "palette_gemv_mma_staged", "palette_gemv_mma_staged", None),
          ("palette_gemv_mma_bulk_tiled", "palette_gemv_mma_bulk", "palette_gemv_mma", "gemv:mma_bulk"))
+
+
+# Batches at which the tensor-core GEMV on tile-major planes is timed again with the palette in
+# the writer's order (the general decode) beside the paired order the loaders hold: what the
+# reorder (ops.paired_palette) buys, measured in one run.
+WRITER_ORDER_BATCHES = (1, 16)
+WRITER_ROW = (("palette_gemv_mma_tiled_writer_order",),)
 
 
 def _time_tiled(torch, h, ws, tiled, x, err, t_cublas, runs, r, key, path, ref) -> None:
