@@ -15,7 +15,10 @@ between two CUDA events (no host sync inside), >= 20 such runs, median and min; 
 step also runs eagerly (host overhead included) for comparison.  Each replay writes the same
 cache position, so every step does the same work.  tokens/s = batch / step time.  The prefill
 logits of every compressed mode are compared with the BF16 model's (decode + cuBLAS must be
-bitwise equal).  Needs a CUDA GPU; exits with status 2 and one line otherwise.
+bitwise equal).  The lm_head is timed alone as well (a graph of its own, `lm_head_ms`), and
+`layers_ms` is the graph step less it: the part of the step a deeper model multiplies (in
+this model of few layers the lm_head holds a large share of the weights).  Needs a CUDA GPU;
+exits with status 2 and one line otherwise.
 
     python scripts/bench_e2e.py [--layers 4] [--batches 1,16] [--modes huffman,palette,dense]
 """
@@ -234,11 +237,43 @@ def time_decode(model, batch: int, prompt: int, steps: int, runs: int, graphs: b
                 out.update(graph_ms=statistics.median(ts), graph_min_ms=min(ts), graph_runs_ms=ts,
                            graph_tokens_per_s=batch * 1e3 / statistics.median(ts))
                 del graph
+                # The step less its lm_head (timed alone, in a graph of its own): the layers' time,
+                # which is what a model with more layers multiplies (this one's head is a large
+                # share of its weights).
+                head = _head_ms(model, batch, runs)
+                out.update(lm_head_ms=head, layers_ms=out["graph_ms"] - head)
             except Exception as e:  # noqa: BLE001 - a step that cannot be captured is a finding
                 out["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 torch.cuda.synchronize()
     out["last_logits"] = pre
     return out
+
+
+def _head_ms(model, batch: int, runs: int) -> float:
+    """Median ms of model.lm_head on a [batch, 1, hidden] bf16 input, replayed in a CUDA graph."""
+    import torch
+    head = model.get_output_embeddings()
+    dev = next(model.parameters()).device
+    h = torch.randn(batch, 1, model.config.hidden_size, device=dev).to(torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            head(h)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        head(h)
+    for _ in range(3):
+        graph.replay()
+    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
+    for a, b in evs:
+        a.record()
+        graph.replay()
+        b.record()
+    torch.cuda.synchronize()
+    del graph
+    return statistics.median(a.elapsed_time(b) for a, b in evs)
 
 
 def _device_errors(dev):
@@ -335,6 +370,7 @@ def _summary(entry) -> str:
     for r in entry["runs"]:
         g = f"{r['graph_tokens_per_s']:.1f}" if "graph_tokens_per_s" in r else "no graph"
         parts.append(f"batch {r['batch']}: {g} tok/s graph, {r['eager_tokens_per_s']:.1f} eager"
+                     + (f" (layers {r['layers_ms']:.3f} ms, lm_head {r['lm_head_ms']:.3f} ms)" if "layers_ms" in r else "")
                      + ("" if r.get("prefill_logits_bitwise", True) else " (prefill logits differ)"))
     return "; ".join(parts)
 

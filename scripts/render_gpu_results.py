@@ -279,7 +279,8 @@ def e2e_table(bench: dict) -> list[str]:
     def tps(r):
         return r.get("graph_tokens_per_s") or r.get("eager_tokens_per_s")
     lines = [f"**End-to-end decode** ({e2e.get('model', 'Llama-3.1-8B-shaped model')}; tokens/s of one decode "
-             "step replayed in a CUDA graph, eager where capture failed; relative to BF16 in brackets):", "",
+             "step replayed in a CUDA graph, eager where capture failed; relative to BF16 in brackets, and the "
+             "layers alone, the step less its lm_head, where timed):", "",
              "| mode | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---|" * len(batches)]
     for mode, m in modes.items():
         if "error" in m:
@@ -294,7 +295,11 @@ def e2e_table(bench: dict) -> list[str]:
                 continue
             rel = tps(r) / tps(ref[b]) if b in ref and tps(ref[b]) and mode != "bf16" else None
             eager = "" if r.get("graph_tokens_per_s") else " (eager)"
-            cells.append(f"{tps(r):.1f}{eager}" + (f" [{rel:.2f}x]" if rel else ""))
+            # the layers alone (the step less its lm_head), where both runs timed them
+            lay = (ref[b]["layers_ms"] / r["layers_ms"] if rel and r.get("layers_ms") and ref[b].get("layers_ms")
+                   else None)
+            cells.append(f"{tps(r):.1f}{eager}" + (f" [{rel:.2f}x" + (f"; layers {lay:.2f}x" if lay else "") + "]"
+                                                  if rel else ""))
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     return lines + [""]
 

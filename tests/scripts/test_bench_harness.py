@@ -91,6 +91,19 @@ def test_e2e_table_rows():
         {"mode": "huffman", "batch": 1, "graph_tok_s": "-", "eager_tok_s": 9.0, "prefill_bitwise": True}]
 
 
+def test_e2e_table_gives_the_layers_alone_where_timed():
+    """The README's end-to-end cells: tokens/s, the ratio to BF16, and the layers' ratio (the
+    step less its lm_head) where both runs timed it."""
+    import render_gpu_results as rg
+    bench = {"raw": {"e2e": {"modes": {
+        "bf16": {"runs": [{"batch": 1, "graph_tokens_per_s": 100.0, "layers_ms": 6.0, "lm_head_ms": 4.0},
+                          {"batch": 16, "graph_tokens_per_s": 800.0}]},
+        "palette": {"runs": [{"batch": 1, "graph_tokens_per_s": 110.0, "layers_ms": 7.5, "lm_head_ms": 1.6},
+                             {"batch": 16, "graph_tokens_per_s": 700.0}]}}}}}
+    row = next(ln for ln in rg.e2e_table(bench) if ln.startswith("| palette"))
+    assert row == "| palette | 110.0 [1.10x; layers 0.80x] | 700.0 [0.88x] |"
+
+
 @pytest.mark.parametrize("content, needle", [(None, "No such file or directory"), ("{", "Expecting"),
                                              ("[1]", "no kernel rows or GPU name in it")])
 def test_kernels_from_json_unreadable(tmp_path, content, needle, capsys):
