@@ -384,3 +384,36 @@ def test_routed_forward_takes_fused_kernels_where_the_policy_picks_them(monkeypa
         assert sorted(set(st.policy.asked)) == sorted({(rows, cols, n) for n in counts})
         assert len(st.policy.asked) == 2 * len(routed)
     assert got.dtype == want.dtype and torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("per_expert", [False, True])
+def test_paired_palette_order_holds_the_same_experts_and_gives_back_the_stored_bytes(weights, per_expert):
+    """hold_paired (what prepare does on CUDA) rewrites each palette tensor's index for its
+    reordered palette: every expert decodes to the same bits, the holder's state_dict() gives
+    the stored bytes, a state-dict load puts the tensors back as stored, and a transcode
+    reads the stored bytes."""
+    from unweight import ops
+    w, gate, up = weights
+    holder, st = _per_expert_stack(gate, up, "palette") if per_expert else _stored_stack(w, "palette")
+    want = [st[e].view(torch.uint16).clone() for e in range(E)]
+    stored = {k: v.clone() for k, v in holder.state_dict().items()}
+    can = [p for p in st.planes() if ops.paired_palette([int(b) for b in p.header.palette[: p.header.pal_size]])]
+    assert can  # the writer's order does not pair
+    assert ex.hold_paired(st, True) == len(can) and ex.hold_paired(st, True) == len(can)
+    assert all(ops.palette_pairs(p.weight(0 if p.header.stack else None).palette) for p in can)
+    held = dict(holder.named_buffers())  # what the kernels read
+    assert any(not torch.equal(t, stored[k]) for k, t in held.items() if k.endswith(C.SUFFIX_IDX))
+    for e in range(E):
+        assert torch.equal(st[e].view(torch.uint16), want[e])
+    assert all(torch.equal(v, stored[k]) for k, v in holder.state_dict().items())
+    holder.load_state_dict(stored)
+    assert all(p.paired() is None for p in st.planes())
+    for e in range(E):
+        assert torch.equal(st[e].view(torch.uint16), want[e])
+    ex.hold_paired(st, True)
+    ex.transcode(st, "huffman")
+    ex.prepare_planes(st)
+    assert st.encodings() == {"huffman"} and all(p.paired() is None for p in st.planes())
+    for e in range(E):
+        assert torch.equal(st[e].view(torch.uint16), want[e])
+    assert ex.hold_paired(st) == 0  # huffman, and on the CPU

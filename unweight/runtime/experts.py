@@ -59,6 +59,7 @@ from ..codec import tensor_codec as tc
 from ..format import constants as C
 from ..format.errors import FormatError, InputError
 from ..format.header import TensorHeader
+from ..ops import layout as ops_layout
 from . import dispatch, scratch
 from .modules import LazyTensor, _ShapeOnly, refuse_dtype_cast
 from .policy import DECODE_CUBLAS
@@ -67,7 +68,8 @@ from .weights import EncodedWeight, load_index
 log = logging.getLogger(__name__)
 
 __all__ = ["ROUTED", "ExpertStack", "Fusion", "PlaneHolder", "expert_stacks", "hf_renamer", "install_fused",
-           "install_stack", "prepare_planes", "routed_experts_forward", "to_dense", "transcode", "use_routed_forward"]
+           "install_stack", "prepare_planes", "hold_paired", "routed_experts_forward", "to_dense", "transcode",
+           "use_routed_forward"]
 
 
 # ----------------------------------------------------------------------------- names
@@ -259,8 +261,38 @@ class _Planes:
             v0, v1 = self.vranges[e]
             sm, idx = sm[e], idx[e]
             vpos, vexp = getattr(self.module, self.attr + "_vpos_local")[v0:v1], vexp[v0:v1]
-        return EncodedWeight(C.ENC_PALETTE, h.rows, h.cols, h.rows_per_group, h.cols_per_chunk, 0, 0,
-                             [int(b) for b in h.palette[: h.pal_size]], sm, idx=idx, vpos=vpos, vexp=vexp)
+        paired = self.paired()
+        pal = [int(b) for b in h.palette[: h.pal_size]] if paired is None else list(paired[0])
+        return EncodedWeight(C.ENC_PALETTE, h.rows, h.cols, h.rows_per_group, h.cols_per_chunk, 0, 0, pal, sm,
+                             idx=idx, vpos=vpos, vexp=vexp)
+
+    def paired(self) -> tuple | None:
+        """(palette, nibble map) when idx holds the paired palette order (hold_paired), else None."""
+        return getattr(self.module, "_uw_paired", {}).get(self.attr)
+
+    def set_paired(self, want: bool) -> bool:
+        """Hold a palette tensor's palette in paired order (ops.paired_palette: every index
+        nibble rewritten in place, the weights unchanged) or as stored; True when it changed.
+        The holding module's state_dict() gives the stored bytes either way, and a state-dict
+        load of this tensor's planes puts it back as stored (hooks on the module)."""
+        cur = self.paired()
+        if self.header.encoding != C.ENC_PALETTE or want == (cur is not None):
+            return False
+        idx = self.plane(C.SUFFIX_IDX).data
+        if not want:
+            idx.copy_(ops_layout.remap_index(idx, ops_layout.inverse_nibble_map(cur[1])))
+            del self.module._uw_paired[self.attr]
+            return True
+        new = ops_layout.paired_palette([int(b) for b in self.header.palette[: self.header.pal_size]])
+        if new is None:
+            return False
+        idx.copy_(ops_layout.remap_index(idx, new[1]))
+        if not hasattr(self.module, "_uw_paired"):
+            self.module._uw_paired = {}
+            self.module._register_state_dict_hook(_stored_index_state_dict)
+            self.module._register_load_state_dict_pre_hook(_loading_stored_index, with_module=True)
+        self.module._uw_paired[self.attr] = new
+        return True
 
     def rebase_verbatim(self) -> None:
         """Palette stack: each matrix's range of the verbatim lists, and the block ids rebased
@@ -283,6 +315,7 @@ class _Planes:
 
     def replace(self, header: TensorHeader, planes: dict) -> None:
         """Swap in another encoding of the same tensor (a transcode at load)."""
+        getattr(self.module, "_uw_paired", {}).pop(self.attr, None)  # the new planes are as stored
         dev = self.device
         for suf in self.suffixes:
             delattr(self.module, self.attr + suf)
@@ -293,11 +326,27 @@ class _Planes:
         self.set_header(header)
 
     def remove(self) -> None:
+        getattr(self.module, "_uw_paired", {}).pop(self.attr, None)
         for suf in self.suffixes:
             delattr(self.module, self.attr + suf)
         for extra in ("_lut", "_vpos_local"):
             if hasattr(self.module, self.attr + extra):
                 delattr(self.module, self.attr + extra)
+
+
+def _stored_index_state_dict(module, state_dict, prefix, local_metadata):
+    """state_dict() hook of a module holding paired palette tensors: the stored index bytes."""
+    for attr, (_, nib) in getattr(module, "_uw_paired", {}).items():
+        key = prefix + attr + C.SUFFIX_IDX
+        if key in state_dict:
+            state_dict[key] = ops_layout.remap_index(state_dict[key], ops_layout.inverse_nibble_map(nib))
+    return state_dict
+
+
+def _loading_stored_index(module, state_dict, prefix, *args):
+    """load_state_dict() pre-hook: a tensor whose index the load writes holds the stored order."""
+    for attr in [a for a in getattr(module, "_uw_paired", {}) if prefix + a + C.SUFFIX_IDX in state_dict]:
+        del module._uw_paired[attr]
 
 
 # ----------------------------------------------------------------------------- the stand-in
@@ -650,9 +699,21 @@ def prepare_planes(stack: ExpertStack) -> None:
             p.rebase_verbatim()
 
 
+def hold_paired(stack: ExpertStack, paired: bool | None = None) -> int:
+    """Hold every palette tensor of the stack with its palette in paired order (True; None: on
+    a CUDA device, the decode's cheaper lookup there) or as stored (False): _Planes.set_paired.
+    Returns how many tensors hold the paired order."""
+    n = 0
+    for p in stack.planes():
+        p.set_paired(p.device.type == "cuda" if paired is None else paired)
+        n += p.paired() is not None
+    return n
+
+
 def transcode(stack: ExpertStack, target: str) -> None:
     """Re-encode every tensor of the stack as `target` ("huffman" | "palette"), same grids
     (the CPU codec: a load-time step)."""
+    hold_paired(stack, False)  # the codec reads the stored bytes
     for p in stack.planes():
         h = p.header
         if h.encoding_name == target:

@@ -343,7 +343,7 @@ def _prepare_experts(model: nn.Module, plan: dict, stacks: list, mode: str, auto
     the scratch each device needs ("scratch": {device: weights})."""
     created = {(e["module"], e["attr"]): e.get("created", []) for e in plan.get("experts", [])}
     info = {"stacks": 0, "experts": 0, "dense": 0, "held_bytes": 0, "bf16_bytes": 0, "encodings": [],
-            "scratch": {}}
+            "paired_palette_tensors": 0, "scratch": {}}
     slots = {}  # id(experts module) -> next free scratch offset
     for name, mod, attr, st in stacks:
         m = _stack_mode(st, mode, auto)
@@ -354,6 +354,7 @@ def _prepare_experts(model: nn.Module, plan: dict, stacks: list, mode: str, auto
         experts.transcode(st, m)
         experts.add_index(st)
         experts.prepare_planes(st)
+        info["paired_palette_tensors"] += experts.hold_paired(st)  # on CUDA
         st.slot = slots.get(id(mod), 0)
         slots[id(mod)] = st.slot + st.rows * st.cols
         k = str(st.device)
