@@ -217,7 +217,7 @@ def test_a_call_cut_short_runs_its_first_stages(tmp_path, monkeypatch):
     monkeypatch.setattr(gc, "stage_sanitizer", stage("sanitizer", 30))
     monkeypatch.setattr(gc, "stage_eval", stage("eval", 0))
     assert gc.run_stages(gc.CALL_STAGES[2], str(tmp_path / "a"), gc.CALLS[2]["deadline"], 2) == 0
-    assert budgets == {"model": 95, "sanitizer": 60, "eval": 80}
+    assert budgets == {"model": 90, "sanitizer": 65, "eval": 80}
     budgets.clear()
     assert gc.run_stages(gc.CALL_STAGES[2], str(tmp_path / "b"), 100, 2) == 0
     assert budgets == {"model": 100}
@@ -266,3 +266,31 @@ def test_tile_major_profiles_run_their_kernel_here():
         assert profile_kernels.main(small + ["--cols", "512"]) == 0
     with pytest.raises(SystemExit):
         profile_kernels.main(["--kernel", "huffman", "--rows", "64", "--cols", "512", "--tiled"])
+
+
+def test_sanitizer_tools_each_get_their_time_memcheck_first(tmp_path, monkeypatch):
+    """memcheck, the first tool, takes the stage's time less SAN_MIN_S for each later tool (an
+    even split had skipped it on a 60 s stage); a tool that runs out of time without a verdict
+    is a skip, not a failure."""
+    import subprocess
+    gc = _gpu_check_module()
+    now, asked = [0.0], []
+    monkeypatch.setattr(gc.bu.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(gc, "find_compute_sanitizer", lambda: "/bin/compute-sanitizer")
+
+    def run(cmd, timeout=None, **kw):
+        tool = cmd[cmd.index("--tool") + 1] if "--tool" in cmd else None
+        if tool is None:
+            return subprocess.CompletedProcess(cmd, 0, "compute-sanitizer 13.0\n", "")
+        asked.append((tool, round(timeout)))
+        now[0] += 12
+        if tool == "synccheck":
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        return subprocess.CompletedProcess(cmd, 0, "sanitizer driver: 40 launches\n========= ERROR SUMMARY: 0 errors\n",
+                                           "")
+    monkeypatch.setattr(gc.subprocess, "run", run)
+    st = gc.Stage("sanitizer", 2, 60, quiet=True)
+    gc.stage_sanitizer(st, str(tmp_path))
+    assert asked == [("memcheck", 30), ("racecheck", 33), ("synccheck", 36)]
+    got = {c["name"]: c["status"] for c in st.rec["checks"]}
+    assert got == {"memcheck": "pass", "racecheck": "pass", "synccheck": "skip"}
