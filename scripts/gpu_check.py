@@ -47,8 +47,10 @@ call's --deadline + 90, lower --deadline to budget_left_s - 90 and timeout_s to 
 stages shrink to fit; call 2 is worth making with 100 s).  The other way round, when call 1's
 reply leaves budget_left_s above call 2's timeout_s + 60 (an H200 lease had 355 s there, the
 start and transfers having taken ~40 s, not the 3 min planned), raise call 2's --deadline to
-budget_left_s - 120 (at most 540) and timeout_s to that + 60: the eval stage, the last, takes
-what is added.  Give the machine back after call 2.
+budget_left_s - 80 (at most 540) and timeout_s to that + 45: the eval stage, the last, takes
+what is added (a warm machine's second call cost 9 s beyond its command in the fourth H200
+run, whose call 2 with B - 120 left 136 s of the lease unused).  Give the machine back after
+call 2.
 The commands:
 
     call 1  carry [".gpu_carry/call1"], timeout_s 580
@@ -2899,7 +2901,7 @@ def dry_run(selftest: bool = True) -> int:
     print(f"device time: {commands / 60:.1f} min of commands + about {(need - commands) / 60:.1f} min of machine start "
           f"and transfers = {need / 60:.1f} min (lease {LEASE_S / 60:.0f} min)")
     print(f"after call 1: budget_left_s B < {CALLS[2]['deadline'] + 90}: call 2 with --deadline B - 90; "
-          f"B > {call_timeout(2) + 60}: --deadline min(B - 120, 540), timeout_s that + 60 (eval takes the rest)")
+          f"B > {call_timeout(2) + 60}: --deadline min(B - 80, 540), timeout_s that + 45 (eval takes the rest)")
     if need > LEASE_S:
         problems.append(f"the calls need about {need / 60:.1f} min of device time: more than the {LEASE_S / 60:.0f}-min "
                         "lease")
