@@ -250,30 +250,12 @@ def time_decode(model, batch: int, prompt: int, steps: int, runs: int, graphs: b
 
 
 def _head_ms(model, batch: int, runs: int) -> float:
-    """Median ms of model.lm_head on a [batch, 1, hidden] bf16 input, replayed in a CUDA graph."""
+    """Median ms of model.lm_head on a [batch, 1, hidden] bf16 input (bu.graph_time: replayed in
+    a CUDA graph; the head's weights are many times L2, so one copy)."""
     import torch
     head = model.get_output_embeddings()
-    dev = next(model.parameters()).device
-    h = torch.randn(batch, 1, model.config.hidden_size, device=dev).to(torch.bfloat16)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            head(h)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        head(h)
-    for _ in range(3):
-        graph.replay()
-    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
-    for a, b in evs:
-        a.record()
-        graph.replay()
-        b.record()
-    torch.cuda.synchronize()
-    del graph
-    return statistics.median(a.elapsed_time(b) for a, b in evs)
+    h = torch.randn(batch, 1, model.config.hidden_size, device=next(model.parameters()).device).to(torch.bfloat16)
+    return bu.graph_time(torch, [lambda: head(h)], runs=runs)["median_ms"]
 
 
 def _device_errors(dev):
@@ -370,7 +352,8 @@ def _summary(entry) -> str:
     for r in entry["runs"]:
         g = f"{r['graph_tokens_per_s']:.1f}" if "graph_tokens_per_s" in r else "no graph"
         parts.append(f"batch {r['batch']}: {g} tok/s graph, {r['eager_tokens_per_s']:.1f} eager"
-                     + (f" (layers {r['layers_ms']:.3f} ms, lm_head {r['lm_head_ms']:.3f} ms)" if "layers_ms" in r else "")
+                     + (f" (layers {r['layers_ms']:.3f} ms, lm_head {r['lm_head_ms']:.3f} ms)"
+                        if "layers_ms" in r else "")
                      + ("" if r.get("prefill_logits_bitwise", True) else " (prefill logits differ)"))
     return "; ".join(parts)
 

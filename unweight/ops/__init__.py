@@ -9,7 +9,7 @@ tracing, CUDA-graph capture) and a CPU implementation where one exists.
     gather.py     gather_rows_huffman, gather_rows_palette                   (embedding lookups)
     matmul.py     palette_matmul, palette_gemv, palette_gemv_slots           (fused decode + GEMM / GEMV)
     layout.py     tile_palette_planes, untile_palette_planes, paired_palette,
-                  remap_index                                                (the planes' device order)
+                  remap_index, pair_index, stored_index                      (the planes' device order)
     transcode.py  build_lut, exp_histogram, palette_encode, palette_verbatim,
                   transcode_to_palette()                                     (load time)
 
@@ -18,8 +18,8 @@ Importing it imports torch and registers the ops; it never touches a CUDA device
 from ._ext import cuda_available, cuda_kernels_built
 from .decode import decode_huffman, decode_palette, decode_palette_slots
 from .gather import gather_rows_huffman, gather_rows_palette
-from .layout import (inverse_nibble_map, palette_pairs, paired_palette, remap_index, tile_palette_planes,
-                     untile_palette_planes)
+from .layout import (inverse_nibble_map, pair_index, palette_pairs, paired_palette, remap_index, stored_index,
+                     tile_palette_planes, untile_palette_planes)
 from .matmul import (palette_counters_elems, palette_gemv, palette_gemv_parts, palette_gemv_slots,
                      palette_gemv_supported, palette_matmul, palette_splits, palette_supported, palette_workspace_elems, palette_workspace_max)
 from .transcode import build_lut, exp_histogram, palette_encode, palette_verbatim, transcode_to_palette
@@ -29,4 +29,4 @@ __all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_pal
            "palette_gemv", "palette_gemv_parts", "palette_gemv_slots", "palette_gemv_supported",
            "palette_workspace_elems", "palette_workspace_max", "palette_counters_elems", "build_lut", "exp_histogram", "palette_encode",
            "palette_verbatim", "transcode_to_palette", "tile_palette_planes", "untile_palette_planes", "palette_pairs", "paired_palette",
-           "remap_index", "inverse_nibble_map"]
+           "remap_index", "inverse_nibble_map", "pair_index", "stored_index"]

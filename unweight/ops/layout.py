@@ -17,6 +17,7 @@ hold a weight either way.
     palette_pairs(palette) -> bool
     paired_palette(palette) -> (palette, nibble_map) or None
     remap_index(idx, nibble_map) -> idx
+    pair_index(palette, idx) -> (palette, nibble_map, idx) or None;  stored_index(idx, nibble_map) -> idx
         The CUDA palette decode looks an index up with byte permutes on register tables; it
         takes 8 operations per 4 weights when every entry k < 8 and its partner k + 8 have
         exponents of the same parity ("paired"), 11 otherwise.  The writer orders a palette by
@@ -34,7 +35,7 @@ from torch import Tensor
 from ..runtime import kernel_plan as plan
 
 __all__ = ["tile_palette_planes", "untile_palette_planes", "palette_pairs", "paired_palette", "remap_index",
-           "inverse_nibble_map"]
+           "inverse_nibble_map", "pair_index", "stored_index"]
 
 _R, _C = plan.PAL_TILE_ROWS, plan.PAL_TILE_COLS
 
@@ -114,6 +115,18 @@ def paired_palette(palette) -> tuple[list[int], list[int]] | None:
     nib = slot + list(range(n, 16))
     assert sorted(nib) == list(range(16)) and palette_pairs(new)
     return new, nib
+
+
+def pair_index(palette, idx: Tensor) -> tuple[list[int], list[int], Tensor] | None:
+    """(palette in paired order, its nibble map, a new index plane rewritten for it):
+    paired_palette then remap_index; None where paired_palette gives None."""
+    paired = paired_palette(palette)
+    return None if paired is None else (*paired, remap_index(idx, paired[1]))
+
+
+def stored_index(idx: Tensor, nibble_map) -> Tensor:
+    """The index plane as stored, from one rewritten by `nibble_map` (a new tensor)."""
+    return remap_index(idx, inverse_nibble_map(nibble_map))
 
 
 def inverse_nibble_map(nibble_map) -> list[int]:

@@ -97,10 +97,10 @@ class ExpertSlots:
                    [int(b) for b in h.palette[: h.pal_size]], int(h.rows_per_group), int(h.cols_per_chunk))
         # the bytes the padded entries hold (4 of block id, PAL_BLOCK of exponents each)
         slots.padding_bytes = (E * width - len(vpos)) * (4 + C.PAL_BLOCK)
-        reorder = ops.paired_palette(slots.palette) if (dev.type == "cuda" if paired is None else paired) else None
-        if reorder is not None:
-            slots.palette = reorder[0]
-            slots.idx = ops.remap_index(slots.idx, reorder[1])
+        if (dev.type == "cuda") if paired is None else paired:
+            reorder = ops.pair_index(slots.palette, slots.idx)
+            if reorder is not None:
+                slots.palette, _, slots.idx = reorder
         return slots
 
     def tensors(self) -> list:

@@ -280,18 +280,18 @@ class _Planes:
             return False
         idx = self.plane(C.SUFFIX_IDX).data
         if not want:
-            idx.copy_(ops_layout.remap_index(idx, ops_layout.inverse_nibble_map(cur[1])))
+            idx.copy_(ops_layout.stored_index(idx, cur[1]))
             del self.module._uw_paired[self.attr]
             return True
-        new = ops_layout.paired_palette([int(b) for b in self.header.palette[: self.header.pal_size]])
+        new = ops_layout.pair_index([int(b) for b in self.header.palette[: self.header.pal_size]], idx)
         if new is None:
             return False
-        idx.copy_(ops_layout.remap_index(idx, new[1]))
+        idx.copy_(new[2])
         if not hasattr(self.module, "_uw_paired"):
             self.module._uw_paired = {}
             self.module._register_state_dict_hook(_stored_index_state_dict)
             self.module._register_load_state_dict_pre_hook(_loading_stored_index, with_module=True)
-        self.module._uw_paired[self.attr] = new
+        self.module._uw_paired[self.attr] = new[:2]
         return True
 
     def rebase_verbatim(self) -> None:
@@ -339,7 +339,7 @@ def _stored_index_state_dict(module, state_dict, prefix, local_metadata):
     for attr, (_, nib) in getattr(module, "_uw_paired", {}).items():
         key = prefix + attr + C.SUFFIX_IDX
         if key in state_dict:
-            state_dict[key] = ops_layout.remap_index(state_dict[key], ops_layout.inverse_nibble_map(nib))
+            state_dict[key] = ops_layout.stored_index(state_dict[key], nib)
     return state_dict
 
 

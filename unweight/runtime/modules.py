@@ -334,14 +334,14 @@ class CompressedWeightMixin:
             return False
         idx = self.weight__idx.data
         if order == "file":
-            idx.copy_(ops_layout.remap_index(idx, ops_layout.inverse_nibble_map(self._pal_map[1])))
+            idx.copy_(ops_layout.stored_index(idx, self._pal_map[1]))
             self._pal_map = None
             return True
-        paired = ops_layout.paired_palette(self._info.palette)
+        paired = ops_layout.pair_index(self._info.palette, idx)
         if paired is None:
             return False
-        idx.copy_(ops_layout.remap_index(idx, paired[1]))
-        self._pal_map = paired
+        idx.copy_(paired[2])
+        self._pal_map = paired[:2]
         return True
 
     def check_loaded(self, where: str = ""):
@@ -385,7 +385,7 @@ def _file_order(owner, planes: dict) -> dict:
     if owner._tiled:
         sm, idx = ops_layout.untile_palette_planes(sm, idx)
     if owner._pal_map is not None:  # a byte-wise map: it commutes with the tiling's byte moves
-        idx = ops_layout.remap_index(idx, ops_layout.inverse_nibble_map(owner._pal_map[1]))
+        idx = ops_layout.stored_index(idx, owner._pal_map[1])
     return {**planes, C.SUFFIX_SM: sm, C.SUFFIX_IDX: idx}
 
 

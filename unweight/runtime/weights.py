@@ -90,8 +90,7 @@ def hold_paired(w: EncodedWeight) -> EncodedWeight:
     weight, or a palette that pairs as stored or cannot pair, as it is."""
     if w.is_huffman or w.idx is None:
         return w
-    paired = ops_layout.paired_palette(w.palette)
+    paired = ops_layout.pair_index(w.palette, w.idx)
     if paired is not None:
-        w.idx = ops_layout.remap_index(w.idx, paired[1])
-        w.palette = paired[0]
+        w.palette, _, w.idx = paired
     return w
