@@ -42,12 +42,13 @@ import _bench_util as bu  # noqa: E402
 MODES = ("huffman", "palette", "palette+tiled", "huffman+fused", "palette+fused", "palette+fused-wide",
          "palette+fused-xs", "palette+gemv", "palette+gemv-mma", "palette+gemv-mma+tiled", "palette+fused-wide+tiled",
          "palette+gemv-mma-staged", "palette+gemv-mma-prefetch", "palette+gemv-mma-bulk+tiled",
-         "palette+gemv-deep", "palette+gemv-staged",
+         "palette+gemv-mma-queue+tiled", "palette+gemv-deep", "palette+gemv-staged",
          "huffman+chain", "huffman+ahead", "huffman+ahead2", "huffman+ring", "palette+vec8", "palette+wide", "dense")
 FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs",
                "gemv": "palette_gemv", "gemv-deep": "palette_gemv_deep", "gemv-staged": "palette_gemv_staged",
                "gemv-mma": "palette_gemv_mma", "gemv-mma-staged": "palette_gemv_mma_staged",
-               "gemv-mma-prefetch": "palette_gemv_mma_prefetch", "gemv-mma-bulk": "palette_gemv_mma_bulk"}
+               "gemv-mma-prefetch": "palette_gemv_mma_prefetch", "gemv-mma-bulk": "palette_gemv_mma_bulk",
+               "gemv-mma-queue": "palette_gemv_mma_queue"}
 
 
 def llama8b_config(layers: int, **over):

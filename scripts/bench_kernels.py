@@ -124,6 +124,8 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                     r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas,
                                                             wide="gemm:wide" not in skip)
                     r["palette_gemv_parts_sweep"] = _gemv_parts_sweep(torch, ws, x, runs, t_cublas, skip)
+                    if "gemv:mma_queue" not in skip:
+                        r["palette_gemv_queue_sweep"] = _queue_units_sweep(torch, ws, tiled, x, runs, t_cublas)
             choice = table.record(dev_name, N, K, e, M, times)
             r[f"{e}_auto"] = {"choice": choice, "time_vs_cublas": times[choice] / t_cublas}
         r["device_errors"] = int(err.item())
@@ -148,7 +150,8 @@ LAYOUTS = (("palette_fused_wide", "palette_gemm_wide", "gemm:wide", True),
            ("palette_gemv_staged", "palette_gemv_staged", "gemv:staged", False),
            ("palette_gemv_mma", "palette_gemv_mma", "gemv:mma", False),
            ("palette_gemv_mma_staged", "palette_gemv_mma_staged", "gemv:mma_staged", False),
-           ("palette_gemv_mma_prefetch", "palette_gemv_mma_prefetch", "gemv:mma_prefetch", False))
+           ("palette_gemv_mma_prefetch", "palette_gemv_mma_prefetch", "gemv:mma_prefetch", False),
+           ("palette_gemv_mma_queue", "palette_gemv_mma_queue", "gemv:mma_queue", False))
 
 
 # The palette kernels timed again on tile-major planes (ops/layout.py; the same bits as on file
@@ -163,7 +166,8 @@ TILED = (("palette_fused_tiled", "palette_gemm", "palette_gemm", None),
          ("palette_gemv_tiled", "palette_gemv", "palette_gemv", None),
          ("palette_gemv_mma_tiled", "palette_gemv_mma", "palette_gemv_mma", None),
          ("palette_gemv_mma_staged_tiled", "palette_gemv_mma_staged", "palette_gemv_mma_staged", None),
-         ("palette_gemv_mma_bulk_tiled", "palette_gemv_mma_bulk", "palette_gemv_mma", "gemv:mma_bulk"))
+         ("palette_gemv_mma_bulk_tiled", "palette_gemv_mma_bulk", "palette_gemv_mma", "gemv:mma_bulk"),
+         ("palette_gemv_mma_queue_tiled", "palette_gemv_mma_queue", "palette_gemv_mma_queue", "gemv:mma_queue"))
 
 
 # Batches at which the tensor-core GEMV on tile-major planes is timed again with the palette in
@@ -252,11 +256,43 @@ def _gemv_parts_sweep(torch, ws, x, runs, t_cublas, skip) -> dict:
             def call(q, parts=parts, v=v):
                 return torch.ops.unweight.palette_gemv(x, q.sm, q.idx, q.vpos, q.vexp, q.rows, q.cols, q.palette,
                                                        parts, v)
-            try:
-                t = bu.graph_time(torch, [lambda q=q: call(q) for q in ws], runs=max(10, runs // 2))
-                out[f"{path}:{parts}"] = t["median_ms"] / t_cublas
-            except Exception as ex:  # noqa: BLE001 - a refused parts count is a finding
-                out[f"{path}:{parts}"] = f"{type(ex).__name__}: {ex}"
+            out[f"{path}:{parts}"] = _sweep_point(torch, ws, call, runs, t_cublas)
+    return out
+
+
+def _sweep_point(torch, copies, call, runs, t_cublas):
+    """One point of a sweep: call(q) over the copies timed, as time / cuBLAS time, or the
+    error that refused it (a refused count is a finding, not a failure)."""
+    try:
+        t = bu.graph_time(torch, [lambda q=q: call(q) for q in copies], runs=max(10, runs // 2))
+        return t["median_ms"] / t_cublas
+    except Exception as ex:  # noqa: BLE001
+        return f"{type(ex).__name__}: {ex}"
+
+
+def _queue_units_sweep(torch, ws, tiled, x, runs, t_cublas) -> dict:
+    """The queued tensor-core GEMV at 1, 2, 4, 8, 16 and 32 units per tile and the planned count,
+    on the planes as loaded and (when made) tile-major: {"planned": u, "<units>" / "tiled:<units>":
+    time / cuBLAS time}.  Its register-direct reference runs one part per warp at the same
+    counts (palette_gemv_parts_sweep), so the two sweeps side by side say what handing the units
+    out from a queue buys at each granularity.  Data for the units plan
+    (kernel_plan.pgemv_mma_queue_units), not a dispatch choice."""
+    from unweight import ops
+    from unweight.runtime import kernel_plan as kp
+    w0, M = ws[0], x.size(0)
+    planned = ops.palette_gemv_queue_units(w0.rows, w0.cols, x.device)
+    steps = kp.cdiv(w0.cols, kp.PGEMV_MMA_COLS)
+    ladder = sorted({u for u in (1, 2, 4, 8, 16, 32, planned) if u <= steps})
+    work = torch.zeros(max(1, kp.pgemv_mma_queue_workspace(w0.rows, max(ladder), M)), dtype=torch.float32,
+                       device=x.device)
+    cnt = torch.zeros(kp.pgemv_mma_queue_counters(w0.rows), dtype=torch.int32, device=x.device)
+    out = {"planned": planned}
+    for tag, copies in (("", ws), ("tiled:", tiled)):
+        for units in ladder if copies else ():
+            def call(q, units=units):
+                return torch.ops.unweight.palette_gemv_queue(x, q.sm, q.idx, q.vpos, q.vexp, work, cnt, q.rows, q.cols,
+                                                             q.palette, units, q.tiled)
+            out[f"{tag}{units}"] = _sweep_point(torch, copies, call, runs, t_cublas)
     return out
 
 

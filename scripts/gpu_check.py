@@ -1016,7 +1016,8 @@ def _verbatim_heavy(np, cols, seed):
 # third H200 run, which reserved that for every later group, the first groups, the tile-major
 # checks among them, got no time.)
 # "tiled": every palette kernel on tile-major planes (ops/layout.py) against the file-order ones.
-VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv", "gemm:xs", "gemv:mma_staged", "gemv:staged", "gemm:wide",
+VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv:mma_queue", "gemv", "gemm:xs", "gemv:mma_staged",
+                "gemv:staged", "gemm:wide",
                 "gemv:deep", "gemv:mma_prefetch", "huffman:ahead", "huffman:chain", "huffman:ahead2", "huffman:scalar",
                 "palette:vec8")
 # The GEMV's variants by tag: the tuning table's path, what it is called, the path whose bits it
@@ -1132,7 +1133,7 @@ def group_variant(rec, device, tag):
             return r
         for N, K in cases:
             rec.check(f"fused palette {what} {N}x{K}: the one-tile kernel's bits", same_bits, N, K)
-    elif (tag in ("gemv", "gemv:mma") or tag in GEMV_VARIANTS) and "palette" not in h.fused_paths():
+    elif (tag in ("gemv", "gemv:mma", "gemv:mma_queue") or tag in GEMV_VARIANTS) and "palette" not in h.fused_paths():
         rec.check(f"palette GEMV ({tag})", lambda: {"skipped": True, "why": "no fused palette kernel"})
         return
     elif tag == "gemv":
@@ -1170,8 +1171,10 @@ def group_variant(rec, device, tag):
                  "accuracy": bool(acc.get("passed"))}
             return {**r, "passed": all(r.values())}
         rec.check("palette GEMV on verbatim-heavy weights", verbatim_heavy)
-    elif tag == "gemv:mma":
-        from unweight.runtime.tuning_table import PALETTE_GEMV_MMA as P
+    elif tag in ("gemv:mma", "gemv:mma_queue"):
+        from unweight.runtime import tuning_table as tt
+        P = tt.PALETTE_GEMV_MMA_QUEUE if tag == "gemv:mma_queue" else tt.PALETTE_GEMV_MMA
+        name = "mma queued" if tag == "gemv:mma_queue" else "mma"
 
         def mma_case(w, batches):
             """The tensor-core GEMV at batch 1..32: within 2x cuBLAS's error against FP64 (its own
@@ -1192,9 +1195,62 @@ def group_variant(rec, device, tag):
             r["passed"] = all(r.values())
             return r
         for N, K in _gemv_cases(device) + [(40, 1088)]:
-            rec.check(f"palette GEMV mma {N}x{K} at batch 1-32", mma_case, h.make_weights(N, K, seed=N + 13 * K),
+            rec.check(f"palette GEMV {name} {N}x{K} at batch 1-32", mma_case, h.make_weights(N, K, seed=N + 13 * K),
                       (1, 2, 4, 8, 9, 16, 17, 32))
-        rec.check("palette GEMV mma on verbatim-heavy weights", mma_case, _verbatim_heavy(np, 576, 5), (1, 3, 16, 24))
+        rec.check(f"palette GEMV {name} on verbatim-heavy weights", mma_case, _verbatim_heavy(np, 576, 5),
+                  (1, 3, 16, 24))
+        if tag == "gemv:mma_queue":
+            def queue_case(w, tiled):
+                """At 1, 2, 4 and 8 units per tile the queued GEMV gives the register-direct
+                GEMV's bits at that many parts (the same sums in the same order, whichever warp
+                took which unit), leaves its counters zero, and replays in a CUDA graph."""
+                N, K = w.shape
+                ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
+                if tiled:
+                    ew = bu.clone_encoded(ew, tiled=True)
+                steps = kp.cdiv(K, kp.PGEMV_MMA_COLS)
+                x = h.bf16_tensor(h.make_weights(17, K, seed=K, spread=False), device)
+                cnt = torch.zeros(kp.pgemv_mma_queue_counters(N), dtype=torch.int32, device=device)
+                r = {}
+                for units in (u for u in (1, 2, 4, 8) if u <= steps):
+                    ws = torch.zeros(max(1, kp.pgemv_mma_queue_workspace(N, units, x.size(0))), device=device)
+                    for M in (1, 9, 17):
+                        xm = x[:M].contiguous()
+                        got = torch.ops.unweight.palette_gemv_queue(xm, ew.sm, ew.idx, ew.vpos, ew.vexp, ws, cnt, N, K,
+                                                                    ew.palette, units, ew.tiled)
+                        want = torch.ops.unweight.palette_gemv(xm, ew.sm, ew.idx, ew.vpos, ew.vexp, N, K, ew.palette,
+                                                               units, kp.PGEMV_VARIANT_MMA, ew.tiled)
+                        r[f"units={units} M={M}"] = bool(torch.equal(got.view(torch.int16), want.view(torch.int16)))
+                r["counters_zero"] = int(cnt.abs().sum().item()) == 0
+                if device == "cuda":
+                    from unweight import ops
+                    units = ops.palette_gemv_queue_units(N, K, device)
+                    ws = torch.zeros(max(1, kp.pgemv_mma_queue_workspace(N, units, 1)), device=device)
+                    x1 = x[:1].contiguous()
+
+                    def call():
+                        return torch.ops.unweight.palette_gemv_queue(x1, ew.sm, ew.idx, ew.vpos, ew.vexp, ws, cnt, N,
+                                                                     K, ew.palette, units, ew.tiled)
+                    y0 = call()
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        yg = call()
+                    same = True
+                    for _ in range(3):
+                        g.replay()
+                        torch.cuda.synchronize()
+                        same &= bool(torch.equal(yg.view(torch.int16), y0.view(torch.int16)))
+                    r["graph_replays_bitwise"] = same
+                    r["counters_zero_after_graph"] = int(cnt.abs().sum().item()) == 0
+                r["passed"] = all(r.values())
+                return r
+            for N, K in _gemv_cases(device) + [(40, 1088)]:
+                rec.check(f"palette GEMV mma queued {N}x{K}: mma's bits at 1, 2, 4, 8 units", queue_case,
+                          h.make_weights(N, K, seed=N + 17 * K), False)
+            for N, K in ((48, 1088), (64, 4160)) + (((4096, 4096),) if device == "cuda" else ()):
+                rec.check(f"palette GEMV mma queued {N}x{K} tile-major: mma's bits", queue_case,
+                          h.make_weights(N, K, seed=N + 19 * K), True)
     elif tag in GEMV_VARIANTS:
         from unweight.runtime.tuning_table import TILED_ONLY
         vpath, vname, ref, batches = GEMV_VARIANTS[tag]
@@ -2103,7 +2159,8 @@ def stage_eval(st: Stage) -> None:
 # bench_e2e's modes: the runtime's defaults first, then the variants (VARIANT_TAGS), then
 # dense (it turns the modules into plain nn.Linear, so it comes last).
 BENCH_E2E_MODES = ("palette", "palette+tiled", "palette+gemv-mma", "palette+gemv-mma+tiled", "palette+fused",
-                   "palette+gemv-mma-bulk+tiled", "huffman", "palette+gemv", "palette+gemv-mma-staged",
+                   "palette+gemv-mma-bulk+tiled", "palette+gemv-mma-queue+tiled", "huffman", "palette+gemv",
+                   "palette+gemv-mma-staged",
                    "palette+gemv-mma-prefetch", "huffman+ahead",
                    "palette+gemv-deep",
                    "palette+gemv-staged", "palette+fused-wide", "palette+fused-xs", "palette+vec8", "huffman+ahead2",
@@ -2112,6 +2169,7 @@ E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm
                     "palette+gemv-deep": "gemv:deep", "palette+gemv-staged": "gemv:staged",
                     "palette+gemv-mma": "gemv:mma", "palette+gemv-mma-staged": "gemv:mma_staged",
                     "palette+gemv-mma-prefetch": "gemv:mma_prefetch", "palette+gemv-mma-bulk+tiled": "gemv:mma_bulk",
+                    "palette+gemv-mma-queue+tiled": "gemv:mma_queue",
                     "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2", "huffman+ahead": "huffman:ahead",
                     "palette+vec8": "palette:vec8", "palette+tiled": "tiled", "palette+gemv-mma+tiled": "tiled"}
 
@@ -2269,6 +2327,12 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
     # throughput the file-order profile left at half (H200: 50 %, at 25 % occupancy).
     ("gemv-32768x4096-M1-mma-tiled", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "mma",
                                       "--tiled"], "pgemv_mma"),
+    # The same steps handed out as units from a queue to a persistent grid: whether the one-wave
+    # layers' DRAM throughput was lost to warps finishing at different times (the 128256-row
+    # head, ~4 waves of the same kernel, streamed at ~78% of DRAM's peak where 32768 rows, one
+    # wave, streamed at 56%).
+    ("gemv-32768x4096-M1-mma_queue-tiled", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
+                                            "mma_queue", "--tiled"], "pgemv_mma_queue"),
     # The copy engine feeding the same kernel from the same tile-major planes.
     ("gemv-32768x4096-M1-mma_bulk-tiled", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
                                            "mma_bulk", "--tiled"], "pgemv_mma_bulk"),
@@ -2356,7 +2420,7 @@ def _profile_variant(args: list) -> str | None:
     kind = args[args.index("--kernel") + 1]
     if kind == "gemv":
         v = args[args.index("--variant") + 1] if "--variant" in args else None
-        return f"gemv:{v}" if f"gemv:{v}" in GEMV_VARIANTS or v == "mma" else "gemv"
+        return f"gemv:{v}" if f"gemv:{v}" in GEMV_VARIANTS or v in ("mma", "mma_queue") else "gemv"
     if kind == "fused":
         if "--stage-tiles" in args and args[args.index("--stage-tiles") + 1] != "1":
             return "gemm:wide"

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", default="default",
                     help="decoder variant: default, or a name of runtime.kernel_plan.HUFF_VARIANTS (huffman) "
                          "or PAL_VARIANTS (palette); gemv: default, deep, staged, mma, mma_staged "
-                         "mma_prefetch or mma_bulk (PGEMV_VARIANTS; mma_bulk needs --tiled)")
+                         "mma_prefetch, mma_bulk (PGEMV_VARIANTS; mma_bulk needs --tiled) or mma_queue")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import numpy as np
@@ -51,7 +51,8 @@ def main(argv=None) -> int:
 
     from unweight.codec import tensor_codec as tc
     from unweight.runtime import kernel_plan as kp
-    names = {"palette": kp.PAL_VARIANTS, "gemv": kp.PGEMV_VARIANTS}.get(args.kernel, kp.HUFF_VARIANTS)
+    gemv_names = {**kp.PGEMV_VARIANTS, "mma_queue": kp.PGEMV_VARIANT_MMA_QUEUE}  # (the queue has its own op)
+    names = {"palette": kp.PAL_VARIANTS, "gemv": gemv_names}.get(args.kernel, kp.HUFF_VARIANTS)
     variant = 0 if args.variant == "default" else names[args.variant]
     h = bu.import_helpers()
     dev = bu.device(torch)

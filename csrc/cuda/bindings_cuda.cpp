@@ -90,6 +90,30 @@ Palette make_palette(const py::bytes& b) {
   return p;
 }
 
+// An emulated palette GEMV: the operands checked and copied, y [M, N] allocated, then
+// launch(o, pal, y) emulates the kernel with the GIL released and the launch's global
+// buffers (the planes, x, y) bounded; y uint16 (bf16 bits) [M, N].
+template <class F>
+arr<uint16_t> emulate_gemv_like(const arr<uint16_t>& x, const arr<uint8_t>& sm, const arr<uint8_t>& idx,
+                                const py::bytes& palette, const arr<uint32_t>& vpos, const arr<uint8_t>& vexp,
+                                F&& launch) {
+  check_emu_operands(x, sm, idx, vpos, vexp);
+  const EmuOperands o(x, sm, idx, vpos, vexp);
+  arr<uint16_t> y({static_cast<int64_t>(o.M), o.N});
+  const Palette pal = make_palette(palette);
+  uint16_t* yp = y.mutable_data();
+  const char* e;
+  const std::pair<const void*, size_t> vb{vpos.data(), vpos.nbytes()}, yb{yp, y.nbytes()};
+  {
+    py::gil_scoped_release nogil;
+    // (a read past any of these fails the emulated launch)
+    const emu::GlobalBounds bounds{{o.x.p, o.x.n}, {o.sm.p, o.sm.n}, {o.idx.p, o.idx.n}, {o.vexp.p, o.vexp.n}, vb, yb};
+    e = launch(o, pal, vpos.data(), yp);
+  }
+  check(e);
+  return y;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_cuda, m) {
@@ -184,6 +208,13 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PGEMV_MMA_BULK_SLOT") = plan::PGEMV_MMA_BULK_SLOT;
   m.attr("PGEMV_MMA_BULK_CTAS_PER_SM") = plan::PGEMV_MMA_BULK_CTAS_PER_SM;
   m.attr("PGEMV_MMA_BULK_SMEM_BYTES") = plan::PGEMV_MMA_BULK_SMEM_BYTES;
+  m.attr("PGEMV_VARIANT_MMA_QUEUE") = plan::PGEMV_VARIANT_MMA_QUEUE;
+  m.attr("PGEMV_MMA_QUEUE_UNITS_PER_WARP") = plan::PGEMV_MMA_QUEUE_UNITS_PER_WARP;
+  m.attr("PGEMV_MMA_QUEUE_MIN_STEPS") = plan::PGEMV_MMA_QUEUE_MIN_STEPS;
+  m.attr("PGEMV_MMA_QUEUE_MAX_UNITS") = plan::PGEMV_MMA_QUEUE_MAX_UNITS;
+  m.attr("PGEMV_QUEUE_HEAD") = plan::PGEMV_QUEUE_HEAD;
+  m.attr("PGEMV_QUEUE_DONE") = plan::PGEMV_QUEUE_DONE;
+  m.attr("PGEMV_QUEUE_TILES") = plan::PGEMV_QUEUE_TILES;
   m.attr("PMMA_CHUNK_M") = plan::PMMA_CHUNK_M;
   m.attr("PMMA_MAX_M") = plan::PMMA_MAX_M;
   m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
@@ -245,18 +276,25 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("plan_pmma_workspace_max", &plan::pmma_workspace_max);
   m.def("plan_pgemv_parts", &plan::pgemv_parts);
   m.def("plan_pgemv_grid", &plan::pgemv_grid);
-  m.def("plan_pgemv_steps", [](int64_t K, int parts, int part) {
-    int64_t first = 0, last = 0;
-    plan::pgemv_steps(K, parts, part, &first, &last);
-    return py::make_tuple(first, last);
-  });
+  // The plan's step ranges, [first, last) as a tuple.
+  using StepsFn = void (*)(int64_t, int, int, int64_t*, int64_t*);
+  auto steps_range = [](StepsFn f) {
+    return [f](int64_t K, int parts, int part) {
+      int64_t first = 0, last = 0;
+      f(K, parts, part, &first, &last);
+      return py::make_tuple(first, last);
+    };
+  };
+  m.def("plan_pgemv_steps", steps_range(&plan::pgemv_steps));
   m.def("plan_pgemv_mma_parts", &plan::pgemv_mma_parts);
   m.def("plan_pgemv_mma_grid", &plan::pgemv_mma_grid);
-  m.def("plan_pgemv_mma_steps", [](int64_t K, int parts, int part) {
-    int64_t first = 0, last = 0;
-    plan::pgemv_mma_steps(K, parts, part, &first, &last);
-    return py::make_tuple(first, last);
-  });
+  m.def("plan_pgemv_mma_steps", steps_range(&plan::pgemv_mma_steps));
+  m.def("plan_pgemv_mma_queue_units", &plan::pgemv_mma_queue_units);
+  m.def("plan_pgemv_mma_unit_steps", steps_range(&plan::pgemv_mma_unit_steps));
+  m.def("plan_pgemv_mma_queue_grid", &plan::pgemv_mma_queue_grid);
+  m.def("plan_pgemv_mma_queue_ctas_per_sm", &plan::pgemv_mma_queue_ctas_per_sm);
+  m.def("plan_pgemv_mma_queue_workspace", &plan::pgemv_mma_queue_workspace);
+  m.def("plan_pgemv_mma_queue_counters", &plan::pgemv_mma_queue_counters);
   m.def("plan_pgemv_is_mma", &plan::pgemv_is_mma);
   m.def("plan_pgemv_max_m", &plan::pgemv_max_m);
   m.def("plan_pgemv_variant_parts", &plan::pgemv_variant_parts);
@@ -409,6 +447,22 @@ PYBIND11_MODULE(_cuda, m) {
      py::arg("ldy"), py::arg("stream") = 0, py::arg("variant") = 0, py::arg("tiled") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on CUDA cores (M <= 4, K % 64 == 0); parts: "
      "warps per row (plan_pgemv_parts); variant: PGEMV_VARIANT_* (0: the default).");
+
+  m.def("palette_gemv_queue", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
+                                 py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int units, int64_t ctas,
+                                 uintptr_t ws, uintptr_t queue, uintptr_t y, int64_t ldy, uintptr_t stream, int tiled) {
+    need(x && sm && idx && y && queue, "null device pointer");
+    need(nv == 0 || (vpos && vexp), "null verbatim pointers");
+    check(cuda::palette_gemv_queue(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx), N,
+                                   K, make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp),
+                                   units, ctas, dev<float>(ws), dev<int32_t>(queue), dev<uint16_t>(y), ldy, tiled,
+                                   stream_of(stream)));
+  }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
+     py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("units"), py::arg("ctas"),
+     py::arg("ws"), py::arg("queue"), py::arg("y"), py::arg("ldy"), py::arg("stream") = 0, py::arg("tiled") = 0,
+     "y[M,N] (bf16) = x[M,K] (bf16) @ W^T through the queued tensor-core GEMV (M <= 32, K % 64 == 0): units per "
+     "16-row tile (plan_pgemv_mma_queue_units), a persistent grid of ctas CTAs (plan_pgemv_mma_queue_grid); ws fp32 "
+     "[plan_pgemv_mma_queue_workspace], queue int32 [plan_pgemv_mma_queue_counters], zero, left zero.");
 
   m.def("palette_gemv_slots", [](uintptr_t x, int64_t ldx, uintptr_t ids, int64_t slots, int64_t E, uintptr_t sm,
                                  uintptr_t idx, int64_t N, int64_t K, py::bytes palette, uintptr_t vpos, int64_t V,
@@ -750,27 +804,34 @@ PYBIND11_MODULE(_cuda, m) {
      "The fused GEMM's kernel body through the warp emulator (tiled: sm and idx hold tile-major bytes in their "
      "[N, K] and [N, K / 2] shapes): y uint16 (bf16 bits) [M, N].");
 
+  m.def("emulate_palette_gemv_queue", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
+                                         arr<uint32_t> vpos, arr<uint8_t> vexp, int units, int64_t ctas,
+                                         bool force_general, int tiled) {
+    need(units >= 1, "units must be >= 1");
+    std::vector<int32_t> queue;
+    arr<uint16_t> y = emulate_gemv_like(x, sm, idx, palette, vpos, vexp, [&](const EmuOperands& o, const Palette& pal,
+                                                                              const uint32_t* vp, uint16_t* yp) {
+      std::vector<float> ws(static_cast<size_t>(std::max<int64_t>(1, plan::pgemv_mma_queue_workspace(o.N, units, o.M))));
+      queue.assign(static_cast<size_t>(plan::pgemv_mma_queue_counters(o.N)), 0);
+      return cuda::emulate::palette_gemv_queue(o.x16(), o.K, o.M, o.sm.p, o.idx.p, o.N, o.K, pal, vp, o.nv, o.vexp.p,
+                                               units, ctas, ws.data(), queue.data(), yp, o.N, force_general ? 1 : 0,
+                                               tiled);
+    });
+    for (int32_t c : queue) need(c == 0, "emulated palette_gemv_queue left a counter non-zero");
+    return y;
+  }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
+     py::arg("units") = 1, py::arg("ctas") = 1, py::arg("force_general") = false, py::arg("tiled") = 0,
+     "The queued tensor-core GEMV's kernel body through the warp emulator on a persistent grid of ctas CTAs "
+     "(units per 16-row tile; tiled as for emulate_palette_gemm): y uint16 (bf16 bits) [M, N].");
+
   m.def("emulate_palette_gemv", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
                                    arr<uint32_t> vpos, arr<uint8_t> vexp, int parts, bool force_general,
                                    int variant, int tiled) {
-    check_emu_operands(x, sm, idx, vpos, vexp);
-    const EmuOperands o(x, sm, idx, vpos, vexp);
-    const int M = o.M;
-    const int64_t N = o.N, K = o.K, nv = o.nv;
-    arr<uint16_t> y({static_cast<int64_t>(M), N});
-    const Palette pal = make_palette(palette);
-    uint16_t* yp = y.mutable_data();
-    const char* e;
-    const std::pair<const void*, size_t> vb{vpos.data(), vpos.nbytes()}, yb{yp, y.nbytes()};
-    {
-      py::gil_scoped_release nogil;
-      // (a read past any of these fails the emulated launch)
-      const emu::GlobalBounds bounds{{o.x.p, o.x.n}, {o.sm.p, o.sm.n}, {o.idx.p, o.idx.n}, {o.vexp.p, o.vexp.n}, vb, yb};
-      e = cuda::emulate::palette_gemv(o.x16(), K, M, o.sm.p, o.idx.p, N, K, pal, vpos.data(), nv,
-                                      o.vexp.p, parts, yp, N, force_general ? 1 : 0, variant, tiled);
-    }
-    check(e);
-    return y;
+    return emulate_gemv_like(x, sm, idx, palette, vpos, vexp, [&](const EmuOperands& o, const Palette& pal,
+                                                                  const uint32_t* vp, uint16_t* yp) {
+      return cuda::emulate::palette_gemv(o.x16(), o.K, o.M, o.sm.p, o.idx.p, o.N, o.K, pal, vp, o.nv, o.vexp.p, parts,
+                                         yp, o.N, force_general ? 1 : 0, variant, tiled);
+    });
   }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
      py::arg("parts") = 1, py::arg("force_general") = false, py::arg("variant") = 0, py::arg("tiled") = 0,
      "The palette GEMV's kernel body through the warp emulator (variant: PGEMV_VARIANT_*; tiled as for "

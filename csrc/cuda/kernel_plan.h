@@ -219,6 +219,21 @@ constexpr int PGEMV_VARIANT_MMA_BULK = 7;
 constexpr int PGEMV_MMA_BULK_DEPTH = 4;
 constexpr int PGEMV_MMA_BULK_SLOT = PGEMV_MMA_ROWS * (PGEMV_MMA_COLS + PGEMV_MMA_COLS / 2);
 constexpr int PGEMV_MMA_BULK_CTAS_PER_SM = 2;
+// The queued tensor-core variant (dispatch path palette_gemv_mma_queue): the register-direct
+// variant's steps, loads and sums in units of a tile's steps handed out from a queue to a
+// persistent grid (what the SMs hold at once), so the warps that stream faster take more units
+// and a tile count the SMs do not divide costs at most one unit per warp instead of a second
+// wave.  Units per tile: enough for PGEMV_MMA_QUEUE_UNITS_PER_WARP units per resident warp, each
+// at least PGEMV_MMA_QUEUE_MIN_STEPS steps (an even count where the tile's steps allow), at
+// most PGEMV_MMA_QUEUE_MAX_UNITS.  Counters (int32): the queue's head, the warps done, then one
+// arrival count per tile; zero before a launch and after it.
+constexpr int PGEMV_VARIANT_MMA_QUEUE = 8;
+constexpr int PGEMV_MMA_QUEUE_UNITS_PER_WARP = 3;
+constexpr int PGEMV_MMA_QUEUE_MIN_STEPS = 2;
+constexpr int PGEMV_MMA_QUEUE_MAX_UNITS = 64;
+constexpr int PGEMV_QUEUE_HEAD = 0;
+constexpr int PGEMV_QUEUE_DONE = 1;
+constexpr int PGEMV_QUEUE_TILES = 2;
 // Shared memory: the parts' sums, [PGEMV_WARPS][PGEMV_MAX_M] fp32; the staged variant adds
 // its rings after them.
 constexpr int PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4;
@@ -459,15 +474,47 @@ UW_PLAN_HD int64_t pgemv_mma_grid(int64_t N, int parts) {
 UW_PLAN_HD void pgemv_mma_steps(int64_t K, int parts, int part, int64_t* first, int64_t* last) {
   pgemv_steps_of(K, PGEMV_MMA_COLS, parts, part, first, last);
 }
+// The queued variant: units per tile (PGEMV_MMA_QUEUE_* above), the steps [first, last) of unit
+// `part` of a tile (cdiv(steps, units) each, the last what is left: at a power-of-two count the
+// register-direct variant's parts), its grid (CTAs of PGEMV_WARPS warps, at most `ctas_per_sm`
+// per SM and no more than the units need), its workspace (fp32) and its counters (int32).
+UW_PLAN_HD int pgemv_mma_queue_units(int64_t N, int64_t K, int64_t num_sms) {
+  const int64_t tiles = cdiv(N, PGEMV_MMA_ROWS), steps = cdiv(K, PGEMV_MMA_COLS);
+  int64_t most = steps / PGEMV_MMA_QUEUE_MIN_STEPS;
+  if (most > PGEMV_MMA_QUEUE_MAX_UNITS) most = PGEMV_MMA_QUEUE_MAX_UNITS;
+  if (most < 1) most = 1;
+  int64_t p = cdiv(PGEMV_MMA_QUEUE_UNITS_PER_WARP * num_sms * PGEMV_MMA_WARPS_PER_SM, tiles);
+  if (p > most) p = most;
+  if (p < 1) p = 1;
+  int64_t per = cdiv(steps, p);
+  if ((per & 1) != 0 && per < steps) per += 1;  // even units: no buffer swap between them
+  return static_cast<int>(cdiv(steps, per));
+}
+UW_PLAN_HD void pgemv_mma_unit_steps(int64_t K, int units, int part, int64_t* first, int64_t* last) {
+  const int64_t steps = cdiv(K, PGEMV_MMA_COLS), per = cdiv(steps, units);
+  *first = part * per < steps ? part * per : steps;
+  *last = *first + per < steps ? *first + per : steps;
+}
+UW_PLAN_HD int64_t pgemv_mma_queue_grid(int64_t N, int units, int64_t num_sms, int ctas_per_sm) {
+  const int64_t need = cdiv(cdiv(N, PGEMV_MMA_ROWS) * units, PGEMV_WARPS), most = num_sms * ctas_per_sm;
+  return need < most ? need : most;
+}
+UW_PLAN_HD constexpr int pgemv_mma_queue_ctas_per_sm(int M) { return M > 16 ? PGEMV_MMA4_CTAS_PER_SM : PGEMV_MMA_CTAS_PER_SM; }
+UW_PLAN_HD int64_t pgemv_mma_queue_workspace(int64_t N, int units, int M) {
+  return units > 1 ? cdiv(N, PGEMV_MMA_ROWS) * units * M * PGEMV_MMA_ROWS : 0;
+}
+UW_PLAN_HD int64_t pgemv_mma_queue_counters(int64_t N) { return PGEMV_QUEUE_TILES + cdiv(N, PGEMV_MMA_ROWS); }
 // Per variant (a resolved PGEMV_VARIANT_*, not DEFAULT): whether it is a tensor-core one, the
 // most batch rows, the warps per row or tile, and the grid.
 UW_PLAN_HD constexpr bool pgemv_is_mma(int variant) {
   return variant == PGEMV_VARIANT_MMA || variant == PGEMV_VARIANT_MMA_STAGED || variant == PGEMV_VARIANT_MMA_PREFETCH ||
-         variant == PGEMV_VARIANT_MMA_BULK;
+         variant == PGEMV_VARIANT_MMA_BULK || variant == PGEMV_VARIANT_MMA_QUEUE;
 }
 UW_PLAN_HD int pgemv_max_m(int variant) { return pgemv_is_mma(variant) ? PGEMV_MMA_MAX_M : PGEMV_MAX_M; }
 UW_PLAN_HD int pgemv_variant_parts(int64_t N, int64_t K, int64_t num_sms, int variant) {
-  return pgemv_is_mma(variant) ? pgemv_mma_parts(N, K, num_sms) : pgemv_parts(N, K, num_sms);
+  return variant == PGEMV_VARIANT_MMA_QUEUE ? pgemv_mma_queue_units(N, K, num_sms)
+         : pgemv_is_mma(variant)            ? pgemv_mma_parts(N, K, num_sms)
+                                            : pgemv_parts(N, K, num_sms);
 }
 UW_PLAN_HD int64_t pgemv_variant_grid(int64_t N, int parts, int variant) {
   return pgemv_is_mma(variant) ? pgemv_mma_grid(N, parts) : pgemv_grid(N, parts);

@@ -162,6 +162,17 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
                          uint16_t* y, int64_t ldy, int variant, int tiled, void* stream);
 
+// The same product through the queued tensor-core GEMV (palette_gemv.cuh pgemv_mma_queue_body):
+// M 1..32; units: units per 16-row tile (plan::pgemv_mma_queue_units; 1 .. the tile's steps,
+// which sets the order of the fp32 sums: at 1, 2, 4 or 8 the MMA variant's at that parts);
+// ctas: the persistent grid (plan::pgemv_mma_queue_grid); ws: fp32 [plan::pgemv_mma_queue_workspace]
+// (unused at units 1); queue: int32 [plan::pgemv_mma_queue_counters], all zero, which a launch
+// leaves zero.
+const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int units,
+                               int64_t ctas, float* ws, int32_t* queue, uint16_t* y, int64_t ldy, int tiled,
+                               void* stream);
+
 // y[s] = x[s] @ W[ids[s]]^T for s < slots (bf16 x [slots, ldx], y [slots, ldy]): the tensor-core
 // GEMV at batch 1 over the slots of a palette stack (palette_gemv.cuh pgemv_slots_body), ids
 // int64 read on the device; the stack as palette_decode_slots takes it (sm [E, N, K], idx [E, N,
@@ -224,6 +235,11 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
                          uint16_t* y, int64_t ldy, int force_general, int variant, int tiled);
+// As palette_gemv_queue, through the warp emulator.
+const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int units,
+                               int64_t ctas, float* ws, int32_t* queue, uint16_t* y, int64_t ldy, int force_general,
+                               int tiled);
 // As palette_gemv_slots, through the warp emulator (ids and err on the host).
 const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* ids, int64_t slots, int64_t E,
                                const uint8_t* sm, const uint8_t* idx, int64_t N, int64_t K, Palette pal,

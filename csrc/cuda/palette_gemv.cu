@@ -13,7 +13,9 @@
 // into per-warp rings (PGEMV_MMA_STAGED_SMEM_BYTES, past 48 KB: opted in per device).  Its
 // prefetching form: the register-direct kernel's bounds and shared memory.  Its bulk-copy form
 // (sm_90+, tile-major planes): the same bounds, steps fetched by cp.async.bulk into per-warp
-// rings (PGEMV_MMA_BULK_SMEM_BYTES, opted in); the launcher refuses it on an older device.
+// rings (PGEMV_MMA_BULK_SMEM_BYTES, opted in); the launcher refuses it on an older device.  Its
+// queued form (pgemv_mma_queue_body, palette_gemv_queue): the register-direct kernel's bounds,
+// no shared memory, a persistent grid the caller sizes (plan::pgemv_mma_queue_grid).
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -35,9 +37,11 @@ struct PgemvVariant {
   static constexpr bool kStaged = V == plan::PGEMV_VARIANT_STAGED || V == plan::PGEMV_VARIANT_MMA_STAGED;
   static constexpr bool kPrefetch = V == plan::PGEMV_VARIANT_MMA_PREFETCH;
   static constexpr bool kBulk = V == plan::PGEMV_VARIANT_MMA_BULK;
+  static constexpr bool kQueue = V == plan::PGEMV_VARIANT_MMA_QUEUE;
   static constexpr int kUnroll = V == plan::PGEMV_VARIANT_DEEP ? plan::PGEMV_DEEP_UNROLL : kStaged ? 1 : plan::PGEMV_UNROLL;
   static constexpr int kSmem = kMma ? (kStaged ? plan::PGEMV_MMA_STAGED_SMEM_BYTES
                                       : kBulk  ? plan::PGEMV_MMA_BULK_SMEM_BYTES
+                                      : kQueue ? 0
                                                : plan::PGEMV_MMA_SMEM_BYTES)
                                     : kStaged ? plan::PGEMV_STAGED_SMEM_BYTES : plan::PGEMV_SMEM_BYTES;
   static_assert(kUnroll >= 1, "steps per batch of loads");  // (also what keeps kUnroll referenced for MMA)
@@ -47,7 +51,9 @@ struct PgemvVariant {
 // MB: batch rows the registers hold (the tensor-core variant: 8 per n-tile).
 template <int MB, bool kPaired, int V, class Ctx>
 UW_HD void pgemv_variant_body(Ctx& c, const PgemvArgs& a) {
-  if constexpr (PgemvVariant<V>::kMma)
+  if constexpr (PgemvVariant<V>::kQueue)
+    pgemv_mma_queue_body<MB / 8, kPaired>(c, a);
+  else if constexpr (PgemvVariant<V>::kMma)
     pgemv_mma_body<MB / 8, kPaired, PgemvVariant<V>::kStaged, PgemvVariant<V>::kPrefetch, PgemvVariant<V>::kBulk>(
         c, a);
   else
@@ -104,6 +110,16 @@ __global__ void __launch_bounds__(plan::PGEMV_THREADS,
   emu::DeviceCtx c;
   pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA_BULK>(c, a);
 }
+template <int MB, bool kPaired>
+__global__ void __launch_bounds__(plan::PGEMV_THREADS,
+                                  MB > 16 ? plan::PGEMV_MMA4_CTAS_PER_SM : plan::PGEMV_MMA_CTAS_PER_SM)
+    pgemv_mma_queue_kernel(PgemvArgs a) {
+  emu::DeviceCtx c;
+  pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA_QUEUE>(c, a);
+}
+static_assert(plan::PGEMV_MMA4_CTAS_PER_SM == plan::pgemv_mma_queue_ctas_per_sm(32) &&
+                  plan::PGEMV_MMA_CTAS_PER_SM == plan::pgemv_mma_queue_ctas_per_sm(16),
+              "the queued GEMV's grid plan holds its kernels' CTAs per SM");
 static_assert(plan::PGEMV_MMA_BULK_CTAS_PER_SM * (plan::PGEMV_MMA_BULK_SMEM_BYTES + 1024) <= 228 * 1024,
               "the bulk-copy tensor-core GEMV's rings let PGEMV_MMA_BULK_CTAS_PER_SM CTAs share an sm_90 SM");
 static_assert(plan::PGEMV_MMA_ROWS * plan::PGEMV_MMA_MAX_M * 4 <= plan::PGEMV_MMA_BULK_DEPTH * plan::PGEMV_MMA_BULK_SLOT,
@@ -118,6 +134,7 @@ constexpr auto pgemv_kernel_of() {
   else if constexpr (V == plan::PGEMV_VARIANT_MMA_STAGED) return &pgemv_mma_staged_kernel<MB, kPaired>;
   else if constexpr (V == plan::PGEMV_VARIANT_MMA_PREFETCH) return &pgemv_mma_prefetch_kernel<MB, kPaired>;
   else if constexpr (V == plan::PGEMV_VARIANT_MMA_BULK) return &pgemv_mma_bulk_kernel<MB, kPaired>;
+  else if constexpr (V == plan::PGEMV_VARIANT_MMA_QUEUE) return &pgemv_mma_queue_kernel<MB, kPaired>;
   else if constexpr (V == plan::PGEMV_VARIANT_DEEP) return &pgemv_deep_kernel<MB, kPaired>;
   else if constexpr (V == plan::PGEMV_VARIANT_STAGED) return &pgemv_staged_kernel<MB, kPaired>;
   else return &pgemv_kernel<MB, kPaired>;
@@ -127,7 +144,8 @@ constexpr auto pgemv_kernel_of() {
 bool resolve_pgemv_variant(int* variant) {
   if (*variant == plan::PGEMV_VARIANT_DEFAULT) *variant = plan::PGEMV_VARIANT_STD;
   return *variant == plan::PGEMV_VARIANT_STD || *variant == plan::PGEMV_VARIANT_DEEP ||
-         *variant == plan::PGEMV_VARIANT_STAGED || plan::pgemv_is_mma(*variant);
+         *variant == plan::PGEMV_VARIANT_STAGED ||
+         (plan::pgemv_is_mma(*variant) && *variant != plan::PGEMV_VARIANT_MMA_QUEUE);  // (palette_gemv_queue)
 }
 
 // variant: resolved.
@@ -170,7 +188,8 @@ const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, c
 template <class F>
 void with_variant(int M, bool paired, int variant, F&& f) {
   using plan::PGEMV_VARIANT_DEEP, plan::PGEMV_VARIANT_STAGED, plan::PGEMV_VARIANT_STD, plan::PGEMV_VARIANT_MMA,
-      plan::PGEMV_VARIANT_MMA_STAGED, plan::PGEMV_VARIANT_MMA_PREFETCH, plan::PGEMV_VARIANT_MMA_BULK;
+      plan::PGEMV_VARIANT_MMA_STAGED, plan::PGEMV_VARIANT_MMA_PREFETCH, plan::PGEMV_VARIANT_MMA_BULK,
+      plan::PGEMV_VARIANT_MMA_QUEUE;
   auto go = [&](auto mb, auto v) {
     if (paired) f(mb, std::true_type{}, v); else f(mb, std::false_type{}, v);
   };
@@ -192,6 +211,8 @@ void with_variant(int M, bool paired, int variant, F&& f) {
     go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_PREFETCH>{});
   } else if (variant == PGEMV_VARIANT_MMA_BULK) {
     go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_BULK>{});
+  } else if (variant == PGEMV_VARIANT_MMA_QUEUE) {
+    go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_QUEUE>{});
   } else if (variant == PGEMV_VARIANT_DEEP) {
     go_m(std::integral_constant<int, PGEMV_VARIANT_DEEP>{});
   } else if (variant == PGEMV_VARIANT_STAGED) {
@@ -215,11 +236,36 @@ PgemvArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, co
   return a;
 }
 
+// Checks a queued GEMV and fills its arguments; nullptr or the error.
+const char* queue_plan(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                       int64_t K, const Palette& pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int units,
+                       int64_t ctas, float* ws, int32_t* queue, uint16_t* y, int64_t ldy, int tiled, PgemvArgs* a) {
+  constexpr int V = plan::PGEMV_VARIANT_MMA_QUEUE;
+  if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, 1, x, sm, idx, vexp, V, tiled)) return e;
+  const int64_t steps = plan::cdiv(K, plan::PGEMV_MMA_COLS), tiles = plan::cdiv(N, plan::PGEMV_MMA_ROWS);
+  if (units < 1 || units > steps) return "palette_gemv_queue: units per tile must be 1 .. the tile's steps";
+  if (ctas < 1 || !grid_ok(ctas)) return "palette_gemv_queue: bad grid";
+  // (the kernel counts units, rows and its queue's answers in 32 bits)
+  if (N > 0x7FFFFFFFll - plan::PGEMV_MMA_ROWS || tiles * units + 2 * ctas * plan::PGEMV_WARPS > 0x7FFFFFFFll)
+    return "palette_gemv_queue: more units than a 32-bit queue counts";
+  if (queue == nullptr || (units > 1 && ws == nullptr)) return "palette_gemv_queue: null workspace or counters";
+  // Units past the tile's steps would be empty (cdiv(steps, units) each): the kernel takes the
+  // count that leaves none, which sums the same parts (an empty part adds +0 to a sum that
+  // starts at +0, so the bits do not change).
+  units = static_cast<int>(plan::cdiv(steps, plan::cdiv(steps, units)));
+  *a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, units, y, ldy, tiled);
+  a->lparts = 0;
+  a->units = tiles * units;
+  a->ws = ws;
+  a->queue = queue;
+  return nullptr;
+}
+
 }  // namespace
 
 template <int MB, bool kPaired, int kVariant>
-void launch_pgemv(const PgemvArgs& a, cudaStream_t s) {
-  const auto grid = static_cast<unsigned>(plan::pgemv_variant_grid(a.N, a.parts, kVariant));
+void launch_pgemv(const PgemvArgs& a, int64_t ctas, cudaStream_t s) {
+  const auto grid = static_cast<unsigned>(ctas);
   constexpr int smem = PgemvVariant<kVariant>::kSmem;
   constexpr auto kernel = pgemv_kernel_of<MB, kPaired, kVariant>();
   opt_in_smem<kernel>(smem);  // (nothing to do at 48 KiB or less)
@@ -292,7 +338,24 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   const bool paired = pal_tables(pal, a.pt);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   with_variant(M, paired, variant, [&](auto mb, auto p, auto v) {
-    launch_pgemv<decltype(mb)::value, decltype(p)::value, decltype(v)::value>(a, s);
+    launch_pgemv<decltype(mb)::value, decltype(p)::value, decltype(v)::value>(
+        a, plan::pgemv_variant_grid(N, parts, decltype(v)::value), s);
+  });
+  return launch_status();
+}
+
+const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int units,
+                               int64_t ctas, float* ws, int32_t* queue, uint16_t* y, int64_t ldy, int tiled,
+                               void* stream) {
+  PgemvArgs a{};
+  if (const char* e = queue_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp, units, ctas, ws, queue, y, ldy, tiled,
+                                 &a))
+    return e;
+  const bool paired = pal_tables(pal, a.pt);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  with_variant(M, paired, plan::PGEMV_VARIANT_MMA_QUEUE, [&](auto mb, auto p, auto v) {
+    launch_pgemv<decltype(mb)::value, decltype(p)::value, decltype(v)::value>(a, ctas, s);
   });
   return launch_status();
 }
@@ -310,6 +373,24 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   with_variant(M, paired, variant, [&](auto mb, auto p, auto v) {
     constexpr int V = decltype(v)::value;
     err = emu::launch(plan::pgemv_variant_grid(N, parts, V), 1, plan::PGEMV_THREADS, PgemvVariant<V>::kSmem,
+                      [&](emu::ThreadCtx& c) { pgemv_variant_body<decltype(mb)::value, decltype(p)::value, V>(c, a); });
+  });
+  return err;
+}
+
+const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int units,
+                               int64_t ctas, float* ws, int32_t* queue, uint16_t* y, int64_t ldy, int force_general,
+                               int tiled) {
+  PgemvArgs a{};
+  if (const char* e = queue_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp, units, ctas, ws, queue, y, ldy, tiled,
+                                 &a))
+    return e;
+  const bool paired = pal_tables(pal, a.pt) && !force_general;
+  const char* err = nullptr;
+  with_variant(M, paired, plan::PGEMV_VARIANT_MMA_QUEUE, [&](auto mb, auto p, auto v) {
+    constexpr int V = decltype(v)::value;
+    err = emu::launch(ctas, 1, plan::PGEMV_THREADS, PgemvVariant<V>::kSmem,
                       [&](emu::ThreadCtx& c) { pgemv_variant_body<decltype(mb)::value, decltype(p)::value, V>(c, a); });
   });
   return err;

@@ -19,8 +19,14 @@ namespace cuda {
 namespace detail {
 
 struct PgemvArgs : PalProduct {
-  int parts;   // warps per row (plan::pgemv_parts: 1, 2, 4 or 8)
-  int lparts;  // log2(parts)
+  int parts;   // warps per row (plan::pgemv_parts: 1, 2, 4 or 8); the queued variant: units per tile
+  int lparts;  // log2(parts) (not the queued variant's)
+  // The queued variant (pgemv_mma_queue_body) only: its units (tiles * parts), their sums
+  // (fp32 [units][M][PGEMV_MMA_ROWS] when parts > 1) and its counters (plan::PGEMV_QUEUE_*,
+  // zero before a launch and after it).
+  int64_t units;
+  float* ws;
+  int32_t* queue;
 };
 
 // The staged variants' stream: a per-warp ring of D slots in shared memory, filled by cp.async
@@ -279,6 +285,74 @@ UW_UNROLL()
 // their addresses); the slot holds the two tiles as stored, whose reads are conflict-free with
 // no swizzle (a quarter warp's 16-byte reads cover one 128-byte run, a half warp's 8-byte reads
 // another).  The same steps, decode, mma and sums in the same order: the same bits.
+// A tensor-core GEMV step's advance in each plane: a step's and a half's (one run per row in
+// file order; tile-major, a half is one 16-row tile, the next half the next tile).
+struct PmmaSteps {
+  int dq_sm, dh_sm, dq_ix, dh_ix;
+};
+
+// Step q's register-direct loads of lane (g, t): [row g, g + 8][half] 16 sign+mantissa bytes
+// and 8 index bytes from the lane's bases sp / ip (the part's first step), zeros for the
+// missing half of a half step (q == q_half).
+UW_HD void pgemv_mma_load(const uint8_t* const (&sp)[2], const uint8_t* const (&ip)[2], const PmmaSteps& d, int q,
+                          int q_half, uint32_t (&s)[2][2][4], uint32_t (&n)[2][2][2]) {
+UW_UNROLL()
+  for (int h = 0; h < 2; ++h)
+UW_UNROLL()
+    for (int rr = 0; rr < 2; ++rr) {
+      if (h == 0 || q != q_half) {
+        ld_stream_v4(sp[rr] + q * d.dq_sm + h * d.dh_sm, s[rr][h]);
+        ld_stream_v2(ip[rr] + q * d.dq_ix + h * d.dh_ix, n[rr][h][0], n[rr][h][1]);
+      } else {
+        s[rr][h][0] = s[rr][h][1] = s[rr][h][2] = s[rr][h][3] = 0u;
+        n[rr][h][0] = n[rr][h][1] = 0u;
+      }
+    }
+}
+
+// Step q of a warp's 16-row tile, both halves (only the first at q == q_half): the loaded bytes
+// s / n decoded into A fragments (pal_regs.cuh), the verbatim blocks patched in (b_first: the
+// part's first block of a row; cur / rel: the cursors of pmma_tile_cursors), then per half
+// four mma against x (xp[nt]: the lane's x row of n-tile nt at the part's first column),
+// accumulated into acc in mma order.
+template <int NT, bool kPaired, class Ctx>
+UW_HD void pgemv_mma_step(Ctx& c, const PgemvArgs& a, const PalTables& pt, const uint16_t* const (&xp)[NT], int q,
+                          int q_half, uint32_t b_first, uint64_t rowbase, uint64_t bpr, uint32_t& cur, uint32_t& rel,
+                          const uint32_t (&s)[2][2][4], const uint32_t (&n)[2][2][2], float (&acc)[NT][4]) {
+  constexpr int COLS = plan::PGEMV_MMA_COLS, HALF = COLS / 2;
+UW_UNROLL()
+  for (int h = 0; h < 2; ++h) {
+    if (h == 1 && q == q_half) break;  // warp-uniform: the half step's missing half
+    const int64_t off = static_cast<int64_t>(q) * COLS + h * HALF;
+    uint32_t af[4][4];  // [mma][A register]: regs 0, 2 row g; 1, 3 row g + 8
+UW_UNROLL()
+    for (int j = 0; j < 4; ++j) {
+      const int sh = 16 * (j & 1);
+      pal_decode4<kPaired>(s[0][h][j], n[0][h][j >> 1] >> sh, pt, af[j][0], af[j][2]);
+      pal_decode4<kPaired>(s[1][h][j], n[1][h][j >> 1] >> sh, pt, af[j][1], af[j][3]);
+    }
+    if (a.nv > 0) {  // rare: a row of the tile has a verbatim block in this half
+      const uint32_t kb = b_first + static_cast<uint32_t>(q) * (COLS / PAL_BLOCK) + 2 * h;
+      pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
+    }
+    // x[nt*8+g] at 8 of the lane's columns (bf16 pairs): the B registers of mma 2jp, 2jp + 1,
+    // loaded just before them (L1 hits mostly), so at most 4 NT registers hold x.
+UW_UNROLL()
+    for (int jp = 0; jp < 2; ++jp) {
+      uint32_t xb[NT][4];
+UW_UNROLL()
+      for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp[nt] + off + 8 * jp, xb[nt]);
+UW_UNROLL()
+      for (int j = 2 * jp; j < 2 * jp + 2; ++j)
+UW_UNROLL()
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint32_t b[2] = {xb[nt][2 * (j & 1)], xb[nt][2 * (j & 1) + 1]};
+          c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
+        }
+    }
+  }
+}
+
 template <int NT, bool kPaired, bool kStaged, bool kPrefetch, bool kBulk, class Ctx>
 UW_HD void pgemv_mma_body(Ctx& c, const PgemvArgs& a) {
   constexpr int COLS = plan::PGEMV_MMA_COLS, HALF = COLS / 2, ROWS = plan::PGEMV_MMA_ROWS;
@@ -311,20 +385,8 @@ UW_UNROLL()
     const int dq_ix = static_cast<int>(a.idx_cols(COLS)), dh_ix = static_cast<int>(a.idx_cols(HALF));
     // Step q's loads: [row g, g + 8][half] 16 sign+mantissa bytes and 8 index bytes (zeros for
     // the missing half of a half step).
-    auto load = [&](int q, uint32_t (&s)[2][2][4], uint32_t (&n)[2][2][2]) {
-UW_UNROLL()
-      for (int h = 0; h < 2; ++h)
-UW_UNROLL()
-        for (int rr = 0; rr < 2; ++rr) {
-          if (h == 0 || q != q_half) {
-            ld_stream_v4(sp[rr] + q * dq_sm + h * dh_sm, s[rr][h]);
-            ld_stream_v2(ip[rr] + q * dq_ix + h * dh_ix, n[rr][h][0], n[rr][h][1]);
-          } else {
-            s[rr][h][0] = s[rr][h][1] = s[rr][h][2] = s[rr][h][3] = 0u;
-            n[rr][h][0] = n[rr][h][1] = 0u;
-          }
-        }
-    };
+    const PmmaSteps d{dq_sm, dh_sm, dq_ix, dh_ix};
+    auto load = [&](int q, uint32_t (&s)[2][2][4], uint32_t (&n)[2][2][2]) { pgemv_mma_load(sp, ip, d, q, q_half, s, n); };
     // The staged feed (kStaged): step q's copies into ring slot `slot` (== q % D), one
     // cp.async group per step, empty past the part's end (so wait<D - 1> always means "step q
     // has landed").  The missing half of a half step is zero-filled from a valid address.
@@ -475,37 +537,8 @@ UW_UNROLL()
 
     const PalTables pt = lane_tables(c, a.pt);  // (~16 moves per half step saved)
     auto compute = [&](int q, const uint32_t (&s)[2][2][4], const uint32_t (&n)[2][2][2]) {
-UW_UNROLL()
-      for (int h = 0; h < 2; ++h) {
-        if (h == 1 && q == q_half) break;  // warp-uniform: the half step's missing half
-        const int64_t off = static_cast<int64_t>(q) * COLS + h * HALF;
-        uint32_t af[4][4];  // [mma][A register]: regs 0, 2 row g; 1, 3 row g + 8
-UW_UNROLL()
-        for (int j = 0; j < 4; ++j) {
-          const int sh = 16 * (j & 1);
-          pal_decode4<kPaired>(s[0][h][j], n[0][h][j >> 1] >> sh, pt, af[j][0], af[j][2]);
-          pal_decode4<kPaired>(s[1][h][j], n[1][h][j >> 1] >> sh, pt, af[j][1], af[j][3]);
-        }
-        if (a.nv > 0) {  // rare: a row of the tile has a verbatim block in this half
-          const uint32_t kb = static_cast<uint32_t>(b_first) + static_cast<uint32_t>(q) * (COLS / PAL_BLOCK) + 2 * h;
-          pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
-        }
-        // x[nt*8+g] at 8 of the lane's columns (bf16 pairs): the B registers of mma 2jp, 2jp + 1,
-        // loaded just before them (L1 hits mostly), so at most 4 NT registers hold x.
-UW_UNROLL()
-        for (int jp = 0; jp < 2; ++jp) {
-          uint32_t xb[NT][4];
-UW_UNROLL()
-          for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp[nt] + off + 8 * jp, xb[nt]);
-UW_UNROLL()
-          for (int j = 2 * jp; j < 2 * jp + 2; ++j)
-UW_UNROLL()
-            for (int nt = 0; nt < NT; ++nt) {
-              const uint32_t b[2] = {xb[nt][2 * (j & 1)], xb[nt][2 * (j & 1) + 1]};
-              c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
-            }
-        }
-      }
+      pgemv_mma_step<NT, kPaired>(c, a, pt, xp, q, q_half, static_cast<uint32_t>(b_first), rowbase, bpr, cur, rel, s, n,
+                                  acc);
     };
     if constexpr (kBulk) {
       for (int q0 = 0; q0 < nq; q0 += DB) {
@@ -583,6 +616,205 @@ UW_UNROLL(1)  // once per warp: kept short rather than unrolled for each of the 
     }
 }
 
+// The queued tensor-core GEMV (PGEMV_VARIANT_MMA_QUEUE): the register-direct variant's tiles,
+// steps, loads, decode and mma, handed out as units from a queue instead of one part per warp.
+// A tile's steps are cut into a.parts units (plan::pgemv_mma_unit_steps; any count, not only
+// 1, 2, 4 or 8), unit u being part u % parts of tile u / parts.  The grid is persistent (what
+// the SMs hold at once): warp w of the launch's W takes unit w first, then each unit it asks
+// the queue for (one atomic add on a.queue[PGEMV_QUEUE_HEAD], issued a unit ahead so that its
+// answer is back when needed) is W + the count it was handed, until that passes a.units.  A
+// warp that streams faster takes more units, so the launch ends when the queue runs dry
+// rather than when its slowest warp's fixed share is done, and a tile count that is not a
+// multiple of the warps the SMs hold costs at most one unit per warp, not a second wave.
+//
+// The stream of steps runs on across units: the two loads in flight while a step is used
+// belong to the unit's next steps or, at its last two, to the next unit's first (the unit
+// after that is asked for at the unit's start).  A unit with an odd count of steps leaves the
+// next unit's first step in the second buffer: the buffers are swapped (the moves wait for
+// those loads), so the units are planned with an even count where the tile's steps allow.
+//
+// Sums: a unit's are the register-direct kernel's part sums (the same steps in the same mma
+// order).  With one unit per tile they are stored as they are; otherwise each unit stores its
+// sums to a.ws ([unit][batch row][tile row], fp32), fences, and counts itself in on its
+// tile's arrival counter, and the tile's last unit to arrive adds the tile's units in unit
+// order (0 + u_0 + u_1 + ...), rounds once and resets the counter.  That is the register-direct
+// kernel's order at the same parts, so at parts 1, 2, 4 and 8 the bits are that variant's,
+// whichever warp ran which unit and in whatever order.  The last warp of the launch to finish
+// resets the queue: every counter is zero again for the next launch on the stream, and a
+// CUDA graph replays it as it is.
+template <int NT, bool kPaired, class Ctx>
+UW_HD void pgemv_mma_queue_body(Ctx& c, const PgemvArgs& a) {
+  constexpr int COLS = plan::PGEMV_MMA_COLS, HALF = COLS / 2, ROWS = plan::PGEMV_MMA_ROWS;
+  const int lane = c.lane(), g = lane >> 2, t = lane & 3;
+  // (32-bit: the launcher holds the units under 2^31)
+  const int32_t W = static_cast<int32_t>(c.grid_x()) * plan::PGEMV_WARPS;
+  const int32_t U = static_cast<int32_t>(a.units);
+  const int32_t P = a.parts;
+  int32_t u = static_cast<int32_t>(c.block_x()) * plan::PGEMV_WARPS + c.warp();
+  // Per unit: its tile's first row, first step, steps, half step (plan as the register-direct
+  // kernel's), and the lane's plane bases at its first step.
+  struct Unit {
+    int32_t tile, row0, s0;
+    int nq, q_half;
+    const uint8_t* sp[2];
+    const uint8_t* ip[2];
+  };
+  const int64_t last = a.N - 1;
+  auto setup = [&](int32_t unit, Unit& w) {
+    w.tile = unit / P;
+    const int part = unit - w.tile * P;
+    w.row0 = w.tile * ROWS;
+    int64_t s0 = 0, s1 = 0;
+    plan::pgemv_mma_unit_steps(a.K, P, part, &s0, &s1);
+    w.s0 = static_cast<int32_t>(s0);
+    w.nq = static_cast<int>(s1 - s0);
+    w.q_half = a.K % COLS != 0 && s1 * COLS > a.K ? w.nq - 1 : w.nq;
+    const int64_t r_lo = w.row0 + g < last ? int64_t{w.row0} + g : last;
+    const int64_t r_hi = w.row0 + g + 8 < last ? int64_t{w.row0} + g + 8 : last;
+    const int64_t c0 = s0 * COLS + 16 * t;
+    w.sp[0] = a.sm + a.sm_at(r_lo, c0);
+    w.sp[1] = a.sm + a.sm_at(r_hi, c0);
+    w.ip[0] = a.idx + a.idx_at(r_lo, c0);
+    w.ip[1] = a.idx + a.idx_at(r_hi, c0);
+  };
+  const PmmaSteps d{static_cast<int>(a.sm_cols(COLS)), static_cast<int>(a.sm_cols(HALF)),
+                    static_cast<int>(a.idx_cols(COLS)), static_cast<int>(a.idx_cols(HALF))};
+  const uint64_t bpr = static_cast<uint64_t>(a.K / PAL_BLOCK);
+  int32_t* const head = a.queue + plan::PGEMV_QUEUE_HEAD;
+  int32_t* const arrivals = a.queue + plan::PGEMV_QUEUE_TILES;
+
+  if (u < U) {
+    const PalTables pt = lane_tables(c, a.pt);
+    Unit cu{}, nu{};
+    uint32_t sa[2][2][4], na[2][2][2], sb[2][2][4], nb[2][2][2];
+    setup(u, cu);
+    pgemv_mma_load(cu.sp, cu.ip, d, 0, cu.q_half, sa, na);
+    if (cu.nq > 1) pgemv_mma_load(cu.sp, cu.ip, d, 1, cu.q_half, sb, nb);
+    while (true) {
+      // The unit after this one: asked for now, its answer read before the last two steps.
+      int32_t asked = 0;
+      if (lane == 0) asked = c.atomic_add(head, int32_t{1});
+      const uint64_t rowbase = static_cast<uint64_t>(cu.row0 + (lane & (ROWS - 1))) * bpr;
+      const uint64_t b_first = static_cast<uint64_t>(cu.s0) * (COLS / PAL_BLOCK);
+      const int64_t s_end = (int64_t{cu.s0} + cu.nq) * COLS;
+      const uint64_t b_end = static_cast<uint64_t>(s_end < a.K ? s_end : a.K) / PAL_BLOCK;
+      uint32_t cur = 0, rel = 0xFFFFFFFFu;
+      if (a.nv > 0) pmma_tile_cursors(c, a, cu.row0, bpr, b_first, b_end, rowbase, cur, rel);
+      const uint16_t* xp[NT];
+UW_UNROLL()
+      for (int nt = 0; nt < NT; ++nt)
+        xp[nt] = a.x + pmma_x_row(nt * 8 + g, a.M) * a.ldx + int64_t{cu.s0} * COLS + 16 * t;
+      float acc[NT][4];
+UW_UNROLL()
+      for (int nt = 0; nt < NT; ++nt)
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+      auto step = [&](int q, const uint32_t (&s)[2][2][4], const uint32_t (&n)[2][2][2]) {
+        pgemv_mma_step<NT, kPaired>(c, a, pt, xp, q, cu.q_half, static_cast<uint32_t>(b_first), rowbase, bpr, cur,
+                                    rel, s, n, acc);
+      };
+      // Steps whose refills stay inside the unit.
+      int q = 0;
+      for (; q + 3 < cu.nq; q += 2) {
+        step(q, sa, na);
+        pgemv_mma_load(cu.sp, cu.ip, d, q + 2, cu.q_half, sa, na);
+        step(q + 1, sb, nb);
+        pgemv_mma_load(cu.sp, cu.ip, d, q + 3, cu.q_half, sb, nb);
+      }
+      const int32_t un = W + c.shfl(asked, 0);  // (W + a count below U + W: no overflow)
+      const bool has_next = un < U;  // warp-uniform
+      if (has_next) setup(un, nu);
+      // A one-step unit: the stream's second step is the next unit's first.
+      if (cu.nq == 1 && has_next) pgemv_mma_load(nu.sp, nu.ip, d, 0, nu.q_half, sb, nb);
+      // Global step q2 of the stream: this unit's, or the next unit's q2 - nq.
+      auto refill = [&](int q2, uint32_t (&s)[2][2][4], uint32_t (&n)[2][2][2]) {
+        if (q2 < cu.nq)
+          pgemv_mma_load(cu.sp, cu.ip, d, q2, cu.q_half, s, n);
+        else if (has_next && q2 - cu.nq < nu.nq)
+          pgemv_mma_load(nu.sp, nu.ip, d, q2 - cu.nq, nu.q_half, s, n);
+      };
+      for (; q < cu.nq; q += 2) {
+        step(q, sa, na);
+        refill(q + 2, sa, na);
+        if (q + 1 >= cu.nq) break;
+        step(q + 1, sb, nb);
+        refill(q + 3, sb, nb);
+      }
+      if (cu.nq & 1) {  // the next unit's first step is in the second buffer
+UW_UNROLL()
+        for (int i = 0; i < 2; ++i)
+UW_UNROLL()
+          for (int h = 0; h < 2; ++h) {
+UW_UNROLL()
+            for (int k = 0; k < 4; ++k) {
+              const uint32_t v = sa[i][h][k];
+              sa[i][h][k] = sb[i][h][k];
+              sb[i][h][k] = v;
+            }
+UW_UNROLL()
+            for (int k = 0; k < 2; ++k) {
+              const uint32_t v = na[i][h][k];
+              na[i][h][k] = nb[i][h][k];
+              nb[i][h][k] = v;
+            }
+          }
+      }
+
+      // The unit's sums.  acc[nt][e]: tile row g (+8 for e >= 2), batch row nt*8 + 2t + (e & 1).
+      if (P == 1) {
+UW_UNROLL()
+        for (int nt = 0; nt < NT; ++nt)
+          for (int e = 0; e < 4; ++e) {
+            const int m = nt * 8 + 2 * t + (e & 1);
+            const int64_t r = int64_t{cu.row0} + g + (e >> 1) * 8;
+            if (m < a.M && r < a.N) a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(acc[nt][e]));
+          }
+      } else {
+        const int64_t tile_units = static_cast<int64_t>(P);
+        auto ws_at = [&](int64_t unit, int m, int row) { return a.ws + (unit * a.M + m) * ROWS + row; };
+UW_UNROLL()
+        for (int nt = 0; nt < NT; ++nt)
+          for (int e = 0; e < 4; ++e) {
+            const int m = nt * 8 + 2 * t + (e & 1);
+            if (m < a.M) c.st_grid(ws_at(u, m, g + (e >> 1) * 8), acc[nt][e]);
+          }
+        c.threadfence();  // release: the sums before the arrival
+        c.syncwarp();
+        int32_t is_last = 0;
+        if (lane == 0) {
+          is_last = c.atomic_add(arrivals + cu.tile, int32_t{1}) == P - 1;
+          if (is_last) arrivals[cu.tile] = 0;
+        }
+        if (c.shfl(is_last, 0)) {  // warp-uniform
+          c.threadfence();  // acquire: the other units' sums after their arrivals
+UW_UNROLL()
+          for (int nt = 0; nt < NT; ++nt)
+            for (int e = 0; e < 4; ++e) {
+              const int m = nt * 8 + 2 * t + (e & 1);
+              const int row = g + (e >> 1) * 8;
+              const int64_t r = int64_t{cu.row0} + row;
+              if (m >= a.M || r >= a.N) continue;
+              float sum = 0.f;
+UW_UNROLL(1)
+              for (int64_t p = 0; p < tile_units; ++p) sum += c.ld_grid(ws_at(cu.tile * tile_units + p, m, row));
+              a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(sum));
+            }
+        }
+      }
+      if (!has_next) break;
+      u = un;
+      cu = nu;
+    }
+  }
+  // Every warp of the launch counts itself out; the last resets the queue for the next launch
+  // (its fence orders every warp's last ask, made before that warp's count, before the reset).
+  c.threadfence();
+  if (lane == 0 && c.atomic_add(a.queue + plan::PGEMV_QUEUE_DONE, int32_t{1}) == W - 1) {
+    c.threadfence();
+    a.queue[plan::PGEMV_QUEUE_HEAD] = 0;
+    a.queue[plan::PGEMV_QUEUE_DONE] = 0;
+  }
+}
+
 // The tensor-core GEMV over the slots of a palette stack (runtime/expert_slots.py): slot s
 // (grid y) computes y[s] = x[s] @ W[ids[s]]^T at batch 1, reading its expert's id on the device
 // (no host sync: a CUDA graph captures it, and a replay runs whatever ids the tensor holds).  The
@@ -620,7 +852,7 @@ UW_HD void pgemv_slots_body(Ctx& c, const PgemvSlotArgs& a) {
 
 // Launchers of the kernel instantiations (palette_gemv.cu).
 template <int MB, bool kPaired, int kVariant>
-void launch_pgemv(const PgemvArgs& a, cudaStream_t s);
+void launch_pgemv(const PgemvArgs& a, int64_t ctas, cudaStream_t s);
 
 }  // namespace detail
 }  // namespace cuda

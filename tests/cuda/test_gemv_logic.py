@@ -12,7 +12,11 @@
   same checks at batch 1..32, including the half step of a row whose K is an odd multiple of 64;
   its staged form (PGEMV_VARIANT_MMA_STAGED, loads through cp.async into per-warp rings, which
   the emulator checks for races and lands only at their waits) and its prefetching form
-  (PGEMV_VARIANT_MMA_PREFETCH, whose L2 prefetches must name the planes' bytes) give its bits.
+  (PGEMV_VARIANT_MMA_PREFETCH, whose L2 prefetches must name the planes' bytes) give its bits;
+* the queued tensor-core variant (``pgemv_mma_queue_body``, PGEMV_VARIANT_MMA_QUEUE, through
+  ``emulate_palette_gemv_queue``): its units plan, the register-direct bits at 1, 2, 4 and 8
+  units on grids smaller and larger than the units, any unit count within the bound and the
+  same on every grid, every CTA order, its counters left zero.
 """
 import numpy as np
 import pytest
@@ -409,3 +413,167 @@ def test_slots_gemv_is_each_experts_mma_gemv(general):
     assert nerr == 2 and (y[1:] == 0xFFFF).all()
     enc = tc.encode(w[1], "palette")
     assert np.array_equal(y[:1], _gemv(np.ascontiguousarray(x[:1]), enc, 1, general, variant=MMA))
+
+
+# ------------------------------------------------------------- the queued tensor-core variant
+MMA_QUEUE = kp.PGEMV_VARIANT_MMA_QUEUE
+
+
+def _queue(x, enc, units=1, ctas=1, general=False, planes=None, tiled=0):
+    p = planes or enc.planes
+    return _cuda.emulate_palette_gemv_queue(x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS],
+                                            p[C.SUFFIX_VEXP], units, ctas, general, tiled)
+
+
+def test_queue_units_cover_every_step_once_and_fill_the_device():
+    """A tile's units (any count, not only powers of two) cover each step once; the plan gives
+    about PGEMV_MMA_QUEUE_UNITS_PER_WARP units per resident warp, units of at least
+    PGEMV_MMA_QUEUE_MIN_STEPS steps (even where the tile's steps are), and on Llama-3-8B's
+    shapes and 132 SMs: 4096 x 4096 16 units of 2 steps, 6144 x 4096 16, 14336 x 4096 8 of 4,
+    4096 x 14336 19 of 6 (the last 4), the head 1."""
+    for K in (64, 192, 1088, 4096, 4160, 14336):
+        steps = kp.cdiv(K, kp.PGEMV_MMA_COLS)
+        for units in range(1, min(steps, 20) + 1):
+            seen = []
+            for p in range(units):
+                first, last = kp.pgemv_mma_unit_steps(K, units, p)
+                seen += range(first, last)
+            assert seen == list(range(steps)), (K, units)
+            if units & (units - 1) == 0:
+                assert [kp.pgemv_mma_unit_steps(K, units, p) for p in range(units)] == \
+                    [kp.pgemv_mma_steps(K, units, p) for p in range(units)]
+    for N in (1, 15, 16, 17, 4096, 14336, 128256):
+        for K in (64, 1024, 4096, 4160, 14336):
+            for sms in (1, 132):
+                u = kp.pgemv_mma_queue_units(N, K, sms)
+                steps = kp.cdiv(K, kp.PGEMV_MMA_COLS)
+                assert 1 <= u <= min(kp.PGEMV_MMA_QUEUE_MAX_UNITS, steps)
+                per = kp.cdiv(steps, u)
+                if u > 1:
+                    assert per >= kp.PGEMV_MMA_QUEUE_MIN_STEPS and (per % 2 == 0 or per == steps)
+    shapes = ((4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
+    assert [kp.pgemv_mma_queue_units(N, K, 132) for N, K in shapes] == [16, 16, 8, 19, 1]
+    assert [kp.pgemv_variant_parts(N, K, 132, MMA_QUEUE) for N, K in shapes] == [16, 16, 8, 19, 1]
+    assert kp.pgemv_mma_queue_grid(4096, 16, 132, 2) == 264 and kp.pgemv_mma_queue_grid(64, 2, 132, 2) == 1
+    assert kp.pgemv_mma_queue_workspace(4096, 1, 8) == 0
+    assert kp.pgemv_mma_queue_workspace(40, 3, 5) == 3 * 3 * 5 * 16
+    assert kp.pgemv_mma_queue_counters(17) == kp.PGEMV_QUEUE_TILES + 2
+    assert kp.pgemv_is_mma(MMA_QUEUE) and kp.pgemv_max_m(MMA_QUEUE) == 32
+    assert [kp.pgemv_mma_queue_ctas_per_sm(M) for M in (1, 16, 17, 32)] == [2, 2, 1, 1]
+
+
+@needs_ext
+def test_queue_cpp_plan_matches_python():
+    for name in ("PGEMV_VARIANT_MMA_QUEUE", "PGEMV_MMA_QUEUE_UNITS_PER_WARP", "PGEMV_MMA_QUEUE_MIN_STEPS",
+                 "PGEMV_MMA_QUEUE_MAX_UNITS", "PGEMV_QUEUE_HEAD", "PGEMV_QUEUE_DONE", "PGEMV_QUEUE_TILES"):
+        assert getattr(_cuda, name) == getattr(kp, name), name
+    for N in (1, 17, 1000, 4096, 128256):
+        for K in (64, 576, 4096, 14336):
+            for sms in (1, 132, 1000):
+                assert _cuda.plan_pgemv_mma_queue_units(N, K, sms) == kp.pgemv_mma_queue_units(N, K, sms)
+                assert _cuda.plan_pgemv_variant_parts(N, K, sms, MMA_QUEUE) == \
+                    kp.pgemv_variant_parts(N, K, sms, MMA_QUEUE)
+                for units in (1, 3, 8):
+                    for cps in (1, 2):
+                        assert _cuda.plan_pgemv_mma_queue_grid(N, units, sms, cps) == \
+                            kp.pgemv_mma_queue_grid(N, units, sms, cps)
+        for units in (1, 2, 5):
+            for M in (1, 9, 32):
+                assert _cuda.plan_pgemv_mma_queue_workspace(N, units, M) == kp.pgemv_mma_queue_workspace(N, units, M)
+        assert _cuda.plan_pgemv_mma_queue_counters(N) == kp.pgemv_mma_queue_counters(N)
+    for M in (1, 16, 17, 32):
+        assert _cuda.plan_pgemv_mma_queue_ctas_per_sm(M) == kp.pgemv_mma_queue_ctas_per_sm(M)
+    for K in (64, 576, 1088, 14336):
+        for units in (1, 3, 7, 8):
+            for p in range(units):
+                assert tuple(_cuda.plan_pgemv_mma_unit_steps(K, units, p)) == kp.pgemv_mma_unit_steps(K, units, p)
+
+
+def _heavy(seed, N=77, K=1088):
+    rng = np.random.default_rng(seed)
+    f = (rng.standard_normal((N, K)) * np.exp2(rng.integers(-20, 20, (N, K)))).astype(np.float32)
+    return (f.view(np.uint32) >> 16).astype(np.uint16)
+
+
+@needs_ext
+@pytest.mark.parametrize("general", [False, True])
+def test_queue_gives_the_mma_bits_at_power_of_two_units(general):
+    """At 1, 2, 4 or 8 units per tile the queued GEMV sums the register-direct variant's parts
+    in its order: its bits, on odd shapes (tiles past N, half steps, units of one step and of an
+    odd count, whose next unit's first step lands in the other buffer), batch 1, 9 and 20, heavy
+    verbatim blocks and either decode, on persistent grids smaller than the units (warps take
+    several units from the queue, the stream running on from one unit into the next) and
+    larger (warps with none)."""
+    cases = [make_weights(N, K, seed=N + 5 * K) for N, K in CASES + [(40, 1088), (33, 384)]] + [_heavy(41)]
+    for w in cases:
+        enc = tc.encode(w, "palette")
+        tiles = kp.cdiv(w.shape[0], 16)
+        for M in (1, 9, 20):
+            x = _x(M, w.shape[1], seed=M + 11 * w.shape[1])
+            for units in (1, 2, 4, 8):
+                if units > kp.cdiv(w.shape[1], kp.PGEMV_MMA_COLS):
+                    continue
+                want = _gemv(x, enc, units, general, variant=MMA)
+                for ctas in sorted({1, 2, kp.cdiv(tiles * units, 8) + 1}):
+                    got = _queue(x, enc, units, ctas, general)
+                    assert np.array_equal(got, want), (w.shape, M, units, ctas)
+
+
+@needs_ext
+def test_queue_any_unit_count_meets_the_bound_and_is_deterministic():
+    """Unit counts that are not powers of two (3, 5, 7, the plan's 19-like counts) and the most
+    a tile has: within the GEMM's bound, the same bits whatever the grid (so whichever warp
+    runs which unit, and in whatever order), and each batch row's bits the same at every batch
+    size."""
+    w = make_weights(50, 1088, seed=43)  # 9 steps (8.5: the last a half step)
+    enc = tc.encode(w, "palette")
+    x = _x(32, 1088, seed=44)
+    for units in (3, 5, 7, 9):
+        y = _queue(x, enc, units, 1)
+        _fa_check(y, x, w)
+        for ctas in (2, 5):
+            assert np.array_equal(_queue(x, enc, units, ctas), y), (units, ctas)
+        for M in (1, 8, 17):
+            assert np.array_equal(_queue(np.ascontiguousarray(x[:M]), enc, units, 3), y[:M]), (units, M)
+
+
+@needs_ext
+def test_queue_in_every_cta_order():
+    """CTAs in reverse and shuffled orders, several resident at once with their warps' turns
+    mixed (the emulator holds back a CTA after each global atomic, so a unit's arrival runs as
+    late as it can): the sums are handed over through the workspace with the fences the
+    emulator checks, and every order gives the forward order's bits."""
+    w = _heavy(47, 70, 1088)
+    enc = tc.encode(w, "palette")
+    x = _x(3, 1088, seed=48)
+    want = _queue(x, enc, 4, 2)
+    try:
+        for order, seed, resident in (("reverse", 0, 1), ("shuffle", 1, 3), ("shuffle", 2, 4), ("forward", 0, 2)):
+            _cuda.emu_cta_order(order, seed, resident)
+            for ctas in (2, 3, 5):
+                assert np.array_equal(_queue(x, enc, 4, ctas), want), (order, seed, resident, ctas)
+    finally:
+        _cuda.emu_cta_order("forward")
+
+
+@needs_ext
+def test_queue_launcher_limits_without_a_gpu():
+    base = {"x": 16, "ldx": 128, "M": 1, "sm": 16, "idx": 16, "N": 8, "K": 128, "palette": b"\x7f", "vpos": 0,
+            "nv": 0, "vexp": 0, "units": 1, "ctas": 1, "ws": 16, "queue": 16, "y": 16, "ldy": 8}
+
+    def call(**kw):
+        return _cuda.palette_gemv_queue(**{**base, **kw})
+
+    with pytest.raises(RuntimeError, match="M <= 32"):
+        call(M=33)
+    with pytest.raises(RuntimeError, match="units"):
+        call(units=2)  # one step per tile
+    with pytest.raises(RuntimeError, match="grid"):
+        call(ctas=0)
+    with pytest.raises(RuntimeError, match="workspace"):
+        call(K=256, ldx=256, units=2, ws=0)
+    with pytest.raises(ValueError):  # null pointers are refused by the binding
+        call(queue=0)
+    if _cuda.device_count() == 0:  # valid arguments, no device: an error, never a crash
+        with pytest.raises(RuntimeError):
+            call()

@@ -304,6 +304,52 @@ def test_palette_gemv_mma_bulk_gives_the_mma_bits(NK):
     assert int(err.item()) == 0
 
 
+@pytest.mark.variant
+@pytest.mark.parametrize("NK", [(63, 192), (40, 1088), (9, 4160), (1024, 4096), (4096, 1024), (128, 14336)])
+def test_palette_gemv_mma_queue_gives_the_mma_bits_and_leaves_its_counters_zero(NK):
+    """The queued tensor-core GEMV (units from a queue on a persistent grid): at 1, 2, 4 and 8
+    units per tile the register-direct GEMV's bits at that many parts, at batch 1..32, in file
+    order and tile-major; the planned units within the bound's reach of cuBLAS (the dispatch
+    path); its counters zero after every launch and after CUDA-graph replays, which repeat its
+    bits."""
+    from unweight.ops.layout import tile_palette_planes
+    from unweight.runtime import kernel_plan as kp
+    from unweight.runtime.tuning_table import PALETTE_GEMV_MMA_QUEUE
+    from unweight.runtime.weights import EncodedWeight
+    N, K = NK
+    w = make_weights(N, K, seed=N + 9 * K)
+    err = _err()
+    ew = encoded_weight(tc.encode(w, "palette"), "cuda", err)
+    sm, idx = tile_palette_planes(ew.sm, ew.idx) if N % 16 == 0 else (None, None)
+    et = None if sm is None else EncodedWeight(ew.encoding, N, K, ew.rows_per_group, ew.cols_per_chunk, ew.exp_lo,
+                                               ew.exp_hi, list(ew.palette), sm, idx=idx, vpos=ew.vpos, vexp=ew.vexp,
+                                               tiled=True)
+    x32 = bf16_tensor(make_weights(32, K, seed=N + 8, spread=False), "cuda")
+    cnt = torch.zeros(kp.pgemv_mma_queue_counters(N), dtype=torch.int32, device="cuda")
+    steps = kp.cdiv(K, kp.PGEMV_MMA_COLS)
+    for units in (u for u in (1, 2, 4, 8) if u <= steps):
+        ws = torch.zeros(max(1, kp.pgemv_mma_queue_workspace(N, units, 32)), device="cuda")
+        for M in (1, 2, 9, 17, 32):
+            x = x32[:M].contiguous()
+            want = torch.ops.unweight.palette_gemv(x, ew.sm, ew.idx, ew.vpos, ew.vexp, N, K, ew.palette, units,
+                                                   kp.PGEMV_VARIANT_MMA)
+            for q in (ew, et) if et is not None else (ew,):
+                got = torch.ops.unweight.palette_gemv_queue(x, q.sm, q.idx, q.vpos, q.vexp, ws, cnt, N, K, q.palette,
+                                                            units, q.tiled)
+                assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (units, M, q.tiled)
+                assert int(cnt.abs().sum().item()) == 0
+    x1 = x32[:1].contiguous()
+    y0 = fused_op(ew, x1, None, PALETTE_GEMV_MMA_QUEUE)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = fused_op(ew, x1, None, PALETTE_GEMV_MMA_QUEUE)
+    for _ in range(3):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(yg.view(torch.int16), y0.view(torch.int16))
+    assert int(err.item()) == 0
+
+
 @pytest.mark.parametrize("NK", [(48, 1088), (1024, 4096)])
 def test_paired_palette_order_gives_the_stored_orders_bits(NK):
     """A writer-order palette that does not pair, held as the GPU loaders hold it

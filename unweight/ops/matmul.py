@@ -39,6 +39,18 @@
         parts comes from palette_gemv_parts(..., variant).  No workspace.
         tiled as for palette_matmul.
 
+    torch.ops.unweight.palette_gemv_queue(x, sm, idx, vpos, vexp, workspace, counters, rows, cols,
+                                          palette, units, tiled=False) -> y
+        The tensor-core GEMV (batches of 1..32) with a tile's steps cut into `units` units
+        (palette_gemv_queue_units(); any value in 1 .. the tile's cdiv(cols, 128) steps, taken down
+        to the count that leaves no unit empty, sets the order of the sums: at 1, 2, 4 or 8 the
+        bits of palette_gemv's MMA variant at that parts) handed
+        out from a queue to a persistent grid: the warps that stream faster take more units.
+        workspace: fp32 [>= palette_gemv_queue_workspace(M, rows, units)] (may be empty at one
+        unit per tile); counters: int32 [>= palette_gemv_queue_counters(rows)], all zero; a
+        launch leaves them zero.  The runtime hands it the same per-device buffers as
+        palette_matmul (runtime/scratch.py).  tiled as for palette_matmul.
+
     torch.ops.unweight.palette_gemv_slots(x, ids, sm, idx, vpos, vexp, err, palette, parts) -> y
         y[s] = x[s] @ W[ids[s]]^T for the slots of a palette stack (runtime/expert_slots.py: one
         palette, sm uint8 [E, rows, cols], idx [E, rows, cols / 2], vpos uint32 [E, V], vexp
@@ -69,7 +81,8 @@ from . import _ext
 
 __all__ = ["palette_matmul", "palette_gemv_slots", "palette_splits", "palette_workspace_elems", "palette_workspace_max",
            "palette_counters_elems", "palette_supported", "palette_gemv", "palette_gemv_parts",
-           "palette_gemv_supported"]
+           "palette_gemv_supported", "palette_gemv_queue", "palette_gemv_queue_units", "palette_gemv_queue_workspace",
+           "palette_gemv_queue_workspace_max", "palette_gemv_queue_counters"]
 
 _SMS: dict = {}
 
@@ -220,6 +233,74 @@ def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False
         _ext.cuda_module().palette_gemv(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
                                         bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), parts,
                                         _ext.ptr(y), y.stride(0), _ext.stream(x), variant, int(tiled))
+    return y
+
+
+# ------------------------------------------------------------------------ palette_gemv_queue
+
+
+def palette_gemv_queue_units(rows: int, cols: int, device) -> int:
+    """Units per 16-row tile of the queued tensor-core GEMV on `device`
+    (kernel_plan.pgemv_mma_queue_units; 1 off CUDA)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1
+    return plan.pgemv_mma_queue_units(rows, cols, _num_sms(device))
+
+
+def palette_gemv_queue_workspace(M: int, rows: int, units: int) -> int:
+    """fp32 elements palette_gemv_queue needs at batch M: its units' sums."""
+    return plan.pgemv_mma_queue_workspace(rows, units, M)
+
+
+def palette_gemv_queue_workspace_max(rows: int, cols: int, device) -> int:
+    """fp32 elements that cover palette_gemv_queue's unit sums at every batch it takes on `device`."""
+    return palette_gemv_queue_workspace(plan.PGEMV_MMA_MAX_M, rows, palette_gemv_queue_units(rows, cols, device))
+
+
+def palette_gemv_queue_counters(rows: int) -> int:
+    """int32 counters palette_gemv_queue needs: its queue and one arrival count per 16-row tile."""
+    return plan.pgemv_mma_queue_counters(rows)
+
+
+@torch.library.custom_op("unweight::palette_gemv_queue", mutates_args=("workspace", "counters"))
+def palette_gemv_queue(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, workspace: Tensor,
+                       counters: Tensor, rows: int, cols: int, palette: List[int], units: int,
+                       tiled: bool = False) -> Tensor:
+    raise NotImplementedError(f"unweight::palette_gemv_queue has no kernel for device {x.device}")
+
+
+@palette_gemv_queue.register_fake
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, tiled=False):
+    return x.new_empty((x.size(0), rows))
+
+
+@palette_gemv_queue.register_kernel("cpu")
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, tiled=False):
+    return torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, x.new_empty(0, dtype=torch.float32),
+                                             x.new_empty(0, dtype=torch.int32), rows, cols, palette, 1,
+                                             tiled=tiled)
+
+
+@palette_gemv_queue.register_kernel("cuda")
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, tiled=False):
+    v = plan.PGEMV_VARIANT_MMA_QUEUE
+    x = _cuda_x("palette_gemv_queue", x, cols, lambda M, K: palette_gemv_supported(M, K, v), plan.pgemv_max_m(v),
+                (sm, idx, vpos, vexp, workspace, counters))
+    M = x.size(0)
+    if units > 1 and (workspace.dtype != torch.float32
+                      or workspace.numel() < palette_gemv_queue_workspace(M, rows, units)):
+        raise ValueError("palette_gemv_queue: workspace too small")
+    if counters.dtype != torch.int32 or counters.numel() < palette_gemv_queue_counters(rows):
+        raise ValueError("palette_gemv_queue: counters too small")
+    ctas = plan.pgemv_mma_queue_grid(rows, units, _num_sms(x.device), plan.pgemv_mma_queue_ctas_per_sm(M))
+    y = torch.empty((M, rows), dtype=torch.bfloat16, device=x.device)
+    with torch.cuda.device_of(x):
+        _ext.cuda_module().palette_gemv_queue(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
+                                              bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), units,
+                                              ctas, _ext.ptr(workspace) if workspace.numel() else 0,
+                                              _ext.ptr(counters), _ext.ptr(y), y.stride(0), _ext.stream(x),
+                                              int(tiled))
     return y
 
 

@@ -25,7 +25,8 @@ from torch import Tensor
 from .. import ops
 from . import kernel_plan as kp
 from . import scratch
-from .policy import DECODE_CUBLAS, GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, DispatchPolicy
+from .policy import (DECODE_CUBLAS, GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV_MMA_QUEUE,
+                     DispatchPolicy)
 from .weights import EncodedWeight
 
 __all__ = ["linear", "embedding", "decode_into", "decode_new", "fused", "use_decoders", "decoder_variant",
@@ -118,7 +119,8 @@ def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
     PALETTE_GEMV_MMA, the tensor-core GEMV (batch 1..32; tensor-core sums), or
     PALETTE_GEMV_MMA_STAGED / PALETTE_GEMV_MMA_PREFETCH, its loads through shared-memory rings
     or ahead of an L2 prefetch (its bits), or PALETTE_GEMV_MMA_BULK, its steps fetched by the
-    copy engine (its bits; sm_90+, tile-major weights only).  x2: bf16
+    copy engine (its bits; sm_90+, tile-major weights only), or PALETTE_GEMV_MMA_QUEUE, its steps
+    in units handed out from a queue (its own unit count's sums).  x2: bf16
     [M, cols] unit column stride, on W's CUDA device.
     The split partials and arrival counters are views of the device's scratch, sized for every
     batch the kernel takes, so only a layer shape's first fused forward can grow them.  Raises
@@ -126,6 +128,12 @@ def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
     if (path not in _LAYOUT and path not in GEMV_PATHS) or w.is_huffman:
         raise ValueError(f"no fused kernel {path!r} for a {w.encoding_name} weight")
     dev = x2.device
+    if path == PALETTE_GEMV_MMA_QUEUE:
+        ws = scratch.workspace(dev, ops.palette_gemv_queue_workspace_max(w.rows, w.cols, dev))
+        cnt = scratch.counters(dev, ops.palette_gemv_queue_counters(w.rows))
+        return torch.ops.unweight.palette_gemv_queue(x2, w.sm, w.idx, w.vpos, w.vexp, ws, cnt, w.rows, w.cols,
+                                                     w.palette, ops.palette_gemv_queue_units(w.rows, w.cols, dev),
+                                                     w.tiled)
     if path in GEMV_PATHS:
         v = GEMV_PATHS[path]
         return torch.ops.unweight.palette_gemv(x2, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette,

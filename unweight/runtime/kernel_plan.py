@@ -124,6 +124,18 @@ PGEMV_VARIANT_MMA_BULK = 7
 PGEMV_MMA_BULK_DEPTH = 4
 PGEMV_MMA_BULK_SLOT = PGEMV_MMA_ROWS * (PGEMV_MMA_COLS + PGEMV_MMA_COLS // 2)
 PGEMV_MMA_BULK_CTAS_PER_SM = 2
+# The queued tensor-core variant (path palette_gemv_mma_queue; ops.palette_gemv_queue): the
+# register-direct variant's steps and sums in units of a tile's steps, handed out from a queue to
+# a persistent grid; units per tile for about PGEMV_MMA_QUEUE_UNITS_PER_WARP units per resident
+# warp, each at least PGEMV_MMA_QUEUE_MIN_STEPS steps, at most PGEMV_MMA_QUEUE_MAX_UNITS.
+# Counters: the queue's head, the warps done, one arrival count per tile.
+PGEMV_VARIANT_MMA_QUEUE = 8
+PGEMV_MMA_QUEUE_UNITS_PER_WARP = 3
+PGEMV_MMA_QUEUE_MIN_STEPS = 2
+PGEMV_MMA_QUEUE_MAX_UNITS = 64
+PGEMV_QUEUE_HEAD = 0
+PGEMV_QUEUE_DONE = 1
+PGEMV_QUEUE_TILES = 2
 PGEMV_VARIANTS = {"std": PGEMV_VARIANT_STD, "deep": PGEMV_VARIANT_DEEP, "staged": PGEMV_VARIANT_STAGED,
                   "mma": PGEMV_VARIANT_MMA, "mma_staged": PGEMV_VARIANT_MMA_STAGED,
                   "mma_prefetch": PGEMV_VARIANT_MMA_PREFETCH, "mma_bulk": PGEMV_VARIANT_MMA_BULK}
@@ -398,10 +410,51 @@ def pgemv_mma_steps(K: int, parts: int, part: int) -> tuple[int, int]:
     return pgemv_steps_of(K, PGEMV_MMA_COLS, parts, part)
 
 
+def pgemv_mma_queue_units(N: int, K: int, num_sms: int) -> int:
+    """Units per PGEMV_MMA_ROWS-row tile of the queued variant: about
+    PGEMV_MMA_QUEUE_UNITS_PER_WARP units per resident warp, each at least
+    PGEMV_MMA_QUEUE_MIN_STEPS steps (an even count where the tile's steps allow: no buffer swap
+    between units), at most PGEMV_MMA_QUEUE_MAX_UNITS."""
+    tiles, steps = cdiv(N, PGEMV_MMA_ROWS), cdiv(K, PGEMV_MMA_COLS)
+    most = max(1, min(steps // PGEMV_MMA_QUEUE_MIN_STEPS, PGEMV_MMA_QUEUE_MAX_UNITS))
+    p = max(1, min(cdiv(PGEMV_MMA_QUEUE_UNITS_PER_WARP * num_sms * PGEMV_MMA_WARPS_PER_SM, tiles), most))
+    per = cdiv(steps, p)
+    if per % 2 and per < steps:
+        per += 1
+    return cdiv(steps, per)
+
+
+def pgemv_mma_unit_steps(K: int, units: int, part: int) -> tuple[int, int]:
+    """[first, last) steps of unit `part` of a tile cut into `units` (at a power of two: the
+    register-direct variant's parts)."""
+    return pgemv_steps_of(K, PGEMV_MMA_COLS, units, part)
+
+
+def pgemv_mma_queue_ctas_per_sm(M: int) -> int:
+    """CTAs an SM holds of the queued kernel at batch M (its __launch_bounds__)."""
+    return PGEMV_MMA4_CTAS_PER_SM if M > 16 else PGEMV_MMA_CTAS_PER_SM
+
+
+def pgemv_mma_queue_grid(N: int, units: int, num_sms: int, ctas_per_sm: int) -> int:
+    """The queued variant's persistent grid: what the SMs hold at once, no more than the units need."""
+    return min(cdiv(cdiv(N, PGEMV_MMA_ROWS) * units, PGEMV_WARPS), num_sms * ctas_per_sm)
+
+
+def pgemv_mma_queue_workspace(N: int, units: int, M: int) -> int:
+    """fp32 elements of the queued variant's unit sums ([units][M][PGEMV_MMA_ROWS]; none at one unit per tile)."""
+    return cdiv(N, PGEMV_MMA_ROWS) * units * M * PGEMV_MMA_ROWS if units > 1 else 0
+
+
+def pgemv_mma_queue_counters(N: int) -> int:
+    """int32 counters of the queued variant: its queue's head, the warps done, one per tile."""
+    return PGEMV_QUEUE_TILES + cdiv(N, PGEMV_MMA_ROWS)
+
+
 def pgemv_is_mma(variant: int) -> bool:
-    """Whether a GEMV variant runs on tensor cores (register-direct, staged, prefetching or bulk-copy)."""
+    """Whether a GEMV variant runs on tensor cores (register-direct, staged, prefetching, bulk-copy
+    or queued)."""
     return variant in (PGEMV_VARIANT_MMA, PGEMV_VARIANT_MMA_STAGED, PGEMV_VARIANT_MMA_PREFETCH,
-                       PGEMV_VARIANT_MMA_BULK)
+                       PGEMV_VARIANT_MMA_BULK, PGEMV_VARIANT_MMA_QUEUE)
 
 
 def pgemv_needs_tiled(variant: int) -> bool:
@@ -416,7 +469,10 @@ def pgemv_max_m(variant: int = PGEMV_VARIANT_DEFAULT) -> int:
 
 
 def pgemv_variant_parts(N: int, K: int, num_sms: int, variant: int = PGEMV_VARIANT_DEFAULT) -> int:
-    """Warps per row (per tile for the tensor-core variants) of a GEMV variant's launch."""
+    """Warps per row (per tile for the tensor-core variants; units per tile for the queued one)
+    of a GEMV variant's launch."""
+    if variant == PGEMV_VARIANT_MMA_QUEUE:
+        return pgemv_mma_queue_units(N, K, num_sms)
     if pgemv_is_mma(variant):
         return pgemv_mma_parts(N, K, num_sms)
     return pgemv_parts(N, K, num_sms)

@@ -103,21 +103,26 @@ PALETTE_GEMV_MMA_PREFETCH = "palette_gemv_mma_prefetch"
 # per-warp rings counted on mbarriers; sm_90+): only for weights held tile-major, where a warp's
 # part is one run of bytes per plane; the same bits as PALETTE_GEMV_MMA.
 PALETTE_GEMV_MMA_BULK = "palette_gemv_mma_bulk"
+# The tensor-core GEMV with a tile's steps cut into units handed out from a queue to a
+# persistent grid (kernel_plan.h, MMA_QUEUE; ops.palette_gemv_queue): the warps that stream
+# faster take more units, and no second wave; its own unit count sets the order of the sums.
+PALETTE_GEMV_MMA_QUEUE = "palette_gemv_mma_queue"
 # The GEMV paths and the kernel variant each runs (ops.palette_gemv's `variant`).
 GEMV_PATHS = {PALETTE_GEMV: kp.PGEMV_VARIANT_DEFAULT, PALETTE_GEMV_DEEP: kp.PGEMV_VARIANT_DEEP,
               PALETTE_GEMV_STAGED: kp.PGEMV_VARIANT_STAGED, PALETTE_GEMV_MMA: kp.PGEMV_VARIANT_MMA,
               PALETTE_GEMV_MMA_STAGED: kp.PGEMV_VARIANT_MMA_STAGED,
               PALETTE_GEMV_MMA_PREFETCH: kp.PGEMV_VARIANT_MMA_PREFETCH,
-              PALETTE_GEMV_MMA_BULK: kp.PGEMV_VARIANT_MMA_BULK}
+              PALETTE_GEMV_MMA_BULK: kp.PGEMV_VARIANT_MMA_BULK, PALETTE_GEMV_MMA_QUEUE: kp.PGEMV_VARIANT_MMA_QUEUE}
 # Paths that run only on tile-major planes: never chosen for a file-order entry.
 TILED_ONLY = tuple(p for p, v in GEMV_PATHS.items() if kp.pgemv_needs_tiled(v))
 # Times recorded under other names (a fused Huffman kernel some earlier tables list) are kept
 # out of every choice: only these paths exist.
 CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP,
            PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH,
-           PALETTE_GEMV_MMA_BULK)
+           PALETTE_GEMV_MMA_BULK, PALETTE_GEMV_MMA_QUEUE)
 FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED,
-         PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH, PALETTE_GEMV_MMA_BULK)
+         PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH, PALETTE_GEMV_MMA_BULK,
+         PALETTE_GEMV_MMA_QUEUE)
 
 # (upper bound inclusive, name); the last bucket is open-ended.
 # (17-32 and 33-64 are apart because the tensor-core GEMV takes batches up to 32.)
