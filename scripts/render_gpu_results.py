@@ -209,7 +209,8 @@ def kernels_table(bench: dict) -> list[str]:
             shapes.append((r["N"], r["K"]))
     variants = [k for k in ("palette_fused", "palette_fused_wide", "palette_fused_xs", "palette_gemv",
                             "palette_gemv_mma", "palette_gemv_mma_staged",
-                            "palette_gemv_mma_prefetch", "palette_gemv_deep", "palette_gemv_staged",
+                            "palette_gemv_mma_prefetch", "palette_gemv_mma_queue", "palette_gemv_deep",
+                            "palette_gemv_staged",
                             "huffman_fused", "palette_decode_cublas", "huffman_decode_cublas",
                             *(key for key, _ in TILED_ROWS))
                 if any(k in r for r in rows)]
@@ -220,6 +221,7 @@ def kernels_table(bench: dict) -> list[str]:
              "palette_gemv_mma": "palette GEMV, tensor cores (batch 1-32)",
              "palette_gemv_mma_staged": "palette GEMV, tensor cores, staged (batch 1-32)",
              "palette_gemv_mma_prefetch": "palette GEMV, tensor cores, L2 prefetch (batch 1-32)",
+             "palette_gemv_mma_queue": "palette GEMV, tensor cores, queued units (batch 1-32)",
              "huffman_fused": "huffman fused",
              "palette_decode_cublas": "palette decode + cuBLAS", "huffman_decode_cublas": "huffman decode + cuBLAS",
              **dict(TILED_ROWS)}
@@ -248,7 +250,8 @@ TILED_ROWS = (("palette_tiled_decode_cublas", "palette decode + cuBLAS, tile-maj
               ("palette_gemv_tiled", "palette GEMV, tile-major (batch 1-4)"),
               ("palette_gemv_mma_tiled", "palette GEMV, tensor cores, tile-major (batch 1-32)"),
               ("palette_gemv_mma_staged_tiled", "palette GEMV, tensor cores, staged, tile-major (batch 1-32)"),
-              ("palette_gemv_mma_bulk_tiled", "palette GEMV, tensor cores, bulk copies, tile-major (batch 1-32)"))
+              ("palette_gemv_mma_bulk_tiled", "palette GEMV, tensor cores, bulk copies, tile-major (batch 1-32)"),
+              ("palette_gemv_mma_queue_tiled", "palette GEMV, tensor cores, queued units, tile-major (batch 1-32)"))
 
 
 def plane_order_lines(bench: dict, rows: list) -> list[str]:
