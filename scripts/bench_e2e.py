@@ -39,10 +39,14 @@ import _bench_util as bu  # noqa: E402
 # (dispatch.use_decoders).  A trailing "+tiled" (palette) holds the matmul weights' planes
 # tile-major (prepare's plane_order="tiled"); "palette+tiled" alone decodes them + cuBLAS.
 # Every other mode holds file order.  (gemv-mma-bulk, the bulk-copy GEMV, runs tile-major only.)
+# A trailing "+pdl" (after "+tiled") runs the mode with programmatic dependent launch of the
+# tensor-core GEMV kernels on (ops.programmatic_launch; sm_90+): a launch may start streaming
+# its planes while the kernel ahead of it ends.
 MODES = ("huffman", "palette", "palette+tiled", "huffman+fused", "palette+fused", "palette+fused-wide",
          "palette+fused-xs", "palette+gemv", "palette+gemv-mma", "palette+gemv-mma+tiled", "palette+fused-wide+tiled",
          "palette+gemv-mma-staged", "palette+gemv-mma-prefetch", "palette+gemv-mma-bulk+tiled",
-         "palette+gemv-mma-queue+tiled", "palette+gemv-deep", "palette+gemv-staged",
+         "palette+gemv-mma-queue+tiled", "palette+gemv-mma+tiled+pdl", "palette+gemv-mma-queue+tiled+pdl",
+         "palette+gemv-deep", "palette+gemv-staged",
          "huffman+chain", "huffman+ahead", "huffman+ahead2", "huffman+ring", "palette+vec8", "palette+wide", "dense")
 FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs",
                "gemv": "palette_gemv", "gemv-deep": "palette_gemv_deep", "gemv-staged": "palette_gemv_staged",
@@ -268,6 +272,7 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
         device: str = "cuda", cfg_over: dict | None = None, out_path: str | None = None, log=print) -> dict:
     """The end-to-end benchmark within `budget` (modes that would not fit are skipped and
     recorded).  device="cpu" with a tiny cfg_over is the harness' self-test."""
+    from unweight import ops
     from unweight.runtime import dispatch
     from unweight.runtime import prepare as prep
     dev = torch.device(device)
@@ -310,12 +315,16 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
             continue
         t0 = time.perf_counter()
         base, _, extra = mode.partition("+")
+        pdl = extra == "pdl" or extra.endswith("+pdl")
+        if pdl:
+            extra = extra[: -len("pdl")].rstrip("+")
         order = "file"  # explicit: "auto" would follow whatever tuning table this machine has
         if extra == "tiled" or extra.endswith("+tiled"):
             order, extra = "tiled", extra[: -len("tiled")].rstrip("+")
         # "+<decoder variant>" (chain, ahead, ahead2, ring; vec8, wide): the decode runs that variant for this mode
         decoder = extra if extra and extra not in FUSED_PATHS else None
         previous = dispatch.use_decoders(**{base: decoder}) if decoder else None
+        pdl_on = ops.programmatic_launch(True) if pdl else False
         try:
             info = prep.prepare(model, base, policy=None, plane_order=order)
             if extra in FUSED_PATHS:
@@ -323,6 +332,7 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
                 info = prep.prepare(model, base, policy=pol, plane_order=order)
             entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio",
                                                        "tiled_modules", "paired_palette_modules")},
+                     **({"programmatic_launch": pdl_on} if pdl else {}),
                      "decoders": decoders_used(model), "prepare_seconds": time.perf_counter() - t0, "runs": []}
             for b in batches:
                 r = time_decode(model, b, prompt, steps, runs, ref_logits=refs[b])
@@ -336,6 +346,8 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
         finally:
             if previous is not None:
                 dispatch.use_decoders(**previous)
+            if pdl:
+                ops.programmatic_launch(False)
         per_mode = time.perf_counter() - t0
         res["modes"][mode] = entry
         log(f"e2e {mode}: " + (_summary(entry) if "runs" in entry else entry["error"]))

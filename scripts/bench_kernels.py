@@ -120,6 +120,8 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                                         "palette_gemv_mma")
                             if "median_ms" in r[key]:
                                 r[key]["time_vs_paired"] = r[key]["median_ms"] / base["median_ms"]
+                        if M in PDL_BATCHES and "gemv:pdl" not in skip:
+                            _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r)
                 if e == "palette" and M == 1 and budget.left() > 30:
                     r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas,
                                                             wide="gemm:wide" not in skip)
@@ -133,7 +135,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
         log(f"kernels {name} M={M}: cuBLAS {t_cublas * 1e3:.1f} us; " + "; ".join(
             f"{e} fused {_ratio(r.get(e + '_fused'))}, decode+cuBLAS {_ratio(r.get(e + '_decode_cublas'))}"
             for e in copies) + "".join(f"; {key.replace('_', ' ')} {_ratio(r[key])}"
-                                       for key, *_ in LAYOUTS + TILED + WRITER_ROW if key in r))
+                                       for key, *_ in LAYOUTS + TILED + WRITER_ROW + PDL_KEYS if key in r))
     del dense, copies
     bu.empty_cache(torch)
     return rows
@@ -175,6 +177,38 @@ TILED = (("palette_fused_tiled", "palette_gemm", "palette_gemm", None),
 # reorder (ops.paired_palette) buys, measured in one run.
 WRITER_ORDER_BATCHES = (1, 16)
 WRITER_ROW = (("palette_gemv_mma_tiled_writer_order",),)
+
+
+# Batches at which the tensor-core GEMVs on tile-major planes are timed again with programmatic
+# dependent launch on (ops.programmatic_launch): the graph replays back-to-back launches over the
+# rotating copies, as a layer's q, k and v (or gate and up) projections run, so each launch may
+# start streaming its planes while the one ahead ends.  Rows: "<row>_pdl", with time_vs_no_pdl.
+PDL_BATCHES = (1, 16)
+PDL_ROWS = (("palette_gemv_mma_tiled", "palette_gemv_mma"), ("palette_gemv_mma_queue_tiled", "palette_gemv_mma_queue"))
+PDL_KEYS = tuple((key + "_pdl",) for key, _ in PDL_ROWS)
+
+
+def _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r) -> None:
+    """Times PDL_ROWS with programmatic launch on into r["<row>_pdl"] (their bits checked against
+    the same launch with it off)."""
+    from unweight import ops
+    for key, path in PDL_ROWS:
+        if "median_ms" not in r.get(key, {}):
+            continue
+        before = ops.programmatic_launch()
+        try:
+            ops.programmatic_launch(False)
+            want = h.fused_op(tiled[0], x, err, path).view(torch.int16)
+            ops.programmatic_launch(True)
+            same = bool(torch.equal(h.fused_op(tiled[0], x, err, path).view(torch.int16), want))
+            t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, path) for q in tiled], runs=runs)
+        except Exception as ex:  # noqa: BLE001 - a failing launch mode is a finding
+            r[key + "_pdl"] = {"error": f"{type(ex).__name__}: {ex}"}
+            continue
+        finally:
+            ops.programmatic_launch(before)
+        r[key + "_pdl"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "same_bits_as_no_pdl": same,
+                           "time_vs_no_pdl": t["median_ms"] / r[key]["median_ms"]}
 
 
 def _time_tiled(torch, h, ws, tiled, x, err, t_cublas, runs, r, key, path, ref) -> None:

@@ -1016,7 +1016,7 @@ def _verbatim_heavy(np, cols, seed):
 # third H200 run, which reserved that for every later group, the first groups, the tile-major
 # checks among them, got no time.)
 # "tiled": every palette kernel on tile-major planes (ops/layout.py) against the file-order ones.
-VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv:mma_queue", "gemv", "gemm:xs", "gemv:mma_staged",
+VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv:mma_queue", "gemv:pdl", "gemv", "gemm:xs", "gemv:mma_staged",
                 "gemv:staged", "gemm:wide",
                 "gemv:deep", "gemv:mma_prefetch", "huffman:ahead", "huffman:chain", "huffman:ahead2", "huffman:scalar",
                 "palette:vec8")
@@ -1133,7 +1133,8 @@ def group_variant(rec, device, tag):
             return r
         for N, K in cases:
             rec.check(f"fused palette {what} {N}x{K}: the one-tile kernel's bits", same_bits, N, K)
-    elif (tag in ("gemv", "gemv:mma", "gemv:mma_queue") or tag in GEMV_VARIANTS) and "palette" not in h.fused_paths():
+    elif (tag in ("gemv", "gemv:mma", "gemv:mma_queue", "gemv:pdl") or tag in GEMV_VARIANTS) \
+            and "palette" not in h.fused_paths():
         rec.check(f"palette GEMV ({tag})", lambda: {"skipped": True, "why": "no fused palette kernel"})
         return
     elif tag == "gemv":
@@ -1251,6 +1252,59 @@ def group_variant(rec, device, tag):
             for N, K in ((48, 1088), (64, 4160)) + (((4096, 4096),) if device == "cuda" else ()):
                 rec.check(f"palette GEMV mma queued {N}x{K} tile-major: mma's bits", queue_case,
                           h.make_weights(N, K, seed=N + 19 * K), True)
+    elif tag == "gemv:pdl":
+        from unweight import ops
+        from unweight.runtime import tuning_table as tt
+
+        def chain_case(N, path, tiled, graph):
+            """Programmatic dependent launch (ops.programmatic_launch): a chain of GEMVs, each
+            reading the one before's output (with a PyTorch op between every other pair, a
+            launch that is not programmatic), gives the same bits with it on as off, eagerly
+            and replayed in a CUDA graph, at batch 1, 9 and 17: a launch waits for the one
+            ahead before it reads x."""
+            ws_ = [h.encoded_weight(tc.encode(h.make_weights(N, N, seed=N + i), "palette"), device, err)
+                   for i in range(4)]
+            if tiled:
+                ws_ = [bu.clone_encoded(q, tiled=True) for q in ws_]
+            r = {}
+            for M in (1, 9, 17):
+                x0 = h.bf16_tensor(h.make_weights(M, N, seed=M, spread=False), device)
+
+                def chain():
+                    y = x0
+                    for i, q in enumerate(ws_ * 2):
+                        y = h.fused_op(q, y, None, path)
+                        if i % 2:
+                            y = y * 0.5  # a launch without the attribute between two GEMVs
+                    return y
+                before = ops.programmatic_launch()
+                try:
+                    ops.programmatic_launch(False)
+                    want = chain()
+                    ops.programmatic_launch(True)
+                    got = chain()
+                    same = bool(torch.equal(got.view(torch.int16), want.view(torch.int16)))
+                    if graph and device == "cuda":
+                        torch.cuda.synchronize()
+                        g = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(g):
+                            yg = chain()
+                        for _ in range(3):
+                            g.replay()
+                            torch.cuda.synchronize()
+                            same &= bool(torch.equal(yg.view(torch.int16), want.view(torch.int16)))
+                finally:
+                    ops.programmatic_launch(before)
+                r[f"M={M}"] = same
+            r["passed"] = all(r.values())
+            return r
+        for path in (tt.PALETTE_GEMV_MMA, tt.PALETTE_GEMV_MMA_QUEUE):
+            for N, tiled in ((256, False), (1024, True), (4096, True)):
+                if device != "cuda" and N > 256:
+                    continue
+                order = "tile-major" if tiled else "file order"
+                rec.check(f"{path} chain {N}x{N} ({order}) with programmatic launch: the same bits, eager and "
+                          "graph", chain_case, N, path, tiled, True)
     elif tag in GEMV_VARIANTS:
         from unweight.runtime.tuning_table import TILED_ONLY
         vpath, vname, ref, batches = GEMV_VARIANTS[tag]
@@ -2159,7 +2213,8 @@ def stage_eval(st: Stage) -> None:
 # bench_e2e's modes: the runtime's defaults first, then the variants (VARIANT_TAGS), then
 # dense (it turns the modules into plain nn.Linear, so it comes last).
 BENCH_E2E_MODES = ("palette", "palette+tiled", "palette+gemv-mma", "palette+gemv-mma+tiled", "palette+fused",
-                   "palette+gemv-mma-bulk+tiled", "palette+gemv-mma-queue+tiled", "huffman", "palette+gemv",
+                   "palette+gemv-mma-bulk+tiled", "palette+gemv-mma-queue+tiled", "palette+gemv-mma+tiled+pdl",
+                   "palette+gemv-mma-queue+tiled+pdl", "huffman", "palette+gemv",
                    "palette+gemv-mma-staged",
                    "palette+gemv-mma-prefetch", "huffman+ahead",
                    "palette+gemv-deep",
@@ -2169,7 +2224,8 @@ E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm
                     "palette+gemv-deep": "gemv:deep", "palette+gemv-staged": "gemv:staged",
                     "palette+gemv-mma": "gemv:mma", "palette+gemv-mma-staged": "gemv:mma_staged",
                     "palette+gemv-mma-prefetch": "gemv:mma_prefetch", "palette+gemv-mma-bulk+tiled": "gemv:mma_bulk",
-                    "palette+gemv-mma-queue+tiled": "gemv:mma_queue",
+                    "palette+gemv-mma-queue+tiled": "gemv:mma_queue", "palette+gemv-mma+tiled+pdl": "gemv:pdl",
+                    "palette+gemv-mma-queue+tiled+pdl": "gemv:mma_queue",
                     "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2", "huffman+ahead": "huffman:ahead",
                     "palette+vec8": "palette:vec8", "palette+tiled": "tiled", "palette+gemv-mma+tiled": "tiled"}
 

@@ -93,10 +93,12 @@ Palette make_palette(const py::bytes& b) {
 // An emulated palette GEMV: the operands checked and copied, y [M, N] allocated, then
 // launch(o, pal, y) emulates the kernel with the GIL released and the launch's global
 // buffers (the planes, x, y) bounded; y uint16 (bf16 bits) [M, N].
+// after_wait: the kernel waits on the launches ahead of it (programmatic dependent launch)
+// before it touches x and y, which the emulator then checks (and `extra`, more such buffers).
 template <class F>
 arr<uint16_t> emulate_gemv_like(const arr<uint16_t>& x, const arr<uint8_t>& sm, const arr<uint8_t>& idx,
                                 const py::bytes& palette, const arr<uint32_t>& vpos, const arr<uint8_t>& vexp,
-                                F&& launch) {
+                                bool after_wait, std::vector<std::pair<const void*, size_t>> extra, F&& launch) {
   check_emu_operands(x, sm, idx, vpos, vexp);
   const EmuOperands o(x, sm, idx, vpos, vexp);
   arr<uint16_t> y({static_cast<int64_t>(o.M), o.N});
@@ -107,7 +109,12 @@ arr<uint16_t> emulate_gemv_like(const arr<uint16_t>& x, const arr<uint8_t>& sm, 
   {
     py::gil_scoped_release nogil;
     // (a read past any of these fails the emulated launch)
-    const emu::GlobalBounds bounds{{o.x.p, o.x.n}, {o.sm.p, o.sm.n}, {o.idx.p, o.idx.n}, {o.vexp.p, o.vexp.n}, vb, yb};
+    emu::GlobalBounds bounds{{o.sm.p, o.sm.n}, {o.idx.p, o.idx.n}, {o.vexp.p, o.vexp.n}, vb};
+    for (const auto& [p, n] : {std::pair<const void*, size_t>{o.x.p, o.x.n}, yb}) {
+      if (after_wait) bounds.after_wait(p, n);
+      else bounds.add(p, n);
+    }
+    for (const auto& [p, n] : extra) bounds.after_wait(p, n);
     e = launch(o, pal, vpos.data(), yp);
   }
   check(e);
@@ -448,6 +455,10 @@ PYBIND11_MODULE(_cuda, m) {
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on CUDA cores (M <= 4, K % 64 == 0); parts: "
      "warps per row (plan_pgemv_parts); variant: PGEMV_VARIANT_* (0: the default).");
 
+  m.def("set_programmatic_launch", &cuda::set_programmatic_launch, py::arg("on"),
+        "Programmatic dependent launch of the tensor-core GEMV kernels on sm_90+ (process-wide; off by default).");
+  m.def("programmatic_launch", &cuda::programmatic_launch_on);
+
   m.def("palette_gemv_queue", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
                                  py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int units, int64_t ctas,
                                  uintptr_t ws, uintptr_t queue, uintptr_t y, int64_t ldy, uintptr_t stream, int tiled) {
@@ -520,6 +531,11 @@ PYBIND11_MODULE(_cuda, m) {
     return py::make_tuple(e ? py::object(py::str(e)) : py::object(py::none()), out);
   }, "Two emulated CTAs handing each other words as the split-K fix-up does (emu/selftest.h, kind 0-3): "
      "(the emulator's error or None, out [32]).");
+  m.def("emu_selftest_grid_dep", [](int kind) -> py::object {
+    const char* e = emu::selftest_grid_dep_host(kind);
+    return e ? py::object(py::str(e)) : py::object(py::none());
+  }, "One emulated warp of a launch that may start before the one ahead ends (emu/selftest.h, kind 0: waits "
+     "before it touches x, y and a counter; 1-3 do not): the emulator's error or None.");
   m.def("emu_selftest_access", [](int op, int bytes, int stride, uint32_t lanes, int64_t bound) -> py::object {
     const char* e = emu::selftest_access_host(op, bytes, stride, lanes, bound);
     if (e == nullptr) return py::none();
@@ -808,15 +824,18 @@ PYBIND11_MODULE(_cuda, m) {
                                          arr<uint32_t> vpos, arr<uint8_t> vexp, int units, int64_t ctas,
                                          bool force_general, int tiled) {
     need(units >= 1, "units must be >= 1");
-    std::vector<int32_t> queue;
-    arr<uint16_t> y = emulate_gemv_like(x, sm, idx, palette, vpos, vexp, [&](const EmuOperands& o, const Palette& pal,
-                                                                              const uint32_t* vp, uint16_t* yp) {
-      std::vector<float> ws(static_cast<size_t>(std::max<int64_t>(1, plan::pgemv_mma_queue_workspace(o.N, units, o.M))));
-      queue.assign(static_cast<size_t>(plan::pgemv_mma_queue_counters(o.N)), 0);
-      return cuda::emulate::palette_gemv_queue(o.x16(), o.K, o.M, o.sm.p, o.idx.p, o.N, o.K, pal, vp, o.nv, o.vexp.p,
-                                               units, ctas, ws.data(), queue.data(), yp, o.N, force_general ? 1 : 0,
-                                               tiled);
-    });
+    need(x.ndim() == 2 && sm.ndim() == 2, "x and sm must be 2-D");
+    std::vector<float> ws(static_cast<size_t>(
+        std::max<int64_t>(1, plan::pgemv_mma_queue_workspace(sm.shape(0), units, static_cast<int>(x.shape(0))))));
+    std::vector<int32_t> queue(static_cast<size_t>(plan::pgemv_mma_queue_counters(sm.shape(0))), 0);
+    arr<uint16_t> y = emulate_gemv_like(
+        x, sm, idx, palette, vpos, vexp, true,
+        {{ws.data(), ws.size() * sizeof(float)}, {queue.data(), queue.size() * sizeof(int32_t)}},
+        [&](const EmuOperands& o, const Palette& pal, const uint32_t* vp, uint16_t* yp) {
+          return cuda::emulate::palette_gemv_queue(o.x16(), o.K, o.M, o.sm.p, o.idx.p, o.N, o.K, pal, vp, o.nv,
+                                                   o.vexp.p, units, ctas, ws.data(), queue.data(), yp, o.N,
+                                                   force_general ? 1 : 0, tiled);
+        });
     for (int32_t c : queue) need(c == 0, "emulated palette_gemv_queue left a counter non-zero");
     return y;
   }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
@@ -827,8 +846,9 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("emulate_palette_gemv", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
                                    arr<uint32_t> vpos, arr<uint8_t> vexp, int parts, bool force_general,
                                    int variant, int tiled) {
-    return emulate_gemv_like(x, sm, idx, palette, vpos, vexp, [&](const EmuOperands& o, const Palette& pal,
-                                                                  const uint32_t* vp, uint16_t* yp) {
+    // (the tensor-core variants wait on the launches ahead before they touch x and y)
+    return emulate_gemv_like(x, sm, idx, palette, vpos, vexp, plan::pgemv_is_mma(variant), {},
+                             [&](const EmuOperands& o, const Palette& pal, const uint32_t* vp, uint16_t* yp) {
       return cuda::emulate::palette_gemv(o.x16(), o.K, o.M, o.sm.p, o.idx.p, o.N, o.K, pal, vp, o.nv, o.vexp.p, parts,
                                          yp, o.N, force_general ? 1 : 0, variant, tiled);
     });

@@ -152,6 +152,14 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
                          float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int stage_tiles, int x_shared,
                          int tiled, void* stream);
 
+// Programmatic dependent launch of the tensor-core GEMV kernels (palette_gemv and
+// palette_gemv_queue with an MMA variant, on sm_90+ devices): on, a launch may start while the
+// one ahead of it on the stream ends, streaming its planes (which no launch writes) and waiting
+// (griddepcontrol.wait) before it touches x, y or the scratch; the results are the same.
+// Process-wide, off by default.
+void set_programmatic_launch(bool on);
+bool programmatic_launch_on();
+
 // y[m, r] = sum_k x[m, k] * W[r, k] for m < M, r < N: the palette GEMV (palette_gemv.cu),
 // same operands, plane orders and alignment as palette_gemm; variant: plan::PGEMV_VARIANT_* (0 the default;
 // DEEP and STAGED give its bits; MMA runs on the tensor cores, its own sums); M: 1..4, or

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "huffman_decode.cuh"
 #include "launch_util.h"
@@ -21,6 +22,12 @@ const char* launch_status() {
 }
 
 bool grid_ok(int64_t g) { return g >= 1 && g <= 0x7FFFFFFF; }
+
+std::atomic<bool>& programmatic_flag() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+bool programmatic_launch() { return programmatic_flag().load(std::memory_order_relaxed); }
 
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
 
@@ -60,6 +67,9 @@ const char* check_pal(int64_t rows, int64_t cols, int64_t r0, int64_t r1, int64_
 }  // namespace detail
 
 using namespace detail;
+
+void set_programmatic_launch(bool on) { programmatic_flag().store(on, std::memory_order_relaxed); }
+bool programmatic_launch_on() { return programmatic_launch(); }
 
 namespace {
 

@@ -13,6 +13,9 @@ namespace detail {
 // nullptr, or the error string of the last launch (cleared).
 const char* launch_status();
 bool grid_ok(int64_t g);
+// Whether the tensor-core GEMV launches may use programmatic dependent launch (sm_90+:
+// set_programmatic_launch, kernels.cuh).
+bool programmatic_launch();
 bool aligned(const void* p, uintptr_t a);
 
 const char* check_huff(int64_t stream_bytes, int64_t rows, int64_t cols, int64_t R, int64_t C,

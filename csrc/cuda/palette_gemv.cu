@@ -148,10 +148,9 @@ bool resolve_pgemv_variant(int* variant) {
          (plan::pgemv_is_mma(*variant) && *variant != plan::PGEMV_VARIANT_MMA_QUEUE);  // (palette_gemv_queue)
 }
 
-// variant: resolved.
-// The current device runs cp.async.bulk (compute capability 9.0 or later); asked once per
-// device, since a forward launches this per layer.
-bool device_has_bulk_copy() {
+// The current device is an sm_90 or later one (cp.async.bulk, programmatic dependent launch);
+// asked once per device, since a forward launches this per layer.
+bool device_sm90() {
   constexpr int kDevices = 64;
   static signed char known[kDevices] = {};  // 0 unknown, 1 yes, -1 no
   int dev = 0, major = 0;
@@ -269,7 +268,24 @@ void launch_pgemv(const PgemvArgs& a, int64_t ctas, cudaStream_t s) {
   constexpr int smem = PgemvVariant<kVariant>::kSmem;
   constexpr auto kernel = pgemv_kernel_of<MB, kPaired, kVariant>();
   opt_in_smem<kernel>(smem);  // (nothing to do at 48 KiB or less)
-  kernel<<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
+  // The tensor-core kernels wait for the launch ahead of them only before they touch x, y and
+  // the scratch (pgemv_mma_body, pgemv_mma_queue_body), so with programmatic launch on they may
+  // start streaming their planes while it ends.  The CUDA-core ones do not wait: never.
+  if (PgemvVariant<kVariant>::kMma && programmatic_launch() && device_sm90()) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(plan::PGEMV_THREADS);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.stream = s;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, kernel, a);
+  } else {
+    kernel<<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
+  }
 }
 
 namespace {
@@ -332,7 +348,7 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
                          uint16_t* y, int64_t ldy, int variant, int tiled, void* stream) {
   if (!resolve_pgemv_variant(&variant)) return "unknown palette GEMV variant";
   if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, variant, tiled)) return e;
-  if (variant == plan::PGEMV_VARIANT_MMA_BULK && !device_has_bulk_copy())
+  if (variant == plan::PGEMV_VARIANT_MMA_BULK && !device_sm90())
     return "the bulk-copy tensor-core palette_gemv needs an sm_90 GPU (cp.async.bulk)";
   PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy, tiled);
   const bool paired = pal_tables(pal, a.pt);

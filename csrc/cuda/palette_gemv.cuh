@@ -357,6 +357,10 @@ template <int NT, bool kPaired, bool kStaged, bool kPrefetch, bool kBulk, class 
 UW_HD void pgemv_mma_body(Ctx& c, const PgemvArgs& a) {
   constexpr int COLS = plan::PGEMV_MMA_COLS, HALF = COLS / 2, ROWS = plan::PGEMV_MMA_ROWS;
   static_assert(ROWS == plan::PMMA_TILE_N, "a tile is the fused GEMM's (its verbatim cursors and patch)");
+  // A launch that may start before the one ahead of it on the stream ends (programmatic
+  // dependent launch, sm_90+) streams its planes and verbatim lists, which no launch writes,
+  // and waits only before it reads x or writes y; it lets the next launch start at once.
+  c.grid_dep_launch();
   const int lane = c.lane(), warp = c.warp(), g = lane >> 2, t = lane & 3;
   const int64_t tile = c.block_x() * (plan::PGEMV_WARPS >> a.lparts) + (warp >> a.lparts);
   const int64_t row0 = tile * ROWS;
@@ -540,6 +544,7 @@ UW_UNROLL()
       pgemv_mma_step<NT, kPaired>(c, a, pt, xp, q, q_half, static_cast<uint32_t>(b_first), rowbase, bpr, cur, rel, s, n,
                                   acc);
     };
+    c.grid_dep_wait();  // (x, then y, are what an earlier launch may still be writing or reading)
     if constexpr (kBulk) {
       for (int q0 = 0; q0 < nq; q0 += DB) {
 UW_UNROLL()
@@ -680,6 +685,7 @@ UW_HD void pgemv_mma_queue_body(Ctx& c, const PgemvArgs& a) {
   const PmmaSteps d{static_cast<int>(a.sm_cols(COLS)), static_cast<int>(a.sm_cols(HALF)),
                     static_cast<int>(a.idx_cols(COLS)), static_cast<int>(a.idx_cols(HALF))};
   const uint64_t bpr = static_cast<uint64_t>(a.K / PAL_BLOCK);
+  c.grid_dep_launch();  // (as the register-direct kernel: the planes before the wait, the rest after)
   int32_t* const head = a.queue + plan::PGEMV_QUEUE_HEAD;
   int32_t* const arrivals = a.queue + plan::PGEMV_QUEUE_TILES;
 
@@ -690,6 +696,7 @@ UW_HD void pgemv_mma_queue_body(Ctx& c, const PgemvArgs& a) {
     setup(u, cu);
     pgemv_mma_load(cu.sp, cu.ip, d, 0, cu.q_half, sa, na);
     if (cu.nq > 1) pgemv_mma_load(cu.sp, cu.ip, d, 1, cu.q_half, sb, nb);
+    c.grid_dep_wait();  // (the queue, the sums, x and y: an earlier launch may still use them)
     while (true) {
       // The unit after this one: asked for now, its answer read before the last two steps.
       int32_t asked = 0;
@@ -807,6 +814,7 @@ UW_UNROLL(1)
   }
   // Every warp of the launch counts itself out; the last resets the queue for the next launch
   // (its fence orders every warp's last ask, made before that warp's count, before the reset).
+  c.grid_dep_wait();  // (a warp with no unit has not waited yet)
   c.threadfence();
   if (lane == 0 && c.atomic_add(a.queue + plan::PGEMV_QUEUE_DONE, int32_t{1}) == W - 1) {
     c.threadfence();
@@ -835,6 +843,7 @@ struct PgemvSlotArgs {
 template <bool kPaired, class Ctx>
 UW_HD void pgemv_slots_body(Ctx& c, const PgemvSlotArgs& a) {
   const int64_t slot = c.block_y();
+  c.grid_dep_wait();  // (the ids are the router's output: read after the launches ahead have ended)
   const int64_t e = a.ids[slot];  // the CTA's: every warp of it returns, or none
   if (e < 0 || e >= a.E) {
     if (c.block_x() == 0 && c.tid() == 0) c.atomic_add(a.err, int32_t{1});

@@ -91,6 +91,16 @@ def test_grid_memory_needs_a_threadfence_on_both_sides():
         assert err is not None and what in err and "CTA (1, 0)" in err and "CTA (0, 0)" in err, err
 
 
+def test_a_programmatic_launch_waits_before_it_touches_what_earlier_launches_use():
+    # x, y and the scratch counters may still be in use by the launch ahead (programmatic
+    # dependent launch): a read of x, a count on the counter or a store to y before the
+    # grid-dependency wait is an error; streaming the weights before it is not.
+    assert _cuda.emu_selftest_grid_dep(0) is None
+    for kind, what in [(1, "global load"), (2, "global atomic"), (3, "global store")]:
+        err = _cuda.emu_selftest_grid_dep(kind)
+        assert err is not None and what in err and "grid-dependency wait" in err, (kind, err)
+
+
 @pytest.mark.parametrize("kind, what", [
     (3, "shared-memory race"),                            # across warps, only a syncwarp between
     (4, "shared-memory race"),                            # within a warp, only a ballot between

@@ -23,14 +23,15 @@ from .layout import (inverse_nibble_map, pair_index, palette_pairs, paired_palet
 from .matmul import (palette_counters_elems, palette_gemv, palette_gemv_parts, palette_gemv_queue,
                      palette_gemv_queue_counters, palette_gemv_queue_units, palette_gemv_queue_workspace,
                      palette_gemv_queue_workspace_max, palette_gemv_slots, palette_gemv_supported, palette_matmul,
-                     palette_splits, palette_supported, palette_workspace_elems, palette_workspace_max)
+                     palette_splits, palette_supported, palette_workspace_elems, palette_workspace_max,
+                     programmatic_launch)
 from .transcode import build_lut, exp_histogram, palette_encode, palette_verbatim, transcode_to_palette
 
 __all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_palette", "decode_palette_slots",
            "gather_rows_huffman", "gather_rows_palette", "palette_matmul", "palette_splits", "palette_supported",
            "palette_gemv", "palette_gemv_parts", "palette_gemv_slots", "palette_gemv_supported", "palette_gemv_queue",
            "palette_gemv_queue_units", "palette_gemv_queue_workspace", "palette_gemv_queue_workspace_max",
-           "palette_gemv_queue_counters",
+           "palette_gemv_queue_counters", "programmatic_launch",
            "palette_workspace_elems", "palette_workspace_max", "palette_counters_elems", "build_lut", "exp_histogram", "palette_encode",
            "palette_verbatim", "transcode_to_palette", "tile_palette_planes", "untile_palette_planes", "palette_pairs", "paired_palette",
            "remap_index", "inverse_nibble_map", "pair_index", "stored_index"]

@@ -82,7 +82,7 @@ from . import _ext
 __all__ = ["palette_matmul", "palette_gemv_slots", "palette_splits", "palette_workspace_elems", "palette_workspace_max",
            "palette_counters_elems", "palette_supported", "palette_gemv", "palette_gemv_parts",
            "palette_gemv_supported", "palette_gemv_queue", "palette_gemv_queue_units", "palette_gemv_queue_workspace",
-           "palette_gemv_queue_workspace_max", "palette_gemv_queue_counters"]
+           "palette_gemv_queue_workspace_max", "palette_gemv_queue_counters", "programmatic_launch"]
 
 _SMS: dict = {}
 
@@ -234,6 +234,21 @@ def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False
                                         bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), parts,
                                         _ext.ptr(y), y.stride(0), _ext.stream(x), variant, int(tiled))
     return y
+
+
+def programmatic_launch(on: bool | None = None) -> bool:
+    """Programmatic dependent launch of the tensor-core GEMV kernels (palette_gemv's MMA
+    variants and palette_gemv_queue, on sm_90+ GPUs).  On, a launch may start while the launch
+    ahead of it on the stream ends: it streams its planes, which no launch writes, and waits
+    (griddepcontrol.wait) before it touches x, y or the scratch, so the results are the same;
+    a CUDA graph keeps the dependency.  Process-wide, off by default.  `on` sets it; returns the
+    setting (False where the CUDA kernels are not built)."""
+    if not _ext.cuda_kernels_built():
+        return False
+    mod = _ext.cuda_module()
+    if on is not None:
+        mod.set_programmatic_launch(bool(on))
+    return bool(mod.programmatic_launch())
 
 
 # ------------------------------------------------------------------------ palette_gemv_queue

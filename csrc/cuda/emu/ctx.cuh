@@ -41,6 +41,12 @@
 //                                             of that parity has completed; the copies it
 //                                             counted are then visible to the waiting thread
 //   sync       syncthreads()  syncwarp(mask)  threadfence()
+//              grid_dep_wait()  grid_dep_launch()   programmatic dependent launch (sm_90+; no-ops
+//                                             before, and for a launch without the attribute):
+//                                             griddepcontrol.wait (the launches this one may have
+//                                             started before are complete and their writes
+//                                             visible: x, y and the scratch are touched only
+//                                             after it) and griddepcontrol.launch_dependents
 //              atomic_add(p, v)               atomicAdd on global or shared memory (int, unsigned,
 //                                             unsigned long long); returns the old value
 //   grid       st_grid(p, v)  ld_grid(p)      an fp32 store to / load from global memory that
@@ -196,6 +202,16 @@ struct DeviceCtx {
   UW_HD void syncthreads() { __syncthreads(); }
   UW_HD void syncwarp(unsigned mask = kFullMask) { __syncwarp(mask); }
   UW_HD void threadfence() { __threadfence(); }
+  UW_HD void grid_dep_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  }
+  UW_HD void grid_dep_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  }
   UW_HD void st_grid(float* p, float v) const { *p = v; }
   // Through L2 (ld.global.cg): never a stale L1 line of what another SM wrote.
   UW_HD float ld_grid(const float* p) const {
@@ -295,6 +311,8 @@ struct DeviceCtx {
   UW_HD void syncthreads() {}
   UW_HD void syncwarp(unsigned = kFullMask) {}
   UW_HD void threadfence() {}
+  UW_HD void grid_dep_wait() {}
+  UW_HD void grid_dep_launch() {}
   UW_HD void st_grid(float*, float) const {}
   UW_HD float ld_grid(const float*) const { return 0.f; }
   template <class T>

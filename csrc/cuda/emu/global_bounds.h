@@ -16,10 +16,21 @@ namespace emu {
 // fault).  Scopes do not nest.
 struct GlobalRanges {
   std::vector<std::pair<uintptr_t, uintptr_t>> r;
-  bool contains(const void* p, size_t n) const {
+  // Buffers an earlier launch on the stream writes or reads (x, y, the scratch counters): a
+  // kernel that may start before that launch ends (programmatic dependent launch) touches them
+  // only after its grid-dependency wait.
+  std::vector<std::pair<uintptr_t, uintptr_t>> after_wait;
+  static bool in(const std::vector<std::pair<uintptr_t, uintptr_t>>& v, const void* p, size_t n) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    for (const auto& [lo, hi] : r)
+    for (const auto& [lo, hi] : v)
       if (a >= lo && a + n <= hi) return true;
+    return false;
+  }
+  bool contains(const void* p, size_t n) const { return in(r, p, n); }
+  bool needs_wait(const void* p, size_t n) const {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    for (const auto& [lo, hi] : after_wait)
+      if (a < hi && a + n > lo) return true;
     return false;
   }
 };
@@ -36,6 +47,20 @@ class GlobalBounds {
         ranges_.r.emplace_back(a, a + n);
       }
     global_ranges() = &ranges_;
+  }
+  // Names [p, p + n) as one more buffer of the launch.
+  void add(const void* p, size_t n) {
+    if (p == nullptr || n == 0) return;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    ranges_.r.emplace_back(a, a + n);
+  }
+  // Marks [p, p + n) as a buffer the kernel may touch only after its grid-dependency wait (and
+  // names it as a buffer of the launch).
+  void after_wait(const void* p, size_t n) {
+    if (p == nullptr || n == 0) return;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    ranges_.r.emplace_back(a, a + n);
+    ranges_.after_wait.emplace_back(a, a + n);
   }
   ~GlobalBounds() { global_ranges() = nullptr; }
   GlobalBounds(const GlobalBounds&) = delete;

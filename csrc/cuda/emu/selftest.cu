@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "../device_util.cuh"
+#include "global_bounds.h"
 #include "host_buffer.h"
 #include "selftest.h"
 #include "warp_emu.h"
@@ -185,6 +186,27 @@ UW_HD void grid_body(Ctx& c, int kind, float* data, int* counter, float* out) {
   out[t] = c.ld_grid(data + t) + c.ld_grid(data + 32 + t);
 }
 
+// Programmatic dependent launch (selftest.h, selftest_grid_dep_host): a warp streams `w`
+// (which no launch writes), waits on the launches ahead, reads x, counts itself on `counter`
+// and writes y -- x, y and the counter being what an earlier launch may still use.  kind 1
+// reads x before the wait, kind 2 counts itself before it, kind 3 stores to y before it.
+template <class Ctx>
+UW_HD void grid_dep_body(Ctx& c, int kind, const uint8_t* w, const uint16_t* x, int32_t* counter, uint16_t* y) {
+  using cuda::detail::ld_reuse_v4, cuda::detail::ld_stream_v4, cuda::detail::st_v4;
+  const int lane = c.lane();
+  c.grid_dep_launch();
+  uint32_t wv[4], xv[4];
+  ld_stream_v4(w + 16 * lane, wv);
+  if (kind == 3) st_v4(y + 8 * lane, wv);
+  if (kind == 1) ld_reuse_v4(x + 8 * lane, xv);
+  if (kind == 2 && lane == 0) c.atomic_add(counter, int32_t{1});
+  c.grid_dep_wait();
+  ld_reuse_v4(x + 8 * lane, xv);
+  if (kind != 2 && lane == 0) c.atomic_add(counter, int32_t{1});
+  for (int i = 0; i < 4; ++i) wv[i] ^= xv[i];
+  st_v4(y + 8 * lane, wv);
+}
+
 // Access patterns for the profile's model (selftest.h, selftest_access_host).
 template <class Ctx>
 UW_HD void access_body(Ctx& c, int op, int bytes, int stride, uint32_t lanes, unsigned char* gbuf, int region) {
@@ -306,6 +328,18 @@ const char* selftest_grid_host(int kind, float* out) {
   std::vector<float> data(64, 0.f);
   int counter = 0;
   return launch(2, 1, kWarpSize, sizeof(int), [&](ThreadCtx& c) { grid_body(c, kind, data.data(), &counter, out); });
+}
+
+const char* selftest_grid_dep_host(int kind) {
+  std::vector<uint8_t> w(16 * kWarpSize, 1);
+  std::vector<uint16_t> x(8 * kWarpSize, 2), y(8 * kWarpSize, 0);
+  int32_t counter = 0;
+  GlobalBounds bounds{{w.data(), w.size()}};
+  bounds.after_wait(x.data(), x.size() * sizeof(uint16_t));
+  bounds.after_wait(y.data(), y.size() * sizeof(uint16_t));
+  bounds.after_wait(&counter, sizeof(counter));
+  return launch(1, 1, kWarpSize, 0,
+                [&](ThreadCtx& c) { grid_dep_body(c, kind, w.data(), x.data(), &counter, y.data()); });
 }
 
 const char* selftest_mma_host(const uint16_t* A, const uint16_t* B, const float* C, float* D) {

@@ -61,6 +61,12 @@ const char* selftest_bulk_host(int kind, uint32_t* out);
 // kind 1 without the storing threads' threadfence, 2 without the loading threads', 3 with the
 // storing threads' threadfence after the arrival.  Returns the emulator's error (none for 0).
 const char* selftest_grid_host(int kind, float* out);
+// One warp of a launch that may start before the one ahead of it ends (programmatic dependent
+// launch): it streams a buffer no launch writes, then reads x, counts itself on a counter and
+// writes y, all three marked GlobalBounds::after_wait.  kind 0 waits (grid_dep_wait) before
+// them; 1 reads x before its wait, 2 counts itself before it, 3 stores to y before it: each an
+// error.
+const char* selftest_grid_dep_host(int kind);
 
 // One warp of 32 threads makes one access per lane in `lanes` (a bit per lane), lane l at
 // byte l * stride of its buffer, for the access profile (warp_emu.h, profile()):

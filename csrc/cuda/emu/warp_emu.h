@@ -129,6 +129,10 @@ class ThreadCtx {
   UW_HD void syncthreads() { UW_EMU_HOST_ONLY(h_syncthreads();) }
   UW_HD void syncwarp(unsigned mask = kFullMask) { UW_EMU_HOST_ONLY(exchange(mask, nullptr, 0, true);) }
   UW_HD void threadfence() { UW_EMU_HOST_ONLY(h_threadfence();) }
+  // Programmatic dependent launch: after the wait the thread may touch what earlier launches
+  // use (GlobalBounds::after_wait checks it did); the trigger only lets a dependent launch start.
+  UW_HD void grid_dep_wait() { UW_EMU_HOST_ONLY(grid_waited_ = true;) }
+  UW_HD void grid_dep_launch() {}
   UW_HD void st_grid(float* p, float v) { UW_EMU_HOST_ONLY(h_st_grid(p); *p = v;) }
   UW_HD float ld_grid(const float* p) { UW_EMU_HOST_ONLY(h_ld_grid(p); return *p;) }
   template <class T>
@@ -218,6 +222,7 @@ class ThreadCtx {
   int tid_ = 0;
   std::vector<const float*> unfenced_;  // st_grid words not yet followed by a threadfence
   bool fenced_since_sync_ = false;      // a threadfence since the last barrier or global atomic
+  bool grid_waited_ = false;            // passed grid_dep_wait()
   std::vector<Copy> open_;
   std::vector<std::vector<Copy>> groups_;
 };
@@ -548,13 +553,26 @@ class Cta {
     return b >= smem_ && b < smem_ + smem_bytes_;
   }
 
-  // Fails the launch when a GlobalBounds scope is open and [p, p + n) lies outside its buffers.
-  void check_global(int tid, const void* p, size_t n, const char* what) {
+  // Fails the launch when a GlobalBounds scope is open and [p, p + n) lies outside its buffers,
+  // or inside one an earlier launch uses while the thread has not passed its grid-dependency
+  // wait (waited: it has).
+  void check_global(int tid, const void* p, size_t n, const char* what, bool waited = true) {
+    check_wait(tid, p, n, what, waited);
     if (bounds_ == nullptr || bounds_->contains(p, n)) return;
     char msg[192];
     std::snprintf(msg, sizeof(msg), "emulated kernel: %s of %zu bytes at %p outside every buffer of the launch "
                   "(thread %d of CTA (%lld, %lld))", what, n, p, tid, static_cast<long long>(bx_),
                   static_cast<long long>(by_));
+    fail(tid, keep(msg));
+  }
+  // Fails the launch when [p, p + n) lies in a buffer an earlier launch uses
+  // (GlobalBounds::after_wait) and the thread has not passed its grid-dependency wait.
+  void check_wait(int tid, const void* p, size_t n, const char* what, bool waited) {
+    if (bounds_ == nullptr || waited || !bounds_->needs_wait(p, n)) return;
+    char msg[224];
+    std::snprintf(msg, sizeof(msg), "emulated kernel: %s of %zu bytes at %p, a buffer an earlier launch uses, "
+                  "before the grid-dependency wait (thread %d of CTA (%lld, %lld))", what, n, p, tid,
+                  static_cast<long long>(bx_), static_cast<long long>(by_));
     fail(tid, keep(msg));
   }
   [[noreturn]] void fail_access(int tid, const char* what, const void* smem_at) {
@@ -731,7 +749,8 @@ class Cta {
     ThreadCtx* c = static_cast<ThreadCtx*>(thread);
     const bool store = kind == GlobalKind::kStore;
     c->cta_->check_global(c->tid_, p, bytes,
-                          store ? "global store" : kind == GlobalKind::kLoad ? "global load" : "L2 prefetch");
+                          store ? "global store" : kind == GlobalKind::kLoad ? "global load" : "L2 prefetch",
+                          c->grid_waited_);
     if (kind == GlobalKind::kPrefetch) return;  // (no data moved: not in the access profile)
     c->cta_->record(c->tid_, store ? kGlobalStore : kGlobalLoad, reinterpret_cast<uintptr_t>(p), bytes,
                     UW_EMU_CALL_SITE());
@@ -1004,6 +1023,7 @@ inline void ThreadCtx::h_atomic(void* p, size_t n) {
   if (cta_->in_shared(p)) {
     cta_->shared_access(tid_, p, n, Cta::kAtomic);
   } else {  // a global atomic: other CTAs may act on it (see launch)
+    cta_->check_wait(tid_, p, n, "global atomic", grid_waited_);
     cta_->published = true;
     cta_->grid->atomic(cta_->id());
     fenced_since_sync_ = false;
@@ -1019,7 +1039,7 @@ inline void ThreadCtx::h_cp_async16(void* smem_dst, const void* gmem_src, int sr
   std::memset(cp.bytes, 0, 16);
   const int n = src_bytes < 0 ? 0 : (src_bytes > 16 ? 16 : src_bytes);
   if (n > 0) {
-    cta_->check_global(tid_, gmem_src, static_cast<size_t>(n), "cp.async source");
+    cta_->check_global(tid_, gmem_src, static_cast<size_t>(n), "cp.async source", grid_waited_);
     cta_->record(tid_, kGlobalAsync, reinterpret_cast<uintptr_t>(gmem_src), static_cast<size_t>(n), site);
   }
   std::memcpy(cp.bytes, gmem_src, static_cast<size_t>(n));
