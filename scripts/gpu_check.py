@@ -2300,9 +2300,20 @@ def _run_bench_child(name: str, budget: float, path: str, skip: dict, device: st
     return rc, err, res
 
 
+# Variants the benchmarks leave out although their checks pass: slower than the kernel they
+# vary in every H200 run (the fourth's rows: the deep and staged CUDA-core GEMVs 1.2-2.1x
+# cuBLAS where the default took 1.2-1.5x and the tensor-core GEMV 1.0-1.3x; the prefetching
+# tensor-core GEMV 1.31-1.54x where the register-direct one took 1.09-1.29x), never chosen by
+# the shipped table, so their minutes go to the kernels still in question.  Their correctness
+# checks still run, and bench_kernels.py times them when run by hand.
+BENCH_RETIRED = {"gemv:deep": "slower than the default GEMV in every H200 run",
+                 "gemv:staged": "slower than the default GEMV in every H200 run",
+                 "gemv:mma_prefetch": "slower than the register-direct tensor-core GEMV in every H200 run"}
+
+
 def stage_bench(st: Stage, out_dir: str) -> None:
     activate_site()
-    skip = bench_variants_to_skip()
+    skip = {**BENCH_RETIRED, **bench_variants_to_skip()}
     st.rec["raw"]["variants_left_out"] = skip
     total = st.budget.left()
     # e2e gets the largest share: ~20 s per mode on the H200 (0.25 of the stage ran BF16 alone).
