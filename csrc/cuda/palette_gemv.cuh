@@ -359,8 +359,9 @@ UW_HD void pgemv_mma_body(Ctx& c, const PgemvArgs& a) {
   static_assert(ROWS == plan::PMMA_TILE_N, "a tile is the fused GEMM's (its verbatim cursors and patch)");
   // A launch that may start before the one ahead of it on the stream ends (programmatic
   // dependent launch, sm_90+) streams its planes and verbatim lists, which no launch writes,
-  // and waits only before it reads x or writes y; it lets the next launch start at once.
-  c.grid_dep_launch();
+  // and waits only before it reads x or writes y; it lets the next launch start once it has
+  // waited (then every launch ahead of this one is complete, so the next one's early reads
+  // of its own planes can race with nothing but this launch, which writes only y).
   const int lane = c.lane(), warp = c.warp(), g = lane >> 2, t = lane & 3;
   const int64_t tile = c.block_x() * (plan::PGEMV_WARPS >> a.lparts) + (warp >> a.lparts);
   const int64_t row0 = tile * ROWS;
@@ -545,6 +546,7 @@ UW_UNROLL()
                                   acc);
     };
     c.grid_dep_wait();  // (x, then y, are what an earlier launch may still be writing or reading)
+    c.grid_dep_launch();
     if constexpr (kBulk) {
       for (int q0 = 0; q0 < nq; q0 += DB) {
 UW_UNROLL()
@@ -685,7 +687,6 @@ UW_HD void pgemv_mma_queue_body(Ctx& c, const PgemvArgs& a) {
   const PmmaSteps d{static_cast<int>(a.sm_cols(COLS)), static_cast<int>(a.sm_cols(HALF)),
                     static_cast<int>(a.idx_cols(COLS)), static_cast<int>(a.idx_cols(HALF))};
   const uint64_t bpr = static_cast<uint64_t>(a.K / PAL_BLOCK);
-  c.grid_dep_launch();  // (as the register-direct kernel: the planes before the wait, the rest after)
   int32_t* const head = a.queue + plan::PGEMV_QUEUE_HEAD;
   int32_t* const arrivals = a.queue + plan::PGEMV_QUEUE_TILES;
 
@@ -696,7 +697,10 @@ UW_HD void pgemv_mma_queue_body(Ctx& c, const PgemvArgs& a) {
     setup(u, cu);
     pgemv_mma_load(cu.sp, cu.ip, d, 0, cu.q_half, sa, na);
     if (cu.nq > 1) pgemv_mma_load(cu.sp, cu.ip, d, 1, cu.q_half, sb, nb);
+    // (as the register-direct kernel: the planes before the wait, the rest after it, and the
+    // next launch let start only then)
     c.grid_dep_wait();  // (the queue, the sums, x and y: an earlier launch may still use them)
+    c.grid_dep_launch();
     while (true) {
       // The unit after this one: asked for now, its answer read before the last two steps.
       int32_t asked = 0;

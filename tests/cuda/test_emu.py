@@ -96,7 +96,8 @@ def test_a_programmatic_launch_waits_before_it_touches_what_earlier_launches_use
     # dependent launch): a read of x, a count on the counter or a store to y before the
     # grid-dependency wait is an error; streaming the weights before it is not.
     assert _cuda.emu_selftest_grid_dep(0) is None
-    for kind, what in [(1, "global load"), (2, "global atomic"), (3, "global store")]:
+    for kind, what in [(1, "global load"), (2, "global atomic"), (3, "global store"),
+                       (4, "launch_dependents")]:  # the next launch let start before the wait
         err = _cuda.emu_selftest_grid_dep(kind)
         assert err is not None and what in err and "grid-dependency wait" in err, (kind, err)
 

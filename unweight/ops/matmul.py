@@ -239,14 +239,20 @@ def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False
 def programmatic_launch(on: bool | None = None) -> bool:
     """Programmatic dependent launch of the tensor-core GEMV kernels (palette_gemv's MMA
     variants and palette_gemv_queue, on sm_90+ GPUs).  On, a launch may start while the launch
-    ahead of it on the stream ends: it streams its planes, which no launch writes, and waits
-    (griddepcontrol.wait) before it touches x, y or the scratch, so the results are the same;
-    a CUDA graph keeps the dependency.  Process-wide, off by default.  `on` sets it; returns the
-    setting (False where the CUDA kernels are not built)."""
+    ahead of it on the stream ends: it streams its planes and waits (griddepcontrol.wait) before
+    it touches x, y or the scratch, and lets the next launch start only once it has waited, so
+    the results are the same; a CUDA graph keeps the dependency.  The one thing it asks: a
+    weight's planes are not written by the launch right ahead of its matmul.  Planes are written
+    at load; turning it on synchronizes every CUDA device, and runtime.prepare synchronizes the
+    devices it wrote planes on while it is on.  Process-wide, off by default.  `on` sets it;
+    returns the setting (False where the CUDA kernels are not built)."""
     if not _ext.cuda_kernels_built():
         return False
     mod = _ext.cuda_module()
     if on is not None:
+        if on and torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                torch.cuda.synchronize(i)
         mod.set_programmatic_launch(bool(on))
     return bool(mod.programmatic_launch())
 

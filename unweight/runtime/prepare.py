@@ -317,6 +317,13 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     _guard_tie_weights(model)
     _count_compressed_weights(model)
     _densify_on_resize(model)
+    if ops.programmatic_launch():
+        # A launch started early reads its planes before it waits on the launch ahead: the
+        # planes this preparation wrote on the devices (transcodes, tile-major copies, rewritten
+        # indices) are complete before any forward.
+        for d in need:
+            if torch.device(d).type == "cuda":
+                torch.cuda.synchronize(d)
     log.info("unweight: %s", json.dumps({k: v for k, v in info.items() if k != "tied"}))
     return info
 

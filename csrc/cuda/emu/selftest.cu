@@ -188,19 +188,21 @@ UW_HD void grid_body(Ctx& c, int kind, float* data, int* counter, float* out) {
 
 // Programmatic dependent launch (selftest.h, selftest_grid_dep_host): a warp streams `w`
 // (which no launch writes), waits on the launches ahead, reads x, counts itself on `counter`
-// and writes y -- x, y and the counter being what an earlier launch may still use.  kind 1
-// reads x before the wait, kind 2 counts itself before it, kind 3 stores to y before it.
+// and writes y -- x, y and the counter being what an earlier launch may still use -- and only
+// then lets the next launch start.  kind 1 reads x before the wait, kind 2 counts itself before
+// it, kind 3 stores to y before it, kind 4 lets the next launch start before it.
 template <class Ctx>
 UW_HD void grid_dep_body(Ctx& c, int kind, const uint8_t* w, const uint16_t* x, int32_t* counter, uint16_t* y) {
   using cuda::detail::ld_reuse_v4, cuda::detail::ld_stream_v4, cuda::detail::st_v4;
   const int lane = c.lane();
-  c.grid_dep_launch();
   uint32_t wv[4], xv[4];
   ld_stream_v4(w + 16 * lane, wv);
   if (kind == 3) st_v4(y + 8 * lane, wv);
   if (kind == 1) ld_reuse_v4(x + 8 * lane, xv);
   if (kind == 2 && lane == 0) c.atomic_add(counter, int32_t{1});
+  if (kind == 4) c.grid_dep_launch();
   c.grid_dep_wait();
+  c.grid_dep_launch();
   ld_reuse_v4(x + 8 * lane, xv);
   if (kind != 2 && lane == 0) c.atomic_add(counter, int32_t{1});
   for (int i = 0; i < 4; ++i) wv[i] ^= xv[i];

@@ -64,8 +64,8 @@ const char* selftest_grid_host(int kind, float* out);
 // One warp of a launch that may start before the one ahead of it ends (programmatic dependent
 // launch): it streams a buffer no launch writes, then reads x, counts itself on a counter and
 // writes y, all three marked GlobalBounds::after_wait.  kind 0 waits (grid_dep_wait) before
-// them; 1 reads x before its wait, 2 counts itself before it, 3 stores to y before it: each an
-// error.
+// them and lets the next launch start after; 1 reads x before its wait, 2 counts itself before
+// it, 3 stores to y before it, 4 lets the next launch start before it: each an error.
 const char* selftest_grid_dep_host(int kind);
 
 // One warp of 32 threads makes one access per lane in `lanes` (a bit per lane), lane l at

@@ -132,7 +132,7 @@ class ThreadCtx {
   // Programmatic dependent launch: after the wait the thread may touch what earlier launches
   // use (GlobalBounds::after_wait checks it did); the trigger only lets a dependent launch start.
   UW_HD void grid_dep_wait() { UW_EMU_HOST_ONLY(grid_waited_ = true;) }
-  UW_HD void grid_dep_launch() {}
+  UW_HD void grid_dep_launch() { UW_EMU_HOST_ONLY(h_grid_dep_launch();) }
   UW_HD void st_grid(float* p, float v) { UW_EMU_HOST_ONLY(h_st_grid(p); *p = v;) }
   UW_HD float ld_grid(const float* p) { UW_EMU_HOST_ONLY(h_ld_grid(p); return *p;) }
   template <class T>
@@ -176,6 +176,7 @@ class ThreadCtx {
   inline unsigned char* h_smem() const;
   inline void h_syncthreads();
   inline void h_threadfence();
+  inline void h_grid_dep_launch();
   inline void h_st_grid(const float* p);
   inline void h_ld_grid(const float* p);
   inline const unsigned char* exchange(unsigned mask, const void* in, size_t n, bool sync = false);
@@ -564,6 +565,10 @@ class Cta {
                   "(thread %d of CTA (%lld, %lld))", what, n, p, tid, static_cast<long long>(bx_),
                   static_cast<long long>(by_));
     fail(tid, keep(msg));
+  }
+  // Fails the launch: a thread let the next launch start before its grid-dependency wait.
+  void fail_early_trigger(int tid) {
+    fail(tid, "emulated kernel: griddepcontrol.launch_dependents before the thread's grid-dependency wait");
   }
   // Fails the launch when [p, p + n) lies in a buffer an earlier launch uses
   // (GlobalBounds::after_wait) and the thread has not passed its grid-dependency wait.
@@ -987,6 +992,11 @@ inline unsigned char* ThreadCtx::h_smem() const { return cta_->smem(); }
 inline void ThreadCtx::h_syncthreads() {
   fenced_since_sync_ = false;
   cta_->barrier(tid_);
+}
+// The trigger lets the next launch start; before this thread's wait, that launch's early reads
+// of its own planes could meet the writes of a launch still ahead of this one.
+inline void ThreadCtx::h_grid_dep_launch() {
+  if (!grid_waited_) cta_->fail_early_trigger(tid_);
 }
 inline void ThreadCtx::h_threadfence() {
   const uint64_t seq = cta_->grid->next();
