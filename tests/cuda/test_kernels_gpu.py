@@ -350,6 +350,44 @@ def test_palette_gemv_mma_queue_gives_the_mma_bits_and_leaves_its_counters_zero(
     assert int(err.item()) == 0
 
 
+@pytest.mark.variant
+@pytest.mark.parametrize("path", ["palette_gemv_mma", "palette_gemv_mma_queue"])
+def test_programmatic_launch_gives_the_same_bits_along_a_chain(path):
+    """Programmatic dependent launch on (sm_90+): a chain of tensor-core GEMVs, each reading the
+    one before's output, with a PyTorch op between every other pair, gives the bits it gives
+    with it off, eagerly and replayed in a CUDA graph."""
+    from unweight import ops
+    N = 1024
+    err = _err()
+    ws = [encoded_weight(tc.encode(make_weights(N, N, seed=i), "palette"), "cuda", err) for i in range(3)]
+    x0 = bf16_tensor(make_weights(9, N, seed=4, spread=False), "cuda")
+
+    def chain():
+        y = x0
+        for i, q in enumerate(ws * 3):
+            y = fused_op(q, y, None, path)
+            if i % 2:
+                y = y * 0.5
+        return y
+    before = ops.programmatic_launch()
+    try:
+        ops.programmatic_launch(False)
+        want = chain()
+        ops.programmatic_launch(True)
+        assert torch.equal(chain().view(torch.int16), want.view(torch.int16))
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            yg = chain()
+        for _ in range(3):
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(yg.view(torch.int16), want.view(torch.int16))
+    finally:
+        ops.programmatic_launch(before)
+    assert int(err.item()) == 0
+
+
 @pytest.mark.parametrize("NK", [(48, 1088), (1024, 4096)])
 def test_paired_palette_order_gives_the_stored_orders_bits(NK):
     """A writer-order palette that does not pair, held as the GPU loaders hold it
