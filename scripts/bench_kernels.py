@@ -306,8 +306,8 @@ def _sweep_point(torch, copies, call, runs, t_cublas):
 
 def _queue_units_sweep(torch, ws, tiled, x, runs, t_cublas) -> dict:
     """The queued tensor-core GEMV at 1, 2, 4, 8, 16 and 32 units per tile and the planned count,
-    on the planes as loaded and (when made) tile-major: {"planned": u, "<units>" / "tiled:<units>":
-    time / cuBLAS time}.  Its register-direct reference runs one part per warp at the same
+    on the tile-major copies when made (the order the H200 holds every Llama-8B weight in), else
+    on the planes as loaded: {"planned": u, "tiled:<units>" / "<units>": time / cuBLAS time}.  Its register-direct reference runs one part per warp at the same
     counts (palette_gemv_parts_sweep), so the two sweeps side by side say what handing the units
     out from a queue buys at each granularity.  Data for the units plan
     (kernel_plan.pgemv_mma_queue_units), not a dispatch choice."""
@@ -321,8 +321,8 @@ def _queue_units_sweep(torch, ws, tiled, x, runs, t_cublas) -> dict:
                        device=x.device)
     cnt = torch.zeros(kp.pgemv_mma_queue_counters(w0.rows), dtype=torch.int32, device=x.device)
     out = {"planned": planned}
-    for tag, copies in (("", ws), ("tiled:", tiled)):
-        for units in ladder if copies else ():
+    for tag, copies in ((("tiled:", tiled),) if tiled else (("", ws),)):
+        for units in ladder:
             def call(q, units=units):
                 return torch.ops.unweight.palette_gemv_queue(x, q.sm, q.idx, q.vpos, q.vexp, work, cnt, q.rows, q.cols,
                                                              q.palette, units, q.tiled)
