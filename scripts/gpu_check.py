@@ -1510,9 +1510,21 @@ def sanitizer_driver(device: str = "cuda") -> int:
             if cols % 64 == 0:
                 for M in (1, 2, 3, 4):
                     for path in ("palette_gemv", "palette_gemv_deep", "palette_gemv_staged", "palette_gemv_mma",
-                                 "palette_gemv_mma_staged", "palette_gemv_mma_prefetch"):
+                                 "palette_gemv_mma_staged", "palette_gemv_mma_prefetch", "palette_gemv_mma_queue"):
                         h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, path)
                         n += 1
+                # The tensor-core GEMVs launched programmatically, back to back (sm_90+: their
+                # grid-dependency waits and early starts under the sanitizer's tools).
+                from unweight import ops
+                before = ops.programmatic_launch()
+                ops.programmatic_launch(True)
+                try:
+                    for M in (1, 17):
+                        for path in ("palette_gemv_mma", "palette_gemv_mma_queue", "palette_gemv_mma_queue"):
+                            h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, path)
+                            n += 1
+                finally:
+                    ops.programmatic_launch(before)
     _, _, bad = _corrupt_stream(h, tc, C)
     _, _, bad_indexed = _corrupt_stream(h, tc, C, chk_interval=256)
     cerr = torch.zeros(1, dtype=torch.int32, device=device)
