@@ -25,6 +25,7 @@ exits with status 2 and one line otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -272,7 +273,6 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
         device: str = "cuda", cfg_over: dict | None = None, out_path: str | None = None, log=print) -> dict:
     """The end-to-end benchmark within `budget` (modes that would not fit are skipped and
     recorded).  device="cpu" with a tiny cfg_over is the harness' self-test."""
-    from unweight import ops
     from unweight.runtime import dispatch
     from unweight.runtime import prepare as prep
     dev = torch.device(device)
@@ -304,7 +304,8 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
     sec = compress_in_place(model, "huffman")
     res["encode_seconds"] = sec
     per_mode = None
-    fused_paths = bu.import_helpers().fused_paths()
+    helpers = bu.import_helpers()
+    fused_paths = helpers.fused_paths()
     for mode in modes:
         if "+fused" in mode and mode.split("+")[0] not in fused_paths:
             res["skipped"].append({"mode": mode, "why": "this build has no fused kernel for that encoding"})
@@ -324,30 +325,29 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
         # "+<decoder variant>" (chain, ahead, ahead2, ring; vec8, wide): the decode runs that variant for this mode
         decoder = extra if extra and extra not in FUSED_PATHS else None
         previous = dispatch.use_decoders(**{base: decoder}) if decoder else None
-        pdl_on = ops.programmatic_launch(True) if pdl else False
-        try:
-            info = prep.prepare(model, base, policy=None, plane_order=order)
-            if extra in FUSED_PATHS:
-                pol = forced_fused_policy(model, dev, FUSED_PATHS[extra])
-                info = prep.prepare(model, base, policy=pol, plane_order=order)
-            entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio",
-                                                       "tiled_modules", "paired_palette_modules")},
-                     **({"programmatic_launch": pdl_on} if pdl else {}),
-                     "decoders": decoders_used(model), "prepare_seconds": time.perf_counter() - t0, "runs": []}
-            for b in batches:
-                r = time_decode(model, b, prompt, steps, runs, ref_logits=refs[b])
-                r.pop("last_logits", None)
-                entry["runs"].append(r)
-            entry["device_errors"] = _device_errors(dev)
-        except Exception as e:  # noqa: BLE001 - a failing mode is a finding; the next one still runs
-            entry = {"error": f"{type(e).__name__}: {e}"}
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-        finally:
-            if previous is not None:
-                dispatch.use_decoders(**previous)
-            if pdl:
-                ops.programmatic_launch(False)
+        # ("+pdl": programmatic launch on for this mode only)
+        with helpers.programmatic(True) if pdl else contextlib.nullcontext(False) as pdl_on:
+            try:
+                info = prep.prepare(model, base, policy=None, plane_order=order)
+                if extra in FUSED_PATHS:
+                    pol = forced_fused_policy(model, dev, FUSED_PATHS[extra])
+                    info = prep.prepare(model, base, policy=pol, plane_order=order)
+                entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio",
+                                                           "tiled_modules", "paired_palette_modules")},
+                         **({"programmatic_launch": pdl_on} if pdl else {}),
+                         "decoders": decoders_used(model), "prepare_seconds": time.perf_counter() - t0, "runs": []}
+                for b in batches:
+                    r = time_decode(model, b, prompt, steps, runs, ref_logits=refs[b])
+                    r.pop("last_logits", None)
+                    entry["runs"].append(r)
+                entry["device_errors"] = _device_errors(dev)
+            except Exception as e:  # noqa: BLE001 - a failing mode is a finding; the next one still runs
+                entry = {"error": f"{type(e).__name__}: {e}"}
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+            finally:
+                if previous is not None:
+                    dispatch.use_decoders(**previous)
         per_mode = time.perf_counter() - t0
         res["modes"][mode] = entry
         log(f"e2e {mode}: " + (_summary(entry) if "runs" in entry else entry["error"]))

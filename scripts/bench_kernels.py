@@ -191,22 +191,18 @@ PDL_KEYS = tuple((key + "_pdl",) for key, _ in PDL_ROWS)
 def _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r) -> None:
     """Times PDL_ROWS with programmatic launch on into r["<row>_pdl"] (their bits checked against
     the same launch with it off)."""
-    from unweight import ops
     for key, path in PDL_ROWS:
         if "median_ms" not in r.get(key, {}):
             continue
-        before = ops.programmatic_launch()
         try:
-            ops.programmatic_launch(False)
-            want = h.fused_op(tiled[0], x, err, path).view(torch.int16)
-            ops.programmatic_launch(True)
-            same = bool(torch.equal(h.fused_op(tiled[0], x, err, path).view(torch.int16), want))
-            t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, path) for q in tiled], runs=runs)
+            with h.programmatic(False):
+                want = h.fused_op(tiled[0], x, err, path).view(torch.int16)
+            with h.programmatic(True):
+                same = bool(torch.equal(h.fused_op(tiled[0], x, err, path).view(torch.int16), want))
+                t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, path) for q in tiled], runs=runs)
         except Exception as ex:  # noqa: BLE001 - a failing launch mode is a finding
             r[key + "_pdl"] = {"error": f"{type(ex).__name__}: {ex}"}
             continue
-        finally:
-            ops.programmatic_launch(before)
         r[key + "_pdl"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "same_bits_as_no_pdl": same,
                            "time_vs_no_pdl": t["median_ms"] / r[key]["median_ms"]}
 

@@ -1232,17 +1232,7 @@ def group_variant(rec, device, tag):
                     def call():
                         return torch.ops.unweight.palette_gemv_queue(x1, ew.sm, ew.idx, ew.vpos, ew.vexp, ws, cnt, N,
                                                                      K, ew.palette, units, ew.tiled)
-                    y0 = call()
-                    torch.cuda.synchronize()
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g):
-                        yg = call()
-                    same = True
-                    for _ in range(3):
-                        g.replay()
-                        torch.cuda.synchronize()
-                        same &= bool(torch.equal(yg.view(torch.int16), y0.view(torch.int16)))
-                    r["graph_replays_bitwise"] = same
+                    r["graph_replays_bitwise"] = h.graph_replays_bitwise(call, call())
                     r["counters_zero_after_graph"] = int(cnt.abs().sum().item()) == 0
                 r["passed"] = all(r.values())
                 return r
@@ -1253,7 +1243,6 @@ def group_variant(rec, device, tag):
                 rec.check(f"palette GEMV mma queued {N}x{K} tile-major: mma's bits", queue_case,
                           h.make_weights(N, K, seed=N + 19 * K), True)
     elif tag == "gemv:pdl":
-        from unweight import ops
         from unweight.runtime import tuning_table as tt
 
         def chain_case(N, path, tiled, graph):
@@ -1277,24 +1266,12 @@ def group_variant(rec, device, tag):
                         if i % 2:
                             y = y * 0.5  # a launch without the attribute between two GEMVs
                     return y
-                before = ops.programmatic_launch()
-                try:
-                    ops.programmatic_launch(False)
+                with h.programmatic(False):
                     want = chain()
-                    ops.programmatic_launch(True)
-                    got = chain()
-                    same = bool(torch.equal(got.view(torch.int16), want.view(torch.int16)))
+                with h.programmatic(True):
+                    same = bool(torch.equal(chain().view(torch.int16), want.view(torch.int16)))
                     if graph and device == "cuda":
-                        torch.cuda.synchronize()
-                        g = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(g):
-                            yg = chain()
-                        for _ in range(3):
-                            g.replay()
-                            torch.cuda.synchronize()
-                            same &= bool(torch.equal(yg.view(torch.int16), want.view(torch.int16)))
-                finally:
-                    ops.programmatic_launch(before)
+                        same &= h.graph_replays_bitwise(chain, want)
                 r[f"M={M}"] = same
             r["passed"] = all(r.values())
             return r
@@ -1515,16 +1492,11 @@ def sanitizer_driver(device: str = "cuda") -> int:
                         n += 1
                 # The tensor-core GEMVs launched programmatically, back to back (sm_90+: their
                 # grid-dependency waits and early starts under the sanitizer's tools).
-                from unweight import ops
-                before = ops.programmatic_launch()
-                ops.programmatic_launch(True)
-                try:
+                with h.programmatic(True):
                     for M in (1, 17):
                         for path in ("palette_gemv_mma", "palette_gemv_mma_queue", "palette_gemv_mma_queue"):
                             h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, path)
                             n += 1
-                finally:
-                    ops.programmatic_launch(before)
     _, _, bad = _corrupt_stream(h, tc, C)
     _, _, bad_indexed = _corrupt_stream(h, tc, C, chk_interval=256)
     cerr = torch.zeros(1, dtype=torch.int32, device=device)

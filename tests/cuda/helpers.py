@@ -207,6 +207,34 @@ def fused_op(w, x, err=None, path=None):
     return dispatch.fused(w, x, path or fused_paths().get(w.encoding_name, w.encoding_name + "_gemm"))
 
 
+@contextlib.contextmanager
+def programmatic(on: bool):
+    """ops.programmatic_launch set to `on` inside the block (yields the setting in effect; False
+    without the CUDA kernels), the previous setting restored after."""
+    from unweight import ops
+    before = ops.programmatic_launch()
+    try:
+        yield ops.programmatic_launch(on)
+    finally:
+        ops.programmatic_launch(before)
+
+
+def graph_replays_bitwise(fn, want, replays: int = 3) -> bool:
+    """fn() captured in a CUDA graph and replayed `replays` times: whether every replay's output
+    (a tensor) has want's bits."""
+    import torch
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    same = True
+    for _ in range(replays):
+        g.replay()
+        torch.cuda.synchronize()
+        same &= bool(torch.equal(out.view(torch.int16), want.view(torch.int16)))
+    return same
+
+
 def emulate_fused(enc, xb: np.ndarray, device) -> np.ndarray:
     """Host emulation of the fused kernel's bodies (unweight._cuda.emulate_*_gemm) for the host
     encoding `enc` and x bits xb uint16 [M, K]: y bits uint16 [M, rows], what the device must

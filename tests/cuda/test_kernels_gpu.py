@@ -12,7 +12,8 @@ from unweight.runtime import kernel_plan as kp
 
 from .helpers import (EMULATION_ULPS, all_bf16_patterns, bf16_tensor, bf16_ulp_distance, bits, decode_op,
                       decode_poisoned, emulate_fused, encoded_weight, fused_op, fused_paths, fused_supported,
-                      fused_vs_cublas, gather_op, huffman_planes, make_weights, without_index)
+                      fused_vs_cublas, gather_op, graph_replays_bitwise, huffman_planes, make_weights,
+                      programmatic, without_index)
 
 torch = pytest.importorskip("torch")
 
@@ -340,13 +341,7 @@ def test_palette_gemv_mma_queue_gives_the_mma_bits_and_leaves_its_counters_zero(
                 assert int(cnt.abs().sum().item()) == 0
     x1 = x32[:1].contiguous()
     y0 = fused_op(ew, x1, None, PALETTE_GEMV_MMA_QUEUE)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        yg = fused_op(ew, x1, None, PALETTE_GEMV_MMA_QUEUE)
-    for _ in range(3):
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(yg.view(torch.int16), y0.view(torch.int16))
+    assert graph_replays_bitwise(lambda: fused_op(ew, x1, None, PALETTE_GEMV_MMA_QUEUE), y0)
     assert int(err.item()) == 0
 
 
@@ -356,7 +351,6 @@ def test_programmatic_launch_gives_the_same_bits_along_a_chain(path):
     """Programmatic dependent launch on (sm_90+): a chain of tensor-core GEMVs, each reading the
     one before's output, with a PyTorch op between every other pair, gives the bits it gives
     with it off, eagerly and replayed in a CUDA graph."""
-    from unweight import ops
     N = 1024
     err = _err()
     ws = [encoded_weight(tc.encode(make_weights(N, N, seed=i), "palette"), "cuda", err) for i in range(3)]
@@ -369,22 +363,11 @@ def test_programmatic_launch_gives_the_same_bits_along_a_chain(path):
             if i % 2:
                 y = y * 0.5
         return y
-    before = ops.programmatic_launch()
-    try:
-        ops.programmatic_launch(False)
+    with programmatic(False):
         want = chain()
-        ops.programmatic_launch(True)
+    with programmatic(True):
         assert torch.equal(chain().view(torch.int16), want.view(torch.int16))
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            yg = chain()
-        for _ in range(3):
-            g.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(yg.view(torch.int16), want.view(torch.int16))
-    finally:
-        ops.programmatic_launch(before)
+        assert graph_replays_bitwise(chain, want)
     assert int(err.item()) == 0
 
 
