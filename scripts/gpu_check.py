@@ -1016,7 +1016,8 @@ def _verbatim_heavy(np, cols, seed):
 # third H200 run, which reserved that for every later group, the first groups, the tile-major
 # checks among them, got no time.)
 # "tiled": every palette kernel on tile-major planes (ops/layout.py) against the file-order ones.
-VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv:mma_queue", "gemv:pdl", "gemv", "gemm:xs", "gemv:mma_staged",
+VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv:mma_queue", "gemv:pdl", "gemv", "gemm:xs", "gemm:wg",
+                "gemv:mma_staged",
                 "gemv:staged", "gemm:wide",
                 "gemv:deep", "gemv:mma_prefetch", "huffman:ahead", "huffman:chain", "huffman:ahead2", "huffman:scalar",
                 "palette:vec8")
@@ -1032,8 +1033,55 @@ GEMV_VARIANTS = {"gemv:deep": ("palette_gemv_deep", "deep", "palette_gemv", (1, 
                                        (1, 2, 4, 8, 9, 16, 17, 32)),
                  "gemv:mma_bulk": ("palette_gemv_mma_bulk", "mma bulk copies", "palette_gemv_mma",
                                    (1, 2, 4, 8, 9, 16, 17, 32))}
-# The fused GEMM's copy layouts by tag: the tuning table's path and what it is called.
-GEMM_LAYOUTS = {"gemm:wide": ("palette_gemm_wide", "wide stages"), "gemm:xs": ("palette_gemm_xs", "shared x")}
+# The fused GEMM's copy layouts by tag: the tuning table's path, what it is called and whether it
+# must give the one-tile kernel's bits (the mma.sync layouts: the same mma sequence on the same
+# values; wgmma: the same k16 steps in the same order, whose rounding inside a step the hardware
+# may do otherwise, so its bits are recorded and it is held to the accuracy bound and to
+# repeating itself bit for bit).
+GEMM_LAYOUTS = {"gemm:wide": ("palette_gemm_wide", "wide stages", True),
+                "gemm:xs": ("palette_gemm_xs", "shared x", True),
+                "gemm:wg": ("palette_gemm_wg", "wgmma", False)}
+
+
+def _wgmma_selftest(np, torch, device) -> dict:
+    """One warpgroup's wgmma (A in registers, B in shared memory, each element placed by the PTX
+    ISA's formulas: emu/selftest.cu) on the device against the emulator: bit for bit on small
+    integers (every sum exact) and on one-hot rows of A, within a k16 step's rounding on random
+    values.  The fused wgmma GEMM stands on these layouts.  Without an sm_90 device: the
+    emulator alone (its kind-0 run)."""
+    from unweight import _cuda
+    from unweight.ops import _ext
+    r = {}
+    rng = np.random.default_rng(7)
+
+    def bf16(f):
+        u = np.asarray(f, np.float32).view(np.uint32).astype(np.uint64)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+    for n in (8, 64, 128):
+        ints = (bf16(np.arange(64 * 16, dtype=np.float32).reshape(64, 16) % 23 - 11),
+                bf16(np.arange(16 * n, dtype=np.float32).reshape(16, n) % 19 - 9))
+        onehot = np.zeros((64, 16), np.uint16)
+        onehot[np.arange(64), np.arange(64) % 16] = 0x3F80
+        rand = (bf16(rng.standard_normal((64, 16))), bf16(rng.standard_normal((16, n))))
+        for what, (A, B), exact in (("integers", ints, True), ("one-hot", (onehot, ints[1]), True),
+                                    ("random", rand, False)):
+            err, want = _cuda.emu_selftest_wgmma(0, A, B)
+            if err is not None:
+                return {"passed": False, "emulator_error": err}
+            if device != "cuda":
+                r[f"n={n} {what}"] = True
+                continue
+            dA, dB = (torch.from_numpy(v.view(np.int16)).to(device) for v in (A, B))
+            dD = torch.full((64, n), float("nan"), dtype=torch.float32, device=device)
+            _cuda.selftest_wgmma(n, _ext.ptr(dA), _ext.ptr(dB), _ext.ptr(dD), _ext.stream(dD))
+            got = dD.cpu().numpy()
+            if exact:
+                r[f"n={n} {what}"] = bool(np.array_equal(got, want))
+            else:
+                r[f"n={n} {what}"] = bool(np.all(np.abs(got.astype(np.float64) - want) <= 1e-5 * (1 + np.abs(want))))
+    r["passed"] = all(r.values())
+    return r
 
 
 def _variant_path() -> str:
@@ -1103,36 +1151,53 @@ def group_variant(rec, device, tag):
                         ("33x4097", h.make_weights(33, 4097, seed=15))):
             rec.check(f"decode palette {name} {what}", palette_case, w)
     elif tag in GEMM_LAYOUTS:
-        path, what = GEMM_LAYOUTS[tag]
+        path, what, bitwise = GEMM_LAYOUTS[tag]
         paths = h.fused_paths()
         if "palette" not in paths:
             rec.check(f"fused palette, {what}", lambda: {"skipped": True, "why": "no fused palette kernel"})
             return
         from unweight.runtime.tuning_table import PALETTE_GEMM
+        if tag == "gemm:wg":
+            rec.check("wgmma m64nNk16 layouts: the device's D against the emulator's", _wgmma_selftest, np, torch,
+                      device)
         cases = [(1, 64), (33, 256), (63, 192), (63, 512), (300, 320)]
         if device == "cuda":
             cases += [(65, 4096), (1024, 4096), (4096, 1024), (4096, 14336)]
 
-        def same_bits(N, K):
+        def same_bits(w):
             """The copy layout against the one-tile kernel: the same mma sequence on the same
-            values, so the same bits; and within the accuracy bound against cuBLAS."""
-            w = h.make_weights(N, K, seed=N + 5 * K)
+            values, so the same bits; and within the accuracy bound against cuBLAS.  A layout
+            not held to those bits (wgmma): its bits against the one-tile kernel's recorded
+            (info_*), and at every batch within the bound and the same bits run twice."""
+            N, K = w.shape
             ew = h.encoded_weight(tc.encode(w, "palette"), device, err)
-            r = {}
-            for M in (1, 3, 9, 16, 33, 64, 130, 256):
+            r, info = {}, {}
+            for M in (1, 3, 9, 16, 33, 64, 65, 128, 130, 256):
                 if device == "cuda" and not h.fused_supported(ew, M):
                     continue
                 x = h.bf16_tensor(h.make_weights(M, K, seed=M, spread=False), device)
                 y1 = h.fused_op(ew, x, err, PALETTE_GEMM)
                 y2 = h.fused_op(ew, x, err, path)
-                r[f"M={M}"] = bool(torch.equal(y1.view(torch.int16), y2.view(torch.int16)))
+                same = bool(torch.equal(y1.view(torch.int16), y2.view(torch.int16)))
+                if bitwise:
+                    r[f"M={M}"] = same
+                else:
+                    info[f"info_one_tile_bits_M={M}"] = same
+                    r[f"repeats_M={M}"] = bool(torch.equal(h.fused_op(ew, x, err, path).view(torch.int16),
+                                                           y2.view(torch.int16)))
+                    if device == "cuda":
+                        r[f"accuracy_M={M}"] = bool(h.fused_vs_cublas(ew, x, w, err, path).get("passed", True))
             r["accuracy_M16"] = bool(h.fused_vs_cublas(ew, h.bf16_tensor(h.make_weights(16, K, seed=2, spread=False),
                                                                           device), w, err, path)
                                      .get("passed", True)) if device == "cuda" else True
             r["passed"] = all(r.values())
-            return r
+            return {**r, **info}
+        held = "the one-tile kernel's bits" if bitwise else "within bound, repeatable"
         for N, K in cases:
-            rec.check(f"fused palette {what} {N}x{K}: the one-tile kernel's bits", same_bits, N, K)
+            rec.check(f"fused palette {what} {N}x{K}: {held}", same_bits, h.make_weights(N, K, seed=N + 5 * K))
+        if not bitwise:
+            rec.check(f"fused palette {what} on verbatim-heavy weights: {held}", same_bits,
+                      _verbatim_heavy(np, 512, 6))
     elif (tag in ("gemv", "gemv:mma", "gemv:mma_queue", "gemv:pdl") or tag in GEMV_VARIANTS) \
             and "palette" not in h.fused_paths():
         rec.check(f"palette GEMV ({tag})", lambda: {"skipped": True, "why": "no fused palette kernel"})
@@ -1479,8 +1544,8 @@ def sanitizer_driver(device: str = "cuda") -> int:
                 assert all(np.array_equal(o, w) for o in h.decode_poisoned(ew, err, v)), f"palette {name} {rows}x{cols}"
                 n += 2
         if "palette" in h.fused_paths():
-            for path, _ in GEMM_LAYOUTS.values():
-                for M in (1, 3, 16, 64, 65):
+            for path, *_ in GEMM_LAYOUTS.values():
+                for M in (1, 3, 16, 64, 65, 130):
                     if device != "cuda" or h.fused_supported(ew, M):
                         h.fused_op(ew, torch.randn(M, cols, device=device).to(torch.bfloat16), err, path)
                         n += 1
@@ -2387,6 +2452,13 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
     # The copy engine feeding the same kernel from the same tile-major planes.
     ("gemv-32768x4096-M1-mma_bulk-tiled", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
                                            "mma_bulk", "--tiled"], "pgemv_mma_bulk"),
+    # The wgmma GEMM at batch 64 and 256 (x read by the tensor cores from shared memory, up to
+    # 128 batch rows per CTA): DRAM throughput and tensor-pipe use beside the mma.sync GEMM's
+    # batch-64 profile below.
+    ("fused-4096x14336-M64-wg", ["--kernel", "fused", "--cols", "14336", "--batch", "64", "--wgmma", "--tiled"],
+     "pmma"),
+    ("fused-4096x14336-M256-wg", ["--kernel", "fused", "--cols", "14336", "--batch", "256", "--wgmma", "--tiled"],
+     "pmma"),
     ("huffman-4096x4096-index256-ahead", ["--kernel", "huffman", "--index", "256", "--variant", "ahead"],
      "huffman_ahead"),
     ("huffman-4096x4096-index256-ring", ["--kernel", "huffman", "--index", "256", "--variant", "ring"],
@@ -2475,7 +2547,7 @@ def _profile_variant(args: list) -> str | None:
     if kind == "fused":
         if "--stage-tiles" in args and args[args.index("--stage-tiles") + 1] != "1":
             return "gemm:wide"
-        return "gemm:xs" if "--x-shared" in args else None
+        return "gemm:wg" if "--wgmma" in args else "gemm:xs" if "--x-shared" in args else None
     if "--variant" in args:
         from unweight.runtime import kernel_plan as kp
         name = args[args.index("--variant") + 1]

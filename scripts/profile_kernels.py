@@ -38,6 +38,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stage-tiles", type=int, default=1, choices=(1, 2),
                     help="fused: 64-column tiles per copy stage (2: the wide-stage kernel)")
     ap.add_argument("--x-shared", action="store_true", help="fused: x copied once per CTA into shared memory")
+    ap.add_argument("--wgmma", action="store_true",
+                    help="fused: x copied per CTA in wgmma's layout and multiplied by wgmma (sm_90a)")
     ap.add_argument("--tiled", action="store_true",
                     help="palette / fused / gemv: the planes held tile-major (ops/layout.py), as a runtime may hold them")
     ap.add_argument("--variant", default="default",
@@ -69,10 +71,12 @@ def main(argv=None) -> int:
             ap.error("--tiled takes a palette kernel on whole 16 x 64 tiles")
         ew = bu.clone_encoded(ew, tiled=True)
     if args.kernel in ("fused", "gemv"):
-        from unweight.runtime.tuning_table import GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV
-        if args.x_shared and args.stage_tiles != 1:
-            ap.error("--x-shared goes with --stage-tiles 1")
-        path = PALETTE_GEMM_WIDE if args.stage_tiles == 2 else PALETTE_GEMM_XS if args.x_shared else PALETTE_GEMM
+        from unweight.runtime.tuning_table import (GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMM_WG, PALETTE_GEMM_WIDE,
+                                                   PALETTE_GEMM_XS, PALETTE_GEMV)
+        if (args.x_shared or args.wgmma) and args.stage_tiles != 1:
+            ap.error("--x-shared and --wgmma go with --stage-tiles 1")
+        path = (PALETTE_GEMM_WIDE if args.stage_tiles == 2 else PALETTE_GEMM_WG if args.wgmma
+                else PALETTE_GEMM_XS if args.x_shared else PALETTE_GEMM)
         if args.kernel == "gemv":
             path = {v: p for p, v in GEMV_PATHS.items()}.get(variant, PALETTE_GEMV)  # std: the default
         x = torch.randn((args.batch, args.cols), device=dev).to(torch.bfloat16)
@@ -88,8 +92,9 @@ def main(argv=None) -> int:
         bu.sync(torch)
         ok = bool(np.array_equal(h.bits(out), w_bits)) and int(err.item()) == 0
         what = "bitwise" if ok else "not bitwise"
-    log.info("%s %dx%d (index %s, batch %s, variant %s, stage tiles %d, shared x %s, %s order): %s -> %s",
+    log.info("%s %dx%d (index %s, batch %s, variant %s, stage tiles %d, shared x %s, wgmma %s, %s order): %s -> %s",
              args.kernel, args.rows, args.cols, args.index, args.batch, args.variant, args.stage_tiles, args.x_shared,
+             args.wgmma,
              "tile-major" if args.tiled else "file", what, "ok" if ok else "FAILED")
     return 0 if ok else 1
 

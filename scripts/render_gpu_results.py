@@ -207,7 +207,8 @@ def kernels_table(bench: dict) -> list[str]:
     for r in rows:
         if (r["N"], r["K"]) not in shapes:
             shapes.append((r["N"], r["K"]))
-    variants = [k for k in ("palette_fused", "palette_fused_wide", "palette_fused_xs", "palette_gemv",
+    variants = [k for k in ("palette_fused", "palette_fused_wide", "palette_fused_xs", "palette_fused_wg",
+                            "palette_gemv",
                             "palette_gemv_mma", "palette_gemv_mma_staged",
                             "palette_gemv_mma_prefetch", "palette_gemv_mma_queue", "palette_gemv_deep",
                             "palette_gemv_staged",
@@ -215,7 +216,8 @@ def kernels_table(bench: dict) -> list[str]:
                             *(key for key, _ in TILED_ROWS))
                 if any(k in r for r in rows)]
     label = {"palette_fused": "palette fused", "palette_fused_wide": "palette fused, wide stages",
-             "palette_fused_xs": "palette fused, shared x", "palette_gemv": "palette GEMV (batch 1-4)",
+             "palette_fused_xs": "palette fused, shared x", "palette_fused_wg": "palette fused, wgmma (sm_90a)",
+             "palette_gemv": "palette GEMV (batch 1-4)",
              "palette_gemv_deep": "palette GEMV, deep (batch 1-4)",
              "palette_gemv_staged": "palette GEMV, staged (batch 1-4)",
              "palette_gemv_mma": "palette GEMV, tensor cores (batch 1-32)",

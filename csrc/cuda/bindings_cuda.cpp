@@ -223,6 +223,8 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PGEMV_QUEUE_DONE") = plan::PGEMV_QUEUE_DONE;
   m.attr("PGEMV_QUEUE_TILES") = plan::PGEMV_QUEUE_TILES;
   m.attr("PMMA_CHUNK_M") = plan::PMMA_CHUNK_M;
+  m.attr("PMMA_WG_CHUNK_M") = plan::PMMA_WG_CHUNK_M;
+  m.attr("PMMA_XS_WGMMA") = plan::PMMA_XS_WGMMA;
   m.attr("PMMA_MAX_M") = plan::PMMA_MAX_M;
   m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
   m.attr("PMMA_MIN_SPLIT_TILES") = plan::PMMA_MIN_SPLIT_TILES;
@@ -269,15 +271,16 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("plan_pal_idx_index", &plan::pal_idx_index);
   m.def("plan_enc_grid", &plan::enc_grid);
   m.def("plan_hist_grid", &plan::hist_grid);
-  m.def("plan_pmma_ntiles", &plan::pmma_ntiles);
-  m.def("plan_pmma_chunks", &plan::pmma_chunks);
+  m.def("plan_pmma_ntiles", &plan::pmma_ntiles, py::arg("M"), py::arg("wg") = false);
+  m.def("plan_pmma_chunks", &plan::pmma_chunks, py::arg("M"), py::arg("wg") = false);
   m.def("plan_pmma_row_blocks", &plan::pmma_row_blocks);
-  m.def("plan_pmma_grid_x", &plan::pmma_grid_x);
-  m.def("plan_pmma_splits", &plan::pmma_splits);
+  m.def("plan_pmma_grid_x", &plan::pmma_grid_x, py::arg("N"), py::arg("M"), py::arg("wg") = false);
+  m.def("plan_pmma_splits", &plan::pmma_splits, py::arg("N"), py::arg("K"), py::arg("num_sms"), py::arg("M"),
+        py::arg("wg") = false);
   m.def("plan_pmma_split_tiles", &plan::pmma_split_tiles);
   m.def("plan_pmma_workspace_elems", &plan::pmma_workspace_elems);
   m.def("plan_pmma_counters", &plan::pmma_counters);
-  m.def("plan_pmma_smem_bytes", [](int stage_tiles, int ntiles, bool x_shared) {
+  m.def("plan_pmma_smem_bytes", [](int stage_tiles, int ntiles, int x_shared) {
     return plan::pmma_smem_bytes(stage_tiles, ntiles, x_shared);
   });
   m.def("plan_pmma_workspace_max", &plan::pmma_workspace_max);
@@ -438,7 +441,8 @@ PYBIND11_MODULE(_cuda, m) {
      py::arg("x_shared") = 0, py::arg("tiled") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on the tensor cores (M <= 256, K % 64 == 0); "
      "with splits > 1, ws is fp32 scratch [splits, M, N] and counters int32 [plan_pmma_counters(N)], zero; "
-     "stage_tiles 1 or 2 (wide stages); x_shared 1: x staged once per CTA in shared memory (stage_tiles 1); "
+     "stage_tiles 1 or 2 (wide stages); x_shared 1: x staged once per CTA in shared memory (stage_tiles 1), "
+     "2: the same in wgmma's layout, multiplied by wgmma (sm_90a; splits from plan_pmma_splits(..., wg=True)); "
      "tiled 1: the planes are tile-major (N % 16 == 0).");
 
   m.def("palette_gemv", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
@@ -503,6 +507,24 @@ PYBIND11_MODULE(_cuda, m) {
                                    dev<float>(D), stream_of(stream)));
   }, py::arg("A"), py::arg("B"), py::arg("C"), py::arg("D"), py::arg("stream") = 0,
      "The emu_selftest_mma body on the GPU (device pointers), to compare the emulator with the hardware.");
+  m.def("emu_selftest_wgmma", [](int kind, arr<uint16_t> A, arr<uint16_t> B) -> py::object {
+    need(A.ndim() == 2 && A.shape(0) == 64 && A.shape(1) == 16, "A must be bf16 bits [64, 16]");
+    need(B.ndim() == 2 && B.shape(0) == 16, "B must be bf16 bits [16, n]");
+    const int n = static_cast<int>(B.shape(1));
+    arr<float> D({int64_t{64}, static_cast<int64_t>(n)});
+    std::fill(D.mutable_data(), D.mutable_data() + D.size(), 0.f);
+    const char* e = emu::selftest_wgmma_host(kind, n, A.data(), B.data(), D.mutable_data());
+    return py::make_tuple(e ? py::object(py::str(e)) : py::object(py::none()), D);
+  }, py::arg("kind"), py::arg("A"), py::arg("B"),
+     "D [64, n] fp32 = A @ B through one emulated warpgroup's wgmma m64nNk16 (emu/selftest.h; kind 0 by the "
+     "rules, 1-4 each break one): (the emulator's error or None, D).");
+  m.def("selftest_wgmma", [](int n, uintptr_t A, uintptr_t B, uintptr_t D, uintptr_t stream) {
+    need(A && B && D, "null device pointer");
+    check(emu::selftest_wgmma_device(n, dev<const uint16_t>(A), dev<const uint16_t>(B), dev<float>(D),
+                                     stream_of(stream)));
+  }, py::arg("n"), py::arg("A"), py::arg("B"), py::arg("D"), py::arg("stream") = 0,
+     "The emu_selftest_wgmma body (kind 0) on an sm_90 GPU (device pointers A [64,16], B [16,n] bf16, D [64,n] "
+     "fp32), to compare the emulator's wgmma layouts with the hardware's.");
   m.def("emu_selftest_collectives", [](arr<uint32_t> src) {
     need(src.size() == 64 * 8, "src must hold 512 uint32 words");
     arr<int32_t> out({64, emu::kCollectiveFields});

@@ -122,12 +122,18 @@ constexpr int PMMA_X_ROW_BYTES = 2 * PMMA_TILE_K;
 UW_PLAN_HD int pmma_x_stage_bytes(int ntiles) { return 8 * ntiles * PMMA_X_ROW_BYTES; }
 // Dynamic shared memory of a launch: the warps' rings, the shared-x ring (x_shared, for a
 // batch of `ntiles` n-tiles), then the 16 bytes of the fix-up flag.
-UW_PLAN_HD int pmma_smem_bytes(int stage_tiles, int ntiles = 0, bool x_shared = false) {
+UW_PLAN_HD int pmma_smem_bytes(int stage_tiles, int ntiles = 0, int x_shared = 0) {
   return PMMA_WARPS * PMMA_STAGES * stage_tiles * PMMA_TILE_BYTES +
          (x_shared ? PMMA_STAGES * pmma_x_stage_bytes(ntiles) : 0) + 16;
 }
 constexpr int PMMA_CHUNK_M = 64;
 constexpr int PMMA_MAX_M = 256;
+// The wgmma variant (sm_90a; palette_matmul.cuh "wgmma"): x_shared == PMMA_XS_WGMMA stages x in
+// wgmma's shared-memory layout and multiplies with wgmma.mma_async, a CTA taking up to
+// PMMA_WG_CHUNK_M batch rows (one n = 128 wgmma per 16 columns), so past 64 rows each weight is
+// decoded once per 128 batch rows instead of once per 64.
+constexpr int PMMA_XS_WGMMA = 2;
+constexpr int PMMA_WG_CHUNK_M = 128;
 constexpr int PMMA_CTAS_PER_SM = 4;
 constexpr int PMMA_MIN_SPLIT_TILES = 4;
 constexpr int64_t PMMA_MAX_SPLITS = 65535;  // gridDim.y
@@ -390,22 +396,27 @@ UW_PLAN_HD int64_t hist_grid(int64_t n_bytes) {
 
 // --- fused palette GEMM (tensor cores) -------------------------------------------------
 // n-tiles of 8 batch rows per CTA for a batch of M (0 when M is out of range).
-UW_PLAN_HD int pmma_ntiles(int M) {
-  return M < 1 ? 0 : M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : M <= PMMA_MAX_M ? 8 : 0;
+// wg: the wgmma variant (x_shared == PMMA_XS_WGMMA), whose CTAs take up to PMMA_WG_CHUNK_M rows
+// (16 n-tiles: one wgmma of n = 128).
+UW_PLAN_HD int pmma_ntiles(int M, bool wg = false) {
+  if (M < 1 || M > PMMA_MAX_M) return 0;
+  return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : M <= (wg ? 64 : PMMA_MAX_M) ? 8 : 16;
 }
-// Batch chunks of PMMA_CHUNK_M rows (one CTA per row block and chunk).
-UW_PLAN_HD int pmma_chunks(int M) { return M < 1 ? 1 : static_cast<int>(cdiv(M, PMMA_CHUNK_M)); }
+// Batch rows per chunk (one CTA per row block and chunk).
+UW_PLAN_HD int pmma_chunk_m(bool wg = false) { return wg ? PMMA_WG_CHUNK_M : PMMA_CHUNK_M; }
+// Batch chunks of pmma_chunk_m rows.
+UW_PLAN_HD int pmma_chunks(int M, bool wg = false) { return M < 1 ? 1 : static_cast<int>(cdiv(M, pmma_chunk_m(wg))); }
 // Row blocks of PMMA_ROWS rows of W.
 UW_PLAN_HD int64_t pmma_row_blocks(int64_t N) { return cdiv(N, PMMA_ROWS); }
 // CTAs along x: row blocks x batch chunks, the chunks of a row block adjacent.
-UW_PLAN_HD int64_t pmma_grid_x(int64_t N, int M) { return pmma_row_blocks(N) * pmma_chunks(M); }
+UW_PLAN_HD int64_t pmma_grid_x(int64_t N, int M, bool wg = false) { return pmma_row_blocks(N) * pmma_chunks(M, wg); }
 // K splits for an [N, K] weight at batch M on a device with num_sms SMs: enough CTAs for
 // PMMA_CTAS_PER_SM per SM, each split at least PMMA_MIN_SPLIT_TILES tiles (a short split
 // spends its time filling the pipeline), no empty split.  It depends on M only through the
 // batch chunks (their CTAs fill the SMs too, and past 64 rows the partials would outweigh W),
 // so results are the same bits at every batch size of 1..64 (and within each chunk count).
-UW_PLAN_HD int64_t pmma_splits(int64_t N, int64_t K, int64_t num_sms, int M) {
-  const int64_t n_kt = K / PMMA_TILE_K, units = pmma_row_blocks(N) * pmma_chunks(M);
+UW_PLAN_HD int64_t pmma_splits(int64_t N, int64_t K, int64_t num_sms, int M, bool wg = false) {
+  const int64_t n_kt = K / PMMA_TILE_K, units = pmma_row_blocks(N) * pmma_chunks(M, wg);
   if (n_kt < 1 || units < 1) return 1;
   int64_t s = (num_sms * PMMA_CTAS_PER_SM + units / 2) / units;
   const int64_t most = n_kt / PMMA_MIN_SPLIT_TILES;
@@ -420,13 +431,15 @@ UW_PLAN_HD int64_t pmma_split_tiles(int64_t K, int64_t splits) { return cdiv(K /
 // column (row block x chunk), counted for the largest batch.
 UW_PLAN_HD int64_t pmma_workspace_elems(int64_t M, int64_t N, int64_t splits) { return splits > 1 ? splits * M * N : 0; }
 UW_PLAN_HD int64_t pmma_counters(int64_t N) { return pmma_grid_x(N, PMMA_MAX_M); }
-// The most partial sums any batch 1..PMMA_MAX_M needs (the largest batch of each chunk count).
+// The most partial sums any batch 1..PMMA_MAX_M needs, either variant (the largest batch of
+// each chunk count).
 UW_PLAN_HD int64_t pmma_workspace_max(int64_t N, int64_t K, int64_t num_sms) {
   int64_t most = 0;
-  for (int M = PMMA_CHUNK_M; M <= PMMA_MAX_M; M += PMMA_CHUNK_M) {
-    const int64_t e = pmma_workspace_elems(M, N, pmma_splits(N, K, num_sms, M));
-    most = e > most ? e : most;
-  }
+  for (int wg = 0; wg < 2; ++wg)
+    for (int M = pmma_chunk_m(wg != 0); M <= PMMA_MAX_M; M += pmma_chunk_m(wg != 0)) {
+      const int64_t e = pmma_workspace_elems(M, N, pmma_splits(N, K, num_sms, M, wg != 0));
+      most = e > most ? e : most;
+    }
   return most;
 }
 

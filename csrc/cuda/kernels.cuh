@@ -146,7 +146,10 @@ const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols
 // before the launch and left zero after it (launches sharing them must be stream-ordered).
 // stage_tiles: 64-column tiles per stage of the copy ring, 1 or plan::PMMA_SUB_WIDE (whole
 // 128-byte lines per copy); x_shared (with stage_tiles 1): x copied once per CTA into shared
-// memory rather than loaded by every warp.  All layouts give the same bits.
+// memory rather than loaded by every warp.  All these layouts give the same bits.
+// x_shared = plan::PMMA_XS_WGMMA (sm_90 with an sm_90a build; refused elsewhere): x copied in
+// wgmma's layout and multiplied by wgmma, up to plan::PMMA_WG_CHUNK_M batch rows per CTA (splits
+// and grid from the plan's wg forms); the tensor cores' sums per k16 step in the same order.
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
                          float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int stage_tiles, int x_shared,

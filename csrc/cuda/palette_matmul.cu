@@ -5,10 +5,14 @@
 //
 // Instantiations: NT (n-tiles of 8 batch rows) in {1, 2, 4, 8} times the paired / general
 // palette decode times the copy layout: one-tile stages, two-tile stages (stage_tiles = 2) or
-// one-tile stages with x shared in shared memory (x_shared); all three give the same bits.  __launch_bounds__(128, 4): four CTAs (16 warps) per SM is what the split
-// heuristic plans for, and it caps registers at 128 per thread.  NT = 8 holds 32 fp32
-// accumulators more and spills under that cap, so it runs three CTAs per SM (168 registers):
-// from batch 33 on the kernel is no longer bound by the weight stream alone.
+// one-tile stages with x shared in shared memory (x_shared); all three give the same bits.
+// And the wgmma variant (x_shared = PMMA_XS_WGMMA, sm_90a only: elsewhere its body traps and
+// the launcher refuses it), NT in {1, 2, 4, 8, 16}.  __launch_bounds__(128, 4): four CTAs (16
+// warps) per SM is what the split heuristic plans for, and it caps registers at 128 per thread.
+// NT = 8 holds 32 fp32 accumulators more and spills under that cap, so it runs three CTAs per
+// SM (168 registers): from batch 33 on the kernel is no longer bound by the weight stream
+// alone; NT = 16 (wgmma, 64 accumulators) has the same cap, and its shared x lets two CTAs share
+// an SM.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -23,8 +27,8 @@ namespace cuda {
 namespace detail {
 namespace {
 
-template <int NT, bool kPaired, int kSub, bool kXs>
-__global__ void __launch_bounds__(plan::PMMA_THREADS, NT == 8 ? 3 : plan::PMMA_CTAS_PER_SM) pmma_kernel(PmmaArgs a) {
+template <int NT, bool kPaired, int kSub, int kXs>
+__global__ void __launch_bounds__(plan::PMMA_THREADS, NT >= 8 ? 3 : plan::PMMA_CTAS_PER_SM) pmma_kernel(PmmaArgs a) {
   emu::DeviceCtx c;
   pmma_body<NT, kPaired, kSub, kXs>(c, a);
 }
@@ -32,17 +36,18 @@ __global__ void __launch_bounds__(plan::PMMA_THREADS, NT == 8 ? 3 : plan::PMMA_C
 const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
                        int splits, const void* x, const void* sm, const void* idx, const void* vexp,
                        const float* ws, const int32_t* counters, int stage_tiles, int x_shared, int tiled) {
-  if (plan::pmma_ntiles(M) == 0) return "palette_gemm supports 1 <= M <= 256";
+  const bool wg = x_shared == plan::PMMA_XS_WGMMA;
+  if (plan::pmma_ntiles(M, wg) == 0) return "palette_gemm supports 1 <= M <= 256";
   if (stage_tiles != 1 && stage_tiles != plan::PMMA_SUB_WIDE) return "palette_gemm: stage_tiles must be 1 or 2";
-  if (x_shared != 0 && x_shared != 1) return "palette_gemm: x_shared must be 0 or 1";
+  if (x_shared < 0 || x_shared > plan::PMMA_XS_WGMMA) return "palette_gemm: x_shared must be 0, 1 or 2 (wgmma)";
   if (x_shared && stage_tiles != 1) return "palette_gemm: shared x goes with stage_tiles = 1";
   if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
   if (K % plan::PMMA_TILE_K != 0) return "palette_gemm needs K % 64 == 0 (decode + matmul instead)";
   if (const char* e = check_pal_product(N, K, ldx, ldy, pal.size, nv, tiled)) return e;
-  if (ldx > INT32_MAX / plan::PMMA_CHUNK_M) return "palette_gemm: x row stride too large";
+  if (ldx > INT32_MAX / plan::pmma_chunk_m(wg)) return "palette_gemm: x row stride too large";
   if (splits < 1 || splits > plan::PMMA_MAX_SPLITS || splits > K / plan::PMMA_TILE_K)
     return "palette_gemm: splits must be in 1 .. K / 64";
-  if (!grid_ok(plan::pmma_grid_x(N, M))) return "matrix too large for one launch";
+  if (!grid_ok(plan::pmma_grid_x(N, M, wg))) return "matrix too large for one launch";
   if (!aligned(x, 16) || !aligned(sm, 16) || !aligned(idx, 16) || (nv > 0 && !aligned(vexp, 16)))
     return "palette_gemm needs x, sm, idx and vexp 16-byte aligned";
   if (splits > 1 && (ws == nullptr || counters == nullptr))
@@ -50,38 +55,66 @@ const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, co
   return nullptr;
 }
 
-// Runs f(NT, paired, kSub, kXs) with all four as compile-time constants (the three copy
-// layouts: one-tile, wide, one-tile with shared x).
+// Runs f(NT, paired, kSub, kXs) with all four as compile-time constants (the four copy
+// layouts: one-tile, wide, one-tile with shared x, wgmma).
 template <class F>
 void with_variant(int M, bool paired, int stage_tiles, int x_shared, F&& f) {
   using One = std::integral_constant<int, 1>;
   using Wide = std::integral_constant<int, plan::PMMA_SUB_WIDE>;
+  using Xs0 = std::integral_constant<int, 0>;
+  using Xs1 = std::integral_constant<int, 1>;
+  using XsWg = std::integral_constant<int, plan::PMMA_XS_WGMMA>;
   auto layout = [&](auto nt, auto p) {
-    if (stage_tiles != 1) f(nt, p, Wide{}, std::false_type{});
-    else if (x_shared) f(nt, p, One{}, std::true_type{});
-    else f(nt, p, One{}, std::false_type{});
+    if (x_shared == plan::PMMA_XS_WGMMA) f(nt, p, One{}, XsWg{});
+    else if constexpr (decltype(nt)::value <= 8) {
+      if (stage_tiles != 1) f(nt, p, Wide{}, Xs0{});
+      else if (x_shared) f(nt, p, One{}, Xs1{});
+      else f(nt, p, One{}, Xs0{});
+    }
   };
   auto go = [&](auto nt) {
     if (paired) layout(nt, std::true_type{}); else layout(nt, std::false_type{});
   };
-  switch (plan::pmma_ntiles(M)) {
+  switch (plan::pmma_ntiles(M, x_shared == plan::PMMA_XS_WGMMA)) {
     case 1: go(std::integral_constant<int, 1>{}); break;
     case 2: go(std::integral_constant<int, 2>{}); break;
     case 4: go(std::integral_constant<int, 4>{}); break;
-    default: go(std::integral_constant<int, 8>{}); break;
+    case 8: go(std::integral_constant<int, 8>{}); break;
+    default: go(std::integral_constant<int, 16>{}); break;
   }
+}
+
+// Whether the current device runs the wgmma variant: an sm_90 GPU and a build whose code for it
+// is the sm_90a one.  A build without that target runs on sm_90 only by JIT-compiling its
+// older PTX (the function's PTX version below 90), whose body traps; a version of 0 (none
+// recorded) is taken as the sm_90a code.  Attribute queries only (no launch, no sync: a CUDA
+// graph capture may be under way).  Asked once per device.
+bool device_wgmma() {
+  constexpr int kDevices = 64;
+  static signed char known[kDevices] = {};  // 0 unknown, 1 yes, -1 no
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (dev >= 0 && dev < kDevices && known[dev] != 0) return known[dev] > 0;
+  cudaFuncAttributes attr{};
+  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                  major == 9 && minor == 0 &&
+                  cudaFuncGetAttributes(&attr, pmma_kernel<1, true, 1, plan::PMMA_XS_WGMMA>) == cudaSuccess &&
+                  !(attr.ptxVersion > 0 && attr.ptxVersion < 90);
+  if (dev >= 0 && dev < kDevices) known[dev] = ok ? 1 : -1;
+  return ok;
 }
 
 PmmaArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                    int64_t K, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits, float* ws,
-                   int32_t* counters, uint16_t* y, int64_t ldy, int tiled) {
+                   int32_t* counters, uint16_t* y, int64_t ldy, int tiled, int x_shared) {
   PmmaArgs a{};
   a.x = x; a.ldx = ldx; a.M = M;
   a.sm = sm; a.idx = idx; a.N = N; a.K = K;
   a.set_order(tiled != 0);
   a.vpos = vpos; a.nv = nv; a.vexp = vexp;
   a.split_tiles = plan::pmma_split_tiles(K, splits);
-  a.chunks = plan::pmma_chunks(M);
+  a.chunks = plan::pmma_chunks(M, x_shared == plan::PMMA_XS_WGMMA);
   a.ws = ws; a.counters = counters;
   a.y = y; a.ldy = ldy;
   return a;
@@ -89,9 +122,10 @@ PmmaArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, con
 
 }  // namespace
 
-template <int NT, bool kPaired, int kSub, bool kXs>
+template <int NT, bool kPaired, int kSub, int kXs>
 void launch_pmma(const PmmaArgs& a, int64_t splits, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(plan::pmma_grid_x(a.N, a.M)), static_cast<unsigned>(splits));
+  const dim3 grid(static_cast<unsigned>(plan::pmma_grid_x(a.N, a.M, kXs == plan::PMMA_XS_WGMMA)),
+                  static_cast<unsigned>(splits));
   const int smem = plan::pmma_smem_bytes(kSub, NT, kXs);
   opt_in_smem<pmma_kernel<NT, kPaired, kSub, kXs>>(smem);
   pmma_kernel<NT, kPaired, kSub, kXs><<<grid, plan::PMMA_THREADS, smem, s>>>(a);
@@ -108,7 +142,9 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters, stage_tiles,
                                  x_shared, tiled))
     return e;
-  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy, tiled);
+  if (x_shared == plan::PMMA_XS_WGMMA && !device_wgmma())
+    return "the wgmma palette_gemm needs an sm_90 GPU and a build for sm_90a";
+  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy, tiled, x_shared);
   const bool paired = pal_tables(pal, a.pt);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   with_variant(M, paired, stage_tiles, x_shared, [&](auto nt, auto p, auto sub, auto xs) {
@@ -126,11 +162,11 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters, stage_tiles,
                                  x_shared, tiled))
     return e;
-  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy, tiled);
+  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy, tiled, x_shared);
   const bool paired = pal_tables(pal, a.pt) && !force_general;
   const char* err = nullptr;
   with_variant(M, paired, stage_tiles, x_shared, [&](auto nt, auto p, auto sub, auto xs) {
-    err = emu::launch(plan::pmma_grid_x(N, M), splits, plan::PMMA_THREADS,
+    err = emu::launch(plan::pmma_grid_x(N, M, x_shared == plan::PMMA_XS_WGMMA), splits, plan::PMMA_THREADS,
                       plan::pmma_smem_bytes(sub, decltype(nt)::value, decltype(xs)::value), [&](emu::ThreadCtx& c) {
                         pmma_body<decltype(nt)::value, decltype(p)::value, decltype(sub)::value,
                                   decltype(xs)::value>(c, a);

@@ -206,6 +206,49 @@ UW_UNROLL()
   }
 }
 
+// wgmma's B operand for one stage (x_shared == PMMA_XS_WGMMA): the CTA's batch rows
+// [m0, m0 + 8 NT) of the stage's 64 columns, as four [16, 8 NT] K-major operands, one per k16
+// step j of the tile, in the unswizzled canonical layout: step j's operand at j * 256 NT bytes,
+// n-group ng (batch rows 8ng..8ng+7) at ng * 256 (the descriptor's sbo), k chunk kc (k 8kc..
+// 8kc+7) at kc * 128 (its lbo), batch row r of the group at 16 r, k pair t at 4 t.  The k order
+// is the fused GEMM's column order (the A fragments are decoded as for mma.sync): step j's
+// k = 2t + e is column 16t + 4j + e and k = 8 + 2t + e column 16t + 4j + 2 + e (e = 0, 1), so
+// word (j, ng, kc, r, t) is x[m0 + 8ng + r][col + 16t + 4j + 2kc .. + 1].  Numbered
+// q = (((j NT + ng) 2 + kc) 8 + r) 4 + t it sits at byte 4q: the 32 words a warp copies at once
+// are one core matrix, 128 contiguous bytes (32 banks).  A 16-byte run of x holds columns of
+// one t only, so the copies are 4-byte ones (x is small and reused: .ca).  Rows past M are
+// zero-filled by the copy itself.
+//
+// Thread i of the CTA copies the words of k pair t = i % 4 for batch rows q0 = i / 4 (+ 32 k),
+// all eight (j, kc) of each: one row pointer per row it copies, the rest constant offsets.  At
+// once a warp copies rows 8w' .. 8w' + 7 of one n-group for one (j, kc): one core matrix.
+template <int NT, class Ctx>
+UW_HD void pmma_issue_x_wg(Ctx& c, unsigned char* xst, const uint16_t* x, int64_t ldx, int m0, int M, int64_t col) {
+  constexpr int kRows = 8 * NT;
+  constexpr int kRowSets = kRows >= 32 ? kRows / 32 : 1;  // rows per thread
+  constexpr int kJkSets = kRows >= 32 ? 1 : 32 / kRows;   // (below 32 rows) threads sharing a row split its (j, kc)
+  const int tid = c.tid(), t = tid & 3, q0 = tid >> 2;
+  const uint16_t* zero = x + static_cast<int64_t>(m0) * ldx + col;  // (a valid address for the zero fill)
+UW_UNROLL()
+  for (int rs = 0; rs < kRowSets; ++rs) {
+    const int row = kRows >= 32 ? q0 + 32 * rs : q0 % kRows;
+    const int jk0 = kRows >= 32 ? 0 : q0 / kRows;  // this thread's first (j, kc); then every kJkSets-th
+    const bool valid = m0 + row < M;
+    const uint16_t* src = valid ? x + static_cast<int64_t>(m0 + row) * ldx + col + 16 * t : zero;
+    unsigned char* dst = xst + 4 * (((row >> 3) * 2 * 8 + (row & 7)) * 4 + t);
+UW_UNROLL()
+    for (int k = 0; k < 8 / kJkSets; ++k) {
+      const int jk = jk0 + kJkSets * k, j = jk >> 1, kc = jk & 1;
+      c.cp_async4(dst + 4 * ((j * NT * 2 + kc) * 8 * 4), valid ? src + 4 * j + 2 * kc : zero, valid ? 4 : 0);
+    }
+  }
+}
+// The descriptor of step j's operand in a stage of pmma_issue_x_wg.
+template <int NT, class Ctx>
+UW_HD uint64_t pmma_x_wg_desc(Ctx& c, const unsigned char* xst, int j) {
+  return emu::wgmma_desc(c.smem_addr(xst + j * NT * 256), 128, 256);
+}
+
 // The x row whose values feed B column m of an mma: m, or past the batch (m >= M) row M - 1
 // again.  An mma's output column depends on its own B column alone, so the sums of columns
 // past M (never stored) change no other; the x loads stay unconditional (no predicate, branch
@@ -271,12 +314,28 @@ UW_UNROLL()
 
 // One CTA: PMMA_WARPS row tiles x one K split x one chunk of NT n-tiles of 8 batch rows.
 // kSub: 64-column tiles per stage of the cp.async ring (1, or 2 for wide stages).  kXs: x
-// staged in shared memory once per CTA (pmma_issue_x; one-tile stages only); the same mma
-// sequence on the same values, so the same bits.
-template <int NT, bool kPaired, int kSub, bool kXs, class Ctx>
+// staged in shared memory once per CTA (one-tile stages only): 1 (pmma_issue_x) for the
+// mma.sync fragments, the same mma sequence on the same values, so the same bits;
+// PMMA_XS_WGMMA (pmma_issue_x_wg; sm_90a) for wgmma.
+//
+// wgmma (kXs == PMMA_XS_WGMMA).  The CTA's four warps are one warpgroup and its 64 rows one
+// m64 tile: per 64-column tile each warp decodes its 16 rows into the same A fragments as for
+// mma.sync (the m16n8k16 A layout is wgmma's per-warp A layout), and the warpgroup issues one
+// wgmma m64n(8 NT)k16 per k16 step with B, the stage's x, read by the tensor cores from shared
+// memory: no x fragment loads, four instructions per tile for any batch, and up to 16 n-tiles
+// (128 batch rows) per CTA, so each weight is decoded once per 128 rows of a large batch.  Its
+// accumulators are laid out as the mma.sync ones (acc[nt][e]), so the epilogue and split fix-up
+// are shared.  Per stage: each thread's copies land (wait), it fences them for the async proxy,
+// the barrier, the tile's wgmmas (fence, 4 x wgmma, commit) and a wait for them, so the stage
+// is free to be refilled after the next barrier.  The sums are a tensor core's per k16 step in
+// the mma.sync variant's order; the emulator gives both variants the same bits, the hardware
+// may round inside a step differently.
+template <int NT, bool kPaired, int kSub, int kXs, class Ctx>
 UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
   static_assert(kSub == 1 || kSub == 2, "a stage holds one or two tiles");
   static_assert(!kXs || kSub == 1, "shared x goes with one-tile stages");
+  constexpr bool kWg = kXs == plan::PMMA_XS_WGMMA;
+  static_assert(NT <= 8 || kWg, "16 n-tiles: the wgmma variant only");
   constexpr int S = plan::PMMA_STAGES, TK = plan::PMMA_TILE_K;
   constexpr int kStageBytes = kSub * plan::PMMA_TILE_BYTES;
   constexpr int kXStageBytes = kXs ? 8 * NT * plan::PMMA_X_ROW_BYTES : 0;
@@ -285,7 +344,7 @@ UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
   // tiles at about the same time, so all but the first read them from L2.
   const int64_t bx = c.block_x(), split = c.block_y();
   const int64_t rb = bx / a.chunks;
-  const int m0 = static_cast<int>(bx % a.chunks) * plan::PMMA_CHUNK_M;  // first batch row of the CTA
+  const int m0 = static_cast<int>(bx % a.chunks) * 8 * NT;  // first batch row of the CTA (chunks > 1: NT full)
   const int64_t row0 = rb * plan::PMMA_ROWS + warp * plan::PMMA_TILE_N;
   const int64_t n_kt = a.K / TK, kt0 = split * a.split_tiles;
   const int64_t kt1 = kt0 + a.split_tiles < n_kt ? kt0 + a.split_tiles : n_kt;
@@ -324,9 +383,13 @@ UW_UNROLL()
     qi[i] = a.idx + a.idx_at(r, kt0 * TK + 32 * (lane & 3));
   }
   auto issue = [&](int stage, unsigned char* st) {
-    if (kXs && stage < ntiles)  // before pmma_issue's commit: the same group as the weights
-      pmma_issue_x<8 * NT>(c, xring + (st - ring) / kStageBytes * kXStageBytes, a.x, a.ldx, m0, a.M,
-                           (kt0 + stage) * TK);
+    if (kXs && stage < ntiles) {  // before pmma_issue's commit: the same group as the weights
+      unsigned char* xst = xring + (st - ring) / kStageBytes * kXStageBytes;
+      if (kWg)
+        pmma_issue_x_wg<NT>(c, xst, a.x, a.ldx, m0, a.M, (kt0 + stage) * TK);
+      else
+        pmma_issue_x<8 * NT>(c, xst, a.x, a.ldx, m0, a.M, (kt0 + stage) * TK);
+    }
     if (kSub == 1) {
       pmma_issue(c, stage < ntiles, st, q_lo, q_hi, q_ix, w_lo, w_hi, w_ix);
       q_lo += d_sm;
@@ -397,15 +460,18 @@ UW_UNROLL()
       for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp + xo[nt], xb[nt]);
     }
     c.template cp_async_wait<S - 2>();
+    if (kWg) c.fence_proxy_async();  // (this thread's landed copies, visible to the wgmmas)
     if (kXs) {
-      c.syncthreads();  // every thread's copies of this stage (weights and x) are in; the stage refilled below is read
+      // Every thread's copies of this stage (weights and x) are in; the stage refilled below is
+      // read (wgmma: its reads were waited for before this barrier).
+      c.syncthreads();
     } else {
       c.syncwarp();  // other lanes' copies of this stage are in; their reads of the stage refilled below are done
     }
     issue(i + S - 1, ring + wr);
     wr = wr + kStageBytes == S * kStageBytes ? 0 : wr + kStageBytes;
     const unsigned char* xst = xring + rd / kStageBytes * kXStageBytes;
-    if (kXs) {
+    if (kXs && !kWg) {
 UW_UNROLL()
       for (int nt = 0; nt < NT; ++nt) c.lds_v4(xst + xs_at(8 * nt + g, 2 * t), xb[nt]);
     }
@@ -433,21 +499,29 @@ UW_UNROLL()
       if (a.nv > 0) {  // rare: a row of this tile has a verbatim block here
         pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
       }
+      if constexpr (kWg) {
+        c.wgmma_fence();  // (af was just written, acc by the previous tile's wgmmas or zeroing)
 UW_UNROLL()
-      for (int j = 0; j < 4; ++j) {
-        if (j == 2) {  // second half of the lane's 16 columns: x loaded late keeps NT = 8 in registers
-          if (kXs) {
+        for (int j = 0; j < 4; ++j) c.template wgmma<8 * NT>(acc, af[j], pmma_x_wg_desc<NT>(c, xst, j), true);
+        c.wgmma_commit();
+        c.template wgmma_wait<0>();
+      } else {
 UW_UNROLL()
-            for (int nt = 0; nt < NT; ++nt) c.lds_v4(xst + xs_at(8 * nt + g, 2 * t + 1), xb[nt]);
-          } else {
+        for (int j = 0; j < 4; ++j) {
+          if (j == 2) {  // second half of the lane's 16 columns: x loaded late keeps NT = 8 in registers
+            if (kXs) {
 UW_UNROLL()
-            for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp + xo[nt] + 8, xb[nt]);
+              for (int nt = 0; nt < NT; ++nt) c.lds_v4(xst + xs_at(8 * nt + g, 2 * t + 1), xb[nt]);
+            } else {
+UW_UNROLL()
+              for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp + xo[nt] + 8, xb[nt]);
+            }
           }
-        }
 UW_UNROLL()
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint32_t b[2] = {xb[nt][2 * (j & 1)], xb[nt][2 * (j & 1) + 1]};
-          c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint32_t b[2] = {xb[nt][2 * (j & 1)], xb[nt][2 * (j & 1) + 1]};
+            c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
+          }
         }
       }
       xp += TK;
@@ -493,55 +567,60 @@ UW_UNROLL()
   if (!c.lds(last_flag) || !active) return;
   c.threadfence();
   // Each output is 0 + p_0 + p_1 + ... in split order.  The loads of kU splits of all the
-  // lane's 4 NT outputs go out together (32 in flight), then their adds: a lane waits out
+  // lane's 4 NG outputs go out together (32 in flight), then their adds: a lane waits out
   // splits / kU L2 round trips, where one loop per output waited out about 4 NT splits / 4.
-  constexpr int kU = NT >= 8 ? 1 : 8 / NT;
+  // NG: n-tiles per pass (16 n-tiles take two passes, which keeps their sums in registers).
+  constexpr int NG = NT > 8 ? 8 : NT;
+  constexpr int kU = NG >= 8 ? 1 : 8 / NG;
   const int64_t split_elems = static_cast<int64_t>(a.M) * a.N;
-  const float* base = a.ws + static_cast<int64_t>(m0 + 2 * t) * a.N + row0 + g;
-  float sum[NT][4];
-  bool take[NT][4];
+UW_UNROLL(1)
+  for (int g0 = 0; g0 < NT; g0 += NG) {
+    const float* base = a.ws + static_cast<int64_t>(m0 + 8 * g0 + 2 * t) * a.N + row0 + g;
+    float sum[NG][4];
+    bool take[NG][4];
 UW_UNROLL()
-  for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NG; ++nt)
 UW_UNROLL()
-    for (int e = 0; e < 4; ++e) {
-      sum[nt][e] = 0.f;
-      take[nt][e] = m0 + nt * 8 + 2 * t + (e & 1) < a.M && row0 + g + (e >> 1) * 8 < a.N;
-    }
-  for (int64_t s0 = 0; s0 < splits; s0 += kU) {
-    float p[kU][NT][4];
-UW_UNROLL()
-    for (int u = 0; u < kU; ++u)
-UW_UNROLL()
-      for (int nt = 0; nt < NT; ++nt)
-UW_UNROLL()
-        for (int e = 0; e < 4; ++e) {
-          // Past the last split: that split's word again, never added (keeps every load of
-          // the group under one predicate, which lets the compiler issue them all first).
-          const int64_t su = s0 + u < splits ? s0 + u : splits - 1;
-          const int64_t at = su * split_elems + static_cast<int64_t>(nt * 8 + (e & 1)) * a.N + (e >> 1) * 8;
-          p[u][nt][e] = take[nt][e] ? c.ld_grid(base + at) : 0.f;
-        }
-UW_UNROLL()
-    for (int u = 0; u < kU; ++u)
-      if (s0 + u < splits)  // (never add a missing split's 0: -0 + 0 is +0)
-UW_UNROLL()
-        for (int nt = 0; nt < NT; ++nt)
-UW_UNROLL()
-          for (int e = 0; e < 4; ++e) sum[nt][e] += p[u][nt][e];
-  }
-UW_UNROLL()
-  for (int nt = 0; nt < NT; ++nt)
-UW_UNROLL()
-    for (int e = 0; e < 4; ++e)
-      if (take[nt][e]) {
-        const int m = m0 + nt * 8 + 2 * t + (e & 1);
-        const int64_t r = row0 + g + (e >> 1) * 8;
-        a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(sum[nt][e]));
+      for (int e = 0; e < 4; ++e) {
+        sum[nt][e] = 0.f;
+        take[nt][e] = m0 + (g0 + nt) * 8 + 2 * t + (e & 1) < a.M && row0 + g + (e >> 1) * 8 < a.N;
       }
+    for (int64_t s0 = 0; s0 < splits; s0 += kU) {
+      float p[kU][NG][4];
+UW_UNROLL()
+      for (int u = 0; u < kU; ++u)
+UW_UNROLL()
+        for (int nt = 0; nt < NG; ++nt)
+UW_UNROLL()
+          for (int e = 0; e < 4; ++e) {
+            // Past the last split: that split's word again, never added (keeps every load of
+            // the group under one predicate, which lets the compiler issue them all first).
+            const int64_t su = s0 + u < splits ? s0 + u : splits - 1;
+            const int64_t at = su * split_elems + static_cast<int64_t>(nt * 8 + (e & 1)) * a.N + (e >> 1) * 8;
+            p[u][nt][e] = take[nt][e] ? c.ld_grid(base + at) : 0.f;
+          }
+UW_UNROLL()
+      for (int u = 0; u < kU; ++u)
+        if (s0 + u < splits)  // (never add a missing split's 0: -0 + 0 is +0)
+UW_UNROLL()
+          for (int nt = 0; nt < NG; ++nt)
+UW_UNROLL()
+            for (int e = 0; e < 4; ++e) sum[nt][e] += p[u][nt][e];
+    }
+UW_UNROLL()
+    for (int nt = 0; nt < NG; ++nt)
+UW_UNROLL()
+      for (int e = 0; e < 4; ++e)
+        if (take[nt][e]) {
+          const int m = m0 + (g0 + nt) * 8 + 2 * t + (e & 1);
+          const int64_t r = row0 + g + (e >> 1) * 8;
+          a.y[m * a.ldy + r] = bf16_round_bits(bits_from_f32(sum[nt][e]));
+        }
+  }
 }
 
 // Launchers of the kernel instantiations (palette_matmul.cu).
-template <int NT, bool kPaired>
+template <int NT, bool kPaired, int kSub, int kXs>
 void launch_pmma(const PmmaArgs& a, int64_t splits, cudaStream_t s);
 
 }  // namespace detail

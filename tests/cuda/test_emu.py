@@ -1,5 +1,5 @@
-"""CPU tests of the warp emulator (csrc/cuda/emu/): its mma.sync m16n8k16 against plain
-matmuls of the same tiles, its warp collectives, barriers and cp.async groups against their
+"""CPU tests of the warp emulator (csrc/cuda/emu/): its mma.sync m16n8k16 and wgmma m64nNk16
+against plain matmuls of the same tiles, its warp collectives, barriers and cp.async groups against their
 CUDA / PTX meaning, and the errors it reports for bodies that would hang, break a rule or race
 on shared memory."""
 import numpy as np
@@ -56,6 +56,43 @@ def test_mma_matches_fp32_matmul_of_the_same_fragments(seed):
     # fp32 matmul's own error bound of it.
     assert np.all(np.abs(D - exact) <= 2.0 ** -24 * np.abs(exact) + 1e-45)
     assert np.all(np.abs(D - f32) <= 18 * 2.0 ** -24 * scale)
+
+
+@pytest.mark.parametrize("n", [8, 16, 32, 64, 128])
+def test_wgmma_places_every_element_where_the_ptx_layouts_say(n):
+    # Small integers: every product and sum is exact, so an element of A, B or D taken from the
+    # wrong thread, register or shared-memory byte changes the result; D's prior values (1e30)
+    # must not be added (scale-d 0).
+    A = _bf16(np.arange(64 * 16, dtype=np.float32).reshape(64, 16) % 23 - 11)
+    B = _bf16(np.arange(16 * n, dtype=np.float32).reshape(16, n) % 19 - 9)
+    err, D = _cuda.emu_selftest_wgmma(0, A, B)
+    assert err is None
+    assert np.array_equal(D, _f(A).astype(np.float64) @ _f(B).astype(np.float64))
+    for r, k in ((0, 0), (17, 5), (40, 8), (63, 15)):  # one-hot A rows pick single rows of B
+        e = np.zeros((64, 16), np.uint16)
+        e[r, k] = 0x3F80
+        err, D = _cuda.emu_selftest_wgmma(0, e, B)
+        want = np.zeros((64, n), np.float32)
+        want[r] = _f(B[k])
+        assert err is None and np.array_equal(D, want)
+
+
+def test_wgmma_rounds_each_output_once():
+    rng = np.random.default_rng(4)
+    A = _bf16(rng.standard_normal((64, 16)) * np.exp2(rng.integers(-8, 8, (64, 16))))
+    B = _bf16(rng.standard_normal((16, 64)))
+    err, D = _cuda.emu_selftest_wgmma(0, A, B)
+    exact = _f(A).astype(np.float64) @ _f(B).astype(np.float64)
+    assert err is None and np.array_equal(D, exact.astype(np.float32))
+
+
+@pytest.mark.parametrize("kind, what", [(1, "fence.proxy.async"), (2, "wgmma.fence"), (3, "race"),
+                                        (4, "swizzle")])
+def test_wgmma_rules_are_errors(kind, what):
+    A = _bf16(np.ones((64, 16), np.float32))
+    B = _bf16(np.ones((16, 16), np.float32))
+    err, _ = _cuda.emu_selftest_wgmma(kind, A, B)
+    assert err is not None and what in err
 
 
 def test_collectives_barriers_and_cp_async_groups():

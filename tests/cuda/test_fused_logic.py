@@ -48,8 +48,10 @@ def _emulate(x, enc, splits=1, general=False, stage_tiles=1, x_shared=False):
                                       p[C.SUFFIX_VEXP], splits, general, stage_tiles, int(x_shared))
 
 
-# The copy layouts besides the one-tile default: (stage_tiles, x_shared); all give its bits.
-LAYOUTS = [(kp.PMMA_SUB_WIDE, False), (1, True)]
+# The copy layouts besides the one-tile default: (stage_tiles, x_shared); all give its bits in
+# the emulator (the wgmma layout, x_shared = PMMA_XS_WGMMA: the same k16 steps in the same order,
+# each rounded once as the emulated mma.sync rounds them).
+LAYOUTS = [(kp.PMMA_SUB_WIDE, False), (1, True), (1, kp.PMMA_XS_WGMMA)]
 
 
 def all_finite_weights(seed):
@@ -111,9 +113,12 @@ def test_splits_heuristic():
                 if s > 1:
                     assert per >= kp.PMMA_MIN_SPLIT_TILES
             # the split (hence the sum order, hence the bits) is the same for every batch of 1..64
+            # (the wgmma variant's CTAs take 128 rows: 1..128)
             assert len({kp.pmma_splits(N, K, sms, M) for M in range(1, 65)}) == 1
+            assert len({kp.pmma_splits(N, K, sms, M, True) for M in range(1, 129)}) == 1
             assert kp.pmma_workspace_max(N, K, sms) == max(
-                kp.pmma_workspace_elems(M, N, kp.pmma_splits(N, K, sms, M)) for M in range(1, 257))
+                kp.pmma_workspace_elems(M, N, kp.pmma_splits(N, K, sms, M, wg)) for M in range(1, 257)
+                for wg in (False, True))
     # batch 1 on an H100 (132 SMs): every shape fills the SMs (>= 2.9 CTAs per SM)
     plan = {(N, K): (kp.pmma_splits(N, K, 132), kp.pmma_grid_x(N, 1)) for N, K in LLAMA_8B}
     assert plan[(4096, 4096)] == (8, 64) and plan[(4096, 14336)] == (8, 64)
@@ -127,6 +132,12 @@ def test_splits_heuristic():
     assert [kp.pmma_ntiles(M) for M in (0, 1, 8, 9, 16, 17, 32, 33, 64, 65, 256, 257)] == \
         [0, 1, 1, 2, 2, 4, 4, 8, 8, 8, 8, 0]
     assert [kp.pmma_chunks(M) for M in (1, 64, 65, 128, 129, 256)] == [1, 1, 2, 2, 3, 4]
+    # wgmma: up to 16 n-tiles (128 rows) per CTA, so half the chunks and twice the split past 64
+    assert [kp.pmma_ntiles(M, True) for M in (1, 9, 17, 33, 64, 65, 128, 129, 256, 257)] == \
+        [1, 2, 4, 8, 8, 16, 16, 16, 16, 0]
+    assert [kp.pmma_chunks(M, True) for M in (1, 128, 129, 256)] == [1, 1, 2, 2]
+    assert [kp.pmma_splits(4096, 4096, 132, M, True) for M in (64, 128, 256)] == [8, 8, 4]
+    assert kp.pmma_grid_x(4096, 256, True) == 128
     assert kp.pmma_supported(256, 4096) and not kp.pmma_supported(257, 4096) and not kp.pmma_supported(1, 4000)
     assert kp.pmma_workspace_elems(3, 100, 1) == 0 and kp.pmma_workspace_elems(3, 100, 4) == 1200
 
@@ -137,23 +148,27 @@ def test_cpp_plan_matches_python():
                  "PMMA_TILE_BYTES", "PMMA_SMEM_BYTES", "PMMA_CHUNK_M", "PMMA_MAX_M", "PMMA_CTAS_PER_SM",
                  "PMMA_MIN_SPLIT_TILES", "PMMA_MAX_SPLITS", "PMMA_SUB_WIDE", "PMMA_X_ROW_BYTES"):
         assert getattr(_cuda, name) == getattr(kp, name), name
+    assert _cuda.PMMA_WG_CHUNK_M == kp.PMMA_WG_CHUNK_M and _cuda.PMMA_XS_WGMMA == kp.PMMA_XS_WGMMA
     for tiles in (1, kp.PMMA_SUB_WIDE):
-        for nt in (1, 2, 4, 8):
-            for xs in (False, True):
+        for nt in (1, 2, 4, 8, 16):
+            for xs in (0, 1, kp.PMMA_XS_WGMMA):
                 assert _cuda.plan_pmma_smem_bytes(tiles, nt, xs) == kp.pmma_smem_bytes(tiles, nt, xs)
     assert kp.pmma_smem_bytes(1) == kp.PMMA_SMEM_BYTES
     for M in range(-1, 260):
-        assert _cuda.plan_pmma_ntiles(M) == kp.pmma_ntiles(M)
-        assert _cuda.plan_pmma_chunks(M) == kp.pmma_chunks(M)
+        for wg in (False, True):
+            assert _cuda.plan_pmma_ntiles(M, wg) == kp.pmma_ntiles(M, wg)
+            assert _cuda.plan_pmma_chunks(M, wg) == kp.pmma_chunks(M, wg)
     for N in (1, 63, 64, 65, 4096, 6144, 14336, 128256, 10 ** 7):
         assert _cuda.plan_pmma_row_blocks(N) == kp.pmma_row_blocks(N)
         assert _cuda.plan_pmma_counters(N) == kp.pmma_counters(N)
         for M in (1, 64, 65, 200):
-            assert _cuda.plan_pmma_grid_x(N, M) == kp.pmma_grid_x(N, M)
+            for wg in (False, True):
+                assert _cuda.plan_pmma_grid_x(N, M, wg) == kp.pmma_grid_x(N, M, wg)
         for K in (64, 128, 320, 4096, 14336, 65536 * 64):
             for sms in (1, 108, 132, 1000):
                 assert _cuda.plan_pmma_workspace_max(N, K, sms) == kp.pmma_workspace_max(N, K, sms)
                 for M in (1, 64, 100, 256):
+                    assert _cuda.plan_pmma_splits(N, K, sms, M, True) == kp.pmma_splits(N, K, sms, M, True)
                     s = kp.pmma_splits(N, K, sms, M)
                     assert _cuda.plan_pmma_splits(N, K, sms, M) == s
                     assert _cuda.plan_pmma_split_tiles(K, s) == kp.pmma_split_tiles(K, s)
@@ -204,6 +219,20 @@ def test_shared_x_gives_the_same_bits(M, N, K):
     x = _x(M, K, seed=M * 7 + K)
     for s in sorted({1, min(3, K // 64), K // 64}):
         assert np.array_equal(_emulate(x, enc, s, x_shared=True), _emulate(x, enc, s))
+
+
+@needs_ext
+@pytest.mark.parametrize("M", [1, 9, 33, 64, 65, 130, 256])
+@pytest.mark.parametrize("N,K", [(15, 64), (65, 320), (130, 448)])
+def test_wgmma_gives_the_same_bits(M, N, K):
+    """x copied per CTA in wgmma's layout (4-byte copies, zero-filled past M) and multiplied by
+    wgmma m64n(8 NT)k16 gives the mma.sync kernel's bits: at every n-tile count up to 16, in
+    a last partial chunk of 128 rows (130), with warps past N and on every split."""
+    w = make_weights(N, K, seed=N * 3 + K)
+    enc = tc.encode(w, "palette")
+    x = _x(M, K, seed=M * 5 + K)
+    for s in sorted({1, min(3, K // 64), K // 64}):
+        assert np.array_equal(_emulate(x, enc, s, x_shared=kp.PMMA_XS_WGMMA), _emulate(x, enc, s))
 
 
 @needs_ext
@@ -302,6 +331,13 @@ def test_deterministic_and_batch_invariant():
     y2 = _emulate(x2, enc, 2)
     for m0 in (0, 64, 128):
         assert np.array_equal(_emulate(np.ascontiguousarray(x2[m0:m0 + 64]), enc, 2), y2[m0:m0 + 64])
+    # the wgmma variant's chunks are 128 rows: each gets the bits it gets alone, which are the
+    # mma.sync kernel's
+    wg = kp.PMMA_XS_WGMMA
+    y3 = _emulate(x2, enc, 2, x_shared=wg)
+    assert np.array_equal(y3, y2)
+    for m0 in (0, 128):
+        assert np.array_equal(_emulate(np.ascontiguousarray(x2[m0:m0 + 128]), enc, 2, x_shared=wg), y3[m0:m0 + 128])
 
 
 @needs_ext
@@ -320,8 +356,10 @@ def test_launcher_rejects_bad_arguments_without_a_gpu():
         call(splits=2)
     with pytest.raises(RuntimeError, match="shared x goes with stage_tiles = 1"):
         call(stage_tiles=2, x_shared=1)
-    with pytest.raises(RuntimeError, match="x_shared must be 0 or 1"):
-        call(x_shared=2)
+    with pytest.raises(RuntimeError, match="x_shared must be 0, 1 or 2"):
+        call(x_shared=3)
+    with pytest.raises(RuntimeError, match="shared x goes with stage_tiles = 1"):
+        call(stage_tiles=2, x_shared=kp.PMMA_XS_WGMMA)
     with pytest.raises(RuntimeError, match="aligned"):
         call(sm=8)
     with pytest.raises(RuntimeError, match="workspace"):

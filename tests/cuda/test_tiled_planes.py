@@ -97,7 +97,8 @@ def test_gemv_variants_give_their_file_order_bits(variant):
 
 
 @needs_ext
-@pytest.mark.parametrize("stage_tiles,x_shared", [(1, False), (kp.PMMA_SUB_WIDE, False), (1, True)])
+@pytest.mark.parametrize("stage_tiles,x_shared", [(1, False), (kp.PMMA_SUB_WIDE, False), (1, True),
+                                                  (1, kp.PMMA_XS_WGMMA)])
 def test_gemm_layouts_give_their_file_order_bits(stage_tiles, x_shared):
     """The fused GEMM's three copy layouts, with and without a K split (odd tile counts per
     split: the wide stages' one-tile last stage), one and two batch chunks."""

@@ -75,6 +75,7 @@ def test_fused_wires_the_palette_op_and_refuses_huffman():
     # the wide-stage path is the same op with another stage width: the same reference on CPU
     assert torch.equal(dispatch.fused(p, x, "palette_gemm_wide"), dispatch.fused(p, x))
     assert torch.equal(dispatch.fused(p, x, "palette_gemm_xs"), dispatch.fused(p, x))
+    assert torch.equal(dispatch.fused(p, x, "palette_gemm_wg"), dispatch.fused(p, x))
     # the GEMV (batch 1..4 on CUDA) is the same reference on CPU
     assert torch.equal(dispatch.fused(p, x[:3], "palette_gemv"), dispatch.fused(p, x[:3]))
     with pytest.raises(ValueError, match="no fused kernel"):

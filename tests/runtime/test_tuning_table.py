@@ -157,7 +157,7 @@ def test_user_cache_overrides_shipped_defaults(tmp_path):
 
 
 def test_candidates():
-    both = ["palette_gemm", "palette_gemm_wide", "palette_gemm_xs"]  # the copy layouts
+    both = ["palette_gemm", "palette_gemm_wide", "palette_gemm_xs", "palette_gemm_wg"]  # the copy layouts
     gemv = ["palette_gemv", "palette_gemv_deep", "palette_gemv_staged"]  # the GEMV at batch 1..4, its variants
     mma = ["palette_gemv_mma", "palette_gemv_mma_staged", "palette_gemv_mma_prefetch",  # tensor cores, batch 1..32
            "palette_gemv_mma_queue"]

@@ -102,7 +102,7 @@ def test_every_variant_is_checked_benchmarked_and_profiled_by_tag():
         if tag == "tiled":  # not a kernel variant: every palette kernel on tile-major planes
             assert f"variant={tag}" in gc.GROUPS
             continue
-        assert {"huffman": kp.HUFF_VARIANTS, "palette": kp.PAL_VARIANTS, "gemm": {"wide": 1, "xs": 1},
+        assert {"huffman": kp.HUFF_VARIANTS, "palette": kp.PAL_VARIANTS, "gemm": {"wide": 1, "xs": 1, "wg": 1},
                 # (mma_queue has its own op, ops.palette_gemv_queue; pdl is the launch mode of the
                 # tensor-core ones, ops.programmatic_launch)
                 "gemv": {"": 1, "mma_queue": kp.PGEMV_VARIANT_MMA_QUEUE, "pdl": 1,
@@ -111,7 +111,8 @@ def test_every_variant_is_checked_benchmarked_and_profiled_by_tag():
     assert set(gc.E2E_MODE_VARIANT.values()) <= set(gc.VARIANT_TAGS)
     assert gc.BENCH_E2E_MODES[-1] == "dense"
     tags = {gc._profile_variant(args) for _, args, _ in gc.PROFILES}
-    assert tags - {None} <= set(gc.VARIANT_TAGS) and {"gemm:wide", "gemm:xs", "gemv", "huffman:chain", "palette:vec8"} <= tags
+    assert tags - {None} <= set(gc.VARIANT_TAGS) and \
+        {"gemm:wide", "gemm:xs", "gemm:wg", "gemv", "huffman:chain", "palette:vec8"} <= tags
     # every decoder the runtime does not run by default has its tag; the defaults have none
     others = {f"huffman:{n}" for n, v in kp.HUFF_VARIANTS.items() if v != kp.HUFF_DEFAULT_VARIANT} | \
         {f"palette:{n}" for n, v in kp.PAL_VARIANTS.items() if v != kp.PAL_DEFAULT_VARIANT}

@@ -1,7 +1,8 @@
 """Fused decode + matmul: y = x @ W^T with W kept palette-coded, on the tensor cores.
 
     torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, workspace, counters, rows, cols,
-                                      palette, splits, stage_tiles=1, x_shared=False, tiled=False) -> y
+                                      palette, splits, stage_tiles=1, x_shared=False, tiled=False,
+                                      wgmma=False) -> y
         x: bf16 [M, cols] (unit column stride), 1 <= M <= 256 on CUDA; y: bf16 [M, rows];
         fp32 accumulation, one rounding.  sm, idx, vpos, vexp: the palette planes (docs/FORMAT.md),
         on x's device; tiled: sm and idx tile-major (ops/layout.py: a warp's 16-row steps are
@@ -19,7 +20,12 @@
         x_shared: with stage_tiles 1, each CTA copies its rows of x into shared memory once
             per stage for its four warps, instead of every warp loading them (x traffic / 4;
             PALETTE_GEMM_XS); the same bits.
-        Both are views of the runtime's per-device buffers (runtime/scratch.py), so a forward
+        wgmma: x staged per CTA in the layout of Hopper's warpgroup MMA, which multiplies it
+            (sm_90 GPUs with an sm_90a build, else refused; up to 128 batch rows per CTA, so a
+            weight is decoded once per 128 rows; PALETTE_GEMM_WG); splits from
+            palette_splits(..., wgmma=True).  Tensor-core sums per 16 columns in the same
+            order as the other layouts (the emulator gives them the same bits).
+        workspace and counters are views of the runtime's per-device buffers (runtime/scratch.py), so a forward
         allocates nothing but y.
 
     torch.ops.unweight.palette_gemv(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0,
@@ -95,13 +101,14 @@ def _num_sms(device: torch.device) -> int:
     return n
 
 
-def palette_splits(rows: int, cols: int, device, M: int = 1) -> int:
+def palette_splits(rows: int, cols: int, device, M: int = 1, wgmma: bool = False) -> int:
     """K splits for an [rows, cols] weight at batch M on `device`: enough CTAs to fill its SMs
-    (kernel_plan.pmma_splits; 1 off CUDA).  The same for every M in 1..64, so are the results."""
+    (kernel_plan.pmma_splits; 1 off CUDA).  The same for every M in 1..64 (wgmma: 1..128), so
+    are the results."""
     device = torch.device(device)
     if device.type != "cuda":
         return 1
-    return plan.pmma_splits(rows, cols, _num_sms(device), M)
+    return plan.pmma_splits(rows, cols, _num_sms(device), M, wgmma)
 
 
 def palette_workspace_elems(M: int, rows: int, splits: int) -> int:
@@ -135,19 +142,19 @@ def _reference(x: Tensor, w_bits: np.ndarray) -> Tensor:
 @torch.library.custom_op("unweight::palette_matmul", mutates_args=("workspace", "counters"))
 def palette_matmul(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, workspace: Tensor,
                    counters: Tensor, rows: int, cols: int, palette: List[int], splits: int,
-                   stage_tiles: int = 1, x_shared: bool = False, tiled: bool = False) -> Tensor:
+                   stage_tiles: int = 1, x_shared: bool = False, tiled: bool = False, wgmma: bool = False) -> Tensor:
     raise NotImplementedError(f"unweight::palette_matmul has no kernel for device {x.device}")
 
 
 @palette_matmul.register_fake
 def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
-      tiled=False):
+      tiled=False, wgmma=False):
     return x.new_empty((x.size(0), rows))
 
 
 @palette_matmul.register_kernel("cpu")
 def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
-      tiled=False):
+      tiled=False, wgmma=False):
     if x.dim() != 2 or x.size(1) != cols:
         raise ValueError(f"palette_matmul takes x [M, {cols}], got {tuple(x.shape)}")
     w = np.empty((rows, cols), dtype=np.uint16)
@@ -173,7 +180,7 @@ def _cuda_x(op: str, x: Tensor, cols: int, supported, max_m: int, planes: tuple)
 
 @palette_matmul.register_kernel("cuda")
 def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
-      tiled=False):
+      tiled=False, wgmma=False):
     x = _cuda_x("palette_matmul", x, cols, palette_supported, plan.PMMA_MAX_M,
                 (sm, idx, vpos, vexp, workspace, counters))
     M = x.size(0)
@@ -187,7 +194,8 @@ def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, 
         _ext.cuda_module().palette_gemm(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
                                         bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), splits,
                                         _ext.ptr(workspace), _ext.ptr(counters), _ext.ptr(y), y.stride(0),
-                                        _ext.stream(x), stage_tiles, int(x_shared), int(tiled))
+                                        _ext.stream(x), stage_tiles, plan.PMMA_XS_WGMMA if wgmma else int(x_shared),
+                                        int(tiled))
     return y
 
 

@@ -25,8 +25,8 @@ from torch import Tensor
 from .. import ops
 from . import kernel_plan as kp
 from . import scratch
-from .policy import (DECODE_CUBLAS, GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV_MMA_QUEUE,
-                     DispatchPolicy)
+from .policy import (DECODE_CUBLAS, GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMM_WG, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS,
+                     PALETTE_GEMV_MMA_QUEUE, DispatchPolicy)
 from .weights import EncodedWeight
 
 __all__ = ["linear", "embedding", "decode_into", "decode_new", "fused", "use_decoders", "decoder_variant",
@@ -34,8 +34,9 @@ __all__ = ["linear", "embedding", "decode_into", "decode_new", "fused", "use_dec
 
 _DECODE_ONLY = DispatchPolicy(None)
 
-# Copy layout of each fused path: ops.palette_matmul's (stage_tiles, x_shared).
-_LAYOUT = {PALETTE_GEMM: (1, False), PALETTE_GEMM_WIDE: (kp.PMMA_SUB_WIDE, False), PALETTE_GEMM_XS: (1, True)}
+# Copy layout of each fused path: ops.palette_matmul's (stage_tiles, x_shared, wgmma).
+_LAYOUT = {PALETTE_GEMM: (1, False, False), PALETTE_GEMM_WIDE: (kp.PMMA_SUB_WIDE, False, False),
+           PALETTE_GEMM_XS: (1, True, False), PALETTE_GEMM_WG: (1, True, True)}
 
 
 # The CUDA decoder each encoding runs: a variant of kernel_plan.HUFF_VARIANTS / PAL_VARIANTS,
@@ -113,7 +114,8 @@ def decode_new(pieces: list, out_rows: int, cols: int, policy: DispatchPolicy | 
 
 def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
     """y = x2 @ W^T through the fused palette GEMM (`path`: PALETTE_GEMM, PALETTE_GEMM_WIDE for
-    its two-tile copy stages, or PALETTE_GEMM_XS for x shared per CTA; the same bits) or, with
+    its two-tile copy stages, or PALETTE_GEMM_XS for x shared per CTA; the same bits; or
+    PALETTE_GEMM_WG, x shared per CTA and multiplied by wgmma, sm_90a) or, with
     PALETTE_GEMV, the palette GEMV (batch 1..4; its own order of sums), or PALETTE_GEMV_DEEP /
     PALETTE_GEMV_STAGED, its variants with more loads in flight (the GEMV's bits), or
     PALETTE_GEMV_MMA, the tensor-core GEMV (batch 1..32; tensor-core sums), or
@@ -138,11 +140,12 @@ def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
         v = GEMV_PATHS[path]
         return torch.ops.unweight.palette_gemv(x2, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette,
                                                ops.palette_gemv_parts(w.rows, w.cols, dev, v), v, w.tiled)
-    splits = ops.palette_splits(w.rows, w.cols, dev, x2.size(0))
+    stage_tiles, x_shared, wgmma = _LAYOUT[path]
+    splits = ops.palette_splits(w.rows, w.cols, dev, x2.size(0), wgmma)
     ws = scratch.workspace(dev, ops.palette_workspace_max(w.rows, w.cols, dev))
     cnt = scratch.counters(dev, ops.palette_counters_elems(w.rows))
     return torch.ops.unweight.palette_matmul(x2, w.sm, w.idx, w.vpos, w.vexp, ws, cnt, w.rows, w.cols, w.palette,
-                                             splits, *_LAYOUT[path], tiled=w.tiled)
+                                             splits, stage_tiles, x_shared, tiled=w.tiled, wgmma=wgmma)
 
 
 class _RedecodingLinear(torch.autograd.Function):

@@ -60,13 +60,17 @@ def pmma_x_stage_bytes(ntiles: int) -> int:
     return 8 * ntiles * PMMA_X_ROW_BYTES
 
 
-def pmma_smem_bytes(stage_tiles: int, ntiles: int = 0, x_shared: bool = False) -> int:
+def pmma_smem_bytes(stage_tiles: int, ntiles: int = 0, x_shared: int = 0) -> int:
     """Dynamic shared memory of a palette_gemm launch with `stage_tiles` tiles per ring stage
     (and, x_shared, the shared-x ring of a batch of `ntiles` n-tiles)."""
     return (PMMA_WARPS * PMMA_STAGES * stage_tiles * PMMA_TILE_BYTES
             + (PMMA_STAGES * pmma_x_stage_bytes(ntiles) if x_shared else 0) + 16)
 PMMA_CHUNK_M = 64
 PMMA_MAX_M = 256
+# The wgmma variant (sm_90a; palette_gemm x_shared == PMMA_XS_WGMMA): x in wgmma's shared-memory
+# layout, wgmma.mma_async, up to PMMA_WG_CHUNK_M batch rows per CTA.
+PMMA_XS_WGMMA = 2
+PMMA_WG_CHUNK_M = 128
 PMMA_CTAS_PER_SM = 4
 PMMA_MIN_SPLIT_TILES = 4
 PMMA_MAX_SPLITS = 65535
@@ -298,16 +302,22 @@ def hist_grid(n_bytes: int) -> int:
 
 
 # --- fused palette GEMM (tensor cores) ----------------------------------------------------
-def pmma_ntiles(M: int) -> int:
-    """n-tiles of 8 batch rows per CTA for a batch of M rows; 0 when M is out of range."""
+def pmma_ntiles(M: int, wg: bool = False) -> int:
+    """n-tiles of 8 batch rows per CTA for a batch of M rows (wg: the wgmma variant, up to 16);
+    0 when M is out of range."""
     if M < 1 or M > PMMA_MAX_M:
         return 0
-    return next((t for t in (1, 2, 4) if M <= 8 * t), 8)
+    return next((t for t in ((1, 2, 4, 8) if wg else (1, 2, 4)) if M <= 8 * t), 16 if wg else 8)
 
 
-def pmma_chunks(M: int) -> int:
-    """Batch chunks of PMMA_CHUNK_M rows, one CTA each per row block and split."""
-    return 1 if M < 1 else cdiv(M, PMMA_CHUNK_M)
+def pmma_chunk_m(wg: bool = False) -> int:
+    """Batch rows per chunk (one CTA per row block and chunk)."""
+    return PMMA_WG_CHUNK_M if wg else PMMA_CHUNK_M
+
+
+def pmma_chunks(M: int, wg: bool = False) -> int:
+    """Batch chunks of pmma_chunk_m rows, one CTA each per row block and split."""
+    return 1 if M < 1 else cdiv(M, pmma_chunk_m(wg))
 
 
 def pmma_row_blocks(N: int) -> int:
@@ -315,15 +325,15 @@ def pmma_row_blocks(N: int) -> int:
     return cdiv(N, PMMA_ROWS)
 
 
-def pmma_grid_x(N: int, M: int) -> int:
+def pmma_grid_x(N: int, M: int, wg: bool = False) -> int:
     """CTAs along x: row blocks x batch chunks (gridDim.y is the K split)."""
-    return pmma_row_blocks(N) * pmma_chunks(M)
+    return pmma_row_blocks(N) * pmma_chunks(M, wg)
 
 
-def pmma_splits(N: int, K: int, num_sms: int, M: int = 1) -> int:
+def pmma_splits(N: int, K: int, num_sms: int, M: int = 1, wg: bool = False) -> int:
     """K splits for an [N, K] weight at batch M on a device with num_sms SMs (M counts only
-    through its 64-row chunks, so every batch of 1..64 gets the same split and the same bits)."""
-    n_kt, units = K // PMMA_TILE_K, pmma_row_blocks(N) * pmma_chunks(M)
+    through its chunks, so every batch of 1..64 (wg: 1..128) gets the same split and bits)."""
+    n_kt, units = K // PMMA_TILE_K, pmma_row_blocks(N) * pmma_chunks(M, wg)
     if n_kt < 1 or units < 1:
         return 1
     s = (num_sms * PMMA_CTAS_PER_SM + units // 2) // units
@@ -350,9 +360,10 @@ def pmma_counters(N: int) -> int:
 
 
 def pmma_workspace_max(N: int, K: int, num_sms: int) -> int:
-    """The most partial sums any batch 1..PMMA_MAX_M needs (the largest batch of each chunk count)."""
-    return max(pmma_workspace_elems(M, N, pmma_splits(N, K, num_sms, M))
-               for M in range(PMMA_CHUNK_M, PMMA_MAX_M + 1, PMMA_CHUNK_M))
+    """The most partial sums any batch 1..PMMA_MAX_M needs, either variant (the largest batch
+    of each chunk count)."""
+    return max(pmma_workspace_elems(M, N, pmma_splits(N, K, num_sms, M, wg))
+               for wg in (False, True) for M in range(pmma_chunk_m(wg), PMMA_MAX_M + 1, pmma_chunk_m(wg)))
 
 
 def pmma_supported(M: int, K: int) -> bool:

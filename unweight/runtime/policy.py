@@ -17,16 +17,17 @@ import torch
 import torch.nn.functional as F
 
 from . import kernel_plan as kp
-from .tuning_table import (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV,
-                           PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED,
-                           PALETTE_GEMV_MMA_PREFETCH, PALETTE_GEMV_MMA_BULK, PALETTE_GEMV_MMA_QUEUE, GEMV_PATHS,
-                           TuningTable, bucket,
-                           load_table, split_key, table_encoding)
+from .tuning_table import (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMM_WG,
+                           PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA,
+                           PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH, PALETTE_GEMV_MMA_BULK,
+                           PALETTE_GEMV_MMA_QUEUE, GEMV_PATHS, TuningTable, bucket, load_table, split_key,
+                           table_encoding)
 from .weights import EncodedWeight
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DispatchPolicy", "measured", "DECODE_CUBLAS", "PALETTE_GEMM", "PALETTE_GEMM_WIDE", "PALETTE_GEMM_XS",
+           "PALETTE_GEMM_WG",
            "PALETTE_GEMV", "PALETTE_GEMV_DEEP", "PALETTE_GEMV_STAGED", "PALETTE_GEMV_MMA", "PALETTE_GEMV_MMA_STAGED",
            "PALETTE_GEMV_MMA_PREFETCH", "PALETTE_GEMV_MMA_BULK", "PALETTE_GEMV_MMA_QUEUE", "GEMV_PATHS"]
 

@@ -5,7 +5,8 @@ Pure data (no torch): the dispatch policy (runtime/policy.py) looks a choice up 
 under the key
 
     (device name, N, K, encoding, batch bucket)  ->  "decode_cublas" | "palette_gemm" | "palette_gemm_wide"
-                                                     | "palette_gemm_xs" | "palette_gemv" | "palette_gemv_deep"
+                                                     | "palette_gemm_xs" | "palette_gemm_wg" | "palette_gemv"
+                                                     | "palette_gemv_deep"
                                                      | "palette_gemv_staged" | "palette_gemv_mma"
                                                      | "palette_gemv_mma_staged" | "palette_gemv_mma_prefetch"
                                                      | "palette_gemv_mma_bulk"
@@ -80,6 +81,10 @@ PALETTE_GEMM_WIDE = "palette_gemm_wide"
 # loaded by each): the same bits, a quarter of the x traffic, which from batch ~8 rivals the
 # weight stream.
 PALETTE_GEMM_XS = "palette_gemm_xs"
+# The same kernel on Hopper's warpgroup MMA (sm_90 with an sm_90a build): x copied per CTA in the
+# layout wgmma reads from shared memory, up to 128 batch rows per CTA; the tensor cores' sums in
+# the same order (the emulator's bits are PALETTE_GEMM's; the hardware may round differently).
+PALETTE_GEMM_WG = "palette_gemm_wg"
 # Batches of 1..4 on CUDA cores: a warp streams a weight row into registers (ops.palette_gemv);
 # other sums' order than the GEMM's, within the same error bound.
 PALETTE_GEMV = "palette_gemv"
@@ -117,12 +122,12 @@ GEMV_PATHS = {PALETTE_GEMV: kp.PGEMV_VARIANT_DEFAULT, PALETTE_GEMV_DEEP: kp.PGEM
 TILED_ONLY = tuple(p for p, v in GEMV_PATHS.items() if kp.pgemv_needs_tiled(v))
 # Times recorded under other names (a fused Huffman kernel some earlier tables list) are kept
 # out of every choice: only these paths exist.
-CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP,
-           PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH,
-           PALETTE_GEMV_MMA_BULK, PALETTE_GEMV_MMA_QUEUE)
-FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED,
-         PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH, PALETTE_GEMV_MMA_BULK,
-         PALETTE_GEMV_MMA_QUEUE)
+CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMM_WG, PALETTE_GEMV,
+           PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED,
+           PALETTE_GEMV_MMA_PREFETCH, PALETTE_GEMV_MMA_BULK, PALETTE_GEMV_MMA_QUEUE)
+FUSED = (PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMM_WG, PALETTE_GEMV, PALETTE_GEMV_DEEP,
+         PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA, PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH,
+         PALETTE_GEMV_MMA_BULK, PALETTE_GEMV_MMA_QUEUE)
 
 # (upper bound inclusive, name); the last bucket is open-ended.
 # (17-32 and 33-64 are apart because the tensor-core GEMV takes batches up to 32.)
@@ -190,7 +195,8 @@ def choose(times_ms: dict, encoding: str = "") -> str:
 
 def candidates(encoding: str, M: int, K: int, cols_per_chunk: int = 0) -> list[str]:
     """Fused paths that can run y = x @ W^T for this encoding and problem (besides
-    decode_cublas): the palette GEMM in its copy layouts (one- and two-tile stages, shared x)
+    decode_cublas): the palette GEMM in its copy layouts (one- and two-tile stages, shared x,
+    wgmma)
     and the palette GEMV's variants (batch 1..4 on CUDA cores, 1..32 on the tensor cores), for
     palette weights within their batch and shape limits; none for Huffman weights
     (cols_per_chunk is accepted for callers that pass the grid)."""

@@ -55,6 +55,15 @@
 //                                             threadfences that order them (warp_emu.h)
 //   warp       shfl(v, src, mask)  shfl_xor(v, lanemask, mask)  ballot(pred, mask)
 //   tensor     mma_bf16_16816(d, a, b, c)     mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+//              (sm_90a: warpgroup MMA, every warp of an aligned group of 4 taking part)
+//              cp_async4(dst, src, n)         4-byte cp.async (.ca), bytes n..3 zero-filled
+//              smem_addr(p)                   p's shared-window address (wgmma_desc's start)
+//              fence_proxy_async()            fence.proxy.async.shared::cta: the thread's
+//                                             shared-memory writes, visible to wgmma's reads
+//              wgmma_fence()  wgmma_commit()  wgmma_wait<N>()   wgmma.fence / commit_group /
+//                                             wait_group N
+//              wgmma<N>(d, a, desc, scale_d)  wgmma.mma_async m64nNk16 f32 += bf16 x bf16, A
+//                                             in registers, B K-major unswizzled in shared memory
 //
 // Free functions beside it (both sides): prmt (PTX prmt.b32, default mode), funnel_l
 // (PTX shf.l.wrap.b32) and the
@@ -165,6 +174,105 @@ __attribute__((always_inline)) inline void trace_global(const void* p, unsigned 
 __attribute__((always_inline)) inline void trace_prefetch(const void* p, unsigned bytes) {
   const GlobalTrace& t = global_trace();
   if (t.fn != nullptr) t.fn(t.thread, p, bytes, GlobalKind::kPrefetch);
+}
+
+// ---------------------------------------------------------------------------------------
+// wgmma.mma_async m64nNk16, bf16 inputs, fp32 accumulators, A from registers and B (K-major,
+// imm-trans-b = 0) from shared memory through a matrix descriptor (PTX ISA, "Asynchronous
+// Warpgroup Level Matrix Multiply-Accumulate"; sm_90a only).  One wrapper per n: the
+// accumulator count is part of the instruction's operand list.  d += A B when scale_d != 0.
+// ---------------------------------------------------------------------------------------
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define UW_HAS_WGMMA 1
+template <int N>
+__device__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc, int scale_d);
+template <>
+__device__ __forceinline__ void wgmma_rs<8>(float (&d)[1][4], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %9, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3"
+      "}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
+      : "memory");
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<16>(float (&d)[2][4], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7"
+      "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
+      : "memory");
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<32>(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %21, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
+      : "memory");
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<64>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
+      : "memory");
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<128>(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+        "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
+      : "memory");
+}
+#endif
+
+// The shared-memory matrix descriptor of a K-major, unswizzled ("interleaved") operand: core
+// matrices of 8 rows x 16 bytes, each 128 contiguous bytes; lbo: bytes from a core matrix to
+// the next along K, sbo: to the next along M / N; start: the operand's shared-window address
+// (ctx smem_addr).  Bits 0-13 start >> 4, 16-29 lbo >> 4, 32-45 sbo >> 4; base offset 0 and
+// swizzle mode 0 (none).  The emulator decodes the same fields.
+UW_HD uint64_t wgmma_desc(uint32_t start, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((start & 0x3FFFFu) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFFu) >> 4) << 16) |
+         (static_cast<uint64_t>((sbo & 0x3FFFFu) >> 4) << 32);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -283,6 +391,61 @@ struct DeviceCtx {
     __trap();
 #endif
   }
+  // 4-byte async copy global -> shared (.ca: x is reused by the CTAs of a row block's split
+  // through L1); src-size 0 zero-fills.
+  UW_HD void cp_async4(void* smem_dst, const void* gmem_src, int src_bytes = 4) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem_src), "r"(src_bytes)
+                 : "memory");
+  }
+  // The shared-window address of p (what a wgmma descriptor holds).
+  UW_HD uint32_t smem_addr(const void* p) const { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+  // Warpgroup MMA (sm_90a; elsewhere these trap and no launcher runs them).  fence_proxy_async:
+  // this thread's generic-proxy writes of shared memory (stores, cp.async) become visible to
+  // the async proxy wgmma reads B through.  wgmma_fence: before the first wgmma of a batch,
+  // ordering the registers it reads (A, the accumulators) after the instructions that wrote
+  // them.  wgmma: d += A B (scale_d != 0) or d = A B, A this warp's 16 rows of the m64 tile in
+  // registers (the mma.sync m16n8k16 A layout), B [16, N] K-major in shared memory (desc), d[j]
+  // the m16n8 accumulator fragment of columns 8j..8j+7 (the mma.sync C layout, per warp);
+  // asynchronous: d, a and B's bytes stay untouched until wgmma_wait retires its group.
+  UW_HD void fence_proxy_async() {
+#if defined(UW_HAS_WGMMA)
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+    __trap();
+#endif
+  }
+  UW_HD void wgmma_fence() {
+#if defined(UW_HAS_WGMMA)
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+  }
+  template <int N>
+  UW_HD void wgmma(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc, bool scale_d) {
+#if defined(UW_HAS_WGMMA)
+    wgmma_rs<N>(d, a, desc, scale_d ? 1 : 0);
+#else
+    (void)d; (void)a; (void)desc; (void)scale_d;
+    __trap();
+#endif
+  }
+  UW_HD void wgmma_commit() {
+#if defined(UW_HAS_WGMMA)
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+  }
+  template <int N>
+  UW_HD void wgmma_wait() {
+#if defined(UW_HAS_WGMMA)
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#else
+    __trap();
+#endif
+  }
   UW_HD void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -331,6 +494,15 @@ struct DeviceCtx {
   UW_HD void mbar_arrive_expect_tx(uint64_t*, unsigned) {}
   UW_HD void bulk_copy(void*, const void*, unsigned, uint64_t*) {}
   UW_HD void mbar_wait(uint64_t*, unsigned) {}
+  UW_HD void cp_async4(void*, const void*, int = 4) {}
+  UW_HD uint32_t smem_addr(const void*) const { return 0; }
+  UW_HD void fence_proxy_async() {}
+  UW_HD void wgmma_fence() {}
+  template <int N>
+  UW_HD void wgmma(float (&)[N / 8][4], const uint32_t (&)[4], uint64_t, bool) {}
+  UW_HD void wgmma_commit() {}
+  template <int N>
+  UW_HD void wgmma_wait() {}
   UW_HD void mma_bf16_16816(float (&)[4], const uint32_t (&)[4], const uint32_t (&)[2], const float (&)[4]) {}
 #endif
 };

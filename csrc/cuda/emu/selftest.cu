@@ -3,6 +3,8 @@
 // selftest_mma_device runs the mma body on a GPU.
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "../device_util.cuh"
 #include "global_bounds.h"
 #include "host_buffer.h"
@@ -54,6 +56,80 @@ UW_HD void mma_body(Ctx& c, const MmaArgs& a) {
 __global__ void mma_kernel(MmaArgs a) {
   DeviceCtx c;
   mma_body(c, a);
+}
+
+// One warpgroup: D[64][N] = A[64][16] @ B[16][N] through one wgmma m64nNk16 (N in 8, 16, 32,
+// 64, 128), A loaded into registers and B stored into shared memory by the PTX ISA's formulas,
+// spelled out here (not the emulator's): A's fragments per warp are the mma.sync m16n8k16 A
+// layout of rows 16w..16w+15; B is K-major and unswizzled, core matrices of 8 columns x 8 k,
+// with the k chunks apart by lbo = 128 N / 8 bytes and the column groups by sbo = 128 (the
+// transposed choice of the fused GEMM's, so both strides are exercised); D's registers d[j][e]
+// are row 16w + g (+8 for e >= 2), column 8j + 2t + (e & 1).  kind 0 by the rules; 1: no
+// fence.proxy.async after the stores of B; 2: no wgmma.fence before the wgmma; 3: a thread
+// rewrites a word of B between the commit and the wait; 4: a descriptor asking for the 128-byte
+// swizzle (each must make the emulator report an error).
+struct WgArgs {
+  const uint16_t* A;
+  const uint16_t* B;
+  float* D;
+  int kind;
+};
+
+template <int N, class Ctx>
+UW_HD void wgmma_body(Ctx& c, const WgArgs& a) {
+  const int tid = c.tid(), lane = c.lane(), w = c.warp(), g = lane >> 2, t = lane & 3;
+  constexpr uint32_t lbo = 128 * N / 8, sbo = 128;
+  unsigned char* sb = c.smem();
+  for (int i = tid; i < N * 8; i += 128) {  // word i: column i / 8, k pair i % 8
+    const int col = i / 8, kp = i % 8, k = 2 * kp;
+    const uint32_t v = static_cast<uint32_t>(a.B[k * N + col]) | static_cast<uint32_t>(a.B[(k + 1) * N + col]) << 16;
+    const uint32_t at = (col % 8) * 16 + (col / 8) * sbo + (k % 8) * 2 + (k / 8) * lbo;
+    c.sts(reinterpret_cast<uint32_t*>(sb + at), v);
+  }
+  if (a.kind != 1) c.fence_proxy_async();
+  c.syncthreads();
+  uint32_t ra[4];
+  for (int r = 0; r < 4; ++r) {
+    uint32_t v = 0;
+    for (int h = 0; h < 2; ++h) {
+      const int i = 2 * r + h;
+      const int row = 16 * w + ((i < 2 || (i >= 4 && i < 6)) ? g : g + 8);
+      const int col = t * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+      v |= static_cast<uint32_t>(a.A[row * 16 + col]) << (16 * h);
+    }
+    ra[r] = v;
+  }
+  float d[N / 8][4];
+  for (int j = 0; j < N / 8; ++j)
+    for (int e = 0; e < 4; ++e) d[j][e] = 1e30f;  // scale_d = 0: not added
+  uint64_t desc = wgmma_desc(c.smem_addr(sb), lbo, sbo);
+  if (a.kind == 4) desc |= uint64_t{1} << 62;
+  if (a.kind != 2) c.wgmma_fence();
+  c.template wgmma<N>(d, ra, desc, false);
+  c.wgmma_commit();
+  if (a.kind == 3 && tid == 127) c.sts(reinterpret_cast<uint32_t*>(sb), 0u);
+  c.template wgmma_wait<0>();
+  for (int j = 0; j < N / 8; ++j)
+    for (int e = 0; e < 4; ++e) a.D[(16 * w + g + (e >= 2 ? 8 : 0)) * N + 8 * j + 2 * t + (e & 1)] = d[j][e];
+}
+
+template <int N>
+__global__ void __launch_bounds__(128) wgmma_kernel(WgArgs a) {
+  DeviceCtx c;
+  wgmma_body<N>(c, a);
+}
+
+// f(std::integral_constant<int, N>) for the runtime n (false: no such wgmma n here).
+template <class F>
+bool with_wg_n(int n, F&& f) {
+  switch (n) {
+    case 8: f(std::integral_constant<int, 8>{}); return true;
+    case 16: f(std::integral_constant<int, 16>{}); return true;
+    case 32: f(std::integral_constant<int, 32>{}); return true;
+    case 64: f(std::integral_constant<int, 64>{}); return true;
+    case 128: f(std::integral_constant<int, 128>{}); return true;
+    default: return false;
+  }
 }
 
 struct CollArgs {
@@ -351,6 +427,27 @@ const char* selftest_mma_host(const uint16_t* A, const uint16_t* B, const float*
 
 const char* selftest_mma_device(const uint16_t* A, const uint16_t* B, const float* C, float* D, void* stream) {
   mma_kernel<<<1, kWarpSize, 0, static_cast<cudaStream_t>(stream)>>>(MmaArgs{A, B, C, D});
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+
+const char* selftest_wgmma_host(int kind, int n, const uint16_t* A, const uint16_t* B, float* D) {
+  const WgArgs a{A, B, D, kind};
+  const char* err = "wgmma self-test: n must be 8, 16, 32, 64 or 128";
+  with_wg_n(n, [&](auto nn) {
+    constexpr int N = decltype(nn)::value;
+    err = launch(1, 1, 128, N * 32, [&](ThreadCtx& c) { wgmma_body<N>(c, a); });
+  });
+  return err;
+}
+
+const char* selftest_wgmma_device(int n, const uint16_t* A, const uint16_t* B, float* D, void* stream) {
+  const WgArgs a{A, B, D, 0};
+  bool ok = with_wg_n(n, [&](auto nn) {
+    constexpr int N = decltype(nn)::value;
+    wgmma_kernel<N><<<1, 128, N * 32, static_cast<cudaStream_t>(stream)>>>(a);
+  });
+  if (!ok) return "wgmma self-test: n must be 8, 16, 32, 64 or 128";
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }

@@ -16,6 +16,15 @@ const char* selftest_mma_host(const uint16_t* A, const uint16_t* B, const float*
 // The same body on the device (device pointers; stream a cudaStream_t or 0).
 const char* selftest_mma_device(const uint16_t* A, const uint16_t* B, const float* C, float* D, void* stream);
 
+// D[64][n] = A[64][16] @ B[16][n] (A, B bf16 bits row-major, D fp32 row-major) through one
+// warpgroup's wgmma m64nNk16, n in 8, 16, 32, 64, 128, A in registers and B in shared memory
+// laid out by the PTX ISA's formulas written out in the body.  kind 0 by the rules; 1-4 each
+// break one (no fence.proxy.async, no wgmma.fence, B rewritten before the wait, a swizzled
+// descriptor) and must return the emulator's error.
+const char* selftest_wgmma_host(int kind, int n, const uint16_t* A, const uint16_t* B, float* D);
+// The kind-0 body on the device (sm_90a; device pointers; stream a cudaStream_t or 0).
+const char* selftest_wgmma_device(int n, const uint16_t* A, const uint16_t* B, float* D, void* stream);
+
 // One CTA of 64 threads; out[64][kCollectiveFields] int32 per thread:
 //   0 warp sum of lane ids by a shfl_xor butterfly   1 ballot(lane % 3 == 0)
 //   2 shfl from lane (lane + 5) % 32                 3 smem[63 - tid] after a barrier (tid^2 stored)

@@ -150,7 +150,10 @@ class ThreadCtx {
     UW_EMU_HOST_ONLY(h_mma(d, a, b, c);)
   }
   UW_HD void cp_async16(void* smem_dst, const void* gmem_src, int src_bytes = 16) {
-    UW_EMU_HOST_ONLY(h_cp_async16(smem_dst, gmem_src, src_bytes);)
+    UW_EMU_HOST_ONLY(h_cp_async(smem_dst, gmem_src, src_bytes, 16);)
+  }
+  UW_HD void cp_async4(void* smem_dst, const void* gmem_src, int src_bytes = 4) {
+    UW_EMU_HOST_ONLY(h_cp_async(smem_dst, gmem_src, src_bytes, 4);)
   }
   UW_HD void cp_async_commit() { UW_EMU_HOST_ONLY(h_commit();) }
   template <int N>
@@ -162,6 +165,18 @@ class ThreadCtx {
     UW_EMU_HOST_ONLY(h_bulk_copy(smem_dst, gmem_src, bytes, bar);)
   }
   UW_HD void mbar_wait(uint64_t* bar, unsigned parity) { UW_EMU_HOST_ONLY(h_mbar_wait(bar, parity);) }
+  // Warpgroup MMA (see h_wgmma).  smem_addr: the offset into the launch's shared memory,
+  // which stands for the shared-window address in a descriptor.
+  UW_HD uint32_t smem_addr(const void* p) const { UW_EMU_HOST_ONLY(return h_smem_addr(p);) }
+  UW_HD void fence_proxy_async() { UW_EMU_HOST_ONLY(h_fence_proxy_async();) }
+  UW_HD void wgmma_fence() { UW_EMU_HOST_ONLY(wg_fenced_ = true;) }
+  template <int N>
+  UW_HD void wgmma(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc, bool scale_d) {
+    UW_EMU_HOST_ONLY(h_wgmma(&d[0][0], N, a, desc, scale_d);)
+  }
+  UW_HD void wgmma_commit() { UW_EMU_HOST_ONLY(h_wgmma_commit();) }
+  template <int N>
+  UW_HD void wgmma_wait() { UW_EMU_HOST_ONLY(h_wgmma_wait(N);) }
 
   static constexpr int kSlotBytes = 48;  // largest per-lane payload: an mma's a, b, c
 
@@ -170,6 +185,13 @@ class ThreadCtx {
   struct Copy {
     unsigned char* dst;
     unsigned char bytes[16];
+    int size;  // 4 or 16
+  };
+  // A wgmma's B operand: the words it reads, which stay read (in flight) until the wait that
+  // retires its group.
+  struct WgRead {
+    uint32_t start, lbo, sbo;
+    int n;
   };
   inline int h_nthreads() const;
   inline int64_t h_block(int which) const;
@@ -207,7 +229,12 @@ class ThreadCtx {
     return r;
   }
   inline void h_mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]);
-  UW_EMU_NOINLINE void h_cp_async16(void* smem_dst, const void* gmem_src, int src_bytes);
+  UW_EMU_NOINLINE void h_cp_async(void* smem_dst, const void* gmem_src, int src_bytes, int size);
+  inline uint32_t h_smem_addr(const void* p) const;
+  inline void h_fence_proxy_async();
+  inline void h_wgmma(float* d, int n, const uint32_t (&a)[4], uint64_t desc, bool scale_d);
+  inline void h_wgmma_commit();
+  inline void h_wgmma_wait(int n);
   void h_commit() {
     groups_.push_back(std::move(open_));
     open_.clear();
@@ -226,6 +253,9 @@ class ThreadCtx {
   bool grid_waited_ = false;            // passed grid_dep_wait()
   std::vector<Copy> open_;
   std::vector<std::vector<Copy>> groups_;
+  bool wg_fenced_ = false;  // a wgmma_fence since the thread's last wgmma_commit
+  std::vector<WgRead> wg_open_;
+  std::vector<std::vector<WgRead>> wg_groups_;
 };
 
 // Global memory that CTAs of one launch hand each other (ctx.cuh st_grid / ld_grid: the split
@@ -346,6 +376,8 @@ class Cta {
     writer_.assign(words, kNobody);
     in_flight_.assign(words, kNobody);
     bulk_bar_.assign(words, 0);
+    proxy_ok_.assign(words, 0);
+    proxy_pending_.resize(static_cast<size_t>(nthreads));
     w_bar_.assign(words, 0);
     w_sync_.assign(words, 0);
     rd_lanes_.assign(words * nw, 0);
@@ -554,6 +586,35 @@ class Cta {
     return b >= smem_ && b < smem_ + smem_bytes_;
   }
 
+  // ---- the async proxy (wgmma's operand reads) ----
+  // A word written through the generic proxy (a store, an atomic, a landed cp.async) is seen
+  // by wgmma only after its writer's fence.proxy.async; a bulk copy writes through the async
+  // proxy itself.
+  void fence_proxy_async(int tid) {
+    std::vector<size_t>& mine = proxy_pending_[tid];
+    for (size_t i : mine)
+      if (writer_[i] == tid) proxy_ok_[i] = 1;
+    mine.clear();
+  }
+  // The words of a K-major unswizzled [16, n] operand at shared offset `start` (lbo, sbo as the
+  // descriptor's): each 16-byte core-matrix row is checked as a read of thread tid (race check;
+  // `issue`: also that the async proxy may see it, and that it lies in shared memory).
+  void wgmma_read(int tid, uint32_t start, uint32_t lbo, uint32_t sbo, int n, bool issue) {
+    for (int kc = 0; kc < 2; ++kc)
+      for (int r = 0; r < n; ++r) {
+        const size_t off = static_cast<size_t>(start) + static_cast<size_t>(kc) * lbo +
+                           static_cast<size_t>(r / 8) * sbo + static_cast<size_t>(r % 8) * 16;
+        if (issue && off + 16 > smem_bytes_)
+          fail_at(tid, "wgmma operand outside the launch's shared memory", smem_, -1);
+        shared_access(tid, smem_ + off, 16, kRead);
+        if (issue)
+          for (size_t i = off / 4; i < off / 4 + 4; ++i)
+            if (!proxy_ok_[i] && writer_[i] != kNobody)
+              fail_at(tid, "wgmma read of a shared-memory word written without a fence.proxy.async since",
+                      smem_ + 4 * i, writer_[i]);
+      }
+  }
+
   // Fails the launch when a GlobalBounds scope is open and [p, p + n) lies outside its buffers,
   // or inside one an earlier launch uses while the thread has not passed its grid-dependency
   // wait (waited: it has).
@@ -670,6 +731,7 @@ class Cta {
     const uint32_t bar = static_cast<uint32_t>(bar_gen_), sync = warps_[static_cast<size_t>(wp)].sync_gen;
     unsigned char* at = smem_ + 4 * i;
     if (kind == kBulkLand) {  // a bulk copy's word, visible to the threads whose wait sees `phase`
+      proxy_ok_[i] = 1;
       in_flight_[i] = kNobody;
       writer_[i] = kBulk;
       w_bar_[i] = bar;
@@ -677,6 +739,8 @@ class Cta {
       return;
     }
     if (kind == kAsyncLand) {  // the issuing thread's wait retired its copy
+      proxy_ok_[i] = 0;
+      proxy_pending_[static_cast<size_t>(tid)].push_back(i);
       in_flight_[i] = kNobody;
       writer_[i] = static_cast<int16_t>(tid);
       w_bar_[i] = bar;
@@ -730,7 +794,10 @@ class Cta {
     } else if (kind == kAtomic) {
       writer_[i] = kAtomics;
       w_bar_[i] = bar;
+      proxy_ok_[i] = 0;
     } else {
+      proxy_ok_[i] = 0;
+      proxy_pending_[static_cast<size_t>(tid)].push_back(i);
       writer_[i] = static_cast<int16_t>(tid);
       w_bar_[i] = bar;
       w_sync_[i] = sync;
@@ -967,6 +1034,8 @@ class Cta {
   std::vector<uint32_t> w_bar_, w_sync_;
   std::vector<uint32_t> rd_lanes_, rd_bar_, rd_sync_;
   std::vector<uint32_t> bulk_bar_;  // a bulk copy's word: its mbarrier's shared-memory offset
+  std::vector<uint8_t> proxy_ok_;   // the word's last write is visible to the async proxy
+  std::vector<std::vector<size_t>> proxy_pending_;  // per thread: words it wrote since its last proxy fence
   std::unordered_map<size_t, MBar> mbars_;          // by shared-memory offset
   std::unordered_map<uint64_t, uint32_t> seen_;     // (thread << 32 | barrier offset) -> phases its waits saw
   std::string unwritten_read_;  // the first read of a word no thread had written
@@ -1039,15 +1108,17 @@ inline void ThreadCtx::h_atomic(void* p, size_t n) {
     fenced_since_sync_ = false;
   }
 }
-inline void ThreadCtx::h_cp_async16(void* smem_dst, const void* gmem_src, int src_bytes) {
-  if (reinterpret_cast<uintptr_t>(gmem_src) % 16 != 0)
-    cta_->fail_access(tid_, "cp.async source not 16-byte aligned", smem_dst);
+inline void ThreadCtx::h_cp_async(void* smem_dst, const void* gmem_src, int src_bytes, int size) {
+  if (reinterpret_cast<uintptr_t>(gmem_src) % static_cast<uintptr_t>(size) != 0)
+    cta_->fail_access(tid_, size == 16 ? "cp.async source not 16-byte aligned" : "cp.async source not 4-byte aligned",
+                      smem_dst);
   const uintptr_t site = UW_EMU_CALL_SITE();
-  cta_->shared_access(tid_, smem_dst, 16, Cta::kAsyncIssue, site);
+  cta_->shared_access(tid_, smem_dst, static_cast<size_t>(size), Cta::kAsyncIssue, site);
   Copy cp;
   cp.dst = static_cast<unsigned char*>(smem_dst);
+  cp.size = size;
   std::memset(cp.bytes, 0, 16);
-  const int n = src_bytes < 0 ? 0 : (src_bytes > 16 ? 16 : src_bytes);
+  const int n = src_bytes < 0 ? 0 : (src_bytes > size ? size : src_bytes);
   if (n > 0) {
     cta_->check_global(tid_, gmem_src, static_cast<size_t>(n), "cp.async source", grid_waited_);
     cta_->record(tid_, kGlobalAsync, reinterpret_cast<uintptr_t>(gmem_src), static_cast<size_t>(n), site);
@@ -1058,8 +1129,8 @@ inline void ThreadCtx::h_cp_async16(void* smem_dst, const void* gmem_src, int sr
 inline void ThreadCtx::h_wait(int n) {
   while (groups_.size() > static_cast<size_t>(n)) {
     for (const Copy& cp : groups_.front()) {
-      std::memcpy(cp.dst, cp.bytes, 16);
-      cta_->shared_access(tid_, cp.dst, 16, Cta::kAsyncLand);
+      std::memcpy(cp.dst, cp.bytes, static_cast<size_t>(cp.size));
+      cta_->shared_access(tid_, cp.dst, static_cast<size_t>(cp.size), Cta::kAsyncLand);
     }
     groups_.erase(groups_.begin());
   }
@@ -1104,6 +1175,76 @@ inline void ThreadCtx::h_mma(float (&d)[4], const uint32_t (&a)[4], const uint32
     double acc = 0.0;  // products of two bf16 are exact in double; one fp32 rounding at the end
     for (int k = 0; k < 16; ++k) acc += A[r][k] * B[k][col];
     d[i] = static_cast<float>(acc + static_cast<double>(c[i]));
+  }
+}
+
+inline uint32_t ThreadCtx::h_smem_addr(const void* p) const {
+  return static_cast<uint32_t>(static_cast<const unsigned char*>(p) - cta_->smem());
+}
+inline void ThreadCtx::h_fence_proxy_async() { cta_->fence_proxy_async(tid_); }
+
+// wgmma.mma_async m64nNk16 (bf16 -> fp32, A in registers, B K-major and unswizzled in shared
+// memory), per the PTX ISA's "Register Fragments and Shared Memory Matrix Layouts": warp w of
+// the warpgroup holds rows 16w..16w+15 of A in the mma.sync m16n8k16 A layout, and its
+// accumulators d[j][e] are the m16n8 C fragment of columns 8j..8j+7; B element (k, n) is the
+// bf16 at start + (n % 8) * 16 + (n / 8) * sbo + (k % 8) * 2 + (k / 8) * lbo (the canonical
+// K-major layout ((8, m), (8, 2)) : ((16 B, sbo), (2 B, lbo))).  A warp's outputs depend on
+// its own rows alone, so the emulator exchanges A within the warp; each output is the exactly
+// rounded fp32 value of its 16 products plus d (as mma_bf16_16816; hardware rounds in its own
+// order).  Checked: a warpgroup-sized CTA, a wgmma_fence since the thread's last commit (the
+// registers it reads were written by ordinary instructions), a descriptor with no swizzle and
+// no base offset, B inside shared memory and written through the async proxy or fenced since
+// (fence.proxy.async), and B's words stay read until the wait that retires the group.
+inline void ThreadCtx::h_wgmma(float* d, int n, const uint32_t (&a)[4], uint64_t desc, bool scale_d) {
+  if (cta_->nthreads() % 128 != 0) cta_->fail_access(tid_, "wgmma in a CTA that is not whole warpgroups", cta_->smem());
+  if (!wg_fenced_)
+    cta_->fail_access(tid_, "wgmma without a wgmma.fence since the last wgmma.commit_group", cta_->smem());
+  if ((desc >> 49) & 0x7u || (desc >> 62) != 0)
+    cta_->fail_access(tid_, "wgmma descriptor with a swizzle mode or base offset (the emulator models none)",
+                      cta_->smem());
+  const uint32_t start = static_cast<uint32_t>(desc & 0x3FFFu) << 4;
+  const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3FFFu) << 4;
+  const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFFu) << 4;
+  if (lane() == 0) cta_->wgmma_read(tid_, start, lbo, sbo, n, true);
+  const unsigned char* s = exchange(kFullMask, a, sizeof(a));
+  auto bf = [](uint32_t bits16) {
+    const uint32_t bits = bits16 << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return static_cast<double>(f);
+  };
+  double A[16][16];
+  for (int l = 0; l < kWarpSize; ++l) {
+    uint32_t r[4];
+    std::memcpy(r, s + kSlotBytes * l, sizeof(r));
+    for (int i = 0; i < 8; ++i) A[frag_a_row(l, i)][frag_a_col(l, i)] = bf(i & 1 ? r[i / 2] >> 16 : r[i / 2] & 0xFFFFu);
+  }
+  const unsigned char* sm = cta_->smem();
+  const int me = lane();
+  for (int j = 0; j < n / 8; ++j)
+    for (int e = 0; e < 4; ++e) {
+      const int row = frag_c_row(me, e), col = 8 * j + frag_c_col(me, e);
+      double acc = 0.0;  // exact products and sum; one fp32 rounding
+      for (int k = 0; k < 16; ++k) {
+        uint16_t b;
+        std::memcpy(&b, sm + start + (col % 8) * 16 + (col / 8) * sbo + (k % 8) * 2 + (k / 8) * lbo, 2);
+        acc += A[row][k] * bf(b);
+      }
+      float& out = d[4 * j + e];
+      out = static_cast<float>(acc + (scale_d ? static_cast<double>(out) : 0.0));
+    }
+  wg_open_.push_back(WgRead{start, lbo, sbo, n});
+}
+inline void ThreadCtx::h_wgmma_commit() {
+  wg_groups_.push_back(std::move(wg_open_));
+  wg_open_.clear();
+  wg_fenced_ = false;
+}
+inline void ThreadCtx::h_wgmma_wait(int n) {
+  while (wg_groups_.size() > static_cast<size_t>(n)) {
+    if (lane() == 0)
+      for (const WgRead& r : wg_groups_.front()) cta_->wgmma_read(tid_, r.start, r.lbo, r.sbo, r.n, false);
+    wg_groups_.erase(wg_groups_.begin());
   }
 }
 
