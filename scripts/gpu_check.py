@@ -2287,6 +2287,12 @@ SMOKE_E2E = dict(layers=1, batches=[1], prompt=4, steps=1, runs=2,
                                num_key_value_heads=2))
 
 
+# The batches the kernel benchmark times on the GPU: the batch each of the tuning table's buckets
+# is measured at (tuning_table.BUCKET_BATCH, up to the fused kernels' 256), so every bucket the
+# dispatcher looks up gets an entry, 65-256 included (where the wgmma GEMM is meant to win).
+KERNEL_BATCHES = (1, 4, 16, 32, 64, 256)
+
+
 def bench_child(name: str, budget: float, path: str, skip: dict, device: str = "cuda") -> int:
     """One benchmark of the bench stage (decode, kernels or e2e) in this process: writes `path`
     as it goes (bench_*.run save after every shape or mode) and once more at the end.  device
@@ -2306,7 +2312,7 @@ def bench_child(name: str, budget: float, path: str, skip: dict, device: str = "
                                    **({} if gpu else {"runs": 3, "slots_layer": SMOKE_SLOTS_LAYER}))
         elif name == "kernels":
             res = bench_kernels.run(torch, shapes if gpu else shapes[:1], b, out_path=path, log=quiet, skip=skip,
-                                    **({} if gpu else {"runs": 3, "batches": (1, 4)}))
+                                    **({"batches": KERNEL_BATCHES} if gpu else {"runs": 3, "batches": (1, 4)}))
             res.pop("_table", None)
         elif name == "e2e":
             modes = [m for m in BENCH_E2E_MODES if E2E_MODE_VARIANT.get(m) not in skip]

@@ -298,3 +298,12 @@ def test_sanitizer_tools_each_get_their_time_memcheck_first(tmp_path, monkeypatc
     assert asked == [("memcheck", 30), ("racecheck", 33), ("synccheck", 36)]
     got = {c["name"]: c["status"] for c in st.rec["checks"]}
     assert got == {"memcheck": "pass", "racecheck": "pass", "synccheck": "skip"}
+
+
+def test_kernel_bench_times_every_bucket_of_the_tuning_table():
+    """The runbook's kernel benchmark times the batch each bucket the fused kernels cover is
+    measured at, so the dispatcher finds an entry for every batch of 1..256."""
+    gc = _gpu_check_module()
+    from unweight.runtime import kernel_plan as kp
+    from unweight.runtime.tuning_table import BUCKET_BATCH
+    assert gc.KERNEL_BATCHES == tuple(sorted(m for m in BUCKET_BATCH.values() if m <= kp.PMMA_MAX_M))
