@@ -206,6 +206,13 @@ UW_UNROLL()
   }
 }
 
+// The x row whose values feed B column m of an mma: m, or past the batch (m >= M) row M - 1
+// again.  An mma's output column depends on its own B column alone, so the sums of columns
+// past M (never stored) change no other; the x loads stay unconditional (no predicate, branch
+// or zeroing per load) and, at the bytes lane M - 1 reads, add no sectors.  Shared by the
+// fused GEMM and the tensor-core GEMV.
+UW_HD int pmma_x_row(int m, int M) { return m < M ? m : M - 1; }
+
 // wgmma's B operand for one stage (x_shared == PMMA_XS_WGMMA): the CTA's batch rows
 // [m0, m0 + 8 NT) of the stage's 64 columns, as four [16, 8 NT] K-major operands, one per k16
 // step j of the tile, in the unswizzled canonical layout: step j's operand at j * 256 NT bytes,
@@ -216,8 +223,9 @@ UW_UNROLL()
 // word (j, ng, kc, r, t) is x[m0 + 8ng + r][col + 16t + 4j + 2kc .. + 1].  Numbered
 // q = (((j NT + ng) 2 + kc) 8 + r) 4 + t it sits at byte 4q: the 32 words a warp copies at once
 // are one core matrix, 128 contiguous bytes (32 banks).  A 16-byte run of x holds columns of
-// one t only, so the copies are 4-byte ones (x is small and reused: .ca).  Rows past M are
-// zero-filled by the copy itself.
+// one t only, so the copies are 4-byte ones (x is small and reused: .ca).  A batch row past M
+// copies row M - 1 again (pmma_x_row): a wgmma's output column depends on its own B column
+// alone, those columns are never stored, and the copies need no predicate or zero fill.
 //
 // Thread i of the CTA copies the words of k pair t = i % 4 for batch rows q0 = i / 4 (+ 32 k),
 // all eight (j, kc) of each: one row pointer per row it copies, the rest constant offsets.  At
@@ -228,18 +236,16 @@ UW_HD void pmma_issue_x_wg(Ctx& c, unsigned char* xst, const uint16_t* x, int64_
   constexpr int kRowSets = kRows >= 32 ? kRows / 32 : 1;  // rows per thread
   constexpr int kJkSets = kRows >= 32 ? 1 : 32 / kRows;   // (below 32 rows) threads sharing a row split its (j, kc)
   const int tid = c.tid(), t = tid & 3, q0 = tid >> 2;
-  const uint16_t* zero = x + static_cast<int64_t>(m0) * ldx + col;  // (a valid address for the zero fill)
 UW_UNROLL()
   for (int rs = 0; rs < kRowSets; ++rs) {
     const int row = kRows >= 32 ? q0 + 32 * rs : q0 % kRows;
     const int jk0 = kRows >= 32 ? 0 : q0 / kRows;  // this thread's first (j, kc); then every kJkSets-th
-    const bool valid = m0 + row < M;
-    const uint16_t* src = valid ? x + static_cast<int64_t>(m0 + row) * ldx + col + 16 * t : zero;
+    const uint16_t* src = x + static_cast<int64_t>(pmma_x_row(m0 + row, M)) * ldx + col + 16 * t;
     unsigned char* dst = xst + 4 * (((row >> 3) * 2 * 8 + (row & 7)) * 4 + t);
 UW_UNROLL()
     for (int k = 0; k < 8 / kJkSets; ++k) {
       const int jk = jk0 + kJkSets * k, j = jk >> 1, kc = jk & 1;
-      c.cp_async4(dst + 4 * ((j * NT * 2 + kc) * 8 * 4), valid ? src + 4 * j + 2 * kc : zero, valid ? 4 : 0);
+      c.cp_async4(dst + 4 * ((j * NT * 2 + kc) * 8 * 4), src + 4 * j + 2 * kc);
     }
   }
 }
@@ -248,13 +254,6 @@ template <int NT, class Ctx>
 UW_HD uint64_t pmma_x_wg_desc(Ctx& c, const unsigned char* xst, int j) {
   return emu::wgmma_desc(c.smem_addr(xst + j * NT * 256), 128, 256);
 }
-
-// The x row whose values feed B column m of an mma: m, or past the batch (m >= M) row M - 1
-// again.  An mma's output column depends on its own B column alone, so the sums of columns
-// past M (never stored) change no other; the x loads stay unconditional (no predicate, branch
-// or zeroing per load) and, at the bytes lane M - 1 reads, add no sectors.  Shared by the
-// fused GEMM and the tensor-core GEMV.
-UW_HD int pmma_x_row(int m, int M) { return m < M ? m : M - 1; }
 
 // Replaces the exponents of the BF16 pair `reg` with e0 (low half) and e1 (high half).
 UW_HD uint32_t set_exponents(uint32_t reg, uint32_t e0, uint32_t e1) {

@@ -225,7 +225,7 @@ def test_shared_x_gives_the_same_bits(M, N, K):
 @pytest.mark.parametrize("M", [1, 9, 33, 64, 65, 130, 256])
 @pytest.mark.parametrize("N,K", [(15, 64), (65, 320), (130, 448)])
 def test_wgmma_gives_the_same_bits(M, N, K):
-    """x copied per CTA in wgmma's layout (4-byte copies, zero-filled past M) and multiplied by
+    """x copied per CTA in wgmma's layout (4-byte copies, row M - 1 again past M) and multiplied by
     wgmma m64n(8 NT)k16 gives the mma.sync kernel's bits: at every n-tile count up to 16, in
     a last partial chunk of 128 rows (130), with warps past N and on every split."""
     w = make_weights(N, K, seed=N * 3 + K)
