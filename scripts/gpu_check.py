@@ -1019,7 +1019,8 @@ def _verbatim_heavy(np, cols, seed):
 VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv:mma_queue", "gemv:pdl", "gemv", "gemm:xs", "gemm:wg",
                 "gemv:mma_staged",
                 "gemv:staged", "gemm:wide",
-                "gemv:deep", "gemv:mma_prefetch", "huffman:ahead", "huffman:chain", "huffman:ahead2", "huffman:scalar",
+                "gemv:deep", "gemv:mma_prefetch", "huffman:ring_wide", "huffman:ahead", "huffman:chain", "huffman:ahead2",
+                "huffman:scalar",
                 "palette:vec8")
 # The GEMV's variants by tag: the tuning table's path, what it is called, the path whose bits it
 # must give (the same steps and sums in the same order) and the batches that are checked.  A
@@ -2469,6 +2470,9 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
      "huffman_ahead"),
     ("huffman-4096x4096-index256-ring", ["--kernel", "huffman", "--index", "256", "--variant", "ring"],
      "huffman_ring"),
+    # RING in CTAs of eight warps sharing one LUT: 24 warps per SM where RING holds 16.
+    ("huffman-4096x4096-index256-ring_wide", ["--kernel", "huffman", "--index", "256", "--variant", "ring_wide"],
+     "huffman_ring_wide"),
     ("gemv-32768x4096-M1-mma_staged", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
                                        "mma_staged"], "pgemv_mma_staged"),
     ("gemv-32768x4096-M1-mma_prefetch", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",

@@ -149,6 +149,8 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("HUFF_VARIANT_SCALAR") = plan::HUFF_VARIANT_SCALAR;
   m.attr("HUFF_VARIANT_RING") = plan::HUFF_VARIANT_RING;
   m.attr("HUFF_RING_SLOTS") = plan::HUFF_RING_SLOTS;
+  m.attr("HUFF_VARIANT_RING_WIDE") = plan::HUFF_VARIANT_RING_WIDE;
+  m.attr("HUFF_RING_WIDE_THREADS") = plan::HUFF_RING_WIDE_THREADS;
   m.attr("HUFF_DEFAULT_VARIANT") = plan::HUFF_DEFAULT_VARIANT;
   m.attr("PAL_TILE_ROWS") = plan::PAL_TILE_ROWS;
   m.attr("PAL_TILE_COLS") = plan::PAL_TILE_COLS;
@@ -229,7 +231,8 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
   m.attr("PMMA_MIN_SPLIT_TILES") = plan::PMMA_MIN_SPLIT_TILES;
   m.attr("PMMA_MAX_SPLITS") = plan::PMMA_MAX_SPLITS;
-  m.def("plan_huffman_grid", &plan::huffman_grid);
+  m.def("plan_huffman_grid", &plan::huffman_grid, py::arg("n_items"), py::arg("max_ctas"),
+        py::arg("threads") = plan::HUFF_THREADS);
   m.def("plan_huffman_ways", &plan::huffman_ways);
   m.def("plan_huffman_chains_per_segment", &plan::huffman_chains_per_segment);
   m.def("plan_huffman_chain", [](int64_t t, int64_t cps) {

@@ -78,6 +78,18 @@ huffman_ring_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ l
 }
 static_assert(kLutBytes + kRingBytes <= 48 * 1024, "RING's static shared memory");
 
+// RING_WIDE: RING's body in CTAs of HUFF_RING_WIDE_THREADS, the LUT and the rings in dynamic
+// shared memory (64 KiB: past the 48 KiB a CTA may hold statically); 3 CTAs per SM, so up to
+// 85 registers (the body takes 80 without spilling).
+constexpr int kRingWideSmem = kLutBytes + ring_bytes(plan::HUFF_RING_WIDE_THREADS);
+template <bool kExp>
+__global__ void __launch_bounds__(plan::HUFF_RING_WIDE_THREADS, 3)
+huffman_ring_wide_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ lut_g, int32_t* err) {
+  emu::DeviceCtx c;
+  huff_ring_cta<kExp, plan::HUFF_RING_WIDE_THREADS>(c, reinterpret_cast<uint16_t*>(c.smem()), c.smem() + kLutBytes,
+                                                     a, n_chains, lut_g, err);
+}
+
 __global__ void __launch_bounds__(plan::HUFF_THREADS)
 huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict__ lut_g, int32_t* err) {
   __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
@@ -85,17 +97,18 @@ huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict
   hgather_cta(c, lut, a, n_units, lut_g, err);
 }
 
-// CTAs of `kernel` the current device holds at once: the cap of a grid-stride launch.  The
-// two queries cost a few microseconds, so each kernel's answer is kept per device.
-int64_t resident_ctas(const void* kernel, int slot) {
-  constexpr int kDevices = 64, kSlots = 11;
+// CTAs of `kernel` (CTAs of `threads`, `smem` bytes of dynamic shared memory) the current
+// device holds at once: the cap of a grid-stride launch.  The two queries cost a few
+// microseconds, so each kernel's answer is kept per device.
+int64_t resident_ctas(const void* kernel, int slot, int threads = plan::HUFF_THREADS, int smem = 0) {
+  constexpr int kDevices = 64, kSlots = 13;
   static int64_t cache[kSlots][kDevices] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) return 1;
   if (cache[slot][dev] > 0) return cache[slot][dev];
   int sms = 0, per_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan::HUFF_THREADS, 0) != cudaSuccess)
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess)
     return 1;  // the launch that follows reports the error
   cache[slot][dev] = std::max<int64_t>(1, static_cast<int64_t>(sms) * std::max(1, per_sm));
   return cache[slot][dev];
@@ -120,6 +133,16 @@ void launch_ring(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32
   const void* k = reinterpret_cast<const void*>(&huffman_ring_kernel<kExp>);
   const int64_t grid = plan::huffman_grid(n_chains, resident_ctas(k, slot));
   huffman_ring_kernel<kExp><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, s>>>(a, n_chains, lut, err);
+}
+
+template <bool kExp>
+void launch_ring_wide(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s,
+                      int slot) {
+  constexpr int kT = plan::HUFF_RING_WIDE_THREADS;
+  opt_in_smem<huffman_ring_wide_kernel<kExp>>(kRingWideSmem);  // (before the occupancy query counts it)
+  const void* k = reinterpret_cast<const void*>(&huffman_ring_wide_kernel<kExp>);
+  const int64_t grid = plan::huffman_grid(n_chains, resident_ctas(k, slot, kT, kRingWideSmem), kT);
+  huffman_ring_wide_kernel<kExp><<<static_cast<unsigned>(grid), kT, kRingWideSmem, s>>>(a, n_chains, lut, err);
 }
 
 }  // namespace
@@ -192,7 +215,8 @@ int64_t n_units_of(const HGatherArgs& a) {
 // error, not a silent fallback.
 const char* check_variant(int* variant) {
   if (*variant == plan::HUFF_VARIANT_DEFAULT) *variant = plan::HUFF_DEFAULT_VARIANT;
-  if (*variant < plan::HUFF_VARIANT_CHAIN || *variant > plan::HUFF_VARIANT_RING) return "unknown huffman decode variant";
+  if (*variant < plan::HUFF_VARIANT_CHAIN || *variant > plan::HUFF_VARIANT_RING_WIDE)
+    return "unknown huffman decode variant";
   return nullptr;
 }
 
@@ -240,6 +264,9 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
       break;
     case plan::HUFF_VARIANT_RING:
       out8 ? launch_ring<true>(a, n, lut, err, s, 9) : launch_ring<false>(a, n, lut, err, s, 10);
+      break;
+    case plan::HUFF_VARIANT_RING_WIDE:
+      out8 ? launch_ring_wide<true>(a, n, lut, err, s, 11) : launch_ring_wide<false>(a, n, lut, err, s, 12);
       break;
     case plan::HUFF_VARIANT_CHAIN:
       out8 ? launch_chains<true, true>(a, n, lut, err, s, 0) : launch_chains<false, true>(a, n, lut, err, s, 2);
@@ -306,6 +333,15 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
                          if (out8) huff_ring_cta<true>(c, s, ring, a, n, lut, err);
                          else huff_ring_cta<false>(c, s, ring, a, n, lut, err);
                        });
+  }
+  if (run == plan::HUFF_VARIANT_RING_WIDE) {
+    constexpr int kT = plan::HUFF_RING_WIDE_THREADS;
+    return emu::launch(plan::huffman_grid(n, cap, kT), 1, kT, kRingWideSmem, [&](emu::ThreadCtx& c) {
+      uint16_t* s = emu_lut(c);
+      unsigned char* ring = c.smem() + kLutBytes;
+      if (out8) huff_ring_cta<true, kT>(c, s, ring, a, n, lut, err);
+      else huff_ring_cta<false, kT>(c, s, ring, a, n, lut, err);
+    });
   }
   if (run == plan::HUFF_VARIANT_AHEAD || run == plan::HUFF_VARIANT_AHEAD2) {
     const int ways = plan::huffman_ways(run);

@@ -750,17 +750,17 @@ UW_HD void build_lut_body(Ctx& c, const uint8_t* table, int n, int lo, uint16_t*
 // read by every CTA, so the L1/L2-allocating read-only load.  kAhead: the look-ahead
 // variants' LUT (huff_ahead_body), whose entries are made shift-ready (lut_entry_ahead) on the
 // way in.
-template <bool kAhead, class Ctx>
+template <bool kAhead, int kThreads = plan::HUFF_THREADS, class Ctx>
 UW_HD void lut_fill_body(Ctx& c, uint16_t* lut_s, const uint16_t* lut_g) {
-  constexpr int kVecs = kLutBytes / 16, kPer = kVecs / plan::HUFF_THREADS;
-  static_assert(kVecs % plan::HUFF_THREADS == 0, "the LUT is whole 16-byte pieces per thread");
+  constexpr int kVecs = kLutBytes / 16, kPer = kVecs / kThreads;
+  static_assert(kVecs % kThreads == 0, "the LUT is whole 16-byte pieces per thread");
   const uint4* src = reinterpret_cast<const uint4*>(lut_g);
   uint4* dst = reinterpret_cast<uint4*>(lut_s);
   // All of a thread's kPer loads go out before its first store: the fill waits one L2 round
   // trip, where a loop the compiler unrolls by four waits four.
   uint32_t w[kPer][4];
 UW_UNROLL()
-  for (int p = 0; p < kPer; ++p) ld_reuse_v4(reinterpret_cast<const uint16_t*>(src + c.tid() + p * plan::HUFF_THREADS), w[p]);
+  for (int p = 0; p < kPer; ++p) ld_reuse_v4(reinterpret_cast<const uint16_t*>(src + c.tid() + p * kThreads), w[p]);
 UW_UNROLL()
   for (int p = 0; p < kPer; ++p) {
     if (kAhead) {
@@ -769,7 +769,7 @@ UW_UNROLL()
         w[p][i] = lut_entry_ahead(static_cast<uint16_t>(w[p][i] & 0xFFFFu)) |
                   static_cast<uint32_t>(lut_entry_ahead(static_cast<uint16_t>(w[p][i] >> 16))) << 16;
     }
-    c.sts(dst + c.tid() + p * plan::HUFF_THREADS, make_uint4(w[p][0], w[p][1], w[p][2], w[p][3]));
+    c.sts(dst + c.tid() + p * kThreads, make_uint4(w[p][0], w[p][1], w[p][2], w[p][3]));
   }
   c.syncthreads();
 }
@@ -778,13 +778,13 @@ UW_UNROLL()
 // in grid-stride order; unit(t, lut) returns how many of unit t's items are corrupt, added to
 // *err.  The thread index is widened as an unsigned value, as threadIdx.x is: the device code
 // then has no sign extension to do.
-template <bool kAhead, int kPer, class Ctx, class Unit>
+template <bool kAhead, int kPer, int kThreads = plan::HUFF_THREADS, class Ctx, class Unit>
 UW_HD void lut_grid_stride(Ctx& c, uint16_t* lut_s, const uint16_t* lut_g, int64_t n, int32_t* err, Unit unit) {
-  lut_fill_body<kAhead>(c, lut_s, lut_g);
+  lut_fill_body<kAhead, kThreads>(c, lut_s, lut_g);
   const auto lut = lut_view(c, lut_s);
   const int64_t n_units = cdiv(n, kPer);
-  const int64_t stride = c.grid_x() * plan::HUFF_THREADS;
-  for (int64_t t = c.block_x() * plan::HUFF_THREADS + static_cast<unsigned>(c.tid()); t < n_units; t += stride)
+  const int64_t stride = c.grid_x() * kThreads;
+  for (int64_t t = c.block_x() * kThreads + static_cast<unsigned>(c.tid()); t < n_units; t += stride)
     if (const int bad = unit(t, lut)) c.atomic_add(err, bad);
 }
 
@@ -808,13 +808,15 @@ UW_HD void huff_ahead_cta(Ctx& c, uint16_t* lut_s, const HuffArgs& a, int64_t n_
 }
 
 // RING: AHEAD's CTA with a ring of HUFF_RING_SLOTS 16-byte slots per thread at ring_s
-// (kRingBytes of shared memory beside the LUT).
-constexpr int kRingBytes = plan::HUFF_THREADS * plan::HUFF_RING_SLOTS * 16;
-template <bool kExp, class Ctx>
+// (ring_bytes(kThreads) of shared memory beside the LUT).  kThreads: HUFF_THREADS (RING) or
+// HUFF_RING_WIDE_THREADS (RING_WIDE: more warps share the LUT); the same chains, the same bits.
+constexpr int ring_bytes(int threads) { return threads * plan::HUFF_RING_SLOTS * 16; }
+constexpr int kRingBytes = ring_bytes(plan::HUFF_THREADS);
+template <bool kExp, int kThreads = plan::HUFF_THREADS, class Ctx>
 UW_HD void huff_ring_cta(Ctx& c, uint16_t* lut_s, unsigned char* ring_s, const HuffArgs& a, int64_t n_chains,
                          const uint16_t* lut_g, int32_t* err) {
   unsigned char* ring = ring_s + c.tid() * plan::HUFF_RING_SLOTS * 16;
-  lut_grid_stride<true, 1>(c, lut_s, lut_g, n_chains, err, [&](int64_t u, auto lut) {
+  lut_grid_stride<true, 1, kThreads>(c, lut_s, lut_g, n_chains, err, [&](int64_t u, auto lut) {
     return huff_ahead_body<kExp, 1, RingBits<Ctx>>(u, n_chains, a, lut, [&](RingBits<Ctx>& b, uint64_t bit) {
       b.init(c, ring, a.stream, a.stream + a.stream_bytes, bit);
     });

@@ -40,7 +40,9 @@ constexpr int HUFF_THREADS = 128;
 //   SCALAR  the byte-wise reader every shape takes when the vector conditions fail;
 //   RING    AHEAD with its stream blocks copied (cp.async) into a per-lane ring of
 //           HUFF_RING_SLOTS in shared memory at each step's start, so that the lanes of a
-//           warp, which refill at different rounds, never wait on each other's global loads.
+//           warp, which refill at different rounds, never wait on each other's global loads;
+//   RING_WIDE  RING in CTAs of HUFF_RING_WIDE_THREADS sharing one LUT: more chains in flight
+//           per SM (below).
 // DEFAULT (0) is what the extension runs when no variant is named: RING, the fastest variant on
 // every shape timed (bench_decode.py on an H200, Llama-3.1-8B's four layer shapes and its
 // lm_head, GB/s of BF16 written: 682-844 at S=256 where AHEAD gives 503-602 and AHEAD2 410-632;
@@ -53,12 +55,18 @@ constexpr int HUFF_VARIANT_AHEAD = 2;
 constexpr int HUFF_VARIANT_AHEAD2 = 3;
 constexpr int HUFF_VARIANT_SCALAR = 4;
 constexpr int HUFF_VARIANT_RING = 5;
+constexpr int HUFF_VARIANT_RING_WIDE = 6;
 constexpr int HUFF_DEFAULT_VARIANT = HUFF_VARIANT_RING;
 // RING's per-lane slots of 16 stream bytes (HUFF_THREADS x 8 x 16 = 16 KiB per CTA, beside
 // the 32 KiB LUT: the 48 KiB of static shared memory a CTA may have).  A step reads at most
 // 3 blocks past its first, and a step's copies are waited for a step later, so 8 slots
 // hold the 3 in use and the 3 in flight.
 constexpr int HUFF_RING_SLOTS = 8;
+// RING_WIDE's CTA: RING's CTA is held to 4 per SM (16 warps) by its 48 KiB of shared memory,
+// two thirds of it the 32 KiB LUT every CTA copies.  Eight warps sharing one LUT take 64 KiB
+// (dynamic shared memory), three CTAs per SM: 24 warps, 50% more chains in flight, at the 80
+// registers that three such CTAs allow (RING's body fits them without spilling).
+constexpr int HUFF_RING_WIDE_THREADS = 256;
 // Chains one thread of a variant decodes at a time.
 UW_PLAN_HD int huffman_ways(int variant) { return variant == HUFF_VARIANT_AHEAD2 ? 2 : 1; }
 // Palette -> BF16: each thread decodes PAL_VEC consecutive weights of one row: 4 index bytes
@@ -258,8 +266,8 @@ UW_PLAN_HD int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // partial segment leaves its last ones without work), 1 without.
 UW_PLAN_HD int64_t huffman_chains_per_segment(int64_t S, int64_t P) { return S > 0 ? P + 1 : 1; }
 // CTAs for n work items (chains, gather units), at most max_ctas (they loop, grid stride).
-UW_PLAN_HD int64_t huffman_grid(int64_t n_items, int64_t max_ctas) {
-  const int64_t want = cdiv(n_items, HUFF_THREADS);
+UW_PLAN_HD int64_t huffman_grid(int64_t n_items, int64_t max_ctas, int threads = HUFF_THREADS) {
+  const int64_t want = cdiv(n_items, threads);
   return want < max_ctas ? want : max_ctas;
 }
 // Chain t -> i, the selected segment (for huffman_unit), and j, its checkpoint.
