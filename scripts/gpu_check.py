@@ -1005,18 +1005,22 @@ def _verbatim_heavy(np, cols, seed):
 
 
 # Kernel variants that are not the runtime's default (kernel_plan.HUFF_VARIANTS / PAL_VARIANTS,
-# tuning_table.PALETTE_GEMM_WIDE / PALETTE_GEMM_XS / PALETTE_GEMV).  Each is checked in a process of its own, after the defaults:
+# tuning_table.PALETTE_GEMM_WIDE / PALETTE_GEMM_XS / PALETTE_GEMM_WG / PALETTE_GEMV).  Each is
+# checked in a process of its own, after the defaults:
 # a variant that faults on its first device run (an illegal address poisons the CUDA context)
 # then costs its own checks only.  The verdicts go to STATE/variants.json, and the benchmarks
-# leave out a variant whose checks failed on the same build (bench_variants_to_skip).
+# leave out a variant whose checks failed on the same build (bench_variants_to_skip; and the
+# wgmma GEMM until its checks pass, BENCH_NEEDS_PASS).
 # In the order the correctness stage runs their groups, each taking the time it needs from what
 # is left: first what the shipped tuning table runs on the H200 (tile-major planes everywhere;
 # the tensor-core GEMV at batch 2-16, its bulk-copy feed at 17-32; the CUDA-core GEMV at batch 1;
-# the shared-x GEMM at 17-64), then the other variants.  (A process start costs ~8 s: in the
+# the shared-x GEMM at 17-64) and the kernels whose first timing decides the next step (the
+# queued GEMV, programmatic launch, the wgmma GEMM, whose benchmark waits on its checks), then
+# the other variants.  (A process start costs ~8 s: in the
 # third H200 run, which reserved that for every later group, the first groups, the tile-major
 # checks among them, got no time.)
 # "tiled": every palette kernel on tile-major planes (ops/layout.py) against the file-order ones.
-VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv:mma_queue", "gemv:pdl", "gemv", "gemm:xs", "gemm:wg",
+VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv:mma_queue", "gemv:pdl", "gemm:wg", "gemv", "gemm:xs",
                 "gemv:mma_staged",
                 "gemv:staged", "gemm:wide",
                 "gemv:deep", "gemv:mma_prefetch", "huffman:ring_wide", "huffman:ahead", "huffman:chain", "huffman:ahead2",
@@ -1466,18 +1470,27 @@ def variant_verdicts(st: Stage) -> dict:
     return out
 
 
+# Variants the benchmarks run only once their correctness group passed on this build: kernels
+# no GPU has run yet, whose first fault would otherwise end the benchmark process that meets
+# it (and every shape after it) rather than the variant's own checks.
+BENCH_NEEDS_PASS = {"gemm:wg": "the wgmma GEMM, not run on a GPU before its checks pass"}
+
+
 def bench_variants_to_skip() -> dict:
-    """{tag: why} for the variants the correctness stage of this build found failing (nothing
-    when it has not run on this machine, or ran on other sources)."""
+    """{tag: why} for the variants the correctness stage of this build found failing, and those
+    of BENCH_NEEDS_PASS it has not passed (all of these when it has not run on this machine, or
+    ran on other sources)."""
+    verdicts = {}
     try:
         with open(_variant_path()) as f:
             rec = json.load(f)
+        if rec.get("source_sha256") == bu.source_digest():
+            verdicts = rec.get("verdicts", {})
     except (OSError, ValueError):
-        return {}
-    if rec.get("source_sha256") != bu.source_digest():
-        return {}
-    return {t: "its correctness checks failed on this build" for t, v in rec.get("verdicts", {}).items()
-            if v == "fail"}
+        pass
+    skip = {t: "its correctness checks failed on this build" for t, v in verdicts.items() if v == "fail"}
+    skip.update({t: why for t, why in BENCH_NEEDS_PASS.items() if verdicts.get(t) != "pass"})
+    return skip
 
 
 GROUPS = {"probe": group_probe, "decode": group_decode, "fused": group_fused, "corrupt": group_corrupt,
