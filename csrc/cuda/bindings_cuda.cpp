@@ -520,7 +520,7 @@ PYBIND11_MODULE(_cuda, m) {
     return py::make_tuple(e ? py::object(py::str(e)) : py::object(py::none()), D);
   }, py::arg("kind"), py::arg("A"), py::arg("B"),
      "D [64, n] fp32 = A @ B through one emulated warpgroup's wgmma m64nNk16 (emu/selftest.h; kind 0 by the "
-     "rules, 1-4 each break one): (the emulator's error or None, D).");
+     "rules, 1-5 each break one): (the emulator's error or None, D).");
   m.def("selftest_wgmma", [](int n, uintptr_t A, uintptr_t B, uintptr_t D, uintptr_t stream) {
     need(A && B && D, "null device pointer");
     check(emu::selftest_wgmma_device(n, dev<const uint16_t>(A), dev<const uint16_t>(B), dev<float>(D),

@@ -86,8 +86,8 @@ def test_wgmma_rounds_each_output_once():
     assert err is None and np.array_equal(D, exact.astype(np.float32))
 
 
-@pytest.mark.parametrize("kind, what", [(1, "fence.proxy.async"), (2, "wgmma.fence"), (3, "race"),
-                                        (4, "swizzle")])
+@pytest.mark.parametrize("kind, what", [(1, "fence.proxy.async"), (2, "wgmma.fence"), (3, "in flight"),
+                                        (4, "swizzle"), (5, "in flight")])
 def test_wgmma_rules_are_errors(kind, what):
     A = _bf16(np.ones((64, 16), np.float32))
     B = _bf16(np.ones((16, 16), np.float32))

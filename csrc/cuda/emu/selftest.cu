@@ -67,7 +67,8 @@ __global__ void mma_kernel(MmaArgs a) {
 // are row 16w + g (+8 for e >= 2), column 8j + 2t + (e & 1).  kind 0 by the rules; 1: no
 // fence.proxy.async after the stores of B; 2: no wgmma.fence before the wgmma; 3: a thread
 // rewrites a word of B between the commit and the wait; 4: a descriptor asking for the 128-byte
-// swizzle (each must make the emulator report an error).
+// swizzle; 5: the issuing warp's lane 0 itself rewrites a word of B before the wait (each must
+// make the emulator report an error).
 struct WgArgs {
   const uint16_t* A;
   const uint16_t* B;
@@ -108,6 +109,7 @@ UW_HD void wgmma_body(Ctx& c, const WgArgs& a) {
   c.template wgmma<N>(d, ra, desc, false);
   c.wgmma_commit();
   if (a.kind == 3 && tid == 127) c.sts(reinterpret_cast<uint32_t*>(sb), 0u);
+  if (a.kind == 5 && tid == 0) c.sts(reinterpret_cast<uint32_t*>(sb), 0u);
   c.template wgmma_wait<0>();
   for (int j = 0; j < N / 8; ++j)
     for (int e = 0; e < 4; ++e) a.D[(16 * w + g + (e >= 2 ? 8 : 0)) * N + 8 * j + 2 * t + (e & 1)] = d[j][e];

@@ -18,9 +18,10 @@ const char* selftest_mma_device(const uint16_t* A, const uint16_t* B, const floa
 
 // D[64][n] = A[64][16] @ B[16][n] (A, B bf16 bits row-major, D fp32 row-major) through one
 // warpgroup's wgmma m64nNk16, n in 8, 16, 32, 64, 128, A in registers and B in shared memory
-// laid out by the PTX ISA's formulas written out in the body.  kind 0 by the rules; 1-4 each
-// break one (no fence.proxy.async, no wgmma.fence, B rewritten before the wait, a swizzled
-// descriptor) and must return the emulator's error.
+// laid out by the PTX ISA's formulas written out in the body.  kind 0 by the rules; 1-5 each
+// break one (no fence.proxy.async, no wgmma.fence, B rewritten before the wait by another
+// thread, a swizzled descriptor, B rewritten before the wait by the issuing thread) and must
+// return the emulator's error.
 const char* selftest_wgmma_host(int kind, int n, const uint16_t* A, const uint16_t* B, float* D);
 // The kind-0 body on the device (sm_90a; device pointers; stream a cudaStream_t or 0).
 const char* selftest_wgmma_device(int n, const uint16_t* A, const uint16_t* B, float* D, void* stream);

@@ -1,6 +1,6 @@
 // Host emulator of CUDA thread-block semantics, for kernel bodies written against the
 // context interface of ctx.cuh.  Lets CPU-only CI run a cooperative kernel (shuffles,
-// ballots, shared memory with barriers, cp.async pipelines, mma.sync) exactly as written.
+// ballots, shared memory with barriers, cp.async pipelines, mma.sync, wgmma) exactly as written.
 //
 //     const char* err = emu::launch(grid_x, grid_y, threads, smem_bytes,
 //                                   [&](emu::ThreadCtx& c) { body(c, args); });
@@ -41,6 +41,11 @@
 //     Also errors: an access outside the launch's shared memory or not aligned to its size,
 //     a store of less than a word, and a read of a word no thread has written (a 1- or
 //     2-byte load is checked as a read of its whole word);
+//   * warpgroup MMA (wgmma, h_wgmma below): a wgmma with no wgmma.fence since the thread's
+//     last commit, B operand words written through the generic proxy with no fence.proxy.async
+//     by their writer since, a swizzled descriptor (not modelled), a write of a word a wgmma in
+//     flight reads (by any thread, until the wait that retires it), and a CTA that ends with a
+//     wgmma not waited for are errors;
 //   * global memory one CTA hands another (st_grid / ld_grid, GridShadow): the storing
 //     thread must threadfence between its store and its CTA's arrival atomic (release), the
 //     loading thread between learning of that arrival and its load (acquire).
@@ -377,6 +382,7 @@ class Cta {
     in_flight_.assign(words, kNobody);
     bulk_bar_.assign(words, 0);
     proxy_ok_.assign(words, 0);
+    wg_inflight_.assign(words, 0);
     proxy_pending_.resize(static_cast<size_t>(nthreads));
     w_bar_.assign(words, 0);
     w_sync_.assign(words, 0);
@@ -441,6 +447,9 @@ class Cta {
     if (error_ == nullptr && live_ == 0)
       for (const auto& mb : mbars_)
         if (!mb.second.copies.empty()) error_ = "emulated kernel: the CTA ended with bulk copies no thread waited for";
+    if (error_ == nullptr && live_ == 0 &&
+        std::any_of(wg_inflight_.begin(), wg_inflight_.end(), [](uint16_t n) { return n != 0; }))
+      error_ = "emulated kernel: the CTA ended with wgmmas no thread waited for";
     return error_ == nullptr && live_ > 0;
   }
   uint64_t progress() const { return progress_; }
@@ -598,7 +607,9 @@ class Cta {
   }
   // The words of a K-major unswizzled [16, n] operand at shared offset `start` (lbo, sbo as the
   // descriptor's): each 16-byte core-matrix row is checked as a read of thread tid (race check;
-  // `issue`: also that the async proxy may see it, and that it lies in shared memory).
+  // `issue`: also that the async proxy may see it, and that it lies in shared memory).  From
+  // its issue to the wait that retires it, each of its words counts one wgmma in flight
+  // (wg_inflight_), and a write of such a word by any thread, the issuing one included, fails.
   void wgmma_read(int tid, uint32_t start, uint32_t lbo, uint32_t sbo, int n, bool issue) {
     for (int kc = 0; kc < 2; ++kc)
       for (int r = 0; r < n; ++r) {
@@ -607,11 +618,13 @@ class Cta {
         if (issue && off + 16 > smem_bytes_)
           fail_at(tid, "wgmma operand outside the launch's shared memory", smem_, -1);
         shared_access(tid, smem_ + off, 16, kRead);
-        if (issue)
-          for (size_t i = off / 4; i < off / 4 + 4; ++i)
-            if (!proxy_ok_[i] && writer_[i] != kNobody)
-              fail_at(tid, "wgmma read of a shared-memory word written without a fence.proxy.async since",
-                      smem_ + 4 * i, writer_[i]);
+        for (size_t i = off / 4; i < off / 4 + 4; ++i) {
+          if (issue && !proxy_ok_[i] && writer_[i] != kNobody)
+            fail_at(tid, "wgmma read of a shared-memory word written without a fence.proxy.async since",
+                    smem_ + 4 * i, writer_[i]);
+          if (issue) ++wg_inflight_[i];
+          else --wg_inflight_[i];
+        }
       }
   }
 
@@ -774,6 +787,8 @@ class Cta {
     }
     // A write (or a cp.async being started, which may write at any time from now on, or an
     // atomic: atomics of one word need no order among themselves, only against plain accesses).
+    if (wg_inflight_[i] != 0)
+      fail_at(tid, "write to a shared-memory word a wgmma in flight reads (before the wait that retires it)", at, -1);
     if (w != kNobody && w != tid && !(kind == kAtomic && w == kAtomics) && !w_ordered)
       fail_at(tid, "shared-memory race: two threads wrote one word with no barrier between", at, w);
     for (size_t q = 0; q < nw; ++q) {
@@ -1035,6 +1050,7 @@ class Cta {
   std::vector<uint32_t> rd_lanes_, rd_bar_, rd_sync_;
   std::vector<uint32_t> bulk_bar_;  // a bulk copy's word: its mbarrier's shared-memory offset
   std::vector<uint8_t> proxy_ok_;   // the word's last write is visible to the async proxy
+  std::vector<uint16_t> wg_inflight_;  // wgmmas issued and not yet waited for that read the word
   std::vector<std::vector<size_t>> proxy_pending_;  // per thread: words it wrote since its last proxy fence
   std::unordered_map<size_t, MBar> mbars_;          // by shared-memory offset
   std::unordered_map<uint64_t, uint32_t> seen_;     // (thread << 32 | barrier offset) -> phases its waits saw
