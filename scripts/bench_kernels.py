@@ -171,6 +171,7 @@ TILED = (("palette_fused_tiled", "palette_gemm", "palette_gemm", None),
          ("palette_fused_wide_tiled", "palette_gemm_wide", "palette_gemm_wide", None),
          # (the runtime holds a weight tile-major where the table says so, the H200's for every
          # Llama-8B shape: a path the tile-major entries never time is never chosen for it)
+         ("palette_fused_xs_tiled", "palette_gemm_xs", "palette_gemm_xs", "gemm:xs"),
          ("palette_fused_wg_tiled", "palette_gemm_wg", "palette_gemm_wg", "gemm:wg"),
          ("palette_gemv_tiled", "palette_gemv", "palette_gemv", None),
          ("palette_gemv_mma_tiled", "palette_gemv_mma", "palette_gemv_mma", None),

@@ -249,6 +249,7 @@ def kernels_table(bench: dict) -> list[str]:
 TILED_ROWS = (("palette_tiled_decode_cublas", "palette decode + cuBLAS, tile-major"),
               ("palette_fused_tiled", "palette fused, tile-major"),
               ("palette_fused_wide_tiled", "palette fused, wide stages, tile-major"),
+              ("palette_fused_xs_tiled", "palette fused, shared x, tile-major"),
               ("palette_fused_wg_tiled", "palette fused, wgmma, tile-major (sm_90a)"),
               ("palette_gemv_tiled", "palette GEMV, tile-major (batch 1-4)"),
               ("palette_gemv_mma_tiled", "palette GEMV, tensor cores, tile-major (batch 1-32)"),
