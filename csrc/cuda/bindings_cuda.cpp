@@ -227,6 +227,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PMMA_CHUNK_M") = plan::PMMA_CHUNK_M;
   m.attr("PMMA_WG_CHUNK_M") = plan::PMMA_WG_CHUNK_M;
   m.attr("PMMA_XS_WGMMA") = plan::PMMA_XS_WGMMA;
+  m.attr("PMMA_WG_STAGES") = plan::PMMA_WG_STAGES;
   m.attr("PMMA_MAX_M") = plan::PMMA_MAX_M;
   m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
   m.attr("PMMA_MIN_SPLIT_TILES") = plan::PMMA_MIN_SPLIT_TILES;

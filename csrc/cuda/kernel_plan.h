@@ -128,12 +128,6 @@ constexpr int PMMA_SUB_WIDE = 2;
 // PMMA_X_ROW_BYTES after the warps' rings, instead of every warp loading them itself.
 constexpr int PMMA_X_ROW_BYTES = 2 * PMMA_TILE_K;
 UW_PLAN_HD int pmma_x_stage_bytes(int ntiles) { return 8 * ntiles * PMMA_X_ROW_BYTES; }
-// Dynamic shared memory of a launch: the warps' rings, the shared-x ring (x_shared, for a
-// batch of `ntiles` n-tiles), then the 16 bytes of the fix-up flag.
-UW_PLAN_HD int pmma_smem_bytes(int stage_tiles, int ntiles = 0, int x_shared = 0) {
-  return PMMA_WARPS * PMMA_STAGES * stage_tiles * PMMA_TILE_BYTES +
-         (x_shared ? PMMA_STAGES * pmma_x_stage_bytes(ntiles) : 0) + 16;
-}
 constexpr int PMMA_CHUNK_M = 64;
 constexpr int PMMA_MAX_M = 256;
 // The wgmma variant (sm_90a; palette_matmul.cuh "wgmma"): x_shared == PMMA_XS_WGMMA stages x in
@@ -142,6 +136,22 @@ constexpr int PMMA_MAX_M = 256;
 // decoded once per 128 batch rows instead of once per 64.
 constexpr int PMMA_XS_WGMMA = 2;
 constexpr int PMMA_WG_CHUNK_M = 128;
+// Its ring at 16 n-tiles: PMMA_WG_STAGES stages of 6 KB of weights and 16 KB of x (66 KB per
+// CTA) let three CTAs share an SM, where four stages (90 KB) let two: the same 36 KB of
+// weights in flight per SM (two tiles ahead of three CTAs, three of two) and half again as many
+// warps to cover each one's wgmma wait.  Three CTAs of 128 threads fit its 164 registers.
+constexpr int PMMA_WG_STAGES = 3;
+// Ring stages of a launch (a compile-time constant of each kernel instantiation).
+constexpr int pmma_stages(int x_shared, int ntiles) {
+  return x_shared == PMMA_XS_WGMMA && ntiles > 8 ? PMMA_WG_STAGES : PMMA_STAGES;
+}
+// Dynamic shared memory of a launch: the warps' rings, the shared-x ring (x_shared, for a
+// batch of `ntiles` n-tiles), then the 16 bytes of the fix-up flag.
+UW_PLAN_HD int pmma_smem_bytes(int stage_tiles, int ntiles = 0, int x_shared = 0) {
+  const int stages = pmma_stages(x_shared, ntiles);
+  return PMMA_WARPS * stages * stage_tiles * PMMA_TILE_BYTES + (x_shared ? stages * pmma_x_stage_bytes(ntiles) : 0) +
+         16;
+}
 constexpr int PMMA_CTAS_PER_SM = 4;
 constexpr int PMMA_MIN_SPLIT_TILES = 4;
 constexpr int64_t PMMA_MAX_SPLITS = 65535;  // gridDim.y

@@ -335,7 +335,7 @@ UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
   static_assert(!kXs || kSub == 1, "shared x goes with one-tile stages");
   constexpr bool kWg = kXs == plan::PMMA_XS_WGMMA;
   static_assert(NT <= 8 || kWg, "16 n-tiles: the wgmma variant only");
-  constexpr int S = plan::PMMA_STAGES, TK = plan::PMMA_TILE_K;
+  constexpr int S = plan::pmma_stages(kXs, NT), TK = plan::PMMA_TILE_K;
   constexpr int kStageBytes = kSub * plan::PMMA_TILE_BYTES;
   constexpr int kXStageBytes = kXs ? 8 * NT * plan::PMMA_X_ROW_BYTES : 0;
   const int lane = c.lane(), warp = c.warp(), g = lane >> 2, t = lane & 3;

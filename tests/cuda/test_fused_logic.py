@@ -149,6 +149,10 @@ def test_cpp_plan_matches_python():
                  "PMMA_MIN_SPLIT_TILES", "PMMA_MAX_SPLITS", "PMMA_SUB_WIDE", "PMMA_X_ROW_BYTES"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     assert _cuda.PMMA_WG_CHUNK_M == kp.PMMA_WG_CHUNK_M and _cuda.PMMA_XS_WGMMA == kp.PMMA_XS_WGMMA
+    assert _cuda.PMMA_WG_STAGES == kp.PMMA_WG_STAGES
+    # three wgmma CTAs of 16 n-tiles share an SM's 227 KiB (1 KiB reserved each); two at four stages
+    assert 3 * (kp.pmma_smem_bytes(1, 16, kp.PMMA_XS_WGMMA) + 1024) <= 228 * 1024
+    assert [kp.pmma_stages(x, nt) for x, nt in ((0, 8), (1, 8), (2, 8), (2, 16))] == [4, 4, 4, 3]
     for tiles in (1, kp.PMMA_SUB_WIDE):
         for nt in (1, 2, 4, 8, 16):
             for xs in (0, 1, kp.PMMA_XS_WGMMA):

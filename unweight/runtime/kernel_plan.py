@@ -63,17 +63,25 @@ def pmma_x_stage_bytes(ntiles: int) -> int:
     return 8 * ntiles * PMMA_X_ROW_BYTES
 
 
+def pmma_stages(x_shared: int, ntiles: int) -> int:
+    """Ring stages of a palette_gemm launch: PMMA_STAGES, PMMA_WG_STAGES for the wgmma variant
+    at 16 n-tiles (three CTAs per SM where four stages fit two)."""
+    return PMMA_WG_STAGES if x_shared == PMMA_XS_WGMMA and ntiles > 8 else PMMA_STAGES
+
+
 def pmma_smem_bytes(stage_tiles: int, ntiles: int = 0, x_shared: int = 0) -> int:
     """Dynamic shared memory of a palette_gemm launch with `stage_tiles` tiles per ring stage
     (and, x_shared, the shared-x ring of a batch of `ntiles` n-tiles)."""
-    return (PMMA_WARPS * PMMA_STAGES * stage_tiles * PMMA_TILE_BYTES
-            + (PMMA_STAGES * pmma_x_stage_bytes(ntiles) if x_shared else 0) + 16)
+    stages = pmma_stages(x_shared, ntiles)
+    return (PMMA_WARPS * stages * stage_tiles * PMMA_TILE_BYTES
+            + (stages * pmma_x_stage_bytes(ntiles) if x_shared else 0) + 16)
 PMMA_CHUNK_M = 64
 PMMA_MAX_M = 256
 # The wgmma variant (sm_90a; palette_gemm x_shared == PMMA_XS_WGMMA): x in wgmma's shared-memory
 # layout, wgmma.mma_async, up to PMMA_WG_CHUNK_M batch rows per CTA.
 PMMA_XS_WGMMA = 2
 PMMA_WG_CHUNK_M = 128
+PMMA_WG_STAGES = 3  # the wgmma variant's ring at 16 n-tiles (kernel_plan.h pmma_stages)
 PMMA_CTAS_PER_SM = 4
 PMMA_MIN_SPLIT_TILES = 4
 PMMA_MAX_SPLITS = 65535
