@@ -1059,9 +1059,8 @@ def _wgmma_selftest(np, torch, device) -> dict:
     r = {}
     rng = np.random.default_rng(7)
 
-    def bf16(f):
-        u = np.asarray(f, np.float32).view(np.uint32).astype(np.uint64)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    def bf16(f):  # bf16 bits (round to nearest even) of float values
+        return torch.from_numpy(np.asarray(f, np.float32)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 
     for n in (8, 64, 128):
         ints = (bf16(np.arange(64 * 16, dtype=np.float32).reshape(64, 16) % 23 - 11),

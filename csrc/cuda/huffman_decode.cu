@@ -30,6 +30,7 @@
 // position are wrong.
 // =======================================================================================
 #include <algorithm>
+#include <type_traits>
 
 #include "emu/host_buffer.h"
 #include "emu/warp_emu.h"
@@ -325,24 +326,18 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
   if (n == 0) return nullptr;
   const bool vec = run != plan::HUFF_VARIANT_SCALAR;
   const int64_t cap = max_ctas > 0 ? max_ctas : INT64_MAX;
-  if (run == plan::HUFF_VARIANT_RING) {
-    return emu::launch(plan::huffman_grid(n, cap), 1, plan::HUFF_THREADS, kLutBytes + kRingBytes,
-                       [&](emu::ThreadCtx& c) {
-                         uint16_t* s = emu_lut(c);
-                         unsigned char* ring = c.smem() + kLutBytes;
-                         if (out8) huff_ring_cta<true>(c, s, ring, a, n, lut, err);
-                         else huff_ring_cta<false>(c, s, ring, a, n, lut, err);
-                       });
-  }
-  if (run == plan::HUFF_VARIANT_RING_WIDE) {
-    constexpr int kT = plan::HUFF_RING_WIDE_THREADS;
-    return emu::launch(plan::huffman_grid(n, cap, kT), 1, kT, kRingWideSmem, [&](emu::ThreadCtx& c) {
+  // RING and RING_WIDE: the same body in CTAs of their sizes.
+  auto ring = [&](auto threads) {
+    constexpr int kT = decltype(threads)::value;
+    return emu::launch(plan::huffman_grid(n, cap, kT), 1, kT, kLutBytes + ring_bytes(kT), [&](emu::ThreadCtx& c) {
       uint16_t* s = emu_lut(c);
-      unsigned char* ring = c.smem() + kLutBytes;
-      if (out8) huff_ring_cta<true, kT>(c, s, ring, a, n, lut, err);
-      else huff_ring_cta<false, kT>(c, s, ring, a, n, lut, err);
+      unsigned char* rs = c.smem() + kLutBytes;
+      if (out8) huff_ring_cta<true, kT>(c, s, rs, a, n, lut, err);
+      else huff_ring_cta<false, kT>(c, s, rs, a, n, lut, err);
     });
-  }
+  };
+  if (run == plan::HUFF_VARIANT_RING) return ring(std::integral_constant<int, plan::HUFF_THREADS>{});
+  if (run == plan::HUFF_VARIANT_RING_WIDE) return ring(std::integral_constant<int, plan::HUFF_RING_WIDE_THREADS>{});
   if (run == plan::HUFF_VARIANT_AHEAD || run == plan::HUFF_VARIANT_AHEAD2) {
     const int ways = plan::huffman_ways(run);
     return emu::launch(plan::huffman_grid(cdiv(n, ways), cap), 1, plan::HUFF_THREADS, kLutBytes,

@@ -11,8 +11,8 @@
 // warps) per SM is what the split heuristic plans for, and it caps registers at 128 per thread.
 // NT = 8 holds 32 fp32 accumulators more and spills under that cap, so it runs three CTAs per
 // SM (168 registers): from batch 33 on the kernel is no longer bound by the weight stream
-// alone; NT = 16 (wgmma, 64 accumulators) has the same cap, and its shared x lets two CTAs share
-// an SM.
+// alone; NT = 16 (wgmma, 64 accumulators) has the same cap, which its three-stage ring
+// (plan::pmma_stages) lets three CTAs share an SM at.
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -1160,6 +1160,23 @@ inline void ThreadCtx::h_bulk_copy(void* smem_dst, const void* gmem_src, unsigne
 }
 inline void ThreadCtx::h_mbar_wait(uint64_t* bar, unsigned parity) { cta_->mbar_wait(tid_, bar, parity); }
 
+// The bf16 in half `half` (0 low, 1 high) of a register, exactly, as a double.
+inline double bf16_half(uint32_t reg, int half) {
+  const uint32_t bits = (half ? (reg >> 16) : (reg & 0xFFFFu)) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return static_cast<double>(f);
+}
+// A [16][16] of an m16n8k16 A fragment, rebuilt from the 32 lanes' exchange slots, each of
+// which holds the lane's four A registers first (the PTX layout functions of ctx.cuh).
+inline void gather_frag_a(const unsigned char* slots, double (&A)[16][16]) {
+  for (int l = 0; l < kWarpSize; ++l) {
+    uint32_t r[4];
+    std::memcpy(r, slots + ThreadCtx::kSlotBytes * l, sizeof(r));
+    for (int i = 0; i < 8; ++i) A[frag_a_row(l, i)][frag_a_col(l, i)] = bf16_half(r[i / 2], i & 1);
+  }
+}
+
 // mma.sync m16n8k16 bf16 -> fp32: every lane deposits its fragments, then computes its own
 // four outputs from the whole tiles (rebuilt with the PTX layout functions of ctx.cuh).
 inline void ThreadCtx::h_mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]) {
@@ -1172,18 +1189,12 @@ inline void ThreadCtx::h_mma(float (&d)[4], const uint32_t (&a)[4], const uint32
   std::memcpy(in.b, b, sizeof(in.b));
   std::memcpy(in.c, c, sizeof(in.c));
   const unsigned char* s = exchange(kFullMask, &in, sizeof(in));
-  auto bf = [](uint32_t reg, int half) {
-    const uint32_t bits = (half ? (reg >> 16) : (reg & 0xFFFFu)) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return static_cast<double>(f);
-  };
   double A[16][16], B[16][8];
+  gather_frag_a(s, A);
   for (int l = 0; l < kWarpSize; ++l) {
     Payload p;
     std::memcpy(&p, s + kSlotBytes * l, sizeof(p));
-    for (int i = 0; i < 8; ++i) A[frag_a_row(l, i)][frag_a_col(l, i)] = bf(p.a[i / 2], i & 1);
-    for (int i = 0; i < 4; ++i) B[frag_b_row(l, i)][frag_b_col(l, i)] = bf(p.b[i / 2], i & 1);
+    for (int i = 0; i < 4; ++i) B[frag_b_row(l, i)][frag_b_col(l, i)] = bf16_half(p.b[i / 2], i & 1);
   }
   const int me = lane();
   for (int i = 0; i < 4; ++i) {
@@ -1223,18 +1234,8 @@ inline void ThreadCtx::h_wgmma(float* d, int n, const uint32_t (&a)[4], uint64_t
   const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFFu) << 4;
   if (lane() == 0) cta_->wgmma_read(tid_, start, lbo, sbo, n, true);
   const unsigned char* s = exchange(kFullMask, a, sizeof(a));
-  auto bf = [](uint32_t bits16) {
-    const uint32_t bits = bits16 << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return static_cast<double>(f);
-  };
   double A[16][16];
-  for (int l = 0; l < kWarpSize; ++l) {
-    uint32_t r[4];
-    std::memcpy(r, s + kSlotBytes * l, sizeof(r));
-    for (int i = 0; i < 8; ++i) A[frag_a_row(l, i)][frag_a_col(l, i)] = bf(i & 1 ? r[i / 2] >> 16 : r[i / 2] & 0xFFFFu);
-  }
+  gather_frag_a(s, A);
   const unsigned char* sm = cta_->smem();
   const int me = lane();
   for (int j = 0; j < n / 8; ++j)
@@ -1244,7 +1245,7 @@ inline void ThreadCtx::h_wgmma(float* d, int n, const uint32_t (&a)[4], uint64_t
       for (int k = 0; k < 16; ++k) {
         uint16_t b;
         std::memcpy(&b, sm + start + (col % 8) * 16 + (col / 8) * sbo + (k % 8) * 2 + (k / 8) * lbo, 2);
-        acc += A[row][k] * bf(b);
+        acc += A[row][k] * bf16_half(b, 0);
       }
       float& out = d[4 * j + e];
       out = static_cast<float>(acc + (scale_d ? static_cast<double>(out) : 0.0));
