@@ -40,6 +40,10 @@ import _bench_util as bu  # noqa: E402
 # (dispatch.use_decoders).  A trailing "+tiled" (palette) holds the matmul weights' planes
 # tile-major (prepare's plane_order="tiled"); "palette+tiled" alone decodes them + cuBLAS.
 # Every other mode holds file order.  (gemv-mma-bulk, the bulk-copy GEMV, runs tile-major only.)
+# A trailing "+merged" (last) stacks each layer's q/k/v and gate/up into one palette matrix that
+# one matmul multiplies (prepare's merge_siblings, runtime/siblings.py).  The members stay
+# re-encoded under the stack's palette after such a mode: the same weights, and on this model,
+# whose matrices share one distribution, the same palette, so later modes read the same bytes.
 # A trailing "+pdl" (after "+tiled") runs the mode with programmatic dependent launch of the
 # tensor-core GEMV kernels on (ops.programmatic_launch; sm_90+): a launch may start streaming
 # its planes while the kernel ahead of it ends.
@@ -47,6 +51,7 @@ MODES = ("huffman", "palette", "palette+tiled", "huffman+fused", "palette+fused"
          "palette+fused-xs", "palette+gemv", "palette+gemv-mma", "palette+gemv-mma+tiled", "palette+fused-wide+tiled",
          "palette+gemv-mma-staged", "palette+gemv-mma-prefetch", "palette+gemv-mma-bulk+tiled",
          "palette+gemv-mma-queue+tiled", "palette+gemv-mma+tiled+pdl", "palette+gemv-mma-queue+tiled+pdl",
+         "palette+gemv-mma+tiled+merged", "palette+gemv-mma+tiled+pdl+merged", "palette+merged",
          "palette+gemv-deep", "palette+gemv-staged",
          "huffman+chain", "huffman+ahead", "huffman+ahead2", "huffman+ring", "palette+vec8", "palette+wide", "dense")
 FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs",
@@ -116,15 +121,20 @@ def forced_fused_policy(model, device, path: str = "palette_gemm"):
     t = TuningTable(comment="forced fused (bench_e2e)")
     pol = DispatchPolicy(t)
     name = pol.device_name(device) if device.type == "cuda" else "cpu"
+    shapes = {}
     for _, m in compressed_modules(model):
         if isinstance(m, CompressedLinear) and not m.is_tied:
-            for M in (1, 4, 16):
-                fused = ("huffman_gemm" if m.encoding_name == "huffman"
-                         else "palette_gemm" if path in GEMV_PATHS
-                         and not kp.pgemv_supported(M, m.n_cols, GEMV_PATHS[path]) else path)
-                for tiled in (False, True):  # the same choice whichever plane order the layer is held in
-                    t.record(name, m.n_rows, m.n_cols, table_encoding(m.encoding_name, tiled), M,
-                             {"decode_cublas": 1.0, fused: 0.5})
+            shapes[(m.n_rows, m.n_cols)] = m
+            g = m.__dict__.get("_uw_group")  # a stacked sibling group's shape (prepare's merge_siblings)
+            if g is not None:
+                shapes[(g.w.rows, g.w.cols)] = m
+    for (N, K), m in shapes.items():
+        for M in (1, 4, 16):
+            fused = ("huffman_gemm" if m.encoding_name == "huffman"
+                     else "palette_gemm" if path in GEMV_PATHS
+                     and not kp.pgemv_supported(M, K, GEMV_PATHS[path]) else path)
+            for tiled in (False, True):  # the same choice whichever plane order the layer is held in
+                t.record(name, N, K, table_encoding(m.encoding_name, tiled), M, {"decode_cublas": 1.0, fused: 0.5})
     return pol
 
 
@@ -316,6 +326,9 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
             continue
         t0 = time.perf_counter()
         base, _, extra = mode.partition("+")
+        merged = extra == "merged" or extra.endswith("+merged")
+        if merged:
+            extra = extra[: -len("merged")].rstrip("+")
         pdl = extra == "pdl" or extra.endswith("+pdl")
         if pdl:
             extra = extra[: -len("pdl")].rstrip("+")
@@ -328,12 +341,13 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
         # ("+pdl": programmatic launch on for this mode only)
         with helpers.programmatic(True) if pdl else contextlib.nullcontext(False) as pdl_on:
             try:
-                info = prep.prepare(model, base, policy=None, plane_order=order)
+                info = prep.prepare(model, base, policy=None, plane_order=order, merge_siblings=merged)
                 if extra in FUSED_PATHS:
                     pol = forced_fused_policy(model, dev, FUSED_PATHS[extra])
-                    info = prep.prepare(model, base, policy=pol, plane_order=order)
+                    info = prep.prepare(model, base, policy=pol, plane_order=order, merge_siblings=merged)
                 entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio",
-                                                           "tiled_modules", "paired_palette_modules")},
+                                                           "tiled_modules", "paired_palette_modules",
+                                                           "sibling_groups")},
                          **({"programmatic_launch": pdl_on} if pdl else {}),
                          "decoders": decoders_used(model), "prepare_seconds": time.perf_counter() - t0, "runs": []}
                 for b in batches:

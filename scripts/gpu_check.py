@@ -2280,6 +2280,7 @@ def stage_eval(st: Stage) -> None:
 # dense (it turns the modules into plain nn.Linear, so it comes last).
 BENCH_E2E_MODES = ("palette", "palette+tiled", "palette+gemv-mma", "palette+gemv-mma+tiled", "palette+fused",
                    "palette+gemv-mma-bulk+tiled", "palette+gemv-mma-queue+tiled", "palette+gemv-mma+tiled+pdl",
+                   "palette+gemv-mma+tiled+merged", "palette+gemv-mma+tiled+pdl+merged",
                    "palette+gemv-mma-queue+tiled+pdl", "huffman", "palette+gemv",
                    "palette+gemv-mma-staged",
                    "palette+gemv-mma-prefetch", "huffman+ahead",
@@ -2293,7 +2294,8 @@ E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm
                     "palette+gemv-mma-queue+tiled": "gemv:mma_queue", "palette+gemv-mma+tiled+pdl": "gemv:pdl",
                     "palette+gemv-mma-queue+tiled+pdl": "gemv:mma_queue",
                     "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2", "huffman+ahead": "huffman:ahead",
-                    "palette+vec8": "palette:vec8", "palette+tiled": "tiled", "palette+gemv-mma+tiled": "tiled"}
+                    "palette+vec8": "palette:vec8", "palette+tiled": "tiled", "palette+gemv-mma+tiled": "tiled",
+                    "palette+gemv-mma+tiled+merged": "tiled", "palette+gemv-mma+tiled+pdl+merged": "gemv:pdl"}
 
 
 # The harness' self-test sizes (device "cpu": the dry run runs the bench children on these).
@@ -2308,6 +2310,10 @@ SMOKE_E2E = dict(layers=1, batches=[1], prompt=4, steps=1, runs=2,
 # is measured at (tuning_table.BUCKET_BATCH, up to the fused kernels' 256), so every bucket the
 # dispatcher looks up gets an entry, 65-256 included (where the wgmma GEMM is meant to win).
 KERNEL_BATCHES = (1, 4, 16, 32, 64, 256)
+# Shapes the kernel benchmark times after the layer shapes: a Llama-8B layer's gate/up stacked
+# into one matrix (runtime/siblings.py; its stacked q/k/v is the 6144 x 4096 "qkv" shape), so
+# the tuning table has entries for the stacked shapes.
+STACKED_SHAPES = (("gate_up", 28672, 4096),)
 
 
 def bench_child(name: str, budget: float, path: str, skip: dict, device: str = "cuda") -> int:
@@ -2328,7 +2334,8 @@ def bench_child(name: str, budget: float, path: str, skip: dict, device: str = "
             res = bench_decode.run(torch, shapes, b, out_path=path, log=quiet, skip=skip,
                                    **({} if gpu else {"runs": 3, "slots_layer": SMOKE_SLOTS_LAYER}))
         elif name == "kernels":
-            res = bench_kernels.run(torch, shapes if gpu else shapes[:1], b, out_path=path, log=quiet, skip=skip,
+            res = bench_kernels.run(torch, shapes + list(STACKED_SHAPES) if gpu else shapes[:1], b, out_path=path,
+                                    log=quiet, skip=skip,
                                     **({"batches": KERNEL_BATCHES} if gpu else {"runs": 3, "batches": (1, 4)}))
             res.pop("_table", None)
         elif name == "e2e":

@@ -30,7 +30,7 @@ from ..format.header import TensorHeader
 from ..runtime import kernel_plan as plan
 from . import _ext
 
-__all__ = ["build_lut", "transcode_to_palette", "exp_histogram", "palette_encode", "palette_verbatim"]
+__all__ = ["build_lut", "transcode_to_palette", "encode_palette", "exp_histogram", "palette_encode", "palette_verbatim"]
 
 
 # ------------------------------------------------------------------------ build_lut
@@ -171,6 +171,35 @@ def transcode_to_palette(header: TensorHeader, planes: dict, lut: Tensor, err: T
     torch.ops.unweight.decode_huffman(sm, planes[C.SUFFIX_EXP], planes[C.SUFFIX_OFF], table, lut, exps, err,
                                       rows, cols, header.rows_per_group, header.cols_per_chunk,
                                       header.exp_lo, header.exp_hi, planes.get(C.SUFFIX_CHK), header.chk_interval)
+    hdr, out = _palette_from_exponents(exps, sm, header)
+    if int(err.item()) != before:
+        raise FormatError("corrupt exponent stream found by the GPU decoder during the palette transcode")
+    return hdr, out
+
+
+def encode_palette(w: Tensor, like: TensorHeader) -> tuple[TensorHeader, dict]:
+    """Palette-encode a bf16 [rows, cols] matrix on its device (load time: reads two counts back
+    on CUDA; the host codec on CPU): the host codec's planes for the same matrix.  like: a
+    header with w's shape whose segment grid and crc32 (of w's bytes, the caller's to know)
+    the result carries.  Returns (palette header, {suffix: tensor} on w's device)."""
+    if w.dtype != torch.bfloat16 or w.dim() != 2 or (w.size(0), w.size(1)) != (like.rows, like.cols):
+        raise ValueError(f"encode_palette: need a bf16 [{like.rows}, {like.cols}] matrix")
+    w = w.contiguous()
+    if w.device.type != "cuda":
+        enc = tc.encode(w.view(torch.uint16).numpy(), "palette", grid=(like.rows_per_group, like.cols_per_chunk))
+        if enc.header.crc32 != like.crc32:
+            raise FormatError("encode_palette: the matrix's crc32 is not the one its header gives")
+        return enc.header, {s: torch.from_numpy(np.ascontiguousarray(a)) for s, a in enc.planes.items()}
+    bits = w.view(torch.int16)
+    exps = ((bits >> 7) & 0xFF).to(torch.uint8)
+    sm = (((bits >> 8) & 0x80) | (bits & 0x7F)).to(torch.uint8)  # FORMAT.md: sign in bit 7, mantissa below
+    return _palette_from_exponents(exps, sm, like)
+
+
+def _palette_from_exponents(exps: Tensor, sm: Tensor, header: TensorHeader) -> tuple[TensorHeader, dict]:
+    """The palette planes of a matrix given its exponent bytes exps uint8 [rows, cols] and
+    sign+mantissa bytes sm on one CUDA device; header gives the shape, grid and crc32."""
+    rows, cols, dev = header.rows, header.cols, exps.device
     hist = torch.zeros(256, dtype=torch.int64, device=dev)
     torch.ops.unweight.exp_histogram(exps, hist)
     palette = tc.choose_palette(hist.cpu().numpy())  # 16 of 256 bins: the host picks, exactly as the codec
@@ -185,8 +214,6 @@ def transcode_to_palette(header: TensorHeader, planes: dict, lut: Tensor, err: T
     vpos = torch.empty(nv, dtype=torch.uint32, device=dev)
     vexp = torch.empty((nv, C.PAL_BLOCK), dtype=torch.uint8, device=dev)
     torch.ops.unweight.palette_verbatim(exps, flags, row_offsets, vpos, vexp, rows, cols)
-    if int(err.item()) != before:
-        raise FormatError("corrupt exponent stream found by the GPU decoder during the palette transcode")
     hdr = _palette_header(header, palette, nv)
     return hdr, {C.SUFFIX_HDR: torch.from_numpy(hdr.pack()).to(dev), C.SUFFIX_SM: sm, C.SUFFIX_IDX: idx,
                  C.SUFFIX_VPOS: vpos, C.SUFFIX_VEXP: vexp}

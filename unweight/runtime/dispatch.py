@@ -29,7 +29,7 @@ from .policy import (DECODE_CUBLAS, GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMM_WG, P
                      PALETTE_GEMV_MMA_QUEUE, DispatchPolicy)
 from .weights import EncodedWeight
 
-__all__ = ["linear", "embedding", "decode_into", "decode_new", "fused", "use_decoders", "decoder_variant",
+__all__ = ["linear", "linear_group", "embedding", "decode_into", "decode_new", "fused", "use_decoders", "decoder_variant",
            "palette_variant"]
 
 _DECODE_ONLY = DispatchPolicy(None)
@@ -208,6 +208,43 @@ def _linear(pieces: list, x: Tensor, bias: Tensor | None, out_rows: int, cols: i
         w = w.to(x.dtype)
         bias = None if bias is None else bias.to(x.dtype)
     return policy.dense_linear(x, w, bias)
+
+
+def linear_group(w: EncodedWeight, x: Tensor, rows: list, biases: list, policy: DispatchPolicy | None = None):
+    """The outputs of stacked sibling projections (runtime/siblings.py) on one input: x [..., cols]
+    bf16 on w's device, w the stacked [sum(rows), cols] palette weight, biases one per member
+    (or None) -> [y_i [..., rows[i]]], column views of one result where no bias is added; None
+    where the group cannot run (another dtype, a tracked x): each member then runs alone.
+    A fused kernel multiplies the whole stack once; decode + GEMM decodes it once and multiplies
+    member by member, so each member gets the original model's bits."""
+    policy = policy or _DECODE_ONLY
+    cols = w.cols
+    if x.dtype != torch.bfloat16 or x.shape[-1] != cols or (torch.is_grad_enabled() and x.requires_grad):
+        return None
+    M = x.numel() // cols if cols else 0
+    lead = x.shape[:-1]
+    path = policy.linear_path(w, M, x.device)
+    if path != DECODE_CUBLAS:
+        x2 = x.reshape(M, cols)
+        if x2.stride(1) != 1:
+            x2 = x2.contiguous()
+        try:
+            y = fused(w, x2, path)
+        except (ValueError, RuntimeError) as e:
+            policy.refuse(w, M, x.device, path, str(e))
+        else:
+            outs, r = [], 0
+            for n, b in zip(rows, biases):
+                o = y[:, r:r + n]
+                outs.append((o if b is None else o + b.to(o.dtype)).view(*lead, n))
+                r += n
+            return outs
+    wd = decode_into([w], scratch.weights(x.device, w.rows * cols), w.rows, cols, policy)
+    outs, r = [], 0
+    for n, b in zip(rows, biases):
+        outs.append(policy.dense_linear(x, wd[r:r + n], b))
+        r += n
+    return outs
 
 
 def _piece_linear(w: EncodedWeight, x2: Tensor, bias: Tensor | None, path: str, policy: DispatchPolicy) -> Tensor:

@@ -174,6 +174,7 @@ class CompressedWeightMixin:
         if not getattr(self, "_order_hooks", False):
             self._register_state_dict_hook(_file_order_state_dict)
             self._register_load_state_dict_pre_hook(_loading_file_order, with_module=True)
+            self.register_load_state_dict_post_hook(_loaded_header)
             self._order_hooks = True
         self.__dict__.setdefault("policy", None)  # kept across replace_planes (a transcode)
         self.header = header
@@ -400,10 +401,22 @@ def _file_order_state_dict(module, state_dict, prefix, local_metadata):
 
 
 def _loading_file_order(module, state_dict, prefix, *args):
-    """load_state_dict() pre-hook: the load copies file-order bytes into the buffers."""
+    """load_state_dict() pre-hook: the load copies file-order bytes into the buffers (and into
+    a sibling group's stacked planes, which the group then no longer describes)."""
     if prefix + "weight" + C.SUFFIX_SM in state_dict:
         module._tiled = False
         module._pal_map = None
+        group = module.__dict__.get("_uw_group")
+        if group is not None:
+            group.dissolve()
+
+
+def _loaded_header(module, incompatible_keys):
+    """load_state_dict() post-hook: the module decodes with the header it now holds.  A header
+    plane of the same size may carry another palette or verbatim count than the one the module
+    was built with (another checkpoint of the same shapes, or a stacked sibling's re-encoding)."""
+    if not module._tied and module.weight__hdr.device.type != "meta":
+        module.check_loaded()
 
 
 class _ShapeOnly:
@@ -461,6 +474,11 @@ class CompressedLinear(CompressedWeightMixin, nn.Module):
         return cls(enc.header, bias=bias, device=lin.weight.device, planes=enc.planes)
 
     def forward(self, x: Tensor) -> Tensor:
+        group = self.__dict__.get("_uw_group")  # stacked with its siblings (runtime/siblings.py)
+        if group is not None:
+            y = group.forward(self, x)
+            if y is not None:
+                return y
         return dispatch.linear([self.encoded()], x, self.bias, self.n_rows, self.n_cols, self.policy)
 
     def to_dense(self) -> nn.Linear:

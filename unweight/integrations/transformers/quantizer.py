@@ -43,8 +43,9 @@ class UnweightConfig(QuantizationConfigMixin):
 
     format_version: "1.0"; encoding: what compress was asked for; mode: runtime mode
     ("auto" | "huffman" | "palette" | "dense"); verify: decode+checksum pass at load;
-    plane_order: "auto", "file" or "tiled", the order palette matmul weights are held in (prepare).
-    The last three are load options (unweight.load sets them).
+    plane_order: "auto", "file" or "tiled", the order palette matmul weights are held in (prepare);
+    merge_siblings: stack sibling projections (prepare).  The last four are load options
+    (unweight.load sets them).
     Unknown keys (tool_version, encoded_dtype, ...) are kept so config.json round-trips.
     """
 
@@ -151,7 +152,8 @@ class UnweightHfQuantizer(HfQuantizer):
             prepare(model, mode, plane_order=order)
             tp.reinstall_styles(model, before)
             return model
-        prepare(model, mode, plane_order=order)
+        prepare(model, mode, plane_order=order,
+                merge_siblings=bool(getattr(self.quantization_config, "merge_siblings", False)))
         return model
 
     def is_serializable(self):

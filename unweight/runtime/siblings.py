@@ -1,0 +1,228 @@
+"""Sibling projections run as one matmul: a Llama attention's q_proj, k_proj and v_proj, its
+MLP's gate_proj and up_proj, a BERT attention's query, key and value.
+
+Projections of one parent module that read the same input can run as one product over their
+stacked rows: one launch where there were three (or two), over a larger matrix.  A fused
+palette kernel pays a fixed cost per launch (its ramp and tail) that cuBLAS pays less of, and
+streams a large matrix closer to the memory's bandwidth than a small one; the serving engines
+hold such projections stacked for the same reason (vLLM's QKVParallelLinear and
+MergedColumnParallelLinear).  transformers keeps them as separate nn.Linear modules, so
+merge_siblings() stacks them after loading:
+
+* The group's rows are decoded and re-encoded as one palette matrix under one palette (the
+  16 most frequent exponents of the stacked rows; a block holding any other exponent is
+  stored verbatim, as in every palette weight) and checked to decode to the same bits.
+* The stacked planes are held once.  Each member's sm and idx buffers are views of its rows
+  (tile-major planes are row-tile-major, so a member's rows are its own tile-major planes),
+  with its own header, verbatim lists and the shared palette: every member stays a complete
+  palette weight (its state_dict(), its forward alone), and no byte is held twice.
+* A forward: the first member called computes the whole group (dispatch.linear_group) and
+  keeps the others' outputs for their calls with the same input tensor (the same object at
+  the same version); a call with any other input, or with autograd tracking it, runs the
+  member alone.  The outputs are column views of one [..., rows] result.
+* A member whose planes changed after the merge (a state-dict load, .to(), a re-order) ends
+  its group, checked at every forward; the members then run alone, each still correct.
+
+The members' outputs equal their own forwards' where both take decode + GEMM (the decoded
+rows multiply member by member); a fused kernel plans its K split for the stacked shape, so
+its sums may round differently than on one member alone, within the same bound.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from ..codec import tensor_codec as tc
+from ..format import constants as C
+from ..format.errors import FormatError
+from ..ops import layout as ops_layout
+from ..ops import transcode
+from . import dispatch, scratch
+from . import kernel_plan as kp
+from .modules import CompressedLinear
+from .weights import EncodedWeight
+
+log = logging.getLogger("unweight")
+
+# Child names of one parent that read the same input, in the order a forward calls them.
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("query", "key", "value"), ("w1", "w3"))
+
+__all__ = ["SIBLINGS", "SiblingGroup", "dissolve_all", "merge_siblings", "sibling_sets"]
+
+
+def sibling_sets(model: nn.Module) -> list:
+    """[(parent name, [(child name, module)])] for every parent holding a whole set of SIBLINGS
+    as CompressedLinear modules."""
+    out = []
+    for pname, parent in model.named_modules():
+        for names in SIBLINGS:
+            mods = [getattr(parent, n, None) for n in names]
+            if all(isinstance(m, CompressedLinear) for m in mods):
+                out.append((pname, list(zip(names, mods))))
+    return out
+
+
+def _why_not(mods: list) -> str | None:
+    """Why these modules cannot be stacked (None: they can)."""
+    if any(m.is_tied for m in mods):
+        return "a member reads another module's planes"
+    if any(m.encoding != C.ENC_PALETTE for m in mods):
+        return "not every member is palette-encoded"
+    if len({m.n_cols for m in mods}) != 1 or len({str(m.device) for m in mods}) != 1:
+        return "the members differ in columns or device"
+    if len({(m.plane_order, m.palette_order) for m in mods}) != 1:
+        return "the members hold different plane or palette orders"
+    if mods[0].plane_order == "tiled" and any(m.n_rows % kp.PAL_TILE_ROWS for m in mods):
+        return "tile-major members of rows that are not whole tiles"
+    if any(m.__dict__.get("_uw_group") is not None for m in mods):
+        return "a member is in a group already"
+    return None
+
+
+class SiblingGroup:
+    """The stacked palette weight of sibling CompressedLinear modules (see the module docstring).
+
+    members: the modules in stacking order; w: the stacked EncodedWeight [sum of rows, cols]
+    on their device, whose sm and idx the members' buffers are row views of."""
+
+    def __init__(self, members: list, w: EncodedWeight):
+        self.members = list(members)
+        self.rows = [m.n_rows for m in members]
+        self.w = w
+        self._planes = [(m.weight__sm, m.weight__idx) for m in members]
+        self._state = [(m._tiled, m._pal_map) for m in members]
+        self._versions = (w.sm._version, w.idx._version)
+        self._stash = None  # (input, its version, {member: output}) of the last group forward
+
+    def intact(self) -> bool:
+        """Whether every member still holds the planes the group was built on, unchanged."""
+        if (self.w.sm._version, self.w.idx._version) != self._versions:
+            return False
+        for m, (sm, idx), st in zip(self.members, self._planes, self._state):
+            if m.__dict__.get("_uw_group") is not self or m.weight__sm is not sm or m.weight__idx is not idx:
+                return False
+            if (m._tiled, m._pal_map) != st:
+                return False
+        return True
+
+    def dissolve(self) -> None:
+        """Let every member run alone (their planes stay valid; the stacked weight is dropped)."""
+        for m in self.members:
+            if m.__dict__.get("_uw_group") is self:
+                del m.__dict__["_uw_group"]
+        self._stash = None
+        log.info("unweight: sibling group of %d modules dissolved (a member's planes changed)", len(self.members))
+
+    def forward(self, member: CompressedLinear, x: Tensor) -> Tensor | None:
+        """`member`'s output for x from the group's product, or None: the member runs alone."""
+        if not self.intact():
+            self.dissolve()
+            return None
+        if torch.is_grad_enabled() and x.requires_grad:
+            return None
+        try:
+            ver = x._version
+        except RuntimeError:  # an inference-mode tensor keeps no version: its reuse can't be checked
+            return None
+        st = self._stash
+        if st is not None and st[0] is x and st[1] == ver and member in st[2]:
+            y = st[2].pop(member)
+            if not st[2]:
+                self._stash = None
+            return y
+        outs = dispatch.linear_group(self.w, x, self.rows, [m.bias for m in self.members], member.policy)
+        if outs is None:
+            return None
+        i = self.members.index(member)
+        rest = {m: y for j, (m, y) in enumerate(zip(self.members, outs)) if j != i}
+        self._stash = (x, ver, rest) if rest else None
+        return outs[i]
+
+
+def _merge(mods: list, names: list) -> SiblingGroup:
+    """Stack `mods` (checked by _why_not) into one palette weight; see the module docstring."""
+    tiled, paired = mods[0].plane_order == "tiled", mods[0].palette_order == "paired"
+    for m in mods:  # build in file order and the stored palette order, then put them back
+        m.set_plane_order("file")
+        m.set_palette_order("file")
+    orig = [m.decode_weight() for m in mods]
+    w = torch.cat(orig)
+    rows, cols = w.shape
+    crc = mods[0].header.crc32
+    for m in mods[1:]:
+        crc = tc._crc32_combine(crc, m.header.crc32, m.n_rows * cols * 2)
+    R, C_ = tc.choose_grid(rows, cols)
+    like = dataclasses.replace(mods[0].header, rows=rows, cols=cols, rows_per_group=R, cols_per_chunk=C_, crc32=crc)
+    hdr, planes = transcode.encode_palette(w, like)
+    dev = mods[0].device
+    planes = {s: t.to(dev) for s, t in planes.items()}
+    sm, idx, vexp = planes[C.SUFFIX_SM], planes[C.SUFFIX_IDX], planes[C.SUFFIX_VEXP]
+    vpos = planes[C.SUFFIX_VPOS].cpu().numpy().astype(np.int64)
+    bpr = kp.blocks_per_row(cols)
+    r = 0
+    for m, n in zip(mods, [m.n_rows for m in mods]):
+        lo, hi = (int(i) for i in np.searchsorted(vpos, [r * bpr, (r + n) * bpr]))
+        mh = dataclasses.replace(m.header, encoding=C.ENC_PALETTE, pal_size=hdr.pal_size, pal_block=hdr.pal_block,
+                                 num_verbatim=hi - lo, palette=hdr.palette)
+        m.replace_planes(mh, {C.SUFFIX_HDR: torch.from_numpy(mh.pack()).to(dev), C.SUFFIX_SM: sm[r:r + n],
+                              C.SUFFIX_IDX: idx[r:r + n],
+                              C.SUFFIX_VPOS: torch.from_numpy((vpos[lo:hi] - r * bpr).astype(np.uint32)).to(dev),
+                              C.SUFFIX_VEXP: vexp[lo:hi]})
+        r += n
+    for m, o in zip(mods, orig):  # every member alone, and so the stack, gives the original bits
+        if not torch.equal(m.decode_weight().view(torch.int16), o.view(torch.int16)):
+            raise FormatError(f"stacking siblings: a member's re-encoded rows do not decode to its weight "
+                              f"({m.n_rows} x {cols})")
+    palette = [int(b) for b in hdr.palette[: hdr.pal_size]]
+    pal_map = None
+    if tiled:
+        st, it = ops_layout.tile_palette_planes(sm, idx)
+        sm.copy_(st)
+        idx.copy_(it)
+    if paired:
+        p = ops_layout.pair_index(palette, idx)
+        if p is not None:
+            idx.copy_(p[2])
+            pal_map = p[:2]
+    for m in mods:
+        m._tiled, m._pal_map = tiled, pal_map
+    ew = EncodedWeight(C.ENC_PALETTE, rows, cols, R, C_, 0, 0, palette if pal_map is None else pal_map[0], sm,
+                       idx=idx, vpos=planes[C.SUFFIX_VPOS], vexp=vexp, name="+".join(names), tiled=tiled)
+    g = SiblingGroup(mods, ew)
+    for m in mods:
+        m.__dict__["_uw_group"] = g
+    scratch.reserve(dev, rows * cols)  # the group's decode + GEMM path decodes the whole stack
+    return g
+
+
+def merge_siblings(model: nn.Module) -> dict:
+    """Stack every set of sibling projections of `model` that can be (after prepare(): palette
+    modules in their final plane and palette orders).  Returns {"groups": [[names], ...],
+    "skipped": {parent: reason}}."""
+    done, skipped = [], {}
+    for pname, members in sibling_sets(model):
+        mods = [m for _, m in members]
+        why = _why_not(mods)
+        if why is not None:
+            skipped[pname] = why
+            continue
+        names = [f"{pname}.{n}" if pname else n for n, _ in members]
+        _merge(mods, names)
+        done.append(names)
+    if done:
+        log.info("unweight: %d sibling groups stacked (%s, ...)", len(done), ", ".join(done[0]))
+    return {"groups": done, "skipped": skipped}
+
+
+def dissolve_all(model: nn.Module) -> int:
+    """End every sibling group of `model` (prepare() starts from single modules); returns how
+    many there were.  The members keep their planes: the stacked encoding of their rows."""
+    groups = {id(g): g for _, m in model.named_modules() if (g := m.__dict__.get("_uw_group")) is not None}
+    for g in groups.values():
+        g.dissolve()
+    return len(groups)
