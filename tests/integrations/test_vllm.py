@@ -55,7 +55,7 @@ def _ok(r):
 
 def _llama_variants(models, root) -> dict:
     """Copies of the huffman Llama: quantization_config mode "palette" (with plane_order
-    "tiled") and "dense", and one with a flipped bit in a raw tensor (a norm)."""
+    "tiled" and merge_siblings) and "dense", and one with a flipped bit in a raw tensor (a norm)."""
     import shutil
     import struct
     out = {}
@@ -65,8 +65,9 @@ def _llama_variants(models, root) -> dict:
         p = os.path.join(out[mode], "config.json")
         cfg = json.load(open(p))
         cfg["quantization_config"]["mode"] = mode
-        if mode == "palette":  # and its linear pieces held tile-major
+        if mode == "palette":  # its linear pieces held tile-major, a merged layer's as one stack
             cfg["quantization_config"]["plane_order"] = "tiled"
+            cfg["quantization_config"]["merge_siblings"] = True
         json.dump(cfg, open(p, "w"))
     out["flipped"] = os.path.join(root, "flipped")
     shutil.copytree(models["huffman"], out["flipped"])
@@ -104,6 +105,8 @@ def test_tp1_eager_compiled_and_decode_at_load(models, tmp_path):
     assert _ok(res[5]) == base_eager             # palette mode on a huffman file: shards transcoded on the host,
     assert any(pc["plane_order"] == "tiled"      # and held tile-major (plane_order "tiled")
                for r in res[5]["reports"][0].values() for pc in r.get("pieces", ()) if "plane_order" in pc)
+    stacked = {k for k, r in res[5]["reports"][0].items() if "stacked" in r}  # qkv and gate_up: one matrix each
+    assert stacked and all(k.endswith(("qkv_proj", "gate_up_proj")) for k in stacked), stacked
     assert _ok(res[6]) == base_compiled          # dense mode compiled (unweight_vllm::dense_gemm)
     assert "checksum mismatch in tensor 'model.layers.0.input_layernorm.weight'" in res[7]["error"]
     assert "LoRA adapters need the base weights dense" in res[8]["error"]

@@ -188,3 +188,72 @@ def test_groups_it_cannot_stack_are_left_as_they_are(llama_ck):
     siblings.merge_siblings(b)
     assert siblings.merge_siblings(b)["skipped"] == {"": "a member is in a group already"}
     assert np.all([x.plane_order == "file" for x in (b.q_proj, b.k_proj, b.v_proj)])
+
+
+def test_stack_weights_takes_pieces_in_any_order():
+    """A vLLM merged layer's pieces (runtime.siblings.stack_weights): tile-major, paired-palette
+    and file-order pieces under three palettes give one file-order weight of their rows."""
+    from unweight.runtime.weights import hold_paired
+    from unweight.ops import layout as ops_layout
+    a = _Attn()
+    ws = [m.encoded() for m in (a.q_proj, a.k_proj, a.v_proj)]
+    want = torch.cat(_dense([a.q_proj, a.k_proj, a.v_proj]))
+    ws[0].sm, ws[0].idx = ops_layout.tile_palette_planes(ws[0].sm, ws[0].idx)
+    ws[0].tiled = True
+    ws[2] = hold_paired(ws[2])
+    w = siblings.stack_weights(ws)
+    assert (w.rows, w.cols, w.tiled, w.is_huffman) == (96, 128, False, False)
+    assert torch.equal(_bits(dispatch.decode_new([w], 96, 128)), _bits(want))
+    with pytest.raises(ValueError, match="one column count"):
+        siblings.stack_weights([ws[0], CompressedLinear.from_linear(_linear(16, 64, 0.02), "palette").encoded()])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("order", ["file", "tiled"])
+def test_cuda_stacked_group_on_the_fused_kernels(order):
+    """On the GPU: the stack re-encoded by the device passes (ops.transcode.encode_palette) with
+    the members' paired palette and plane order; decode + GEMM gives each member's own bits,
+    the tensor-core GEMV (forced) one launch over the stack within bf16 rounding of them, in a
+    CUDA graph too."""
+    from unweight import ops
+    from unweight.runtime import prepare, scratch
+    from unweight.runtime.policy import DispatchPolicy
+    if not ops.cuda_kernels_built():
+        pytest.skip("unweight._cuda not built")
+
+    class Forced(DispatchPolicy):
+        def linear_path(self, w, M, device):
+            return tt.PALETTE_GEMV_MMA if M <= 32 else tt.DECODE_CUBLAS
+
+    a = nn.Module()
+    a.q_proj = CompressedLinear.from_linear(_linear(512, 1024, 0.02, seed=1).cuda(), "palette")
+    a.k_proj = CompressedLinear.from_linear(_linear(128, 1024, 0.5, seed=2).cuda(), "palette")
+    a.v_proj = CompressedLinear.from_linear(_linear(128, 1024, 0.002, seed=3).cuda(), "palette")
+    mods = [a.q_proj, a.k_proj, a.v_proj]
+    for m in mods:
+        prepare.prepare_module(m)
+        m.set_plane_order(order)
+    want_w = _dense(mods)
+    scratch.reset_device_errors("cuda")
+    x = torch.randn(4, 1024, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        ref = [torch.nn.functional.linear(x, w) for w in want_w]
+        assert siblings.merge_siblings(a)["groups"]
+        assert all(m.plane_order == order and m.palette_order == mods[0].palette_order for m in mods)
+        assert all(torch.equal(_bits(m.decode_weight()), _bits(w)) for m, w in zip(mods, want_w))
+        got = [m(x) for m in mods]  # decode + GEMM
+        assert all(torch.equal(_bits(y), _bits(r)) for y, r in zip(got, ref))
+        for m in mods:
+            m.policy = Forced(None)
+        fused = [m(x) for m in mods]
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            captured = [m(x) for m in mods]
+        g.replay()
+        torch.cuda.synchronize()
+    for y, c, r in zip(fused, captured, ref):
+        assert torch.equal(_bits(y), _bits(c))
+        err = (y.float() - r.float()).abs().max().item()
+        assert err <= 0.02 * r.float().abs().max().item() + 1e-3, err
+    assert "_uw_group" in a.q_proj.__dict__ and scratch.device_errors("cuda") == 0

@@ -17,6 +17,7 @@ codec's ``tensor_codec.transcode_to_palette``: same grid, palette, idx, vpos and
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import List
 
 import numpy as np
@@ -177,19 +178,26 @@ def transcode_to_palette(header: TensorHeader, planes: dict, lut: Tensor, err: T
     return hdr, out
 
 
-def encode_palette(w: Tensor, like: TensorHeader) -> tuple[TensorHeader, dict]:
+def encode_palette(w: Tensor, grid: tuple[int, int], crc32: int | None = None) -> tuple[TensorHeader, dict]:
     """Palette-encode a bf16 [rows, cols] matrix on its device (load time: reads two counts back
-    on CUDA; the host codec on CPU): the host codec's planes for the same matrix.  like: a
-    header with w's shape whose segment grid and crc32 (of w's bytes, the caller's to know)
-    the result carries.  Returns (palette header, {suffix: tensor} on w's device)."""
-    if w.dtype != torch.bfloat16 or w.dim() != 2 or (w.size(0), w.size(1)) != (like.rows, like.cols):
-        raise ValueError(f"encode_palette: need a bf16 [{like.rows}, {like.cols}] matrix")
+    on CUDA; the host codec on CPU): the host codec's planes for the same matrix.  grid: the
+    header's segment grid (rows_per_group, cols_per_chunk); crc32: the crc32 of w's bytes when
+    the caller knows it (checked on CPU), else None: the header's field is 0, for a weight held
+    in memory that no reader checks.  Returns (palette header, {suffix: tensor} on w's device)."""
+    if w.dtype != torch.bfloat16 or w.dim() != 2:
+        raise ValueError("encode_palette: need a bf16 [rows, cols] matrix")
     w = w.contiguous()
+    rows, cols = w.shape
     if w.device.type != "cuda":
-        enc = tc.encode(w.view(torch.uint16).numpy(), "palette", grid=(like.rows_per_group, like.cols_per_chunk))
-        if enc.header.crc32 != like.crc32:
-            raise FormatError("encode_palette: the matrix's crc32 is not the one its header gives")
-        return enc.header, {s: torch.from_numpy(np.ascontiguousarray(a)) for s, a in enc.planes.items()}
+        enc = tc.encode(w.view(torch.uint16).numpy(), "palette", grid=grid)
+        if crc32 is not None and enc.header.crc32 != crc32:
+            raise FormatError("encode_palette: the matrix's crc32 is not the one given")
+        hdr = enc.header if crc32 is not None else dataclasses.replace(enc.header, crc32=0)
+        planes = {s: torch.from_numpy(np.ascontiguousarray(a)) for s, a in enc.planes.items()}
+        planes[C.SUFFIX_HDR] = torch.from_numpy(hdr.pack())
+        return hdr, planes
+    like = TensorHeader(encoding=C.ENC_PALETTE, rows=rows, cols=cols, rows_per_group=grid[0], cols_per_chunk=grid[1],
+                        crc32=0 if crc32 is None else crc32)
     bits = w.view(torch.int16)
     exps = ((bits >> 7) & 0xFF).to(torch.uint8)
     sm = (((bits >> 8) & 0x80) | (bits & 0x7F)).to(torch.uint8)  # FORMAT.md: sign in bit 7, mantissa below

@@ -52,7 +52,8 @@ log = logging.getLogger("unweight")
 # Child names of one parent that read the same input, in the order a forward calls them.
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("query", "key", "value"), ("w1", "w3"))
 
-__all__ = ["SIBLINGS", "SiblingGroup", "dissolve_all", "merge_siblings", "sibling_sets"]
+__all__ = ["SIBLINGS", "SiblingGroup", "dissolve_all", "merge_siblings", "sibling_sets", "stack_planes",
+           "stack_weights"]
 
 
 def sibling_sets(model: nn.Module) -> list:
@@ -144,28 +145,49 @@ class SiblingGroup:
         return outs[i]
 
 
+def stack_planes(ws: list, policy=None) -> tuple:
+    """The palette planes of encoded weights' rows stacked: (header, {suffix: tensor} on their
+    device, [each weight decoded, bf16 [rows_i, cols]]).  ws: EncodedWeights of one cols on one
+    device, any encoding and order; the result is in file order under the palette of the stacked
+    rows (ops.transcode.encode_palette; its header's crc32 is 0: it is held in memory only) and
+    decodes to the weights' bits, which is checked (FormatError otherwise)."""
+    cols = ws[0].cols
+    if any(w.cols != cols for w in ws) or len({str(w.device) for w in ws}) != 1:
+        raise ValueError("stack_planes: weights of one column count on one device")
+    parts = [dispatch.decode_new([w], w.rows, cols, policy) for w in ws]
+    full = torch.cat(parts)
+    hdr, planes = transcode.encode_palette(full, tc.choose_grid(full.size(0), cols))
+    dev = ws[0].device
+    planes = {s: t.to(dev) for s, t in planes.items()}
+    got = dispatch.decode_new([EncodedWeight.from_header(hdr, planes)], hdr.rows, cols, policy)
+    if not torch.equal(got.view(torch.int16), full.view(torch.int16)):
+        raise FormatError(f"stacking {len(ws)} weights: the stacked planes do not decode to their rows")
+    return hdr, planes, parts
+
+
+def stack_weights(ws: list, policy=None) -> EncodedWeight:
+    """One palette EncodedWeight of `ws`' rows stacked (stack_planes), file order, its palette
+    as chosen: a vLLM merged projection's pieces as one matrix (paired and tiled by the caller)."""
+    hdr, planes, _ = stack_planes(ws, policy)
+    return EncodedWeight.from_header(hdr, planes, name="+".join(w.name for w in ws if w.name))
+
+
 def _merge(mods: list, names: list) -> SiblingGroup:
     """Stack `mods` (checked by _why_not) into one palette weight; see the module docstring."""
     tiled, paired = mods[0].plane_order == "tiled", mods[0].palette_order == "paired"
     for m in mods:  # build in file order and the stored palette order, then put them back
         m.set_plane_order("file")
         m.set_palette_order("file")
-    orig = [m.decode_weight() for m in mods]
-    w = torch.cat(orig)
-    rows, cols = w.shape
-    crc = mods[0].header.crc32
-    for m in mods[1:]:
-        crc = tc._crc32_combine(crc, m.header.crc32, m.n_rows * cols * 2)
-    R, C_ = tc.choose_grid(rows, cols)
-    like = dataclasses.replace(mods[0].header, rows=rows, cols=cols, rows_per_group=R, cols_per_chunk=C_, crc32=crc)
-    hdr, planes = transcode.encode_palette(w, like)
+    policy = mods[0].policy
+    hdr, planes, orig = stack_planes([m.encoded() for m in mods], policy)
+    rows, cols = hdr.rows, hdr.cols
     dev = mods[0].device
-    planes = {s: t.to(dev) for s, t in planes.items()}
     sm, idx, vexp = planes[C.SUFFIX_SM], planes[C.SUFFIX_IDX], planes[C.SUFFIX_VEXP]
     vpos = planes[C.SUFFIX_VPOS].cpu().numpy().astype(np.int64)
     bpr = kp.blocks_per_row(cols)
     r = 0
-    for m, n in zip(mods, [m.n_rows for m in mods]):
+    for m in mods:
+        n = m.n_rows
         lo, hi = (int(i) for i in np.searchsorted(vpos, [r * bpr, (r + n) * bpr]))
         mh = dataclasses.replace(m.header, encoding=C.ENC_PALETTE, pal_size=hdr.pal_size, pal_block=hdr.pal_block,
                                  num_verbatim=hi - lo, palette=hdr.palette)
@@ -174,7 +196,7 @@ def _merge(mods: list, names: list) -> SiblingGroup:
                               C.SUFFIX_VPOS: torch.from_numpy((vpos[lo:hi] - r * bpr).astype(np.uint32)).to(dev),
                               C.SUFFIX_VEXP: vexp[lo:hi]})
         r += n
-    for m, o in zip(mods, orig):  # every member alone, and so the stack, gives the original bits
+    for m, o in zip(mods, orig):  # each member alone decodes to its own weight
         if not torch.equal(m.decode_weight().view(torch.int16), o.view(torch.int16)):
             raise FormatError(f"stacking siblings: a member's re-encoded rows do not decode to its weight "
                               f"({m.n_rows} x {cols})")
@@ -191,8 +213,9 @@ def _merge(mods: list, names: list) -> SiblingGroup:
             pal_map = p[:2]
     for m in mods:
         m._tiled, m._pal_map = tiled, pal_map
-    ew = EncodedWeight(C.ENC_PALETTE, rows, cols, R, C_, 0, 0, palette if pal_map is None else pal_map[0], sm,
-                       idx=idx, vpos=planes[C.SUFFIX_VPOS], vexp=vexp, name="+".join(names), tiled=tiled)
+    ew = EncodedWeight(C.ENC_PALETTE, rows, cols, hdr.rows_per_group, hdr.cols_per_chunk, 0, 0,
+                       palette if pal_map is None else pal_map[0], sm, idx=idx, vpos=planes[C.SUFFIX_VPOS],
+                       vexp=vexp, name="+".join(names), tiled=tiled)
     g = SiblingGroup(mods, ew)
     for m in mods:
         m.__dict__["_uw_group"] = g

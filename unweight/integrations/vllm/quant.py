@@ -24,7 +24,10 @@ stored encoding (serving is where memory is short), "dense" decodes each rank's 
 BF16 at load.  ``quantization_config.plane_order`` (or UNWEIGHT_PLANE_ORDER) "tiled" holds the
 palette pieces of linear layers tile-major (ops/layout.py; the same results), "file" as
 stored, and "auto" (the default) each piece in the order the dispatch table measured faster
-for its shape on this GPU (file order where nothing was measured, and on CPU).  Every layer
+for its shape on this GPU (file order where nothing was measured, and on CPU).
+``quantization_config.merge_siblings`` (or UNWEIGHT_MERGE_SIBLINGS=1) holds a merged layer's
+palette pieces (q/k/v, gate/up) as one matrix under one palette (runtime/siblings.py): one
+fused launch per forward instead of one per piece and a concatenation.  Every layer
 logs one ``unweight layer report {json}`` line: its path, and per
 piece the block of the tensor this rank holds and its bytes (an experts layer: one entry per
 gate / up / down over the rank's experts, the bytes summed).
@@ -56,7 +59,9 @@ from ...format.quant_config import check_format_version, refuse_source_quantizat
 from ...runtime import dispatch, scratch
 from ...runtime.modes import check_mode, check_plane_order, sharded_mode
 from ...runtime.policy import DispatchPolicy
+from ...runtime.siblings import stack_weights
 from ...runtime.tuning_table import load_table
+from ...runtime.weights import hold_paired
 from . import ops as uvops
 from .common import (PLANE_DTYPES, device_piece, gather, hold_tiled, log, missing_plane, report_layer, take_shard,
                      tp_info)
@@ -118,18 +123,28 @@ def _refuse_lora() -> None:
                          "--load-format unweight (decoded to bf16 at load) to use --enable-lora")
 
 
+def _flag(env: str | None, value) -> bool:
+    """An on/off option: the environment's word when set ("1", "true", "yes" mean on), else the
+    config's value."""
+    if env is not None and env != "":
+        return env.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
 @register_quantization_config(C.QUANT_METHOD)
 class UnweightConfig(QuantizationConfig):
     """quantization_config of a checkpoint written by ``unweight compress``."""
 
     def __init__(self, format_version: str = C.FORMAT_VERSION, encoding: str | None = None, mode: str = "auto",
-                 plane_order: str = "auto"):
+                 plane_order: str = "auto", merge_siblings: bool = False):
         super().__init__()
         self.format_version = check_format_version(format_version)
         self.encoding = encoding
         self.mode = check_mode(mode or "auto")
         # palette linear weights held tile-major (ops/layout.py) or as stored, as unweight.load's
         self.plane_order = check_plane_order(plane_order)
+        # a merged projection's palette pieces (q/k/v, gate/up) held as one stacked matrix
+        self.merge_siblings = bool(merge_siblings)
         # base tensor name -> [rows, cols, encoding, R, C]; filled by maybe_update_config
         self.encoded: dict[str, list] = {}
         self.model_path: str | None = None
@@ -159,7 +174,8 @@ class UnweightConfig(QuantizationConfig):
         refuse_source_quantization(config.get("source_quantization_config"), "unweight checkpoint")
         return cls(format_version=config.get("format_version", C.FORMAT_VERSION), encoding=config.get("encoding"),
                    mode=os.environ.get("UNWEIGHT_MODE") or config.get("mode") or "auto",
-                   plane_order=os.environ.get("UNWEIGHT_PLANE_ORDER") or config.get("plane_order") or "auto")
+                   plane_order=os.environ.get("UNWEIGHT_PLANE_ORDER") or config.get("plane_order") or "auto",
+                   merge_siblings=_flag(os.environ.get("UNWEIGHT_MERGE_SIBLINGS"), config.get("merge_siblings")))
 
     def maybe_update_config(self, model_name: str, hf_config=None, revision: str | None = None):
         """Read every encoded tensor's header (small ``__hdr`` planes only) from the checkpoint.
@@ -412,6 +428,17 @@ class _UnweightMethodBase(QuantizeMethodBase):
             delattr(layer, "weight" + suf)
         del layer._uw_pieces, layer._uw_pending
         record = {"tp_rank": rank, "tp_size": size, "verified": verify, "mode": mode}
+        if (self.config.merge_siblings and mode == "palette" and len(weights) > 1
+                and not isinstance(layer, VocabParallelEmbedding)):
+            # One matrix of the pieces' rows under one palette (runtime/siblings.py): one fused
+            # launch and no concatenation per forward; decode + GEMM gives the same bits.
+            stacked = stack_weights(weights, uvops.current_policy())
+            weights = [hold_tiled(hold_paired(stacked) if dev.type == "cuda" else stacked,
+                                  self.config.plane_order, uvops.current_policy())]
+            w = weights[0]
+            record["stacked"] = {"rows": w.rows, "plane_order": "tiled" if w.tiled else "file",
+                                 "held_bytes": sum(int(t.numel() * t.element_size())
+                                                   for t in uvops.piece_planes(w, _EMPTY) if t is not None)}
         if mode == "dense":
             w = dispatch.decode_new(weights, layer._uw_out_rows, layer._uw_cols, uvops.current_policy())
             layer.register_buffer("uw_dense", w, persistent=False)
@@ -429,7 +456,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
             layer._uw_n, layer._uw_meta = len(tensors), meta
             scratch.reserve(dev, layer._uw_out_rows * layer._uw_cols)
             record["path"] = "compressed"
-        held = sum(r["held_bytes"] for r in report)
+        held = record["stacked"]["held_bytes"] if "stacked" in record else sum(r["held_bytes"] for r in report)
         bf16 = sum(r["bf16_shard_bytes"] for r in report)
         report_layer(self.prefix, {**record, "pieces": report, "held_bytes": held, "bf16_bytes": bf16})
         log.info("unweight: %s -> %s (%s, rank %d/%d holds %s, %.3fx of its bf16 shard)", self.prefix,
