@@ -104,6 +104,25 @@ def test_tracked_inputs_and_inference_tensors_run_each_member_alone():
     assert all(torch.equal(_bits(p), _bits(q)) for p, q in zip(ys, want))
 
 
+def test_a_traced_forward_runs_each_member_alone(monkeypatch):
+    """Inside a torch.compile trace the group keeps no stash (Python state a graph cannot hold):
+    every member runs its own forward, so a compiled model is the unstacked compiled model."""
+    a = _Attn()
+    siblings.merge_siblings(a)
+    seen = []
+    real = dispatch.linear_group
+    monkeypatch.setattr(dispatch, "linear_group", lambda *args: (seen.append(1), real(*args))[1])
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    x = torch.randn(2, 128).to(torch.bfloat16)
+    with torch.no_grad():
+        got = a(x)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    with torch.no_grad():
+        want = a(x)
+    assert len(seen) == 1  # the eager forward only
+    assert all(torch.equal(_bits(p), _bits(q)) for p, q in zip(got, want))
+
+
 def test_a_changed_member_ends_its_group():
     a = _Attn()
     x = torch.randn(2, 128).to(torch.bfloat16)

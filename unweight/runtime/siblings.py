@@ -18,8 +18,8 @@ merge_siblings() stacks them after loading:
   palette weight (its state_dict(), its forward alone), and no byte is held twice.
 * A forward: the first member called computes the whole group (dispatch.linear_group) and
   keeps the others' outputs for their calls with the same input tensor (the same object at
-  the same version); a call with any other input, or with autograd tracking it, runs the
-  member alone.  The outputs are column views of one [..., rows] result.
+  the same version); a call with any other input, with autograd tracking it, or inside a
+  torch.compile trace runs the member alone.  The outputs are column views of one [..., rows] result.
 * A member whose planes changed after the merge (a state-dict load, .to(), a re-order) ends
   its group, checked at every forward; the members then run alone, each still correct.
 
@@ -121,6 +121,8 @@ class SiblingGroup:
 
     def forward(self, member: CompressedLinear, x: Tensor) -> Tensor | None:
         """`member`'s output for x from the group's product, or None: the member runs alone."""
+        if torch.compiler.is_compiling():
+            return None  # a traced forward runs each member alone: its stash is Python state a graph can't keep
         if not self.intact():
             self.dissolve()
             return None
