@@ -341,10 +341,13 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
         # ("+pdl": programmatic launch on for this mode only)
         with helpers.programmatic(True) if pdl else contextlib.nullcontext(False) as pdl_on:
             try:
-                info = prep.prepare(model, base, policy=None, plane_order=order, merge_siblings=merged)
+                # Stacked siblings: "+merged" always; a forced fused path never (its policy would
+                # record the stack as measured); otherwise the runtime's default ("auto").
+                merge = True if merged else False if extra in FUSED_PATHS else "auto"
+                info = prep.prepare(model, base, policy=None, plane_order=order, merge_siblings=merge)
                 if extra in FUSED_PATHS:
                     pol = forced_fused_policy(model, dev, FUSED_PATHS[extra])
-                    info = prep.prepare(model, base, policy=pol, plane_order=order, merge_siblings=merged)
+                    info = prep.prepare(model, base, policy=pol, plane_order=order, merge_siblings=merge)
                 entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio",
                                                            "tiled_modules", "paired_palette_modules",
                                                            "sibling_groups")},

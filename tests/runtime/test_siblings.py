@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 import unweight
-from unweight.runtime import dispatch, siblings
+from unweight.runtime import dispatch, prepare, siblings
 from unweight.runtime import tuning_table as tt
 from unweight.runtime.modules import CompressedLinear, compressed_modules
 
@@ -192,6 +192,11 @@ def test_a_loaded_llama_stacks_its_projections(llama_ck):
     with torch.no_grad():
         assert torch.equal(_bits(m(ids).logits), _bits(want))
     assert not any("_uw_group" in x.__dict__ for _, x in compressed_modules(m))
+    assert ref.unweight_info["sibling_groups"] == 0  # the default, "auto": nothing measured on a CPU
+    with pytest.raises(unweight.InputError, match="merge_siblings"):
+        unweight.load(ck["palette"], device="cpu", merge_siblings="yes")
+    with pytest.raises(ValueError, match="merge_siblings"):
+        prepare.prepare(m, "palette", merge_siblings="always")
 
 
 def test_groups_it_cannot_stack_are_left_as_they_are(llama_ck):
@@ -236,7 +241,7 @@ def test_cuda_stacked_group_on_the_fused_kernels(order):
     the tensor-core GEMV (forced) one launch over the stack within bf16 rounding of them, in a
     CUDA graph too."""
     from unweight import ops
-    from unweight.runtime import prepare, scratch
+    from unweight.runtime import scratch
     from unweight.runtime.policy import DispatchPolicy
     if not ops.cuda_kernels_built():
         pytest.skip("unweight._cuda not built")
@@ -276,3 +281,55 @@ def test_cuda_stacked_group_on_the_fused_kernels(order):
         err = (y.float() - r.float()).abs().max().item()
         assert err <= 0.02 * r.float().abs().max().item() + 1e-3, err
     assert "_uw_group" in a.q_proj.__dict__ and scratch.device_errors("cuda") == 0
+
+
+def _table_policy(entries):
+    """A DispatchPolicy on a table of {(N, K, encoding, bucket): {path: ms}} for device "GPU"."""
+    from unweight.runtime.policy import DispatchPolicy
+    t = tt.TuningTable()
+    for (n, k, enc, M), times in entries.items():
+        t.record("GPU", n, k, enc, M, times)
+    pol = DispatchPolicy(t)
+    pol.device_name = lambda device: "GPU"
+    return pol
+
+
+def test_stack_gain_reads_the_table():
+    """DispatchPolicy.stack_gain: members' best times apart over the stack's fused time; a member
+    the table never timed counts as its rows' share of the stack's decode + cuBLAS time."""
+    cuda = torch.device("cuda", 0)
+    pol = _table_policy({(6144, 4096, "palette", 1): {"decode_cublas": 36.0, tt.PALETTE_GEMV_MMA: 18.0},
+                         (4096, 4096, "palette", 1): {"decode_cublas": 30.0, tt.PALETTE_GEMV_MMA: 12.0}})
+    assert pol.stack_gain([4096, 1024, 1024], 4096, cuda, False) == pytest.approx((12.0 + 2 * 36.0 / 6) / 18.0)
+    assert pol.stack_gain([4096, 1024, 1024], 4096, cuda, True) is None  # no tile-major entry
+    assert pol.stack_gain([4096, 1024, 1024], 4096, torch.device("cpu"), False) is None
+    assert pol.stack_gain([4096, 4096], 4096, cuda, False) is None  # 8192 x 4096 never timed
+    slow = _table_policy({(6144, 4096, "palette", 1): {"decode_cublas": 36.0}})
+    assert slow.stack_gain([4096, 1024, 1024], 4096, cuda, False) is None  # decode + cuBLAS won there
+
+
+def test_auto_stacks_only_what_was_measured_faster(monkeypatch):
+    from unweight.runtime.policy import DispatchPolicy
+    a = _Attn()
+    for m in (a.q_proj, a.k_proj, a.v_proj):
+        m.policy = DispatchPolicy(None)
+    out = siblings.merge_siblings(a, "auto")
+    assert not out["groups"] and out["skipped"] == {"": "no fused path measured faster for the stacked shape"}
+    monkeypatch.setattr(DispatchPolicy, "stack_gain", lambda self, *args, **kw: 0.9)
+    assert siblings.merge_siblings(a, "auto")["skipped"] == {"": "the stack is not measured faster than its members"}
+    monkeypatch.setattr(DispatchPolicy, "stack_gain", lambda self, *args, **kw: 1.3)
+    assert a.k_proj.set_plane_order("tiled") and a.q_proj.plane_order == "file"
+
+    def broken(ws, policy=None):
+        raise unweight.FormatError("no")
+    real = siblings.stack_planes
+    monkeypatch.setattr(siblings, "stack_planes", broken)
+    out = siblings.merge_siblings(a, "auto", plane_order="file")  # a failure in "auto": the members run alone
+    assert out["skipped"] == {"": "stacking failed: no"} and a.k_proj.plane_order == "tiled"
+    with pytest.raises(unweight.FormatError):
+        siblings.merge_siblings(a, "always")
+    monkeypatch.setattr(siblings, "stack_planes", real)
+    assert siblings.merge_siblings(a, "auto", plane_order="file")["groups"] == [["q_proj", "k_proj", "v_proj"]]
+    assert a.k_proj.plane_order == "file"  # the stack's order, on CPU "file" whatever the member held
+    with pytest.raises(ValueError, match="when"):
+        siblings.merge_siblings(a, "sometimes")

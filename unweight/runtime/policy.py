@@ -10,6 +10,7 @@ bit for bit.
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from typing import Callable
 
@@ -20,8 +21,8 @@ from . import kernel_plan as kp
 from .tuning_table import (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMM_WG,
                            PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA,
                            PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH, PALETTE_GEMV_MMA_BULK,
-                           PALETTE_GEMV_MMA_QUEUE, GEMV_PATHS, TuningTable, bucket, load_table, split_key,
-                           table_encoding)
+                           PALETTE_GEMV_MMA_QUEUE, GEMV_PATHS, TuningTable, bucket, entry_key, load_table,
+                           split_key, table_encoding)
 from .weights import EncodedWeight
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,30 @@ class DispatchPolicy:
         if self.table is None or not self.table.entries or device.type != "cuda":
             return False
         return self.table.faster(self.device_name(device), N, K, "palette", M, path)
+
+    def stack_gain(self, rows: list, K: int, device, tiled: bool, M: int = 1) -> float | None:
+        """How much faster palette [rows_i, K] weights that read one input run as one stacked
+        [sum(rows), K] matrix at batch M on `device` (runtime/siblings.py), by the table: the
+        members' time run apart over the stack's (> 1: stacking wins), or None where the stack
+        was not measured with a fused path faster than decode + cuBLAS.  A member the table did
+        not measure runs decode + cuBLAS: counted as its rows' share of the stack's
+        decode + cuBLAS time (a low estimate: a smaller matrix takes more time per row)."""
+        device = torch.device(device)
+        if self.table is None or not self.table.entries or device.type != "cuda" or not rows:
+            return None
+        name, enc, b, N = self.device_name(device), table_encoding("palette", tiled), bucket(M), sum(rows)
+        path = self.table.lookup(name, N, K, enc, M)
+        e = self.table.entries.get(entry_key(name, N, K, enc, b))
+        if path == DECODE_CUBLAS or e is None:
+            return None
+        stacked, base = e["times_ms"].get(path), e["times_ms"].get(DECODE_CUBLAS)
+        if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in (stacked, base)):
+            return None
+        apart = 0.0
+        for n in rows:
+            ms = self.table.best_ms(name, n, K, enc, b)
+            apart += ms if ms is not None else base * n / N
+        return apart / stacked
 
     def _key(self, w: EncodedWeight, M: int, device: torch.device) -> tuple:
         """(device name, N, K, table encoding, bucket): the table key of w at batch M; a

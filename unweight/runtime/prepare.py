@@ -222,7 +222,7 @@ def _auto_modes(owners: list, stacks: list = ()) -> dict:
 
 
 def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolicy | None = None,
-            plane_order: str = "auto", merge_siblings: bool = False) -> dict:
+            plane_order: str = "auto", merge_siblings: bool | str = "auto") -> dict:
     """Finish a model whose compressed modules hold loaded planes: validate, apply `mode`,
     build device tables, set the dispatch policy (default: the measured one, which only ever
     picks a fused kernel on CUDA), reserve scratch.  plane_order: "tiled" holds every palette
@@ -231,12 +231,16 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     file order, each decode untiles them first), "file" keeps the stored order, "auto" each
     weight in the order the policy's table measured faster for its shape and device (file
     order where nothing was measured, and on CPU).  Palette weights on CUDA hold their
-    palette in paired order (CompressedWeightMixin.set_palette_order).  merge_siblings: stack
-    each parent's sibling projections that read one input (q/k/v, gate/up; runtime/siblings.py)
-    into one palette matrix that a forward multiplies once, the members' planes views of it.
-    Returns the summary stored as model.unweight_info."""
+    palette in paired order (CompressedWeightMixin.set_palette_order).  merge_siblings: True
+    stacks each parent's sibling projections that read one input (q/k/v, gate/up;
+    runtime/siblings.py) into one palette matrix that a forward multiplies once, the members'
+    planes views of it; "auto" (the default) only where the policy measured the stack faster
+    than its members apart (never on CPU); False never.  Returns the summary stored as
+    model.unweight_info."""
     check_mode(mode)
     check_plane_order(plane_order, ValueError)
+    if merge_siblings not in (True, False, "auto"):
+        raise ValueError(f"merge_siblings={merge_siblings!r}: choose True, False or 'auto'")
     siblings.dissolve_all(model)  # a mode or order applies to each module alone; merged again below
     plan = getattr(model, "_unweight_plan", {}) or {}
     decode_fallbacks(model, plan)
@@ -310,7 +314,8 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
         paired += m.palette_order == "paired" and not m.is_tied
     for *_, st in experts.expert_stacks(model):
         st.policy = policy
-    stacked = siblings.merge_siblings(model) if merge_siblings else {"groups": [], "skipped": {}}
+    stacked = (siblings.merge_siblings(model, "auto" if merge_siblings == "auto" else "always", plane_order)
+               if merge_siblings else {"groups": [], "skipped": {}})
     info = {"mode": mode, "modules": counts, "experts": experts_info, "tiled_modules": tiled,
             "paired_palette_modules": paired, "sibling_groups": len(stacked["groups"]),
             **_held_totals(model, experts_info),

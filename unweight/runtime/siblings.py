@@ -45,6 +45,7 @@ from ..ops import transcode
 from . import dispatch, scratch
 from . import kernel_plan as kp
 from .modules import CompressedLinear
+from .policy import resolve_plane_order
 from .weights import EncodedWeight
 
 log = logging.getLogger("unweight")
@@ -76,10 +77,6 @@ def _why_not(mods: list) -> str | None:
         return "not every member is palette-encoded"
     if len({m.n_cols for m in mods}) != 1 or len({str(m.device) for m in mods}) != 1:
         return "the members differ in columns or device"
-    if len({(m.plane_order, m.palette_order) for m in mods}) != 1:
-        return "the members hold different plane or palette orders"
-    if mods[0].plane_order == "tiled" and any(m.n_rows % kp.PAL_TILE_ROWS for m in mods):
-        return "tile-major members of rows that are not whole tiles"
     if any(m.__dict__.get("_uw_group") is not None for m in mods):
         return "a member is in a group already"
     return None
@@ -174,20 +171,43 @@ def stack_weights(ws: list, policy=None) -> EncodedWeight:
     return EncodedWeight.from_header(hdr, planes, name="+".join(w.name for w in ws if w.name))
 
 
-def _merge(mods: list, names: list) -> SiblingGroup:
-    """Stack `mods` (checked by _why_not) into one palette weight; see the module docstring."""
-    tiled, paired = mods[0].plane_order == "tiled", mods[0].palette_order == "paired"
-    for m in mods:  # build in file order and the stored palette order, then put them back
+def _stack_order(mods: list, plane_order: str) -> tuple[bool, bool]:
+    """(tiled, paired): the orders a stack of `mods` is held in.  Tile-major when `plane_order`
+    resolves so for the stack's shape (runtime.policy.resolve_plane_order: "auto" is the
+    table's choice for it) and every member is whole 16-row tiles; the paired palette on CUDA
+    (the decode's cheaper lookup), the stored one on CPU, as prepare holds single modules."""
+    rows, cols, dev = sum(m.n_rows for m in mods), mods[0].n_cols, mods[0].device
+    can = kp.pal_tiled_ok(rows, cols) and all(m.n_rows % kp.PAL_TILE_ROWS == 0 for m in mods)
+    tiled = resolve_plane_order(plane_order if can else "file", mods[0].policy, rows, cols, dev) == "tiled"
+    return tiled and can, dev.type == "cuda"
+
+
+def _merge(mods: list, names: list, tiled: bool, paired: bool, state: dict | None = None) -> SiblingGroup:
+    """Stack `mods` (checked by _why_not) into one palette weight held tile-major or not and
+    with its palette paired or not; see the module docstring.  A failure before any member's
+    planes are replaced leaves the members as they were and raises; state["replaced"] (when
+    given) says whether the failure came later."""
+    state = {} if state is None else state
+    state["replaced"] = False
+    before = [(m.plane_order, m.palette_order) for m in mods]
+    for m in mods:  # build in file order and the stored palette order
         m.set_plane_order("file")
         m.set_palette_order("file")
     policy = mods[0].policy
-    hdr, planes, orig = stack_planes([m.encoded() for m in mods], policy)
+    try:
+        hdr, planes, orig = stack_planes([m.encoded() for m in mods], policy)
+    except BaseException:
+        for m, (po, pa) in zip(mods, before):
+            m.set_plane_order(po)
+            m.set_palette_order(pa)
+        raise
     rows, cols = hdr.rows, hdr.cols
     dev = mods[0].device
     sm, idx, vexp = planes[C.SUFFIX_SM], planes[C.SUFFIX_IDX], planes[C.SUFFIX_VEXP]
     vpos = planes[C.SUFFIX_VPOS].cpu().numpy().astype(np.int64)
     bpr = kp.blocks_per_row(cols)
     r = 0
+    state["replaced"] = True
     for m in mods:
         n = m.n_rows
         lo, hi = (int(i) for i in np.searchsorted(vpos, [r * bpr, (r + n) * bpr]))
@@ -225,19 +245,41 @@ def _merge(mods: list, names: list) -> SiblingGroup:
     return g
 
 
-def merge_siblings(model: nn.Module) -> dict:
-    """Stack every set of sibling projections of `model` that can be (after prepare(): palette
-    modules in their final plane and palette orders).  Returns {"groups": [[names], ...],
-    "skipped": {parent: reason}}."""
+def merge_siblings(model: nn.Module, when: str = "always", plane_order: str = "auto") -> dict:
+    """Stack the sets of sibling projections of `model` (after prepare(): palette modules with
+    their policies).  when: "always" every set that can be, "auto" only where the members'
+    policy measured the stack faster than the members apart at batch 1, the decode step
+    (DispatchPolicy.stack_gain; never off CUDA or without measurements).  plane_order: the
+    stack's plane order ("auto": the table's choice for the stacked shape).  Returns
+    {"groups": [[names], ...], "skipped": {parent: reason}}."""
+    if when not in ("always", "auto"):
+        raise ValueError(f"merge_siblings when={when!r}: choose 'always' or 'auto'")
     done, skipped = [], {}
     for pname, members in sibling_sets(model):
         mods = [m for _, m in members]
         why = _why_not(mods)
+        tiled, paired = _stack_order(mods, plane_order) if why is None else (False, False)
+        if why is None and when == "auto":
+            pol = mods[0].policy
+            gain = (pol.stack_gain([m.n_rows for m in mods], mods[0].n_cols, mods[0].device, tiled)
+                    if pol is not None else None)
+            if gain is None or gain <= 1.0:
+                why = ("the stack is not measured faster than its members" if gain is not None
+                       else "no fused path measured faster for the stacked shape")
         if why is not None:
             skipped[pname] = why
             continue
         names = [f"{pname}.{n}" if pname else n for n, _ in members]
-        _merge(mods, names)
+        state = {}
+        try:
+            _merge(mods, names, tiled, paired, state)
+        except (FormatError, RuntimeError, ValueError) as e:
+            if when != "auto" or state.get("replaced"):
+                raise  # asked for by name, or the members' planes were already replaced
+            # "auto" is an optimisation the caller did not ask for by name: the members run alone
+            log.warning("unweight: %s not stacked (%s)", ", ".join(names), e)
+            skipped[pname] = f"stacking failed: {e}"
+            continue
         done.append(names)
     if done:
         log.info("unweight: %d sibling groups stacked (%s, ...)", len(done), ", ".join(done[0]))

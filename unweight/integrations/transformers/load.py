@@ -23,7 +23,8 @@ def _model_class(config):
 
 
 def load(path: str, device: str | torch.device | None = None, mode: str = "auto", *, model_class=None,
-         verify: bool = True, plane_order: str = "auto", merge_siblings: bool = False, **from_pretrained_kwargs):
+         verify: bool = True, plane_order: str = "auto", merge_siblings: bool | str = "auto",
+         **from_pretrained_kwargs):
     """Load an unweight checkpoint folder as a ready transformers model.
 
     path: folder written by ``unweight compress`` (config.json + safetensors shards).
@@ -38,9 +39,11 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
         (the default) each in the order the dispatch table measured faster for its shape on
         its GPU, file order where nothing was measured.  Tile-major is for a GPU: on CPU every
         decode first puts the planes back in file order, which only costs.
-    merge_siblings: hold each set of sibling projections that read one input (q/k/v,
-        gate/up) as one stacked palette matrix, one matmul per set (runtime/siblings.py); palette
-        modules only, not with a tensor-parallel plan.
+    merge_siblings: True holds each set of sibling projections that read one input (q/k/v,
+        gate/up) as one stacked palette matrix, one matmul per set (runtime/siblings.py);
+        "auto" (the default) only where the dispatch table measured the stack faster than its
+        members apart on this GPU (never on CPU); False never.  Palette modules only, not with
+        a tensor-parallel plan.
     Returns the model in eval mode (with ``output_loading_info=True``, from_pretrained's
     (model, loading info) pair); model.unweight_info summarizes what was done.  A checkpoint
     the model cannot take whole (a stored tensor with no place, a parameter the checkpoint
@@ -61,7 +64,9 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
     qc = dict(qc) if qc is not None else {}
     if qc.get("quant_method") != C.QUANT_METHOD:
         raise InputError(f"{path}: config.json has no unweight quantization_config (compress it with unweight)")
-    qc.update(mode=mode, verify=verify, plane_order=plane_order, merge_siblings=bool(merge_siblings))
+    if merge_siblings not in (True, False, "auto"):
+        raise InputError(f"merge_siblings={merge_siblings!r}: choose True, False or 'auto'")
+    qc.update(mode=mode, verify=verify, plane_order=plane_order, merge_siblings=merge_siblings)
     config.quantization_config = qc
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

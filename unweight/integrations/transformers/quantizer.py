@@ -149,11 +149,12 @@ class UnweightHfQuantizer(HfQuantizer):
             tp.load_tp_planes(model, verify=env_verify(bool(getattr(self.quantization_config, "verify", True))))
             mode = tp.resolve_mode(mode, model)
             before = dict(model.named_modules())
-            prepare(model, mode, plane_order=order)
+            # transformers' TP plan shards each projection on its own: stacking would mix the shards
+            prepare(model, mode, plane_order=order, merge_siblings=False)
             tp.reinstall_styles(model, before)
             return model
-        prepare(model, mode, plane_order=order,
-                merge_siblings=bool(getattr(self.quantization_config, "merge_siblings", False)))
+        merge = getattr(self.quantization_config, "merge_siblings", "auto")
+        prepare(model, mode, plane_order=order, merge_siblings=merge if merge in (True, False) else "auto")
         return model
 
     def is_serializable(self):

@@ -25,9 +25,10 @@ BF16 at load.  ``quantization_config.plane_order`` (or UNWEIGHT_PLANE_ORDER) "ti
 palette pieces of linear layers tile-major (ops/layout.py; the same results), "file" as
 stored, and "auto" (the default) each piece in the order the dispatch table measured faster
 for its shape on this GPU (file order where nothing was measured, and on CPU).
-``quantization_config.merge_siblings`` (or UNWEIGHT_MERGE_SIBLINGS=1) holds a merged layer's
+``quantization_config.merge_siblings`` (or UNWEIGHT_MERGE_SIBLINGS) true holds a merged layer's
 palette pieces (q/k/v, gate/up) as one matrix under one palette (runtime/siblings.py): one
-fused launch per forward instead of one per piece and a concatenation.  Every layer
+fused launch per forward instead of one per piece and a concatenation; "auto" (the default)
+only where the dispatch table measured the stack faster than the pieces apart; false never.  Every layer
 logs one ``unweight layer report {json}`` line: its path, and per
 piece the block of the tensor this rank holds and its bytes (an experts layer: one entry per
 gate / up / down over the rank's experts, the bytes summed).
@@ -57,8 +58,9 @@ from ...format.errors import FormatError, InputError
 from ...format.header import TensorHeader
 from ...format.quant_config import check_format_version, refuse_source_quantization
 from ...runtime import dispatch, scratch
+from ...runtime import kernel_plan as kp
 from ...runtime.modes import check_mode, check_plane_order, sharded_mode
-from ...runtime.policy import DispatchPolicy
+from ...runtime.policy import DispatchPolicy, resolve_plane_order
 from ...runtime.siblings import stack_weights
 from ...runtime.tuning_table import load_table
 from ...runtime.weights import hold_paired
@@ -123,12 +125,16 @@ def _refuse_lora() -> None:
                          "--load-format unweight (decoded to bf16 at load) to use --enable-lora")
 
 
-def _flag(env: str | None, value) -> bool:
-    """An on/off option: the environment's word when set ("1", "true", "yes" mean on), else the
-    config's value."""
-    if env is not None and env != "":
-        return env.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
+def _flag(env: str | None, value, default="auto"):
+    """An on / off / "auto" option: the environment's word when set ("1", "true", "yes", "on";
+    "0", "false", "no", "off"; "auto"), else the config's value, else `default`."""
+    v = env.strip().lower() if env else value
+    if v is None:
+        return default
+    if isinstance(v, str):
+        w = v.strip().lower()
+        return True if w in ("1", "true", "yes", "on") else False if w in ("0", "false", "no", "off") else w
+    return bool(v)
 
 
 @register_quantization_config(C.QUANT_METHOD)
@@ -136,15 +142,18 @@ class UnweightConfig(QuantizationConfig):
     """quantization_config of a checkpoint written by ``unweight compress``."""
 
     def __init__(self, format_version: str = C.FORMAT_VERSION, encoding: str | None = None, mode: str = "auto",
-                 plane_order: str = "auto", merge_siblings: bool = False):
+                 plane_order: str = "auto", merge_siblings: bool | str = "auto"):
         super().__init__()
         self.format_version = check_format_version(format_version)
         self.encoding = encoding
         self.mode = check_mode(mode or "auto")
         # palette linear weights held tile-major (ops/layout.py) or as stored, as unweight.load's
         self.plane_order = check_plane_order(plane_order)
-        # a merged projection's palette pieces (q/k/v, gate/up) held as one stacked matrix
-        self.merge_siblings = bool(merge_siblings)
+        # a merged projection's palette pieces (q/k/v, gate/up) held as one stacked matrix:
+        # True, False, or "auto" where the dispatch table measured the stack faster
+        if merge_siblings not in (True, False, "auto"):
+            raise InputError(f"merge_siblings={merge_siblings!r}: choose true, false or \"auto\"")
+        self.merge_siblings = merge_siblings
         # base tensor name -> [rows, cols, encoding, R, C]; filled by maybe_update_config
         self.encoded: dict[str, list] = {}
         self.model_path: str | None = None
@@ -428,8 +437,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
             delattr(layer, "weight" + suf)
         del layer._uw_pieces, layer._uw_pending
         record = {"tp_rank": rank, "tp_size": size, "verified": verify, "mode": mode}
-        if (self.config.merge_siblings and mode == "palette" and len(weights) > 1
-                and not isinstance(layer, VocabParallelEmbedding)):
+        if self._stacks(weights, mode, layer, dev):
             # One matrix of the pieces' rows under one palette (runtime/siblings.py): one fused
             # launch and no concatenation per forward; decode + GEMM gives the same bits.
             stacked = stack_weights(weights, uvops.current_policy())
@@ -463,6 +471,23 @@ class _UnweightMethodBase(QuantizeMethodBase):
                  "compressed in memory" if mode != "dense" else "decoded to bf16 at load", report[0]["encoding"],
                  rank, size, ", ".join(f"{r['name'].rsplit('.', 2)[-2]} rows {r['rows']} cols {r['cols']}"
                                        for r in report), held / max(1, bf16))
+
+    def _stacks(self, weights: list, mode: str, layer, dev) -> bool:
+        """Whether a merged layer's palette pieces are held as one stack: merge_siblings True, or
+        "auto" and the dispatch table measured the stack faster than the pieces apart
+        (DispatchPolicy.stack_gain, at batch 1 in the order the stack would be held in)."""
+        want = self.config.merge_siblings
+        if (not want or mode != "palette" or len(weights) < 2 or isinstance(layer, VocabParallelEmbedding)
+                or any(w.is_huffman for w in weights)):
+            return False
+        if want is True:
+            return True
+        pol = uvops.current_policy()
+        rows, cols = [w.rows for w in weights], weights[0].cols
+        tiled = (kp.pal_tiled_ok(sum(rows), cols) and all(r % kp.PAL_TILE_ROWS == 0 for r in rows)
+                 and resolve_plane_order(self.config.plane_order, pol, sum(rows), cols, dev) == "tiled")
+        gain = pol.stack_gain(rows, cols, dev, tiled) if pol is not None else None
+        return gain is not None and gain > 1.0
 
     def _verify_piece(self, layer, pc):
         """Decode this rank's shard once and check the TP group's shards against the stored crc32."""
