@@ -240,3 +240,17 @@ def test_cuda_linear_and_embedding_bitwise(enc):
     ids = torch.randint(0, 4000, (3, 7), device="cuda")
     assert torch.equal(ce(ids), emb(ids))
     assert scratch.device_errors("cuda") == 0
+
+
+def test_a_state_dict_load_decodes_with_the_loaded_header():
+    """Two palette weights of one shape, their palettes different and no verbatim block in
+    either (so every plane has the same size): loading one's state dict into the other's module
+    must decode with the loaded palette, not the one the module was built with."""
+    a, b = _linear(32, 64, bias=False, seed=1), _linear(32, 64, bias=False, seed=2)
+    with torch.no_grad():
+        b.weight.mul_(64.0)  # every exponent 6 up: another palette
+    ca, cb = CompressedLinear.from_linear(a, "palette"), CompressedLinear.from_linear(b, "palette")
+    assert ca.palette != cb.palette and ca.weight__vpos.numel() == cb.weight__vpos.numel() == 0
+    ca.load_state_dict(cb.state_dict())
+    assert ca.palette == cb.palette
+    assert torch.equal(ca.decode_weight().view(torch.int16), b.weight.detach().view(torch.int16))

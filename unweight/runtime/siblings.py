@@ -15,7 +15,8 @@ merge_siblings() stacks them after loading:
 * The stacked planes are held once.  Each member's sm and idx buffers are views of its rows
   (tile-major planes are row-tile-major, so a member's rows are its own tile-major planes),
   with its own header, verbatim lists and the shared palette: every member stays a complete
-  palette weight (its state_dict(), its forward alone), and no byte is held twice.
+  palette weight (its state_dict(), its forward alone), and no byte is held twice.  Its
+  state_dict() is then that re-encoding (the same weights), not the checkpoint's bytes.
 * A forward: the first member called computes the whole group (dispatch.linear_group) and
   keeps the others' outputs for their calls with the same input tensor (the same object at
   the same version); a call with any other input, with autograd tracking it, or inside a
