@@ -44,6 +44,8 @@ import _bench_util as bu  # noqa: E402
 # one matmul multiplies (prepare's merge_siblings, runtime/siblings.py).  The members stay
 # re-encoded under the stack's palette after such a mode: the same weights, and on this model,
 # whose matrices share one distribution, the same palette, so later modes read the same bytes.
+# "bf16+merged" times the BF16 model with the same sets stacked (stack_dense_siblings), before
+# any compressed mode, wherever it is listed: the reference a serving engine's merged layers give.
 # A trailing "+pdl" (after "+tiled") runs the mode with programmatic dependent launch of the
 # tensor-core GEMV kernels on (ops.programmatic_launch; sm_90+): a launch may start streaming
 # its planes while the kernel ahead of it ends.
@@ -51,7 +53,7 @@ MODES = ("huffman", "palette", "palette+tiled", "huffman+fused", "palette+fused"
          "palette+fused-xs", "palette+gemv", "palette+gemv-mma", "palette+gemv-mma+tiled", "palette+fused-wide+tiled",
          "palette+gemv-mma-staged", "palette+gemv-mma-prefetch", "palette+gemv-mma-bulk+tiled",
          "palette+gemv-mma-queue+tiled", "palette+gemv-mma+tiled+pdl", "palette+gemv-mma-queue+tiled+pdl",
-         "palette+gemv-mma+tiled+merged", "palette+gemv-mma+tiled+pdl+merged", "palette+merged",
+         "palette+gemv-mma+tiled+merged", "palette+gemv-mma+tiled+pdl+merged", "palette+merged", "bf16+merged",
          "palette+gemv-deep", "palette+gemv-staged",
          "huffman+chain", "huffman+ahead", "huffman+ahead2", "huffman+ring", "palette+vec8", "palette+wide", "dense")
 FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs",
@@ -136,6 +138,46 @@ def forced_fused_policy(model, device, path: str = "palette_gemm"):
             for tiled in (False, True):  # the same choice whichever plane order the layer is held in
                 t.record(name, N, K, table_encoding(m.encoding_name, tiled), M, {"decode_cublas": 1.0, fused: 0.5})
     return pol
+
+
+def stack_dense_siblings(model):
+    """Run each set of BF16 sibling projections (runtime.siblings.SIBLINGS: q/k/v, gate/up) as
+    one GEMM over a stacked copy of their weights, as vLLM's merged layers hold them: the first
+    member called computes the set and hands the others their column views for the same input
+    tensor.  The BF16 reference for the compressed "+merged" modes.  Returns an undo callable
+    (restores each module's own forward and frees the copies) with `.sets`, the sets stacked."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from unweight.runtime.siblings import SIBLINGS
+    patched = []
+    sets = 0
+    for _, parent in model.named_modules():
+        for names in SIBLINGS:
+            mods = [getattr(parent, n, None) for n in names]
+            if not all(isinstance(m, nn.Linear) for m in mods) or any(m.bias is not None for m in mods):
+                continue
+            w = torch.cat([m.weight.detach() for m in mods])
+            rows = [m.out_features for m in mods]
+            stash = {}
+
+            def forward(x, i, w=w, rows=rows, stash=stash):
+                held = stash.get("outs")
+                if held is not None and stash.get("x") is x and i in held:
+                    return held.pop(i)
+                outs = torch.split(F.linear(x, w), rows, dim=-1)
+                stash.update(x=x, outs={j: o for j, o in enumerate(outs) if j != i})
+                return outs[i]
+            for i, m in enumerate(mods):
+                m.forward = (lambda i, f=forward: lambda x: f(x, i))(i)
+                patched.append(m)
+            sets += 1
+
+    def undo():
+        for m in patched:
+            m.__dict__.pop("forward", None)
+    undo.sets = sets
+    return undo
 
 
 def decoders_used(model) -> dict:
@@ -311,6 +353,20 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
     res["modes"]["bf16"] = entry
     log("e2e bf16: " + _summary(entry))
     save()
+    if "bf16+merged" in modes:  # the BF16 model with its siblings stacked, as a serving engine holds them
+        undo = stack_dense_siblings(model)
+        try:
+            entry = {"stacked_sets": undo.sets, "runs": []}
+            for b in batches:
+                r = time_decode(model, b, prompt, steps, runs, ref_logits=refs[b])
+                r.pop("last_logits", None)
+                entry["runs"].append(r)
+        finally:
+            undo()
+        res["modes"]["bf16+merged"] = entry
+        log("e2e bf16+merged: " + _summary(entry))
+        save()
+    modes = [m for m in modes if m != "bf16+merged"]
     sec = compress_in_place(model, "huffman")
     res["encode_seconds"] = sec
     per_mode = None
