@@ -678,6 +678,22 @@ def test_tune_shapes_are_the_encoded_matrices_and_their_tp_blocks(tiny_model, tm
         tune_shapes(str(tmp_path / "missing"))
 
 
+def test_tune_shapes_add_the_stacked_siblings(llama_ck):
+    """A set of sibling projections (runtime/stacking.py) adds its stacked shape: the tiny
+    Llama's gate and up ([128, 64] each) as [256, 64], with tp=2 too (each rank's [64, 64]
+    blocks stacked are [128, 64], gate's own shape); its k and v are too small to be
+    compressed, so there is no q/k/v stack."""
+    from unweight.api import tune_shapes
+    from unweight.runtime.stacking import sibling_tensors
+    _, ck = llama_ck
+    assert sibling_tensors(["a.q_proj.weight", "a.k_proj.weight", "a.v_proj.weight", "b.gate_proj.weight",
+                            "up_proj.weight", "gate_proj.weight", "c.k_proj.weight"]) == [
+        ["gate_proj.weight", "up_proj.weight"], ["a.q_proj.weight", "a.k_proj.weight", "a.v_proj.weight"]]
+    shapes = tune_shapes(ck["palette"])
+    assert (256, 64) in shapes and (96, 64) not in shapes
+    assert {(256, 64), (128, 64)} <= set(tune_shapes(ck["palette"], tp=2))
+
+
 def test_tune_refuses_without_a_cuda_gpu(tiny_model, tmp_path, monkeypatch):
     """Off a CUDA GPU, tune stops before timing anything with one InputError; bad options too."""
     torch = pytest.importorskip("torch")

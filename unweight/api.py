@@ -484,11 +484,15 @@ def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
     expert stack's per-expert matrix), sorted.  tp > 1: the shapes of one rank's block under
     tensor parallelism, split by rows (column-parallel layers) and by columns (row-parallel
     layers), each where the tensor's segment grid lets it split tp ways (the architecture,
-    which says which applies, is not read), and the whole shape (replicated layers)."""
+    which says which applies, is not read), and the whole shape (replicated layers).  Each set
+    of sibling projections (runtime/stacking.py: q/k/v, gate/up) adds its stacked shape, as a
+    runtime that stacks them runs it (runtime/siblings.py; with tp, the rank's row blocks
+    stacked)."""
     path = sources.as_path(path, "path")
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file or folder")
     from .codec import shard as sh
+    from .runtime.stacking import sibling_tensors
     ck = CompressedCheckpoint(path)
     shapes = set()
     try:
@@ -502,6 +506,17 @@ def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
                     continue  # this tensor cannot be split tp ways along that axis
                 for r, c in plan:
                     shapes.add((int(h.rows) if r is None else r[1] - r[0], int(h.cols) if c is None else c[1] - c[0]))
+        for group in sibling_tensors(ck.encoded):
+            hs = [ck.header(b) for b in group]
+            if len({int(h.cols) for h in hs}) != 1 or any(h.stack for h in hs):
+                continue
+            shapes.add((sum(int(h.rows) for h in hs), int(hs[0].cols)))
+            if tp > 1:
+                try:
+                    rows = [sh.tp_plan(h, tp, "rows", b)[0][0] for h, b in zip(hs, group)]
+                except sh.ShardError:
+                    continue
+                shapes.add((sum(r[1] - r[0] for r in rows), int(hs[0].cols)))
     finally:
         ck.close()
     return sorted(shapes)

@@ -47,12 +47,11 @@ from . import dispatch, scratch
 from . import kernel_plan as kp
 from .modules import CompressedLinear
 from .policy import resolve_plane_order
+from .stacking import SIBLINGS
 from .weights import EncodedWeight
 
 log = logging.getLogger("unweight")
 
-# Child names of one parent that read the same input, in the order a forward calls them.
-SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("query", "key", "value"), ("w1", "w3"))
 
 __all__ = ["SIBLINGS", "SiblingGroup", "dissolve_all", "merge_siblings", "sibling_sets", "stack_planes",
            "stack_weights"]
