@@ -44,6 +44,8 @@ import _bench_util as bu  # noqa: E402
 # one matmul multiplies (prepare's merge_siblings, runtime/siblings.py).  The members stay
 # re-encoded under the stack's palette after such a mode: the same weights, and on this model,
 # whose matrices share one distribution, the same palette, so later modes read the same bytes.
+# A trailing "+l2" (after all others) prefetches each matmul's weight into L2 on a side stream
+# while the kernels before it run (prepare's l2_prefetch, runtime/prefetch.py).
 # "bf16+merged" times the BF16 model with the same sets stacked (stack_dense_siblings), before
 # any compressed mode, wherever it is listed: the reference a serving engine's merged layers give.
 # A trailing "+pdl" (after "+tiled") runs the mode with programmatic dependent launch of the
@@ -54,6 +56,7 @@ MODES = ("huffman", "palette", "palette+tiled", "huffman+fused", "palette+fused"
          "palette+gemv-mma-staged", "palette+gemv-mma-prefetch", "palette+gemv-mma-bulk+tiled",
          "palette+gemv-mma-queue+tiled", "palette+gemv-mma+tiled+pdl", "palette+gemv-mma-queue+tiled+pdl",
          "palette+gemv-mma+tiled+merged", "palette+gemv-mma+tiled+pdl+merged", "palette+merged", "bf16+merged",
+         "palette+gemv-mma+tiled+merged+l2", "palette+gemv-mma+tiled+l2", "palette+l2",
          "palette+gemv-deep", "palette+gemv-staged",
          "huffman+chain", "huffman+ahead", "huffman+ahead2", "huffman+ring", "palette+vec8", "palette+wide", "dense")
 FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs",
@@ -382,6 +385,9 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
             continue
         t0 = time.perf_counter()
         base, _, extra = mode.partition("+")
+        l2 = extra == "l2" or extra.endswith("+l2")
+        if l2:
+            extra = extra[: -len("l2")].rstrip("+")
         merged = extra == "merged" or extra.endswith("+merged")
         if merged:
             extra = extra[: -len("merged")].rstrip("+")
@@ -400,13 +406,14 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
                 # Stacked siblings: "+merged" always; a forced fused path never (its policy would
                 # record the stack as measured); otherwise the runtime's default ("auto").
                 merge = True if merged else False if extra in FUSED_PATHS else "auto"
-                info = prep.prepare(model, base, policy=None, plane_order=order, merge_siblings=merge)
+                info = prep.prepare(model, base, policy=None, plane_order=order, merge_siblings=merge, l2_prefetch=l2)
                 if extra in FUSED_PATHS:
                     pol = forced_fused_policy(model, dev, FUSED_PATHS[extra])
-                    info = prep.prepare(model, base, policy=pol, plane_order=order, merge_siblings=merge)
+                    info = prep.prepare(model, base, policy=pol, plane_order=order, merge_siblings=merge,
+                                        l2_prefetch=l2)
                 entry = {"info": {k: info.get(k) for k in ("mode", "modules", "held_bytes", "bf16_bytes", "ratio",
                                                            "tiled_modules", "paired_palette_modules",
-                                                           "sibling_groups")},
+                                                           "sibling_groups", "l2_prefetch_bytes")},
                          **({"programmatic_launch": pdl_on} if pdl else {}),
                          "decoders": decoders_used(model), "prepare_seconds": time.perf_counter() - t0, "runs": []}
                 for b in batches:

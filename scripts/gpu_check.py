@@ -2280,7 +2280,8 @@ def stage_eval(st: Stage) -> None:
 # dense (it turns the modules into plain nn.Linear, so it comes last).
 BENCH_E2E_MODES = ("bf16+merged", "palette", "palette+tiled", "palette+gemv-mma", "palette+gemv-mma+tiled", "palette+fused",
                    "palette+gemv-mma-bulk+tiled", "palette+gemv-mma-queue+tiled", "palette+gemv-mma+tiled+pdl",
-                   "palette+gemv-mma+tiled+merged", "palette+gemv-mma+tiled+pdl+merged",
+                   "palette+gemv-mma+tiled+merged", "palette+gemv-mma+tiled+merged+l2", "palette+gemv-mma+tiled+l2",
+                   "palette+gemv-mma+tiled+pdl+merged",
                    "palette+gemv-mma-queue+tiled+pdl", "huffman", "palette+gemv",
                    "palette+gemv-mma-staged",
                    "palette+gemv-mma-prefetch", "huffman+ahead",
@@ -2295,7 +2296,8 @@ E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm
                     "palette+gemv-mma-queue+tiled+pdl": "gemv:mma_queue",
                     "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2", "huffman+ahead": "huffman:ahead",
                     "palette+vec8": "palette:vec8", "palette+tiled": "tiled", "palette+gemv-mma+tiled": "tiled",
-                    "palette+gemv-mma+tiled+merged": "tiled", "palette+gemv-mma+tiled+pdl+merged": "gemv:pdl"}
+                    "palette+gemv-mma+tiled+merged": "tiled", "palette+gemv-mma+tiled+pdl+merged": "gemv:pdl",
+                    "palette+gemv-mma+tiled+merged+l2": "tiled", "palette+gemv-mma+tiled+l2": "tiled"}
 
 
 # The harness' self-test sizes (device "cpu": the dry run runs the bench children on these).

@@ -166,6 +166,10 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("ENC_THREADS") = plan::ENC_THREADS;
   m.attr("HIST_THREADS") = plan::HIST_THREADS;
   m.attr("HIST_MAX_CTAS") = plan::HIST_MAX_CTAS;
+  m.attr("PREFETCH_THREADS") = plan::PREFETCH_THREADS;
+  m.attr("PREFETCH_MAX_CTAS") = plan::PREFETCH_MAX_CTAS;
+  m.attr("PREFETCH_MAX_RANGES") = plan::PREFETCH_MAX_RANGES;
+  m.attr("PREFETCH_LINE") = plan::PREFETCH_LINE;
   m.attr("SCAN_THREADS") = plan::SCAN_THREADS;
   m.attr("PMMA_WARPS") = plan::PMMA_WARPS;
   m.attr("PMMA_THREADS") = plan::PMMA_THREADS;
@@ -275,6 +279,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("plan_pal_idx_index", &plan::pal_idx_index);
   m.def("plan_enc_grid", &plan::enc_grid);
   m.def("plan_hist_grid", &plan::hist_grid);
+  m.def("plan_prefetch_grid", &plan::prefetch_grid);
   m.def("plan_pmma_ntiles", &plan::pmma_ntiles, py::arg("M"), py::arg("wg") = false);
   m.def("plan_pmma_chunks", &plan::pmma_chunks, py::arg("M"), py::arg("wg") = false);
   m.def("plan_pmma_row_blocks", &plan::pmma_row_blocks);
@@ -402,6 +407,15 @@ PYBIND11_MODULE(_cuda, m) {
      py::arg("stream") = 0, py::arg("variant") = 0,
      "out[s] = matrix ids[s] (int64 device ids, read on the device) of a palette stack sm [n, rows, cols], idx "
      "[n, rows, ceil(cols/2)] with verbatim lists vpos [n, nv_per], vexp [n, nv_per, 32].");
+
+  m.def("prefetch_l2", [](std::vector<uintptr_t> ptrs, std::vector<int64_t> bytes, uintptr_t stream) {
+    need(ptrs.size() == bytes.size(), "one size per range");
+    need(ptrs.size() <= static_cast<size_t>(plan::PREFETCH_MAX_RANGES), "at most 4 ranges");
+    std::vector<const uint8_t*> p;
+    for (uintptr_t q : ptrs) p.push_back(dev<const uint8_t>(q));
+    check(cuda::prefetch_l2(p.data(), bytes.data(), static_cast<int>(p.size()), stream_of(stream)));
+  }, py::arg("ptrs"), py::arg("bytes"), py::arg("stream") = 0,
+     "Bring the device byte ranges [ptrs[i], ptrs[i] + bytes[i]) into L2 (a hint; reads and writes nothing).");
 
   m.def("exp_histogram", [](uintptr_t exps, int64_t n, uintptr_t hist, uintptr_t stream) {
     need(exps && hist, "null device pointer");
@@ -759,6 +773,24 @@ PYBIND11_MODULE(_cuda, m) {
      py::arg("out"), py::arg("variant") = 0, py::arg("kind_out") = py::none(),
      "Host run of the palette slots decode bodies (ids on the host); kind_out: a list that receives the slot body "
      "that ran (0 / 1 VEC8 scalar / vector, 2 / 3 wide general / paired); returns the error count.");
+
+  m.def("emulate_prefetch_l2", [](arr<uint8_t> buf, std::vector<int64_t> offsets, std::vector<int64_t> bytes) {
+    need(offsets.size() == bytes.size(), "one size per range");
+    need(offsets.size() <= static_cast<size_t>(plan::PREFETCH_MAX_RANGES), "at most 4 ranges");
+    // The ranges may run past the buffer (the test of the bounds check): only the buffer is a
+    // buffer of the launch, and the emulator never dereferences a prefetched address.
+    const uint8_t* base = buf.data();
+    std::vector<const uint8_t*> p;
+    for (int64_t o : offsets) p.push_back(base + o);
+    const emu::GlobalBounds bounds{{base, static_cast<size_t>(buf.size())}};
+    const char* e;
+    {
+      py::gil_scoped_release nogil;
+      e = cuda::emulate::prefetch_l2(p.data(), bytes.data(), static_cast<int>(p.size()));
+    }
+    check(e);
+  }, py::arg("buf"), py::arg("offsets"), py::arg("bytes"),
+     "Host run of the L2 prefetch body over ranges of buf (each line checked against buf's bounds).");
 
   m.def("emulate_exp_histogram", [](arr<uint8_t> exps) {
     arr<uint64_t> hist(256);

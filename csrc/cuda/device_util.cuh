@@ -106,6 +106,16 @@ UW_HD void prefetch_l2(const uint8_t* p, uint32_t bytes) {
 #endif
 }
 
+// An L2 prefetch of the 128-byte line holding p (prefetch_l2 with one instruction, for callers
+// that walk whole lines).
+UW_HD void prefetch_l2_line(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  emu::trace_prefetch(p, 1);
+#endif
+}
+
 UW_HD void st_v4(uint16_t* p, const uint32_t (&v)[4]) {
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<uint4*>(p) = make_uint4(v[0], v[1], v[2], v[3]);

@@ -11,6 +11,7 @@
 #include "emu/warp_emu.h"
 #include "launch_util.h"
 #include "palette_decode.cuh"
+#include "prefetch.cuh"
 #include "transcode.cuh"
 
 namespace unweight {
@@ -89,6 +90,15 @@ const char* palette_decode_slots(const int64_t* ids, int64_t slots, int64_t n, c
     }
   }
   return nullptr;
+}
+
+const char* prefetch_l2(const uint8_t* const* p, const int64_t* bytes, int n) {
+  PrefetchArgs a;
+  int64_t lines = 0;
+  if (const char* e = prefetch_plan(p, bytes, n, &a, &lines)) return e;
+  if (a.n == 0) return nullptr;
+  return emu::launch(plan::prefetch_grid(lines), 1, plan::PREFETCH_THREADS, 0,
+                     [&](emu::ThreadCtx& c) { prefetch_body(c, a); });
 }
 
 const char* exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist) {

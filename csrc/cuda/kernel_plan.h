@@ -100,6 +100,13 @@ constexpr int HIST_THREADS = 256;
 constexpr int64_t HIST_MAX_CTAS = 1024;
 // Single-CTA exclusive scan of per-row verbatim counts.
 constexpr int SCAN_THREADS = 1024;
+// L2 prefetch of whole weights (prefetch.cu): one 128-byte line per thread and turn, a few
+// CTAs (it runs beside the compute-light kernels between two matmuls, which need few SMs),
+// at most PREFETCH_MAX_RANGES byte ranges per launch.
+constexpr int PREFETCH_THREADS = 256;
+constexpr int64_t PREFETCH_MAX_CTAS = 32;
+constexpr int PREFETCH_MAX_RANGES = 4;
+constexpr int64_t PREFETCH_LINE = 128;
 // Fused palette GEMM on tensor cores (palette_matmul.cu, design in docs/design/gpu-kernels.md):
 // y^T = W x^T as mma.sync m16n8k16 with W the A operand.  A CTA of PMMA_WARPS warps covers
 // PMMA_ROWS rows of W and one K-split; each warp owns a PMMA_TILE_N-row tile and streams it
@@ -404,6 +411,13 @@ UW_PLAN_HD int64_t warp_grid(int64_t n_items) { return cdiv(n_items, WARPS_PER_C
 UW_PLAN_HD int64_t blocks_per_row(int64_t cols) { return cdiv(cols, PAL_BLOCK); }
 UW_PLAN_HD int64_t enc_grid(int64_t rows, int64_t cols) {
   return cdiv(rows * blocks_per_row(cols), ENC_THREADS);
+}
+
+// --- L2 prefetch ------------------------------------------------------------------------
+// CTAs for `lines` 128-byte lines: one line per thread and turn, capped.
+UW_PLAN_HD int64_t prefetch_grid(int64_t lines) {
+  const int64_t want = cdiv(lines, PREFETCH_THREADS);
+  return want < 1 ? 1 : (want > PREFETCH_MAX_CTAS ? PREFETCH_MAX_CTAS : want);
 }
 
 // --- histogram --------------------------------------------------------------------------

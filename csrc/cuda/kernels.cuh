@@ -120,6 +120,11 @@ const char* palette_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
                                 const uint8_t* vexp, uint16_t* out, int64_t out_stride, int32_t* err,
                                 void* stream);
 
+// ----------------------------------------------------------------------- L2 prefetch
+// Brings the n (<= PREFETCH_MAX_RANGES) device byte ranges [p[i], p[i] + bytes[i]) into L2
+// (prefetch.cuh); a hint that reads and writes nothing.
+const char* prefetch_l2(const uint8_t* const* p, const int64_t* bytes, int n, void* stream);
+
 // ----------------------------------------------------------------------- transcode
 // hist[256] (uint64, device, zeroed by the caller) += counts of the n exponent bytes.
 const char* exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist, void* stream);
@@ -229,6 +234,9 @@ const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, 
 const char* palette_decode_slots(const int64_t* ids, int64_t slots, int64_t n, const uint8_t* sm, const uint8_t* idx,
                                  int64_t rows, int64_t cols, Palette pal, const uint32_t* vpos, int64_t nv_per,
                                  const uint8_t* vexp, uint16_t* out, int32_t* err, int variant, int* kind);
+// The L2 prefetch body through the warp emulator over its launch geometry (each line checked
+// against the caller's GlobalBounds scope, when one is open).
+const char* prefetch_l2(const uint8_t* const* p, const int64_t* bytes, int n);
 // The transcode kernels' bodies through the warp emulator, over their launch geometry.
 const char* exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist);
 const char* palette_encode_pass1(const uint8_t* exps, int64_t rows, int64_t cols, Palette pal,

@@ -10,6 +10,7 @@
 #include "huffman_decode.cuh"
 #include "launch_util.h"
 #include "palette_decode.cuh"
+#include "prefetch.cuh"
 #include "transcode.cuh"
 
 namespace unweight {
@@ -169,6 +170,33 @@ const char* palette_decode_slots(const int64_t* ids, int64_t slots, int64_t n, c
     return e;
   if (slots == 0) return nullptr;
   launch_palette_decode_slots(pl, slots, err, static_cast<cudaStream_t>(stream));
+  return launch_status();
+}
+
+namespace detail {
+// The prefetch's arguments from n ranges, or the error.  *lines: the most lines of one range.
+const char* prefetch_plan(const uint8_t* const* p, const int64_t* bytes, int n, PrefetchArgs* a, int64_t* lines) {
+  if (n < 0 || n > plan::PREFETCH_MAX_RANGES) return "prefetch_l2: 0..4 byte ranges";
+  *a = PrefetchArgs{};
+  *lines = 0;
+  for (int i = 0; i < n; ++i) {
+    if (bytes[i] < 0) return "prefetch_l2: negative range size";
+    if (bytes[i] > 0 && p[i] == nullptr) return "prefetch_l2: null range";
+    if (bytes[i] == 0) continue;
+    a->p[a->n] = p[i];
+    a->bytes[a->n++] = bytes[i];
+    *lines = std::max(*lines, plan::cdiv(bytes[i], plan::PREFETCH_LINE));
+  }
+  return nullptr;
+}
+}  // namespace detail
+
+const char* prefetch_l2(const uint8_t* const* p, const int64_t* bytes, int n, void* stream) {
+  PrefetchArgs a;
+  int64_t lines = 0;
+  if (const char* e = prefetch_plan(p, bytes, n, &a, &lines)) return e;
+  if (a.n == 0) return nullptr;
+  launch_prefetch_l2(a, plan::prefetch_grid(lines), static_cast<cudaStream_t>(stream));
   return launch_status();
 }
 

@@ -122,13 +122,40 @@ def test_hist_grid_stride_covers_once(n):
 
 
 @needs_ext
+@pytest.mark.parametrize("ranges", [[(0, 1)], [(5, 300)], [(0, 4096), (128, 1)], [(7, 5000), (0, 0), (3, 129), (64, 64)]])
+def test_prefetch_body_names_only_the_ranges(ranges):
+    """The L2 prefetch body through the emulator: every line it names lies in the buffer (the
+    emulator's bounds check), for ranges not starting on a line and an empty one."""
+    buf = np.zeros(8192, dtype=np.uint8)
+    _cuda.emulate_prefetch_l2(buf, [o for o, _ in ranges], [n for _, n in ranges])
+
+
+@needs_ext
+def test_prefetch_body_past_its_buffer_is_caught():
+    buf = np.zeros(1000, dtype=np.uint8)
+    with pytest.raises(RuntimeError, match="outside every buffer"):
+        _cuda.emulate_prefetch_l2(buf, [900], [200])
+    with pytest.raises(ValueError, match="at most 4 ranges"):
+        _cuda.emulate_prefetch_l2(buf, [0] * 5, [1] * 5)
+
+
+@pytest.mark.parametrize("lines", [1, 255, 256, 257, 10**6])
+def test_prefetch_grid_covers_every_line(lines):
+    """Thread t takes lines t, t + stride, ...: each line once, with at most PREFETCH_MAX_CTAS CTAs."""
+    grid = kp.prefetch_grid(lines)
+    stride = grid * kp.PREFETCH_THREADS
+    assert 1 <= grid <= kp.PREFETCH_MAX_CTAS and (stride >= lines or grid == kp.PREFETCH_MAX_CTAS)
+
+
+@needs_ext
 def test_cpp_plan_matches_python():
     for name in ("HUFF_THREADS", "PAL_VEC", "PAL_THREADS", "WARP_KERNEL_THREADS", "ENC_THREADS", "HIST_THREADS",
                  "HIST_MAX_CTAS", "SCAN_THREADS", "HUFF_VARIANT_DEFAULT", "HUFF_VARIANT_CHAIN", "HUFF_VARIANT_AHEAD",
                  "HUFF_VARIANT_AHEAD2", "HUFF_VARIANT_SCALAR", "HUFF_VARIANT_RING", "HUFF_RING_SLOTS",
                  "HUFF_VARIANT_RING_WIDE", "HUFF_RING_WIDE_THREADS",
                  "HUFF_DEFAULT_VARIANT", "PAL_WIDE", "PAL_WIDE_STEPS",
-                 "PAL_VARIANT_DEFAULT", "PAL_VARIANT_VEC8", "PAL_VARIANT_WIDE", "PAL_DEFAULT_VARIANT"):
+                 "PAL_VARIANT_DEFAULT", "PAL_VARIANT_VEC8", "PAL_VARIANT_WIDE", "PAL_DEFAULT_VARIANT",
+                 "PREFETCH_THREADS", "PREFETCH_MAX_CTAS", "PREFETCH_MAX_RANGES", "PREFETCH_LINE"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     for v in range(7):
         assert _cuda.plan_huffman_ways(v) == kp.huffman_ways(v)
@@ -138,6 +165,7 @@ def test_cpp_plan_matches_python():
             kp.huffman_grid(n, 1 + n % 1000, kp.HUFF_RING_WIDE_THREADS)
         assert _cuda.plan_warp_grid(n) == kp.warp_grid(n)
         assert _cuda.plan_hist_grid(n) == kp.hist_grid(n)
+        assert _cuda.plan_prefetch_grid(n) == kp.prefetch_grid(n)
     for a in ODD:
         for b in ODD:
             assert _cuda.plan_pal_grid(a, b) == kp.pal_grid(a, b)

@@ -39,6 +39,11 @@ WARP = 32
 WARP_KERNEL_THREADS = 256
 WARPS_PER_CTA = WARP_KERNEL_THREADS // WARP
 ENC_THREADS = 256
+# L2 prefetch of whole weights (csrc/cuda/prefetch.cu).
+PREFETCH_THREADS = 256
+PREFETCH_MAX_CTAS = 32
+PREFETCH_MAX_RANGES = 4
+PREFETCH_LINE = 128
 HIST_THREADS = 256
 HIST_MAX_CTAS = 1024
 SCAN_THREADS = 1024
@@ -309,6 +314,10 @@ def enc_grid(rows: int, cols: int) -> int:
 
 
 # --- exponent histogram: grid-stride over 16-byte vectors ---------------------------------
+def prefetch_grid(lines: int) -> int:
+    return max(1, min(PREFETCH_MAX_CTAS, cdiv(lines, PREFETCH_THREADS)))
+
+
 def hist_grid(n_bytes: int) -> int:
     return max(1, min(HIST_MAX_CTAS, cdiv(cdiv(n_bytes, 16), HIST_THREADS)))
 

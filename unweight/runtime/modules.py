@@ -474,12 +474,18 @@ class CompressedLinear(CompressedWeightMixin, nn.Module):
         return cls(enc.header, bias=bias, device=lin.weight.device, planes=enc.planes)
 
     def forward(self, x: Tensor) -> Tensor:
+        pf = self.__dict__.get("_uw_prefetch")  # runtime/prefetch.py: told of each matmul launched
         group = self.__dict__.get("_uw_group")  # stacked with its siblings (runtime/siblings.py)
         if group is not None:
             y = group.forward(self, x)
             if y is not None:
+                if pf is not None and group.launched:
+                    pf.after(group)
                 return y
-        return dispatch.linear([self.encoded()], x, self.bias, self.n_rows, self.n_cols, self.policy)
+        y = dispatch.linear([self.encoded()], x, self.bias, self.n_rows, self.n_cols, self.policy)
+        if pf is not None:
+            pf.after(self)
+        return y
 
     def to_dense(self) -> nn.Linear:
         """An nn.Linear holding the decoded weight (dense mode)."""

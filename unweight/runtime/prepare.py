@@ -43,10 +43,11 @@ from .. import ops
 from ..codec import tensor_codec as tc
 from ..format import constants as C
 from . import experts, scratch, siblings
+from . import prefetch as l2
 from . import policy as policies
 from .convert import decode_fallbacks, set_module
 from .modes import check_mode, check_plane_order
-from .modules import CompressedEmbedding, CompressedWeightMixin, compressed_modules
+from .modules import CompressedEmbedding, CompressedLinear, CompressedWeightMixin, compressed_modules
 from .weights import load_index
 
 log = logging.getLogger(__name__)
@@ -222,7 +223,7 @@ def _auto_modes(owners: list, stacks: list = ()) -> dict:
 
 
 def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolicy | None = None,
-            plane_order: str = "auto", merge_siblings: bool | str = "auto") -> dict:
+            plane_order: str = "auto", merge_siblings: bool | str = "auto", l2_prefetch: bool = False) -> dict:
     """Finish a model whose compressed modules hold loaded planes: validate, apply `mode`,
     build device tables, set the dispatch policy (default: the measured one, which only ever
     picks a fused kernel on CUDA), reserve scratch.  plane_order: "tiled" holds every palette
@@ -235,8 +236,10 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     stacks each parent's sibling projections that read one input (q/k/v, gate/up;
     runtime/siblings.py) into one palette matrix that a forward multiplies once, the members'
     planes views of it; "auto" (the default) only where the policy measured the stack faster
-    than its members apart (never on CPU); False never.  Returns the summary stored as
-    model.unweight_info."""
+    than its members apart (never on CPU); False never.  l2_prefetch: on a model whose
+    compressed matmuls are on one CUDA device, prefetch each matmul's weight into L2 while the
+    kernels before it run (runtime/prefetch.py; a hint that changes no result).  Returns the
+    summary stored as model.unweight_info."""
     check_mode(mode)
     check_plane_order(plane_order, ValueError)
     if merge_siblings not in (True, False, "auto"):
@@ -316,8 +319,19 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
         st.policy = policy
     stacked = (siblings.merge_siblings(model, "auto" if merge_siblings == "auto" else "always", plane_order)
                if merge_siblings else {"groups": [], "skipped": {}})
+    prefetcher = None
+    l2.detach(model)
+    lins = [m for _, m in compressed_modules(model) if isinstance(m, CompressedLinear)]
+    if l2_prefetch and lins:
+        devs = {str(m.device) for m in lins}
+        if len(devs) == 1 and lins[0].device.type == "cuda" and ops.cuda_kernels_built():
+            prefetcher = l2.attach(model, lins, lins[0].device)
+        else:
+            log.warning("unweight: L2 prefetch needs every compressed matmul on one CUDA device (%s); left off",
+                        ", ".join(sorted(devs)))
     info = {"mode": mode, "modules": counts, "experts": experts_info, "tiled_modules": tiled,
             "paired_palette_modules": paired, "sibling_groups": len(stacked["groups"]),
+            "l2_prefetch_bytes": prefetcher.budget if prefetcher is not None else 0,
             **_held_totals(model, experts_info),
             "scratch_bytes": {d: scratch.scratch_bytes(d) for d in need},
             "tied": plan.get("tied", []),

@@ -96,6 +96,7 @@ class SiblingGroup:
         self._state = [(m._tiled, m._pal_map) for m in members]
         self._versions = (w.sm._version, w.idx._version)
         self._stash = None  # (input, its version, {member: output}) of the last group forward
+        self.launched = False  # whether the last forward() ran the stack (not a stashed output)
 
     def intact(self) -> bool:
         """Whether every member still holds the planes the group was built on, unchanged."""
@@ -118,6 +119,7 @@ class SiblingGroup:
 
     def forward(self, member: CompressedLinear, x: Tensor) -> Tensor | None:
         """`member`'s output for x from the group's product, or None: the member runs alone."""
+        self.launched = False
         if torch.compiler.is_compiling():
             return None  # a traced forward runs each member alone: its stash is Python state a graph can't keep
         if not self.intact():
@@ -141,6 +143,7 @@ class SiblingGroup:
         i = self.members.index(member)
         rest = {m: y for j, (m, y) in enumerate(zip(self.members, outs)) if j != i}
         self._stash = (x, ver, rest) if rest else None
+        self.launched = True
         return outs[i]
 
 
