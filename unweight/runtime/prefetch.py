@@ -129,6 +129,7 @@ def attach(model: nn.Module, modules: list, device, budget: int | None = None) -
     if budget is None:
         budget = int(L2_SHARE * torch.cuda.get_device_properties(dev).L2_cache_size)
     pf = L2Prefetch(dev, budget)
+    pf._stream = torch.cuda.Stream(dev)  # made here, not inside a forward a CUDA graph captures
     handles = [model.register_forward_pre_hook(pf.start), model.register_forward_hook(pf.end)]
     model.__dict__["_uw_l2_prefetch"] = (pf, handles, list(modules))
     for m in modules:
