@@ -46,6 +46,8 @@ import _bench_util as bu  # noqa: E402
 # whose matrices share one distribution, the same palette, so later modes read the same bytes.
 # A trailing "+l2" (after all others) prefetches each matmul's weight into L2 on a side stream
 # while the kernels before it run (prepare's l2_prefetch, runtime/prefetch.py).
+# "bf16+l2" times the BF16 model with the same L2 prefetch (its nn.Linear weights that fit), also
+# before any compressed mode (on a GPU only).
 # "bf16+merged" times the BF16 model with the same sets stacked (stack_dense_siblings), before
 # any compressed mode, wherever it is listed: the reference a serving engine's merged layers give.
 # A trailing "+pdl" (after "+tiled") runs the mode with programmatic dependent launch of the
@@ -56,7 +58,7 @@ MODES = ("huffman", "palette", "palette+tiled", "huffman+fused", "palette+fused"
          "palette+gemv-mma-staged", "palette+gemv-mma-prefetch", "palette+gemv-mma-bulk+tiled",
          "palette+gemv-mma-queue+tiled", "palette+gemv-mma+tiled+pdl", "palette+gemv-mma-queue+tiled+pdl",
          "palette+gemv-mma+tiled+merged", "palette+gemv-mma+tiled+pdl+merged", "palette+merged", "bf16+merged",
-         "palette+gemv-mma+tiled+merged+l2", "palette+gemv-mma+tiled+l2", "palette+l2",
+         "palette+gemv-mma+tiled+merged+l2", "palette+gemv-mma+tiled+l2", "palette+l2", "bf16+l2",
          "palette+gemv-deep", "palette+gemv-staged",
          "huffman+chain", "huffman+ahead", "huffman+ahead2", "huffman+ring", "palette+vec8", "palette+wide", "dense")
 FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs",
@@ -369,7 +371,28 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
         res["modes"]["bf16+merged"] = entry
         log("e2e bf16+merged: " + _summary(entry))
         save()
-    modes = [m for m in modes if m != "bf16+merged"]
+    if "bf16+l2" in modes and dev.type == "cuda":  # the BF16 model with the same L2 prefetch
+        from unweight.runtime import prefetch as l2
+        pf = l2.attach(model, [], dev)
+        hooks = [m.register_forward_hook(lambda mod, args, out: pf.after(mod))
+                 for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        try:
+            entry = {"l2_prefetch_bytes": pf.budget, "runs": []}
+            for b in batches:
+                r = time_decode(model, b, prompt, steps, runs, ref_logits=refs[b])
+                r.pop("last_logits", None)
+                entry["runs"].append(r)
+            entry["prefetches"] = pf.issued
+        finally:
+            for h in hooks:
+                h.remove()
+            l2.detach(model)
+        res["modes"]["bf16+l2"] = entry
+        log("e2e bf16+l2: " + _summary(entry))
+        save()
+    elif "bf16+l2" in modes:
+        res["skipped"].append({"mode": "bf16+l2", "why": "the L2 prefetch runs on CUDA only"})
+    modes = [m for m in modes if m not in ("bf16+merged", "bf16+l2")]
     sec = compress_in_place(model, "huffman")
     res["encode_seconds"] = sec
     per_mode = None

@@ -40,8 +40,11 @@ L2_SHARE = 0.8
 
 def weight_planes(key) -> list:
     """The planes a matmul keyed by `key` streams: a palette weight's sm and idx (a stacked
-    group's stack, a module's own); [] for anything else (a huffman weight decodes into the
-    scratch first, so its planes are not what the matmul reads)."""
+    group's stack, a module's own), a plain nn.Linear's weight (a BF16 model's, for a
+    benchmark's like-for-like reference); [] for anything else (a huffman weight decodes into
+    the scratch first, so its planes are not what the matmul reads)."""
+    if isinstance(key, nn.Linear) and not hasattr(key, "encoded"):
+        return [key.weight.detach()] if key.weight.is_cuda and key.weight.is_contiguous() else []
     w = key.w if isinstance(key, SiblingGroup) else key.encoded()
     if w.is_huffman or w.idx is None:
         return []
