@@ -358,19 +358,22 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
     res["modes"]["bf16"] = entry
     log("e2e bf16: " + _summary(entry))
     save()
+    def bf16_variant(net, name: str, entry: dict) -> None:
+        """Time the BF16 model `net` as it is now (a BF16 reference variant), recorded as `name`."""
+        for b in batches:
+            r = time_decode(net, b, prompt, steps, runs, ref_logits=refs[b])
+            r.pop("last_logits", None)
+            entry["runs"].append(r)
+        res["modes"][name] = entry
+        log(f"e2e {name}: " + _summary(entry))
+        save()
+
     if "bf16+merged" in modes:  # the BF16 model with its siblings stacked, as a serving engine holds them
         undo = stack_dense_siblings(model)
         try:
-            entry = {"stacked_sets": undo.sets, "runs": []}
-            for b in batches:
-                r = time_decode(model, b, prompt, steps, runs, ref_logits=refs[b])
-                r.pop("last_logits", None)
-                entry["runs"].append(r)
+            bf16_variant(model, "bf16+merged", {"stacked_sets": undo.sets, "runs": []})
         finally:
             undo()
-        res["modes"]["bf16+merged"] = entry
-        log("e2e bf16+merged: " + _summary(entry))
-        save()
     if "bf16+l2" in modes and dev.type == "cuda":  # the BF16 model with the same L2 prefetch
         from unweight.runtime import prefetch as l2
         pf = l2.attach(model, [], dev)
@@ -378,18 +381,13 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
                  for m in model.modules() if isinstance(m, torch.nn.Linear)]
         try:
             entry = {"l2_prefetch_bytes": pf.budget, "runs": []}
-            for b in batches:
-                r = time_decode(model, b, prompt, steps, runs, ref_logits=refs[b])
-                r.pop("last_logits", None)
-                entry["runs"].append(r)
+            bf16_variant(model, "bf16+l2", entry)
             entry["prefetches"] = pf.issued
+            save()
         finally:
             for h in hooks:
                 h.remove()
             l2.detach(model)
-        res["modes"]["bf16+l2"] = entry
-        log("e2e bf16+l2: " + _summary(entry))
-        save()
     elif "bf16+l2" in modes:
         res["skipped"].append({"mode": "bf16+l2", "why": "the L2 prefetch runs on CUDA only"})
     modes = [m for m in modes if m not in ("bf16+merged", "bf16+l2")]
