@@ -368,6 +368,10 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
         log(f"e2e {name}: " + _summary(entry))
         save()
 
+    for name in ("bf16+merged", "bf16+l2"):  # each as long as a compressed mode (~20 s on an H200)
+        if name in modes and budget.left() < 40.0:
+            res["skipped"].append({"mode": name, "why": f"{budget.left():.0f} s left, about 40 s needed"})
+            modes = [m for m in modes if m != name]
     if "bf16+merged" in modes:  # the BF16 model with its siblings stacked, as a serving engine holds them
         undo = stack_dense_siblings(model)
         try:
