@@ -108,6 +108,9 @@ def test_prepare_attaches_only_on_one_cuda_device(llama_ck, caplog):
         info = prepare.prepare(m, "palette", l2_prefetch=True)
     assert info["l2_prefetch_bytes"] == 0 and "_uw_l2_prefetch" not in m.__dict__
     assert "L2 prefetch needs every compressed matmul on one CUDA device" in caplog.text
+    with caplog.at_level("WARNING", logger="unweight"):
+        m = unweight.load(ck["palette"], device="cpu", mode="palette", l2_prefetch=True)
+    assert m.unweight_info["l2_prefetch_bytes"] == 0
 
 
 @pytest.mark.cuda

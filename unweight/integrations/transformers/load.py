@@ -24,7 +24,7 @@ def _model_class(config):
 
 def load(path: str, device: str | torch.device | None = None, mode: str = "auto", *, model_class=None,
          verify: bool = True, plane_order: str = "auto", merge_siblings: bool | str = "auto",
-         **from_pretrained_kwargs):
+         l2_prefetch: bool = False, **from_pretrained_kwargs):
     """Load an unweight checkpoint folder as a ready transformers model.
 
     path: folder written by ``unweight compress`` (config.json + safetensors shards).
@@ -44,6 +44,9 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
         "auto" (the default) only where the dispatch table measured the stack faster than its
         members apart on this GPU (never on CPU); False never.  Palette modules only, not with
         a tensor-parallel plan.
+    l2_prefetch: after each compressed matmul, prefetch the next one's weight into L2 on a
+        side stream while the kernels between them run (runtime/prefetch.py; one CUDA device,
+        not with a tensor-parallel plan; results unchanged).
     Returns the model in eval mode (with ``output_loading_info=True``, from_pretrained's
     (model, loading info) pair); model.unweight_info summarizes what was done.  A checkpoint
     the model cannot take whole (a stored tensor with no place, a parameter the checkpoint
@@ -66,7 +69,8 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
         raise InputError(f"{path}: config.json has no unweight quantization_config (compress it with unweight)")
     if merge_siblings not in (True, False, "auto"):
         raise InputError(f"merge_siblings={merge_siblings!r}: choose True, False or 'auto'")
-    qc.update(mode=mode, verify=verify, plane_order=plane_order, merge_siblings=merge_siblings)
+    qc.update(mode=mode, verify=verify, plane_order=plane_order, merge_siblings=merge_siblings,
+              l2_prefetch=bool(l2_prefetch))
     config.quantization_config = qc
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -44,8 +44,8 @@ class UnweightConfig(QuantizationConfigMixin):
     format_version: "1.0"; encoding: what compress was asked for; mode: runtime mode
     ("auto" | "huffman" | "palette" | "dense"); verify: decode+checksum pass at load;
     plane_order: "auto", "file" or "tiled", the order palette matmul weights are held in (prepare);
-    merge_siblings: stack sibling projections (prepare).  The last four are load options
-    (unweight.load sets them).
+    merge_siblings: stack sibling projections (prepare); l2_prefetch: prefetch each matmul's
+    weight into L2 (prepare).  The last five are load options (unweight.load sets them).
     Unknown keys (tool_version, encoded_dtype, ...) are kept so config.json round-trips.
     """
 
@@ -154,7 +154,8 @@ class UnweightHfQuantizer(HfQuantizer):
             tp.reinstall_styles(model, before)
             return model
         merge = getattr(self.quantization_config, "merge_siblings", "auto")
-        prepare(model, mode, plane_order=order, merge_siblings=merge if merge in (True, False) else "auto")
+        prepare(model, mode, plane_order=order, merge_siblings=merge if merge in (True, False) else "auto",
+                l2_prefetch=bool(getattr(self.quantization_config, "l2_prefetch", False)))
         return model
 
     def is_serializable(self):
