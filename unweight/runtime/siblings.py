@@ -19,8 +19,10 @@ merge_siblings() stacks them after loading:
   state_dict() is then that re-encoding (the same weights), not the checkpoint's bytes.
 * A forward: the first member called computes the whole group (dispatch.linear_group) and
   keeps the others' outputs for their calls with the same input tensor (the same object at
-  the same version); a call with any other input, with autograd tracking it, or inside a
-  torch.compile trace runs the member alone.  The outputs are column views of one [..., rows] result.
+  the same version); a call with any other input, with autograd tracking it, on a tensor made
+  under torch.inference_mode (it keeps no version, so its reuse cannot be checked: use
+  torch.no_grad, as transformers' generate does), or inside a torch.compile trace runs the
+  member alone.  The outputs are column views of one [..., rows] result.
 * A member whose planes changed after the merge (a state-dict load, .to(), a re-order) ends
   its group, checked at every forward; the members then run alone, each still correct.
 
@@ -115,7 +117,7 @@ class SiblingGroup:
             if m.__dict__.get("_uw_group") is self:
                 del m.__dict__["_uw_group"]
         self._stash = None
-        log.info("unweight: sibling group of %d modules dissolved (a member's planes changed)", len(self.members))
+        log.info("unweight: sibling group %s ended; its members run alone", self.w.name or len(self.members))
 
     def forward(self, member: CompressedLinear, x: Tensor) -> Tensor | None:
         """`member`'s output for x from the group's product, or None: the member runs alone."""
