@@ -185,6 +185,12 @@ def linear(pieces: list, x: Tensor, bias: Tensor | None, out_rows: int, cols: in
     return _linear(pieces, x, bias, out_rows, cols, policy)
 
 
+def _rows(x: Tensor, M: int, cols: int) -> Tensor:
+    """x [..., cols] as the [M, cols] rows a fused kernel takes (unit column stride)."""
+    x2 = x.reshape(M, cols)
+    return x2 if x2.stride(1) == 1 else x2.contiguous()
+
+
 def _linear(pieces: list, x: Tensor, bias: Tensor | None, out_rows: int, cols: int,
             policy: DispatchPolicy) -> Tensor:
     """linear() without autograd: the fused kernel for each piece the policy picks one for,
@@ -194,9 +200,7 @@ def _linear(pieces: list, x: Tensor, bias: Tensor | None, out_rows: int, cols: i
         M = x.numel() // cols if cols else 0
         paths = [policy.linear_path(p, M, x.device) for p in pieces]  # decode + cuBLAS off CUDA
         if any(path != DECODE_CUBLAS for path in paths):
-            x2 = x.reshape(M, cols)
-            if x2.stride(1) != 1:
-                x2 = x2.contiguous()
+            x2 = _rows(x, M, cols)
             ys, r = [], 0
             for p, path in zip(pieces, paths):
                 ys.append(_piece_linear(p, x2, None if bias is None else bias[r:r + p.rows], path, policy))
@@ -225,11 +229,8 @@ def linear_group(w: EncodedWeight, x: Tensor, rows: list, biases: list, policy: 
     lead = x.shape[:-1]
     path = policy.linear_path(w, M, x.device)
     if path != DECODE_CUBLAS:
-        x2 = x.reshape(M, cols)
-        if x2.stride(1) != 1:
-            x2 = x2.contiguous()
         try:
-            y = fused(w, x2, path)
+            y = fused(w, _rows(x, M, cols), path)
         except (ValueError, RuntimeError) as e:
             policy.refuse(w, M, x.device, path, str(e))
         else:

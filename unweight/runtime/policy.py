@@ -10,7 +10,6 @@ bit for bit.
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from typing import Callable
 
@@ -21,8 +20,8 @@ from . import kernel_plan as kp
 from .tuning_table import (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMM_WG,
                            PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA,
                            PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH, PALETTE_GEMV_MMA_BULK,
-                           PALETTE_GEMV_MMA_QUEUE, GEMV_PATHS, TuningTable, bucket, entry_key, load_table,
-                           split_key, table_encoding)
+                           PALETTE_GEMV_MMA_QUEUE, GEMV_PATHS, TuningTable, bucket, load_table, split_key,
+                           table_encoding)
 from .weights import EncodedWeight
 
 log = logging.getLogger(__name__)
@@ -89,12 +88,11 @@ class DispatchPolicy:
         if self.table is None or not self.table.entries or device.type != "cuda" or not rows:
             return None
         name, enc, b, N = self.device_name(device), table_encoding("palette", tiled), bucket(M), sum(rows)
-        path = self.table.lookup(name, N, K, enc, M)
-        e = self.table.entries.get(entry_key(name, N, K, enc, b))
-        if path == DECODE_CUBLAS or e is None:
+        stacked = self.table.best_ms(name, N, K, enc, b)
+        if stacked is None or self.table.lookup(name, N, K, enc, M) == DECODE_CUBLAS:
             return None
-        stacked, base = e["times_ms"].get(path), e["times_ms"].get(DECODE_CUBLAS)
-        if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in (stacked, base)):
+        base = self.table.best_ms(name, N, K, enc, b, DECODE_CUBLAS)
+        if base is None:
             return None
         apart = 0.0
         for n in rows:

@@ -55,8 +55,8 @@ from .weights import EncodedWeight
 log = logging.getLogger("unweight")
 
 
-__all__ = ["SIBLINGS", "SiblingGroup", "dissolve_all", "merge_siblings", "sibling_sets", "stack_planes",
-           "stack_weights"]
+__all__ = ["SIBLINGS", "SiblingGroup", "dissolve_all", "merge_siblings", "sibling_sets", "stack_gain",
+           "stack_planes", "stack_tiled", "stack_weights"]
 
 
 def sibling_sets(model: nn.Module) -> list:
@@ -176,15 +176,28 @@ def stack_weights(ws: list, policy=None) -> EncodedWeight:
     return EncodedWeight.from_header(hdr, planes, name="+".join(w.name for w in ws if w.name))
 
 
+def stack_tiled(rows: list, cols: int, plane_order: str, policy, device) -> bool:
+    """Whether a stack of [rows_i, cols] palette weights is held tile-major: every member whole
+    16-row tiles and `plane_order` resolving so for the stack's shape
+    (runtime.policy.resolve_plane_order: "auto" is the table's choice for it)."""
+    n = sum(rows)
+    can = kp.pal_tiled_ok(n, cols) and all(r % kp.PAL_TILE_ROWS == 0 for r in rows)
+    return can and resolve_plane_order(plane_order, policy, n, cols, device) == "tiled"
+
+
+def stack_gain(rows: list, cols: int, plane_order: str, policy, device) -> float | None:
+    """DispatchPolicy.stack_gain of [rows_i, cols] palette weights at batch 1 (the decode step),
+    in the plane order their stack would be held in; None without a policy."""
+    if policy is None:
+        return None
+    return policy.stack_gain(rows, cols, device, stack_tiled(rows, cols, plane_order, policy, device))
+
+
 def _stack_order(mods: list, plane_order: str) -> tuple[bool, bool]:
-    """(tiled, paired): the orders a stack of `mods` is held in.  Tile-major when `plane_order`
-    resolves so for the stack's shape (runtime.policy.resolve_plane_order: "auto" is the
-    table's choice for it) and every member is whole 16-row tiles; the paired palette on CUDA
-    (the decode's cheaper lookup), the stored one on CPU, as prepare holds single modules."""
-    rows, cols, dev = sum(m.n_rows for m in mods), mods[0].n_cols, mods[0].device
-    can = kp.pal_tiled_ok(rows, cols) and all(m.n_rows % kp.PAL_TILE_ROWS == 0 for m in mods)
-    tiled = resolve_plane_order(plane_order if can else "file", mods[0].policy, rows, cols, dev) == "tiled"
-    return tiled and can, dev.type == "cuda"
+    """(tiled, paired): the orders a stack of `mods` is held in (stack_tiled; the paired palette
+    on CUDA, the decode's cheaper lookup, the stored one on CPU, as prepare holds single modules)."""
+    dev = mods[0].device
+    return stack_tiled([m.n_rows for m in mods], mods[0].n_cols, plane_order, mods[0].policy, dev), dev.type == "cuda"
 
 
 def _merge(mods: list, names: list, tiled: bool, paired: bool, state: dict | None = None) -> SiblingGroup:
@@ -263,11 +276,8 @@ def merge_siblings(model: nn.Module, when: str = "always", plane_order: str = "a
     for pname, members in sibling_sets(model):
         mods = [m for _, m in members]
         why = _why_not(mods)
-        tiled, paired = _stack_order(mods, plane_order) if why is None else (False, False)
         if why is None and when == "auto":
-            pol = mods[0].policy
-            gain = (pol.stack_gain([m.n_rows for m in mods], mods[0].n_cols, mods[0].device, tiled)
-                    if pol is not None else None)
+            gain = stack_gain([m.n_rows for m in mods], mods[0].n_cols, plane_order, mods[0].policy, mods[0].device)
             if gain is None or gain <= 1.0:
                 why = ("the stack is not measured faster than its members" if gain is not None
                        else "no fused path measured faster for the stacked shape")
@@ -275,6 +285,7 @@ def merge_siblings(model: nn.Module, when: str = "always", plane_order: str = "a
             skipped[pname] = why
             continue
         names = [f"{pname}.{n}" if pname else n for n, _ in members]
+        tiled, paired = _stack_order(mods, plane_order)
         state = {}
         try:
             _merge(mods, names, tiled, paired, state)

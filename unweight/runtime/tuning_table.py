@@ -315,12 +315,13 @@ class TuningTable:
         t, base = e["times_ms"].get(path), e["times_ms"].get(DECODE_CUBLAS)
         return _finite(t) and _finite(base) and t < base
 
-    def best_ms(self, device: str, N: int, K: int, encoding: str, bucket_name: str) -> float | None:
-        """The time of the path lookup() runs for this key (None: not measured)."""
+    def best_ms(self, device: str, N: int, K: int, encoding: str, bucket_name: str,
+                path: str | None = None) -> float | None:
+        """The time of the path lookup() runs for this key, or of `path` (None: not measured)."""
         e = self.entries.get(entry_key(device, N, K, encoding, bucket_name))
         if e is None:
             return None
-        t = e["times_ms"].get(choose(e["times_ms"], encoding))
+        t = e["times_ms"].get(path or choose(e["times_ms"], encoding))
         return float(t) if _finite(t) else None
 
     def plane_order(self, device: str, N: int, K: int) -> str:

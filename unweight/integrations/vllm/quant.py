@@ -58,10 +58,9 @@ from ...format.errors import FormatError, InputError
 from ...format.header import TensorHeader
 from ...format.quant_config import check_format_version, refuse_source_quantization
 from ...runtime import dispatch, scratch
-from ...runtime import kernel_plan as kp
 from ...runtime.modes import check_mode, check_plane_order, sharded_mode
-from ...runtime.policy import DispatchPolicy, resolve_plane_order
-from ...runtime.siblings import stack_weights
+from ...runtime.policy import DispatchPolicy
+from ...runtime.siblings import stack_gain, stack_weights
 from ...runtime.tuning_table import load_table
 from ...runtime.weights import hold_paired
 from . import ops as uvops
@@ -482,11 +481,8 @@ class _UnweightMethodBase(QuantizeMethodBase):
             return False
         if want is True:
             return True
-        pol = uvops.current_policy()
-        rows, cols = [w.rows for w in weights], weights[0].cols
-        tiled = (kp.pal_tiled_ok(sum(rows), cols) and all(r % kp.PAL_TILE_ROWS == 0 for r in rows)
-                 and resolve_plane_order(self.config.plane_order, pol, sum(rows), cols, dev) == "tiled")
-        gain = pol.stack_gain(rows, cols, dev, tiled) if pol is not None else None
+        gain = stack_gain([w.rows for w in weights], weights[0].cols, self.config.plane_order,
+                          uvops.current_policy(), dev)
         return gain is not None and gain > 1.0
 
     def _verify_piece(self, layer, pc):
