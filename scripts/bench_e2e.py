@@ -50,6 +50,14 @@ import _bench_util as bu  # noqa: E402
 # before any compressed mode (on a GPU only).
 # "bf16+merged" times the BF16 model with the same sets stacked (stack_dense_siblings), before
 # any compressed mode, wherever it is listed: the reference a serving engine's merged layers give.
+# A trailing "+compile" (the very last) runs the decode step through torch.compile (inductor on a
+# GPU; the harness' CPU self-test traces with the eager backend) before the CUDA-graph capture, as a
+# serving engine compiles its model: inductor fuses the norms, rotary embedding, activation and
+# residual adds into few kernels, so the matmuls are a larger share of the step.  Its BF16
+# reference is "bf16+compile" (the BF16 model compiled the same way, before any compressed mode);
+# the compile's seconds, graph count and graph breaks are recorded.  Stacked siblings and the L2
+# prefetch keep no Python state inside a compiled graph, so under "+compile" they stand aside
+# (each member runs alone; nothing is prefetched).
 # A trailing "+pdl" (after "+tiled") runs the mode with programmatic dependent launch of the
 # tensor-core GEMV kernels on (ops.programmatic_launch; sm_90+): a launch may start streaming
 # its planes while the kernel ahead of it ends.
@@ -59,6 +67,7 @@ MODES = ("huffman", "palette", "palette+tiled", "huffman+fused", "palette+fused"
          "palette+gemv-mma-queue+tiled", "palette+gemv-mma+tiled+pdl", "palette+gemv-mma-queue+tiled+pdl",
          "palette+gemv-mma+tiled+merged", "palette+gemv-mma+tiled+pdl+merged", "palette+merged", "bf16+merged",
          "palette+gemv-mma+tiled+merged+l2", "palette+gemv-mma+tiled+l2", "palette+l2", "bf16+l2",
+         "bf16+compile", "palette+compile", "palette+gemv-mma+tiled+compile",
          "palette+gemv-deep", "palette+gemv-staged",
          "huffman+chain", "huffman+ahead", "huffman+ahead2", "huffman+ring", "palette+vec8", "palette+wide", "dense")
 FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fused-xs": "palette_gemm_xs",
@@ -66,6 +75,19 @@ FUSED_PATHS = {"fused": "palette_gemm", "fused-wide": "palette_gemm_wide", "fuse
                "gemv-mma": "palette_gemv_mma", "gemv-mma-staged": "palette_gemv_mma_staged",
                "gemv-mma-prefetch": "palette_gemv_mma_prefetch", "gemv-mma-bulk": "palette_gemv_mma_bulk",
                "gemv-mma-queue": "palette_gemv_mma_queue"}
+
+
+# The BF16 model's modes that run before any compressed one (they time the model as built).
+BF16_VARIANTS = ("bf16+merged", "bf16+l2", "bf16+compile")
+# Seconds a compiled BF16 mode is given room for: inductor's compile of the 4-layer step (its
+# four layers share generated kernels) and the two batches' timings.  An estimate, not a reading.
+BF16_COMPILE_SECONDS = 90.0
+
+
+def reference_mode(mode: str) -> str:
+    """The BF16 mode a mode's speed is read against: "bf16+compile" for a compiled mode, else
+    "bf16" (the BF16 variants themselves included)."""
+    return "bf16+compile" if mode.endswith("+compile") and mode != "bf16+compile" else "bf16"
 
 
 def llama8b_config(layers: int, **over):
@@ -225,26 +247,74 @@ def _rewind(cache, length: int) -> None:
             layer.cumulative_length = length
 
 
-def time_decode(model, batch: int, prompt: int, steps: int, runs: int, graphs: bool = True, ref_logits=None):
-    """Decode-step timing of `model` (see module docstring).  Returns a dict; ref_logits: the
-    BF16 model's last prefill logits to compare with (None for the BF16 model itself)."""
+def _compare(out: dict, what: str, got, ref) -> None:
+    """out[<what>_bitwise] / out[<what>_max_abs_diff]: got against ref (bf16 tensors)."""
+    import torch
+    out[f"{what}_bitwise"] = bool(torch.equal(got.view(torch.int16), ref.view(torch.int16)))
+    out[f"{what}_max_abs_diff"] = float((got.float() - ref.float()).abs().max())
+
+
+def _dynamo_counts() -> dict:
+    """Graphs dynamo made and the graph breaks it took since its counters were last cleared."""
+    from torch._dynamo.utils import counters
+    return {"graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "break_reasons": sorted(counters["graph_break"])[:5]}
+
+
+def _compile_config(backend: str | None, out: dict):
+    """inductor with its bf16 rounding emulated (recorded in `out`): a fused kernel then rounds
+    every bf16 intermediate as eager does, so a compiled model whose matmuls give BF16's bits
+    gives the compiled BF16 model's logits (without it, where a fusion ends decides which
+    intermediates stay fp32).  The rounding is arithmetic inside memory-bound kernels."""
+    if backend != "inductor":
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+    out["emulate_precision_casts"] = hasattr(inductor_config, "emulate_precision_casts")
+    return inductor_config.patch(emulate_precision_casts=True) if out["emulate_precision_casts"] \
+        else contextlib.nullcontext()
+
+
+def time_decode(model, batch: int, prompt: int, steps: int, runs: int, graphs: bool = True, ref_logits=None,
+                ref_step=None, compile_backend: str | None = None):
+    """Decode-step timing of `model` (see module docstring).  Returns a dict, with the prefill's
+    last logits ("last_logits") and the first step's ("step_logits") for the caller to keep or
+    drop.  ref_logits / ref_step: the reference model's (None for the reference itself).
+    compile_backend: run the step through torch.compile with that backend (the first step
+    compiles; its seconds are recorded), eager and captured alike; the prefill stays eager.
+    Every mode decodes the same token, the prompt's last, so the steps' logits compare."""
     import torch
     dev = next(model.parameters()).device  # the norms stay parameters in every mode
     g = torch.Generator(device=dev).manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device=dev, generator=g)
     cache = _static_cache(model, batch, prompt + max(steps, 8) + 8)
     out = {"batch": batch, "prompt": prompt, "steps_per_run": steps}
-    with torch.no_grad():
+    with torch.no_grad(), _compile_config(compile_backend, out):
         pre = model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(prompt, device=dev),
                     use_cache=True).logits[:, -1]
         if ref_logits is not None:
-            out["prefill_logits_bitwise"] = bool(torch.equal(pre.view(torch.int16), ref_logits.view(torch.int16)))
-            out["prefill_logits_max_abs_diff"] = float((pre.float() - ref_logits.float()).abs().max())
-        tok = pre.argmax(-1, keepdim=True).clone()
+            _compare(out, "prefill_logits", pre, ref_logits)
+        tok = ids[:, -1:].clone()
         pos = torch.tensor([prompt], device=dev)
+        fwd = model
+        if compile_backend:
+            from torch._dynamo.utils import counters
+            counters.clear()
+            fwd = torch.compile(model, backend=compile_backend, dynamic=False)
 
         def step():
-            return model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+            return fwd(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+
+        _rewind(cache, prompt)
+        t0 = time.perf_counter()
+        first = step()[:, -1].clone()  # compiles, under compile_backend
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        if compile_backend:
+            out.update(compile_backend=compile_backend, compile_seconds=time.perf_counter() - t0, **_dynamo_counts())
+        if ref_step is not None:
+            _compare(out, "step_logits", first, ref_step)
+        out["step_logits"] = first
 
         if dev.type != "cuda":  # CPU self-test of the harness: wall clock, no graphs
             _rewind(cache, prompt)
@@ -349,28 +419,36 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
     model = build_model(cfg, device)
     res["build_seconds"] = time.perf_counter() - t0
     weights = sum(p.numel() * 2 for p in model.parameters() if p.dim() == 2)
-    refs = {}
+    # The backend "+compile" modes compile with: inductor on a GPU; the CPU self-test only traces
+    # (dynamo with the eager backend), which keeps it quick.
+    backend = "inductor" if dev.type == "cuda" else "eager"
+    refs, steps_ref, compiled_ref = {}, {}, {}
     entry = {"weight_bytes": weights, "runs": []}
     for b in batches:
         r = time_decode(model, b, prompt, steps, runs)
-        refs[b] = r.pop("last_logits")
+        refs[b], steps_ref[b] = r.pop("last_logits"), r.pop("step_logits")
         entry["runs"].append(r)
     res["modes"]["bf16"] = entry
     log("e2e bf16: " + _summary(entry))
     save()
-    def bf16_variant(net, name: str, entry: dict) -> None:
+    def bf16_variant(net, name: str, entry: dict, compiled: bool = False) -> None:
         """Time the BF16 model `net` as it is now (a BF16 reference variant), recorded as `name`."""
         for b in batches:
-            r = time_decode(net, b, prompt, steps, runs, ref_logits=refs[b])
+            r = time_decode(net, b, prompt, steps, runs, ref_logits=refs[b], ref_step=steps_ref[b],
+                            compile_backend=backend if compiled else None)
             r.pop("last_logits", None)
+            step = r.pop("step_logits", None)
+            if compiled:
+                compiled_ref[b] = step
             entry["runs"].append(r)
         res["modes"][name] = entry
         log(f"e2e {name}: " + _summary(entry))
         save()
 
-    for name in ("bf16+merged", "bf16+l2"):  # each as long as a compressed mode (~20 s on an H200)
-        if name in modes and budget.left() < 40.0:
-            res["skipped"].append({"mode": name, "why": f"{budget.left():.0f} s left, about 40 s needed"})
+    # each as long as a compressed mode (~20 s on an H200); the compiled one compiles first
+    for name, need in (("bf16+merged", 40.0), ("bf16+l2", 40.0), ("bf16+compile", BF16_COMPILE_SECONDS)):
+        if name in modes and budget.left() < need:
+            res["skipped"].append({"mode": name, "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
             modes = [m for m in modes if m != name]
     if "bf16+merged" in modes:  # the BF16 model with its siblings stacked, as a serving engine holds them
         undo = stack_dense_siblings(model)
@@ -394,7 +472,19 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
             l2.detach(model)
     elif "bf16+l2" in modes:
         res["skipped"].append({"mode": "bf16+l2", "why": "the L2 prefetch runs on CUDA only"})
-    modes = [m for m in modes if m not in ("bf16+merged", "bf16+l2")]
+    if "bf16+compile" in modes:  # the BF16 model compiled: the reference of every "+compile" mode
+        torch._dynamo.reset()
+        try:
+            bf16_variant(model, "bf16+compile", {"runs": []}, compiled=True)
+        except Exception as e:  # noqa: BLE001 - a model that cannot compile is a finding
+            res["modes"]["bf16+compile"] = {"error": f"{type(e).__name__}: {e}"}
+            log(f"e2e bf16+compile: {type(e).__name__}: {e}")
+            save()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+        finally:
+            torch._dynamo.reset()
+    modes = [m for m in modes if m not in BF16_VARIANTS]
     sec = compress_in_place(model, "huffman")
     res["encode_seconds"] = sec
     per_mode = None
@@ -410,6 +500,14 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
             continue
         t0 = time.perf_counter()
         base, _, extra = mode.partition("+")
+        compiled = extra == "compile" or extra.endswith("+compile")
+        if compiled:
+            extra = extra[: -len("compile")].rstrip("+")
+            need = 2 * (per_mode or 20.0) + BF16_COMPILE_SECONDS / 2
+            if budget.left() < need:
+                res["skipped"].append({"mode": mode, "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
+                continue
+            torch._dynamo.reset()  # each mode's modules are new to dynamo; nothing of the last mode's kept
         l2 = extra == "l2" or extra.endswith("+l2")
         if l2:
             extra = extra[: -len("l2")].rstrip("+")
@@ -442,8 +540,14 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
                          **({"programmatic_launch": pdl_on} if pdl else {}),
                          "decoders": decoders_used(model), "prepare_seconds": time.perf_counter() - t0, "runs": []}
                 for b in batches:
-                    r = time_decode(model, b, prompt, steps, runs, ref_logits=refs[b])
+                    # a compiled mode's steps compare with the compiled BF16 model's where it ran
+                    r = time_decode(model, b, prompt, steps, runs, ref_logits=refs[b],
+                                    ref_step=compiled_ref.get(b, steps_ref[b]) if compiled else steps_ref[b],
+                                    compile_backend=backend if compiled else None)
                     r.pop("last_logits", None)
+                    r.pop("step_logits", None)
+                    if compiled:
+                        r["step_reference"] = "bf16+compile" if b in compiled_ref else "bf16"
                     entry["runs"].append(r)
                 entry["device_errors"] = _device_errors(dev)
             except Exception as e:  # noqa: BLE001 - a failing mode is a finding; the next one still runs
@@ -453,7 +557,10 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
             finally:
                 if previous is not None:
                     dispatch.use_decoders(**previous)
-        per_mode = time.perf_counter() - t0
+                if compiled:
+                    torch._dynamo.reset()
+        if not compiled:  # the estimate for the next mode: a compiled one adds its compile
+            per_mode = time.perf_counter() - t0
         res["modes"][mode] = entry
         log(f"e2e {mode}: " + (_summary(entry) if "runs" in entry else entry["error"]))
         save()
@@ -472,6 +579,8 @@ def _summary(entry) -> str:
         parts.append(f"batch {r['batch']}: {g} tok/s graph, {r['eager_tokens_per_s']:.1f} eager"
                      + (f" (layers {r['layers_ms']:.3f} ms, lm_head {r['lm_head_ms']:.3f} ms)"
                         if "layers_ms" in r else "")
+                     + (f" (compiled in {r['compile_seconds']:.1f} s, {r['graph_breaks']} graph breaks)"
+                        if "compile_seconds" in r else "")
                      + ("" if r.get("prefill_logits_bitwise", True) else " (prefill logits differ)"))
     return "; ".join(parts)
 

@@ -2277,11 +2277,13 @@ def stage_eval(st: Stage) -> None:
 
 
 # bench_e2e's modes: the runtime's defaults first, then the fastest measured mode (the tensor-core
-# GEMV on tile-major planes) with and without stacked siblings and the L2 prefetch, then the
+# GEMV on tile-major planes) compiled (torch.compile, against the compiled BF16 model), with and
+# without stacked siblings and the L2 prefetch, then the
 # variants (VARIANT_TAGS), then dense (it turns the modules into plain nn.Linear, so it comes
 # last).  The stage's budget ends the list where it ends.
-BENCH_E2E_MODES = ("bf16+merged", "bf16+l2", "palette", "palette+gemv-mma+tiled", "palette+gemv-mma+tiled+merged",
-                   "palette+gemv-mma+tiled+merged+l2", "palette+gemv-mma+tiled+l2", "palette+tiled",
+BENCH_E2E_MODES = ("bf16+merged", "bf16+l2", "bf16+compile", "palette", "palette+gemv-mma+tiled",
+                   "palette+gemv-mma+tiled+compile", "palette+gemv-mma+tiled+merged",
+                   "palette+gemv-mma+tiled+merged+l2", "palette+gemv-mma+tiled+l2", "palette+compile", "palette+tiled",
                    "palette+gemv-mma", "palette+fused",
                    "palette+gemv-mma-bulk+tiled", "palette+gemv-mma-queue+tiled", "palette+gemv-mma+tiled+pdl",
                    "palette+gemv-mma+tiled+pdl+merged",
@@ -2300,7 +2302,8 @@ E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm
                     "huffman+chain": "huffman:chain", "huffman+ahead2": "huffman:ahead2", "huffman+ahead": "huffman:ahead",
                     "palette+vec8": "palette:vec8", "palette+tiled": "tiled", "palette+gemv-mma+tiled": "tiled",
                     "palette+gemv-mma+tiled+merged": "tiled", "palette+gemv-mma+tiled+pdl+merged": "gemv:pdl",
-                    "palette+gemv-mma+tiled+merged+l2": "tiled", "palette+gemv-mma+tiled+l2": "tiled"}
+                    "palette+gemv-mma+tiled+merged+l2": "tiled", "palette+gemv-mma+tiled+l2": "tiled",
+                    "palette+gemv-mma+tiled+compile": "tiled"}
 
 
 # The harness' self-test sizes (device "cpu": the dry run runs the bench children on these).

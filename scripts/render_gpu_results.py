@@ -25,6 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_util as bu  # noqa: E402
+import bench_e2e  # noqa: E402
 
 HEADING = "## GPU results"
 DEFAULT_RESULTS = os.path.join(bu.ROOT, "benchmarks", "results", "gpu")
@@ -287,13 +288,15 @@ def e2e_table(bench: dict) -> list[str]:
     if not modes:
         return []
     batches = sorted({r["batch"] for m in modes.values() for r in m.get("runs", [])})
-    ref = {r["batch"]: r for r in (modes.get("bf16") or {}).get("runs", [])}
+    refs = {name: {r["batch"]: r for r in (modes.get(name) or {}).get("runs", [])}
+            for name in ("bf16", "bf16+compile")}
     depth = (e2e.get("config") or {}).get("num_hidden_layers")
 
     def tps(r):
         return r.get("graph_tokens_per_s") or r.get("eager_tokens_per_s")
     lines = [f"**End-to-end decode** ({e2e.get('model', 'Llama-3.1-8B-shaped model')}; tokens/s of one decode "
-             "step replayed in a CUDA graph, eager where capture failed; relative to BF16 in brackets, and the "
+             "step replayed in a CUDA graph, eager where capture failed; relative to BF16 in brackets (a "
+             "`+compile` mode, its step compiled by torch.compile, to `bf16+compile`), and the "
              f"layers alone, the step less its lm_head, where timed, and a {FULL_DEPTH}-layer model's step "
              "projected from the two, not measured):", "",
              "| mode | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---|" * len(batches)]
@@ -302,6 +305,7 @@ def e2e_table(bench: dict) -> list[str]:
             lines.append(f"| {mode} | error: {m['error'][:80]} |" + " |" * (len(batches) - 1))
             continue
         runs = {r["batch"]: r for r in m.get("runs", [])}
+        ref = refs[bench_e2e.reference_mode(mode)]  # a compiled mode against the compiled BF16 model
         cells = []
         for b in batches:
             r = runs.get(b)

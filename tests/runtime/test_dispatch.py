@@ -196,3 +196,46 @@ def test_each_piece_of_a_merged_layer_takes_its_own_path(monkeypatch, fused_rows
     assert [c[0] for c in calls] == [p.rows for p in pieces if p.rows in fused_rows]
     assert all(c[2] == (6, 96) for c in calls)
     assert policy.refused == ([(16, "palette_gemm", "refused by the launcher")] if 16 in fused_rows else [])
+
+
+class _ForcedPolicy(DispatchPolicy):
+    """Every palette weight takes `path` on any device: the dispatch a CUDA forward runs (plan
+    sizes, the scratch's workspace and counters, the op), with the ops' CPU kernels standing in
+    for CUDA's."""
+
+    def __init__(self, path):
+        super().__init__(None)
+        self.path = path
+
+    def linear_path(self, w, M, device):
+        return dispatch.DECODE_CUBLAS if w.is_huffman else self.path
+
+
+@pytest.mark.parametrize("order", ["file", "tiled"])
+@pytest.mark.parametrize("path", ["palette_gemm", "palette_gemm_xs", "palette_gemv_mma", "palette_gemv_mma_queue"])
+def test_fused_dispatch_compiles_whole(path, order):
+    """The fused dispatch traces as one graph under torch.compile (aot_eager: dynamo, then the
+    functionalization of the ops' workspace and counter arguments) and gives its eager bits."""
+    from unweight.runtime.modules import CompressedLinear
+    torch.manual_seed(0)
+    lins = [torch.nn.Linear(128, 192, bias=False), torch.nn.Linear(192, 128, bias=True)]
+    mods = []
+    for lin in lins:
+        lin = lin.to(torch.bfloat16)
+        torch.nn.init.normal_(lin.weight, std=0.02)
+        m = CompressedLinear.from_linear(lin, "palette")
+        m.policy = _ForcedPolicy(path)
+        m.set_plane_order(order)
+        mods.append(m)
+    assert mods[0].plane_order == order
+    net = torch.nn.Sequential(mods[0], torch.nn.SiLU(), mods[1])
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = net(x)
+        torch._dynamo.reset()
+        from torch._dynamo.utils import counters
+        counters.clear()
+        got = torch.compile(net, backend="aot_eager", fullgraph=True)(x)
+        assert sum(counters["graph_break"].values()) == 0 and counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+    assert torch.equal(got, want)

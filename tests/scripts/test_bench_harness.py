@@ -196,6 +196,40 @@ def test_e2e_records_the_decoders_a_prepared_model_uses():
         dispatch.use_decoders(**prev)
 
 
+def test_e2e_compiled_modes_trace_whole_and_keep_the_bf16_bits():
+    """A "+compile" mode's step goes through torch.compile (the CPU self-test traces with the
+    eager backend) as one graph with no break at a compressed layer, and its first step's
+    logits are the compiled BF16 model's; each records the compile and its reference."""
+    import torch
+    res = bench_e2e.run(torch, 1, [1], ["bf16+compile", "palette+compile", "palette+gemv-mma+tiled+compile"],
+                        bu.Budget(600), device="cpu", prompt=4, steps=1, runs=2, log=lambda m: None,
+                        cfg_over=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2))
+    assert not res["skipped"] and set(res["modes"]) == {"bf16", "bf16+compile", "palette+compile",
+                                                         "palette+gemv-mma+tiled+compile"}
+    for mode in ("bf16+compile", "palette+compile", "palette+gemv-mma+tiled+compile"):
+        (r,) = res["modes"][mode]["runs"]
+        assert r["compile_backend"] == "eager" and r["graphs"] == 1 and r["graph_breaks"] == 0, (mode, r)
+        assert r["step_logits_bitwise"] and r["prefill_logits_bitwise"], mode
+        assert r.get("step_reference", "bf16") == ("bf16" if mode == "bf16+compile" else "bf16+compile")
+    assert "step_logits_bitwise" not in res["modes"]["bf16"]["runs"][0]  # the reference itself
+    assert [bench_e2e.reference_mode(m) for m in ("bf16", "bf16+compile", "palette+compile", "palette+l2")] == [
+        "bf16", "bf16", "bf16+compile", "bf16"]
+
+
+def test_e2e_table_reads_compiled_modes_against_compiled_bf16():
+    import render_gpu_results as rg
+    bench = {"raw": {"e2e": {"modes": {
+        "bf16": {"runs": [{"batch": 1, "graph_tokens_per_s": 100.0}]},
+        "bf16+compile": {"runs": [{"batch": 1, "graph_tokens_per_s": 200.0}]},
+        "palette": {"runs": [{"batch": 1, "graph_tokens_per_s": 110.0}]},
+        "palette+compile": {"runs": [{"batch": 1, "graph_tokens_per_s": 230.0}]}}}}}
+    rows = {ln.split(" | ")[0][2:]: ln for ln in rg.e2e_table(bench) if ln.startswith("| ") and "x]" in ln}
+    assert rows["bf16+compile"].endswith("200.0 [2.00x] |")
+    assert rows["palette"].endswith("110.0 [1.10x] |")
+    assert rows["palette+compile"].endswith("230.0 [1.15x] |")
+
+
 H200_BENCH = os.path.join(ROOT, "benchmarks", "results", "gpu", "2026-11-27-1342-h200-bench.json")
 
 

@@ -82,6 +82,26 @@ def test_compiled_model_matches(llama_ck):
     assert torch.equal(_logits(f), ref)
 
 
+@pytest.mark.parametrize("mode", ["palette", "huffman"])
+def test_inductor_compiled_model_is_the_bf16_model(llama_ck, mode):
+    """Under inductor the whole compressed model is one graph (fullgraph: no break at a
+    compressed layer) whose logits are the BF16 model's, eager or compiled, bit for bit, with
+    inductor's bf16 rounding emulated.  (Without it a fused kernel keeps some bf16 intermediates
+    in fp32, by where its fusions end, so even the BF16 model compiled differs from itself
+    eager, and a compressed layer's ops move those ends.)"""
+    import torch._inductor.config as inductor_config
+    src, cks = llama_ck
+    ref = _ref(src)
+    want = _logits(ref)
+    with inductor_config.patch(emulate_precision_casts=True):
+        torch._dynamo.reset()
+        assert torch.equal(_logits(torch.compile(ref, backend="inductor", fullgraph=True)), want)
+        torch._dynamo.reset()
+        m = unweight.load(cks[mode], device="cpu", mode=mode)
+        assert torch.equal(_logits(torch.compile(m, backend="inductor", fullgraph=True)), want)
+    torch._dynamo.reset()
+
+
 def _flip(path, tensor, delta=1, at=0.5):
     f = SafetensorsFile(path)
     dt, shape, b, e = f.info(tensor)
