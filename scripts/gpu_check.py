@@ -14,8 +14,11 @@ Stages (``--stage``, comma-separated, or ``all``):
                  counted on the device; CUDA-graph capture of the decode and fused ops.
                  The runtime's default kernels first; then each kernel variant that is not
                  the default (VARIANT_TAGS: the other Huffman decoders, VEC8 palette
-                 decode, wide-stage and shared-x GEMM, the palette GEMV) in a process of its
-                 own, so that a variant's fault costs its own checks only.  Its verdicts go to .gpu_state/variants.json.
+                 decode, wide-stage and shared-x GEMM, the palette GEMV) as a group of its
+                 own.  The groups share one process (one CUDA start) until a fault ends it or
+                 leaves its context unusable: that group fails and the rest go on in a new
+                 process, so a variant's fault costs its own checks only.  Its verdicts go
+                 to .gpu_state/variants.json.
     sanitizer    compute-sanitizer memcheck, racecheck and synccheck over a driver that
                  launches every kernel once on small shapes: indexed chain decode, row
                  gathers and every variant included
@@ -300,42 +303,117 @@ def device_env() -> dict:
 # ------------------------------------------------------------------------------------ subprocess groups
 
 
-def run_group(st: Stage, group: str, timeout: float, device: str = "cuda") -> None:
-    """Run check group `group` in its own Python process (a kernel fault that poisons the CUDA
-    context then costs that group only) and merge its checks into `st`."""
-    if timeout < 10:
-        st.skip(f"{group} (group)", f"{timeout:.0f} s left")
-        return
-    out = os.path.join(tempfile.mkdtemp(prefix="gpu_check_"), f"{group}.json")
-    cmd = [sys.executable, os.path.abspath(__file__), "--group", group, "--group-out", out, "--device", device,
-           "--budget", str(int(timeout - 5))]
-    t0 = time.perf_counter()
+# Seconds a group may run past its cap before the runner ends its process (a hung kernel).
+GROUP_GRACE_S = 15.0
+# The exit status of a group process whose last group left the CUDA context unusable.
+POISONED_RC = 3
+
+
+def _read_groups_out(path: str) -> dict:
+    """A group process's record (GroupRecorder.flush); empty when it wrote none or a torn one."""
     try:
-        p = subprocess.run(cmd, cwd=ROOT, env=_env_with_path(), timeout=timeout, capture_output=True, text=True)
-        rc, text = p.returncode, p.stdout + p.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, text = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-    sys.stdout.write(_tail(text, 80) + "\n")
-    checks = []
-    if os.path.exists(out):
-        with open(out) as f:
-            checks = json.load(f)
-    for c in checks:
-        st.rec["checks"].append({**c, "name": f"{group}: {c['name']}"})
-    if rc != 0 or not os.path.exists(out):
-        st.add(f"{group} (group process)", "fail", returncode=rc, seconds=round(time.perf_counter() - t0, 1),
-               error=f"group process ended with {rc} after {len(checks)} checks", log_tail=_tail(text, 30))
+        with open(path) as f:
+            r = json.load(f)
+        return r if isinstance(r, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def run_groups(st: Stage, groups, device: str = "cuda") -> None:
+    """Run the check groups [(name, cap seconds)] in order, in as few Python processes as
+    possible, and merge their checks into `st` as "<group>: <check>".
+
+    One process runs them one after another, so the CUDA context, the extension's module load
+    and torch's start are paid once rather than once per group (~6 s each on the H200 runs,
+    most of the correctness stage).  A group keeps its own process's protection: a process that
+    ends inside a group (a fault, a kill) fails that group, named "<group> (group process)",
+    and the groups after it start again in a new process; one whose group left the CUDA
+    context unusable (a sticky fault the group survived) fails that group and likewise hands
+    the rest to a new process; a group running GROUP_GRACE_S past its cap (a hung kernel)
+    is ended the same way.  Each group has its cap within the process (its last checks are
+    skipped when it runs out); the groups at the end are skipped when the stage's time runs
+    out, never the first."""
+    pending = list(groups)
+    while pending:
+        left = st.budget.left()
+        if left < 10:
+            for g, _ in pending:
+                st.skip(f"{g} (group)", f"{left:.0f} s left")
+            return
+        tmp = tempfile.mkdtemp(prefix="gpu_check_")
+        out, log_path = os.path.join(tmp, "groups.json"), os.path.join(tmp, "groups.log")
+        caps = dict(pending)
+        cmd = [sys.executable, os.path.abspath(__file__), "--group", ",".join(g for g, _ in pending),
+               "--group-caps", ",".join(f"{c:g}" for _, c in pending), "--group-out", out, "--device", device,
+               "--budget", str(int(left - 5))]
+        t0 = time.perf_counter()
+        with open(log_path, "w") as logf:
+            p = subprocess.Popen(cmd, cwd=ROOT, env=_env_with_path(), stdout=logf, stderr=subprocess.STDOUT, text=True)
+            rc = None
+            while rc is None:
+                try:
+                    rc = p.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    state = _read_groups_out(out)
+                    cur, since = state.get("current"), state.get("current_started")
+                    hung = cur in caps and since is not None and time.time() - since > caps[cur] + GROUP_GRACE_S
+                    if hung or st.budget.left() <= 0:
+                        p.kill()
+                        p.wait()
+                        rc = "timeout"
+        with open(log_path, errors="replace") as f:
+            text = f.read()
+        if not st.quiet:
+            sys.stdout.write(_tail(text, 80) + "\n")
+        state = _read_groups_out(out)
+        for c in state.get("checks", []):
+            c = dict(c)
+            st.rec["checks"].append({**c, "name": f"{c.pop('group', '?')}: {c['name']}"})
+        done = set(state.get("done", []))
+        secs = round(time.perf_counter() - t0, 1)
+        if rc == POISONED_RC and state.get("poisoned"):
+            g = state["poisoned"]
+            st.add(f"{g} (group process)", "fail", returncode=rc, seconds=secs,
+                   error="the group left the CUDA context unusable; the groups after it ran in a new process",
+                   log_tail=_tail(text, 30))
+        pending = [(g, c) for g, c in pending if g not in done]
+        if not pending:
+            if rc not in (0, POISONED_RC):
+                st.add("group process", "fail", returncode=rc, seconds=secs, error=f"ended with {rc} after its groups",
+                       log_tail=_tail(text, 30))
+            return
+        if rc == POISONED_RC and state.get("poisoned"):
+            continue
+        # The process ended inside a group (its current one), or before any: that group fails
+        # and the rest go on in a new process.
+        g = state.get("current") if state.get("current") in caps else pending[0][0]
+        n = sum(1 for c in state.get("checks", []) if c.get("group") == g)
+        st.add(f"{g} (group process)", "fail", returncode=rc, seconds=secs,
+               error=f"group process ended with {rc} in {g} after {n} of its checks", log_tail=_tail(text, 30))
+        pending = [(x, c) for x, c in pending if x != g]
 
 
 class GroupRecorder:
-    """Check list of a group process (the same check() contract as Stage)."""
+    """Check list of a group process (the same check() contract as Stage): each check records
+    its group; the file also says which groups are done and which one runs since when (the
+    runner's watchdog reads it)."""
 
     def __init__(self, out_path: str, budget: float):
         self.out, self.checks, self.budget = out_path, [], bu.Budget(budget)
+        self.group, self.started, self.done, self.poisoned = None, None, [], None
+
+    def begin(self, group: str, budget: float) -> None:
+        self.group, self.started, self.budget = group, time.time(), bu.Budget(budget)
+        self.flush()
+
+    def end(self) -> None:
+        self.done.append(self.group)
+        self.group = self.started = None
+        self.flush()
 
     def check(self, name, fn, *args, **kw):
         if self.budget.left() <= 0:
-            self.checks.append({"name": name, "status": "skip", "why": "group budget spent"})
+            self.checks.append({"name": name, "group": self.group, "status": "skip", "why": "group budget spent"})
             self.flush()
             return
         t0 = time.perf_counter()
@@ -348,13 +426,28 @@ class GroupRecorder:
         except Exception as e:  # noqa: BLE001 - recorded; the group goes on
             c = {"name": name, "status": "fail", "seconds": round(time.perf_counter() - t0, 3), "error": _err_line(e),
                  "trace": _tail(traceback.format_exc(), 12)}
+        c["group"] = self.group
         self.checks.append(c)
         print(f"  {c['status']:4s} {name}" + (f" -- {c.get('error') or c.get('why')}" if c["status"] != "pass" else ""),
               flush=True)
         self.flush()
 
     def flush(self):
-        bu.write_json(self.out, self.checks)
+        bu.write_json(self.out, {"checks": self.checks, "done": self.done, "current": self.group,
+                                 "current_started": self.started, "poisoned": self.poisoned})
+
+
+def _context_ok(device: str) -> bool:
+    """Whether the device still runs work after a group (a sticky fault poisons the CUDA
+    context: every later launch in the process fails)."""
+    if device != "cuda" or _SELFTEST_POISON:
+        return not _SELFTEST_POISON
+    try:
+        import torch
+        torch.cuda.synchronize()
+        return int(torch.ones(1, device="cuda").add_(1).item()) == 2
+    except Exception:  # noqa: BLE001 - any failure means the context is gone
+        return False
 
 
 # ------------------------------------------------------------------------------------ check groups
@@ -1005,10 +1098,10 @@ def _verbatim_heavy(np, cols, seed):
 
 
 # Kernel variants that are not the runtime's default (kernel_plan.HUFF_VARIANTS / PAL_VARIANTS,
-# tuning_table.PALETTE_GEMM_WIDE / PALETTE_GEMM_XS / PALETTE_GEMM_WG / PALETTE_GEMV).  Each is
-# checked in a process of its own, after the defaults:
-# a variant that faults on its first device run (an illegal address poisons the CUDA context)
-# then costs its own checks only.  The verdicts go to STATE/variants.json, and the benchmarks
+# tuning_table.PALETTE_GEMM_WIDE / PALETTE_GEMM_XS / PALETTE_GEMM_WG / PALETTE_GEMV).  They are
+# checked after the defaults, one group per variant (run_groups): a variant that faults on its
+# first device run (an illegal address poisons the CUDA context) then costs its own checks
+# only, and the groups after it run in a new process.  The verdicts go to STATE/variants.json, and the benchmarks
 # leave out a variant whose checks failed on the same build (bench_variants_to_skip; and the
 # wgmma GEMM until its checks pass, BENCH_NEEDS_PASS).
 # In the order the correctness stage runs their groups, each taking the time it needs from what
@@ -1499,6 +1592,28 @@ def bench_variants_to_skip() -> dict:
 GROUPS = {"probe": group_probe, "decode": group_decode, "fused": group_fused, "corrupt": group_corrupt,
           "bench_smoke": group_bench_smoke}
 GROUPS.update({f"variant={t}": functools.partial(group_variant, tag=t) for t in VARIANT_TAGS})
+
+
+# The group runner's own self-test (run_groups; the dry run and tests/scripts/test_gpu_check.py):
+# groups that pass, end their process, leave the context unusable or hang, no device needed.
+_SELFTEST_POISON = False
+
+
+def group_runner_selftest(rec, device, how):
+    rec.check("a check before the group's end", lambda: {"passed": True})
+    if how == "exit":
+        rec.flush()
+        os._exit(9)  # a fault that ends the process: no cleanup, no exit handler
+    if how == "poison":
+        global _SELFTEST_POISON
+        _SELFTEST_POISON = True  # _context_ok then reports a context no later launch could use
+    if how == "hang":
+        time.sleep(3600)
+    rec.check("a second check", lambda: {"passed": True})
+
+
+RUNNER_SELFTEST = tuple(f"runner={how}" for how in ("pass", "exit", "poison", "hang", "last"))
+GROUPS.update({g: functools.partial(group_runner_selftest, how=g.split("=")[1]) for g in RUNNER_SELFTEST})
 CORRECTNESS_GROUPS = (("probe", 40), ("decode", 120), ("fused", 120), ("corrupt", 60),
                       *((f"variant={t}", 60) for t in VARIANT_TAGS))
 
@@ -1831,14 +1946,14 @@ def _pytest_tier(st: Stage, out_dir: str, marks: str, budget: float, log_name: s
 def stage_correctness(st: Stage, out_dir: str) -> None:
     # The cuda pytest tier first, the runtime's default kernels apart from the other variants
     # (a fault in a variant's first device run poisons the rest of its process), then the
-    # check groups, the variants' last and each in its own process.
+    # check groups, the variants' last, in one process that a fault or a poisoned context
+    # hands over to a new one (run_groups).
     # The default tier took 24-36 s of an H100 / H200, the variant tier ~21 s.
     _pytest_tier(st, out_dir, "cuda and not variant", min(100.0, st.budget.left() * 0.3), "pytest.log")
     _pytest_tier(st, out_dir, "cuda and variant", min(40.0, st.budget.left() * 0.15), "pytest-variants.log")
     # The groups in priority order (CORRECTNESS_GROUPS), each up to its cap from what is left: the
     # last ones are skipped when the stage's time runs out, never the first.
-    for g, cap in CORRECTNESS_GROUPS:
-        run_group(st, g, min(cap, st.budget.left()))
+    run_groups(st, CORRECTNESS_GROUPS)
     verdicts = variant_verdicts(st)
     st.rec["raw"]["variants"] = verdicts
     if DEV == "cuda":
@@ -2755,15 +2870,24 @@ def run_stages(stages, out_dir: str, deadline: float | None, call: int | None) -
 
 
 def group_main(args) -> int:
-    """Run the check groups named in args.group (comma-separated) in this process."""
-    rec = GroupRecorder(args.group_out, args.budget or 120)
+    """Run the check groups named in args.group (comma-separated) in this process, each within
+    its cap (args.group_caps, comma-separated seconds) and all within args.budget.  Exits with
+    POISONED_RC when a group left the CUDA context unusable (run_groups starts the rest anew)."""
+    total = bu.Budget(args.budget or 120)
+    groups = args.group.split(",")
+    caps = [float(c) for c in args.group_caps.split(",")] if args.group_caps else [None] * len(groups)
+    if len(caps) != len(groups):
+        raise SystemExit(f"gpu_check: {len(groups)} groups but {len(caps)} caps")
+    rec = GroupRecorder(args.group_out, total.left())
     try:
-        for g in args.group.split(","):
-            n0 = len(rec.checks)
+        for g, cap in zip(groups, caps):
+            # a margin inside the cap, so the group's own checks stop before the runner ends it
+            rec.begin(g, min(cap - min(5.0, cap / 2), total.left()) if cap else total.left())
             GROUPS[g](rec, args.device)
-            if "," in args.group:
-                for c in rec.checks[n0:]:
-                    c["name"] = f"{g}: {c['name']}"
+            rec.end()
+            if not _context_ok(args.device):
+                rec.poisoned = g
+                return POISONED_RC
     finally:
         rec.flush()
     return 0
@@ -3205,18 +3329,18 @@ def cpu_selftest(tmp: str) -> list[str]:
         print(f"cpu self-test skipped ({e})")
         return []
     problems = []
-    groups = ",".join(["probe", "decode", "fused", "corrupt", "bench_smoke", *(f"variant={t}" for t in VARIANT_TAGS)])
-    out = os.path.join(tmp, "groups.json")
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--group", groups, "--group-out", out,
-                        "--device", "cpu", "--budget", "90"], cwd=ROOT, env=_env_with_path(),
-                       capture_output=True, text=True, timeout=180)
-    checks = json.load(open(out)) if os.path.exists(out) else []
+    # Through the correctness stage's runner (one process for every group while none faults),
+    # the groups' CPU run within 90 s each and 180 s in all.
+    groups = ["probe", "decode", "fused", "corrupt", "bench_smoke", *(f"variant={t}" for t in VARIANT_TAGS)]
+    st = Stage("selftest", None, 180, fake=True, quiet=True)
+    run_groups(st, [(g, 90) for g in groups], "cpu")
+    checks = st.rec["checks"]
     bad = [c for c in checks if c["status"] == "fail"]
-    print(f"cpu self-test of the check groups ({groups}): {len(checks)} checks, {len(bad)} failed, "
+    print(f"cpu self-test of the check groups ({','.join(groups)}): {len(checks)} checks, {len(bad)} failed, "
           f"{sum(c['status'] == 'skip' for c in checks)} need a GPU")
-    if p.returncode or not checks or bad:
-        problems.append(f"cpu self-test of the check groups: rc {p.returncode}, failed {[c['name'] for c in bad][:5]} "
-                        f"{_tail(p.stderr, 5)}")
+    if not checks or bad:
+        problems.append(f"cpu self-test of the check groups: failed {[c['name'] for c in bad][:5]} "
+                        f"{[c.get('log_tail', c.get('error', '')) for c in bad][:1]}")
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--sanitizer-driver", "--device", "cpu"], cwd=ROOT,
                        env=_env_with_path(), capture_output=True, text=True, timeout=120)
     if p.returncode or "sanitizer driver:" not in p.stdout:
@@ -3241,6 +3365,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--pack", metavar="DIR", help="pack the wheels downloaded to DIR into .gpu_carry/")
     ap.add_argument("--sanitizer-driver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--group", help=argparse.SUPPRESS)
+    ap.add_argument("--group-caps", help=argparse.SUPPRESS)
     ap.add_argument("--group-out", help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=float, help=argparse.SUPPRESS)

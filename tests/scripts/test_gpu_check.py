@@ -9,6 +9,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import gpu_check  # noqa: E402
 
 
 def test_gpu_check_dry_run():
@@ -311,3 +313,32 @@ def test_kernel_bench_times_every_bucket_of_the_tuning_table():
     from unweight.runtime import kernel_plan as kp
     from unweight.runtime.tuning_table import BUCKET_BATCH
     assert gc.KERNEL_BATCHES == tuple(sorted(m for m in BUCKET_BATCH.values() if m <= kp.PMMA_MAX_M))
+
+
+def test_group_runner_survives_exits_poisoned_contexts_and_hangs(monkeypatch):
+    """The check groups run in one process until one ends it (a fault), leaves the CUDA context
+    unusable or hangs: that group fails, named "<group> (group process)", and the groups after
+    it run in a new process, each check named after its group."""
+    monkeypatch.setattr(gpu_check, "GROUP_GRACE_S", 1.0)
+    st = gpu_check.Stage("correctness", None, 120, fake=True, quiet=True)
+    gpu_check.run_groups(st, [(g, 3 if g == "runner=hang" else 30) for g in gpu_check.RUNNER_SELFTEST], "cpu")
+    got = [(c["name"], c["status"]) for c in st.rec["checks"]]
+    assert got == [
+        ("runner=pass: a check before the group's end", "pass"), ("runner=pass: a second check", "pass"),
+        ("runner=exit: a check before the group's end", "pass"), ("runner=exit (group process)", "fail"),
+        ("runner=poison: a check before the group's end", "pass"), ("runner=poison: a second check", "pass"),
+        ("runner=poison (group process)", "fail"),
+        ("runner=hang: a check before the group's end", "pass"), ("runner=hang (group process)", "fail"),
+        ("runner=last: a check before the group's end", "pass"), ("runner=last: a second check", "pass")]
+    fails = {c["name"]: c for c in st.rec["checks"] if c["status"] == "fail"}
+    assert fails["runner=exit (group process)"]["returncode"] == 9
+    assert "after 1 of its checks" in fails["runner=exit (group process)"]["error"]
+    assert fails["runner=poison (group process)"]["returncode"] == gpu_check.POISONED_RC
+    assert fails["runner=hang (group process)"]["returncode"] == "timeout"
+
+
+def test_group_runner_skips_what_the_stage_has_no_time_for():
+    st = gpu_check.Stage("correctness", None, 5, fake=True, quiet=True)
+    gpu_check.run_groups(st, [("runner=pass", 30), ("runner=last", 30)], "cpu")
+    assert [(c["name"], c["status"]) for c in st.rec["checks"]] == [("runner=pass (group)", "skip"),
+                                                                     ("runner=last (group)", "skip")]
