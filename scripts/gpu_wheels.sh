@@ -16,6 +16,10 @@
 #                                                 RECORD), xz'd and split: call1/…part1 (50 MiB)
 #                                                 and call2/…part2, reassembled and checked on
 #                                                 the device by call 2
+# plus the extensions built here for the device's Python 3.12 and sm_90a from a copy of the
+# working tree (prebuild: needs a python3.12 here, e.g. pyenv's, and nvcc; the venv it builds
+# with is kept in .gpu_carry/prebuild; UNWEIGHT_NO_PREBUILD=1 leaves them out and the device
+# builds), packed with each call that has room (prebuilt.tar.xz, prebuilt.json),
 # plus zlib's headers in each call folder (a build on an image without zlib's development
 # files) and manifest.json (sizes, sha256).  Fails when a call would carry more than the
 # device tool's 64 MiB (working tree included) less a margin.

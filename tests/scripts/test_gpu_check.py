@@ -342,3 +342,99 @@ def test_group_runner_skips_what_the_stage_has_no_time_for():
     gpu_check.run_groups(st, [("runner=pass", 30), ("runner=last", 30)], "cpu")
     assert [(c["name"], c["status"]) for c in st.rec["checks"]] == [("runner=pass (group)", "skip"),
                                                                      ("runner=last (group)", "skip")]
+
+
+def _prebuilt_repo(tmp_path, monkeypatch, **man_over):
+    """A device-side tree (tmp_path/repo: the package's Python files, no extensions) whose carry
+    holds a prebuilt archive of this checkout's extensions, as gpu_wheels.sh packs them (here for
+    this Python); gpu_check pointed at it."""
+    import hashlib
+    import shutil
+    import tarfile
+    repo = tmp_path / "repo"
+    shutil.copytree(os.path.join(ROOT, "unweight"), repo / "unweight",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    py = "%d.%d" % sys.version_info[:2]
+    members = gpu_check._prebuilt_members(py)
+    src = tmp_path / "src"
+    for m in members:
+        (src / m).parent.mkdir(parents=True, exist_ok=True)
+        built = os.path.join(ROOT, m)
+        if m.endswith(".so"):
+            if not os.path.exists(built):
+                pytest.skip(f"{m} is not built here")
+            shutil.copy(built, src / m)
+        else:
+            (src / m).write_text("ptxas info    : Used 32 registers\n")
+    carry = repo / ".gpu_carry" / "call1"
+    carry.mkdir(parents=True)
+    tar = carry / gpu_check.PREBUILT_NAME
+    with tarfile.open(tar, "w:xz", preset=0) as tf:
+        for m in members:
+            tf.add(src / m, arcname=m)
+    man = {"build_sha256": gpu_check.bu.build_digest(), "python": py, "archs": gpu_check.PREBUILT_ARCHS,
+           "sha256": hashlib.sha256(tar.read_bytes()).hexdigest(), "nvcc": "test", "build_seconds": 1.0}
+    man.update(man_over)
+    (carry / gpu_check.PREBUILT_JSON).write_text(json.dumps(man))
+    monkeypatch.setattr(gpu_check, "ROOT", str(repo))
+    monkeypatch.setattr(gpu_check, "CARRY", str(repo / ".gpu_carry"))
+    monkeypatch.setattr(gpu_check, "STATE", str(repo / ".gpu_state"))
+    monkeypatch.setattr(gpu_check, "DEV", "cpu")  # a CPU self-test: no target to match, no device to see
+    return repo, members
+
+
+def test_prebuilt_extensions_serve_when_built_from_the_same_inputs(tmp_path, monkeypatch):
+    repo, members = _prebuilt_repo(tmp_path, monkeypatch)
+    st = gpu_check.Stage("build", None, 60, fake=True, quiet=True)
+    assert gpu_check.use_prebuilt(st)
+    (c,) = st.rec["checks"]
+    assert c["status"] == "pass" and c["ok"] and c["nvcc"] == "test"
+    assert all((repo / m).exists() for m in members)
+    assert json.loads((repo / ".gpu_state" / "build.json").read_text())["prebuilt"] is True
+    assert st.rec["raw"]["ptxas"]  # the carried ptxas report, read as a device build's
+
+
+@pytest.mark.parametrize("over, why", [({"build_sha256": "0" * 64}, "built from other csrc/ or setup.py"),
+                                       ({"python": "3.99"}, "built for Python 3.99"),
+                                       ({"archs": "80"}, "built for sm_80"),
+                                       ({"sha256": "0" * 64}, "its archive is missing or not the one described")])
+def test_prebuilt_extensions_that_do_not_match_are_left_out(tmp_path, monkeypatch, over, why):
+    repo, members = _prebuilt_repo(tmp_path, monkeypatch, **over)
+    st = gpu_check.Stage("build", None, 60, fake=True, quiet=True)
+    assert not gpu_check.use_prebuilt(st)
+    (c,) = st.rec["checks"]
+    assert c["status"] == "skip" and c["why"].startswith(why) and c["why"].endswith("; building on the device")
+    assert not any((repo / m).exists() for m in members)
+
+
+def test_prebuilt_extensions_that_do_not_import_are_removed(tmp_path, monkeypatch):
+    import hashlib
+    import tarfile
+    repo, members = _prebuilt_repo(tmp_path, monkeypatch)
+    carry = repo / ".gpu_carry" / "call1"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with tarfile.open(carry / gpu_check.PREBUILT_NAME, "w:xz") as tf:
+        for m in members:
+            (bad / os.path.basename(m)).write_bytes(b"\x7fELF not a library")
+            tf.add(bad / os.path.basename(m), arcname=m)
+    man = json.loads((carry / gpu_check.PREBUILT_JSON).read_text())
+    man["sha256"] = hashlib.sha256((carry / gpu_check.PREBUILT_NAME).read_bytes()).hexdigest()
+    (carry / gpu_check.PREBUILT_JSON).write_text(json.dumps(man))
+    st = gpu_check.Stage("build", None, 60, fake=True, quiet=True)
+    assert not gpu_check.use_prebuilt(st)
+    (c,) = st.rec["checks"]
+    assert c["status"] == "skip" and c["why"].startswith("they do not import here")
+    assert not any((repo / m).exists() for m in members[:2])
+
+
+def test_pack_places_the_prebuilt_extensions_where_they_fit():
+    e = gpu_check.EXPECTED_BYTES
+    tree = 9 * gpu_check.MIB
+    both = gpu_check.plan_parts(tree, e["gguf.xz"], e["site.tar.xz"], extra={1: e["prebuilt"], 2: e["prebuilt"]})
+    assert both is not None
+    parts, calls = both
+    assert sum(parts) == e["gguf.xz"]
+    assert max(calls.values()) + tree <= gpu_check.CARRY_LIMIT - gpu_check.CARRY_MARGIN
+    big = {1: 40 * gpu_check.MIB, 2: 40 * gpu_check.MIB}
+    assert gpu_check.plan_parts(tree, e["gguf.xz"], e["site.tar.xz"], extra=big) is None
