@@ -2612,6 +2612,7 @@ def bench_child(name: str, budget: float, path: str, skip: dict, device: str = "
 
     import bench_decode
     import bench_e2e
+    import bench_host
     import bench_kernels
     b = bu.Budget(budget)
     gpu = device == "cuda"
@@ -2628,6 +2629,10 @@ def bench_child(name: str, budget: float, path: str, skip: dict, device: str = "
             res.pop("_table", None)
         elif name == "e2e":
             modes = [m for m in BENCH_E2E_MODES if E2E_MODE_VARIANT.get(m) not in skip]
+            # The host time per compressed layer's forward first (bench_host.py, ~3 s): what
+            # the eager rows' step time is made of besides the device's.
+            host = bench_host.run(torch, device, 64, 64, 1, *((1000, 5) if gpu else (50, 2)))
+            host.pop("environment", None)
             if gpu:
                 res = bench_e2e.run(torch, 4, [1, 16], modes, b, out_path=path, log=log)
             else:
@@ -2636,6 +2641,7 @@ def bench_child(name: str, budget: float, path: str, skip: dict, device: str = "
                                     out_path=path, log=quiet, **kw)
             res["skipped"] += [{"mode": m, "why": skip[E2E_MODE_VARIANT[m]]} for m in BENCH_E2E_MODES
                                if E2E_MODE_VARIANT.get(m) in skip]
+            res["host"] = host
         else:
             raise ValueError(f"unknown benchmark {name!r}")
     bu.write_json(path, res)
@@ -2965,6 +2971,10 @@ def _bench_errors(name, res) -> list:
             if not r.get("logits_equal_bf16"):
                 out.append(f"moe {r.get('variant')}: logits differ from BF16")
     else:
+        for r in (res.get("host") or {}).get("rows", []):
+            for key in ("direct", "dispatcher"):
+                if (r.get(key) or {}).get("same_bits_as_nn_linear") is False:
+                    out.append(f"host {r['layer']} ({key}): decode + GEMM differs from nn.Linear")
         for mode, e in res.get("modes", {}).items():
             if "error" in e:
                 out.append(f"{mode}: {e['error']}")

@@ -328,6 +328,23 @@ def e2e_table(bench: dict) -> list[str]:
     return lines + [""]
 
 
+def host_table(bench: dict) -> list[str]:
+    """Host microseconds per forward of one layer (bench_host.py inside the e2e benchmark)."""
+    host = (bench.get("raw", {}).get("e2e") or {}).get("host") or {}
+    rows = host.get("rows") or []
+    if not rows:
+        return []
+    lines = [f"**Host time per layer forward** (`scripts/bench_host.py`: a {host['shape'][0]} x {host['shape'][1]} "
+             f"weight at batch {host.get('batch')}, {host.get('calls')} eager forwards per timing, median of "
+             f"{host.get('runs')}; the forward's ops called directly, and through torch's dispatcher):", "",
+             "| layer | path | us per call | through the dispatcher |", "|---|---|---|---|"]
+    for r in rows:
+        p = r.get("dispatcher")
+        lines.append(f"| {r['layer']} | {r['path']} | {_f(r['direct']['median_us'], '{:.1f}')} | "
+                     f"{_f(p['median_us'], '{:.1f}') if p else '–'} |")
+    return lines + [""]
+
+
 def moe_table(bench: dict) -> list[str]:
     moe = bench.get("raw", {}).get("moe") or {}
     rows = moe.get("results") or []
@@ -473,7 +490,7 @@ def render_gpu(gpu: str, recs: dict, several: bool) -> list[str]:
     if fails:
         out += ["Failed checks:", ""] + fails + [""]
     bench = recs.get("bench") or {}
-    out += (decode_table(bench) + slots_lines(bench) + kernels_table(bench) + e2e_table(bench) + moe_table(bench)
+    out += (decode_table(bench) + slots_lines(bench) + kernels_table(bench) + e2e_table(bench) + host_table(bench) + moe_table(bench)
             + profile_table(bench))
     out += eval_table(recs.get("eval") or {})
     model = recs.get("model") or {}

@@ -254,3 +254,32 @@ def test_a_state_dict_load_decodes_with_the_loaded_header():
     ca.load_state_dict(cb.state_dict())
     assert ca.palette == cb.palette
     assert torch.equal(ca.decode_weight().view(torch.int16), b.weight.detach().view(torch.int16))
+
+
+def test_encoded_weight_is_kept_until_the_module_changes():
+    """encoded() hands back the same record while it describes the module, and a new one after
+    anything that changes what the ops must be given: a state-dict load (another palette), a
+    plane order, a transcode, a move; the forward stays bitwise right through each."""
+    a, b = _linear(32, 64, bias=False, seed=1), _linear(32, 64, bias=False, seed=2)
+    with torch.no_grad():
+        b.weight.mul_(64.0)
+    cl = CompressedLinear.from_linear(a, "palette")
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+
+    def right(lin):
+        with torch.no_grad():
+            return torch.equal(cl(x).view(torch.int16), lin(x).view(torch.int16))
+
+    w = cl.encoded()
+    assert cl.encoded() is w and right(a)
+    cl.load_state_dict(CompressedLinear.from_linear(b, "palette").state_dict())
+    w2 = cl.encoded()
+    assert w2 is not w and w2.palette == cl.palette and right(b)
+    assert cl.set_plane_order("tiled")
+    w3 = cl.encoded()
+    assert w3 is not w2 and w3.tiled and right(b)
+    prepare._transcode(cl, "huffman")
+    w4 = cl.encoded()
+    assert w4 is not w3 and w4.is_huffman and right(b)
+    cl.to("meta")
+    assert cl.encoded().sm.device.type == "meta"

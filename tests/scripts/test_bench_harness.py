@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import _bench_util as bu  # noqa: E402
 import bench_decode  # noqa: E402
 import bench_e2e  # noqa: E402
+import bench_host  # noqa: E402
 import bench_kernels  # noqa: E402
 import bench_moe  # noqa: E402
 import bench_scale  # noqa: E402
@@ -228,6 +229,27 @@ def test_e2e_table_reads_compiled_modes_against_compiled_bf16():
     assert rows["bf16+compile"].endswith("200.0 [2.00x] |")
     assert rows["palette"].endswith("110.0 [1.10x] |")
     assert rows["palette+compile"].endswith("230.0 [1.15x] |")
+
+
+def test_host_bench_times_each_path_both_ways_on_cpu(tmp_path, capsys):
+    """bench_host.py on CPU: nn.Linear and each encoding's decode + GEMM, called directly and
+    through the dispatcher, the same bits as nn.Linear either way; a table and a JSON."""
+    out = tmp_path / "host.json"
+    assert bench_host.main(["--device", "cpu", "--calls", "20", "--runs", "2", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [r["layer"] for r in res["rows"]] == ["nn.Linear", "CompressedLinear huffman", "CompressedLinear palette"]
+    for r in res["rows"][1:]:
+        assert r["direct"]["same_bits_as_nn_linear"] and r["dispatcher"]["same_bits_as_nn_linear"]
+        assert r["direct"]["median_us"] > 0 and len(r["direct"]["runs_us"]) == 2
+    assert "via_dispatcher_us" in capsys.readouterr().out
+    import render_gpu_results as rg
+    lines = rg.host_table({"raw": {"e2e": {"host": res}}})
+    assert lines[0].startswith("**Host time per layer forward**") and len(lines) == 4 + 3 + 1
+
+
+def test_host_bench_refuses_a_bad_shape(capsys):
+    code, err = _exit(lambda: bench_host.main(["--shape", "64"]), capsys)
+    assert code == 2 and err == ["bench_host: bad shape '64': write NxK"]
 
 
 H200_BENCH = os.path.join(ROOT, "benchmarks", "results", "gpu", "2026-11-27-1342-h200-bench.json")

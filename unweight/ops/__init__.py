@@ -13,6 +13,8 @@ tracing, CUDA-graph capture) and a CPU implementation where one exists.
     transcode.py  build_lut, exp_histogram, palette_encode, palette_verbatim,
                   transcode_to_palette()                                     (load time)
     prefetch.py   prefetch_l2                                                (weights into L2 ahead of a matmul)
+    run.py        the forward's ops as the runtime calls them: each kernel directly in eager
+                  mode, the op wherever torch must see it (_ext.direct)
 
 Importing it imports torch and registers the ops; it never touches a CUDA device.
 """
@@ -27,6 +29,7 @@ from .matmul import (palette_counters_elems, palette_gemv, palette_gemv_parts, p
                      palette_splits, palette_supported, palette_workspace_elems, palette_workspace_max,
                      programmatic_launch)
 from .prefetch import prefetch_l2
+from . import run  # (after the ops it calls are registered)
 from .transcode import build_lut, exp_histogram, palette_encode, palette_verbatim, transcode_to_palette
 
 __all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_palette", "decode_palette_slots",
@@ -36,4 +39,4 @@ __all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_pal
            "palette_gemv_queue_counters", "programmatic_launch",
            "palette_workspace_elems", "palette_workspace_max", "palette_counters_elems", "build_lut", "exp_histogram", "palette_encode",
            "palette_verbatim", "transcode_to_palette", "tile_palette_planes", "untile_palette_planes", "palette_pairs", "paired_palette",
-           "remap_index", "inverse_nibble_map", "pair_index", "stored_index", "prefetch_l2"]
+           "remap_index", "inverse_nibble_map", "pair_index", "stored_index", "prefetch_l2", "run"]

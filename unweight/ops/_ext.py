@@ -1,4 +1,5 @@
-"""The one holder of the native extension handles and of raw device pointers.
+"""The one holder of the native extension handles and of raw device pointers, and of the
+direct callers of the ops' kernels (``direct``; ops/run.py).
 
 ``unweight._C`` (C++ CPU codec, always built) takes NumPy arrays; ``unweight._cuda`` (CUDA
 kernels, built when nvcc was found) takes integer device pointers and an integer stream, so
@@ -87,3 +88,61 @@ def same_device(name: str, ref: Tensor, *ts: Tensor) -> None:
     for t in ts:
         if t.numel() and t.device != ref.device:
             raise ValueError(f"{name}: tensors on {t.device} and {ref.device}")
+
+
+_DIRECT = {"on": True}
+
+
+def use_direct(on: bool | None = None) -> bool:
+    """Turn the direct kernel calls (direct) on or off process-wide (off: every call goes
+    through torch's dispatcher, as scripts/bench_host.py compares); returns the setting
+    before.  On by default."""
+    prev = _DIRECT["on"]
+    if on is not None:
+        _DIRECT["on"] = bool(on)
+    return prev
+
+
+def direct_ok(x: Tensor) -> bool:
+    """Whether an op called on x may run its kernel directly rather than through torch's
+    dispatcher: x is a plain tensor (no FakeTensor, FunctionalTensor or other subclass, no
+    functorch or functionalization wrapper) that autograd does not track, and no dispatch mode
+    (FakeTensorMode, FlopCounterMode, ...) or profiler is on to see the op.  Outside a
+    torch.compile trace only (the caller checks that first)."""
+    return (type(x) is Tensor and not (x.requires_grad and torch.is_grad_enabled())
+            and not torch._C._len_torch_dispatch_stack() and not torch.autograd._profiler_enabled()
+            and not torch._C._functorch.is_functorch_wrapped_tensor(x) and not torch._is_functional_tensor(x))
+
+
+def direct(op, **kernels):
+    """A caller of the custom op `op` (torch.ops.unweight.<name>) that, in eager mode, runs the
+    kernel registered for its first tensor argument's device type (kernels: {"cuda": fn,
+    "cpu": fn}, the very functions registered with op.register_kernel) without the
+    dispatcher, and bumps the version counter of each argument the op writes, as the
+    dispatcher does; under a compile trace, fake tensors, a dispatch mode, autograd or the
+    profiler (direct_ok), or for another device, it calls the op.  The same kernel runs either
+    way, so the results are the same bits.
+
+    Why: a torch.library custom op passes through the dispatcher's Python layers (autograd,
+    ADInplaceOrView, the backend wrapper) on every call: ~17 us for an op that writes no
+    argument and ~70 us for one that does (torch's fill_defaults, quadratic in the number of
+    arguments) on a 2-core box, against ~3 us for a C++ op; a compressed layer's forward calls
+    one or two."""
+    schema = op.default._schema
+    writes = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    bump = torch.autograd.graph.increment_version
+
+    def call(*args, **kwargs):
+        if _DIRECT["on"] and not torch.compiler.is_compiling():
+            x = args[0] if isinstance(args[0], Tensor) else args[0][0]
+            fn = kernels.get(x.device.type)
+            if fn is not None and direct_ok(x):
+                out = fn(*args, **kwargs)
+                for i in writes:
+                    if i < len(args) and isinstance(args[i], Tensor):
+                        bump(args[i])
+                return out
+        return op(*args, **kwargs)
+    call.__name__ = call.__qualname__ = f"direct_{schema.name.split('::')[-1]}"
+    call.op, call.kernels = op, dict(kernels)
+    return call

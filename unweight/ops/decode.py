@@ -103,7 +103,7 @@ def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_c
 
 
 @decode_huffman.register_kernel("cpu")
-def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, chk=None,
+def _decode_huffman_cpu(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, chk=None,
       chk_interval=0, variant=0):
     if rows == 0 or cols == 0:
         return
@@ -122,7 +122,7 @@ def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_c
 
 
 @decode_huffman.register_kernel("cuda")
-def _(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, chk=None,
+def _decode_huffman_cuda(sm, exp, off, table, lut, out, err, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, chk=None,
       chk_interval=0, variant=0):
     if rows == 0 or cols == 0:
         return
@@ -154,7 +154,7 @@ def _(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0, tiled=False
 
 
 @decode_palette.register_kernel("cpu")
-def _(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0, tiled=False):
+def _decode_palette_cpu(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0, tiled=False):
     if rows == 0 or cols == 0:
         return
     _check_palette(sm, idx, vpos, vexp, out, rows, cols, palette)
@@ -172,7 +172,7 @@ def _(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0, tiled=False
 
 
 @decode_palette.register_kernel("cuda")
-def _(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0, tiled=False):
+def _decode_palette_cuda(sm, idx, vpos, vexp, out, err, rows, cols, palette, variant=0, tiled=False):
     if rows == 0 or cols == 0:
         return
     _check_palette(sm, idx, vpos, vexp, out, rows, cols, palette)
@@ -218,7 +218,7 @@ def _(ids, sm, idx, vpos, vexp, out, err, palette, variant=0):
 
 
 @decode_palette_slots.register_kernel("cpu")
-def _(ids, sm, idx, vpos, vexp, out, err, palette, variant=0):
+def _decode_palette_slots_cpu(ids, sm, idx, vpos, vexp, out, err, palette, variant=0):
     _check_slots(ids, sm, idx, vpos, vexp, out, palette)
     n, rows, cols = sm.shape
     pal = np.asarray(palette, dtype=np.uint8)
@@ -235,7 +235,7 @@ def _(ids, sm, idx, vpos, vexp, out, err, palette, variant=0):
 
 
 @decode_palette_slots.register_kernel("cuda")
-def _(ids, sm, idx, vpos, vexp, out, err, palette, variant=0):
+def _decode_palette_slots_cuda(ids, sm, idx, vpos, vexp, out, err, palette, variant=0):
     _check_slots(ids, sm, idx, vpos, vexp, out, palette)
     n, rows, cols = sm.shape
     with torch.cuda.device_of(out):

@@ -73,7 +73,7 @@ def _(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_
 
 
 @gather_rows_huffman.register_kernel("cuda")
-def _(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, lut=None, err=None,
+def _gather_rows_huffman_cuda(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, lut=None, err=None,
       chk=None, chk_interval=0):
     flat = _device_ids(ids, sm)
     out = torch.empty((flat.numel(), cols), dtype=torch.bfloat16, device=sm.device)
@@ -94,7 +94,7 @@ def _(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_
 
 
 @gather_rows_huffman.register_kernel("cpu")
-def _(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, lut=None, err=None,
+def _gather_rows_huffman_cpu(ids, sm, exp, off, table, rows, cols, rows_per_group, cols_per_chunk, exp_lo, exp_hi, lut=None, err=None,
       chk=None, chk_interval=0):
     flat = _host_ids(ids, rows)
     R = rows_per_group
@@ -127,7 +127,7 @@ def _(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None):
 
 
 @gather_rows_palette.register_kernel("cuda")
-def _(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None):
+def _gather_rows_palette_cuda(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None):
     flat = _device_ids(ids, sm)
     out = torch.empty((flat.numel(), cols), dtype=torch.bfloat16, device=sm.device)
     if flat.numel() == 0 or cols == 0:
@@ -143,7 +143,7 @@ def _(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None):
 
 
 @gather_rows_palette.register_kernel("cpu")
-def _(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None):
+def _gather_rows_palette_cpu(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None):
     flat = _host_ids(ids, rows)
     out = np.empty((flat.size, cols), dtype=np.uint16)
     sm_np, idx_np, vpos_np, vexp_np = _ext.np_view(sm), _ext.np_view(idx), _ext.np_view(vpos), _ext.np_view(vexp)

@@ -153,7 +153,7 @@ def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, 
 
 
 @palette_matmul.register_kernel("cpu")
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
+def _palette_matmul_cpu(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
       tiled=False, wgmma=False):
     if x.dim() != 2 or x.size(1) != cols:
         raise ValueError(f"palette_matmul takes x [M, {cols}], got {tuple(x.shape)}")
@@ -179,7 +179,7 @@ def _cuda_x(op: str, x: Tensor, cols: int, supported, max_m: int, planes: tuple)
 
 
 @palette_matmul.register_kernel("cuda")
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
+def _palette_matmul_cuda(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
       tiled=False, wgmma=False):
     x = _cuda_x("palette_matmul", x, cols, palette_supported, plan.PMMA_MAX_M,
                 (sm, idx, vpos, vexp, workspace, counters))
@@ -225,14 +225,14 @@ def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False
 
 
 @palette_gemv.register_kernel("cpu")
-def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False):
+def _palette_gemv_cpu(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False):
     return torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, x.new_empty(0, dtype=torch.float32),
                                              x.new_empty(0, dtype=torch.int32), rows, cols, palette, 1,
                                              tiled=tiled)
 
 
 @palette_gemv.register_kernel("cuda")
-def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False):
+def _palette_gemv_cuda(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False):
     x = _cuda_x("palette_gemv", x, cols, lambda M, K: palette_gemv_supported(M, K, variant),
                 plan.pgemv_max_m(variant), (sm, idx, vpos, vexp))
     M = x.size(0)
@@ -305,14 +305,14 @@ def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, t
 
 
 @palette_gemv_queue.register_kernel("cpu")
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, tiled=False):
+def _palette_gemv_queue_cpu(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, tiled=False):
     return torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, x.new_empty(0, dtype=torch.float32),
                                              x.new_empty(0, dtype=torch.int32), rows, cols, palette, 1,
                                              tiled=tiled)
 
 
 @palette_gemv_queue.register_kernel("cuda")
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, tiled=False):
+def _palette_gemv_queue_cuda(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, tiled=False):
     v = plan.PGEMV_VARIANT_MMA_QUEUE
     x = _cuda_x("palette_gemv_queue", x, cols, lambda M, K: palette_gemv_supported(M, K, v), plan.pgemv_max_m(v),
                 (sm, idx, vpos, vexp, workspace, counters))
@@ -364,7 +364,7 @@ def _(x, ids, sm, idx, vpos, vexp, err, palette, parts):
 
 
 @palette_gemv_slots.register_kernel("cpu")
-def _(x, ids, sm, idx, vpos, vexp, err, palette, parts):
+def _palette_gemv_slots_cpu(x, ids, sm, idx, vpos, vexp, err, palette, parts):
     # The reference: each slot's expert decoded (decode_palette_slots, which raises on a bad id),
     # then fp32 products with one rounding.
     _check_gemv_slots(x, ids, sm, idx, vpos, vexp, palette)
@@ -375,7 +375,7 @@ def _(x, ids, sm, idx, vpos, vexp, err, palette, parts):
 
 
 @palette_gemv_slots.register_kernel("cuda")
-def _(x, ids, sm, idx, vpos, vexp, err, palette, parts):
+def _palette_gemv_slots_cuda(x, ids, sm, idx, vpos, vexp, err, palette, parts):
     _check_gemv_slots(x, ids, sm, idx, vpos, vexp, palette)
     S, (E, rows, cols) = ids.numel(), sm.shape
     x = _cuda_x("palette_gemv_slots", x, cols, lambda M, K: K % plan.PMMA_TILE_K == 0 and M <= 65535, 65535,

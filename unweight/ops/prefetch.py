@@ -30,7 +30,7 @@ def _(planes):
 
 
 @prefetch_l2.register_kernel("cuda")
-def _(planes):
+def _prefetch_l2_cuda(planes):
     if len(planes) > plan.PREFETCH_MAX_RANGES:
         raise ValueError(f"prefetch_l2: at most {plan.PREFETCH_MAX_RANGES} tensors")
     _ext.require_contiguous("prefetch_l2", *planes)

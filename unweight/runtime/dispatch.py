@@ -81,12 +81,12 @@ def decoder_variant(w: EncodedWeight, device: torch.device, policy: DispatchPoli
 def _decode_piece(w: EncodedWeight, out: Tensor, err: Tensor, policy: DispatchPolicy | None) -> None:
     v = decoder_variant(w, out.device, policy)
     if w.is_huffman:
-        torch.ops.unweight.decode_huffman(w.sm, w.exp, w.off, w.table, w.lut, out, err, w.rows, w.cols,
-                                          w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi, w.chk,
-                                          w.chk_interval, v)
+        ops.run.decode_huffman(w.sm, w.exp, w.off, w.table, w.lut, out, err, w.rows, w.cols,
+                               w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi, w.chk,
+                               w.chk_interval, v)
     else:
-        torch.ops.unweight.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette, v,
-                                          w.tiled)
+        ops.run.decode_palette(w.sm, w.idx, w.vpos, w.vexp, out, err, w.rows, w.cols, w.palette, v,
+                               w.tiled)
 
 
 def decode_into(pieces: list, out: Tensor, out_rows: int, cols: int, policy: DispatchPolicy | None = None) -> Tensor:
@@ -133,19 +133,19 @@ def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
     if path == PALETTE_GEMV_MMA_QUEUE:
         ws = scratch.workspace(dev, ops.palette_gemv_queue_workspace_max(w.rows, w.cols, dev))
         cnt = scratch.counters(dev, ops.palette_gemv_queue_counters(w.rows))
-        return torch.ops.unweight.palette_gemv_queue(x2, w.sm, w.idx, w.vpos, w.vexp, ws, cnt, w.rows, w.cols,
-                                                     w.palette, ops.palette_gemv_queue_units(w.rows, w.cols, dev),
-                                                     w.tiled)
+        return ops.run.palette_gemv_queue(x2, w.sm, w.idx, w.vpos, w.vexp, ws, cnt, w.rows, w.cols,
+                                          w.palette, ops.palette_gemv_queue_units(w.rows, w.cols, dev),
+                                          w.tiled)
     if path in GEMV_PATHS:
         v = GEMV_PATHS[path]
-        return torch.ops.unweight.palette_gemv(x2, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette,
-                                               ops.palette_gemv_parts(w.rows, w.cols, dev, v), v, w.tiled)
+        return ops.run.palette_gemv(x2, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette,
+                                    ops.palette_gemv_parts(w.rows, w.cols, dev, v), v, w.tiled)
     stage_tiles, x_shared, wgmma = _LAYOUT[path]
     splits = ops.palette_splits(w.rows, w.cols, dev, x2.size(0), wgmma)
     ws = scratch.workspace(dev, ops.palette_workspace_max(w.rows, w.cols, dev))
     cnt = scratch.counters(dev, ops.palette_counters_elems(w.rows))
-    return torch.ops.unweight.palette_matmul(x2, w.sm, w.idx, w.vpos, w.vexp, ws, cnt, w.rows, w.cols, w.palette,
-                                             splits, stage_tiles, x_shared, tiled=w.tiled, wgmma=wgmma)
+    return ops.run.palette_matmul(x2, w.sm, w.idx, w.vpos, w.vexp, ws, cnt, w.rows, w.cols, w.palette,
+                                  splits, stage_tiles, x_shared, tiled=w.tiled, wgmma=wgmma)
 
 
 class _RedecodingLinear(torch.autograd.Function):
@@ -266,12 +266,12 @@ def _piece_linear(w: EncodedWeight, x2: Tensor, bias: Tensor | None, path: str, 
 
 def _gather_piece(w: EncodedWeight, ids: Tensor, err: Tensor | None = None) -> Tensor:
     if w.is_huffman:
-        return torch.ops.unweight.gather_rows_huffman(ids, w.sm, w.exp, w.off, w.table, w.rows, w.cols,
-                                                      w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi,
-                                                      w.lut, err, w.chk, w.chk_interval)
+        return ops.run.gather_rows_huffman(ids, w.sm, w.exp, w.off, w.table, w.rows, w.cols,
+                                           w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi,
+                                           w.lut, err, w.chk, w.chk_interval)
     if w.tiled:  # the row-gather kernel reads file order; a runtime tiles only matmul weights
         raise ValueError(f"row gather needs file-order palette planes; {w.name or 'this weight'} is tile-major")
-    return torch.ops.unweight.gather_rows_palette(ids, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette, err)
+    return ops.run.gather_rows_palette(ids, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette, err)
 
 
 def _embedding_cuda(pieces: list, ids: Tensor, out_rows: int, cols: int) -> Tensor:

@@ -127,8 +127,8 @@ class ExpertSlots:
             ids = ids.to(torch.int64)
         S = ids.numel()
         w = out[: S * self.rows * self.cols].view(S, self.rows, self.cols)
-        torch.ops.unweight.decode_palette_slots(ids, self.sm, self.idx, self.vpos, self.vexp, w,
-                                                scratch.error_counter(w.device), self.palette, dispatch.palette_variant())
+        ops.run.decode_palette_slots(ids, self.sm, self.idx, self.vpos, self.vexp, w,
+                                     scratch.error_counter(w.device), self.palette, dispatch.palette_variant())
         return w
 
     def gemv(self, x: Tensor, ids: Tensor) -> Tensor:
@@ -144,8 +144,8 @@ class ExpertSlots:
         dev = self.device
         # (the launch holds S times one matrix's tiles: the split over K is planned for all of them)
         parts = ops.palette_gemv_parts(self.rows * max(1, ids.numel()), self.cols, dev, kp.PGEMV_VARIANT_MMA)
-        return torch.ops.unweight.palette_gemv_slots(x, ids, self.sm, self.idx, self.vpos, self.vexp,
-                                                     scratch.error_counter(dev), self.palette, parts)
+        return ops.run.palette_gemv_slots(x, ids, self.sm, self.idx, self.vpos, self.vexp,
+                                          scratch.error_counter(dev), self.palette, parts)
 
 
 def routed_forward(w13: ExpertSlots, w2: ExpertSlots, x: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:

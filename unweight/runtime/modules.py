@@ -355,16 +355,29 @@ class CompressedWeightMixin:
         o.header, o._info = hdr, _Info(hdr)
 
     def encoded(self) -> EncodedWeight:
-        """The weight as the ops take it (built per call: buffers may be swapped by .to() or a load)."""
+        """The weight as the ops take it (read-only: callers never change it).  Kept from the last
+        call while it still describes the module, checked on every call: the same buffer objects
+        (a .to(), a load with assign=True or replace_planes puts new ones in), the same header
+        (a state-dict load re-reads it), plane order and palette order; built anew otherwise.
+        Building it reads every plane through nn.Module.__getattr__, a tenth of a compressed
+        layer's host time per forward."""
         o = self.owner()
+        bufs = o._buffers
+        c = self.__dict__.get("_uw_encoded")
+        if (c is not None and c[1] is o._info and c[2] == o._tiled and c[3] is o._pal_map
+                and all(bufs.get(k) is t for k, t in c[4])):
+            return c[0]
         i = o._info
         p = {suf: getattr(o, "weight" + suf) for suf in o._suffixes}
         pal = i.palette if o._pal_map is None else o._pal_map[0]
-        return EncodedWeight(i.encoding, i.n_rows, i.n_cols, i.rows_per_group, i.cols_per_chunk, i.exp_lo, i.exp_hi,
-                             pal, p[C.SUFFIX_SM], exp=p.get(C.SUFFIX_EXP), off=p.get(C.SUFFIX_OFF),
-                             table=o.code_table() if i.encoding == C.ENC_HUFFMAN else None, lut=o.weight_lut,
-                             idx=p.get(C.SUFFIX_IDX), vpos=p.get(C.SUFFIX_VPOS), vexp=p.get(C.SUFFIX_VEXP),
-                             chk=p.get(C.SUFFIX_CHK), chk_interval=i.chk_interval, tiled=o._tiled)
+        w = EncodedWeight(i.encoding, i.n_rows, i.n_cols, i.rows_per_group, i.cols_per_chunk, i.exp_lo, i.exp_hi,
+                          pal, p[C.SUFFIX_SM], exp=p.get(C.SUFFIX_EXP), off=p.get(C.SUFFIX_OFF),
+                          table=o.code_table() if i.encoding == C.ENC_HUFFMAN else None, lut=o.weight_lut,
+                          idx=p.get(C.SUFFIX_IDX), vpos=p.get(C.SUFFIX_VPOS), vexp=p.get(C.SUFFIX_VEXP),
+                          chk=p.get(C.SUFFIX_CHK), chk_interval=i.chk_interval, tiled=o._tiled)
+        held = tuple((k, bufs.get(k)) for k in ["weight" + suf for suf in o._suffixes] + ["weight__hdr", "weight_lut"])
+        self.__dict__["_uw_encoded"] = (w, i, o._tiled, o._pal_map, held)
+        return w
 
     def decode_weight(self) -> Tensor:
         """The weight as a new bf16 [rows, cols] tensor on the module's device (not cached)."""

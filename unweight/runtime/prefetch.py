@@ -27,6 +27,7 @@ import logging
 import torch
 import torch.nn as nn
 
+from .. import ops
 from .siblings import SiblingGroup
 
 log = logging.getLogger("unweight")
@@ -115,7 +116,7 @@ class L2Prefetch:
         ev.record(cur)
         self._stream.wait_event(ev)  # after the matmul it follows (and, in a capture, inside it)
         with torch.cuda.stream(self._stream):
-            torch.ops.unweight.prefetch_l2(planes)
+            ops.run.prefetch_l2(planes)
         self._last = torch.cuda.Event()
         self._last.record(self._stream)
 

@@ -28,12 +28,21 @@ _COUNTERS: dict[str, Tensor] = {}
 _ERR: dict[str, Tensor] = {}
 
 
+_KEYS: dict = {}
+
+
 def device_key(device) -> str:
-    """Canonical name of a device ("cuda" resolved to "cuda:<current>")."""
+    """Canonical name of a device ("cuda" resolved to "cuda:<current>").  Remembered per device
+    (every forward asks, with the tensor's own torch.device) except a bare "cuda", whose
+    meaning follows the current device."""
+    k = _KEYS.get(device)
+    if k is not None:
+        return k
     d = torch.device(device)
     if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())
-    return str(d)
+        return str(torch.device("cuda", torch.cuda.current_device()))
+    k = _KEYS[device] = str(d)
+    return k
 
 
 def _grow(store: dict, device, numel: int, dtype, what: str | None, zeros: bool = False) -> Tensor:

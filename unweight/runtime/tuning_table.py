@@ -255,6 +255,7 @@ class TuningTable:
         self.entries: dict = dict(entries or {})
         self.decoders: dict = dict(decoders or {})
         self.comment = comment
+        self._chosen: dict = {}  # lookup()'s choice per key, with the entry object it was made from
 
     # ------------------------------------------------------------------ files
     @classmethod
@@ -300,11 +301,19 @@ class TuningTable:
 
     def lookup(self, device: str, N: int, K: int, encoding: str, M: int) -> str:
         """The path for a forward with M rows; decode_cublas when nothing was measured."""
-        e = self.entries.get(entry_key(device, N, K, encoding, bucket(M)))
+        k = entry_key(device, N, K, encoding, bucket(M))
+        e = self.entries.get(k)
         if e is None:
             return DECODE_CUBLAS
-        # Re-derived from the times, not read from e["choice"]: only a recorded win counts.
-        return choose(e["times_ms"], encoding)
+        # Re-derived from the times, not read from e["choice"]: only a recorded win counts.  Every
+        # forward asks, so the choice is kept while the entry is the same object (record()
+        # replaces it).
+        memo = self._chosen.get(k)
+        if memo is not None and memo[0] is e:
+            return memo[1]
+        path = choose(e["times_ms"], encoding)
+        self._chosen[k] = (e, path)
+        return path
 
     def faster(self, device: str, N: int, K: int, encoding: str, M: int, path: str) -> bool:
         """Whether `path` was timed strictly faster than decode_cublas in the same run for this
