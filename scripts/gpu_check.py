@@ -30,7 +30,8 @@ Stages (``--stage``, comma-separated, or ``all``):
                  ARC-Challenge, PIQA, WinoGrande, BoolQ and MMLU, original vs dense, huffman
                  and palette, on CUDA; tasks that do not fit the budget are recorded as skipped
     bench        decode GB/s, fused kernels vs cuBLAS at batch 1..64 on Llama-3.1-8B shapes,
-                 end-to-end decode tok/s of a 4-layer Llama-8B-shaped model in each mode
+                 end-to-end decode tok/s of a 4-layer Llama-8B-shaped model in each mode and
+                 of the full 32-layer one at batch 1 in the modes that answer the goal
                  (scripts/bench_decode.py, bench_kernels.py, bench_e2e.py), each in a
                  process of its own, defaults before variants; a variant whose correctness
                  checks failed on the same build is left out and recorded as such
@@ -498,6 +499,22 @@ def group_probe(rec, device):
         r["passed"] = all(r.values())
         return r
     rec.check("uint32 tensors on the device (empty, .to, item, slice, clone, view)", uint32)
+
+    def stream_handle():
+        """The launchers' stream handle (ops._ext.stream: torch's raw current stream) is the
+        current stream's, on the default stream and inside another."""
+        from unweight.ops import _ext
+        t = torch.zeros(1, device=device)
+        if device != "cuda":
+            return {"skipped": True, "why": "no CUDA stream here"}
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            inside = (_ext.stream(t), side.cuda_stream)
+        r = {"default": _ext.stream(t) == torch.cuda.current_stream().cuda_stream, "side": inside[0] == inside[1],
+             "raw_handle": _ext._RAW_STREAM is not None}
+        r["passed"] = r["default"] and r["side"]
+        return r
+    rec.check("the launchers' stream handle is the current stream", stream_handle)
 
 
 def group_decode(rec, device):
@@ -1084,7 +1101,12 @@ def group_bench_smoke(rec, device):
         return
     rec.check("bench e2e process on a tiny Llama, palette+fused-wide left out", child, "e2e", lambda r: {
         "dense_last": list(r["modes"])[-1] == "dense", "wide_left_out": "palette+fused-wide" not in r["modes"],
-        "skip_recorded": any(x.get("mode") == "palette+fused-wide" for x in r["skipped"])})
+        "skip_recorded": any(x.get("mode") == "palette+fused-wide" for x in r["skipped"]),
+        "host_timed": len((r.get("host") or {}).get("rows", [])) >= 3})
+    rec.check("bench e2e_full process on a 2-layer tiny Llama", child, "e2e_full", lambda r: {
+        "modes": set(r["modes"]) == {"bf16", *BENCH_E2E_FULL_MODES},
+        "one_batch": all(len(m.get("runs", [])) == 1 for m in r["modes"].values()),
+        "depth": r["config"]["num_hidden_layers"] == 2})
 
     def failing_child():
         """A benchmark process that dies is a failed check with its error, not a lost stage."""
@@ -2586,6 +2608,13 @@ E2E_MODE_VARIANT = {"palette+fused-wide": "gemm:wide", "palette+fused-xs": "gemm
                     "palette+gemv-mma+tiled+compile": "tiled"}
 
 
+# The full-depth end-to-end benchmark ("e2e_full"): Llama-3.1-8B's 32 layers at batch 1, BF16
+# and the modes that answer the end-to-end goal, the fastest measured mode first (its 4-layer
+# rows project this step; here it is timed).  ~25 s to build and encode, ~10 s a mode.
+FULL_LAYERS = 32
+BENCH_E2E_FULL_MODES = ("palette+gemv-mma+tiled", "palette+gemv-mma+tiled+merged", "palette")
+
+
 # The harness' self-test sizes (device "cpu": the dry run runs the bench children on these).
 SMOKE_SHAPES = (("t", 64, 512), ("odd", 33, 4097))
 SMOKE_SLOTS_LAYER = (4, 32, 64)  # bench_decode's routed MoE decode, on the self-test's CPU
@@ -2642,6 +2671,15 @@ def bench_child(name: str, budget: float, path: str, skip: dict, device: str = "
             res["skipped"] += [{"mode": m, "why": skip[E2E_MODE_VARIANT[m]]} for m in BENCH_E2E_MODES
                                if E2E_MODE_VARIANT.get(m) in skip]
             res["host"] = host
+        elif name == "e2e_full":
+            # Llama-3.1-8B's whole depth at batch 1: the step the 4-layer rows project, measured.
+            modes = [m for m in BENCH_E2E_FULL_MODES if E2E_MODE_VARIANT.get(m) not in skip]
+            if gpu:
+                res = bench_e2e.run(torch, FULL_LAYERS, [1], modes, b, out_path=path, log=log, runs=10)
+            else:
+                kw = dict(SMOKE_E2E, layers=2)
+                res = bench_e2e.run(torch, kw.pop("layers"), kw.pop("batches"), modes, b, device="cpu",
+                                    out_path=path, log=quiet, **kw)
         else:
             raise ValueError(f"unknown benchmark {name!r}")
     bu.write_json(path, res)
@@ -2691,12 +2729,13 @@ def stage_bench(st: Stage, out_dir: str) -> None:
     total = st.budget.left()
     # e2e gets the largest share: ~5 s per eager mode on the H200 (the fourth run: bf16 and 11
     # modes in 67 s), and a compiled one (bf16+compile, ...+compile) its compile besides.
-    shares = {"decode": 0.15, "kernels": 0.25, "e2e": 0.55}  # moe takes what is left
+    # e2e_full (32 layers) builds and encodes a 16 GB model before its first mode.
+    shares = {"decode": 0.12, "kernels": 0.2, "e2e": 0.4, "e2e_full": 0.18}  # moe takes what is left
     keep = min(PROFILE_SECONDS, 0.15 * total)  # the profiles' time, kept from e2e and moe
-    for name in ("decode", "kernels", "e2e", "moe", "profile"):
-        left = st.budget.left() - (keep if name in ("e2e", "moe") else 0)
+    for name in ("decode", "kernels", "e2e", "e2e_full", "moe", "profile"):
+        left = st.budget.left() - (keep if name in ("e2e", "e2e_full", "moe") else 0)
         b = bu.Budget(max(0.0, left if name in ("moe", "profile") else min(left, total * shares[name])))
-        if b.seconds < (MOE_MIN_SECONDS if name == "moe" else 20):
+        if b.seconds < {"moe": MOE_MIN_SECONDS, "e2e_full": 45}.get(name, 20):
             st.skip(f"bench {name}", f"{b.seconds:.0f} s left")
             continue
         path = os.path.join(STATE, f"bench_{name}.json")

@@ -282,8 +282,10 @@ def plane_order_lines(bench: dict, rows: list) -> list[str]:
 FULL_DEPTH = 32  # Llama-3.1-8B's layers: the e2e table projects the timed model's step to this depth
 
 
-def e2e_table(bench: dict) -> list[str]:
-    e2e = bench.get("raw", {}).get("e2e") or {}
+def e2e_table(bench: dict, key: str = "e2e") -> list[str]:
+    """The end-to-end rows of bench_e2e.py: `key` "e2e" (the 4-layer model, every mode) or
+    "e2e_full" (Llama-3.1-8B's full depth at batch 1, where nothing is projected)."""
+    e2e = bench.get("raw", {}).get(key) or {}
     modes = e2e.get("modes") or {}
     if not modes:
         return []
@@ -297,8 +299,9 @@ def e2e_table(bench: dict) -> list[str]:
     lines = [f"**End-to-end decode** ({e2e.get('model', 'Llama-3.1-8B-shaped model')}; tokens/s of one decode "
              "step replayed in a CUDA graph, eager where capture failed; relative to BF16 in brackets (a "
              "`+compile` mode, its step compiled by torch.compile, to `bf16+compile`), and the "
-             f"layers alone, the step less its lm_head, where timed, and a {FULL_DEPTH}-layer model's step "
-             "projected from the two, not measured):", "",
+             "layers alone, the step less its lm_head, where timed"
+             + (f", and a {FULL_DEPTH}-layer model's step projected from the two, not measured):"
+                if depth != FULL_DEPTH else "):"), "",
              "| mode | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---|" * len(batches)]
     for mode, m in modes.items():
         if "error" in m:
@@ -318,7 +321,7 @@ def e2e_table(bench: dict) -> list[str]:
             lay = (ref[b]["layers_ms"] / r["layers_ms"] if rel and r.get("layers_ms") and ref[b].get("layers_ms")
                    else None)
             # Llama-3.1-8B's 32 layers, projected from the timed layers and lm_head (not measured)
-            k = FULL_DEPTH / depth if depth else None
+            k = FULL_DEPTH / depth if depth and depth != FULL_DEPTH else None
             deep = ((ref[b]["layers_ms"] * k + ref[b]["lm_head_ms"]) / (r["layers_ms"] * k + r["lm_head_ms"])
                     if lay and k and r.get("lm_head_ms") and ref[b].get("lm_head_ms") else None)
             cells.append(f"{tps(r):.1f}{eager}" + (f" [{rel:.2f}x" + (f"; layers {lay:.2f}x" if lay else "")
@@ -490,7 +493,7 @@ def render_gpu(gpu: str, recs: dict, several: bool) -> list[str]:
     if fails:
         out += ["Failed checks:", ""] + fails + [""]
     bench = recs.get("bench") or {}
-    out += (decode_table(bench) + slots_lines(bench) + kernels_table(bench) + e2e_table(bench) + host_table(bench) + moe_table(bench)
+    out += (decode_table(bench) + slots_lines(bench) + kernels_table(bench) + e2e_table(bench) + e2e_table(bench, "e2e_full") + host_table(bench) + moe_table(bench)
             + profile_table(bench))
     out += eval_table(recs.get("eval") or {})
     model = recs.get("model") or {}

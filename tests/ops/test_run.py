@@ -73,6 +73,16 @@ def test_the_op_runs_wherever_torch_must_see_it():
     assert _run(torch.ones(3).to("meta"))[2] == []  # a device without a direct kernel: the op
 
 
+def test_a_jit_trace_records_the_op():
+    def f(x):
+        out = torch.zeros(3)
+        scaled(x, out, 2, [1])
+        return out
+    SEEN.clear()
+    tr = torch.jit.trace(f, torch.ones(3), check_trace=False)
+    assert SEEN == ["op"] and "unweight_test::scaled" in str(tr.graph)
+
+
 def test_run_and_the_ops_give_the_same_bits():
     w, h, p, args = _huffman_args()
     ops.run.decode_huffman(*args)

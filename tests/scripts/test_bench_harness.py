@@ -494,3 +494,16 @@ def test_decode_bench_times_the_expert_slots_against_one_launch_per_expert():
     for r in res["rows_by_slots"]:
         assert r["bitwise"] and r["median_ms"] > 0 and r["one_launch_per_expert"]["time_vs_slots"] > 0
     assert res["device_errors"] == 0 and res["held_bytes"] > 0
+
+
+def test_e2e_full_depth_table_projects_nothing():
+    import render_gpu_results as rg
+    run = {"batch": 1, "graph_tokens_per_s": 100.0, "layers_ms": 9.0, "lm_head_ms": 1.0}
+    bench = {"raw": {"e2e_full": {"model": "Llama-3.1-8B-shaped, 32 layers", "config": {"num_hidden_layers": 32},
+                                  "modes": {"bf16": {"runs": [run]},
+                                            "palette": {"runs": [{**run, "graph_tokens_per_s": 120.0,
+                                                                  "layers_ms": 7.5, "lm_head_ms": 0.8}]}}}}}
+    lines = rg.e2e_table(bench, "e2e_full")
+    assert "projected" not in lines[0] and "32 layers" in lines[0]
+    assert next(ln for ln in lines if ln.startswith("| palette")) == "| palette | 120.0 [1.20x; layers 1.20x] |"
+    assert rg.e2e_table(bench) == []  # no 4-layer run recorded

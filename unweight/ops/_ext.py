@@ -63,8 +63,15 @@ def ptr(t: Tensor) -> int:
     return t.data_ptr() if t.numel() else 0
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # in torch's CUDA builds
+
+
 def stream(t: Tensor) -> int:
-    """The current CUDA stream of t's device as an integer handle."""
+    """The current CUDA stream of t's device as an integer handle: the raw handle inductor
+    reads too, where torch has it (no Stream object made per launch), else through a Stream."""
+    idx = t.device.index
+    if _RAW_STREAM is not None and idx is not None:
+        return int(_RAW_STREAM(idx))
     return int(torch.cuda.current_stream(t.device).cuda_stream)
 
 
@@ -107,10 +114,11 @@ def direct_ok(x: Tensor) -> bool:
     """Whether an op called on x may run its kernel directly rather than through torch's
     dispatcher: x is a plain tensor (no FakeTensor, FunctionalTensor or other subclass, no
     functorch or functionalization wrapper) that autograd does not track, and no dispatch mode
-    (FakeTensorMode, FlopCounterMode, ...) or profiler is on to see the op.  Outside a
+    (FakeTensorMode, FlopCounterMode, ...), profiler or torch.jit.trace is on to see the op.  Outside a
     torch.compile trace only (the caller checks that first)."""
     return (type(x) is Tensor and not (x.requires_grad and torch.is_grad_enabled())
             and not torch._C._len_torch_dispatch_stack() and not torch.autograd._profiler_enabled()
+            and torch._C._get_tracing_state() is None
             and not torch._C._functorch.is_functorch_wrapped_tensor(x) and not torch._is_functional_tensor(x))
 
 
