@@ -7,6 +7,8 @@ Change a constant here and in kernel_plan.h together.
 """
 from __future__ import annotations
 
+import functools
+
 from ..format import constants as C
 
 HUFF_THREADS = 128
@@ -380,9 +382,10 @@ def pmma_counters(N: int) -> int:
     return pmma_grid_x(N, PMMA_MAX_M)
 
 
+@functools.lru_cache(maxsize=1024)
 def pmma_workspace_max(N: int, K: int, num_sms: int) -> int:
     """The most partial sums any batch 1..PMMA_MAX_M needs, either variant (the largest batch
-    of each chunk count)."""
+    of each chunk count).  Remembered per shape: every fused GEMM forward asks."""
     return max(pmma_workspace_elems(M, N, pmma_splits(N, K, num_sms, M, wg))
                for wg in (False, True) for M in range(pmma_chunk_m(wg), PMMA_MAX_M + 1, pmma_chunk_m(wg)))
 
