@@ -73,6 +73,15 @@ def test_the_op_runs_wherever_torch_must_see_it():
     assert _run(torch.ones(3).to("meta"))[2] == []  # a device without a direct kernel: the op
 
 
+def test_a_tensor_subclass_among_the_arguments_takes_the_op():
+    class Sub(torch.Tensor):
+        pass
+    SEEN.clear()
+    out = torch.zeros(3).as_subclass(Sub)
+    scaled(torch.ones(3), out, 2, [1])
+    assert SEEN == ["op"]
+
+
 def test_a_jit_trace_records_the_op():
     def f(x):
         out = torch.zeros(3)

@@ -142,9 +142,11 @@ def direct(op, **kernels):
 
     def call(*args, **kwargs):
         if _DIRECT["on"] and not torch.compiler.is_compiling():
-            x = args[0] if isinstance(args[0], Tensor) else args[0][0]
-            fn = kernels.get(x.device.type)
-            if fn is not None and direct_ok(x):
+            x = args[0] if isinstance(args[0], Tensor) else next(iter(args[0]), None)  # (a list of planes)
+            fn = kernels.get(x.device.type) if isinstance(x, Tensor) else None
+            # every tensor argument plain (a DTensor or other subclass among the planes: the op)
+            if fn is not None and direct_ok(x) and all(type(a) is Tensor for a in args
+                                                       if isinstance(a, Tensor) and a is not x):
                 out = fn(*args, **kwargs)
                 for i in writes:
                     if i < len(args) and isinstance(args[i], Tensor):
