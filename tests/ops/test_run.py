@@ -57,6 +57,13 @@ def test_eager_call_runs_the_kernel_directly_and_bumps_what_it_writes():
     assert scaled.__name__ == "direct_scaled"
 
 
+def test_a_written_argument_given_by_name_is_bumped_too():
+    out = torch.zeros(3)
+    v = out._version
+    scaled(torch.ones(3), out=out, k=2, pal=[1])
+    assert out._version > v and torch.equal(out, torch.full((3,), 2.0))
+
+
 def test_the_op_runs_wherever_torch_must_see_it():
     x = torch.ones(3, requires_grad=True)
     assert _run(x)[2] == ["op"]  # autograd tracks x

@@ -137,7 +137,7 @@ def direct(op, **kernels):
     arguments) on a 2-core box, against ~3 us for a C++ op; a compressed layer's forward calls
     one or two."""
     schema = op.default._schema
-    writes = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    writes = [(i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
     bump = torch.autograd.graph.increment_version
 
     def call(*args, **kwargs):
@@ -148,9 +148,10 @@ def direct(op, **kernels):
             if fn is not None and direct_ok(x) and all(type(a) is Tensor for a in args
                                                        if isinstance(a, Tensor) and a is not x):
                 out = fn(*args, **kwargs)
-                for i in writes:
-                    if i < len(args) and isinstance(args[i], Tensor):
-                        bump(args[i])
+                for i, name in writes:
+                    t = args[i] if i < len(args) else kwargs.get(name)
+                    if isinstance(t, Tensor):
+                        bump(t)
                 return out
         return op(*args, **kwargs)
     call.__name__ = call.__qualname__ = f"direct_{schema.name.split('::')[-1]}"
