@@ -247,9 +247,20 @@ def test_host_bench_times_each_path_both_ways_on_cpu(tmp_path, capsys):
     assert lines[0].startswith("**Host time per layer forward**") and len(lines) == 4 + 3 + 1
 
 
-def test_host_bench_refuses_a_bad_shape(capsys):
-    code, err = _exit(lambda: bench_host.main(["--shape", "64"]), capsys)
-    assert code == 2 and err == ["bench_host: bad shape '64': write NxK"]
+@pytest.mark.parametrize("argv, needle", [(["--shape", "64"], "bench_host: bad shape '64': write NxK"),
+                                          (["--calls", "0"], "--calls: 0 is not >= 1"),
+                                          (["--runs", "-1"], "--runs: -1 is not >= 1")])
+def test_host_bench_refuses_bad_arguments(argv, needle, capsys):
+    code, err = _exit(lambda: bench_host.main(argv), capsys)
+    assert code == 2 and needle in err[-1]
+
+
+def test_host_bench_without_a_gpu_is_one_line(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    code, err = _exit(lambda: bench_host.main(["--device", "cuda"]), capsys)
+    assert code == 2 and err == ["bench_host: --device cuda but torch sees no GPU"]
 
 
 H200_BENCH = os.path.join(ROOT, "benchmarks", "results", "gpu", "2026-11-27-1342-h200-bench.json")
