@@ -282,4 +282,5 @@ def test_encoded_weight_is_kept_until_the_module_changes():
     w4 = cl.encoded()
     assert w4 is not w3 and w4.is_huffman and right(b)
     cl.to("meta")
+    assert "_uw_encoded" not in cl.__dict__  # a move lets the old device's planes go at once
     assert cl.encoded().sm.device.type == "meta"

@@ -161,6 +161,7 @@ class CompressedWeightMixin:
 
     def _apply(self, fn, recurse=True):
         refuse_dtype_cast(fn)
+        self.__dict__.pop("_uw_encoded", None)  # (its planes may be the old device's: let them go)
         return super()._apply(fn, recurse)
 
     # -------------------------------------------------------------- construction
@@ -177,6 +178,7 @@ class CompressedWeightMixin:
             self.register_load_state_dict_post_hook(_loaded_header)
             self._order_hooks = True
         self.__dict__.setdefault("policy", None)  # kept across replace_planes (a transcode)
+        self.__dict__.pop("_uw_encoded", None)
         self.header = header
         self._info = _Info(header)
         self._suffixes = tc.planes_for(header)
@@ -361,9 +363,9 @@ class CompressedWeightMixin:
         (a state-dict load re-reads it), plane order and palette order; built anew otherwise.
         Building it reads every plane through nn.Module.__getattr__, a tenth of a compressed
         layer's host time per forward."""
-        o = self.owner()
+        o = self.owner()  # (held by the owner: a tied module shares it, and the owner's .to() drops it)
         bufs = o._buffers
-        c = self.__dict__.get("_uw_encoded")
+        c = o.__dict__.get("_uw_encoded")
         if (c is not None and c[1] is o._info and c[2] == o._tiled and c[3] is o._pal_map
                 and all(bufs.get(k) is t for k, t in c[4])):
             return c[0]
@@ -376,7 +378,7 @@ class CompressedWeightMixin:
                           idx=p.get(C.SUFFIX_IDX), vpos=p.get(C.SUFFIX_VPOS), vexp=p.get(C.SUFFIX_VEXP),
                           chk=p.get(C.SUFFIX_CHK), chk_interval=i.chk_interval, tiled=o._tiled)
         held = tuple((k, bufs.get(k)) for k in ["weight" + suf for suf in o._suffixes] + ["weight__hdr", "weight_lut"])
-        self.__dict__["_uw_encoded"] = (w, i, o._tiled, o._pal_map, held)
+        o.__dict__["_uw_encoded"] = (w, i, o._tiled, o._pal_map, held)
         return w
 
     def decode_weight(self) -> Tensor:
