@@ -516,6 +516,41 @@ def group_probe(rec, device):
         return r
     rec.check("the launchers' stream handle is the current stream", stream_handle)
 
+    def direct_calls():
+        """The forward's direct kernel calls (ops.run) give the ops' bits on the device and bump
+        the version of what they write: a palette and a huffman decode, the tensor-core GEMV."""
+        from unweight.runtime import dispatch
+        from unweight.runtime.policy import PALETTE_GEMV_MMA
+        r, err = {}, torch.zeros(1, dtype=torch.int32, device=device)
+        for enc_name in ("palette", "huffman"):
+            w = h.encoded_weight(tc.encode(h.make_weights(64, 512, seed=5), enc_name), device, err)
+            outs = []
+            for direct in (True, False):
+                prev = ops._ext.use_direct(direct)
+                try:
+                    out = torch.empty((w.rows, w.cols), dtype=torch.bfloat16, device=device)
+                    v = out._version
+                    dispatch.decode_into([w], out.view(-1), w.rows, w.cols)
+                    outs.append((out.view(torch.int16).cpu(), out._version > v))
+                finally:
+                    ops._ext.use_direct(prev)
+            r[f"{enc_name}_same_bits"] = bool(torch.equal(outs[0][0], outs[1][0]))
+            r[f"{enc_name}_version_bumped"] = outs[0][1]
+            if enc_name == "palette" and device == "cuda":
+                x = torch.randn(1, w.cols, device=device).to(torch.bfloat16)
+                ys = []
+                for direct in (True, False):
+                    prev = ops._ext.use_direct(direct)
+                    try:
+                        ys.append(dispatch.fused(w, x, PALETTE_GEMV_MMA).view(torch.int16).cpu())
+                    finally:
+                        ops._ext.use_direct(prev)
+                r["gemv_mma_same_bits"] = bool(torch.equal(*ys))
+        r["device_errors"] = int(err.item())
+        r["passed"] = all(v for k, v in r.items() if k != "device_errors") and r["device_errors"] == 0
+        return r
+    rec.check("direct kernel calls (ops.run) give the ops' bits", direct_calls)
+
 
 def group_decode(rec, device):
     np, torch, h, tc, C = _setup(device)
