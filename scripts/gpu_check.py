@@ -2664,8 +2664,10 @@ SMOKE_E2E = dict(layers=1, batches=[1], prompt=4, steps=1, runs=2,
 KERNEL_BATCHES = (1, 4, 16, 32, 64, 256)
 # Shapes the kernel benchmark times after the layer shapes: a Llama-8B layer's gate/up stacked
 # into one matrix (runtime/siblings.py; its stacked q/k/v is the 6144 x 4096 "qkv" shape), so
-# the tuning table has entries for the stacked shapes.
-STACKED_SHAPES = (("gate_up", 28672, 4096),)
+# the tuning table has entries for the stacked shapes; and its k and v projections alone
+# (1024 x 4096), which run unstacked wherever stacking stands aside (a compiled graph,
+# merge_siblings=False) and which DispatchPolicy.stack_gain otherwise has to estimate.
+STACKED_SHAPES = (("gate_up", 28672, 4096), ("attn_kv", 1024, 4096))
 
 
 def bench_child(name: str, budget: float, path: str, skip: dict, device: str = "cuda") -> int:
