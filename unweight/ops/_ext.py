@@ -64,14 +64,27 @@ def ptr(t: Tensor) -> int:
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # in torch's CUDA builds
+_RAW_CHECKED: dict = {}  # device index -> whether the raw handle matched the Stream's there
 
 
 def stream(t: Tensor) -> int:
     """The current CUDA stream of t's device as an integer handle: the raw handle inductor
-    reads too, where torch has it (no Stream object made per launch), else through a Stream."""
+    reads too, where torch has it (no Stream object made per launch), else through a Stream.
+    The raw handle is compared with the Stream's once per device and used only if they agree."""
     idx = t.device.index
     if _RAW_STREAM is not None and idx is not None:
-        return int(_RAW_STREAM(idx))
+        ok = _RAW_CHECKED.get(idx)
+        if ok is None:
+            try:
+                ok = int(_RAW_STREAM(idx)) == int(torch.cuda.current_stream(idx).cuda_stream)
+            except (RuntimeError, TypeError):
+                ok = False
+            _RAW_CHECKED[idx] = ok
+            if not ok:
+                log.info("unweight: torch's raw stream handle disagrees with its Stream on cuda:%d; using the Stream",
+                         idx)
+        if ok:
+            return int(_RAW_STREAM(idx))
     return int(torch.cuda.current_stream(t.device).cuda_stream)
 
 
@@ -97,7 +110,14 @@ def same_device(name: str, ref: Tensor, *ts: Tensor) -> None:
             raise ValueError(f"{name}: tensors on {t.device} and {ref.device}")
 
 
-_DIRECT = {"on": True}
+# What direct_ok asks torch; where a torch lacks one of these, every call takes the op.
+_PROBES = (getattr(torch._C, "_len_torch_dispatch_stack", None), getattr(torch._C, "_get_tracing_state", None),
+           getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None),
+           getattr(torch, "_is_functional_tensor", None), getattr(torch.autograd, "_profiler_enabled", None),
+           getattr(torch.autograd.graph, "increment_version", None))
+_DIRECT = {"on": all(p is not None for p in _PROBES)}
+if not _DIRECT["on"]:
+    log.info("unweight: this torch lacks what the direct kernel calls check; every op goes through the dispatcher")
 
 
 def use_direct(on: bool | None = None) -> bool:
@@ -106,7 +126,7 @@ def use_direct(on: bool | None = None) -> bool:
     before.  On by default."""
     prev = _DIRECT["on"]
     if on is not None:
-        _DIRECT["on"] = bool(on)
+        _DIRECT["on"] = bool(on) and all(p is not None for p in _PROBES)
     return prev
 
 
@@ -138,7 +158,7 @@ def direct(op, **kernels):
     one or two."""
     schema = op.default._schema
     writes = [(i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-    bump = torch.autograd.graph.increment_version
+    bump = _PROBES[-1]  # torch.autograd.graph.increment_version (direct calls are off without it)
 
     def call(*args, **kwargs):
         if _DIRECT["on"] and not torch.compiler.is_compiling():
