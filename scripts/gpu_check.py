@@ -2142,10 +2142,26 @@ def build(st: Stage, out_dir: str | None, force: bool = True) -> bool:
 # ------------------------------------------------------------------------------------ correctness
 
 
+def cuda_test_files() -> list[str]:
+    """The test files that hold cuda-marked tests (their text names the mark: "mark.cuda"),
+    relative to the repository; the GPU tier collects only these, where collecting the whole
+    suite costs each pytest run ~10 s of the lease.  The dry run checks the list against
+    pytest's own collection."""
+    out = []
+    for d, dirs, files in os.walk(os.path.join(ROOT, "tests")):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        for f in files:
+            if f.startswith("test_") and f.endswith(".py"):
+                with open(os.path.join(d, f), errors="replace") as fh:
+                    if "mark.cuda" in fh.read():
+                        out.append(os.path.relpath(os.path.join(d, f), ROOT).replace(os.sep, "/"))
+    return sorted(out) or ["tests/"]
+
+
 def _pytest_tier(st: Stage, out_dir: str, marks: str, budget: float, log_name: str) -> None:
-    """One pytest run of the GPU tier (its own process) as one check."""
+    """One pytest run of the GPU tier (its own process) as one check, over cuda_test_files()."""
     junit = os.path.join(tempfile.mkdtemp(prefix="pytest_"), "junit.xml")
-    cmd = [sys.executable, "-m", "pytest", "-m", marks, "tests/", "-q", "-rfE", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", "-m", marks, *cuda_test_files(), "-q", "-rfE", "-p", "no:cacheprovider",
            "--continue-on-collection-errors", f"--junitxml={junit}"]
     if budget < 10:
         st.skip(f"pytest -m '{marks}' tests/", f"{budget:.0f} s left")
@@ -3588,6 +3604,7 @@ def dry_run(selftest: bool = True) -> int:
             problems.append("render_gpu_results.py without results does not say so")
         if selftest:
             problems += cpu_selftest(tmp)
+            problems += check_cuda_test_files()
     print(f"\ndry run {'OK' if not problems else 'FAILED'} in {time.perf_counter() - t_start:.1f} s")
     for pr in problems:
         print("  problem:", pr)
@@ -3598,6 +3615,22 @@ def _argv_of(cmd: str) -> list[str]:
     import shlex
     part = cmd.split("python3 scripts/gpu_check.py", 1)[1].split("2>&1", 1)[0]
     return shlex.split(part.replace('"$OUT"', "/tmp/out"))
+
+
+def check_cuda_test_files() -> list[str]:
+    """Every file in which pytest collects a cuda-marked test is in cuda_test_files() (the GPU
+    tier's collection), so narrowing the collection drops no test."""
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        return []
+    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda", "tests/", "-p",
+                        "no:cacheprovider"], cwd=ROOT, env=_env_with_path(), capture_output=True, text=True, timeout=300)
+    collected = {ln.split("::")[0] for ln in p.stdout.splitlines() if "::" in ln}
+    missing = sorted(collected - set(cuda_test_files()))
+    print(f"GPU pytest tier: {len(cuda_test_files())} files hold the cuda-marked tests pytest collects "
+          f"({len(collected)} with any)")
+    return [f"cuda-marked tests in files the GPU tier does not collect: {', '.join(missing)}"] if missing else []
 
 
 def cpu_selftest(tmp: str) -> list[str]:
