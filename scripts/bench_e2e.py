@@ -86,6 +86,14 @@ BF16_VARIANTS = ("bf16+merged", "bf16+l2", "bf16+compile")
 COMPILE_SECONDS = 45.0
 
 
+def _take_suffix(extra: str, name: str) -> tuple:
+    """(whether the mode's extras end in `name`, the extras without it): "gemv-mma+tiled+l2"
+    with "l2" -> (True, "gemv-mma+tiled")."""
+    if extra == name or extra.endswith("+" + name):
+        return True, extra[: -len(name)].rstrip("+")
+    return False, extra
+
+
 def reference_mode(mode: str) -> str:
     """The BF16 mode a mode's speed is read against: "bf16+compile" for a compiled mode, else
     "bf16" (the BF16 variants themselves included)."""
@@ -509,26 +517,18 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
             continue
         t0 = time.perf_counter()
         base, _, extra = mode.partition("+")
-        compiled = extra == "compile" or extra.endswith("+compile")
+        compiled, extra = _take_suffix(extra, "compile")
         if compiled:
-            extra = extra[: -len("compile")].rstrip("+")
             need = (per_mode or 20.0) + compile_s
             if budget.left() < need:
                 res["skipped"].append({"mode": mode, "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
                 continue
             torch._dynamo.reset()  # each mode's modules are new to dynamo; nothing of the last mode's kept
-        l2 = extra == "l2" or extra.endswith("+l2")
-        if l2:
-            extra = extra[: -len("l2")].rstrip("+")
-        merged = extra == "merged" or extra.endswith("+merged")
-        if merged:
-            extra = extra[: -len("merged")].rstrip("+")
-        pdl = extra == "pdl" or extra.endswith("+pdl")
-        if pdl:
-            extra = extra[: -len("pdl")].rstrip("+")
-        order = "file"  # explicit: "auto" would follow whatever tuning table this machine has
-        if extra == "tiled" or extra.endswith("+tiled"):
-            order, extra = "tiled", extra[: -len("tiled")].rstrip("+")
+        l2, extra = _take_suffix(extra, "l2")
+        merged, extra = _take_suffix(extra, "merged")
+        pdl, extra = _take_suffix(extra, "pdl")
+        tiled, extra = _take_suffix(extra, "tiled")
+        order = "tiled" if tiled else "file"  # explicit: "auto" would follow whatever tuning table this machine has
         # "+<decoder variant>" (chain, ahead, ahead2, ring; vec8, wide): the decode runs that variant for this mode
         decoder = extra if extra and extra not in FUSED_PATHS else None
         previous = dispatch.use_decoders(**{base: decoder}) if decoder else None

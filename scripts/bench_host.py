@@ -6,7 +6,7 @@ Each row times N back-to-back forwards of one layer on a small weight (default 6
 so the device work is a few microseconds and the host is what is measured: on CUDA the
 launches queue ahead of the device), R times; median and min microseconds per call.  Each
 compressed variant runs twice in the same process: with the forward's ops called directly
-(ops.run, the default) and through torch's dispatcher (_ext.use_direct(False)), so the table
+(ops.run, the default) and through torch's dispatcher (_ext.direct_calls(False)), so the table
 gives what the direct calls save.  Paths: decode + GEMM (huffman, palette) and, on CUDA, the
 fused palette GEMV and tensor-core GEMV (a policy that picks them for the layer).
 
@@ -75,15 +75,11 @@ def run(torch, device: str, rows: int, cols: int, batch: int, calls: int, runs: 
             want = lin(x)
             row = {"layer": f"CompressedLinear {enc}", "path": path or "decode + GEMM"}
             for key, on in (("direct", True), ("dispatcher", False)):
-                prev = _ext.use_direct(on)
-                try:
+                with _ext.direct_calls(on):
                     y = m(x)
                     row[key] = time_calls(torch, m, x, calls, runs)
-                    if path is None:  # decode + GEMM gives nn.Linear's bits, either way
-                        row[key]["same_bits_as_nn_linear"] = bool(torch.equal(y.view(torch.int16),
-                                                                              want.view(torch.int16)))
-                finally:
-                    _ext.use_direct(prev)
+                if path is None:  # decode + GEMM gives nn.Linear's bits, either way
+                    row[key]["same_bits_as_nn_linear"] = bool(torch.equal(y.view(torch.int16), want.view(torch.int16)))
             row["direct_saves_us"] = row["dispatcher"]["median_us"] - row["direct"]["median_us"]
             row["over_nn_linear_us"] = row["direct"]["median_us"] - ref["median_us"]
             res["rows"].append(row)

@@ -526,25 +526,19 @@ def group_probe(rec, device):
             w = h.encoded_weight(tc.encode(h.make_weights(64, 512, seed=5), enc_name), device, err)
             outs = []
             for direct in (True, False):
-                prev = ops._ext.use_direct(direct)
-                try:
+                with ops._ext.direct_calls(direct):
                     out = torch.empty((w.rows, w.cols), dtype=torch.bfloat16, device=device)
                     v = out._version
                     dispatch.decode_into([w], out.view(-1), w.rows, w.cols)
                     outs.append((out.view(torch.int16).cpu(), out._version > v))
-                finally:
-                    ops._ext.use_direct(prev)
             r[f"{enc_name}_same_bits"] = bool(torch.equal(outs[0][0], outs[1][0]))
             r[f"{enc_name}_version_bumped"] = outs[0][1]
             if enc_name == "palette" and device == "cuda":
                 x = torch.randn(1, w.cols, device=device).to(torch.bfloat16)
                 ys = []
                 for direct in (True, False):
-                    prev = ops._ext.use_direct(direct)
-                    try:
+                    with ops._ext.direct_calls(direct):
                         ys.append(dispatch.fused(w, x, PALETTE_GEMV_MMA).view(torch.int16).cpu())
-                    finally:
-                        ops._ext.use_direct(prev)
                 r["gemv_mma_same_bits"] = bool(torch.equal(*ys))
         r["device_errors"] = int(err.item())
         r["passed"] = all(v for k, v in r.items() if k != "device_errors") and r["device_errors"] == 0

@@ -8,6 +8,7 @@ other layer reaches the kernels through the ``torch.ops.unweight.*`` ops.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
@@ -115,19 +116,23 @@ _PROBES = (getattr(torch._C, "_len_torch_dispatch_stack", None), getattr(torch._
            getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None),
            getattr(torch, "_is_functional_tensor", None), getattr(torch.autograd, "_profiler_enabled", None),
            getattr(torch.autograd.graph, "increment_version", None))
-_DIRECT = {"on": all(p is not None for p in _PROBES)}
-if not _DIRECT["on"]:
+_PROBED = all(p is not None for p in _PROBES)
+_DIRECT = {"on": _PROBED}
+if not _PROBED:
     log.info("unweight: this torch lacks what the direct kernel calls check; every op goes through the dispatcher")
 
 
-def use_direct(on: bool | None = None) -> bool:
-    """Turn the direct kernel calls (direct) on or off process-wide (off: every call goes
-    through torch's dispatcher, as scripts/bench_host.py compares); returns the setting
-    before.  On by default."""
+@contextlib.contextmanager
+def direct_calls(on: bool):
+    """Within it, the direct kernel calls (direct) are on or off process-wide (off: every call
+    goes through torch's dispatcher, as scripts/bench_host.py compares); the setting before
+    comes back after.  On by default, where torch has every probe."""
     prev = _DIRECT["on"]
-    if on is not None:
-        _DIRECT["on"] = bool(on) and all(p is not None for p in _PROBES)
-    return prev
+    _DIRECT["on"] = bool(on) and _PROBED
+    try:
+        yield
+    finally:
+        _DIRECT["on"] = prev
 
 
 def direct_ok(x: Tensor) -> bool:

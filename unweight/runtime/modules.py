@@ -377,7 +377,7 @@ class CompressedWeightMixin:
                           table=o.code_table() if i.encoding == C.ENC_HUFFMAN else None, lut=o.weight_lut,
                           idx=p.get(C.SUFFIX_IDX), vpos=p.get(C.SUFFIX_VPOS), vexp=p.get(C.SUFFIX_VEXP),
                           chk=p.get(C.SUFFIX_CHK), chk_interval=i.chk_interval, tiled=o._tiled)
-        held = tuple((k, bufs.get(k)) for k in ["weight" + suf for suf in o._suffixes] + ["weight__hdr", "weight_lut"])
+        held = tuple((k, bufs.get(k)) for k in ["weight" + suf for suf in o._suffixes] + ["weight_lut"])  # (__hdr too)
         o.__dict__["_uw_encoded"] = (w, i, o._tiled, o._pal_map, held)
         return w
 
