@@ -2909,7 +2909,7 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
 # ncu's replays): the first four or so; the rest run when the other benchmarks leave time.
 PROFILE_SECONDS = 60
 NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats",
-                "MemoryWorkloadAnalysis")
+                "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "InstructionStats")
 # ncu's text report lines kept as numbers: (label in the report, key)
 NCU_METRICS = (("Duration", "duration"), ("Memory Throughput", "memory_throughput"),
                ("DRAM Throughput", "dram_throughput_pct"), ("Compute (SM) Throughput", "sm_throughput_pct"),
@@ -2918,7 +2918,18 @@ NCU_METRICS = (("Duration", "duration"), ("Memory Throughput", "memory_throughpu
                ("Block Size", "block_size"), ("Warp Cycles Per Issued Instruction", "warp_cycles_per_issue"),
                ("Issued Warp Per Scheduler", "issued_warp_per_scheduler"),
                ("Dynamic Shared Memory Per Block", "dynamic_smem_per_block"),
-               ("Static Shared Memory Per Block", "static_smem_per_block"))
+               ("Static Shared Memory Per Block", "static_smem_per_block"),
+               # What bounds the issue rate: the clock and cycles the counts are read against,
+               # warp instructions executed (per weight or symbol, the dynamic counterpart of
+               # sass_report.py's static loop counts), and how busy the issue slots and the SM's
+               # busiest pipe were (ComputeWorkloadAnalysis, InstructionStats).
+               ("SM Frequency", "sm_clock"), ("Elapsed Cycles", "elapsed_cycles"),
+               ("SM Active Cycles", "sm_active_cycles"), ("Executed Instructions", "inst_executed"),
+               ("Executed Ipc Active", "ipc_active"), ("Issue Slots Busy", "issue_slots_busy_pct"),
+               ("SM Busy", "sm_busy_pct"))
+# ComputeWorkloadAnalysis names the busiest pipeline in a rule's message, not a metric line:
+# "ALU is the highest-utilized pipeline (62.3%) based on active cycles, ..."
+NCU_TOP_PIPE = re.compile(r"([A-Za-z0-9]+(?: \([^)]*\))?)\s+is\s+the\s+highest-utilized\s+pipeline\s+\(([0-9.]+)%\)")
 # Counters collected beside the sections (--metrics), to set against the warp emulator's
 # access profile (scripts/emu_profile.py): shared-load wavefronts and ncu's bank conflicts
 # (the wavefronts above one per phase), and global load and store sectors and requests.
@@ -2949,6 +2960,10 @@ def _ncu_numbers(text: str) -> dict:
                 continue
             if unit and not unit[0].isdigit():
                 out[key + "_unit"] = unit
+    m = NCU_TOP_PIPE.search(text)
+    if m:
+        out["top_pipe"] = m.group(1)
+        out["top_pipe_pct"] = float(m.group(2))
     return out
 
 

@@ -394,14 +394,21 @@ def profile_table(bench: dict) -> list[str]:
     # The stall breakdown (gpu_check.NCU_STALLS), where this run's ncu gave it: the two reasons
     # with the most warps waiting per issued instruction.
     stalls = any(k.startswith("stall_") for e in kernels.values() for k in e)
+    # The busiest pipeline and the share of issue slots used (ComputeWorkloadAnalysis), where
+    # this run's profiles have them.
+    pipes = any("top_pipe" in e or "issue_slots_busy_pct" in e for e in kernels.values())
     lines = ["**Nsight Compute** (`scripts/profile_kernels.py` under ncu, one launch each, caches flushed):", "",
              "| kernel | duration | memory throughput % of peak | DRAM % | achieved / theoretical occupancy % | "
-             "registers | grid x block |" + (" top stalls (warps per issue) |" if stalls else ""),
-             "|---|---|---|---|---|---|---|" + ("---|" if stalls else "")]
+             "registers | grid x block |" + (" top stalls (warps per issue) |" if stalls else "")
+             + (" busiest pipe % / issue slots busy % |" if pipes else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if stalls else "") + ("---|" if pipes else "")]
     for name, k in kernels.items():
         if "error" in k:
-            lines.append(f"| {name} | error: {k['error'][:60]} | | | | | |" + (" |" if stalls else ""))
+            lines.append(f"| {name} | error: {k['error'][:60]} | | | | | |" + (" |" if stalls else "")
+                         + (" |" if pipes else ""))
             continue
+        pipe = (f" {k.get('top_pipe', '—')} {_f(k.get('top_pipe_pct'), '{:g}')} / "
+                f"{_f(k.get('issue_slots_busy_pct'), '{:g}')} |")
         top = sorted(((v, r.removeprefix("stall_")) for r, v in k.items()
                       if r.startswith("stall_") and not r.endswith("_unit")), reverse=True)[:2]
         lines.append(f"| {name} | {_f(k.get('duration'), '{:g}')} {k.get('duration_unit', '')} | "
@@ -410,7 +417,8 @@ def profile_table(bench: dict) -> list[str]:
                      f"{_f(k.get('theoretical_occupancy_pct'), '{:g}')} | "
                      f"{_f(k.get('registers_per_thread'), '{:.0f}')} | {_f(k.get('grid_size'), '{:.0f}')} x "
                      f"{_f(k.get('block_size'), '{:.0f}')} |"
-                     + (f" {', '.join(f'{r} {v:.2f}' for v, r in top) or '—'} |" if stalls else ""))
+                     + (f" {', '.join(f'{r} {v:.2f}' for v, r in top) or '—'} |" if stalls else "")
+                     + (pipe if pipes else ""))
     return lines + [""]
 
 

@@ -152,6 +152,37 @@ def test_ncu_report_numbers_include_the_shared_memory_counters():
     assert got["gst_sectors"] == 16777216 and got["gst_requests"] == 524288 and got["gst_sectors_unit"] == "sector"
 
 
+def test_ncu_report_numbers_include_clock_instructions_and_the_busiest_pipe():
+    """The numbers that say what bounds a kernel's issue rate: the SM clock and cycles, warp
+    instructions executed, issue-slot and SM busy shares, and the busiest pipeline, which
+    ComputeWorkloadAnalysis gives only in a rule's message."""
+    gc = _gpu_check_module()
+    text = """
+    Section: GPU Speed Of Light Throughput
+    SM Frequency                    Ghz         1.75
+    Elapsed Cycles                cycle      133,412
+    SM Active Cycles              cycle   131,002.25
+    Section: Compute Workload Analysis
+    Executed Ipc Active      inst/cycle         1.96
+    Issue Slots Busy                  %        49.10
+    SM Busy                           %        61.33
+    OPT   ALU is the highest-utilized pipeline (61.3%) based on active cycles, taking into account the rates of its
+          different instructions. It executes integer and logic operations.
+    Section: Instruction Statistics
+    Avg. Executed Instructions Per Scheduler        inst    64,100.20
+    Executed Instructions                           inst   33,844,906
+"""
+    got = gc._ncu_numbers(text)
+    assert got["sm_clock"] == 1.75 and got["sm_clock_unit"] == "Ghz"
+    assert got["elapsed_cycles"] == 133412 and got["sm_active_cycles"] == 131002.25
+    assert got["ipc_active"] == 1.96 and got["issue_slots_busy_pct"] == 49.1 and got["sm_busy_pct"] == 61.33
+    assert got["inst_executed"] == 33844906
+    assert got["top_pipe"] == "ALU" and got["top_pipe_pct"] == 61.3
+    assert gc._ncu_numbers("    Tensor (FP) is the highest-utilized pipeline (12.0%) based on")["top_pipe"] == \
+        "Tensor (FP)"
+    assert {"ComputeWorkloadAnalysis", "InstructionStats"} <= set(gc.NCU_SECTIONS)
+
+
 def _profiles_under_fake_ncu(gc, tmp_path, monkeypatch, script: str) -> dict:
     """The profile step over the first two PROFILES with `script` (sh) standing in for ncu."""
     (tmp_path / "bin").mkdir()

@@ -73,3 +73,19 @@ def test_kernel_table_shows_tile_major_rows_and_the_order_auto_picks():
                     'with the file-order bits: 2 of 2.']
     assert not any(ln.startswith("Plane order") for ln in _renderer().kernels_table(
         {"raw": {"kernels": {"rows": [{k: v for k, v in row(1, 0.008).items() if "tiled" not in k}]}}}))
+
+
+def test_profile_table_gains_the_busiest_pipe_column_only_where_profiles_have_it():
+    """The Nsight Compute table's "busiest pipe / issue slots busy" column appears when a
+    profile recorded them (runs from before simply lack it), and a kernel without them reads "—"."""
+    r = _renderer()
+    old = {"gemv": {"duration": 76.3, "duration_unit": "us", "memory_throughput": 55.6}}
+    assert not any("busiest pipe" in ln for ln in r.profile_table({"raw": {"profile": {"kernels": old}}}))
+    new = {"gemv": {"duration": 70.1, "duration_unit": "us", "top_pipe": "ALU", "top_pipe_pct": 61.3,
+                    "issue_slots_busy_pct": 49.1},
+           "ring": {"duration": 49.5, "duration_unit": "us"}}
+    lines = r.profile_table({"raw": {"profile": {"kernels": new}}})
+    assert any("busiest pipe" in ln for ln in lines)
+    rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.strip("|").split("|")]
+            for ln in lines if ln.startswith("| gemv") or ln.startswith("| ring")}
+    assert rows["gemv"][-1] == "ALU 61.3 / 49.1" and rows["ring"][-1] == "— — / —"
