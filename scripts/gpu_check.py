@@ -1171,7 +1171,8 @@ def _verbatim_heavy(np, cols, seed):
 VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv:mma_queue", "gemv:pdl", "gemm:wg", "gemv", "gemm:xs",
                 "gemv:mma_staged",
                 "gemv:staged", "gemm:wide",
-                "gemv:deep", "gemv:mma_prefetch", "huffman:ring_wide", "huffman:ahead", "huffman:chain", "huffman:ahead2",
+                "gemv:deep", "gemv:mma_prefetch", "huffman:ring_wide", "huffman:ring_max", "huffman:ahead",
+                "huffman:chain", "huffman:ahead2",
                 "huffman:scalar",
                 "palette:vec8")
 # The GEMV's variants by tag: the tuning table's path, what it is called, the path whose bits it
@@ -2877,6 +2878,12 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
     # RING in CTAs of eight warps sharing one LUT: 24 warps per SM where RING holds 16.
     ("huffman-4096x4096-index256-ring_wide", ["--kernel", "huffman", "--index", "256", "--variant", "ring_wide"],
      "huffman_ring_wide"),
+    # RING in CTAs of sixteen warps, two per SM: 32 warps per SM at 64 registers, on a matrix
+    # with the chains to fill them (14336 x 4096 at S = 256: 229,376 chains), beside RING there.
+    ("huffman-14336x4096-index256-ring_max", ["--kernel", "huffman", "--rows", "14336", "--index", "256",
+                                              "--variant", "ring_max"], "huffman_ring_max"),
+    ("huffman-14336x4096-index256-ring", ["--kernel", "huffman", "--rows", "14336", "--index", "256", "--variant",
+                                          "ring"], "huffman_ring"),
     ("gemv-32768x4096-M1-mma_staged", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
                                        "mma_staged"], "pgemv_mma_staged"),
     ("gemv-32768x4096-M1-mma_prefetch", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",

@@ -91,6 +91,19 @@ huffman_ring_wide_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restric
                                                      a, n_chains, lut_g, err);
 }
 
+// RING_MAX: RING's body in CTAs of HUFF_RING_MAX_THREADS, the LUT and the rings in dynamic
+// shared memory (96 KiB), HUFF_RING_MAX_CTAS_PER_SM per SM, so up to 64 registers.
+constexpr int kRingMaxSmem = kLutBytes + ring_bytes(plan::HUFF_RING_MAX_THREADS);
+static_assert(plan::HUFF_RING_MAX_CTAS_PER_SM * (kRingMaxSmem + 1024) <= 228 * 1024,
+              "RING_MAX's CTAs share an sm_90 SM");
+template <bool kExp>
+__global__ void __launch_bounds__(plan::HUFF_RING_MAX_THREADS, plan::HUFF_RING_MAX_CTAS_PER_SM)
+huffman_ring_max_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ lut_g, int32_t* err) {
+  emu::DeviceCtx c;
+  huff_ring_cta<kExp, plan::HUFF_RING_MAX_THREADS>(c, reinterpret_cast<uint16_t*>(c.smem()), c.smem() + kLutBytes,
+                                                    a, n_chains, lut_g, err);
+}
+
 __global__ void __launch_bounds__(plan::HUFF_THREADS)
 huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict__ lut_g, int32_t* err) {
   __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
@@ -102,7 +115,7 @@ huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict
 // device holds at once: the cap of a grid-stride launch.  The two queries cost a few
 // microseconds, so each kernel's answer is kept per device.
 int64_t resident_ctas(const void* kernel, int slot, int threads = plan::HUFF_THREADS, int smem = 0) {
-  constexpr int kDevices = 64, kSlots = 13;
+  constexpr int kDevices = 64, kSlots = 15;
   static int64_t cache[kSlots][kDevices] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) return 1;
@@ -136,14 +149,29 @@ void launch_ring(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32
   huffman_ring_kernel<kExp><<<static_cast<unsigned>(grid), plan::HUFF_THREADS, 0, s>>>(a, n_chains, lut, err);
 }
 
+// RING's body in CTAs of kT threads whose LUT and rings take kSmem bytes of dynamic shared
+// memory (RING_WIDE, RING_MAX).
+template <auto kKernel, int kT, int kSmem>
+void launch_ring_dyn(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s,
+                     int slot) {
+  opt_in_smem<kKernel>(kSmem);  // (before the occupancy query counts it)
+  const void* k = reinterpret_cast<const void*>(kKernel);
+  const int64_t grid = plan::huffman_grid(n_chains, resident_ctas(k, slot, kT, kSmem), kT);
+  kKernel<<<static_cast<unsigned>(grid), kT, kSmem, s>>>(a, n_chains, lut, err);
+}
+
 template <bool kExp>
 void launch_ring_wide(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s,
                       int slot) {
-  constexpr int kT = plan::HUFF_RING_WIDE_THREADS;
-  opt_in_smem<huffman_ring_wide_kernel<kExp>>(kRingWideSmem);  // (before the occupancy query counts it)
-  const void* k = reinterpret_cast<const void*>(&huffman_ring_wide_kernel<kExp>);
-  const int64_t grid = plan::huffman_grid(n_chains, resident_ctas(k, slot, kT, kRingWideSmem), kT);
-  huffman_ring_wide_kernel<kExp><<<static_cast<unsigned>(grid), kT, kRingWideSmem, s>>>(a, n_chains, lut, err);
+  launch_ring_dyn<huffman_ring_wide_kernel<kExp>, plan::HUFF_RING_WIDE_THREADS, kRingWideSmem>(a, n_chains, lut, err,
+                                                                                             s, slot);
+}
+
+template <bool kExp>
+void launch_ring_max(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s,
+                     int slot) {
+  launch_ring_dyn<huffman_ring_max_kernel<kExp>, plan::HUFF_RING_MAX_THREADS, kRingMaxSmem>(a, n_chains, lut, err,
+                                                                                           s, slot);
 }
 
 }  // namespace
@@ -216,7 +244,7 @@ int64_t n_units_of(const HGatherArgs& a) {
 // error, not a silent fallback.
 const char* check_variant(int* variant) {
   if (*variant == plan::HUFF_VARIANT_DEFAULT) *variant = plan::HUFF_DEFAULT_VARIANT;
-  if (*variant < plan::HUFF_VARIANT_CHAIN || *variant > plan::HUFF_VARIANT_RING_WIDE)
+  if (*variant < plan::HUFF_VARIANT_CHAIN || *variant > plan::HUFF_VARIANT_RING_MAX)
     return "unknown huffman decode variant";
   return nullptr;
 }
@@ -268,6 +296,9 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
       break;
     case plan::HUFF_VARIANT_RING_WIDE:
       out8 ? launch_ring_wide<true>(a, n, lut, err, s, 11) : launch_ring_wide<false>(a, n, lut, err, s, 12);
+      break;
+    case plan::HUFF_VARIANT_RING_MAX:
+      out8 ? launch_ring_max<true>(a, n, lut, err, s, 13) : launch_ring_max<false>(a, n, lut, err, s, 14);
       break;
     case plan::HUFF_VARIANT_CHAIN:
       out8 ? launch_chains<true, true>(a, n, lut, err, s, 0) : launch_chains<false, true>(a, n, lut, err, s, 2);
@@ -326,7 +357,7 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
   if (n == 0) return nullptr;
   const bool vec = run != plan::HUFF_VARIANT_SCALAR;
   const int64_t cap = max_ctas > 0 ? max_ctas : INT64_MAX;
-  // RING and RING_WIDE: the same body in CTAs of their sizes.
+  // RING, RING_WIDE and RING_MAX: the same body in CTAs of their sizes.
   auto ring = [&](auto threads) {
     constexpr int kT = decltype(threads)::value;
     return emu::launch(plan::huffman_grid(n, cap, kT), 1, kT, kLutBytes + ring_bytes(kT), [&](emu::ThreadCtx& c) {
@@ -338,6 +369,7 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
   };
   if (run == plan::HUFF_VARIANT_RING) return ring(std::integral_constant<int, plan::HUFF_THREADS>{});
   if (run == plan::HUFF_VARIANT_RING_WIDE) return ring(std::integral_constant<int, plan::HUFF_RING_WIDE_THREADS>{});
+  if (run == plan::HUFF_VARIANT_RING_MAX) return ring(std::integral_constant<int, plan::HUFF_RING_MAX_THREADS>{});
   if (run == plan::HUFF_VARIANT_AHEAD || run == plan::HUFF_VARIANT_AHEAD2) {
     const int ways = plan::huffman_ways(run);
     return emu::launch(plan::huffman_grid(cdiv(n, ways), cap), 1, plan::HUFF_THREADS, kLutBytes,

@@ -42,7 +42,9 @@ constexpr int HUFF_THREADS = 128;
 //           HUFF_RING_SLOTS in shared memory at each step's start, so that the lanes of a
 //           warp, which refill at different rounds, never wait on each other's global loads;
 //   RING_WIDE  RING in CTAs of HUFF_RING_WIDE_THREADS sharing one LUT: more chains in flight
-//           per SM (below).
+//           per SM (below);
+//   RING_MAX   RING in CTAs of HUFF_RING_MAX_THREADS, two per SM: the most chains in flight
+//           an SM's registers and shared memory hold (below).
 // DEFAULT (0) is what the extension runs when no variant is named: RING, the fastest variant on
 // every shape timed (bench_decode.py on an H200, Llama-3.1-8B's four layer shapes and its
 // lm_head, GB/s of BF16 written: 682-844 at S=256 where AHEAD gives 503-602 and AHEAD2 410-632;
@@ -56,6 +58,7 @@ constexpr int HUFF_VARIANT_AHEAD2 = 3;
 constexpr int HUFF_VARIANT_SCALAR = 4;
 constexpr int HUFF_VARIANT_RING = 5;
 constexpr int HUFF_VARIANT_RING_WIDE = 6;
+constexpr int HUFF_VARIANT_RING_MAX = 7;
 constexpr int HUFF_DEFAULT_VARIANT = HUFF_VARIANT_RING;
 // RING's per-lane slots of 16 stream bytes (HUFF_THREADS x 8 x 16 = 16 KiB per CTA, beside
 // the 32 KiB LUT: the 48 KiB of static shared memory a CTA may have).  A step reads at most
@@ -67,6 +70,13 @@ constexpr int HUFF_RING_SLOTS = 8;
 // (dynamic shared memory), three CTAs per SM: 24 warps, 50% more chains in flight, at the 80
 // registers that three such CTAs allow (RING's body fits them without spilling).
 constexpr int HUFF_RING_WIDE_THREADS = 256;
+// RING_MAX's CTA: sixteen warps sharing one LUT, 96 KiB of dynamic shared memory (the LUT and
+// 512 rings), two CTAs per SM: 32 warps, twice RING's chains in flight where a matrix has the
+// chains for it (135,168 on 132 SMs: the MLP matrices and the lm_head at S = 256), at 64
+// registers.  RING's body then spills ~100 bytes in a chain's setup and end check and none in
+// its step loop (ptxas and the SASS of the sm_90a build).
+constexpr int HUFF_RING_MAX_THREADS = 512;
+constexpr int HUFF_RING_MAX_CTAS_PER_SM = 2;
 // Chains one thread of a variant decodes at a time.
 UW_PLAN_HD int huffman_ways(int variant) { return variant == HUFF_VARIANT_AHEAD2 ? 2 : 1; }
 // Palette -> BF16: each thread decodes PAL_VEC consecutive weights of one row: 4 index bytes

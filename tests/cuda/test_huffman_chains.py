@@ -36,7 +36,7 @@ ODD = [1, 63, 65, 4097]
 NO_CHK = np.zeros((0, 0), np.uint16)
 # Every Huffman decode variant (kernel_plan.h); shapes the vector ones cannot take run SCALAR.
 VARIANTS = (kp.HUFF_VARIANT_CHAIN, kp.HUFF_VARIANT_AHEAD, kp.HUFF_VARIANT_AHEAD2, kp.HUFF_VARIANT_SCALAR,
-            kp.HUFF_VARIANT_RING, kp.HUFF_VARIANT_RING_WIDE)
+            kp.HUFF_VARIANT_RING, kp.HUFF_VARIANT_RING_WIDE, kp.HUFF_VARIANT_RING_MAX)
 
 
 def _chk(enc):
@@ -191,7 +191,8 @@ def test_look_ahead_variants_take_the_vector_path(shape, grid, S, max_ctas):
     w = make_weights(*shape, seed=shape[1] + S)
     enc = tc.encode(w, "huffman", grid=grid, chk_interval=S, threads=1)
     assert enc.header.chk_interval == S
-    for variant in (kp.HUFF_VARIANT_AHEAD, kp.HUFF_VARIANT_AHEAD2, kp.HUFF_VARIANT_RING, kp.HUFF_VARIANT_RING_WIDE):
+    for variant in (kp.HUFF_VARIANT_AHEAD, kp.HUFF_VARIANT_AHEAD2, kp.HUFF_VARIANT_RING, kp.HUFF_VARIANT_RING_WIDE,
+                    kp.HUFF_VARIANT_RING_MAX):
         path = []
         nerr, out = emulate_decode(enc, variant=variant, max_ctas=max_ctas, path_out=path)
         assert path == [variant] and nerr == 0 and np.array_equal(out, w)

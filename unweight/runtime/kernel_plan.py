@@ -23,11 +23,15 @@ HUFF_VARIANT_SCALAR = 4
 HUFF_VARIANT_RING = 5
 # RING in CTAs of HUFF_RING_WIDE_THREADS sharing one LUT (24 warps per SM where RING holds 16).
 HUFF_VARIANT_RING_WIDE = 6
+# RING in CTAs of HUFF_RING_MAX_THREADS, two per SM (32 warps per SM, at 64 registers).
+HUFF_VARIANT_RING_MAX = 7
 HUFF_DEFAULT_VARIANT = HUFF_VARIANT_RING
 HUFF_VARIANTS = {"chain": HUFF_VARIANT_CHAIN, "ahead": HUFF_VARIANT_AHEAD, "ahead2": HUFF_VARIANT_AHEAD2,
-                 "scalar": HUFF_VARIANT_SCALAR, "ring": HUFF_VARIANT_RING, "ring_wide": HUFF_VARIANT_RING_WIDE}
+                 "scalar": HUFF_VARIANT_SCALAR, "ring": HUFF_VARIANT_RING, "ring_wide": HUFF_VARIANT_RING_WIDE,
+                 "ring_max": HUFF_VARIANT_RING_MAX}
 HUFF_RING_SLOTS = 8
 HUFF_RING_WIDE_THREADS = 256  # RING_WIDE's CTA: eight warps sharing one LUT
+HUFF_RING_MAX_THREADS = 512  # RING_MAX's CTA: sixteen warps sharing one LUT
 PAL_VEC = 8
 PAL_WIDE = 32  # weights per thread of the wide palette decode (PAL_VARIANT_WIDE)
 PAL_WIDE_STEPS = PAL_WIDE // PAL_VEC  # its 8-weight chunks per thread
@@ -179,7 +183,7 @@ def huffman_chains_per_segment(S: int, P: int) -> int:
 
 
 def huffman_grid(n_items: int, max_ctas: int, threads: int = HUFF_THREADS) -> int:
-    """CTAs (of `threads` threads: HUFF_THREADS, RING_WIDE's HUFF_RING_WIDE_THREADS) for n
+    """CTAs (of `threads` threads: HUFF_THREADS, RING_WIDE's and RING_MAX's CTAs) for n
     chains or gather units, at most max_ctas."""
     return min(cdiv(n_items, threads), max_ctas)
 
