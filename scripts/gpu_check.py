@@ -2843,16 +2843,10 @@ def _bench_moe(budget: "bu.Budget", path: str) -> dict:
 # Kernels profiled under Nsight Compute (scripts/profile_kernels.py): the arguments, the kernel
 # name regex.  Three launches each; the third is measured.
 PROFILES = (  # in order of what they answer first; the step stops when its time is spent
-    # The tensor-core GEMV (not profiled on any GPU yet); the default Huffman decoder, whose
-    # profile has no stall breakdown yet, and RING beside it (its stream refills through shared
-    # memory: the stalls say whether the default waits on other lanes' loads); the tensor-core
-    # GEMV's staged and prefetching forms (their timings are bench_kernels'; these say where the
-    # bytes in flight went); the batch-64 GEMM, whose split fix-up issues its loads together; the
-    # staged GEMV; the batch-1 kernels of a 4096-row layer.
-    ("gemv-32768x4096-M1-mma", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "mma"],
-     "pgemv_mma"),
-    # The same on tile-major planes: whether one contiguous run per warp lifts the DRAM
-    # throughput the file-order profile left at half (H200: 50 %, at 25 % occupancy).
+    # The tensor-core GEMV on tile-major planes, the runtime's batch-1 path on the H200: its
+    # busiest pipe and issue-slot use (recorded from this build on) say whether the integer
+    # work of the decode or the stream bounds it (docs/design/gpu-kernels.md, "What bounds the
+    # tensor-core GEMV at batch 1"); the fourth H200 run: 56% of DRAM's peak at 25% occupancy.
     ("gemv-32768x4096-M1-mma-tiled", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "mma",
                                       "--tiled"], "pgemv_mma"),
     # The same steps handed out as units from a queue to a persistent grid: whether the one-wave
@@ -2861,9 +2855,12 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
     # wave, streamed at 56%).
     ("gemv-32768x4096-M1-mma_queue-tiled", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
                                             "mma_queue", "--tiled"], "pgemv_mma_queue"),
-    # The copy engine feeding the same kernel from the same tile-major planes.
-    ("gemv-32768x4096-M1-mma_bulk-tiled", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
-                                           "mma_bulk", "--tiled"], "pgemv_mma_bulk"),
+    # RING in CTAs of sixteen warps, two per SM: 32 warps per SM at 64 registers, on a matrix
+    # with the chains to fill them (14336 x 4096 at S = 256: 229,376 chains), beside RING there.
+    ("huffman-14336x4096-index256-ring_max", ["--kernel", "huffman", "--rows", "14336", "--index", "256",
+                                              "--variant", "ring_max"], "huffman_ring_max"),
+    ("huffman-14336x4096-index256-ring", ["--kernel", "huffman", "--rows", "14336", "--index", "256", "--variant",
+                                          "ring"], "huffman_ring"),
     # The wgmma GEMM at batch 64 and 256 (x read by the tensor cores from shared memory, up to
     # 128 batch rows per CTA): DRAM throughput and tensor-pipe use beside the mma.sync GEMM's
     # batch-64 profile below.
@@ -2871,19 +2868,20 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
      "pmma"),
     ("fused-4096x14336-M256-wg", ["--kernel", "fused", "--cols", "14336", "--batch", "256", "--wgmma", "--tiled"],
      "pmma"),
-    ("huffman-4096x4096-index256-ahead", ["--kernel", "huffman", "--index", "256", "--variant", "ahead"],
-     "huffman_ahead"),
-    ("huffman-4096x4096-index256-ring", ["--kernel", "huffman", "--index", "256", "--variant", "ring"],
-     "huffman_ring"),
     # RING in CTAs of eight warps sharing one LUT: 24 warps per SM where RING holds 16.
     ("huffman-4096x4096-index256-ring_wide", ["--kernel", "huffman", "--index", "256", "--variant", "ring_wide"],
      "huffman_ring_wide"),
-    # RING in CTAs of sixteen warps, two per SM: 32 warps per SM at 64 registers, on a matrix
-    # with the chains to fill them (14336 x 4096 at S = 256: 229,376 chains), beside RING there.
-    ("huffman-14336x4096-index256-ring_max", ["--kernel", "huffman", "--rows", "14336", "--index", "256",
-                                              "--variant", "ring_max"], "huffman_ring_max"),
-    ("huffman-14336x4096-index256-ring", ["--kernel", "huffman", "--rows", "14336", "--index", "256", "--variant",
-                                          "ring"], "huffman_ring"),
+    # Profiled on the H200 before (README "GPU results"), now with the pipe counters: the
+    # tensor-core GEMV in file order and fed by the copy engine, and the Huffman decoders on
+    # 4096 x 4096.
+    ("gemv-32768x4096-M1-mma", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "mma"],
+     "pgemv_mma"),
+    ("gemv-32768x4096-M1-mma_bulk-tiled", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
+                                           "mma_bulk", "--tiled"], "pgemv_mma_bulk"),
+    ("huffman-4096x4096-index256-ring", ["--kernel", "huffman", "--index", "256", "--variant", "ring"],
+     "huffman_ring"),
+    ("huffman-4096x4096-index256-ahead", ["--kernel", "huffman", "--index", "256", "--variant", "ahead"],
+     "huffman_ahead"),
     ("gemv-32768x4096-M1-mma_staged", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
                                        "mma_staged"], "pgemv_mma_staged"),
     ("gemv-32768x4096-M1-mma_prefetch", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant",
