@@ -59,6 +59,20 @@ def _time_transcode(torch, ops, header, planes, lut, err, runs):
 
 
 INDEX_INTERVALS = (1024, 256)
+# A finer index, timed on matrices whose chains at S = 256 cannot fill the device at RING_MAX's
+# two 512-thread CTAs per SM (4096 x 4096: 65,536 chains where 132 SMs hold 135,168): S = 128
+# doubles their chains.  The loaders keep S = 256 until a run shows this faster.
+FINE_INTERVAL = 128
+
+
+def index_intervals(torch, N: int, K: int) -> tuple:
+    """The checkpoint intervals a matrix's huffman rows are timed at: INDEX_INTERVALS, and
+    FINE_INTERVAL where the device holds more RING_MAX threads than it has chains at S = 256."""
+    from unweight.runtime import kernel_plan as kp
+    if bu.device(torch) != "cuda":
+        return INDEX_INTERVALS
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return INDEX_INTERVALS + ((FINE_INTERVAL,) if N * K // 256 < sms * 2 * kp.HUFF_RING_MAX_THREADS else ())
 
 
 def other_decoders(kp) -> dict:
@@ -131,9 +145,10 @@ def bench_shape(torch, name, N, K, seed, runs, l2, skip=()):
                    "moved_GBps": 2 * dense / (t["median_ms"] * 1e-3) / 1e9}
     del srcs, dsts
     encs = {e: tc.encode(w_bits, e) for e in ("huffman", "palette")}
-    # The file's stream as stored (one chain per segment) and with the checkpoint index the GPU
-    # loaders add (chains of S weights; S = 1024 by default, 256 for comparison).
-    for s_chk in INDEX_INTERVALS:
+    # The file's stream as stored (one chain per segment) and with a checkpoint index (chains of
+    # S weights: the GPU loaders' S = 256, a file's --index S = 1024, and FINE_INTERVAL where
+    # index_intervals adds it).
+    for s_chk in index_intervals(torch, N, K):
         encs[f"huffman+index{s_chk}"] = tc.with_index(encs["huffman"].header, encs["huffman"].planes,
                                                       chk_interval=s_chk)
     from unweight.runtime import kernel_plan as kp

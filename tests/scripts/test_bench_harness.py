@@ -518,3 +518,37 @@ def test_e2e_full_depth_table_projects_nothing():
     assert "projected" not in lines[0] and "32 layers" in lines[0]
     assert next(ln for ln in lines if ln.startswith("| palette")) == "| palette | 120.0 [1.20x; layers 1.20x] |"
     assert rg.e2e_table(bench) == []  # no 4-layer run recorded
+
+
+def test_decode_times_a_finer_index_only_where_s256_cannot_fill_the_device():
+    """S = 128 joins the huffman rows of a matrix whose chains at S = 256 are fewer than the
+    device's RING_MAX threads (two 512-thread CTAs per SM), and never on the CPU self-test."""
+    class Props:
+        multi_processor_count = 132
+
+    class Cuda:
+        @staticmethod
+        def is_available():
+            return True
+
+        @staticmethod
+        def current_device():
+            return 0
+
+        @staticmethod
+        def get_device_properties(_):
+            return Props()
+
+    class FakeTorch:
+        cuda = Cuda()
+
+    class NoCuda:
+        class cuda:
+            @staticmethod
+            def is_available():
+                return False
+
+    assert bench_decode.index_intervals(FakeTorch, 4096, 4096) == (1024, 256, 128)  # 65,536 chains
+    assert bench_decode.index_intervals(FakeTorch, 6144, 4096) == (1024, 256, 128)  # 98,304
+    assert bench_decode.index_intervals(FakeTorch, 14336, 4096) == (1024, 256)  # 229,376
+    assert bench_decode.index_intervals(NoCuda, 4096, 4096) == (1024, 256)
