@@ -72,7 +72,8 @@ def index_intervals(torch, N: int, K: int) -> tuple:
     if bu.device(torch) != "cuda":
         return INDEX_INTERVALS
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return INDEX_INTERVALS + ((FINE_INTERVAL,) if N * K // 256 < sms * 2 * kp.HUFF_RING_MAX_THREADS else ())
+    resident = sms * kp.HUFF_RING_MAX_CTAS_PER_SM * kp.HUFF_RING_MAX_THREADS
+    return INDEX_INTERVALS + ((FINE_INTERVAL,) if N * K // 256 < resident else ())
 
 
 def other_decoders(kp) -> dict:

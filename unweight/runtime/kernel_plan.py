@@ -32,6 +32,7 @@ HUFF_VARIANTS = {"chain": HUFF_VARIANT_CHAIN, "ahead": HUFF_VARIANT_AHEAD, "ahea
 HUFF_RING_SLOTS = 8
 HUFF_RING_WIDE_THREADS = 256  # RING_WIDE's CTA: eight warps sharing one LUT
 HUFF_RING_MAX_THREADS = 512  # RING_MAX's CTA: sixteen warps sharing one LUT
+HUFF_RING_MAX_CTAS_PER_SM = 2
 PAL_VEC = 8
 PAL_WIDE = 32  # weights per thread of the wide palette decode (PAL_VARIANT_WIDE)
 PAL_WIDE_STEPS = PAL_WIDE // PAL_VEC  # its 8-weight chunks per thread
