@@ -2851,7 +2851,7 @@ def _bench_moe(budget: "bu.Budget", path: str) -> dict:
 # name regex.  Three launches each; the third is measured.
 PROFILES = (  # in order of what they answer first; the step stops when its time is spent
     # The tensor-core GEMV on tile-major planes, the runtime's batch-1 path on the H200: its
-    # busiest pipe and issue-slot use (recorded from this build on) say whether the integer
+    # busiest pipe and issue-slot use (NCU_METRICS, NCU_TOP_PIPE) say whether the integer
     # work of the decode or the stream bounds it (docs/design/gpu-kernels.md, "What bounds the
     # tensor-core GEMV at batch 1"); the fourth H200 run: 56% of DRAM's peak at 25% occupancy.
     ("gemv-32768x4096-M1-mma-tiled", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "mma",
@@ -2878,7 +2878,7 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
     # RING in CTAs of eight warps sharing one LUT: 24 warps per SM where RING holds 16.
     ("huffman-4096x4096-index256-ring_wide", ["--kernel", "huffman", "--index", "256", "--variant", "ring_wide"],
      "huffman_ring_wide"),
-    # Profiled on the H200 before (README "GPU results"), now with the pipe counters: the
+    # Profiled on the H200 before (README "GPU results"), again for the pipe counters: the
     # tensor-core GEMV in file order and fed by the copy engine, and the Huffman decoders on
     # 4096 x 4096.
     ("gemv-32768x4096-M1-mma", ["--kernel", "gemv", "--rows", "32768", "--batch", "1", "--variant", "mma"],

@@ -523,30 +523,10 @@ def test_e2e_full_depth_table_projects_nothing():
 def test_decode_times_a_finer_index_only_where_s256_cannot_fill_the_device():
     """S = 128 joins the huffman rows of a matrix whose chains at S = 256 are fewer than the
     device's RING_MAX threads (two 512-thread CTAs per SM), and never on the CPU self-test."""
-    class Props:
-        multi_processor_count = 132
-
-    class Cuda:
-        @staticmethod
-        def is_available():
-            return True
-
-        @staticmethod
-        def current_device():
-            return 0
-
-        @staticmethod
-        def get_device_properties(_):
-            return Props()
-
-    class FakeTorch:
-        cuda = Cuda()
-
-    class NoCuda:
-        class cuda:
-            @staticmethod
-            def is_available():
-                return False
+    from types import SimpleNamespace as NS
+    props = NS(multi_processor_count=132)
+    FakeTorch = NS(cuda=NS(is_available=lambda: True, current_device=lambda: 0, get_device_properties=lambda _: props))
+    NoCuda = NS(cuda=NS(is_available=lambda: False))
 
     assert bench_decode.index_intervals(FakeTorch, 4096, 4096) == (1024, 256, 128)  # 65,536 chains
     assert bench_decode.index_intervals(FakeTorch, 6144, 4096) == (1024, 256, 128)  # 98,304
