@@ -2920,6 +2920,19 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
 # Kept for the profiles out of the bench stage (~15 s each on the H200: encode on the host,
 # ncu's replays): the first four or so; the rest run when the other benchmarks leave time.
 PROFILE_SECONDS = 60
+# The card's clocks stay as they are (the device rules forbid changing them): by default ncu
+# locks the SM clock to its base for each measured launch, so durations and cycle counts would
+# be read at a clock no benchmark runs at.
+NCU_CLOCK = ("--clock-control", "none")
+# Profiles that also keep ncu's per-instruction counters (the SourceCounters section, its source
+# page in SASS): warp instructions executed and warp-state samples for each instruction, which
+# say where a kernel's issue slots and stalls go, where the section totals say only how many.
+# At the fourth H200 run's issue rate and speed the tensor-core GEMV issued some 2.5-3x the warp
+# instructions its hot loop's static count gives (about 93 per 1024 weights, nvdisasm of the
+# sm_90a build; the run did not record its SM clock, so the factor assumes 1.6-2.0 GHz); these
+# counters say which instructions they are.
+NCU_SOURCE_PROFILES = ("gemv-32768x4096-M1-mma-tiled", "huffman-14336x4096-index256-ring_max")
+SASS_TOP = 16  # instructions kept per list in a profile's "sass" summary
 NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats",
                 "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "InstructionStats")
 # ncu's text report lines kept as numbers: (label in the report, key)
@@ -2979,6 +2992,74 @@ def _ncu_numbers(text: str) -> dict:
     return out
 
 
+def _sass_number(cell: str) -> float | None:
+    try:
+        return float(cell.replace(",", "").replace("%", "").strip())
+    except ValueError:
+        return None
+
+
+def _sass_opcode(text: str) -> str:
+    """'@!P0 LOP3.LUT R1, ...' -> 'LOP3'."""
+    words = text.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
+
+
+def sass_summary(csv_text: str) -> dict:
+    """What ncu's source page (``--page source --csv --print-source sass``) says of one kernel:
+    total warp instructions executed and warp-state samples, both per opcode, and the
+    instructions with the most of each (with any per-reason stall columns the page has).
+    Tolerant of the page's layout: the header is the first row naming a "Source" and an
+    address column; rows of another length are skipped.  {} when no table is found."""
+    import csv
+    import io
+    rows = list(csv.reader(io.StringIO(csv_text)))
+    head = next((i for i, r in enumerate(rows)
+                 if any(c.strip().lower() == "source" for c in r) and any("address" in c.lower() for c in r)), None)
+    if head is None:
+        return {}
+    cols = [c.strip() for c in rows[head]]
+    low = [c.lower() for c in cols]
+
+    def col(*want, avoid=()):
+        for i, c in enumerate(low):
+            if all(w in c for w in want) and not any(a in c for a in avoid):
+                return i
+        return None
+    i_src, i_addr = low.index("source"), col("address")
+    i_exe = col("instructions executed", avoid=("thread", "predicated"))
+    i_smp = col("warp stall sampling", "all") if col("warp stall sampling", "all") is not None else col("sampl")
+    stall_cols = [i for i, c in enumerate(low) if "stall" in c and i != i_smp and "not-issued" not in c]
+    recs = []
+    for r in rows[head + 1:]:
+        if len(r) != len(cols) or not r[i_src].strip():
+            continue
+        num = {i: _sass_number(r[i]) for i in [i_exe, i_smp, *stall_cols] if i is not None}
+        recs.append((r[i_addr].strip(), r[i_src].strip(), num))
+    if not recs:
+        return {}
+    exe = (lambda n: n.get(i_exe) or 0.0) if i_exe is not None else (lambda n: 0.0)
+    smp = (lambda n: n.get(i_smp) or 0.0) if i_smp is not None else (lambda n: 0.0)
+    ops: dict = {}
+    for _, text, n in recs:
+        o = ops.setdefault(_sass_opcode(text), [0.0, 0.0])
+        o[0] += exe(n)
+        o[1] += smp(n)
+
+    def one(addr, text, n):
+        d = {"address": addr, "sass": text[:120], "executed": exe(n), "samples": smp(n)}
+        d.update({cols[i]: n[i] for i in stall_cols if n.get(i)})
+        return d
+    return {"columns": cols, "instructions": len(recs),
+            "inst_executed": sum(exe(n) for *_, n in recs), "samples": sum(smp(n) for *_, n in recs),
+            "by_opcode": [{"op": k, "executed": v[0], "samples": v[1]}
+                          for k, v in sorted(ops.items(), key=lambda kv: -kv[1][0])][:2 * SASS_TOP],
+            "top_samples": [one(*r) for r in sorted(recs, key=lambda r: -smp(r[2]))[:SASS_TOP] if smp(r[2]) > 0],
+            "top_executed": [one(*r) for r in sorted(recs, key=lambda r: -exe(r[2]))[:SASS_TOP] if exe(r[2]) > 0]}
+
+
 def _profile_variant(args: list) -> str | None:
     """The VARIANT_TAGS entry a PROFILES command runs (None: a default kernel)."""
     kind = args[args.index("--kernel") + 1]
@@ -3001,7 +3082,7 @@ def _profile_variant(args: list) -> str | None:
 def _profiles(budget: "bu.Budget", out_dir: str, skip: dict | None = None) -> dict:
     """Nsight Compute on PROFILES: key numbers per kernel; the text reports go to out_dir/ncu/."""
     ncu = shutil.which("ncu") or (os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "ncu"))
-    res = {"benchmark": "profile", "tool": ncu, "sections": list(NCU_SECTIONS),
+    res = {"benchmark": "profile", "tool": ncu, "sections": list(NCU_SECTIONS), "clock_control": NCU_CLOCK[1],
            "metrics": [m for m, _ in NCU_COUNTERS + NCU_STALLS], "kernels": {}, "skipped": []}
     if not os.path.exists(ncu):
         res["skipped"].append({"what": "all", "why": "ncu not found"})
@@ -3010,19 +3091,46 @@ def _profiles(budget: "bu.Budget", out_dir: str, skip: dict | None = None) -> di
     groups = [NCU_COUNTERS, NCU_STALLS]
     counters = len(groups)  # groups asked for; the last is dropped for the stage when ncu refuses a name
 
-    def run_ncu(regex, args, n_groups):
-        cmd = [ncu, "--kernel-name", f"regex:{regex}", "--launch-skip", "2", "--launch-count", "1"]
-        for sec in NCU_SECTIONS:
+    def ncu_run(cmd, timeout):
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, env=_env_with_path(), capture_output=True, text=True,
+                               timeout=min(timeout, max(1.0, budget.left())))
+            return p.stdout + p.stderr, p.returncode, p.stdout
+        except subprocess.TimeoutExpired:
+            return "", "timeout", ""
+
+    def run_ncu(regex, args, n_groups, report=None):
+        cmd = [ncu, *NCU_CLOCK, "--kernel-name", f"regex:{regex}", "--launch-skip", "2", "--launch-count", "1"]
+        for sec in NCU_SECTIONS + (("SourceCounters",) if report else ()):
             cmd += ["--section", sec]
         if n_groups:
             cmd += ["--metrics", ",".join(m for g in groups[:n_groups] for m, _ in g)]
+        if report:
+            cmd += ["--export", report, "--force-overwrite"]
         cmd += [sys.executable, os.path.join(SCRIPTS, "profile_kernels.py"), *args]
+        text, rc, _ = ncu_run(cmd, 90.0)
+        if report and rc == 0 and os.path.exists(report + ".ncu-rep") and not _ncu_numbers(text).get("duration"):
+            more, rc2, _ = ncu_run([ncu, "--import", report + ".ncu-rep"], 60.0)  # the details page
+            text += more if rc2 == 0 else ""
+        return text, rc
+
+    def source_page(report, name) -> dict:
+        """The saved report's source page (SASS) as sass_summary; the CSV goes beside the text
+        report and the report itself is removed (it is large, and the CSV holds its counters)."""
+        rep = report + ".ncu-rep"
+        if not os.path.exists(rep):
+            return {"error": "ncu wrote no report"}
         try:
-            p = subprocess.run(cmd, cwd=ROOT, env=_env_with_path(), capture_output=True, text=True,
-                               timeout=min(90.0, budget.left()))
-            return p.stdout + p.stderr, p.returncode
-        except subprocess.TimeoutExpired:
-            return "", "timeout"
+            text, rc, out = ncu_run([ncu, "--import", rep, "--page", "source", "--csv", "--print-source", "sass"], 60.0)
+            if rc != 0:  # an ncu without --print-source: its source page's default view
+                text, rc, out = ncu_run([ncu, "--import", rep, "--page", "source", "--csv"], 60.0)
+            if rc != 0:
+                return {"error": _tail(text, 3) or f"ncu exited {rc}"}
+            with open(os.path.join(out_dir, "ncu", f"{name}-sass.csv"), "w") as f:
+                f.write(out)
+            return sass_summary(out) or {"error": "no instruction table in ncu's source page: " + _tail(out, 2)}
+        finally:
+            os.remove(rep)
 
     for name, args, regex in PROFILES:
         tag = next((t for t in (_profile_variant(args), "tiled" if "--tiled" in args else None) if t in (skip or {})),
@@ -3034,19 +3142,32 @@ def _profiles(budget: "bu.Budget", out_dir: str, skip: dict | None = None) -> di
             res["skipped"].append({"what": name, "why": f"{budget.left():.0f} s left"})
             continue
         t0 = time.perf_counter()
-        text, rc = run_ncu(regex, args, counters)
+        report = os.path.join(out_dir, "ncu", name) if name in NCU_SOURCE_PROFILES else None
+        text, rc = run_ncu(regex, args, counters, report)
+        if report and rc not in (0, "timeout") and "sourcecounters" in text.lower() and budget.left() >= 20:
+            # An ncu that will not take the source section: the profile without it.
+            res.setdefault("source_refused", []).append(_tail(text, 4))
+            report = None
+            text, rc = run_ncu(regex, args, counters)
         while counters and rc not in (0, "timeout") and "metric" in text.lower() and budget.left() >= 20:
             # The counters only serve the emulator comparison and the stall breakdown: never
             # lose a profile to them.
             counters -= 1
             res.setdefault("metrics_refused", []).append(_tail(text, 4))
-            text, rc = run_ncu(regex, args, counters)
+            text, rc = run_ncu(regex, args, counters, report)
         with open(os.path.join(out_dir, "ncu", f"{name}.txt"), "w") as f:
             f.write(text)
         entry = {"args": args, "returncode": rc, "seconds": round(time.perf_counter() - t0, 1),
                  **_ncu_numbers(text)}
         if rc != 0 or "duration" not in entry:
             entry["error"] = _tail(text, 4) or f"ncu exited {rc}"
+        if report and rc == 0:
+            entry["sass"] = source_page(report, name)
+            entry["seconds"] = round(time.perf_counter() - t0, 1)
+            if "error" not in entry["sass"]:
+                log(f"profile {name}: {entry['sass']['inst_executed']:.0f} warp instructions executed, "
+                    f"{entry['sass']['samples']:.0f} warp-state samples, over {entry['sass']['instructions']} "
+                    "instructions")
         res["kernels"][name] = entry
         log(f"profile {name}: " + (f"{entry.get('duration')} {entry.get('duration_unit', '')}, occupancy "
                                    f"{entry.get('achieved_occupancy_pct')}%, memory {entry.get('memory_throughput')} "

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """One kernel on a random BF16 matrix, three launches, for Nsight Compute to look at.
 
-    ncu --kernel-name regex:huffman_ --launch-skip 2 --launch-count 1 --set full \\
+    ncu --clock-control none --kernel-name regex:huffman_ --launch-skip 2 --launch-count 1 --set full \\
         python scripts/profile_kernels.py --kernel huffman --rows 4096 --cols 4096 --index 256 --variant ahead2
-    ncu --kernel-name regex:pmma --launch-skip 2 --launch-count 1 \\
+    ncu --clock-control none --kernel-name regex:pmma --launch-skip 2 --launch-count 1 \\
         python scripts/profile_kernels.py --kernel fused --rows 4096 --cols 4096 --batch 1
 
 --kernel huffman / palette: the decode to BF16 (huffman with the checkpoint index at --index S,
@@ -14,6 +14,7 @@ two launches warm the caches and tables.  The result is checked (decodes bitwise
 source weights; the matmul within 2x cuBLAS's error against a float64 reference); nothing is
 timed here (scripts/bench_decode.py and bench_kernels.py time).  Exit status 1 when a check
 fails.  scripts/gpu_check.py runs it under ncu in its bench stage (PROFILES there).
+``--clock-control none`` leaves the card's clocks as they are (ncu otherwise locks them to base).
 """
 from __future__ import annotations
 

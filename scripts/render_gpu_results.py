@@ -419,7 +419,26 @@ def profile_table(bench: dict) -> list[str]:
                      f"{_f(k.get('block_size'), '{:.0f}')} |"
                      + (f" {', '.join(f'{r} {v:.2f}' for v, r in top) or '—'} |" if stalls else "")
                      + (pipe if pipes else ""))
-    return lines + [""]
+    return lines + [""] + sass_lines(kernels)
+
+
+def sass_lines(kernels: dict) -> list[str]:
+    """Where a profile kept ncu's per-instruction counters (gpu_check.NCU_SOURCE_PROFILES): the
+    warp instructions executed, the opcodes that took most of them, and the instructions with
+    the most warp-state samples."""
+    out = []
+    for name, k in kernels.items():
+        sass = k.get("sass") or {}
+        if not sass.get("inst_executed"):
+            continue
+        total, samples = sass["inst_executed"], sass.get("samples") or 0
+        ops = ", ".join(f"{o['op']} {100 * o['executed'] / total:.0f}%" for o in sass.get("by_opcode", [])[:6])
+        hot = ", ".join(f"`{' '.join(w for w in r['sass'].split()[:2] if not w.startswith('R'))}` at {r['address']} "
+                        f"{100 * r['samples'] / samples:.0f}%"
+                        for r in sass.get("top_samples", [])[:4]) if samples else ""
+        out.append(f"- {name}, per instruction (ncu's source page): {total:,.0f} warp instructions executed "
+                   f"({ops})" + (f"; most warp-state samples at {hot}" if hot else "") + ".")
+    return out + [""] if out else []
 
 
 def _bitwise_anyway(c: dict) -> bool:

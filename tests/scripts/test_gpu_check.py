@@ -224,6 +224,66 @@ def test_profiles_keep_the_counters_when_ncu_refuses_only_the_stall_names(tmp_pa
     assert got == {"stall_barrier": 1.37}
 
 
+def test_profiles_leave_the_clocks_alone(tmp_path, monkeypatch):
+    """Every ncu launch asks it not to lock the clocks (the device rules: the card's settings
+    stay as they are), and the stage's record says so."""
+    gc = _gpu_check_module()
+    log = tmp_path / "args.log"
+    res = _profiles_under_fake_ncu(gc, tmp_path, monkeypatch,
+                                   f"echo \"$*\" >> {log}\n"
+                                   "echo '    Duration                         us       12.50'\n")
+    calls = log.read_text().splitlines()
+    assert calls and all("--clock-control none" in c for c in calls if "--import" not in c)
+    assert res["clock_control"] == "none"
+
+
+SOURCE_CSV = """"Kernel Name","pgemv_mma_kernel"
+"# Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",\
+"Instructions Executed","Thread Instructions Executed","stall_long_sb"
+"0x7f00","LOP3.LUT R64, R19, 0x7777, RZ, 0xc0, !PT","10","4","2,048","65,536","0"
+"0x7f10","PRMT R67, R91, R64, R88","3","1","4096","131072","0"
+"0x7f20","@!P1 LDG.E.128.CONSTANT R76, desc[UR8][R112.64]","0","0","512","16384","0"
+"0x7f30","HMMA.16816.F32.BF16 R56, R60, R76, R56","90","80","1,024","32768","85"
+"0x7f40","PRMT R69, R91, R65, R88","1","0","4096","131072","0"
+"""
+
+
+def test_sass_summary_reads_ncus_source_page():
+    """The source page's CSV -> totals, per-opcode sums (predicates and modifiers dropped) and
+    the instructions with the most samples and executions, per-reason stall columns kept."""
+    gc = _gpu_check_module()
+    got = gc.sass_summary(SOURCE_CSV)
+    assert got["instructions"] == 5 and got["inst_executed"] == 2048 + 4096 + 512 + 1024 + 4096
+    assert got["samples"] == 104
+    ops = {o["op"]: (o["executed"], o["samples"]) for o in got["by_opcode"]}
+    assert ops == {"LOP3": (2048, 10), "PRMT": (8192, 4), "LDG": (512, 0), "HMMA": (1024, 90)}
+    assert got["by_opcode"][0]["op"] == "PRMT"
+    top = got["top_samples"][0]
+    assert top["address"] == "0x7f30" and top["sass"].startswith("HMMA") and top["stall_long_sb"] == 85
+    assert [r["address"] for r in got["top_executed"][:2]] == ["0x7f10", "0x7f40"]
+    assert gc.sass_summary("no table here\n1,2,3\n") == {}
+
+
+def test_source_profiles_keep_the_per_instruction_counters(tmp_path, monkeypatch):
+    """A profile in NCU_SOURCE_PROFILES runs with the SourceCounters section and a saved report,
+    whose source page becomes the entry's "sass" summary and a CSV beside the text report; the
+    report itself is removed.  An ncu whose import fails costs the summary, not the profile."""
+    gc = _gpu_check_module()
+    (tmp_path / "page.csv").write_text(SOURCE_CSV)
+    monkeypatch.setattr(gc, "NCU_SOURCE_PROFILES", (gc.PROFILES[0][0],))
+    res = _profiles_under_fake_ncu(
+        gc, tmp_path, monkeypatch,
+        "case \"$*\" in *'--page source'*) cat " + str(tmp_path / "page.csv") + "; exit 0;; esac\n"
+        "case \"$*\" in *--export*) "
+        "  test -n \"$(echo \"$*\" | grep -- '--section SourceCounters')\" || exit 3;"
+        "  rep=$(echo \"$*\" | sed 's/.*--export \\([^ ]*\\).*/\\1/'); touch \"$rep.ncu-rep\";; esac\n"
+        "echo '    Duration                         us       12.50'\n")
+    first, second = (res["kernels"][n] for n, *_ in gc.PROFILES[:2])
+    assert "error" not in first and first["sass"]["inst_executed"] == 11776 and "sass" not in second
+    assert (tmp_path / "ncu" / f"{gc.PROFILES[0][0]}-sass.csv").read_text() == SOURCE_CSV
+    assert not list((tmp_path / "ncu").glob("*.ncu-rep"))
+
+
 def test_smollm2_parts_fit_two_calls():
     """SmolLM2's xz'd GGUF is split over the two calls, the eval site with the second, each call
     under the device tool's carry limit with its margin; a tree too large for that is refused."""

@@ -89,3 +89,19 @@ def test_profile_table_gains_the_busiest_pipe_column_only_where_profiles_have_it
     rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.strip("|").split("|")]
             for ln in lines if ln.startswith("| gemv") or ln.startswith("| ring")}
     assert rows["gemv"][-1] == "ALU 61.3 / 49.1" and rows["ring"][-1] == "— — / —"
+
+
+def test_profile_section_lists_the_per_instruction_counters_where_kept():
+    """A profile with a "sass" summary (ncu's source page) gets one line under the table: the
+    warp instructions executed, the opcodes' shares and where the warp-state samples fell."""
+    r = _renderer()
+    sass = {"inst_executed": 1000.0, "samples": 200.0, "instructions": 3,
+            "by_opcode": [{"op": "PRMT", "executed": 500.0, "samples": 20.0},
+                          {"op": "LOP3", "executed": 300.0, "samples": 10.0}],
+            "top_samples": [{"address": "0x10", "sass": "HMMA.16816.F32.BF16 R56, R60, R76, R56", "executed": 10.0,
+                             "samples": 150.0}]}
+    kernels = {"gemv": {"duration": 70.1, "duration_unit": "us", "sass": sass},
+               "ring": {"duration": 49.5, "duration_unit": "us"}}
+    lines = [ln for ln in r.profile_table({"raw": {"profile": {"kernels": kernels}}}) if ln.startswith("- ")]
+    assert lines == ["- gemv, per instruction (ncu's source page): 1,000 warp instructions executed (PRMT 50%, "
+                     "LOP3 30%); most warp-state samples at `HMMA.16816.F32.BF16` at 0x10 75%."]
