@@ -123,6 +123,8 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                                 r[key]["time_vs_paired"] = r[key]["median_ms"] / base["median_ms"]
                         if M in PDL_BATCHES and "gemv:pdl" not in skip:
                             _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r)
+                        if M in PROBE_BATCHES and "gemv:probe" not in skip:
+                            _time_probes(torch, tiled, x, runs, r, log)
                 if e == "palette" and M == 1 and budget.left() > 30:
                     r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas,
                                                             wide="gemm:wide" not in skip)
@@ -213,6 +215,43 @@ def _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r) -> None:
             continue
         r[key + "_pdl"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "same_bits_as_no_pdl": same,
                            "time_vs_no_pdl": t["median_ms"] / r[key]["median_ms"]}
+
+
+# Batches at which the tensor-core GEMV on tile-major planes (the runtime's batch-1 path) is
+# timed again with one stage left out: ops.palette_gemv_probe's "no_decode" (the loaded words go
+# to the tensor cores undecoded) and "stream" (the loads alone), and the kernel itself on an
+# empty verbatim list ("no_verbatim").  Row "palette_gemv_mma_tiled_probe": each time and its
+# share of the full kernel's, which say what the decode, the verbatim blocks and the stream
+# cost (docs/design/gpu-kernels.md, "What bounds the tensor-core GEMV at batch 1").  Their
+# results are not the product and are not checked.
+PROBE_BATCHES = (1,)
+
+
+def _time_probes(torch, tiled, x, runs, r, log) -> None:
+    from unweight import ops
+    from unweight.runtime import kernel_plan as kp
+    base = r.get("palette_gemv_mma_tiled", {})
+    if "median_ms" not in base or not hasattr(ops, "palette_gemv_probe"):
+        return
+    w0, v = tiled[0], kp.PGEMV_VARIANT_MMA
+    parts = ops.palette_gemv_parts(w0.rows, w0.cols, x.device, v)
+    calls = {"no_verbatim": lambda q: torch.ops.unweight.palette_gemv(x, q.sm, q.idx, q.vpos[:0], q.vexp[:0], q.rows,
+                                                                      q.cols, q.palette, parts, v, True)}
+    for name in kp.PGEMV_PROBES:
+        calls[name] = lambda q, name=name: ops.palette_gemv_probe(x, q.sm, q.idx, q.vpos, q.vexp, q.rows, q.cols,
+                                                                  q.palette, parts, name, tiled=True)
+    out = {"full_ms": base["median_ms"], "parts": parts, "verbatim_blocks": int(w0.vpos.numel())}
+    for name, call in calls.items():
+        try:
+            t = bu.graph_time(torch, [lambda q=q: call(q) for q in tiled], runs=runs)
+        except Exception as ex:  # noqa: BLE001 - a refused probe is a finding
+            out[name] = {"error": f"{type(ex).__name__}: {ex}"}
+            continue
+        out[name] = {**t, "share_of_full": t["median_ms"] / base["median_ms"]}
+    r["palette_gemv_mma_tiled_probe"] = out
+    log(f"kernels {w0.rows}x{w0.cols} M={x.size(0)}: tensor-core GEMV {base['median_ms'] * 1e3:.1f} us; "
+        "as a share of it: " + ", ".join(f"{k} {out[k]['share_of_full']:.2f}" if "share_of_full" in out[k] else f"{k} error"
+                    for k in calls))
 
 
 def _time_tiled(torch, h, ws, tiled, x, err, t_cublas, runs, r, key, path, ref) -> None:

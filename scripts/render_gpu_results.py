@@ -246,6 +246,27 @@ def kernels_table(bench: dict) -> list[str]:
     return lines + [""] + plane_order_lines(bench, rows)
 
 
+def probe_table(bench: dict) -> list[str]:
+    """The tensor-core GEMV on tile-major planes with one stage left out (bench_kernels.py's
+    "palette_gemv_mma_tiled_probe" rows): each probe's time as a share of the full kernel's."""
+    rows = [r for r in (bench.get("raw", {}).get("kernels") or {}).get("rows") or []
+            if "palette_gemv_mma_tiled_probe" in r]
+    if not rows:
+        return []
+    names = (("no_verbatim", "empty verbatim list"), ("no_decode", "no decode"), ("stream", "loads only"))
+    lines = ["**The tensor-core GEMV with a stage left out** (`ops.palette_gemv_probe`, tile-major planes; the "
+             "full kernel in microseconds, the probes as a share of its time):", "",
+             "| shape [N, K] | M | full (us) | verbatim blocks | " + " | ".join(n for _, n in names) + " |",
+             "|---|---|---|---|" + "---|" * len(names)]
+    for r in rows:
+        p = r["palette_gemv_mma_tiled_probe"]
+        cells = [_f((p.get(k) or {}).get("share_of_full")) if "share_of_full" in (p.get(k) or {})
+                 else ("error" if "error" in (p.get(k) or {}) else "—") for k, _ in names]
+        lines.append(f"| {r['N']} x {r['K']} | {r['M']} | {_f(p.get('full_ms', 0) * 1e3, '{:.1f}')} | "
+                     f"{p.get('verbatim_blocks', '—')} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 # The tile-major rows of bench_kernels.py (its TILED, and decode + cuBLAS on the same copies).
 TILED_ROWS = (("palette_tiled_decode_cublas", "palette decode + cuBLAS, tile-major"),
               ("palette_fused_tiled", "palette fused, tile-major"),
@@ -520,8 +541,8 @@ def render_gpu(gpu: str, recs: dict, several: bool) -> list[str]:
     if fails:
         out += ["Failed checks:", ""] + fails + [""]
     bench = recs.get("bench") or {}
-    out += (decode_table(bench) + slots_lines(bench) + kernels_table(bench) + e2e_table(bench) + e2e_table(bench, "e2e_full") + host_table(bench) + moe_table(bench)
-            + profile_table(bench))
+    out += (decode_table(bench) + slots_lines(bench) + kernels_table(bench) + probe_table(bench) + e2e_table(bench)
+            + e2e_table(bench, "e2e_full") + host_table(bench) + moe_table(bench) + profile_table(bench))
     out += eval_table(recs.get("eval") or {})
     model = recs.get("model") or {}
     loads = [c for c in model.get("checks", []) if c.get("name", "").startswith("unweight.load(")]

@@ -225,6 +225,8 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PGEMV_MMA_BULK_CTAS_PER_SM") = plan::PGEMV_MMA_BULK_CTAS_PER_SM;
   m.attr("PGEMV_MMA_BULK_SMEM_BYTES") = plan::PGEMV_MMA_BULK_SMEM_BYTES;
   m.attr("PGEMV_VARIANT_MMA_QUEUE") = plan::PGEMV_VARIANT_MMA_QUEUE;
+  m.attr("PGEMV_PROBE_NO_DECODE") = plan::PGEMV_PROBE_NO_DECODE;
+  m.attr("PGEMV_PROBE_STREAM") = plan::PGEMV_PROBE_STREAM;
   m.attr("PGEMV_MMA_QUEUE_UNITS_PER_WARP") = plan::PGEMV_MMA_QUEUE_UNITS_PER_WARP;
   m.attr("PGEMV_MMA_QUEUE_MIN_STEPS") = plan::PGEMV_MMA_QUEUE_MIN_STEPS;
   m.attr("PGEMV_MMA_QUEUE_MAX_UNITS") = plan::PGEMV_MMA_QUEUE_MAX_UNITS;
@@ -479,6 +481,20 @@ PYBIND11_MODULE(_cuda, m) {
      py::arg("ldy"), py::arg("stream") = 0, py::arg("variant") = 0, py::arg("tiled") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on CUDA cores (M <= 4, K % 64 == 0); parts: "
      "warps per row (plan_pgemv_parts); variant: PGEMV_VARIANT_* (0: the default).");
+
+  m.def("palette_gemv_probe", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
+                                 py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int parts, uintptr_t y,
+                                 int64_t ldy, uintptr_t stream, int probe, int tiled) {
+    need(x && sm && idx && y, "null device pointer");
+    need(nv == 0 || (vpos && vexp), "null verbatim pointers");
+    check(cuda::palette_gemv_probe(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx), N,
+                                   K, make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp),
+                                   parts, dev<uint16_t>(y), ldy, probe, tiled, stream_of(stream)));
+  }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
+     py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("parts"), py::arg("y"),
+     py::arg("ldy"), py::arg("stream") = 0, py::arg("probe") = 1, py::arg("tiled") = 0,
+     "A timing probe of the register-direct tensor-core GEMV (M <= 8, paired palette): its launch with one "
+     "stage left out (probe: PGEMV_PROBE_NO_DECODE or PGEMV_PROBE_STREAM); y is written but is not the product.");
 
   m.def("set_programmatic_launch", &cuda::set_programmatic_launch, py::arg("on"),
         "Programmatic dependent launch of the tensor-core GEMV kernels on sm_90+ (process-wide; off by default).");
@@ -903,6 +919,18 @@ PYBIND11_MODULE(_cuda, m) {
      py::arg("units") = 1, py::arg("ctas") = 1, py::arg("force_general") = false, py::arg("tiled") = 0,
      "The queued tensor-core GEMV's kernel body through the warp emulator on a persistent grid of ctas CTAs "
      "(units per 16-row tile; tiled as for emulate_palette_gemm): y uint16 (bf16 bits) [M, N].");
+
+  m.def("emulate_palette_gemv_probe", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
+                                         arr<uint32_t> vpos, arr<uint8_t> vexp, int parts, int probe, int tiled) {
+    return emulate_gemv_like(x, sm, idx, palette, vpos, vexp, true, {},
+                             [&](const EmuOperands& o, const Palette& pal, const uint32_t* vp, uint16_t* yp) {
+      return cuda::emulate::palette_gemv_probe(o.x16(), o.K, o.M, o.sm.p, o.idx.p, o.N, o.K, pal, vp, o.nv, o.vexp.p,
+                                               parts, yp, o.N, probe, tiled);
+    });
+  }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
+     py::arg("parts") = 1, py::arg("probe") = 1, py::arg("tiled") = 0,
+     "A tensor-core GEMV timing probe's kernel body through the warp emulator (probe: PGEMV_PROBE_*): y uint16 "
+     "[M, N], not the product.");
 
   m.def("emulate_palette_gemv", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
                                    arr<uint32_t> vpos, arr<uint8_t> vexp, int parts, bool force_general,

@@ -178,6 +178,14 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
                          uint16_t* y, int64_t ldy, int variant, int tiled, void* stream);
 
+// A timing probe of palette_gemv's register-direct tensor-core variant (plan::PGEMV_VARIANT_MMA)
+// at M 1..8 on a paired palette: the same launch with one stage left out (probe:
+// plan::PGEMV_PROBE_NO_DECODE or PGEMV_PROBE_STREAM).  y is written, but is not the product:
+// for the benchmarks' breakdown of the kernel's time only.
+const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                               int parts, uint16_t* y, int64_t ldy, int probe, int tiled, void* stream);
+
 // The same product through the queued tensor-core GEMV (palette_gemv.cuh pgemv_mma_queue_body):
 // M 1..32; units: units per 16-row tile (plan::pgemv_mma_queue_units; 1 .. the tile's steps,
 // which sets the order of the fp32 sums: at 1, 2, 4 or 8 the MMA variant's at that parts);
@@ -254,6 +262,10 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
                          uint16_t* y, int64_t ldy, int force_general, int variant, int tiled);
+// As palette_gemv_probe, through the warp emulator.
+const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                               int parts, uint16_t* y, int64_t ldy, int probe, int tiled);
 // As palette_gemv_queue, through the warp emulator.
 const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                                int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int units,

@@ -117,6 +117,14 @@ __global__ void __launch_bounds__(plan::PGEMV_THREADS,
   emu::DeviceCtx c;
   pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA_QUEUE>(c, a);
 }
+// The register-direct tensor-core GEMV at MB 8 on a paired palette with one stage left out
+// (kProbe: plan::PGEMV_PROBE_*; palette_gemv_probe): its bounds, shared memory and grid.
+template <int kProbe>
+__global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_MMA_CTAS_PER_SM)
+    pgemv_mma_probe_kernel(PgemvArgs a) {
+  emu::DeviceCtx c;
+  pgemv_mma_body<1, true, false, false, false, kProbe>(c, a);
+}
 static_assert(plan::PGEMV_MMA4_CTAS_PER_SM == plan::pgemv_mma_queue_ctas_per_sm(32) &&
                   plan::PGEMV_MMA_CTAS_PER_SM == plan::pgemv_mma_queue_ctas_per_sm(16),
               "the queued GEMV's grid plan holds its kernels' CTAs per SM");
@@ -319,10 +327,50 @@ const char* slots_gemv_plan(const uint16_t* x, int64_t ldx, const int64_t* ids, 
   return nullptr;
 }
 
+// Checks a GEMV probe and fills its arguments; nullptr or the error.
+const char* probe_plan(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                       int64_t K, const Palette& pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
+                       uint16_t* y, int64_t ldy, int probe, int tiled, PgemvArgs* a) {
+  if (probe != plan::PGEMV_PROBE_NO_DECODE && probe != plan::PGEMV_PROBE_STREAM) return "unknown GEMV probe";
+  if (M > 8) return "the GEMV probes run batches of 1..8 rows";
+  if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, plan::PGEMV_VARIANT_MMA, tiled))
+    return e;
+  *a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy, tiled);
+  if (!pal_tables(pal, a->pt)) return "the GEMV probes need a paired palette (ops.paired_palette)";
+  return nullptr;
+}
+
 }  // namespace
 }  // namespace detail
 
 using namespace detail;
+
+const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                               int parts, uint16_t* y, int64_t ldy, int probe, int tiled, void* stream) {
+  PgemvArgs a{};
+  if (const char* e = probe_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp, parts, y, ldy, probe, tiled, &a))
+    return e;
+  const auto grid = static_cast<unsigned>(plan::pgemv_variant_grid(N, parts, plan::PGEMV_VARIANT_MMA));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  // The stream probe needs fewer registers than the full kernel, so more of its CTAs would fit
+  // an SM where the grid has more than one wave of them; shared memory that leaves room for
+  // only PGEMV_MMA_CTAS_PER_SM of them (228 KiB per SM on sm_90, 164 on sm_80, 1 KiB reserved
+  // per CTA) keeps it at the full kernel's occupancy.
+  constexpr int smem = 228 * 1024 / (plan::PGEMV_MMA_CTAS_PER_SM + 1) + 1024;
+  static_assert(smem >= plan::PGEMV_MMA_SMEM_BYTES && plan::PGEMV_MMA_CTAS_PER_SM * (smem + 1024) <= 164 * 1024,
+                "the probes' shared memory holds the parts' sums and fits the full kernel's CTAs per SM");
+  if (probe == plan::PGEMV_PROBE_NO_DECODE) {
+    constexpr auto kernel = &pgemv_mma_probe_kernel<plan::PGEMV_PROBE_NO_DECODE>;
+    opt_in_smem<kernel>(smem);
+    kernel<<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
+  } else {
+    constexpr auto kernel = &pgemv_mma_probe_kernel<plan::PGEMV_PROBE_STREAM>;
+    opt_in_smem<kernel>(smem);
+    kernel<<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
+  }
+  return launch_status();
+}
 
 const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* ids, int64_t slots, int64_t E,
                                const uint8_t* sm, const uint8_t* idx, int64_t N, int64_t K, Palette pal,
@@ -377,6 +425,23 @@ const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint
 }
 
 namespace emulate {
+
+const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
+                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                               int parts, uint16_t* y, int64_t ldy, int probe, int tiled) {
+  PgemvArgs a{};
+  if (const char* e = probe_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp, parts, y, ldy, probe, tiled, &a))
+    return e;
+  const int64_t grid = plan::pgemv_variant_grid(N, parts, plan::PGEMV_VARIANT_MMA);
+  constexpr int smem = plan::PGEMV_MMA_SMEM_BYTES;
+  if (probe == plan::PGEMV_PROBE_NO_DECODE)
+    return emu::launch(grid, 1, plan::PGEMV_THREADS, smem, [&](emu::ThreadCtx& c) {
+      pgemv_mma_body<1, true, false, false, false, plan::PGEMV_PROBE_NO_DECODE>(c, a);
+    });
+  return emu::launch(grid, 1, plan::PGEMV_THREADS, smem, [&](emu::ThreadCtx& c) {
+    pgemv_mma_body<1, true, false, false, false, plan::PGEMV_PROBE_STREAM>(c, a);
+  });
+}
 
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,

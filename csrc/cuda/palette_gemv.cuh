@@ -315,7 +315,10 @@ UW_UNROLL()
 // part's first block of a row; cur / rel: the cursors of pmma_tile_cursors), then per half
 // four mma against x (xp[nt]: the lane's x row of n-tile nt at the part's first column),
 // accumulated into acc in mma order.
-template <int NT, bool kPaired, class Ctx>
+// kProbe (plan::PGEMV_PROBE_*, palette_gemv_probe): NO_DECODE puts the loaded words in the A
+// registers as they are (the index words XORed into half of them, so their loads stay live);
+// STREAM folds the loaded words into acc's bits and does nothing else.  Neither is the product.
+template <int NT, bool kPaired, int kProbe = plan::PGEMV_PROBE_NONE, class Ctx>
 UW_HD void pgemv_mma_step(Ctx& c, const PgemvArgs& a, const PalTables& pt, const uint16_t* const (&xp)[NT], int q,
                           int q_half, uint32_t b_first, uint64_t rowbase, uint64_t bpr, uint32_t& cur, uint32_t& rel,
                           const uint32_t (&s)[2][2][4], const uint32_t (&n)[2][2][2], float (&acc)[NT][4]) {
@@ -323,39 +326,57 @@ UW_HD void pgemv_mma_step(Ctx& c, const PgemvArgs& a, const PalTables& pt, const
 UW_UNROLL()
   for (int h = 0; h < 2; ++h) {
     if (h == 1 && q == q_half) break;  // warp-uniform: the half step's missing half
-    const int64_t off = static_cast<int64_t>(q) * COLS + h * HALF;
-    uint32_t af[4][4];  // [mma][A register]: regs 0, 2 row g; 1, 3 row g + 8
+    if constexpr (kProbe == plan::PGEMV_PROBE_STREAM) {
+      uint32_t f = n[0][h][0] ^ n[0][h][1] ^ n[1][h][0] ^ n[1][h][1];
 UW_UNROLL()
-    for (int j = 0; j < 4; ++j) {
-      const int sh = 16 * (j & 1);
-      pal_decode4<kPaired>(s[0][h][j], n[0][h][j >> 1] >> sh, pt, af[j][0], af[j][2]);
-      pal_decode4<kPaired>(s[1][h][j], n[1][h][j >> 1] >> sh, pt, af[j][1], af[j][3]);
-    }
-    if (a.nv > 0) {  // rare: a row of the tile has a verbatim block in this half
-      const uint32_t kb = b_first + static_cast<uint32_t>(q) * (COLS / PAL_BLOCK) + 2 * h;
-      pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
-    }
-    // x[nt*8+g] at 8 of the lane's columns (bf16 pairs): the B registers of mma 2jp, 2jp + 1,
-    // loaded just before them (L1 hits mostly), so at most 4 NT registers hold x.
+      for (int j = 0; j < 4; ++j) f ^= s[0][h][j] ^ s[1][h][j];
+      acc[0][h] = f32_from_bits(bits_from_f32(acc[0][h]) ^ f);
+    } else {
+      const int64_t off = static_cast<int64_t>(q) * COLS + h * HALF;
+      uint32_t af[4][4];  // [mma][A register]: regs 0, 2 row g; 1, 3 row g + 8
 UW_UNROLL()
-    for (int jp = 0; jp < 2; ++jp) {
-      uint32_t xb[NT][4];
-UW_UNROLL()
-      for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp[nt] + off + 8 * jp, xb[nt]);
-UW_UNROLL()
-      for (int j = 2 * jp; j < 2 * jp + 2; ++j)
-UW_UNROLL()
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint32_t b[2] = {xb[nt][2 * (j & 1)], xb[nt][2 * (j & 1) + 1]};
-          c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (kProbe == plan::PGEMV_PROBE_NO_DECODE) {
+          const uint32_t nn = n[0][h][j >> 1] ^ n[1][h][j >> 1];
+          af[j][0] = s[0][h][j];
+          af[j][1] = s[1][h][j];
+          af[j][2] = s[0][h][j] ^ nn;
+          af[j][3] = s[1][h][j] ^ nn;
+        } else {
+          const int sh = 16 * (j & 1);
+          pal_decode4<kPaired>(s[0][h][j], n[0][h][j >> 1] >> sh, pt, af[j][0], af[j][2]);
+          pal_decode4<kPaired>(s[1][h][j], n[1][h][j >> 1] >> sh, pt, af[j][1], af[j][3]);
         }
+      }
+      if (a.nv > 0) {  // rare: a row of the tile has a verbatim block in this half
+        const uint32_t kb = b_first + static_cast<uint32_t>(q) * (COLS / PAL_BLOCK) + 2 * h;
+        pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
+      }
+      // x[nt*8+g] at 8 of the lane's columns (bf16 pairs): the B registers of mma 2jp, 2jp + 1,
+      // loaded just before them (L1 hits mostly), so at most 4 NT registers hold x.
+UW_UNROLL()
+      for (int jp = 0; jp < 2; ++jp) {
+        uint32_t xb[NT][4];
+UW_UNROLL()
+        for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp[nt] + off + 8 * jp, xb[nt]);
+UW_UNROLL()
+        for (int j = 2 * jp; j < 2 * jp + 2; ++j)
+UW_UNROLL()
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint32_t b[2] = {xb[nt][2 * (j & 1)], xb[nt][2 * (j & 1) + 1]};
+            c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
+          }
+      }
     }
   }
 }
 
-template <int NT, bool kPaired, bool kStaged, bool kPrefetch, bool kBulk, class Ctx>
+template <int NT, bool kPaired, bool kStaged, bool kPrefetch, bool kBulk, int kProbe = plan::PGEMV_PROBE_NONE,
+          class Ctx>
 UW_HD void pgemv_mma_body(Ctx& c, const PgemvArgs& a) {
   constexpr int COLS = plan::PGEMV_MMA_COLS, HALF = COLS / 2, ROWS = plan::PGEMV_MMA_ROWS;
+  static_assert(kProbe == plan::PGEMV_PROBE_NONE || (!kStaged && !kPrefetch && !kBulk),
+                "the timing probes are of the register-direct variant");
   static_assert(ROWS == plan::PMMA_TILE_N, "a tile is the fused GEMM's (its verbatim cursors and patch)");
   // A launch that may start before the one ahead of it on the stream ends (programmatic
   // dependent launch, sm_90+) streams its planes and verbatim lists, which no launch writes,
@@ -538,12 +559,13 @@ UW_UNROLL()
     const uint64_t b_first = static_cast<uint64_t>(s0) * (COLS / PAL_BLOCK);
     const uint64_t b_end = (s1 * COLS < a.K ? static_cast<uint64_t>(s1 * COLS) : static_cast<uint64_t>(a.K)) / PAL_BLOCK;
     uint32_t cur = 0, rel = 0xFFFFFFFFu;
-    if (a.nv > 0) pmma_tile_cursors(c, a, row0, bpr, b_first, b_end, rowbase, cur, rel);
+    if (kProbe != plan::PGEMV_PROBE_STREAM && a.nv > 0)
+      pmma_tile_cursors(c, a, row0, bpr, b_first, b_end, rowbase, cur, rel);
 
     const PalTables pt = lane_tables(c, a.pt);  // (~16 moves per half step saved)
     auto compute = [&](int q, const uint32_t (&s)[2][2][4], const uint32_t (&n)[2][2][2]) {
-      pgemv_mma_step<NT, kPaired>(c, a, pt, xp, q, q_half, static_cast<uint32_t>(b_first), rowbase, bpr, cur, rel, s, n,
-                                  acc);
+      pgemv_mma_step<NT, kPaired, kProbe>(c, a, pt, xp, q, q_half, static_cast<uint32_t>(b_first), rowbase, bpr, cur,
+                                          rel, s, n, acc);
     };
     c.grid_dep_wait();  // (x, then y, are what an earlier launch may still be writing or reading)
     c.grid_dep_launch();

@@ -580,3 +580,71 @@ def test_queue_launcher_limits_without_a_gpu():
     if _cuda.device_count() == 0:  # valid arguments, no device: an error, never a crash
         with pytest.raises(RuntimeError):
             call()
+
+
+# --------------------------------------------------------------------------- timing probes
+def _probe(x, enc, parts, probe, planes=None, pal=None):
+    p = planes or enc.planes
+    return _cuda.emulate_palette_gemv_probe(x, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], pal or _pal(enc), p[C.SUFFIX_VPOS],
+                                            p[C.SUFFIX_VEXP], parts, probe)
+
+
+def _paired(enc):
+    """enc's planes and palette in the paired order the GPU loaders hold (ops.pair_index); None
+    for a palette no order pairs (the loaders decode it the general way, which no probe times)."""
+    from unweight import ops
+    if ops.palette_pairs(_pal(enc)):
+        return dict(enc.planes), _pal(enc)
+    got = ops.pair_index(_pal(enc), torch.from_numpy(enc.planes[C.SUFFIX_IDX]))
+    if got is None:
+        return None
+    pal, _, idx = got
+    return {**enc.planes, C.SUFFIX_IDX: idx.numpy()}, bytes(pal)
+
+
+@needs_ext
+def test_probe_constants_match_python():
+    for name in ("PGEMV_PROBE_NO_DECODE", "PGEMV_PROBE_STREAM"):
+        assert getattr(_cuda, name) == getattr(kp, name), name
+    assert set(kp.PGEMV_PROBES.values()) == {kp.PGEMV_PROBE_NO_DECODE, kp.PGEMV_PROBE_STREAM}
+
+
+@needs_ext
+def test_probes_run_the_mma_launch_inside_its_buffers():
+    """The GEMV timing probes (palette_gemv_probe: the register-direct tensor-core GEMV with the
+    decode, or everything but the loads, left out) run through the warp emulator, which fails a
+    read outside the planes, x or the verbatim lists, on odd shapes (tiles past N, half steps,
+    every parts) with verbatim blocks: the same loads as the kernel they time.  Their output is
+    not the product (the decode probe's differs from it) but is deterministic."""
+    ran = 0
+    for N, K in CASES + [(40, 1088)]:
+        enc = tc.encode(make_weights(N, K, seed=N + 5 * K), "palette")
+        if _paired(enc) is None:
+            continue
+        planes, pal = _paired(enc)
+        ran += 1
+        for M in (1, 8):
+            x = _x(M, K, seed=M + K)
+            want = _gemv(x, enc, 1, variant=MMA)
+            for parts in (1, 2, 8):
+                for probe in (kp.PGEMV_PROBE_NO_DECODE, kp.PGEMV_PROBE_STREAM):
+                    got = _probe(x, enc, parts, probe, planes, pal)
+                    assert got.shape == (M, N)
+                    assert np.array_equal(got.view(np.int16), _probe(x, enc, parts, probe, planes, pal).view(np.int16))
+                    if probe == kp.PGEMV_PROBE_NO_DECODE and N * K >= 4096:
+                        assert not np.array_equal(got, want), (N, K, M, parts)
+    assert ran >= 4
+
+
+@needs_ext
+def test_probe_launcher_refuses_what_it_does_not_time():
+    enc = tc.encode(make_weights(16, 128, seed=3, spread=False), "palette")
+    planes, pal = _paired(enc)
+    x = _x(1, 128, seed=1)
+    with pytest.raises(RuntimeError, match="unknown GEMV probe"):
+        _probe(x, enc, 1, 7, planes, pal)
+    with pytest.raises(RuntimeError, match="1..8 rows"):
+        _probe(_x(9, 128, seed=1), enc, 1, kp.PGEMV_PROBE_STREAM, planes, pal)
+    unpaired = bytes([0x70, 0x71, 0x72, 0x73, 0x74, 0x75, 0x76, 0x77, 0x79, 0x7A])  # k=0 (even) beside k=8 (odd)
+    with pytest.raises(RuntimeError, match="paired palette"):
+        _probe(x, enc, 1, kp.PGEMV_PROBE_STREAM, planes, unpaired)

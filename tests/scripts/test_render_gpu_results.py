@@ -105,3 +105,16 @@ def test_profile_section_lists_the_per_instruction_counters_where_kept():
     lines = [ln for ln in r.profile_table({"raw": {"profile": {"kernels": kernels}}}) if ln.startswith("- ")]
     assert lines == ["- gemv, per instruction (ncu's source page): 1,000 warp instructions executed (PRMT 50%, "
                      "LOP3 30%); most warp-state samples at `HMMA.16816.F32.BF16` at 0x10 75%."]
+
+
+def test_probe_table_gives_each_probe_as_a_share_of_the_full_gemv():
+    """bench_kernels.py's probe rows -> one line per shape and batch: the full kernel's time, its
+    verbatim blocks, and each probe's share of the time ("error" for a refused probe)."""
+    r = _renderer()
+    probe = {"full_ms": 0.0334, "parts": 2, "verbatim_blocks": 1500,
+             "no_verbatim": {"median_ms": 0.030, "share_of_full": 0.898}, "no_decode": {"error": "RuntimeError: x"},
+             "stream": {"median_ms": 0.020, "share_of_full": 0.599}}
+    lines = r.probe_table({"raw": {"kernels": {"rows": [{"N": 14336, "K": 4096, "M": 1,
+                                                         "palette_gemv_mma_tiled_probe": probe}]}}})
+    assert "| 14336 x 4096 | 1 | 33.4 | 1500 | 0.90 | error | 0.60 |" in lines
+    assert r.probe_table({"raw": {"kernels": {"rows": [{"N": 1, "K": 64, "M": 1}]}}}) == []

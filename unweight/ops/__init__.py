@@ -8,6 +8,7 @@ tracing, CUDA-graph capture) and a CPU implementation where one exists.
     decode.py     decode_huffman, decode_palette, decode_palette_slots       (out-variant)
     gather.py     gather_rows_huffman, gather_rows_palette                   (embedding lookups)
     matmul.py     palette_matmul, palette_gemv, palette_gemv_slots           (fused decode + GEMM / GEMV)
+                  palette_gemv_probe (a plain function: the GEMV with a stage left out, for timing)
     layout.py     tile_palette_planes, untile_palette_planes, paired_palette,
                   remap_index, pair_index, stored_index                      (the planes' device order)
     transcode.py  build_lut, exp_histogram, palette_encode, palette_verbatim,
@@ -23,7 +24,7 @@ from .decode import decode_huffman, decode_palette, decode_palette_slots
 from .gather import gather_rows_huffman, gather_rows_palette
 from .layout import (inverse_nibble_map, pair_index, palette_pairs, paired_palette, remap_index, stored_index,
                      tile_palette_planes, untile_palette_planes)
-from .matmul import (palette_counters_elems, palette_gemv, palette_gemv_parts, palette_gemv_queue,
+from .matmul import (palette_counters_elems, palette_gemv, palette_gemv_parts, palette_gemv_probe, palette_gemv_queue,
                      palette_gemv_queue_counters, palette_gemv_queue_units, palette_gemv_queue_workspace,
                      palette_gemv_queue_workspace_max, palette_gemv_slots, palette_gemv_supported, palette_matmul,
                      palette_splits, palette_supported, palette_workspace_elems, palette_workspace_max,
@@ -36,7 +37,7 @@ __all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_pal
            "gather_rows_huffman", "gather_rows_palette", "palette_matmul", "palette_splits", "palette_supported",
            "palette_gemv", "palette_gemv_parts", "palette_gemv_slots", "palette_gemv_supported", "palette_gemv_queue",
            "palette_gemv_queue_units", "palette_gemv_queue_workspace", "palette_gemv_queue_workspace_max",
-           "palette_gemv_queue_counters", "programmatic_launch",
+           "palette_gemv_queue_counters", "palette_gemv_probe", "programmatic_launch",
            "palette_workspace_elems", "palette_workspace_max", "palette_counters_elems", "build_lut", "exp_histogram", "palette_encode",
            "palette_verbatim", "transcode_to_palette", "tile_palette_planes", "untile_palette_planes", "palette_pairs", "paired_palette",
            "remap_index", "inverse_nibble_map", "pair_index", "stored_index", "prefetch_l2", "run"]

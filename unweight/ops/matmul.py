@@ -244,6 +244,29 @@ def _palette_gemv_cuda(x, sm, idx, vpos, vexp, rows, cols, palette, parts, varia
     return y
 
 
+def palette_gemv_probe(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, rows: int, cols: int,
+                       palette: List[int], parts: int, probe: str, tiled: bool = False) -> Tensor:
+    """A timing probe of the register-direct tensor-core GEMV (palette_gemv's "mma" variant):
+    its launch with one stage left out, for a breakdown of the kernel's time; the result is not
+    the product.  probe: "no_decode" (the loaded words go to the tensor cores undecoded) or
+    "stream" (the loads alone).  x bf16 [M, cols] with M <= 8, the planes as palette_gemv takes
+    them with a paired palette (ops.paired_palette), on one CUDA device.  Returns bf16 [M, rows]."""
+    if probe not in plan.PGEMV_PROBES:
+        raise ValueError(f"palette_gemv_probe: probe must be one of {sorted(plan.PGEMV_PROBES)}, got {probe!r}")
+    if x.device.type != "cuda":
+        raise ValueError("palette_gemv_probe runs on a CUDA device only (a timing probe)")
+    x = _cuda_x("palette_gemv_probe", x, cols,
+                lambda M, K: M <= 8 and palette_gemv_supported(M, K, plan.PGEMV_VARIANT_MMA), 8, (sm, idx, vpos, vexp))
+    M = x.size(0)
+    y = torch.empty((M, rows), dtype=torch.bfloat16, device=x.device)
+    with torch.cuda.device_of(x):
+        _ext.cuda_module().palette_gemv_probe(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
+                                              bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), parts,
+                                              _ext.ptr(y), y.stride(0), _ext.stream(x), plan.PGEMV_PROBES[probe],
+                                              int(tiled))
+    return y
+
+
 def programmatic_launch(on: bool | None = None) -> bool:
     """Programmatic dependent launch of the tensor-core GEMV kernels (palette_gemv's MMA
     variants and palette_gemv_queue, on sm_90+ GPUs).  On, a launch may start while the launch

@@ -163,6 +163,13 @@ PGEMV_MMA_QUEUE_MAX_UNITS = 64
 PGEMV_QUEUE_HEAD = 0
 PGEMV_QUEUE_DONE = 1
 PGEMV_QUEUE_TILES = 2
+# Timing probes of the register-direct tensor-core GEMV (ops.palette_gemv_probe; benchmarks
+# only, their y is not the product): NO_DECODE leaves the palette decode out, STREAM keeps only
+# the loads.
+PGEMV_PROBE_NONE = 0
+PGEMV_PROBE_NO_DECODE = 1
+PGEMV_PROBE_STREAM = 2
+PGEMV_PROBES = {"no_decode": PGEMV_PROBE_NO_DECODE, "stream": PGEMV_PROBE_STREAM}
 PGEMV_VARIANTS = {"std": PGEMV_VARIANT_STD, "deep": PGEMV_VARIANT_DEEP, "staged": PGEMV_VARIANT_STAGED,
                   "mma": PGEMV_VARIANT_MMA, "mma_staged": PGEMV_VARIANT_MMA_STAGED,
                   "mma_prefetch": PGEMV_VARIANT_MMA_PREFETCH, "mma_bulk": PGEMV_VARIANT_MMA_BULK}
