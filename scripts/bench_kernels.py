@@ -59,6 +59,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
     scratch.reserve(dev, N * K)
     baseline = DispatchPolicy(None)
     tiled = []  # tile-major copies of the palette weights, made at the first batch that times them
+    split = []  # their planes in the split layout (ops.split_palette_planes), where the palette allows
     writer = []  # the same in the writer's palette order (WRITER_ORDER_BATCHES)
     rows = []
     for M in batches:
@@ -125,6 +126,8 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                             _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r)
                         if M in PROBE_BATCHES and "gemv:probe" not in skip:
                             _time_probes(torch, tiled, x, runs, r, log)
+                        if M in SPLIT_BATCHES and "gemv:mma_split" not in skip:
+                            _time_split(torch, tiled, split, x, t_cublas, runs, r)
                 if e == "palette" and M == 1 and budget.left() > 30:
                     r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas,
                                                             wide="gemm:wide" not in skip)
@@ -138,7 +141,8 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
         log(f"kernels {name} M={M}: cuBLAS {t_cublas * 1e3:.1f} us; " + "; ".join(
             f"{e} fused {_ratio(r.get(e + '_fused'))}, decode+cuBLAS {_ratio(r.get(e + '_decode_cublas'))}"
             for e in copies) + "".join(f"; {key.replace('_', ' ')} {_ratio(r[key])}"
-                                       for key, *_ in LAYOUTS + TILED + WRITER_ROW + PDL_KEYS if key in r))
+                                       for key, *_ in LAYOUTS + TILED + WRITER_ROW + PDL_KEYS + SPLIT_ROW
+                                       if key in r))
     del dense, copies
     bu.empty_cache(torch)
     return rows
@@ -252,6 +256,57 @@ def _time_probes(torch, tiled, x, runs, r, log) -> None:
     log(f"kernels {w0.rows}x{w0.cols} M={x.size(0)}: tensor-core GEMV {base['median_ms'] * 1e3:.1f} us; "
         "as a share of it: " + ", ".join(f"{k} {out[k]['share_of_full']:.2f}" if "share_of_full" in out[k] else f"{k} error"
                     for k in calls))
+
+
+# Batches at which the tensor-core GEMV is timed on the split layout (ops.split_palette_planes,
+# kernel_plan.PGEMV_VARIANT_MMA_SPLIT: 6 decode operations per 4 weights where the stored layout
+# takes 8) beside the same kernel on the tile-major planes; both tile-major.  Row
+# "palette_gemv_mma_split_tiled": its time, time_vs_mma (against "palette_gemv_mma_tiled") and
+# whether it gave that kernel's bits.  The benchmark's N(0, 0.02) palettes, 16 exponents from
+# 108, fall in 8 halves; a palette that does not gets no row.
+SPLIT_BATCHES = (1, 16)
+SPLIT_ROW = (("palette_gemv_mma_split_tiled",),)
+
+
+def _split_copies(tiled) -> list:
+    """(lo, codes, weight) per tile-major copy whose palette the split layout takes."""
+    from unweight import ops
+    return [(*ops.split_palette_planes(q.sm, q.idx, q.palette), q) for q in tiled
+            if ops.split_halves(q.palette) is not None]
+
+
+def _time_split(torch, tiled, split, x, t_cublas, runs, r) -> None:
+    """Times the GEMV on the split copies (made into `split` at the first call) into
+    r["palette_gemv_mma_split_tiled"]."""
+    from unweight import ops
+    from unweight.runtime import kernel_plan as kp
+    base = r.get("palette_gemv_mma_tiled", {})
+    if "median_ms" not in base or not hasattr(kp, "PGEMV_VARIANT_MMA_SPLIT"):
+        return
+    try:
+        split[:] = split or _split_copies(tiled)
+    except Exception as ex:  # noqa: BLE001 - a failing transform is a finding
+        r["palette_gemv_mma_split_tiled"] = {"error": f"split_palette_planes: {type(ex).__name__}: {ex}"}
+        return
+    if not split:
+        return
+    v = kp.PGEMV_VARIANT_MMA_SPLIT
+    q0 = tiled[0]
+    parts = ops.palette_gemv_parts(q0.rows, q0.cols, x.device, v)
+
+    def call(lo, codes, q, variant=v):
+        return torch.ops.unweight.palette_gemv(x, lo, codes, q.vpos, q.vexp, q.rows, q.cols, q.palette, parts, variant,
+                                               True)
+    try:
+        lo, codes, q = split[0]
+        want = call(q.sm, q.idx, q, kp.PGEMV_VARIANT_MMA).view(torch.int16)
+        same = bool(torch.equal(call(lo, codes, q).view(torch.int16), want))
+        t = bu.graph_time(torch, [lambda c=c: call(*c) for c in split], runs=runs)
+    except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
+        r["palette_gemv_mma_split_tiled"] = {"error": f"{type(ex).__name__}: {ex}"}
+        return
+    r["palette_gemv_mma_split_tiled"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "same_bits_as_mma": same,
+                                         "time_vs_mma": t["median_ms"] / base["median_ms"]}
 
 
 def _time_tiled(torch, h, ws, tiled, x, err, t_cublas, runs, r, key, path, ref) -> None:

@@ -1152,6 +1152,20 @@ def _verbatim_heavy(np, cols, seed):
             | rng.integers(0, 128, (257, cols))).astype(np.uint16)
 
 
+def _eight_halves(np, N, K, seed):
+    """Weights [N, K] whose palette falls in 8 exponent halves (16 exponents from an even one:
+    the split layout applies) with both signs; from 4096 weights on, also verbatim blocks and
+    zeros, each too rare to displace a palette entry."""
+    rng = np.random.default_rng(seed)
+    e = rng.integers(112, 128, (N, K))
+    rare = N * K >= 4096
+    far = (rng.random((N, K)) < 0.003) & rare
+    e[far] = rng.integers(1, 100, int(far.sum()))
+    w = ((rng.integers(0, 2, (N, K)) << 15) | (e << 7) | rng.integers(0, 128, (N, K))).astype(np.uint16)
+    w[(rng.random((N, K)) < 0.01) & rare] = 0
+    return w
+
+
 # Kernel variants that are not the runtime's default (kernel_plan.HUFF_VARIANTS / PAL_VARIANTS,
 # tuning_table.PALETTE_GEMM_WIDE / PALETTE_GEMM_XS / PALETTE_GEMM_WG / PALETTE_GEMV).  They are
 # checked after the defaults, one group per variant (run_groups): a variant that faults on its
@@ -1171,7 +1185,8 @@ def _verbatim_heavy(np, cols, seed):
 VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv:mma_queue", "gemv:pdl", "gemm:wg", "gemv", "gemm:xs",
                 "gemv:mma_staged",
                 "gemv:staged", "gemm:wide",
-                "gemv:deep", "gemv:mma_prefetch", "huffman:ring_wide", "huffman:ring_max", "huffman:ahead",
+                "gemv:deep", "gemv:mma_prefetch", "gemv:mma_split", "huffman:ring_wide", "huffman:ring_max",
+                "huffman:ahead",
                 "huffman:chain", "huffman:ahead2",
                 "huffman:scalar",
                 "palette:vec8")
@@ -1355,6 +1370,49 @@ def group_variant(rec, device, tag):
         if not bitwise:
             rec.check(f"fused palette {what} on verbatim-heavy weights: {held}", same_bits,
                       _verbatim_heavy(np, 512, 6))
+    elif tag == "gemv:mma_split":
+        from unweight import _cuda, ops
+
+        def split_case(w, tiled):
+            """The tensor-core GEMV on split planes (ops.split_palette_planes) gives the
+            register-direct kernel's bits on the stored planes at batch 1..32 and every parts,
+            file order or tile-major; without a GPU, both through the warp emulator."""
+            N, K = w.shape
+            enc = tc.encode(w, "palette")
+            pal = list(enc.header.palette[: enc.header.pal_size])
+            sm, idx = (torch.from_numpy(enc.planes[k]) for k in (C.SUFFIX_SM, C.SUFFIX_IDX))
+            if tiled:
+                sm, idx = ops.tile_palette_planes(sm, idx)
+            lo, codes = ops.split_palette_planes(sm, idx, pal)
+            vpos, vexp = enc.planes[C.SUFFIX_VPOS], enc.planes[C.SUFFIX_VEXP]
+            xs = h.make_weights(32, K, seed=N + 5, spread=False)
+            if device == "cuda":
+                dv = [torch.from_numpy(vpos).to(device), torch.from_numpy(vexp).to(device)]
+                held = {"split": (lo.to(device), codes.to(device)), "stored": (sm.to(device), idx.to(device))}
+
+                def run(which, v, M, parts):
+                    x = h.bf16_tensor(xs[:M], device)
+                    return torch.ops.unweight.palette_gemv(x, *held[which], *dv, N, K, pal, parts, v,
+                                                           tiled).view(torch.int16).cpu().numpy()
+            else:
+                held = {"split": (lo.numpy(), codes.numpy()), "stored": (sm.numpy(), idx.numpy())}
+
+                def run(which, v, M, parts):
+                    return _cuda.emulate_palette_gemv(np.ascontiguousarray(xs[:M]), *held[which], bytes(pal), vpos,
+                                                      vexp, parts, False, v, int(tiled))
+            r = {}
+            for M in (1, 8, 9, 32):
+                for parts in (1, 2, 8):
+                    r[f"M={M} parts={parts}"] = bool(np.array_equal(run("split", kp.PGEMV_VARIANT_MMA_SPLIT, M, parts),
+                                                                    run("stored", kp.PGEMV_VARIANT_MMA, M, parts)))
+            r["passed"] = all(r.values())
+            return r
+        for N, K in ((1, 64), (33, 256), (63, 192), (40, 1088)) + (((1024, 4096), (4096, 14336))
+                                                                    if device == "cuda" else ()):
+            rec.check(f"palette GEMV mma split {N}x{K}: mma's bits", split_case, _eight_halves(np, N, K, N + K), False)
+        for N, K in ((48, 1088),) + (((4096, 4096),) if device == "cuda" else ()):
+            rec.check(f"palette GEMV mma split {N}x{K} tile-major: mma's bits", split_case,
+                      _eight_halves(np, N, K, N + 3 * K), True)
     elif (tag in ("gemv", "gemv:mma", "gemv:mma_queue", "gemv:pdl") or tag in GEMV_VARIANTS) \
             and "palette" not in h.fused_paths():
         rec.check(f"palette GEMV ({tag})", lambda: {"skipped": True, "why": "no fused palette kernel"})
@@ -3192,6 +3250,8 @@ def _bench_errors(name, res) -> list:
         for r in res.get("rows", []):
             if "error" in r:
                 out.append(f"{r['shape']}: {r['error']}")
+            if (r.get("palette_gemv_mma_split_tiled") or {}).get("same_bits_as_mma") is False:
+                out.append(f"{r['shape']} M={r.get('M')} palette_gemv_mma_split_tiled: not the tensor-core GEMV's bits")
             for k, v in r.items():
                 if k.endswith("_fused") and isinstance(v, dict):
                     if "error" in v:

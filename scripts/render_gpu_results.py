@@ -278,6 +278,7 @@ TILED_ROWS = (("palette_tiled_decode_cublas", "palette decode + cuBLAS, tile-maj
               ("palette_gemv_mma_staged_tiled", "palette GEMV, tensor cores, staged, tile-major (batch 1-32)"),
               ("palette_gemv_mma_bulk_tiled", "palette GEMV, tensor cores, bulk copies, tile-major (batch 1-32)"),
               ("palette_gemv_mma_queue_tiled", "palette GEMV, tensor cores, queued units, tile-major (batch 1-32)"),
+              ("palette_gemv_mma_split_tiled", "palette GEMV, tensor cores, split layout, tile-major"),
               ("palette_gemv_mma_tiled_pdl", "palette GEMV, tensor cores, tile-major, programmatic launch"),
               ("palette_gemv_mma_queue_tiled_pdl", "palette GEMV, tensor cores, queued units, tile-major, "
                                                    "programmatic launch"))

@@ -275,6 +275,17 @@ constexpr int PGEMV_MMA_QUEUE_MAX_UNITS = 64;
 constexpr int PGEMV_QUEUE_HEAD = 0;
 constexpr int PGEMV_QUEUE_DONE = 1;
 constexpr int PGEMV_QUEUE_TILES = 2;
+// The register-direct tensor-core variant on planes held in the split layout (dispatch path
+// palette_gemv_mma_split; ops.split_palette_planes): each weight's sign+mantissa byte replaced
+// by its BF16 low byte (exponent bit 0, then the mantissa) and its index nibble by a code
+// q = c << 1 | sign, c the rank of the exponent's upper seven bits (e >> 1) among the
+// palette's, so a paired byte lookup of q gives the BF16 high byte and two byte interleaves
+// finish the pair: 6 operations per 4 weights where the stored layout's decode takes 8
+// (pal_regs.cuh pal_decode4_split).  The palette's exponents must fall in at most
+// PAL_SPLIT_HALVES values of e >> 1.  The same values in the same order as
+// PGEMV_VARIANT_MMA: its bits.
+constexpr int PGEMV_VARIANT_MMA_SPLIT = 9;
+constexpr int PAL_SPLIT_HALVES = 8;
 // Timing probes of the register-direct tensor-core GEMV at batch 1..8 (palette_gemv_probe; for
 // the benchmarks, never a dispatch path: their y is not the product).  NO_DECODE hands the
 // sign+mantissa words to the tensor cores as loaded (the index words folded in, so their loads
@@ -573,7 +584,7 @@ UW_PLAN_HD int64_t pgemv_mma_queue_counters(int64_t N) { return PGEMV_QUEUE_TILE
 // most batch rows, the warps per row or tile, and the grid.
 UW_PLAN_HD constexpr bool pgemv_is_mma(int variant) {
   return variant == PGEMV_VARIANT_MMA || variant == PGEMV_VARIANT_MMA_STAGED || variant == PGEMV_VARIANT_MMA_PREFETCH ||
-         variant == PGEMV_VARIANT_MMA_BULK || variant == PGEMV_VARIANT_MMA_QUEUE;
+         variant == PGEMV_VARIANT_MMA_BULK || variant == PGEMV_VARIANT_MMA_QUEUE || variant == PGEMV_VARIANT_MMA_SPLIT;
 }
 UW_PLAN_HD int pgemv_max_m(int variant) { return pgemv_is_mma(variant) ? PGEMV_MMA_MAX_M : PGEMV_MAX_M; }
 UW_PLAN_HD int pgemv_variant_parts(int64_t N, int64_t K, int64_t num_sms, int variant) {

@@ -42,6 +42,32 @@ inline bool pal_tables(const Palette& pal, PalTables& a) {
   return paired;
 }
 
+// The split layout's tables (plan::PGEMV_VARIANT_MMA_SPLIT): entry q = c << 1 | sign is the BF16
+// high byte sign << 7 | h[c], h the palette's distinct exponent halves e >> 1 in ascending order
+// (codes c past them take h[0]).  Entries k and k + 8 differ only in c's top bit, so they share
+// bit 7 (the sign) and the paired lookup always applies.  Returns false when the palette has
+// more than PAL_SPLIT_HALVES halves.
+inline bool pal_split_tables(const Palette& pal, PalTables& a) {
+  uint32_t h[plan::PAL_SPLIT_HALVES];
+  int nh = 0;
+  for (uint32_t v = 0; v < 128; ++v) {  // ascending halves
+    bool used = false;
+    for (int i = 0; i < pal.size; ++i) used |= ((pal.w[i / 4] >> (8 * (i % 4))) & 0xFFu) >> 1 == v;
+    if (!used) continue;
+    if (nh == plan::PAL_SPLIT_HALVES) return false;
+    h[nh++] = v;
+  }
+  if (nh == 0) return false;
+  uint32_t t[16];
+  for (int q = 0; q < 16; ++q) t[q] = (static_cast<uint32_t>(q & 1) << 7) | h[(q >> 1) < nh ? q >> 1 : 0];
+  for (int w = 0; w < 4; ++w) a.tab[w] = t[4 * w] | t[4 * w + 1] << 8 | t[4 * w + 2] << 16 | t[4 * w + 3] << 24;
+  for (int w = 0; w < 2; ++w) {
+    a.dtab[w] = 0;
+    for (int i = 0; i < 4; ++i) a.dtab[w] |= (t[4 * w + i] ^ t[4 * w + i + 8]) << (8 * i);
+  }
+  return true;
+}
+
 // The tables as per-lane registers.  Kernel parameters are uniform values, and a prmt takes at
 // most one operand from the uniform side: with both table words of a lookup uniform, the
 // compiler moves one into a register before every lookup (~1 move per 3 prmt in the palette
@@ -90,6 +116,16 @@ UW_HD void pal_decode4(uint32_t s, uint32_t sel, const PalTables& a, uint32_t& l
   const uint32_t h = emu::bitsel(s, hb, 0x7F7F7F7Fu);  // s & 0x80808080 | hb & 0x7F7F7F7F
   lo = emu::prmt(z, h, 0x5140u);
   hi = emu::prmt(z, h, 0x7362u);
+}
+
+// Four weights of the split layout -> two A registers: s, their BF16 low bytes (weight j in
+// byte j); sel, their codes (weight j in bits 4j..4j+3).  The high bytes come from the paired
+// lookup of pal_split_tables (an index >= 8 makes the first prmt replicate a zero msb, as in
+// pal_decode4), then the two interleaves: 6 operations per 4 weights.
+UW_HD void pal_decode4_split(uint32_t s, uint32_t sel, const PalTables& a, uint32_t& lo, uint32_t& hi) {
+  const uint32_t h = emu::prmt(a.dtab[0], a.dtab[1], sel) ^ emu::prmt(a.tab[2], a.tab[3], sel & 0x7777u);
+  lo = emu::prmt(s, h, 0x5140u);
+  hi = emu::prmt(s, h, 0x7362u);
 }
 
 }  // namespace detail

@@ -38,6 +38,7 @@ struct PgemvVariant {
   static constexpr bool kPrefetch = V == plan::PGEMV_VARIANT_MMA_PREFETCH;
   static constexpr bool kBulk = V == plan::PGEMV_VARIANT_MMA_BULK;
   static constexpr bool kQueue = V == plan::PGEMV_VARIANT_MMA_QUEUE;
+  static constexpr bool kSplit = V == plan::PGEMV_VARIANT_MMA_SPLIT;
   static constexpr int kUnroll = V == plan::PGEMV_VARIANT_DEEP ? plan::PGEMV_DEEP_UNROLL : kStaged ? 1 : plan::PGEMV_UNROLL;
   static constexpr int kSmem = kMma ? (kStaged ? plan::PGEMV_MMA_STAGED_SMEM_BYTES
                                       : kBulk  ? plan::PGEMV_MMA_BULK_SMEM_BYTES
@@ -46,6 +47,7 @@ struct PgemvVariant {
                                     : kStaged ? plan::PGEMV_STAGED_SMEM_BYTES : plan::PGEMV_SMEM_BYTES;
   static_assert(kUnroll >= 1, "steps per batch of loads");  // (also what keeps kUnroll referenced for MMA)
   static_assert(!kPrefetch || (kMma && !kStaged), "the L2 prefetch feeds the register-direct tensor-core GEMV");
+  static_assert(!kSplit || (kMma && !kStaged && !kBulk), "the split layout feeds the register-direct tensor-core GEMV");
 };
 
 // MB: batch rows the registers hold (the tensor-core variant: 8 per n-tile).
@@ -53,6 +55,8 @@ template <int MB, bool kPaired, int V, class Ctx>
 UW_HD void pgemv_variant_body(Ctx& c, const PgemvArgs& a) {
   if constexpr (PgemvVariant<V>::kQueue)
     pgemv_mma_queue_body<MB / 8, kPaired>(c, a);
+  else if constexpr (PgemvVariant<V>::kSplit)
+    pgemv_mma_body<MB / 8, true, false, false, false, plan::PGEMV_PROBE_NONE, true>(c, a);
   else if constexpr (PgemvVariant<V>::kMma)
     pgemv_mma_body<MB / 8, kPaired, PgemvVariant<V>::kStaged, PgemvVariant<V>::kPrefetch, PgemvVariant<V>::kBulk>(
         c, a);
@@ -81,12 +85,13 @@ __global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_STAGED_CTAS_P
 }
 static_assert(plan::PGEMV_STAGED_SMEM_BYTES <= 48 * 1024, "the staged GEMV's rings need no shared-memory opt-in");
 
-template <int MB, bool kPaired>
+// V: PGEMV_VARIANT_MMA, or PGEMV_VARIANT_MMA_SPLIT (the same kernel on split planes).
+template <int MB, bool kPaired, int V = plan::PGEMV_VARIANT_MMA>
 __global__ void __launch_bounds__(plan::PGEMV_THREADS,
                                   MB > 16 ? plan::PGEMV_MMA4_CTAS_PER_SM : plan::PGEMV_MMA_CTAS_PER_SM)
     pgemv_mma_kernel(PgemvArgs a) {
   emu::DeviceCtx c;
-  pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA>(c, a);
+  pgemv_variant_body<MB, kPaired, V>(c, a);
 }
 
 template <int MB, bool kPaired>
@@ -143,6 +148,7 @@ constexpr auto pgemv_kernel_of() {
   else if constexpr (V == plan::PGEMV_VARIANT_MMA_PREFETCH) return &pgemv_mma_prefetch_kernel<MB, kPaired>;
   else if constexpr (V == plan::PGEMV_VARIANT_MMA_BULK) return &pgemv_mma_bulk_kernel<MB, kPaired>;
   else if constexpr (V == plan::PGEMV_VARIANT_MMA_QUEUE) return &pgemv_mma_queue_kernel<MB, kPaired>;
+  else if constexpr (V == plan::PGEMV_VARIANT_MMA_SPLIT) return &pgemv_mma_kernel<MB, kPaired, V>;
   else if constexpr (V == plan::PGEMV_VARIANT_DEEP) return &pgemv_deep_kernel<MB, kPaired>;
   else if constexpr (V == plan::PGEMV_VARIANT_STAGED) return &pgemv_staged_kernel<MB, kPaired>;
   else return &pgemv_kernel<MB, kPaired>;
@@ -196,7 +202,7 @@ template <class F>
 void with_variant(int M, bool paired, int variant, F&& f) {
   using plan::PGEMV_VARIANT_DEEP, plan::PGEMV_VARIANT_STAGED, plan::PGEMV_VARIANT_STD, plan::PGEMV_VARIANT_MMA,
       plan::PGEMV_VARIANT_MMA_STAGED, plan::PGEMV_VARIANT_MMA_PREFETCH, plan::PGEMV_VARIANT_MMA_BULK,
-      plan::PGEMV_VARIANT_MMA_QUEUE;
+      plan::PGEMV_VARIANT_MMA_QUEUE, plan::PGEMV_VARIANT_MMA_SPLIT;
   auto go = [&](auto mb, auto v) {
     if (paired) f(mb, std::true_type{}, v); else f(mb, std::false_type{}, v);
   };
@@ -220,6 +226,11 @@ void with_variant(int M, bool paired, int variant, F&& f) {
     go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_BULK>{});
   } else if (variant == PGEMV_VARIANT_MMA_QUEUE) {
     go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_QUEUE>{});
+  } else if (variant == PGEMV_VARIANT_MMA_SPLIT) {  // (its decode is always the paired lookup)
+    const auto v = std::integral_constant<int, PGEMV_VARIANT_MMA_SPLIT>{};
+    if (M <= 8) f(std::integral_constant<int, 8>{}, std::true_type{}, v);
+    else if (M <= 16) f(std::integral_constant<int, 16>{}, std::true_type{}, v);
+    else f(std::integral_constant<int, 32>{}, std::true_type{}, v);
   } else if (variant == PGEMV_VARIANT_DEEP) {
     go_m(std::integral_constant<int, PGEMV_VARIANT_DEEP>{});
   } else if (variant == PGEMV_VARIANT_STAGED) {
@@ -241,6 +252,18 @@ PgemvArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, co
   a.lparts = plan::pgemv_log2_parts(parts);
   a.y = y; a.ldy = ldy;
   return a;
+}
+
+// A GEMV's palette tables: the split layout's for PGEMV_VARIANT_MMA_SPLIT (which must have them),
+// else the stored layout's, paired unless it cannot be or force_general.
+const char* gemv_tables(const Palette& pal, int variant, bool force_general, PgemvArgs* a, bool* paired) {
+  if (variant == plan::PGEMV_VARIANT_MMA_SPLIT) {
+    *paired = true;
+    return pal_split_tables(pal, a->pt) ? nullptr
+                                        : "the split palette layout needs at most 8 exponent halves (e >> 1)";
+  }
+  *paired = pal_tables(pal, a->pt) && !force_general;
+  return nullptr;
 }
 
 // Checks a queued GEMV and fills its arguments; nullptr or the error.
@@ -399,7 +422,8 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   if (variant == plan::PGEMV_VARIANT_MMA_BULK && !device_sm90())
     return "the bulk-copy tensor-core palette_gemv needs an sm_90 GPU (cp.async.bulk)";
   PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy, tiled);
-  const bool paired = pal_tables(pal, a.pt);
+  bool paired = false;
+  if (const char* e = gemv_tables(pal, variant, false, &a, &paired)) return e;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   with_variant(M, paired, variant, [&](auto mb, auto p, auto v) {
     launch_pgemv<decltype(mb)::value, decltype(p)::value, decltype(v)::value>(
@@ -449,7 +473,8 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   if (!resolve_pgemv_variant(&variant)) return "unknown palette GEMV variant";
   if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, variant, tiled)) return e;
   PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy, tiled);
-  const bool paired = pal_tables(pal, a.pt) && !force_general;
+  bool paired = false;
+  if (const char* e = gemv_tables(pal, variant, force_general != 0, &a, &paired)) return e;
   const char* err = nullptr;
   with_variant(M, paired, variant, [&](auto mb, auto p, auto v) {
     constexpr int V = decltype(v)::value;

@@ -318,7 +318,9 @@ UW_UNROLL()
 // kProbe (plan::PGEMV_PROBE_*, palette_gemv_probe): NO_DECODE puts the loaded words in the A
 // registers as they are (the index words XORed into half of them, so their loads stay live);
 // STREAM folds the loaded words into acc's bits and does nothing else.  Neither is the product.
-template <int NT, bool kPaired, int kProbe = plan::PGEMV_PROBE_NONE, class Ctx>
+// kSplit: the planes are in the split layout (plan::PGEMV_VARIANT_MMA_SPLIT; pt from
+// pal_split_tables), decoded by pal_decode4_split into the same A registers.
+template <int NT, bool kPaired, int kProbe = plan::PGEMV_PROBE_NONE, bool kSplit = false, class Ctx>
 UW_HD void pgemv_mma_step(Ctx& c, const PgemvArgs& a, const PalTables& pt, const uint16_t* const (&xp)[NT], int q,
                           int q_half, uint32_t b_first, uint64_t rowbase, uint64_t bpr, uint32_t& cur, uint32_t& rel,
                           const uint32_t (&s)[2][2][4], const uint32_t (&n)[2][2][2], float (&acc)[NT][4]) {
@@ -342,6 +344,10 @@ UW_UNROLL()
           af[j][1] = s[1][h][j];
           af[j][2] = s[0][h][j] ^ nn;
           af[j][3] = s[1][h][j] ^ nn;
+        } else if constexpr (kSplit) {
+          const int sh = 16 * (j & 1);
+          pal_decode4_split(s[0][h][j], n[0][h][j >> 1] >> sh, pt, af[j][0], af[j][2]);
+          pal_decode4_split(s[1][h][j], n[1][h][j >> 1] >> sh, pt, af[j][1], af[j][3]);
         } else {
           const int sh = 16 * (j & 1);
           pal_decode4<kPaired>(s[0][h][j], n[0][h][j >> 1] >> sh, pt, af[j][0], af[j][2]);
@@ -372,7 +378,7 @@ UW_UNROLL()
 }
 
 template <int NT, bool kPaired, bool kStaged, bool kPrefetch, bool kBulk, int kProbe = plan::PGEMV_PROBE_NONE,
-          class Ctx>
+          bool kSplit = false, class Ctx>
 UW_HD void pgemv_mma_body(Ctx& c, const PgemvArgs& a) {
   constexpr int COLS = plan::PGEMV_MMA_COLS, HALF = COLS / 2, ROWS = plan::PGEMV_MMA_ROWS;
   static_assert(kProbe == plan::PGEMV_PROBE_NONE || (!kStaged && !kPrefetch && !kBulk),
@@ -564,8 +570,8 @@ UW_UNROLL()
 
     const PalTables pt = lane_tables(c, a.pt);  // (~16 moves per half step saved)
     auto compute = [&](int q, const uint32_t (&s)[2][2][4], const uint32_t (&n)[2][2][2]) {
-      pgemv_mma_step<NT, kPaired, kProbe>(c, a, pt, xp, q, q_half, static_cast<uint32_t>(b_first), rowbase, bpr, cur,
-                                          rel, s, n, acc);
+      pgemv_mma_step<NT, kPaired, kProbe, kSplit>(c, a, pt, xp, q, q_half, static_cast<uint32_t>(b_first), rowbase,
+                                                  bpr, cur, rel, s, n, acc);
     };
     c.grid_dep_wait();  // (x, then y, are what an earlier launch may still be writing or reading)
     c.grid_dep_launch();

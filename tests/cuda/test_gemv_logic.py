@@ -215,7 +215,7 @@ def test_launcher_rejects_bad_arguments_without_a_gpu():
     with pytest.raises(RuntimeError, match="parts"):
         call(parts=3)
     with pytest.raises(RuntimeError, match="variant"):
-        call(variant=9)
+        call(variant=10)
     with pytest.raises(RuntimeError, match="aligned"):
         call(idx=8)
     with pytest.raises(ValueError):  # null pointers are refused by the binding
@@ -648,3 +648,83 @@ def test_probe_launcher_refuses_what_it_does_not_time():
     unpaired = bytes([0x70, 0x71, 0x72, 0x73, 0x74, 0x75, 0x76, 0x77, 0x79, 0x7A])  # k=0 (even) beside k=8 (odd)
     with pytest.raises(RuntimeError, match="paired palette"):
         _probe(x, enc, 1, kp.PGEMV_PROBE_STREAM, planes, unpaired)
+
+
+# ------------------------------------------------------------------------------ split layout
+MMA_SPLIT = kp.PGEMV_VARIANT_MMA_SPLIT
+
+
+def _eight_halves(N, K, seed, verbatim=0.003):
+    """BF16 bits [N, K] whose palette falls in 8 exponent halves (16 exponents from an even one)
+    with both signs; from 4096 weights on, also verbatim blocks (exponents outside) and exact
+    zeros, each too rare to displace a palette entry."""
+    rng = np.random.default_rng(seed)
+    e = rng.integers(112, 128, (N, K))
+    rare = N * K >= 4096
+    far = (rng.random((N, K)) < verbatim) & rare
+    e[far] = rng.integers(1, 100, int(far.sum()))
+    bits = ((rng.integers(0, 2, (N, K)) << 15) | (e << 7) | rng.integers(0, 128, (N, K))).astype(np.uint16)
+    bits[(rng.random((N, K)) < 0.01) & rare] = 0
+    return bits
+
+
+def _split_planes(enc):
+    from unweight import ops
+    lo, codes = ops.split_palette_planes(torch.from_numpy(enc.planes[C.SUFFIX_SM]),
+                                         torch.from_numpy(enc.planes[C.SUFFIX_IDX]), _pal(enc))
+    return {**enc.planes, C.SUFFIX_SM: lo.numpy(), C.SUFFIX_IDX: codes.numpy()}
+
+
+@needs_ext
+def test_split_constants_match_python():
+    for name in ("PGEMV_VARIANT_MMA_SPLIT", "PAL_SPLIT_HALVES"):
+        assert getattr(_cuda, name) == getattr(kp, name), name
+    assert kp.pgemv_is_mma(MMA_SPLIT) and MMA_SPLIT not in kp.PGEMV_VARIANTS.values()
+
+
+@needs_ext
+def test_split_layout_gives_the_mma_bits():
+    """The tensor-core GEMV on split planes (ops.split_palette_planes; pal_decode4_split: the
+    BF16 low bytes as held, the high bytes from a paired lookup of sign and exponent-half codes)
+    gives the register-direct variant's bits on the stored planes, on odd shapes (tiles past N,
+    half steps, parts ending in a half step), batch 1..32, every parts, with verbatim blocks,
+    zeros and both signs, in file and tile-major order."""
+    from unweight import ops
+    for N, K in CASES + [(40, 1088), (64, 256)]:
+        enc = tc.encode(_eight_halves(N, K, seed=N * 7 + K), "palette")
+        assert ops.split_halves(_pal(enc)) is not None and (enc.header.num_verbatim > 0 or N * K < 4096)
+        split = _split_planes(enc)
+        for M in (1, 9, 20):
+            x = _x(M, K, seed=M + 3 * K)
+            for parts in (1, 2, 8):
+                want = _gemv(x, enc, parts, variant=MMA)
+                got = _gemv(x, enc, parts, planes=split, variant=MMA_SPLIT)
+                assert np.array_equal(got, want), (N, K, M, parts)
+        if N % 16 == 0 and K % 64 == 0:
+            tiled = dict(split)
+            tiled[C.SUFFIX_SM], tiled[C.SUFFIX_IDX] = (t.numpy() for t in ops.tile_palette_planes(
+                torch.from_numpy(split[C.SUFFIX_SM]), torch.from_numpy(split[C.SUFFIX_IDX])))
+            x = _x(1, K, seed=K)
+            got = _cuda.emulate_palette_gemv(x, tiled[C.SUFFIX_SM], tiled[C.SUFFIX_IDX], _pal(enc), tiled[C.SUFFIX_VPOS],
+                                             tiled[C.SUFFIX_VEXP], 1, False, MMA_SPLIT, 1)
+            assert np.array_equal(got, _gemv(x, enc, 1, variant=MMA)), (N, K)
+
+
+@needs_ext
+def test_split_layout_decodes_every_code_and_refuses_wide_palettes():
+    """Every exponent of an 8-half palette with every sign and mantissa bit, through one-hot
+    activations (y = the weight itself, exact in fp32), and a palette of 9 halves refused."""
+    e = np.arange(112, 128)
+    bits = ((np.arange(2)[:, None, None] << 15) | (e[None, :, None] << 7) | np.arange(128)[None, None, :])
+    bits = bits.reshape(-1, 64).astype(np.uint16)  # 64 rows of 64 weights
+    enc = tc.encode(bits, "palette")
+    split = _split_planes(enc)
+    for k in (0, 17, 63):
+        x = np.zeros((1, 64), dtype=np.uint16)
+        x[0, k] = 0x3F80  # 1.0
+        got = _gemv(x, enc, 1, planes=split, variant=MMA_SPLIT)
+        assert np.array_equal(got[0], bits[:, k]), k
+    wide = bytes(range(107, 123))
+    with pytest.raises(RuntimeError, match="at most 8 exponent halves"):
+        _cuda.emulate_palette_gemv(_x(1, 64, seed=0), split[C.SUFFIX_SM], split[C.SUFFIX_IDX], wide,
+                                   split[C.SUFFIX_VPOS], split[C.SUFFIX_VEXP], 1, False, MMA_SPLIT)

@@ -150,3 +150,57 @@ def test_remap_index_checks_its_arguments_and_bounds_its_memory(monkeypatch):
         ops.remap_index(idx, [0] * 16)
     with pytest.raises(ValueError, match="uint8"):
         ops.remap_index(idx.to(torch.int32), nib)
+
+
+def _split_ref(bits: np.ndarray, palette) -> tuple[np.ndarray, np.ndarray]:
+    """The split layout of BF16 bits uint16 [rows, cols] computed directly (no index plane): BF16
+    low bytes, and per weight the code c << 1 | sign (c: rank of e >> 1 in split_halves)."""
+    halves = ops.split_halves(palette)
+    e = (bits >> 7) & 0xFF
+    rank = np.zeros(128, dtype=np.uint8)
+    rank[halves] = np.arange(len(halves))
+    return (bits & 0xFF).astype(np.uint8), (rank[e >> 1] << 1 | (bits >> 15)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_split_planes_hold_each_weights_low_byte_and_its_high_byte_code(seed, tiled):
+    """split_palette_planes on a palette weight's planes: every weight's BF16 low byte, and a code
+    from which the split tables give its high byte; verbatim weights keep sign and mantissa (the
+    kernels' patch sets their exponent).  The same in tile-major order, element for element."""
+    rng = np.random.default_rng(seed)
+    shape = (48, 192)
+    e = rng.integers(112, 128, shape)  # 16 exponents from an even one: 8 halves
+    e[rng.random(shape) < 0.002] = rng.integers(0, 100, 1)  # verbatim blocks (their exponent outside)
+    bits = ((rng.integers(0, 2, shape) << 15) | (e << 7) | rng.integers(0, 128, shape)).astype(np.uint16)
+    enc = tc.encode(bits, "palette")
+    pal = list(enc.header.palette[: enc.header.pal_size])
+    assert ops.split_halves(pal) is not None
+    sm, idx = (torch.from_numpy(enc.planes[k]) for k in (C.SUFFIX_SM, C.SUFFIX_IDX))
+    if tiled:
+        sm, idx = ops.tile_palette_planes(sm, idx)
+    lo, codes = ops.split_palette_planes(sm, idx, pal)
+    if tiled:
+        lo, codes = ops.untile_palette_planes(lo, codes)
+    lo, codes = lo.numpy(), codes.numpy()
+    per_weight = np.stack([codes & 15, codes >> 4], -1).reshape(bits.shape)
+    want_lo, want_code = _split_ref(bits, pal)
+    nb = bits.shape[1] // C.PAL_BLOCK
+    verbatim = np.zeros(bits.shape, dtype=bool)
+    for v in enc.planes[C.SUFFIX_VPOS]:
+        verbatim[v // nb, (v % nb) * C.PAL_BLOCK:(v % nb + 1) * C.PAL_BLOCK] = True
+    assert verbatim.any() and (~verbatim).any()
+    assert np.array_equal(lo[~verbatim], want_lo[~verbatim])
+    assert np.array_equal(per_weight[~verbatim], want_code[~verbatim])
+    assert np.array_equal(lo[verbatim] & 0x7F, want_lo[verbatim] & 0x7F)  # mantissa
+    assert np.array_equal(per_weight[verbatim] & 1, want_code[verbatim] & 1)  # sign
+
+
+def test_split_layout_refuses_palettes_of_more_than_eight_halves():
+    assert ops.split_halves(range(108, 124)) == list(range(54, 62))
+    assert ops.split_halves(range(107, 123)) is None and ops.split_halves([]) is None
+    sm, idx = torch.zeros(16, 64, dtype=torch.uint8), torch.zeros(16, 32, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="at most 8 exponent halves"):
+        ops.split_palette_planes(sm, idx, list(range(107, 123)))
+    with pytest.raises(ValueError, match="two sign\\+mantissa bytes"):
+        ops.split_palette_planes(sm, idx[:, :16], list(range(108, 124)))

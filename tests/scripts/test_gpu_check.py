@@ -110,8 +110,9 @@ def test_every_variant_is_checked_benchmarked_and_profiled_by_tag():
             continue
         assert {"huffman": kp.HUFF_VARIANTS, "palette": kp.PAL_VARIANTS, "gemm": {"wide": 1, "xs": 1, "wg": 1},
                 # (mma_queue has its own op, ops.palette_gemv_queue; pdl is the launch mode of the
-                # tensor-core ones, ops.programmatic_launch)
+                # tensor-core ones, ops.programmatic_launch; mma_split takes split planes only)
                 "gemv": {"": 1, "mma_queue": kp.PGEMV_VARIANT_MMA_QUEUE, "pdl": 1,
+                         "mma_split": kp.PGEMV_VARIANT_MMA_SPLIT,
                          **{n: 1 for n in kp.PGEMV_VARIANTS if n != "std"}}}[kind][name]
         assert f"variant={tag}" in gc.GROUPS and (f"variant={tag}", 60) in gc.CORRECTNESS_GROUPS
     assert set(gc.E2E_MODE_VARIANT.values()) <= set(gc.VARIANT_TAGS)

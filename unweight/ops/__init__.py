@@ -10,7 +10,8 @@ tracing, CUDA-graph capture) and a CPU implementation where one exists.
     matmul.py     palette_matmul, palette_gemv, palette_gemv_slots           (fused decode + GEMM / GEMV)
                   palette_gemv_probe (a plain function: the GEMV with a stage left out, for timing)
     layout.py     tile_palette_planes, untile_palette_planes, paired_palette,
-                  remap_index, pair_index, stored_index                      (the planes' device order)
+                  remap_index, pair_index, stored_index,
+                  split_halves, split_palette_planes                         (the planes' device order)
     transcode.py  build_lut, exp_histogram, palette_encode, palette_verbatim,
                   transcode_to_palette()                                     (load time)
     prefetch.py   prefetch_l2                                                (weights into L2 ahead of a matmul)
@@ -22,8 +23,8 @@ Importing it imports torch and registers the ops; it never touches a CUDA device
 from ._ext import cuda_available, cuda_kernels_built
 from .decode import decode_huffman, decode_palette, decode_palette_slots
 from .gather import gather_rows_huffman, gather_rows_palette
-from .layout import (inverse_nibble_map, pair_index, palette_pairs, paired_palette, remap_index, stored_index,
-                     tile_palette_planes, untile_palette_planes)
+from .layout import (inverse_nibble_map, pair_index, palette_pairs, paired_palette, remap_index, split_halves,
+                     split_palette_planes, stored_index, tile_palette_planes, untile_palette_planes)
 from .matmul import (palette_counters_elems, palette_gemv, palette_gemv_parts, palette_gemv_probe, palette_gemv_queue,
                      palette_gemv_queue_counters, palette_gemv_queue_units, palette_gemv_queue_workspace,
                      palette_gemv_queue_workspace_max, palette_gemv_slots, palette_gemv_supported, palette_matmul,
@@ -40,4 +41,5 @@ __all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_pal
            "palette_gemv_queue_counters", "palette_gemv_probe", "programmatic_launch",
            "palette_workspace_elems", "palette_workspace_max", "palette_counters_elems", "build_lut", "exp_histogram", "palette_encode",
            "palette_verbatim", "transcode_to_palette", "tile_palette_planes", "untile_palette_planes", "palette_pairs", "paired_palette",
-           "remap_index", "inverse_nibble_map", "pair_index", "stored_index", "prefetch_l2", "run"]
+           "remap_index", "inverse_nibble_map", "pair_index", "stored_index", "split_halves", "split_palette_planes",
+           "prefetch_l2", "run"]

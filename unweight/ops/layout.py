@@ -26,6 +26,17 @@ hold a weight either way.
         nibbles >= pal_size where they are, so a corrupt nibble is still out of range) and get the
         same weights from fewer operations.  remap_index with the inverse map gives the file's
         bytes back.
+
+    split_halves(palette) -> halves or None
+    split_palette_planes(sm, idx, palette) -> (lo, codes)
+        The split layout (kernel_plan.PGEMV_VARIANT_MMA_SPLIT): each weight's BF16 low byte
+        (exponent bit 0, then the 7 mantissa bits) in place of its sign+mantissa byte, and in
+        place of its index nibble a code c << 1 | sign, c the rank of the exponent's upper
+        seven bits (e >> 1) among the palette's (split_halves).  A paired lookup of the code
+        gives the BF16 high byte, so the decode skips the two bit-selects the stored layout's
+        needs: 6 operations per 4 weights instead of 8.  It holds for palettes whose exponents
+        fall in at most 8 halves (16 consecutive exponents starting at an even one).  Either
+        plane order (file or tile-major); no file format change.
 """
 from __future__ import annotations
 
@@ -35,7 +46,7 @@ from torch import Tensor
 from ..runtime import kernel_plan as plan
 
 __all__ = ["tile_palette_planes", "untile_palette_planes", "palette_pairs", "paired_palette", "remap_index",
-           "inverse_nibble_map", "pair_index", "stored_index"]
+           "inverse_nibble_map", "pair_index", "stored_index", "split_halves", "split_palette_planes"]
 
 _R, _C = plan.PAL_TILE_ROWS, plan.PAL_TILE_COLS
 
@@ -157,3 +168,48 @@ def remap_index(idx: Tensor, nibble_map) -> Tensor:
         b = min(a + _REMAP_CHUNK, flat.numel())
         torch.index_select(lut, 0, flat[a:b].to(torch.int64), out=out[a:b])
     return out.view(idx.shape)
+
+
+def split_halves(palette) -> list[int] | None:
+    """The split layout's exponent halves: the distinct e >> 1 of the palette's entries in
+    ascending order (a code's c indexes them), or None when there are more than
+    kernel_plan.PAL_SPLIT_HALVES of them (the layout does not apply)."""
+    h = sorted({int(e) >> 1 for e in palette})
+    return h if 1 <= len(h) <= plan.PAL_SPLIT_HALVES else None
+
+
+def split_palette_planes(sm: Tensor, idx: Tensor, palette) -> tuple[Tensor, Tensor]:
+    """A palette weight's planes in the split layout: (lo uint8, sm's shape: BF16 low bytes;
+    codes uint8, idx's shape: nibbles c << 1 | sign), new tensors on the planes' device, in the
+    planes' order (file or tile-major: index byte i always holds the nibbles of sign+mantissa
+    bytes 2i and 2i + 1).  A nibble past the palette (a verbatim weight's) takes entry 0's
+    exponent bits, which the kernels' verbatim patch replaces; its sign and mantissa stay.
+    Raises ValueError for a palette split_halves refuses."""
+    halves = split_halves(palette)
+    if halves is None:
+        raise ValueError(f"the split layout needs at most {plan.PAL_SPLIT_HALVES} exponent halves (e >> 1), "
+                         f"palette {list(palette)} has more")
+    if sm.dtype != torch.uint8 or idx.dtype != torch.uint8 or sm.numel() != 2 * idx.numel():
+        raise ValueError("split_palette_planes takes uint8 planes with two sign+mantissa bytes per index byte")
+    pal = [int(e) for e in palette] + [int(palette[0])] * (16 - len(palette))
+    code = [halves.index(e >> 1) << 1 for e in pal]  # (sign 0)
+    e0 = [e & 1 for e in pal]
+    dev = sm.device
+    # Index byte b with the signs s0, s1 of its two weights -> their code byte; b -> the two
+    # weights' low-byte bit 7, as one 16-bit word (byte 2i in its low half: little-endian).
+    codes_lut = torch.tensor([(code[b & 15] | (k & 1)) | (code[b >> 4] | (k >> 1)) << 4
+                              for k in range(4) for b in range(256)], dtype=torch.uint8, device=dev)
+    e0_lut = torch.tensor([(e0[b & 15] << 7 | e0[b >> 4] << 15) - (1 << 16 if e0[b >> 4] else 0)
+                           for b in range(256)], dtype=torch.int16, device=dev)
+    flat_idx = idx.contiguous().view(-1)
+    pairs = sm.contiguous().view(-1).view(torch.int16)  # weights 2i, 2i + 1 of index byte i
+    lo = torch.empty_like(pairs)
+    codes = torch.empty_like(flat_idx)
+    for a in range(0, flat_idx.numel(), _REMAP_CHUNK):
+        b = min(a + _REMAP_CHUNK, flat_idx.numel())
+        ix = flat_idx[a:b].to(torch.int64)
+        w = pairs[a:b]
+        signs = ((w >> 7) & 1).to(torch.int64) | (((w >> 15) & 1) << 1).to(torch.int64)
+        torch.index_select(codes_lut, 0, ix + (signs << 8), out=codes[a:b])
+        lo[a:b] = (w & 0x7F7F) | torch.index_select(e0_lut, 0, ix)
+    return lo.view(torch.uint8).view(sm.shape), codes.view(idx.shape)

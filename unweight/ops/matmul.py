@@ -41,7 +41,10 @@
         CUDA-core bits; MMA_STAGED, its loads through cp.async into shared-memory rings,
         PALETTE_GEMV_MMA_STAGED, MMA_PREFETCH, its loads behind an L2 prefetch,
         PALETTE_GEMV_MMA_PREFETCH, and MMA_BULK, its steps fetched by cp.async.bulk into
-        shared-memory rings, PALETTE_GEMV_MMA_BULK, sm_90+ and tiled planes only: the MMA bits).
+        shared-memory rings, PALETTE_GEMV_MMA_BULK, sm_90+ and tiled planes only: the MMA bits;
+        MMA_SPLIT, the MMA kernel on planes held in the split layout, sm and idx from
+        ops.split_palette_planes, palette as given to it, CUDA only: the MMA bits on the stored
+        planes, from 6 decode operations per 4 weights instead of 8).
         parts comes from palette_gemv_parts(..., variant).  No workspace.
         tiled as for palette_matmul.
 
@@ -226,6 +229,8 @@ def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False
 
 @palette_gemv.register_kernel("cpu")
 def _palette_gemv_cpu(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False):
+    if variant == plan.PGEMV_VARIANT_MMA_SPLIT:  # (the CPU decode reads the stored layout only)
+        raise ValueError("palette_gemv: the split layout (PGEMV_VARIANT_MMA_SPLIT) runs on CUDA only")
     return torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, x.new_empty(0, dtype=torch.float32),
                                              x.new_empty(0, dtype=torch.int32), rows, cols, palette, 1,
                                              tiled=tiled)

@@ -163,6 +163,12 @@ PGEMV_MMA_QUEUE_MAX_UNITS = 64
 PGEMV_QUEUE_HEAD = 0
 PGEMV_QUEUE_DONE = 1
 PGEMV_QUEUE_TILES = 2
+# The register-direct tensor-core variant on planes held in the split layout
+# (ops.split_palette_planes: BF16 low bytes, and codes of sign and exponent half): its bits, 6
+# decode operations per 4 weights instead of 8; palettes of at most PAL_SPLIT_HALVES exponent
+# halves e >> 1.  Not in PGEMV_VARIANTS: it takes only split planes.
+PGEMV_VARIANT_MMA_SPLIT = 9
+PAL_SPLIT_HALVES = 8
 # Timing probes of the register-direct tensor-core GEMV (ops.palette_gemv_probe; benchmarks
 # only, their y is not the product): NO_DECODE leaves the palette decode out, STREAM keeps only
 # the loads.
@@ -498,10 +504,10 @@ def pgemv_mma_queue_counters(N: int) -> int:
 
 
 def pgemv_is_mma(variant: int) -> bool:
-    """Whether a GEMV variant runs on tensor cores (register-direct, staged, prefetching, bulk-copy
-    or queued)."""
+    """Whether a GEMV variant runs on tensor cores (register-direct, staged, prefetching, bulk-copy,
+    queued, or register-direct on split planes)."""
     return variant in (PGEMV_VARIANT_MMA, PGEMV_VARIANT_MMA_STAGED, PGEMV_VARIANT_MMA_PREFETCH,
-                       PGEMV_VARIANT_MMA_BULK, PGEMV_VARIANT_MMA_QUEUE)
+                       PGEMV_VARIANT_MMA_BULK, PGEMV_VARIANT_MMA_QUEUE, PGEMV_VARIANT_MMA_SPLIT)
 
 
 def pgemv_needs_tiled(variant: int) -> bool:
