@@ -223,8 +223,8 @@ def _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r) -> None:
 
 # Batches at which the tensor-core GEMV on tile-major planes (the runtime's batch-1 path) is
 # timed again with one stage left out: ops.palette_gemv_probe's "no_decode" (the loaded words go
-# to the tensor cores undecoded) and "stream" (the loads alone), and the kernel itself on an
-# empty verbatim list ("no_verbatim").  Row "palette_gemv_mma_tiled_probe": each time and its
+# to the tensor cores undecoded), "no_mma" (decoded, neither x loaded nor multiplied) and
+# "stream" (the loads alone), and the kernel itself on an empty verbatim list ("no_verbatim").  Row "palette_gemv_mma_tiled_probe": each time and its
 # share of the full kernel's, which say what the decode, the verbatim blocks and the stream
 # cost (docs/design/gpu-kernels.md, "What bounds the tensor-core GEMV at batch 1").  Their
 # results are not the product and are not checked.

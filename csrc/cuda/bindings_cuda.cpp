@@ -229,6 +229,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PAL_SPLIT_HALVES") = plan::PAL_SPLIT_HALVES;
   m.attr("PGEMV_PROBE_NO_DECODE") = plan::PGEMV_PROBE_NO_DECODE;
   m.attr("PGEMV_PROBE_STREAM") = plan::PGEMV_PROBE_STREAM;
+  m.attr("PGEMV_PROBE_NO_MMA") = plan::PGEMV_PROBE_NO_MMA;
   m.attr("PGEMV_MMA_QUEUE_UNITS_PER_WARP") = plan::PGEMV_MMA_QUEUE_UNITS_PER_WARP;
   m.attr("PGEMV_MMA_QUEUE_MIN_STEPS") = plan::PGEMV_MMA_QUEUE_MIN_STEPS;
   m.attr("PGEMV_MMA_QUEUE_MAX_UNITS") = plan::PGEMV_MMA_QUEUE_MAX_UNITS;
@@ -496,7 +497,7 @@ PYBIND11_MODULE(_cuda, m) {
      py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("parts"), py::arg("y"),
      py::arg("ldy"), py::arg("stream") = 0, py::arg("probe") = 1, py::arg("tiled") = 0,
      "A timing probe of the register-direct tensor-core GEMV (M <= 8, paired palette): its launch with one "
-     "stage left out (probe: PGEMV_PROBE_NO_DECODE or PGEMV_PROBE_STREAM); y is written but is not the product.");
+     "stage left out (probe: PGEMV_PROBE_NO_DECODE, _NO_MMA or _STREAM); y is written but is not the product.");
 
   m.def("set_programmatic_launch", &cuda::set_programmatic_launch, py::arg("on"),
         "Programmatic dependent launch of the tensor-core GEMV kernels on sm_90+ (process-wide; off by default).");

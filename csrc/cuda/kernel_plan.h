@@ -289,13 +289,16 @@ constexpr int PAL_SPLIT_HALVES = 8;
 // Timing probes of the register-direct tensor-core GEMV at batch 1..8 (palette_gemv_probe; for
 // the benchmarks, never a dispatch path: their y is not the product).  NO_DECODE hands the
 // sign+mantissa words to the tensor cores as loaded (the index words folded in, so their loads
-// stay), leaving the stream, the verbatim check, the x loads and the mma; STREAM keeps only the
-// loads, folded into the sums' bits: the kernel's streaming floor at its occupancy and bytes in
-// flight.  Their times beside the full kernel's (and the full kernel's on an empty verbatim
-// list) say what the decode, the verbatim blocks and the rest each cost.
+// stay), leaving the stream, the verbatim check, the x loads and the mma; NO_MMA decodes and
+// patches as the kernel does but folds the A registers into the sums' bits instead of loading x
+// and multiplying (the mma chain's and x's cost); STREAM keeps only the loads, folded into the
+// sums' bits: the kernel's streaming floor at its occupancy and bytes in flight.  Their times
+// beside the full kernel's (and the full kernel's on an empty verbatim list) say what the
+// decode, the verbatim blocks, the mma and the stream each cost.
 constexpr int PGEMV_PROBE_NONE = 0;
 constexpr int PGEMV_PROBE_NO_DECODE = 1;
 constexpr int PGEMV_PROBE_STREAM = 2;
+constexpr int PGEMV_PROBE_NO_MMA = 3;
 // Shared memory: the parts' sums, [PGEMV_WARPS][PGEMV_MAX_M] fp32; the staged variant adds
 // its rings after them.
 constexpr int PGEMV_SMEM_BYTES = PGEMV_WARPS * PGEMV_MAX_M * 4;

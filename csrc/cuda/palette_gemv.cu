@@ -354,7 +354,8 @@ const char* slots_gemv_plan(const uint16_t* x, int64_t ldx, const int64_t* ids, 
 const char* probe_plan(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                        int64_t K, const Palette& pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
                        uint16_t* y, int64_t ldy, int probe, int tiled, PgemvArgs* a) {
-  if (probe != plan::PGEMV_PROBE_NO_DECODE && probe != plan::PGEMV_PROBE_STREAM) return "unknown GEMV probe";
+  if (probe != plan::PGEMV_PROBE_NO_DECODE && probe != plan::PGEMV_PROBE_NO_MMA && probe != plan::PGEMV_PROBE_STREAM)
+    return "unknown GEMV probe";
   if (M > 8) return "the GEMV probes run batches of 1..8 rows";
   if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, plan::PGEMV_VARIANT_MMA, tiled))
     return e;
@@ -385,6 +386,10 @@ const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint
                 "the probes' shared memory holds the parts' sums and fits the full kernel's CTAs per SM");
   if (probe == plan::PGEMV_PROBE_NO_DECODE) {
     constexpr auto kernel = &pgemv_mma_probe_kernel<plan::PGEMV_PROBE_NO_DECODE>;
+    opt_in_smem<kernel>(smem);
+    kernel<<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
+  } else if (probe == plan::PGEMV_PROBE_NO_MMA) {
+    constexpr auto kernel = &pgemv_mma_probe_kernel<plan::PGEMV_PROBE_NO_MMA>;
     opt_in_smem<kernel>(smem);
     kernel<<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
   } else {
@@ -461,6 +466,10 @@ const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint
   if (probe == plan::PGEMV_PROBE_NO_DECODE)
     return emu::launch(grid, 1, plan::PGEMV_THREADS, smem, [&](emu::ThreadCtx& c) {
       pgemv_mma_body<1, true, false, false, false, plan::PGEMV_PROBE_NO_DECODE>(c, a);
+    });
+  if (probe == plan::PGEMV_PROBE_NO_MMA)
+    return emu::launch(grid, 1, plan::PGEMV_THREADS, smem, [&](emu::ThreadCtx& c) {
+      pgemv_mma_body<1, true, false, false, false, plan::PGEMV_PROBE_NO_MMA>(c, a);
     });
   return emu::launch(grid, 1, plan::PGEMV_THREADS, smem, [&](emu::ThreadCtx& c) {
     pgemv_mma_body<1, true, false, false, false, plan::PGEMV_PROBE_STREAM>(c, a);

@@ -317,7 +317,9 @@ UW_UNROLL()
 // accumulated into acc in mma order.
 // kProbe (plan::PGEMV_PROBE_*, palette_gemv_probe): NO_DECODE puts the loaded words in the A
 // registers as they are (the index words XORed into half of them, so their loads stay live);
-// STREAM folds the loaded words into acc's bits and does nothing else.  Neither is the product.
+// NO_MMA decodes and patches, then folds the A registers into acc's bits instead of loading x
+// and multiplying; STREAM folds the loaded words into acc's bits and does nothing else.  None
+// is the product.
 // kSplit: the planes are in the split layout (plan::PGEMV_VARIANT_MMA_SPLIT; pt from
 // pal_split_tables), decoded by pal_decode4_split into the same A registers.
 template <int NT, bool kPaired, int kProbe = plan::PGEMV_PROBE_NONE, bool kSplit = false, class Ctx>
@@ -334,7 +336,6 @@ UW_UNROLL()
       for (int j = 0; j < 4; ++j) f ^= s[0][h][j] ^ s[1][h][j];
       acc[0][h] = f32_from_bits(bits_from_f32(acc[0][h]) ^ f);
     } else {
-      const int64_t off = static_cast<int64_t>(q) * COLS + h * HALF;
       uint32_t af[4][4];  // [mma][A register]: regs 0, 2 row g; 1, 3 row g + 8
 UW_UNROLL()
       for (int j = 0; j < 4; ++j) {
@@ -358,20 +359,28 @@ UW_UNROLL()
         const uint32_t kb = b_first + static_cast<uint32_t>(q) * (COLS / PAL_BLOCK) + 2 * h;
         pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
       }
-      // x[nt*8+g] at 8 of the lane's columns (bf16 pairs): the B registers of mma 2jp, 2jp + 1,
-      // loaded just before them (L1 hits mostly), so at most 4 NT registers hold x.
+      if constexpr (kProbe == plan::PGEMV_PROBE_NO_MMA) {
+        uint32_t f = 0;
 UW_UNROLL()
-      for (int jp = 0; jp < 2; ++jp) {
-        uint32_t xb[NT][4];
+        for (int j = 0; j < 4; ++j) f ^= af[j][0] ^ af[j][1] ^ af[j][2] ^ af[j][3];
+        acc[0][h] = f32_from_bits(bits_from_f32(acc[0][h]) ^ f);
+      } else {
+        // x[nt*8+g] at 8 of the lane's columns (bf16 pairs): the B registers of mma 2jp, 2jp + 1,
+        // loaded just before them (L1 hits mostly), so at most 4 NT registers hold x.
+        const int64_t off = static_cast<int64_t>(q) * COLS + h * HALF;
 UW_UNROLL()
-        for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp[nt] + off + 8 * jp, xb[nt]);
+        for (int jp = 0; jp < 2; ++jp) {
+          uint32_t xb[NT][4];
 UW_UNROLL()
-        for (int j = 2 * jp; j < 2 * jp + 2; ++j)
+          for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp[nt] + off + 8 * jp, xb[nt]);
 UW_UNROLL()
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint32_t b[2] = {xb[nt][2 * (j & 1)], xb[nt][2 * (j & 1) + 1]};
-            c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
-          }
+          for (int j = 2 * jp; j < 2 * jp + 2; ++j)
+UW_UNROLL()
+            for (int nt = 0; nt < NT; ++nt) {
+              const uint32_t b[2] = {xb[nt][2 * (j & 1)], xb[nt][2 * (j & 1) + 1]};
+              c.mma_bf16_16816(acc[nt], af[j], b, acc[nt]);
+            }
+        }
       }
     }
   }

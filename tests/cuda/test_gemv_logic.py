@@ -604,15 +604,15 @@ def _paired(enc):
 
 @needs_ext
 def test_probe_constants_match_python():
-    for name in ("PGEMV_PROBE_NO_DECODE", "PGEMV_PROBE_STREAM"):
+    for name in ("PGEMV_PROBE_NO_DECODE", "PGEMV_PROBE_NO_MMA", "PGEMV_PROBE_STREAM"):
         assert getattr(_cuda, name) == getattr(kp, name), name
-    assert set(kp.PGEMV_PROBES.values()) == {kp.PGEMV_PROBE_NO_DECODE, kp.PGEMV_PROBE_STREAM}
+    assert set(kp.PGEMV_PROBES.values()) == {kp.PGEMV_PROBE_NO_DECODE, kp.PGEMV_PROBE_NO_MMA, kp.PGEMV_PROBE_STREAM}
 
 
 @needs_ext
 def test_probes_run_the_mma_launch_inside_its_buffers():
     """The GEMV timing probes (palette_gemv_probe: the register-direct tensor-core GEMV with the
-    decode, or everything but the loads, left out) run through the warp emulator, which fails a
+    decode, the mma, or everything but the loads, left out) run through the warp emulator, which fails a
     read outside the planes, x or the verbatim lists, on odd shapes (tiles past N, half steps,
     every parts) with verbatim blocks: the same loads as the kernel they time.  Their output is
     not the product (the decode probe's differs from it) but is deterministic."""
@@ -627,7 +627,7 @@ def test_probes_run_the_mma_launch_inside_its_buffers():
             x = _x(M, K, seed=M + K)
             want = _gemv(x, enc, 1, variant=MMA)
             for parts in (1, 2, 8):
-                for probe in (kp.PGEMV_PROBE_NO_DECODE, kp.PGEMV_PROBE_STREAM):
+                for probe in kp.PGEMV_PROBES.values():
                     got = _probe(x, enc, parts, probe, planes, pal)
                     assert got.shape == (M, N)
                     assert np.array_equal(got.view(np.int16), _probe(x, enc, parts, probe, planes, pal).view(np.int16))

@@ -116,5 +116,5 @@ def test_probe_table_gives_each_probe_as_a_share_of_the_full_gemv():
              "stream": {"median_ms": 0.020, "share_of_full": 0.599}}
     lines = r.probe_table({"raw": {"kernels": {"rows": [{"N": 14336, "K": 4096, "M": 1,
                                                          "palette_gemv_mma_tiled_probe": probe}]}}})
-    assert "| 14336 x 4096 | 1 | 33.4 | 1500 | 0.90 | error | 0.60 |" in lines
+    assert "| 14336 x 4096 | 1 | 33.4 | 1500 | 0.90 | error | — | 0.60 |" in lines
     assert r.probe_table({"raw": {"kernels": {"rows": [{"N": 1, "K": 64, "M": 1}]}}}) == []

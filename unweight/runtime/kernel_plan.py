@@ -170,12 +170,13 @@ PGEMV_QUEUE_TILES = 2
 PGEMV_VARIANT_MMA_SPLIT = 9
 PAL_SPLIT_HALVES = 8
 # Timing probes of the register-direct tensor-core GEMV (ops.palette_gemv_probe; benchmarks
-# only, their y is not the product): NO_DECODE leaves the palette decode out, STREAM keeps only
-# the loads.
+# only, their y is not the product): NO_DECODE leaves the palette decode out, NO_MMA the x loads
+# and the mma, STREAM keeps only the loads.
 PGEMV_PROBE_NONE = 0
 PGEMV_PROBE_NO_DECODE = 1
 PGEMV_PROBE_STREAM = 2
-PGEMV_PROBES = {"no_decode": PGEMV_PROBE_NO_DECODE, "stream": PGEMV_PROBE_STREAM}
+PGEMV_PROBE_NO_MMA = 3
+PGEMV_PROBES = {"no_decode": PGEMV_PROBE_NO_DECODE, "no_mma": PGEMV_PROBE_NO_MMA, "stream": PGEMV_PROBE_STREAM}
 PGEMV_VARIANTS = {"std": PGEMV_VARIANT_STD, "deep": PGEMV_VARIANT_DEEP, "staged": PGEMV_VARIANT_STAGED,
                   "mma": PGEMV_VARIANT_MMA, "mma_staged": PGEMV_VARIANT_MMA_STAGED,
                   "mma_prefetch": PGEMV_VARIANT_MMA_PREFETCH, "mma_bulk": PGEMV_VARIANT_MMA_BULK}
