@@ -225,6 +225,75 @@ def _run(cmd, timeout=20) -> str:
         return ""
 
 
+# What the card ran at while a benchmark timed it (nvidia-smi's own sampling; the clocks are
+# read, never set): the SM and memory clocks, power and temperature, and the reasons the driver
+# gave for holding the clocks down.  The kernels' times divided into cycles need the SM clock
+# they ran at, which the benchmarks' timers do not give.
+CLOCK_FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu")
+CLOCK_REASONS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # (newer, older drivers)
+
+
+class ClockSampler:
+    """nvidia-smi sampling GPU 0 every `period_ms` while the block runs; summary() gives
+    {"samples", "<field>": {"min", "median", "max"}, "reasons": [...]} or {"error": ...} where
+    nvidia-smi is missing or refuses the query.  Costs no GPU time."""
+
+    def __init__(self, period_ms: int = 250):
+        self.period_ms, self.proc, self.reasons_field, self.out = period_ms, None, None, ""
+
+    def __enter__(self):
+        for reasons in CLOCK_REASONS:
+            query = ",".join(CLOCK_FIELDS + (reasons,))
+            if _run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", "0"]):
+                self.reasons_field = reasons
+                try:
+                    self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits",
+                                                  "-i", "0", "-lms", str(self.period_ms)],
+                                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                except OSError:
+                    self.proc = None
+                break
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.out, _ = self.proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.out, _ = self.proc.communicate()
+        return False
+
+    def summary(self) -> dict:
+        return clock_summary(self.out, self.reasons_field) if self.reasons_field else {"error": "no nvidia-smi clocks"}
+
+
+def clock_summary(text: str, reasons_field: str = CLOCK_REASONS[0]) -> dict:
+    """ClockSampler's summary of nvidia-smi's CSV lines (CLOCK_FIELDS, then the reasons mask)."""
+    cols: list = [[] for _ in CLOCK_FIELDS]
+    masks = set()
+    n = 0
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != len(CLOCK_FIELDS) + 1:
+            continue
+        try:
+            vals = [float(p) for p in parts[:-1]]
+        except ValueError:
+            continue
+        n += 1
+        for c, v in zip(cols, vals):
+            c.append(v)
+        masks.add(parts[-1])
+    out: dict = {"samples": n, "reasons_field": reasons_field}
+    for f, c in zip(CLOCK_FIELDS, cols):
+        if c:
+            out[f] = {"min": min(c), "median": statistics.median(c), "max": max(c)}
+    out["reasons"] = sorted(masks)
+    return out
+
+
 def short_commit():
     """HEAD's short hash, with '-dirty' when tracked files differ from it ('' outside git)."""
     commit = _run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"])

@@ -2854,14 +2854,16 @@ def stage_bench(st: Stage, out_dir: str) -> None:
         path = os.path.join(STATE, f"bench_{name}.json")
         t0 = time.perf_counter()
         rc, errtext = 0, ""
+        clocks = bu.ClockSampler()
         try:
-            if name == "moe":
-                res = _bench_moe(b, path)
-            elif name == "profile":
-                res = _profiles(b, out_dir, skip)
-            else:
-                # The child's own budget leaves it time to start (torch, CUDA) inside this one's.
-                rc, errtext, res = _run_bench_child(name, max(10.0, b.seconds - 15), path, skip)
+            with clocks:  # (what the card ran at while this benchmark timed it)
+                if name == "moe":
+                    res = _bench_moe(b, path)
+                elif name == "profile":
+                    res = _profiles(b, out_dir, skip)
+                else:
+                    # The child's own budget leaves it time to start (torch, CUDA) inside this one's.
+                    rc, errtext, res = _run_bench_child(name, max(10.0, b.seconds - 15), path, skip)
         except Exception as e:  # noqa: BLE001 - a failing benchmark is a finding
             rc, errtext, res = "exception", _err_line(e) + "\n" + _tail(traceback.format_exc(), 15), None
         secs = round(time.perf_counter() - t0, 1)
@@ -2870,6 +2872,7 @@ def stage_bench(st: Stage, out_dir: str) -> None:
                    log_tail=_tail(errtext, 15), seconds=secs)
             continue
         res.pop("environment", None)
+        res["clocks"] = clocks.summary()
         st.rec["raw"][name] = res
         errs = _bench_errors(name, res)
         if rc != 0:

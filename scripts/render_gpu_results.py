@@ -246,6 +246,29 @@ def kernels_table(bench: dict) -> list[str]:
     return lines + [""] + plane_order_lines(bench, rows)
 
 
+def _mask(text: str) -> int:
+    try:
+        return int(text, 16)
+    except ValueError:
+        return 0
+
+
+def clocks_line(bench: dict) -> list[str]:
+    """What the card ran at during each benchmark (gpu_check's nvidia-smi sampling): the SM
+    clock's median and range, and the driver's reasons for holding clocks down when any."""
+    parts = []
+    for name, res in (bench.get("raw") or {}).items():
+        c = (res or {}).get("clocks") if isinstance(res, dict) else None
+        if not c or not c.get("samples") or "clocks.sm" not in c:
+            continue
+        sm = c["clocks.sm"]
+        held = [r for r in c.get("reasons", []) if _mask(r) & ~1]  # (bit 0: the GPU was idle)
+        parts.append(f"{name} {sm['median']:.0f} MHz ({sm['min']:.0f}-{sm['max']:.0f})"
+                     + (f", reasons {' '.join(held)}" if held else ""))
+    return ["SM clock while each benchmark ran (nvidia-smi, median and range): " + "; ".join(parts) + ".", ""] \
+        if parts else []
+
+
 def probe_table(bench: dict) -> list[str]:
     """The tensor-core GEMV on tile-major planes with one stage left out (bench_kernels.py's
     "palette_gemv_mma_tiled_probe" rows): each probe's time as a share of the full kernel's."""
@@ -543,7 +566,8 @@ def render_gpu(gpu: str, recs: dict, several: bool) -> list[str]:
     if fails:
         out += ["Failed checks:", ""] + fails + [""]
     bench = recs.get("bench") or {}
-    out += (decode_table(bench) + slots_lines(bench) + kernels_table(bench) + probe_table(bench) + e2e_table(bench)
+    out += (clocks_line(bench) + decode_table(bench) + slots_lines(bench) + kernels_table(bench) + probe_table(bench)
+            + e2e_table(bench)
             + e2e_table(bench, "e2e_full") + host_table(bench) + moe_table(bench) + profile_table(bench))
     out += eval_table(recs.get("eval") or {})
     model = recs.get("model") or {}

@@ -118,3 +118,14 @@ def test_probe_table_gives_each_probe_as_a_share_of_the_full_gemv():
                                                          "palette_gemv_mma_tiled_probe": probe}]}}})
     assert "| 14336 x 4096 | 1 | 33.4 | 1500 | 0.90 | error | — | 0.60 |" in lines
     assert r.probe_table({"raw": {"kernels": {"rows": [{"N": 1, "K": 64, "M": 1}]}}}) == []
+
+
+def test_clocks_line_gives_each_benchmarks_sm_clock_and_the_reasons_it_was_held():
+    r = _renderer()
+    clocks = {"samples": 9, "clocks.sm": {"min": 1755.0, "median": 1980.0, "max": 1980.0},
+              "reasons": ["0x0000000000000000", "0x0000000000000001", "0x0000000000000010"]}
+    bench = {"raw": {"kernels": {"rows": [], "clocks": clocks}, "decode": {"clocks": {"samples": 0}},
+                     "e2e": {"clocks": {"error": "no nvidia-smi clocks"}}}}
+    assert r.clocks_line(bench) == ["SM clock while each benchmark ran (nvidia-smi, median and range): kernels "
+                                    "1980 MHz (1755-1980), reasons 0x0000000000000010.", ""]
+    assert r.clocks_line({"raw": {}}) == []
