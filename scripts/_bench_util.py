@@ -244,7 +244,9 @@ class ClockSampler:
     def __enter__(self):
         for reasons in CLOCK_REASONS:
             query = ",".join(CLOCK_FIELDS + (reasons,))
-            if _run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", "0"]):
+            # (a field this nvidia-smi does not know is refused in words on stdout, not a sample)
+            if clock_summary(_run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", "0"]),
+                             reasons)["samples"]:
                 self.reasons_field = reasons
                 try:
                     self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits",
@@ -276,15 +278,14 @@ def clock_summary(text: str, reasons_field: str = CLOCK_REASONS[0]) -> dict:
     n = 0
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != len(CLOCK_FIELDS) + 1:
-            continue
-        try:
-            vals = [float(p) for p in parts[:-1]]
-        except ValueError:
+        if len(parts) != len(CLOCK_FIELDS) + 1 or not parts[-1].lower().startswith("0x"):
             continue
         n += 1
-        for c, v in zip(cols, vals):
-            c.append(v)
+        for c, p in zip(cols, parts[:-1]):
+            try:
+                c.append(float(p))
+            except ValueError:  # ([N/A] where the card does not report the field)
+                pass
         masks.add(parts[-1])
     out: dict = {"samples": n, "reasons_field": reasons_field}
     for f, c in zip(CLOCK_FIELDS, cols):

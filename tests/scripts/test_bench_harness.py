@@ -538,7 +538,8 @@ def test_clock_summary_reads_nvidia_smis_samples():
     """nvidia-smi's CSV samples -> min / median / max per field and the reasons masks seen; lines
     that are not samples (a header, a refusal) are skipped."""
     text = "1980, 2619, 412.5, 51, 0x0000000000000000\n1755, 2619, 690.1, 55, 0x0000000000000004\n" \
-           "[N/A], 2619, 700, 56, 0x0\nclocks.sm [MHz], clocks.mem [MHz]\n1980, 2619, 650.0, 54, 0x0000000000000000\n"
+           "1980, 2619, [N/A], 56, 0x0000000000000000\nclocks.sm [MHz], clocks.mem [MHz], a, b, c\n" \
+           'Field "clocks_event_reasons.active" is not a valid field to query.\n'
     got = bu.clock_summary(text)
     assert got["samples"] == 3
     assert got["clocks.sm"] == {"min": 1755.0, "median": 1980.0, "max": 1980.0}
@@ -551,7 +552,8 @@ def test_clock_sampler_samples_while_the_block_runs(tmp_path, monkeypatch):
     """ClockSampler starts nvidia-smi's own sampling for the block and stops it after (a fake
     nvidia-smi here); without nvidia-smi it says so and the block still runs."""
     fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\ncase \"$*\" in *-lms*) while true; do echo '1980, 2619, 500.0, 50, 0x0'; "
+    fake.write_text("#!/bin/sh\ncase \"$*\" in *clocks_event*) echo 'Field is not a valid field to query.'; exit 2;; "
+                    "esac\ncase \"$*\" in *-lms*) while true; do echo '1980, 2619, 500.0, 50, 0x0'; "
                     "sleep 0.05; done;; esac\necho '1980, 2619, 500.0, 50, 0x0'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
@@ -560,7 +562,7 @@ def test_clock_sampler_samples_while_the_block_runs(tmp_path, monkeypatch):
         time.sleep(0.4)
     got = cs.summary()
     assert got["samples"] >= 2 and got["clocks.sm"]["median"] == 1980.0
-    assert got["reasons_field"] == bu.CLOCK_REASONS[0]
+    assert got["reasons_field"] == bu.CLOCK_REASONS[1]  # (this nvidia-smi knows only the older name)
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
     with bu.ClockSampler() as cs:
         pass
