@@ -224,14 +224,16 @@ def _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r) -> None:
 # Batches at which the tensor-core GEMV on tile-major planes (the runtime's batch-1 path) is
 # timed again with one stage left out: ops.palette_gemv_probe's "no_decode" (the loaded words go
 # to the tensor cores undecoded), "no_mma" (decoded, neither x loaded nor multiplied) and
-# "stream" (the loads alone), and the kernel itself on an empty verbatim list ("no_verbatim").  Row "palette_gemv_mma_tiled_probe": each time and its
-# share of the full kernel's, which say what the decode, the verbatim blocks and the stream
-# cost (docs/design/gpu-kernels.md, "What bounds the tensor-core GEMV at batch 1").  Their
-# results are not the product and are not checked.
+# "stream" (the loads alone), and the kernel itself on an empty verbatim list ("no_verbatim").
+# Row "palette_gemv_mma_tiled_probe": each time and its share of the full kernel's, which say
+# what the decode, the verbatim blocks, the mma and the stream cost (docs/design/gpu-kernels.md,
+# "What bounds the tensor-core GEMV at batch 1").  Their results are not the product and are
+# not checked.
 PROBE_BATCHES = (1,)
 
 
 def _time_probes(torch, tiled, x, runs, r, log) -> None:
+    """Times the probes on the tile-major copies into r["palette_gemv_mma_tiled_probe"]."""
     from unweight import ops
     from unweight.runtime import kernel_plan as kp
     base = r.get("palette_gemv_mma_tiled", {})
@@ -253,9 +255,9 @@ def _time_probes(torch, tiled, x, runs, r, log) -> None:
             continue
         out[name] = {**t, "share_of_full": t["median_ms"] / base["median_ms"]}
     r["palette_gemv_mma_tiled_probe"] = out
+    shares = (f"{k} {out[k]['share_of_full']:.2f}" if "share_of_full" in out[k] else f"{k} error" for k in calls)
     log(f"kernels {w0.rows}x{w0.cols} M={x.size(0)}: tensor-core GEMV {base['median_ms'] * 1e3:.1f} us; "
-        "as a share of it: " + ", ".join(f"{k} {out[k]['share_of_full']:.2f}" if "share_of_full" in out[k] else f"{k} error"
-                    for k in calls))
+        "as a share of it: " + ", ".join(shares))
 
 
 # Batches at which the tensor-core GEMV is timed on the split layout (ops.split_palette_planes,

@@ -180,7 +180,7 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 
 // A timing probe of palette_gemv's register-direct tensor-core variant (plan::PGEMV_VARIANT_MMA)
 // at M 1..8 on a paired palette: the same launch with one stage left out (probe:
-// plan::PGEMV_PROBE_NO_DECODE or PGEMV_PROBE_STREAM).  y is written, but is not the product:
+// plan::PGEMV_PROBE_NO_DECODE, PGEMV_PROBE_NO_MMA or PGEMV_PROBE_STREAM).  y is written, but is not the product:
 // for the benchmarks' breakdown of the kernel's time only.
 const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                                int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,

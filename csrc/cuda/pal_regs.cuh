@@ -21,6 +21,16 @@ struct PalTables {
 // selects only (bit 7 -> BF16 bit 7, bits 0..6 -> BF16 bits 8..14).
 UW_HD uint32_t ror8(uint32_t e) { return ((e & 1u) << 7) | ((e >> 1) & 0x7Fu); }
 
+// The 16 table bytes t (entry k's byte in t[k]) as the decode's words: tab, and dtab's
+// entry k ^ entry k + 8 for k < 8.
+inline void pal_pack_tables(const uint32_t (&t)[16], PalTables& a) {
+  for (int w = 0; w < 4; ++w) a.tab[w] = t[4 * w] | t[4 * w + 1] << 8 | t[4 * w + 2] << 16 | t[4 * w + 3] << 24;
+  for (int w = 0; w < 2; ++w) {
+    a.dtab[w] = 0;
+    for (int i = 0; i < 4; ++i) a.dtab[w] |= (t[4 * w + i] ^ t[4 * w + i + 8]) << (8 * i);
+  }
+}
+
 // Fills the tables from the palette; returns whether the paired decode applies: every
 // entry k < 8 and its partner k + 8 have exponents of the same parity (unused entries take
 // their partner's parity), which is what one byte-select per table needs (bit 7 of a prmt
@@ -34,11 +44,7 @@ inline bool pal_tables(const Palette& pal, PalTables& a) {
     if (k + 8 >= pal.size) t[k + 8] = t[k] & 0x80u;  // unused: never indexed by valid data
     if ((t[k] ^ t[k + 8]) & 0x80u) paired = false;
   }
-  for (int w = 0; w < 4; ++w) a.tab[w] = t[4 * w] | t[4 * w + 1] << 8 | t[4 * w + 2] << 16 | t[4 * w + 3] << 24;
-  for (int w = 0; w < 2; ++w) {
-    a.dtab[w] = 0;
-    for (int i = 0; i < 4; ++i) a.dtab[w] |= (t[4 * w + i] ^ t[4 * w + i + 8]) << (8 * i);
-  }
+  pal_pack_tables(t, a);
   return paired;
 }
 
@@ -60,11 +66,7 @@ inline bool pal_split_tables(const Palette& pal, PalTables& a) {
   if (nh == 0) return false;
   uint32_t t[16];
   for (int q = 0; q < 16; ++q) t[q] = (static_cast<uint32_t>(q & 1) << 7) | h[(q >> 1) < nh ? q >> 1 : 0];
-  for (int w = 0; w < 4; ++w) a.tab[w] = t[4 * w] | t[4 * w + 1] << 8 | t[4 * w + 2] << 16 | t[4 * w + 3] << 24;
-  for (int w = 0; w < 2; ++w) {
-    a.dtab[w] = 0;
-    for (int i = 0; i < 4; ++i) a.dtab[w] |= (t[4 * w + i] ^ t[4 * w + i + 8]) << (8 * i);
-  }
+  pal_pack_tables(t, a);
   return true;
 }
 

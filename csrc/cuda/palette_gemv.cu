@@ -204,7 +204,12 @@ void with_variant(int M, bool paired, int variant, F&& f) {
       plan::PGEMV_VARIANT_MMA_STAGED, plan::PGEMV_VARIANT_MMA_PREFETCH, plan::PGEMV_VARIANT_MMA_BULK,
       plan::PGEMV_VARIANT_MMA_QUEUE, plan::PGEMV_VARIANT_MMA_SPLIT;
   auto go = [&](auto mb, auto v) {
-    if (paired) f(mb, std::true_type{}, v); else f(mb, std::false_type{}, v);
+    if constexpr (decltype(v)::value == PGEMV_VARIANT_MMA_SPLIT)
+      f(mb, std::true_type{}, v);  // (its decode is always the paired lookup)
+    else if (paired)
+      f(mb, std::true_type{}, v);
+    else
+      f(mb, std::false_type{}, v);
   };
   auto go_m = [&](auto v) {
     if (M == 1) go(std::integral_constant<int, 1>{}, v);
@@ -226,11 +231,8 @@ void with_variant(int M, bool paired, int variant, F&& f) {
     go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_BULK>{});
   } else if (variant == PGEMV_VARIANT_MMA_QUEUE) {
     go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_QUEUE>{});
-  } else if (variant == PGEMV_VARIANT_MMA_SPLIT) {  // (its decode is always the paired lookup)
-    const auto v = std::integral_constant<int, PGEMV_VARIANT_MMA_SPLIT>{};
-    if (M <= 8) f(std::integral_constant<int, 8>{}, std::true_type{}, v);
-    else if (M <= 16) f(std::integral_constant<int, 16>{}, std::true_type{}, v);
-    else f(std::integral_constant<int, 32>{}, std::true_type{}, v);
+  } else if (variant == PGEMV_VARIANT_MMA_SPLIT) {
+    go_mma(std::integral_constant<int, PGEMV_VARIANT_MMA_SPLIT>{});
   } else if (variant == PGEMV_VARIANT_DEEP) {
     go_m(std::integral_constant<int, PGEMV_VARIANT_DEEP>{});
   } else if (variant == PGEMV_VARIANT_STAGED) {
@@ -350,12 +352,21 @@ const char* slots_gemv_plan(const uint16_t* x, int64_t ldx, const int64_t* ids, 
   return nullptr;
 }
 
+// Runs f(probe) with a known probe as a compile-time constant; false for an unknown one.
+template <class F>
+bool with_probe(int probe, F&& f) {
+  if (probe == plan::PGEMV_PROBE_NO_DECODE) f(std::integral_constant<int, plan::PGEMV_PROBE_NO_DECODE>{});
+  else if (probe == plan::PGEMV_PROBE_NO_MMA) f(std::integral_constant<int, plan::PGEMV_PROBE_NO_MMA>{});
+  else if (probe == plan::PGEMV_PROBE_STREAM) f(std::integral_constant<int, plan::PGEMV_PROBE_STREAM>{});
+  else return false;
+  return true;
+}
+
 // Checks a GEMV probe and fills its arguments; nullptr or the error.
 const char* probe_plan(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                        int64_t K, const Palette& pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
                        uint16_t* y, int64_t ldy, int probe, int tiled, PgemvArgs* a) {
-  if (probe != plan::PGEMV_PROBE_NO_DECODE && probe != plan::PGEMV_PROBE_NO_MMA && probe != plan::PGEMV_PROBE_STREAM)
-    return "unknown GEMV probe";
+  if (!with_probe(probe, [](auto) {})) return "unknown GEMV probe";
   if (M > 8) return "the GEMV probes run batches of 1..8 rows";
   if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, plan::PGEMV_VARIANT_MMA, tiled))
     return e;
@@ -384,19 +395,11 @@ const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint
   constexpr int smem = 228 * 1024 / (plan::PGEMV_MMA_CTAS_PER_SM + 1) + 1024;
   static_assert(smem >= plan::PGEMV_MMA_SMEM_BYTES && plan::PGEMV_MMA_CTAS_PER_SM * (smem + 1024) <= 164 * 1024,
                 "the probes' shared memory holds the parts' sums and fits the full kernel's CTAs per SM");
-  if (probe == plan::PGEMV_PROBE_NO_DECODE) {
-    constexpr auto kernel = &pgemv_mma_probe_kernel<plan::PGEMV_PROBE_NO_DECODE>;
+  with_probe(probe, [&](auto p) {
+    constexpr auto kernel = &pgemv_mma_probe_kernel<decltype(p)::value>;
     opt_in_smem<kernel>(smem);
     kernel<<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
-  } else if (probe == plan::PGEMV_PROBE_NO_MMA) {
-    constexpr auto kernel = &pgemv_mma_probe_kernel<plan::PGEMV_PROBE_NO_MMA>;
-    opt_in_smem<kernel>(smem);
-    kernel<<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
-  } else {
-    constexpr auto kernel = &pgemv_mma_probe_kernel<plan::PGEMV_PROBE_STREAM>;
-    opt_in_smem<kernel>(smem);
-    kernel<<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
-  }
+  });
   return launch_status();
 }
 
@@ -462,18 +465,13 @@ const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint
   if (const char* e = probe_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp, parts, y, ldy, probe, tiled, &a))
     return e;
   const int64_t grid = plan::pgemv_variant_grid(N, parts, plan::PGEMV_VARIANT_MMA);
-  constexpr int smem = plan::PGEMV_MMA_SMEM_BYTES;
-  if (probe == plan::PGEMV_PROBE_NO_DECODE)
-    return emu::launch(grid, 1, plan::PGEMV_THREADS, smem, [&](emu::ThreadCtx& c) {
-      pgemv_mma_body<1, true, false, false, false, plan::PGEMV_PROBE_NO_DECODE>(c, a);
+  const char* err = nullptr;
+  with_probe(probe, [&](auto p) {
+    err = emu::launch(grid, 1, plan::PGEMV_THREADS, plan::PGEMV_MMA_SMEM_BYTES, [&](emu::ThreadCtx& c) {
+      pgemv_mma_body<1, true, false, false, false, decltype(p)::value>(c, a);
     });
-  if (probe == plan::PGEMV_PROBE_NO_MMA)
-    return emu::launch(grid, 1, plan::PGEMV_THREADS, smem, [&](emu::ThreadCtx& c) {
-      pgemv_mma_body<1, true, false, false, false, plan::PGEMV_PROBE_NO_MMA>(c, a);
-    });
-  return emu::launch(grid, 1, plan::PGEMV_THREADS, smem, [&](emu::ThreadCtx& c) {
-    pgemv_mma_body<1, true, false, false, false, plan::PGEMV_PROBE_STREAM>(c, a);
   });
+  return err;
 }
 
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,

@@ -254,8 +254,9 @@ def palette_gemv_probe(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: T
     """A timing probe of the register-direct tensor-core GEMV (palette_gemv's "mma" variant):
     its launch with one stage left out, for a breakdown of the kernel's time; the result is not
     the product.  probe: "no_decode" (the loaded words go to the tensor cores undecoded),
-    "no_mma" (decoded, but neither x loaded nor multiplied) or "stream" (the loads alone).  x bf16 [M, cols] with M <= 8, the planes as palette_gemv takes
-    them with a paired palette (ops.paired_palette), on one CUDA device.  Returns bf16 [M, rows]."""
+    "no_mma" (decoded, but neither x loaded nor multiplied) or "stream" (the loads alone).
+    x bf16 [M, cols] with M <= 8, the planes as palette_gemv takes them with a paired palette
+    (ops.paired_palette), on one CUDA device.  Returns bf16 [M, rows]."""
     if probe not in plan.PGEMV_PROBES:
         raise ValueError(f"palette_gemv_probe: probe must be one of {sorted(plan.PGEMV_PROBES)}, got {probe!r}")
     if x.device.type != "cuda":
