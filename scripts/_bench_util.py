@@ -679,9 +679,10 @@ def bf16_weights(torch, N, K, seed=0, std=0.02):
 def as_gpu_loaders_hold(w):
     """An EncodedWeight as the GPU loaders hold it: a palette weight's palette in paired order
     with its index rewritten to match (runtime.weights.hold_paired, the decode's cheaper
-    lookup; the same weights), in place."""
-    from unweight.runtime.weights import hold_paired
-    return hold_paired(w)
+    lookup; the same weights) and its verbatim list's row index (hold_row_index, the fused
+    kernels' cursors), in place."""
+    from unweight.runtime.weights import hold_paired, hold_row_index
+    return hold_row_index(hold_paired(w))
 
 
 def clone_encoded(w, tiled: bool = False):
@@ -696,13 +697,13 @@ def clone_encoded(w, tiled: bool = False):
     return EncodedWeight(w.encoding, w.rows, w.cols, w.rows_per_group, w.cols_per_chunk, w.exp_lo, w.exp_hi,
                          list(w.palette), sm, exp=c(w.exp), off=c(w.off), table=c(w.table), lut=c(w.lut),
                          idx=idx, vpos=c(w.vpos), vexp=c(w.vexp), name=w.name, chk=c(w.chk),
-                         chk_interval=w.chk_interval, tiled=tiled or w.tiled)
+                         chk_interval=w.chk_interval, tiled=tiled or w.tiled, vrow=c(w.vrow))
 
 
 def encoded_bytes(w) -> int:
     """Bytes of an EncodedWeight's planes (what a decode or fused launch reads)."""
-    return sum(int(t.numel() * t.element_size()) for t in (w.sm, w.exp, w.off, w.idx, w.vpos, w.vexp, w.chk)
-               if t is not None)
+    return sum(int(t.numel() * t.element_size())
+               for t in (w.sm, w.exp, w.off, w.idx, w.vpos, w.vexp, w.chk, getattr(w, "vrow", None)) if t is not None)
 
 
 def import_helpers():

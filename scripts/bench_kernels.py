@@ -224,11 +224,13 @@ def _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r) -> None:
 # Batches at which the tensor-core GEMV on tile-major planes (the runtime's batch-1 path) is
 # timed again with one stage left out: ops.palette_gemv_probe's "no_decode" (the loaded words go
 # to the tensor cores undecoded), "no_mma" (decoded, neither x loaded nor multiplied) and
-# "stream" (the loads alone), and the kernel itself on an empty verbatim list ("no_verbatim").
+# "stream" (the loads alone), the kernel itself on an empty verbatim list ("no_verbatim"), and
+# the kernel finding its verbatim cursors by a search of the whole list instead of the row
+# index the loaders hold ("search": ops.verbatim_rows left out).
 # Row "palette_gemv_mma_tiled_probe": each time and its share of the full kernel's, which say
-# what the decode, the verbatim blocks, the mma and the stream cost (docs/design/gpu-kernels.md,
-# "What bounds the tensor-core GEMV at batch 1").  Their results are not the product and are
-# not checked.
+# what the decode, the verbatim blocks, the mma, the stream and the cursor search cost
+# (docs/design/gpu-kernels.md, "What bounds the tensor-core GEMV at batch 1").  Their results
+# are not the product and are not checked.
 PROBE_BATCHES = (1,)
 
 
@@ -242,10 +244,13 @@ def _time_probes(torch, tiled, x, runs, r, log) -> None:
     w0, v = tiled[0], kp.PGEMV_VARIANT_MMA
     parts = ops.palette_gemv_parts(w0.rows, w0.cols, x.device, v)
     calls = {"no_verbatim": lambda q: torch.ops.unweight.palette_gemv(x, q.sm, q.idx, q.vpos[:0], q.vexp[:0], q.rows,
-                                                                      q.cols, q.palette, parts, v, True)}
+                                                                      q.cols, q.palette, parts, v, True),
+             "search": lambda q: torch.ops.unweight.palette_gemv(x, q.sm, q.idx, q.vpos, q.vexp, q.rows, q.cols,
+                                                                 q.palette, parts, v, True)}
     for name in kp.PGEMV_PROBES:
         calls[name] = lambda q, name=name: ops.palette_gemv_probe(x, q.sm, q.idx, q.vpos, q.vexp, q.rows, q.cols,
-                                                                  q.palette, parts, name, tiled=True)
+                                                                  q.palette, parts, name, tiled=True,
+                                                                  vrow=getattr(q, "vrow", None))
     out = {"full_ms": base["median_ms"], "parts": parts, "verbatim_blocks": int(w0.vpos.numel())}
     for name, call in calls.items():
         try:
@@ -298,7 +303,7 @@ def _time_split(torch, tiled, split, x, t_cublas, runs, r) -> None:
 
     def call(lo, codes, q, variant=v):
         return torch.ops.unweight.palette_gemv(x, lo, codes, q.vpos, q.vexp, q.rows, q.cols, q.palette, parts, variant,
-                                               True)
+                                               True, q.vrow)
     try:
         lo, codes, q = split[0]
         want = call(q.sm, q.idx, q, kp.PGEMV_VARIANT_MMA).view(torch.int16)
@@ -367,7 +372,7 @@ def _split_sweep(torch, ws, x, runs, t_cublas, wide: bool = True) -> dict:
         for sp in ladder:
             def call(q, sp=sp, tiles=tiles):
                 return torch.ops.unweight.palette_matmul(x, q.sm, q.idx, q.vpos, q.vexp, work, cnt, q.rows, q.cols,
-                                                         q.palette, sp, tiles)
+                                                         q.palette, sp, tiles, vrow=q.vrow)
             try:
                 t = bu.graph_time(torch, [lambda q=q: call(q) for q in ws], runs=max(10, runs // 2))
                 out[f"{tiles}:{sp}"] = t["median_ms"] / t_cublas
@@ -391,7 +396,7 @@ def _gemv_parts_sweep(torch, ws, x, runs, t_cublas, skip) -> dict:
         for parts in (1, 2, 4, 8):
             def call(q, parts=parts, v=v):
                 return torch.ops.unweight.palette_gemv(x, q.sm, q.idx, q.vpos, q.vexp, q.rows, q.cols, q.palette,
-                                                       parts, v)
+                                                       parts, v, q.tiled, q.vrow)
             out[f"{path}:{parts}"] = _sweep_point(torch, ws, call, runs, t_cublas)
     return out
 
@@ -427,7 +432,7 @@ def _queue_units_sweep(torch, ws, tiled, x, runs, t_cublas) -> dict:
         for units in ladder:
             def call(q, units=units):
                 return torch.ops.unweight.palette_gemv_queue(x, q.sm, q.idx, q.vpos, q.vexp, work, cnt, q.rows, q.cols,
-                                                             q.palette, units, q.tiled)
+                                                             q.palette, units, q.tiled, q.vrow)
             out[f"{tag}{units}"] = _sweep_point(torch, copies, call, runs, t_cublas)
     return out
 

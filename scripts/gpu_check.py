@@ -1152,6 +1152,22 @@ def _verbatim_heavy(np, cols, seed):
             | rng.integers(0, 128, (257, cols))).astype(np.uint16)
 
 
+def _host_palette(w, tiled: bool) -> tuple:
+    """(palette, sm, idx, vpos, vexp) of w palette-encoded, host tensors; sm and idx tile-major
+    when `tiled`."""
+    import torch
+
+    from unweight import ops
+    from unweight.codec import tensor_codec as tc
+    from unweight.format import constants as C
+    enc = tc.encode(w, "palette")
+    sm, idx, vpos, vexp = (torch.from_numpy(enc.planes[k])
+                           for k in (C.SUFFIX_SM, C.SUFFIX_IDX, C.SUFFIX_VPOS, C.SUFFIX_VEXP))
+    if tiled:
+        sm, idx = ops.tile_palette_planes(sm, idx)
+    return list(enc.header.palette[: enc.header.pal_size]), sm, idx, vpos, vexp
+
+
 def _eight_halves(np, N, K, seed):
     """Weights [N, K] whose palette falls in 8 exponent halves (16 exponents from an even one:
     the split layout applies) with both signs; from 4096 weights on, also verbatim blocks and
@@ -1378,13 +1394,9 @@ def group_variant(rec, device, tag):
             register-direct kernel's bits on the stored planes at batch 1..32 and every parts,
             file order or tile-major; without a GPU, both through the warp emulator."""
             N, K = w.shape
-            enc = tc.encode(w, "palette")
-            pal = list(enc.header.palette[: enc.header.pal_size])
-            sm, idx = (torch.from_numpy(enc.planes[k]) for k in (C.SUFFIX_SM, C.SUFFIX_IDX))
-            if tiled:
-                sm, idx = ops.tile_palette_planes(sm, idx)
+            pal, sm, idx, vpos, vexp = _host_palette(w, tiled)
             lo, codes = ops.split_palette_planes(sm, idx, pal)
-            vpos, vexp = enc.planes[C.SUFFIX_VPOS], enc.planes[C.SUFFIX_VEXP]
+            vpos, vexp = vpos.numpy(), vexp.numpy()
             xs = h.make_weights(32, K, seed=N + 5, spread=False)
             if device == "cuda":
                 dv = [torch.from_numpy(vpos).to(device), torch.from_numpy(vexp).to(device)]
@@ -1480,6 +1492,64 @@ def group_variant(rec, device, tag):
                       (1, 2, 4, 8, 9, 16, 17, 32))
         rec.check(f"palette GEMV {name} on verbatim-heavy weights", mma_case, _verbatim_heavy(np, 576, 5),
                   (1, 3, 16, 24))
+        if tag == "gemv:mma":
+            from unweight import _cuda, ops
+
+            def row_index_case(w, tiled):
+                """The fused kernels' verbatim cursors from the row index the loaders hold
+                (ops.verbatim_rows) give the bits of the search of the whole list: the tensor-core
+                GEMV at every parts, the queued GEMV and the fused GEMM with a K split, at batch 1,
+                9 and 32; without a GPU, through the warp emulator."""
+                N, K = w.shape
+                pal, sm, idx, vpos, vexp = _host_palette(w, tiled)
+                vrow = ops.verbatim_rows(vpos, N, K)
+                xs = h.make_weights(32, K, seed=N + 9, spread=False)
+                steps = kp.cdiv(K, kp.PGEMV_MMA_COLS)
+                if device == "cuda":
+                    sm, idx, vpos, vexp, vrow = (t.to(device) for t in (sm, idx, vpos, vexp, vrow))
+                    cnt = torch.zeros(max(kp.pgemv_mma_queue_counters(N), kp.pmma_counters(N)), dtype=torch.int32,
+                                      device=device)
+                    ws = torch.zeros(max(kp.pgemv_mma_queue_workspace(N, min(3, steps), 32),
+                                         kp.pmma_workspace_elems(32, N, 2), 1), device=device)
+
+                    def run(kind, M, n, vr):
+                        x = h.bf16_tensor(xs[:M], device)
+                        if kind == "gemv":
+                            y = torch.ops.unweight.palette_gemv(x, sm, idx, vpos, vexp, N, K, pal, n,
+                                                                kp.PGEMV_VARIANT_MMA, tiled, vr)
+                        elif kind == "queue":
+                            y = torch.ops.unweight.palette_gemv_queue(x, sm, idx, vpos, vexp, ws, cnt, N, K, pal, n,
+                                                                      tiled, vr)
+                        else:
+                            y = torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, ws, cnt, N, K, pal, n,
+                                                                  tiled=tiled, vrow=vr)
+                        return y.view(torch.int16).cpu().numpy()
+                else:
+                    planes = (sm.numpy(), idx.numpy(), bytes(pal), vpos.numpy(), vexp.numpy())
+
+                    def run(kind, M, n, vr):
+                        x = np.ascontiguousarray(xs[:M])
+                        vr = None if vr is None else vr.numpy()
+                        if kind == "gemv":
+                            return _cuda.emulate_palette_gemv(x, *planes, n, False, kp.PGEMV_VARIANT_MMA, int(tiled),
+                                                              vrow=vr)
+                        if kind == "queue":
+                            return _cuda.emulate_palette_gemv_queue(x, *planes, n, 2, False, int(tiled), vrow=vr)
+                        return _cuda.emulate_palette_gemm(x, *planes, n, False, 1, 0, int(tiled), vrow=vr)
+                r = {}
+                for M in (1, 9, 32):
+                    for kind, counts in (("gemv", (1, 2, 4, 8)), ("queue", (min(3, steps),)), ("gemm", (2,))):
+                        for n in counts:
+                            r[f"{kind} M={M} n={n}"] = bool(np.array_equal(run(kind, M, n, vrow),
+                                                                           run(kind, M, n, None)))
+                r["passed"] = all(r.values())
+                return r
+            for what, w, tiled in (("verbatim-heavy 257x576", _verbatim_heavy(np, 576, 7), False),
+                                   ("40x1088", h.make_weights(40, 1088, seed=3), False),
+                                   ("48x1088 tile-major", _verbatim_heavy(np, 1088, 8)[:48], True)) + (
+                                      (("1024x4096", h.make_weights(1024, 4096, seed=4), False),)
+                                      if device == "cuda" else ()):
+                rec.check(f"fused kernels' verbatim row index {what}: the search's bits", row_index_case, w, tiled)
         if tag == "gemv:mma_queue":
             def queue_case(w, tiled):
                 """At 1, 2, 4 and 8 units per tile the queued GEMV gives the register-direct

@@ -276,8 +276,8 @@ def probe_table(bench: dict) -> list[str]:
             if "palette_gemv_mma_tiled_probe" in r]
     if not rows:
         return []
-    names = (("no_verbatim", "empty verbatim list"), ("no_decode", "no decode"), ("no_mma", "no x, no mma"),
-             ("stream", "loads only"))
+    names = (("no_verbatim", "empty verbatim list"), ("search", "cursors searched, no row index"),
+             ("no_decode", "no decode"), ("no_mma", "no x, no mma"), ("stream", "loads only"))
     lines = ["**The tensor-core GEMV with a stage left out** (`ops.palette_gemv_probe`, tile-major planes; the "
              "full kernel in microseconds, the probes as a share of its time):", "",
              "| shape [N, K] | M | full (us) | verbatim blocks | " + " | ".join(n for _, n in names) + " |",

@@ -79,6 +79,20 @@ void check_emu_operands(const arr<uint16_t>& x, const arr<uint8_t>& sm, const ar
   need(vexp.size() == vpos.size() * PAL_BLOCK, "vexp size mismatch");
 }
 
+// An emulated kernel's optional verbatim row index: None, or uint32 [count] (ops.verbatim_rows).
+struct RowIndex {
+  arr<uint32_t> a;
+  const uint32_t* p = nullptr;
+  size_t bytes = 0;
+  RowIndex(const py::object& o, int64_t count) {
+    if (o.is_none()) return;
+    a = py::cast<arr<uint32_t>>(o);
+    need(a.size() == count, "vrow must hold rows + 1 uint32 entries per matrix");
+    p = a.data();
+    bytes = a.nbytes();
+  }
+};
+
 // Palette from its exponent bytes (1..16 of them, Python bytes / bytearray / uint8 array).
 Palette make_palette(const py::bytes& b) {
   const std::string s = b;
@@ -91,16 +105,18 @@ Palette make_palette(const py::bytes& b) {
 }
 
 // An emulated palette GEMV: the operands checked and copied, y [M, N] allocated, then
-// launch(o, pal, y) emulates the kernel with the GIL released and the launch's global
+// launch(o, pal, vpos, vrow, y) emulates the kernel with the GIL released and the launch's global
 // buffers (the planes, x, y) bounded; y uint16 (bf16 bits) [M, N].
 // after_wait: the kernel waits on the launches ahead of it (programmatic dependent launch)
 // before it touches x and y, which the emulator then checks (and `extra`, more such buffers).
 template <class F>
 arr<uint16_t> emulate_gemv_like(const arr<uint16_t>& x, const arr<uint8_t>& sm, const arr<uint8_t>& idx,
                                 const py::bytes& palette, const arr<uint32_t>& vpos, const arr<uint8_t>& vexp,
-                                bool after_wait, std::vector<std::pair<const void*, size_t>> extra, F&& launch) {
+                                const py::object& vrow, bool after_wait,
+                                std::vector<std::pair<const void*, size_t>> extra, F&& launch) {
   check_emu_operands(x, sm, idx, vpos, vexp);
   const EmuOperands o(x, sm, idx, vpos, vexp);
+  const RowIndex vr(vrow, o.N + 1);
   arr<uint16_t> y({static_cast<int64_t>(o.M), o.N});
   const Palette pal = make_palette(palette);
   uint16_t* yp = y.mutable_data();
@@ -109,13 +125,13 @@ arr<uint16_t> emulate_gemv_like(const arr<uint16_t>& x, const arr<uint8_t>& sm, 
   {
     py::gil_scoped_release nogil;
     // (a read past any of these fails the emulated launch)
-    emu::GlobalBounds bounds{{o.sm.p, o.sm.n}, {o.idx.p, o.idx.n}, {o.vexp.p, o.vexp.n}, vb};
+    emu::GlobalBounds bounds{{o.sm.p, o.sm.n}, {o.idx.p, o.idx.n}, {o.vexp.p, o.vexp.n}, vb, {vr.p, vr.bytes}};
     for (const auto& [p, n] : {std::pair<const void*, size_t>{o.x.p, o.x.n}, yb}) {
       if (after_wait) bounds.after_wait(p, n);
       else bounds.add(p, n);
     }
     for (const auto& [p, n] : extra) bounds.after_wait(p, n);
-    e = launch(o, pal, vpos.data(), yp);
+    e = launch(o, pal, vpos.data(), vr.p, yp);
   }
   check(e);
   return y;
@@ -177,6 +193,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PMMA_WARPS") = plan::PMMA_WARPS;
   m.attr("PMMA_THREADS") = plan::PMMA_THREADS;
   m.attr("PMMA_TILE_N") = plan::PMMA_TILE_N;
+  m.attr("PMMA_VROW_WINDOW") = plan::PMMA_VROW_WINDOW;
   m.attr("PMMA_ROWS") = plan::PMMA_ROWS;
   m.attr("PMMA_TILE_K") = plan::PMMA_TILE_K;
   m.attr("PMMA_STAGES") = plan::PMMA_STAGES;
@@ -454,17 +471,18 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("palette_gemm", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
                            py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int splits, uintptr_t ws,
                            uintptr_t counters, uintptr_t y, int64_t ldy, uintptr_t stream, int stage_tiles,
-                           int x_shared, int tiled) {
+                           int x_shared, int tiled, uintptr_t vrow) {
     need(x && sm && idx && y, "null device pointer");
     need(nv == 0 || (vpos && vexp), "null verbatim pointers");
     check(cuda::palette_gemm(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx), N, K,
-                             make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp), splits,
+                             make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp),
+                             dev<const uint32_t>(vrow), splits,
                              dev<float>(ws), dev<int32_t>(counters), dev<uint16_t>(y), ldy, stage_tiles, x_shared,
                              tiled, stream_of(stream)));
   }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
      py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("splits"), py::arg("ws"),
      py::arg("counters"), py::arg("y"), py::arg("ldy"), py::arg("stream") = 0, py::arg("stage_tiles") = 1,
-     py::arg("x_shared") = 0, py::arg("tiled") = 0,
+     py::arg("x_shared") = 0, py::arg("tiled") = 0, py::arg("vrow") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on the tensor cores (M <= 256, K % 64 == 0); "
      "with splits > 1, ws is fp32 scratch [splits, M, N] and counters int32 [plan_pmma_counters(N)], zero; "
      "stage_tiles 1 or 2 (wide stages); x_shared 1: x staged once per CTA in shared memory (stage_tiles 1), "
@@ -473,29 +491,31 @@ PYBIND11_MODULE(_cuda, m) {
 
   m.def("palette_gemv", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
                            py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int parts, uintptr_t y,
-                           int64_t ldy, uintptr_t stream, int variant, int tiled) {
+                           int64_t ldy, uintptr_t stream, int variant, int tiled, uintptr_t vrow) {
     need(x && sm && idx && y, "null device pointer");
     need(nv == 0 || (vpos && vexp), "null verbatim pointers");
     check(cuda::palette_gemv(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx), N, K,
-                             make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp), parts,
+                             make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp),
+                             dev<const uint32_t>(vrow), parts,
                              dev<uint16_t>(y), ldy, variant, tiled, stream_of(stream)));
   }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
      py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("parts"), py::arg("y"),
-     py::arg("ldy"), py::arg("stream") = 0, py::arg("variant") = 0, py::arg("tiled") = 0,
+     py::arg("ldy"), py::arg("stream") = 0, py::arg("variant") = 0, py::arg("tiled") = 0, py::arg("vrow") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on CUDA cores (M <= 4, K % 64 == 0); parts: "
      "warps per row (plan_pgemv_parts); variant: PGEMV_VARIANT_* (0: the default).");
 
   m.def("palette_gemv_probe", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
                                  py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int parts, uintptr_t y,
-                                 int64_t ldy, uintptr_t stream, int probe, int tiled) {
+                                 int64_t ldy, uintptr_t stream, int probe, int tiled, uintptr_t vrow) {
     need(x && sm && idx && y, "null device pointer");
     need(nv == 0 || (vpos && vexp), "null verbatim pointers");
     check(cuda::palette_gemv_probe(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx), N,
                                    K, make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp),
+                                   dev<const uint32_t>(vrow),
                                    parts, dev<uint16_t>(y), ldy, probe, tiled, stream_of(stream)));
   }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
      py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("parts"), py::arg("y"),
-     py::arg("ldy"), py::arg("stream") = 0, py::arg("probe") = 1, py::arg("tiled") = 0,
+     py::arg("ldy"), py::arg("stream") = 0, py::arg("probe") = 1, py::arg("tiled") = 0, py::arg("vrow") = 0,
      "A timing probe of the register-direct tensor-core GEMV (M <= 8, paired palette): its launch with one "
      "stage left out (probe: PGEMV_PROBE_NO_DECODE, _NO_MMA or _STREAM); y is written but is not the product.");
 
@@ -505,32 +525,36 @@ PYBIND11_MODULE(_cuda, m) {
 
   m.def("palette_gemv_queue", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
                                  py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int units, int64_t ctas,
-                                 uintptr_t ws, uintptr_t queue, uintptr_t y, int64_t ldy, uintptr_t stream, int tiled) {
+                                 uintptr_t ws, uintptr_t queue, uintptr_t y, int64_t ldy, uintptr_t stream, int tiled,
+                                 uintptr_t vrow) {
     need(x && sm && idx && y && queue, "null device pointer");
     need(nv == 0 || (vpos && vexp), "null verbatim pointers");
     check(cuda::palette_gemv_queue(dev<const uint16_t>(x), ldx, M, dev<const uint8_t>(sm), dev<const uint8_t>(idx), N,
                                    K, make_palette(palette), dev<const uint32_t>(vpos), nv, dev<const uint8_t>(vexp),
+                                   dev<const uint32_t>(vrow),
                                    units, ctas, dev<float>(ws), dev<int32_t>(queue), dev<uint16_t>(y), ldy, tiled,
                                    stream_of(stream)));
   }, py::arg("x"), py::arg("ldx"), py::arg("M"), py::arg("sm"), py::arg("idx"), py::arg("N"), py::arg("K"),
      py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("units"), py::arg("ctas"),
      py::arg("ws"), py::arg("queue"), py::arg("y"), py::arg("ldy"), py::arg("stream") = 0, py::arg("tiled") = 0,
+     py::arg("vrow") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T through the queued tensor-core GEMV (M <= 32, K % 64 == 0): units per "
      "16-row tile (plan_pgemv_mma_queue_units), a persistent grid of ctas CTAs (plan_pgemv_mma_queue_grid); ws fp32 "
      "[plan_pgemv_mma_queue_workspace], queue int32 [plan_pgemv_mma_queue_counters], zero, left zero.");
 
   m.def("palette_gemv_slots", [](uintptr_t x, int64_t ldx, uintptr_t ids, int64_t slots, int64_t E, uintptr_t sm,
                                  uintptr_t idx, int64_t N, int64_t K, py::bytes palette, uintptr_t vpos, int64_t V,
-                                 uintptr_t vexp, int parts, uintptr_t y, int64_t ldy, uintptr_t err, uintptr_t stream) {
+                                 uintptr_t vexp, int parts, uintptr_t y, int64_t ldy, uintptr_t err, uintptr_t stream,
+                                 uintptr_t vrow) {
     need(slots == 0 || (x && ids && sm && idx && y && err), "null device pointer");
     need(V == 0 || (vpos && vexp), "null verbatim pointers");
     check(cuda::palette_gemv_slots(dev<const uint16_t>(x), ldx, dev<const int64_t>(ids), slots, E,
                                    dev<const uint8_t>(sm), dev<const uint8_t>(idx), N, K, make_palette(palette),
-                                   dev<const uint32_t>(vpos), V, dev<const uint8_t>(vexp), parts, dev<uint16_t>(y),
-                                   ldy, dev<int32_t>(err), stream_of(stream)));
+                                   dev<const uint32_t>(vpos), V, dev<const uint8_t>(vexp), dev<const uint32_t>(vrow),
+                                   parts, dev<uint16_t>(y), ldy, dev<int32_t>(err), stream_of(stream)));
   }, py::arg("x"), py::arg("ldx"), py::arg("ids"), py::arg("slots"), py::arg("E"), py::arg("sm"), py::arg("idx"),
      py::arg("N"), py::arg("K"), py::arg("palette"), py::arg("vpos"), py::arg("V"), py::arg("vexp"), py::arg("parts"),
-     py::arg("y"), py::arg("ldy"), py::arg("err"), py::arg("stream") = 0,
+     py::arg("y"), py::arg("ldy"), py::arg("err"), py::arg("stream") = 0, py::arg("vrow") = 0,
      "y[s] = x[s] @ W[ids[s]]^T (bf16, batch 1 per slot) for a palette stack sm [E, N, K], idx [E, N, K/2], vpos "
      "[E, V], vexp [E, V, 32]; ids int64 read on the device; parts as palette_gemv's tensor-core variant.");
 
@@ -741,7 +765,7 @@ PYBIND11_MODULE(_cuda, m) {
 
   m.def("emulate_palette_gemv_slots", [](arr<uint16_t> x, arr<int64_t> ids, arr<uint8_t> sm, arr<uint8_t> idx,
                                          py::bytes palette, arr<uint32_t> vpos, arr<uint8_t> vexp, int parts,
-                                         bool force_general) {
+                                         bool force_general, py::object vrow) {
     need(x.ndim() == 2 && ids.ndim() == 1 && sm.ndim() == 3 && idx.ndim() == 3 && vpos.ndim() == 2 && vexp.ndim() == 3,
          "x 2-D, ids 1-D, sm, idx, vexp 3-D and vpos 2-D");
     const int64_t S = ids.shape(0), E = sm.shape(0), N = sm.shape(1), K = sm.shape(2);
@@ -760,18 +784,21 @@ PYBIND11_MODULE(_cuda, m) {
     const uint32_t* vp = vpos.data();
     const int64_t* ip = ids.data();
     const int64_t V = vpos.shape(1);
+    const RowIndex vr(vrow, E * (N + 1));
     const std::pair<const void*, size_t> vb{vp, vpos.nbytes()}, ib{ip, ids.nbytes()}, yb{yp, y.nbytes()};
     const char* e;
     {
       py::gil_scoped_release nogil;
-      const emu::GlobalBounds bounds{{xc.p, xc.n}, {smc.p, smc.n}, {idxc.p, idxc.n}, {vexpc.p, vexpc.n}, vb, ib, yb};
+      const emu::GlobalBounds bounds{{xc.p, xc.n}, {smc.p, smc.n}, {idxc.p, idxc.n}, {vexpc.p, vexpc.n}, vb, ib, yb,
+                                     {vr.p, vr.bytes}};
       e = cuda::emulate::palette_gemv_slots(reinterpret_cast<const uint16_t*>(xc.p), K, ip, S, E, smc.p, idxc.p, N, K,
-                                            pal, vp, V, vexpc.p, parts, yp, N, &err, force_general ? 1 : 0);
+                                            pal, vp, V, vexpc.p, vr.p, parts, yp, N, &err,
+                                            force_general ? 1 : 0);
     }
     check(e);
     return py::make_tuple(y, err);
   }, py::arg("x"), py::arg("ids"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
-     py::arg("parts") = 1, py::arg("force_general") = false,
+     py::arg("parts") = 1, py::arg("force_general") = false, py::arg("vrow") = py::none(),
      "The slots GEMV's kernel body through the warp emulator (ids on the host): (y uint16 [slots, N], rows of a bad "
      "id left 0xFFFF; the error count).");
   m.def("emulate_palette_decode_slots", [](arr<int64_t> ids, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
@@ -868,9 +895,10 @@ PYBIND11_MODULE(_cuda, m) {
      "The fused kernels' warp-wide lower bounds through the emulator: int64 [len(ka), 4].");
   m.def("emulate_palette_gemm", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
                                    arr<uint32_t> vpos, arr<uint8_t> vexp, int splits, bool force_general,
-                                   int stage_tiles, int x_shared, int tiled) {
+                                   int stage_tiles, int x_shared, int tiled, py::object vrow) {
     check_emu_operands(x, sm, idx, vpos, vexp);
     const EmuOperands o(x, sm, idx, vpos, vexp);
+    const RowIndex vr(vrow, o.N + 1);
     const int M = o.M;
     const int64_t N = o.N, K = o.K, nv = o.nv;
     std::vector<float> ws(static_cast<size_t>(std::max<int64_t>(1, plan::pmma_workspace_elems(M, N, splits))));
@@ -884,10 +912,10 @@ PYBIND11_MODULE(_cuda, m) {
       py::gil_scoped_release nogil;
       // (a read past any of these fails the emulated launch)
       const emu::GlobalBounds bounds{{o.x.p, o.x.n}, {o.sm.p, o.sm.n}, {o.idx.p, o.idx.n}, {o.vexp.p, o.vexp.n}, vb, yb,
-                                     {ws.data(), ws.size() * sizeof(float)},
+                                     {vr.p, vr.bytes}, {ws.data(), ws.size() * sizeof(float)},
                                      {counters.data(), counters.size() * sizeof(int32_t)}};
       e = cuda::emulate::palette_gemm(o.x16(), K, M, o.sm.p, o.idx.p, N, K, pal, vpos.data(), nv,
-                                      o.vexp.p, splits, ws.data(),
+                                      o.vexp.p, vr.p, splits, ws.data(),
                                       counters.data(), yp, N, force_general ? 1 : 0, stage_tiles,
                                       x_shared, tiled);
     }
@@ -896,56 +924,62 @@ PYBIND11_MODULE(_cuda, m) {
     return y;
   }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
      py::arg("splits") = 1, py::arg("force_general") = false, py::arg("stage_tiles") = 1, py::arg("x_shared") = 0,
-     py::arg("tiled") = 0,
+     py::arg("tiled") = 0, py::arg("vrow") = py::none(),
      "The fused GEMM's kernel body through the warp emulator (tiled: sm and idx hold tile-major bytes in their "
      "[N, K] and [N, K / 2] shapes): y uint16 (bf16 bits) [M, N].");
 
   m.def("emulate_palette_gemv_queue", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
                                          arr<uint32_t> vpos, arr<uint8_t> vexp, int units, int64_t ctas,
-                                         bool force_general, int tiled) {
+                                         bool force_general, int tiled, py::object vrow) {
     need(units >= 1, "units must be >= 1");
     need(x.ndim() == 2 && sm.ndim() == 2, "x and sm must be 2-D");
     std::vector<float> ws(static_cast<size_t>(
         std::max<int64_t>(1, plan::pgemv_mma_queue_workspace(sm.shape(0), units, static_cast<int>(x.shape(0))))));
     std::vector<int32_t> queue(static_cast<size_t>(plan::pgemv_mma_queue_counters(sm.shape(0))), 0);
     arr<uint16_t> y = emulate_gemv_like(
-        x, sm, idx, palette, vpos, vexp, true,
+        x, sm, idx, palette, vpos, vexp, vrow, true,
         {{ws.data(), ws.size() * sizeof(float)}, {queue.data(), queue.size() * sizeof(int32_t)}},
-        [&](const EmuOperands& o, const Palette& pal, const uint32_t* vp, uint16_t* yp) {
+        [&](const EmuOperands& o, const Palette& pal, const uint32_t* vp, const uint32_t* vr,
+                                 uint16_t* yp) {
           return cuda::emulate::palette_gemv_queue(o.x16(), o.K, o.M, o.sm.p, o.idx.p, o.N, o.K, pal, vp, o.nv,
-                                                   o.vexp.p, units, ctas, ws.data(), queue.data(), yp, o.N,
+                                                   o.vexp.p, vr, units, ctas, ws.data(), queue.data(), yp, o.N,
                                                    force_general ? 1 : 0, tiled);
         });
     for (int32_t c : queue) need(c == 0, "emulated palette_gemv_queue left a counter non-zero");
     return y;
   }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
      py::arg("units") = 1, py::arg("ctas") = 1, py::arg("force_general") = false, py::arg("tiled") = 0,
+     py::arg("vrow") = py::none(),
      "The queued tensor-core GEMV's kernel body through the warp emulator on a persistent grid of ctas CTAs "
      "(units per 16-row tile; tiled as for emulate_palette_gemm): y uint16 (bf16 bits) [M, N].");
 
   m.def("emulate_palette_gemv_probe", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
-                                         arr<uint32_t> vpos, arr<uint8_t> vexp, int parts, int probe, int tiled) {
-    return emulate_gemv_like(x, sm, idx, palette, vpos, vexp, true, {},
-                             [&](const EmuOperands& o, const Palette& pal, const uint32_t* vp, uint16_t* yp) {
+                                         arr<uint32_t> vpos, arr<uint8_t> vexp, int parts, int probe, int tiled,
+                                         py::object vrow) {
+    return emulate_gemv_like(x, sm, idx, palette, vpos, vexp, vrow, true, {},
+                             [&](const EmuOperands& o, const Palette& pal, const uint32_t* vp, const uint32_t* vr,
+                                 uint16_t* yp) {
       return cuda::emulate::palette_gemv_probe(o.x16(), o.K, o.M, o.sm.p, o.idx.p, o.N, o.K, pal, vp, o.nv, o.vexp.p,
-                                               parts, yp, o.N, probe, tiled);
+                                               vr, parts, yp, o.N, probe, tiled);
     });
   }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
-     py::arg("parts") = 1, py::arg("probe") = 1, py::arg("tiled") = 0,
+     py::arg("parts") = 1, py::arg("probe") = 1, py::arg("tiled") = 0, py::arg("vrow") = py::none(),
      "A tensor-core GEMV timing probe's kernel body through the warp emulator (probe: PGEMV_PROBE_*): y uint16 "
      "[M, N], not the product.");
 
   m.def("emulate_palette_gemv", [](arr<uint16_t> x, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
                                    arr<uint32_t> vpos, arr<uint8_t> vexp, int parts, bool force_general,
-                                   int variant, int tiled) {
+                                   int variant, int tiled, py::object vrow) {
     // (the tensor-core variants wait on the launches ahead before they touch x and y)
-    return emulate_gemv_like(x, sm, idx, palette, vpos, vexp, plan::pgemv_is_mma(variant), {},
-                             [&](const EmuOperands& o, const Palette& pal, const uint32_t* vp, uint16_t* yp) {
-      return cuda::emulate::palette_gemv(o.x16(), o.K, o.M, o.sm.p, o.idx.p, o.N, o.K, pal, vp, o.nv, o.vexp.p, parts,
-                                         yp, o.N, force_general ? 1 : 0, variant, tiled);
+    return emulate_gemv_like(x, sm, idx, palette, vpos, vexp, vrow, plan::pgemv_is_mma(variant), {},
+                             [&](const EmuOperands& o, const Palette& pal, const uint32_t* vp, const uint32_t* vr,
+                                 uint16_t* yp) {
+      return cuda::emulate::palette_gemv(o.x16(), o.K, o.M, o.sm.p, o.idx.p, o.N, o.K, pal, vp, o.nv, o.vexp.p, vr,
+                                         parts, yp, o.N, force_general ? 1 : 0, variant, tiled);
     });
   }, py::arg("x"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
      py::arg("parts") = 1, py::arg("force_general") = false, py::arg("variant") = 0, py::arg("tiled") = 0,
+     py::arg("vrow") = py::none(),
      "The palette GEMV's kernel body through the warp emulator (variant: PGEMV_VARIANT_*; tiled as for "
      "emulate_palette_gemm): y uint16 (bf16 bits) [M, N].");
 }

@@ -43,16 +43,23 @@ using plan::cdiv;
 // memcpy, which is what the hinted loads mean for the data, and a report to the emulator's
 // access profile (emu/ctx.cuh, trace_global).
 // ---------------------------------------------------------------------------------------
+#if !defined(__CUDA_ARCH__)
+// A 4-byte global load on the host: the word, reported to the emulator.
+inline uint32_t host_ld_u32(const void* p) {
+  emu::trace_global(p, 4, false);
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+#endif
+
 UW_HD uint32_t ld_stream_u32(const uint8_t* p) {
 #if defined(__CUDA_ARCH__)
   uint32_t v;
   asm("ld.global.nc.L1::no_allocate.b32 %0, [%1];" : "=r"(v) : "l"(p));
   return v;
 #else
-  emu::trace_global(p, 4, false);
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
+  return host_ld_u32(p);
 #endif
 }
 
@@ -76,6 +83,16 @@ UW_HD void ld_stream_v4(const uint8_t* p, uint32_t (&v)[4]) {
 #else
   emu::trace_global(p, 16, false);
   std::memcpy(v, p, 16);
+#endif
+}
+
+// A read-only word the warp's lanes reuse (the verbatim lists' row index and ids): device, the
+// read-only path through L1; host, memcpy and a report to the emulator (its bounds checks).
+UW_HD uint32_t ld_ro_u32(const uint32_t* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldg(p);
+#else
+  return host_ld_u32(p);
 #endif
 }
 

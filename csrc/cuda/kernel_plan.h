@@ -128,6 +128,9 @@ constexpr int64_t PREFETCH_LINE = 128;
 constexpr int PMMA_WARPS = 4;
 constexpr int PMMA_THREADS = PMMA_WARPS * WARP;
 constexpr int PMMA_TILE_N = 16;
+// Verbatim entries of a row read at once when its cursor comes from the row index
+// (palette_matmul.cuh pmma_row_cursor): a row holds a few, so one dependent load finds most.
+constexpr int PMMA_VROW_WINDOW = 2;
 constexpr int PMMA_ROWS = PMMA_WARPS * PMMA_TILE_N;
 constexpr int PMMA_TILE_K = 64;
 constexpr int PMMA_STAGES = 4;

@@ -156,7 +156,8 @@ const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols
 // wgmma's layout and multiplied by wgmma, up to plan::PMMA_WG_CHUNK_M batch rows per CTA (splits
 // and grid from the plan's wg forms); the tensor cores' sums per k16 step in the same order.
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                         const uint32_t* vrow, int splits,
                          float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int stage_tiles, int x_shared,
                          int tiled, void* stream);
 
@@ -175,7 +176,8 @@ bool programmatic_launch_on();
 // (plan::pgemv_variant_parts: 1, 2, 4 or 8), which sets the order of the fp32 sums.  Needs no
 // workspace.
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                         const uint32_t* vrow, int parts,
                          uint16_t* y, int64_t ldy, int variant, int tiled, void* stream);
 
 // A timing probe of palette_gemv's register-direct tensor-core variant (plan::PGEMV_VARIANT_MMA)
@@ -184,6 +186,7 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 // for the benchmarks' breakdown of the kernel's time only.
 const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                                int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                               const uint32_t* vrow,
                                int parts, uint16_t* y, int64_t ldy, int probe, int tiled, void* stream);
 
 // The same product through the queued tensor-core GEMV (palette_gemv.cuh pgemv_mma_queue_body):
@@ -193,7 +196,8 @@ const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint
 // (unused at units 1); queue: int32 [plan::pgemv_mma_queue_counters], all zero, which a launch
 // leaves zero.
 const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int units,
+                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                               const uint32_t* vrow, int units,
                                int64_t ctas, float* ws, int32_t* queue, uint16_t* y, int64_t ldy, int tiled,
                                void* stream);
 
@@ -204,7 +208,8 @@ const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint
 // variant.  An id outside [0, E) adds 1 to *err and leaves its row unwritten.  slots <= 65535.
 const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* ids, int64_t slots, int64_t E,
                                const uint8_t* sm, const uint8_t* idx, int64_t N, int64_t K, Palette pal,
-                               const uint32_t* vpos, int64_t V, const uint8_t* vexp, int parts, uint16_t* y,
+                               const uint32_t* vpos, int64_t V, const uint8_t* vexp,
+                               const uint32_t* vrow, int parts, uint16_t* y,
                                int64_t ldy, int32_t* err, void* stream);
 
 // ----------------------------------------------------------------------- host emulation
@@ -255,26 +260,31 @@ const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols
 // As palette_gemm, through the warp emulator; force_general runs the general palette decode
 // even where the paired one applies (both are tested).
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                         const uint32_t* vrow, int splits,
                          float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int force_general, int stage_tiles,
                          int x_shared, int tiled);
 // As palette_gemv, through the warp emulator (force_general as for palette_gemm).
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                         const uint32_t* vrow, int parts,
                          uint16_t* y, int64_t ldy, int force_general, int variant, int tiled);
 // As palette_gemv_probe, through the warp emulator.
 const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                                int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                               const uint32_t* vrow,
                                int parts, uint16_t* y, int64_t ldy, int probe, int tiled);
 // As palette_gemv_queue, through the warp emulator.
 const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int units,
+                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                               const uint32_t* vrow, int units,
                                int64_t ctas, float* ws, int32_t* queue, uint16_t* y, int64_t ldy, int force_general,
                                int tiled);
 // As palette_gemv_slots, through the warp emulator (ids and err on the host).
 const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* ids, int64_t slots, int64_t E,
                                const uint8_t* sm, const uint8_t* idx, int64_t N, int64_t K, Palette pal,
-                               const uint32_t* vpos, int64_t V, const uint8_t* vexp, int parts, uint16_t* y,
+                               const uint32_t* vpos, int64_t V, const uint8_t* vexp,
+                               const uint32_t* vrow, int parts, uint16_t* y,
                                int64_t ldy, int32_t* err, int force_general);
 // The fused kernels' verbatim searches in sorted v[0, n), one emulated warp per key pair:
 // out[count][4] = warp_lower_bound2's two results for (ka[i], kb[i]), warp_lower_bound's for

@@ -243,13 +243,14 @@ void with_variant(int M, bool paired, int variant, F&& f) {
 }
 
 PgemvArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                    int64_t K, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts, uint16_t* y,
+                    int64_t K, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                    const uint32_t* vrow, int parts, uint16_t* y,
                     int64_t ldy, int tiled) {
   PgemvArgs a{};
   a.x = x; a.ldx = ldx; a.M = M;
   a.sm = sm; a.idx = idx; a.N = N; a.K = K;
   a.set_order(tiled != 0);
-  a.vpos = vpos; a.nv = nv; a.vexp = vexp;
+  a.vpos = vpos; a.nv = nv; a.vexp = vexp; a.vrow = vrow;
   a.parts = parts;
   a.lparts = plan::pgemv_log2_parts(parts);
   a.y = y; a.ldy = ldy;
@@ -270,7 +271,8 @@ const char* gemv_tables(const Palette& pal, int variant, bool force_general, Pge
 
 // Checks a queued GEMV and fills its arguments; nullptr or the error.
 const char* queue_plan(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                       int64_t K, const Palette& pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int units,
+                       int64_t K, const Palette& pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                       const uint32_t* vrow, int units,
                        int64_t ctas, float* ws, int32_t* queue, uint16_t* y, int64_t ldy, int tiled, PgemvArgs* a) {
   constexpr int V = plan::PGEMV_VARIANT_MMA_QUEUE;
   if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, 1, x, sm, idx, vexp, V, tiled)) return e;
@@ -285,7 +287,7 @@ const char* queue_plan(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
   // count that leaves none, which sums the same parts (an empty part adds +0 to a sum that
   // starts at +0, so the bits do not change).
   units = static_cast<int>(plan::cdiv(steps, plan::cdiv(steps, units)));
-  *a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, units, y, ldy, tiled);
+  *a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, vrow, units, y, ldy, tiled);
   a->lparts = 0;
   a->units = tiles * units;
   a->ws = ws;
@@ -333,7 +335,8 @@ __global__ void __launch_bounds__(plan::PGEMV_THREADS, plan::PGEMV_MMA_CTAS_PER_
 // Checks a slots GEMV and fills its arguments (paired: the palette's decode); nullptr or the error.
 const char* slots_gemv_plan(const uint16_t* x, int64_t ldx, const int64_t* ids, int64_t slots, int64_t E,
                             const uint8_t* sm, const uint8_t* idx, int64_t N, int64_t K, const Palette& pal,
-                            const uint32_t* vpos, int64_t V, const uint8_t* vexp, int parts, uint16_t* y,
+                            const uint32_t* vpos, int64_t V, const uint8_t* vexp,
+                            const uint32_t* vrow, int parts, uint16_t* y,
                             int64_t ldy, int32_t* err, PgemvSlotArgs* a, bool* paired) {
   if (slots < 0 || slots > 65535) return "palette_gemv_slots: 0..65535 slots";
   if (E < 1) return "palette_gemv_slots: the stack holds no matrix";
@@ -341,7 +344,7 @@ const char* slots_gemv_plan(const uint16_t* x, int64_t ldx, const int64_t* ids, 
   if (slots > 0 && (ids == nullptr || err == nullptr)) return "palette_gemv_slots: null ids or error counter";
   if (const char* e = check_pgemv(1, N, K, ldx, ldy, pal, V, parts, x, sm, idx, vexp, plan::PGEMV_VARIANT_MMA, 0))
     return e;
-  a->base = make_args(x, ldx, 1, sm, idx, N, K, vpos, V, vexp, parts, y, ldy, 0);
+  a->base = make_args(x, ldx, 1, sm, idx, N, K, vpos, V, vexp, vrow, parts, y, ldy, 0);
   *paired = pal_tables(pal, a->base.pt);
   a->ids = ids;
   a->E = E;
@@ -364,13 +367,14 @@ bool with_probe(int probe, F&& f) {
 
 // Checks a GEMV probe and fills its arguments; nullptr or the error.
 const char* probe_plan(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                       int64_t K, const Palette& pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
+                       int64_t K, const Palette& pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                       const uint32_t* vrow, int parts,
                        uint16_t* y, int64_t ldy, int probe, int tiled, PgemvArgs* a) {
   if (!with_probe(probe, [](auto) {})) return "unknown GEMV probe";
   if (M > 8) return "the GEMV probes run batches of 1..8 rows";
   if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, plan::PGEMV_VARIANT_MMA, tiled))
     return e;
-  *a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy, tiled);
+  *a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, vrow, parts, y, ldy, tiled);
   if (!pal_tables(pal, a->pt)) return "the GEMV probes need a paired palette (ops.paired_palette)";
   return nullptr;
 }
@@ -382,9 +386,10 @@ using namespace detail;
 
 const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                                int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                               const uint32_t* vrow,
                                int parts, uint16_t* y, int64_t ldy, int probe, int tiled, void* stream) {
   PgemvArgs a{};
-  if (const char* e = probe_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp, parts, y, ldy, probe, tiled, &a))
+  if (const char* e = probe_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp, vrow, parts, y, ldy, probe, tiled, &a))
     return e;
   const auto grid = static_cast<unsigned>(plan::pgemv_variant_grid(N, parts, plan::PGEMV_VARIANT_MMA));
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -405,11 +410,13 @@ const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint
 
 const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* ids, int64_t slots, int64_t E,
                                const uint8_t* sm, const uint8_t* idx, int64_t N, int64_t K, Palette pal,
-                               const uint32_t* vpos, int64_t V, const uint8_t* vexp, int parts, uint16_t* y,
+                               const uint32_t* vpos, int64_t V, const uint8_t* vexp,
+                               const uint32_t* vrow, int parts, uint16_t* y,
                                int64_t ldy, int32_t* err, void* stream) {
   PgemvSlotArgs a{};
   bool paired = false;
-  if (const char* e = slots_gemv_plan(x, ldx, ids, slots, E, sm, idx, N, K, pal, vpos, V, vexp, parts, y, ldy, err,
+  if (const char* e = slots_gemv_plan(x, ldx, ids, slots, E, sm, idx, N, K, pal, vpos, V, vexp,
+  vrow, parts, y, ldy, err,
                                       &a, &paired))
     return e;
   if (slots == 0) return nullptr;
@@ -423,13 +430,14 @@ const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* id
 }
 
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                         const uint32_t* vrow, int parts,
                          uint16_t* y, int64_t ldy, int variant, int tiled, void* stream) {
   if (!resolve_pgemv_variant(&variant)) return "unknown palette GEMV variant";
   if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, variant, tiled)) return e;
   if (variant == plan::PGEMV_VARIANT_MMA_BULK && !device_sm90())
     return "the bulk-copy tensor-core palette_gemv needs an sm_90 GPU (cp.async.bulk)";
-  PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy, tiled);
+  PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, vrow, parts, y, ldy, tiled);
   bool paired = false;
   if (const char* e = gemv_tables(pal, variant, false, &a, &paired)) return e;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -441,11 +449,13 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 }
 
 const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int units,
+                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                               const uint32_t* vrow, int units,
                                int64_t ctas, float* ws, int32_t* queue, uint16_t* y, int64_t ldy, int tiled,
                                void* stream) {
   PgemvArgs a{};
-  if (const char* e = queue_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp, units, ctas, ws, queue, y, ldy, tiled,
+  if (const char* e = queue_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp,
+  vrow, units, ctas, ws, queue, y, ldy, tiled,
                                  &a))
     return e;
   const bool paired = pal_tables(pal, a.pt);
@@ -460,9 +470,10 @@ namespace emulate {
 
 const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                                int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                               const uint32_t* vrow,
                                int parts, uint16_t* y, int64_t ldy, int probe, int tiled) {
   PgemvArgs a{};
-  if (const char* e = probe_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp, parts, y, ldy, probe, tiled, &a))
+  if (const char* e = probe_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp, vrow, parts, y, ldy, probe, tiled, &a))
     return e;
   const int64_t grid = plan::pgemv_variant_grid(N, parts, plan::PGEMV_VARIANT_MMA);
   const char* err = nullptr;
@@ -475,11 +486,12 @@ const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint
 }
 
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int parts,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                         const uint32_t* vrow, int parts,
                          uint16_t* y, int64_t ldy, int force_general, int variant, int tiled) {
   if (!resolve_pgemv_variant(&variant)) return "unknown palette GEMV variant";
   if (const char* e = check_pgemv(M, N, K, ldx, ldy, pal, nv, parts, x, sm, idx, vexp, variant, tiled)) return e;
-  PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, parts, y, ldy, tiled);
+  PgemvArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, vrow, parts, y, ldy, tiled);
   bool paired = false;
   if (const char* e = gemv_tables(pal, variant, force_general != 0, &a, &paired)) return e;
   const char* err = nullptr;
@@ -492,11 +504,13 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 }
 
 const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int units,
+                               int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                               const uint32_t* vrow, int units,
                                int64_t ctas, float* ws, int32_t* queue, uint16_t* y, int64_t ldy, int force_general,
                                int tiled) {
   PgemvArgs a{};
-  if (const char* e = queue_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp, units, ctas, ws, queue, y, ldy, tiled,
+  if (const char* e = queue_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp,
+  vrow, units, ctas, ws, queue, y, ldy, tiled,
                                  &a))
     return e;
   const bool paired = pal_tables(pal, a.pt) && !force_general;
@@ -511,11 +525,13 @@ const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint
 
 const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* ids, int64_t slots, int64_t E,
                                const uint8_t* sm, const uint8_t* idx, int64_t N, int64_t K, Palette pal,
-                               const uint32_t* vpos, int64_t V, const uint8_t* vexp, int parts, uint16_t* y,
+                               const uint32_t* vpos, int64_t V, const uint8_t* vexp,
+                               const uint32_t* vrow, int parts, uint16_t* y,
                                int64_t ldy, int32_t* err, int force_general) {
   PgemvSlotArgs a{};
   bool paired = false;
-  if (const char* e = slots_gemv_plan(x, ldx, ids, slots, E, sm, idx, N, K, pal, vpos, V, vexp, parts, y, ldy, err,
+  if (const char* e = slots_gemv_plan(x, ldx, ids, slots, E, sm, idx, N, K, pal, vpos, V, vexp,
+  vrow, parts, y, ldy, err,
                                       &a, &paired))
     return e;
   if (slots == 0) return nullptr;

@@ -868,7 +868,8 @@ UW_UNROLL(1)
 // (grid y) computes y[s] = x[s] @ W[ids[s]]^T at batch 1, reading its expert's id on the device
 // (no host sync: a CUDA graph captures it, and a replay runs whatever ids the tensor holds).  The
 // stack's experts share one palette and hold their planes at a fixed stride and their verbatim
-// lists padded to one length V (ascending block ids within the expert), so a slot is the
+// lists padded to one length V (ascending block ids within the expert; their row index, when
+// given, [E, N + 1] of offsets into each expert's own list), so a slot is the
 // register-direct GEMV's launch with its pointers moved: the same tiles, steps, parts and sums,
 // so each slot's bits are those of pgemv_mma_body on its expert alone.  An id outside [0, E)
 // leaves its slot unwritten and adds 1 to *err (once per slot).
@@ -895,6 +896,7 @@ UW_HD void pgemv_slots_body(Ctx& c, const PgemvSlotArgs& a) {
   p.idx += e * a.idx_stride;
   p.vpos += e * a.V;
   p.vexp += e * a.V * PAL_BLOCK;
+  if (p.vrow != nullptr) p.vrow += e * (p.N + 1);  // (the row index [E, N + 1], offsets within the expert's list)
   p.x += slot * p.ldx;
   p.y += slot * p.ldy;
   pgemv_mma_body<1, kPaired, false, false, false>(c, p);

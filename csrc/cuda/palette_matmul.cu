@@ -106,13 +106,14 @@ bool device_wgmma() {
 }
 
 PmmaArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                   int64_t K, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits, float* ws,
+                   int64_t K, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                   const uint32_t* vrow, int splits, float* ws,
                    int32_t* counters, uint16_t* y, int64_t ldy, int tiled, int x_shared) {
   PmmaArgs a{};
   a.x = x; a.ldx = ldx; a.M = M;
   a.sm = sm; a.idx = idx; a.N = N; a.K = K;
   a.set_order(tiled != 0);
-  a.vpos = vpos; a.nv = nv; a.vexp = vexp;
+  a.vpos = vpos; a.nv = nv; a.vexp = vexp; a.vrow = vrow;
   a.split_tiles = plan::pmma_split_tiles(K, splits);
   a.chunks = plan::pmma_chunks(M, x_shared == plan::PMMA_XS_WGMMA);
   a.ws = ws; a.counters = counters;
@@ -136,7 +137,8 @@ void launch_pmma(const PmmaArgs& a, int64_t splits, cudaStream_t s) {
 using namespace detail;
 
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                         const uint32_t* vrow, int splits,
                          float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int stage_tiles, int x_shared,
                          int tiled, void* stream) {
   if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters, stage_tiles,
@@ -144,7 +146,7 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
     return e;
   if (x_shared == plan::PMMA_XS_WGMMA && !device_wgmma())
     return "the wgmma palette_gemm needs an sm_90 GPU and a build for sm_90a";
-  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy, tiled, x_shared);
+  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, vrow, splits, ws, counters, y, ldy, tiled, x_shared);
   const bool paired = pal_tables(pal, a.pt);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   with_variant(M, paired, stage_tiles, x_shared, [&](auto nt, auto p, auto sub, auto xs) {
@@ -156,13 +158,14 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 namespace emulate {
 
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
-                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp, int splits,
+                         int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
+                         const uint32_t* vrow, int splits,
                          float* ws, int32_t* counters, uint16_t* y, int64_t ldy, int force_general,
                          int stage_tiles, int x_shared, int tiled) {
   if (const char* e = check_pmma(M, N, K, ldx, ldy, pal, nv, splits, x, sm, idx, vexp, ws, counters, stage_tiles,
                                  x_shared, tiled))
     return e;
-  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, splits, ws, counters, y, ldy, tiled, x_shared);
+  PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, vrow, splits, ws, counters, y, ldy, tiled, x_shared);
   const bool paired = pal_tables(pal, a.pt) && !force_general;
   const char* err = nullptr;
   with_variant(M, paired, stage_tiles, x_shared, [&](auto nt, auto p, auto sub, auto xs) {

@@ -42,6 +42,11 @@ struct PalProduct {
   const uint32_t* vpos;  // [nv] ascending block ids r * (K / 32) + b
   int64_t nv;
   const uint8_t* vexp;  // [nv, 32]
+  // The row index of the verbatim list, or nullptr: vrow[r] (r <= N) the first entry of vpos
+  // whose block is in row r or a later one (so row r's entries are [vrow[r], vrow[r + 1]) and
+  // vrow[N] == nv).  With it a warp finds its rows' cursors in two dependent loads
+  // (pmma_row_cursor); without it, by a search of the whole list (pmma_tile_cursors).
+  const uint32_t* vrow;
   uint16_t* y;          // bf16 [M, ldy]
   int64_t ldy;
 
@@ -260,14 +265,55 @@ UW_HD uint32_t set_exponents(uint32_t reg, uint32_t e0, uint32_t e1) {
   return (reg & 0x807F807Fu) | ((e0 & 0xFFu) << 7) | ((e1 & 0xFFu) << 23);
 }
 
-// The verbatim cursors of a warp's 16 rows row0.. over their blocks [b_first, b_end): the
-// range's two ends are searched together (warp_lower_bound2), then lane i < 16 finds row i's
-// first entry inside that range (`rowbase`: row0 + (lane & 15) times bpr, the row's first block
-// id) and keeps it as `cur` and `rel` (pmma_rel; 0xFFFFFFFF: none).  Shared by the fused GEMM
-// and the tensor-core GEMV.
+// Row r's verbatim cursor from the row index (a.vrow; r < N): `cur` the first entry of the row
+// whose block id is >= key (rowbase + the part's first block), `rel` its block within the row
+// (0xFFFFFFFF: none left in the row).  Two dependent loads: the row's bounds, then the first
+// PMMA_VROW_WINDOW entries at once (a row holds a few verbatim blocks, and the first part's
+// key is the row's first block); a row with more entries before the key searches the rest.
+// An index that does not fit the list is clamped to it (no read outside vpos).
+UW_HD void pmma_row_cursor(const PalProduct& a, int64_t r, uint64_t rowbase, uint64_t bpr, uint64_t key,
+                           uint32_t& cur, uint32_t& rel) {
+  // (32-bit: entry counts and block ids fit uint32, check_pal_product)
+  constexpr uint32_t W = plan::PMMA_VROW_WINDOW;
+  const uint32_t nv = static_cast<uint32_t>(a.nv), base = static_cast<uint32_t>(rowbase);
+  const uint32_t k32 = static_cast<uint32_t>(key), end = static_cast<uint32_t>(rowbase + bpr);
+  uint32_t hi = ld_ro_u32(a.vrow + r + 1), lo = ld_ro_u32(a.vrow + r);
+  hi = hi < nv ? hi : nv;
+  lo = lo < hi ? lo : hi;
+  const uint32_t n = hi - lo;
+  uint32_t e[W];
+UW_UNROLL()
+  for (uint32_t j = 0; j < W; ++j) e[j] = j < n ? ld_ro_u32(a.vpos + lo + j) : 0xFFFFFFFFu;
+  uint32_t k = W;  // the first window entry at or past the key
+UW_UNROLL()
+  for (int j = static_cast<int>(W) - 1; j >= 0; --j)
+    if (static_cast<uint32_t>(j) < n && e[j] >= k32) k = static_cast<uint32_t>(j);
+  if (k < W) {
+    cur = lo + k;
+    rel = e[k] >= base && e[k] < end ? e[k] - base : 0xFFFFFFFFu;
+  } else if (n > W) {
+    cur = lo + W + static_cast<uint32_t>(lower_bound_u32(a.vpos + lo + W, n - W, key));
+    rel = pmma_rel(a, cur, rowbase, bpr);
+  } else {
+    cur = hi;
+    rel = 0xFFFFFFFFu;
+  }
+}
+
+// The verbatim cursors of a warp's 16 rows row0.. over their blocks [b_first, b_end): lane
+// i < 16 keeps row i's first entry at or past its block b_first (`rowbase`: row0 + (lane & 15)
+// times bpr, the row's first block id) as `cur` and `rel` (pmma_rel; 0xFFFFFFFF: none).  With
+// the row index (a.vrow) each lane reads its row's (pmma_row_cursor); without it, the range's
+// two ends are searched together (warp_lower_bound2: ~log16(nv) + 1 dependent loads), then
+// each lane searches that range for its row.  Shared by the fused GEMM and the tensor-core GEMV.
 template <class Ctx>
 UW_HD void pmma_tile_cursors(Ctx& c, const PalProduct& a, int64_t row0, uint64_t bpr, uint64_t b_first,
                              uint64_t b_end, uint64_t rowbase, uint32_t& cur, uint32_t& rel) {
+  if (a.vrow != nullptr) {  // (uniform)
+    const int64_t r = row0 + c.lane();
+    if (c.lane() < plan::PMMA_TILE_N && r < a.N) pmma_row_cursor(a, r, rowbase, bpr, rowbase + b_first, cur, rel);
+    return;
+  }
   int64_t v_lo = 0, v_hi = 0;
   warp_lower_bound2(c, a.vpos, a.nv, static_cast<uint64_t>(row0) * bpr + b_first,
                     static_cast<uint64_t>(row0 + plan::PMMA_TILE_N - 1) * bpr + b_end, &v_lo, &v_hi);

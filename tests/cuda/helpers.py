@@ -105,7 +105,7 @@ def encoded_weight(enc, device, err=None):
     from unweight import ops
     from unweight.format import constants as C
     from unweight.runtime import scratch
-    from unweight.runtime.weights import EncodedWeight
+    from unweight.runtime.weights import EncodedWeight, hold_row_index
     h = enc.header
     planes = device_planes(enc.planes, device)
     err = scratch.error_counter(device) if err is None else err
@@ -115,7 +115,8 @@ def encoded_weight(enc, device, err=None):
         # The CPU decoder builds its own tables from the code lengths: an empty LUT there.
         lut = (ops.build_lut(table, h.exp_lo, h.exp_hi, err) if torch.device(device).type == "cuda"
                else torch.empty(0, dtype=torch.uint16))
-    return EncodedWeight.from_header(h, planes, table, lut)
+    # (as the loaders hold it: a CUDA palette weight with its verbatim row index)
+    return hold_row_index(EncodedWeight.from_header(h, planes, table, lut))
 
 
 def huffman_planes(enc, w) -> dict:

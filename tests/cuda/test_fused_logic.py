@@ -146,7 +146,7 @@ def test_splits_heuristic():
 def test_cpp_plan_matches_python():
     for name in ("PMMA_WARPS", "PMMA_THREADS", "PMMA_TILE_N", "PMMA_ROWS", "PMMA_TILE_K", "PMMA_STAGES",
                  "PMMA_TILE_BYTES", "PMMA_SMEM_BYTES", "PMMA_CHUNK_M", "PMMA_MAX_M", "PMMA_CTAS_PER_SM",
-                 "PMMA_MIN_SPLIT_TILES", "PMMA_MAX_SPLITS", "PMMA_SUB_WIDE", "PMMA_X_ROW_BYTES"):
+                 "PMMA_MIN_SPLIT_TILES", "PMMA_MAX_SPLITS", "PMMA_SUB_WIDE", "PMMA_X_ROW_BYTES", "PMMA_VROW_WINDOW"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     assert _cuda.PMMA_WG_CHUNK_M == kp.PMMA_WG_CHUNK_M and _cuda.PMMA_XS_WGMMA == kp.PMMA_XS_WGMMA
     assert _cuda.PMMA_WG_STAGES == kp.PMMA_WG_STAGES

@@ -728,3 +728,113 @@ def test_split_layout_decodes_every_code_and_refuses_wide_palettes():
     with pytest.raises(RuntimeError, match="at most 8 exponent halves"):
         _cuda.emulate_palette_gemv(_x(1, 64, seed=0), split[C.SUFFIX_SM], split[C.SUFFIX_IDX], wide,
                                    split[C.SUFFIX_VPOS], split[C.SUFFIX_VEXP], 1, False, MMA_SPLIT)
+
+
+# ------------------------------------------------------------ the verbatim lists' row index
+def _vrow(vpos, rows, cols):
+    """The row index ops.verbatim_rows builds, from numpy (vpos [nv] or [E, V])."""
+    keys = np.arange(rows + 1, dtype=np.int64) * kp.cdiv(cols, C.PAL_BLOCK)
+    v = vpos.astype(np.int64)
+    if v.ndim == 1:
+        return np.searchsorted(v, keys).astype(np.uint32)
+    return np.stack([np.searchsorted(r, keys) for r in v]).astype(np.uint32)
+
+
+def _row_index_cases():
+    """Few verbatim blocks (make_weights), most blocks verbatim (rows with more entries than
+    the index's window, so the search past it runs), and a stack of rows with none, on odd
+    shapes (rows past N in the last tile, half steps)."""
+    cases = [make_weights(N, K, seed=N + 3 * K) for N, K in ((33, 384), (40, 1088))] + [_heavy(43), _heavy(44, 16, 256)]
+    sparse = make_weights(50, 512, seed=9)
+    sparse[::3] = 0x3F80  # every third row 1.0 throughout: in the palette, no verbatim block
+    return cases + [sparse]
+
+
+@needs_ext
+def test_verbatim_rows_matches_a_search_of_the_list():
+    from unweight import ops
+    for w in _row_index_cases():
+        enc = tc.encode(w, "palette")
+        vpos = enc.planes[C.SUFFIX_VPOS]
+        got = ops.verbatim_rows(torch.from_numpy(vpos), *w.shape)
+        assert got.dtype == torch.uint32 and np.array_equal(got.numpy(), _vrow(vpos, *w.shape))
+        assert int(got[0]) == 0 and int(got[-1]) == len(vpos)
+    stack = torch.tensor([[0, 5, 7], [1, 2, 300]], dtype=torch.int64).to(torch.uint32)
+    got = ops.verbatim_rows(stack, 3, 4096)  # 128 blocks per row
+    assert got.tolist() == [[0, 3, 3, 3], [0, 2, 2, 3]]
+    assert ops.verbatim_rows(stack[:, :0], 3, 4096).tolist() == [[0] * 4] * 2
+    with pytest.raises(ValueError, match="vpos"):
+        ops.verbatim_rows(stack[None], 3, 4096)
+
+
+@needs_ext
+def test_row_index_gives_the_search_bits():
+    """Each fused kernel's verbatim cursors from the row index (pmma_row_cursor: the row's
+    bounds, its first PMMA_VROW_WINDOW entries, a search past them) give the bits of the search
+    of the whole list: the tensor-core GEMV and its staged and prefetching feeds at every parts
+    (a part's first block past the row's first entries), the queued GEMV, the fused GEMM with a
+    K split, the NO_MMA timing probe (decode and patch), and the slots GEMV."""
+    for i, w in enumerate(_row_index_cases()):
+        N, K = w.shape
+        enc = tc.encode(w, "palette")
+        p = enc.planes
+        vr = _vrow(p[C.SUFFIX_VPOS], N, K)
+        args = (p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP])
+        for M in (1, 9):
+            x = _x(M, K, seed=M + 7 * K)
+            for variant in (MMA, MMA_STAGED, MMA_PREFETCH):
+                for parts in (1, 2, 4, 8):
+                    want = _cuda.emulate_palette_gemv(x, *args, parts, bool(i % 2), variant)
+                    got = _cuda.emulate_palette_gemv(x, *args, parts, bool(i % 2), variant, 0, vrow=vr)
+                    assert np.array_equal(got, want), (w.shape, M, variant, parts)
+            for units, ctas in ((1, 1), (3, 2)):
+                if units <= kp.cdiv(K, kp.PGEMV_MMA_COLS):
+                    want = _cuda.emulate_palette_gemv_queue(x, *args, units, ctas, False, 0)
+                    got = _cuda.emulate_palette_gemv_queue(x, *args, units, ctas, False, 0, vrow=vr)
+                    assert np.array_equal(got, want), (w.shape, M, units, ctas)
+            for splits in (1, 3):
+                want = _cuda.emulate_palette_gemm(x, *args, splits)
+                assert np.array_equal(_cuda.emulate_palette_gemm(x, *args, splits, vrow=vr), want), (w.shape, splits)
+        pp = _paired(enc)
+        if pp is not None:
+            planes, pal = pp
+            pargs = (planes[C.SUFFIX_SM], planes[C.SUFFIX_IDX], pal, planes[C.SUFFIX_VPOS], planes[C.SUFFIX_VEXP])
+            x = _x(1, K, seed=K)
+            want = _cuda.emulate_palette_gemv_probe(x, *pargs, 2, kp.PGEMV_PROBE_NO_MMA)
+            got = _cuda.emulate_palette_gemv_probe(x, *pargs, 2, kp.PGEMV_PROBE_NO_MMA, 0, vrow=vr)
+            assert np.array_equal(got, want), w.shape
+
+
+@needs_ext
+def test_slots_row_index_gives_the_search_bits():
+    """The slots GEMV with the stack's row index ([E, N + 1], offsets into each expert's own
+    padded list): the bits of its search, for experts with few and with most blocks verbatim."""
+    from unweight.runtime.expert_slots import ExpertSlots
+    N, K = 40, 1088
+    w = np.stack([make_weights(N, K, seed=1), _heavy(45, N, K), make_weights(N, K, seed=9)])
+    st = ExpertSlots.from_weights(w, "cpu", threads=1)
+    sm, idx, vpos, vexp = (t.numpy() for t in (st.sm, st.idx, st.vpos, st.vexp))
+    ids = np.array([1, 0, 2, 1], np.int64)
+    x = _x(len(ids), K, seed=3)
+    for parts in (1, 4):
+        want, _ = _cuda.emulate_palette_gemv_slots(x, ids, sm, idx, bytes(st.palette), vpos, vexp, parts)
+        got, nerr = _cuda.emulate_palette_gemv_slots(x, ids, sm, idx, bytes(st.palette), vpos, vexp, parts,
+                                                     vrow=_vrow(vpos, N, K))
+        assert nerr == 0 and np.array_equal(got, want), parts
+
+
+@needs_ext
+def test_row_index_that_does_not_fit_the_list_reads_inside_it():
+    """An index whose entries pass the list's end is clamped to it (no read outside vpos, which
+    the emulator would fail): every row then holds no entry, as with an empty list; the binding
+    refuses an index of the wrong length."""
+    w = _heavy(46, 33, 384)
+    enc = tc.encode(w, "palette")
+    p = enc.planes
+    args = (p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP])
+    x = _x(1, 384, seed=1)
+    empty = _cuda.emulate_palette_gemv(x, *args[:3], p[C.SUFFIX_VPOS][:0], p[C.SUFFIX_VEXP][:0], 1, False, MMA)
+    huge = np.full(34, 0xFFFFFFF0, np.uint32)
+    assert np.array_equal(_cuda.emulate_palette_gemv(x, *args, 1, False, MMA, 0, vrow=huge), empty)
+    with pytest.raises(ValueError, match="vrow"):
+        _cuda.emulate_palette_gemv(x, *args, 1, False, MMA, 0, vrow=huge[:-1])

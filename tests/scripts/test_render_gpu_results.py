@@ -113,10 +113,11 @@ def test_probe_table_gives_each_probe_as_a_share_of_the_full_gemv():
     r = _renderer()
     probe = {"full_ms": 0.0334, "parts": 2, "verbatim_blocks": 1500,
              "no_verbatim": {"median_ms": 0.030, "share_of_full": 0.898}, "no_decode": {"error": "RuntimeError: x"},
-             "stream": {"median_ms": 0.020, "share_of_full": 0.599}}
+             "stream": {"median_ms": 0.020, "share_of_full": 0.599},
+             "search": {"median_ms": 0.036, "share_of_full": 1.078}}
     lines = r.probe_table({"raw": {"kernels": {"rows": [{"N": 14336, "K": 4096, "M": 1,
                                                          "palette_gemv_mma_tiled_probe": probe}]}}})
-    assert "| 14336 x 4096 | 1 | 33.4 | 1500 | 0.90 | error | — | 0.60 |" in lines
+    assert "| 14336 x 4096 | 1 | 33.4 | 1500 | 0.90 | 1.08 | error | — | 0.60 |" in lines
     assert r.probe_table({"raw": {"kernels": {"rows": [{"N": 1, "K": 64, "M": 1}]}}}) == []
 
 

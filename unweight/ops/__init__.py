@@ -12,6 +12,7 @@ tracing, CUDA-graph capture) and a CPU implementation where one exists.
     layout.py     tile_palette_planes, untile_palette_planes, paired_palette,
                   remap_index, pair_index, stored_index,
                   split_halves, split_palette_planes                         (the planes' device order)
+                  verbatim_rows                                              (the verbatim lists' row index)
     transcode.py  build_lut, exp_histogram, palette_encode, palette_verbatim,
                   transcode_to_palette()                                     (load time)
     prefetch.py   prefetch_l2                                                (weights into L2 ahead of a matmul)
@@ -24,7 +25,7 @@ from ._ext import cuda_available, cuda_kernels_built
 from .decode import decode_huffman, decode_palette, decode_palette_slots
 from .gather import gather_rows_huffman, gather_rows_palette
 from .layout import (inverse_nibble_map, pair_index, palette_pairs, paired_palette, remap_index, split_halves,
-                     split_palette_planes, stored_index, tile_palette_planes, untile_palette_planes)
+                     split_palette_planes, stored_index, tile_palette_planes, untile_palette_planes, verbatim_rows)
 from .matmul import (palette_counters_elems, palette_gemv, palette_gemv_parts, palette_gemv_probe, palette_gemv_queue,
                      palette_gemv_queue_counters, palette_gemv_queue_units, palette_gemv_queue_workspace,
                      palette_gemv_queue_workspace_max, palette_gemv_slots, palette_gemv_supported, palette_matmul,
@@ -42,4 +43,4 @@ __all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_pal
            "palette_workspace_elems", "palette_workspace_max", "palette_counters_elems", "build_lut", "exp_histogram", "palette_encode",
            "palette_verbatim", "transcode_to_palette", "tile_palette_planes", "untile_palette_planes", "palette_pairs", "paired_palette",
            "remap_index", "inverse_nibble_map", "pair_index", "stored_index", "split_halves", "split_palette_planes",
-           "prefetch_l2", "run"]
+           "verbatim_rows", "prefetch_l2", "run"]

@@ -37,16 +37,27 @@ hold a weight either way.
         needs: 6 operations per 4 weights instead of 8.  It holds for palettes whose exponents
         fall in at most 8 halves (16 consecutive exponents starting at an even one).  Either
         plane order (file or tile-major); no file format change.
+
+    verbatim_rows(vpos, rows, cols) -> vrow
+        The row index of a verbatim list: vrow[r] (r <= rows) the count of entries whose block
+        lies in a row before r, so row r's entries are vpos[vrow[r]:vrow[r + 1]].  The fused
+        kernels (palette_matmul, palette_gemv's tensor-core variants, palette_gemv_queue,
+        palette_gemv_slots) take it to find a warp's rows' first verbatim blocks in two
+        dependent loads instead of a search of the whole list (~log16(nv) + 4 loads), before
+        the warp's first multiply.  4 bytes per row beside the planes; built from vpos on its
+        device by the holder, with no host sync.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from ..format import constants as C
 from ..runtime import kernel_plan as plan
 
 __all__ = ["tile_palette_planes", "untile_palette_planes", "palette_pairs", "paired_palette", "remap_index",
-           "inverse_nibble_map", "pair_index", "stored_index", "split_halves", "split_palette_planes"]
+           "inverse_nibble_map", "pair_index", "stored_index", "split_halves", "split_palette_planes",
+           "verbatim_rows"]
 
 _R, _C = plan.PAL_TILE_ROWS, plan.PAL_TILE_COLS
 
@@ -213,3 +224,20 @@ def split_palette_planes(sm: Tensor, idx: Tensor, palette) -> tuple[Tensor, Tens
         torch.index_select(codes_lut, 0, ix + (signs << 8), out=codes[a:b])
         lo[a:b] = (w & 0x7F7F) | torch.index_select(e0_lut, 0, ix)
     return lo.view(torch.uint8).view(sm.shape), codes.view(idx.shape)
+
+
+def verbatim_rows(vpos: Tensor, rows: int, cols: int) -> Tensor:
+    """The row index of a palette weight's verbatim list (see the module docstring).
+
+    vpos: uint32 [nv] ascending block ids r * cdiv(cols, 32) + b of one [rows, cols] matrix, or
+    [E, V] for a stack of E such matrices, each list ascending (runtime/expert_slots.py).
+    Returns uint32 [rows + 1] (or [E, rows + 1], each row of offsets into its own list) on
+    vpos's device; torch.searchsorted, no host sync, so a CUDA graph may capture it."""
+    if vpos.dim() not in (1, 2):
+        raise ValueError(f"verbatim_rows takes vpos [nv] or [E, V], got shape {tuple(vpos.shape)}")
+    bpr = -(-int(cols) // C.PAL_BLOCK)
+    keys = torch.arange(int(rows) + 1, dtype=torch.int64, device=vpos.device) * bpr
+    v = vpos.to(torch.int64)
+    if v.dim() == 2:
+        keys = keys.expand(v.size(0), -1).contiguous()
+    return torch.searchsorted(v, keys).to(torch.uint32)

@@ -68,6 +68,12 @@
         it): each slot's bits are palette_gemv's (variant MMA, `parts`) on its expert.  An id
         outside [0, E) adds 1 to err and leaves its row unwritten (CPU: raises FormatError).
 
+Every op above also takes ``vrow=None``: the row index of the verbatim list
+(ops.verbatim_rows, uint32 [rows + 1]; [E, rows + 1] for palette_gemv_slots), which a holder
+builds once from vpos.  With it each warp finds its rows' first verbatim blocks in two
+dependent loads before its first multiply; without it the CUDA kernels search vpos (about
+log16(nv) + 4 dependent loads).  The same bits either way; the CPU implementations ignore it.
+
 The CUDA kernels need cols % 64 == 0 and 16-byte aligned planes (palette_supported); it
 raises ValueError / RuntimeError for what it refuses and the runtime dispatch falls back to
 decode + cuBLAS.  The CPU implementation decodes and multiplies in fp32 with one rounding
@@ -79,7 +85,7 @@ gives the arithmetic); Huffman layers decode into scratch and run cuBLAS.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -145,19 +151,20 @@ def _reference(x: Tensor, w_bits: np.ndarray) -> Tensor:
 @torch.library.custom_op("unweight::palette_matmul", mutates_args=("workspace", "counters"))
 def palette_matmul(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, workspace: Tensor,
                    counters: Tensor, rows: int, cols: int, palette: List[int], splits: int,
-                   stage_tiles: int = 1, x_shared: bool = False, tiled: bool = False, wgmma: bool = False) -> Tensor:
+                   stage_tiles: int = 1, x_shared: bool = False, tiled: bool = False, wgmma: bool = False,
+                   vrow: Optional[Tensor] = None) -> Tensor:
     raise NotImplementedError(f"unweight::palette_matmul has no kernel for device {x.device}")
 
 
 @palette_matmul.register_fake
 def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
-      tiled=False, wgmma=False):
+      tiled=False, wgmma=False, vrow=None):
     return x.new_empty((x.size(0), rows))
 
 
 @palette_matmul.register_kernel("cpu")
 def _palette_matmul_cpu(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
-      tiled=False, wgmma=False):
+      tiled=False, wgmma=False, vrow=None):
     if x.dim() != 2 or x.size(1) != cols:
         raise ValueError(f"palette_matmul takes x [M, {cols}], got {tuple(x.shape)}")
     w = np.empty((rows, cols), dtype=np.uint16)
@@ -181,11 +188,24 @@ def _cuda_x(op: str, x: Tensor, cols: int, supported, max_m: int, planes: tuple)
     return x
 
 
+def _vrow_ptr(op: str, vrow: Tensor | None, x: Tensor, n: int) -> int:
+    """The device pointer of a verbatim row index (ops.verbatim_rows: uint32, n entries,
+    contiguous, on x's device), or 0 for none (the kernel then searches the list)."""
+    if vrow is None:
+        return 0
+    if vrow.dtype != torch.uint32 or vrow.numel() != n or not vrow.is_contiguous():
+        raise ValueError(f"{op}: vrow must be a contiguous uint32 row index of {n} entries (ops.verbatim_rows), "
+                         f"got {vrow.dtype} {tuple(vrow.shape)}")
+    _ext.same_device(op, x, vrow)
+    return _ext.ptr(vrow)
+
+
 @palette_matmul.register_kernel("cuda")
 def _palette_matmul_cuda(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
-      tiled=False, wgmma=False):
+      tiled=False, wgmma=False, vrow=None):
     x = _cuda_x("palette_matmul", x, cols, palette_supported, plan.PMMA_MAX_M,
                 (sm, idx, vpos, vexp, workspace, counters))
+    vr = _vrow_ptr("palette_matmul", vrow, x, rows + 1)
     M = x.size(0)
     if splits > 1:
         if workspace.dtype != torch.float32 or workspace.numel() < palette_workspace_elems(M, rows, splits):
@@ -198,7 +218,7 @@ def _palette_matmul_cuda(x, sm, idx, vpos, vexp, workspace, counters, rows, cols
                                         bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), splits,
                                         _ext.ptr(workspace), _ext.ptr(counters), _ext.ptr(y), y.stride(0),
                                         _ext.stream(x), stage_tiles, plan.PMMA_XS_WGMMA if wgmma else int(x_shared),
-                                        int(tiled))
+                                        int(tiled), vr)
     return y
 
 
@@ -218,17 +238,18 @@ def palette_gemv_supported(M: int, cols: int, variant: int = 0) -> bool:
 
 @torch.library.custom_op("unweight::palette_gemv", mutates_args=())
 def palette_gemv(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, rows: int, cols: int,
-                 palette: List[int], parts: int, variant: int = 0, tiled: bool = False) -> Tensor:
+                 palette: List[int], parts: int, variant: int = 0, tiled: bool = False,
+                 vrow: Optional[Tensor] = None) -> Tensor:
     raise NotImplementedError(f"unweight::palette_gemv has no kernel for device {x.device}")
 
 
 @palette_gemv.register_fake
-def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False):
+def _(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False, vrow=None):
     return x.new_empty((x.size(0), rows))
 
 
 @palette_gemv.register_kernel("cpu")
-def _palette_gemv_cpu(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False):
+def _palette_gemv_cpu(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False, vrow=None):
     if variant == plan.PGEMV_VARIANT_MMA_SPLIT:  # (the CPU decode reads the stored layout only)
         raise ValueError("palette_gemv: the split layout (PGEMV_VARIANT_MMA_SPLIT) runs on CUDA only")
     return torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, x.new_empty(0, dtype=torch.float32),
@@ -237,39 +258,43 @@ def _palette_gemv_cpu(x, sm, idx, vpos, vexp, rows, cols, palette, parts, varian
 
 
 @palette_gemv.register_kernel("cuda")
-def _palette_gemv_cuda(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False):
+def _palette_gemv_cuda(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False, vrow=None):
     x = _cuda_x("palette_gemv", x, cols, lambda M, K: palette_gemv_supported(M, K, variant),
                 plan.pgemv_max_m(variant), (sm, idx, vpos, vexp))
+    vr = _vrow_ptr("palette_gemv", vrow, x, rows + 1)
     M = x.size(0)
     y = torch.empty((M, rows), dtype=torch.bfloat16, device=x.device)
     with torch.cuda.device_of(x):
         _ext.cuda_module().palette_gemv(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
                                         bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), parts,
-                                        _ext.ptr(y), y.stride(0), _ext.stream(x), variant, int(tiled))
+                                        _ext.ptr(y), y.stride(0), _ext.stream(x), variant, int(tiled), vr)
     return y
 
 
 def palette_gemv_probe(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, rows: int, cols: int,
-                       palette: List[int], parts: int, probe: str, tiled: bool = False) -> Tensor:
+                       palette: List[int], parts: int, probe: str, tiled: bool = False,
+                       vrow: Optional[Tensor] = None) -> Tensor:
     """A timing probe of the register-direct tensor-core GEMV (palette_gemv's "mma" variant):
     its launch with one stage left out, for a breakdown of the kernel's time; the result is not
     the product.  probe: "no_decode" (the loaded words go to the tensor cores undecoded),
     "no_mma" (decoded, but neither x loaded nor multiplied) or "stream" (the loads alone).
     x bf16 [M, cols] with M <= 8, the planes as palette_gemv takes them with a paired palette
-    (ops.paired_palette), on one CUDA device.  Returns bf16 [M, rows]."""
+    (ops.paired_palette), on one CUDA device, vrow as palette_gemv takes it.  Returns bf16
+    [M, rows]."""
     if probe not in plan.PGEMV_PROBES:
         raise ValueError(f"palette_gemv_probe: probe must be one of {sorted(plan.PGEMV_PROBES)}, got {probe!r}")
     if x.device.type != "cuda":
         raise ValueError("palette_gemv_probe runs on a CUDA device only (a timing probe)")
     x = _cuda_x("palette_gemv_probe", x, cols,
                 lambda M, K: M <= 8 and palette_gemv_supported(M, K, plan.PGEMV_VARIANT_MMA), 8, (sm, idx, vpos, vexp))
+    vr = _vrow_ptr("palette_gemv_probe", vrow, x, rows + 1)
     M = x.size(0)
     y = torch.empty((M, rows), dtype=torch.bfloat16, device=x.device)
     with torch.cuda.device_of(x):
         _ext.cuda_module().palette_gemv_probe(_ext.ptr(x), x.stride(0), M, _ext.ptr(sm), _ext.ptr(idx), rows, cols,
                                               bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), parts,
                                               _ext.ptr(y), y.stride(0), _ext.stream(x), plan.PGEMV_PROBES[probe],
-                                              int(tiled))
+                                              int(tiled), vr)
     return y
 
 
@@ -324,27 +349,30 @@ def palette_gemv_queue_counters(rows: int) -> int:
 @torch.library.custom_op("unweight::palette_gemv_queue", mutates_args=("workspace", "counters"))
 def palette_gemv_queue(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, workspace: Tensor,
                        counters: Tensor, rows: int, cols: int, palette: List[int], units: int,
-                       tiled: bool = False) -> Tensor:
+                       tiled: bool = False, vrow: Optional[Tensor] = None) -> Tensor:
     raise NotImplementedError(f"unweight::palette_gemv_queue has no kernel for device {x.device}")
 
 
 @palette_gemv_queue.register_fake
-def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, tiled=False):
+def _(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, tiled=False, vrow=None):
     return x.new_empty((x.size(0), rows))
 
 
 @palette_gemv_queue.register_kernel("cpu")
-def _palette_gemv_queue_cpu(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, tiled=False):
+def _palette_gemv_queue_cpu(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, tiled=False,
+                            vrow=None):
     return torch.ops.unweight.palette_matmul(x, sm, idx, vpos, vexp, x.new_empty(0, dtype=torch.float32),
                                              x.new_empty(0, dtype=torch.int32), rows, cols, palette, 1,
                                              tiled=tiled)
 
 
 @palette_gemv_queue.register_kernel("cuda")
-def _palette_gemv_queue_cuda(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, tiled=False):
+def _palette_gemv_queue_cuda(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, units, tiled=False,
+                             vrow=None):
     v = plan.PGEMV_VARIANT_MMA_QUEUE
     x = _cuda_x("palette_gemv_queue", x, cols, lambda M, K: palette_gemv_supported(M, K, v), plan.pgemv_max_m(v),
                 (sm, idx, vpos, vexp, workspace, counters))
+    vr = _vrow_ptr("palette_gemv_queue", vrow, x, rows + 1)
     M = x.size(0)
     if units > 1 and (workspace.dtype != torch.float32
                       or workspace.numel() < palette_gemv_queue_workspace(M, rows, units)):
@@ -358,7 +386,7 @@ def _palette_gemv_queue_cuda(x, sm, idx, vpos, vexp, workspace, counters, rows, 
                                               bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp), units,
                                               ctas, _ext.ptr(workspace) if workspace.numel() else 0,
                                               _ext.ptr(counters), _ext.ptr(y), y.stride(0), _ext.stream(x),
-                                              int(tiled))
+                                              int(tiled), vr)
     return y
 
 
@@ -383,17 +411,17 @@ def _check_gemv_slots(x, ids, sm, idx, vpos, vexp, palette):
 
 @torch.library.custom_op("unweight::palette_gemv_slots", mutates_args=("err",))
 def palette_gemv_slots(x: Tensor, ids: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, err: Tensor,
-                       palette: List[int], parts: int) -> Tensor:
+                       palette: List[int], parts: int, vrow: Optional[Tensor] = None) -> Tensor:
     raise NotImplementedError(f"unweight::palette_gemv_slots has no kernel for device {x.device}")
 
 
 @palette_gemv_slots.register_fake
-def _(x, ids, sm, idx, vpos, vexp, err, palette, parts):
+def _(x, ids, sm, idx, vpos, vexp, err, palette, parts, vrow=None):
     return x.new_empty((x.size(0), sm.size(1)))
 
 
 @palette_gemv_slots.register_kernel("cpu")
-def _palette_gemv_slots_cpu(x, ids, sm, idx, vpos, vexp, err, palette, parts):
+def _palette_gemv_slots_cpu(x, ids, sm, idx, vpos, vexp, err, palette, parts, vrow=None):
     # The reference: each slot's expert decoded (decode_palette_slots, which raises on a bad id),
     # then fp32 products with one rounding.
     _check_gemv_slots(x, ids, sm, idx, vpos, vexp, palette)
@@ -404,15 +432,16 @@ def _palette_gemv_slots_cpu(x, ids, sm, idx, vpos, vexp, err, palette, parts):
 
 
 @palette_gemv_slots.register_kernel("cuda")
-def _palette_gemv_slots_cuda(x, ids, sm, idx, vpos, vexp, err, palette, parts):
+def _palette_gemv_slots_cuda(x, ids, sm, idx, vpos, vexp, err, palette, parts, vrow=None):
     _check_gemv_slots(x, ids, sm, idx, vpos, vexp, palette)
     S, (E, rows, cols) = ids.numel(), sm.shape
     x = _cuda_x("palette_gemv_slots", x, cols, lambda M, K: K % plan.PMMA_TILE_K == 0 and M <= 65535, 65535,
                 (sm, idx, vpos, vexp))
+    vr = _vrow_ptr("palette_gemv_slots", vrow, x, E * (rows + 1))
     y = torch.empty((S, rows), dtype=torch.bfloat16, device=x.device)
     with torch.cuda.device_of(x):
         _ext.cuda_module().palette_gemv_slots(_ext.ptr(x), x.stride(0), _ext.ptr(ids), S, E, _ext.ptr(sm),
                                               _ext.ptr(idx), rows, cols, bytes(palette), _ext.ptr(vpos),
                                               vpos.shape[1], _ext.ptr(vexp), parts, _ext.ptr(y), y.stride(0),
-                                              _ext.ptr(err), _ext.stream(x))
+                                              _ext.ptr(err), _ext.stream(x), vr)
     return y

@@ -135,17 +135,17 @@ def fused(w: EncodedWeight, x2: Tensor, path: str = PALETTE_GEMM) -> Tensor:
         cnt = scratch.counters(dev, ops.palette_gemv_queue_counters(w.rows))
         return ops.run.palette_gemv_queue(x2, w.sm, w.idx, w.vpos, w.vexp, ws, cnt, w.rows, w.cols,
                                           w.palette, ops.palette_gemv_queue_units(w.rows, w.cols, dev),
-                                          w.tiled)
+                                          w.tiled, w.vrow)
     if path in GEMV_PATHS:
         v = GEMV_PATHS[path]
         return ops.run.palette_gemv(x2, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette,
-                                    ops.palette_gemv_parts(w.rows, w.cols, dev, v), v, w.tiled)
+                                    ops.palette_gemv_parts(w.rows, w.cols, dev, v), v, w.tiled, w.vrow)
     stage_tiles, x_shared, wgmma = _LAYOUT[path]
     splits = ops.palette_splits(w.rows, w.cols, dev, x2.size(0), wgmma)
     ws = scratch.workspace(dev, ops.palette_workspace_max(w.rows, w.cols, dev))
     cnt = scratch.counters(dev, ops.palette_counters_elems(w.rows))
     return ops.run.palette_matmul(x2, w.sm, w.idx, w.vpos, w.vexp, ws, cnt, w.rows, w.cols, w.palette,
-                                  splits, stage_tiles, x_shared, tiled=w.tiled, wgmma=wgmma)
+                                  splits, stage_tiles, x_shared, tiled=w.tiled, wgmma=wgmma, vrow=w.vrow)
 
 
 class _RedecodingLinear(torch.autograd.Function):

@@ -51,8 +51,11 @@ class ExpertSlots:
                  cols_per_chunk: int):
         """sm uint8 [E, rows, cols]; idx uint8 [E, rows, ceil(cols / 2)]; vpos uint32 [E, V]
         (each expert's block ids within its matrix, ascending); vexp uint8 [E, V, PAL_BLOCK];
-        palette: the stack's exponents; all tensors on one device."""
+        palette: the stack's exponents; all tensors on one device.  vrow: the verbatim lists'
+        row index (ops.verbatim_rows, uint32 [E, rows + 1]) the slots GEMV takes on CUDA, built
+        by from_weights; None: the kernel searches the lists."""
         self.sm, self.idx, self.vpos, self.vexp = sm, idx, vpos, vexp
+        self.vrow: Tensor | None = None
         self.palette = palette
         self.num_experts, self.rows, self.cols = sm.shape
         self.grid = (rows_per_group, cols_per_chunk)
@@ -101,11 +104,13 @@ class ExpertSlots:
             reorder = ops.pair_index(slots.palette, slots.idx)
             if reorder is not None:
                 slots.palette, _, slots.idx = reorder
+        if dev.type == "cuda" and width:
+            slots.vrow = ops.verbatim_rows(slots.vpos, rows, cols)
         return slots
 
     def tensors(self) -> list:
         """The device tensors held (to register as module buffers)."""
-        return [self.sm, self.idx, self.vpos, self.vexp]
+        return [self.sm, self.idx, self.vpos, self.vexp] + ([self.vrow] if self.vrow is not None else [])
 
     def held_bytes(self) -> int:
         return sum(int(t.numel() * t.element_size()) for t in self.tensors())
@@ -145,7 +150,7 @@ class ExpertSlots:
         # (the launch holds S times one matrix's tiles: the split over K is planned for all of them)
         parts = ops.palette_gemv_parts(self.rows * max(1, ids.numel()), self.cols, dev, kp.PGEMV_VARIANT_MMA)
         return ops.run.palette_gemv_slots(x, ids, self.sm, self.idx, self.vpos, self.vexp,
-                                          scratch.error_counter(dev), self.palette, parts)
+                                          scratch.error_counter(dev), self.palette, parts, self.vrow)
 
 
 def routed_forward(w13: ExpertSlots, w2: ExpertSlots, x: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:

@@ -58,6 +58,7 @@ SCAN_THREADS = 1024
 PMMA_WARPS = 4
 PMMA_THREADS = PMMA_WARPS * WARP
 PMMA_TILE_N = 16
+PMMA_VROW_WINDOW = 2  # verbatim entries a row-index cursor reads at once (pmma_row_cursor)
 PMMA_ROWS = PMMA_WARPS * PMMA_TILE_N
 PMMA_TILE_K = 64
 PMMA_STAGES = 4

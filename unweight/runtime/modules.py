@@ -35,7 +35,7 @@ from . import dispatch
 from . import kernel_plan as kp
 from .modes import check_plane_order
 from .policy import resolve_plane_order
-from .weights import EncodedWeight
+from .weights import EncodedWeight, hold_row_index
 
 
 def plane_tensor(a) -> Tensor:
@@ -362,7 +362,8 @@ class CompressedWeightMixin:
         (a .to(), a load with assign=True or replace_planes puts new ones in), the same header
         (a state-dict load re-reads it), plane order and palette order; built anew otherwise.
         Building it reads every plane through nn.Module.__getattr__, a tenth of a compressed
-        layer's host time per forward."""
+        layer's host time per forward, and builds a CUDA palette weight's verbatim row index
+        (runtime.weights.hold_row_index: a device op, no host sync)."""
         o = self.owner()  # (held by the owner: a tied module shares it, and the owner's .to() drops it)
         bufs = o._buffers
         c = o.__dict__.get("_uw_encoded")
@@ -377,6 +378,7 @@ class CompressedWeightMixin:
                           table=o.code_table() if i.encoding == C.ENC_HUFFMAN else None, lut=o.weight_lut,
                           idx=p.get(C.SUFFIX_IDX), vpos=p.get(C.SUFFIX_VPOS), vexp=p.get(C.SUFFIX_VEXP),
                           chk=p.get(C.SUFFIX_CHK), chk_interval=i.chk_interval, tiled=o._tiled)
+        hold_row_index(w)  # (built with the record, so it follows vpos: every rebuild builds it again)
         held = tuple((k, bufs.get(k)) for k in ["weight" + suf for suf in o._suffixes] + ["weight_lut"])  # (__hdr too)
         o.__dict__["_uw_encoded"] = (w, i, o._tiled, o._pal_map, held)
         return w

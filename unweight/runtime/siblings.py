@@ -50,7 +50,7 @@ from . import kernel_plan as kp
 from .modules import CompressedLinear
 from .policy import resolve_plane_order
 from .stacking import SIBLINGS
-from .weights import EncodedWeight
+from .weights import EncodedWeight, hold_row_index
 
 log = logging.getLogger("unweight")
 
@@ -256,6 +256,7 @@ def _merge(mods: list, names: list, tiled: bool, paired: bool, state: dict | Non
     ew = EncodedWeight(C.ENC_PALETTE, rows, cols, hdr.rows_per_group, hdr.cols_per_chunk, 0, 0,
                        palette if pal_map is None else pal_map[0], sm, idx=idx, vpos=planes[C.SUFFIX_VPOS],
                        vexp=vexp, name="+".join(names), tiled=tiled)
+    hold_row_index(ew)
     g = SiblingGroup(mods, ew)
     for m in mods:
         m.__dict__["_uw_group"] = g

@@ -37,19 +37,22 @@ class EncodedWeight:
                  lut [4, 4096] uint16 on CUDA (empty on CPU)
         palette: sm [rows, cols], idx [rows, ceil(cols/2)], vpos [nv], vexp [nv, PAL_BLOCK]
     chk: the Huffman checkpoint index uint16 [n_seg, P] and chk_interval its S (None and 0
-    without one; FORMAT.md "Checkpoint index").  Unused planes are None.  tiled: a palette
+    without one; FORMAT.md "Checkpoint index").  vrow: the verbatim list's row index (uint32
+    [rows + 1], ops.verbatim_rows; hold_row_index), which the fused CUDA kernels take in place
+    of a search of vpos, or None.  Unused planes are None.  tiled: a palette
     weight's sm and idx hold their bytes tile-major (ops/layout.py), which every palette op
     is told; False (file order) unless the holder permuted them.
     """
 
     __slots__ = ("encoding", "rows", "cols", "rows_per_group", "cols_per_chunk", "exp_lo", "exp_hi", "palette",
-                 "sm", "exp", "off", "table", "lut", "idx", "vpos", "vexp", "name", "chk", "chk_interval", "tiled")
+                 "sm", "exp", "off", "table", "lut", "idx", "vpos", "vexp", "name", "chk", "chk_interval", "tiled",
+                 "vrow")
 
     def __init__(self, encoding: int, rows: int, cols: int, rows_per_group: int, cols_per_chunk: int, exp_lo: int,
                  exp_hi: int, palette: list, sm: Tensor, exp: Tensor | None = None, off: Tensor | None = None,
                  table: Tensor | None = None, lut: Tensor | None = None, idx: Tensor | None = None,
                  vpos: Tensor | None = None, vexp: Tensor | None = None, name: str = "",
-                 chk: Tensor | None = None, chk_interval: int = 0, tiled: bool = False):
+                 chk: Tensor | None = None, chk_interval: int = 0, tiled: bool = False, vrow: Tensor | None = None):
         self.encoding, self.rows, self.cols = encoding, rows, cols
         self.rows_per_group, self.cols_per_chunk = rows_per_group, cols_per_chunk
         self.exp_lo, self.exp_hi, self.palette = exp_lo, exp_hi, palette
@@ -58,6 +61,7 @@ class EncodedWeight:
         self.name = name
         self.chk, self.chk_interval = (chk, int(chk_interval)) if chk is not None and chk_interval else (None, 0)
         self.tiled = bool(tiled)
+        self.vrow = vrow
 
     @classmethod
     def from_header(cls, header: TensorHeader, planes: dict, table: Tensor | None = None, lut: Tensor | None = None,
@@ -93,4 +97,15 @@ def hold_paired(w: EncodedWeight) -> EncodedWeight:
     paired = ops_layout.pair_index(w.palette, w.idx)
     if paired is not None:
         w.palette, _, w.idx = paired
+    return w
+
+
+def hold_row_index(w: EncodedWeight) -> EncodedWeight:
+    """`w` with the row index of its verbatim list (w.vrow, ops.verbatim_rows) built on its
+    device, for a palette weight on CUDA with verbatim blocks; any other weight as it is.  Call
+    it once the holder's vpos is final: the index describes that list and nothing checks it
+    against a later one."""
+    if w.is_huffman or w.vpos is None or w.vpos.numel() == 0 or w.device.type != "cuda":
+        return w
+    w.vrow = ops_layout.verbatim_rows(w.vpos, w.rows, w.cols)
     return w

@@ -20,7 +20,7 @@ from ...format.header import TensorHeader
 from ...runtime import kernel_plan as kp
 from ...runtime import scratch
 from ...runtime.policy import resolve_plane_order
-from ...runtime.weights import EncodedWeight, hold_paired
+from ...runtime.weights import EncodedWeight, hold_paired, hold_row_index
 
 # a child of vLLM's logger, so the lines show up in every vLLM process with vLLM's formatting
 log = logging.getLogger("vllm.unweight")
@@ -81,7 +81,8 @@ def device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> Encod
     decoded by the caller).  A huffman piece kept compressed on a GPU gets the checkpoint
     index when the file has none (the decode kernel's parallelism); a palette piece on a GPU
     holds its palette in paired order (runtime.weights.hold_paired: the decode's cheaper
-    lookup, the same weights)."""
+    lookup, the same weights) and its verbatim list's row index (hold_row_index: the fused
+    kernels' cursors)."""
     if (dev.type == "cuda" and mode == "huffman" and hs.encoding == C.ENC_HUFFMAN and not hs.chk_interval
             and ops.cuda_kernels_built()):
         enc = tc.with_index(hs, ps, chk_interval=C.LOAD_CHK_INTERVAL)
@@ -105,7 +106,7 @@ def device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> Encod
             return device_piece(enc.header, enc.planes, dev, mode, name)
         table = lut = None
     w = EncodedWeight.from_header(hs, planes, table=table, lut=lut, name=name)
-    return hold_paired(w) if dev.type == "cuda" else w
+    return hold_row_index(hold_paired(w)) if dev.type == "cuda" else w
 
 
 def hold_tiled(w: EncodedWeight, order: str = "tiled", policy=None) -> EncodedWeight:

@@ -13,7 +13,8 @@ the pieces as a flat tensor list plus an int list of metadata:
                  table uint8 [4, exp_hi - exp_lo + 1], lut uint16 [4, 4096] (CUDA) or empty,
                  chk uint16 [n_seg, P] (the checkpoint index) or the placeholder
         palette: sm uint8 [n, k], idx uint8 [n, ceil(k/2)], vpos uint32 [nv], vexp uint8 [nv, 32],
-                 an empty uint8 placeholder twice
+                 vrow uint32 [n + 1] (the verbatim row index, runtime.weights.hold_row_index) or
+                 the placeholder, then the placeholder
     meta: META_LEN ints per piece: encoding, rows, cols, R, C, exp_lo, exp_hi, pal_size, palette[16],
           chk_interval (0: no index), tiled (1: a palette piece's sm and idx are tile-major,
           ops/layout.py)
@@ -61,7 +62,7 @@ def piece_meta(w: EncodedWeight) -> list:
 def piece_planes(w: EncodedWeight, placeholder: Tensor) -> list:
     if w.is_huffman:
         return [w.sm, w.exp, w.off, w.table, w.lut, w.chk if w.chk is not None else placeholder]
-    return [w.sm, w.idx, w.vpos, w.vexp, placeholder, placeholder]
+    return [w.sm, w.idx, w.vpos, w.vexp, w.vrow if w.vrow is not None else placeholder, placeholder]
 
 
 def pieces(planes: List[Tensor], meta: List[int]) -> list:
@@ -76,7 +77,8 @@ def pieces(planes: List[Tensor], meta: List[int]) -> list:
         S = m[8 + C.PAL_MAX_ENTRIES]
         kw = ({"exp": t[1], "off": t[2], "table": t[3], "lut": t[4], "chk": t[5] if S else None, "chk_interval": S}
               if m[0] == C.ENC_HUFFMAN
-              else {"idx": t[1], "vpos": t[2], "vexp": t[3], "tiled": bool(m[9 + C.PAL_MAX_ENTRIES])})
+              else {"idx": t[1], "vpos": t[2], "vexp": t[3], "tiled": bool(m[9 + C.PAL_MAX_ENTRIES]),
+                    "vrow": t[4] if t[4].numel() else None})
         out.append(EncodedWeight(m[0], m[1], m[2], m[3], m[4], m[5], m[6], list(m[8:8 + m[7]]), t[0], **kw))
     return out
 

@@ -62,7 +62,7 @@ from ...runtime.modes import check_mode, check_plane_order, sharded_mode
 from ...runtime.policy import DispatchPolicy
 from ...runtime.siblings import stack_gain, stack_weights
 from ...runtime.tuning_table import load_table
-from ...runtime.weights import hold_paired
+from ...runtime.weights import hold_paired, hold_row_index
 from . import ops as uvops
 from .common import (PLANE_DTYPES, device_piece, gather, hold_tiled, log, missing_plane, report_layer, take_shard,
                      tp_info)
@@ -440,7 +440,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
             # One matrix of the pieces' rows under one palette (runtime/siblings.py): one fused
             # launch and no concatenation per forward; decode + GEMM gives the same bits.
             stacked = stack_weights(weights, uvops.current_policy())
-            weights = [hold_tiled(hold_paired(stacked) if dev.type == "cuda" else stacked,
+            weights = [hold_tiled(hold_row_index(hold_paired(stacked)) if dev.type == "cuda" else stacked,
                                   self.config.plane_order, uvops.current_policy())]
             w = weights[0]
             record["stacked"] = {"rows": w.rows, "plane_order": "tiled" if w.tiled else "file",
