@@ -1495,11 +1495,14 @@ def group_variant(rec, device, tag):
         if tag == "gemv:mma":
             from unweight import _cuda, ops
 
+            GEMV_KINDS = {"gemv": kp.PGEMV_VARIANT_MMA, "gemv_cuda_cores": kp.PGEMV_VARIANT_STD}
+
             def row_index_case(w, tiled):
                 """The fused kernels' verbatim cursors from the row index the loaders hold
                 (ops.verbatim_rows) give the bits of the search of the whole list: the tensor-core
                 GEMV at every parts, the queued GEMV and the fused GEMM with a K split, at batch 1,
-                9 and 32; without a GPU, through the warp emulator."""
+                3, 9 and 32, and the CUDA-core GEMV at batch 1 and 3; without a GPU, through the
+                warp emulator."""
                 N, K = w.shape
                 pal, sm, idx, vpos, vexp = _host_palette(w, tiled)
                 vrow = ops.verbatim_rows(vpos, N, K)
@@ -1514,9 +1517,9 @@ def group_variant(rec, device, tag):
 
                     def run(kind, M, n, vr):
                         x = h.bf16_tensor(xs[:M], device)
-                        if kind == "gemv":
+                        if kind in GEMV_KINDS:
                             y = torch.ops.unweight.palette_gemv(x, sm, idx, vpos, vexp, N, K, pal, n,
-                                                                kp.PGEMV_VARIANT_MMA, tiled, vr)
+                                                                GEMV_KINDS[kind], tiled, vr)
                         elif kind == "queue":
                             y = torch.ops.unweight.palette_gemv_queue(x, sm, idx, vpos, vexp, ws, cnt, N, K, pal, n,
                                                                       tiled, vr)
@@ -1530,15 +1533,16 @@ def group_variant(rec, device, tag):
                     def run(kind, M, n, vr):
                         x = np.ascontiguousarray(xs[:M])
                         vr = None if vr is None else vr.numpy()
-                        if kind == "gemv":
-                            return _cuda.emulate_palette_gemv(x, *planes, n, False, kp.PGEMV_VARIANT_MMA, int(tiled),
+                        if kind in GEMV_KINDS:
+                            return _cuda.emulate_palette_gemv(x, *planes, n, False, GEMV_KINDS[kind], int(tiled),
                                                               vrow=vr)
                         if kind == "queue":
                             return _cuda.emulate_palette_gemv_queue(x, *planes, n, 2, False, int(tiled), vrow=vr)
                         return _cuda.emulate_palette_gemm(x, *planes, n, False, 1, 0, int(tiled), vrow=vr)
                 r = {}
-                for M in (1, 9, 32):
-                    for kind, counts in (("gemv", (1, 2, 4, 8)), ("queue", (min(3, steps),)), ("gemm", (2,))):
+                for M in (1, 3, 9, 32):
+                    kinds = (("gemv", (1, 2, 4, 8)), ("queue", (min(3, steps),)), ("gemm", (2,)))
+                    for kind, counts in kinds + ((("gemv_cuda_cores", (1, 2)),) if M <= 4 else ()):
                         for n in counts:
                             r[f"{kind} M={M} n={n}"] = bool(np.array_equal(run(kind, M, n, vrow),
                                                                            run(kind, M, n, None)))

@@ -133,6 +133,17 @@ UW_HD void prefetch_l2_line(const uint8_t* p) {
 #endif
 }
 
+// An L1 prefetch of the 128-byte line holding p: bytes the warp reads much later (a verbatim
+// block's id and exponents) then wait on L1 rather than on L2 or DRAM; no register is held.
+// Host: the emulator checks the byte against the launch's buffers.
+UW_HD void prefetch_l1(const void* p) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+#else
+  emu::trace_prefetch(p, 1);
+#endif
+}
+
 UW_HD void st_v4(uint16_t* p, const uint32_t (&v)[4]) {
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<uint4*>(p) = make_uint4(v[0], v[1], v[2], v[3]);

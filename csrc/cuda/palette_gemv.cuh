@@ -131,16 +131,28 @@ UW_UNROLL()
       if (nb > 1) load(1, sb, nbb);
     }
 
-    // Verbatim blocks of this part of the row: a warp-uniform cursor into vpos; `rel` is the
-    // next entry's block within the row (0xFFFFFFFF: none left).  Step q covers blocks
+    // Verbatim blocks of this part of the row: a warp-uniform cursor into vpos, from the row
+    // index (a.vrow) or a search of the list; `rel` is the next entry's block within the row
+    // (0xFFFFFFFF: none left).  Step q covers blocks
     // 16 (s0 + q) .. + 15, lane L's 16 columns being half (L & 1) of the step's block L / 2.
     const uint64_t bpr = static_cast<uint64_t>(a.K / PAL_BLOCK), rowbase = static_cast<uint64_t>(r) * bpr;
     const uint64_t b_end = rowbase + (s1 * COLS < a.K ? s1 * COLS / PAL_BLOCK : bpr);
     int64_t cur = a.nv;
     uint32_t rel = 0xFFFFFFFFu;
     if (a.nv > 0) {
-      cur = warp_lower_bound(c, a.vpos, a.nv, rowbase + static_cast<uint64_t>(s0) * (COLS / PAL_BLOCK));
+      const uint64_t key = rowbase + static_cast<uint64_t>(s0) * (COLS / PAL_BLOCK);
+      if (a.vrow != nullptr) {  // the row's entries from the row index: no search of the whole list
+        int64_t hi = ld_ro_u32(a.vrow + r + 1), lo = ld_ro_u32(a.vrow + r);
+        hi = hi < a.nv ? hi : a.nv;
+        lo = lo < hi ? lo : hi;
+        cur = s0 == 0 ? lo : lo + lower_bound_u32(a.vpos + lo, hi - lo, key);
+      } else {
+        cur = warp_lower_bound(c, a.vpos, a.nv, key);
+      }
       if (cur < a.nv && a.vpos[cur] < b_end) rel = static_cast<uint32_t>(a.vpos[cur] - rowbase);
+      // (the first entry's lines only: a prefetch at each move of the cursor spills at four
+      // batch rows under this kernel's 80-register cap, ptxas sm_90a)
+      pmma_cursor_prefetch(a, static_cast<uint32_t>(cur), rel);
     }
     const uint32_t blk_first = static_cast<uint32_t>(s0) * (COLS / PAL_BLOCK);
 
@@ -157,7 +169,8 @@ UW_UNROLL()
         while (rel - blk0 < static_cast<uint32_t>(COLS / PAL_BLOCK)) {
           if (static_cast<uint32_t>(lane >> 1) == rel - blk0) {
             uint32_t e[4];
-            ld_stream_v4(a.vexp + cur * PAL_BLOCK + 16 * (lane & 1), e);
+            // (through L1, where pmma_cursor_prefetch asked for the entry's line)
+            ld_reuse_v4(reinterpret_cast<const uint16_t*>(a.vexp + cur * PAL_BLOCK + 16 * (lane & 1)), e);
 UW_UNROLL()
             for (int j = 0; j < 8; ++j) {
               const uint32_t ej = e[j >> 1] >> (16 * (j & 1));

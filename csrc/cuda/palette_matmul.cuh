@@ -300,6 +300,16 @@ UW_UNROLL()
   }
 }
 
+// A row's cursor has reached entry `cur` (rel: its block within the row; 0xFFFFFFFF, none): the
+// entry's exponents and the next entry's id are asked into L1 now, so the patch that meets the
+// block (pmma_patch_tile) and the cursor's move past it wait on L1, not on L2 or DRAM.  A warp
+// stalls at each verbatim block it meets, and the warp that meets the most ends the launch.
+UW_HD void pmma_cursor_prefetch(const PalProduct& a, uint32_t cur, uint32_t rel) {
+  if (rel == 0xFFFFFFFFu) return;
+  prefetch_l1(a.vexp + static_cast<int64_t>(cur) * PAL_BLOCK);
+  if (static_cast<int64_t>(cur) + 1 < a.nv) prefetch_l1(a.vpos + cur + 1);
+}
+
 // The verbatim cursors of a warp's 16 rows row0.. over their blocks [b_first, b_end): lane
 // i < 16 keeps row i's first entry at or past its block b_first (`rowbase`: row0 + (lane & 15)
 // times bpr, the row's first block id) as `cur` and `rel` (pmma_rel; 0xFFFFFFFF: none).  With
@@ -311,7 +321,10 @@ UW_HD void pmma_tile_cursors(Ctx& c, const PalProduct& a, int64_t row0, uint64_t
                              uint64_t b_end, uint64_t rowbase, uint32_t& cur, uint32_t& rel) {
   if (a.vrow != nullptr) {  // (uniform)
     const int64_t r = row0 + c.lane();
-    if (c.lane() < plan::PMMA_TILE_N && r < a.N) pmma_row_cursor(a, r, rowbase, bpr, rowbase + b_first, cur, rel);
+    if (c.lane() < plan::PMMA_TILE_N && r < a.N) {
+      pmma_row_cursor(a, r, rowbase, bpr, rowbase + b_first, cur, rel);
+      pmma_cursor_prefetch(a, cur, rel);
+    }
     return;
   }
   int64_t v_lo = 0, v_hi = 0;
@@ -320,6 +333,7 @@ UW_HD void pmma_tile_cursors(Ctx& c, const PalProduct& a, int64_t row0, uint64_t
   if (c.lane() < plan::PMMA_TILE_N && v_hi > v_lo) {
     cur = static_cast<uint32_t>(v_lo + lower_bound_u32(a.vpos + v_lo, v_hi - v_lo, rowbase + b_first));
     rel = pmma_rel(a, cur, rowbase, bpr);
+    pmma_cursor_prefetch(a, cur, rel);
   }
 }
 
@@ -340,7 +354,8 @@ UW_HD void pmma_patch_tile(Ctx& c, const PalProduct& a, uint32_t kb, uint64_t ro
     if ((r & 7) == g && (t >> 1) == static_cast<int>(blk)) {
       // This lane's 16 columns of the block: exponents 16 (t & 1) .. +16 of the entry.
       uint32_t e[4];
-      ld_stream_v4(a.vexp + static_cast<int64_t>(v) * PAL_BLOCK + 16 * (t & 1), e);
+      // (through L1, where pmma_cursor_prefetch asked for the entry's line)
+      ld_reuse_v4(reinterpret_cast<const uint16_t*>(a.vexp + static_cast<int64_t>(v) * PAL_BLOCK + 16 * (t & 1)), e);
       const bool upper = r >= 8;  // row g + 8: registers 1, 3 (constant indices keep af in registers)
 UW_UNROLL()
       for (int j = 0; j < 4; ++j) {
@@ -352,7 +367,10 @@ UW_UNROLL()
         af[j][3] = upper ? p1 : af[j][3];
       }
     }
-    if (lane == r) rel = pmma_rel(a, ++cur, rowbase, bpr);
+    if (lane == r) {
+      rel = pmma_rel(a, ++cur, rowbase, bpr);  // (an L1 hit: prefetched when the cursor reached the last one)
+      pmma_cursor_prefetch(a, cur, rel);
+    }
     hits = c.ballot(rel - kb < 2u);
   }
 }

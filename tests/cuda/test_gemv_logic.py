@@ -771,18 +771,20 @@ def test_verbatim_rows_matches_a_search_of_the_list():
 def test_row_index_gives_the_search_bits():
     """Each fused kernel's verbatim cursors from the row index (pmma_row_cursor: the row's
     bounds, its first PMMA_VROW_WINDOW entries, a search past them) give the bits of the search
-    of the whole list: the tensor-core GEMV and its staged and prefetching feeds at every parts
-    (a part's first block past the row's first entries), the queued GEMV, the fused GEMM with a
-    K split, the NO_MMA timing probe (decode and patch), and the slots GEMV."""
+    of the whole list: the tensor-core GEMV and its staged and prefetching feeds, and the
+    CUDA-core GEMV and its deep and staged forms, at every parts (a part's first block past the
+    row's first entries), the queued GEMV, the fused GEMM with a K split, and the NO_MMA timing
+    probe (decode and patch)."""
     for i, w in enumerate(_row_index_cases()):
         N, K = w.shape
         enc = tc.encode(w, "palette")
         p = enc.planes
         vr = _vrow(p[C.SUFFIX_VPOS], N, K)
         args = (p[C.SUFFIX_SM], p[C.SUFFIX_IDX], _pal(enc), p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP])
-        for M in (1, 9):
+        for M in (1, 3, 9):
             x = _x(M, K, seed=M + 7 * K)
-            for variant in (MMA, MMA_STAGED, MMA_PREFETCH):
+            cuda_core = (kp.PGEMV_VARIANT_STD, kp.PGEMV_VARIANT_DEEP, kp.PGEMV_VARIANT_STAGED) if M <= 4 else ()
+            for variant in (MMA, MMA_STAGED, MMA_PREFETCH) + cuda_core:
                 for parts in (1, 2, 4, 8):
                     want = _cuda.emulate_palette_gemv(x, *args, parts, bool(i % 2), variant)
                     got = _cuda.emulate_palette_gemv(x, *args, parts, bool(i % 2), variant, 0, vrow=vr)

@@ -41,11 +41,10 @@ hold a weight either way.
     verbatim_rows(vpos, rows, cols) -> vrow
         The row index of a verbatim list: vrow[r] (r <= rows) the count of entries whose block
         lies in a row before r, so row r's entries are vpos[vrow[r]:vrow[r + 1]].  The fused
-        kernels (palette_matmul, palette_gemv's tensor-core variants, palette_gemv_queue,
-        palette_gemv_slots) take it to find a warp's rows' first verbatim blocks in two
-        dependent loads instead of a search of the whole list (~log16(nv) + 4 loads), before
-        the warp's first multiply.  4 bytes per row beside the planes; built from vpos on its
-        device by the holder, with no host sync.
+        kernels (palette_matmul, palette_gemv, palette_gemv_queue, palette_gemv_slots) take it
+        to find a warp's rows' first verbatim blocks in two dependent loads instead of a search
+        of the whole list (~log16(nv) + 4 loads), before the warp's first multiply.  4 bytes per
+        row beside the planes; built from vpos on its device by the holder, with no host sync.
 """
 from __future__ import annotations
 
