@@ -417,3 +417,24 @@ def test_paired_palette_order_holds_the_same_experts_and_gives_back_the_stored_b
     for e in range(E):
         assert torch.equal(st[e].view(torch.uint16), want[e])
     assert ex.hold_paired(st) == 0  # huffman, and on the CPU
+
+
+def test_stack_row_index_is_each_matrixs_own_row_index():
+    """The row index a CUDA palette stack holds per matrix (stack_row_index: one search of the
+    stack's list) is ops.verbatim_rows of each matrix's own entries, rebased to the matrix."""
+    from unweight import ops
+    rng = np.random.default_rng(5)
+    E, rows, cols = 5, 19, 200  # 7 blocks per row, the last short
+    f = (rng.standard_normal((E, rows, cols)) * np.exp2(rng.integers(-20, 20, (E, rows, cols)))).astype(np.float32)
+    w = (f.view(np.uint32) >> 16).astype(np.uint16)
+    w[2] = 0x3F80  # a matrix with no verbatim block
+    enc = tc.encode(w, "palette")
+    vpos = enc.planes[C.SUFFIX_VPOS].astype(np.int64)
+    got = ex.stack_row_index(torch.from_numpy(vpos), E, rows, cols)
+    per = rows * -(-cols // C.PAL_BLOCK)
+    assert got.dtype == torch.uint32 and tuple(got.shape) == (E, rows + 1)
+    for e in range(E):
+        own = vpos[(vpos >= e * per) & (vpos < (e + 1) * per)] - e * per
+        want = ops.verbatim_rows(torch.from_numpy(own).to(torch.uint32), rows, cols)
+        assert torch.equal(got[e], want), e
+    assert got[2].sum() == 0

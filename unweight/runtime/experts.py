@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ROUTED", "ExpertStack", "Fusion", "PlaneHolder", "expert_stacks", "hf_renamer", "install_fused",
            "install_stack", "prepare_planes", "hold_paired", "routed_experts_forward", "to_dense", "transcode",
-           "use_routed_forward"]
+           "use_routed_forward", "stack_row_index"]
 
 
 # ----------------------------------------------------------------------------- names
@@ -261,10 +261,14 @@ class _Planes:
             v0, v1 = self.vranges[e]
             sm, idx = sm[e], idx[e]
             vpos, vexp = getattr(self.module, self.attr + "_vpos_local")[v0:v1], vexp[v0:v1]
+            vrow = getattr(self.module, self.attr + "_vrow_local", None)
+            vrow = vrow[e] if vrow is not None and vrow.device == vpos.device else None
+        else:
+            vrow = None
         paired = self.paired()
         pal = [int(b) for b in h.palette[: h.pal_size]] if paired is None else list(paired[0])
         return EncodedWeight(C.ENC_PALETTE, h.rows, h.cols, h.rows_per_group, h.cols_per_chunk, 0, 0, pal, sm,
-                             idx=idx, vpos=vpos, vexp=vexp)
+                             idx=idx, vpos=vpos, vexp=vexp, vrow=vrow)
 
     def paired(self) -> tuple | None:
         """(palette, nibble map) when idx holds the paired palette order (hold_paired), else None."""
@@ -296,14 +300,22 @@ class _Planes:
 
     def rebase_verbatim(self) -> None:
         """Palette stack: each matrix's range of the verbatim lists, and the block ids rebased
-        to the matrix (buffer ``attr + "_vpos_local"``, uint32, on the planes' device)."""
+        to the matrix (buffer ``attr + "_vpos_local"``, uint32, on the planes' device); on CUDA
+        also each matrix's row index into its own range (buffer ``attr + "_vrow_local"``, uint32
+        [stack, rows + 1]: ops.verbatim_rows of each matrix's list, the fused kernels' cursors)."""
         h = self.header
-        per = h.rows * -(-h.cols // C.PAL_BLOCK)  # blocks of one matrix
+        bpr = -(-h.cols // C.PAL_BLOCK)
+        per = h.rows * bpr  # blocks of one matrix
         vpos = self.plane(C.SUFFIX_VPOS).to(torch.int64)
         bounds = torch.searchsorted(vpos.cpu(), torch.arange(h.stack + 1, dtype=torch.int64) * per).tolist()
         local = (vpos - (vpos // per) * per).to(torch.uint32)
         self.module.register_buffer(self.attr + "_vpos_local", local, persistent=False)
         self.vranges = [(bounds[e], bounds[e + 1]) for e in range(h.stack)]
+        if vpos.device.type == "cuda" and vpos.numel():
+            self.module.register_buffer(self.attr + "_vrow_local", stack_row_index(vpos, h.stack, h.rows, h.cols),
+                                        persistent=False)
+        elif hasattr(self.module, self.attr + "_vrow_local"):  # (an index of planes this stack no longer holds)
+            delattr(self.module, self.attr + "_vrow_local")
 
     def check_loaded(self, where: str) -> None:
         """After loading: the header plane parses, agrees with the checkpoint's, and fits the planes."""
@@ -329,9 +341,23 @@ class _Planes:
         getattr(self.module, "_uw_paired", {}).pop(self.attr, None)
         for suf in self.suffixes:
             delattr(self.module, self.attr + suf)
-        for extra in ("_lut", "_vpos_local"):
+        for extra in ("_lut", "_vpos_local", "_vrow_local"):
             if hasattr(self.module, self.attr + extra):
                 delattr(self.module, self.attr + extra)
+
+
+def stack_row_index(vpos: Tensor, stack: int, rows: int, cols: int) -> Tensor:
+    """Each matrix's verbatim row index into its own range of a palette stack's list: uint32
+    [stack, rows + 1], row e being ops.verbatim_rows of matrix e's entries (block ids rebased to
+    the matrix).  vpos: the stack's ascending block ids (any integer dtype) over `stack`
+    matrices [rows, cols], on any device; one search of the whole list, no host sync."""
+    bpr = -(-cols // C.PAL_BLOCK)
+    v = vpos.to(torch.int64)
+    # matrix e's row r starts at the stack's block e * rows * bpr + r * bpr
+    keys = (torch.arange(stack, dtype=torch.int64, device=v.device)[:, None] * (rows * bpr)
+            + torch.arange(rows + 1, dtype=torch.int64, device=v.device)[None, :] * bpr)
+    first = torch.searchsorted(v, keys.reshape(-1)).view(stack, rows + 1)
+    return (first - first[:, :1]).to(torch.uint32)
 
 
 def _stored_index_state_dict(module, state_dict, prefix, local_metadata):
