@@ -452,6 +452,36 @@ def test_measured_dispatch_runs_fused_kernel_only_when_recorded_faster(enc_name,
     assert scratch.device_errors("cuda") == errors_before
 
 
+def test_palette_modules_hold_the_verbatim_row_index_and_it_gives_the_search_bits():
+    """A CUDA palette module's encoded weight carries its verbatim list's row index
+    (runtime.weights.hold_row_index: ops.verbatim_rows of its vpos), rebuilt with the record,
+    and every fused palette path gives the same bits with it as with the kernels' search."""
+    _need_fused("palette")
+    from unweight import ops
+    from unweight.runtime import dispatch
+    from unweight.runtime.modules import CompressedLinear
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(1088, 300, bias=False).to(torch.bfloat16).cuda()
+    torch.nn.init.normal_(lin.weight, std=0.02)
+    with torch.no_grad():
+        lin.weight[::7, ::5] *= 2.0 ** -20  # outliers below the palette: verbatim blocks in most rows
+    cl = CompressedLinear.from_linear(lin, "palette")
+    w = cl.encoded()
+    assert w.vpos.numel() > 0 and w.vrow is not None
+    assert torch.equal(w.vrow, ops.verbatim_rows(w.vpos, w.rows, w.cols))
+    bare = encoded_weight(tc.Encoded(cl.header, {s: t.cpu().numpy() for s, t in cl.planes().items()}, {}), "cuda")
+    bare.vrow = None
+    from unweight.runtime.tuning_table import FUSED
+    for path in FUSED:
+        for M in (1, 3, 9):
+            x = torch.randn(M, 1088, dtype=torch.bfloat16, device="cuda")
+            try:
+                want = dispatch.fused(bare, x, path)
+            except (ValueError, RuntimeError):
+                continue  # a path that does not take this batch or shape
+            assert torch.equal(dispatch.fused(w, x, path).view(torch.int16), want.view(torch.int16)), (path, M)
+
+
 def test_zero_size_problems_launch_nothing():
     err = _err()
     for shape in ((0, 5), (5, 0), (0, 0)):
