@@ -389,17 +389,18 @@ PYBIND11_MODULE(_cuda, m) {
 
   m.def("palette_gather_rows", [](uintptr_t ids, int64_t n_ids, uintptr_t sm, uintptr_t idx, int64_t rows,
                                   int64_t cols, py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp,
-                                  uintptr_t out, int64_t out_stride, uintptr_t err, uintptr_t stream) {
+                                  uintptr_t out, int64_t out_stride, uintptr_t err, uintptr_t stream,
+                                  uintptr_t vrow) {
     need((ids || n_ids == 0) && sm && idx && out && err, "null device pointer");
     need(nv == 0 || (vpos && vexp), "null verbatim pointers");
     check(cuda::palette_gather_rows(dev<const int64_t>(ids), n_ids, dev<const uint8_t>(sm), dev<const uint8_t>(idx),
                                     rows, cols, make_palette(palette), dev<const uint32_t>(vpos), nv,
-                                    dev<const uint8_t>(vexp), dev<uint16_t>(out), out_stride, dev<int32_t>(err),
-                                    stream_of(stream)));
+                                    dev<const uint8_t>(vexp), dev<const uint32_t>(vrow), dev<uint16_t>(out),
+                                    out_stride, dev<int32_t>(err), stream_of(stream)));
   }, py::arg("ids"), py::arg("n_ids"), py::arg("sm"), py::arg("idx"), py::arg("rows"), py::arg("cols"),
      py::arg("palette"), py::arg("vpos"), py::arg("nv"), py::arg("vexp"), py::arg("out"), py::arg("out_stride"),
-     py::arg("err"), py::arg("stream") = 0,
-     "out[i] = row ids[i] (int64 device ids) of a palette matrix.");
+     py::arg("err"), py::arg("stream") = 0, py::arg("vrow") = 0,
+     "out[i] = row ids[i] (int64 device ids) of a palette matrix; vrow: the verbatim row index [rows + 1] or 0.");
 
   m.def("palette_decode", [](uintptr_t sm, uintptr_t idx, int64_t rows, int64_t cols, int64_t r0,
                              int64_t r1, int64_t k0, int64_t k1, py::bytes palette, uintptr_t vpos,
@@ -727,18 +728,22 @@ PYBIND11_MODULE(_cuda, m) {
      "Host run of the Huffman row-gather bodies; returns the error count.");
 
   m.def("emulate_palette_gather_rows", [](arr<int64_t> ids, arr<uint8_t> sm, arr<uint8_t> idx, py::bytes palette,
-                                          arr<uint32_t> vpos, arr<uint8_t> vexp, arr<uint16_t> out) {
+                                          arr<uint32_t> vpos, arr<uint8_t> vexp, arr<uint16_t> out,
+                                          py::object vrow) {
     need(sm.ndim() == 2 && idx.ndim() == 2 && out.ndim() == 2, "planes must be 2-D");
     const int64_t rows = sm.shape(0), cols = sm.shape(1);
     need(idx.shape(0) == rows && idx.shape(1) == (cols + 1) / 2, "idx shape mismatch");
     need(out.shape(0) == ids.size() && out.shape(1) >= cols, "out must be [len(ids), >= cols]");
     need(vexp.size() == vpos.size() * PAL_BLOCK, "vexp size mismatch");
+    const RowIndex vr(vrow, rows + 1);
     int32_t err = 0;
     check(cuda::emulate::palette_gather_rows(ids.data(), ids.size(), sm.data(), idx.data(), rows, cols,
-                                             make_palette(palette), vpos.data(), vpos.size(), vexp.data(),
+                                             make_palette(palette), vpos.data(), vpos.size(), vexp.data(), vr.p,
                                              out.mutable_data(), out.shape(1), &err));
     return err;
-  }, "Host run of the palette row-gather bodies; returns the error count.");
+  }, py::arg("ids"), py::arg("sm"), py::arg("idx"), py::arg("palette"), py::arg("vpos"), py::arg("vexp"),
+     py::arg("out"), py::arg("vrow") = py::none(),
+     "Host run of the palette row-gather bodies (vrow: the verbatim row index, or None); returns the error count.");
 
   m.def("emulate_palette_decode", [](arr<uint8_t> sm, arr<uint8_t> idx, int64_t r0, int64_t r1, int64_t k0,
                                      int64_t k1, py::bytes palette, arr<uint32_t> vpos, arr<uint8_t> vexp,

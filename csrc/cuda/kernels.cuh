@@ -117,8 +117,8 @@ const char* palette_decode_slots(const int64_t* ids, int64_t slots, int64_t n, c
 // as do nibbles >= the palette size.
 const char* palette_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* sm, const uint8_t* idx,
                                 int64_t rows, int64_t cols, Palette pal, const uint32_t* vpos, int64_t nv,
-                                const uint8_t* vexp, uint16_t* out, int64_t out_stride, int32_t* err,
-                                void* stream);
+                                const uint8_t* vexp, const uint32_t* vrow, uint16_t* out, int64_t out_stride,
+                                int32_t* err, void* stream);
 
 // ----------------------------------------------------------------------- L2 prefetch
 // Brings the n (<= PREFETCH_MAX_RANGES) device byte ranges [p[i], p[i] + bytes[i]) into L2
@@ -237,7 +237,8 @@ const char* huffman_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
                                 int64_t max_ctas);
 const char* palette_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* sm, const uint8_t* idx,
                                 int64_t rows, int64_t cols, Palette pal, const uint32_t* vpos, int64_t nv,
-                                const uint8_t* vexp, uint16_t* out, int64_t out_stride, int32_t* err);
+                                const uint8_t* vexp, const uint32_t* vrow, uint16_t* out, int64_t out_stride,
+                                int32_t* err);
 const char* palette_decode(const uint8_t* sm, const uint8_t* idx, int64_t rows, int64_t cols,
                            int64_t r0, int64_t r1, int64_t k0, int64_t k1, Palette pal,
                            const uint32_t* vpos, int64_t nv, const uint8_t* vexp, uint16_t* out,

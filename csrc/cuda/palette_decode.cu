@@ -118,9 +118,9 @@ const char* check_pgather(const PGatherArgs& a) {
 
 const char* palette_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* sm, const uint8_t* idx,
                                 int64_t rows, int64_t cols, Palette pal, const uint32_t* vpos, int64_t nv,
-                                const uint8_t* vexp, uint16_t* out, int64_t out_stride, int32_t* err,
-                                void* stream) {
-  const PGatherArgs a{ids, n_ids, sm, idx, rows, cols, pal, vpos, nv, vexp, out, out_stride};
+                                const uint8_t* vexp, const uint32_t* vrow, uint16_t* out, int64_t out_stride,
+                                int32_t* err, void* stream) {
+  const PGatherArgs a{ids, n_ids, sm, idx, rows, cols, pal, vpos, nv, vexp, out, out_stride, vrow};
   if (const char* e = check_pgather(a)) return e;
   if (n_ids == 0) return nullptr;
   const int64_t grid = plan::pgather_grid(n_ids, cols);
@@ -133,8 +133,9 @@ const char* palette_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
 namespace emulate {
 const char* palette_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t* sm, const uint8_t* idx,
                                 int64_t rows, int64_t cols, Palette pal, const uint32_t* vpos, int64_t nv,
-                                const uint8_t* vexp, uint16_t* out, int64_t out_stride, int32_t* err) {
-  const PGatherArgs a{ids, n_ids, sm, idx, rows, cols, pal, vpos, nv, vexp, out, out_stride};
+                                const uint8_t* vexp, const uint32_t* vrow, uint16_t* out, int64_t out_stride,
+                                int32_t* err) {
+  const PGatherArgs a{ids, n_ids, sm, idx, rows, cols, pal, vpos, nv, vexp, out, out_stride, vrow};
   if (const char* e = check_pgather(a)) return e;
   const int64_t total = n_ids * plan::pal_threads_per_row(cols);
   for (int64_t t = 0; t < plan::pgather_grid(n_ids, cols) * plan::PAL_THREADS; ++t)

@@ -153,12 +153,14 @@ struct PGatherArgs {
   const uint8_t* vexp;
   uint16_t* out;  // [n_ids, cols], row stride out_stride
   int64_t out_stride;
+  const uint32_t* vrow;  // the verbatim list's row index [rows + 1] (palette_matmul.cuh PalProduct), or nullptr
 };
 
 // Thread t: PAL_VEC weights of one id's row (pal_unit over n_ids rows).  All of them lie in one
 // PAL_BLOCK-wide block, whose verbatim entry (if any) a binary search of the ascending vpos
-// finds, so the row needs no patch pass.  An id outside [0, rows) gives zeros and one error
-// (from its first thread); a nibble >= the palette size is an error too.
+// finds (of the row's entries alone, with the row index), so the row needs no patch pass.  An id
+// outside [0, rows) gives zeros and one error (from its first thread); a nibble >= the palette
+// size is an error too.
 UW_HD bool pgather_body(int64_t t, const PGatherArgs& a) {
   int64_t i, k;
   int n;
@@ -171,7 +173,16 @@ UW_HD bool pgather_body(int64_t t, const PGatherArgs& a) {
   }
   const int64_t bpr = plan::blocks_per_row(a.cols);
   const uint64_t key = static_cast<uint64_t>(r * bpr + k / PAL_BLOCK);
-  const int64_t v = lower_bound_u32(a.vpos, a.nv, key);
+  // The row's entries from the row index (two loads, then a search of the few in the row), or
+  // a search of the whole list; an index that does not fit the list is clamped to it.
+  int64_t lo = 0, hi = a.nv;
+  if (a.vrow != nullptr) {
+    hi = ld_ro_u32(a.vrow + r + 1);
+    hi = hi < a.nv ? hi : a.nv;
+    lo = ld_ro_u32(a.vrow + r);
+    lo = lo < hi ? lo : hi;
+  }
+  const int64_t v = lo + lower_bound_u32(a.vpos + lo, hi - lo, key);
   const bool verbatim = v < a.nv && a.vpos[v] == key;
   const uint8_t* smr = a.sm + r * a.cols;
   const uint8_t* ir = a.idx + r * ((a.cols + 1) / 2);

@@ -357,6 +357,20 @@ def test_palette_gather_matches_rows(rows, cols):
     nerr = _cuda.emulate_palette_gather_rows(ids, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], bytes(h.palette[: h.pal_size]),
                                              p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], out)
     assert nerr == 0 and np.array_equal(out, w[ids])
+    # with the verbatim row index (ops.verbatim_rows): the row's own entries searched, the same rows
+    import torch
+
+    from unweight import ops
+    vrow = ops.verbatim_rows(torch.from_numpy(p[C.SUFFIX_VPOS]), rows, cols).numpy()
+    out = np.full((ids.size, cols), 0x5555, np.uint16)
+    nerr = _cuda.emulate_palette_gather_rows(ids, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], bytes(h.palette[: h.pal_size]),
+                                             p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], out, vrow)
+    assert nerr == 0 and np.array_equal(out, w[ids])
+    if len(p[C.SUFFIX_VPOS]):  # (the index is what the kernel reads: one that lists no entry loses the blocks)
+        out = np.full((ids.size, cols), 0x5555, np.uint16)
+        _cuda.emulate_palette_gather_rows(ids, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], bytes(h.palette[: h.pal_size]),
+                                          p[C.SUFFIX_VPOS], p[C.SUFFIX_VEXP], out, np.zeros_like(vrow))
+        assert not np.array_equal(out, w[ids])
     bad = np.array([0, rows, -5], np.int64)
     out = np.full((3, cols), 0x5555, np.uint16)
     assert _cuda.emulate_palette_gather_rows(bad, p[C.SUFFIX_SM], p[C.SUFFIX_IDX], bytes(h.palette[: h.pal_size]),

@@ -111,6 +111,18 @@ def same_device(name: str, ref: Tensor, *ts: Tensor) -> None:
             raise ValueError(f"{name}: tensors on {t.device} and {ref.device}")
 
 
+def vrow_ptr(name: str, vrow: Tensor | None, ref: Tensor, n: int) -> int:
+    """The device pointer of a verbatim row index (ops.verbatim_rows: uint32, n entries,
+    contiguous, on ref's device) for a kernel, or 0 for none (the kernel then searches vpos)."""
+    if vrow is None:
+        return 0
+    if vrow.dtype != torch.uint32 or vrow.numel() != n or not vrow.is_contiguous():
+        raise ValueError(f"{name}: vrow must be a contiguous uint32 row index of {n} entries (ops.verbatim_rows), "
+                         f"got {vrow.dtype} {tuple(vrow.shape)}")
+    same_device(name, ref, vrow)
+    return ptr(vrow)
+
+
 # What direct_ok asks torch; where a torch lacks one of these, every call takes the op.
 _PROBES = (getattr(torch._C, "_len_torch_dispatch_stack", None), getattr(torch._C, "_get_tracing_state", None),
            getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None),

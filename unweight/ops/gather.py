@@ -2,10 +2,13 @@
 
     torch.ops.unweight.gather_rows_huffman(ids, sm, exp, off, table, rows, cols, R, C, exp_lo, exp_hi,
                                            lut=None, err=None, chk=None, chk_interval=0)
-    torch.ops.unweight.gather_rows_palette(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None)
+    torch.ops.unweight.gather_rows_palette(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None, vrow=None)
         ids: integer [...] on the planes' device, each in [0, rows); returns bf16 [ids.numel(), cols].
         CUDA also takes lut (uint16 [4, 4096], ops.build_lut) and err (int32 [1]) for Huffman, err
-        for palette; chk / chk_interval: the Huffman checkpoint index, when the tensor has one.
+        for palette; chk / chk_interval: the Huffman checkpoint index, when the tensor has one;
+        vrow: a palette weight's verbatim row index (ops.verbatim_rows), with which a thread
+        finds its block's verbatim entry among its row's few rather than by a search of the
+        whole list (the same bits; the CPU ignores it).
 
 CPU: Huffman decodes the row groups holding the ids (consecutive groups in one call, so
 threads split their segments); palette decodes the rows themselves; an id out of range raises
@@ -117,17 +120,17 @@ def _gather_rows_huffman_cpu(ids, sm, exp, off, table, rows, cols, rows_per_grou
 
 @torch.library.custom_op("unweight::gather_rows_palette", mutates_args=("err",))
 def gather_rows_palette(ids: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: Tensor, rows: int, cols: int,
-                        palette: List[int], err: Optional[Tensor] = None) -> Tensor:
+                        palette: List[int], err: Optional[Tensor] = None, vrow: Optional[Tensor] = None) -> Tensor:
     raise NotImplementedError(f"unweight::gather_rows_palette has no kernel for device {ids.device}")
 
 
 @gather_rows_palette.register_fake
-def _(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None):
+def _(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None, vrow=None):
     return sm.new_empty((ids.numel(), cols), dtype=torch.bfloat16)
 
 
 @gather_rows_palette.register_kernel("cuda")
-def _gather_rows_palette_cuda(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None):
+def _gather_rows_palette_cuda(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None, vrow=None):
     flat = _device_ids(ids, sm)
     out = torch.empty((flat.numel(), cols), dtype=torch.bfloat16, device=sm.device)
     if flat.numel() == 0 or cols == 0:
@@ -135,15 +138,17 @@ def _gather_rows_palette_cuda(ids, sm, idx, vpos, vexp, rows, cols, palette, err
     err = _need_err(err, sm.device)
     _ext.require_contiguous("gather_rows_palette", sm, idx, vpos, vexp)
     _ext.same_device("gather_rows_palette", sm, idx, vpos, vexp)
+    vr = _ext.vrow_ptr("gather_rows_palette", vrow, sm, rows + 1)
     with torch.cuda.device_of(sm):
         _ext.cuda_module().palette_gather_rows(_ext.ptr(flat), flat.numel(), _ext.ptr(sm), _ext.ptr(idx), rows, cols,
                                                bytes(palette), _ext.ptr(vpos), vpos.numel(), _ext.ptr(vexp),
-                                               _ext.ptr(out), out.stride(0), _ext.ptr(err), _ext.stream(sm))
+                                               _ext.ptr(out), out.stride(0), _ext.ptr(err), _ext.stream(sm),
+                                               vr)
     return out
 
 
 @gather_rows_palette.register_kernel("cpu")
-def _gather_rows_palette_cpu(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None):
+def _gather_rows_palette_cpu(ids, sm, idx, vpos, vexp, rows, cols, palette, err=None, vrow=None):
     flat = _host_ids(ids, rows)
     out = np.empty((flat.size, cols), dtype=np.uint16)
     sm_np, idx_np, vpos_np, vexp_np = _ext.np_view(sm), _ext.np_view(idx), _ext.np_view(vpos), _ext.np_view(vexp)

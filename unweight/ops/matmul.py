@@ -188,24 +188,12 @@ def _cuda_x(op: str, x: Tensor, cols: int, supported, max_m: int, planes: tuple)
     return x
 
 
-def _vrow_ptr(op: str, vrow: Tensor | None, x: Tensor, n: int) -> int:
-    """The device pointer of a verbatim row index (ops.verbatim_rows: uint32, n entries,
-    contiguous, on x's device), or 0 for none (the kernel then searches the list)."""
-    if vrow is None:
-        return 0
-    if vrow.dtype != torch.uint32 or vrow.numel() != n or not vrow.is_contiguous():
-        raise ValueError(f"{op}: vrow must be a contiguous uint32 row index of {n} entries (ops.verbatim_rows), "
-                         f"got {vrow.dtype} {tuple(vrow.shape)}")
-    _ext.same_device(op, x, vrow)
-    return _ext.ptr(vrow)
-
-
 @palette_matmul.register_kernel("cuda")
 def _palette_matmul_cuda(x, sm, idx, vpos, vexp, workspace, counters, rows, cols, palette, splits, stage_tiles=1, x_shared=False,
       tiled=False, wgmma=False, vrow=None):
     x = _cuda_x("palette_matmul", x, cols, palette_supported, plan.PMMA_MAX_M,
                 (sm, idx, vpos, vexp, workspace, counters))
-    vr = _vrow_ptr("palette_matmul", vrow, x, rows + 1)
+    vr = _ext.vrow_ptr("palette_matmul", vrow, x, rows + 1)
     M = x.size(0)
     if splits > 1:
         if workspace.dtype != torch.float32 or workspace.numel() < palette_workspace_elems(M, rows, splits):
@@ -261,7 +249,7 @@ def _palette_gemv_cpu(x, sm, idx, vpos, vexp, rows, cols, palette, parts, varian
 def _palette_gemv_cuda(x, sm, idx, vpos, vexp, rows, cols, palette, parts, variant=0, tiled=False, vrow=None):
     x = _cuda_x("palette_gemv", x, cols, lambda M, K: palette_gemv_supported(M, K, variant),
                 plan.pgemv_max_m(variant), (sm, idx, vpos, vexp))
-    vr = _vrow_ptr("palette_gemv", vrow, x, rows + 1)
+    vr = _ext.vrow_ptr("palette_gemv", vrow, x, rows + 1)
     M = x.size(0)
     y = torch.empty((M, rows), dtype=torch.bfloat16, device=x.device)
     with torch.cuda.device_of(x):
@@ -287,7 +275,7 @@ def palette_gemv_probe(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: T
         raise ValueError("palette_gemv_probe runs on a CUDA device only (a timing probe)")
     x = _cuda_x("palette_gemv_probe", x, cols,
                 lambda M, K: M <= 8 and palette_gemv_supported(M, K, plan.PGEMV_VARIANT_MMA), 8, (sm, idx, vpos, vexp))
-    vr = _vrow_ptr("palette_gemv_probe", vrow, x, rows + 1)
+    vr = _ext.vrow_ptr("palette_gemv_probe", vrow, x, rows + 1)
     M = x.size(0)
     y = torch.empty((M, rows), dtype=torch.bfloat16, device=x.device)
     with torch.cuda.device_of(x):
@@ -372,7 +360,7 @@ def _palette_gemv_queue_cuda(x, sm, idx, vpos, vexp, workspace, counters, rows, 
     v = plan.PGEMV_VARIANT_MMA_QUEUE
     x = _cuda_x("palette_gemv_queue", x, cols, lambda M, K: palette_gemv_supported(M, K, v), plan.pgemv_max_m(v),
                 (sm, idx, vpos, vexp, workspace, counters))
-    vr = _vrow_ptr("palette_gemv_queue", vrow, x, rows + 1)
+    vr = _ext.vrow_ptr("palette_gemv_queue", vrow, x, rows + 1)
     M = x.size(0)
     if units > 1 and (workspace.dtype != torch.float32
                       or workspace.numel() < palette_gemv_queue_workspace(M, rows, units)):
@@ -437,7 +425,7 @@ def _palette_gemv_slots_cuda(x, ids, sm, idx, vpos, vexp, err, palette, parts, v
     S, (E, rows, cols) = ids.numel(), sm.shape
     x = _cuda_x("palette_gemv_slots", x, cols, lambda M, K: K % plan.PMMA_TILE_K == 0 and M <= 65535, 65535,
                 (sm, idx, vpos, vexp))
-    vr = _vrow_ptr("palette_gemv_slots", vrow, x, E * (rows + 1))
+    vr = _ext.vrow_ptr("palette_gemv_slots", vrow, x, E * (rows + 1))
     y = torch.empty((S, rows), dtype=torch.bfloat16, device=x.device)
     with torch.cuda.device_of(x):
         _ext.cuda_module().palette_gemv_slots(_ext.ptr(x), x.stride(0), _ext.ptr(ids), S, E, _ext.ptr(sm),

@@ -271,7 +271,7 @@ def _gather_piece(w: EncodedWeight, ids: Tensor, err: Tensor | None = None) -> T
                                            w.lut, err, w.chk, w.chk_interval)
     if w.tiled:  # the row-gather kernel reads file order; a runtime tiles only matmul weights
         raise ValueError(f"row gather needs file-order palette planes; {w.name or 'this weight'} is tile-major")
-    return ops.run.gather_rows_palette(ids, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette, err)
+    return ops.run.gather_rows_palette(ids, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette, err, w.vrow)
 
 
 def _embedding_cuda(pieces: list, ids: Tensor, out_rows: int, cols: int) -> Tensor:
