@@ -146,3 +146,25 @@ def test_vllm_arguments_carry_the_plane_order():
     assert torch.equal(dispatch.linear([back], x, None, 48, 128).view(torch.int16), want.view(torch.int16))
     odd = CompressedLinear.from_linear(torch.nn.Linear(100, 40).to(torch.bfloat16), "palette").encoded()
     assert not hold_tiled(odd).tiled  # not whole 16 x 64 tiles: file order
+
+
+def test_vllm_arguments_carry_the_verbatim_row_index():
+    """A palette piece's verbatim row index (runtime.weights.hold_row_index on a GPU) rides in
+    its fifth plane slot through the op arguments and comes back as the piece's vrow; a piece
+    without one gets the placeholder there and comes back without."""
+    emb = torch.nn.Embedding(64, 256).to(torch.bfloat16)
+    with torch.no_grad():
+        emb.weight[::3, ::7] *= 2.0 ** -30  # outliers below the palette: verbatim blocks
+    ew = CompressedEmbedding.from_embedding(emb, "palette").encoded()
+    assert ew.vpos.numel() > 0 and ew.vrow is None  # (built on CUDA only)
+    placeholder = torch.empty(0, dtype=torch.uint8)
+    (bare,) = vops.pieces(vops.piece_planes(ew, placeholder), vops.piece_meta(ew))
+    assert bare.vrow is None
+    ew.vrow = ops.verbatim_rows(ew.vpos, ew.rows, ew.cols)
+    planes = vops.piece_planes(ew, placeholder)
+    assert len(planes) == vops.PLANES_PER_PIECE and planes[4] is ew.vrow
+    (back,) = vops.pieces(planes, vops.piece_meta(ew))
+    assert back.vrow is ew.vrow
+    ids = torch.tensor([0, 63, 3, 9])
+    assert torch.equal(dispatch.embedding([back], ids, 64, 256).view(torch.int16),
+                       emb.weight.detach()[ids].view(torch.int16))
