@@ -150,8 +150,8 @@ UW_UNROLL()
         cur = warp_lower_bound(c, a.vpos, a.nv, key);
       }
       if (cur < a.nv && a.vpos[cur] < b_end) rel = static_cast<uint32_t>(a.vpos[cur] - rowbase);
-      // (the first entry's lines only: a prefetch at each move of the cursor spills at four
-      // batch rows under this kernel's 80-register cap, ptxas sm_90a)
+      // (and at each move of the cursor up to two batch rows: at four it spills under this
+      // kernel's 80-register cap, ptxas sm_90a)
       pmma_cursor_prefetch(a, static_cast<uint32_t>(cur), rel);
     }
     const uint32_t blk_first = static_cast<uint32_t>(s0) * (COLS / PAL_BLOCK);
@@ -179,6 +179,7 @@ UW_UNROLL()
           }
           ++cur;
           rel = cur < a.nv && a.vpos[cur] < b_end ? static_cast<uint32_t>(a.vpos[cur] - rowbase) : 0xFFFFFFFFu;
+          if constexpr (MB <= 2) pmma_cursor_prefetch(a, static_cast<uint32_t>(cur), rel);  // (see below)
         }
         if (q >= lim) return;  // this lane's columns do not exist (the loads gave zeros)
 UW_UNROLL()
