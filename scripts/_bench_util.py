@@ -703,7 +703,7 @@ def clone_encoded(w, tiled: bool = False):
 def encoded_bytes(w) -> int:
     """Bytes of an EncodedWeight's planes (what a decode or fused launch reads)."""
     return sum(int(t.numel() * t.element_size())
-               for t in (w.sm, w.exp, w.off, w.idx, w.vpos, w.vexp, w.chk, getattr(w, "vrow", None)) if t is not None)
+               for t in (w.sm, w.exp, w.off, w.idx, w.vpos, w.vexp, w.chk, w.vrow) if t is not None)
 
 
 def import_helpers():

@@ -123,22 +123,18 @@ UW_HD void prefetch_l2(const uint8_t* p, uint32_t bytes) {
 #endif
 }
 
-// An L2 prefetch of the 128-byte line holding p (prefetch_l2 with one instruction, for callers
-// that walk whole lines).
-UW_HD void prefetch_l2_line(const uint8_t* p) {
+// A prefetch of the 128-byte line holding p: into L2 (prefetch_l2 with one instruction, for
+// callers that walk whole lines), or with kL1 into L1, for bytes the warp reads much later (a
+// verbatim block's id and exponents), which then wait on L1 rather than on L2 or DRAM.  No
+// register is held.  Host: the emulator checks the byte against the launch's buffers.
+template <bool kL1 = false>
+UW_HD void prefetch_line(const void* p) {
 #if defined(__CUDA_ARCH__)
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#else
-  emu::trace_prefetch(p, 1);
-#endif
-}
-
-// An L1 prefetch of the 128-byte line holding p: bytes the warp reads much later (a verbatim
-// block's id and exponents) then wait on L1 rather than on L2 or DRAM; no register is held.
-// Host: the emulator checks the byte against the launch's buffers.
-UW_HD void prefetch_l1(const void* p) {
-#if defined(__CUDA_ARCH__)
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+  if constexpr (kL1) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+  } else {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+  }
 #else
   emu::trace_prefetch(p, 1);
 #endif
@@ -201,6 +197,15 @@ UW_HD int lowest_bit(unsigned v) {
 #else
   return __builtin_ctz(v);
 #endif
+}
+
+// Row r's entries [*lo, *hi) of a verbatim list of nv entries, from its row index (vrow[r], the
+// first entry of row r or a later one: ops.verbatim_rows); an index that does not fit the list
+// is clamped to it, so no read leaves vpos.
+UW_HD void vrow_bounds(const uint32_t* vrow, int64_t r, int64_t nv, int64_t* lo, int64_t* hi) {
+  const int64_t h = ld_ro_u32(vrow + r + 1), l = ld_ro_u32(vrow + r);
+  *hi = h < nv ? h : nv;
+  *lo = l < *hi ? l : *hi;
 }
 
 // First index in sorted a[0..n) with a[i] >= key.

@@ -174,14 +174,9 @@ UW_HD bool pgather_body(int64_t t, const PGatherArgs& a) {
   const int64_t bpr = plan::blocks_per_row(a.cols);
   const uint64_t key = static_cast<uint64_t>(r * bpr + k / PAL_BLOCK);
   // The row's entries from the row index (two loads, then a search of the few in the row), or
-  // a search of the whole list; an index that does not fit the list is clamped to it.
+  // a search of the whole list.
   int64_t lo = 0, hi = a.nv;
-  if (a.vrow != nullptr) {
-    hi = ld_ro_u32(a.vrow + r + 1);
-    hi = hi < a.nv ? hi : a.nv;
-    lo = ld_ro_u32(a.vrow + r);
-    lo = lo < hi ? lo : hi;
-  }
+  if (a.vrow != nullptr) vrow_bounds(a.vrow, r, a.nv, &lo, &hi);
   const int64_t v = lo + lower_bound_u32(a.vpos + lo, hi - lo, key);
   const bool verbatim = v < a.nv && a.vpos[v] == key;
   const uint8_t* smr = a.sm + r * a.cols;

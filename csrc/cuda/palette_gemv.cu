@@ -415,9 +415,8 @@ const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* id
                                int64_t ldy, int32_t* err, void* stream) {
   PgemvSlotArgs a{};
   bool paired = false;
-  if (const char* e = slots_gemv_plan(x, ldx, ids, slots, E, sm, idx, N, K, pal, vpos, V, vexp,
-  vrow, parts, y, ldy, err,
-                                      &a, &paired))
+  if (const char* e = slots_gemv_plan(x, ldx, ids, slots, E, sm, idx, N, K, pal, vpos, V, vexp, vrow, parts, y,
+                                      ldy, err, &a, &paired))
     return e;
   if (slots == 0) return nullptr;
   const dim3 grid(static_cast<unsigned>(plan::pgemv_mma_grid(N, parts)), static_cast<unsigned>(slots));
@@ -454,9 +453,8 @@ const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint
                                int64_t ctas, float* ws, int32_t* queue, uint16_t* y, int64_t ldy, int tiled,
                                void* stream) {
   PgemvArgs a{};
-  if (const char* e = queue_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp,
-  vrow, units, ctas, ws, queue, y, ldy, tiled,
-                                 &a))
+  if (const char* e = queue_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp, vrow, units, ctas, ws, queue, y,
+                                 ldy, tiled, &a))
     return e;
   const bool paired = pal_tables(pal, a.pt);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -509,9 +507,8 @@ const char* palette_gemv_queue(const uint16_t* x, int64_t ldx, int M, const uint
                                int64_t ctas, float* ws, int32_t* queue, uint16_t* y, int64_t ldy, int force_general,
                                int tiled) {
   PgemvArgs a{};
-  if (const char* e = queue_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp,
-  vrow, units, ctas, ws, queue, y, ldy, tiled,
-                                 &a))
+  if (const char* e = queue_plan(x, ldx, M, sm, idx, N, K, pal, vpos, nv, vexp, vrow, units, ctas, ws, queue, y,
+                                 ldy, tiled, &a))
     return e;
   const bool paired = pal_tables(pal, a.pt) && !force_general;
   const char* err = nullptr;
@@ -530,9 +527,8 @@ const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* id
                                int64_t ldy, int32_t* err, int force_general) {
   PgemvSlotArgs a{};
   bool paired = false;
-  if (const char* e = slots_gemv_plan(x, ldx, ids, slots, E, sm, idx, N, K, pal, vpos, V, vexp,
-  vrow, parts, y, ldy, err,
-                                      &a, &paired))
+  if (const char* e = slots_gemv_plan(x, ldx, ids, slots, E, sm, idx, N, K, pal, vpos, V, vexp, vrow, parts, y,
+                                      ldy, err, &a, &paired))
     return e;
   if (slots == 0) return nullptr;
   const int64_t gx = plan::pgemv_mma_grid(N, parts);

@@ -142,9 +142,8 @@ UW_UNROLL()
     if (a.nv > 0) {
       const uint64_t key = rowbase + static_cast<uint64_t>(s0) * (COLS / PAL_BLOCK);
       if (a.vrow != nullptr) {  // the row's entries from the row index: no search of the whole list
-        int64_t hi = ld_ro_u32(a.vrow + r + 1), lo = ld_ro_u32(a.vrow + r);
-        hi = hi < a.nv ? hi : a.nv;
-        lo = lo < hi ? lo : hi;
+        int64_t lo = 0, hi = 0;
+        vrow_bounds(a.vrow, r, a.nv, &lo, &hi);
         cur = s0 == 0 ? lo : lo + lower_bound_u32(a.vpos + lo, hi - lo, key);
       } else {
         cur = warp_lower_bound(c, a.vpos, a.nv, key);

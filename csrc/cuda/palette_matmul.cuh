@@ -270,17 +270,15 @@ UW_HD uint32_t set_exponents(uint32_t reg, uint32_t e0, uint32_t e1) {
 // (0xFFFFFFFF: none left in the row).  Two dependent loads: the row's bounds, then the first
 // PMMA_VROW_WINDOW entries at once (a row holds a few verbatim blocks, and the first part's
 // key is the row's first block); a row with more entries before the key searches the rest.
-// An index that does not fit the list is clamped to it (no read outside vpos).
 UW_HD void pmma_row_cursor(const PalProduct& a, int64_t r, uint64_t rowbase, uint64_t bpr, uint64_t key,
                            uint32_t& cur, uint32_t& rel) {
   // (32-bit: entry counts and block ids fit uint32, check_pal_product)
   constexpr uint32_t W = plan::PMMA_VROW_WINDOW;
-  const uint32_t nv = static_cast<uint32_t>(a.nv), base = static_cast<uint32_t>(rowbase);
+  const uint32_t base = static_cast<uint32_t>(rowbase);
   const uint32_t k32 = static_cast<uint32_t>(key), end = static_cast<uint32_t>(rowbase + bpr);
-  uint32_t hi = ld_ro_u32(a.vrow + r + 1), lo = ld_ro_u32(a.vrow + r);
-  hi = hi < nv ? hi : nv;
-  lo = lo < hi ? lo : hi;
-  const uint32_t n = hi - lo;
+  int64_t lo64 = 0, hi64 = 0;
+  vrow_bounds(a.vrow, r, a.nv, &lo64, &hi64);
+  const uint32_t lo = static_cast<uint32_t>(lo64), hi = static_cast<uint32_t>(hi64), n = hi - lo;
   uint32_t e[W];
 UW_UNROLL()
   for (uint32_t j = 0; j < W; ++j) e[j] = j < n ? ld_ro_u32(a.vpos + lo + j) : 0xFFFFFFFFu;
@@ -306,8 +304,8 @@ UW_UNROLL()
 // stalls at each verbatim block it meets, and the warp that meets the most ends the launch.
 UW_HD void pmma_cursor_prefetch(const PalProduct& a, uint32_t cur, uint32_t rel) {
   if (rel == 0xFFFFFFFFu) return;
-  prefetch_l1(a.vexp + static_cast<int64_t>(cur) * PAL_BLOCK);
-  if (static_cast<int64_t>(cur) + 1 < a.nv) prefetch_l1(a.vpos + cur + 1);
+  prefetch_line<true>(a.vexp + static_cast<int64_t>(cur) * PAL_BLOCK);
+  if (static_cast<int64_t>(cur) + 1 < a.nv) prefetch_line<true>(a.vpos + cur + 1);
 }
 
 // The verbatim cursors of a warp's 16 rows row0.. over their blocks [b_first, b_end): lane

@@ -33,8 +33,8 @@ UW_UNROLL()
   for (int r = 0; r < plan::PREFETCH_MAX_RANGES; ++r) {
     if (r >= a.n) break;
     const int64_t lines = plan::cdiv(a.bytes[r], plan::PREFETCH_LINE);
-    for (int64_t l = t; l < lines; l += stride) prefetch_l2_line(a.p[r] + l * plan::PREFETCH_LINE);
-    if (t == 0 && a.bytes[r] > 0) prefetch_l2_line(a.p[r] + a.bytes[r] - 1);
+    for (int64_t l = t; l < lines; l += stride) prefetch_line(a.p[r] + l * plan::PREFETCH_LINE);
+    if (t == 0 && a.bytes[r] > 0) prefetch_line(a.p[r] + a.bytes[r] - 1);
   }
 }
 
