@@ -382,10 +382,12 @@ def _split_sweep(torch, ws, x, runs, t_cublas, wide: bool = True) -> dict:
 
 
 def _gemv_parts_sweep(torch, ws, x, runs, t_cublas, skip) -> dict:
-    """The palette GEMV (default and tensor-core variants) at parts 1, 2, 4, 8 and the planned
-    one: {"<path>:planned": p, "<path>:<parts>": time / cuBLAS time}.  Data for the parts
-    heuristics (kernel_plan.pgemv_parts, pgemv_mma_parts), not a dispatch choice."""
+    """The palette GEMV (default and tensor-core variants) at parts 1, 2, 4, 8 (the tensor-core
+    one at every count 1..8: at 3, 5, 6 and 7 a CTA holds one tile) and the planned one:
+    {"<path>:planned": p, "<path>:<parts>": time / cuBLAS time}.  Data for the parts heuristics
+    (kernel_plan.pgemv_parts, pgemv_mma_parts_any), not a dispatch choice."""
     from unweight import ops
+    from unweight.runtime import kernel_plan as kp
     from unweight.runtime.policy import GEMV_PATHS
     w0, out = ws[0], {}
     for path, tag in (("palette_gemv", "gemv"), ("palette_gemv_mma", "gemv:mma")):
@@ -393,7 +395,8 @@ def _gemv_parts_sweep(torch, ws, x, runs, t_cublas, skip) -> dict:
             continue
         v = GEMV_PATHS[path]
         out[f"{path}:planned"] = ops.palette_gemv_parts(w0.rows, w0.cols, x.device, v)
-        for parts in (1, 2, 4, 8):
+        counts = range(1, kp.PGEMV_MAX_PARTS + 1) if kp.pgemv_any_parts(v) else (1, 2, 4, 8)
+        for parts in counts:
             def call(q, parts=parts, v=v):
                 return torch.ops.unweight.palette_gemv(x, q.sm, q.idx, q.vpos, q.vexp, q.rows, q.cols, q.palette,
                                                        parts, v, q.tiled, q.vrow)

@@ -1548,6 +1548,46 @@ def group_variant(rec, device, tag):
                                                                            run(kind, M, n, None)))
                 r["passed"] = all(r.values())
                 return r
+            def any_parts_case(w, tiled, emulated):
+                """At 3, 5, 6 and 7 parts a CTA is one tile's warps (kernel_plan.pgemv_mma_cta_warps,
+                the plan's count for 6144 x 4096 on 132 SMs being 5): the tensor-core GEMV gives the
+                queued GEMV's bits at as many units per tile (the same step ranges summed in the
+                same order) and, where `emulated`, the warp emulator's, at batch 1, 9 and 32."""
+                N, K = w.shape
+                pal, sm, idx, vpos, vexp = _host_palette(w, tiled)
+                planes = (sm.numpy(), idx.numpy(), bytes(pal), vpos.numpy(), vexp.numpy())
+                xs = h.make_weights(32, K, seed=N + 5, spread=False)
+                steps = kp.cdiv(K, kp.PGEMV_MMA_COLS)
+                counts = [n for n in (3, 5, 6, 7) if n <= steps]
+                if device == "cuda":
+                    sm, idx, vpos, vexp = (t.to(device) for t in (sm, idx, vpos, vexp))
+                    cnt = torch.zeros(kp.pgemv_mma_queue_counters(N), dtype=torch.int32, device=device)
+                    ws = torch.zeros(max(kp.pgemv_mma_queue_workspace(N, max(counts), 32), 1), device=device)
+                r = {}
+                for M in (1, 9, 32):
+                    x = np.ascontiguousarray(xs[:M])
+                    for n in counts:
+                        if device == "cuda":
+                            xd = h.bf16_tensor(x, device)
+                            got = torch.ops.unweight.palette_gemv(xd, sm, idx, vpos, vexp, N, K, pal, n,
+                                                                  kp.PGEMV_VARIANT_MMA, tiled)
+                            queue = torch.ops.unweight.palette_gemv_queue(xd, sm, idx, vpos, vexp, ws, cnt, N, K,
+                                                                          pal, n, tiled)
+                            got, queue = (t.view(torch.int16).cpu().numpy() for t in (got, queue))
+                        else:
+                            got = _cuda.emulate_palette_gemv(x, *planes, n, False, kp.PGEMV_VARIANT_MMA, int(tiled))
+                            queue = _cuda.emulate_palette_gemv_queue(x, *planes, n, 2, False, int(tiled))
+                        r[f"queue M={M} n={n}"] = bool(np.array_equal(got.view(np.int16), queue.view(np.int16)))
+                        if emulated and device == "cuda":
+                            want = _cuda.emulate_palette_gemv(x, *planes, n, False, kp.PGEMV_VARIANT_MMA, int(tiled))
+                            r[f"emulator M={M} n={n}"] = bool(np.array_equal(got, want.view(np.int16)))
+                r["passed"] = all(r.values())
+                return r
+            for what, w, tiled, emulated in (("40x1088", h.make_weights(40, 1088, seed=6), False, True),
+                                             ("48x1088 tile-major", _verbatim_heavy(np, 1088, 9)[:48], True, True)) + (
+                                                (("6144x4096 tile-major", h.make_weights(6144, 4096, seed=7), True,
+                                                  False),) if device == "cuda" else ()):
+                rec.check(f"palette GEMV mma at 3, 5, 6 and 7 parts {what}", any_parts_case, w, tiled, emulated)
             for what, w, tiled in (("verbatim-heavy 257x576", _verbatim_heavy(np, 576, 7), False),
                                    ("40x1088", h.make_weights(40, 1088, seed=3), False),
                                    ("48x1088 tile-major", _verbatim_heavy(np, 1088, 8)[:48], True)) + (

@@ -332,6 +332,11 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("plan_pgemv_steps", steps_range(&plan::pgemv_steps));
   m.def("plan_pgemv_mma_parts", &plan::pgemv_mma_parts);
   m.def("plan_pgemv_mma_grid", &plan::pgemv_mma_grid);
+  m.def("plan_pgemv_mma_parts_any", &plan::pgemv_mma_parts_any);
+  m.def("plan_pgemv_mma_part_steps", &plan::pgemv_mma_part_steps);
+  m.def("plan_pgemv_mma_cta_warps", &plan::pgemv_mma_cta_warps);
+  m.def("plan_pgemv_mma_sm_warps", &plan::pgemv_mma_sm_warps);
+  m.def("plan_pgemv_any_parts", &plan::pgemv_any_parts);
   m.def("plan_pgemv_mma_steps", steps_range(&plan::pgemv_mma_steps));
   m.def("plan_pgemv_mma_queue_units", &plan::pgemv_mma_queue_units);
   m.def("plan_pgemv_mma_unit_steps", steps_range(&plan::pgemv_mma_unit_steps));

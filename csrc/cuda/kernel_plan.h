@@ -527,15 +527,26 @@ UW_PLAN_HD int pgemv_parts(int64_t N, int64_t K, int64_t num_sms) {
   return pgemv_parts_of(N, cdiv(K, PGEMV_COLS), num_sms * PGEMV_WARPS_PER_SM, 2 * PGEMV_UNROLL);
 }
 UW_PLAN_HD int64_t pgemv_grid(int64_t N, int parts) { return cdiv(N * parts, PGEMV_WARPS); }
-// log2 of a `parts` of 1, 2, 4 or 8 (what pgemv_parts returns and the launcher accepts): the
-// GEMV divides by parts with shifts, where a division by a runtime value would cost each warp
-// ~40 instructions of its setup.
+// Whether `parts` is 1, 2, 4 or 8: the counts whose warps split a CTA of PGEMV_WARPS into
+// whole rows or tiles (every variant takes them; the tensor-core GEMV takes 3, 5, 6 and 7 too,
+// one tile per CTA of `parts` warps: pgemv_mma_cta_warps).
+UW_PLAN_HD constexpr bool pgemv_parts_pow2(int parts) {
+  return parts >= 1 && parts <= PGEMV_MAX_PARTS && (parts & (parts - 1)) == 0;
+}
+// log2 of a power-of-two `parts`: the GEMV divides by such a count with shifts, where a
+// division by a runtime value would cost each warp ~20-40 instructions of its setup.
 UW_PLAN_HD int pgemv_log2_parts(int parts) { return (parts > 1) + (parts > 2) + (parts > 4); }
-// Steps of part `part` of `parts`: [first, last) of the row's cdiv(K, PGEMV_COLS) steps.
-UW_PLAN_HD void pgemv_steps_of(int64_t K, int64_t cols, int parts, int part, int64_t* first, int64_t* last) {
-  const int64_t steps = cdiv(K, cols), per = (steps + parts - 1) >> pgemv_log2_parts(parts);
+// [first, last) of a row's `steps` steps that part `part` covers at `per` steps a part (the
+// last what is left; parts past the steps empty).
+UW_PLAN_HD void pgemv_part_range(int64_t steps, int64_t per, int part, int64_t* first, int64_t* last) {
   *first = part * per < steps ? part * per : steps;
   *last = *first + per < steps ? *first + per : steps;
+}
+// Steps of part `part` of a power-of-two `parts` (the CUDA-core GEMV's): [first, last) of the
+// row's cdiv(K, cols) steps, cdiv(steps, parts) each.
+UW_PLAN_HD void pgemv_steps_of(int64_t K, int64_t cols, int parts, int part, int64_t* first, int64_t* last) {
+  const int64_t steps = cdiv(K, cols);
+  pgemv_part_range(steps, (steps + parts - 1) >> pgemv_log2_parts(parts), part, first, last);
 }
 UW_PLAN_HD void pgemv_steps(int64_t K, int parts, int part, int64_t* first, int64_t* last) {
   pgemv_steps_of(K, PGEMV_COLS, parts, part, first, last);
@@ -545,16 +556,46 @@ UW_PLAN_HD void pgemv_steps(int64_t K, int parts, int part, int64_t* first, int6
 // two (<= PGEMV_MAX_PARTS) keeping tiles * parts within the warps the SMs hold at once and
 // each part at least PGEMV_MMA_MIN_STEPS steps.  Llama-3-8B's shapes on 132 SMs: 4096 x 4096
 // 8 parts (2,048 warps of 4 steps), 6144 x 4096 4, 14336 x 4096 2, 4096 x 14336 8,
-// 128256 x 4096 1.  The same for every batch size, so are the bits.
+// 128256 x 4096 1.  The same for every batch size, so are the bits.  The rule of the variants
+// whose CTAs hold per-warp rings sized for PGEMV_WARPS warps (staged, bulk copies).
 UW_PLAN_HD int pgemv_mma_parts(int64_t N, int64_t K, int64_t num_sms) {
   return pgemv_parts_of(cdiv(N, PGEMV_MMA_ROWS), cdiv(K, PGEMV_MMA_COLS), num_sms * PGEMV_MMA_WARPS_PER_SM,
                         PGEMV_MMA_MIN_STEPS);
 }
-UW_PLAN_HD int64_t pgemv_mma_grid(int64_t N, int parts) {
-  return cdiv(cdiv(N, PGEMV_MMA_ROWS) * parts, PGEMV_WARPS);
+// Warps of a tensor-core GEMV CTA at `parts` warps per tile: PGEMV_WARPS (PGEMV_WARPS / parts
+// tiles) at a power of two, else `parts` (one tile).  And the warps an SM holds of such CTAs at
+// the kernels' register cap (__launch_bounds__: PGEMV_MMA_CTAS_PER_SM CTAs of PGEMV_WARPS):
+// 16 at 1, 2, 4 and 8 parts; 15 at 3 and 5 (five and three CTAs), 12 at 6, 14 at 7.
+UW_PLAN_HD int pgemv_mma_cta_warps(int parts) { return pgemv_parts_pow2(parts) ? PGEMV_WARPS : parts; }
+UW_PLAN_HD int pgemv_mma_sm_warps(int parts) {
+  const int w = pgemv_mma_cta_warps(parts);
+  return PGEMV_MMA_WARPS_PER_SM / w * w;
 }
+// Warps per tile of the register-direct tensor-core GEMV (and its split-plane and prefetching
+// forms, the probes and the slots GEMV): the largest count in 1 .. PGEMV_MAX_PARTS whose warps
+// the SMs hold in one wave (pgemv_mma_sm_warps) with each part at least PGEMV_MMA_MIN_STEPS
+// steps.  Where a power of two leaves SMs idle it takes 3, 5, 6 or 7: 6144 x 4096 on 132 SMs
+// takes 5 (1,920 warps of 6-7 steps in 384 CTAs, three on most SMs) where pgemv_mma_parts'
+// 4 leaves 1,536 warps in 192 CTAs of eight, two CTAs on 60 SMs and one on the other 72.
+// The H200 records fit the kernel's time to a fixed cost plus its bytes over a bandwidth
+// that scales with that fill (docs/design/gpu-kernels.md, "Parts").  The other Llama-3-8B
+// shapes keep their power of two.  The same for every batch size, so are the bits.
+UW_PLAN_HD int pgemv_mma_parts_any(int64_t N, int64_t K, int64_t num_sms) {
+  const int64_t tiles = cdiv(N, PGEMV_MMA_ROWS), steps = cdiv(K, PGEMV_MMA_COLS);
+  int best = 1;
+  for (int p = 2; p <= PGEMV_MAX_PARTS; ++p)
+    if (tiles * p <= num_sms * pgemv_mma_sm_warps(p) && steps >= p * PGEMV_MMA_MIN_STEPS) best = p;
+  return best;
+}
+UW_PLAN_HD int64_t pgemv_mma_grid(int64_t N, int parts) {
+  return pgemv_parts_pow2(parts) ? cdiv(cdiv(N, PGEMV_MMA_ROWS) * parts, PGEMV_WARPS) : cdiv(N, PGEMV_MMA_ROWS);
+}
+// The tensor-core GEMV's steps a part at any parts 1 .. PGEMV_MAX_PARTS, cdiv(steps, parts):
+// computed by the launcher (PgemvArgs::part_steps), so no warp divides by a runtime value
+// (~20-40 instructions of its setup); and the steps [first, last) of its part `part`.
+UW_PLAN_HD int64_t pgemv_mma_part_steps(int64_t K, int parts) { return cdiv(cdiv(K, PGEMV_MMA_COLS), parts); }
 UW_PLAN_HD void pgemv_mma_steps(int64_t K, int parts, int part, int64_t* first, int64_t* last) {
-  pgemv_steps_of(K, PGEMV_MMA_COLS, parts, part, first, last);
+  pgemv_part_range(cdiv(K, PGEMV_MMA_COLS), pgemv_mma_part_steps(K, parts), part, first, last);
 }
 // The queued variant: units per tile (PGEMV_MMA_QUEUE_* above), the steps [first, last) of unit
 // `part` of a tile (cdiv(steps, units) each, the last what is left: at a power-of-two count the
@@ -593,8 +634,14 @@ UW_PLAN_HD constexpr bool pgemv_is_mma(int variant) {
          variant == PGEMV_VARIANT_MMA_BULK || variant == PGEMV_VARIANT_MMA_QUEUE || variant == PGEMV_VARIANT_MMA_SPLIT;
 }
 UW_PLAN_HD int pgemv_max_m(int variant) { return pgemv_is_mma(variant) ? PGEMV_MMA_MAX_M : PGEMV_MAX_M; }
+// Whether a variant takes any parts 1 .. PGEMV_MAX_PARTS (pgemv_mma_parts_any), not only a
+// power of two: the tensor-core ones whose shared memory is the parts' sums alone.
+UW_PLAN_HD constexpr bool pgemv_any_parts(int variant) {
+  return variant == PGEMV_VARIANT_MMA || variant == PGEMV_VARIANT_MMA_PREFETCH || variant == PGEMV_VARIANT_MMA_SPLIT;
+}
 UW_PLAN_HD int pgemv_variant_parts(int64_t N, int64_t K, int64_t num_sms, int variant) {
   return variant == PGEMV_VARIANT_MMA_QUEUE ? pgemv_mma_queue_units(N, K, num_sms)
+         : pgemv_any_parts(variant)         ? pgemv_mma_parts_any(N, K, num_sms)
          : pgemv_is_mma(variant)            ? pgemv_mma_parts(N, K, num_sms)
                                             : pgemv_parts(N, K, num_sms);
 }

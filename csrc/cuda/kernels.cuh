@@ -173,8 +173,8 @@ bool programmatic_launch_on();
 // same operands, plane orders and alignment as palette_gemm; variant: plan::PGEMV_VARIANT_* (0 the default;
 // DEEP and STAGED give its bits; MMA runs on the tensor cores, its own sums); M: 1..4, or
 // 1..32 for MMA (plan::pgemv_max_m); parts: warps per row, or per 16-row tile for MMA
-// (plan::pgemv_variant_parts: 1, 2, 4 or 8), which sets the order of the fp32 sums.  Needs no
-// workspace.
+// (plan::pgemv_variant_parts: 1, 2, 4 or 8; 1..8 for the variants plan::pgemv_any_parts
+// names), which sets the order of the fp32 sums.  Needs no workspace.
 const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,
                          const uint32_t* vrow, int parts,

@@ -186,8 +186,9 @@ const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, c
   if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
   if (K % plan::PMMA_TILE_K != 0) return "palette_gemv needs K % 64 == 0 (decode + matmul instead)";
   if (const char* e = check_pal_product(N, K, ldx, ldy, pal.size, nv, tiled)) return e;
-  if (parts < 1 || parts > plan::PGEMV_MAX_PARTS || (parts & (parts - 1)) != 0)
-    return "palette_gemv: parts must be 1, 2, 4 or 8";
+  if (plan::pgemv_any_parts(variant) ? parts < 1 || parts > plan::PGEMV_MAX_PARTS : !plan::pgemv_parts_pow2(parts))
+    return plan::pgemv_any_parts(variant) ? "palette_gemv: parts must be 1 .. 8"
+                                          : "palette_gemv: parts must be 1, 2, 4 or 8 for this variant";
   if (!grid_ok(plan::pgemv_variant_grid(N, parts, variant))) return "matrix too large for one launch";
   if (!aligned(x, 16) || !aligned(sm, 16) || !aligned(idx, 16) || (nv > 0 && !aligned(vexp, 16)))
     return "palette_gemv needs x, sm, idx and vexp 16-byte aligned";
@@ -252,10 +253,16 @@ PgemvArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, co
   a.set_order(tiled != 0);
   a.vpos = vpos; a.nv = nv; a.vexp = vexp; a.vrow = vrow;
   a.parts = parts;
-  a.lparts = plan::pgemv_log2_parts(parts);
+  a.lparts = plan::pgemv_log2_parts(plan::pgemv_parts_pow2(parts) ? parts : plan::PGEMV_WARPS);
+  a.part_steps = plan::pgemv_mma_part_steps(K, parts);
+  a.cta_warps = plan::pgemv_mma_cta_warps(parts);
   a.y = y; a.ldy = ldy;
   return a;
 }
+
+// Threads of a GEMV CTA: PGEMV_THREADS, or one tile's `parts` warps (plan::pgemv_mma_cta_warps)
+// when its parts count is no power of two.
+int cta_threads(const PgemvArgs& a) { return a.cta_warps * plan::WARP; }
 
 // A GEMV's palette tables: the split layout's for PGEMV_VARIANT_MMA_SPLIT (which must have them),
 // else the stored layout's, paired unless it cannot be or force_general.
@@ -289,6 +296,7 @@ const char* queue_plan(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
   units = static_cast<int>(plan::cdiv(steps, plan::cdiv(steps, units)));
   *a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, vrow, units, y, ldy, tiled);
   a->lparts = 0;
+  a->cta_warps = plan::PGEMV_WARPS;
   a->units = tiles * units;
   a->ws = ws;
   a->queue = queue;
@@ -309,7 +317,7 @@ void launch_pgemv(const PgemvArgs& a, int64_t ctas, cudaStream_t s) {
   if (PgemvVariant<kVariant>::kMma && programmatic_launch() && device_sm90()) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(plan::PGEMV_THREADS);
+    cfg.blockDim = dim3(static_cast<unsigned>(cta_threads(a)));
     cfg.dynamicSmemBytes = static_cast<size_t>(smem);
     cfg.stream = s;
     cudaLaunchAttribute attr{};
@@ -319,7 +327,7 @@ void launch_pgemv(const PgemvArgs& a, int64_t ctas, cudaStream_t s) {
     cfg.numAttrs = 1;
     cudaLaunchKernelEx(&cfg, kernel, a);
   } else {
-    kernel<<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
+    kernel<<<grid, cta_threads(a), smem, s>>>(a);
   }
 }
 
@@ -395,15 +403,21 @@ const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // The stream probe needs fewer registers than the full kernel, so more of its CTAs would fit
   // an SM where the grid has more than one wave of them; shared memory that leaves room for
-  // only PGEMV_MMA_CTAS_PER_SM of them (228 KiB per SM on sm_90, 164 on sm_80, 1 KiB reserved
-  // per CTA) keeps it at the full kernel's occupancy.
-  constexpr int smem = 228 * 1024 / (plan::PGEMV_MMA_CTAS_PER_SM + 1) + 1024;
-  static_assert(smem >= plan::PGEMV_MMA_SMEM_BYTES && plan::PGEMV_MMA_CTAS_PER_SM * (smem + 1024) <= 164 * 1024,
+  // only the full kernel's CTAs per SM (PGEMV_MMA_CTAS_PER_SM, or more of one tile's parts:
+  // plan::pgemv_mma_sm_warps; 228 KiB per SM on sm_90, 1 KiB reserved per CTA) keeps it at
+  // the full kernel's occupancy (on sm_80's 164 KiB, at power-of-two parts).
+  constexpr int kMaxSmem = 228 * 1024 / (plan::PGEMV_MMA_CTAS_PER_SM + 1) + 1024;
+  static_assert(kMaxSmem >= plan::PGEMV_MMA_SMEM_BYTES &&
+                    plan::PGEMV_MMA_CTAS_PER_SM * (kMaxSmem + 1024) <= 164 * 1024,
                 "the probes' shared memory holds the parts' sums and fits the full kernel's CTAs per SM");
+  static_assert(228 * 1024 / (plan::PGEMV_MMA_WARPS_PER_SM / 3 + 1) + 1024 >= plan::PGEMV_MMA_SMEM_BYTES,
+                "the probes' shared memory holds the parts' sums at every parts count (CTAs of >= 3 warps)");
+  const int sm_ctas = plan::pgemv_mma_sm_warps(parts) / plan::pgemv_mma_cta_warps(parts);
+  const int smem = 228 * 1024 / (sm_ctas + 1) + 1024;
   with_probe(probe, [&](auto p) {
     constexpr auto kernel = &pgemv_mma_probe_kernel<decltype(p)::value>;
-    opt_in_smem<kernel>(smem);
-    kernel<<<grid, plan::PGEMV_THREADS, smem, s>>>(a);
+    opt_in_smem<kernel>(kMaxSmem);
+    kernel<<<grid, cta_threads(a), smem, s>>>(a);
   });
   return launch_status();
 }
@@ -421,10 +435,11 @@ const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* id
   if (slots == 0) return nullptr;
   const dim3 grid(static_cast<unsigned>(plan::pgemv_mma_grid(N, parts)), static_cast<unsigned>(slots));
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int threads = cta_threads(a.base);
   if (paired)
-    pgemv_slots_kernel<true><<<grid, plan::PGEMV_THREADS, plan::PGEMV_MMA_SMEM_BYTES, s>>>(a);
+    pgemv_slots_kernel<true><<<grid, threads, plan::PGEMV_MMA_SMEM_BYTES, s>>>(a);
   else
-    pgemv_slots_kernel<false><<<grid, plan::PGEMV_THREADS, plan::PGEMV_MMA_SMEM_BYTES, s>>>(a);
+    pgemv_slots_kernel<false><<<grid, threads, plan::PGEMV_MMA_SMEM_BYTES, s>>>(a);
   return launch_status();
 }
 
@@ -476,7 +491,7 @@ const char* palette_gemv_probe(const uint16_t* x, int64_t ldx, int M, const uint
   const int64_t grid = plan::pgemv_variant_grid(N, parts, plan::PGEMV_VARIANT_MMA);
   const char* err = nullptr;
   with_probe(probe, [&](auto p) {
-    err = emu::launch(grid, 1, plan::PGEMV_THREADS, plan::PGEMV_MMA_SMEM_BYTES, [&](emu::ThreadCtx& c) {
+    err = emu::launch(grid, 1, cta_threads(a), plan::PGEMV_MMA_SMEM_BYTES, [&](emu::ThreadCtx& c) {
       pgemv_mma_body<1, true, false, false, false, decltype(p)::value>(c, a);
     });
   });
@@ -495,7 +510,7 @@ const char* palette_gemv(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   const char* err = nullptr;
   with_variant(M, paired, variant, [&](auto mb, auto p, auto v) {
     constexpr int V = decltype(v)::value;
-    err = emu::launch(plan::pgemv_variant_grid(N, parts, V), 1, plan::PGEMV_THREADS, PgemvVariant<V>::kSmem,
+    err = emu::launch(plan::pgemv_variant_grid(N, parts, V), 1, cta_threads(a), PgemvVariant<V>::kSmem,
                       [&](emu::ThreadCtx& c) { pgemv_variant_body<decltype(mb)::value, decltype(p)::value, V>(c, a); });
   });
   return err;
@@ -533,9 +548,9 @@ const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* id
   if (slots == 0) return nullptr;
   const int64_t gx = plan::pgemv_mma_grid(N, parts);
   if (paired && !force_general)
-    return emu::launch(gx, slots, plan::PGEMV_THREADS, plan::PGEMV_MMA_SMEM_BYTES,
+    return emu::launch(gx, slots, cta_threads(a.base), plan::PGEMV_MMA_SMEM_BYTES,
                        [&](emu::ThreadCtx& c) { pgemv_slots_body<true>(c, a); });
-  return emu::launch(gx, slots, plan::PGEMV_THREADS, plan::PGEMV_MMA_SMEM_BYTES,
+  return emu::launch(gx, slots, cta_threads(a.base), plan::PGEMV_MMA_SMEM_BYTES,
                      [&](emu::ThreadCtx& c) { pgemv_slots_body<false>(c, a); });
 }
 

@@ -19,8 +19,12 @@ namespace cuda {
 namespace detail {
 
 struct PgemvArgs : PalProduct {
-  int parts;   // warps per row (plan::pgemv_parts: 1, 2, 4 or 8); the queued variant: units per tile
-  int lparts;  // log2(parts) (not the queued variant's)
+  int parts;   // warps per row (plan::pgemv_parts: 1, 2, 4 or 8) or tile (the tensor-core
+               // variants: plan::pgemv_variant_parts, 1 .. 8); the queued variant: units per tile
+  int lparts;  // log2(parts); log2(PGEMV_WARPS) when parts is no power of two (the tensor-core
+               // variants: one tile per CTA of `parts` warps); not the queued variant's
+  int64_t part_steps;  // the tensor-core variants' steps a part (plan::pgemv_mma_part_steps)
+  int cta_warps;       // warps per CTA (plan::pgemv_mma_cta_warps; the launcher's, not the kernel's)
   // The queued variant (pgemv_mma_queue_body) only: its units (tiles * parts), their sums
   // (fp32 [units][M][PGEMV_MMA_ROWS] when parts > 1) and its counters (plan::PGEMV_QUEUE_*,
   // zero before a launch and after it).
@@ -253,7 +257,9 @@ UW_UNROLL()
 }
 
 // The tensor-core variant (PGEMV_VARIANT_MMA): one CTA holds PGEMV_WARPS / parts tiles of
-// PGEMV_MMA_ROWS rows, `parts` warps each.  NT: n-tiles of 8 batch rows (M <= 8 NT).
+// PGEMV_MMA_ROWS rows, `parts` warps each; at a parts count that is not a power of two
+// (plan::pgemv_mma_parts_any) it holds one tile, its `parts` warps being the CTA.
+// NT: n-tiles of 8 batch rows (M <= 8 NT).
 //
 // A step is PGEMV_MMA_COLS = 128 columns of the warp's 16 rows.  Lane (g = lane/4, t = lane%4)
 // owns the step's columns 16t..16t+15 (half 0) and 64+16t..64+16t+15 (half 1) of rows g and
@@ -412,11 +418,13 @@ UW_HD void pgemv_mma_body(Ctx& c, const PgemvArgs& a) {
   // waited (then every launch ahead of this one is complete, so the next one's early reads
   // of its own planes can race with nothing but this launch, which writes only y).
   const int lane = c.lane(), warp = c.warp(), g = lane >> 2, t = lane & 3;
+  // (a parts count that is no power of two: lparts = log2(PGEMV_WARPS), so tile = block_x and
+  // part = warp, the CTA being the tile's `parts` warps)
   const int64_t tile = c.block_x() * (plan::PGEMV_WARPS >> a.lparts) + (warp >> a.lparts);
   const int64_t row0 = tile * ROWS;
-  const int part = warp & (a.parts - 1);
+  const int part = warp & ((1 << a.lparts) - 1);
   int64_t s0 = 0, s1 = 0;
-  plan::pgemv_mma_steps(a.K, a.parts, part, &s0, &s1);
+  plan::pgemv_part_range(plan::cdiv(a.K, COLS), a.part_steps, part, &s0, &s1);  // (plan::pgemv_mma_steps)
   const bool active = row0 < a.N && s1 > s0;  // warp-uniform
   float acc[NT][4];
 UW_UNROLL()

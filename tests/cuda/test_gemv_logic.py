@@ -234,7 +234,7 @@ def test_mma_parts_cover_every_step_once_and_fill_the_device():
     Llama-3-8B's shapes and 132 SMs, one wave of 1,536-2,048 warps (the head: 8,016)."""
     for K in (64, 192, 1088, 4096, 4160, 14336):
         steps = kp.cdiv(K, kp.PGEMV_MMA_COLS)
-        for parts in (1, 2, 4, 8):
+        for parts in range(1, kp.PGEMV_MAX_PARTS + 1):
             seen = []
             for p in range(parts):
                 first, last = kp.pgemv_mma_steps(K, parts, p)
@@ -250,7 +250,23 @@ def test_mma_parts_cover_every_step_once_and_fill_the_device():
                     assert kp.cdiv(K, kp.PGEMV_MMA_COLS) >= p * kp.PGEMV_MMA_MIN_STEPS
     shapes = ((4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
     assert [kp.pgemv_mma_parts(N, K, 132) for N, K in shapes] == [8, 4, 2, 8, 1]
-    assert [kp.pgemv_variant_parts(N, K, 132, MMA) for N, K in shapes] == [8, 4, 2, 8, 1]
+    # the register-direct kernel's rule: any count; 6144 x 4096 fills the SMs with 5 (one wave of
+    # 1,920 warps in 384 CTAs of five, three per SM: 1,980 slots) where 4 leaves 1,536 warps
+    assert [kp.pgemv_variant_parts(N, K, 132, MMA) for N, K in shapes] == [8, 5, 2, 8, 1]
+    assert [kp.pgemv_variant_parts(N, K, 132, v) for v in (MMA_PREFETCH, MMA_SPLIT) for N, K in shapes] == \
+        [8, 5, 2, 8, 1] * 2
+    assert kp.pgemv_variant_parts(5120, 5120, 132, MMA) == 5 and kp.pgemv_mma_parts(5120, 5120, 132) == 4
+    assert [kp.pgemv_mma_cta_warps(p) for p in range(1, 9)] == [8, 8, 3, 8, 5, 6, 7, 8]
+    assert [kp.pgemv_mma_sm_warps(p) for p in range(1, 9)] == [16, 16, 15, 16, 15, 12, 14, 16]
+    assert [kp.pgemv_mma_grid(4096, p) for p in (1, 2, 3, 4, 5, 8)] == [32, 64, 256, 128, 256, 256]
+    for N in (1, 15, 16, 17, 1000, 4096, 6144, 14336, 128256):
+        for K in (64, 1024, 1088, 4096, 14336):
+            for sms in (1, 78, 132):
+                p = kp.pgemv_mma_parts_any(N, K, sms)
+                assert 1 <= p <= kp.PGEMV_MAX_PARTS and p >= kp.pgemv_mma_parts(N, K, sms)
+                if p > 1:  # one wave, each part its PGEMV_MMA_MIN_STEPS
+                    assert kp.cdiv(N, 16) * p <= sms * kp.pgemv_mma_sm_warps(p)
+                    assert kp.cdiv(K, kp.PGEMV_MMA_COLS) >= p * kp.PGEMV_MMA_MIN_STEPS
     assert kp.pgemv_variant_parts(4096, 4096, 132) == kp.pgemv_parts(4096, 4096, 132)
     assert [kp.pgemv_max_m(v) for v in (0, 1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH, MMA_BULK)] == \
         [4, 4, 4, 4, 32, 32, 32, 32]
@@ -275,17 +291,24 @@ def test_mma_cpp_plan_matches_python():
         for K in (64, 576, 4096, 14336):
             for sms in (1, 132, 1000):
                 assert _cuda.plan_pgemv_mma_parts(N, K, sms) == kp.pgemv_mma_parts(N, K, sms)
-                for v in (1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH, MMA_BULK):
+                assert _cuda.plan_pgemv_mma_parts_any(N, K, sms) == kp.pgemv_mma_parts_any(N, K, sms)
+                for v in (1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH, MMA_BULK, MMA_SPLIT):
                     assert _cuda.plan_pgemv_variant_parts(N, K, sms, v) == kp.pgemv_variant_parts(N, K, sms, v)
-        for parts in (1, 2, 4, 8):
+        for parts in range(1, kp.PGEMV_MAX_PARTS + 1):
             assert _cuda.plan_pgemv_mma_grid(N, parts) == kp.pgemv_mma_grid(N, parts)
+            assert _cuda.plan_pgemv_mma_cta_warps(parts) == kp.pgemv_mma_cta_warps(parts)
+            assert _cuda.plan_pgemv_mma_sm_warps(parts) == kp.pgemv_mma_sm_warps(parts)
+            for K in (64, 576, 1088, 14336):
+                assert _cuda.plan_pgemv_mma_part_steps(K, parts) == kp.pgemv_mma_part_steps(K, parts)
+        for parts in (1, 2, 4, 8):
             for v in (1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH, MMA_BULK):
                 assert _cuda.plan_pgemv_variant_grid(N, parts, v) == kp.pgemv_variant_grid(N, parts, v)
-    for v in (0, 1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH, MMA_BULK, 8):
+    for v in (0, 1, 2, 3, MMA, MMA_STAGED, MMA_PREFETCH, MMA_BULK, 8, MMA_SPLIT):
         assert _cuda.plan_pgemv_max_m(v) == kp.pgemv_max_m(v)
         assert _cuda.plan_pgemv_is_mma(v) == kp.pgemv_is_mma(v)
+        assert _cuda.plan_pgemv_any_parts(v) == kp.pgemv_any_parts(v)
     for K in (64, 576, 1088, 14336):
-        for parts in (1, 2, 4, 8):
+        for parts in range(1, kp.PGEMV_MAX_PARTS + 1):
             for p in range(parts):
                 assert tuple(_cuda.plan_pgemv_mma_steps(K, parts, p)) == kp.pgemv_mma_steps(K, parts, p)
 
@@ -303,7 +326,7 @@ def test_mma_gemv_meets_the_bf16_gemm_bound(M, N, K):
     w = make_weights(N, K, seed=N * 13 + K)
     enc = tc.encode(w, "palette")
     x = _x(M, K, seed=M * 7 + K)
-    for parts in (1, 2, 4, 8):
+    for parts in (1, 2, 3, 4, 5, 8):
         y = _mma(x, enc, parts)
         assert y.shape == (M, N) and y.dtype == np.uint16
         _fa_check(y, x, w)
@@ -336,6 +359,12 @@ def test_mma_launcher_limits_without_a_gpu():
         call(M=33)
     with pytest.raises(RuntimeError, match="K % 64"):
         call(K=96, ldx=96)
+    for parts in (0, 9):
+        with pytest.raises(RuntimeError, match="parts must be 1 .. 8"):
+            call(parts=parts)
+    for v in (MMA_STAGED, MMA_BULK):  # rings sized for a CTA of eight warps: powers of two only
+        with pytest.raises(RuntimeError, match="parts must be 1, 2, 4 or 8 for this variant"):
+            call(parts=3, variant=v)
     if _cuda.device_count() == 0:  # batch 5..32 passes the checks; no device: an error, never a crash
         for M in (16, 32):
             with pytest.raises(RuntimeError, match="(?i)cuda|device|driver"):
@@ -368,6 +397,35 @@ def test_mma_feeds_give_the_mma_bits(general, variant):
 
 
 @needs_ext
+def test_mma_any_parts_one_tile_per_cta():
+    """At 3, 5, 6 and 7 parts a CTA is one tile's warps (kernel_plan.pgemv_mma_cta_warps): the
+    register-direct GEMV then sums the same step ranges in the same order as the queued GEMV at
+    that many units per tile (units that would be empty dropped: an empty part adds +0 to a
+    sum that starts at +0), which it matches bit for bit; the prefetching feed gives its bits
+    at those parts too.  On odd shapes (tiles past N, half steps, parts ending in a half step,
+    parts left empty), batch 1, 9 and 20, heavy verbatim blocks, either decode; each batch row's
+    bits the same at every batch size."""
+    shapes = [(15, 64 * 7), (63, 1088), (40, 1088), (33, 1664)]
+    cases = [make_weights(N, K, seed=N + 9 * K) for N, K in shapes] + [_heavy(47)]
+    for i, w in enumerate(cases):
+        enc = tc.encode(w, "palette")
+        general = bool(i % 2)
+        steps = kp.cdiv(w.shape[1], kp.PGEMV_MMA_COLS)
+        for M in (1, 9, 20):
+            x = _x(M, w.shape[1], seed=M + 13 * w.shape[1])
+            for parts in (3, 5, 6, 7):
+                y = _gemv(x, enc, parts, general, variant=MMA)
+                if parts <= steps:
+                    assert np.array_equal(_queue(x, enc, parts, 2, general), y), (w.shape, M, parts)
+                assert np.array_equal(_gemv(x, enc, parts, general, variant=MMA_PREFETCH), y), (w.shape, M, parts)
+                if M == 20:
+                    _fa_check(y, x, w)
+                    for m in (1, 9):
+                        got = _gemv(np.ascontiguousarray(x[:m]), enc, parts, general, variant=MMA)
+                        assert np.array_equal(got, y[:m]), (w.shape, m, parts)
+
+
+@needs_ext
 def test_mma_staged_meets_the_bound_and_is_batch_invariant():
     """The staged tensor-core GEMV on its own: within the GEMM's bound at batch 1..32, and each
     batch row's bits the same at every batch size."""
@@ -387,8 +445,8 @@ def test_slots_gemv_is_each_experts_mma_gemv(general):
     """The slots GEMV (pgemv_slots_body: grid y = slot, the expert id read in the kernel) over a
     palette stack with padded verbatim lists (runtime/expert_slots.py): slot s gives the
     register-direct tensor-core GEMV's bits on expert ids[s] alone at batch 1, for repeated and
-    unordered ids, a half step (1088 = 8.5 steps), parts 1 and 4 and either decode; an id outside
-    the stack leaves its row unwritten and counts once."""
+    unordered ids, a half step (1088 = 8.5 steps), parts 1, 3 (one tile per CTA) and 4 and either
+    decode; an id outside the stack leaves its row unwritten and counts once."""
     from unweight.runtime.expert_slots import ExpertSlots
     rng = np.random.default_rng(31)
     E, N, K = 4, 40, 1088
@@ -400,7 +458,7 @@ def test_slots_gemv_is_each_experts_mma_gemv(general):
     pal = bytes(st.palette)
     ids = np.array([2, 0, 2, 3, 1], np.int64)
     x = _x(len(ids), K, seed=5)
-    for parts in (1, 4):
+    for parts in (1, 3, 4):
         y, nerr = _cuda.emulate_palette_gemv_slots(x, ids, planes[0], planes[1], pal, planes[2], planes[3], parts,
                                                    general)
         assert nerr == 0
@@ -626,7 +684,7 @@ def test_probes_run_the_mma_launch_inside_its_buffers():
         for M in (1, 8):
             x = _x(M, K, seed=M + K)
             want = _gemv(x, enc, 1, variant=MMA)
-            for parts in (1, 2, 8):
+            for parts in (1, 2, 5, 8):
                 for probe in kp.PGEMV_PROBES.values():
                     got = _probe(x, enc, parts, probe, planes, pal)
                     assert got.shape == (M, N)

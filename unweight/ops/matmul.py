@@ -32,7 +32,8 @@
                                     tiled=False) -> y
         The same product for batches of 1..4 on CUDA cores (a warp streams one row into
         registers; PALETTE_GEMV): x bf16 [M, cols], y bf16 [M, rows], fp32 accumulation, one
-        rounding.  parts: warps per row (palette_gemv_parts(); 1, 2, 4 or 8), which sets the
+        rounding.  parts: warps per row (palette_gemv_parts(); 1, 2, 4 or 8; per 16-row tile for
+        the tensor-core variants, 1..8 for MMA, MMA_PREFETCH and MMA_SPLIT), which sets the
         order of the sums.  variant: kernel_plan.PGEMV_VARIANT_* (0 the default; DEEP, twice the
         loads in flight per lane, PALETTE_GEMV_DEEP; STAGED, loads through cp.async into
         shared-memory rings, PALETTE_GEMV_STAGED: the same bits; MMA, a warp streams a 16-row

@@ -456,13 +456,52 @@ def pgemv_mma_parts(N: int, K: int, num_sms: int) -> int:
                           PGEMV_MMA_MIN_STEPS)
 
 
+def pgemv_parts_pow2(parts: int) -> bool:
+    """Whether `parts` is 1, 2, 4 or 8 (whole rows or tiles per CTA of PGEMV_WARPS warps)."""
+    return 1 <= parts <= PGEMV_MAX_PARTS and parts & (parts - 1) == 0
+
+
+def pgemv_mma_cta_warps(parts: int) -> int:
+    """Warps of a tensor-core GEMV CTA: PGEMV_WARPS at a power of two, else `parts` (one tile)."""
+    return PGEMV_WARPS if pgemv_parts_pow2(parts) else parts
+
+
+def pgemv_mma_sm_warps(parts: int) -> int:
+    """Warps an SM holds of those CTAs at the kernels' register cap (16, or 15, 12, 14 at 3/5, 6, 7)."""
+    w = pgemv_mma_cta_warps(parts)
+    return PGEMV_MMA_WARPS_PER_SM // w * w
+
+
+def pgemv_mma_parts_any(N: int, K: int, num_sms: int) -> int:
+    """Warps per tile of the register-direct tensor-core GEMV (its split-plane and prefetching
+    forms, the probes, the slots GEMV): the largest count in 1 .. PGEMV_MAX_PARTS whose warps the
+    SMs hold in one wave, each part at least PGEMV_MMA_MIN_STEPS steps (6144 x 4096 on 132 SMs:
+    5, where the power-of-two rule's 4 leaves SMs idle)."""
+    tiles, steps = cdiv(N, PGEMV_MMA_ROWS), cdiv(K, PGEMV_MMA_COLS)
+    best = 1
+    for p in range(2, PGEMV_MAX_PARTS + 1):
+        if tiles * p <= num_sms * pgemv_mma_sm_warps(p) and steps >= p * PGEMV_MMA_MIN_STEPS:
+            best = p
+    return best
+
+
 def pgemv_mma_grid(N: int, parts: int) -> int:
-    return cdiv(cdiv(N, PGEMV_MMA_ROWS) * parts, PGEMV_WARPS)
+    if pgemv_parts_pow2(parts):
+        return cdiv(cdiv(N, PGEMV_MMA_ROWS) * parts, PGEMV_WARPS)
+    return cdiv(N, PGEMV_MMA_ROWS)
+
+
+def pgemv_mma_part_steps(K: int, parts: int) -> int:
+    """Steps of PGEMV_MMA_COLS columns a part of the tensor-core GEMV takes (any parts 1..8; the
+    launcher's, so that no warp divides by a runtime value)."""
+    return cdiv(cdiv(K, PGEMV_MMA_COLS), parts)
 
 
 def pgemv_mma_steps(K: int, parts: int, part: int) -> tuple[int, int]:
     """[first, last) steps of PGEMV_MMA_COLS columns that part `part` of `parts` covers."""
-    return pgemv_steps_of(K, PGEMV_MMA_COLS, parts, part)
+    steps, per = cdiv(K, PGEMV_MMA_COLS), pgemv_mma_part_steps(K, parts)
+    first = min(part * per, steps)
+    return first, min(first + per, steps)
 
 
 def pgemv_mma_queue_units(N: int, K: int, num_sms: int) -> int:
@@ -523,11 +562,19 @@ def pgemv_max_m(variant: int = PGEMV_VARIANT_DEFAULT) -> int:
     return PGEMV_MMA_MAX_M if pgemv_is_mma(variant) else PGEMV_MAX_M
 
 
+def pgemv_any_parts(variant: int) -> bool:
+    """Whether a GEMV variant takes any parts in 1 .. PGEMV_MAX_PARTS, not only a power of two
+    (the tensor-core ones whose shared memory holds the parts' sums alone)."""
+    return variant in (PGEMV_VARIANT_MMA, PGEMV_VARIANT_MMA_PREFETCH, PGEMV_VARIANT_MMA_SPLIT)
+
+
 def pgemv_variant_parts(N: int, K: int, num_sms: int, variant: int = PGEMV_VARIANT_DEFAULT) -> int:
     """Warps per row (per tile for the tensor-core variants; units per tile for the queued one)
     of a GEMV variant's launch."""
     if variant == PGEMV_VARIANT_MMA_QUEUE:
         return pgemv_mma_queue_units(N, K, num_sms)
+    if pgemv_any_parts(variant):
+        return pgemv_mma_parts_any(N, K, num_sms)
     if pgemv_is_mma(variant):
         return pgemv_mma_parts(N, K, num_sms)
     return pgemv_parts(N, K, num_sms)
