@@ -426,9 +426,13 @@ UW_PLAN_HD bool pal_tiled_ok(int64_t N, int64_t K) {
 }
 UW_PLAN_HD int64_t pal_ld_row(int64_t K, bool tiled) { return tiled ? PAL_TILE_COLS : K; }
 UW_PLAN_HD int64_t pal_ld_tile(bool tiled) { return tiled ? PAL_TILE_ROWS * PAL_TILE_COLS : PAL_TILE_COLS; }
+// (r, k >= 0: unsigned, so the divisions by the tile's sides are shifts and masks, not the
+// signed forms' sign fix-ups, in every kernel's address setup)
 UW_PLAN_HD int64_t pal_offset(int64_t r, int64_t k, int64_t K, int64_t ld_row, int64_t ld_tile) {
-  return (r / PAL_TILE_ROWS) * PAL_TILE_ROWS * K + (r % PAL_TILE_ROWS) * ld_row + (k / PAL_TILE_COLS) * ld_tile +
-         k % PAL_TILE_COLS;
+  const uint64_t ur = static_cast<uint64_t>(r), uk = static_cast<uint64_t>(k);
+  return static_cast<int64_t>((ur / PAL_TILE_ROWS) * PAL_TILE_ROWS * static_cast<uint64_t>(K) +
+                              (ur % PAL_TILE_ROWS) * static_cast<uint64_t>(ld_row) +
+                              (uk / PAL_TILE_COLS) * static_cast<uint64_t>(ld_tile) + uk % PAL_TILE_COLS);
 }
 // Byte of sign+mantissa (r, k) and the index byte holding its nibble (bit 4 (k % 2)), in
 // either order, for any width (a file-order index row is ceil(cols / 2) bytes).

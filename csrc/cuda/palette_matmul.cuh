@@ -53,7 +53,9 @@ struct PalProduct {
   // Offsets of sign+mantissa byte (r, k) and of index byte (r, k / 2) (k even) in the planes,
   // and the bytes of sm (of idx) a run of `cols` columns (a multiple of 64) advances.
   UW_HD int64_t sm_at(int64_t r, int64_t k) const { return plan::pal_offset(r, k, K, ld_row, ld_tile); }
-  UW_HD int64_t idx_at(int64_t r, int64_t k) const { return sm_at(r, k) / 2; }
+  UW_HD int64_t idx_at(int64_t r, int64_t k) const {
+    return static_cast<int64_t>(static_cast<uint64_t>(sm_at(r, k)) / 2);  // (unsigned: a shift)
+  }
   UW_HD int64_t sm_cols(int64_t cols) const { return cols / plan::PAL_TILE_COLS * ld_tile; }
   UW_HD int64_t idx_cols(int64_t cols) const { return sm_cols(cols) / 2; }
   // Sets the planes' order (tiled: tile-major, which the launcher checked N and K allow).

@@ -285,7 +285,7 @@ struct DeviceCtx {
 #if defined(__CUDA_ARCH__)
   UW_HD int tid() const { return static_cast<int>(threadIdx.x); }
   UW_HD int lane() const { return static_cast<int>(threadIdx.x) & (kWarpSize - 1); }
-  UW_HD int warp() const { return static_cast<int>(threadIdx.x) / kWarpSize; }
+  UW_HD int warp() const { return static_cast<int>(threadIdx.x / kWarpSize); }  // (unsigned: a shift)
   UW_HD int nthreads() const { return static_cast<int>(blockDim.x); }
   UW_HD int64_t block_x() const { return blockIdx.x; }
   UW_HD int64_t block_y() const { return blockIdx.y; }
