@@ -74,8 +74,11 @@ UW_HD uint64_t checkpoint_bit(const uint16_t* chk, int64_t P, int64_t s, int64_t
 UW_HD bool chain_start(const uint32_t* off, int64_t stream_bytes, const uint16_t* chk, int64_t S, int64_t P,
                        int64_t s, int64_t j, uint64_t* bit, uint64_t* start, uint32_t* seg_bytes) {
   const uint32_t b0 = off[s], b1 = off[s + 1];
+  // The checkpoint entries' addresses are the job's, not the offsets': their loads go out with
+  // the offsets' (one round trip to memory where a check between them made two).
+  const uint64_t st = S ? checkpoint_bit(chk, P, s, j) : 0;
   if (b1 < b0 || static_cast<int64_t>(b1) + STREAM_SLACK_BYTES > stream_bytes) return false;
-  *start = S ? checkpoint_bit(chk, P, s, j) : 0;
+  *start = st;
   *seg_bytes = b1 - b0;
   *bit = static_cast<uint64_t>(b0) * 8 + *start;
   return *start < static_cast<uint64_t>(b1 - b0) * 8;
@@ -85,14 +88,23 @@ UW_HD bool chain_start(const uint32_t* off, int64_t stream_bytes, const uint16_t
 // weights, from bit `start` of it, may consume: exactly the next checkpoint when `end` is one,
 // else (the segment's end) what rounds up to the segment's byte length, start + used in
 // (8 seg_bytes - 8, 8 seg_bytes].  start < 8 seg_bytes (chain_start).
-UW_HD void chain_end_range(const uint16_t* chk, int64_t P, int64_t S, int64_t s, int64_t end, int64_t n,
-                           uint64_t start, uint32_t seg_bytes, uint64_t* lo, uint64_t* hi) {
+// chain_end_entry: the index entry that range reads when `end` < n (the chain's own bit count),
+// else 0; loadable before the chain's start is known.
+UW_HD uint32_t chain_end_entry(const uint16_t* chk, int64_t P, int64_t S, int64_t s, int64_t end, int64_t n) {
+  return end < n ? chk[s * P + end / S - 1] : 0u;
+}
+UW_HD void chain_end_range_of(uint32_t entry, int64_t end, int64_t n, uint64_t start, uint32_t seg_bytes,
+                              uint64_t* lo, uint64_t* hi) {
   if (end < n) {
-    *lo = *hi = chk[s * P + end / S - 1];
+    *lo = *hi = entry;
     return;
   }
   *hi = static_cast<uint64_t>(seg_bytes) * 8 - start;
   *lo = *hi > 7 ? *hi - 7 : 0;
+}
+UW_HD void chain_end_range(const uint16_t* chk, int64_t P, int64_t S, int64_t s, int64_t end, int64_t n,
+                           uint64_t start, uint32_t seg_bytes, uint64_t* lo, uint64_t* hi) {
+  chain_end_range_of(chain_end_entry(chk, P, S, s, end, n), end, n, start, seg_bytes, lo, hi);
 }
 
 UW_HD bool chain_end_ok(const uint16_t* chk, int64_t P, int64_t S, int64_t s, int64_t end, int64_t n,
@@ -548,28 +560,33 @@ UW_UNROLL()
   }
 }
 
-// Sets up chain t of the selection on v (false: corrupt offsets or checkpoint, nothing
-// loaded), with its end check as the range of bit counts it accepts (chain_end_range; the
-// launcher keeps chains whose counts could pass 32 bits off this path).  begin(v.sb, bit)
-// sets up the stream bits.
+// Sets up chain t of the selection on v, a zeroed way (false: corrupt offsets or checkpoint,
+// nothing of the stream loaded and v.steps left 0), with its end check as the range of bit
+// counts it accepts (chain_end_range; the launcher keeps chains whose counts could pass 32
+// bits off this path).  begin(v.sb, bit) sets up the stream bits.  The first step's
+// sign+mantissa bytes and the end check's index entry, whose addresses are the job's, are
+// asked for first: in flight with the offsets and checkpoint entries, so a chain's setup
+// waits on memory twice (those, then the stream blocks at the start bit they give), where it
+// waited three times.
 template <bool kExp, class Way, class Begin>
 UW_HD bool ahead_init(const HuffArgs& a, Way& v, const ChainJob& J, Begin begin) {
+  const int64_t r = J.first / J.w, c = J.first % J.w;
+  v.sp = a.sm + (J.lr + r) * a.sm_stride + J.lk + c;
+  v.fetch();
+  const uint32_t end_entry = chain_end_entry(a.chk, a.P, a.S, J.s, J.end, J.n);
   uint64_t bit, start, lo, hi;
   uint32_t seg_bytes;
   if (!chain_start(a.off, a.stream_bytes, a.chk, a.S, a.P, J.s, J.j, &bit, &start, &seg_bytes)) return false;
-  chain_end_range(a.chk, a.P, a.S, J.s, J.end, J.n, start, seg_bytes, &lo, &hi);
+  chain_end_range_of(end_entry, J.end, J.n, start, seg_bytes, &lo, &hi);
   v.used_lo = static_cast<uint32_t>(lo);
   v.used_hi = static_cast<uint32_t>(hi);
   begin(v.sb, bit);
-  const int64_t r = J.first / J.w, c = J.first % J.w;
-  v.sp = a.sm + (J.lr + r) * a.sm_stride + J.lk + c;
   v.op = kExp ? a.out8 + (J.lr + r) * a.out_stride + J.lk + c
               : reinterpret_cast<uint8_t*>(a.out16 + (J.lr + r) * a.out_stride + J.lk + c);
   v.row_steps = static_cast<int32_t>(J.w / kChainStep);
   v.col = static_cast<int32_t>((J.w - c) / kChainStep);
   v.steps = static_cast<int32_t>((J.end - J.first) / kChainStep);
   v.mn = 0xFFFFu;
-  v.fetch();
   return true;
 }
 
