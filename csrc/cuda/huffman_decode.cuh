@@ -272,12 +272,17 @@ UW_UNROLL()
 // counts at the start) so that two chains fit a thread without spilling.
 // ---------------------------------------------------------------------------------------
 
-// The shared-memory LUT entry of this path: [12:5] symbol, [4:0] code length (<= 12, so bit
-// 4 is 0).  A funnel shift by the whole entry is a shift by the code length (the shift count
-// is taken mod 32), so no mask sits on the decode's dependency chain.  0 still marks code
-// space no symbol owns.
+// The shared-memory LUT entry of this path: [14:7] symbol, [4:0] code length (<= 12, so bit
+// 4 is 0), bits 15, 6 and 5 zero.  A funnel shift by the whole entry is a shift by the code
+// length (the shift count is taken mod 32), so no mask sits on the decode's dependency chain;
+// and the symbol sits where a BF16 keeps its exponent, so a weight is its sign+mantissa byte
+// and its entry under one mask (ahead_steps: two weights per byte permute and bit select).
+// 0 still marks code space no symbol owns.
 static_assert(HUFF_MAX_CODE_LEN < 16, "the look-ahead LUT entry keeps the length in bits 0..3");
-UW_HD uint16_t lut_entry_ahead(uint16_t e) { return static_cast<uint16_t>(((e >> 4) << 5) | (e & 0xFu)); }
+constexpr uint32_t kAheadSymShift = 7;
+UW_HD uint16_t lut_entry_ahead(uint16_t e) {
+  return static_cast<uint16_t>(((e >> 4) << kAheadSymShift) | (e & 0xFu));
+}
 
 // The 16 bytes at `at` of a block that reaches past `end`: those before `end`, then zeros (a
 // corrupt chain then fails its end check instead of faulting).  Out of line on the device:
@@ -386,33 +391,37 @@ struct RingBits {
   static constexpr uint32_t kSlots = plan::HUFF_RING_SLOTS;
   Ctx* cx;
   const uint8_t* base;  // block 0: the 16-byte block holding the chain's first bit
-  const uint8_t* end;   // the stream allocation's end
   unsigned char* ring;  // this lane's slots; block j sits in slot (j + lane) % kSlots (banks)
   uint32_t lane;
   uint32_t blk;         // block c, counted from base
   uint32_t issued;      // blocks [2, issued) copied or in flight
   uint32_t pos, pos0;   // bits consumed of block c (< 128 between rounds); pos at the start
+  uint32_t whole, tail;  // blocks from base wholly inside the allocation; bytes of the next one
   uint32_t c[4], n[4];
 
   UW_HD unsigned char* slot(uint32_t j) const { return ring + 16 * ((j + lane) % kSlots); }
+  // (32-bit block counts against the allocation's end, worked out once in init: a step's
+  // copies are then a compare and a select each, not 64-bit pointer arithmetic)
   UW_HD void copy(uint32_t j) {
-    const uint8_t* at = base + 16 * static_cast<uint64_t>(j);
-    const int64_t left = end - at;
-    const int bytes = left >= 16 ? 16 : left > 0 ? static_cast<int>(left) : 0;
-    cx->cp_async16(slot(j), bytes > 0 ? at : base, bytes);  // (a copy of 0 bytes names a valid address)
+    const int bytes = j < whole ? 16 : j == whole ? static_cast<int>(tail) : 0;
+    const uint8_t* at = bytes > 0 ? base + 16 * static_cast<uint64_t>(j) : base;
+    cx->cp_async16(slot(j), at, bytes);  // (a copy of 0 bytes names a valid address)
   }
   UW_HD void init(Ctx& ctx, unsigned char* r, const uint8_t* stream, const uint8_t* e, uint64_t bit) {
     cx = &ctx;
     ring = r;
     lane = static_cast<uint32_t>(ctx.lane());
-    end = e;
     base = stream + (bit >> 7) * 16;
+    const int64_t left = e > base ? e - base : 0;  // (e: the stream allocation's end)
+    const int64_t w = left / 16;
+    whole = w < 0xFFFFFFFFll ? static_cast<uint32_t>(w) : 0xFFFFFFFFu;
+    tail = w < 0xFFFFFFFFll ? static_cast<uint32_t>(left % 16) : 0u;
     pos = pos0 = static_cast<uint32_t>(bit & 127);
     blk = 0;
     uint32_t t[4];
-    ahead_load(base, end, t);
+    ahead_load(base, e, t);
     AheadBits::swap(t, c);
-    ahead_load(base + 16, end, t);
+    ahead_load(base + 16, e, t);
     AheadBits::swap(t, n);
 UW_UNROLL()
     for (uint32_t j = 2; j < kSlots; ++j) copy(j);
@@ -506,18 +515,6 @@ UW_UNROLL()
     for (int h = 0; h < 2; ++h) {
       uint32_t ow[kN][kExp ? 4 : 8];
 UW_UNROLL()
-      for (int k = 0; k < kN; ++k)
-UW_UNROLL()
-        for (int q = 0; q < 4; ++q) {
-          if (kExp) {
-            ow[k][q] = 0;
-          } else {  // sign and mantissa of weights 4q..4q+3 in place: bytes s0 s0 s1 s1, masked
-            const uint32_t sw = s[k][4 * h + q];
-            ow[k][2 * q] = emu::prmt(sw, 0u, 0x1100u) & 0x807F807Fu;
-            ow[k][2 * q + 1] = emu::prmt(sw, 0u, 0x3322u) & 0x807F807Fu;
-          }
-        }
-UW_UNROLL()
       for (int q = 0; q < 4; ++q) {
         // The chains' rounds first, as one straight run of code the compiler can interleave,
         // then their advances: an advance is a branch, which no instruction is moved across.
@@ -529,18 +526,28 @@ UW_UNROLL()
           uint32_t hi, lo;
           v.sb.window(hi, lo);
           bits[k] = 0;
+          uint32_t e[kRound];
+          if (kExp) ow[k][q] = 0;
 UW_UNROLL()
           for (int b = 0; b < kRound; ++b) {
             const uint32_t cx = ((sw >> (8 * b + HUFF_CTX_SHIFT)) & (HUFF_NUM_CTX - 1)) << HUFF_MAX_CODE_LEN;
-            const uint32_t e = lut[cx | (hi >> (32 - HUFF_MAX_CODE_LEN))];
-            hi = emu::funnel_l(lo, hi, e);
-            lo = emu::funnel_l(0u, lo, e);
-            bits[k] += e & 31u;
-            v.mn = e < v.mn ? e : v.mn;
-            if (kExp)
-              ow[k][q] |= (e >> 5) << (8 * b);
-            else  // the symbol at bits 14..7 of its half: (e << 2) & 0x7F80
-              ow[k][2 * q + (b >> 1)] |= ((e << 2) & 0x7F80u) << (16 * (b & 1));
+            e[b] = lut[cx | (hi >> (32 - HUFF_MAX_CODE_LEN))];
+            hi = emu::funnel_l(lo, hi, e[b]);
+            lo = emu::funnel_l(0u, lo, e[b]);
+            bits[k] += e[b] & 31u;
+            v.mn = e[b] < v.mn ? e[b] : v.mn;
+            if (kExp) ow[k][q] |= (e[b] >> kAheadSymShift) << (8 * b);
+          }
+          if (!kExp) {
+            // Weights 4q..4q+3 in pairs: their sign+mantissa bytes doubled (s0 s0 s1 s1) give
+            // the sign (bit 15) and mantissa (bits 6..0) of each half, the entries packed
+            // (e0 | e1 << 16) the exponent (bits 14..7): one bit select under 0x807F807F.
+            static_assert(kAheadSymShift == 7, "the entry's symbol is the BF16 exponent field");
+            constexpr uint32_t kSignMant = 0x807F807Fu;
+            const uint32_t p01 = emu::prmt(e[0], e[1], 0x5410u), p23 = emu::prmt(e[2], e[3], 0x5410u);
+            const uint32_t s01 = emu::prmt(sw, 0u, 0x1100u), s23 = emu::prmt(sw, 0u, 0x3322u);
+            ow[k][2 * q] = (s01 & kSignMant) | (p01 & ~kSignMant);
+            ow[k][2 * q + 1] = (s23 & kSignMant) | (p23 & ~kSignMant);
           }
         }
 UW_UNROLL()
