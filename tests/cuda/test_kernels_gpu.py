@@ -308,8 +308,9 @@ def test_palette_gemv_mma_bulk_gives_the_mma_bits(NK):
 @pytest.mark.variant
 @pytest.mark.parametrize("NK", [(63, 192), (40, 1088), (9, 4160), (1024, 4096), (4096, 1024), (128, 14336)])
 def test_palette_gemv_mma_queue_gives_the_mma_bits_and_leaves_its_counters_zero(NK):
-    """The queued tensor-core GEMV (units from a queue on a persistent grid): at 1, 2, 4 and 8
-    units per tile the register-direct GEMV's bits at that many parts, at batch 1..32, in file
+    """The queued tensor-core GEMV (units from a queue on a persistent grid): at 1 to 8 units per
+    tile the register-direct GEMV's bits at that many parts (at 3, 5, 6 and 7 its CTAs are one
+    tile's warps), at batch 1..32, in file
     order and tile-major; the planned units within the bound's reach of cuBLAS (the dispatch
     path); its counters zero after every launch and after CUDA-graph replays, which repeat its
     bits."""
@@ -328,7 +329,7 @@ def test_palette_gemv_mma_queue_gives_the_mma_bits_and_leaves_its_counters_zero(
     x32 = bf16_tensor(make_weights(32, K, seed=N + 8, spread=False), "cuda")
     cnt = torch.zeros(kp.pgemv_mma_queue_counters(N), dtype=torch.int32, device="cuda")
     steps = kp.cdiv(K, kp.PGEMV_MMA_COLS)
-    for units in (u for u in (1, 2, 4, 8) if u <= steps):
+    for units in (u for u in range(1, kp.PGEMV_MAX_PARTS + 1) if u <= steps):
         ws = torch.zeros(max(1, kp.pgemv_mma_queue_workspace(N, units, 32)), device="cuda")
         for M in (1, 2, 9, 17, 32):
             x = x32[:M].contiguous()
