@@ -75,7 +75,7 @@ UW_HD bool chain_start(const uint32_t* off, int64_t stream_bytes, const uint16_t
                        int64_t s, int64_t j, uint64_t* bit, uint64_t* start, uint32_t* seg_bytes) {
   const uint32_t b0 = off[s], b1 = off[s + 1];
   // The checkpoint entries' addresses are the job's, not the offsets': their loads go out with
-  // the offsets' (one round trip to memory where a check between them made two).
+  // the offsets' (one round trip to memory; a check between them would make two).
   const uint64_t st = S ? checkpoint_bit(chk, P, s, j) : 0;
   if (b1 < b0 || static_cast<int64_t>(b1) + STREAM_SLACK_BYTES > stream_bytes) return false;
   *start = st;
@@ -84,15 +84,16 @@ UW_HD bool chain_start(const uint32_t* off, int64_t stream_bytes, const uint16_t
   return *start < static_cast<uint64_t>(b1 - b0) * 8;
 }
 
-// The bit counts [*lo, *hi] a chain that decodes weights up to `end` of a segment of n
-// weights, from bit `start` of it, may consume: exactly the next checkpoint when `end` is one,
-// else (the segment's end) what rounds up to the segment's byte length, start + used in
-// (8 seg_bytes - 8, 8 seg_bytes].  start < 8 seg_bytes (chain_start).
-// chain_end_entry: the index entry that range reads when `end` < n (the chain's own bit count),
-// else 0; loadable before the chain's start is known.
+// The index entry the end check reads when `end` < n (the chain's own bit count), else 0: its
+// address is the job's, so it can be loaded before the chain's start is known.
 UW_HD uint32_t chain_end_entry(const uint16_t* chk, int64_t P, int64_t S, int64_t s, int64_t end, int64_t n) {
   return end < n ? chk[s * P + end / S - 1] : 0u;
 }
+// The bit counts [*lo, *hi] a chain that decodes weights up to `end` of a segment of n
+// weights, from bit `start` of it, may consume: exactly the next checkpoint (`entry`,
+// chain_end_entry) when `end` is one, else (the segment's end) what rounds up to the segment's
+// byte length, start + used in (8 seg_bytes - 8, 8 seg_bytes].  start < 8 seg_bytes
+// (chain_start).
 UW_HD void chain_end_range_of(uint32_t entry, int64_t end, int64_t n, uint64_t start, uint32_t seg_bytes,
                               uint64_t* lo, uint64_t* hi) {
   if (end < n) {
@@ -573,8 +574,7 @@ UW_UNROLL()
 // bits off this path).  begin(v.sb, bit) sets up the stream bits.  The first step's
 // sign+mantissa bytes and the end check's index entry, whose addresses are the job's, are
 // asked for first: in flight with the offsets and checkpoint entries, so a chain's setup
-// waits on memory twice (those, then the stream blocks at the start bit they give), where it
-// waited three times.
+// waits on memory twice: those, then the stream blocks at the start bit they give.
 template <bool kExp, class Way, class Begin>
 UW_HD bool ahead_init(const HuffArgs& a, Way& v, const ChainJob& J, Begin begin) {
   const int64_t r = J.first / J.w, c = J.first % J.w;

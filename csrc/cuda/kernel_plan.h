@@ -618,9 +618,8 @@ UW_PLAN_HD int pgemv_mma_queue_units(int64_t N, int64_t K, int64_t num_sms) {
   return static_cast<int>(cdiv(steps, per));
 }
 UW_PLAN_HD void pgemv_mma_unit_steps(int64_t K, int units, int part, int64_t* first, int64_t* last) {
-  const int64_t steps = cdiv(K, PGEMV_MMA_COLS), per = cdiv(steps, units);
-  *first = part * per < steps ? part * per : steps;
-  *last = *first + per < steps ? *first + per : steps;
+  const int64_t steps = cdiv(K, PGEMV_MMA_COLS);
+  pgemv_part_range(steps, cdiv(steps, units), part, first, last);
 }
 UW_PLAN_HD int64_t pgemv_mma_queue_grid(int64_t N, int units, int64_t num_sms, int ctas_per_sm) {
   const int64_t need = cdiv(cdiv(N, PGEMV_MMA_ROWS) * units, PGEMV_WARPS), most = num_sms * ctas_per_sm;

@@ -186,9 +186,11 @@ const char* check_pgemv(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, c
   if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
   if (K % plan::PMMA_TILE_K != 0) return "palette_gemv needs K % 64 == 0 (decode + matmul instead)";
   if (const char* e = check_pal_product(N, K, ldx, ldy, pal.size, nv, tiled)) return e;
-  if (plan::pgemv_any_parts(variant) ? parts < 1 || parts > plan::PGEMV_MAX_PARTS : !plan::pgemv_parts_pow2(parts))
-    return plan::pgemv_any_parts(variant) ? "palette_gemv: parts must be 1 .. 8"
-                                          : "palette_gemv: parts must be 1, 2, 4 or 8 for this variant";
+  if (plan::pgemv_any_parts(variant)) {
+    if (parts < 1 || parts > plan::PGEMV_MAX_PARTS) return "palette_gemv: parts must be 1 .. 8";
+  } else if (!plan::pgemv_parts_pow2(parts)) {
+    return "palette_gemv: parts must be 1, 2, 4 or 8 for this variant";
+  }
   if (!grid_ok(plan::pgemv_variant_grid(N, parts, variant))) return "matrix too large for one launch";
   if (!aligned(x, 16) || !aligned(sm, 16) || !aligned(idx, 16) || (nv > 0 && !aligned(vexp, 16)))
     return "palette_gemv needs x, sm, idx and vexp 16-byte aligned";

@@ -499,9 +499,7 @@ def pgemv_mma_part_steps(K: int, parts: int) -> int:
 
 def pgemv_mma_steps(K: int, parts: int, part: int) -> tuple[int, int]:
     """[first, last) steps of PGEMV_MMA_COLS columns that part `part` of `parts` covers."""
-    steps, per = cdiv(K, PGEMV_MMA_COLS), pgemv_mma_part_steps(K, parts)
-    first = min(part * per, steps)
-    return first, min(first + per, steps)
+    return pgemv_steps_of(K, PGEMV_MMA_COLS, parts, part)
 
 
 def pgemv_mma_queue_units(N: int, K: int, num_sms: int) -> int:
@@ -519,8 +517,8 @@ def pgemv_mma_queue_units(N: int, K: int, num_sms: int) -> int:
 
 
 def pgemv_mma_unit_steps(K: int, units: int, part: int) -> tuple[int, int]:
-    """[first, last) steps of unit `part` of a tile cut into `units` (at a power of two: the
-    register-direct variant's parts)."""
+    """[first, last) steps of unit `part` of a tile cut into `units` (at 1 .. PGEMV_MAX_PARTS:
+    the register-direct variant's parts)."""
     return pgemv_steps_of(K, PGEMV_MMA_COLS, units, part)
 
 
