@@ -257,6 +257,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PMMA_WG_CHUNK_M") = plan::PMMA_WG_CHUNK_M;
   m.attr("PMMA_XS_WGMMA") = plan::PMMA_XS_WGMMA;
   m.attr("PMMA_WG_STAGES") = plan::PMMA_WG_STAGES;
+  m.attr("PMMA_WG_X_THREADS") = plan::PMMA_WG_X_THREADS;
   m.attr("PMMA_MAX_M") = plan::PMMA_MAX_M;
   m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
   m.attr("PMMA_MIN_SPLIT_TILES") = plan::PMMA_MIN_SPLIT_TILES;
@@ -313,6 +314,9 @@ PYBIND11_MODULE(_cuda, m) {
         py::arg("wg") = false);
   m.def("plan_pmma_split_tiles", &plan::pmma_split_tiles);
   m.def("plan_pmma_workspace_elems", &plan::pmma_workspace_elems);
+  m.def("plan_pmma_wg_x_at", &plan::pmma_wg_x_at);
+  m.def("plan_pmma_workspace_need", &plan::pmma_workspace_need, py::arg("M"), py::arg("N"), py::arg("K"),
+        py::arg("splits"), py::arg("wg") = false);
   m.def("plan_pmma_counters", &plan::pmma_counters);
   m.def("plan_pmma_smem_bytes", [](int stage_tiles, int ntiles, int x_shared) {
     return plan::pmma_smem_bytes(stage_tiles, ntiles, x_shared);
@@ -491,6 +495,7 @@ PYBIND11_MODULE(_cuda, m) {
      py::arg("x_shared") = 0, py::arg("tiled") = 0, py::arg("vrow") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on the tensor cores (M <= 256, K % 64 == 0); "
      "with splits > 1, ws is fp32 scratch [splits, M, N] and counters int32 [plan_pmma_counters(N)], zero; "
+     "wgmma: ws holds plan_pmma_workspace_need(M, N, K, splits, True) floats, 16-byte aligned (x in its k order); "
      "stage_tiles 1 or 2 (wide stages); x_shared 1: x staged once per CTA in shared memory (stage_tiles 1), "
      "2: the same in wgmma's layout, multiplied by wgmma (sm_90a; splits from plan_pmma_splits(..., wg=True)); "
      "tiled 1: the planes are tile-major (N % 16 == 0).");
@@ -911,7 +916,11 @@ PYBIND11_MODULE(_cuda, m) {
     const RowIndex vr(vrow, o.N + 1);
     const int M = o.M;
     const int64_t N = o.N, K = o.K, nv = o.nv;
-    std::vector<float> ws(static_cast<size_t>(std::max<int64_t>(1, plan::pmma_workspace_elems(M, N, splits))));
+    // (aligned as a device buffer: the wgmma variant's x sits in it)
+    const size_t ws_n = static_cast<size_t>(
+        std::max<int64_t>(1, plan::pmma_workspace_need(M, N, K, splits, x_shared == plan::PMMA_XS_WGMMA)));
+    const emu::HostBuffer ws_buf(ws_n * sizeof(float));
+    float* const ws = reinterpret_cast<float*>(ws_buf.data());
     std::vector<int32_t> counters(static_cast<size_t>(plan::pmma_counters(N)), 0);
     arr<uint16_t> y({static_cast<int64_t>(M), N});
     const Palette pal = make_palette(palette);
@@ -922,10 +931,10 @@ PYBIND11_MODULE(_cuda, m) {
       py::gil_scoped_release nogil;
       // (a read past any of these fails the emulated launch)
       const emu::GlobalBounds bounds{{o.x.p, o.x.n}, {o.sm.p, o.sm.n}, {o.idx.p, o.idx.n}, {o.vexp.p, o.vexp.n}, vb, yb,
-                                     {vr.p, vr.bytes}, {ws.data(), ws.size() * sizeof(float)},
+                                     {vr.p, vr.bytes}, {ws, ws_n * sizeof(float)},
                                      {counters.data(), counters.size() * sizeof(int32_t)}};
       e = cuda::emulate::palette_gemm(o.x16(), K, M, o.sm.p, o.idx.p, N, K, pal, vpos.data(), nv,
-                                      o.vexp.p, vr.p, splits, ws.data(),
+                                      o.vexp.p, vr.p, splits, ws,
                                       counters.data(), yp, N, force_general ? 1 : 0, stage_tiles,
                                       x_shared, tiled);
     }

@@ -159,7 +159,7 @@ constexpr int PMMA_WG_CHUNK_M = 128;
 // Its ring at 16 n-tiles: PMMA_WG_STAGES stages of 6 KB of weights and 16 KB of x (66 KB per
 // CTA) let three CTAs share an SM, where four stages (90 KB) let two: the same 36 KB of
 // weights in flight per SM (two tiles ahead of three CTAs, three of two) and half again as many
-// warps to cover each one's wgmma wait.  Three CTAs of 128 threads fit its 164 registers.
+// warps to cover each one's wgmma wait.  Three CTAs of 128 threads fit its 160 registers.
 constexpr int PMMA_WG_STAGES = 3;
 // Ring stages of a launch (a compile-time constant of each kernel instantiation).
 constexpr int pmma_stages(int x_shared, int ntiles) {
@@ -504,13 +504,24 @@ UW_PLAN_HD int64_t pmma_split_tiles(int64_t K, int64_t splits) { return cdiv(K /
 // column (row block x chunk), counted for the largest batch.
 UW_PLAN_HD int64_t pmma_workspace_elems(int64_t M, int64_t N, int64_t splits) { return splits > 1 ? splits * M * N : 0; }
 UW_PLAN_HD int64_t pmma_counters(int64_t N) { return pmma_grid_x(N, PMMA_MAX_M); }
-// The most partial sums any batch 1..PMMA_MAX_M needs, either variant (the largest batch of
-// each chunk count).
+// The wgmma variant's x in its k order (palette_matmul.cuh pmma_wg_x_body), bf16 [M, K], sits in
+// the workspace after the partial sums, from a 16-byte boundary: fp32 element pmma_wg_x_at.
+UW_PLAN_HD int64_t pmma_wg_x_at(int64_t M, int64_t N, int64_t splits) {
+  return (pmma_workspace_elems(M, N, splits) + 3) / 4 * 4;
+}
+// fp32 workspace elements a launch needs: the partials, and for wgmma its x after them.
+UW_PLAN_HD int64_t pmma_workspace_need(int64_t M, int64_t N, int64_t K, int64_t splits, bool wg = false) {
+  return wg ? pmma_wg_x_at(M, N, splits) + M * K / 2 : pmma_workspace_elems(M, N, splits);
+}
+// Threads per CTA of the wgmma variant's x reorder (one 16-byte chunk of its output each).
+constexpr int PMMA_WG_X_THREADS = 256;
+// The most workspace any batch 1..PMMA_MAX_M needs, either variant (the largest batch of each
+// chunk count).
 UW_PLAN_HD int64_t pmma_workspace_max(int64_t N, int64_t K, int64_t num_sms) {
   int64_t most = 0;
   for (int wg = 0; wg < 2; ++wg)
     for (int M = pmma_chunk_m(wg != 0); M <= PMMA_MAX_M; M += pmma_chunk_m(wg != 0)) {
-      const int64_t e = pmma_workspace_elems(M, N, pmma_splits(N, K, num_sms, M, wg != 0));
+      const int64_t e = pmma_workspace_need(M, N, K, pmma_splits(N, K, num_sms, M, wg != 0), wg != 0);
       most = e > most ? e : most;
     }
   return most;

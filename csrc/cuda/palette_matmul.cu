@@ -7,7 +7,8 @@
 // palette decode times the copy layout: one-tile stages, two-tile stages (stage_tiles = 2) or
 // one-tile stages with x shared in shared memory (x_shared); all three give the same bits.
 // And the wgmma variant (x_shared = PMMA_XS_WGMMA, sm_90a only: elsewhere its body traps and
-// the launcher refuses it), NT in {1, 2, 4, 8, 16}.  __launch_bounds__(128, 4): four CTAs (16
+// the launcher refuses it), NT in {1, 2, 4, 8, 16}, behind a small launch that writes x in its
+// k order into the workspace (pmma_wg_x_kernel).  __launch_bounds__(128, 4): four CTAs (16
 // warps) per SM is what the split heuristic plans for, and it caps registers at 128 per thread.
 // NT = 8 holds 32 fp32 accumulators more and spills under that cap, so it runs three CTAs per
 // SM (168 registers): from batch 33 on the kernel is no longer bound by the weight stream
@@ -33,6 +34,12 @@ __global__ void __launch_bounds__(plan::PMMA_THREADS, NT >= 8 ? 3 : plan::PMMA_C
   pmma_body<NT, kPaired, kSub, kXs>(c, a);
 }
 
+__global__ void __launch_bounds__(plan::PMMA_WG_X_THREADS) pmma_wg_x_kernel(const uint16_t* x, int64_t ldx, int M,
+                                                                             int64_t K, uint16_t* xw) {
+  emu::DeviceCtx c;
+  pmma_wg_x_body(c, x, ldx, M, K, xw);
+}
+
 const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
                        int splits, const void* x, const void* sm, const void* idx, const void* vexp,
                        const float* ws, const int32_t* counters, int stage_tiles, int x_shared, int tiled) {
@@ -44,7 +51,8 @@ const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, co
   if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
   if (K % plan::PMMA_TILE_K != 0) return "palette_gemm needs K % 64 == 0 (decode + matmul instead)";
   if (const char* e = check_pal_product(N, K, ldx, ldy, pal.size, nv, tiled)) return e;
-  if (ldx > INT32_MAX / plan::pmma_chunk_m(wg)) return "palette_gemm: x row stride too large";
+  if (ldx > INT32_MAX / plan::pmma_chunk_m(wg) || (wg && K > INT32_MAX / plan::pmma_chunk_m(wg)))
+    return "palette_gemm: x row stride too large";
   if (splits < 1 || splits > plan::PMMA_MAX_SPLITS || splits > K / plan::PMMA_TILE_K)
     return "palette_gemm: splits must be in 1 .. K / 64";
   if (!grid_ok(plan::pmma_grid_x(N, M, wg))) return "matrix too large for one launch";
@@ -52,6 +60,8 @@ const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, co
     return "palette_gemm needs x, sm, idx and vexp 16-byte aligned";
   if (splits > 1 && (ws == nullptr || counters == nullptr))
     return "palette_gemm: a split launch needs the fp32 workspace [splits, M, N] and the zeroed counters";
+  if (wg && (ws == nullptr || !aligned(ws, 16)))
+    return "palette_gemm: the wgmma variant needs the 16-byte aligned fp32 workspace (plan_pmma_workspace_need)";
   return nullptr;
 }
 
@@ -121,6 +131,13 @@ PmmaArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, con
   return a;
 }
 
+// The wgmma variant reads x in its k order from the workspace (PmmaWgX): where it goes, and the
+// reorder's grid.  make_args' a.x / a.ldx then name it.
+uint16_t* wg_x(float* ws, int M, int64_t N, int splits) {
+  return reinterpret_cast<uint16_t*>(ws + plan::pmma_wg_x_at(M, N, splits));
+}
+int64_t wg_x_grid(int M, int64_t K) { return cdiv(static_cast<int64_t>(M) * (K / 8), plan::PMMA_WG_X_THREADS); }
+
 }  // namespace
 
 template <int NT, bool kPaired, int kSub, int kXs>
@@ -149,6 +166,13 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, vrow, splits, ws, counters, y, ldy, tiled, x_shared);
   const bool paired = pal_tables(pal, a.pt);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (x_shared == plan::PMMA_XS_WGMMA) {
+    uint16_t* xw = wg_x(ws, M, N, splits);
+    if (!grid_ok(wg_x_grid(M, K))) return "matrix too large for one launch";
+    pmma_wg_x_kernel<<<static_cast<unsigned>(wg_x_grid(M, K)), plan::PMMA_WG_X_THREADS, 0, s>>>(x, ldx, M, K, xw);
+    a.x = xw;
+    a.ldx = K;
+  }
   with_variant(M, paired, stage_tiles, x_shared, [&](auto nt, auto p, auto sub, auto xs) {
     launch_pmma<decltype(nt)::value, decltype(p)::value, decltype(sub)::value, decltype(xs)::value>(a, splits, s);
   });
@@ -168,6 +192,14 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   PmmaArgs a = make_args(x, ldx, M, sm, idx, N, K, vpos, nv, vexp, vrow, splits, ws, counters, y, ldy, tiled, x_shared);
   const bool paired = pal_tables(pal, a.pt) && !force_general;
   const char* err = nullptr;
+  if (x_shared == plan::PMMA_XS_WGMMA) {
+    uint16_t* xw = wg_x(ws, M, N, splits);
+    err = emu::launch(wg_x_grid(M, K), 1, plan::PMMA_WG_X_THREADS, 0,
+                      [&](emu::ThreadCtx& c) { pmma_wg_x_body(c, x, ldx, M, K, xw); });
+    if (err) return err;
+    a.x = xw;
+    a.ldx = K;
+  }
   with_variant(M, paired, stage_tiles, x_shared, [&](auto nt, auto p, auto sub, auto xs) {
     err = emu::launch(plan::pmma_grid_x(N, M, x_shared == plan::PMMA_XS_WGMMA), splits, plan::PMMA_THREADS,
                       plan::pmma_smem_bytes(sub, decltype(nt)::value, decltype(xs)::value), [&](emu::ThreadCtx& c) {

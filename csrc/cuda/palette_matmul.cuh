@@ -224,39 +224,75 @@ UW_HD int pmma_x_row(int m, int M) { return m < M ? m : M - 1; }
 // [m0, m0 + 8 NT) of the stage's 64 columns, as four [16, 8 NT] K-major operands, one per k16
 // step j of the tile, in the unswizzled canonical layout: step j's operand at j * 256 NT bytes,
 // n-group ng (batch rows 8ng..8ng+7) at ng * 256 (the descriptor's sbo), k chunk kc (k 8kc..
-// 8kc+7) at kc * 128 (its lbo), batch row r of the group at 16 r, k pair t at 4 t.  The k order
-// is the fused GEMM's column order (the A fragments are decoded as for mma.sync): step j's
-// k = 2t + e is column 16t + 4j + e and k = 8 + 2t + e column 16t + 4j + 2 + e (e = 0, 1), so
-// word (j, ng, kc, r, t) is x[m0 + 8ng + r][col + 16t + 4j + 2kc .. + 1].  Numbered
-// q = (((j NT + ng) 2 + kc) 8 + r) 4 + t it sits at byte 4q: the 32 words a warp copies at once
-// are one core matrix, 128 contiguous bytes (32 banks).  A 16-byte run of x holds columns of
-// one t only, so the copies are 4-byte ones (x is small and reused: .ca).  A batch row past M
+// 8kc+7) at kc * 128 (its lbo), batch row r of the group at 16 r.  The k order is the fused
+// GEMM's column order (the A fragments are decoded as for mma.sync): step j's k = 2t + e is
+// column 16t + 4j + e and k = 8 + 2t + e column 16t + 4j + 2 + e (e = 0, 1), so a core-matrix
+// row, 8 k of one (j, kc), gathers 4-byte pieces of x 32 bytes apart.  Copied from x as it is,
+// that is 4-byte copies whose warp-wide requests touch 8 rows x 4 sectors for 128 bytes (5-6x
+// the sectors of the bytes, the emulator's profile), and every CTA of the launch repeats them
+// for its rows.  So the launcher first writes x once in this k order (pmma_wg_x_body, into the
+// workspace): in each row's 64-column tile, 16-byte chunk jk = 2j + kc holds the core-matrix
+// row of (j, kc), word t of it columns 16t + 2jk .. + 1.  The stage copies are then 16-byte
+// ones: one per chunk, 64 NT per stage.
+//
+// Thread i copies, for batch row 8 ng + r (r = i % 8) of each n-group ng it has, chunks jk0 and
+// jk0 + 4 (NT >= 4; jk0 = (i / 8) % 4, ng = i / 32 + 4 s) or chunk jk0 = (i / 8) % 8 alone (NT <= 2,
+// ng = i / 64 < NT).  A warp's request is then 8 rows x 64 contiguous bytes of x (16 sectors
+// for 512 bytes) and four whole core matrices of the stage (conflict-free).  A batch row past M
 // copies row M - 1 again (pmma_x_row): a wgmma's output column depends on its own B column
 // alone, those columns are never stored, and the copies need no predicate or zero fill.
-//
-// Thread i of the CTA copies the words of k pair t = i % 4 for batch rows q0 = i / 4 (+ 32 k),
-// all eight (j, kc) of each: one row pointer per row it copies, the rest constant offsets.  At
-// once a warp copies rows 8w' .. 8w' + 7 of one n-group for one (j, kc): one core matrix.
-template <int NT, class Ctx>
-UW_HD void pmma_issue_x_wg(Ctx& c, unsigned char* xst, const uint16_t* x, int64_t ldx, int m0, int M, int64_t col) {
-  constexpr int kRows = 8 * NT;
-  constexpr int kRowSets = kRows >= 32 ? kRows / 32 : 1;  // rows per thread
-  constexpr int kJkSets = kRows >= 32 ? 1 : 32 / kRows;   // (below 32 rows) threads sharing a row split its (j, kc)
-  const int tid = c.tid(), t = tid & 3, q0 = tid >> 2;
+template <int NT>
+struct PmmaWgX {
+  static constexpr int kRows = NT >= 4 ? NT / 4 : 1;  // n-groups (so batch rows) per thread
+  static constexpr int kPer = NT >= 4 ? 2 : 1;        // chunks per row
+  const uint16_t* src;                                // row m0, this stage's columns, chunk jk0
+  int ro[kRows];                                      // row offsets from src (elements)
+  int dst;                                            // the first chunk's place in a stage (bytes)
+  bool on;                                            // NT = 1: threads 64.. copy nothing
+
+  template <class Ctx>
+  UW_HD PmmaWgX(Ctx& c, const uint16_t* xw, int64_t ldw, int m0, int M, int64_t col) {
+    const int tid = c.tid(), r = tid & 7, jk0 = NT >= 4 ? (tid >> 3) & 3 : (tid >> 3) & 7;
+    const int ng0 = NT >= 4 ? tid >> 5 : tid >> 6;
+    on = ng0 < NT;
+    src = xw + static_cast<int64_t>(m0) * ldw + col + 8 * jk0;
 UW_UNROLL()
-  for (int rs = 0; rs < kRowSets; ++rs) {
-    const int row = kRows >= 32 ? q0 + 32 * rs : q0 % kRows;
-    const int jk0 = kRows >= 32 ? 0 : q0 / kRows;  // this thread's first (j, kc); then every kJkSets-th
-    const uint16_t* src = x + static_cast<int64_t>(pmma_x_row(m0 + row, M)) * ldx + col + 16 * t;
-    unsigned char* dst = xst + 4 * (((row >> 3) * 2 * 8 + (row & 7)) * 4 + t);
-UW_UNROLL()
-    for (int k = 0; k < 8 / kJkSets; ++k) {
-      const int jk = jk0 + kJkSets * k, j = jk >> 1, kc = jk & 1;
-      c.cp_async4(dst + 4 * ((j * NT * 2 + kc) * 8 * 4), src + 4 * j + 2 * kc);
-    }
+    for (int s = 0; s < kRows; ++s)
+      ro[s] = static_cast<int>((pmma_x_row(m0 + 8 * (ng0 + 4 * s) + r, M) - m0) * ldw);
+    dst = (jk0 >> 1) * NT * 256 + (jk0 & 1) * 128 + ng0 * 256 + 16 * r;
   }
+  // Copies this thread's chunks of the next stage into xst, then moves on a tile.
+  template <class Ctx>
+  UW_HD void issue(Ctx& c, unsigned char* xst) {
+    if (on) {
+UW_UNROLL()
+      for (int s = 0; s < kRows; ++s)
+UW_UNROLL()
+        for (int p = 0; p < kPer; ++p)  // chunk jk0 + 4p: step j + 2p, the same kc
+          c.cp_async16(xst + dst + s * 4 * 256 + p * 2 * NT * 256, src + ro[s] + 32 * p);
+    }
+    src += plan::PMMA_TILE_K;
+  }
+};
+
+// The wgmma variant's x in its k order (see PmmaWgX): xw [M, K] (row stride K) from x [M, K]
+// (row stride ldx), one 16-byte chunk of xw per thread.  Chunk ch of row m, in 64-column tile
+// ch / 8 as chunk jk = ch % 8, holds four words: word t is x[m][64 (ch / 8) + 16t + 2jk .. + 1].
+// A warp's four requests each read 4 tiles x 32 contiguous bytes (whole sectors), and its store
+// 512 contiguous bytes.
+template <class Ctx>
+UW_HD void pmma_wg_x_body(Ctx& c, const uint16_t* x, int64_t ldx, int M, int64_t K, uint16_t* xw) {
+  const int64_t chunks = K / 8;
+  const int64_t q = c.block_x() * plan::PMMA_WG_X_THREADS + c.tid();
+  if (q >= M * chunks) return;
+  const int64_t m = q / chunks, ch = q - m * chunks;
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(x + m * ldx + (ch >> 3) * plan::PMMA_TILE_K + 2 * (ch & 7));
+  uint32_t v[4];
+UW_UNROLL()
+  for (int t = 0; t < 4; ++t) v[t] = ld_ro_u32(src + 8 * t);
+  st_v4(xw + m * K + 8 * ch, v);
 }
-// The descriptor of step j's operand in a stage of pmma_issue_x_wg.
+// The descriptor of step j's operand in a stage of PmmaWgX.
 template <int NT, class Ctx>
 UW_HD uint64_t pmma_x_wg_desc(Ctx& c, const unsigned char* xst, int j) {
   return emu::wgmma_desc(c.smem_addr(xst + j * NT * 256), 128, 256);
@@ -379,7 +415,7 @@ UW_UNROLL()
 // kSub: 64-column tiles per stage of the cp.async ring (1, or 2 for wide stages).  kXs: x
 // staged in shared memory once per CTA (one-tile stages only): 1 (pmma_issue_x) for the
 // mma.sync fragments, the same mma sequence on the same values, so the same bits;
-// PMMA_XS_WGMMA (pmma_issue_x_wg; sm_90a) for wgmma.
+// PMMA_XS_WGMMA (PmmaWgX, x in its k order from the launcher; sm_90a) for wgmma.
 //
 // wgmma (kXs == PMMA_XS_WGMMA).  The CTA's four warps are one warpgroup and its 64 rows one
 // m64 tile: per 64-column tile each warp decodes its 16 rows into the same A fragments as for
@@ -445,11 +481,14 @@ UW_UNROLL()
     const int64_t r = row0 + 8 * i + (lane >> 2) < last ? row0 + 8 * i + (lane >> 2) : last;
     qi[i] = a.idx + a.idx_at(r, kt0 * TK + 32 * (lane & 3));
   }
-  auto issue = [&](int stage, unsigned char* st) {
+  // kWg: this thread's copies of x, which the launcher wrote in the wgmma k order (a.x, a.ldx).
+  PmmaWgX<NT> xwg(c, a.x, a.ldx, m0, a.M, kt0 * TK);
+  auto issue = [&](int stage, int slot) {  // slot: the ring stage it fills
+    unsigned char* st = ring + slot * kStageBytes;
     if (kXs && stage < ntiles) {  // before pmma_issue's commit: the same group as the weights
-      unsigned char* xst = xring + (st - ring) / kStageBytes * kXStageBytes;
+      unsigned char* xst = xring + slot * kXStageBytes;
       if (kWg)
-        pmma_issue_x_wg<NT>(c, xst, a.x, a.ldx, m0, a.M, (kt0 + stage) * TK);
+        xwg.issue(c, xst);
       else
         pmma_issue_x<8 * NT>(c, xst, a.x, a.ldx, m0, a.M, (kt0 + stage) * TK);
     }
@@ -468,7 +507,7 @@ UW_UNROLL()
     }
   };
 UW_UNROLL()
-  for (int i = 0; i < S - 1; ++i) issue(i, ring + i * kStageBytes);
+  for (int i = 0; i < S - 1; ++i) issue(i, i);
 
   // x rows of this lane's n-tile columns (B fragment: n = g; pmma_x_row): one pointer (the
   // chunk's first row) advances, and n-tile nt is row offset xo[nt] from it (32-bit offsets,
@@ -514,7 +553,7 @@ UW_UNROLL()
     }
   }
 
-  int rd = 0, wr = (S - 1) * kStageBytes;        // stage being read / refilled
+  int rd = 0, wr = S - 1;                        // ring stage being read / refilled
   uint32_t kb = static_cast<uint32_t>(2 * kt0);  // first block of the tile within its row
   for (int i = 0; i < nstages; ++i) {
     uint32_t xb[NT][4];  // x[nt*8+g][col + 16t .. +8): B registers of steps 0, 1 (then 2, 3)
@@ -531,15 +570,15 @@ UW_UNROLL()
     } else {
       c.syncwarp();  // other lanes' copies of this stage are in; their reads of the stage refilled below are done
     }
-    issue(i + S - 1, ring + wr);
-    wr = wr + kStageBytes == S * kStageBytes ? 0 : wr + kStageBytes;
-    const unsigned char* xst = xring + rd / kStageBytes * kXStageBytes;
+    issue(i + S - 1, wr);
+    wr = wr + 1 == S ? 0 : wr + 1;
+    const unsigned char* xst = xring + rd * kXStageBytes;
     if (kXs && !kWg) {
 UW_UNROLL()
       for (int nt = 0; nt < NT; ++nt) c.lds_v4(xst + xs_at(8 * nt + g, 2 * t), xb[nt]);
     }
-    const unsigned char* st = ring + rd;
-    rd = rd + kStageBytes == S * kStageBytes ? 0 : rd + kStageBytes;
+    const unsigned char* st = ring + rd * kStageBytes;
+    rd = rd + 1 == S ? 0 : rd + 1;
 UW_UNROLL()
     for (int u = 0; u < kSub; ++u) {
       if (u > 0) {

@@ -117,7 +117,7 @@ def test_splits_heuristic():
             assert len({kp.pmma_splits(N, K, sms, M) for M in range(1, 65)}) == 1
             assert len({kp.pmma_splits(N, K, sms, M, True) for M in range(1, 129)}) == 1
             assert kp.pmma_workspace_max(N, K, sms) == max(
-                kp.pmma_workspace_elems(M, N, kp.pmma_splits(N, K, sms, M, wg)) for M in range(1, 257)
+                kp.pmma_workspace_need(M, N, K, kp.pmma_splits(N, K, sms, M, wg), wg) for M in range(1, 257)
                 for wg in (False, True))
     # batch 1 on an H100 (132 SMs): every shape fills the SMs (>= 2.9 CTAs per SM)
     plan = {(N, K): (kp.pmma_splits(N, K, 132), kp.pmma_grid_x(N, 1)) for N, K in LLAMA_8B}
@@ -140,6 +140,10 @@ def test_splits_heuristic():
     assert kp.pmma_grid_x(4096, 256, True) == 128
     assert kp.pmma_supported(256, 4096) and not kp.pmma_supported(257, 4096) and not kp.pmma_supported(1, 4000)
     assert kp.pmma_workspace_elems(3, 100, 1) == 0 and kp.pmma_workspace_elems(3, 100, 4) == 1200
+    # wgmma: x [M, K] in its k order after the partials, from a 16-byte boundary
+    assert kp.pmma_workspace_need(3, 100, 64, 4) == 1200
+    assert kp.pmma_wg_x_at(3, 99, 2) == 596 and kp.pmma_workspace_need(3, 99, 64, 2, True) == 596 + 96
+    assert kp.pmma_workspace_need(5, 100, 128, 1, True) == 320
 
 
 @needs_ext
@@ -149,7 +153,7 @@ def test_cpp_plan_matches_python():
                  "PMMA_MIN_SPLIT_TILES", "PMMA_MAX_SPLITS", "PMMA_SUB_WIDE", "PMMA_X_ROW_BYTES", "PMMA_VROW_WINDOW"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     assert _cuda.PMMA_WG_CHUNK_M == kp.PMMA_WG_CHUNK_M and _cuda.PMMA_XS_WGMMA == kp.PMMA_XS_WGMMA
-    assert _cuda.PMMA_WG_STAGES == kp.PMMA_WG_STAGES
+    assert _cuda.PMMA_WG_STAGES == kp.PMMA_WG_STAGES and _cuda.PMMA_WG_X_THREADS == kp.PMMA_WG_X_THREADS
     # three wgmma CTAs of 16 n-tiles share an SM's 227 KiB (1 KiB reserved each); two at four stages
     assert 3 * (kp.pmma_smem_bytes(1, 16, kp.PMMA_XS_WGMMA) + 1024) <= 228 * 1024
     assert [kp.pmma_stages(x, nt) for x, nt in ((0, 8), (1, 8), (2, 8), (2, 16))] == [4, 4, 4, 3]
@@ -177,6 +181,9 @@ def test_cpp_plan_matches_python():
                     assert _cuda.plan_pmma_splits(N, K, sms, M) == s
                     assert _cuda.plan_pmma_split_tiles(K, s) == kp.pmma_split_tiles(K, s)
                     assert _cuda.plan_pmma_workspace_elems(M, N, s) == kp.pmma_workspace_elems(M, N, s)
+                    assert _cuda.plan_pmma_wg_x_at(M, N, s) == kp.pmma_wg_x_at(M, N, s)
+                    for wg in (False, True):
+                        assert _cuda.plan_pmma_workspace_need(M, N, K, s, wg) == kp.pmma_workspace_need(M, N, K, s, wg)
 
 
 # ------------------------------------------------------------------------- kernel body

@@ -195,6 +195,13 @@ def test_matmul_cpu_is_the_fp32_reference(splits):
     torch.library.opcheck(torch.ops.unweight.palette_matmul.default, oargs, test_utils=("test_schema", "test_faketensor"))
 
 
+def test_matmul_workspace_holds_the_wgmma_x_after_the_partials():
+    # wgmma: x [M, cols] rewritten in its k order sits after the partial sums, 16-byte aligned
+    assert ops.palette_workspace_elems(3, 48, 1) == 0 and ops.palette_workspace_elems(3, 48, 3) == 432
+    assert ops.palette_workspace_elems(3, 48, 1, 192, wgmma=True) == 3 * 192 // 2
+    assert ops.palette_workspace_elems(3, 47, 3, 192, wgmma=True) == 424 + 3 * 192 // 2  # 423 floats rounded up
+
+
 def test_transcode_to_palette_cpu_matches_codec():
     w, h, p, _ = _huffman_args(90, 200)
     hp, pp = ops.transcode_to_palette(h, p, torch.empty(0, dtype=torch.uint16), torch.zeros(1, dtype=torch.int32))

@@ -10,8 +10,9 @@
         splits: how many K slices the CUDA kernel works on in parallel (palette_splits(); any
             value in 1 .. cols // 64 is correct: the choice moves work between SMs and sets
             the order of the fp32 sums).
-        workspace: fp32 [>= palette_workspace_elems(M, rows, splits)] (may be empty when splits
-            is 1): the slices' partial sums.
+        workspace: fp32 [>= palette_workspace_elems(M, rows, splits, cols, wgmma)] (may be empty
+            when splits is 1, except for wgmma): the slices' partial sums, and for wgmma x
+            rewritten in its k order after them (16-byte aligned).
         counters: int32 [>= palette_counters_elems(rows)], all zero; a launch leaves them zero,
             so one buffer serves every launch ordered on a stream.
         stage_tiles: 64-column tiles per stage of the kernel's copy ring: 1, or 2 (wide stages,
@@ -22,7 +23,8 @@
             PALETTE_GEMM_XS); the same bits.
         wgmma: x staged per CTA in the layout of Hopper's warpgroup MMA, which multiplies it
             (sm_90 GPUs with an sm_90a build, else refused; up to 128 batch rows per CTA, so a
-            weight is decoded once per 128 rows; PALETTE_GEMM_WG); splits from
+            weight is decoded once per 128 rows; PALETTE_GEMM_WG); a small kernel first writes
+            x in that layout's column order into the workspace, once per call; splits from
             palette_splits(..., wgmma=True).  Tensor-core sums per 16 columns in the same
             order as the other layouts (the emulator gives them the same bits).
         workspace and counters are views of the runtime's per-device buffers (runtime/scratch.py), so a forward
@@ -121,13 +123,14 @@ def palette_splits(rows: int, cols: int, device, M: int = 1, wgmma: bool = False
     return plan.pmma_splits(rows, cols, _num_sms(device), M, wgmma)
 
 
-def palette_workspace_elems(M: int, rows: int, splits: int) -> int:
-    """fp32 elements palette_matmul needs at batch M: the splits' partial sums [splits, M, rows]."""
-    return plan.pmma_workspace_elems(M, rows, splits)
+def palette_workspace_elems(M: int, rows: int, splits: int, cols: int = 0, wgmma: bool = False) -> int:
+    """fp32 elements palette_matmul needs at batch M: the splits' partial sums [splits, M, rows],
+    and with wgmma x [M, cols] in its k order after them."""
+    return plan.pmma_workspace_need(M, rows, cols, splits, wgmma)
 
 
 def palette_workspace_max(rows: int, cols: int, device) -> int:
-    """fp32 elements that cover palette_matmul's partial sums at every batch it takes on `device`."""
+    """fp32 elements that cover palette_matmul's workspace at every batch it takes on `device`."""
     device = torch.device(device)
     if device.type != "cuda":
         return 0
@@ -196,9 +199,11 @@ def _palette_matmul_cuda(x, sm, idx, vpos, vexp, workspace, counters, rows, cols
                 (sm, idx, vpos, vexp, workspace, counters))
     vr = _ext.vrow_ptr("palette_matmul", vrow, x, rows + 1)
     M = x.size(0)
-    if splits > 1:
-        if workspace.dtype != torch.float32 or workspace.numel() < palette_workspace_elems(M, rows, splits):
+    if splits > 1 or wgmma:
+        if workspace.dtype != torch.float32 or workspace.numel() < palette_workspace_elems(M, rows, splits, cols,
+                                                                                            wgmma):
             raise ValueError("palette_matmul: workspace too small")
+    if splits > 1:
         if counters.dtype != torch.int32 or counters.numel() < palette_counters_elems(rows):
             raise ValueError("palette_matmul: counters too small")
     y = torch.empty((M, rows), dtype=torch.bfloat16, device=x.device)

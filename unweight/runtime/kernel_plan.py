@@ -95,6 +95,7 @@ PMMA_MAX_M = 256
 PMMA_XS_WGMMA = 2
 PMMA_WG_CHUNK_M = 128
 PMMA_WG_STAGES = 3  # the wgmma variant's ring at 16 n-tiles (kernel_plan.h pmma_stages)
+PMMA_WG_X_THREADS = 256  # threads per CTA of the wgmma variant's x reorder (pmma_wg_x_body)
 PMMA_CTAS_PER_SM = 4
 PMMA_MIN_SPLIT_TILES = 4
 PMMA_MAX_SPLITS = 65535
@@ -402,11 +403,22 @@ def pmma_counters(N: int) -> int:
     return pmma_grid_x(N, PMMA_MAX_M)
 
 
+def pmma_wg_x_at(M: int, N: int, splits: int) -> int:
+    """fp32 element of the workspace where the wgmma variant's x in its k order (bf16 [M, K])
+    starts: after the partial sums, on a 16-byte boundary."""
+    return (pmma_workspace_elems(M, N, splits) + 3) // 4 * 4
+
+
+def pmma_workspace_need(M: int, N: int, K: int, splits: int, wg: bool = False) -> int:
+    """fp32 workspace elements a launch needs: the partials, and for wgmma its x after them."""
+    return pmma_wg_x_at(M, N, splits) + M * K // 2 if wg else pmma_workspace_elems(M, N, splits)
+
+
 @functools.lru_cache(maxsize=1024)
 def pmma_workspace_max(N: int, K: int, num_sms: int) -> int:
-    """The most partial sums any batch 1..PMMA_MAX_M needs, either variant (the largest batch
-    of each chunk count).  Remembered per shape: every fused GEMM forward asks."""
-    return max(pmma_workspace_elems(M, N, pmma_splits(N, K, num_sms, M, wg))
+    """The most workspace any batch 1..PMMA_MAX_M needs, either variant (the largest batch of
+    each chunk count).  Remembered per shape: every fused GEMM forward asks."""
+    return max(pmma_workspace_need(M, N, K, pmma_splits(N, K, num_sms, M, wg), wg)
                for wg in (False, True) for M in range(pmma_chunk_m(wg), PMMA_MAX_M + 1, pmma_chunk_m(wg)))
 
 

@@ -56,7 +56,6 @@
 //   warp       shfl(v, src, mask)  shfl_xor(v, lanemask, mask)  ballot(pred, mask)
 //   tensor     mma_bf16_16816(d, a, b, c)     mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
 //              (sm_90a: warpgroup MMA, every warp of an aligned group of 4 taking part)
-//              cp_async4(dst, src, n)         4-byte cp.async (.ca), bytes n..3 zero-filled
 //              smem_addr(p)                   p's shared-window address (wgmma_desc's start)
 //              fence_proxy_async()            fence.proxy.async.shared::cta: the thread's
 //                                             shared-memory writes, visible to wgmma's reads
@@ -391,13 +390,6 @@ struct DeviceCtx {
     __trap();
 #endif
   }
-  // 4-byte async copy global -> shared (.ca: x is reused by the CTAs of a row block's split
-  // through L1); src-size 0 zero-fills.
-  UW_HD void cp_async4(void* smem_dst, const void* gmem_src, int src_bytes = 4) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem_src), "r"(src_bytes)
-                 : "memory");
-  }
   // The shared-window address of p (what a wgmma descriptor holds).
   UW_HD uint32_t smem_addr(const void* p) const { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
   // Warpgroup MMA (sm_90a; elsewhere these trap and no launcher runs them).  fence_proxy_async:
@@ -494,7 +486,6 @@ struct DeviceCtx {
   UW_HD void mbar_arrive_expect_tx(uint64_t*, unsigned) {}
   UW_HD void bulk_copy(void*, const void*, unsigned, uint64_t*) {}
   UW_HD void mbar_wait(uint64_t*, unsigned) {}
-  UW_HD void cp_async4(void*, const void*, int = 4) {}
   UW_HD uint32_t smem_addr(const void*) const { return 0; }
   UW_HD void fence_proxy_async() {}
   UW_HD void wgmma_fence() {}

@@ -157,9 +157,6 @@ class ThreadCtx {
   UW_HD void cp_async16(void* smem_dst, const void* gmem_src, int src_bytes = 16) {
     UW_EMU_HOST_ONLY(h_cp_async(smem_dst, gmem_src, src_bytes, 16);)
   }
-  UW_HD void cp_async4(void* smem_dst, const void* gmem_src, int src_bytes = 4) {
-    UW_EMU_HOST_ONLY(h_cp_async(smem_dst, gmem_src, src_bytes, 4);)
-  }
   UW_HD void cp_async_commit() { UW_EMU_HOST_ONLY(h_commit();) }
   template <int N>
   UW_HD void cp_async_wait() { UW_EMU_HOST_ONLY(h_wait(N);) }
