@@ -292,10 +292,14 @@ UW_UNROLL()
   for (int t = 0; t < 4; ++t) v[t] = ld_ro_u32(src + 8 * t);
   st_v4(xw + m * K + 8 * ch, v);
 }
-// The descriptor of step j's operand in a stage of PmmaWgX.
-template <int NT, class Ctx>
-UW_HD uint64_t pmma_x_wg_desc(Ctx& c, const unsigned char* xst, int j) {
-  return emu::wgmma_desc(c.smem_addr(xst + j * NT * 256), 128, 256);
+// The descriptor of step j's operand in the x stage `off` bytes into the x ring, from the ring's
+// own descriptor desc0: the operand's offset in 16-byte units added to the start-address field
+// (bits 0-13, the address's bits 4-17; the shared window is under 256 KB, so no carry leaves the
+// field): a constant add per wgmma where encoding its address costs four uniform operations.
+UW_HD uint64_t pmma_x_wg_stage_desc(uint64_t desc0, uint32_t off) { return desc0 + (off >> 4); }
+template <int NT>
+UW_HD uint64_t pmma_x_wg_desc(uint64_t stage_desc, int j) {
+  return stage_desc + static_cast<uint64_t>(j * NT * 256 / 16);
 }
 
 // Replaces the exponents of the BF16 pair `reg` with e0 (low half) and e1 (high half).
@@ -483,6 +487,7 @@ UW_UNROLL()
   }
   // kWg: this thread's copies of x, which the launcher wrote in the wgmma k order (a.x, a.ldx).
   PmmaWgX<NT> xwg(c, a.x, a.ldx, m0, a.M, kt0 * TK);
+  const uint64_t xdesc0 = kWg ? emu::wgmma_desc(c.smem_addr(xring), 128, 256) : 0;  // (pmma_x_wg_desc)
   auto issue = [&](int stage, int slot) {  // slot: the ring stage it fills
     unsigned char* st = ring + slot * kStageBytes;
     if (kXs && stage < ntiles) {  // before pmma_issue's commit: the same group as the weights
@@ -603,8 +608,9 @@ UW_UNROLL()
       }
       if constexpr (kWg) {
         c.wgmma_fence();  // (af was just written, acc by the previous tile's wgmmas or zeroing)
+        const uint64_t xd = pmma_x_wg_stage_desc(xdesc0, static_cast<uint32_t>(xst - xring));
 UW_UNROLL()
-        for (int j = 0; j < 4; ++j) c.template wgmma<8 * NT>(acc, af[j], pmma_x_wg_desc<NT>(c, xst, j), true);
+        for (int j = 0; j < 4; ++j) c.template wgmma<8 * NT>(acc, af[j], pmma_x_wg_desc<NT>(xd, j), true);
         c.wgmma_commit();
         c.template wgmma_wait<0>();
       } else {
