@@ -260,6 +260,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PMMA_WG_X_THREADS") = plan::PMMA_WG_X_THREADS;
   m.attr("PMMA_MAX_M") = plan::PMMA_MAX_M;
   m.attr("PMMA_CTAS_PER_SM") = plan::PMMA_CTAS_PER_SM;
+  m.attr("PMMA_WG_CTAS_PER_SM") = plan::PMMA_WG_CTAS_PER_SM;
   m.attr("PMMA_MIN_SPLIT_TILES") = plan::PMMA_MIN_SPLIT_TILES;
   m.attr("PMMA_MAX_SPLITS") = plan::PMMA_MAX_SPLITS;
   m.def("plan_huffman_grid", &plan::huffman_grid, py::arg("n_items"), py::arg("max_ctas"),

@@ -173,6 +173,10 @@ UW_PLAN_HD int pmma_smem_bytes(int stage_tiles, int ntiles = 0, int x_shared = 0
          16;
 }
 constexpr int PMMA_CTAS_PER_SM = 4;
+// The wgmma variant's splits plan for the CTAs an SM holds of its 8- and 16-n-tile kernels (the
+// batches it is for: launch bounds and rings give three), so a 4096 x 4096 launch is one wave of
+// 384 CTAs where planning for four made 512, a wave and a third.
+constexpr int PMMA_WG_CTAS_PER_SM = 3;
 constexpr int PMMA_MIN_SPLIT_TILES = 4;
 constexpr int64_t PMMA_MAX_SPLITS = 65535;  // gridDim.y
 
@@ -484,14 +488,14 @@ UW_PLAN_HD int64_t pmma_row_blocks(int64_t N) { return cdiv(N, PMMA_ROWS); }
 // CTAs along x: row blocks x batch chunks, the chunks of a row block adjacent.
 UW_PLAN_HD int64_t pmma_grid_x(int64_t N, int M, bool wg = false) { return pmma_row_blocks(N) * pmma_chunks(M, wg); }
 // K splits for an [N, K] weight at batch M on a device with num_sms SMs: enough CTAs for
-// PMMA_CTAS_PER_SM per SM, each split at least PMMA_MIN_SPLIT_TILES tiles (a short split
+// PMMA_CTAS_PER_SM (wg: PMMA_WG_CTAS_PER_SM) per SM, each split at least PMMA_MIN_SPLIT_TILES tiles (a short split
 // spends its time filling the pipeline), no empty split.  It depends on M only through the
 // batch chunks (their CTAs fill the SMs too, and past 64 rows the partials would outweigh W),
 // so results are the same bits at every batch size of 1..64 (and within each chunk count).
 UW_PLAN_HD int64_t pmma_splits(int64_t N, int64_t K, int64_t num_sms, int M, bool wg = false) {
   const int64_t n_kt = K / PMMA_TILE_K, units = pmma_row_blocks(N) * pmma_chunks(M, wg);
   if (n_kt < 1 || units < 1) return 1;
-  int64_t s = (num_sms * PMMA_CTAS_PER_SM + units / 2) / units;
+  int64_t s = (num_sms * (wg ? PMMA_WG_CTAS_PER_SM : PMMA_CTAS_PER_SM) + units / 2) / units;
   const int64_t most = n_kt / PMMA_MIN_SPLIT_TILES;
   s = s < most ? s : most;
   s = s < PMMA_MAX_SPLITS ? s : PMMA_MAX_SPLITS;

@@ -136,7 +136,10 @@ def test_splits_heuristic():
     assert [kp.pmma_ntiles(M, True) for M in (1, 9, 17, 33, 64, 65, 128, 129, 256, 257)] == \
         [1, 2, 4, 8, 8, 16, 16, 16, 16, 0]
     assert [kp.pmma_chunks(M, True) for M in (1, 128, 129, 256)] == [1, 1, 2, 2]
-    assert [kp.pmma_splits(4096, 4096, 132, M, True) for M in (64, 128, 256)] == [8, 8, 4]
+    # (its splits plan for the three CTAs per SM its 8- and 16-n-tile kernels hold: one wave)
+    assert [kp.pmma_splits(4096, 4096, 132, M, True) for M in (64, 128, 256)] == [6, 6, 3]
+    for N, K in LLAMA_8B[:4]:
+        assert kp.pmma_grid_x(N, 128, True) * kp.pmma_splits(N, K, 132, 128, True) <= 1.15 * 3 * 132
     assert kp.pmma_grid_x(4096, 256, True) == 128
     assert kp.pmma_supported(256, 4096) and not kp.pmma_supported(257, 4096) and not kp.pmma_supported(1, 4000)
     assert kp.pmma_workspace_elems(3, 100, 1) == 0 and kp.pmma_workspace_elems(3, 100, 4) == 1200
@@ -150,7 +153,8 @@ def test_splits_heuristic():
 def test_cpp_plan_matches_python():
     for name in ("PMMA_WARPS", "PMMA_THREADS", "PMMA_TILE_N", "PMMA_ROWS", "PMMA_TILE_K", "PMMA_STAGES",
                  "PMMA_TILE_BYTES", "PMMA_SMEM_BYTES", "PMMA_CHUNK_M", "PMMA_MAX_M", "PMMA_CTAS_PER_SM",
-                 "PMMA_MIN_SPLIT_TILES", "PMMA_MAX_SPLITS", "PMMA_SUB_WIDE", "PMMA_X_ROW_BYTES", "PMMA_VROW_WINDOW"):
+                 "PMMA_MIN_SPLIT_TILES", "PMMA_MAX_SPLITS", "PMMA_WG_CTAS_PER_SM", "PMMA_SUB_WIDE", "PMMA_X_ROW_BYTES",
+                 "PMMA_VROW_WINDOW"):
         assert getattr(_cuda, name) == getattr(kp, name), name
     assert _cuda.PMMA_WG_CHUNK_M == kp.PMMA_WG_CHUNK_M and _cuda.PMMA_XS_WGMMA == kp.PMMA_XS_WGMMA
     assert _cuda.PMMA_WG_STAGES == kp.PMMA_WG_STAGES and _cuda.PMMA_WG_X_THREADS == kp.PMMA_WG_X_THREADS

@@ -97,6 +97,7 @@ PMMA_WG_CHUNK_M = 128
 PMMA_WG_STAGES = 3  # the wgmma variant's ring at 16 n-tiles (kernel_plan.h pmma_stages)
 PMMA_WG_X_THREADS = 256  # threads per CTA of the wgmma variant's x reorder (pmma_wg_x_body)
 PMMA_CTAS_PER_SM = 4
+PMMA_WG_CTAS_PER_SM = 3  # what the wgmma variant's splits plan for (kernel_plan.h)
 PMMA_MIN_SPLIT_TILES = 4
 PMMA_MAX_SPLITS = 65535
 
@@ -380,7 +381,7 @@ def pmma_splits(N: int, K: int, num_sms: int, M: int = 1, wg: bool = False) -> i
     n_kt, units = K // PMMA_TILE_K, pmma_row_blocks(N) * pmma_chunks(M, wg)
     if n_kt < 1 or units < 1:
         return 1
-    s = (num_sms * PMMA_CTAS_PER_SM + units // 2) // units
+    s = (num_sms * (PMMA_WG_CTAS_PER_SM if wg else PMMA_CTAS_PER_SM) + units // 2) // units
     s = min(s, n_kt // PMMA_MIN_SPLIT_TILES, PMMA_MAX_SPLITS)
     if s < 1:
         return 1
