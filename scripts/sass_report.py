@@ -140,7 +140,9 @@ def main(argv=None) -> int:
         for name, instrs in parse_functions(res.stdout).items():
             funcs[name] = (os.path.basename(o), instrs)
     if not funcs:
-        print(f"sass_report: no {args.arch} code in the objects under {args.build_dir}", file=sys.stderr)
+        # (cuobjdump 13 prints SASS through nvdisasm; without it, only the fatbin's headers)
+        hint = "" if shutil.which("nvdisasm") else " (or nvdisasm is not on PATH: pip install nvidia-cuda-nvdisasm)"
+        print(f"sass_report: no {args.arch} code in the objects under {args.build_dir}{hint}", file=sys.stderr)
         return 1
     names = pr.demangle(sorted(funcs))
     pat = re.compile(args.kernel)
