@@ -316,6 +316,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("plan_pmma_split_tiles", &plan::pmma_split_tiles);
   m.def("plan_pmma_workspace_elems", &plan::pmma_workspace_elems);
   m.def("plan_pmma_wg_x_at", &plan::pmma_wg_x_at);
+  m.def("plan_pmma_wg_x_rows", &plan::pmma_wg_x_rows);
   m.def("plan_pmma_workspace_need", &plan::pmma_workspace_need, py::arg("M"), py::arg("N"), py::arg("K"),
         py::arg("splits"), py::arg("wg") = false);
   m.def("plan_pmma_counters", &plan::pmma_counters);
@@ -496,7 +497,7 @@ PYBIND11_MODULE(_cuda, m) {
      py::arg("x_shared") = 0, py::arg("tiled") = 0, py::arg("vrow") = 0,
      "y[M,N] (bf16) = x[M,K] (bf16) @ W^T for palette-coded W [N,K] on the tensor cores (M <= 256, K % 64 == 0); "
      "with splits > 1, ws is fp32 scratch [splits, M, N] and counters int32 [plan_pmma_counters(N)], zero; "
-     "wgmma: ws holds plan_pmma_workspace_need(M, N, K, splits, True) floats, 16-byte aligned (x in its k order); "
+     "wgmma: ws holds plan_pmma_workspace_need(M, N, K, splits, True) floats, 16-byte aligned (x's stage images); "
      "stage_tiles 1 or 2 (wide stages); x_shared 1: x staged once per CTA in shared memory (stage_tiles 1), "
      "2: the same in wgmma's layout, multiplied by wgmma (sm_90a; splits from plan_pmma_splits(..., wg=True)); "
      "tiled 1: the planes are tile-major (N % 16 == 0).");

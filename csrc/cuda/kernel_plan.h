@@ -159,18 +159,19 @@ constexpr int PMMA_WG_CHUNK_M = 128;
 // Its ring at 16 n-tiles: PMMA_WG_STAGES stages of 6 KB of weights and 16 KB of x (66 KB per
 // CTA) let three CTAs share an SM, where four stages (90 KB) let two: the same 36 KB of
 // weights in flight per SM (two tiles ahead of three CTAs, three of two) and half again as many
-// warps to cover each one's wgmma wait.  Three CTAs of 128 threads fit its 160 registers.
+// warps to cover each one's wgmma wait.  Three CTAs of 128 threads fit its 162 registers.
 constexpr int PMMA_WG_STAGES = 3;
 // Ring stages of a launch (a compile-time constant of each kernel instantiation).
 constexpr int pmma_stages(int x_shared, int ntiles) {
   return x_shared == PMMA_XS_WGMMA && ntiles > 8 ? PMMA_WG_STAGES : PMMA_STAGES;
 }
 // Dynamic shared memory of a launch: the warps' rings, the shared-x ring (x_shared, for a
-// batch of `ntiles` n-tiles), then the 16 bytes of the fix-up flag.
+// batch of `ntiles` n-tiles), the 16 bytes of the fix-up flag, then for wgmma the stages'
+// 8-byte mbarriers (its x arrives by bulk copy).
 UW_PLAN_HD int pmma_smem_bytes(int stage_tiles, int ntiles = 0, int x_shared = 0) {
   const int stages = pmma_stages(x_shared, ntiles);
   return PMMA_WARPS * stages * stage_tiles * PMMA_TILE_BYTES + (x_shared ? stages * pmma_x_stage_bytes(ntiles) : 0) +
-         16;
+         16 + (x_shared == PMMA_XS_WGMMA ? 8 * stages : 0);
 }
 constexpr int PMMA_CTAS_PER_SM = 4;
 // The wgmma variant's splits plan for the CTAs an SM holds of its 8- and 16-n-tile kernels (the
@@ -508,16 +509,21 @@ UW_PLAN_HD int64_t pmma_split_tiles(int64_t K, int64_t splits) { return cdiv(K /
 // column (row block x chunk), counted for the largest batch.
 UW_PLAN_HD int64_t pmma_workspace_elems(int64_t M, int64_t N, int64_t splits) { return splits > 1 ? splits * M * N : 0; }
 UW_PLAN_HD int64_t pmma_counters(int64_t N) { return pmma_grid_x(N, PMMA_MAX_M); }
-// The wgmma variant's x in its k order (palette_matmul.cuh pmma_wg_x_body), bf16 [M, K], sits in
-// the workspace after the partial sums, from a 16-byte boundary: fp32 element pmma_wg_x_at.
+// The wgmma variant's x as stage images (palette_matmul.cuh pmma_wg_x_body): bf16, K columns of
+// pmma_wg_x_rows(M) rows (the batch chunks' rows, those past M zeros), in the workspace after the
+// partial sums from a 16-byte boundary, fp32 element pmma_wg_x_at.
+UW_PLAN_HD int64_t pmma_wg_x_rows(int M) {
+  return static_cast<int64_t>(pmma_chunks(M, true)) * 8 * pmma_ntiles(M, true);
+}
 UW_PLAN_HD int64_t pmma_wg_x_at(int64_t M, int64_t N, int64_t splits) {
   return (pmma_workspace_elems(M, N, splits) + 3) / 4 * 4;
 }
 // fp32 workspace elements a launch needs: the partials, and for wgmma its x after them.
 UW_PLAN_HD int64_t pmma_workspace_need(int64_t M, int64_t N, int64_t K, int64_t splits, bool wg = false) {
-  return wg ? pmma_wg_x_at(M, N, splits) + M * K / 2 : pmma_workspace_elems(M, N, splits);
+  return wg ? pmma_wg_x_at(M, N, splits) + pmma_wg_x_rows(static_cast<int>(M)) * K / 2
+            : pmma_workspace_elems(M, N, splits);
 }
-// Threads per CTA of the wgmma variant's x reorder (one 16-byte chunk of its output each).
+// Threads per CTA of the wgmma variant's x reorder (one row of one 64-column tile each).
 constexpr int PMMA_WG_X_THREADS = 256;
 // The most workspace any batch 1..PMMA_MAX_M needs, either variant (the largest batch of each
 // chunk count).

@@ -155,7 +155,7 @@ const char* palette_encode_pass2(const uint8_t* exps, int64_t rows, int64_t cols
 // x_shared = plan::PMMA_XS_WGMMA (sm_90 with an sm_90a build; refused elsewhere): x copied in
 // wgmma's layout and multiplied by wgmma, up to plan::PMMA_WG_CHUNK_M batch rows per CTA (splits
 // and grid from the plan's wg forms); the tensor cores' sums per k16 step in the same order.
-// It first writes x in wgmma's k order into ws (plan::pmma_wg_x_at), so ws (16-byte aligned,
+// It first writes x as its stage images into ws (plan::pmma_wg_x_at), so ws (16-byte aligned,
 // plan::pmma_workspace_need floats) is needed at any split.
 const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, const uint8_t* idx, int64_t N,
                          int64_t K, Palette pal, const uint32_t* vpos, int64_t nv, const uint8_t* vexp,

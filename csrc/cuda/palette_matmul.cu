@@ -7,8 +7,8 @@
 // palette decode times the copy layout: one-tile stages, two-tile stages (stage_tiles = 2) or
 // one-tile stages with x shared in shared memory (x_shared); all three give the same bits.
 // And the wgmma variant (x_shared = PMMA_XS_WGMMA, sm_90a only: elsewhere its body traps and
-// the launcher refuses it), NT in {1, 2, 4, 8, 16}, behind a small launch that writes x in its
-// k order into the workspace (pmma_wg_x_kernel).  __launch_bounds__(128, 4): four CTAs (16
+// the launcher refuses it), NT in {1, 2, 4, 8, 16}, behind a small launch that writes x as its
+// stage images into the workspace (pmma_wg_x_kernel).  __launch_bounds__(128, 4): four CTAs (16
 // warps) per SM is what the split heuristic plans for, and it caps registers at 128 per thread.
 // NT = 8 holds 32 fp32 accumulators more and spills under that cap, so it runs three CTAs per
 // SM (168 registers): from batch 33 on the kernel is no longer bound by the weight stream
@@ -34,10 +34,11 @@ __global__ void __launch_bounds__(plan::PMMA_THREADS, NT >= 8 ? 3 : plan::PMMA_C
   pmma_body<NT, kPaired, kSub, kXs>(c, a);
 }
 
+template <int NT>
 __global__ void __launch_bounds__(plan::PMMA_WG_X_THREADS) pmma_wg_x_kernel(const uint16_t* x, int64_t ldx, int M,
                                                                              int64_t K, uint16_t* xw) {
   emu::DeviceCtx c;
-  pmma_wg_x_body(c, x, ldx, M, K, xw);
+  pmma_wg_x_body<NT>(c, x, ldx, M, K, xw);
 }
 
 const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, const Palette& pal, int64_t nv,
@@ -131,12 +132,14 @@ PmmaArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, con
   return a;
 }
 
-// The wgmma variant reads x in its k order from the workspace (PmmaWgX): where it goes, and the
-// reorder's grid.  make_args' a.x / a.ldx then name it.
+// The wgmma variant reads x as stage images from the workspace (pmma_wg_x_body): where they go,
+// and the reorder's grid (a thread per row of a tile).  a.x / a.ldx then name them.
 uint16_t* wg_x(float* ws, int M, int64_t N, int splits) {
   return reinterpret_cast<uint16_t*>(ws + plan::pmma_wg_x_at(M, N, splits));
 }
-int64_t wg_x_grid(int M, int64_t K) { return cdiv(static_cast<int64_t>(M) * (K / 8), plan::PMMA_WG_X_THREADS); }
+int64_t wg_x_grid(int M, int64_t K) {
+  return cdiv(plan::pmma_wg_x_rows(M) * (K / plan::PMMA_TILE_K), plan::PMMA_WG_X_THREADS);
+}
 
 }  // namespace
 
@@ -169,7 +172,10 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   if (x_shared == plan::PMMA_XS_WGMMA) {
     uint16_t* xw = wg_x(ws, M, N, splits);
     if (!grid_ok(wg_x_grid(M, K))) return "matrix too large for one launch";
-    pmma_wg_x_kernel<<<static_cast<unsigned>(wg_x_grid(M, K)), plan::PMMA_WG_X_THREADS, 0, s>>>(x, ldx, M, K, xw);
+    with_variant(M, paired, stage_tiles, x_shared, [&](auto nt, auto, auto, auto) {
+      pmma_wg_x_kernel<decltype(nt)::value>
+          <<<static_cast<unsigned>(wg_x_grid(M, K)), plan::PMMA_WG_X_THREADS, 0, s>>>(x, ldx, M, K, xw);
+    });
     a.x = xw;
     a.ldx = K;
   }
@@ -194,8 +200,10 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
   const char* err = nullptr;
   if (x_shared == plan::PMMA_XS_WGMMA) {
     uint16_t* xw = wg_x(ws, M, N, splits);
-    err = emu::launch(wg_x_grid(M, K), 1, plan::PMMA_WG_X_THREADS, 0,
-                      [&](emu::ThreadCtx& c) { pmma_wg_x_body(c, x, ldx, M, K, xw); });
+    with_variant(M, paired, stage_tiles, x_shared, [&](auto nt, auto, auto, auto) {
+      err = emu::launch(wg_x_grid(M, K), 1, plan::PMMA_WG_X_THREADS, 0,
+                        [&](emu::ThreadCtx& c) { pmma_wg_x_body<decltype(nt)::value>(c, x, ldx, M, K, xw); });
+    });
     if (err) return err;
     a.x = xw;
     a.ldx = K;

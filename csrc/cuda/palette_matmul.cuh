@@ -230,68 +230,57 @@ UW_HD int pmma_x_row(int m, int M) { return m < M ? m : M - 1; }
 // row, 8 k of one (j, kc), gathers 4-byte pieces of x 32 bytes apart.  Copied from x as it is,
 // that is 4-byte copies whose warp-wide requests touch 8 rows x 4 sectors for 128 bytes (5-6x
 // the sectors of the bytes, the emulator's profile), and every CTA of the launch repeats them
-// for its rows.  So the launcher first writes x once in this k order (pmma_wg_x_body, into the
-// workspace): in each row's 64-column tile, 16-byte chunk jk = 2j + kc holds the core-matrix
-// row of (j, kc), word t of it columns 16t + 2jk .. + 1.  The stage copies are then 16-byte
-// ones: one per chunk, 64 NT per stage.
-//
-// Thread i copies, for batch row 8 ng + r (r = i % 8) of each n-group ng it has, chunks jk0 and
-// jk0 + 4 (NT >= 4; jk0 = (i / 8) % 4, ng = i / 32 + 4 s) or chunk jk0 = (i / 8) % 8 alone (NT <= 2,
-// ng = i / 64 < NT).  A warp's request is then 8 rows x 64 contiguous bytes of x (16 sectors
-// for 512 bytes) and four whole core matrices of the stage (conflict-free).  A batch row past M
-// copies row M - 1 again (pmma_x_row): a wgmma's output column depends on its own B column
-// alone, those columns are never stored, and the copies need no predicate or zero fill.
-template <int NT>
-struct PmmaWgX {
-  static constexpr int kRows = NT >= 4 ? NT / 4 : 1;  // n-groups (so batch rows) per thread
-  static constexpr int kPer = NT >= 4 ? 2 : 1;        // chunks per row
-  const uint16_t* src;                                // row m0, this stage's columns, chunk jk0
-  int ro[kRows];                                      // row offsets from src (elements)
-  int dst;                                            // the first chunk's place in a stage (bytes)
-  bool on;                                            // NT = 1: threads 64.. copy nothing
+// for its rows.  So the launcher first writes x once as these stage images (pmma_wg_x_body,
+// into the workspace), and a stage is one bulk copy of its image (cp.async.bulk, one thread,
+// completing on the stage's mbarrier): the copy engine moves the bytes, no thread addresses
+// them, and they arrive through the async proxy wgmma reads B through, so no proxy fence is
+// needed between the copy and the wgmmas (the mbarrier wait orders them).
 
-  template <class Ctx>
-  UW_HD PmmaWgX(Ctx& c, const uint16_t* xw, int64_t ldw, int m0, int M, int64_t col) {
-    const int tid = c.tid(), r = tid & 7, jk0 = NT >= 4 ? (tid >> 3) & 3 : (tid >> 3) & 7;
-    const int ng0 = NT >= 4 ? tid >> 5 : tid >> 6;
-    on = ng0 < NT;
-    src = xw + static_cast<int64_t>(m0) * ldw + col + 8 * jk0;
-UW_UNROLL()
-    for (int s = 0; s < kRows; ++s)
-      ro[s] = static_cast<int>((pmma_x_row(m0 + 8 * (ng0 + 4 * s) + r, M) - m0) * ldw);
-    dst = (jk0 >> 1) * NT * 256 + (jk0 & 1) * 128 + ng0 * 256 + 16 * r;
-  }
-  // Copies this thread's chunks of the next stage into xst, then moves on a tile.
-  template <class Ctx>
-  UW_HD void issue(Ctx& c, unsigned char* xst) {
-    if (on) {
-UW_UNROLL()
-      for (int s = 0; s < kRows; ++s)
-UW_UNROLL()
-        for (int p = 0; p < kPer; ++p)  // chunk jk0 + 4p: step j + 2p, the same kc
-          c.cp_async16(xst + dst + s * 4 * 256 + p * 2 * NT * 256, src + ro[s] + 32 * p);
-    }
-    src += plan::PMMA_TILE_K;
-  }
-};
-
-// The wgmma variant's x in its k order (see PmmaWgX): xw [M, K] (row stride K) from x [M, K]
-// (row stride ldx), one 16-byte chunk of xw per thread.  Chunk ch of row m, in 64-column tile
-// ch / 8 as chunk jk = ch % 8, holds four words: word t is x[m][64 (ch / 8) + 16t + 2jk .. + 1].
-// A warp's four requests each read 4 tiles x 32 contiguous bytes (whole sectors), and its store
-// 512 contiguous bytes.
-template <class Ctx>
-UW_HD void pmma_wg_x_body(Ctx& c, const uint16_t* x, int64_t ldx, int M, int64_t K, uint16_t* xw) {
-  const int64_t chunks = K / 8;
-  const int64_t q = c.block_x() * plan::PMMA_WG_X_THREADS + c.tid();
-  if (q >= M * chunks) return;
-  const int64_t m = q / chunks, ch = q - m * chunks;
-  const uint32_t* src = reinterpret_cast<const uint32_t*>(x + m * ldx + (ch >> 3) * plan::PMMA_TILE_K + 2 * (ch & 7));
-  uint32_t v[4];
-UW_UNROLL()
-  for (int t = 0; t < 4; ++t) v[t] = ld_ro_u32(src + 8 * t);
-  st_v4(xw + m * K + 8 * ch, v);
+// The image of batch chunk ch and K tile kt (pmma_wg_x_body) in the reordered x xw.
+template <int NT, class T>
+UW_HD T* pmma_wg_x_image(T* xw, int64_t n_kt, int64_t ch, int64_t kt) {
+  return xw + (ch * n_kt + kt) * (8 * NT * plan::PMMA_X_ROW_BYTES / 2);
 }
+
+// The wgmma variant's x as stage images: for batch chunk ch (rows ch * PMMA_WG_CHUNK_M ..
+// + 8 nt, nt = pmma_ntiles(M, wg)) and K tile kt, 8 nt x 64 bf16 in the layout above, at
+// pmma_wg_x_image; a row past M is zeros (its output columns are never stored).  One thread per
+// (row, tile): it loads the row's 128 bytes of the tile (word i: columns 2i, 2i + 1) and stores
+// the eight 16-byte core-matrix rows (j, kc) of it, word t of (j, kc) being word 8t + 2j + kc.
+// A warp's stores are four runs of 128 contiguous bytes (whole sectors); its loads are 16 bytes
+// of 32 rows each (half sectors, the other half the same lane's next load, from L1).
+template <int NT, class Ctx>
+UW_HD void pmma_wg_x_body(Ctx& c, const uint16_t* x, int64_t ldx, int M, int64_t K, uint16_t* xw) {
+  constexpr int kRows = 8 * NT;  // rows of an image
+  const int64_t n_kt = K / plan::PMMA_TILE_K, chunks = plan::pmma_chunks(M, true);
+  const int64_t q = c.block_x() * plan::PMMA_WG_X_THREADS + c.tid();
+  if (q >= chunks * kRows * n_kt) return;
+  // (consecutive threads take consecutive rows of one tile: the stores of a warp are whole runs)
+  const int64_t kt = q / (chunks * kRows), pr = q - kt * (chunks * kRows);
+  const int64_t ch = pr / kRows;
+  const int rr = static_cast<int>(pr - ch * kRows), ng = rr >> 3, r = rr & 7;
+  const int64_t m = ch * plan::PMMA_WG_CHUNK_M + rr;
+  uint32_t w[32];
+  if (m < M) {
+    const uint16_t* src = x + m * ldx + kt * plan::PMMA_TILE_K;
+UW_UNROLL()
+    for (int i = 0; i < 8; ++i) {
+      uint32_t v[4];
+      ld_reuse_v4(src + 8 * i, v);
+      for (int e = 0; e < 4; ++e) w[4 * i + e] = v[e];
+    }
+  } else {
+UW_UNROLL()
+    for (int i = 0; i < 32; ++i) w[i] = 0u;
+  }
+  uint16_t* img = pmma_wg_x_image<NT>(xw, n_kt, ch, kt);
+UW_UNROLL()
+  for (int jk = 0; jk < 8; ++jk) {
+    const uint32_t v[4] = {w[jk], w[8 + jk], w[16 + jk], w[24 + jk]};
+    st_v4(img + ((jk >> 1) * NT * 256 + ng * 256 + (jk & 1) * 128 + 16 * r) / 2, v);
+  }
+}
+
 // The descriptor of step j's operand in the x stage `off` bytes into the x ring, from the ring's
 // own descriptor desc0: the operand's offset in 16-byte units added to the start-address field
 // (bits 0-13, the address's bits 4-17; the shared window is under 256 KB, so no carry leaves the
@@ -419,7 +408,7 @@ UW_UNROLL()
 // kSub: 64-column tiles per stage of the cp.async ring (1, or 2 for wide stages).  kXs: x
 // staged in shared memory once per CTA (one-tile stages only): 1 (pmma_issue_x) for the
 // mma.sync fragments, the same mma sequence on the same values, so the same bits;
-// PMMA_XS_WGMMA (PmmaWgX, x in its k order from the launcher; sm_90a) for wgmma.
+// PMMA_XS_WGMMA (x as stage images from the launcher, a bulk copy each; sm_90a) for wgmma.
 //
 // wgmma (kXs == PMMA_XS_WGMMA).  The CTA's four warps are one warpgroup and its 64 rows one
 // m64 tile: per 64-column tile each warp decodes its 16 rows into the same A fragments as for
@@ -428,9 +417,10 @@ UW_UNROLL()
 // memory: no x fragment loads, four instructions per tile for any batch, and up to 16 n-tiles
 // (128 batch rows) per CTA, so each weight is decoded once per 128 rows of a large batch.  Its
 // accumulators are laid out as the mma.sync ones (acc[nt][e]), so the epilogue and split fix-up
-// are shared.  Per stage: each thread's copies land (wait), it fences them for the async proxy,
-// the barrier, the tile's wgmmas (fence, 4 x wgmma, commit) and a wait for them, so the stage
-// is free to be refilled after the next barrier.  The sums are a tensor core's per k16 step in
+// are shared.  Per stage: each thread's weight copies land (wait), the barrier, thread 0 starts
+// the bulk copy of a later stage's x, the tile's decode, the wait for this stage's x (its
+// mbarrier), the tile's wgmmas (fence, 4 x wgmma, commit) and a wait for them, so the stage is
+// free to be refilled after the next barrier.  The sums are a tensor core's per k16 step in
 // the mma.sync variant's order; the emulator gives both variants the same bits, the hardware
 // may round inside a step differently.
 template <int NT, bool kPaired, int kSub, int kXs, class Ctx>
@@ -485,16 +475,30 @@ UW_UNROLL()
     const int64_t r = row0 + 8 * i + (lane >> 2) < last ? row0 + 8 * i + (lane >> 2) : last;
     qi[i] = a.idx + a.idx_at(r, kt0 * TK + 32 * (lane & 3));
   }
-  // kWg: this thread's copies of x, which the launcher wrote in the wgmma k order (a.x, a.ldx).
-  PmmaWgX<NT> xwg(c, a.x, a.ldx, m0, a.M, kt0 * TK);
+  // kWg: x arrives as stage images (a.x: pmma_wg_x_body), one bulk copy per stage by thread 0,
+  // completing on the stage's mbarrier (after the fix-up flag); the k-th use of a stage waits on
+  // parity k & 1.
+  uint64_t* const xbars = reinterpret_cast<uint64_t*>(xring + S * kXStageBytes + 16);
+  const uint16_t* const ximg = kWg ? pmma_wg_x_image<NT>(a.x, n_kt, bx % a.chunks, kt0) : nullptr;
+  if constexpr (kWg) {
+    if (c.tid() == 0) {
+UW_UNROLL()
+      for (int j = 0; j < S; ++j) c.mbar_init(xbars + j, 1);
+      c.mbar_init_fence();
+    }
+    c.syncthreads();  // (the barriers are initialised before any thread arrives or waits)
+  }
   const uint64_t xdesc0 = kWg ? emu::wgmma_desc(c.smem_addr(xring), 128, 256) : 0;  // (pmma_x_wg_desc)
   auto issue = [&](int stage, int slot) {  // slot: the ring stage it fills
     unsigned char* st = ring + slot * kStageBytes;
     if (kXs && stage < ntiles) {  // before pmma_issue's commit: the same group as the weights
       unsigned char* xst = xring + slot * kXStageBytes;
-      if (kWg)
-        xwg.issue(c, xst);
-      else
+      if (kWg) {
+        if (c.tid() == 0) {
+          c.mbar_arrive_expect_tx(xbars + slot, kXStageBytes);
+          c.bulk_copy(xst, ximg + static_cast<int64_t>(stage) * (kXStageBytes / 2), kXStageBytes, xbars + slot);
+        }
+      } else
         pmma_issue_x<8 * NT>(c, xst, a.x, a.ldx, m0, a.M, (kt0 + stage) * TK);
     }
     if (kSub == 1) {
@@ -567,16 +571,16 @@ UW_UNROLL()
       for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp + xo[nt], xb[nt]);
     }
     c.template cp_async_wait<S - 2>();
-    if (kWg) c.fence_proxy_async();  // (this thread's landed copies, visible to the wgmmas)
     if (kXs) {
-      // Every thread's copies of this stage (weights and x) are in; the stage refilled below is
-      // read (wgmma: its reads were waited for before this barrier).
+      // Every thread's copies of this stage (weights, and x but for wgmma's bulk copy) are in;
+      // the stage refilled below is read (wgmma: its reads were waited for before this barrier).
       c.syncthreads();
     } else {
       c.syncwarp();  // other lanes' copies of this stage are in; their reads of the stage refilled below are done
     }
     issue(i + S - 1, wr);
     wr = wr + 1 == S ? 0 : wr + 1;
+    const int rslot = rd;  // (the stage read below)
     const unsigned char* xst = xring + rd * kXStageBytes;
     if (kXs && !kWg) {
 UW_UNROLL()
@@ -607,6 +611,7 @@ UW_UNROLL()
         pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
       }
       if constexpr (kWg) {
+        c.mbar_wait(xbars + rslot, static_cast<unsigned>(i / S) & 1u);  // x is in
         c.wgmma_fence();  // (af was just written, acc by the previous tile's wgmmas or zeroing)
         const uint64_t xd = pmma_x_wg_stage_desc(xdesc0, static_cast<uint32_t>(xst - xring));
 UW_UNROLL()

@@ -143,10 +143,11 @@ def test_splits_heuristic():
     assert kp.pmma_grid_x(4096, 256, True) == 128
     assert kp.pmma_supported(256, 4096) and not kp.pmma_supported(257, 4096) and not kp.pmma_supported(1, 4000)
     assert kp.pmma_workspace_elems(3, 100, 1) == 0 and kp.pmma_workspace_elems(3, 100, 4) == 1200
-    # wgmma: x [M, K] in its k order after the partials, from a 16-byte boundary
+    # wgmma: x as stage images (its batch chunks' rows x K) after the partials, from a 16-byte boundary
+    assert [kp.pmma_wg_x_rows(M) for M in (1, 8, 9, 33, 65, 128, 129, 256)] == [8, 8, 16, 64, 128, 128, 256, 256]
     assert kp.pmma_workspace_need(3, 100, 64, 4) == 1200
-    assert kp.pmma_wg_x_at(3, 99, 2) == 596 and kp.pmma_workspace_need(3, 99, 64, 2, True) == 596 + 96
-    assert kp.pmma_workspace_need(5, 100, 128, 1, True) == 320
+    assert kp.pmma_wg_x_at(3, 99, 2) == 596 and kp.pmma_workspace_need(3, 99, 64, 2, True) == 596 + 8 * 64 // 2
+    assert kp.pmma_workspace_need(5, 100, 128, 1, True) == 8 * 128 // 2
 
 
 @needs_ext
@@ -186,6 +187,7 @@ def test_cpp_plan_matches_python():
                     assert _cuda.plan_pmma_split_tiles(K, s) == kp.pmma_split_tiles(K, s)
                     assert _cuda.plan_pmma_workspace_elems(M, N, s) == kp.pmma_workspace_elems(M, N, s)
                     assert _cuda.plan_pmma_wg_x_at(M, N, s) == kp.pmma_wg_x_at(M, N, s)
+                    assert _cuda.plan_pmma_wg_x_rows(M) == kp.pmma_wg_x_rows(M)
                     for wg in (False, True):
                         assert _cuda.plan_pmma_workspace_need(M, N, K, s, wg) == kp.pmma_workspace_need(M, N, K, s, wg)
 

@@ -196,10 +196,11 @@ def test_matmul_cpu_is_the_fp32_reference(splits):
 
 
 def test_matmul_workspace_holds_the_wgmma_x_after_the_partials():
-    # wgmma: x [M, cols] rewritten in its k order sits after the partial sums, 16-byte aligned
+    # wgmma: x as stage images (8 rows at batch 3, the padding zeros) after the partial sums,
+    # 16-byte aligned
     assert ops.palette_workspace_elems(3, 48, 1) == 0 and ops.palette_workspace_elems(3, 48, 3) == 432
-    assert ops.palette_workspace_elems(3, 48, 1, 192, wgmma=True) == 3 * 192 // 2
-    assert ops.palette_workspace_elems(3, 47, 3, 192, wgmma=True) == 424 + 3 * 192 // 2  # 423 floats rounded up
+    assert ops.palette_workspace_elems(3, 48, 1, 192, wgmma=True) == 8 * 192 // 2
+    assert ops.palette_workspace_elems(3, 47, 3, 192, wgmma=True) == 424 + 8 * 192 // 2  # 423 floats rounded up
 
 
 def test_transcode_to_palette_cpu_matches_codec():

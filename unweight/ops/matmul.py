@@ -12,7 +12,7 @@
             the order of the fp32 sums).
         workspace: fp32 [>= palette_workspace_elems(M, rows, splits, cols, wgmma)] (may be empty
             when splits is 1, except for wgmma): the slices' partial sums, and for wgmma x
-            rewritten in its k order after them (16-byte aligned).
+            rewritten as the kernel's stage images after them (16-byte aligned).
         counters: int32 [>= palette_counters_elems(rows)], all zero; a launch leaves them zero,
             so one buffer serves every launch ordered on a stream.
         stage_tiles: 64-column tiles per stage of the kernel's copy ring: 1, or 2 (wide stages,
@@ -24,7 +24,7 @@
         wgmma: x staged per CTA in the layout of Hopper's warpgroup MMA, which multiplies it
             (sm_90 GPUs with an sm_90a build, else refused; up to 128 batch rows per CTA, so a
             weight is decoded once per 128 rows; PALETTE_GEMM_WG); a small kernel first writes
-            x in that layout's column order into the workspace, once per call; splits from
+            x in that layout into the workspace, once per call; splits from
             palette_splits(..., wgmma=True).  Tensor-core sums per 16 columns in the same
             order as the other layouts (the emulator gives them the same bits).
         workspace and counters are views of the runtime's per-device buffers (runtime/scratch.py), so a forward
@@ -125,7 +125,7 @@ def palette_splits(rows: int, cols: int, device, M: int = 1, wgmma: bool = False
 
 def palette_workspace_elems(M: int, rows: int, splits: int, cols: int = 0, wgmma: bool = False) -> int:
     """fp32 elements palette_matmul needs at batch M: the splits' partial sums [splits, M, rows],
-    and with wgmma x [M, cols] in its k order after them."""
+    and with wgmma x as the kernel's stage images (kernel_plan.pmma_wg_x_rows(M) x cols) after them."""
     return plan.pmma_workspace_need(M, rows, cols, splits, wgmma)
 
 

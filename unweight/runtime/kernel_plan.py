@@ -84,10 +84,12 @@ def pmma_stages(x_shared: int, ntiles: int) -> int:
 
 def pmma_smem_bytes(stage_tiles: int, ntiles: int = 0, x_shared: int = 0) -> int:
     """Dynamic shared memory of a palette_gemm launch with `stage_tiles` tiles per ring stage
-    (and, x_shared, the shared-x ring of a batch of `ntiles` n-tiles)."""
+    (and, x_shared, the shared-x ring of a batch of `ntiles` n-tiles; wgmma, its stages'
+    mbarriers after the fix-up flag)."""
     stages = pmma_stages(x_shared, ntiles)
     return (PMMA_WARPS * stages * stage_tiles * PMMA_TILE_BYTES
-            + (stages * pmma_x_stage_bytes(ntiles) if x_shared else 0) + 16)
+            + (stages * pmma_x_stage_bytes(ntiles) if x_shared else 0) + 16
+            + (8 * stages if x_shared == PMMA_XS_WGMMA else 0))
 PMMA_CHUNK_M = 64
 PMMA_MAX_M = 256
 # The wgmma variant (sm_90a; palette_gemm x_shared == PMMA_XS_WGMMA): x in wgmma's shared-memory
@@ -404,15 +406,20 @@ def pmma_counters(N: int) -> int:
     return pmma_grid_x(N, PMMA_MAX_M)
 
 
+def pmma_wg_x_rows(M: int) -> int:
+    """Rows of the wgmma variant's x as stage images (its batch chunks' rows; those past M zeros)."""
+    return pmma_chunks(M, True) * 8 * pmma_ntiles(M, True)
+
+
 def pmma_wg_x_at(M: int, N: int, splits: int) -> int:
-    """fp32 element of the workspace where the wgmma variant's x in its k order (bf16 [M, K])
-    starts: after the partial sums, on a 16-byte boundary."""
+    """fp32 element of the workspace where the wgmma variant's x images (bf16, pmma_wg_x_rows(M)
+    x K) start: after the partial sums, on a 16-byte boundary."""
     return (pmma_workspace_elems(M, N, splits) + 3) // 4 * 4
 
 
 def pmma_workspace_need(M: int, N: int, K: int, splits: int, wg: bool = False) -> int:
     """fp32 workspace elements a launch needs: the partials, and for wgmma its x after them."""
-    return pmma_wg_x_at(M, N, splits) + M * K // 2 if wg else pmma_workspace_elems(M, N, splits)
+    return pmma_wg_x_at(M, N, splits) + pmma_wg_x_rows(M) * K // 2 if wg else pmma_workspace_elems(M, N, splits)
 
 
 @functools.lru_cache(maxsize=1024)
