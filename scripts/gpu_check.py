@@ -3843,7 +3843,7 @@ def dry_run(selftest: bool = True) -> int:
     elif not plan_parts(tree, EXPECTED_BYTES["gguf.xz"], EXPECTED_BYTES["site.tar.xz"],
                         extra={1: EXPECTED_BYTES["prebuilt"]}):
         # (without them call 1 builds the extensions on the device: ~80 s of the lease)
-        problems.append(f"the prebuilt extensions no longer fit call 1 beside a {tree / MIB:.1f} MiB working tree "
+        problems.append(f"the prebuilt extensions do not fit call 1 beside a {tree / MIB:.1f} MiB working tree "
                         "(benchmarks/README.md: keep only the newest ptxas and SASS records)")
     print(f"carried sizes {'packed by gpu_wheels.sh' if measured else 'from the sizes measured when the plan was made'}"
           f"; working tree {tree / MIB:.1f} MiB\n")

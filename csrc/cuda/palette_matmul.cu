@@ -52,8 +52,7 @@ const char* check_pmma(int M, int64_t N, int64_t K, int64_t ldx, int64_t ldy, co
   if (N <= 0 || K <= 0) return "matrix dimensions must be positive";
   if (K % plan::PMMA_TILE_K != 0) return "palette_gemm needs K % 64 == 0 (decode + matmul instead)";
   if (const char* e = check_pal_product(N, K, ldx, ldy, pal.size, nv, tiled)) return e;
-  if (ldx > INT32_MAX / plan::pmma_chunk_m(wg) || (wg && K > INT32_MAX / plan::pmma_chunk_m(wg)))
-    return "palette_gemm: x row stride too large";
+  if (ldx > INT32_MAX / plan::pmma_chunk_m(wg)) return "palette_gemm: x row stride too large";
   if (splits < 1 || splits > plan::PMMA_MAX_SPLITS || splits > K / plan::PMMA_TILE_K)
     return "palette_gemm: splits must be in 1 .. K / 64";
   if (!grid_ok(plan::pmma_grid_x(N, M, wg))) return "matrix too large for one launch";

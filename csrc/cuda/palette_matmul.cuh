@@ -479,7 +479,7 @@ UW_UNROLL()
   // completing on the stage's mbarrier (after the fix-up flag); the k-th use of a stage waits on
   // parity k & 1.
   uint64_t* const xbars = reinterpret_cast<uint64_t*>(xring + S * kXStageBytes + 16);
-  const uint16_t* const ximg = kWg ? pmma_wg_x_image<NT>(a.x, n_kt, bx % a.chunks, kt0) : nullptr;
+  const uint16_t* const ximg = kWg ? pmma_wg_x_image<NT>(a.x, n_kt, m0 / (8 * NT), kt0) : nullptr;  // (m0: chunk)
   if constexpr (kWg) {
     if (c.tid() == 0) {
 UW_UNROLL()
@@ -613,7 +613,7 @@ UW_UNROLL()
       if constexpr (kWg) {
         c.mbar_wait(xbars + rslot, static_cast<unsigned>(i / S) & 1u);  // x is in
         c.wgmma_fence();  // (af was just written, acc by the previous tile's wgmmas or zeroing)
-        const uint64_t xd = pmma_x_wg_stage_desc(xdesc0, static_cast<uint32_t>(xst - xring));
+        const uint64_t xd = pmma_x_wg_stage_desc(xdesc0, static_cast<uint32_t>(rslot * kXStageBytes));
 UW_UNROLL()
         for (int j = 0; j < 4; ++j) c.template wgmma<8 * NT>(acc, af[j], pmma_x_wg_desc<NT>(xd, j), true);
         c.wgmma_commit();
