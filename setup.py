@@ -108,6 +108,9 @@ def find_cuda_home(nvcc):
 PTXAS_KEEP = re.compile(r"Compiling entry function|Function properties for|bytes stack frame|Used \d+ registers")
 PTXAS_TARGET = re.compile(r"for '(sm_\w+)'")
 PTXAS_INFO = re.compile(r"^ptxas info|^\s+\d+ bytes stack frame")
+# ptxas's performance advisories arrive as "ptxas info" lines too, but say a kernel lost what it
+# was written for (C7514: every wgmma of the kernel serialised): shown, and errors under WERROR.
+PTXAS_ADVISORY = re.compile(r"Potential Performance Loss")
 
 
 def split_ptxas(source, text, per_arch):
@@ -198,10 +201,11 @@ class BuildExt(build_ext):
             out = res.stdout + res.stderr
             split_ptxas(src, out, per_arch)
             # Everything but ptxas's resource lines is worth showing (warnings, errors).
-            rest = "\n".join(line for line in out.splitlines() if not PTXAS_INFO.search(line))
+            rest = "\n".join(line for line in out.splitlines()
+                             if not PTXAS_INFO.search(line) or PTXAS_ADVISORY.search(line))
             if rest.strip():
                 sys.stderr.write(rest + "\n")
-            if res.returncode != 0:
+            if res.returncode != 0 or (WERROR and PTXAS_ADVISORY.search(out)):
                 failed.append(src)
         if failed:
             raise RuntimeError("compiling " + ", ".join(failed) + " failed")

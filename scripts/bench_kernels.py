@@ -123,7 +123,9 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                             if "median_ms" in r[key]:
                                 r[key]["time_vs_paired"] = r[key]["median_ms"] / base["median_ms"]
                         if M in PDL_BATCHES and "gemv:pdl" not in skip:
-                            _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r)
+                            _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r, PDL_ROWS)
+                        if M in PDL_WG_BATCHES and "gemm:wg" not in skip:
+                            _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r, PDL_WG_ROWS)
                         if M in PROBE_BATCHES and "gemv:probe" not in skip:
                             _time_probes(torch, tiled, x, runs, r, log)
                         if M in SPLIT_BATCHES and "gemv:mma_split" not in skip:
@@ -199,13 +201,18 @@ WRITER_ROW = (("palette_gemv_mma_tiled_writer_order",),)
 # start streaming its planes while the one ahead ends.  Rows: "<row>_pdl", with time_vs_no_pdl.
 PDL_BATCHES = (1, 16)
 PDL_ROWS = (("palette_gemv_mma_tiled", "palette_gemv_mma"), ("palette_gemv_mma_queue_tiled", "palette_gemv_mma_queue"))
-PDL_KEYS = tuple((key + "_pdl",) for key, _ in PDL_ROWS)
+# The wgmma GEMM the same way at the batches it is for: with programmatic launch on, its x reorder
+# may start under the launch ahead, and the GEMM sets up its weight pipeline and verbatim cursors
+# while the reorder writes x's images.
+PDL_WG_BATCHES = (64, 256)
+PDL_WG_ROWS = (("palette_fused_wg_tiled", "palette_gemm_wg"),)
+PDL_KEYS = tuple((key + "_pdl",) for key, _ in PDL_ROWS + PDL_WG_ROWS)
 
 
-def _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r) -> None:
-    """Times PDL_ROWS with programmatic launch on into r["<row>_pdl"] (their bits checked against
-    the same launch with it off)."""
-    for key, path in PDL_ROWS:
+def _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r, rows) -> None:
+    """Times `rows` (PDL_ROWS, PDL_WG_ROWS) with programmatic launch on into r["<row>_pdl"]
+    (their bits checked against the same launch with it off)."""
+    for key, path in rows:
         if "median_ms" not in r.get(key, {}):
             continue
         try:

@@ -1280,6 +1280,36 @@ def _gemv_cases(device) -> list:
     return cases
 
 
+def _pdl_chain(h, tc, torch, device, err, N, path, tiled, graph, batches) -> dict:
+    """Programmatic dependent launch (ops.programmatic_launch): a chain of fused matmuls on
+    `path`, each reading the one before's output (with a PyTorch op between every other pair, a
+    launch that is not programmatic), gives the same bits with it on as off, eagerly and replayed
+    in a CUDA graph, at each batch: a launch waits for the one ahead before it reads x."""
+    ws_ = [h.encoded_weight(tc.encode(h.make_weights(N, N, seed=N + i), "palette"), device, err) for i in range(4)]
+    if tiled:
+        ws_ = [bu.clone_encoded(q, tiled=True) for q in ws_]
+    r = {}
+    for M in batches:
+        x0 = h.bf16_tensor(h.make_weights(M, N, seed=M, spread=False), device)
+
+        def chain():
+            y = x0
+            for i, q in enumerate(ws_ * 2):
+                y = h.fused_op(q, y, None, path)
+                if i % 2:
+                    y = y * 0.5  # a launch without the attribute between two matmuls
+            return y
+        with h.programmatic(False):
+            want = chain()
+        with h.programmatic(True):
+            same = bool(torch.equal(chain().view(torch.int16), want.view(torch.int16)))
+            if graph and device == "cuda":
+                same &= h.graph_replays_bitwise(chain, want)
+        r[f"M={M}"] = same
+    r["passed"] = all(r.values())
+    return r
+
+
 def group_variant(rec, device, tag):
     """The checks of one non-default kernel variant (VARIANT_TAGS)."""
     np, torch, h, tc, C = _setup(device)
@@ -1386,6 +1416,12 @@ def group_variant(rec, device, tag):
         if not bitwise:
             rec.check(f"fused palette {what} on verbatim-heavy weights: {held}", same_bits,
                       _verbatim_heavy(np, 512, 6))
+        if tag == "gemm:wg":
+            # The x reorder and the GEMM each launched programmatically (the GEMM sets up its
+            # weight pipeline while the reorder writes x's images): the same bits along a chain.
+            for N in (256,) + ((4096,) if device == "cuda" else ()):
+                rec.check(f"{path} chain {N}x{N} (tile-major) with programmatic launch: the same bits, eager and graph",
+                          _pdl_chain, h, tc, torch, device, err, N, path, True, True, (33, 130))
     elif tag == "gemv:mma_split":
         from unweight import _cuda, ops
 
@@ -1640,35 +1676,7 @@ def group_variant(rec, device, tag):
         from unweight.runtime import tuning_table as tt
 
         def chain_case(N, path, tiled, graph):
-            """Programmatic dependent launch (ops.programmatic_launch): a chain of GEMVs, each
-            reading the one before's output (with a PyTorch op between every other pair, a
-            launch that is not programmatic), gives the same bits with it on as off, eagerly
-            and replayed in a CUDA graph, at batch 1, 9 and 17: a launch waits for the one
-            ahead before it reads x."""
-            ws_ = [h.encoded_weight(tc.encode(h.make_weights(N, N, seed=N + i), "palette"), device, err)
-                   for i in range(4)]
-            if tiled:
-                ws_ = [bu.clone_encoded(q, tiled=True) for q in ws_]
-            r = {}
-            for M in (1, 9, 17):
-                x0 = h.bf16_tensor(h.make_weights(M, N, seed=M, spread=False), device)
-
-                def chain():
-                    y = x0
-                    for i, q in enumerate(ws_ * 2):
-                        y = h.fused_op(q, y, None, path)
-                        if i % 2:
-                            y = y * 0.5  # a launch without the attribute between two GEMVs
-                    return y
-                with h.programmatic(False):
-                    want = chain()
-                with h.programmatic(True):
-                    same = bool(torch.equal(chain().view(torch.int16), want.view(torch.int16)))
-                    if graph and device == "cuda":
-                        same &= h.graph_replays_bitwise(chain, want)
-                r[f"M={M}"] = same
-            r["passed"] = all(r.values())
-            return r
+            return _pdl_chain(h, tc, torch, device, err, N, path, tiled, graph, (1, 9, 17))
         for path in (tt.PALETTE_GEMV_MMA, tt.PALETTE_GEMV_MMA_QUEUE):
             for N, tiled in ((256, False), (1024, True), (4096, True)):
                 if device != "cuda" and N > 256:
@@ -3106,8 +3114,12 @@ NCU_CLOCK = ("--clock-control", "none")
 # At the fourth H200 run's issue rate and speed the tensor-core GEMV issued some 2.5-3x the warp
 # instructions its hot loop's static count gives (about 93 per 1024 weights, nvdisasm of the
 # sm_90a build; the run did not record its SM clock, so the factor assumes 1.6-2.0 GHz); these
-# counters say which instructions they are.
-NCU_SOURCE_PROFILES = ("gemv-32768x4096-M1-mma-tiled", "huffman-14336x4096-index256-ring_max")
+# counters say which instructions they are.  The wgmma GEMM at batch 256 (16 n-tiles, three
+# stages): which of its waits hold its warps -- the mbarrier wait for x (SYNCS.PHASECHK: x
+# issued one stage ahead at three stages), the wait for the wgmma group four back
+# (WARPGROUP.DEPBAR) or the stage barrier (BAR.RED) -- and what the decode between them issues.
+NCU_SOURCE_PROFILES = ("gemv-32768x4096-M1-mma-tiled", "huffman-14336x4096-index256-ring_max",
+                       "fused-4096x14336-M256-wg")
 SASS_TOP = 16  # instructions kept per list in a profile's "sass" summary
 NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats",
                 "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "InstructionStats")

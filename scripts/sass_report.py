@@ -35,7 +35,10 @@ FUNCTION = re.compile(r"^\s*Function : (\S+)")
 INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 BRANCH = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")
 # What a loop is described by: opcode prefix -> key.
-COUNTED = (("LDS", "lds"), ("HMMA", "hmma"), ("LDG.E.U8", "byte_loads"), ("CALL", "calls"))
+# hgmma / wgmma_waits: warpgroup MMAs and the waits on them (WARPGROUP.DEPBAR); a wait after
+# every HGMMA of a loop is what ptxas's serialisation (advisory C7514) looks like.
+COUNTED = (("LDS", "lds"), ("HMMA", "hmma"), ("HGMMA", "hgmma"), ("WARPGROUP.DEPBAR", "wgmma_waits"),
+           ("LDG.E.U8", "byte_loads"), ("CALL", "calls"))
 
 
 def find_cuobjdump() -> str | None:
@@ -154,11 +157,12 @@ def main(argv=None) -> int:
         kernels.append({"kernel": short, "object": obj, "symbol": names[mangled], **describe(instrs)})
     for k in kernels:
         # Loops holding table lookups or mma, innermost first, and none that merely nests one.
-        hot = [lp for lp in k["loops"] if lp["lds"] or lp["hmma"]]
+        hot = [lp for lp in k["loops"] if lp["lds"] or lp["hmma"] or lp["hgmma"]]
         inner = [lp for lp in hot if not any(o is not lp and int(o["from"], 16) >= int(lp["from"], 16)
                                              and int(o["to"], 16) <= int(lp["to"], 16) for o in hot)]
         what = "; ".join(f"loop {lp['instructions']} instr: {lp['lds']} LDS, {lp['hmma']} HMMA, "
-                         f"{lp['byte_loads']} byte loads, {lp['calls']} calls" for lp in inner) or (
+                         + (f"{lp['hgmma']} HGMMA, {lp['wgmma_waits']} wgmma waits, " if lp["hgmma"] else "")
+                         + f"{lp['byte_loads']} byte loads, {lp['calls']} calls" for lp in inner) or (
             f"first load to last 16-B store: {k['vector_span']} instr" if k["vector_span"] else "")
         print(f"{k['kernel']:<40} {k['instructions']:>6} instr  {what}")
     if args.no_write:

@@ -932,9 +932,16 @@ PYBIND11_MODULE(_cuda, m) {
     {
       py::gil_scoped_release nogil;
       // (a read past any of these fails the emulated launch)
-      const emu::GlobalBounds bounds{{o.x.p, o.x.n}, {o.sm.p, o.sm.n}, {o.idx.p, o.idx.n}, {o.vexp.p, o.vexp.n}, vb, yb,
-                                     {vr.p, vr.bytes}, {ws, ws_n * sizeof(float)},
-                                     {counters.data(), counters.size() * sizeof(int32_t)}};
+      emu::GlobalBounds bounds{{o.sm.p, o.sm.n}, {o.idx.p, o.idx.n}, {o.vexp.p, o.vexp.n}, vb, {vr.p, vr.bytes}};
+      // The wgmma variant's launches (the x reorder, then the GEMM) may start before the ones
+      // ahead of them end (programmatic launch): they touch x, y, the workspace and the counters
+      // only after their grid-dependency wait, which the emulator checks.
+      const bool wg = x_shared == plan::PMMA_XS_WGMMA;
+      for (const auto& [p, n] : {std::pair<const void*, size_t>{o.x.p, o.x.n}, yb, {ws, ws_n * sizeof(float)},
+                                 {counters.data(), counters.size() * sizeof(int32_t)}}) {
+        if (wg) bounds.after_wait(p, n);
+        else bounds.add(p, n);
+      }
       e = cuda::emulate::palette_gemm(o.x16(), K, M, o.sm.p, o.idx.p, N, K, pal, vpos.data(), nv,
                                       o.vexp.p, vr.p, splits, ws,
                                       counters.data(), yp, N, force_general ? 1 : 0, stage_tiles,

@@ -164,9 +164,10 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
                          int tiled, void* stream);
 
 // Programmatic dependent launch of the tensor-core GEMV kernels (palette_gemv and
-// palette_gemv_queue with an MMA variant, on sm_90+ devices): on, a launch may start while the
-// one ahead of it on the stream ends, streaming its planes (which no launch writes) and waiting
-// (griddepcontrol.wait) before it touches x, y or the scratch; the results are the same.
+// palette_gemv_queue with an MMA variant, on sm_90+ devices) and of the wgmma palette_gemm (its
+// x reorder, and the GEMM under it): on, a launch may start while the one ahead of it on the
+// stream ends, streaming its planes (which no launch writes) and waiting (griddepcontrol.wait)
+// before it touches x, y or the scratch; the results are the same.
 // Process-wide, off by default.
 void set_programmatic_launch(bool on);
 bool programmatic_launch_on();

@@ -13,8 +13,8 @@ namespace detail {
 // nullptr, or the error string of the last launch (cleared).
 const char* launch_status();
 bool grid_ok(int64_t g);
-// Whether the tensor-core GEMV launches may use programmatic dependent launch (sm_90+:
-// set_programmatic_launch, kernels.cuh).
+// Whether the tensor-core GEMV and wgmma GEMM launches may use programmatic dependent launch
+// (sm_90+: set_programmatic_launch, kernels.cuh).
 bool programmatic_launch();
 bool aligned(const void* p, uintptr_t a);
 
@@ -50,6 +50,29 @@ void opt_in_smem(int smem) {
     cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     done[dev] = true;
   }
+}
+
+// kernel<<<grid, block, smem, s>>>(args...), with programmatic dependent launch allowed when
+// `pdl` (sm_90+): the kernel may start while the launch ahead of it on the stream ends, so it
+// must griddepcontrol.wait before it touches what that launch writes or reads.
+template <class... Params, class... Args>
+void launch_maybe_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t s, bool pdl,
+                      Args&&... args) {
+  if (!pdl) {
+    kernel<<<grid, block, static_cast<size_t>(smem), s>>>(static_cast<Params>(args)...);
+    return;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = s;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
 }
 #endif
 

@@ -316,21 +316,8 @@ void launch_pgemv(const PgemvArgs& a, int64_t ctas, cudaStream_t s) {
   // The tensor-core kernels wait for the launch ahead of them only before they touch x, y and
   // the scratch (pgemv_mma_body, pgemv_mma_queue_body), so with programmatic launch on they may
   // start streaming their planes while it ends.  The CUDA-core ones do not wait: never.
-  if (PgemvVariant<kVariant>::kMma && programmatic_launch() && device_sm90()) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(static_cast<unsigned>(cta_threads(a)));
-    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-    cfg.stream = s;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, kernel, a);
-  } else {
-    kernel<<<grid, cta_threads(a), smem, s>>>(a);
-  }
+  const bool pdl = PgemvVariant<kVariant>::kMma && programmatic_launch() && device_sm90();
+  launch_maybe_pdl(kernel, dim3(grid), dim3(static_cast<unsigned>(cta_threads(a))), smem, s, pdl, a);
 }
 
 namespace {

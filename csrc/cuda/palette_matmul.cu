@@ -148,7 +148,11 @@ void launch_pmma(const PmmaArgs& a, int64_t splits, cudaStream_t s) {
                   static_cast<unsigned>(splits));
   const int smem = plan::pmma_smem_bytes(kSub, NT, kXs);
   opt_in_smem<pmma_kernel<NT, kPaired, kSub, kXs>>(smem);
-  pmma_kernel<NT, kPaired, kSub, kXs><<<grid, plan::PMMA_THREADS, smem, s>>>(a);
+  // The wgmma variant waits for the launches ahead (its x reorder) only before it copies x or
+  // touches the workspace, counters and y (pmma_body), so with programmatic launch on it may set
+  // up its weight pipeline and verbatim cursors while the reorder runs.
+  const bool pdl = kXs == plan::PMMA_XS_WGMMA && programmatic_launch();
+  launch_maybe_pdl(pmma_kernel<NT, kPaired, kSub, kXs>, grid, dim3(plan::PMMA_THREADS), smem, s, pdl, a);
 }
 
 }  // namespace detail
@@ -172,8 +176,8 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
     uint16_t* xw = wg_x(ws, M, N, splits);
     if (!grid_ok(wg_x_grid(M, K))) return "matrix too large for one launch";
     with_variant(M, paired, stage_tiles, x_shared, [&](auto nt, auto, auto, auto) {
-      pmma_wg_x_kernel<decltype(nt)::value>
-          <<<static_cast<unsigned>(wg_x_grid(M, K)), plan::PMMA_WG_X_THREADS, 0, s>>>(x, ldx, M, K, xw);
+      launch_maybe_pdl(pmma_wg_x_kernel<decltype(nt)::value>, dim3(static_cast<unsigned>(wg_x_grid(M, K))),
+                       dim3(plan::PMMA_WG_X_THREADS), 0, s, programmatic_launch(), x, ldx, M, K, xw);
     });
     a.x = xw;
     a.ldx = K;

@@ -255,6 +255,11 @@ UW_HD void pmma_wg_x_body(Ctx& c, const uint16_t* x, int64_t ldx, int M, int64_t
   const int64_t n_kt = K / plan::PMMA_TILE_K, chunks = plan::pmma_chunks(M, true);
   const int64_t q = c.block_x() * plan::PMMA_WG_X_THREADS + c.tid();
   if (q >= chunks * kRows * n_kt) return;
+  // Launched programmatically (ops.programmatic_launch), this may start while the launch ahead
+  // ends, which may still write x or read the workspace: wait, then let the GEMM start, which
+  // streams its planes while the images are written and waits for them before its x copies.
+  c.grid_dep_wait();
+  c.grid_dep_launch();
   // (consecutive threads take consecutive rows of one tile: the stores of a warp are whole runs)
   const int64_t kt = q / (chunks * kRows), pr = q - kt * (chunks * kRows);
   const int64_t ch = pr / kRows;
@@ -417,12 +422,14 @@ UW_UNROLL()
 // memory: no x fragment loads, four instructions per tile for any batch, and up to 16 n-tiles
 // (128 batch rows) per CTA, so each weight is decoded once per 128 rows of a large batch.  Its
 // accumulators are laid out as the mma.sync ones (acc[nt][e]), so the epilogue and split fix-up
-// are shared.  Per stage: each thread's weight copies land (wait), the barrier, thread 0 starts
-// the bulk copy of a later stage's x, the tile's decode, the wait for this stage's x (its
-// mbarrier), the tile's wgmmas (fence, 4 x wgmma, commit) and a wait for them, so the stage is
-// free to be refilled after the next barrier.  The sums are a tensor core's per k16 step in
-// the mma.sync variant's order; the emulator gives both variants the same bits, the hardware
-// may round inside a step differently.
+// are shared.  Per stage: each thread's weight copies land (wait), the barrier (which also
+// votes whether a row of the tile has a verbatim block), thread 0 starts the bulk copy of the
+// x two stages back's slot, then per k16 step the wait for the group that last read the step's
+// A registers, the step's decode, (step 0) the wait for this stage's x on its mbarrier, and
+// fence, wgmma, commit: a step's decode runs under the three wgmmas before it, the previous
+// tile's included.  The sums are a tensor core's per k16 step in the mma.sync variant's order;
+// the emulator gives both variants the same bits, the hardware may round inside a step
+// differently.
 template <int NT, bool kPaired, int kSub, int kXs, class Ctx>
 UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
   static_assert(kSub == 1 || kSub == 2, "a stage holds one or two tiles");
@@ -489,18 +496,18 @@ UW_UNROLL()
     c.syncthreads();  // (the barriers are initialised before any thread arrives or waits)
   }
   const uint64_t xdesc0 = kWg ? emu::wgmma_desc(c.smem_addr(xring), 128, 256) : 0;  // (pmma_x_wg_desc)
+  // kWg: x of `stage` into x slot `slot` (thread 0; the slot's wgmmas are retired, see below).
+  auto issue_x = [&](int stage, int slot) {
+    if (kWg && stage < ntiles && c.tid() == 0) {
+      c.mbar_arrive_expect_tx(xbars + slot, kXStageBytes);
+      c.bulk_copy(xring + slot * kXStageBytes, ximg + static_cast<int64_t>(stage) * (kXStageBytes / 2), kXStageBytes,
+                  xbars + slot);
+    }
+  };
   auto issue = [&](int stage, int slot) {  // slot: the ring stage it fills
     unsigned char* st = ring + slot * kStageBytes;
-    if (kXs && stage < ntiles) {  // before pmma_issue's commit: the same group as the weights
-      unsigned char* xst = xring + slot * kXStageBytes;
-      if (kWg) {
-        if (c.tid() == 0) {
-          c.mbar_arrive_expect_tx(xbars + slot, kXStageBytes);
-          c.bulk_copy(xst, ximg + static_cast<int64_t>(stage) * (kXStageBytes / 2), kXStageBytes, xbars + slot);
-        }
-      } else
-        pmma_issue_x<8 * NT>(c, xst, a.x, a.ldx, m0, a.M, (kt0 + stage) * TK);
-    }
+    if (kXs && !kWg && stage < ntiles)  // before pmma_issue's commit: the same group as the weights
+      pmma_issue_x<8 * NT>(c, xring + slot * kXStageBytes, a.x, a.ldx, m0, a.M, (kt0 + stage) * TK);
     if (kSub == 1) {
       pmma_issue(c, stage < ntiles, st, q_lo, q_hi, q_ix, w_lo, w_hi, w_ix);
       q_lo += d_sm;
@@ -538,6 +545,17 @@ UW_UNROLL()
     pmma_tile_cursors(c, a, row0, bpr, static_cast<uint64_t>(2 * kt0), static_cast<uint64_t>(2 * kt1), rowbase, cur,
                       rel);
 
+  if constexpr (kWg) {
+    // Launched programmatically under the x reorder (launch_pmma), the CTA has so far touched
+    // only its planes and verbatim lists; x's images, the workspace, the counters and y wait for
+    // the launches ahead.  Then the next launch may start (this one's writes race with nothing
+    // it reads early: its own planes).
+    c.grid_dep_wait();
+    c.grid_dep_launch();
+UW_UNROLL()
+    for (int i = 0; i < S - 2; ++i) issue_x(i, i);  // (x runs a stage behind the weights)
+  }
+
   float acc[NT][4];
 UW_UNROLL()
   for (int nt = 0; nt < NT; ++nt)
@@ -571,14 +589,20 @@ UW_UNROLL()
       for (int nt = 0; nt < NT; ++nt) ld_reuse_v4(xp + xo[nt], xb[nt]);
     }
     c.template cp_async_wait<S - 2>();
-    if (kXs) {
-      // Every thread's copies of this stage (weights, and x but for wgmma's bulk copy) are in;
-      // the stage refilled below is read (wgmma: its reads were waited for before this barrier).
-      c.syncthreads();
+    bool vtile = false;  // kWg: a row of the CTA's tile has a verbatim block (CTA-uniform)
+    if (kWg) {
+      // Every thread's weight copies of this stage are in, and its reads of the weight stage
+      // refilled below are done; the vote makes the verbatim test one for the warpgroup.
+      vtile = c.syncthreads_or(a.nv > 0 && rel - kb < 2u);
+    } else if (kXs) {
+      c.syncthreads();  // every thread's copies of this stage (weights and x) are in; the stage refilled below is read
     } else {
       c.syncwarp();  // other lanes' copies of this stage are in; their reads of the stage refilled below are done
     }
     issue(i + S - 1, wr);
+    // kWg: x two stages behind, into the x slot of tile i - 2, whose wgmmas every warp retired
+    // before this barrier (tile i - 1's may still be running).
+    if (kWg) issue_x(i + S - 2, wr == 0 ? S - 1 : wr - 1);
     wr = wr + 1 == S ? 0 : wr + 1;
     const int rslot = rd;  // (the stage read below)
     const unsigned char* xst = xring + rd * kXStageBytes;
@@ -601,24 +625,45 @@ UW_UNROLL()
       c.lds_v2(st + r_n_lo[u], n_lo);
       c.lds_v2(st + r_n_hi[u], n_hi);
       uint32_t af[4][4];  // [step][A register]: regs 0, 2 row g; 1, 3 row g + 8
-UW_UNROLL()
-      for (int j = 0; j < 4; ++j) {
+      auto decode = [&](int j) {
         const int sh = 16 * (j & 1);
         pal_decode4<kPaired>(s_lo[j], n_lo[j >> 1] >> sh, pt, af[j][0], af[j][2]);
         pal_decode4<kPaired>(s_hi[j], n_hi[j >> 1] >> sh, pt, af[j][1], af[j][3]);
-      }
-      if (a.nv > 0) {  // rare: a row of this tile has a verbatim block here
-        pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
-      }
+      };
       if constexpr (kWg) {
-        c.mbar_wait(xbars + rslot, static_cast<unsigned>(i / S) & 1u);  // x is in
-        c.wgmma_fence();  // (af was just written, acc by the previous tile's wgmmas or zeroing)
+        // One commit group per k16 step, and each step's A registers rewritten only once the
+        // group that last read them (the previous tile's same step, four groups back) retired:
+        // step j's decode overlaps the wgmmas of steps j - 3 .. j - 1, across the tile boundary.
+        // A tile with a verbatim block (vtile: rare) is decoded and patched whole first.  The
+        // waits and wgmmas sit on paths the whole warpgroup takes (.sync.aligned).
         const uint64_t xd = pmma_x_wg_stage_desc(xdesc0, static_cast<uint32_t>(rslot * kXStageBytes));
+        auto mma = [&](int j) {
+          if (j == 0) c.mbar_wait(xbars + rslot, static_cast<unsigned>(i / S) & 1u);  // x is in
+          c.wgmma_fence();  // (af[j] was just written; acc is only the wgmmas' own, or zeroed)
+          c.template wgmma<8 * NT>(acc, af[j], pmma_x_wg_desc<NT>(xd, j), true);
+          c.wgmma_commit();
+        };
+        if (vtile) {
+          c.template wgmma_wait<0>(acc);
 UW_UNROLL()
-        for (int j = 0; j < 4; ++j) c.template wgmma<8 * NT>(acc, af[j], pmma_x_wg_desc<NT>(xd, j), true);
-        c.wgmma_commit();
-        c.template wgmma_wait<0>();
+          for (int j = 0; j < 4; ++j) decode(j);
+          pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
+UW_UNROLL()
+          for (int j = 0; j < 4; ++j) mma(j);
+        } else {
+UW_UNROLL()
+          for (int j = 0; j < 4; ++j) {
+            c.template wgmma_wait<3>(acc);
+            decode(j);
+            mma(j);
+          }
+        }
       } else {
+UW_UNROLL()
+        for (int j = 0; j < 4; ++j) decode(j);
+        if (a.nv > 0) {  // rare: a row of this tile has a verbatim block here
+          pmma_patch_tile(c, a, kb, rowbase, bpr, cur, rel, af);
+        }
 UW_UNROLL()
         for (int j = 0; j < 4; ++j) {
           if (j == 2) {  // second half of the lane's 16 columns: x loaded late keeps NT = 8 in registers
@@ -642,6 +687,7 @@ UW_UNROLL()
     }
   }
   c.template cp_async_wait<0>();
+  if constexpr (kWg) c.template wgmma_wait<0>(acc);  // (the last tile's groups)
 
   // Epilogue.  acc[nt][e]: W row row0 + g (+8 for e >= 2), batch row nt*8 + 2t + (e & 1).
   const int64_t splits = c.grid_y();

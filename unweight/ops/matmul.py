@@ -294,7 +294,8 @@ def palette_gemv_probe(x: Tensor, sm: Tensor, idx: Tensor, vpos: Tensor, vexp: T
 
 def programmatic_launch(on: bool | None = None) -> bool:
     """Programmatic dependent launch of the tensor-core GEMV kernels (palette_gemv's MMA
-    variants and palette_gemv_queue, on sm_90+ GPUs).  On, a launch may start while the launch
+    variants and palette_gemv_queue, on sm_90+ GPUs) and of the wgmma GEMM (palette_gemm with
+    wgmma: its x reorder, and the GEMM under it).  On, a launch may start while the launch
     ahead of it on the stream ends: it streams its planes and waits (griddepcontrol.wait) before
     it touches x, y or the scratch, and lets the next launch start only once it has waited, so
     the results are the same; a CUDA graph keeps the dependency.  The one thing it asks: a

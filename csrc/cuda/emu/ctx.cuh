@@ -41,6 +41,8 @@
 //                                             of that parity has completed; the copies it
 //                                             counted are then visible to the waiting thread
 //   sync       syncthreads()  syncwarp(mask)  threadfence()
+//              syncthreads_or(p)              __syncthreads_or: the barrier, returning whether
+//                                             any thread of the CTA passed p true
 //              grid_dep_wait()  grid_dep_launch()   programmatic dependent launch (sm_90+; no-ops
 //                                             before, and for a launch without the attribute):
 //                                             griddepcontrol.wait (the launches this one may have
@@ -59,8 +61,8 @@
 //              smem_addr(p)                   p's shared-window address (wgmma_desc's start)
 //              fence_proxy_async()            fence.proxy.async.shared::cta: the thread's
 //                                             shared-memory writes, visible to wgmma's reads
-//              wgmma_fence()  wgmma_commit()  wgmma_wait<N>()   wgmma.fence / commit_group /
-//                                             wait_group N
+//              wgmma_fence()  wgmma_commit()  wgmma_wait<N>(d)   wgmma.fence / commit_group /
+//                                             wait_group N (d: the accumulators it hands back)
 //              wgmma<N>(d, a, desc, scale_d)  wgmma.mma_async m64nNk16 f32 += bf16 x bf16, A
 //                                             in registers, B K-major unswizzled in shared memory
 //
@@ -307,6 +309,7 @@ struct DeviceCtx {
     v[0] = q.x; v[1] = q.y;
   }
   UW_HD void syncthreads() { __syncthreads(); }
+  UW_HD bool syncthreads_or(bool p) { return __syncthreads_or(p) != 0; }
   UW_HD void syncwarp(unsigned mask = kFullMask) { __syncwarp(mask); }
   UW_HD void threadfence() { __threadfence(); }
   UW_HD void grid_dep_wait() {
@@ -430,11 +433,18 @@ struct DeviceCtx {
     __trap();
 #endif
   }
-  template <int N>
-  UW_HD void wgmma_wait() {
+  // wgmma_wait<N>(d): d, the accumulators of the groups it retires, pass through an empty asm
+  // after the wait, so the compiler moves no read of them above it (a read there makes ptxas
+  // serialise every wgmma of the kernel: its C7514 advisory).
+  template <int N, int R>
+  UW_HD void wgmma_wait(float (&d)[R][4]) {
 #if defined(UW_HAS_WGMMA)
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[r][e])::"memory");
 #else
+    (void)d;
     __trap();
 #endif
   }
@@ -464,6 +474,7 @@ struct DeviceCtx {
   UW_HD void lds_v4(const unsigned char*, uint32_t (&)[4]) const {}
   UW_HD void lds_v2(const unsigned char*, uint32_t (&)[2]) const {}
   UW_HD void syncthreads() {}
+  UW_HD bool syncthreads_or(bool) { return false; }
   UW_HD void syncwarp(unsigned = kFullMask) {}
   UW_HD void threadfence() {}
   UW_HD void grid_dep_wait() {}
@@ -492,8 +503,8 @@ struct DeviceCtx {
   template <int N>
   UW_HD void wgmma(float (&)[N / 8][4], const uint32_t (&)[4], uint64_t, bool) {}
   UW_HD void wgmma_commit() {}
-  template <int N>
-  UW_HD void wgmma_wait() {}
+  template <int N, int R>
+  UW_HD void wgmma_wait(float (&)[R][4]) {}
   UW_HD void mma_bf16_16816(float (&)[4], const uint32_t (&)[4], const uint32_t (&)[2], const float (&)[4]) {}
 #endif
 };

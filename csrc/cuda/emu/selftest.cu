@@ -110,7 +110,7 @@ UW_HD void wgmma_body(Ctx& c, const WgArgs& a) {
   c.wgmma_commit();
   if (a.kind == 3 && tid == 127) c.sts(reinterpret_cast<uint32_t*>(sb), 0u);
   if (a.kind == 5 && tid == 0) c.sts(reinterpret_cast<uint32_t*>(sb), 0u);
-  c.template wgmma_wait<0>();
+  c.template wgmma_wait<0>(d);
   for (int j = 0; j < N / 8; ++j)
     for (int e = 0; e < 4; ++e) a.D[(16 * w + g + (e >= 2 ? 8 : 0)) * N + 8 * j + 2 * t + (e & 1)] = d[j][e];
 }

@@ -132,6 +132,7 @@ class ThreadCtx {
   UW_HD void lds_v2(const unsigned char* p, uint32_t (&v)[2]) { UW_EMU_HOST_ONLY(h_load(p, v, 8);) }
 
   UW_HD void syncthreads() { UW_EMU_HOST_ONLY(h_syncthreads();) }
+  UW_HD bool syncthreads_or(bool p) { UW_EMU_HOST_ONLY(return h_syncthreads_or(p);) }
   UW_HD void syncwarp(unsigned mask = kFullMask) { UW_EMU_HOST_ONLY(exchange(mask, nullptr, 0, true);) }
   UW_HD void threadfence() { UW_EMU_HOST_ONLY(h_threadfence();) }
   // Programmatic dependent launch: after the wait the thread may touch what earlier launches
@@ -177,8 +178,8 @@ class ThreadCtx {
     UW_EMU_HOST_ONLY(h_wgmma(&d[0][0], N, a, desc, scale_d);)
   }
   UW_HD void wgmma_commit() { UW_EMU_HOST_ONLY(h_wgmma_commit();) }
-  template <int N>
-  UW_HD void wgmma_wait() { UW_EMU_HOST_ONLY(h_wgmma_wait(N);) }
+  template <int N, int R>
+  UW_HD void wgmma_wait(float (&)[R][4]) { UW_EMU_HOST_ONLY(h_wgmma_wait(N);) }
 
   static constexpr int kSlotBytes = 48;  // largest per-lane payload: an mma's a, b, c
 
@@ -199,6 +200,7 @@ class ThreadCtx {
   inline int64_t h_block(int which) const;
   inline unsigned char* h_smem() const;
   inline void h_syncthreads();
+  inline bool h_syncthreads_or(bool p);
   inline void h_threadfence();
   inline void h_grid_dep_launch();
   inline void h_st_grid(const float* p);
@@ -504,15 +506,21 @@ class Cta {
     return w.slots[buf];
   }
 
-  void barrier(int tid) {
+  // A CTA barrier; returns whether any thread arrived with `vote` true (__syncthreads_or).  One
+  // result slot serves: the next barrier cannot complete before every thread has left this one.
+  bool barrier(int tid, bool vote = false) {
     ++progress_;
     const uint64_t gen = bar_gen_;
+    bar_vote_ = bar_vote_ || vote;
     if (++bar_arrived_ == live_) {
       bar_arrived_ = 0;
+      bar_voted_ = bar_vote_;
+      bar_vote_ = false;
       ++bar_gen_;
     } else {
       while (bar_gen_ == gen) yield(tid);
     }
+    return bar_voted_;
   }
 
   // ---- shared-memory race check (see the header comment) ----
@@ -540,7 +548,7 @@ class Cta {
     m.expect += bytes;
     ++progress_;
   }
-  void bulk_copy(int tid, void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+  void bulk_copy(int tid, void* dst, const void* src, unsigned bytes, uint64_t* bar, bool waited) {
     MBar& m = mbar_of(tid, bar);
     unsigned char* d = static_cast<unsigned char*>(dst);
     if (!m.fenced) fail_at(tid, "mbarrier handed to a bulk copy before fence.mbarrier_init", raw(bar), -1);
@@ -548,7 +556,7 @@ class Cta {
       fail_at(tid, "bulk copy: size and source must be non-zero multiples of 16 bytes", in_shared(d) ? d : smem_, -1);
     if (d < smem_ || d + bytes > smem_ + smem_bytes_ || (d - smem_) % 16 != 0)
       fail_at(tid, "bulk copy destination outside the launch's shared memory or not 16-byte aligned", smem_, -1);
-    check_global(tid, src, bytes, "bulk copy source");
+    check_global(tid, src, bytes, "bulk copy source", waited);
     const size_t w0 = static_cast<size_t>(d - smem_) / 4;
     for (size_t i = w0; i < w0 + bytes / 4; ++i) word_access(tid, i, kAsyncIssue);
     m.copies.push_back(BulkCopy{d, std::vector<unsigned char>(static_cast<const unsigned char*>(src),
@@ -1022,6 +1030,8 @@ class Cta {
     // An exited thread no longer holds up a CTA barrier (as on sm_70+).
     if (self->bar_arrived_ > 0 && self->bar_arrived_ == self->live_) {
       self->bar_arrived_ = 0;
+      self->bar_voted_ = self->bar_vote_;
+      self->bar_vote_ = false;
       ++self->bar_gen_;
     }
   }  // returns through uc_link to the scheduler
@@ -1062,6 +1072,7 @@ class Cta {
   void* body_ = nullptr;
   void (*call_)(void*, ThreadCtx&) = nullptr;
   int live_ = 0, bar_arrived_ = 0;
+  bool bar_vote_ = false, bar_voted_ = false;  // (barrier's vote)
   uint64_t bar_gen_ = 0, progress_ = 0;
   const char* error_ = nullptr;
 };
@@ -1075,6 +1086,10 @@ inline void ThreadCtx::h_syncthreads() {
   fenced_since_sync_ = false;
   cta_->barrier(tid_);
 }
+inline bool ThreadCtx::h_syncthreads_or(bool p) {
+  fenced_since_sync_ = false;
+  return cta_->barrier(tid_, p);
+}
 // The trigger lets the next launch start; before this thread's wait, that launch's early reads
 // of its own planes could meet the writes of a launch still ahead of this one.
 inline void ThreadCtx::h_grid_dep_launch() {
@@ -1087,10 +1102,12 @@ inline void ThreadCtx::h_threadfence() {
   fenced_since_sync_ = true;
 }
 inline void ThreadCtx::h_st_grid(const float* p) {
+  cta_->check_wait(tid_, p, sizeof(float), "grid store", grid_waited_);
   cta_->grid->store(p, cta_->id(), tid_);
   unfenced_.push_back(p);
 }
 inline void ThreadCtx::h_ld_grid(const float* p) {
+  cta_->check_wait(tid_, p, sizeof(float), "grid load", grid_waited_);
   const GridShadow::Store* s = cta_->grid->foreign(p, cta_->id());
   if (s == nullptr) return;
   if (!cta_->grid->released(*s))
@@ -1153,7 +1170,7 @@ inline void ThreadCtx::h_mbar_init(uint64_t* bar, unsigned count) { cta_->mbar_i
 inline void ThreadCtx::h_mbar_init_fence() { cta_->mbar_init_fence(tid_); }
 inline void ThreadCtx::h_mbar_arrive(uint64_t* bar, unsigned bytes) { cta_->mbar_arrive(tid_, bar, bytes); }
 inline void ThreadCtx::h_bulk_copy(void* smem_dst, const void* gmem_src, unsigned bytes, uint64_t* bar) {
-  cta_->bulk_copy(tid_, smem_dst, gmem_src, bytes, bar);
+  cta_->bulk_copy(tid_, smem_dst, gmem_src, bytes, bar, grid_waited_);
 }
 inline void ThreadCtx::h_mbar_wait(uint64_t* bar, unsigned parity) { cta_->mbar_wait(tid_, bar, parity); }
 
