@@ -126,6 +126,7 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                             _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r, PDL_ROWS)
                         if M in PDL_WG_BATCHES and "gemm:wg" not in skip:
                             _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r, PDL_WG_ROWS)
+                            _time_wg_tile_wait(torch, h, tiled, x, err, t_cublas, runs, r)
                         if M in PROBE_BATCHES and "gemv:probe" not in skip:
                             _time_probes(torch, tiled, x, runs, r, log)
                         if M in SPLIT_BATCHES and "gemv:mma_split" not in skip:
@@ -206,7 +207,26 @@ PDL_ROWS = (("palette_gemv_mma_tiled", "palette_gemv_mma"), ("palette_gemv_mma_q
 # while the reorder writes x's images.
 PDL_WG_BATCHES = (64, 256)
 PDL_WG_ROWS = (("palette_fused_wg_tiled", "palette_gemm_wg"),)
-PDL_KEYS = tuple((key + "_pdl",) for key, _ in PDL_ROWS + PDL_WG_ROWS)
+PDL_KEYS = tuple((key + "_pdl",) for key, _ in PDL_ROWS + PDL_WG_ROWS) + (("palette_fused_wg_tiled_tile_wait",),)
+
+
+def _time_wg_tile_wait(torch, h, tiled, x, err, t_cublas, runs, r) -> None:
+    """The wgmma GEMM's other schedule (ops.wgmma_tile_wait: each tile waits for its own wgmmas,
+    and x is refilled a stage earlier) into r["palette_fused_wg_tiled_tile_wait"], its bits
+    against the default schedule's (the same wgmmas in the same order) and time_vs_step."""
+    key, path = "palette_fused_wg_tiled", "palette_gemm_wg"
+    if "median_ms" not in r.get(key, {}):
+        return
+    try:
+        want = h.fused_op(tiled[0], x, err, path).view(torch.int16)
+        with h.wgmma_tile_wait(True):
+            same = bool(torch.equal(h.fused_op(tiled[0], x, err, path).view(torch.int16), want))
+            t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, path) for q in tiled], runs=runs)
+    except Exception as ex:  # noqa: BLE001 - a failing schedule is a finding
+        r[key + "_tile_wait"] = {"error": f"{type(ex).__name__}: {ex}"}
+        return
+    r[key + "_tile_wait"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "same_bits_as_step": same,
+                             "time_vs_step": t["median_ms"] / r[key]["median_ms"]}
 
 
 def _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r, rows) -> None:

@@ -1417,6 +1417,22 @@ def group_variant(rec, device, tag):
             rec.check(f"fused palette {what} on verbatim-heavy weights: {held}", same_bits,
                       _verbatim_heavy(np, 512, 6))
         if tag == "gemm:wg":
+            def schedules_case(w):
+                """The wgmma GEMM's two schedules (ops.wgmma_tile_wait) run the same wgmmas in the
+                same order: the same bits at every batch, tile-major."""
+                et = bu.clone_encoded(h.encoded_weight(tc.encode(w, "palette"), device, err), tiled=True)
+                r = {}
+                for M in (9, 64, 130, 256):
+                    x = h.bf16_tensor(h.make_weights(M, w.shape[1], seed=M + 1, spread=False), device)
+                    with h.wgmma_tile_wait(False):
+                        want = h.fused_op(et, x, err, path).view(torch.int16)
+                    with h.wgmma_tile_wait(True):
+                        r[f"M={M}"] = bool(torch.equal(h.fused_op(et, x, err, path).view(torch.int16), want))
+                r["passed"] = all(r.values())
+                return r
+            for N, K in ((128, 512),) + (((4096, 4096),) if device == "cuda" else ()):
+                rec.check(f"fused palette wgmma {N}x{K}: each tile waiting for its wgmmas gives the same bits",
+                          schedules_case, h.make_weights(N, K, seed=N + 9 * K))
             # The x reorder and the GEMM each launched programmatically (the GEMM sets up its
             # weight pipeline while the reorder writes x's images): the same bits along a chain.
             for N in (256,) + ((4096,) if device == "cuda" else ()):

@@ -535,6 +535,10 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("set_programmatic_launch", &cuda::set_programmatic_launch, py::arg("on"),
         "Programmatic dependent launch of the tensor-core GEMV kernels on sm_90+ (process-wide; off by default).");
   m.def("programmatic_launch", &cuda::programmatic_launch_on);
+  m.def("set_wgmma_tile_wait", &cuda::set_wgmma_tile_wait, py::arg("on"),
+        "The wgmma palette_gemm's schedule (a timing probe, the same bits either way): on, each tile "
+        "waits for its own wgmmas; off (default), they run under the next tile's decode.");
+  m.def("wgmma_tile_wait", &cuda::wgmma_tile_wait_on);
 
   m.def("palette_gemv_queue", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
                                  py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int units, int64_t ctas,

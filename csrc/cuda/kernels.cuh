@@ -171,6 +171,12 @@ const char* palette_gemm(const uint16_t* x, int64_t ldx, int M, const uint8_t* s
 // Process-wide, off by default.
 void set_programmatic_launch(bool on);
 bool programmatic_launch_on();
+// The wgmma palette_gemm's schedule, a timing probe (both give the same bits): off (the
+// default), a tile's wgmmas run under the next tile's decode and x is refilled S - 2 stages
+// ahead; on, each tile waits for its own wgmmas and x is refilled S - 1 stages ahead.  Applies
+// to the emulation too.  Process-wide.
+void set_wgmma_tile_wait(bool on);
+bool wgmma_tile_wait_on();
 
 // y[m, r] = sum_k x[m, k] * W[r, k] for m < M, r < N: the palette GEMV (palette_gemv.cu),
 // same operands, plane orders and alignment as palette_gemm; variant: plan::PGEMV_VARIANT_* (0 the default;

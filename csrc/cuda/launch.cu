@@ -29,6 +29,11 @@ std::atomic<bool>& programmatic_flag() {
   return on;
 }
 bool programmatic_launch() { return programmatic_flag().load(std::memory_order_relaxed); }
+std::atomic<bool>& wgmma_tile_wait_flag() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+bool wgmma_tile_wait() { return wgmma_tile_wait_flag().load(std::memory_order_relaxed); }
 
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
 
@@ -71,6 +76,8 @@ using namespace detail;
 
 void set_programmatic_launch(bool on) { programmatic_flag().store(on, std::memory_order_relaxed); }
 bool programmatic_launch_on() { return programmatic_launch(); }
+void set_wgmma_tile_wait(bool on) { wgmma_tile_wait_flag().store(on, std::memory_order_relaxed); }
+bool wgmma_tile_wait_on() { return wgmma_tile_wait(); }
 
 namespace {
 

@@ -16,6 +16,9 @@ bool grid_ok(int64_t g);
 // Whether the tensor-core GEMV and wgmma GEMM launches may use programmatic dependent launch
 // (sm_90+: set_programmatic_launch, kernels.cuh).
 bool programmatic_launch();
+// The wgmma GEMM's schedule (set_wgmma_tile_wait, kernels.cuh): whether each tile waits for its
+// own wgmmas.
+bool wgmma_tile_wait();
 bool aligned(const void* p, uintptr_t a);
 
 const char* check_huff(int64_t stream_bytes, int64_t rows, int64_t cols, int64_t R, int64_t C,

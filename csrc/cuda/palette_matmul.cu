@@ -126,6 +126,7 @@ PmmaArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, con
   a.vpos = vpos; a.nv = nv; a.vexp = vexp; a.vrow = vrow;
   a.split_tiles = plan::pmma_split_tiles(K, splits);
   a.chunks = plan::pmma_chunks(M, x_shared == plan::PMMA_XS_WGMMA);
+  a.wg_tile_wait = x_shared == plan::PMMA_XS_WGMMA && wgmma_tile_wait() ? 1 : 0;
   a.ws = ws; a.counters = counters;
   a.y = y; a.ldy = ldy;
   return a;

@@ -84,6 +84,10 @@ struct PmmaArgs : PalProduct {
   int chunks;           // batch chunks of PMMA_CHUNK_M rows (gridDim.x = row blocks x chunks)
   float* ws;            // fp32 [splits, M, N] when splits > 1
   int32_t* counters;    // int32 [gridDim.x], zero before and after a launch (splits > 1)
+  // wgmma (set_wgmma_tile_wait, a timing probe): 1 waits for a tile's wgmmas at its end, so x's
+  // slots are refilled S - 1 stages ahead; 0 lets them run under the next tile's decode (x S - 2
+  // ahead).  The same wgmmas in the same order either way: the same bits.
+  int wg_tile_wait;
 };
 
 // First index in sorted v[0, n) with v[i] >= key, found by G groups of 32 / G lanes, each group
@@ -497,6 +501,9 @@ UW_UNROLL()
   }
   const uint64_t xdesc0 = kWg ? emu::wgmma_desc(c.smem_addr(xring), 128, 256) : 0;  // (pmma_x_wg_desc)
   // kWg: x of `stage` into x slot `slot` (thread 0; the slot's wgmmas are retired, see below).
+  // xlag: the stages x's lead is short of the weights' (1 when a tile's wgmmas may still run
+  // after the next stage barrier: the slot they read is refilled a stage later).
+  const int xlag = kWg && !a.wg_tile_wait ? 1 : 0;
   auto issue_x = [&](int stage, int slot) {
     if (kWg && stage < ntiles && c.tid() == 0) {
       c.mbar_arrive_expect_tx(xbars + slot, kXStageBytes);
@@ -552,8 +559,7 @@ UW_UNROLL()
     // it reads early: its own planes).
     c.grid_dep_wait();
     c.grid_dep_launch();
-UW_UNROLL()
-    for (int i = 0; i < S - 2; ++i) issue_x(i, i);  // (x runs a stage behind the weights)
+    for (int i = 0; i < S - 1 - xlag; ++i) issue_x(i, i);
   }
 
   float acc[NT][4];
@@ -602,7 +608,7 @@ UW_UNROLL()
     issue(i + S - 1, wr);
     // kWg: x two stages behind, into the x slot of tile i - 2, whose wgmmas every warp retired
     // before this barrier (tile i - 1's may still be running).
-    if (kWg) issue_x(i + S - 2, wr == 0 ? S - 1 : wr - 1);
+    if (kWg) issue_x(i + S - 1 - xlag, xlag == 0 ? wr : (wr == 0 ? S - 1 : wr - 1));
     wr = wr + 1 == S ? 0 : wr + 1;
     const int rslot = rd;  // (the stage read below)
     const unsigned char* xst = xring + rd * kXStageBytes;
@@ -658,6 +664,7 @@ UW_UNROLL()
             mma(j);
           }
         }
+        if (a.wg_tile_wait) c.template wgmma_wait<0>(acc);
       } else {
 UW_UNROLL()
         for (int j = 0; j < 4; ++j) decode(j);

@@ -209,15 +209,26 @@ def fused_op(w, x, err=None, path=None):
 
 
 @contextlib.contextmanager
-def programmatic(on: bool):
-    """ops.programmatic_launch set to `on` inside the block (yields the setting in effect; False
-    without the CUDA kernels), the previous setting restored after."""
+def _setting(name: str, on: bool):
+    """ops.<name> (a process-wide switch) set to `on` inside the block (yields the setting in
+    effect; False without the CUDA kernels), the previous setting restored after."""
     from unweight import ops
-    before = ops.programmatic_launch()
+    switch = getattr(ops, name)
+    before = switch()
     try:
-        yield ops.programmatic_launch(on)
+        yield switch(on)
     finally:
-        ops.programmatic_launch(before)
+        switch(before)
+
+
+def programmatic(on: bool):
+    """ops.programmatic_launch set to `on` inside the block (see _setting)."""
+    return _setting("programmatic_launch", on)
+
+
+def wgmma_tile_wait(on: bool):
+    """ops.wgmma_tile_wait (the wgmma GEMM's schedule) set to `on` inside the block (see _setting)."""
+    return _setting("wgmma_tile_wait", on)
 
 
 def graph_replays_bitwise(fn, want, replays: int = 3) -> bool:

@@ -19,7 +19,7 @@ from unweight.codec import tensor_codec as tc
 from unweight.format import constants as C
 from unweight.runtime import kernel_plan as kp
 
-from .helpers import bf16_to_f64, make_weights
+from .helpers import bf16_to_f64, make_weights, wgmma_tile_wait
 
 torch = pytest.importorskip("torch")
 try:
@@ -242,14 +242,35 @@ def test_shared_x_gives_the_same_bits(M, N, K):
 @pytest.mark.parametrize("M", [1, 9, 33, 64, 65, 130, 256])
 @pytest.mark.parametrize("N,K", [(15, 64), (65, 320), (130, 448)])
 def test_wgmma_gives_the_same_bits(M, N, K):
-    """x copied per CTA in wgmma's layout (4-byte copies, row M - 1 again past M) and multiplied by
-    wgmma m64n(8 NT)k16 gives the mma.sync kernel's bits: at every n-tile count up to 16, in
-    a last partial chunk of 128 rows (130), with warps past N and on every split."""
+    """x rewritten as wgmma's stage images (zeros past M), copied per stage by the bulk-copy
+    engine and multiplied by wgmma m64n(8 NT)k16 gives the mma.sync kernel's bits: at every
+    n-tile count up to 16, in a last partial chunk of 128 rows (130), with warps past N and on
+    every split."""
     w = make_weights(N, K, seed=N * 3 + K)
     enc = tc.encode(w, "palette")
     x = _x(M, K, seed=M * 5 + K)
     for s in sorted({1, min(3, K // 64), K // 64}):
         assert np.array_equal(_emulate(x, enc, s, x_shared=kp.PMMA_XS_WGMMA), _emulate(x, enc, s))
+
+
+@needs_ext
+@pytest.mark.parametrize("M", [1, 33, 130, 256])
+def test_wgmma_schedules_give_the_same_bits(M):
+    """The wgmma GEMM's two schedules (ops.wgmma_tile_wait: each tile waiting for its own
+    wgmmas, x refilled a stage earlier; or the default, a tile's wgmmas under the next tile's
+    decode) run the same wgmmas in the same order: the same bits, with verbatim-heavy rows (the
+    tiles that decode whole) and on every split."""
+    rng = np.random.default_rng(M)
+    f = (rng.standard_normal((130, 448)) * np.exp2(rng.integers(-6, 6, (130, 448)))).astype(np.float32)
+    enc = tc.encode((f.view(np.uint32) >> 16).astype(np.uint16), "palette")
+    assert enc.header.num_verbatim > 0
+    x = _x(M, 448, seed=M + 3)
+    for s in (1, 3, 7):
+        with wgmma_tile_wait(False):
+            want = _emulate(x, enc, s, x_shared=kp.PMMA_XS_WGMMA)
+        with wgmma_tile_wait(True) as on:
+            assert on
+            assert np.array_equal(_emulate(x, enc, s, x_shared=kp.PMMA_XS_WGMMA), want)
 
 
 @needs_ext

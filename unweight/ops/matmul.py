@@ -100,7 +100,8 @@ from . import _ext
 __all__ = ["palette_matmul", "palette_gemv_slots", "palette_splits", "palette_workspace_elems", "palette_workspace_max",
            "palette_counters_elems", "palette_supported", "palette_gemv", "palette_gemv_parts",
            "palette_gemv_supported", "palette_gemv_queue", "palette_gemv_queue_units", "palette_gemv_queue_workspace",
-           "palette_gemv_queue_workspace_max", "palette_gemv_queue_counters", "programmatic_launch"]
+           "palette_gemv_queue_workspace_max", "palette_gemv_queue_counters", "programmatic_launch",
+           "wgmma_tile_wait"]
 
 _SMS: dict = {}
 
@@ -312,6 +313,21 @@ def programmatic_launch(on: bool | None = None) -> bool:
                 torch.cuda.synchronize(i)
         mod.set_programmatic_launch(bool(on))
     return bool(mod.programmatic_launch())
+
+
+def wgmma_tile_wait(on: bool | None = None) -> bool:
+    """The wgmma GEMM's schedule (palette_matmul with wgmma), a timing probe: off (the default),
+    a tile's four wgmmas run under the next tile's decode and x's stages are refilled one stage
+    later than the weights'; on, each tile waits for its own wgmmas, and x is refilled as far
+    ahead as the weights.  The same wgmmas in the same order either way, so the same bits; the
+    benchmark times both.  Applies to the emulation too.  Process-wide.  `on` sets it; returns
+    the setting (False where the CUDA kernels are not built)."""
+    if not _ext.cuda_kernels_built():
+        return False
+    mod = _ext.cuda_module()
+    if on is not None:
+        mod.set_wgmma_tile_wait(bool(on))
+    return bool(mod.wgmma_tile_wait())
 
 
 # ------------------------------------------------------------------------ palette_gemv_queue
