@@ -427,13 +427,14 @@ UW_UNROLL()
 // (128 batch rows) per CTA, so each weight is decoded once per 128 rows of a large batch.  Its
 // accumulators are laid out as the mma.sync ones (acc[nt][e]), so the epilogue and split fix-up
 // are shared.  Per stage: each thread's weight copies land (wait), the barrier (which also
-// votes whether a row of the tile has a verbatim block), thread 0 starts the bulk copy of the
-// x two stages back's slot, then per k16 step the wait for the group that last read the step's
-// A registers, the step's decode, (step 0) the wait for this stage's x on its mbarrier, and
-// fence, wgmma, commit: a step's decode runs under the three wgmmas before it, the previous
-// tile's included.  The sums are a tensor core's per k16 step in the mma.sync variant's order;
-// the emulator gives both variants the same bits, the hardware may round inside a step
-// differently.
+// votes whether a row of the tile has a verbatim block), thread 0 starts the bulk copy of x
+// into the slot of the tile two back, then per k16 step the wait for the group that last read
+// the step's A registers, the step's decode, (step 0) the wait for this stage's x on its
+// mbarrier, and fence, wgmma, commit: a step's decode runs under the three wgmmas before it,
+// the previous tile's included.  (a.wg_tile_wait, a timing probe: each tile also waits for its
+// own wgmmas, and x is refilled a stage further ahead.)  The sums are a tensor core's per k16
+// step in the mma.sync variant's order; the emulator gives both variants the same bits, the
+// hardware may round inside a step differently.
 template <int NT, bool kPaired, int kSub, int kXs, class Ctx>
 UW_HD void pmma_body(Ctx& c, const PmmaArgs& a) {
   static_assert(kSub == 1 || kSub == 2, "a stage holds one or two tiles");
@@ -606,8 +607,8 @@ UW_UNROLL()
       c.syncwarp();  // other lanes' copies of this stage are in; their reads of the stage refilled below are done
     }
     issue(i + S - 1, wr);
-    // kWg: x two stages behind, into the x slot of tile i - 2, whose wgmmas every warp retired
-    // before this barrier (tile i - 1's may still be running).
+    // kWg: x into the slot of tile i - 1 - xlag, whose wgmmas every warp retired before this
+    // barrier (by default tile i - 1's may still be running, so its slot waits a stage).
     if (kWg) issue_x(i + S - 1 - xlag, xlag == 0 ? wr : (wr == 0 ? S - 1 : wr - 1));
     wr = wr + 1 == S ? 0 : wr + 1;
     const int rslot = rd;  // (the stage read below)
