@@ -123,10 +123,13 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                             if "median_ms" in r[key]:
                                 r[key]["time_vs_paired"] = r[key]["median_ms"] / base["median_ms"]
                         if M in PDL_BATCHES and "gemv:pdl" not in skip:
-                            _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r, PDL_ROWS)
+                            _time_switched(torch, h, tiled, x, err, t_cublas, runs, r, PDL_ROWS, h.programmatic,
+                                           "_pdl", "no_pdl")
                         if M in PDL_WG_BATCHES and "gemm:wg" not in skip:
-                            _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r, PDL_WG_ROWS)
-                            _time_wg_tile_wait(torch, h, tiled, x, err, t_cublas, runs, r)
+                            _time_switched(torch, h, tiled, x, err, t_cublas, runs, r, PDL_WG_ROWS, h.programmatic,
+                                           "_pdl", "no_pdl")
+                            _time_switched(torch, h, tiled, x, err, t_cublas, runs, r, WG_TILE_WAIT_ROWS,
+                                           h.wgmma_tile_wait, "_tile_wait", "step")
                         if M in PROBE_BATCHES and "gemv:probe" not in skip:
                             _time_probes(torch, tiled, x, runs, r, log)
                         if M in SPLIT_BATCHES and "gemv:mma_split" not in skip:
@@ -207,45 +210,32 @@ PDL_ROWS = (("palette_gemv_mma_tiled", "palette_gemv_mma"), ("palette_gemv_mma_q
 # while the reorder writes x's images.
 PDL_WG_BATCHES = (64, 256)
 PDL_WG_ROWS = (("palette_fused_wg_tiled", "palette_gemm_wg"),)
-PDL_KEYS = tuple((key + "_pdl",) for key, _ in PDL_ROWS + PDL_WG_ROWS) + (("palette_fused_wg_tiled_tile_wait",),)
+# And the wgmma GEMM's other schedule (ops.wgmma_tile_wait: each tile waits for its own wgmmas,
+# and x is refilled a stage earlier), beside the default: "<row>_tile_wait", time_vs_step.
+WG_TILE_WAIT_ROWS = PDL_WG_ROWS
+PDL_KEYS = tuple((key + "_pdl",) for key, _ in PDL_ROWS + PDL_WG_ROWS) + tuple(
+    (key + "_tile_wait",) for key, _ in WG_TILE_WAIT_ROWS)
 
 
-def _time_wg_tile_wait(torch, h, tiled, x, err, t_cublas, runs, r) -> None:
-    """The wgmma GEMM's other schedule (ops.wgmma_tile_wait: each tile waits for its own wgmmas,
-    and x is refilled a stage earlier) into r["palette_fused_wg_tiled_tile_wait"], its bits
-    against the default schedule's (the same wgmmas in the same order) and time_vs_step."""
-    key, path = "palette_fused_wg_tiled", "palette_gemm_wg"
-    if "median_ms" not in r.get(key, {}):
-        return
-    try:
-        want = h.fused_op(tiled[0], x, err, path).view(torch.int16)
-        with h.wgmma_tile_wait(True):
-            same = bool(torch.equal(h.fused_op(tiled[0], x, err, path).view(torch.int16), want))
-            t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, path) for q in tiled], runs=runs)
-    except Exception as ex:  # noqa: BLE001 - a failing schedule is a finding
-        r[key + "_tile_wait"] = {"error": f"{type(ex).__name__}: {ex}"}
-        return
-    r[key + "_tile_wait"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "same_bits_as_step": same,
-                             "time_vs_step": t["median_ms"] / r[key]["median_ms"]}
-
-
-def _time_pdl(torch, h, tiled, x, err, t_cublas, runs, r, rows) -> None:
-    """Times `rows` (PDL_ROWS, PDL_WG_ROWS) with programmatic launch on into r["<row>_pdl"]
-    (their bits checked against the same launch with it off)."""
+def _time_switched(torch, h, tiled, x, err, t_cublas, runs, r, rows, switch, suffix, ref) -> None:
+    """Each timed (row, path) of `rows` again with the process-wide `switch` on, into
+    r[row + suffix]: its bits against the same launch with it off (same_bits_as_<ref>) and its
+    time against the row's (time_vs_<ref>).  PDL_ROWS and PDL_WG_ROWS with h.programmatic
+    ("_pdl", "no_pdl"); WG_TILE_WAIT_ROWS with h.wgmma_tile_wait ("_tile_wait", "step")."""
     for key, path in rows:
         if "median_ms" not in r.get(key, {}):
             continue
         try:
-            with h.programmatic(False):
+            with switch(False):
                 want = h.fused_op(tiled[0], x, err, path).view(torch.int16)
-            with h.programmatic(True):
+            with switch(True):
                 same = bool(torch.equal(h.fused_op(tiled[0], x, err, path).view(torch.int16), want))
                 t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, path) for q in tiled], runs=runs)
         except Exception as ex:  # noqa: BLE001 - a failing launch mode is a finding
-            r[key + "_pdl"] = {"error": f"{type(ex).__name__}: {ex}"}
+            r[key + suffix] = {"error": f"{type(ex).__name__}: {ex}"}
             continue
-        r[key + "_pdl"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "same_bits_as_no_pdl": same,
-                           "time_vs_no_pdl": t["median_ms"] / r[key]["median_ms"]}
+        r[key + suffix] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, f"same_bits_as_{ref}": same,
+                           f"time_vs_{ref}": t["median_ms"] / r[key]["median_ms"]}
 
 
 # Batches at which the tensor-core GEMV on tile-major planes (the runtime's batch-1 path) is

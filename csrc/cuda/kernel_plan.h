@@ -159,7 +159,7 @@ constexpr int PMMA_WG_CHUNK_M = 128;
 // Its ring at 16 n-tiles: PMMA_WG_STAGES stages of 6 KB of weights and 16 KB of x (66 KB per
 // CTA) let three CTAs share an SM, where four stages (90 KB) let two: the same 36 KB of
 // weights in flight per SM (two tiles ahead of three CTAs, three of two) and half again as many
-// warps to cover each one's wgmma wait.  Three CTAs of 128 threads fit its 162 registers.
+// warps to cover each one's wgmma wait.  Three CTAs of 128 threads fit its 168 registers.
 constexpr int PMMA_WG_STAGES = 3;
 // Ring stages of a launch (a compile-time constant of each kernel instantiation).
 constexpr int pmma_stages(int x_shared, int ntiles) {
