@@ -34,7 +34,8 @@ Stages (``--stage``, comma-separated, or ``all``):
                  of the full 32-layer one at batch 1 in the modes that answer the goal
                  (scripts/bench_decode.py, bench_kernels.py, bench_e2e.py), each in a
                  process of its own, defaults before variants; a variant whose correctness
-                 checks failed on the same build is left out and recorded as such
+                 checks failed on the same build is left out and recorded as such, and so
+                 is a kernel no GPU has run yet until its checks pass (BENCH_NEEDS_PASS)
 
 The two device commands (``run`` of the device tool; ``--dry-run`` prints them with the
 sizes).  First run ``scripts/gpu_wheels.sh`` here: it fills .gpu_carry/ (ignored by git).
@@ -1188,24 +1189,23 @@ def _eight_halves(np, N, K, seed):
 # first device run (an illegal address poisons the CUDA context) then costs its own checks
 # only, and the groups after it run in a new process.  The verdicts go to STATE/variants.json, and the benchmarks
 # leave out a variant whose checks failed on the same build (bench_variants_to_skip; and the
-# wgmma GEMM until its checks pass, BENCH_NEEDS_PASS).
+# kernels no GPU has run yet until their checks pass, BENCH_NEEDS_PASS).
 # In the order the correctness stage runs their groups, each taking the time it needs from what
-# is left: first what the shipped tuning table runs on the H200 (tile-major planes everywhere;
-# the tensor-core GEMV at batch 2-16, its bulk-copy feed at 17-32; the CUDA-core GEMV at batch 1;
-# the shared-x GEMM at 17-64) and the kernels whose first timing decides the next step (the
-# queued GEMV, programmatic launch, the wgmma GEMM, whose benchmark waits on its checks), then
-# the other variants.  (A process start costs ~8 s: in the
-# third H200 run, which reserved that for every later group, the first groups, the tile-major
-# checks among them, got no time.)
+# is left (the groups at the end are the ones its time cuts): first what the shipped tuning
+# table runs on the H200 (tile-major planes everywhere; the tensor-core GEMV at batch 1-16, its
+# bulk-copy feed at 17-32, the CUDA-core GEMV on one shape at batch 1), then the kernels no GPU
+# has run yet (BENCH_NEEDS_PASS: their benchmarks wait on these checks), then the other
+# variants, and last those the benchmarks leave out (BENCH_RETIRED), whose checks passed on
+# earlier runs.  (A process start costs ~8 s: in the third H200 run, which reserved that for
+# every later group, the first groups, the tile-major checks among them, got no time.)
 # "tiled": every palette kernel on tile-major planes (ops/layout.py) against the file-order ones.
-VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv:mma_queue", "gemv:pdl", "gemm:wg", "gemv", "gemm:xs",
-                "gemv:mma_staged",
-                "gemv:staged", "gemm:wide",
-                "gemv:deep", "gemv:mma_prefetch", "gemv:mma_split", "huffman:ring_wide", "huffman:ring_max",
-                "huffman:ahead",
-                "huffman:chain", "huffman:ahead2",
-                "huffman:scalar",
-                "palette:vec8")
+# "gemv:probe": the tensor-core GEMV's timing probes (ops.palette_gemv_probe), run only by the
+# kernel benchmark.
+VARIANT_TAGS = ("tiled", "gemv:mma", "gemv:mma_bulk", "gemv",
+                "gemm:wg", "gemv:mma_queue", "gemv:pdl", "gemv:mma_split", "gemv:probe", "huffman:ring_max",
+                "huffman:ring_wide",
+                "gemm:xs", "gemv:mma_staged", "gemm:wide", "huffman:scalar", "palette:vec8",
+                "gemv:staged", "gemv:deep", "gemv:mma_prefetch", "huffman:ahead", "huffman:chain", "huffman:ahead2")
 # The GEMV's variants by tag: the tuning table's path, what it is called, the path whose bits it
 # must give (the same steps and sums in the same order) and the batches that are checked.  A
 # variant that runs tile-major only (tuning_table.TILED_ONLY: the bulk-copy one) is run on
@@ -1477,10 +1477,59 @@ def group_variant(rec, device, tag):
         for N, K in ((48, 1088),) + (((4096, 4096),) if device == "cuda" else ()):
             rec.check(f"palette GEMV mma split {N}x{K} tile-major: mma's bits", split_case,
                       _eight_halves(np, N, K, N + 3 * K), True)
-    elif (tag in ("gemv", "gemv:mma", "gemv:mma_queue", "gemv:pdl") or tag in GEMV_VARIANTS) \
+    elif (tag in ("gemv", "gemv:mma", "gemv:mma_queue", "gemv:pdl", "gemv:probe") or tag in GEMV_VARIANTS) \
             and "palette" not in h.fused_paths():
         rec.check(f"palette GEMV ({tag})", lambda: {"skipped": True, "why": "no fused palette kernel"})
         return
+    elif tag == "gemv:probe":
+        from unweight import _cuda, ops
+
+        def probe_case(w, tiled):
+            """The tensor-core GEMV's timing probes (ops.palette_gemv_probe: its launch with the
+            decode, the x loads and mma, or all but the plane loads left out) on the planes as the
+            loaders hold them (paired palette; on the GPU the row index): each ends without a
+            fault and gives the same bits twice, at batch 1 and 8, at 1, 2 and 8 parts and the
+            plan's.  Their output is not the product, so nothing else is compared.  Without a
+            GPU, through the warp emulator."""
+            N, K = w.shape
+            pal, sm, idx, vpos, vexp = _host_palette(w, tiled)
+            if not ops.palette_pairs(pal):
+                paired = ops.pair_index(pal, idx)
+                if paired is None:
+                    return {"skipped": True, "why": "a palette no order pairs (no probe times it)"}
+                pal, _, idx = paired
+            xs = h.make_weights(8, K, seed=N + 11, spread=False)
+            counts = {1, 2, 8}
+            if device == "cuda":
+                sm, idx, vpos, vexp = (t.to(device) for t in (sm, idx, vpos, vexp))
+                vrow = ops.verbatim_rows(vpos, N, K) if vpos.numel() else None
+                counts.add(ops.palette_gemv_parts(N, K, torch.device(device), kp.PGEMV_VARIANT_MMA))
+
+                def run(M, parts, probe):
+                    y = ops.palette_gemv_probe(h.bf16_tensor(xs[:M], device), sm, idx, vpos, vexp, N, K, pal, parts,
+                                               probe, tiled=tiled, vrow=vrow)
+                    return y.view(torch.int16).cpu().numpy()
+            else:
+                planes = (sm.numpy(), idx.numpy(), bytes(pal), vpos.numpy(), vexp.numpy())
+
+                def run(M, parts, probe):
+                    return _cuda.emulate_palette_gemv_probe(np.ascontiguousarray(xs[:M]), *planes, parts,
+                                                            kp.PGEMV_PROBES[probe], int(tiled))
+            r = {}
+            for probe in kp.PGEMV_PROBES:
+                for M in (1, 8):
+                    for parts in sorted(counts):
+                        y = run(M, parts, probe)
+                        r[f"{probe} M={M} parts={parts}"] = y.shape == (M, N) and bool(np.array_equal(
+                            y, run(M, parts, probe)))
+            r["passed"] = all(r.values())
+            return r
+        for N, K in ((40, 1088), (63, 576)) + (((4096, 4096), (1024, 14336)) if device == "cuda" else ()):
+            rec.check(f"palette GEMV probes {N}x{K}: inside their buffers, repeatable", probe_case,
+                      h.make_weights(N, K, seed=N + 17 * K), False)
+        for N, K in ((48, 1088),) + (((4096, 4096),) if device == "cuda" else ()):
+            rec.check(f"palette GEMV probes {N}x{K} tile-major: inside their buffers, repeatable", probe_case,
+                      h.make_weights(N, K, seed=N + 19 * K), True)
     elif tag == "gemv":
         from unweight.runtime.tuning_table import PALETTE_GEMV
         cases = _gemv_cases(device)
@@ -1820,8 +1869,17 @@ def variant_verdicts(st: Stage) -> dict:
 
 # Variants the benchmarks run only once their correctness group passed on this build: kernels
 # no GPU has run yet, whose first fault would otherwise end the benchmark process that meets
-# it (and every shape after it) rather than the variant's own checks.
-BENCH_NEEDS_PASS = {"gemm:wg": "the wgmma GEMM, not run on a GPU before its checks pass"}
+# it (and every shape after it) rather than the variant's own checks, and whose first hang (the
+# queued GEMV's persistent grid, programmatic launch) would hold that process to its timeout,
+# the time of the benchmarks after it, where a check group is ended at its cap.
+BENCH_NEEDS_PASS = {"gemm:wg": "the wgmma GEMM, not run on a GPU before its checks pass",
+                    "gemv:mma_queue": "the queued GEMV (a persistent grid on a global queue), not run on a GPU "
+                                      "before its checks pass",
+                    "gemv:pdl": "programmatic launch, not run on a GPU before its checks pass",
+                    "gemv:mma_split": "the split-layout GEMV, not run on a GPU before its checks pass",
+                    "gemv:probe": "the GEMV timing probes, not run on a GPU before their checks pass",
+                    "huffman:ring_max": "RING_MAX (512-thread CTAs), not run on a GPU before its checks pass",
+                    "huffman:ring_wide": "RING_WIDE (256-thread CTAs), not run on a GPU before its checks pass"}
 
 
 def bench_variants_to_skip() -> dict:

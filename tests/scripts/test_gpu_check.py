@@ -110,8 +110,9 @@ def test_every_variant_is_checked_benchmarked_and_profiled_by_tag():
             continue
         assert {"huffman": kp.HUFF_VARIANTS, "palette": kp.PAL_VARIANTS, "gemm": {"wide": 1, "xs": 1, "wg": 1},
                 # (mma_queue has its own op, ops.palette_gemv_queue; pdl is the launch mode of the
-                # tensor-core ones, ops.programmatic_launch; mma_split takes split planes only)
-                "gemv": {"": 1, "mma_queue": kp.PGEMV_VARIANT_MMA_QUEUE, "pdl": 1,
+                # tensor-core ones, ops.programmatic_launch; mma_split takes split planes only;
+                # probe is ops.palette_gemv_probe, timed by the kernel benchmark alone)
+                "gemv": {"": 1, "mma_queue": kp.PGEMV_VARIANT_MMA_QUEUE, "pdl": 1, "probe": len(kp.PGEMV_PROBES),
                          "mma_split": kp.PGEMV_VARIANT_MMA_SPLIT,
                          **{n: 1 for n in kp.PGEMV_VARIANTS if n != "std"}}}[kind][name]
         assert f"variant={tag}" in gc.GROUPS and (f"variant={tag}", 60) in gc.CORRECTNESS_GROUPS
@@ -124,6 +125,23 @@ def test_every_variant_is_checked_benchmarked_and_profiled_by_tag():
     others = {f"huffman:{n}" for n, v in kp.HUFF_VARIANTS.items() if v != kp.HUFF_DEFAULT_VARIANT} | \
         {f"palette:{n}" for n, v in kp.PAL_VARIANTS.items() if v != kp.PAL_DEFAULT_VARIANT}
     assert {t for t in gc.VARIANT_TAGS if t.split(":")[0] in ("huffman", "palette")} == others
+
+
+def test_variant_groups_run_the_unproven_kernels_before_the_retired_ones():
+    """The correctness stage's time cuts the variant groups at the end: the kernels whose
+    benchmarks wait on their checks (BENCH_NEEDS_PASS) come before every variant the shipped
+    table does not run, and the variants the benchmarks leave out (BENCH_RETIRED) come last."""
+    gc = _gpu_check_module()
+    order = {t: i for i, t in enumerate(gc.VARIANT_TAGS)}
+    assert set(gc.BENCH_NEEDS_PASS) <= set(order) and set(gc.BENCH_RETIRED) <= set(order)
+    gated = [order[t] for t in gc.BENCH_NEEDS_PASS]
+    retired = [order[t] for t in gc.BENCH_RETIRED]
+    rest = [i for t, i in order.items() if t not in gc.BENCH_NEEDS_PASS and t not in gc.BENCH_RETIRED]
+    assert max(rest) < min(retired)
+    # only the shipped table's paths come before the gated ones
+    assert [t for t in gc.VARIANT_TAGS[:min(gated)]] == ["tiled", "gemv:mma", "gemv:mma_bulk", "gemv"]
+    assert max(gated) - min(gated) == len(gated) - 1  # (one run of groups)
+    assert [g for g, _ in gc.CORRECTNESS_GROUPS][4:] == [f"variant={t}" for t in gc.VARIANT_TAGS]
 
 
 def test_ncu_report_numbers_include_the_shared_memory_counters():
