@@ -130,6 +130,9 @@ def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, 
                                            "_pdl", "no_pdl")
                             _time_switched(torch, h, tiled, x, err, t_cublas, runs, r, WG_TILE_WAIT_ROWS,
                                            h.wgmma_tile_wait, "_tile_wait", "step")
+                        if M in X_PREFETCH_BATCHES:
+                            _time_switched(torch, h, tiled, x, err, t_cublas, runs, r, X_PREFETCH_ROWS,
+                                           lambda on: h.gemv_x_prefetch(not on), "_no_x_prefetch", "x_prefetch")
                         if M in PROBE_BATCHES and "gemv:probe" not in skip:
                             _time_probes(torch, tiled, x, runs, r, log)
                         if M in SPLIT_BATCHES and "gemv:mma_split" not in skip:
@@ -213,15 +216,22 @@ PDL_WG_ROWS = (("palette_fused_wg_tiled", "palette_gemm_wg"),)
 # And the wgmma GEMM's other schedule (ops.wgmma_tile_wait: each tile waits for its own wgmmas,
 # and x is refilled a stage earlier), beside the default: "<row>_tile_wait", time_vs_step.
 WG_TILE_WAIT_ROWS = PDL_WG_ROWS
+# Batches at which the tensor-core GEMVs on tile-major planes are timed again without their L1
+# prefetch of x (ops.gemv_x_prefetch, on by default): "<row>_no_x_prefetch", time_vs_x_prefetch
+# (above 1: the prefetch pays for its instructions).
+X_PREFETCH_BATCHES = (1, 16)
+X_PREFETCH_ROWS = PDL_ROWS
 PDL_KEYS = tuple((key + "_pdl",) for key, _ in PDL_ROWS + PDL_WG_ROWS) + tuple(
-    (key + "_tile_wait",) for key, _ in WG_TILE_WAIT_ROWS)
+    (key + "_tile_wait",) for key, _ in WG_TILE_WAIT_ROWS) + tuple(
+    (key + "_no_x_prefetch",) for key, _ in X_PREFETCH_ROWS)
 
 
 def _time_switched(torch, h, tiled, x, err, t_cublas, runs, r, rows, switch, suffix, ref) -> None:
     """Each timed (row, path) of `rows` again with the process-wide `switch` on, into
     r[row + suffix]: its bits against the same launch with it off (same_bits_as_<ref>) and its
     time against the row's (time_vs_<ref>).  PDL_ROWS and PDL_WG_ROWS with h.programmatic
-    ("_pdl", "no_pdl"); WG_TILE_WAIT_ROWS with h.wgmma_tile_wait ("_tile_wait", "step")."""
+    ("_pdl", "no_pdl"); WG_TILE_WAIT_ROWS with h.wgmma_tile_wait ("_tile_wait", "step");
+    X_PREFETCH_ROWS with the L1 prefetch of x turned off ("_no_x_prefetch", "x_prefetch")."""
     for key, path in rows:
         if "median_ms" not in r.get(key, {}):
             continue

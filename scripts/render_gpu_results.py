@@ -306,6 +306,10 @@ TILED_ROWS = (("palette_tiled_decode_cublas", "palette decode + cuBLAS, tile-maj
               ("palette_gemv_mma_tiled_pdl", "palette GEMV, tensor cores, tile-major, programmatic launch"),
               ("palette_gemv_mma_queue_tiled_pdl", "palette GEMV, tensor cores, queued units, tile-major, "
                                                    "programmatic launch"),
+              ("palette_gemv_mma_tiled_no_x_prefetch", "palette GEMV, tensor cores, tile-major, x not prefetched "
+                                                       "into L1"),
+              ("palette_gemv_mma_queue_tiled_no_x_prefetch", "palette GEMV, tensor cores, queued units, tile-major, "
+                                                             "x not prefetched into L1"),
               ("palette_fused_wg_tiled_pdl", "palette fused, wgmma, tile-major, programmatic launch (sm_90a)"),
               ("palette_fused_wg_tiled_tile_wait", "palette fused, wgmma, tile-major, each tile waiting for its "
                                                    "wgmmas (sm_90a)"))

@@ -539,6 +539,10 @@ PYBIND11_MODULE(_cuda, m) {
         "The wgmma palette_gemm's schedule (a timing probe, the same bits either way): on, each tile "
         "waits for its own wgmmas; off (default), they run under the next tile's decode.");
   m.def("wgmma_tile_wait", &cuda::wgmma_tile_wait_on);
+  m.def("set_gemv_x_prefetch", &cuda::set_gemv_x_prefetch, py::arg("on"),
+        "Whether the tensor-core GEMVs prefetch x's lines into L1 two steps ahead of its loads (process-wide; "
+        "on by default; the same bits either way).");
+  m.def("gemv_x_prefetch", &cuda::gemv_x_prefetch_on);
 
   m.def("palette_gemv_queue", [](uintptr_t x, int64_t ldx, int M, uintptr_t sm, uintptr_t idx, int64_t N, int64_t K,
                                  py::bytes palette, uintptr_t vpos, int64_t nv, uintptr_t vexp, int units, int64_t ctas,

@@ -177,6 +177,13 @@ bool programmatic_launch_on();
 // to the emulation too.  Process-wide.
 void set_wgmma_tile_wait(bool on);
 bool wgmma_tile_wait_on();
+// The tensor-core GEMVs (palette_gemv's MMA variants, palette_gemv_queue, the probes that read
+// x, palette_gemv_slots): on (the default), each asks x's lines of a step into L1 two steps
+// before the step's mma read them (prefetch.global.L1, no register held); off, x is loaded
+// only where it is used.  The same bits either way; the benchmark times both.  Applies to the
+// emulation too.  Process-wide.
+void set_gemv_x_prefetch(bool on);
+bool gemv_x_prefetch_on();
 
 // y[m, r] = sum_k x[m, k] * W[r, k] for m < M, r < N: the palette GEMV (palette_gemv.cu),
 // same operands, plane orders and alignment as palette_gemm; variant: plan::PGEMV_VARIANT_* (0 the default;

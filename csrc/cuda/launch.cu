@@ -34,6 +34,11 @@ std::atomic<bool>& wgmma_tile_wait_flag() {
   return on;
 }
 bool wgmma_tile_wait() { return wgmma_tile_wait_flag().load(std::memory_order_relaxed); }
+std::atomic<bool>& gemv_x_prefetch_flag() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+bool gemv_x_prefetch() { return gemv_x_prefetch_flag().load(std::memory_order_relaxed); }
 
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
 
@@ -78,6 +83,8 @@ void set_programmatic_launch(bool on) { programmatic_flag().store(on, std::memor
 bool programmatic_launch_on() { return programmatic_launch(); }
 void set_wgmma_tile_wait(bool on) { wgmma_tile_wait_flag().store(on, std::memory_order_relaxed); }
 bool wgmma_tile_wait_on() { return wgmma_tile_wait(); }
+void set_gemv_x_prefetch(bool on) { gemv_x_prefetch_flag().store(on, std::memory_order_relaxed); }
+bool gemv_x_prefetch_on() { return gemv_x_prefetch(); }
 
 namespace {
 

@@ -19,6 +19,9 @@ bool programmatic_launch();
 // The wgmma GEMM's schedule (set_wgmma_tile_wait, kernels.cuh): whether each tile waits for its
 // own wgmmas.
 bool wgmma_tile_wait();
+// Whether the tensor-core GEMVs prefetch x's lines into L1 ahead of its loads
+// (set_gemv_x_prefetch, kernels.cuh).
+bool gemv_x_prefetch();
 bool aligned(const void* p, uintptr_t a);
 
 const char* check_huff(int64_t stream_bytes, int64_t rows, int64_t cols, int64_t R, int64_t C,

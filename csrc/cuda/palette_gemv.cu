@@ -259,6 +259,7 @@ PgemvArgs make_args(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm, co
   a.part_steps = plan::pgemv_mma_part_steps(K, parts);
   a.cta_warps = plan::pgemv_mma_cta_warps(parts);
   a.y = y; a.ldy = ldy;
+  a.x_prefetch = gemv_x_prefetch() ? 1 : 0;
   return a;
 }
 

@@ -31,6 +31,7 @@ struct PgemvArgs : PalProduct {
   int64_t units;
   float* ws;
   int32_t* queue;
+  int x_prefetch;  // the tensor-core variants: nonzero, x's lines asked into L1 ahead (pgemv_x_prefetch)
 };
 
 // The staged variants' stream: a per-warp ring of D slots in shared memory, filled by cp.async
@@ -405,6 +406,26 @@ UW_UNROLL()
   }
 }
 
+// x's lines of a step asked into L1 (prefetch.global.L1: no register held for the data), two
+// steps before the step's mma need them.  A step's x loads (ld_reuse_v4) sit just before its
+// mma, whose inputs they are, so without it the warp waits there on L2 each time its part
+// moves on to x's next line (in a layer split into parts, every warp at every step: its slice
+// of x is its own).  xp: the lane's x rows at the part's first column, as the step reads them
+// (pmma_x_row: rows past M read row M - 1).  Lanes t == 0 ask for half 0 of their rows' steps,
+// t == 1 for half 1 (128 bytes each: one line where x's rows start on 128-byte lines), up to
+// x_ahead_steps: t == 1 not at a half step, whose second half lies past the row.  Only after
+// the grid-dependency wait: x is what the launch ahead may still be writing, and a line in L1
+// would outlive the wait.
+UW_HD int x_ahead_steps(int t, int nq, int q_half, bool on) { return !on || t > 1 ? 0 : t == 0 ? nq : q_half; }
+// Step q (counted from xp's column) when `ask` (x_ahead_steps says which steps a lane asks for).
+template <int NT>
+UW_HD void x_ahead(const uint16_t* const (&xp)[NT], int t, int q, bool ask) {
+  const int64_t off = int64_t{q} * plan::PGEMV_MMA_COLS + (t & 1) * (plan::PGEMV_MMA_COLS / 2);
+UW_UNROLL()
+  for (int nt = 0; nt < NT; ++nt)
+    if (ask) prefetch_line<true>(xp[nt] + off);
+}
+
 template <int NT, bool kPaired, bool kStaged, bool kPrefetch, bool kBulk, int kProbe = plan::PGEMV_PROBE_NONE,
           bool kSplit = false, class Ctx>
 UW_HD void pgemv_mma_body(Ctx& c, const PgemvArgs& a) {
@@ -599,12 +620,19 @@ UW_UNROLL()
       pmma_tile_cursors(c, a, row0, bpr, b_first, b_end, rowbase, cur, rel);
 
     const PalTables pt = lane_tables(c, a.pt);  // (~16 moves per half step saved)
+    // Step q's x into L1 (the probes that load no x ask for none).
+    const int x_steps = x_ahead_steps(t, nq, q_half, (kProbe == plan::PGEMV_PROBE_NONE ||
+                                                      kProbe == plan::PGEMV_PROBE_NO_DECODE) && a.x_prefetch != 0);
+    auto x_lines = [&](int q) { x_ahead<NT>(xp, t, q, q < x_steps); };
     auto compute = [&](int q, const uint32_t (&s)[2][2][4], const uint32_t (&n)[2][2][2]) {
+      x_lines(q + 2);
       pgemv_mma_step<NT, kPaired, kProbe, kSplit>(c, a, pt, xp, q, q_half, static_cast<uint32_t>(b_first), rowbase,
                                                   bpr, cur, rel, s, n, acc);
     };
     c.grid_dep_wait();  // (x, then y, are what an earlier launch may still be writing or reading)
     c.grid_dep_launch();
+    x_lines(0);
+    x_lines(1);
     if constexpr (kBulk) {
       for (int q0 = 0; q0 < nq; q0 += DB) {
 UW_UNROLL()
@@ -759,6 +787,16 @@ UW_HD void pgemv_mma_queue_body(Ctx& c, const PgemvArgs& a) {
     // next launch let start only then)
     c.grid_dep_wait();  // (the queue, the sums, x and y: an earlier launch may still use them)
     c.grid_dep_launch();
+    // x into L1 as the register-direct kernel asks for it, two steps ahead: the first unit's
+    // first two steps here, a unit's later steps and the next unit's first two with their planes.
+    if (a.x_prefetch != 0) {
+      const uint16_t* x0[NT];
+UW_UNROLL()
+      for (int nt = 0; nt < NT; ++nt)
+        x0[nt] = a.x + pmma_x_row(nt * 8 + g, a.M) * a.ldx + int64_t{cu.s0} * COLS + 16 * t;
+      const int steps = x_ahead_steps(t, cu.nq, cu.q_half, true);
+      for (int q = 0; q < 2; ++q) x_ahead<NT>(x0, t, q, q < steps);
+    }
     while (true) {
       // The unit after this one: asked for now, its answer read before the last two steps.
       int32_t asked = 0;
@@ -777,7 +815,13 @@ UW_UNROLL()
 UW_UNROLL()
       for (int nt = 0; nt < NT; ++nt)
         for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+      // Step q of unit w's x (xp is this unit's: the rows are every unit's, the columns move by
+      // the units' first steps).
+      auto x_lines = [&](const Unit& w, int q) {
+        x_ahead<NT>(xp, t, w.s0 - cu.s0 + q, q < x_ahead_steps(t, w.nq, w.q_half, a.x_prefetch != 0));
+      };
       auto step = [&](int q, const uint32_t (&s)[2][2][4], const uint32_t (&n)[2][2][2]) {
+        x_lines(cu, q + 2);  // (the next unit's first two: asked for with their planes, below)
         pgemv_mma_step<NT, kPaired>(c, a, pt, xp, q, cu.q_half, static_cast<uint32_t>(b_first), rowbase, bpr, cur,
                                     rel, s, n, acc);
       };
@@ -793,13 +837,18 @@ UW_UNROLL()
       const bool has_next = un < U;  // warp-uniform
       if (has_next) setup(un, nu);
       // A one-step unit: the stream's second step is the next unit's first.
-      if (cu.nq == 1 && has_next) pgemv_mma_load(nu.sp, nu.ip, d, 0, nu.q_half, sb, nb);
+      if (cu.nq == 1 && has_next) {
+        pgemv_mma_load(nu.sp, nu.ip, d, 0, nu.q_half, sb, nb);
+        x_lines(nu, 0);
+      }
       // Global step q2 of the stream: this unit's, or the next unit's q2 - nq.
       auto refill = [&](int q2, uint32_t (&s)[2][2][4], uint32_t (&n)[2][2][2]) {
         if (q2 < cu.nq)
           pgemv_mma_load(cu.sp, cu.ip, d, q2, cu.q_half, s, n);
-        else if (has_next && q2 - cu.nq < nu.nq)
+        else if (has_next && q2 - cu.nq < nu.nq) {
           pgemv_mma_load(nu.sp, nu.ip, d, q2 - cu.nq, nu.q_half, s, n);
+          x_lines(nu, q2 - cu.nq);
+        }
       };
       for (; q < cu.nq; q += 2) {
         step(q, sa, na);

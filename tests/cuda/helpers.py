@@ -231,6 +231,12 @@ def wgmma_tile_wait(on: bool):
     return _setting("wgmma_tile_wait", on)
 
 
+def gemv_x_prefetch(on: bool):
+    """ops.gemv_x_prefetch (the tensor-core GEMVs' L1 prefetch of x) set to `on` inside the block
+    (see _setting)."""
+    return _setting("gemv_x_prefetch", on)
+
+
 def graph_replays_bitwise(fn, want, replays: int = 3) -> bool:
     """fn() captured in a CUDA graph and replayed `replays` times: whether every replay's output
     (a tensor) has want's bits."""

@@ -581,6 +581,32 @@ def test_queue_gives_the_mma_bits_at_power_of_two_units():
 
 
 @needs_ext
+def test_x_prefetch_changes_no_bit_and_asks_for_x_alone():
+    """The tensor-core GEMVs' L1 prefetch of x (ops.gemv_x_prefetch, on by default) names only
+    lines of x the kernel reads, and only after its grid-dependency wait (the emulator fails a
+    prefetch outside the launch's buffers, as a half step's missing half in x's last row would
+    be, and one of x before that wait), and changes no bit: the register-direct, staged and
+    queued kernels with it and without, on odd shapes (tiles past N, half steps, parts of one
+    step), batch 1, 9 and 20, at 1, 2 and 8 parts or units."""
+    from unweight import ops
+
+    from .helpers import gemv_x_prefetch
+    assert ops.gemv_x_prefetch()
+    for N, K in ((15, 64), (63, 192), (40, 1088), (9, 4160)):
+        enc = tc.encode(make_weights(N, K, seed=N + 3 * K), "palette")
+        steps = kp.cdiv(K, kp.PGEMV_MMA_COLS)
+        for M in (1, 9, 20):
+            x = _x(M, K, seed=M + K)
+            for parts in (1, 2, 8):
+                got = {}
+                for on in (True, False):
+                    with gemv_x_prefetch(on):
+                        got[on] = [_gemv(x, enc, parts, variant=v) for v in (MMA, MMA_STAGED)] + \
+                            [_queue(x, enc, min(parts, steps), 2)]
+                assert all(np.array_equal(a, b) for a, b in zip(got[True], got[False])), (N, K, M, parts)
+
+
+@needs_ext
 def test_queue_any_unit_count_meets_the_bound_and_is_deterministic():
     """Unit counts that are not powers of two (3, 5, 7, the plan's 19-like counts) and the most
     a tile has: within the GEMM's bound, the same bits whatever the grid (so whichever warp

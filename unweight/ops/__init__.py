@@ -30,7 +30,7 @@ from .matmul import (palette_counters_elems, palette_gemv, palette_gemv_parts, p
                      palette_gemv_queue_counters, palette_gemv_queue_units, palette_gemv_queue_workspace,
                      palette_gemv_queue_workspace_max, palette_gemv_slots, palette_gemv_supported, palette_matmul,
                      palette_splits, palette_supported, palette_workspace_elems, palette_workspace_max,
-                     programmatic_launch, wgmma_tile_wait)
+                     programmatic_launch, wgmma_tile_wait, gemv_x_prefetch)
 from .prefetch import prefetch_l2
 from . import run  # (after the ops it calls are registered)
 from .transcode import build_lut, exp_histogram, palette_encode, palette_verbatim, transcode_to_palette
@@ -40,7 +40,7 @@ __all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_pal
            "palette_gemv", "palette_gemv_parts", "palette_gemv_slots", "palette_gemv_supported", "palette_gemv_queue",
            "palette_gemv_queue_units", "palette_gemv_queue_workspace", "palette_gemv_queue_workspace_max",
            "palette_gemv_queue_counters", "palette_gemv_probe", "programmatic_launch",
-           "wgmma_tile_wait",
+           "wgmma_tile_wait", "gemv_x_prefetch",
            "palette_workspace_elems", "palette_workspace_max", "palette_counters_elems", "build_lut", "exp_histogram", "palette_encode",
            "palette_verbatim", "transcode_to_palette", "tile_palette_planes", "untile_palette_planes", "palette_pairs", "paired_palette",
            "remap_index", "inverse_nibble_map", "pair_index", "stored_index", "split_halves", "split_palette_planes",

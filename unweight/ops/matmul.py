@@ -101,7 +101,7 @@ __all__ = ["palette_matmul", "palette_gemv_slots", "palette_splits", "palette_wo
            "palette_counters_elems", "palette_supported", "palette_gemv", "palette_gemv_parts",
            "palette_gemv_supported", "palette_gemv_queue", "palette_gemv_queue_units", "palette_gemv_queue_workspace",
            "palette_gemv_queue_workspace_max", "palette_gemv_queue_counters", "programmatic_launch",
-           "wgmma_tile_wait"]
+           "wgmma_tile_wait", "gemv_x_prefetch"]
 
 _SMS: dict = {}
 
@@ -322,12 +322,28 @@ def wgmma_tile_wait(on: bool | None = None) -> bool:
     ahead as the weights.  The same wgmmas in the same order either way, so the same bits; the
     benchmark times both.  Applies to the emulation too.  Process-wide.  `on` sets it; returns
     the setting (False where the CUDA kernels are not built)."""
+    return _kernel_switch("wgmma_tile_wait", on)
+
+
+def gemv_x_prefetch(on: bool | None = None) -> bool:
+    """Whether the tensor-core GEMVs (palette_gemv's MMA variants, palette_gemv_queue,
+    palette_gemv_slots, and the timing probes that load x) ask x's lines of a step into L1 two
+    steps before the step's mma read them: on (the default), a step's x loads wait on L1; off,
+    on L2 each time a warp's part reaches x's next line.  The same bits either way; the
+    benchmark times both.  Applies to the emulation too.  Process-wide.  `on` sets it; returns
+    the setting (False where the CUDA kernels are not built)."""
+    return _kernel_switch("gemv_x_prefetch", on)
+
+
+def _kernel_switch(name: str, on: bool | None) -> bool:
+    """The extension's process-wide switch `name` (set_<name> / <name>): set to `on` unless
+    None; returns the setting (False where the CUDA kernels are not built)."""
     if not _ext.cuda_kernels_built():
         return False
     mod = _ext.cuda_module()
     if on is not None:
-        mod.set_wgmma_tile_wait(bool(on))
-    return bool(mod.wgmma_tile_wait())
+        getattr(mod, "set_" + name)(bool(on))
+    return bool(getattr(mod, name)())
 
 
 # ------------------------------------------------------------------------ palette_gemv_queue

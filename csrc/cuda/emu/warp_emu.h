@@ -50,10 +50,10 @@
 //     thread must threadfence between its store and its CTA's arrival atomic (release), the
 //     loading thread between learning of that arrival and its load (acquire).
 //   * global accesses outside the caller's buffers, while a GlobalBounds scope names them:
-//     every load, store and L2 prefetch through device_util.cuh's helpers (ld_stream_*,
-//     ld_reuse_v4, st_v4, prefetch_l2) and every cp.async source must lie inside one of its
-//     ranges (plain array reads of a body are not seen; the kernels' streams and copies all go
-//     through the helpers).
+//     every load, store and prefetch (L1 or L2) through device_util.cuh's helpers
+//     (ld_stream_*, ld_reuse_v4, st_v4, prefetch_l2, prefetch_line) and every cp.async source
+//     must lie inside one of its ranges (plain array reads of a body are not seen; the
+//     kernels' streams and copies all go through the helpers).
 // It can also count what a profiler's memory counters would for the launch -- shared-memory
 // wavefronts per bank-conflicted request, global sectors per request -- so CPU-only CI sees a
 // bank conflict or an uncoalesced load (profile(), below).
@@ -841,7 +841,7 @@ class Cta {
     ThreadCtx* c = static_cast<ThreadCtx*>(thread);
     const bool store = kind == GlobalKind::kStore;
     c->cta_->check_global(c->tid_, p, bytes,
-                          store ? "global store" : kind == GlobalKind::kLoad ? "global load" : "L2 prefetch",
+                          store ? "global store" : kind == GlobalKind::kLoad ? "global load" : "prefetch",
                           c->grid_waited_);
     if (kind == GlobalKind::kPrefetch) return;  // (no data moved: not in the access profile)
     c->cta_->record(c->tid_, store ? kGlobalStore : kGlobalLoad, reinterpret_cast<uintptr_t>(p), bytes,
