@@ -1125,6 +1125,9 @@ def group_bench_smoke(rec, device):
         # batch 1: the tensor-core GEMV in the writer's palette order beside the loaders' paired one
         "writer_order_same_bits": all(row.get("palette_gemv_mma_tiled_writer_order", {}).get("same_bits_as_file_order")
                                       for row in r["rows"] if row["M"] == 1),
+        # batch 1: the tensor-core GEMV without its L1 prefetch of x, the same bits
+        "no_x_prefetch_same_bits": all((row.get("palette_gemv_mma_tiled_no_x_prefetch") or {})
+                                       .get("same_bits_as_x_prefetch") for row in r["rows"] if row["M"] == 1),
         "skip_recorded": any(x.get("variant") == "gemm:wide" for x in r["skipped"])})
     if importlib.util.find_spec("transformers") is None:
         rec.check("bench e2e process on a tiny Llama", lambda: {"skipped": True, "why": "no transformers here"})

@@ -31,7 +31,7 @@ struct PgemvArgs : PalProduct {
   int64_t units;
   float* ws;
   int32_t* queue;
-  int x_prefetch;  // the tensor-core variants: nonzero, x's lines asked into L1 ahead (pgemv_x_prefetch)
+  int x_prefetch;  // the tensor-core variants: nonzero, x's lines asked into L1 ahead (x_ahead)
 };
 
 // The staged variants' stream: a per-warp ring of D slots in shared memory, filled by cp.async
