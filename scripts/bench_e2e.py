@@ -442,7 +442,8 @@ def run(torch, layers: int, batches, modes, budget: "bu.Budget", prompt: int = 1
     res["modes"]["bf16"] = entry
     # The first compressed mode's time, until one is measured: its timing is the BF16 model's,
     # and its prepare (the palette transcode on the GPU, the planes' reorder) a few seconds.
-    # (A fixed guess sized for 4 layers left no mode of the 32-layer model the time it asked.)
+    # (A fixed guess sized for 4 layers would leave the 32-layer model no time for a mode after
+    # its encode.)
     first_mode = 1.5 * (time.perf_counter() - t_bf16) + 5.0
     log("e2e bf16: " + _summary(entry))
     save()

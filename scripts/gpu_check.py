@@ -1876,14 +1876,11 @@ def variant_verdicts(st: Stage) -> dict:
 # it (and every shape after it) rather than the variant's own checks, and whose first hang (the
 # queued GEMV's persistent grid, programmatic launch) would hold that process to its timeout,
 # the time of the benchmarks after it, where a check group is ended at its cap.
-BENCH_NEEDS_PASS = {"gemm:wg": "the wgmma GEMM, not run on a GPU before its checks pass",
-                    "gemv:mma_queue": "the queued GEMV (a persistent grid on a global queue), not run on a GPU "
-                                      "before its checks pass",
-                    "gemv:pdl": "programmatic launch, not run on a GPU before its checks pass",
-                    "gemv:mma_split": "the split-layout GEMV, not run on a GPU before its checks pass",
-                    "gemv:probe": "the GEMV timing probes, not run on a GPU before their checks pass",
-                    "huffman:ring_max": "RING_MAX (512-thread CTAs), not run on a GPU before its checks pass",
-                    "huffman:ring_wide": "RING_WIDE (256-thread CTAs), not run on a GPU before its checks pass"}
+BENCH_NEEDS_PASS = {tag: f"{what}: not run on a GPU before its checks pass" for tag, what in (
+    ("gemm:wg", "the wgmma GEMM"), ("gemv:mma_queue", "the queued GEMV (a persistent grid on a global queue)"),
+    ("gemv:pdl", "programmatic launch"), ("gemv:mma_split", "the split-layout GEMV"),
+    ("gemv:probe", "the GEMV timing probes"), ("huffman:ring_max", "RING_MAX (512-thread CTAs)"),
+    ("huffman:ring_wide", "RING_WIDE (256-thread CTAs)"))}
 
 
 def bench_variants_to_skip() -> dict:

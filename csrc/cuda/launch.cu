@@ -24,20 +24,19 @@ const char* launch_status() {
 
 bool grid_ok(int64_t g) { return g >= 1 && g <= 0x7FFFFFFF; }
 
-std::atomic<bool>& programmatic_flag() {
-  static std::atomic<bool> on{false};
+// The process-wide launch switches (kernels.cuh sets them; the launchers read them when they
+// fill a launch's arguments), each with its default.
+enum LaunchSwitch { kProgrammaticLaunch, kWgmmaTileWait, kGemvXPrefetch };
+template <LaunchSwitch kSwitch, bool kDefault>
+std::atomic<bool>& launch_switch() {
+  static std::atomic<bool> on{kDefault};
   return on;
 }
+std::atomic<bool>& programmatic_flag() { return launch_switch<kProgrammaticLaunch, false>(); }
+std::atomic<bool>& wgmma_tile_wait_flag() { return launch_switch<kWgmmaTileWait, false>(); }
+std::atomic<bool>& gemv_x_prefetch_flag() { return launch_switch<kGemvXPrefetch, true>(); }
 bool programmatic_launch() { return programmatic_flag().load(std::memory_order_relaxed); }
-std::atomic<bool>& wgmma_tile_wait_flag() {
-  static std::atomic<bool> on{false};
-  return on;
-}
 bool wgmma_tile_wait() { return wgmma_tile_wait_flag().load(std::memory_order_relaxed); }
-std::atomic<bool>& gemv_x_prefetch_flag() {
-  static std::atomic<bool> on{true};
-  return on;
-}
 bool gemv_x_prefetch() { return gemv_x_prefetch_flag().load(std::memory_order_relaxed); }
 
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
