@@ -16,14 +16,21 @@ output is checked against cuBLAS on the same weights (error vs a float64 referen
 cuBLAS BF16's, and a repeat bitwise equal); a launch the kernel refuses (e.g. M > 16) is
 recorded as refused with its message.  time_vs_cublas = time / cuBLAS time (2.0 = twice as slow).
 
+Order (parts_of): first, over every shape, the paths the dispatch chooses from at batch 1 and
+16 (cuBLAS, decode + cuBLAS, the one-tile GEMM, every palette kernel on tile-major planes,
+each held to its file-order bits); then the same at the other batches; then the rest (the
+file-order copy layouts' times, the switched launch modes, the probes, the sweeps), against a
+cuBLAS timed beside them ("cublas_extras").  A budget that runs out leaves the rest out first.
+
 The "auto" entry is the path the measured dispatch (unweight/runtime/tuning_table.py) picks
-from these very timings.  --write-cache records the choices in the user's tuning cache
-($UNWEIGHT_TUNING_CACHE or ~/.cache/unweight/tuning.json, or PATH); --write-defaults in the
-shipped unweight/runtime/tuning_defaults.json (entries of other devices are kept).
---from-json rebuilds those choices from a recorded run instead of measuring (a result JSON of
-this script, or a bench stage JSON of scripts/gpu_check.py, whose raw.kernels it reads, and
-whose raw.decode gives the decoder choices as scripts/bench_decode.py records them): the same
-rule, from the same medians, a fused time counted only where its accuracy check passed.
+from these very timings, in the plane order the same table holds the shape in.  --write-cache
+records the choices in the user's tuning cache ($UNWEIGHT_TUNING_CACHE or
+~/.cache/unweight/tuning.json, or PATH); --write-defaults in the shipped
+unweight/runtime/tuning_defaults.json (entries of other devices are kept).  --from-json
+rebuilds those choices from a recorded run instead of measuring (a result JSON of this script,
+or a bench stage JSON of scripts/gpu_check.py, whose raw.kernels it reads, and whose raw.decode
+gives the decoder choices as scripts/bench_decode.py records them): the same rule, from the
+same timings, a fused time counted only where its accuracy check passed.
 """
 from __future__ import annotations
 
@@ -35,126 +42,237 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench_util as bu  # noqa: E402
 
-def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, dev_name, log, skip=()):
-    import torch.nn.functional as F
+# The parts of the kernel benchmark, in the order run() takes each over every shape before the
+# next: the dispatch's candidates at the batches the goals name (HEADLINE_BATCHES), the same at
+# the other batches, then the rest ("extras").  A run cut short by its budget has then measured
+# what the goals and the tuning table ask for on every shape it could, before any sweep or
+# switched launch mode of the first shape.
+HEADLINE_BATCHES = (1, 16)
+PART_NAMES = ("headline", "buckets", "extras")
 
-    from unweight.codec import tensor_codec as tc
-    from unweight.format import constants as C
-    from unweight.runtime import dispatch, scratch
-    from unweight.runtime import kernel_plan as kp
-    from unweight.runtime.policy import GEMV_PATHS, DispatchPolicy
+
+def parts_of(batches) -> list:
+    """[(part name, core: whether it times the dispatch's candidates, batches)] of a run at
+    `batches`, the empty ones left out."""
+    head = [m for m in batches if m in HEADLINE_BATCHES]
+    rest = [m for m in batches if m not in HEADLINE_BATCHES]
+    return [(n, core, bs) for n, core, bs in (("headline", True, head), ("buckets", True, rest),
+                                               ("extras", False, list(batches))) if bs]
+
+
+class _Inputs:
+    """One shape's inputs on the device: W (bf16 [N, K], the same seed in every part), its dense
+    copies for cuBLAS and each encoding's copies as the GPU loaders hold them, rotating over >=
+    4x the L2; the tile-major, split and writer-order palette copies are made by the first batch
+    that times them."""
+
+    def __init__(self, torch, h, N, K, encodings, l2):
+        from unweight.codec import tensor_codec as tc
+        from unweight.format import constants as C
+        from unweight.runtime import scratch
+        dev = bu.device(torch)
+        self.N, self.K = N, K
+        self.err = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.w = bu.bf16_weights(torch, N, K, seed=N + K)
+        w_bits = h.bits(self.w)
+        self.dense = [self.w] + [self.w.clone() for _ in range(bu.rotation_copies(N * K * 2, l2) - 1)]
+        self.copies, self.encs = {}, {}
+        for e in encodings:
+            enc = self.encs[e] = tc.encode(w_bits, e)
+            if e == "huffman":  # as the GPU loaders hold it: with the checkpoint index (prepare._add_index)
+                enc = tc.with_index(enc.header, enc.planes, chk_interval=C.LOAD_CHK_INTERVAL)
+            ew = bu.as_gpu_loaders_hold(h.encoded_weight(enc, dev, self.err))
+            self.copies[e] = [ew] + [bu.clone_encoded(ew)
+                                     for _ in range(bu.rotation_copies(bu.encoded_bytes(ew), l2) - 1)]
+        scratch.reserve(dev, N * K)
+        self.tiled = []  # tile-major copies of the palette weights
+        self.split = []  # their planes in the split layout (ops.split_palette_planes), where the palette allows
+        self.writer = []  # tile-major in the writer's palette order (WRITER_ORDER_BATCHES)
+
+    def tiled_copies(self):
+        self.tiled = self.tiled or [bu.clone_encoded(q, tiled=True) for q in self.copies["palette"]]
+        return self.tiled
+
+
+def bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, dev_name, log, skip=(), core=True,
+                rows=None, skipped=None):
+    """One part of a shape's benchmark at `batches`; returns its rows (dicts, one per batch).
+    core: cuBLAS, decode + cuBLAS of each encoding, the one-tile fused kernel, and the palette
+    kernels on tile-major copies (with decode + cuBLAS on the same copies), each held to the
+    bits of its file-order run; the file-order copy layouts are run for their accuracy and bits
+    (what the tile-major rows and the tuning table are held to) but not timed.  Otherwise the
+    rest, into the rows `rows` ({M: row}) the core parts made: see _extras.  A batch the budget
+    leaves no time for gets a "skipped" row (core) or an entry in `skipped` (the rest)."""
     h = bu.import_helpers()
+    inp = _Inputs(torch, h, N, K, encodings, l2)
     dev = bu.device(torch)
-    err = torch.zeros(1, dtype=torch.int32, device=dev)
-    w = bu.bf16_weights(torch, N, K, seed=N + K)
-    w_bits = h.bits(w)
-    dense = [w] + [w.clone() for _ in range(bu.rotation_copies(N * K * 2, l2) - 1)]
-    copies, encs = {}, {}
-    for e in encodings:
-        enc = encs[e] = tc.encode(w_bits, e)
-        if e == "huffman":  # as the GPU loaders hold it: with the checkpoint index (prepare._add_index)
-            enc = tc.with_index(enc.header, enc.planes, chk_interval=C.LOAD_CHK_INTERVAL)
-        ew = bu.as_gpu_loaders_hold(h.encoded_weight(enc, dev, err))
-        copies[e] = [ew] + [bu.clone_encoded(ew) for _ in range(bu.rotation_copies(bu.encoded_bytes(ew), l2) - 1)]
-    scratch.reserve(dev, N * K)
-    baseline = DispatchPolicy(None)
-    tiled = []  # tile-major copies of the palette weights, made at the first batch that times them
-    split = []  # their planes in the split layout (ops.split_palette_planes), where the palette allows
-    writer = []  # the same in the writer's palette order (WRITER_ORDER_BATCHES)
-    rows = []
+    out = []
     for M in batches:
+        r = {"shape": name, "N": N, "K": K, "M": M} if core else (rows or {}).get(M)
+        if r is None:
+            continue  # (the rest of a batch whose candidates were not timed)
         if budget.left() < 3 + 2e-9 * N * K * (1 + 2 * len(encodings)):
-            rows.append({"shape": name, "N": N, "K": K, "M": M, "skipped": f"{budget.left():.0f} s left"})
+            why = f"{budget.left():.0f} s left"
+            if core:
+                out.append({**r, "skipped": why})
+            elif skipped is not None:
+                skipped.append({"shape": name, "M": M, "part": "extras", "why": why})
             continue
         x = torch.randn((M, K), device=dev).to(torch.bfloat16)
-        r = {"shape": name, "N": N, "K": K, "M": M}
-        if "palette" in copies:  # the palette order the rows ran with (the loaders': paired where it can)
-            r["palette"] = list(copies["palette"][0].palette)
-        t = bu.graph_time(torch, [lambda d=d: F.linear(x, d) for d in dense], runs=runs)
-        r["cublas"] = {**t, "weight_GBps": N * K * 2 / (t["median_ms"] * 1e-3) / 1e9}
-        t_cublas = t["median_ms"]
-        for e, ws in copies.items():
-            t = bu.graph_time(torch, [lambda q=q: dispatch.linear([q], x, None, N, K, baseline) for q in ws],
-                              runs=runs)
-            r[f"{e}_decode_cublas"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas}
-            times = {"decode_cublas": t["median_ms"]}
-            try:
-                acc = h.fused_vs_cublas(ws[0], x, w, err)
-            except (ValueError, RuntimeError) as ex:  # no such kernel, or it refused this problem
-                r[f"{e}_fused"] = {"refused": f"{type(ex).__name__}: {ex}"}
-            else:
-                try:
-                    t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x) for q in ws], runs=runs)
-                    r[f"{e}_fused"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "accuracy": acc,
-                                       "weight_GBps": bu.encoded_bytes(ws[0]) / (t["median_ms"] * 1e-3) / 1e9}
-                    times[h.fused_paths()[e]] = t["median_ms"]
-                except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
-                    r[f"{e}_fused"] = {"error": f"{type(ex).__name__}: {ex}", "accuracy": acc}
-                if e == "palette":  # the other copy layouts of the same kernel, and the GEMV (LAYOUTS)
-                    y_one = None  # the one-tile kernel's result, computed once for the bit comparisons
-                    for key, path, tag, same in LAYOUTS:
-                        gemm = path not in GEMV_PATHS
-                        if tag in skip or not (gemm or kp.pgemv_supported(M, K, GEMV_PATHS[path])):
-                            continue
-                        if gemm and y_one is None:
-                            y_one = h.fused_op(ws[0], x, err).view(torch.int16)
-                        _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path,
-                                     y_one if gemm else None, require_same=same)
-                    if "tiled" not in skip and kp.pal_tiled_ok(N, K):
-                        tiled = tiled or [bu.clone_encoded(q, tiled=True) for q in ws]
-                        t = bu.graph_time(torch, [lambda q=q: dispatch.linear([q], x, None, N, K, baseline)
-                                                  for q in tiled], runs=runs)
-                        r["palette_tiled_decode_cublas"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas}
-                        times_tiled = {"decode_cublas": t["median_ms"]}
-                        for key, path, ref, tag in TILED:
-                            if ref in times and tag not in skip:  # (its file-order reference passed)
-                                _time_tiled(torch, h, ws, tiled, x, err, t_cublas, runs, r, key, path, ref)
-                                if r[key].get("same_bits_as_file_order"):
-                                    times_tiled[path] = r[key]["median_ms"]
-                        table.record(dev_name, N, K, "palette:tiled", M, times_tiled)
-                        base = r.get("palette_gemv_mma_tiled", {})
-                        if (M in WRITER_ORDER_BATCHES and "median_ms" in base
-                                and list(encs[e].header.palette[: encs[e].header.pal_size]) != list(ws[0].palette)):
-                            writer = writer or [bu.clone_encoded(h.encoded_weight(encs[e], dev, err), tiled=True)
-                                                for _ in ws]
-                            key = "palette_gemv_mma_tiled_writer_order"
-                            _time_tiled(torch, h, ws, writer, x, err, t_cublas, runs, r, key, "palette_gemv_mma",
-                                        "palette_gemv_mma")
-                            if "median_ms" in r[key]:
-                                r[key]["time_vs_paired"] = r[key]["median_ms"] / base["median_ms"]
-                        if M in PDL_BATCHES and "gemv:pdl" not in skip:
-                            _time_switched(torch, h, tiled, x, err, t_cublas, runs, r, PDL_ROWS, h.programmatic,
-                                           "_pdl", "no_pdl")
-                        if M in PDL_WG_BATCHES and "gemm:wg" not in skip:
-                            _time_switched(torch, h, tiled, x, err, t_cublas, runs, r, PDL_WG_ROWS, h.programmatic,
-                                           "_pdl", "no_pdl")
-                            _time_switched(torch, h, tiled, x, err, t_cublas, runs, r, WG_TILE_WAIT_ROWS,
-                                           h.wgmma_tile_wait, "_tile_wait", "step")
-                        if M in X_PREFETCH_BATCHES:
-                            _time_switched(torch, h, tiled, x, err, t_cublas, runs, r, X_PREFETCH_ROWS,
-                                           lambda on: h.gemv_x_prefetch(not on), "_no_x_prefetch", "x_prefetch")
-                        if M in PROBE_BATCHES and "gemv:probe" not in skip:
-                            _time_probes(torch, tiled, x, runs, r, log)
-                        if M in SPLIT_BATCHES and "gemv:mma_split" not in skip:
-                            _time_split(torch, tiled, split, x, t_cublas, runs, r)
-                if e == "palette" and M == 1 and budget.left() > 30:
-                    r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas,
-                                                            wide="gemm:wide" not in skip)
-                    r["palette_gemv_parts_sweep"] = _gemv_parts_sweep(torch, ws, x, runs, t_cublas, skip)
-                    if "gemv:mma_queue" not in skip:
-                        r["palette_gemv_queue_sweep"] = _queue_units_sweep(torch, ws, tiled, x, runs, t_cublas)
-            choice = table.record(dev_name, N, K, e, M, times)
-            r[f"{e}_auto"] = {"choice": choice, "time_vs_cublas": times[choice] / t_cublas}
-        r["device_errors"] = int(err.item())
-        rows.append(r)
-        log(f"kernels {name} M={M}: cuBLAS {t_cublas * 1e3:.1f} us; " + "; ".join(
-            f"{e} fused {_ratio(r.get(e + '_fused'))}, decode+cuBLAS {_ratio(r.get(e + '_decode_cublas'))}"
-            for e in copies) + "".join(f"; {key.replace('_', ' ')} {_ratio(r[key])}"
-                                       for key, *_ in LAYOUTS + TILED + WRITER_ROW + PDL_KEYS + SPLIT_ROW
-                                       if key in r))
-    del dense, copies
+        errors_before = int(inp.err.item())
+        if core:
+            _core(torch, h, inp, r, x, runs, skip)
+        else:
+            _extras(torch, h, inp, r, x, runs, budget, skip, log)
+        r["device_errors"] = r.get("device_errors", 0) + int(inp.err.item()) - errors_before
+        out.append(r)
+        if core:
+            log(f"kernels {name} M={M}: cuBLAS {r['cublas']['median_ms'] * 1e3:.1f} us; " + "; ".join(
+                f"{e} fused {_ratio(r.get(e + '_fused'))}, decode+cuBLAS {_ratio(r.get(e + '_decode_cublas'))}"
+                for e in inp.copies) + "".join(f"; {key.replace('_', ' ')} {_ratio(r[key])}"
+                                               for key, *_ in TILED if key in r))
+        else:
+            log(f"kernels {name} M={M} (the rest): cuBLAS {r['cublas_extras']['median_ms'] * 1e3:.1f} us" + "".join(
+                f"; {key.replace('_', ' ')} {_ratio(r[key])}" for key, *_ in LAYOUTS + WRITER_ROW + PDL_KEYS
+                + SPLIT_ROW if "median_ms" in (r.get(key) or {}) or "error" in (r.get(key) or {})))
+    del inp
     bu.empty_cache(torch)
-    return rows
+    return out
+
+
+def _core(torch, h, inp, r, x, runs, skip) -> None:
+    """The dispatch's candidates at batch x.size(0) into row r (see bench_shape)."""
+    import torch.nn.functional as F
+
+    from unweight.runtime import dispatch
+    from unweight.runtime import kernel_plan as kp
+    from unweight.runtime.policy import GEMV_PATHS, DispatchPolicy
+    N, K, M = inp.N, inp.K, x.size(0)
+    baseline = DispatchPolicy(None)
+    if "palette" in inp.copies:  # the palette order the rows ran with (the loaders': paired where it can)
+        r["palette"] = list(inp.copies["palette"][0].palette)
+    t = bu.graph_time(torch, [lambda d=d: F.linear(x, d) for d in inp.dense], runs=runs)
+    r["cublas"] = {**t, "weight_GBps": N * K * 2 / (t["median_ms"] * 1e-3) / 1e9}
+    t_cublas = t["median_ms"]
+    for e, ws in inp.copies.items():
+        t = bu.graph_time(torch, [lambda q=q: dispatch.linear([q], x, None, N, K, baseline) for q in ws], runs=runs)
+        r[f"{e}_decode_cublas"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas}
+        try:
+            acc = h.fused_vs_cublas(ws[0], x, inp.w, inp.err)
+        except (ValueError, RuntimeError) as ex:  # no such kernel, or it refused this problem
+            r[f"{e}_fused"] = {"refused": f"{type(ex).__name__}: {ex}"}
+        else:
+            try:
+                t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x) for q in ws], runs=runs)
+                r[f"{e}_fused"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "accuracy": acc,
+                                   "weight_GBps": bu.encoded_bytes(ws[0]) / (t["median_ms"] * 1e-3) / 1e9}
+            except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
+                r[f"{e}_fused"] = {"error": f"{type(ex).__name__}: {ex}", "accuracy": acc}
+        if e != "palette":
+            continue
+        # The other copy layouts in file order: accuracy and bits only (timed by _extras).
+        y_one = None  # the one-tile kernel's result, computed once for the bit comparisons
+        for key, path, tag, same in LAYOUTS:
+            gemm = path not in GEMV_PATHS
+            if tag in skip or not (gemm or kp.pgemv_supported(M, K, GEMV_PATHS[path])):
+                continue
+            if gemm and y_one is None:
+                y_one = h.fused_op(ws[0], x).view(torch.int16)
+            _check_layout(torch, h, ws, x, inp, r, key, path, y_one if gemm else None)
+        if "tiled" in skip or not kp.pal_tiled_ok(N, K):
+            continue
+        tiled = inp.tiled_copies()
+        t = bu.graph_time(torch, [lambda q=q: dispatch.linear([q], x, None, N, K, baseline) for q in tiled],
+                          runs=runs)
+        r["palette_tiled_decode_cublas"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas}
+        for key, path, ref, tag in TILED:
+            if file_order_passed(r, ref) and tag not in skip:
+                _time_tiled(torch, h, ws, tiled, x, t_cublas, runs, r, key, path, ref)
+
+
+def _check_layout(torch, h, ws, x, inp, r, key, path, y_one) -> None:
+    """Runs the palette kernel `path` on the file-order planes for its accuracy against cuBLAS
+    and, given the one-tile kernel's result y_one (int16 view), whether it gave those bits: r[key]
+    (its time comes from _extras)."""
+    try:
+        acc = h.fused_vs_cublas(ws[0], x, inp.w, inp.err, path)
+        same = y_one is None or bool(torch.equal(h.fused_op(ws[0], x, None, path).view(torch.int16), y_one))
+    except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
+        r[key] = {"error": f"{type(ex).__name__}: {ex}"}
+        return
+    r[key] = {"accuracy": acc, **({"same_bits_as_palette_fused": same} if y_one is not None else {})}
+
+
+def file_order_passed(r: dict, path: str) -> bool:
+    """Whether row r's file-order run of the palette path `path` passed its accuracy check and,
+    where LAYOUTS requires it, gave the one-tile kernel's bits: the condition for a tile-major
+    time of the same kernel to count."""
+    from unweight.runtime.tuning_table import PALETTE_GEMM
+    if path == PALETTE_GEMM:
+        return bool(((r.get("palette_fused") or {}).get("accuracy") or {}).get("passed"))
+    for key, p, _, same in LAYOUTS:
+        if p == path:
+            e = r.get(key) or {}
+            return bool((e.get("accuracy") or {}).get("passed")) and (e.get("same_bits_as_palette_fused", True)
+                                                                      or not same)
+    return False
+
+
+def _extras(torch, h, inp, r, x, runs, budget, skip, log) -> None:
+    """The rest of row r at batch x.size(0), against a cuBLAS timing of its own
+    (r["cublas_extras"]); a ratio between two of these rows is of timings made side by side.
+    In this order: the tile-major tensor-core GEMV in the writer's palette order, the switched
+    launch modes, the probes and the split layout (each against the kernel it varies, timed
+    again here); the file-order copy layouts' times (into their rows, which _core checked); at
+    batch 1, the sweeps.  Rows of the palette encoding only."""
+    import torch.nn.functional as F
+    if "palette" not in inp.copies:
+        return
+    ws, M = inp.copies["palette"], x.size(0)
+    t = bu.graph_time(torch, [lambda d=d: F.linear(x, d) for d in inp.dense], runs=runs)
+    r["cublas_extras"] = t
+    t_cublas = t["median_ms"]
+    tiled = inp.tiled_copies() if "palette_tiled_decode_cublas" in r else []
+    if tiled:
+        fresh = {}  # tile-major rows timed again here, for the ratios below
+
+        def base_ms(key: str, path: str):
+            if key not in fresh and "median_ms" in (r.get(key) or {}):
+                fresh[key] = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, path) for q in tiled],
+                                           runs=runs)["median_ms"]
+            return fresh.get(key)
+
+        e = "palette"
+        if (M in WRITER_ORDER_BATCHES and base_ms("palette_gemv_mma_tiled", "palette_gemv_mma")
+                and list(inp.encs[e].header.palette[: inp.encs[e].header.pal_size]) != list(ws[0].palette)):
+            inp.writer = inp.writer or [bu.clone_encoded(h.encoded_weight(inp.encs[e], x.device, inp.err),
+                                                         tiled=True) for _ in ws]
+            key = "palette_gemv_mma_tiled_writer_order"
+            _time_tiled(torch, h, ws, inp.writer, x, t_cublas, runs, r, key, "palette_gemv_mma", "palette_gemv_mma")
+            if "median_ms" in r[key]:
+                r[key]["time_vs_paired"] = r[key]["median_ms"] / fresh["palette_gemv_mma_tiled"]
+        if M in PDL_BATCHES and "gemv:pdl" not in skip:
+            _time_switched(torch, h, tiled, x, t_cublas, runs, r, PDL_ROWS, h.programmatic, "_pdl", "no_pdl")
+        if M in PDL_WG_BATCHES and "gemm:wg" not in skip:
+            _time_switched(torch, h, tiled, x, t_cublas, runs, r, PDL_WG_ROWS, h.programmatic, "_pdl", "no_pdl")
+            _time_switched(torch, h, tiled, x, t_cublas, runs, r, WG_TILE_WAIT_ROWS, h.wgmma_tile_wait,
+                           "_tile_wait", "step")
+        if M in X_PREFETCH_BATCHES:
+            _time_switched(torch, h, tiled, x, t_cublas, runs, r, X_PREFETCH_ROWS,
+                           lambda on: h.gemv_x_prefetch(not on), "_no_x_prefetch", "x_prefetch")
+        if M in PROBE_BATCHES and "gemv:probe" not in skip and base_ms("palette_gemv_mma_tiled", "palette_gemv_mma"):
+            _time_probes(torch, tiled, x, runs, r, fresh["palette_gemv_mma_tiled"], log)
+        if M in SPLIT_BATCHES and "gemv:mma_split" not in skip and base_ms("palette_gemv_mma_tiled",
+                                                                           "palette_gemv_mma"):
+            _time_split(torch, tiled, inp.split, x, t_cublas, runs, r, fresh["palette_gemv_mma_tiled"])
+    for key, path, _, _ in LAYOUTS:
+        if key in r and "accuracy" in r[key] and "median_ms" not in r[key]:
+            _time_layout(torch, h, ws, x, t_cublas, runs, r, key, path)
+    if M == 1 and budget.left() > 30:
+        r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas, wide="gemm:wide" not in skip)
+        r["palette_gemv_parts_sweep"] = _gemv_parts_sweep(torch, ws, x, runs, t_cublas, skip)
+        if "gemv:mma_queue" not in skip:
+            r["palette_gemv_queue_sweep"] = _queue_units_sweep(torch, ws, tiled, x, runs, t_cublas)
 
 
 # The fused palette GEMM's other copy layouts, and the palette GEMV (batch 1..4; its tensor-core
@@ -226,26 +344,29 @@ PDL_KEYS = tuple((key + "_pdl",) for key, _ in PDL_ROWS + PDL_WG_ROWS) + tuple(
     (key + "_no_x_prefetch",) for key, _ in X_PREFETCH_ROWS)
 
 
-def _time_switched(torch, h, tiled, x, err, t_cublas, runs, r, rows, switch, suffix, ref) -> None:
-    """Each timed (row, path) of `rows` again with the process-wide `switch` on, into
-    r[row + suffix]: its bits against the same launch with it off (same_bits_as_<ref>) and its
-    time against the row's (time_vs_<ref>).  PDL_ROWS and PDL_WG_ROWS with h.programmatic
-    ("_pdl", "no_pdl"); WG_TILE_WAIT_ROWS with h.wgmma_tile_wait ("_tile_wait", "step");
-    X_PREFETCH_ROWS with the L1 prefetch of x turned off ("_no_x_prefetch", "x_prefetch")."""
+def _time_switched(torch, h, tiled, x, t_cublas, runs, r, rows, switch, suffix, ref) -> None:
+    """Each (row, path) of `rows` that the core part timed, run with the process-wide `switch`
+    off and on, side by side, into r[row + suffix]: its bits against the launch with it off
+    (same_bits_as_<ref>), that launch's time (<ref>_ms) and the time against it (time_vs_<ref>).
+    PDL_ROWS and PDL_WG_ROWS with h.programmatic ("_pdl", "no_pdl"); WG_TILE_WAIT_ROWS with
+    h.wgmma_tile_wait ("_tile_wait", "step"); X_PREFETCH_ROWS with the L1 prefetch of x turned
+    off ("_no_x_prefetch", "x_prefetch")."""
     for key, path in rows:
         if "median_ms" not in r.get(key, {}):
             continue
+        calls = [lambda q=q: h.fused_op(q, x, None, path) for q in tiled]
         try:
             with switch(False):
-                want = h.fused_op(tiled[0], x, err, path).view(torch.int16)
+                want = h.fused_op(tiled[0], x, None, path).view(torch.int16)
+                t_off = bu.graph_time(torch, calls, runs=runs)["median_ms"]
             with switch(True):
-                same = bool(torch.equal(h.fused_op(tiled[0], x, err, path).view(torch.int16), want))
-                t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, path) for q in tiled], runs=runs)
+                same = bool(torch.equal(h.fused_op(tiled[0], x, None, path).view(torch.int16), want))
+                t = bu.graph_time(torch, calls, runs=runs)
         except Exception as ex:  # noqa: BLE001 - a failing launch mode is a finding
             r[key + suffix] = {"error": f"{type(ex).__name__}: {ex}"}
             continue
         r[key + suffix] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, f"same_bits_as_{ref}": same,
-                           f"time_vs_{ref}": t["median_ms"] / r[key]["median_ms"]}
+                           f"{ref}_ms": t_off, f"time_vs_{ref}": t["median_ms"] / t_off}
 
 
 # Batches at which the tensor-core GEMV on tile-major planes (the runtime's batch-1 path) is
@@ -261,12 +382,12 @@ def _time_switched(torch, h, tiled, x, err, t_cublas, runs, r, rows, switch, suf
 PROBE_BATCHES = (1,)
 
 
-def _time_probes(torch, tiled, x, runs, r, log) -> None:
-    """Times the probes on the tile-major copies into r["palette_gemv_mma_tiled_probe"]."""
+def _time_probes(torch, tiled, x, runs, r, full_ms: float, log) -> None:
+    """Times the probes on the tile-major copies into r["palette_gemv_mma_tiled_probe"], each as
+    a share of full_ms (the full kernel timed beside them)."""
     from unweight import ops
     from unweight.runtime import kernel_plan as kp
-    base = r.get("palette_gemv_mma_tiled", {})
-    if "median_ms" not in base or not hasattr(ops, "palette_gemv_probe"):
+    if not hasattr(ops, "palette_gemv_probe"):
         return
     w0, v = tiled[0], kp.PGEMV_VARIANT_MMA
     parts = ops.palette_gemv_parts(w0.rows, w0.cols, x.device, v)
@@ -278,17 +399,17 @@ def _time_probes(torch, tiled, x, runs, r, log) -> None:
         calls[name] = lambda q, name=name: ops.palette_gemv_probe(x, q.sm, q.idx, q.vpos, q.vexp, q.rows, q.cols,
                                                                   q.palette, parts, name, tiled=True,
                                                                   vrow=getattr(q, "vrow", None))
-    out = {"full_ms": base["median_ms"], "parts": parts, "verbatim_blocks": int(w0.vpos.numel())}
+    out = {"full_ms": full_ms, "parts": parts, "verbatim_blocks": int(w0.vpos.numel())}
     for name, call in calls.items():
         try:
             t = bu.graph_time(torch, [lambda q=q: call(q) for q in tiled], runs=runs)
         except Exception as ex:  # noqa: BLE001 - a refused probe is a finding
             out[name] = {"error": f"{type(ex).__name__}: {ex}"}
             continue
-        out[name] = {**t, "share_of_full": t["median_ms"] / base["median_ms"]}
+        out[name] = {**t, "share_of_full": t["median_ms"] / full_ms}
     r["palette_gemv_mma_tiled_probe"] = out
     shares = (f"{k} {out[k]['share_of_full']:.2f}" if "share_of_full" in out[k] else f"{k} error" for k in calls)
-    log(f"kernels {w0.rows}x{w0.cols} M={x.size(0)}: tensor-core GEMV {base['median_ms'] * 1e3:.1f} us; "
+    log(f"kernels {w0.rows}x{w0.cols} M={x.size(0)}: tensor-core GEMV {full_ms * 1e3:.1f} us; "
         "as a share of it: " + ", ".join(shares))
 
 
@@ -309,13 +430,13 @@ def _split_copies(tiled) -> list:
             if ops.split_halves(q.palette) is not None]
 
 
-def _time_split(torch, tiled, split, x, t_cublas, runs, r) -> None:
+def _time_split(torch, tiled, split, x, t_cublas, runs, r, mma_ms: float) -> None:
     """Times the GEMV on the split copies (made into `split` at the first call) into
-    r["palette_gemv_mma_split_tiled"]."""
+    r["palette_gemv_mma_split_tiled"], against mma_ms (the kernel on the tile-major planes,
+    timed beside it)."""
     from unweight import ops
     from unweight.runtime import kernel_plan as kp
-    base = r.get("palette_gemv_mma_tiled", {})
-    if "median_ms" not in base or not hasattr(kp, "PGEMV_VARIANT_MMA_SPLIT"):
+    if not hasattr(kp, "PGEMV_VARIANT_MMA_SPLIT"):
         return
     try:
         split[:] = split or _split_copies(tiled)
@@ -340,45 +461,52 @@ def _time_split(torch, tiled, split, x, t_cublas, runs, r) -> None:
         r["palette_gemv_mma_split_tiled"] = {"error": f"{type(ex).__name__}: {ex}"}
         return
     r["palette_gemv_mma_split_tiled"] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "same_bits_as_mma": same,
-                                         "time_vs_mma": t["median_ms"] / base["median_ms"]}
+                                         "time_vs_mma": t["median_ms"] / mma_ms}
 
 
-def _time_tiled(torch, h, ws, tiled, x, err, t_cublas, runs, r, key, path, ref) -> None:
-    """Times `path` on the tile-major copies into r[key], with its time against the file-order
-    run of `ref` (r's entry for it; `path` itself where it runs in file order) and whether it
-    gave that run's bits."""
+def _time_tiled(torch, h, ws, tiled, x, t_cublas, runs, r, key, path, ref) -> None:
+    """Times `path` on the tile-major copies into r[key], with whether it gave the bits of the
+    file-order run of `ref` (`path` itself where it runs in file order) and, where that run is
+    timed, its time against it (time_vs_file_order: of the two times against cuBLAS, each
+    against the cuBLAS timed beside it)."""
     try:
-        want = h.fused_op(ws[0], x, err, ref).view(torch.int16)
-        same = bool(torch.equal(h.fused_op(tiled[0], x, err, path).view(torch.int16), want))
+        want = h.fused_op(ws[0], x, None, ref).view(torch.int16)
+        same = bool(torch.equal(h.fused_op(tiled[0], x, None, path).view(torch.int16), want))
         t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, path) for q in tiled], runs=runs)
     except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
         r[key] = {"error": f"{type(ex).__name__}: {ex}"}
         return
-    base = next((r[k] for k, p, *_ in LAYOUTS if p == ref and k in r), r.get("palette_fused"))
     r[key] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "same_bits_as_file_order": same,
               "weight_GBps": bu.encoded_bytes(tiled[0]) / (t["median_ms"] * 1e-3) / 1e9}
-    if base and "median_ms" in base:
-        r[key]["time_vs_file_order"] = t["median_ms"] / base["median_ms"]
+    _vs_file_order(r, key, ref)
 
 
-def _time_layout(torch, h, ws, x, w, err, t_cublas, runs, r, times, key, path, y_one=None,
-                 require_same: bool = True) -> None:
-    """Times the palette kernel `path` into r[key] and times[path] (when it meets the accuracy
-    bound and, given the one-tile kernel's result y_one (int16 view), gives its bits, or
-    require_same is False: then whether it did is only recorded)."""
+def _file_order_key(path: str) -> str:
+    """The row key of the palette path `path` run on the file-order planes."""
+    from unweight.runtime.tuning_table import PALETTE_GEMM
+    return "palette_fused" if path == PALETTE_GEMM else next((k for k, p, *_ in LAYOUTS if p == path), "")
+
+
+def _vs_file_order(r: dict, key: str, ref: str) -> None:
+    """r[key]["time_vs_file_order"] where both r[key] and the file-order run of `ref` are timed."""
+    base, e = r.get(_file_order_key(ref)) or {}, r.get(key) or {}
+    if "time_vs_cublas" in base and "time_vs_cublas" in e:
+        e["time_vs_file_order"] = e["time_vs_cublas"] / base["time_vs_cublas"]
+
+
+def _time_layout(torch, h, ws, x, t_cublas, runs, r, key, path) -> None:
+    """Times the palette kernel `path` on the file-order planes into r[key] (which _check_layout
+    filled with its accuracy and bits)."""
     try:
-        acc = h.fused_vs_cublas(ws[0], x, w, err, path)
-        same = y_one is None or bool(torch.equal(h.fused_op(ws[0], x, err, path).view(torch.int16), y_one))
         t = bu.graph_time(torch, [lambda q=q: h.fused_op(q, x, None, path) for q in ws], runs=runs)
     except Exception as ex:  # noqa: BLE001 - a failing kernel is a finding
-        r[key] = {"error": f"{type(ex).__name__}: {ex}"}
+        r[key]["error"] = f"{type(ex).__name__}: {ex}"
         return
-    r[key] = {**t, "time_vs_cublas": t["median_ms"] / t_cublas, "accuracy": acc,
-              "weight_GBps": bu.encoded_bytes(ws[0]) / (t["median_ms"] * 1e-3) / 1e9}
-    if y_one is not None:
-        r[key]["same_bits_as_palette_fused"] = same
-    if acc.get("passed") and (same or not require_same):
-        times[path] = t["median_ms"]
+    r[key].update({**t, "time_vs_cublas": t["median_ms"] / t_cublas, "part": "extras",
+                   "weight_GBps": bu.encoded_bytes(ws[0]) / (t["median_ms"] * 1e-3) / 1e9})
+    for tkey, _, ref, _ in TILED:
+        if ref == path:
+            _vs_file_order(r, tkey, ref)
 
 
 def _split_sweep(torch, ws, x, runs, t_cublas, wide: bool = True) -> dict:
@@ -477,67 +605,130 @@ def _ratio(entry) -> str:
 
 def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("palette", "huffman"), runs: int = 25,
         out_path: str | None = None, log=print, skip: dict | None = None) -> dict:
-    """Kernel benchmark within `budget`; a shape that fails is recorded and the next one runs.
-    Returns the result dict (with the measured TuningTable under "_table", not serialized).
-    skip: {"gemm:wide" | "gemm:xs" | "gemv": why} leaves that palette kernel out."""
+    """Kernel benchmark within `budget`: the parts of parts_of(batches), each over every shape
+    before the next; a shape that fails is recorded and the next one runs.  Returns the result
+    dict (with the measured TuningTable under "_table", not serialized), one row per shape and
+    batch, each with "<encoding>_auto": the path the measured dispatch takes (_dispatch_choices).
+    skip: {"gemm:wide" | "gemm:xs" | "gemv" | ...: why} leaves that palette kernel out."""
     skip = dict(skip or {})
-    from unweight.runtime.tuning_table import TuningTable
     l2 = bu.l2_bytes(torch)
     dev_name = bu.device_name(torch)
-    table = TuningTable()
+    parts = parts_of(batches)
     res = {"benchmark": "kernels", "environment": bu.environment(torch), "l2_bytes": l2, "runs": runs,
-           "batches": list(batches), "encodings": list(encodings), "rows": [],
+           "batches": list(batches), "encodings": list(encodings),
+           "parts": [{"part": n, "batches": bs} for n, _, bs in parts], "rows": [],
            "skipped": [{"variant": t, "why": why} for t, why in sorted(skip.items())]}
-    est = bu.WorkEstimate(5, 1e-8)  # the prior until two shapes are timed, then the run's own rate
-    for name, N, K in shapes:
-        need = est.need(N * K * len(batches))
-        if budget.left() < need:
-            res["skipped"].append({"shape": name, "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
-            continue
-        t0 = time.monotonic()
-        try:
-            rows = bench_shape(torch, name, N, K, batches, encodings, runs, l2, budget, table, dev_name, log, skip)
-            res["rows"] += rows
-            if not any("skipped" in r for r in rows):  # a shape cut short says nothing of the rate
-                est.record(N * K * len(batches), time.monotonic() - t0)
-        except Exception as e:  # noqa: BLE001 - a failing shape is a finding; the next one still runs
-            res["rows"].append({"shape": name, "N": N, "K": K, "error": f"{type(e).__name__}: {e}"})
-            bu.sync(torch)
-            bu.empty_cache(torch)
+    by, failed = {}, []  # {(shape, M): row}; the rows of shapes whose part failed
+    place = {name: i for i, (name, *_) in enumerate(shapes)}
+
+    def save():
+        res["rows"] = sorted(list(by.values()) + failed, key=lambda r: (place[r["shape"]], r.get("M", 0)))
+        _dispatch_choices(res["rows"], dev_name, encodings)
         if out_path:
             bu.write_json(out_path, res)
-    res["_table"] = table
+
+    for part, core, bs in parts:
+        est = bu.WorkEstimate(5, 1e-8)  # the prior until two shapes are timed, then the part's own rate
+        for name, N, K in shapes:
+            mine = {M: by[name, M] for M in bs if "cublas" in by.get((name, M), {})}
+            if not (core or mine):
+                continue  # the rest of a shape none of whose batches were timed
+            need = est.need(N * K * len(bs))
+            if budget.left() < need:
+                res["skipped"].append({"shape": name, "part": part,
+                                       "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
+                continue
+            t0, n_skipped = time.monotonic(), len(res["skipped"])
+            try:
+                rows = bench_shape(torch, name, N, K, bs, encodings, runs, l2, budget, dev_name, log, skip, core,
+                                   mine, res["skipped"])
+                by.update(((name, r["M"]), r) for r in rows)
+                if not any("skipped" in r for r in rows) and len(res["skipped"]) == n_skipped:
+                    est.record(N * K * len(bs), time.monotonic() - t0)  # (a shape cut short says nothing of the rate)
+            except Exception as e:  # noqa: BLE001 - a failing shape is a finding; the next one still runs
+                failed.append({"shape": name, "N": N, "K": K, "part": part, "error": f"{type(e).__name__}: {e}"})
+                bu.sync(torch)
+                bu.empty_cache(torch)
+            save()
+    save()
+    res["_table"] = table_from_rows(res["rows"], dev_name, encodings)
     return res
 
 
-def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):
-    """TuningTable of a recorded run's rows (the dispatch choices bench_shape recorded)."""
-    from unweight.runtime.tuning_table import PALETTE_GEMM, TuningTable, bucket, entry_key
-    table = TuningTable()
+def _row_times(r: dict, tiled: bool) -> dict | None:
+    """{path: ms} the dispatch chooses from in row r, for the palette weight in file order or
+    tile-major (None where that order's decode + cuBLAS was not timed).  A fused time counts
+    where the kernel passed its accuracy check in file order and, tile-major, gave the file-order
+    bits.  A time the extras part took is counted as its ratio to the cuBLAS timed beside it
+    times the core part's cuBLAS time, so that the times in one entry share one time base."""
+    from unweight.runtime.tuning_table import DECODE_CUBLAS, PALETTE_GEMM
+    c = (r.get("cublas") or {}).get("median_ms")
+    dec = r.get("palette_tiled_decode_cublas" if tiled else "palette_decode_cublas") or {}
+    if c is None or "median_ms" not in dec:
+        return None
+
+    def ms(e):
+        return e["time_vs_cublas"] * c if e.get("part") == "extras" else e["median_ms"]
+
+    times = {DECODE_CUBLAS: dec["median_ms"]}
+    if tiled:
+        for key, path, ref, _ in TILED:
+            e = r.get(key) or {}
+            if "median_ms" in e and e.get("same_bits_as_file_order") and file_order_passed(r, ref):
+                times[path] = ms(e)
+        return times
+    for path in [PALETTE_GEMM] + [p for _, p, _, _ in LAYOUTS]:
+        e = r.get(_file_order_key(path)) or {}
+        if "median_ms" in e and file_order_passed(r, path):
+            times[path] = ms(e)
+    return times
+
+
+def _entry_key(path: str, tiled: bool) -> str:
+    """The row key of the timing `path` (a dispatch path, or decode_cublas) in either order."""
+    from unweight.runtime.tuning_table import DECODE_CUBLAS
+    if path == DECODE_CUBLAS:
+        return "palette_tiled_decode_cublas" if tiled else "palette_decode_cublas"
+    return next((k for k, p, _, _ in TILED if p == path), "") if tiled else _file_order_key(path)
+
+
+def _dispatch_choices(rows, device_name: str, encodings) -> None:
+    """Each timed row's "<encoding>_auto": the path the measured dispatch runs at that batch
+    ({"choice", "time_vs_cublas"}; palette's also "plane_order", the order
+    TuningTable.plane_order holds the shape's weight in under these rows' table)."""
+    from unweight.runtime.tuning_table import DECODE_CUBLAS, choose
+    table = table_from_rows(rows, device_name, encodings)
     for r in rows:
-        # Only palette has a fused kernel: for huffman, decode + cuBLAS has nothing to choose from.
-        dec, fz = r.get("palette_decode_cublas") or {}, r.get("palette_fused") or {}
-        if "palette" not in encodings or "cublas" not in r or "median_ms" not in dec:
+        if "cublas" not in r:
             continue
-        times = {"decode_cublas": dec["median_ms"]}
-        if "median_ms" in fz and (fz.get("accuracy") or {}).get("passed"):
-            times[PALETTE_GEMM] = fz["median_ms"]
-        for key, path, _, same in LAYOUTS:
-            lay = r.get(key) or {}
-            if "median_ms" in lay and (lay.get("accuracy") or {}).get("passed") and (
-                    lay.get("same_bits_as_palette_fused") or not same):
-                times[path] = lay["median_ms"]
-        table.record(device_name, r["N"], r["K"], "palette", r["M"], times)
-        # The tile-major timings, where the run has their own decode + cuBLAS baseline.
-        dec_t = r.get("palette_tiled_decode_cublas") or {}
-        if "median_ms" in dec_t:
-            times = {"decode_cublas": dec_t["median_ms"]}
-            for key, path, ref, _ in TILED:
-                lay = r.get(key) or {}
-                if "median_ms" in lay and lay.get("same_bits_as_file_order") and ref in table.entries.get(
-                        entry_key(device_name, r["N"], r["K"], "palette", bucket(r["M"])), {}).get("times_ms", {}):
-                    times[path] = lay["median_ms"]
-            table.record(device_name, r["N"], r["K"], "palette:tiled", r["M"], times)
+        for e in encodings:
+            if e != "palette":  # (no fused kernel to choose)
+                if "time_vs_cublas" in (r.get(f"{e}_decode_cublas") or {}):
+                    r[f"{e}_auto"] = {"choice": DECODE_CUBLAS,
+                                      "time_vs_cublas": r[f"{e}_decode_cublas"]["time_vs_cublas"]}
+                continue
+            order = table.plane_order(device_name, r["N"], r["K"])
+            times = _row_times(r, order == "tiled")
+            if times is None:
+                continue
+            choice = choose(times, "palette:tiled" if order == "tiled" else "palette")
+            r["palette_auto"] = {"choice": choice, "plane_order": order,
+                                 "time_vs_cublas": r[_entry_key(choice, order == "tiled")]["time_vs_cublas"]}
+
+
+def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):
+    """TuningTable of a run's rows (live or recorded): the palette entries in both plane orders
+    (_row_times).  Only palette has a fused kernel: for huffman, decode + cuBLAS has nothing to
+    choose from, and a missing entry is decode + cuBLAS."""
+    from unweight.runtime.tuning_table import TuningTable
+    table = TuningTable()
+    if "palette" not in encodings:
+        return table
+    for r in rows:
+        for tiled in (False, True):
+            times = _row_times(r, tiled)
+            if times is not None:
+                table.record(device_name, r["N"], r["K"], "palette:tiled" if tiled else "palette", r["M"], times)
     return table
 
 

@@ -214,7 +214,7 @@ def kernels_table(bench: dict) -> list[str]:
                             "palette_gemv_mma_prefetch", "palette_gemv_mma_queue", "palette_gemv_deep",
                             "palette_gemv_staged",
                             "huffman_fused", "palette_decode_cublas", "huffman_decode_cublas",
-                            *(key for key, _ in TILED_ROWS))
+                            *(key for key, _ in TILED_ROWS), "palette_auto")
                 if any(k in r for r in rows)]
     label = {"palette_fused": "palette fused", "palette_fused_wide": "palette fused, wide stages",
              "palette_fused_xs": "palette fused, shared x", "palette_fused_wg": "palette fused, wgmma (sm_90a)",
@@ -227,7 +227,11 @@ def kernels_table(bench: dict) -> list[str]:
              "palette_gemv_mma_queue": "palette GEMV, tensor cores, queued units (batch 1-32)",
              "huffman_fused": "huffman fused",
              "palette_decode_cublas": "palette decode + cuBLAS", "huffman_decode_cublas": "huffman decode + cuBLAS",
-             **dict(TILED_ROWS)}
+             **dict(TILED_ROWS),
+             # (records older than the plane order in "auto" chose among the file-order paths)
+             "palette_auto": "palette, the path the measured dispatch picks" + (
+                 "" if any("plane_order" in (r.get("palette_auto") or {}) for r in rows)
+                 else " among the file-order paths")}
     lines = ["**y = x W^T against cuBLAS BF16** (cuBLAS in microseconds; the others as time / cuBLAS time, "
              "so 2.00 is twice as slow; \"—\" the kernel refuses that batch):", "",
              "| shape [N, K] | path | " + " | ".join(f"M={m}" for m in batches) + " |",

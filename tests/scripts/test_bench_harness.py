@@ -157,6 +157,85 @@ def test_kernels_from_json_records_tile_major_entries_and_the_plane_order(tmp_pa
     assert t.plane_order(gpu, 4096, 4096) == "tiled"
 
 
+def test_kernels_parts_put_the_goals_batches_first_and_the_rest_last():
+    assert bench_kernels.parts_of((1, 4, 16, 32, 64, 256)) == [
+        ("headline", True, [1, 16]), ("buckets", True, [4, 32, 64, 256]), ("extras", False, [1, 4, 16, 32, 64, 256])]
+    assert bench_kernels.parts_of((4, 64)) == [("buckets", True, [4, 64]), ("extras", False, [4, 64])]
+
+
+def test_kernels_run_takes_each_part_over_every_shape_before_the_next(monkeypatch, tmp_path):
+    """run() times the dispatch's candidates at batch 1 and 16 on every shape before any other
+    batch, and the rest only on rows whose candidates were timed; a part the budget cannot fit
+    is recorded per shape, and the rows come out in shape and batch order, each with the
+    dispatch's choice."""
+    import torch
+    calls = []
+
+    def fake(torch_, name, N, K, batches, encodings, runs, l2, budget, dev_name, log, skip, core, rows, skipped):
+        calls.append((name, "core" if core else "extras", list(batches)))
+        if core:
+            return [{"shape": name, "N": N, "K": K, "M": M, "cublas": {"median_ms": 1.0},
+                     "palette_decode_cublas": {"median_ms": 2.0, "time_vs_cublas": 2.0}} for M in batches]
+        assert set(rows) <= set(batches) and all("cublas" in r for r in rows.values())
+        for r in rows.values():
+            r["cublas_extras"] = {"median_ms": 1.0}
+        return list(rows.values())
+
+    monkeypatch.setattr(bench_kernels, "bench_shape", fake)
+    shapes = [("a", 64, 64), ("b", 128, 64)]
+    res = bench_kernels.run(torch, shapes, bu.Budget(1e6), batches=(1, 4, 16), encodings=("palette",),
+                            out_path=str(tmp_path / "k.json"))
+    assert calls == [("a", "core", [1, 16]), ("b", "core", [1, 16]), ("a", "core", [4]), ("b", "core", [4]),
+                     ("a", "extras", [1, 4, 16]), ("b", "extras", [1, 4, 16])]
+    assert [(r["shape"], r["M"]) for r in res["rows"]] == [("a", 1), ("a", 4), ("a", 16), ("b", 1), ("b", 4), ("b", 16)]
+    assert all(r["palette_auto"] == {"choice": "decode_cublas", "plane_order": "file", "time_vs_cublas": 2.0}
+               for r in res["rows"])
+    assert json.loads((tmp_path / "k.json").read_text())["rows"] == res["rows"]
+    # A budget for one shape's headline part only: the second shape's and every later part are
+    # skipped by name, and the rest of the first shape never runs.
+    calls.clear()
+
+    class Budget:
+        def __init__(self):
+            self.n = 0
+
+        def left(self):
+            self.n += 1
+            return 100.0 if self.n == 1 else 0.0
+
+    res = bench_kernels.run(torch, shapes, Budget(), batches=(1, 4, 16), encodings=("palette",))
+    assert calls == [("a", "core", [1, 16])]
+    assert [(s["shape"], s["part"]) for s in res["skipped"]] == [("b", "headline"), ("a", "buckets"),
+                                                                 ("b", "buckets"), ("a", "extras")]
+
+
+def test_kernels_table_counts_untimed_file_order_checks_and_rebases_the_rest():
+    """The tile-major rows count where the kernel's file-order run passed its checks, timed or
+    not (the core part runs the file-order layouts untimed); a file-order time the extras part
+    took enters the table as its ratio to the cuBLAS timed beside it times the core part's
+    cuBLAS time; the dispatch choice follows the table's plane order."""
+    from unweight.runtime.tuning_table import entry_key
+    gpu = "NVIDIA Test GPU"
+    row = {"shape": "a", "N": 4096, "K": 4096, "M": 1, "cublas": {"median_ms": 1.0},
+           "palette_decode_cublas": {"median_ms": 2.0, "time_vs_cublas": 2.0},
+           "palette_fused": {"median_ms": 1.5, "time_vs_cublas": 1.5, "accuracy": {"passed": True}},
+           "palette_gemv_mma": {"accuracy": {"passed": True}},  # checked, not timed
+           "palette_fused_xs": {"accuracy": {"passed": True}, "same_bits_as_palette_fused": True,
+                                "median_ms": 3.0, "time_vs_cublas": 1.2, "part": "extras"},
+           "palette_fused_wide": {"accuracy": {"passed": True}, "same_bits_as_palette_fused": False,
+                                  "median_ms": 0.1, "time_vs_cublas": 0.1, "part": "extras"},
+           "palette_tiled_decode_cublas": {"median_ms": 1.9, "time_vs_cublas": 1.9},
+           "palette_gemv_mma_tiled": {"median_ms": 0.8, "time_vs_cublas": 0.8, "same_bits_as_file_order": True},
+           "palette_gemv_tiled": {"median_ms": 0.1, "time_vs_cublas": 0.1, "same_bits_as_file_order": True}}
+    table = bench_kernels.table_from_rows([row], gpu, ("palette",))
+    assert table.entries[entry_key(gpu, 4096, 4096, "palette", "1")]["times_ms"] == {
+        "decode_cublas": 2.0, "palette_gemm": 1.5, "palette_gemm_xs": 1.2}  # (wide: other bits)
+    assert table.entries[entry_key(gpu, 4096, 4096, "palette:tiled", "1")]["times_ms"] == {
+        "decode_cublas": 1.9, "palette_gemv_mma": 0.8}  # (the GEMV: no file-order run)
+    bench_kernels._dispatch_choices([row], gpu, ("palette",))
+    assert row["palette_auto"] == {"choice": "palette_gemv_mma", "plane_order": "tiled", "time_vs_cublas": 0.8}
+
+
 def test_e2e_forced_policy_covers_both_plane_orders():
     """bench_e2e's forced policy names its path for a layer held tile-major too (a tile-major
     weight is looked up under its own entries), so a "+tiled" mode times the fused kernel."""

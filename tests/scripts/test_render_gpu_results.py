@@ -121,6 +121,19 @@ def test_probe_table_gives_each_probe_as_a_share_of_the_full_gemv():
     assert r.probe_table({"raw": {"kernels": {"rows": [{"N": 1, "K": 64, "M": 1}]}}}) == []
 
 
+def test_kernels_table_gives_the_measured_dispatch_and_says_when_it_chose_in_file_order_only():
+    r = _renderer()
+
+    def bench(auto):
+        return {"raw": {"kernels": {"rows": [{"N": 64, "K": 64, "M": 1, "cublas": {"median_ms": 0.01},
+                                              "palette_decode_cublas": {"time_vs_cublas": 1.5},
+                                              "palette_auto": auto}]}}}
+    new = r.kernels_table(bench({"choice": "palette_gemv_mma", "plane_order": "tiled", "time_vs_cublas": 0.91}))
+    assert "| | palette, the path the measured dispatch picks | 0.91 |" in new
+    old = r.kernels_table(bench({"choice": "decode_cublas", "time_vs_cublas": 1.5}))
+    assert "| | palette, the path the measured dispatch picks among the file-order paths | 1.50 |" in old
+
+
 def test_clocks_line_gives_each_benchmarks_sm_clock_and_the_reasons_it_was_held():
     r = _renderer()
     clocks = {"samples": 9, "clocks.sm": {"min": 1755.0, "median": 1980.0, "max": 1980.0},
