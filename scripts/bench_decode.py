@@ -18,6 +18,11 @@ design (a load-time operation), so it is timed call by call between events.
 GB/s: out_GBps counts the BF16 bytes written; moved_GBps counts planes read + BF16 written,
 the number to hold against the copy's read + write rate.
 
+Order: first, over every shape, the streams the GPU loaders hold (Huffman with the checkpoint
+index at S = 256, and palette, each with every decoder variant) beside the copy; then the
+routed MoE decode; then, over every shape, the rest.  A budget that runs out leaves the rest
+out first.
+
 The palette stream is timed again with its planes tile-major ("palette_tiled" rows, each
 decoder variant; ops/layout.py), the order a runtime may hold its matmul weights in, whose
 decode + cuBLAS path (large batches) then reads them that way.
@@ -101,9 +106,7 @@ def decoders_from_rows(rows, device_name: str, defaults: dict | None):
     table = TuningTable()
     if not defaults:
         return table
-    for r in rows:
-        if "error" in r:
-            continue
+    for r in rows:  # (a row with an error keeps the timings its shape made before it)
         streams: dict = {}
         for key, v in r.items():
             if not isinstance(v, dict) or "median_ms" not in v or not v.get("bitwise"):
@@ -124,7 +127,17 @@ def decoders_from_rows(rows, device_name: str, defaults: dict | None):
     return table
 
 
-def bench_shape(torch, name, N, K, seed, runs, l2, skip=()):
+# The parts of the decode benchmark, in the order run() takes each over every shape before the
+# next: the streams the GPU loaders hold ("loaders": the copy, Huffman at the loaders' checkpoint
+# interval and palette, each with every decoder variant: what the decode goals and the decoder
+# choices are read from), then the rest (the stream as stored with the transcode to palette, the
+# other checkpoint intervals, palette tile-major).
+DECODE_PARTS = ("loaders", "rest")
+
+
+def bench_shape(torch, name, N, K, seed, runs, l2, skip=(), part: str | None = None, row: dict | None = None):
+    """One shape's decode rows: every stream (part None), or one part of DECODE_PARTS, into `row`
+    (the shape's row of an earlier part) when given."""
     import numpy as np
 
     from unweight import ops
@@ -136,22 +149,28 @@ def bench_shape(torch, name, N, K, seed, runs, l2, skip=()):
     w = bu.bf16_weights(torch, N, K, seed)
     w_bits = h.bits(w)
     dense = N * K * 2
-    row = {"shape": name, "N": N, "K": K, "bf16_bytes": dense}
-    # Dense baseline: copy the BF16 weights (2 B read + 2 B written per weight).
-    k = bu.rotation_copies(2 * dense, l2)
-    srcs = [w] + [w.clone() for _ in range(k - 1)]
-    dsts = [torch.empty_like(w) for _ in range(k)]
-    t = bu.graph_time(torch, [lambda s=s, d=d: d.copy_(s) for s, d in zip(srcs, dsts)], runs=runs)
-    row["copy"] = {**t, "out_GBps": dense / (t["median_ms"] * 1e-3) / 1e9,
-                   "moved_GBps": 2 * dense / (t["median_ms"] * 1e-3) / 1e9}
-    del srcs, dsts
+    loaders, rest = part in (None, "loaders"), part in (None, "rest")
+    row = row if row is not None else {"shape": name, "N": N, "K": K, "bf16_bytes": dense}
+    if loaders:
+        # Dense baseline: copy the BF16 weights (2 B read + 2 B written per weight).
+        k = bu.rotation_copies(2 * dense, l2)
+        srcs = [w] + [w.clone() for _ in range(k - 1)]
+        dsts = [torch.empty_like(w) for _ in range(k)]
+        t = bu.graph_time(torch, [lambda s=s, d=d: d.copy_(s) for s, d in zip(srcs, dsts)], runs=runs)
+        row["copy"] = {**t, "out_GBps": dense / (t["median_ms"] * 1e-3) / 1e9,
+                       "moved_GBps": 2 * dense / (t["median_ms"] * 1e-3) / 1e9}
+        del srcs, dsts
     encs = {e: tc.encode(w_bits, e) for e in ("huffman", "palette")}
     # The file's stream as stored (one chain per segment) and with a checkpoint index (chains of
     # S weights: the GPU loaders' S = 256, a file's --index S = 1024, and FINE_INTERVAL where
     # index_intervals adds it).
     for s_chk in index_intervals(torch, N, K):
-        encs[f"huffman+index{s_chk}"] = tc.with_index(encs["huffman"].header, encs["huffman"].planes,
-                                                      chk_interval=s_chk)
+        if (s_chk == C.LOAD_CHK_INTERVAL and loaders) or (s_chk != C.LOAD_CHK_INTERVAL and rest):
+            encs[f"huffman+index{s_chk}"] = tc.with_index(encs["huffman"].header, encs["huffman"].planes,
+                                                          chk_interval=s_chk)
+    stored = encs.pop("huffman")  # (timed in the rest, with the transcode)
+    if rest:
+        encs = {"huffman": stored, **encs}
     from unweight.runtime import kernel_plan as kp
     decoders = other_decoders(kp)
     for e, enc in encs.items():
@@ -174,8 +193,9 @@ def bench_shape(torch, name, N, K, seed, runs, l2, skip=()):
                 row[key + (f"+{v}" if v else "")] = {**t, "bitwise": bitwise, "planes_bytes": nb, "ratio": nb / dense,
                                                      "out_GBps": dense / s / 1e9,
                                                      "moved_GBps": (nb + dense) / s / 1e9}
-        time_variants(e, ws, outs)
-        if e == "palette" and "tiled" not in skip and kp.pal_tiled_ok(N, K):
+        if e != "palette" or loaders:
+            time_variants(e, ws, outs)
+        if e == "palette" and rest and "tiled" not in skip and kp.pal_tiled_ok(N, K):
             # The same planes tile-major (ops/layout.py), as a runtime holding its matmul weights
             # that way decodes them for decode + cuBLAS ("palette_tiled": not a decoder variant).
             time_variants("palette_tiled", [bu.clone_encoded(x, tiled=True) for x in ws], outs)
@@ -191,7 +211,7 @@ def bench_shape(torch, name, N, K, seed, runs, l2, skip=()):
                                 "out_GBps": dense / (t["median_ms"] * 1e-3) / 1e9}
         del ws, outs, ew
         bu.empty_cache(torch)
-    row["device_errors"] = int(err.item())
+    row["device_errors"] = row.get("device_errors", 0) + int(err.item())
     return row
 
 
@@ -270,8 +290,10 @@ def bench_slots(torch, runs, l2, layer=SLOTS_LAYER, counts=SLOTS_COUNTS) -> dict
 
 def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None = None, log=print,
         skip: dict | None = None, slots_layer: tuple | None = SLOTS_LAYER) -> dict:
-    """Decode benchmark over `shapes` [(name, N, K)] within `budget`; a shape that fails is
-    recorded with its error and the next one still runs.  Writes out_path after every shape.
+    """Decode benchmark over `shapes` [(name, N, K)] within `budget`, in the parts of
+    DECODE_PARTS, each over every shape before the next (the routed MoE decode between them); a
+    shape that fails is recorded with its error ("<part>: ...") and the next one still runs.
+    Writes out_path after every shape.
     skip: {"huffman:<variant>" | "palette:<variant>": why} decoder variants left out.
     slots_layer: (experts, rows, cols) of the routed MoE decode's layer (bench_slots; None: not
     timed)."""
@@ -282,32 +304,45 @@ def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None
            "skipped": [{"variant": t, "why": why} for t, why in sorted(skip.items())]}
     res["default_decoders"] = default_decoders()
     res["copy_1GiB"] = bu.copy_bandwidth(torch)
-    # Before two shapes are timed: ~80 ns/weight for encoding on the host, the checked decodes
-    # and the timings; then the run's own rate.
-    est = bu.WorkEstimate(5, 8e-8)
-    # The routed MoE decode's time is kept from the shapes: the shapes' figures stand from earlier
-    # runs, the slots GEMV's had none (an H200 run spent the step's time before it).
+    res["parts"] = list(DECODE_PARTS)
+    # The routed MoE decode's time is kept from the loaders' streams: the shapes' figures stand
+    # from earlier runs, the slots GEMV's had none (an H200 run spent the step's time before it).
     keep = SLOTS_SECONDS if slots_layer is not None else 0.0
-    for i, (name, N, K) in enumerate(shapes):
-        need = est.need(N * K)
-        if budget.left() - keep < need:
-            res["skipped"].append({"shape": name, "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
-            continue
-        t0 = time.monotonic()
-        try:
-            row = bench_shape(torch, name, N, K, i, runs, l2, skip)
-        except Exception as e:  # noqa: BLE001 - a failing kernel is a finding; the next shape still runs
-            row = {"shape": name, "N": N, "K": K, "error": f"{type(e).__name__}: {e}"}
-            bu.sync(torch)
-        else:
-            est.record(N * K, time.monotonic() - t0)
-        res["rows"].append(row)
-        log(f"decode {name}: " + ", ".join(f"{e} {v['median_ms']:.4f} ms ({v.get('out_GBps', 0):.0f} GB/s)"
-                                           for e, v in row.items() if isinstance(v, dict) and "median_ms" in v)
-            + (f" ERROR {row['error']}" if "error" in row else ""))
-        if out_path:
-            bu.write_json(out_path, res)
-        bu.empty_cache(torch)
+    rows: dict = {}  # {shape: its row}
+    place = {name: i for i, (name, *_) in enumerate(shapes)}
+
+    def shapes_part(part: str, reserve: float) -> None:
+        # Before two shapes are timed: ~80 ns/weight for encoding on the host, the checked
+        # decodes and the timings (a part: about half of them); then the part's own rate.
+        est = bu.WorkEstimate(5, 4e-8)
+        for i, (name, N, K) in enumerate(shapes):
+            if part != DECODE_PARTS[0] and (name not in rows or "error" in rows[name]):
+                continue  # (a shape whose first part did not run or failed)
+            need = est.need(N * K)
+            if budget.left() - reserve < need:
+                res["skipped"].append({"shape": name, "part": part,
+                                       "why": f"{budget.left():.0f} s left, about {need:.0f} s needed"})
+                continue
+            t0 = time.monotonic()
+            try:
+                row = bench_shape(torch, name, N, K, i, runs, l2, skip, part, rows.get(name))
+            except Exception as e:  # noqa: BLE001 - a failing kernel is a finding; the next shape still runs
+                row = rows.get(name) or {"shape": name, "N": N, "K": K}
+                row["error"] = f"{part}: {type(e).__name__}: {e}"
+                bu.sync(torch)
+            else:
+                est.record(N * K, time.monotonic() - t0)
+            rows[name] = row
+            log(f"decode {name} ({part}): " + ", ".join(
+                f"{e} {v['median_ms']:.4f} ms ({v.get('out_GBps', 0):.0f} GB/s)"
+                for e, v in row.items() if isinstance(v, dict) and "median_ms" in v)
+                + (f" ERROR {row['error']}" if "error" in row else ""))
+            res["rows"] = sorted(rows.values(), key=lambda r: place[r["shape"]])
+            if out_path:
+                bu.write_json(out_path, res)
+            bu.empty_cache(torch)
+
+    shapes_part("loaders", keep)
     # The routed MoE decode, where the budget leaves room (~10 s: the layer encoded on the host).
     if slots_layer is not None and budget.left() > SLOTS_SECONDS:
         try:
@@ -324,6 +359,7 @@ def run(torch, shapes, budget: "bu.Budget", runs: int = 25, out_path: str | None
             bu.write_json(out_path, res)
     elif slots_layer is not None:
         res["skipped"].append({"shape": "moe slots", "why": f"{budget.left():.0f} s left"})
+    shapes_part("rest", 0.0)
     return res
 
 

@@ -372,6 +372,40 @@ def test_decoder_choices_from_a_recorded_run(tmp_path, capsys, monkeypatch):
     assert k.decoders == t.decoders and k.entries
 
 
+def test_decode_run_takes_the_loaders_streams_of_every_shape_first(monkeypatch):
+    """run() times the streams the GPU loaders hold on every shape, then the routed MoE decode,
+    then the rest of each shape into the same row; a shape whose first part failed gets no
+    second, and its row keeps its error."""
+    import torch
+    calls = []
+
+    def fake(torch_, name, N, K, seed, runs, l2, skip, part, row):
+        calls.append((name, part))
+        if name == "bad" and part == "loaders":
+            raise RuntimeError("kernel fault")
+        row = row if row is not None else {"shape": name, "N": N, "K": K}
+        row[part] = {"median_ms": 1.0}
+        return row
+
+    monkeypatch.setattr(bench_decode, "bench_shape", fake)
+    monkeypatch.setattr(bench_decode, "bench_slots", lambda *a: calls.append(("slots", None)) or {"rows_by_slots": []})
+    monkeypatch.setattr(bu, "copy_bandwidth", lambda torch_: {})
+    res = bench_decode.run(torch, [("a", 64, 64), ("bad", 64, 64), ("c", 64, 64)], bu.Budget(1e6), log=lambda m: None)
+    assert calls == [("a", "loaders"), ("bad", "loaders"), ("c", "loaders"), ("slots", None), ("a", "rest"),
+                     ("c", "rest")]
+    assert [(r["shape"], sorted(k for k in r if k in ("loaders", "rest", "error"))) for r in res["rows"]] == [
+        ("a", ["loaders", "rest"]), ("bad", ["error"]), ("c", ["loaders", "rest"])]
+    assert res["rows"][1]["error"] == "loaders: RuntimeError: kernel fault"
+
+
+def test_decoder_choices_keep_the_timings_a_row_made_before_its_error():
+    row = {"shape": "a", "N": 64, "K": 64, "error": "rest: RuntimeError: x",
+           "huffman+index256": {"median_ms": 2.0, "bitwise": True},
+           "huffman+index256+ring_max": {"median_ms": 1.0, "bitwise": True}}
+    t = bench_decode.decoders_from_rows([row], "G", {"huffman": "ring", "palette": "wide"})
+    assert t.decoders["G|64|64|huffman|256"]["choice"] == "ring_max"
+
+
 @pytest.mark.parametrize("content, needle", [("[1]", "no decode rows or GPU name in it"),
                                              ('{"environment": {"gpu": "G"}, "rows": [{"N": 1}]}',
                                               "did not record its default decoders")])
