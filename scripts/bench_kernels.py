@@ -274,8 +274,9 @@ def _extras(torch, h, inp, r, x, runs, budget, skip, log) -> None:
     for key, path, _, _ in LAYOUTS:
         if key in r and "accuracy" in r[key] and "median_ms" not in r[key]:
             _time_layout(torch, h, ws, x, t_cublas, runs, r, key, path)
-    if M == 1 and budget.left() > 30:
+    if M in SPLIT_SWEEP_BATCHES and budget.left() > 30:
         r["palette_split_sweep"] = _split_sweep(torch, ws, x, runs, t_cublas, wide="gemm:wide" not in skip)
+    if M == 1 and budget.left() > 30:
         r["palette_gemv_parts_sweep"] = _gemv_parts_sweep(torch, ws, x, runs, t_cublas, skip)
         if "gemv:mma_queue" not in skip:
             r["palette_gemv_queue_sweep"] = _queue_units_sweep(torch, ws, tiled, x, runs, t_cublas)
@@ -515,21 +516,32 @@ def _time_layout(torch, h, ws, x, t_cublas, runs, r, key, path) -> None:
             _vs_file_order(r, tkey, ref)
 
 
+# Batches at which the fused palette GEMM is timed at other K splits than its plan's
+# (palette_split_sweep): batch 1, and 16 and 64, where the dispatch runs the GEMM and its CTAs
+# hold 4 and 3 per SM (registers: 112-122 and 152-168 at 2-4 and 8 n-tiles, against 90-106 at
+# one), so that a plan that is one wave at batch 1 may be a wave and a fraction there.
+SPLIT_SWEEP_BATCHES = (1, 16, 64)
+# The splits a sweep times besides the plan's: at batch 1 a doubling ladder at both stage
+# widths; at 16 and 64, one-tile stages, the counts between (which the plan rounds to).
+SPLIT_LADDER = {1: (1, 2, 4, 8, 16, 32), 16: (2, 3, 4, 6, 8, 12), 64: (2, 3, 4, 6, 8, 12)}
+
+
 def _split_sweep(torch, ws, x, runs, t_cublas, wide: bool = True) -> dict:
-    """The fused palette GEMM at every K split of a doubling ladder (and the planned one), with
-    one- and two-tile stages: {"planned": s, "1:<splits>" / "2:<splits>": time / cuBLAS time}.
-    Data for the split heuristic (kernel_plan.pmma_splits), not a dispatch choice."""
+    """The fused palette GEMM at the K splits of SPLIT_LADDER for this batch (and the planned
+    one), with one- and (at batch 1) two-tile stages: {"planned": s, "1:<splits>" /
+    "2:<splits>": time / cuBLAS time}.  Data for the split heuristic (kernel_plan.pmma_splits),
+    not a dispatch choice."""
     from unweight import ops
     from unweight.runtime import kernel_plan as kp
     w0, M = ws[0], x.size(0)
     planned = ops.palette_splits(w0.rows, w0.cols, x.device, M)
     most = min(w0.cols // kp.PMMA_TILE_K, kp.PMMA_MAX_SPLITS)
-    ladder = sorted({s for s in (1, 2, 4, 8, 16, 32, planned) if s <= most})
+    ladder = sorted({s for s in (*SPLIT_LADDER.get(M, SPLIT_LADDER[1]), planned) if s <= most})
     work = torch.zeros(max(1, kp.pmma_workspace_elems(M, w0.rows, max(ladder))), dtype=torch.float32,
                        device=x.device)
     cnt = torch.zeros(kp.pmma_counters(w0.rows), dtype=torch.int32, device=x.device)
     out = {"planned": planned}
-    for tiles in (1, kp.PMMA_SUB_WIDE) if wide else (1,):
+    for tiles in (1, kp.PMMA_SUB_WIDE) if wide and M == 1 else (1,):
         for sp in ladder:
             def call(q, sp=sp, tiles=tiles):
                 return torch.ops.unweight.palette_matmul(x, q.sm, q.idx, q.vpos, q.vexp, work, cnt, q.rows, q.cols,

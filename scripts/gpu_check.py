@@ -1121,7 +1121,7 @@ def group_bench_smoke(rec, device):
         "rows": len(r["rows"]) == 2, "wide_left_out": all("palette_fused_wide" not in row for row in r["rows"]),
         # (both batch-1 sweeps run when the budget leaves them time, which a loaded machine may not)
         "gemv_parts_swept": all("palette_gemv_mma:8" in row.get("palette_gemv_parts_sweep", {})
-                                for row in r["rows"] if "palette_split_sweep" in row),
+                                for row in r["rows"] if row["M"] == 1 and "palette_split_sweep" in row),
         # batch 1: the tensor-core GEMV in the writer's palette order beside the loaders' paired one
         "writer_order_same_bits": all(row.get("palette_gemv_mma_tiled_writer_order", {}).get("same_bits_as_file_order")
                                       for row in r["rows"] if row["M"] == 1),
