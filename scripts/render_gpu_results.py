@@ -250,6 +250,117 @@ def kernels_table(bench: dict) -> list[str]:
     return lines + [""] + plane_order_lines(bench, rows)
 
 
+# The GPU kernels' goals (docs/design/gpu-kernels.md, "What the GPU runs must establish"): the
+# weight shapes they name (Llama-3.1-8B's o, qkv, mlp up, mlp down, lm_head) and each figure's
+# bar, as a speed against cuBLAS BF16 (cuBLAS's time / ours) or GB/s of BF16 written.
+GOAL_SHAPES = ((4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
+GOAL_BATCH1, GOAL_TO16, GOAL_DISPATCH, GOAL_E2E = 1.20, 1.0, 0.97, 1.15
+GOAL_HUFFMAN_GBPS, GOAL_PALETTE_GBPS = 1000, 1450
+
+
+def _fastest(r: dict):
+    """(cuBLAS's time / the fastest palette kernel's time, its row key) in a kernel row: the
+    fused kernels in file order that passed their accuracy check and on tile-major planes with
+    the file-order bits (the launch-mode switches and probes left out); None when none ran."""
+    import bench_kernels
+    best = None
+    for key in ["palette_fused"] + [k for k, *_ in bench_kernels.LAYOUTS]:
+        e = r.get(key) or {}
+        if "time_vs_cublas" in e and (e.get("accuracy") or {}).get("passed"):
+            best = min(best or (9e9, ""), (e["time_vs_cublas"], key))
+    for key, *_ in bench_kernels.TILED:
+        e = r.get(key) or {}
+        if "time_vs_cublas" in e and e.get("same_bits_as_file_order"):
+            best = min(best or (9e9, ""), (e["time_vs_cublas"], key))
+    return (1 / best[0], best[1]) if best else None
+
+
+def _goal_met(vals: list, bar: float) -> str:
+    got = [v for v in vals if v is not None]
+    if not got:
+        return "not measured"
+    if any(v < bar for v in got):
+        return "no"
+    return "yes" if len(got) == len(vals) else "so far (not every shape measured)"
+
+
+def goals_table(bench: dict) -> list[str]:
+    """The goals' figures from one bench record: per goal shape, the fastest palette kernel's
+    speed against cuBLAS at batch 1 and at the slowest batch up to 16, the measured dispatch's
+    at its slowest batch, and the fastest Huffman and palette decoders' GB/s; the end-to-end
+    ratio below it."""
+    raw = bench.get("raw") or {}
+    krows = [r for r in (raw.get("kernels") or {}).get("rows") or [] if "cublas" in r]
+    drows = [r for r in (raw.get("decode") or {}).get("rows") or [] if "N" in r]
+    if not krows and not drows:
+        return []
+    by = {(r["N"], r["K"], r["M"]): r for r in krows}
+    shapes = [s for s in GOAL_SHAPES if any(k[:2] == s for k in by) or any((r["N"], r["K"]) == s for r in drows)]
+
+    def fastest_at(s, pick):
+        vals = [(m, f) for (n, k, m), r in by.items() if (n, k) == s and pick(m) for f in [_fastest(r)] if f]
+        return min(vals, key=lambda v: v[1][0]) if vals else None
+
+    def dispatch(s):
+        vals = [1 / r["palette_auto"]["time_vs_cublas"] for (n, k, m), r in by.items()
+                if (n, k) == s and "time_vs_cublas" in (r.get("palette_auto") or {})]
+        return min(vals) if vals else None
+
+    def decode(s, enc):
+        r = next((r for r in drows if (r["N"], r["K"]) == s), {})
+        vals = [v["out_GBps"] for k, v in r.items() if isinstance(v, dict) and v.get("bitwise") and "out_GBps" in v
+                and (k.partition("+")[0] == "palette" if enc == "palette" else
+                     k == "huffman+index256" or k.startswith("huffman+index256+"))]
+        return max(vals) if vals else None
+
+    b1 = [fastest_at(s, lambda m: m == 1) for s in shapes]
+    to16 = [fastest_at(s, lambda m: m <= 16) for s in shapes]
+    disp = [dispatch(s) for s in shapes]
+    huf, pal = [decode(s, "huffman") for s in shapes], [decode(s, "palette") for s in shapes]
+    file_only = krows and not any("plane_order" in (r.get("palette_auto") or {}) for r in krows)
+    head = "| goal | " + " | ".join(f"{n} x {k}" for n, k in shapes) + " | bar | met |"
+    lines = ["**Against the goals** (speed = cuBLAS BF16's time / the compressed path's; the fastest palette "
+             "kernel that passed its checks, file order or tile-major; decoders: the fastest bitwise one):", "",
+             head, "|---|" + "---|" * (len(shapes) + 2)]
+
+    def row(label, vals, cell, bar):
+        lines.append(f"| {label} | " + " | ".join(cell(v) for v in vals) + f" | >= {bar:g} | "
+                     + _goal_met([None if v is None else (v[1][0] if isinstance(v, tuple) else v) for v in vals]
+                                 + [None] * (len(GOAL_SHAPES) - len(shapes)), bar)
+                     + " |")
+    row("matmul speed at batch 1", b1, lambda v: "—" if v is None else f"{v[1][0]:.2f}", GOAL_BATCH1)
+    row("matmul speed, slowest batch of 1-16 (its batch)", to16,
+        lambda v: "—" if v is None else f"{v[1][0]:.2f} (M={v[0]})", GOAL_TO16)
+    row("measured dispatch's speed, slowest batch" + (" (file-order paths only)" if file_only else ""), disp,
+        lambda v: _f(v), GOAL_DISPATCH)
+    row("Huffman -> BF16 at S=256, GB/s", huf, lambda v: _f(v, "{:.0f}"), GOAL_HUFFMAN_GBPS)
+    row("palette -> BF16, GB/s", pal, lambda v: _f(v, "{:.0f}"), GOAL_PALETTE_GBPS)
+    lines.append("")
+    e2e = _e2e_goal(raw)
+    return lines + ([e2e, ""] if e2e else [])
+
+
+def _e2e_goal(raw: dict) -> str:
+    """The end-to-end goal's line: the fastest palette mode's and the huffman mode's tokens/s
+    against BF16 at batch 1, from the full-depth benchmark where it ran, else the 4-layer one."""
+    for key, what in (("e2e_full", "the full-depth model"), ("e2e", "the 4-layer model")):
+        modes = (raw.get(key) or {}).get("modes") or {}
+
+        def tps(mode):
+            r = next((r for r in (modes.get(mode) or {}).get("runs", []) if r.get("batch") == 1), {})
+            return r.get("graph_tokens_per_s") or r.get("eager_tokens_per_s")
+        ref = tps("bf16")
+        pal = [(tps(m) / ref, m) for m in modes if m.startswith("palette") and "+compile" not in m and tps(m)] \
+            if ref else []
+        if pal:
+            best = max(pal)
+            huf = tps("huffman")
+            return (f"End to end ({what}, batch 1, tokens/s against BF16): {best[0]:.2f}x with `{best[1]}` "
+                    f"(goal >= {GOAL_E2E:g}x)" + (f"; huffman {huf / ref:.2f}x (Unweight reports 0.59x)" if huf else "")
+                    + ".")
+    return ""
+
+
 def _mask(text: str) -> int:
     try:
         return int(text, 16)
@@ -577,6 +688,7 @@ def render_gpu(gpu: str, recs: dict, several: bool) -> list[str]:
     if fails:
         out += ["Failed checks:", ""] + fails + [""]
     bench = recs.get("bench") or {}
+    out += goals_table(bench)
     out += (clocks_line(bench) + decode_table(bench) + slots_lines(bench) + kernels_table(bench) + probe_table(bench)
             + e2e_table(bench)
             + e2e_table(bench, "e2e_full") + host_table(bench) + moe_table(bench) + profile_table(bench))

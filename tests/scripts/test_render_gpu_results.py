@@ -134,6 +134,38 @@ def test_kernels_table_gives_the_measured_dispatch_and_says_when_it_chose_in_fil
     assert "| | palette, the path the measured dispatch picks among the file-order paths | 1.50 |" in old
 
 
+def test_goals_table_reads_each_goal_from_the_fastest_checked_path():
+    """Per goal shape: the fastest palette kernel that passed its checks (a faster one that gave
+    other bits does not count), the slowest batch up to 16, the measured dispatch's slowest
+    batch, the fastest bitwise decoders; a goal is met only where every shape was measured."""
+    r = _renderer()
+
+    def krow(M, fused, tiled, same=True, auto=1.5):
+        return {"N": 4096, "K": 4096, "M": M, "cublas": {"median_ms": 0.01},
+                "palette_fused": {"time_vs_cublas": fused, "accuracy": {"passed": True}},
+                "palette_gemv_mma_tiled": {"time_vs_cublas": tiled, "same_bits_as_file_order": same},
+                "palette_auto": {"choice": "x", "plane_order": "tiled", "time_vs_cublas": auto}}
+    drow = {"N": 4096, "K": 4096, "huffman+index256": {"out_GBps": 700.0, "bitwise": True},
+            "huffman+index256+ring_max": {"out_GBps": 1100.0, "bitwise": True},
+            "huffman+index1024": {"out_GBps": 1300.0, "bitwise": True},
+            "palette": {"out_GBps": 1500.0, "bitwise": True}, "palette+vec8": {"out_GBps": 1600.0, "bitwise": False},
+            "palette_tiled": {"out_GBps": 1700.0, "bitwise": True}}
+    e2e = {"modes": {"bf16": {"runs": [{"batch": 1, "graph_tokens_per_s": 100.0}]},
+                     "palette+gemv-mma+tiled": {"runs": [{"batch": 1, "graph_tokens_per_s": 120.0}]},
+                     "huffman": {"runs": [{"batch": 1, "graph_tokens_per_s": 30.0}]}}}
+    bench = {"raw": {"kernels": {"rows": [krow(1, 1.25, 0.8), krow(16, 1.1, 0.5, same=False, auto=1.25)]},
+                     "decode": {"rows": [drow]}, "e2e": e2e}}
+    lines = r.goals_table(bench)
+    assert "| matmul speed at batch 1 | 1.25 | >= 1.2 | so far (not every shape measured) |" in lines
+    assert "| matmul speed, slowest batch of 1-16 (its batch) | 0.91 (M=16) | >= 1 | no |" in lines
+    assert "| measured dispatch's speed, slowest batch | 0.67 | >= 0.97 | no |" in lines
+    assert "| Huffman -> BF16 at S=256, GB/s | 1100 | >= 1000 | so far (not every shape measured) |" in lines
+    assert "| palette -> BF16, GB/s | 1500 | >= 1450 | so far (not every shape measured) |" in lines
+    assert ("End to end (the 4-layer model, batch 1, tokens/s against BF16): 1.20x with `palette+gemv-mma+tiled` "
+            "(goal >= 1.15x); huffman 0.30x (Unweight reports 0.59x).") in lines
+    assert r.goals_table({"raw": {}}) == []
+
+
 def test_clocks_line_gives_each_benchmarks_sm_clock_and_the_reasons_it_was_held():
     r = _renderer()
     clocks = {"samples": 9, "clocks.sm": {"min": 1755.0, "median": 1980.0, "max": 1980.0},
