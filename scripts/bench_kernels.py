@@ -249,11 +249,11 @@ def _extras(torch, h, inp, r, x, runs, budget, skip, log) -> None:
                                            runs=runs)["median_ms"]
             return fresh.get(key)
 
-        e = "palette"
+        enc = inp.encs["palette"]
         if (M in WRITER_ORDER_BATCHES and base_ms("palette_gemv_mma_tiled", "palette_gemv_mma")
-                and list(inp.encs[e].header.palette[: inp.encs[e].header.pal_size]) != list(ws[0].palette)):
-            inp.writer = inp.writer or [bu.clone_encoded(h.encoded_weight(inp.encs[e], x.device, inp.err),
-                                                         tiled=True) for _ in ws]
+                and list(enc.header.palette[: enc.header.pal_size]) != list(ws[0].palette)):
+            inp.writer = inp.writer or [bu.clone_encoded(h.encoded_weight(enc, x.device, inp.err), tiled=True)
+                                        for _ in ws]
             key = "palette_gemv_mma_tiled_writer_order"
             _time_tiled(torch, h, ws, inp.writer, x, t_cublas, runs, r, key, "palette_gemv_mma", "palette_gemv_mma")
             if "median_ms" in r[key]:
@@ -642,9 +642,10 @@ def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("pale
 
     def save():
         res["rows"] = sorted(list(by.values()) + failed, key=lambda r: (place[r["shape"]], r.get("M", 0)))
-        _dispatch_choices(res["rows"], dev_name, encodings)
+        table = _dispatch_choices(res["rows"], dev_name, encodings)
         if out_path:
             bu.write_json(out_path, res)
+        return table
 
     for part, core, bs in parts:
         est = bu.WorkEstimate(5, 1e-8)  # the prior until two shapes are timed, then the part's own rate
@@ -669,8 +670,7 @@ def run(torch, shapes, budget: "bu.Budget", batches=bu.BATCHES, encodings=("pale
                 bu.sync(torch)
                 bu.empty_cache(torch)
             save()
-    save()
-    res["_table"] = table_from_rows(res["rows"], dev_name, encodings)
+    res["_table"] = save()
     return res
 
 
@@ -711,10 +711,11 @@ def _entry_key(path: str, tiled: bool) -> str:
     return next((k for k, p, _, _ in TILED if p == path), "") if tiled else _file_order_key(path)
 
 
-def _dispatch_choices(rows, device_name: str, encodings) -> None:
+def _dispatch_choices(rows, device_name: str, encodings):
     """Each timed row's "<encoding>_auto": the path the measured dispatch runs at that batch
     ({"choice", "time_vs_cublas"}; palette's also "plane_order", the order
-    TuningTable.plane_order holds the shape's weight in under these rows' table)."""
+    TuningTable.plane_order holds the shape's weight in under these rows' table).  Returns that
+    table (table_from_rows)."""
     from unweight.runtime.tuning_table import DECODE_CUBLAS, choose
     table = table_from_rows(rows, device_name, encodings)
     for r in rows:
@@ -733,6 +734,7 @@ def _dispatch_choices(rows, device_name: str, encodings) -> None:
             choice = choose(times, "palette:tiled" if order == "tiled" else "palette")
             r["palette_auto"] = {"choice": choice, "plane_order": order,
                                  "time_vs_cublas": r[_entry_key(choice, order == "tiled")]["time_vs_cublas"]}
+    return table
 
 
 def table_from_rows(rows, device_name: str, encodings=("palette", "huffman")):

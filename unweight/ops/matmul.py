@@ -304,15 +304,10 @@ def programmatic_launch(on: bool | None = None) -> bool:
     at load; turning it on synchronizes every CUDA device, and runtime.prepare synchronizes the
     devices it wrote planes on while it is on.  Process-wide, off by default.  `on` sets it;
     returns the setting (False where the CUDA kernels are not built)."""
-    if not _ext.cuda_kernels_built():
-        return False
-    mod = _ext.cuda_module()
-    if on is not None:
-        if on and torch.cuda.is_available():
-            for i in range(torch.cuda.device_count()):
-                torch.cuda.synchronize(i)
-        mod.set_programmatic_launch(bool(on))
-    return bool(mod.programmatic_launch())
+    if on and _ext.cuda_kernels_built() and torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(i)
+    return _kernel_switch("programmatic_launch", on)
 
 
 def wgmma_tile_wait(on: bool | None = None) -> bool:
