@@ -91,7 +91,7 @@ def runs(cu):
     names = {kp.HUFF_VARIANT_CHAIN: "chain", kp.HUFF_VARIANT_AHEAD: "look-ahead",
              kp.HUFF_VARIANT_AHEAD2: "look-ahead x2", kp.HUFF_VARIANT_SCALAR: "scalar",
              kp.HUFF_VARIANT_RING: "ring", kp.HUFF_VARIANT_RING_WIDE: "ring, wide CTAs",
-             kp.HUFF_VARIANT_RING_MAX: "ring, 512-thread CTAs"}
+             kp.HUFF_VARIANT_RING_MAX: "ring, 512-thread CTAs", kp.HUFF_VARIANT_PAIR: "pair lookups"}
 
     def decode(variant):
         o = aligned(np.zeros((HR, HK), np.uint16))

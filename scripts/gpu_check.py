@@ -1206,7 +1206,7 @@ def _eight_halves(np, N, K, seed):
 # "gemv:probe": the tensor-core GEMV's timing probes (ops.palette_gemv_probe), run only by the
 # kernel benchmark.
 VARIANT_TAGS = ("gemm:wg", "gemv:mma_queue", "gemv:pdl", "gemv:mma_split", "gemv:probe", "huffman:ring_max",
-                "huffman:ring_wide",
+                "huffman:ring_wide", "huffman:pair",
                 "tiled", "gemv:mma", "gemv:mma_bulk", "gemv",
                 "gemm:xs", "gemv:mma_staged", "gemm:wide", "huffman:scalar", "palette:vec8",
                 "gemv:staged", "gemv:deep", "gemv:mma_prefetch", "huffman:ahead", "huffman:chain", "huffman:ahead2")
@@ -1880,7 +1880,7 @@ BENCH_NEEDS_PASS = {tag: f"{what}: not run on a GPU before its checks pass" for 
     ("gemm:wg", "the wgmma GEMM"), ("gemv:mma_queue", "the queued GEMV (a persistent grid on a global queue)"),
     ("gemv:pdl", "programmatic launch"), ("gemv:mma_split", "the split-layout GEMV"),
     ("gemv:probe", "the GEMV timing probes"), ("huffman:ring_max", "RING_MAX (512-thread CTAs)"),
-    ("huffman:ring_wide", "RING_WIDE (256-thread CTAs)"))}
+    ("huffman:ring_wide", "RING_WIDE (256-thread CTAs)"), ("huffman:pair", "PAIR (two symbols per lookup)"))}
 
 
 def bench_variants_to_skip() -> dict:
@@ -3136,6 +3136,11 @@ PROFILES = (  # in order of what they answer first; the step stops when its time
                                               "--variant", "ring_max"], "huffman_ring_max"),
     ("huffman-14336x4096-index256-ring", ["--kernel", "huffman", "--rows", "14336", "--index", "256", "--variant",
                                           "ring"], "huffman_ring"),
+    # Two symbols per lookup (PAIR) on the same matrix: whether halving the LUT loads on each
+    # chain's dependency path shows as a higher issue rate per warp than RING's, or whether its
+    # slow path (a pair longer than 9 bits in any lane of the warp) holds the warps.
+    ("huffman-14336x4096-index256-pair", ["--kernel", "huffman", "--rows", "14336", "--index", "256", "--variant",
+                                          "pair"], "huffman_pair"),
     # The wgmma GEMM at batch 64 and 256 (x read by the tensor cores from shared memory, up to
     # 128 batch rows per CTA): DRAM throughput and tensor-pipe use beside the mma.sync GEMM's
     # batch-64 profile below.  Its name, not "pmma": each call launches its x reorder

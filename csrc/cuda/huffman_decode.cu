@@ -10,7 +10,8 @@
 // SM, not from work inside one.  The variants (kernel_plan.h HUFF_VARIANT_*, design in
 // docs/design/gpu-kernels.md) differ in when their loads are issued and in how many chains a
 // thread runs at once (huff_chain_body: one, loads at use; huff_ahead_body: one or two, loads
-// a block or a step ahead, or, for RING, stream copies into shared memory a step ahead).
+// a block or a step ahead, or, for RING, stream copies into shared memory a step ahead), and in
+// how many symbols one LUT load gives (PAIR: two, from a table of context pairs).
 //
 // Grid.  CTAs of HUFF_THREADS threads loop over chains (grid stride), and the grid is capped
 // at the CTAs the device holds at once (occupancy API): each CTA then fills its 32 KiB LUT
@@ -104,6 +105,17 @@ huffman_ring_max_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict
                                                     a, n_chains, lut_g, err);
 }
 
+// PAIR: the LUT, the pair table and 256 rings in dynamic shared memory (96 KiB),
+// HUFF_PAIR_CTAS_PER_SM per SM, so up to 128 registers.
+constexpr int kPairSmem = pair_smem_bytes(plan::HUFF_PAIR_THREADS);
+static_assert(plan::HUFF_PAIR_CTAS_PER_SM * (kPairSmem + 1024) <= 228 * 1024, "PAIR's CTAs share an sm_90 SM");
+template <bool kExp>
+__global__ void __launch_bounds__(plan::HUFF_PAIR_THREADS, plan::HUFF_PAIR_CTAS_PER_SM)
+huffman_pair_kernel(HuffArgs a, int64_t n_chains, const uint16_t* __restrict__ lut_g, int32_t* err) {
+  emu::DeviceCtx c;
+  huff_pair_cta<kExp, plan::HUFF_PAIR_THREADS>(c, c.smem(), a, n_chains, lut_g, err);
+}
+
 __global__ void __launch_bounds__(plan::HUFF_THREADS)
 huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict__ lut_g, int32_t* err) {
   __shared__ __align__(16) uint16_t lut[HUFF_NUM_CTX * LUT_SIZE];
@@ -115,7 +127,7 @@ huffman_gather_kernel(HGatherArgs a, int64_t n_units, const uint16_t* __restrict
 // device holds at once: the cap of a grid-stride launch.  The two queries cost a few
 // microseconds, so each kernel's answer is kept per device.
 int64_t resident_ctas(const void* kernel, int slot, int threads = plan::HUFF_THREADS, int smem = 0) {
-  constexpr int kDevices = 64, kSlots = 15;
+  constexpr int kDevices = 64, kSlots = 17;
   static int64_t cache[kSlots][kDevices] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) return 1;
@@ -172,6 +184,11 @@ void launch_ring_max(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, i
                      int slot) {
   launch_ring_dyn<huffman_ring_max_kernel<kExp>, plan::HUFF_RING_MAX_THREADS, kRingMaxSmem>(a, n_chains, lut, err,
                                                                                            s, slot);
+}
+
+template <bool kExp>
+void launch_pair(const HuffArgs& a, int64_t n_chains, const uint16_t* lut, int32_t* err, cudaStream_t s, int slot) {
+  launch_ring_dyn<huffman_pair_kernel<kExp>, plan::HUFF_PAIR_THREADS, kPairSmem>(a, n_chains, lut, err, s, slot);
 }
 
 }  // namespace
@@ -244,7 +261,7 @@ int64_t n_units_of(const HGatherArgs& a) {
 // error, not a silent fallback.
 const char* check_variant(int* variant) {
   if (*variant == plan::HUFF_VARIANT_DEFAULT) *variant = plan::HUFF_DEFAULT_VARIANT;
-  if (*variant < plan::HUFF_VARIANT_CHAIN || *variant > plan::HUFF_VARIANT_RING_MAX)
+  if (*variant < plan::HUFF_VARIANT_CHAIN || *variant > plan::HUFF_VARIANT_LAST)
     return "unknown huffman decode variant";
   return nullptr;
 }
@@ -299,6 +316,9 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
       break;
     case plan::HUFF_VARIANT_RING_MAX:
       out8 ? launch_ring_max<true>(a, n, lut, err, s, 13) : launch_ring_max<false>(a, n, lut, err, s, 14);
+      break;
+    case plan::HUFF_VARIANT_PAIR:
+      out8 ? launch_pair<true>(a, n, lut, err, s, 15) : launch_pair<false>(a, n, lut, err, s, 16);
       break;
     case plan::HUFF_VARIANT_CHAIN:
       out8 ? launch_chains<true, true>(a, n, lut, err, s, 0) : launch_chains<false, true>(a, n, lut, err, s, 2);
@@ -370,6 +390,13 @@ const char* huffman_decode(const uint8_t* stream, int64_t stream_bytes, const ui
   if (run == plan::HUFF_VARIANT_RING) return ring(std::integral_constant<int, plan::HUFF_THREADS>{});
   if (run == plan::HUFF_VARIANT_RING_WIDE) return ring(std::integral_constant<int, plan::HUFF_RING_WIDE_THREADS>{});
   if (run == plan::HUFF_VARIANT_RING_MAX) return ring(std::integral_constant<int, plan::HUFF_RING_MAX_THREADS>{});
+  if (run == plan::HUFF_VARIANT_PAIR) {
+    constexpr int kT = plan::HUFF_PAIR_THREADS;
+    return emu::launch(plan::huffman_grid(n, cap, kT), 1, kT, kPairSmem, [&](emu::ThreadCtx& c) {
+      if (out8) huff_pair_cta<true, kT>(c, c.smem(), a, n, lut, err);
+      else huff_pair_cta<false, kT>(c, c.smem(), a, n, lut, err);
+    });
+  }
   if (run == plan::HUFF_VARIANT_AHEAD || run == plan::HUFF_VARIANT_AHEAD2) {
     const int ways = plan::huffman_ways(run);
     return emu::launch(plan::huffman_grid(cdiv(n, ways), cap), 1, plan::HUFF_THREADS, kLutBytes,

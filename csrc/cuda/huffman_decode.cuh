@@ -454,6 +454,106 @@ UW_UNROLL()
   UW_HD void finish() { cx->template cp_async_wait<0>(); }  // the ring is free for the next chain
 };
 
+// PAIR (HUFF_VARIANT_PAIR): two symbols per shared-memory lookup.  Why: RING's dependency
+// chain is one LUT load and three integer operations per symbol, and its step loop ~23
+// instructions per symbol (docs/design/gpu-kernels.md, PAIR).  Codes average ~2.6 bits, so
+// the next HUFF_PAIR_BITS = 9 stream bits hold two whole codes for ~98% of pairs of weights;
+// a table indexed by the two weights' contexts (known from their sign+mantissa bytes before
+// the lookup, so off the chain) and those 9 bits gives both symbols and their summed length in
+// one load, already in place as the exponents of two BF16 words.  The step keeps RING's fixed
+// positions (round q decodes weights 4q..4q+3 as two pairs), so the output is assembled as
+// RING's is, with no per-lane variable step.  An entry the table cannot give whole (the pair
+// is longer than 9 bits) takes the slow path: the first code from the entry where it fits in
+// 9 bits, else by a 12-bit LUT lookup, then the second by another after it.
+// ---------------------------------------------------------------------------------------
+constexpr int kPairBits = plan::HUFF_PAIR_BITS;
+constexpr int kPairEntries = (HUFF_NUM_CTX * HUFF_NUM_CTX) << kPairBits;
+constexpr int kPairBytes = kPairEntries * 4;
+// A pair entry: [14:7] and [30:23] the two symbols (the exponent fields of two BF16 words read
+// as one 32-bit value), [4:0] their summed code length, every other bit 0.  kPairSlow marks an
+// entry that is not two whole codes; with kPairFirst it holds the first code alone ([14:7],
+// [4:0]), without it nothing (the first code is longer than 9 bits, or owns no code space
+// under a zero-padded window).
+constexpr uint32_t kPairSlow = 0x80000000u;
+constexpr uint32_t kPairFirst = 0x8000u;
+constexpr uint32_t kPairHalf = 0x7F80u | 31u;  // a shift-ready LUT entry's symbol and length
+static_assert(HUFF_NUM_CTX == 4 && HUFF_CTX_SHIFT + 2 <= 8, "a pair's row is its two 2-bit contexts");
+static_assert(2 * HUFF_MAX_CODE_LEN < 32, "a slow pair's summed length fits bits 0..4");
+
+// The entry of context row (ca | cb << 2) at 9-bit window w, from `ea` = single9(ca, w), where
+// single9(ctx, v) is the shift-ready LUT entry of context ctx at the 9 bits v padded with zeros
+// to 12.  A code no longer than the bits the window has left matches the zero-padded index
+// exactly when the window starts with it, so what the entry claims is what a 12-bit lookup of
+// the real stream would give.
+template <class Single9>
+UW_HD uint32_t pair_entry(uint32_t ea, uint32_t cb, uint32_t w, Single9 single9) {
+  constexpr uint32_t kMask = (1u << kPairBits) - 1;
+  const uint32_t la = ea & 31u;
+  if (ea == 0 || la > static_cast<uint32_t>(kPairBits)) return kPairSlow;
+  const uint32_t eb = single9(cb, (w << la) & kMask);
+  const uint32_t lb = eb & 31u;
+  if (eb == 0 || la + lb > static_cast<uint32_t>(kPairBits)) return kPairSlow | kPairFirst | ea;
+  return (ea + lb) | (eb & 0x7F80u) << 16;
+}
+
+// How PAIR's bodies read the two tables (shared memory; through the context's checked loads
+// under the emulator, plain loads on the device).
+template <class Ctx>
+struct PairLut {
+  Ctx* c;
+  const uint16_t* single_s;  // the shift-ready LUT, [context][4096]
+  const uint32_t* pair_s;    // the pair table, [ca | cb << 2][512]
+  UW_HD uint32_t single(uint32_t i) const { return c->lds(single_s + i); }
+  UW_HD uint32_t pair(uint32_t i) const { return c->lds(pair_s + i); }
+};
+
+// A slow entry e at window (hi, lo), contexts ca and cb: the pair as a whole entry of the same
+// form (both codes' lengths summed in [4:0]; the second's length also lands in [20:16], which
+// no reader of the symbols looks at).  mn takes the smaller LUT entry: 0 is a code no symbol
+// owns.
+template <class Lut>
+UW_HD uint32_t pair_slow(uint32_t e, uint32_t hi, uint32_t lo, uint32_t ca, uint32_t cb, const Lut& lut,
+                         uint32_t& mn) {
+  const uint32_t e0 = (e & kPairFirst) ? (e & kPairHalf) : lut.single(ca << HUFF_MAX_CODE_LEN | hi >> 20);
+  const uint32_t h2 = emu::funnel_l(lo, hi, e0);
+  const uint32_t e1 = lut.single(cb << HUFF_MAX_CODE_LEN | h2 >> (32 - HUFF_MAX_CODE_LEN));
+  const uint32_t m = e0 < e1 ? e0 : e1;
+  mn = m < mn ? m : mn;
+  return (e0 + (e1 & 31u)) | (e1 << 16);
+}
+
+// Builds the pair table in shared memory from the CTA's shift-ready LUT (filled and behind a
+// barrier), then the barrier every pair lookup waits on; 8,192 entries per CTA, once per launch
+// (the grid holds the CTAs the device runs at once).  First the LUT's entries at 9-bit windows
+// go to `scratch` (4 KiB of the rings, which no copy has touched yet), two per 32-bit store:
+// read from the LUT itself the second code's lookups, 2^(len + 3) entries apart for lanes of
+// consecutive windows, would meet on one bank (a 32-way conflict behind a 3-bit first code);
+// from the 9-bit table they are 2^len entries apart.  Then a thread takes (ca, w) at a time,
+// consecutive w across a warp: one read for the first code, one per cb for the second.
+template <int kThreads, class Ctx>
+UW_HD void pair_fill_body(Ctx& c, const uint16_t* single_s, uint32_t* pair_s, uint32_t* scratch) {
+  constexpr int kFirsts = HUFF_NUM_CTX << kPairBits;
+  constexpr uint32_t kPad = HUFF_MAX_CODE_LEN - kPairBits, kMask = (1u << kPairBits) - 1;
+  static_assert(kFirsts % (2 * kThreads) == 0, "whole (context, window) pairs per thread");
+  for (int i = c.tid(); i < kFirsts / 2; i += kThreads) {
+    const uint32_t ctx = static_cast<uint32_t>(2 * i) >> kPairBits, w = static_cast<uint32_t>(2 * i) & kMask;
+    const uint32_t at = ctx << HUFF_MAX_CODE_LEN | w << kPad;
+    c.sts(scratch + i, static_cast<uint32_t>(c.lds(single_s + at)) |
+                           static_cast<uint32_t>(c.lds(single_s + at + (1u << kPad))) << 16);
+  }
+  c.syncthreads();
+  const uint16_t* t9 = reinterpret_cast<const uint16_t*>(scratch);
+  const auto single9 = [&](uint32_t ctx, uint32_t v) -> uint32_t { return c.lds(t9 + (ctx << kPairBits | v)); };
+  for (int i = c.tid(); i < kFirsts; i += kThreads) {
+    const uint32_t ca = static_cast<uint32_t>(i) >> kPairBits, w = static_cast<uint32_t>(i) & kMask;
+    const uint32_t ea = single9(ca, w);
+UW_UNROLL()
+    for (uint32_t cb = 0; cb < HUFF_NUM_CTX; ++cb)
+      c.sts(pair_s + ((ca | cb << 2) << kPairBits | w), pair_entry(ea, cb, w, single9));
+  }
+  c.syncthreads();
+}
+
 // One chain of a look-ahead thread: its stream, where its next step lies, that step's 32
 // sign+mantissa bytes (loaded one step ahead of their use), and what its end check accepts.
 template <class Bits>
@@ -482,16 +582,57 @@ UW_UNROLL()
 };
 using AheadWay = AheadWayT<AheadBits>;
 
+// Weights 4q..4q+3 of a half step as BF16 into ow[2q], ow[2q + 1]: their sign+mantissa bytes
+// (sw) doubled (s0 s0 s1 s1) give the sign (bit 15) and mantissa (bits 6..0) of each half, the
+// entries packed in pairs (p01 = e0 | e1 << 16, p23) the exponents (bits 14..7): one bit select
+// under 0x807F807F per two weights.
+static_assert(kAheadSymShift == 7, "the entry's symbol is the BF16 exponent field");
+UW_HD void bf16_round(uint32_t sw, uint32_t p01, uint32_t p23, uint32_t (&ow)[8], int q) {
+  constexpr uint32_t kSignMant = 0x807F807Fu;
+  const uint32_t s01 = emu::prmt(sw, 0u, 0x1100u), s23 = emu::prmt(sw, 0u, 0x3322u);
+  ow[2 * q] = (s01 & kSignMant) | (p01 & ~kSignMant);
+  ow[2 * q + 1] = (s23 & kSignMant) | (p23 & ~kSignMant);
+}
+
+// PAIR's round q of a half step: weights 4q..4q+3 as two pairs, each one pair-table load on
+// the fast path.  Their rows come from the sign+mantissa bytes alone: t holds each byte's
+// context in its low bits, t | t >> 6 the first pair's row (ca | cb << 2) in bits 3..0 and the
+// second's in bits 19..16.  bits: what the round consumed (at most 4 x 12, as RING's round).
+template <bool kExp, class Way, class Lut>
+UW_HD void pair_round(Way& v, uint32_t sw, const Lut& lut, uint32_t& bits, uint32_t (&ow)[kExp ? 4 : 8], int q) {
+  uint32_t hi, lo;
+  v.sb.window(hi, lo);
+  const uint32_t t = (sw >> HUFF_CTX_SHIFT) & 0x03030303u, rows = t | (t >> 6);
+  uint32_t pe[2];
+  bits = 0;
+UW_UNROLL()
+  for (int b = 0; b < 2; ++b) {
+    const uint32_t row = (rows >> (16 * b)) & 15u;
+    uint32_t e = lut.pair(row << kPairBits | hi >> (32 - kPairBits));
+    if (e & kPairSlow) e = pair_slow(e, hi, lo, row & 3u, row >> 2, lut, v.mn);
+    hi = emu::funnel_l(lo, hi, e);
+    lo = emu::funnel_l(0u, lo, e);
+    bits += e & 31u;
+    pe[b] = e;
+  }
+  if constexpr (kExp) {
+    ow[q] = emu::prmt(pe[0] >> kAheadSymShift, pe[1] >> kAheadSymShift, 0x6420u);
+  } else {
+    bf16_round(sw, pe[0], pe[1], ow, q);
+  }
+}
+
 // Decodes `nsteps` steps of each of the kN chains ws[0..kN), round by round in lockstep (the
 // chains are independent, so their instructions interleave).  Per step and chain: the next
 // step's 32 bytes are loaded, then 2 halves of 16 weights, each 4 rounds of 4 symbols
 // assembled in registers and stored with 16-byte stores.  sm_skip / out_skip: bytes from a
 // segment row's end to the next row's start in each plane.  Way: AheadWayT over the chain's
 // stream bits (AheadBits, or RING's RingBits, whose step_begin issues the step's copies).
-template <bool kExp, int kN, class Way, class Lut>
+template <bool kExp, int kN, bool kPair = false, class Way, class Lut>
 UW_HD void ahead_steps(Way* ws, int32_t nsteps, const uint8_t* end, int64_t sm_stride, int64_t out_stride,
                        Lut lut) {
   constexpr int kOutBytes = kExp ? 1 : 2;
+  static_assert(!kPair || kN == 1, "PAIR decodes one chain per thread");
   for (int32_t i = 0; i < nsteps; ++i) {
     uint32_t s[kN][8];
     uint8_t* at[kN];
@@ -520,35 +661,30 @@ UW_UNROLL()
         // The chains' rounds first, as one straight run of code the compiler can interleave,
         // then their advances: an advance is a branch, which no instruction is moved across.
         uint32_t bits[kN];
+        if constexpr (kPair) {
+          pair_round<kExp>(ws[0], s[0][4 * h + q], lut, bits[0], ow[0], q);
+        } else {
 UW_UNROLL()
-        for (int k = 0; k < kN; ++k) {
-          Way& v = ws[k];
-          const uint32_t sw = s[k][4 * h + q];
-          uint32_t hi, lo;
-          v.sb.window(hi, lo);
-          bits[k] = 0;
-          uint32_t e[kRound];
-          if (kExp) ow[k][q] = 0;
+          for (int k = 0; k < kN; ++k) {
+            Way& v = ws[k];
+            const uint32_t sw = s[k][4 * h + q];
+            uint32_t hi, lo;
+            v.sb.window(hi, lo);
+            bits[k] = 0;
+            uint32_t e[kRound];
+            if (kExp) ow[k][q] = 0;
 UW_UNROLL()
-          for (int b = 0; b < kRound; ++b) {
-            const uint32_t cx = ((sw >> (8 * b + HUFF_CTX_SHIFT)) & (HUFF_NUM_CTX - 1)) << HUFF_MAX_CODE_LEN;
-            e[b] = lut[cx | (hi >> (32 - HUFF_MAX_CODE_LEN))];
-            hi = emu::funnel_l(lo, hi, e[b]);
-            lo = emu::funnel_l(0u, lo, e[b]);
-            bits[k] += e[b] & 31u;
-            v.mn = e[b] < v.mn ? e[b] : v.mn;
-            if (kExp) ow[k][q] |= (e[b] >> kAheadSymShift) << (8 * b);
-          }
-          if (!kExp) {
-            // Weights 4q..4q+3 in pairs: their sign+mantissa bytes doubled (s0 s0 s1 s1) give
-            // the sign (bit 15) and mantissa (bits 6..0) of each half, the entries packed
-            // (e0 | e1 << 16) the exponent (bits 14..7): one bit select under 0x807F807F.
-            static_assert(kAheadSymShift == 7, "the entry's symbol is the BF16 exponent field");
-            constexpr uint32_t kSignMant = 0x807F807Fu;
-            const uint32_t p01 = emu::prmt(e[0], e[1], 0x5410u), p23 = emu::prmt(e[2], e[3], 0x5410u);
-            const uint32_t s01 = emu::prmt(sw, 0u, 0x1100u), s23 = emu::prmt(sw, 0u, 0x3322u);
-            ow[k][2 * q] = (s01 & kSignMant) | (p01 & ~kSignMant);
-            ow[k][2 * q + 1] = (s23 & kSignMant) | (p23 & ~kSignMant);
+            for (int b = 0; b < kRound; ++b) {
+              const uint32_t cx = ((sw >> (8 * b + HUFF_CTX_SHIFT)) & (HUFF_NUM_CTX - 1)) << HUFF_MAX_CODE_LEN;
+              e[b] = lut[cx | (hi >> (32 - HUFF_MAX_CODE_LEN))];
+              hi = emu::funnel_l(lo, hi, e[b]);
+              lo = emu::funnel_l(0u, lo, e[b]);
+              bits[k] += e[b] & 31u;
+              v.mn = e[b] < v.mn ? e[b] : v.mn;
+              if (kExp) ow[k][q] |= (e[b] >> kAheadSymShift) << (8 * b);
+            }
+            if constexpr (!kExp)
+              bf16_round(sw, emu::prmt(e[0], e[1], 0x5410u), emu::prmt(e[2], e[3], 0x5410u), ow[k], q);
           }
         }
 UW_UNROLL()
@@ -602,7 +738,7 @@ UW_HD bool ahead_init(const HuffArgs& a, Way& v, const ChainJob& J, Begin begin)
 // huff_chain_body.  The chains run in lockstep for as many steps as all have, then each alone
 // for its rest (only a segment's last chain is shorter than S).  Bits: the chains' stream
 // bits (AheadBits; RING's RingBits), set up by begin(bits, first bit).
-template <bool kExp, int kWays, class Bits, class Lut, class Begin>
+template <bool kExp, int kWays, class Bits, bool kPair = false, class Lut, class Begin>
 UW_HD int huff_ahead_body(int64_t u, int64_t n_chains, const HuffArgs& a, Lut lut, Begin begin) {
   AheadWayT<Bits> ws[kWays] = {};  // zeroed: a dead way is never read, but the host compiler cannot see that
   bool live[kWays];
@@ -620,11 +756,11 @@ UW_UNROLL()
     common = ws[k].steps < common ? ws[k].steps : common;
   }
   const uint8_t* end = a.stream + a.stream_bytes;
-  ahead_steps<kExp, kWays>(ws, common, end, a.sm_stride, a.out_stride, lut);
+  ahead_steps<kExp, kWays, kPair>(ws, common, end, a.sm_stride, a.out_stride, lut);
   if (kWays > 1) {
 UW_UNROLL()
     for (int k = 0; k < kWays; ++k)
-      if (ws[k].steps > 0) ahead_steps<kExp, 1>(&ws[k], ws[k].steps, end, a.sm_stride, a.out_stride, lut);
+      if (ws[k].steps > 0) ahead_steps<kExp, 1, kPair>(&ws[k], ws[k].steps, end, a.sm_stride, a.out_stride, lut);
   }
 UW_UNROLL()
   for (int k = 0; k < kWays; ++k) {
@@ -802,14 +938,17 @@ UW_UNROLL()
 // in grid-stride order; unit(t, lut) returns how many of unit t's items are corrupt, added to
 // *err.  The thread index is widened as an unsigned value, as threadIdx.x is: the device code
 // then has no sign extension to do.
-template <bool kAhead, int kPer, int kThreads = plan::HUFF_THREADS, class Ctx, class Unit>
-UW_HD void lut_grid_stride(Ctx& c, uint16_t* lut_s, const uint16_t* lut_g, int64_t n, int32_t* err, Unit unit) {
-  lut_fill_body<kAhead, kThreads>(c, lut_s, lut_g);
-  const auto lut = lut_view(c, lut_s);
+template <int kPer, int kThreads, class Ctx, class Lut, class Unit>
+UW_HD void grid_stride_units(Ctx& c, const Lut& lut, int64_t n, int32_t* err, Unit unit) {
   const int64_t n_units = cdiv(n, kPer);
   const int64_t stride = c.grid_x() * kThreads;
   for (int64_t t = c.block_x() * kThreads + static_cast<unsigned>(c.tid()); t < n_units; t += stride)
     if (const int bad = unit(t, lut)) c.atomic_add(err, bad);
+}
+template <bool kAhead, int kPer, int kThreads = plan::HUFF_THREADS, class Ctx, class Unit>
+UW_HD void lut_grid_stride(Ctx& c, uint16_t* lut_s, const uint16_t* lut_g, int64_t n, int32_t* err, Unit unit) {
+  lut_fill_body<kAhead, kThreads>(c, lut_s, lut_g);
+  grid_stride_units<kPer, kThreads>(c, lut_view(c, lut_s), n, err, unit);
 }
 
 template <bool kExp, bool kVec, class Ctx>
@@ -842,6 +981,27 @@ UW_HD void huff_ring_cta(Ctx& c, uint16_t* lut_s, unsigned char* ring_s, const H
   unsigned char* ring = ring_s + c.tid() * plan::HUFF_RING_SLOTS * 16;
   lut_grid_stride<true, 1, kThreads>(c, lut_s, lut_g, n_chains, err, [&](int64_t u, auto lut) {
     return huff_ahead_body<kExp, 1, RingBits<Ctx>>(u, n_chains, a, lut, [&](RingBits<Ctx>& b, uint64_t bit) {
+      b.init(c, ring, a.stream, a.stream + a.stream_bytes, bit);
+    });
+  });
+}
+
+// PAIR: the shift-ready LUT, the pair table built from it and kThreads rings in `smem`
+// (pair_smem_bytes), then RING's chains with pair rounds.
+constexpr int pair_smem_bytes(int threads) { return kLutBytes + kPairBytes + ring_bytes(threads); }
+template <bool kExp, int kThreads, class Ctx>
+UW_HD void huff_pair_cta(Ctx& c, unsigned char* smem, const HuffArgs& a, int64_t n_chains, const uint16_t* lut_g,
+                         int32_t* err) {
+  uint16_t* lut_s = reinterpret_cast<uint16_t*>(smem);
+  uint32_t* pair_s = reinterpret_cast<uint32_t*>(smem + kLutBytes);
+  unsigned char* rings = smem + kLutBytes + kPairBytes;
+  unsigned char* ring = rings + c.tid() * plan::HUFF_RING_SLOTS * 16;
+  static_assert(ring_bytes(kThreads) >= (HUFF_NUM_CTX << kPairBits) * 2, "the pair fill's scratch fits the rings");
+  lut_fill_body<true, kThreads>(c, lut_s, lut_g);
+  pair_fill_body<kThreads>(c, lut_s, pair_s, reinterpret_cast<uint32_t*>(rings));
+  const PairLut<Ctx> lut{&c, lut_s, pair_s};
+  grid_stride_units<1, kThreads>(c, lut, n_chains, err, [&](int64_t u, const PairLut<Ctx>& l) {
+    return huff_ahead_body<kExp, 1, RingBits<Ctx>, true>(u, n_chains, a, l, [&](RingBits<Ctx>& b, uint64_t bit) {
       b.init(c, ring, a.stream, a.stream + a.stream_bytes, bit);
     });
   });

@@ -44,7 +44,10 @@ constexpr int HUFF_THREADS = 128;
 //   RING_WIDE  RING in CTAs of HUFF_RING_WIDE_THREADS sharing one LUT: more chains in flight
 //           per SM (below);
 //   RING_MAX   RING in CTAs of HUFF_RING_MAX_THREADS, two per SM: the most chains in flight
-//           an SM's registers and shared memory hold (below).
+//           an SM's registers and shared memory hold (below);
+//   PAIR    RING's chains and ring with two symbols per shared-memory lookup, from a table
+//           indexed by the two weights' contexts and the next HUFF_PAIR_BITS stream bits that
+//           each CTA builds from the single-symbol LUT (below).
 // DEFAULT (0) is what the extension runs when no variant is named: RING, the fastest variant on
 // every shape timed (bench_decode.py on an H200, Llama-3.1-8B's four layer shapes and its
 // lm_head, GB/s of BF16 written: 682-844 at S=256 where AHEAD gives 503-602 and AHEAD2 410-632;
@@ -59,6 +62,8 @@ constexpr int HUFF_VARIANT_SCALAR = 4;
 constexpr int HUFF_VARIANT_RING = 5;
 constexpr int HUFF_VARIANT_RING_WIDE = 6;
 constexpr int HUFF_VARIANT_RING_MAX = 7;
+constexpr int HUFF_VARIANT_PAIR = 8;
+constexpr int HUFF_VARIANT_LAST = HUFF_VARIANT_PAIR;
 constexpr int HUFF_DEFAULT_VARIANT = HUFF_VARIANT_RING;
 // RING's per-lane slots of 16 stream bytes (HUFF_THREADS x 8 x 16 = 16 KiB per CTA, beside
 // the 32 KiB LUT: the 48 KiB of static shared memory a CTA may have).  A step reads at most
@@ -77,6 +82,14 @@ constexpr int HUFF_RING_WIDE_THREADS = 256;
 // its step loop (ptxas and the SASS of the sm_90a build).
 constexpr int HUFF_RING_MAX_THREADS = 512;
 constexpr int HUFF_RING_MAX_CTAS_PER_SM = 2;
+// PAIR's table: 16 context pairs x 2^9 entries x 4 bytes = 32 KiB beside the 32 KiB LUT (its
+// rare slow path reads the LUT).  Nine bits hold two whole codes for ~98% of pairs of
+// N(0, 0.02) weights (codes average ~2.6 bits); ten would double the table for ~0.5% more.
+// Eight warps share both tables and have their rings beside them (96 KiB), two CTAs per SM:
+// RING's 16 warps per SM, at up to 128 registers.
+constexpr int HUFF_PAIR_BITS = 9;
+constexpr int HUFF_PAIR_THREADS = 256;
+constexpr int HUFF_PAIR_CTAS_PER_SM = 2;
 // Chains one thread of a variant decodes at a time.
 UW_PLAN_HD int huffman_ways(int variant) { return variant == HUFF_VARIANT_AHEAD2 ? 2 : 1; }
 // Palette -> BF16: each thread decodes PAL_VEC consecutive weights of one row: 4 index bytes

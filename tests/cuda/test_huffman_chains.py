@@ -36,7 +36,7 @@ ODD = [1, 63, 65, 4097]
 NO_CHK = np.zeros((0, 0), np.uint16)
 # Every Huffman decode variant (kernel_plan.h); shapes the vector ones cannot take run SCALAR.
 VARIANTS = (kp.HUFF_VARIANT_CHAIN, kp.HUFF_VARIANT_AHEAD, kp.HUFF_VARIANT_AHEAD2, kp.HUFF_VARIANT_SCALAR,
-            kp.HUFF_VARIANT_RING, kp.HUFF_VARIANT_RING_WIDE, kp.HUFF_VARIANT_RING_MAX)
+            kp.HUFF_VARIANT_RING, kp.HUFF_VARIANT_RING_WIDE, kp.HUFF_VARIANT_RING_MAX, kp.HUFF_VARIANT_PAIR)
 
 
 def _chk(enc):
@@ -192,7 +192,7 @@ def test_look_ahead_variants_take_the_vector_path(shape, grid, S, max_ctas):
     enc = tc.encode(w, "huffman", grid=grid, chk_interval=S, threads=1)
     assert enc.header.chk_interval == S
     for variant in (kp.HUFF_VARIANT_AHEAD, kp.HUFF_VARIANT_AHEAD2, kp.HUFF_VARIANT_RING, kp.HUFF_VARIANT_RING_WIDE,
-                    kp.HUFF_VARIANT_RING_MAX):
+                    kp.HUFF_VARIANT_RING_MAX, kp.HUFF_VARIANT_PAIR):
         path = []
         nerr, out = emulate_decode(enc, variant=variant, max_ctas=max_ctas, path_out=path)
         assert path == [variant] and nerr == 0 and np.array_equal(out, w)
@@ -203,6 +203,36 @@ def test_look_ahead_variants_take_the_vector_path(shape, grid, S, max_ctas):
         sel = (h.n_groups // 2, h.n_groups, h.n_chunks // 2, h.n_chunks)
         nerr, sub = emulate_decode(enc, sel=sel, variant=variant, max_ctas=max_ctas)
         assert nerr == 0 and np.array_equal(sub, w[sel[0] * h.rows_per_group:, sel[2] * h.cols_per_chunk:])
+
+
+@needs_ext
+@pytest.mark.parametrize("S", [0, 256])
+def test_pair_decode_of_codes_around_its_window(S):
+    """PAIR on exponents whose codes run from 1 to 12 bits, so that pairs of whole codes within
+    its 9-bit window, pairs whose first code alone fits (the slow path's one lookup) and first
+    codes longer than the window (its two lookups) are all common; bit for bit, BF16 and
+    exponent bytes."""
+    rng = np.random.default_rng(17)
+    rows, cols = 64, 1024
+    n = rows * cols
+    u = rng.random(n)  # 3 common exponents (2-3 bit codes), 48 rarer (7-8 bits), 100 rare (10-12)
+    exps = np.where(u < 0.6, 120 + rng.integers(0, 3, n),
+                    np.where(u < 0.96, 60 + rng.integers(0, 48, n), 130 + rng.integers(0, 100, n)))
+    sm = rng.integers(0, 256, n)
+    w = ((sm & 0x80) << 8 | exps << 7 | (sm & 0x7F)).astype(np.uint16).reshape(rows, cols)
+    enc = tc.encode(w, "huffman", grid=(32, 512), chk_interval=S, threads=1)
+    h = enc.header
+    n = h.exp_hi - h.exp_lo + 1
+    lens = np.asarray(h.table, np.int64).reshape(C.HUFF_NUM_CTX, n)
+    ctx = (w.astype(np.int64) >> C.HUFF_CTX_SHIFT) & (C.HUFF_NUM_CTX - 1)
+    L = lens[ctx, ((w.astype(np.int64) >> 7) & 0xFF) - h.exp_lo].reshape(-1, 2)
+    first_long, pair_long = (L[:, 0] > kp.HUFF_PAIR_BITS).mean(), (L.sum(axis=1) > kp.HUFF_PAIR_BITS).mean()
+    assert first_long > 0.01 and pair_long - first_long > 0.1 and pair_long < 0.9  # every path, often
+    path = []
+    nerr, out = emulate_decode(enc, variant=kp.HUFF_VARIANT_PAIR, path_out=path)
+    assert path == [kp.HUFF_VARIANT_PAIR] and nerr == 0 and np.array_equal(out, w)
+    nerr, e8 = emulate_decode(enc, exp_only=True, variant=kp.HUFF_VARIANT_PAIR)
+    assert nerr == 0 and np.array_equal(e8, (w >> 7).astype(np.uint8))
 
 
 @needs_ext
@@ -265,7 +295,10 @@ def test_chain_decode_refuses_corrupt_golden_files(name):
 
 
 @needs_ext
-def test_chain_decode_counts_corruption_without_overrun():
+@pytest.mark.parametrize("variants", [VARIANTS, (kp.HUFF_VARIANT_PAIR,)], ids=["each", "pair"])
+def test_chain_decode_counts_corruption_without_overrun(variants):
+    """Flipped stream bits and checkpoint entries, each decode by one of `variants` (every variant
+    in turn, or PAIR alone: its slow path and its end check see every trial)."""
     w = make_weights(130, 256, seed=5)
     enc = tc.encode(w, "huffman", grid=(16, 128), chk_interval=256, threads=1)
     p = enc.planes
@@ -280,7 +313,7 @@ def test_chain_decode_counts_corruption_without_overrun():
             bad[C.SUFFIX_CHK][r, c] ^= np.uint16(1 << int(rng.integers(0, 16)))
         # a guard band around the output catches any write outside it
         guard = np.full((w.shape[0] + 2, w.shape[1]), 0x5555, np.uint16)
-        nerr, out = emulate_decode(enc, bad, out=guard[1:-1], variant=VARIANTS[trial % len(VARIANTS)])
+        nerr, out = emulate_decode(enc, bad, out=guard[1:-1], variant=variants[trial % len(variants)])
         assert (guard[0] == 0x5555).all() and (guard[-1] == 0x5555).all()
         try:
             tc.check_planes(enc.header, bad)  # refused at load (e.g. an unused entry set): no launch

@@ -153,16 +153,17 @@ def test_cpp_plan_matches_python():
                  "HIST_MAX_CTAS", "SCAN_THREADS", "HUFF_VARIANT_DEFAULT", "HUFF_VARIANT_CHAIN", "HUFF_VARIANT_AHEAD",
                  "HUFF_VARIANT_AHEAD2", "HUFF_VARIANT_SCALAR", "HUFF_VARIANT_RING", "HUFF_RING_SLOTS",
                  "HUFF_VARIANT_RING_WIDE", "HUFF_RING_WIDE_THREADS", "HUFF_VARIANT_RING_MAX", "HUFF_RING_MAX_THREADS",
-                 "HUFF_RING_MAX_CTAS_PER_SM",
+                 "HUFF_RING_MAX_CTAS_PER_SM", "HUFF_VARIANT_PAIR", "HUFF_PAIR_BITS", "HUFF_PAIR_THREADS",
+                 "HUFF_PAIR_CTAS_PER_SM",
                  "HUFF_DEFAULT_VARIANT", "PAL_WIDE", "PAL_WIDE_STEPS",
                  "PAL_VARIANT_DEFAULT", "PAL_VARIANT_VEC8", "PAL_VARIANT_WIDE", "PAL_DEFAULT_VARIANT",
                  "PREFETCH_THREADS", "PREFETCH_MAX_CTAS", "PREFETCH_MAX_RANGES", "PREFETCH_LINE"):
         assert getattr(_cuda, name) == getattr(kp, name), name
-    for v in range(8):
+    for v in range(kp.HUFF_VARIANT_PAIR + 1):
         assert _cuda.plan_huffman_ways(v) == kp.huffman_ways(v)
     for n in [0, 1, 63, 64, 65, 4097, 10**6, 10**10]:
         assert _cuda.plan_huffman_grid(n, 1 + n % 1000) == kp.huffman_grid(n, 1 + n % 1000)
-        for threads in (kp.HUFF_RING_WIDE_THREADS, kp.HUFF_RING_MAX_THREADS):
+        for threads in (kp.HUFF_RING_WIDE_THREADS, kp.HUFF_RING_MAX_THREADS, kp.HUFF_PAIR_THREADS):
             assert _cuda.plan_huffman_grid(n, 1 + n % 1000, threads) == kp.huffman_grid(n, 1 + n % 1000, threads)
         assert _cuda.plan_warp_grid(n) == kp.warp_grid(n)
         assert _cuda.plan_hist_grid(n) == kp.hist_grid(n)

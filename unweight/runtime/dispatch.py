@@ -48,7 +48,7 @@ _DECODERS = {"huffman": 0, "palette": 0}
 
 def use_decoders(huffman: str | int | None = None, palette: str | int | None = None) -> dict:
     """Set the CUDA decoder variants by name ("chain", "ahead", "ahead2", "ring", "ring_wide",
-    "ring_max"; "vec8", "wide") or number (0: the policy's measured choice, else the extension's
+    "ring_max", "pair"; "vec8", "wide") or number (0: the policy's measured choice, else the extension's
     default); None leaves one as it is.  Returns the previous setting, which
     use_decoders(**previous) restores.  A forward captured in a CUDA graph keeps the variant
     it was captured with."""

@@ -25,14 +25,20 @@ HUFF_VARIANT_RING = 5
 HUFF_VARIANT_RING_WIDE = 6
 # RING in CTAs of HUFF_RING_MAX_THREADS, two per SM (32 warps per SM, at 64 registers).
 HUFF_VARIANT_RING_MAX = 7
+# RING's chains with two symbols per lookup, from a table indexed by the two weights' contexts
+# and the next HUFF_PAIR_BITS stream bits (HUFF_PAIR_THREADS per CTA, two CTAs per SM).
+HUFF_VARIANT_PAIR = 8
 HUFF_DEFAULT_VARIANT = HUFF_VARIANT_RING
 HUFF_VARIANTS = {"chain": HUFF_VARIANT_CHAIN, "ahead": HUFF_VARIANT_AHEAD, "ahead2": HUFF_VARIANT_AHEAD2,
                  "scalar": HUFF_VARIANT_SCALAR, "ring": HUFF_VARIANT_RING, "ring_wide": HUFF_VARIANT_RING_WIDE,
-                 "ring_max": HUFF_VARIANT_RING_MAX}
+                 "ring_max": HUFF_VARIANT_RING_MAX, "pair": HUFF_VARIANT_PAIR}
 HUFF_RING_SLOTS = 8
 HUFF_RING_WIDE_THREADS = 256  # RING_WIDE's CTA: eight warps sharing one LUT
 HUFF_RING_MAX_THREADS = 512  # RING_MAX's CTA: sixteen warps sharing one LUT
 HUFF_RING_MAX_CTAS_PER_SM = 2
+HUFF_PAIR_BITS = 9  # PAIR's table: 16 context pairs x 2^9 entries
+HUFF_PAIR_THREADS = 256
+HUFF_PAIR_CTAS_PER_SM = 2
 PAL_VEC = 8
 PAL_WIDE = 32  # weights per thread of the wide palette decode (PAL_VARIANT_WIDE)
 PAL_WIDE_STEPS = PAL_WIDE // PAL_VEC  # its 8-weight chunks per thread
