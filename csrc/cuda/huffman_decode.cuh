@@ -485,15 +485,16 @@ static_assert(2 * HUFF_MAX_CODE_LEN < 32, "a slow pair's summed length fits bits
 // to 12.  A code no longer than the bits the window has left matches the zero-padded index
 // exactly when the window starts with it, so what the entry claims is what a 12-bit lookup of
 // the real stream would give.
+// The second lookup is made whatever the first gives (its index is in range either way), so
+// the fill has selects where tests of the first code would put branches around it.
 template <class Single9>
 UW_HD uint32_t pair_entry(uint32_t ea, uint32_t cb, uint32_t w, Single9 single9) {
-  constexpr uint32_t kMask = (1u << kPairBits) - 1;
+  constexpr uint32_t kMask = (1u << kPairBits) - 1, kBits = kPairBits;
   const uint32_t la = ea & 31u;
-  if (ea == 0 || la > static_cast<uint32_t>(kPairBits)) return kPairSlow;
   const uint32_t eb = single9(cb, (w << la) & kMask);
   const uint32_t lb = eb & 31u;
-  if (eb == 0 || la + lb > static_cast<uint32_t>(kPairBits)) return kPairSlow | kPairFirst | ea;
-  return (ea + lb) | (eb & 0x7F80u) << 16;
+  const bool first = ea != 0 && la <= kBits, both = first && eb != 0 && la + lb <= kBits;
+  return both ? (ea + lb) | (eb & 0x7F80u) << 16 : first ? kPairSlow | kPairFirst | ea : kPairSlow;
 }
 
 // How PAIR's bodies read the two tables (shared memory; through the context's checked loads
