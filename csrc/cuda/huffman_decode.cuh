@@ -515,9 +515,10 @@ struct PairLut {
 template <class Lut>
 UW_HD uint32_t pair_slow(uint32_t e, uint32_t hi, uint32_t lo, uint32_t ca, uint32_t cb, const Lut& lut,
                          uint32_t& mn) {
-  const uint32_t e0 = (e & kPairFirst) ? (e & kPairHalf) : lut.single(ca << HUFF_MAX_CODE_LEN | hi >> 20);
+  constexpr uint32_t kPeek = 32 - HUFF_MAX_CODE_LEN;
+  const uint32_t e0 = (e & kPairFirst) ? (e & kPairHalf) : lut.single(ca << HUFF_MAX_CODE_LEN | hi >> kPeek);
   const uint32_t h2 = emu::funnel_l(lo, hi, e0);
-  const uint32_t e1 = lut.single(cb << HUFF_MAX_CODE_LEN | h2 >> (32 - HUFF_MAX_CODE_LEN));
+  const uint32_t e1 = lut.single(cb << HUFF_MAX_CODE_LEN | h2 >> kPeek);
   const uint32_t m = e0 < e1 ? e0 : e1;
   mn = m < mn ? m : mn;
   return (e0 + (e1 & 31u)) | (e1 << 16);
