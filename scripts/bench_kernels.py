@@ -214,15 +214,10 @@ def file_order_passed(r: dict, path: str) -> bool:
     """Whether row r's file-order run of the palette path `path` passed its accuracy check and,
     where LAYOUTS requires it, gave the one-tile kernel's bits: the condition for a tile-major
     time of the same kernel to count."""
-    from unweight.runtime.tuning_table import PALETTE_GEMM
-    if path == PALETTE_GEMM:
-        return bool(((r.get("palette_fused") or {}).get("accuracy") or {}).get("passed"))
-    for key, p, _, same in LAYOUTS:
-        if p == path:
-            e = r.get(key) or {}
-            return bool((e.get("accuracy") or {}).get("passed")) and (e.get("same_bits_as_palette_fused", True)
-                                                                      or not same)
-    return False
+    e = r.get(_file_order_key(path)) or {}
+    needs_same = any(p == path and same for _, p, _, same in LAYOUTS)
+    return bool((e.get("accuracy") or {}).get("passed")) and (e.get("same_bits_as_palette_fused", True)
+                                                              or not needs_same)
 
 
 def _extras(torch, h, inp, r, x, runs, budget, skip, log) -> None:

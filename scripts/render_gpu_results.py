@@ -260,11 +260,14 @@ GOAL_HUFFMAN_GBPS, GOAL_PALETTE_GBPS = 1000, 1450
 
 def _fastest(r: dict):
     """cuBLAS's time / the fastest palette kernel's time in a kernel row: the
-    fused kernels in file order that passed their accuracy check and on tile-major planes with
-    the file-order bits (the launch-mode switches and probes left out); None when none ran."""
+    fused kernels in file order that passed their checks (bench_kernels.file_order_passed) and on
+    tile-major planes with the file-order bits (the launch-mode switches and probes left out);
+    None when none ran."""
     import bench_kernels
-    ratios = [e["time_vs_cublas"] for key in ["palette_fused"] + [k for k, *_ in bench_kernels.LAYOUTS]
-              for e in [r.get(key) or {}] if "time_vs_cublas" in e and (e.get("accuracy") or {}).get("passed")]
+    from unweight.runtime.tuning_table import PALETTE_GEMM
+    ratios = [e["time_vs_cublas"] for key, path in [("palette_fused", PALETTE_GEMM)] + [(k, p) for k, p, *_ in
+                                                                                     bench_kernels.LAYOUTS]
+              for e in [r.get(key) or {}] if "time_vs_cublas" in e and bench_kernels.file_order_passed(r, path)]
     ratios += [e["time_vs_cublas"] for key, *_ in bench_kernels.TILED
                for e in [r.get(key) or {}] if "time_vs_cublas" in e and e.get("same_bits_as_file_order")]
     return 1 / min(ratios) if ratios else None

@@ -789,11 +789,15 @@ UW_HD void pgemv_mma_queue_body(Ctx& c, const PgemvArgs& a) {
     c.grid_dep_launch();
     // x into L1 as the register-direct kernel asks for it, two steps ahead: the first unit's
     // first two steps here, a unit's later steps and the next unit's first two with their planes.
-    if (a.x_prefetch != 0) {
-      const uint16_t* x0[NT];
+    // The lane's x rows at unit w's first column.
+    auto unit_x = [&](const Unit& w, const uint16_t* (&xp)[NT]) {
 UW_UNROLL()
       for (int nt = 0; nt < NT; ++nt)
-        x0[nt] = a.x + pmma_x_row(nt * 8 + g, a.M) * a.ldx + int64_t{cu.s0} * COLS + 16 * t;
+        xp[nt] = a.x + pmma_x_row(nt * 8 + g, a.M) * a.ldx + int64_t{w.s0} * COLS + 16 * t;
+    };
+    if (a.x_prefetch != 0) {
+      const uint16_t* x0[NT];
+      unit_x(cu, x0);
       const int steps = x_ahead_steps(t, cu.nq, cu.q_half, true);
       for (int q = 0; q < 2; ++q) x_ahead<NT>(x0, t, q, q < steps);
     }
@@ -808,9 +812,7 @@ UW_UNROLL()
       uint32_t cur = 0, rel = 0xFFFFFFFFu;
       if (a.nv > 0) pmma_tile_cursors(c, a, cu.row0, bpr, b_first, b_end, rowbase, cur, rel);
       const uint16_t* xp[NT];
-UW_UNROLL()
-      for (int nt = 0; nt < NT; ++nt)
-        xp[nt] = a.x + pmma_x_row(nt * 8 + g, a.M) * a.ldx + int64_t{cu.s0} * COLS + 16 * t;
+      unit_x(cu, xp);
       float acc[NT][4];
 UW_UNROLL()
       for (int nt = 0; nt < NT; ++nt)
