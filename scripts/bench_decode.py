@@ -63,6 +63,33 @@ def _time_transcode(torch, ops, header, planes, lut, err, runs):
     return {"median_ms": sorted(times)[len(times) // 2], "min_ms": min(times), "runs_ms": times, "graph": False}
 
 
+def _time_index(torch, ops, enc, planes, lut, err, runs, dense) -> dict:
+    """The checkpoint index a GPU load adds to a huffman weight stored without one (S =
+    LOAD_CHK_INTERVAL): built on the device (ops.build_index) against the host codec's
+    tc.with_index (all host threads), each timed, the device's plane checked against the host's
+    byte for byte.  out_GBps: GB of BF16 weights indexed per second."""
+    from unweight.codec import tensor_codec as tc
+    from unweight.format import constants as C
+    t0 = time.perf_counter()
+    want = tc.with_index(enc.header, enc.planes, chk_interval=C.LOAD_CHK_INTERVAL)
+    host_ms = (time.perf_counter() - t0) * 1e3
+    got = ops.build_index(enc.header, planes, lut, err)
+    same = (got is None) == (want.header is enc.header) and (
+        got is None or got[1][C.SUFFIX_CHK].cpu().numpy().tobytes() == want.planes[C.SUFFIX_CHK].tobytes())
+    del got
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    times = []
+    for _ in range(runs):
+        sync()
+        t0 = time.perf_counter()
+        ops.build_index(enc.header, planes, lut, err)  # reads the error counter back: a host sync
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    med = sorted(times)[len(times) // 2]
+    return {"median_ms": med, "min_ms": min(times), "runs_ms": times, "matches_host_codec": same,
+            "host_ms": host_ms, "out_GBps": dense / (med * 1e-3) / 1e9, "host_GBps": dense / (host_ms * 1e-3) / 1e9}
+
+
 INDEX_INTERVALS = (1024, 256)
 # A finer index, timed on matrices whose chains at S = 256 cannot fill the device at RING_MAX's
 # two 512-thread CTAs per SM (4096 x 4096: 65,536 chains where 132 SMs hold 135,168): S = 128
@@ -209,6 +236,7 @@ def bench_shape(torch, name, N, K, seed, runs, l2, skip=(), part: str | None = N
             t = _time_transcode(torch, ops, enc.header, planes, ew.lut, err, max(5, runs // 2))
             row["transcode"] = {**t, "matches_host_codec": same,
                                 "out_GBps": dense / (t["median_ms"] * 1e-3) / 1e9}
+            row["index"] = _time_index(torch, ops, enc, planes, ew.lut, err, max(5, runs // 2), dense)
         del ws, outs, ew
         bu.empty_cache(torch)
     row["device_errors"] = row.get("device_errors", 0) + int(err.item())

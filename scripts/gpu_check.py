@@ -626,19 +626,62 @@ def group_decode(rec, device):
         enc = tc.encode(w, "huffman")
         ew = h.encoded_weight(enc, device, err)
         planes = h.huffman_planes(enc, ew)
-        hdr, g = ops.transcode_to_palette(enc.header, planes, ew.lut, err)
+        return same_as_codec(enc, *ops.transcode_to_palette(enc.header, planes, ew.lut, err))
+
+    def same_as_codec(enc, hdr, g):
+        """Which of the device transcode's header and planes are the host codec's."""
         ref = tc.transcode_to_palette(enc.header, enc.planes)
         r = {"header": bool(np.array_equal(hdr.pack(), ref.header.pack())),
              "idx": bool(np.array_equal(g[C.SUFFIX_IDX].cpu().numpy(), ref.planes[C.SUFFIX_IDX])),
              "vpos": bool(np.array_equal(g[C.SUFFIX_VPOS].view(torch.int32).cpu().numpy().view(np.uint32),
                                          ref.planes[C.SUFFIX_VPOS])),
-             "vexp": bool(np.array_equal(g[C.SUFFIX_VEXP].cpu().numpy(), ref.planes[C.SUFFIX_VEXP])),
-             "verbatim_blocks": int(hdr.num_verbatim)}
-        r["passed"] = all(v for k, v in r.items() if k != "verbatim_blocks")
+             "vexp": bool(np.array_equal(g[C.SUFFIX_VEXP].cpu().numpy(), ref.planes[C.SUFFIX_VEXP]))}
+        r["passed"] = all(r.values())
+        r.update(verbatim_blocks=int(hdr.num_verbatim), stack=int(hdr.stack))
         return r
     for shape in ((1, 1), (63, 65), (65, big), (big, 63), (300, 520)):
         rec.check(f"transcode huffman->palette {shape[0]}x{shape[1]} vs host codec", transcode, shape,
                   shape[0] + shape[1])
+
+    def transcode_stack(chunk_weights):
+        # A MoE expert stack: each matrix decoded from its own segments and index rows, the
+        # blocks numbered over the stack's rows, groups of matrices decoded twice when the
+        # stack is larger than the exponent scratch.
+        from unweight import ops
+        w = np.stack([h.make_weights(200, 520, seed=e) for e in range(4)])
+        w[2, 5, :] = 0x7F80  # a row of +Inf: verbatim blocks in a later matrix
+        enc = tc.encode(w, "huffman", grid=(64, 512))
+        enc = tc.with_index(enc.header, enc.planes, chk_interval=C.LOAD_CHK_INTERVAL)
+        planes = h.device_planes(enc.planes, device)
+        table = torch.from_numpy(np.ascontiguousarray(enc.header.table, dtype=np.uint8)).to(device)
+        lut = (ops.build_lut(table, enc.header.exp_lo, enc.header.exp_hi, err) if device == "cuda"
+               else torch.empty(0, dtype=torch.uint16))
+        return same_as_codec(enc, *ops.transcode_to_palette(enc.header, planes, lut, err,
+                                                            chunk_weights=chunk_weights))
+    for chunk, how in ((200 * 520, "a matrix"), (1 << 30, "the stack")):
+        rec.check(f"transcode huffman->palette stack 4x200x520 indexed, {how} per decode, vs host codec",
+                  transcode_stack, chunk)
+
+    def device_index(stack):
+        # The checkpoint index a huffman-mode GPU load adds, built on the device from the
+        # stream as stored: byte for byte the host codec's.
+        from unweight import ops
+        w = (h.make_weights(300, 1090, seed=9) if not stack
+             else np.stack([h.make_weights(96, 520, seed=e) for e in range(stack)]))
+        enc = tc.encode(w, "huffman", grid=(64, 512))
+        table = torch.from_numpy(np.ascontiguousarray(enc.header.table, dtype=np.uint8)).to(device)
+        lut = (ops.build_lut(table, enc.header.exp_lo, enc.header.exp_hi, err) if device == "cuda"
+               else torch.empty(0, dtype=torch.uint16))
+        hdr, got = ops.build_index(enc.header, h.device_planes(enc.planes, device), lut, err)
+        want = tc.with_index(enc.header, enc.planes, chk_interval=C.LOAD_CHK_INTERVAL)
+        r = {"header": bool(np.array_equal(hdr.pack(), want.header.pack())),
+             "chk": got[C.SUFFIX_CHK].cpu().numpy().tobytes() == want.planes[C.SUFFIX_CHK].tobytes(),
+             "entries": int(got[C.SUFFIX_CHK].numel())}
+        r["passed"] = r["header"] and r["chk"]
+        return r
+    for stack in (0, 3):
+        rec.check(f"checkpoint index built on the device ({'a stack of 3x96x520' if stack else '300x1090'}) vs host "
+                  "codec", device_index, stack)
 
     def graph_capture():
         if device != "cuda":

@@ -175,6 +175,15 @@ def decode_table(bench: dict) -> list[str]:
     if per_gb:
         lines += ["", f"Load-time huffman -> palette transcode on the GPU (stream as stored): {per_gb[0]:.0f}-"
                   f"{per_gb[-1]:.0f} ms per GB of BF16 weights."]
+    # The checkpoint index a huffman-mode GPU load adds, on the device and on the host.
+    ix = [r["index"] for r in rows if (r.get("index") or {}).get("out_GBps")]
+    if ix:
+        dev = sorted(1e3 / i["out_GBps"] for i in ix)
+        host = sorted(1e3 / i["host_GBps"] for i in ix)
+        ok = all(i.get("matches_host_codec") for i in ix)
+        lines += ["", f"Load-time checkpoint index (S=256) built on the GPU: {dev[0]:.0f}-{dev[-1]:.0f} ms per GB of "
+                  f"BF16 weights; on the host codec: {host[0]:.0f}-{host[-1]:.0f} ms per GB"
+                  f"{'' if ok else ' (the GPU index differed from the host one)'}."]
     return lines + [""]
 
 

@@ -75,9 +75,10 @@ def test_tp_shards_bitwise(encoding, shape, grid, axis):
 
 
 @pytest.mark.parametrize("rows,cols", [((32, 96), None), (None, (256, 512)), ((16, 48), (0, 256))])
-def test_load_index_of_a_shard(rows, cols):
-    # The GPU loaders add the checkpoint index to the shard a rank holds, whose header carries
-    # no crc32 (0): the index must be the one an indexed encode of the shard's weights writes.
+def test_index_of_a_shard(rows, cols):
+    # The GPU loaders add the checkpoint index to the shard a rank holds (ops.build_index, which
+    # builds this index on the device), whose header carries no crc32 (0): the index must be
+    # the one an indexed encode of the shard's weights writes.
     from unweight import _C
     from unweight.codec.huffman import canonical_codes
     from unweight.codec.reference import decode_reference

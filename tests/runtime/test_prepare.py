@@ -17,7 +17,7 @@ def test_every_module_kept_compressed_is_finished(llama_ck, monkeypatch, mode):
     seen = []
     real = prep._add_index
     monkeypatch.setattr(prep, "_meminfo_available", lambda: 1)  # nothing fits dense
-    monkeypatch.setattr(prep, "_add_index", lambda m: (seen.append(id(m)), real(m)))
+    monkeypatch.setattr(prep, "_add_index", lambda m, policy=None: (seen.append(id(m)), real(m, policy)))
     m = unweight.load(ck["huffman"], device="cpu", mode=mode)
     owners = [x for _, x in compressed_modules(m) if not x.is_tied]
     assert owners and m.unweight_info["modules"]["dense"] == 0
@@ -36,6 +36,26 @@ def test_dense_conversion_decodes_with_the_measured_policy(llama_ck, monkeypatch
     m = unweight.load(ck["huffman"], device="cpu", mode="dense")
     assert m.unweight_info["modules"]["dense"] > 0 and not list(compressed_modules(m))
     assert len(asked) >= m.unweight_info["modules"]["dense"] - len(m.unweight_info["tied"])
+
+
+def test_transcode_at_load_decodes_with_the_measured_policy(llama_ck, monkeypatch):
+    """A huffman checkpoint loaded in palette mode is transcoded with the decoder variant the
+    policy gives for each weight's shape (on a GPU, the one the tuning table measured fastest;
+    the CPU transcode ignores it)."""
+    from unweight import ops
+    from unweight.runtime import policy as policies
+    _, ck = llama_ck
+    pol = policies.DispatchPolicy(None)
+    monkeypatch.setattr(pol, "decoder", lambda w, device: 7 if w.encoding_name == "huffman" else 0)
+    monkeypatch.setattr(prep.policies, "measured", lambda: pol)
+    used = []
+    real = ops.transcode_to_palette
+    monkeypatch.setattr(ops, "transcode_to_palette", lambda h, p, lut, err, variant=0, **kw: (
+        used.append(variant), real(h, p, lut, err, variant, **kw))[1])
+    m = unweight.load(ck["huffman"], device="cpu", mode="palette")
+    owners = [x for _, x in compressed_modules(m) if not x.is_tied]
+    assert all(x.encoding_name == "palette" for x in owners)
+    assert used == [7] * len(owners)
 
 
 def test_tile_major_planes_hold_the_same_model(llama_ck):

@@ -14,7 +14,7 @@ tracing, CUDA-graph capture) and a CPU implementation where one exists.
                   split_halves, split_palette_planes                         (the planes' device order)
                   verbatim_rows                                              (the verbatim lists' row index)
     transcode.py  build_lut, exp_histogram, palette_encode, palette_verbatim,
-                  transcode_to_palette()                                     (load time)
+                  transcode_to_palette(), build_index()                      (load time)
     prefetch.py   prefetch_l2                                                (weights into L2 ahead of a matmul)
     run.py        the forward's ops as the runtime calls them: each kernel directly in eager
                   mode, the op wherever torch must see it (_ext.direct)
@@ -33,7 +33,7 @@ from .matmul import (palette_counters_elems, palette_gemv, palette_gemv_parts, p
                      programmatic_launch, wgmma_tile_wait, gemv_x_prefetch)
 from .prefetch import prefetch_l2
 from . import run  # (after the ops it calls are registered)
-from .transcode import build_lut, exp_histogram, palette_encode, palette_verbatim, transcode_to_palette
+from .transcode import build_index, build_lut, exp_histogram, palette_encode, palette_verbatim, transcode_to_palette
 
 __all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_palette", "decode_palette_slots",
            "gather_rows_huffman", "gather_rows_palette", "palette_matmul", "palette_splits", "palette_supported",
@@ -42,6 +42,7 @@ __all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_pal
            "palette_gemv_queue_counters", "palette_gemv_probe", "programmatic_launch",
            "wgmma_tile_wait", "gemv_x_prefetch",
            "palette_workspace_elems", "palette_workspace_max", "palette_counters_elems", "build_lut", "exp_histogram", "palette_encode",
-           "palette_verbatim", "transcode_to_palette", "tile_palette_planes", "untile_palette_planes", "palette_pairs", "paired_palette",
+           "palette_verbatim", "transcode_to_palette", "build_index", "tile_palette_planes", "untile_palette_planes",
+           "palette_pairs", "paired_palette",
            "remap_index", "inverse_nibble_map", "pair_index", "stored_index", "split_halves", "split_palette_planes",
            "verbatim_rows", "prefetch_l2", "run"]

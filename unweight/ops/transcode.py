@@ -1,19 +1,24 @@
-"""Load-time ops: Huffman decode tables and the huffman -> palette transcode.
+"""Load-time ops: Huffman decode tables, the checkpoint index and the huffman -> palette transcode.
 
     torch.ops.unweight.build_lut(table, lut, err, exp_lo, exp_hi)          CUDA
         table uint8 [4, exp_hi-exp_lo+1] code lengths -> lut uint16 [4, 4096] decode tables.
     torch.ops.unweight.exp_histogram(exps, hist)                            CPU, CUDA
         hist int64 [256] += counts of the uint8 exponent bytes exps [...].
-    torch.ops.unweight.palette_encode(exps, idx, flags, row_counts, row_offsets, rows, cols, palette)   CUDA
+    torch.ops.unweight.palette_encode(exps, idx, flags, row_counts, row_offsets, rows, cols, palette)   CPU, CUDA
         exps uint8 [rows, cols] -> idx uint8 [rows, ceil(cols/2)], flags uint8 [rows * blocks per row]
         (1 = verbatim block), row_offsets uint32 [rows + 1] (exclusive scan of verbatim blocks per row;
         row_counts uint32 [rows] is scratch).
-    torch.ops.unweight.palette_verbatim(exps, flags, row_offsets, vpos, vexp, rows, cols)                CUDA
+    torch.ops.unweight.palette_verbatim(exps, flags, row_offsets, vpos, vexp, rows, cols)                CPU, CUDA
         vpos uint32 [nv], vexp uint8 [nv, PAL_BLOCK] of the flagged blocks.
 
 transcode_to_palette() strings them together (it reads two values back to the host, so it is
 a load-time function, never part of a forward).  Its result is bit-identical to the host
-codec's ``tensor_codec.transcode_to_palette``: same grid, palette, idx, vpos and vexp.
+codec's ``tensor_codec.transcode_to_palette``: same grid, palette, idx, vpos and vexp.  The
+CPU kernels of palette_encode / palette_verbatim are NumPy twins of the CUDA passes, so that
+sequence (transcode_passes) runs in CPU tests; a load on CPU uses the codec itself.
+build_index() builds a huffman tensor's checkpoint index on its device from the stream as
+stored (torch ops after the decode op, so it runs on either device), byte for byte the host
+codec's ``tensor_codec.with_index``.
 """
 from __future__ import annotations
 
@@ -31,7 +36,12 @@ from ..format.header import TensorHeader
 from ..runtime import kernel_plan as plan
 from . import _ext
 
-__all__ = ["build_lut", "transcode_to_palette", "encode_palette", "exp_histogram", "palette_encode", "palette_verbatim"]
+__all__ = ["build_lut", "build_index", "transcode_to_palette", "transcode_passes", "encode_palette", "exp_histogram",
+           "palette_encode", "palette_verbatim", "TRANSCODE_CHUNK_WEIGHTS"]
+
+# The most weights whose exponent bytes a transcode decodes at once (1 GiB of scratch): a
+# whole MoE expert stack (Kimi K2's gate/up is 11 G weights) would not fit beside the model.
+TRANSCODE_CHUNK_WEIGHTS = 1 << 30
 
 
 # ------------------------------------------------------------------------ build_lut
@@ -121,6 +131,24 @@ def _(exps, idx, flags, row_counts, row_offsets, rows, cols, palette):
                                                 _ext.stream(exps))
 
 
+@palette_encode.register_kernel("cpu")
+def _(exps, idx, flags, row_counts, row_offsets, rows, cols, palette):
+    e = _ext.np_view(exps.contiguous()).reshape(rows, cols)
+    bpr = plan.blocks_per_row(cols)
+    pmap = np.full(256, 16, dtype=np.uint8)  # 16: not in the palette
+    pmap[np.asarray(palette, dtype=np.uint8)] = np.arange(len(palette), dtype=np.uint8)
+    nib = np.zeros((rows, bpr * C.PAL_BLOCK), dtype=np.uint8)  # past the row: nibble 0, never a miss
+    nib[:, :cols] = pmap[e]
+    miss = (nib == 16).reshape(rows, bpr, C.PAL_BLOCK).any(axis=2)
+    nib.reshape(rows, bpr, C.PAL_BLOCK)[miss] = 0  # a verbatim block's indices are 0 (FORMAT.md)
+    _ext.np_view(idx)[...] = (nib[:, 0::2] | (nib[:, 1::2] << 4))[:, : (cols + 1) // 2]
+    _ext.np_view(flags)[...] = miss.reshape(-1)
+    counts = miss.sum(axis=1, dtype=np.uint32)
+    _ext.np_view(row_counts)[...] = counts
+    _ext.np_view(row_offsets)[0] = 0
+    _ext.np_view(row_offsets)[1:] = np.cumsum(counts, dtype=np.uint32)
+
+
 @torch.library.custom_op("unweight::palette_verbatim", mutates_args=("vpos", "vexp"))
 def palette_verbatim(exps: Tensor, flags: Tensor, row_offsets: Tensor, vpos: Tensor, vexp: Tensor, rows: int,
                      cols: int) -> None:
@@ -140,6 +168,18 @@ def _(exps, flags, row_offsets, vpos, vexp, rows, cols):
                                                 vpos.numel(), _ext.ptr(vpos), _ext.ptr(vexp), _ext.stream(exps))
 
 
+@palette_verbatim.register_kernel("cpu")
+def _(exps, flags, row_offsets, vpos, vexp, rows, cols):
+    bpr = plan.blocks_per_row(cols)
+    ids = np.flatnonzero(_ext.np_view(flags)).astype(np.uint32)
+    if ids.size != vpos.numel():
+        raise ValueError("palette_verbatim: vpos does not hold the flagged blocks")
+    e = np.zeros((rows, bpr * C.PAL_BLOCK), dtype=np.uint8)  # 0 past the end of the row, as the encoder pads
+    e[:, :cols] = _ext.np_view(exps.contiguous()).reshape(rows, cols)
+    _ext.np_view(vpos)[...] = ids
+    _ext.np_view(vexp)[...] = e.reshape(rows * bpr, C.PAL_BLOCK)[ids]
+
+
 # ------------------------------------------------------------------------ transcode
 
 
@@ -149,33 +189,162 @@ def _palette_header(h: TensorHeader, palette: np.ndarray, nv: int) -> TensorHead
                         num_verbatim=nv, palette=bytes(palette.tobytes()).ljust(16, b"\0"))
 
 
-def transcode_to_palette(header: TensorHeader, planes: dict, lut: Tensor, err: Tensor) -> tuple[TensorHeader, dict]:
-    """Re-encode a Huffman tensor as palette on its device.  Load time: reads back to the host.
+def transcode_to_palette(header: TensorHeader, planes: dict, lut: Tensor, err: Tensor, variant: int = 0,
+                         chunk_weights: int = TRANSCODE_CHUNK_WEIGHTS) -> tuple[TensorHeader, dict]:
+    """Re-encode a Huffman tensor (a matrix or a stack) as palette on its device.  Load time:
+    reads back to the host.
 
-    header: the Huffman tensor's header; planes: {suffix: tensor} (``__sm`` uint8 [rows, cols],
-    ``__exp`` uint8, ``__off`` uint32, ``__hdr``) on one device; lut: its uint16 [4, 4096] decode
-    tables on CUDA (empty on CPU); err: the device's int32 [1] error counter.
+    header: the Huffman tensor's header; planes: {suffix: tensor} (``__sm`` uint8 [rows, cols]
+    or [E, rows, cols], ``__exp`` uint8, ``__off`` uint32, ``__hdr``, ``__chk`` when indexed) on
+    one device; lut: its uint16 [4, 4096] decode tables on CUDA (empty on CPU); err: the
+    device's int32 [1] error counter; variant: the CUDA Huffman decoder that writes the
+    exponents (runtime.kernel_plan.HUFF_VARIANTS, 0 the extension's default; the same bytes
+    whichever); chunk_weights: at most this many weights' exponents are decoded at once (a
+    stack larger than that decodes twice: once for the histogram, once for the planes).
     Returns (palette header, {suffix: tensor} on the same device, ``__sm`` shared).
     """
     sm = planes[C.SUFFIX_SM]
-    dev = sm.device
-    if dev.type != "cuda":
+    if sm.device.type != "cuda":
         host = {s: t.detach().cpu().numpy() for s, t in planes.items()}
         enc = tc.transcode_to_palette(header, host)
-        return enc.header, {s: torch.from_numpy(np.ascontiguousarray(a)).to(dev) for s, a in enc.planes.items()}
-    rows, cols = header.rows, header.cols
+        return enc.header, {s: torch.from_numpy(np.ascontiguousarray(a)).to(sm.device) for s, a in enc.planes.items()}
+    return transcode_passes(header, planes, lut, err, variant, chunk_weights)
+
+
+def transcode_passes(header: TensorHeader, planes: dict, lut: Tensor, err: Tensor, variant: int = 0,
+                     chunk_weights: int = TRANSCODE_CHUNK_WEIGHTS) -> tuple[TensorHeader, dict]:
+    """transcode_to_palette's device passes, on whatever device the planes are (the CPU runs
+    the ops' host kernels: the same sequence, for tests; loads on CPU use the codec).
+
+    A stack [E, rows, cols] is transcoded as its rows taken as one [E*rows, cols] matrix, as the
+    codec numbers its blocks (FORMAT.md "Stacked tensors"), matrices decoded in groups of at
+    most chunk_weights weights (at least one matrix) so the exponent scratch stays bounded:
+    a MoE layer's expert stack is gigabytes.  Raises FormatError when the decoder counts a
+    corrupt stream (nothing is returned)."""
+    sm = planes[C.SUFFIX_SM]
+    dev = sm.device
+    E, rows, cols = header.n_matrices, header.rows, header.cols
+    per = max(1, min(E, chunk_weights // max(1, rows * cols)))
+    groups = [(e0, min(E, e0 + per)) for e0 in range(0, E, per)]
+    table = _code_table(header, dev)
     before = int(err.item())
-    exps = torch.empty((rows, cols), dtype=torch.uint8, device=dev)
-    table = torch.from_numpy(np.ascontiguousarray(header.table, dtype=np.uint8)).to(dev)
-    # The checkpoint index, when the tensor has one, lets the kernel decode S-weight chains in
-    # parallel instead of whole segments: this pass is the transcode's decode.
-    torch.ops.unweight.decode_huffman(sm, planes[C.SUFFIX_EXP], planes[C.SUFFIX_OFF], table, lut, exps, err,
-                                      rows, cols, header.rows_per_group, header.cols_per_chunk,
-                                      header.exp_lo, header.exp_hi, planes.get(C.SUFFIX_CHK), header.chk_interval)
-    hdr, out = _palette_from_exponents(exps, sm, header)
+
+    def exponents(e0: int, e1: int) -> Tensor:
+        return _exponents(header, planes, table, lut, err, e0, e1, variant)
+
+    hist = torch.zeros(256, dtype=torch.int64, device=dev)
+    kept = None
+    for e0, e1 in groups:
+        exps = exponents(e0, e1)
+        torch.ops.unweight.exp_histogram(exps, hist)
+        kept = exps if len(groups) == 1 else None
+    palette = tc.choose_palette(hist.cpu().numpy())  # 16 of 256 bins: the host picks, exactly as the codec
+    idx, vpos, vexp = [], [], []
+    for e0, e1 in groups:
+        exps = kept if kept is not None else exponents(e0, e1)
+        i, p, v = _palette_planes(exps, palette)
+        idx.append(i)
+        # Block ids count over the stack's rows taken as one matrix (uint32: the codec refuses
+        # a stack with more blocks than that).
+        vpos.append(p if e0 == 0 else _add_u32(p, e0 * rows * plan.blocks_per_row(cols)))
+        vexp.append(v)
     if int(err.item()) != before:
         raise FormatError("corrupt exponent stream found by the GPU decoder during the palette transcode")
-    return hdr, out
+    nv = sum(p.numel() for p in vpos)
+    hdr = _palette_header(header, palette, nv)
+    if header.stack:
+        hdr = dataclasses.replace(hdr, stack=header.stack, version_minor=C.MINOR_STACK)
+    idx = idx[0] if len(idx) == 1 else torch.cat(idx)
+    return hdr, {C.SUFFIX_HDR: torch.from_numpy(hdr.pack()).to(dev), C.SUFFIX_SM: sm,
+                 C.SUFFIX_IDX: idx.view(header.shape[:-1] + (idx.shape[-1],)),
+                 C.SUFFIX_VPOS: vpos[0] if len(vpos) == 1 else torch.cat(vpos),
+                 C.SUFFIX_VEXP: vexp[0] if len(vexp) == 1 else torch.cat(vexp)}
+
+
+def _code_table(header: TensorHeader, dev) -> Tensor:
+    """The header's code lengths uint8 [4, exp_hi-exp_lo+1] on dev (the decode op's table)."""
+    return torch.from_numpy(np.ascontiguousarray(header.table, dtype=np.uint8)).to(dev)
+
+
+def _exponents(header: TensorHeader, planes: dict, table: Tensor, lut: Tensor, err: Tensor, e0: int, e1: int,
+               variant: int) -> Tensor:
+    """uint8 [(e1-e0)*rows, cols]: the exponent bytes of matrices e0 .. e1-1 of a huffman
+    tensor (a matrix: 0 .. 1), decoded on the planes' device; errors go to err."""
+    sm = planes[C.SUFFIX_SM]
+    E, rows, cols = header.n_matrices, header.rows, header.cols
+    out = torch.empty(((e1 - e0) * rows, cols), dtype=torch.uint8, device=sm.device)
+    chk = planes.get(C.SUFFIX_CHK)
+    for e in range(e0, e1):
+        # Matrix e is a 2-D tensor whose offsets are absolute in the shared stream and whose
+        # index rows are its own segments' (FORMAT.md "Stacked tensors", "Checkpoint index").
+        # The index, when the tensor has one, lets the kernel decode S-weight chains in
+        # parallel instead of whole segments.
+        s0, s1 = tc.matrix_segments(header, e)
+        torch.ops.unweight.decode_huffman(sm.view(E, rows, cols)[e], planes[C.SUFFIX_EXP],
+                                          planes[C.SUFFIX_OFF][s0:s1 + 1], table, lut,
+                                          out[(e - e0) * rows:(e - e0 + 1) * rows], err, rows, cols,
+                                          header.rows_per_group, header.cols_per_chunk, header.exp_lo,
+                                          header.exp_hi, None if chk is None else chk[s0:s1],
+                                          header.chk_interval, variant)
+    return out
+
+
+def build_index(header: TensorHeader, planes: dict, lut: Tensor, err: Tensor,
+                chk_interval: int = C.LOAD_CHK_INTERVAL, variant: int = 0,
+                band_weights: int = 1 << 26) -> tuple[TensorHeader, dict] | None:
+    """The checkpoint index of a huffman matrix or stack (FORMAT.md "Checkpoint index"), built
+    on the planes' device: (header with chk_interval, planes plus ``__chk`` uint16 [n_seg, P]
+    (a stack: [E * n_seg, P]) and the new ``__hdr``, on that device), byte for byte what
+    ``tensor_codec.with_index`` builds on the host; None when the tensor takes none (palette,
+    indexed already, every segment one chain).  Load time: reads the error counter back.
+
+    The stream is decoded to exponent bytes as stored (one chain per segment: the one serial
+    pass, a matrix at a time), and the index is a function of the code lengths alone: each
+    weight's length is looked up from its context (the sign+mantissa byte) and exponent, and
+    an entry is the sum of S consecutive lengths of a segment (segments row-major inside,
+    chunk-major in the plane), summed in bands of about band_weights weights of whole row
+    groups.  lut / err / variant: as transcode_to_palette's.  Raises FormatError when the
+    decoder counts a corrupt stream."""
+    if header.encoding != C.ENC_HUFFMAN or header.chk_interval:
+        return None
+    hdr = dataclasses.replace(header, chk_interval=chk_interval, version_minor=max(header.version_minor, C.MINOR_CHK))
+    P, S = hdr.chk_cols, chk_interval
+    if not P:
+        return None
+    sm = planes[C.SUFFIX_SM]
+    dev = sm.device
+    E, N, K, R, Cw = header.n_matrices, header.rows, header.cols, header.rows_per_group, header.cols_per_chunk
+    ng, nc = header.n_groups, header.n_chunks
+    lens = torch.from_numpy(tc.index_lens(header).reshape(-1)).to(dev)  # [ctx * 256 + exponent]
+    table = _code_table(header, dev)
+    chk = torch.zeros((E, nc, ng, P), dtype=torch.int32, device=dev)
+    m = torch.arange(1, P + 1, device=dev) * S  # entry m-1 is used while m * S < the segment's weights
+    band = max(1, band_weights // max(1, R * K)) * R
+    before = int(err.item())
+    for e in range(E):
+        exps = _exponents(header, planes, table, lut, err, e, e + 1, variant)
+        sm_e = sm.view(E, N, K)[e]
+        for r0 in range(0, N, band):
+            r1 = min(N, r0 + band)
+            g0, gb = r0 // R, -(-(r1 - r0) // R)
+            key = ((sm_e[r0:r1] >> C.HUFF_CTX_SHIFT) & (C.HUFF_NUM_CTX - 1)).to(torch.int32) << 8
+            L = lens[key | exps[r0:r1].to(torch.int32)]  # uint8 [r1 - r0, K]: each weight's code length
+            rows_g = torch.clamp(N - torch.arange(g0, g0 + gb, device=dev) * R, max=R)  # rows of each group
+            for c in range(nc):
+                k0 = c * Cw
+                w = min(Cw, K - k0)
+                seg = torch.zeros((gb * R, w), dtype=torch.uint8, device=dev)  # a short last group: zeros
+                seg[:r1 - r0] = L[:, k0:k0 + w]
+                flat = torch.zeros((gb, (P + 1) * S), dtype=torch.uint8, device=dev)  # n_s <= n_max <= (P+1)*S
+                flat[:, :R * w] = seg.view(gb, R * w)
+                sums = flat.view(gb, P + 1, S).sum(dim=2, dtype=torch.int32)[:, :P]
+                chk[e, c, g0:g0 + gb] = sums * (m[None, :] < (rows_g * w)[:, None])
+    if int(err.item()) != before:
+        raise FormatError("corrupt exponent stream found by the GPU decoder while building the checkpoint index")
+    # uint16 entries (<= 12 * S <= 49152) through an int16 view: torch's CUDA uint16 support is partial.
+    chk = torch.where(chk >= 1 << 15, chk - (1 << 16), chk).to(torch.int16).view(torch.uint16)
+    return hdr, {**planes, C.SUFFIX_HDR: torch.from_numpy(hdr.pack()).to(dev),
+                 C.SUFFIX_CHK: chk.view(E * header.n_segments, P)}
 
 
 def encode_palette(w: Tensor, grid: tuple[int, int], crc32: int | None = None) -> tuple[TensorHeader, dict]:
@@ -206,22 +375,35 @@ def encode_palette(w: Tensor, grid: tuple[int, int], crc32: int | None = None) -
 
 def _palette_from_exponents(exps: Tensor, sm: Tensor, header: TensorHeader) -> tuple[TensorHeader, dict]:
     """The palette planes of a matrix given its exponent bytes exps uint8 [rows, cols] and
-    sign+mantissa bytes sm on one CUDA device; header gives the shape, grid and crc32."""
-    rows, cols, dev = header.rows, header.cols, exps.device
-    hist = torch.zeros(256, dtype=torch.int64, device=dev)
+    sign+mantissa bytes sm on one device; header gives the shape, grid and crc32."""
+    hist = torch.zeros(256, dtype=torch.int64, device=exps.device)
     torch.ops.unweight.exp_histogram(exps, hist)
     palette = tc.choose_palette(hist.cpu().numpy())  # 16 of 256 bins: the host picks, exactly as the codec
-    pal = [int(b) for b in palette]
+    idx, vpos, vexp = _palette_planes(exps, palette)
+    hdr = _palette_header(header, palette, vpos.numel())
+    return hdr, {C.SUFFIX_HDR: torch.from_numpy(hdr.pack()).to(exps.device), C.SUFFIX_SM: sm, C.SUFFIX_IDX: idx,
+                 C.SUFFIX_VPOS: vpos, C.SUFFIX_VEXP: vexp}
+
+
+def _palette_planes(exps: Tensor, palette: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
+    """(idx uint8 [rows, ceil(cols/2)], vpos uint32 [nv], vexp uint8 [nv, PAL_BLOCK]) of the
+    exponent bytes exps uint8 [rows, cols] under `palette` (uint8 entries), on exps' device."""
+    rows, cols, dev = exps.shape[0], exps.shape[1], exps.device
     bpr = plan.blocks_per_row(cols)
     idx = torch.empty((rows, (cols + 1) // 2), dtype=torch.uint8, device=dev)
     flags = torch.empty(rows * bpr, dtype=torch.uint8, device=dev)
     row_counts = torch.empty(rows, dtype=torch.uint32, device=dev)
     row_offsets = torch.empty(rows + 1, dtype=torch.uint32, device=dev)
-    torch.ops.unweight.palette_encode(exps, idx, flags, row_counts, row_offsets, rows, cols, pal)
+    torch.ops.unweight.palette_encode(exps, idx, flags, row_counts, row_offsets, rows, cols, [int(b) for b in palette])
     nv = int(row_offsets.view(torch.int32)[rows].item())  # int32 view: torch's CUDA uint32 support is partial
     vpos = torch.empty(nv, dtype=torch.uint32, device=dev)
     vexp = torch.empty((nv, C.PAL_BLOCK), dtype=torch.uint8, device=dev)
     torch.ops.unweight.palette_verbatim(exps, flags, row_offsets, vpos, vexp, rows, cols)
-    hdr = _palette_header(header, palette, nv)
-    return hdr, {C.SUFFIX_HDR: torch.from_numpy(hdr.pack()).to(dev), C.SUFFIX_SM: sm, C.SUFFIX_IDX: idx,
-                 C.SUFFIX_VPOS: vpos, C.SUFFIX_VEXP: vexp}
+    return idx, vpos, vexp
+
+
+def _add_u32(v: Tensor, base: int) -> Tensor:
+    """v uint32 [n] + base (the sums < 2**32) as uint32, through int64 arithmetic on an int32
+    view (torch's CUDA uint32 support is partial)."""
+    q = (v.view(torch.int32).to(torch.int64) & 0xFFFFFFFF) + base
+    return torch.where(q >= 1 << 31, q - (1 << 32), q).to(torch.int32).view(torch.uint32)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import ops
+from ..format.header import TensorHeader
 from . import kernel_plan as kp
 from . import scratch
 from .policy import (DECODE_CUBLAS, GEMV_PATHS, PALETTE_GEMM, PALETTE_GEMM_WG, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS,
@@ -72,9 +73,10 @@ def palette_variant() -> int:
     return _DECODERS["palette"]
 
 
-def decoder_variant(w: EncodedWeight, device: torch.device, policy: DispatchPolicy | None) -> int:
-    """The CUDA decoder variant w is decoded with on `device`: the one use_decoders fixed, else
-    the policy's measured choice, else 0 (the extension's default)."""
+def decoder_variant(w: EncodedWeight | TensorHeader, device: torch.device, policy: DispatchPolicy | None) -> int:
+    """The CUDA decoder variant w (a weight, or the header of one being transcoded at load) is
+    decoded with on `device`: the one use_decoders fixed, else the policy's measured choice,
+    else 0 (the extension's default)."""
     return _DECODERS[w.encoding_name] or (policy.decoder(w, device) if policy is not None else 0)
 
 

@@ -63,7 +63,7 @@ from ..ops import layout as ops_layout
 from . import dispatch, scratch
 from .modules import LazyTensor, _ShapeOnly, refuse_dtype_cast
 from .policy import DECODE_CUBLAS
-from .weights import EncodedWeight, load_index
+from .weights import EncodedWeight
 
 log = logging.getLogger(__name__)
 
@@ -694,18 +694,28 @@ def expert_stacks(model: nn.Module) -> list:
 # ----------------------------------------------------------------------------- after loading
 
 
-def add_index(stack: ExpertStack) -> None:
+def add_index(stack: ExpertStack, policy=None) -> None:
     """The checkpoint index (S = LOAD_CHK_INTERVAL) for every huffman tensor of a stack kept
     compressed on a GPU whose file has none: without it an expert's decode runs a thread per
-    segment, a few hundred threads for a whole GPU."""
-    from .. import ops  # the ops layer: whether the CUDA kernels are built
+    segment, a few hundred threads for a whole GPU.  Built on the GPU (ops.build_index, with
+    the decoder the DispatchPolicy `policy` measured fastest for the stream as stored)."""
+    from .. import ops  # the ops layer: the device index
     for p in stack.planes():
         h = p.header
         if h.encoding != C.ENC_HUFFMAN or h.chk_interval or p.device.type != "cuda" or not ops.cuda_kernels_built():
             continue
-        indexed = load_index(h, p.planes(), {s: t.detach().cpu().numpy() for s, t in p.planes().items()})
+        err = scratch.error_counter(p.device)
+        indexed = ops.build_index(h, p.planes(), _device_lut(p, err), err,
+                                  variant=dispatch.decoder_variant(h, p.device, policy))
         if indexed is not None:
             p.replace(*indexed)
+
+
+def _device_lut(p: _Planes, err: Tensor) -> Tensor:
+    """A huffman tensor's CUDA decode tables, for a load-time decode before prepare_planes."""
+    from .. import ops  # the ops layer: CUDA decode tables
+    table = p.plane(C.SUFFIX_HDR)[C.HEADER_BYTES:].view(C.HUFF_NUM_CTX, -1)
+    return ops.build_lut(table, p.header.exp_lo, p.header.exp_hi, err)
 
 
 def prepare_planes(stack: ExpertStack) -> None:
@@ -736,13 +746,21 @@ def hold_paired(stack: ExpertStack, paired: bool | None = None) -> int:
     return n
 
 
-def transcode(stack: ExpertStack, target: str) -> None:
-    """Re-encode every tensor of the stack as `target` ("huffman" | "palette"), same grids
-    (the CPU codec: a load-time step)."""
+def transcode(stack: ExpertStack, target: str, policy=None) -> None:
+    """Re-encode every tensor of the stack as `target` ("huffman" | "palette"), same grids (a
+    load-time step).  Huffman -> palette runs on the planes' GPU when the CUDA kernels are
+    built (ops.transcode_to_palette, decoding with the decoder the DispatchPolicy `policy`
+    measured fastest for the matrices' shape), else with the CPU codec."""
+    from .. import ops  # the ops layer: the device transcode
     hold_paired(stack, False)  # the codec reads the stored bytes
     for p in stack.planes():
         h = p.header
         if h.encoding_name == target:
+            continue
+        if target == "palette" and p.device.type == "cuda" and ops.cuda_kernels_built():
+            err = scratch.error_counter(p.device)
+            p.replace(*ops.transcode_to_palette(h, p.planes(), _device_lut(p, err), err,
+                                                dispatch.decoder_variant(h, p.device, policy)))
             continue
         host = {s: t.detach().cpu().numpy() for s, t in p.planes().items()}
         w = tc.decode(h, host, verify=False)

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..format.header import TensorHeader
 from . import kernel_plan as kp
 from .tuning_table import (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMM_WG,
                            PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA,
@@ -114,8 +115,9 @@ class DispatchPolicy:
             return "file"
         return self.table.plane_order(self.device_name(device), N, K)
 
-    def decoder(self, w: EncodedWeight, device: torch.device) -> int:
-        """The CUDA decoder variant for w on `device` (0: the extension's default): one the
+    def decoder(self, w: EncodedWeight | TensorHeader, device: torch.device) -> int:
+        """The CUDA decoder variant for w (a weight or a tensor header: its rows, cols,
+        encoding_name and chk_interval) on `device` (0: the extension's default): one the
         table measured faster than the default for this device, shape, encoding and checkpoint
         interval.  Every variant writes the same bits (on either plane order; the decoders are
         measured on file order)."""

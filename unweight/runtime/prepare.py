@@ -42,13 +42,12 @@ import torch.nn as nn
 from .. import ops
 from ..codec import tensor_codec as tc
 from ..format import constants as C
-from . import experts, scratch, siblings
+from . import dispatch, experts, scratch, siblings
 from . import prefetch as l2
 from . import policy as policies
 from .convert import decode_fallbacks, set_module
 from .modes import check_mode, check_plane_order
 from .modules import CompressedEmbedding, CompressedLinear, CompressedWeightMixin, compressed_modules
-from .weights import load_index
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +98,15 @@ def _to_dense(model: nn.Module, name: str, m: CompressedWeightMixin, dense_of: d
     return new
 
 
-def _transcode(m: CompressedWeightMixin, target: str):
-    """Re-encode m's planes as `target` ("palette" or "huffman") on its device."""
+def _transcode(m: CompressedWeightMixin, target: str, policy: policies.DispatchPolicy | None = None):
+    """Re-encode m's planes as `target` ("palette" or "huffman") on its device; a GPU decodes
+    the Huffman stream with the decoder the policy measured fastest for its shape."""
     if target == m.encoding_name:
         return
     h = m.header
     if target == "palette" and (m.device.type == "cpu" or ops.cuda_kernels_built()):
-        hdr, planes = ops.transcode_to_palette(h, m.planes(), m.lut(), scratch.error_counter(m.device))
+        hdr, planes = ops.transcode_to_palette(h, m.planes(), m.lut(), scratch.error_counter(m.device),
+                                               dispatch.decoder_variant(h, m.device, policy))
     else:
         o = m.owner()
         w = tc.decode(h, o.host_planes(), verify=False)
@@ -121,13 +122,19 @@ def _build_lut(m: CompressedWeightMixin):
     m.weight_lut = ops.build_lut(m.code_table(), m.exp_lo, m.exp_hi, scratch.error_counter(m.device))
 
 
-def _add_index(m: CompressedWeightMixin):
+def _add_index(m: CompressedWeightMixin, policy: policies.DispatchPolicy | None = None):
     """A huffman weight kept compressed on a GPU gets the checkpoint index when its file has
-    none: without it the decode kernel runs one thread per segment, a few per SM."""
+    none: without it the decode kernel runs one thread per segment, a few per SM.  Built on
+    the GPU (ops.build_index: one decode of the stream as stored, with the decoder the policy
+    measured fastest for it)."""
     if m.is_tied or m.encoding != C.ENC_HUFFMAN or m.device.type != "cuda" or not ops.cuda_kernels_built():
         return
-    o = m.owner()
-    indexed = load_index(o.header, o.planes(), o.host_planes())
+    h = m.header
+    lut = m.lut()
+    if not lut.numel():
+        lut = ops.build_lut(m.code_table(), m.exp_lo, m.exp_hi, scratch.error_counter(m.device))
+    indexed = ops.build_index(h, m.planes(), lut, scratch.error_counter(m.device),
+                              variant=dispatch.decoder_variant(h, m.device, policy))
     if indexed is not None:
         m.replace_planes(*indexed)
 
@@ -135,7 +142,7 @@ def _add_index(m: CompressedWeightMixin):
 def prepare_module(m: CompressedWeightMixin, policy: policies.DispatchPolicy | None = None) -> None:
     """Ready one compressed module built by hand (tests, benchmarks) to run on its device:
     CUDA decode tables (and checkpoint index), scratch, policy (None: decode + F.linear only)."""
-    _add_index(m)
+    _add_index(m, policy)
     _build_lut(m)
     _hold_palette(m)
     if not (isinstance(m, CompressedEmbedding) and m.device.type == "cpu"):
@@ -163,7 +170,7 @@ def _time_cuda(fn, reps: int = 5) -> float:
     return float(np.median(times))
 
 
-def _auto_modes(owners: list, stacks: list = ()) -> dict:
+def _auto_modes(owners: list, stacks: list = (), policy: policies.DispatchPolicy | None = None) -> dict:
     """{id(owner or ExpertStack): "dense" | "compressed"} by the rule in the module docstring."""
     out = {}
     by_dev = {}
@@ -201,7 +208,7 @@ def _auto_modes(owners: list, stacks: list = ()) -> dict:
                 continue
             # Timed as it would run if kept: with the checkpoint index a huffman weight on a
             # GPU gets, without which its decode has a fraction of the parallelism.
-            _add_index(m)
+            _add_index(m, policy)
             _build_lut(m)
             x = torch.randn(1, m.n_cols, dtype=torch.bfloat16, device=dev)
             w = m.decode_weight()
@@ -268,7 +275,8 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     for _, m in owners:
         _build_lut(m)
     choice = {}
-    auto = _auto_modes(owners, [st for *_, st in stacks]) if mode == "auto" else {}
+    policy = policy if policy is not None else policies.measured()
+    auto = _auto_modes(owners, [st for *_, st in stacks], policy) if mode == "auto" else {}
     for n, m in owners:
         if m.device.type not in ("cpu", "cuda"):
             choice[id(m)] = "dense"
@@ -280,7 +288,6 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
             choice[id(m)] = mode
     dense_of = {}
     counts = {"dense": 0, "huffman": 0, "palette": 0}
-    policy = policy if policy is not None else policies.measured()
     # Owners first so a tied module finds its source's dense Parameter.
     for n, m in sorted(cms, key=lambda it: it[1].is_tied):
         c = choice[id(m.owner())]
@@ -293,11 +300,11 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
             # c: "huffman" / "palette", or auto's "compressed" (the checkpoint's encoding kept);
             # either way a huffman weight on a GPU needs its index and decode tables.
             if c in ("huffman", "palette"):
-                _transcode(m, c)
-            _add_index(m)
+                _transcode(m, c, policy)
+            _add_index(m, policy)
             _build_lut(m)
         counts[m.encoding_name] += 1
-    experts_info = _prepare_experts(model, plan, stacks, mode, auto)
+    experts_info = _prepare_experts(model, plan, stacks, mode, auto, policy)
     # Scratch: one per device, the largest decoded weight that decodes into it (an experts
     # module's parameters each have a slot: their sum).
     need = dict(experts_info.pop("scratch"))
@@ -368,9 +375,11 @@ def _stack_mode(st, mode: str, auto: dict) -> str:
     return mode
 
 
-def _prepare_experts(model: nn.Module, plan: dict, stacks: list, mode: str, auto: dict) -> dict:
-    """Apply the mode to every ExpertStack; returns the summary for model.unweight_info plus
-    the scratch each device needs ("scratch": {device: weights})."""
+def _prepare_experts(model: nn.Module, plan: dict, stacks: list, mode: str, auto: dict,
+                     policy: policies.DispatchPolicy | None) -> dict:
+    """Apply the mode to every ExpertStack (a transcode on a GPU decodes with the policy's
+    decoder); returns the summary for model.unweight_info plus the scratch each device needs
+    ("scratch": {device: weights})."""
     created = {(e["module"], e["attr"]): e.get("created", []) for e in plan.get("experts", [])}
     info = {"stacks": 0, "experts": 0, "dense": 0, "held_bytes": 0, "bf16_bytes": 0, "encodings": [],
             "paired_palette_tensors": 0, "scratch": {}}
@@ -381,8 +390,8 @@ def _prepare_experts(model: nn.Module, plan: dict, stacks: list, mode: str, auto
             experts.to_dense(model, mod, attr, st, created.get((name.rpartition(".")[0], attr), []))
             info["dense"] += 1
             continue
-        experts.transcode(st, m)
-        experts.add_index(st)
+        experts.transcode(st, m, policy)
+        experts.add_index(st, policy)
         experts.prepare_planes(st)
         info["paired_palette_tensors"] += experts.hold_paired(st)  # on CUDA
         st.slot = slots.get(id(mod), 0)

@@ -9,22 +9,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..codec import tensor_codec as tc
 from ..format import constants as C
 from ..format.header import TensorHeader
 from ..ops import layout as ops_layout
-
-
-def load_index(header: TensorHeader, planes: dict, host: dict) -> tuple | None:
-    """(header, planes) of a huffman matrix or stack kept compressed on a GPU, with the
-    checkpoint index the GPU loaders add (S = LOAD_CHK_INTERVAL): `planes` (its device tensors)
-    as they are plus the new header and the index, the only planes that cross to the device.
-    None when it takes none (not huffman, indexed already, or every segment one chain).
-    host: the same planes as numpy arrays, which the index is built from."""
-    enc = tc.with_index(header, host, chk_interval=C.LOAD_CHK_INTERVAL)
-    if enc.header is header:
-        return None
-    return enc.header, {**planes, C.SUFFIX_HDR: enc.planes[C.SUFFIX_HDR], C.SUFFIX_CHK: enc.planes[C.SUFFIX_CHK]}
 
 
 class EncodedWeight:

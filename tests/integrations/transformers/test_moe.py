@@ -255,3 +255,22 @@ def test_a_stack_of_another_shape_fails_with_one_line(moe):
     with pytest.raises(InputError, match=r"is \[4, \d+, 128\], the model's .* is \[2, ") as e:
         AutoModelForCausalLM.from_pretrained(cks["huffman"], config=cfg)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["qwen3_moe", "llama4_text"])
+def test_cuda_palette_load_of_a_huffman_checkpoint(moe, kind):
+    # the expert stacks (per-expert pieces, and a stored 3-D stack) are transcoded on the GPU
+    from transformers import AutoModelForCausalLM
+
+    from unweight.runtime import scratch
+    src, cks, _ = moe[kind]
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, device_map="cuda").eval()
+    scratch.reset_device_errors("cuda")
+    model = unweight.load(cks["huffman"], device="cuda", mode="palette")
+    assert model.unweight_info["experts"]["encodings"] == ["palette"]
+    ids = IDS.cuda()
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref(ids).logits)
+    assert scratch.device_errors("cuda") == 0

@@ -17,10 +17,12 @@ from ...codec import tensor_codec as tc
 from ...format import constants as C
 from ...format.errors import FormatError
 from ...format.header import TensorHeader
+from ...runtime import dispatch
 from ...runtime import kernel_plan as kp
 from ...runtime import scratch
 from ...runtime.policy import resolve_plane_order
 from ...runtime.weights import EncodedWeight, hold_paired, hold_row_index
+from .ops import current_policy
 
 # a child of vLLM's logger, so the lines show up in every vLLM process with vLLM's formatting
 log = logging.getLogger("vllm.unweight")
@@ -83,10 +85,6 @@ def device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> Encod
     holds its palette in paired order (runtime.weights.hold_paired: the decode's cheaper
     lookup, the same weights) and its verbatim list's row index (hold_row_index: the fused
     kernels' cursors)."""
-    if (dev.type == "cuda" and mode == "huffman" and hs.encoding == C.ENC_HUFFMAN and not hs.chk_interval
-            and ops.cuda_kernels_built()):
-        enc = tc.with_index(hs, ps, chk_interval=C.LOAD_CHK_INTERVAL)
-        hs, ps = enc.header, enc.planes
     planes = {s: torch.from_numpy(np.ascontiguousarray(a)).to(dev) for s, a in ps.items()}
     table = lut = None
     if hs.encoding == C.ENC_HUFFMAN:
@@ -94,9 +92,15 @@ def device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> Encod
         lut = torch.empty(0, dtype=torch.uint16, device=dev)
         if dev.type == "cuda" and ops.cuda_kernels_built():
             lut = ops.build_lut(table, hs.exp_lo, hs.exp_hi, scratch.error_counter(dev))
+            if mode == "huffman":  # built on the GPU from the stream as stored (ops.build_index)
+                indexed = ops.build_index(hs, planes, lut, scratch.error_counter(dev),
+                                          variant=dispatch.decoder_variant(hs, dev, current_policy()))
+                if indexed is not None:
+                    hs, planes = indexed
     if mode in ("huffman", "palette") and mode != hs.encoding_name:
         if mode == "palette" and dev.type == "cuda" and ops.cuda_kernels_built():
-            hs, planes = ops.transcode_to_palette(hs, planes, lut, scratch.error_counter(dev))
+            hs, planes = ops.transcode_to_palette(hs, planes, lut, scratch.error_counter(dev),
+                                                  dispatch.decoder_variant(hs, dev, current_policy()))
         else:
             # On the host: a shard's header carries no crc32 of its own (shard_planes), so the
             # decode here is not checked against one; the piece was checked with the TP
