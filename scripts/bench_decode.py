@@ -244,13 +244,15 @@ def bench_shape(torch, name, N, K, seed, runs, l2, skip=(), part: str | None = N
 
 
 # A mixture-of-experts layer's projection for the routed decode (runtime/expert_slots.py): 32
-# experts of Qwen3-30B-A3B's gate+up shape at TP=1 (32 of its 128: ~10 s to encode on the host),
-# and the slot counts timed: one token's top-8 and every expert.
+# experts of Qwen3-30B-A3B's gate+up shape at TP=1 (32 of its 128: the weights pass through the
+# host, ~0.2 GB each way), and the slot counts timed: one token's top-8 and every expert.
 SLOTS_LAYER = (32, 1536, 2048)
 SLOTS_COUNTS = (8, 32)
 
 
-SLOTS_SECONDS = 20.0  # what bench_slots needs on a GPU (the layer encoded on the host, then its timings)
+# What bench_slots may need on a GPU (the layer made, copied and encoded on the device, then its
+# timings): a bound, not a measurement.
+SLOTS_SECONDS = 20.0
 
 
 def bench_slots(torch, runs, l2, layer=SLOTS_LAYER, counts=SLOTS_COUNTS) -> dict:

@@ -453,7 +453,7 @@ def test_slots_gemv_is_each_experts_mma_gemv(general):
     w = np.stack([make_weights(N, K, seed=e) for e in range(E)])
     f = (rng.standard_normal((N, K)) * np.exp2(rng.integers(-20, 20, (N, K)))).astype(np.float32)
     w[2] = (f.view(np.uint32) >> 16).astype(np.uint16)  # expert 2: most blocks verbatim, the others few
-    st = ExpertSlots.from_weights(w, "cpu", threads=1)
+    st = ExpertSlots.from_weights(w, "cpu")
     planes = [t.numpy() for t in (st.sm, st.idx, st.vpos, st.vexp)]
     pal = bytes(st.palette)
     ids = np.array([2, 0, 2, 3, 1], np.int64)
@@ -898,7 +898,7 @@ def test_slots_row_index_gives_the_search_bits():
     from unweight.runtime.expert_slots import ExpertSlots
     N, K = 40, 1088
     w = np.stack([make_weights(N, K, seed=1), _heavy(45, N, K), make_weights(N, K, seed=9)])
-    st = ExpertSlots.from_weights(w, "cpu", threads=1)
+    st = ExpertSlots.from_weights(w, "cpu")
     sm, idx, vpos, vexp = (t.numpy() for t in (st.sm, st.idx, st.vpos, st.vexp))
     ids = np.array([1, 0, 2, 1], np.int64)
     x = _x(len(ids), K, seed=3)

@@ -407,7 +407,7 @@ def _slots_planes(w):
     """The host planes of runtime/expert_slots.ExpertSlots for experts w [E, rows, cols]."""
     import torch  # noqa: F401  (ExpertSlots holds tensors)
     from unweight.runtime.expert_slots import ExpertSlots
-    st = ExpertSlots.from_weights(w, "cpu", threads=1)
+    st = ExpertSlots.from_weights(w, "cpu")
     return st, (st.sm.numpy(), st.idx.numpy(), bytes(st.palette), st.vpos.numpy(), st.vexp.numpy())
 
 

@@ -25,7 +25,7 @@ def _experts(E=5, rows=48, cols=96, seed=0):
 def test_any_ids_decode_to_the_experts_bits(cols, paired):
     from unweight import ops
     w = _experts(cols=cols)
-    slots = ExpertSlots.from_weights(w, "cpu", threads=1, paired=paired)
+    slots = ExpertSlots.from_weights(w, "cpu", paired=paired)
     stored = [int(b) for b in tc.encode(w, "palette", threads=1).header.palette[:16]][: len(slots.palette)]
     assert (slots.palette != stored) == (paired and ops.paired_palette(stored) is not None)
     assert not paired or ops.palette_pairs(slots.palette) or ops.paired_palette(stored) is None
@@ -44,7 +44,7 @@ def test_any_ids_decode_to_the_experts_bits(cols, paired):
 def test_layer_without_verbatim_blocks_and_held_bytes():
     rng = np.random.default_rng(1)
     w = bf16_gaussian(rng, (3, 32, 64))
-    slots = ExpertSlots.from_weights(w, "cpu", threads=1)
+    slots = ExpertSlots.from_weights(w, "cpu")
     enc = tc.encode(w, "palette", threads=1)
     if enc.header.num_verbatim == 0:
         assert slots.vpos.shape == (3, 0)
@@ -59,7 +59,7 @@ def test_layer_without_verbatim_blocks_and_held_bytes():
 
 def test_an_id_outside_the_stack_is_a_format_error_on_cpu():
     from unweight.format.errors import FormatError
-    slots = ExpertSlots.from_weights(_experts(), "cpu", threads=1)
+    slots = ExpertSlots.from_weights(_experts(), "cpu")
     with pytest.raises(FormatError, match="outside the stack"):
         slots.decode(torch.tensor([1, 5]), torch.empty(2 * 48 * 96, dtype=torch.bfloat16))
 
@@ -75,7 +75,7 @@ def test_gemv_is_each_slots_expert_product(paired):
     a FormatError."""
     from unweight.format.errors import FormatError
     w = _experts(cols=128)
-    slots = ExpertSlots.from_weights(w, "cpu", threads=1, paired=paired)
+    slots = ExpertSlots.from_weights(w, "cpu", paired=paired)
     rng = np.random.default_rng(2)
     ids = torch.tensor([3, 0, 3, 4, 1, 1])
     x = torch.from_numpy(bf16_gaussian(rng, (6, 128))).view(torch.bfloat16)
@@ -94,7 +94,7 @@ def test_routed_forward_is_the_swiglu_moe_within_bf16_rounding():
     E, H, inter, T, k = 6, 64, 128, 3, 2
     w13 = bf16_gaussian(rng, (E, 2 * inter, H))
     w2 = bf16_gaussian(rng, (E, H, inter))
-    s13, s2 = ExpertSlots.from_weights(w13, "cpu", threads=1), ExpertSlots.from_weights(w2, "cpu", threads=1)
+    s13, s2 = ExpertSlots.from_weights(w13, "cpu"), ExpertSlots.from_weights(w2, "cpu")
     x = torch.from_numpy(bf16_gaussian(rng, (T, H))).view(torch.bfloat16) * 20
     topk_ids = torch.tensor([[1, 4], [0, 1], [5, 5]])
     topk_weights = torch.tensor([[0.75, 0.25], [0.5, 0.5], [0.9, 0.1]])
@@ -112,3 +112,23 @@ def test_routed_forward_is_the_swiglu_moe_within_bf16_rounding():
     assert float((out.double() - want).abs().max()) <= 0.02 * float(scale)
     with pytest.raises(ValueError, match="SwiGLU"):
         routed_forward(s2, s13, x, topk_weights, topk_ids)
+
+
+def test_lists_hold_own_blocks_then_the_first_others_with_their_exponents():
+    w = _experts(cols=100)
+    enc = tc.encode(w, "palette", threads=1)
+    slots = ExpertSlots.from_weights(torch.from_numpy(w).view(torch.bfloat16), "cpu")  # a tensor, as bf16
+    assert np.array_equal(slots.sm.numpy(), enc.planes[C.SUFFIX_SM])
+    assert np.array_equal(slots.idx.numpy(), enc.planes[C.SUFFIX_IDX])
+    E, rows, cols = w.shape
+    bpr = -(-cols // C.PAL_BLOCK)
+    vpos = enc.planes[C.SUFFIX_VPOS].astype(np.int64)
+    width = slots.vpos.shape[1]
+    pad = np.zeros((E, rows, bpr * C.PAL_BLOCK), np.uint8)
+    pad[..., :cols] = (w >> 7) & 0xFF
+    for e in range(E):
+        own = vpos[(vpos >= e * rows * bpr) & (vpos < (e + 1) * rows * bpr)] - e * rows * bpr
+        others = np.setdiff1d(np.arange(rows * bpr), own)[: width - len(own)]
+        want = np.sort(np.concatenate([own, others]))
+        assert slots.vpos[e].to(torch.int64).numpy().tolist() == want.tolist()
+        assert np.array_equal(slots.vexp[e].numpy(), pad[e].reshape(-1, C.PAL_BLOCK)[want])

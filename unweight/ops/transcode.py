@@ -250,14 +250,14 @@ def transcode_passes(header: TensorHeader, planes: dict, lut: Tensor, err: Tenso
         vexp.append(v)
     if int(err.item()) != before:
         raise FormatError("corrupt exponent stream found by the GPU decoder during the palette transcode")
-    nv = sum(p.numel() for p in vpos)
-    hdr = _palette_header(header, palette, nv)
+    hdr = _palette_header(header, palette, sum(p.numel() for p in vpos))
     if header.stack:
         hdr = dataclasses.replace(hdr, stack=header.stack, version_minor=C.MINOR_STACK)
     idx = idx[0] if len(idx) == 1 else torch.cat(idx)
+    # (joined through int32 views: torch's CUDA uint32 support is partial)
+    vpos = vpos[0] if len(vpos) == 1 else torch.cat([p.view(torch.int32) for p in vpos]).view(torch.uint32)
     return hdr, {C.SUFFIX_HDR: torch.from_numpy(hdr.pack()).to(dev), C.SUFFIX_SM: sm,
-                 C.SUFFIX_IDX: idx.view(header.shape[:-1] + (idx.shape[-1],)),
-                 C.SUFFIX_VPOS: vpos[0] if len(vpos) == 1 else torch.cat(vpos),
+                 C.SUFFIX_IDX: idx.view(header.shape[:-1] + (idx.shape[-1],)), C.SUFFIX_VPOS: vpos,
                  C.SUFFIX_VEXP: vexp[0] if len(vexp) == 1 else torch.cat(vexp)}
 
 

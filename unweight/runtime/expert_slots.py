@@ -35,6 +35,7 @@ from torch import Tensor
 import torch.nn.functional as F
 
 from .. import ops
+from ..ops import transcode
 from ..codec import tensor_codec as tc
 from ..format import constants as C
 from . import dispatch, scratch
@@ -62,44 +63,43 @@ class ExpertSlots:
         self.blocks = self.rows * -(-self.cols // C.PAL_BLOCK)  # blocks of one expert's matrix
 
     @classmethod
-    def from_weights(cls, w: np.ndarray, device, threads: int | None = None,
-                     paired: bool | None = None) -> "ExpertSlots":
-        """From the experts' BF16 bits, uint16 [E, rows, cols] on the host.  paired: hold the
-        palette in paired order with idx rewritten to match (ops.paired_palette: the CUDA
-        decode's cheaper lookup, the same weights); None: on a CUDA device."""
-        w = np.ascontiguousarray(w, dtype=np.uint16)
-        if w.ndim != 3:
-            raise ValueError(f"expert slots take [experts, rows, cols] weights, got shape {w.shape}")
-        enc = tc.encode(w, "palette", threads=threads)
-        h, p = enc.header, enc.planes
-        E, rows, cols = w.shape
+    def from_weights(cls, w, device, paired: bool | None = None) -> "ExpertSlots":
+        """From the experts' BF16 bits w uint16 [E, rows, cols] (a host array, or a tensor of
+        bf16 or uint16 on any device), encoded on `device`: the palette stack by
+        ops.transcode.encode_palette of the experts' rows taken as one matrix (on a GPU its
+        device passes, on the CPU the codec: the codec's stack encoding either way), then each
+        expert's verbatim list padded on the device.  paired: hold the palette in paired order
+        with idx rewritten to match (ops.paired_palette: the CUDA decode's cheaper lookup, the
+        same weights); None: on a CUDA device."""
+        dev = torch.device(device)
+        t = torch.from_numpy(np.ascontiguousarray(w, dtype=np.uint16)) if isinstance(w, np.ndarray) else w
+        if t.dim() != 3 or t.element_size() != 2:
+            raise ValueError(f"expert slots take [experts, rows, cols] BF16 weights, got shape {tuple(t.shape)}")
+        t = t.to(dev).contiguous().view(torch.bfloat16)
+        E, rows, cols = t.shape
+        grid = tc.choose_grid(rows, cols)
+        h, p = transcode.encode_palette(t.view(E * rows, cols), grid)
         bpr = -(-cols // C.PAL_BLOCK)
         bpm = rows * bpr
-        vpos = p[C.SUFFIX_VPOS].astype(np.int64)
-        vexp = p[C.SUFFIX_VEXP].reshape(-1, C.PAL_BLOCK)
-        bounds = np.searchsorted(vpos, np.arange(E + 1, dtype=np.int64) * bpm)
-        width = int(np.diff(bounds).max()) if E else 0
-        pos = np.empty((E, width), np.uint32)
-        exps = np.zeros((E, width, C.PAL_BLOCK), np.uint8)
-        for e in range(E):
-            own = vpos[bounds[e]:bounds[e + 1]] - e * bpm
-            # Blocks that are not verbatim fill the list up to `width`: the first ones of the matrix.
-            extra = np.setdiff1d(np.arange(min(bpm, width + len(own)), dtype=np.int64), own)[: width - len(own)]
-            ids = np.concatenate([own, extra])
-            order = np.argsort(ids, kind="stable")
-            pos[e] = ids[order]
-            ex = np.zeros((len(extra), C.PAL_BLOCK), np.uint8)
-            for i, b in enumerate(extra):  # their exponents, from the weights (a row's last block may be short)
-                r, c0 = divmod(int(b), bpr)
-                seg = w[e, r, c0 * C.PAL_BLOCK:(c0 + 1) * C.PAL_BLOCK]
-                ex[i, :len(seg)] = (seg >> 7) & 0xFF
-            exps[e] = np.concatenate([vexp[bounds[e]:bounds[e + 1]], ex])[order]
-        dev = torch.device(device)
-        slots = cls(torch.from_numpy(p[C.SUFFIX_SM]).to(dev), torch.from_numpy(p[C.SUFFIX_IDX]).to(dev),
-                   torch.from_numpy(pos).to(dev), torch.from_numpy(exps).to(dev),
-                   [int(b) for b in h.palette[: h.pal_size]], int(h.rows_per_group), int(h.cols_per_chunk))
+        nv = int(p[C.SUFFIX_VPOS].numel())
+        # Each expert's list: its verbatim blocks, then the first blocks that are not verbatim
+        # until it is as long as the longest, in ascending block order; every entry holds its
+        # block's exponents (0 past the end of a row).
+        verbatim = torch.zeros(E * bpm, dtype=torch.bool, device=dev)
+        verbatim[p[C.SUFFIX_VPOS].view(torch.int32).to(torch.int64) & 0xFFFFFFFF] = True
+        verbatim = verbatim.view(E, bpm)
+        counts = verbatim.sum(dim=1)
+        width = int(counts.max()) if E else 0
+        fill = ~verbatim & (torch.cumsum(~verbatim, dim=1) <= (width - counts)[:, None])
+        listed = verbatim | fill  # width blocks per expert (width <= the blocks of a matrix)
+        exps = torch.zeros((E, rows, bpr * C.PAL_BLOCK), dtype=torch.uint8, device=dev)
+        exps[..., :cols] = ((t.view(torch.int16) >> 7) & 0xFF).to(torch.uint8)
+        pos = listed.nonzero()[:, 1].to(torch.int32).view(torch.uint32).view(E, width)
+        vexp = exps.view(E, bpm, C.PAL_BLOCK)[listed].view(E, width, C.PAL_BLOCK)
+        slots = cls(p[C.SUFFIX_SM].view(E, rows, cols), p[C.SUFFIX_IDX].view(E, rows, -1), pos, vexp,
+                    [int(b) for b in h.palette[: h.pal_size]], int(h.rows_per_group), int(h.cols_per_chunk))
         # the bytes the padded entries hold (4 of block id, PAL_BLOCK of exponents each)
-        slots.padding_bytes = (E * width - len(vpos)) * (4 + C.PAL_BLOCK)
+        slots.padding_bytes = (E * width - nv) * (4 + C.PAL_BLOCK)
         if (dev.type == "cuda") if paired is None else paired:
             reorder = ops.pair_index(slots.palette, slots.idx)
             if reorder is not None:
