@@ -188,3 +188,13 @@ def test_device_index_of_a_tensor_parallel_shard(rows, cols):
     want = tc.with_index(h, host, chk_interval=64)
     assert hg.pack().tobytes() == want.header.pack().tobytes() and hg.crc32 == 0
     assert pg[C.SUFFIX_CHK].numpy().tobytes() == want.planes[C.SUFFIX_CHK].tobytes()
+
+
+def test_more_blocks_than_uint32_ids_is_refused():
+    # refused before anything is decoded (the header alone says it): 65535 x 65536 x 1024 blocks
+    import dataclasses
+    h, p, _ = _huffman(make_weights(4, 32, seed=0))
+    huge = dataclasses.replace(h, stack=65535, rows=65536, cols=32 * 1024)
+    with pytest.raises(ValueError, match="uint32"):
+        transcode.transcode_passes(huge, p, NO_LUT, torch.zeros(1, dtype=torch.int32))
+    transcode._check_block_ids((1 << 32) - 1)

@@ -224,6 +224,7 @@ def transcode_passes(header: TensorHeader, planes: dict, lut: Tensor, err: Tenso
     sm = planes[C.SUFFIX_SM]
     dev = sm.device
     E, rows, cols = header.n_matrices, header.rows, header.cols
+    _check_block_ids(E * rows * plan.blocks_per_row(cols))
     per = max(1, min(E, chunk_weights // max(1, rows * cols)))
     groups = [(e0, min(E, e0 + per)) for e0 in range(0, E, per)]
     table = _code_table(header, dev)
@@ -390,6 +391,7 @@ def _palette_planes(exps: Tensor, palette: np.ndarray) -> tuple[Tensor, Tensor, 
     exponent bytes exps uint8 [rows, cols] under `palette` (uint8 entries), on exps' device."""
     rows, cols, dev = exps.shape[0], exps.shape[1], exps.device
     bpr = plan.blocks_per_row(cols)
+    _check_block_ids(rows * bpr)
     idx = torch.empty((rows, (cols + 1) // 2), dtype=torch.uint8, device=dev)
     flags = torch.empty(rows * bpr, dtype=torch.uint8, device=dev)
     row_counts = torch.empty(rows, dtype=torch.uint32, device=dev)
@@ -400,6 +402,13 @@ def _palette_planes(exps: Tensor, palette: np.ndarray) -> tuple[Tensor, Tensor, 
     vexp = torch.empty((nv, C.PAL_BLOCK), dtype=torch.uint8, device=dev)
     torch.ops.unweight.palette_verbatim(exps, flags, row_offsets, vpos, vexp, rows, cols)
     return idx, vpos, vexp
+
+
+def _check_block_ids(blocks: int) -> None:
+    """ValueError when a palette tensor has more 32-weight blocks than uint32 verbatim ids
+    number (the codec refuses the same tensors)."""
+    if blocks > 0xFFFFFFFF:
+        raise ValueError(f"a palette tensor of {blocks} blocks has more than uint32 verbatim ids can number")
 
 
 def _add_u32(v: Tensor, base: int) -> Tensor:
