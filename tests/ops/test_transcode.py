@@ -155,9 +155,12 @@ def test_device_index_in_bands_and_of_every_bf16_pattern():
     assert hg.chk_interval == 16 and hg.chk_cols == 63
 
 
-def test_device_index_of_a_stack():
+@pytest.mark.parametrize("band", [16 * 300, 2 * 40 * 300, 1 << 26])
+def test_device_index_of_a_stack(band):
+    # bands of a matrix's row groups; two matrices at once (each with a short last group: 40
+    # rows in groups of 16); the whole stack at once
     w = np.stack([make_weights(40, 300, seed=e) for e in range(3)])
-    hg = _index_same_as_codec(w, 64, (16, 150), band_weights=16 * 300)
+    hg = _index_same_as_codec(w, 64, (16, 150), band_weights=band)
     assert hg.stack == 3 and hg.version_minor == C.MINOR_CHK
 
 

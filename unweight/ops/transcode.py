@@ -303,8 +303,9 @@ def build_index(header: TensorHeader, planes: dict, lut: Tensor, err: Tensor,
     pass, a matrix at a time), and the index is a function of the code lengths alone: each
     weight's length is looked up from its context (the sign+mantissa byte) and exponent, and
     an entry is the sum of S consecutive lengths of a segment (segments row-major inside,
-    chunk-major in the plane), summed in bands of about band_weights weights of whole row
-    groups.  lut / err / variant: as transcode_to_palette's.  Raises FormatError when the
+    chunk-major in the plane), summed about band_weights weights at a time: several whole
+    matrices of a stack, or a band of whole row groups of one matrix.  lut / err / variant: as
+    transcode_to_palette's.  Raises FormatError when the
     decoder counts a corrupt stream."""
     if header.encoding != C.ENC_HUFFMAN or header.chk_interval:
         return None
@@ -320,26 +321,35 @@ def build_index(header: TensorHeader, planes: dict, lut: Tensor, err: Tensor,
     table = _code_table(header, dev)
     chk = torch.zeros((E, nc, ng, P), dtype=torch.int32, device=dev)
     m = torch.arange(1, P + 1, device=dev) * S  # entry m-1 is used while m * S < the segment's weights
-    band = max(1, band_weights // max(1, R * K)) * R
+    # Units of work: several whole matrices of a stack at once when they fit in band_weights
+    # (one set of torch launches for all of them: a MoE stack has hundreds), else bands of
+    # whole row groups of one matrix.
+    per = band_weights // max(1, N * K)
+    if per >= 1:
+        units = [(e0, min(E, e0 + per), 0, N) for e0 in range(0, E, per)]
+    else:
+        band = max(1, band_weights // max(1, R * K)) * R
+        units = [(e, e + 1, r0, min(N, r0 + band)) for e in range(E) for r0 in range(0, N, band)]
+    smv = sm.view(E, N, K)
     before = int(err.item())
-    for e in range(E):
-        exps = _exponents(header, planes, table, lut, err, e, e + 1, variant)
-        sm_e = sm.view(E, N, K)[e]
-        for r0 in range(0, N, band):
-            r1 = min(N, r0 + band)
-            g0, gb = r0 // R, -(-(r1 - r0) // R)
-            key = ((sm_e[r0:r1] >> C.HUFF_CTX_SHIFT) & (C.HUFF_NUM_CTX - 1)).to(torch.int32) << 8
-            L = lens[key | exps[r0:r1].to(torch.int32)]  # uint8 [r1 - r0, K]: each weight's code length
-            rows_g = torch.clamp(N - torch.arange(g0, g0 + gb, device=dev) * R, max=R)  # rows of each group
-            for c in range(nc):
-                k0 = c * Cw
-                w = min(Cw, K - k0)
-                seg = torch.zeros((gb * R, w), dtype=torch.uint8, device=dev)  # a short last group: zeros
-                seg[:r1 - r0] = L[:, k0:k0 + w]
-                flat = torch.zeros((gb, (P + 1) * S), dtype=torch.uint8, device=dev)  # n_s <= n_max <= (P+1)*S
-                flat[:, :R * w] = seg.view(gb, R * w)
-                sums = flat.view(gb, P + 1, S).sum(dim=2, dtype=torch.int32)[:, :P]
-                chk[e, c, g0:g0 + gb] = sums * (m[None, :] < (rows_g * w)[:, None])
+    exps, held = None, None
+    for e0, e1, r0, r1 in units:
+        if held != (e0, e1):
+            exps = _exponents(header, planes, table, lut, err, e0, e1, variant).view(e1 - e0, N, K)
+            held = (e0, e1)
+        g0, gb, nm = r0 // R, -(-(r1 - r0) // R), e1 - e0
+        key = ((smv[e0:e1, r0:r1] >> C.HUFF_CTX_SHIFT) & (C.HUFF_NUM_CTX - 1)).to(torch.int32) << 8
+        L = lens[key | exps[:, r0:r1].to(torch.int32)]  # uint8 [nm, r1 - r0, K]: each weight's code length
+        rows_g = torch.clamp(N - torch.arange(g0, g0 + gb, device=dev) * R, max=R)  # rows of each group
+        for c in range(nc):
+            k0 = c * Cw
+            w = min(Cw, K - k0)
+            seg = torch.zeros((nm, gb * R, w), dtype=torch.uint8, device=dev)  # a matrix's short last group: 0s
+            seg[:, :r1 - r0] = L[:, :, k0:k0 + w]
+            flat = torch.zeros((nm * gb, (P + 1) * S), dtype=torch.uint8, device=dev)  # n_s <= n_max <= (P+1)*S
+            flat[:, :R * w] = seg.view(nm * gb, R * w)
+            sums = flat.view(nm, gb, P + 1, S).sum(dim=3, dtype=torch.int32)[:, :, :P]
+            chk[e0:e1, c, g0:g0 + gb] = sums * (m[None, :] < (rows_g * w)[:, None])
     if int(err.item()) != before:
         raise FormatError("corrupt exponent stream found by the GPU decoder while building the checkpoint index")
     # uint16 entries (<= 12 * S <= 49152) through an int16 view: torch's CUDA uint16 support is partial.
