@@ -22,6 +22,7 @@ codec's ``tensor_codec.with_index``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import List
 
@@ -267,26 +268,48 @@ def _code_table(header: TensorHeader, dev) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(header.table, dtype=np.uint8)).to(dev)
 
 
+# Side streams a stack's matrices decode on, round robin: one matrix's decode launches a thread
+# per segment as stored (a few hundred for an expert's matrix) or a chain per S weights, far
+# below what a GPU holds, so matrices one after another on one stream leave it mostly idle.
+DECODE_STREAMS = 8
+_STREAMS: dict = {}
+
+
+def _side_streams(dev: torch.device) -> list:
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _STREAMS:
+        _STREAMS[idx] = [torch.cuda.Stream(device=idx) for _ in range(DECODE_STREAMS)]
+    return _STREAMS[idx]
+
+
 def _exponents(header: TensorHeader, planes: dict, table: Tensor, lut: Tensor, err: Tensor, e0: int, e1: int,
                variant: int) -> Tensor:
     """uint8 [(e1-e0)*rows, cols]: the exponent bytes of matrices e0 .. e1-1 of a huffman
-    tensor (a matrix: 0 .. 1), decoded on the planes' device; errors go to err."""
+    tensor (a matrix: 0 .. 1), decoded on the planes' device; errors go to err.  On CUDA the
+    matrices of a stack decode concurrently on side streams that the current stream waits for."""
     sm = planes[C.SUFFIX_SM]
     E, rows, cols = header.n_matrices, header.rows, header.cols
     out = torch.empty(((e1 - e0) * rows, cols), dtype=torch.uint8, device=sm.device)
     chk = planes.get(C.SUFFIX_CHK)
+    streams = _side_streams(sm.device) if sm.device.type == "cuda" and e1 - e0 > 1 else []
+    main = torch.cuda.current_stream(sm.device) if streams else None
+    for st in streams:
+        st.wait_stream(main)  # the planes and `out` were made on the current stream
     for e in range(e0, e1):
         # Matrix e is a 2-D tensor whose offsets are absolute in the shared stream and whose
         # index rows are its own segments' (FORMAT.md "Stacked tensors", "Checkpoint index").
         # The index, when the tensor has one, lets the kernel decode S-weight chains in
         # parallel instead of whole segments.
         s0, s1 = tc.matrix_segments(header, e)
-        torch.ops.unweight.decode_huffman(sm.view(E, rows, cols)[e], planes[C.SUFFIX_EXP],
-                                          planes[C.SUFFIX_OFF][s0:s1 + 1], table, lut,
-                                          out[(e - e0) * rows:(e - e0 + 1) * rows], err, rows, cols,
-                                          header.rows_per_group, header.cols_per_chunk, header.exp_lo,
-                                          header.exp_hi, None if chk is None else chk[s0:s1],
-                                          header.chk_interval, variant)
+        with torch.cuda.stream(streams[(e - e0) % len(streams)]) if streams else contextlib.nullcontext():
+            torch.ops.unweight.decode_huffman(sm.view(E, rows, cols)[e], planes[C.SUFFIX_EXP],
+                                              planes[C.SUFFIX_OFF][s0:s1 + 1], table, lut,
+                                              out[(e - e0) * rows:(e - e0 + 1) * rows], err, rows, cols,
+                                              header.rows_per_group, header.cols_per_chunk, header.exp_lo,
+                                              header.exp_hi, None if chk is None else chk[s0:s1],
+                                              header.chk_interval, variant)
+    for st in streams:
+        main.wait_stream(st)  # `out` is used (and freed) on the current stream after this
     return out
 
 
