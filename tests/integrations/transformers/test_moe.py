@@ -48,22 +48,30 @@ def _make(kind: str, folder: str) -> str:
     return folder
 
 
-@pytest.fixture(scope="module")
-def moe(tmp_path_factory):
-    """{kind: (bf16 folder, {encoding: compressed folder}, reference logits)}."""
-    from transformers import AutoModelForCausalLM
-    root = tmp_path_factory.mktemp("moe")
-    out = {}
-    for kind in LAYOUTS:
-        src = _make(kind, str(root / kind))
+class _Models(dict):
+    """{kind: (bf16 folder, {encoding: compressed folder}, reference logits)}, each kind made
+    on first use (a run of a few tests, e.g. the GPU tier's, makes only theirs)."""
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, kind):
+        from transformers import AutoModelForCausalLM
+        src = _make(kind, str(self.root / kind))
         cks = {}
         for enc in ("huffman", "palette"):
-            cks[enc] = str(root / f"{kind}-{enc}")
+            cks[enc] = str(self.root / f"{kind}-{enc}")
             api.compress(src, cks[enc], encoding=enc, progress=False)
         with torch.no_grad():
             ref = AutoModelForCausalLM.from_pretrained(src).eval()(IDS).logits
-        out[kind] = (src, cks, ref)
-    return out
+        self[kind] = (src, cks, ref)
+        return self[kind]
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    return _Models(tmp_path_factory.mktemp("moe"))
 
 
 class Spy:
