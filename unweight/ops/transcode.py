@@ -40,9 +40,10 @@ from . import _ext
 __all__ = ["build_lut", "build_index", "transcode_to_palette", "transcode_passes", "encode_palette", "exp_histogram",
            "palette_encode", "palette_verbatim", "TRANSCODE_CHUNK_WEIGHTS"]
 
-# The most weights whose exponent bytes a transcode decodes at once (1 GiB of scratch): a
-# whole MoE expert stack (Kimi K2's gate/up is 11 G weights) would not fit beside the model.
-TRANSCODE_CHUNK_WEIGHTS = 1 << 30
+# The most weights whose exponent bytes a transcode decodes at once (256 MiB of scratch, about
+# as much again for the palette passes): a whole MoE expert stack (Kimi K2's gate/up is 11 G
+# weights) would not fit beside a model that fills the GPU.  A larger stack decodes twice.
+TRANSCODE_CHUNK_WEIGHTS = 1 << 28
 
 
 # ------------------------------------------------------------------------ build_lut
