@@ -70,7 +70,9 @@ class ExpertSlots:
         device passes, on the CPU the codec: the codec's stack encoding either way), then each
         expert's verbatim list padded on the device.  paired: hold the palette in paired order
         with idx rewritten to match (ops.paired_palette: the CUDA decode's cheaper lookup, the
-        same weights); None: on a CUDA device."""
+        same weights); None: on a CUDA device.  Transient device memory: a few bytes per weight
+        of the projection (its BF16 copy, exponent bytes, the encode's passes) beside the 1.5
+        bytes per weight held."""
         dev = torch.device(device)
         t = torch.from_numpy(np.ascontiguousarray(w, dtype=np.uint16)) if isinstance(w, np.ndarray) else w
         if t.dim() != 3 or t.element_size() != 2:
