@@ -118,3 +118,41 @@ def test_tile_major_weight_is_looked_up_under_its_own_entries_and_auto_order(on_
     assert p.linear_path(w, 4, cuda) == pol.DECODE_CUBLAS  # not measured tile-major at this batch
     w.tiled = False
     assert p.linear_path(w, 4, cuda) == pol.PALETTE_GEMM
+
+
+def test_unmeasured_palette_shapes_are_reported_once(monkeypatch, caplog):
+    """A palette matmul weight on a GPU whose shape the table never timed runs decode + cuBLAS
+    at every batch: prepare names such shapes in one warning per device (a stacked sibling by
+    its stack's shape); measured shapes, huffman weights, the CPU and a shape no fused kernel
+    takes are never named."""
+    import types
+    from unweight.runtime import kernel_plan as kp
+    p = pol.DispatchPolicy(_winning_table())
+    monkeypatch.setattr(p, "device_name", lambda device: DEV)
+    gpu = torch.device("cuda", 0)
+    measured = _module("palette")[1].encoded()
+    other = _module("palette", n=48)[1].encoded()
+    assert not p.unmeasured(measured, gpu) and p.unmeasured(other, gpu)
+    assert not p.unmeasured(other, torch.device("cpu"))
+    assert not p.unmeasured(_module("huffman", n=48)[1].encoded(), gpu)
+    assert not kp.pmma_supported(1, 100) and not p.unmeasured(_module("palette", n=48, k=100)[1].encoded(), gpu)
+    assert pol.DispatchPolicy(None).unmeasured(measured, gpu)  # an empty table measured nothing
+
+    from unweight.format import constants as C
+
+    def fake(w, group=None):  # a compressed linear on the GPU, as _report_unmeasured reads it
+        m = types.SimpleNamespace(is_tied=False, encoding=C.ENC_HUFFMAN if w.is_huffman else C.ENC_PALETTE,
+                                  device=gpu, encoded=lambda: w)
+        if group is not None:
+            m._uw_group = types.SimpleNamespace(w=group)
+        return m
+
+    with caplog.at_level("WARNING", logger="unweight.runtime.prepare"):
+        prepare._report_unmeasured([fake(measured), fake(other), fake(other), fake(other, group=measured)], p)
+    msgs = [r.getMessage() for r in caplog.records if "no measurement" in r.getMessage()]
+    assert len(msgs) == 1 and "1 palette matmul shape(s)" in msgs[0] and "[48x128]" in msgs[0] and DEV in msgs[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="unweight.runtime.prepare"):
+        prepare._report_unmeasured([fake(measured), fake(other, group=measured)], p)
+        prepare._report_unmeasured([fake(other)], None)  # no policy: decode + F.linear by choice
+    assert not [r for r in caplog.records if "no measurement" in r.getMessage()]

@@ -69,6 +69,19 @@ class DispatchPolicy:
             return DECODE_CUBLAS
         return self.table.lookup(*key[:4], M)
 
+    def unmeasured(self, w: EncodedWeight, device) -> bool:
+        """Whether a palette weight the fused kernels could take has no measurement for its
+        device, shape and plane order at batch 1 (a CUDA device): every batch then runs
+        decode + cuBLAS, the BF16 model's bits at a fraction of its speed, until the table
+        holds one (`unweight tune`)."""
+        device = torch.device(device)
+        if device.type != "cuda" or w.is_huffman or not kp.pmma_supported(1, w.cols):
+            return False
+        if self.table is None:
+            return True
+        name, N, K, enc, _ = self._key(w, 1, device)
+        return self.table.best_ms(name, N, K, enc, bucket(1)) is None
+
     def measured_faster(self, N: int, K: int, M: int, path: str, device) -> bool:
         """Whether the table timed `path` strictly faster than decode + cuBLAS for a file-order
         palette [N, K] weight at batch M on `device` (for callers composing the kernel into

@@ -61,6 +61,25 @@ def _warn_once(key: str, msg: str):
         log.warning(msg)
 
 
+def _report_unmeasured(lins: list, policy: policies.DispatchPolicy | None) -> None:
+    """One warning naming the palette matmul shapes on a GPU that the tuning table has no
+    measurement for: they run decode + cuBLAS (DispatchPolicy.unmeasured)."""
+    if policy is None:
+        return
+    miss = {}
+    for m in lins:
+        if not m.is_tied and m.encoding == C.ENC_PALETTE and m.device.type == "cuda":
+            group = m.__dict__.get("_uw_group")  # a stacked sibling runs its stack's matmul
+            w = group.w if group is not None else m.encoded()
+            if policy.unmeasured(w, m.device):
+                miss.setdefault(policy.device_name(m.device), set()).add((w.rows, w.cols))
+    for dev, shapes in sorted(miss.items()):
+        some = ", ".join(f"[{n}x{k}]" for n, k in sorted(shapes)[:4]) + (", ..." if len(shapes) > 4 else "")
+        log.warning("unweight: %d palette matmul shape(s) on %s have no measurement in the tuning table (%s): "
+                    "they run decode + cuBLAS, the BF16 model's results at a fraction of its speed; "
+                    "`unweight tune PATH` measures them", len(shapes), dev, some)
+
+
 def _meminfo_available() -> int:
     try:
         with open("/proc/meminfo") as f:
@@ -344,6 +363,7 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
             "tied": plan.get("tied", []),
             "dense_fallback": [f"{fb['module']}.{fb['attr']} ({fb['type']})" for fb in plan.get("dense_fallback", [])]}
     model.unweight_info = info
+    _report_unmeasured(lins, policy)
     _guard_tie_weights(model)
     _count_compressed_weights(model)
     _densify_on_resize(model)
