@@ -147,12 +147,15 @@ def test_unmeasured_palette_shapes_are_reported_once(monkeypatch, caplog):
             m._uw_group = types.SimpleNamespace(w=group)
         return m
 
-    with caplog.at_level("WARNING", logger="unweight.runtime.prepare"):
+    with caplog.at_level("WARNING", logger="unweight.runtime.policy"):
         prepare._report_unmeasured([fake(measured), fake(other), fake(other), fake(other, group=measured)], p)
     msgs = [r.getMessage() for r in caplog.records if "no measurement" in r.getMessage()]
     assert len(msgs) == 1 and "1 palette matmul shape(s)" in msgs[0] and "[48x128]" in msgs[0] and DEV in msgs[0]
     caplog.clear()
-    with caplog.at_level("WARNING", logger="unweight.runtime.prepare"):
-        prepare._report_unmeasured([fake(measured), fake(other, group=measured)], p)
+    with caplog.at_level("WARNING", logger="unweight.runtime.policy"):
+        prepare._report_unmeasured([fake(other)], p)  # named already (a vLLM load names layer by layer)
+        fresh = pol.DispatchPolicy(_winning_table())
+        monkeypatch.setattr(fresh, "device_name", lambda device: DEV)
+        prepare._report_unmeasured([fake(measured), fake(other, group=measured)], fresh)
         prepare._report_unmeasured([fake(other)], None)  # no policy: decode + F.linear by choice
     assert not [r for r in caplog.records if "no measurement" in r.getMessage()]

@@ -44,6 +44,7 @@ class DispatchPolicy:
         self._names: dict[int, str] = {}
         self._refused: set = set()
         self._decoders: dict[tuple, int] = {}
+        self._reported: set = set()  # (device name, N, K) of unmeasured shapes already named
 
     def device_name(self, device: torch.device) -> str:
         """torch.cuda.get_device_name of a CUDA device (cached per index: the table's key)."""
@@ -81,6 +82,22 @@ class DispatchPolicy:
             return True
         name, N, K, enc, _ = self._key(w, 1, device)
         return self.table.best_ms(name, N, K, enc, bucket(1)) is None
+
+    def report_unmeasured(self, ws) -> None:
+        """One warning per GPU naming the palette matmul shapes among ws ([(EncodedWeight,
+        device)]) that unmeasured() flags and no earlier call named."""
+        miss = {}
+        for w, device in ws:
+            if self.unmeasured(w, device):
+                name = self.device_name(torch.device(device))
+                if (name, w.rows, w.cols) not in self._reported:
+                    self._reported.add((name, w.rows, w.cols))
+                    miss.setdefault(name, set()).add((w.rows, w.cols))
+        for name, shapes in sorted(miss.items()):
+            some = ", ".join(f"[{n}x{k}]" for n, k in sorted(shapes)[:4]) + (", ..." if len(shapes) > 4 else "")
+            log.warning("unweight: %d palette matmul shape(s) on %s have no measurement in the tuning table (%s): "
+                        "they run decode + cuBLAS, the BF16 model's results at a fraction of its speed; "
+                        "`unweight tune PATH` measures them", len(shapes), name, some)
 
     def measured_faster(self, N: int, K: int, M: int, path: str, device) -> bool:
         """Whether the table timed `path` strictly faster than decode + cuBLAS for a file-order

@@ -62,22 +62,16 @@ def _warn_once(key: str, msg: str):
 
 
 def _report_unmeasured(lins: list, policy: policies.DispatchPolicy | None) -> None:
-    """One warning naming the palette matmul shapes on a GPU that the tuning table has no
-    measurement for: they run decode + cuBLAS (DispatchPolicy.unmeasured)."""
+    """The palette matmul shapes on a GPU that the tuning table has no measurement for, named
+    in one warning per GPU (DispatchPolicy.report_unmeasured): they run decode + cuBLAS."""
     if policy is None:
         return
-    miss = {}
+    ws = []
     for m in lins:
         if not m.is_tied and m.encoding == C.ENC_PALETTE and m.device.type == "cuda":
             group = m.__dict__.get("_uw_group")  # a stacked sibling runs its stack's matmul
-            w = group.w if group is not None else m.encoded()
-            if policy.unmeasured(w, m.device):
-                miss.setdefault(policy.device_name(m.device), set()).add((w.rows, w.cols))
-    for dev, shapes in sorted(miss.items()):
-        some = ", ".join(f"[{n}x{k}]" for n, k in sorted(shapes)[:4]) + (", ..." if len(shapes) > 4 else "")
-        log.warning("unweight: %d palette matmul shape(s) on %s have no measurement in the tuning table (%s): "
-                    "they run decode + cuBLAS, the BF16 model's results at a fraction of its speed; "
-                    "`unweight tune PATH` measures them", len(shapes), dev, some)
+            ws.append((group.w if group is not None else m.encoded(), m.device))
+    policy.report_unmeasured(ws)
 
 
 def _meminfo_available() -> int:

@@ -463,6 +463,10 @@ class _UnweightMethodBase(QuantizeMethodBase):
             layer._uw_n, layer._uw_meta = len(tensors), meta
             scratch.reserve(dev, layer._uw_out_rows * layer._uw_cols)
             record["path"] = "compressed"
+            # (a matmul: not an embedding's row gather, but a head computing logits)
+            if uvops.current_policy() is not None and (not isinstance(layer, VocabParallelEmbedding)
+                                                       or isinstance(layer, ParallelLMHead)):
+                uvops.current_policy().report_unmeasured([(w, dev) for w in weights])
         held = record["stacked"]["held_bytes"] if "stacked" in record else sum(r["held_bytes"] for r in report)
         bf16 = sum(r["bf16_shard_bytes"] for r in report)
         report_layer(self.prefix, {**record, "pieces": report, "held_bytes": held, "bf16_bytes": bf16})
