@@ -132,6 +132,23 @@ def test_index_built_on_the_device_is_the_host_codecs(stack):
     assert int(err.item()) == 0
 
 
+@pytest.mark.parametrize("chunk", [96 * 520, 1 << 30])
+def test_stack_encode_on_the_device_is_the_codecs(chunk):
+    # BF16 experts -> one palette stack (expert slots at load): a matrix at a time, or at once
+    import dataclasses
+
+    from unweight.ops import transcode
+    w = np.stack([make_weights(96, 520, seed=e) for e in range(3)])
+    w[1, 4, :64] = 0xFF80
+    hdr, got = transcode.encode_palette_stack(torch.from_numpy(w), "cuda", chunk)
+    want = tc.encode(w, "palette", grid=tc.choose_grid(96, 520))
+    assert np.array_equal(hdr.pack(), dataclasses.replace(want.header, crc32=0).pack())
+    for s in (C.SUFFIX_SM, C.SUFFIX_IDX, C.SUFFIX_VEXP):
+        assert np.array_equal(got[s].cpu().numpy(), want.planes[s]), s
+    vpos = got[C.SUFFIX_VPOS].view(torch.int32).cpu().numpy().view(np.uint32)
+    assert np.array_equal(vpos, want.planes[C.SUFFIX_VPOS])
+
+
 def _corrupt_huffman():
     """(original bits, encoded, corrupt planes): a 128x512 huffman tensor whose exponent stream
     (slack excluded) is scrambled."""

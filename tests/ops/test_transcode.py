@@ -1,6 +1,8 @@
 """ops/transcode.py: the device transcode's pass sequence (transcode_passes) run on the CPU
 through the ops' host kernels, against the codec's transcode, byte for byte: matrices, stacks
 decoded in groups, indexed streams, corrupt streams."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -195,9 +197,26 @@ def test_device_index_of_a_tensor_parallel_shard(rows, cols):
 
 def test_more_blocks_than_uint32_ids_is_refused():
     # refused before anything is decoded (the header alone says it): 65535 x 65536 x 1024 blocks
-    import dataclasses
     h, p, _ = _huffman(make_weights(4, 32, seed=0))
     huge = dataclasses.replace(h, stack=65535, rows=65536, cols=32 * 1024)
     with pytest.raises(ValueError, match="uint32"):
         transcode.transcode_passes(huge, p, NO_LUT, torch.zeros(1, dtype=torch.int32))
     transcode._check_block_ids((1 << 32) - 1)
+
+
+@pytest.mark.parametrize("chunk", [1, 2 * 24 * 100, 1 << 30])
+def test_stack_encode_passes_are_the_codecs_stack_encoding(chunk):
+    # BF16 experts -> one palette stack, a group of whole matrices on the device at a time
+    w = np.stack([make_weights(24, 100, seed=e) for e in range(5)])
+    w[3, 2, :40] = 0xFF80  # -Inf: verbatim blocks in a later group
+    want = tc.encode(w, "palette", grid=tc.choose_grid(24, 100))
+    for src in (torch.from_numpy(w), torch.from_numpy(w).view(torch.bfloat16)):
+        hdr, got = transcode.encode_stack_passes(src, torch.device("cpu"), chunk)
+        assert hdr.pack().tobytes() == dataclasses.replace(want.header, crc32=0).pack().tobytes()
+        assert hdr.stack == 5 and tuple(got[C.SUFFIX_IDX].shape) == (5, 24, 50)
+        for s in (C.SUFFIX_SM, C.SUFFIX_IDX, C.SUFFIX_VPOS, C.SUFFIX_VEXP):
+            assert got[s].numpy().tobytes() == np.ascontiguousarray(want.planes[s]).tobytes(), s
+    h2, p2 = transcode.encode_palette_stack(torch.from_numpy(w), "cpu")  # the codec's route
+    assert h2.pack().tobytes() == hdr.pack().tobytes() and p2[C.SUFFIX_IDX].shape == got[C.SUFFIX_IDX].shape
+    with pytest.raises(ValueError, match="E, rows, cols"):
+        transcode.encode_palette_stack(torch.from_numpy(w[0]), "cpu")

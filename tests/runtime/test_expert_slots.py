@@ -114,10 +114,11 @@ def test_routed_forward_is_the_swiglu_moe_within_bf16_rounding():
         routed_forward(s2, s13, x, topk_weights, topk_ids)
 
 
-def test_lists_hold_own_blocks_then_the_first_others_with_their_exponents():
+@pytest.mark.parametrize("chunk", [1, 1 << 30])  # the lists' exponents gathered an expert at a time, or at once
+def test_lists_hold_own_blocks_then_the_first_others_with_their_exponents(chunk):
     w = _experts(cols=100)
     enc = tc.encode(w, "palette", threads=1)
-    slots = ExpertSlots.from_weights(torch.from_numpy(w).view(torch.bfloat16), "cpu")  # a tensor, as bf16
+    slots = ExpertSlots.from_weights(torch.from_numpy(w).view(torch.bfloat16), "cpu", chunk_weights=chunk)
     assert np.array_equal(slots.sm.numpy(), enc.planes[C.SUFFIX_SM])
     assert np.array_equal(slots.idx.numpy(), enc.planes[C.SUFFIX_IDX])
     E, rows, cols = w.shape

@@ -37,8 +37,9 @@ from ..format.header import TensorHeader
 from ..runtime import kernel_plan as plan
 from . import _ext
 
-__all__ = ["build_lut", "build_index", "transcode_to_palette", "transcode_passes", "encode_palette", "exp_histogram",
-           "palette_encode", "palette_verbatim", "TRANSCODE_CHUNK_WEIGHTS"]
+__all__ = ["build_lut", "build_index", "transcode_to_palette", "transcode_passes", "encode_palette",
+           "encode_palette_stack", "encode_stack_passes", "exp_histogram", "palette_encode", "palette_verbatim",
+           "TRANSCODE_CHUNK_WEIGHTS"]
 
 # The most weights whose exponent bytes a transcode decodes at once (256 MiB of scratch, about
 # as much again for the palette passes): a whole MoE expert stack (Kimi K2's gate/up is 11 G
@@ -224,17 +225,64 @@ def transcode_passes(header: TensorHeader, planes: dict, lut: Tensor, err: Tenso
     a MoE layer's expert stack is gigabytes.  Raises FormatError when the decoder counts a
     corrupt stream (nothing is returned)."""
     sm = planes[C.SUFFIX_SM]
-    dev = sm.device
+    table = _code_table(header, sm.device)
+    before = int(err.item())
+    hdr, out = _stack_palette(header, sm.device, chunk_weights,
+                              lambda e0, e1: _exponents(header, planes, table, lut, err, e0, e1, variant))
+    if int(err.item()) != before:
+        raise FormatError("corrupt exponent stream found by the GPU decoder during the palette transcode")
+    return hdr, {**out, C.SUFFIX_SM: sm}
+
+
+def encode_palette_stack(w: Tensor, device, chunk_weights: int = TRANSCODE_CHUNK_WEIGHTS) -> tuple[TensorHeader, dict]:
+    """Palette-encode a stack of BF16 matrices w [E, rows, cols] (bf16, or its bits as uint16;
+    on the host or any device) on `device`: the codec's stack encoding of w on its grid
+    (tensor_codec.choose_grid(rows, cols); the header's crc32 0, for planes held in memory).  On
+    CUDA at most chunk_weights weights (whole matrices, at least one) are on the device at once
+    beside the planes, a stack larger than that read twice (once for the palette's histogram,
+    once for the planes); elsewhere the codec encodes it.  Returns (header with stack = E,
+    {suffix: tensor on device}: sm [E, rows, cols], idx [E, rows, ceil(cols/2)], vpos, vexp)."""
+    dev = torch.device(device)
+    if w.dim() != 3 or w.element_size() != 2:
+        raise ValueError(f"encode_palette_stack: need BF16 [E, rows, cols] matrices, got {tuple(w.shape)}")
+    E, rows, cols = w.shape
+    grid = tc.choose_grid(rows, cols)
+    if dev.type != "cuda":
+        enc = tc.encode(w.view(torch.uint16).cpu().numpy(), "palette", grid=grid)
+        hdr = dataclasses.replace(enc.header, crc32=0)
+        planes = {s: torch.from_numpy(np.ascontiguousarray(a)).to(dev) for s, a in enc.planes.items()}
+        planes[C.SUFFIX_HDR] = torch.from_numpy(hdr.pack()).to(dev)
+        return hdr, planes
+    return encode_stack_passes(w, dev, chunk_weights)
+
+
+def encode_stack_passes(w: Tensor, dev: torch.device, chunk_weights: int = TRANSCODE_CHUNK_WEIGHTS):
+    """encode_palette_stack's device passes, on whatever device `dev` is (the CPU runs the ops'
+    host kernels: the same sequence, for tests)."""
+    E, rows, cols = w.shape
+    grid = tc.choose_grid(rows, cols)
+    like = TensorHeader(encoding=C.ENC_PALETTE, rows=rows, cols=cols, rows_per_group=grid[0], cols_per_chunk=grid[1],
+                        crc32=0, stack=E)
+    sm = torch.empty((E, rows, cols), dtype=torch.uint8, device=dev)
+
+    def exponents(e0: int, e1: int) -> Tensor:
+        bits = w[e0:e1].to(dev).view(torch.int16)
+        sm[e0:e1] = (((bits >> 8) & 0x80) | (bits & 0x7F)).to(torch.uint8)  # FORMAT.md: sign in bit 7
+        return (bits >> 7).to(torch.uint8).view(-1, cols)  # the low byte of w >> 7: the exponent
+
+    hdr, out = _stack_palette(like, dev, chunk_weights, exponents)
+    return hdr, {**out, C.SUFFIX_SM: sm}
+
+
+def _stack_palette(header: TensorHeader, dev, chunk_weights: int, exponents) -> tuple[TensorHeader, dict]:
+    """(palette header, {hdr, idx, vpos, vexp} on dev) of the matrix or stack `header` describes
+    (its shape, grid, crc32 and stack), from exponents(e0, e1): the exponent bytes uint8
+    [(e1-e0)*rows, cols] of matrices e0 .. e1-1, asked for in groups of whole matrices of at
+    most chunk_weights weights (at least one), twice when there is more than one group."""
     E, rows, cols = header.n_matrices, header.rows, header.cols
     _check_block_ids(E * rows * plan.blocks_per_row(cols))
     per = max(1, min(E, chunk_weights // max(1, rows * cols)))
     groups = [(e0, min(E, e0 + per)) for e0 in range(0, E, per)]
-    table = _code_table(header, dev)
-    before = int(err.item())
-
-    def exponents(e0: int, e1: int) -> Tensor:
-        return _exponents(header, planes, table, lut, err, e0, e1, variant)
-
     hist = torch.zeros(256, dtype=torch.int64, device=dev)
     kept = None
     for e0, e1 in groups:
@@ -251,15 +299,13 @@ def transcode_passes(header: TensorHeader, planes: dict, lut: Tensor, err: Tenso
         # a stack with more blocks than that).
         vpos.append(p if e0 == 0 else _add_u32(p, e0 * rows * plan.blocks_per_row(cols)))
         vexp.append(v)
-    if int(err.item()) != before:
-        raise FormatError("corrupt exponent stream found by the GPU decoder during the palette transcode")
     hdr = _palette_header(header, palette, sum(p.numel() for p in vpos))
     if header.stack:
         hdr = dataclasses.replace(hdr, stack=header.stack, version_minor=C.MINOR_STACK)
     idx = idx[0] if len(idx) == 1 else torch.cat(idx)
     # (joined through int32 views: torch's CUDA uint32 support is partial)
     vpos = vpos[0] if len(vpos) == 1 else torch.cat([p.view(torch.int32) for p in vpos]).view(torch.uint32)
-    return hdr, {C.SUFFIX_HDR: torch.from_numpy(hdr.pack()).to(dev), C.SUFFIX_SM: sm,
+    return hdr, {C.SUFFIX_HDR: torch.from_numpy(hdr.pack()).to(dev),
                  C.SUFFIX_IDX: idx.view(header.shape[:-1] + (idx.shape[-1],)), C.SUFFIX_VPOS: vpos,
                  C.SUFFIX_VEXP: vexp[0] if len(vexp) == 1 else torch.cat(vexp)}
 

@@ -36,7 +36,6 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..ops import transcode
-from ..codec import tensor_codec as tc
 from ..format import constants as C
 from . import dispatch, scratch
 from . import kernel_plan as kp
@@ -63,24 +62,22 @@ class ExpertSlots:
         self.blocks = self.rows * -(-self.cols // C.PAL_BLOCK)  # blocks of one expert's matrix
 
     @classmethod
-    def from_weights(cls, w, device, paired: bool | None = None) -> "ExpertSlots":
+    def from_weights(cls, w, device, paired: bool | None = None,
+                     chunk_weights: int = transcode.TRANSCODE_CHUNK_WEIGHTS) -> "ExpertSlots":
         """From the experts' BF16 bits w uint16 [E, rows, cols] (a host array, or a tensor of
         bf16 or uint16 on any device), encoded on `device`: the palette stack by
-        ops.transcode.encode_palette of the experts' rows taken as one matrix (on a GPU its
-        device passes, on the CPU the codec: the codec's stack encoding either way), then each
-        expert's verbatim list padded on the device.  paired: hold the palette in paired order
-        with idx rewritten to match (ops.paired_palette: the CUDA decode's cheaper lookup, the
-        same weights); None: on a CUDA device.  Transient device memory: a few bytes per weight
-        of the projection (its BF16 copy, exponent bytes, the encode's passes) beside the 1.5
-        bytes per weight held."""
+        ops.transcode.encode_palette_stack (on a GPU its device passes, a group of experts of at
+        most chunk_weights weights on the device at a time; on the CPU the codec: the codec's
+        stack encoding either way), then each expert's verbatim list padded on the device, the
+        same groups at a time.  paired: hold the palette in paired order with idx rewritten to
+        match (ops.paired_palette: the CUDA decode's cheaper lookup, the same weights); None:
+        on a CUDA device."""
         dev = torch.device(device)
         t = torch.from_numpy(np.ascontiguousarray(w, dtype=np.uint16)) if isinstance(w, np.ndarray) else w
         if t.dim() != 3 or t.element_size() != 2:
             raise ValueError(f"expert slots take [experts, rows, cols] BF16 weights, got shape {tuple(t.shape)}")
-        t = t.to(dev).contiguous().view(torch.bfloat16)
         E, rows, cols = t.shape
-        grid = tc.choose_grid(rows, cols)
-        h, p = transcode.encode_palette(t.view(E * rows, cols), grid)
+        h, p = transcode.encode_palette_stack(t, dev, chunk_weights)
         bpr = -(-cols // C.PAL_BLOCK)
         bpm = rows * bpr
         nv = int(p[C.SUFFIX_VPOS].numel())
@@ -94,12 +91,16 @@ class ExpertSlots:
         width = int(counts.max()) if E else 0
         fill = ~verbatim & (torch.cumsum(~verbatim, dim=1) <= (width - counts)[:, None])
         listed = verbatim | fill  # width blocks per expert (width <= the blocks of a matrix)
-        exps = torch.zeros((E, rows, bpr * C.PAL_BLOCK), dtype=torch.uint8, device=dev)
-        exps[..., :cols] = ((t.view(torch.int16) >> 7) & 0xFF).to(torch.uint8)
         pos = listed.nonzero()[:, 1].to(torch.int32).view(torch.uint32).view(E, width)
-        vexp = exps.view(E, bpm, C.PAL_BLOCK)[listed].view(E, width, C.PAL_BLOCK)
-        slots = cls(p[C.SUFFIX_SM].view(E, rows, cols), p[C.SUFFIX_IDX].view(E, rows, -1), pos, vexp,
-                    [int(b) for b in h.palette[: h.pal_size]], int(h.rows_per_group), int(h.cols_per_chunk))
+        vexp = torch.empty((E, width, C.PAL_BLOCK), dtype=torch.uint8, device=dev)
+        per = max(1, chunk_weights // max(1, rows * cols))
+        for e0 in range(0, E, per):
+            e1 = min(E, e0 + per)
+            exps = torch.zeros((e1 - e0, rows, bpr * C.PAL_BLOCK), dtype=torch.uint8, device=dev)
+            exps[..., :cols] = (t[e0:e1].to(dev).view(torch.int16) >> 7).to(torch.uint8)  # the exponent byte
+            vexp[e0:e1] = exps.view(e1 - e0, bpm, C.PAL_BLOCK)[listed[e0:e1]].view(e1 - e0, width, C.PAL_BLOCK)
+        slots = cls(p[C.SUFFIX_SM], p[C.SUFFIX_IDX], pos, vexp, [int(b) for b in h.palette[: h.pal_size]],
+                    int(h.rows_per_group), int(h.cols_per_chunk))
         # the bytes the padded entries hold (4 of block id, PAL_BLOCK of exponents each)
         slots.padding_bytes = (E * width - nv) * (4 + C.PAL_BLOCK)
         if (dev.type == "cuda") if paired is None else paired:
