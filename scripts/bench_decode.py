@@ -268,11 +268,19 @@ def bench_slots(torch, runs, l2, layer=SLOTS_LAYER, counts=SLOTS_COUNTS) -> dict
     dev = bu.device(torch)
     E, rows, cols = layer
     w = np.stack([h.bits(bu.bf16_weights(torch, rows, cols, seed=100 + e)) for e in range(E)])
+    # The slots' build at load (the host weights copied over and encoded on the device), timed
+    # once with its host syncs, as a load runs it.
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
     slots = ExpertSlots.from_weights(w, dev)
+    sync()
+    build_s = time.perf_counter() - t0
     err = torch.zeros(1, dtype=torch.int32, device=dev)
     planes_per_expert = rows * (cols + (cols + 1) // 2)  # sign+mantissa and index bytes
     res = {"experts": E, "rows": rows, "cols": cols, "verbatim_per_expert": int(slots.vpos.shape[1]),
-           "padding_bytes": int(slots.padding_bytes), "held_bytes": slots.held_bytes(), "rows_by_slots": []}
+           "padding_bytes": int(slots.padding_bytes), "held_bytes": slots.held_bytes(), "rows_by_slots": [],
+           "build_ms": build_s * 1e3, "build_ms_per_GB": build_s * 1e3 / (E * rows * cols * 2 / 1e9)}
     # Each expert as a weight of its own (views of the stack), for the one-launch-per-expert baseline.
     from unweight.format import constants as C
     from unweight.runtime.weights import EncodedWeight

@@ -203,8 +203,10 @@ def slots_lines(bench: dict) -> list[str]:
                      + ("" if r.get("bitwise") else " NOT BITWISE")
                      + (f", slots GEMV {g['median_ms'] * 1e3:.1f} us ({g['time_vs_decode_matmul']:.2f}x slot decode + "
                         f"batched matmul)" if "median_ms" in g else ""))
+    built = (f" Built at load (host weights copied to the device and encoded there) in {ms['build_ms']:.0f} ms, "
+             f"{ms['build_ms_per_GB']:.0f} ms per GB of BF16." if "build_ms" in ms else "")
     return [f"**Routed MoE decode** (`ops.decode_palette_slots`, experts by ids on the device; a layer of "
-            f"{ms['experts']} experts of {ms['rows']} x {ms['cols']}): " + "; ".join(parts) + ".", ""]
+            f"{ms['experts']} experts of {ms['rows']} x {ms['cols']}): " + "; ".join(parts) + "." + built, ""]
 
 
 def kernels_table(bench: dict) -> list[str]:
