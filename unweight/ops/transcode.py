@@ -266,7 +266,7 @@ def encode_stack_passes(w: Tensor, dev: torch.device, chunk_weights: int = TRANS
     sm = torch.empty((E, rows, cols), dtype=torch.uint8, device=dev)
 
     def exponents(e0: int, e1: int) -> Tensor:
-        bits = w[e0:e1].to(dev).view(torch.int16)
+        bits = w[e0:e1].view(torch.int16).to(dev)
         sm[e0:e1] = (((bits >> 8) & 0x80) | (bits & 0x7F)).to(torch.uint8)  # FORMAT.md: sign in bit 7
         return (bits >> 7).to(torch.uint8).view(-1, cols)  # the low byte of w >> 7: the exponent
 
