@@ -77,13 +77,12 @@ def _time_index(torch, ops, enc, planes, lut, err, runs, dense) -> dict:
     same = (got is None) == (want.header is enc.header) and (
         got is None or got[1][C.SUFFIX_CHK].cpu().numpy().tobytes() == want.planes[C.SUFFIX_CHK].tobytes())
     del got
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     times = []
     for _ in range(runs):
-        sync()
+        bu.sync(torch)
         t0 = time.perf_counter()
         ops.build_index(enc.header, planes, lut, err)  # reads the error counter back: a host sync
-        sync()
+        bu.sync(torch)
         times.append((time.perf_counter() - t0) * 1e3)
     med = sorted(times)[len(times) // 2]
     return {"median_ms": med, "min_ms": min(times), "runs_ms": times, "matches_host_codec": same,
@@ -270,11 +269,10 @@ def bench_slots(torch, runs, l2, layer=SLOTS_LAYER, counts=SLOTS_COUNTS) -> dict
     w = np.stack([h.bits(bu.bf16_weights(torch, rows, cols, seed=100 + e)) for e in range(E)])
     # The slots' build at load (the host weights copied over and encoded on the device), timed
     # once with its host syncs, as a load runs it.
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    sync()
+    bu.sync(torch)
     t0 = time.perf_counter()
     slots = ExpertSlots.from_weights(w, dev)
-    sync()
+    bu.sync(torch)
     build_s = time.perf_counter() - t0
     err = torch.zeros(1, dtype=torch.int32, device=dev)
     planes_per_expert = rows * (cols + (cols + 1) // 2)  # sign+mantissa and index bytes

@@ -652,11 +652,8 @@ def group_decode(rec, device):
         w[2, 5, :] = 0x7F80  # a row of +Inf: verbatim blocks in a later matrix
         enc = tc.encode(w, "huffman", grid=(64, 512))
         enc = tc.with_index(enc.header, enc.planes, chk_interval=C.LOAD_CHK_INTERVAL)
-        planes = h.device_planes(enc.planes, device)
-        table = torch.from_numpy(np.ascontiguousarray(enc.header.table, dtype=np.uint8)).to(device)
-        lut = (ops.build_lut(table, enc.header.exp_lo, enc.header.exp_hi, err) if device == "cuda"
-               else torch.empty(0, dtype=torch.uint16))
-        return same_as_codec(enc, *ops.transcode_to_palette(enc.header, planes, lut, err,
+        _, lut = h.device_lut(enc.header, device, err)
+        return same_as_codec(enc, *ops.transcode_to_palette(enc.header, h.device_planes(enc.planes, device), lut, err,
                                                             chunk_weights=chunk_weights))
     for chunk, how in ((200 * 520, "a matrix"), (1 << 30, "the stack")):
         rec.check(f"transcode huffman->palette stack 4x200x520 indexed, {how} per decode, vs host codec",
@@ -669,9 +666,7 @@ def group_decode(rec, device):
         w = (h.make_weights(300, 1090, seed=9) if not stack
              else np.stack([h.make_weights(96, 520, seed=e) for e in range(stack)]))
         enc = tc.encode(w, "huffman", grid=(64, 512))
-        table = torch.from_numpy(np.ascontiguousarray(enc.header.table, dtype=np.uint8)).to(device)
-        lut = (ops.build_lut(table, enc.header.exp_lo, enc.header.exp_hi, err) if device == "cuda"
-               else torch.empty(0, dtype=torch.uint16))
+        _, lut = h.device_lut(enc.header, device, err)
         hdr, got = ops.build_index(enc.header, h.device_planes(enc.planes, device), lut, err)
         want = tc.with_index(enc.header, enc.planes, chk_interval=C.LOAD_CHK_INTERVAL)
         r = {"header": bool(np.array_equal(hdr.pack(), want.header.pack())),

@@ -100,23 +100,28 @@ def encoded_weight(enc, device, err=None):
 
     err: int32 [1] device counter that the table build adds invalid code lengths to (default:
     the runtime's per-device counter)."""
-    import torch
-
-    from unweight import ops
     from unweight.format import constants as C
     from unweight.runtime import scratch
     from unweight.runtime.weights import EncodedWeight, hold_row_index
     h = enc.header
     planes = device_planes(enc.planes, device)
     err = scratch.error_counter(device) if err is None else err
-    table = lut = None
-    if h.encoding == C.ENC_HUFFMAN:
-        table = torch.from_numpy(np.ascontiguousarray(h.table, dtype=np.uint8)).to(device)
-        # The CPU decoder builds its own tables from the code lengths: an empty LUT there.
-        lut = (ops.build_lut(table, h.exp_lo, h.exp_hi, err) if torch.device(device).type == "cuda"
-               else torch.empty(0, dtype=torch.uint16))
+    table, lut = device_lut(h, device, err) if h.encoding == C.ENC_HUFFMAN else (None, None)
     # (as the loaders hold it: a CUDA palette weight with its verbatim row index)
     return hold_row_index(EncodedWeight.from_header(h, planes, table, lut))
+
+
+def device_lut(header, device, err):
+    """(code lengths uint8 [4, n], decode tables uint16 [4, 4096]) of a huffman header on
+    `device`: the tables built there on CUDA (invalid lengths counted on err), empty elsewhere,
+    where the CPU decoder builds its own from the code lengths."""
+    import torch
+
+    from unweight import ops
+    table = torch.from_numpy(np.ascontiguousarray(header.table, dtype=np.uint8)).to(device)
+    lut = (ops.build_lut(table, header.exp_lo, header.exp_hi, err) if torch.device(device).type == "cuda"
+           else torch.empty(0, dtype=torch.uint16))
+    return table, lut
 
 
 def huffman_planes(enc, w) -> dict:

@@ -98,14 +98,13 @@ def test_transcode_bitwise(shape):
 def test_transcode_of_a_stack_bitwise(chunk):
     # an expert stack, indexed: matrix by matrix (the histogram pass decodes again) or at once
     from unweight import ops
-    from .helpers import device_planes
+    from .helpers import device_lut, device_planes
     w = np.stack([make_weights(200, 520, seed=e) for e in range(4)])
     w[2, 5, :] = 0x7F80
     enc = tc.encode(w, "huffman", grid=(64, 512))
     enc = tc.with_index(enc.header, enc.planes, chk_interval=C.LOAD_CHK_INTERVAL)
     err = _err()
-    table = torch.from_numpy(np.ascontiguousarray(enc.header.table, dtype=np.uint8)).cuda()
-    lut = ops.build_lut(table, enc.header.exp_lo, enc.header.exp_hi, err)
+    _, lut = device_lut(enc.header, "cuda", err)
     hdr, g = ops.transcode_to_palette(enc.header, device_planes(enc.planes, "cuda"), lut, err, chunk_weights=chunk)
     ref = tc.transcode_to_palette(enc.header, enc.planes)
     assert np.array_equal(hdr.pack(), ref.header.pack()) and hdr.stack == 4
@@ -119,12 +118,11 @@ def test_transcode_of_a_stack_bitwise(chunk):
 def test_index_built_on_the_device_is_the_host_codecs(stack):
     # a matrix with a partial last row group and column chunk, and a stack
     from unweight import ops
-    from .helpers import device_planes
+    from .helpers import device_lut, device_planes
     w = make_weights(300, 1090, seed=9) if not stack else np.stack([make_weights(96, 520, seed=e) for e in range(3)])
     enc = tc.encode(w, "huffman", grid=(64, 512))
     err = _err()
-    table = torch.from_numpy(np.ascontiguousarray(enc.header.table, dtype=np.uint8)).cuda()
-    lut = ops.build_lut(table, enc.header.exp_lo, enc.header.exp_hi, err)
+    _, lut = device_lut(enc.header, "cuda", err)
     hdr, got = ops.build_index(enc.header, device_planes(enc.planes, "cuda"), lut, err)
     want = tc.with_index(enc.header, enc.planes, chk_interval=C.LOAD_CHK_INTERVAL)
     assert np.array_equal(hdr.pack(), want.header.pack())

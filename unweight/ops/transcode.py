@@ -38,8 +38,8 @@ from ..runtime import kernel_plan as plan
 from . import _ext
 
 __all__ = ["build_lut", "build_index", "transcode_to_palette", "transcode_passes", "encode_palette",
-           "encode_palette_stack", "encode_stack_passes", "exp_histogram", "palette_encode", "palette_verbatim",
-           "TRANSCODE_CHUNK_WEIGHTS"]
+           "encode_palette_stack", "encode_stack_passes", "split_bf16", "exponent_bytes", "exp_histogram",
+           "palette_encode", "palette_verbatim", "TRANSCODE_CHUNK_WEIGHTS"]
 
 # The most weights whose exponent bytes a transcode decodes at once (256 MiB of scratch, about
 # as much again for the palette passes): a whole MoE expert stack (Kimi K2's gate/up is 11 G
@@ -210,7 +210,7 @@ def transcode_to_palette(header: TensorHeader, planes: dict, lut: Tensor, err: T
     if sm.device.type != "cuda":
         host = {s: t.detach().cpu().numpy() for s, t in planes.items()}
         enc = tc.transcode_to_palette(header, host)
-        return enc.header, {s: torch.from_numpy(np.ascontiguousarray(a)).to(sm.device) for s, a in enc.planes.items()}
+        return enc.header, _tensors(enc.planes, sm.device)
     return transcode_passes(header, planes, lut, err, variant, chunk_weights)
 
 
@@ -250,9 +250,7 @@ def encode_palette_stack(w: Tensor, device, chunk_weights: int = TRANSCODE_CHUNK
     if dev.type != "cuda":
         enc = tc.encode(w.view(torch.uint16).cpu().numpy(), "palette", grid=grid)
         hdr = dataclasses.replace(enc.header, crc32=0)
-        planes = {s: torch.from_numpy(np.ascontiguousarray(a)).to(dev) for s, a in enc.planes.items()}
-        planes[C.SUFFIX_HDR] = torch.from_numpy(hdr.pack()).to(dev)
-        return hdr, planes
+        return hdr, _tensors({**enc.planes, C.SUFFIX_HDR: hdr.pack()}, dev)
     return encode_stack_passes(w, dev, chunk_weights)
 
 
@@ -266,12 +264,25 @@ def encode_stack_passes(w: Tensor, dev: torch.device, chunk_weights: int = TRANS
     sm = torch.empty((E, rows, cols), dtype=torch.uint8, device=dev)
 
     def exponents(e0: int, e1: int) -> Tensor:
-        bits = w[e0:e1].view(torch.int16).to(dev)
-        sm[e0:e1] = (((bits >> 8) & 0x80) | (bits & 0x7F)).to(torch.uint8)  # FORMAT.md: sign in bit 7
-        return (bits >> 7).to(torch.uint8).view(-1, cols)  # the low byte of w >> 7: the exponent
+        sm[e0:e1], exps = split_bf16(w[e0:e1].view(torch.int16).to(dev))
+        return exps.view(-1, cols)
 
     hdr, out = _stack_palette(like, dev, chunk_weights, exponents)
     return hdr, {**out, C.SUFFIX_SM: sm}
+
+
+def split_bf16(w: Tensor) -> tuple[Tensor, Tensor]:
+    """(sign+mantissa bytes, exponent bytes), both uint8 of w's shape and device, of BF16
+    weights w (bf16, or their bits as int16): FORMAT.md "The BF16 split"."""
+    bits = w.view(torch.int16)
+    sm = (((bits >> 8) & 0x80) | (bits & 0x7F)).to(torch.uint8)  # sign in bit 7, mantissa below
+    return sm, exponent_bytes(bits)
+
+
+def exponent_bytes(w: Tensor) -> Tensor:
+    """The exponent bytes uint8 of BF16 weights w (bf16, or their bits as int16), w's shape and
+    device: the low byte of the bits shifted right by 7."""
+    return (w.view(torch.int16) >> 7).to(torch.uint8)
 
 
 def _stack_palette(header: TensorHeader, dev, chunk_weights: int, exponents) -> tuple[TensorHeader, dict]:
@@ -308,6 +319,11 @@ def _stack_palette(header: TensorHeader, dev, chunk_weights: int, exponents) -> 
     return hdr, {C.SUFFIX_HDR: torch.from_numpy(hdr.pack()).to(dev),
                  C.SUFFIX_IDX: idx.view(header.shape[:-1] + (idx.shape[-1],)), C.SUFFIX_VPOS: vpos,
                  C.SUFFIX_VEXP: vexp[0] if len(vexp) == 1 else torch.cat(vexp)}
+
+
+def _tensors(planes: dict, dev) -> dict:
+    """{suffix: tensor on dev} of host planes (NumPy arrays)."""
+    return {s: torch.from_numpy(np.ascontiguousarray(a)).to(dev) for s, a in planes.items()}
 
 
 def _code_table(header: TensorHeader, dev) -> Tensor:
@@ -370,13 +386,12 @@ def build_index(header: TensorHeader, planes: dict, lut: Tensor, err: Tensor,
     indexed already, every segment one chain).  Load time: reads the error counter back.
 
     The stream is decoded to exponent bytes as stored (one chain per segment: the one serial
-    pass, a matrix at a time), and the index is a function of the code lengths alone: each
+    pass, a stack's matrices concurrently on side streams), and the index is a function of the code lengths alone: each
     weight's length is looked up from its context (the sign+mantissa byte) and exponent, and
     an entry is the sum of S consecutive lengths of a segment (segments row-major inside,
     chunk-major in the plane), summed about band_weights weights at a time: several whole
     matrices of a stack, or a band of whole row groups of one matrix.  lut / err / variant: as
-    transcode_to_palette's.  Raises FormatError when the
-    decoder counts a corrupt stream."""
+    transcode_to_palette's.  Raises FormatError when the decoder counts a corrupt stream."""
     if header.encoding != C.ENC_HUFFMAN or header.chk_interval:
         return None
     hdr = dataclasses.replace(header, chk_interval=chk_interval, version_minor=max(header.version_minor, C.MINOR_CHK))
@@ -443,27 +458,12 @@ def encode_palette(w: Tensor, grid: tuple[int, int], crc32: int | None = None) -
         if crc32 is not None and enc.header.crc32 != crc32:
             raise FormatError("encode_palette: the matrix's crc32 is not the one given")
         hdr = enc.header if crc32 is not None else dataclasses.replace(enc.header, crc32=0)
-        planes = {s: torch.from_numpy(np.ascontiguousarray(a)) for s, a in enc.planes.items()}
-        planes[C.SUFFIX_HDR] = torch.from_numpy(hdr.pack())
-        return hdr, planes
+        return hdr, _tensors({**enc.planes, C.SUFFIX_HDR: hdr.pack()}, w.device)
     like = TensorHeader(encoding=C.ENC_PALETTE, rows=rows, cols=cols, rows_per_group=grid[0], cols_per_chunk=grid[1],
                         crc32=0 if crc32 is None else crc32)
-    bits = w.view(torch.int16)
-    exps = ((bits >> 7) & 0xFF).to(torch.uint8)
-    sm = (((bits >> 8) & 0x80) | (bits & 0x7F)).to(torch.uint8)  # FORMAT.md: sign in bit 7, mantissa below
-    return _palette_from_exponents(exps, sm, like)
-
-
-def _palette_from_exponents(exps: Tensor, sm: Tensor, header: TensorHeader) -> tuple[TensorHeader, dict]:
-    """The palette planes of a matrix given its exponent bytes exps uint8 [rows, cols] and
-    sign+mantissa bytes sm on one device; header gives the shape, grid and crc32."""
-    hist = torch.zeros(256, dtype=torch.int64, device=exps.device)
-    torch.ops.unweight.exp_histogram(exps, hist)
-    palette = tc.choose_palette(hist.cpu().numpy())  # 16 of 256 bins: the host picks, exactly as the codec
-    idx, vpos, vexp = _palette_planes(exps, palette)
-    hdr = _palette_header(header, palette, vpos.numel())
-    return hdr, {C.SUFFIX_HDR: torch.from_numpy(hdr.pack()).to(exps.device), C.SUFFIX_SM: sm, C.SUFFIX_IDX: idx,
-                 C.SUFFIX_VPOS: vpos, C.SUFFIX_VEXP: vexp}
+    sm, exps = split_bf16(w)
+    hdr, out = _stack_palette(like, w.device, rows * cols, lambda e0, e1: exps)
+    return hdr, {**out, C.SUFFIX_SM: sm}
 
 
 def _palette_planes(exps: Tensor, palette: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:

@@ -97,7 +97,7 @@ class ExpertSlots:
         for e0 in range(0, E, per):
             e1 = min(E, e0 + per)
             exps = torch.zeros((e1 - e0, rows, bpr * C.PAL_BLOCK), dtype=torch.uint8, device=dev)
-            exps[..., :cols] = (t[e0:e1].view(torch.int16).to(dev) >> 7).to(torch.uint8)  # the exponent byte
+            exps[..., :cols] = transcode.exponent_bytes(t[e0:e1].view(torch.int16).to(dev))
             vexp[e0:e1] = exps.view(e1 - e0, bpm, C.PAL_BLOCK)[listed[e0:e1]].view(e1 - e0, width, C.PAL_BLOCK)
         slots = cls(p[C.SUFFIX_SM], p[C.SUFFIX_IDX], pos, vexp, [int(b) for b in h.palette[: h.pal_size]],
                     int(h.rows_per_group), int(h.cols_per_chunk))

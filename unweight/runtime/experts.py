@@ -231,6 +231,10 @@ class _Planes:
     def held_bytes(self) -> int:
         return sum(int(t.numel() * t.element_size()) for t in self.planes().values())
 
+    def code_table(self) -> Tensor:
+        """A huffman tensor's code lengths uint8 [4, exp_hi-exp_lo+1]: a view into its header plane."""
+        return self.plane(C.SUFFIX_HDR)[C.HEADER_BYTES:].view(C.HUFF_NUM_CTX, -1)
+
     def lut(self) -> Tensor:
         t = getattr(self.module, self.attr + "_lut", None)
         return t if t is not None else torch.empty(0, dtype=torch.uint16, device=self.device)
@@ -248,7 +252,7 @@ class _Planes:
             chk = self.plane(C.SUFFIX_CHK) if h.chk_interval else None
             if chk is not None and e is not None:
                 chk = chk[s0:s1]  # matrix e's segments' rows; checkpoints count from each segment's start
-            table = self.plane(C.SUFFIX_HDR)[C.HEADER_BYTES:].view(C.HUFF_NUM_CTX, -1)
+            table = self.code_table()
             return EncodedWeight(C.ENC_HUFFMAN, h.rows, h.cols, h.rows_per_group, h.cols_per_chunk, h.exp_lo,
                                  h.exp_hi, [], sm, exp=self.plane(C.SUFFIX_EXP), off=off, table=table,
                                  lut=self.lut(), chk=chk, chk_interval=h.chk_interval)
@@ -712,24 +716,21 @@ def add_index(stack: ExpertStack, policy=None) -> None:
 
 
 def _device_lut(p: _Planes, err: Tensor) -> Tensor:
-    """A huffman tensor's CUDA decode tables, for a load-time decode before prepare_planes."""
+    """A huffman tensor's CUDA decode tables uint16 [4, 4096] on its device (prepare_planes
+    holds them; a load-time decode before it builds its own)."""
     from .. import ops  # the ops layer: CUDA decode tables
-    table = p.plane(C.SUFFIX_HDR)[C.HEADER_BYTES:].view(C.HUFF_NUM_CTX, -1)
-    return ops.build_lut(table, p.header.exp_lo, p.header.exp_hi, err)
+    return ops.build_lut(p.code_table(), p.header.exp_lo, p.header.exp_hi, err)
 
 
 def prepare_planes(stack: ExpertStack) -> None:
     """Per-device tables a compressed stack needs: CUDA Huffman decode tables, and for palette
     stacks each matrix's verbatim range with its block ids rebased to the matrix."""
-    from .. import ops  # the ops layer: CUDA decode tables
     for p in stack.planes():
         h = p.header
         if hasattr(p.module, p.attr + "_lut"):
             delattr(p.module, p.attr + "_lut")
         if h.encoding == C.ENC_HUFFMAN and p.device.type == "cuda":
-            table = p.plane(C.SUFFIX_HDR)[C.HEADER_BYTES:].view(C.HUFF_NUM_CTX, -1)
-            p.module.register_buffer(p.attr + "_lut", ops.build_lut(table, h.exp_lo, h.exp_hi,
-                                                                    scratch.error_counter(p.device)),
+            p.module.register_buffer(p.attr + "_lut", _device_lut(p, scratch.error_counter(p.device)),
                                      persistent=False)
         if h.encoding == C.ENC_PALETTE and h.stack:
             p.rebase_verbatim()

@@ -142,11 +142,9 @@ def _add_index(m: CompressedWeightMixin, policy: policies.DispatchPolicy | None 
     measured fastest for it)."""
     if m.is_tied or m.encoding != C.ENC_HUFFMAN or m.device.type != "cuda" or not ops.cuda_kernels_built():
         return
+    _build_lut(m)  # (the decode below runs through it)
     h = m.header
-    lut = m.lut()
-    if not lut.numel():
-        lut = ops.build_lut(m.code_table(), m.exp_lo, m.exp_hi, scratch.error_counter(m.device))
-    indexed = ops.build_index(h, m.planes(), lut, scratch.error_counter(m.device),
+    indexed = ops.build_index(h, m.planes(), m.lut(), scratch.error_counter(m.device),
                               variant=dispatch.decoder_variant(h, m.device, policy))
     if indexed is not None:
         m.replace_planes(*indexed)
