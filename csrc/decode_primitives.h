@@ -213,4 +213,47 @@ UW_HD uint16_t bf16_round_bits(uint32_t f) {
   return static_cast<uint16_t>((f + 0x7FFFu + ((f >> 16) & 1u)) >> 16);
 }
 
+// ---------------------------------------------------------------------------------------
+// CRC-32: the checksum of every tensor (zlib's, as FORMAT.md defines it), in zlib's bit-reflected
+// form: bit 31 of a word holds x^0, bit 0 holds x^31.  The device checksum (cuda/crc32.cuh)
+// works on raw CRC states (a zero start, no final inversion), which are linear in the message:
+// the raw state after a message followed by n zero bytes is the state times x^(8n) mod P, so
+// states of separate pieces combine by multiplication and xor, in any order.
+// ---------------------------------------------------------------------------------------
+constexpr uint32_t CRC32_POLY = 0xEDB88320u;  // x^32 + x^26 + ... + 1, reflected, x^32 left out
+constexpr uint32_t CRC32_ONE = 0x80000000u;   // the polynomial 1
+constexpr uint32_t CRC32_X = 0x40000000u;     // x
+constexpr uint32_t CRC32_X_INV = 0xDB710641u;  // x^-1 mod P: (P - 1) / x, times x is 1 (tested)
+// The raw state after the single byte b from a zero state (zlib's byte table).
+UW_HD uint32_t crc32_byte_state(uint32_t b) {
+  uint32_t c = b & 0xFFu;
+  for (int i = 0; i < 8; ++i) c = (c >> 1) ^ (CRC32_POLY & (0u - (c & 1u)));
+  return c;
+}
+// a * b mod P (zlib's multmodp), branch-free: 32 steps of one bit of a.
+UW_HD uint32_t crc32_multmod(uint32_t a, uint32_t b) {
+  uint32_t p = 0;
+  for (int i = 31; i >= 0; --i) {
+    p ^= b & (0u - ((a >> i) & 1u));
+    b = (b >> 1) ^ (CRC32_POLY & (0u - (b & 1u)));
+  }
+  return p;
+}
+// x^(8 * 2^k) mod P (inv: x^(-8 * 2^k)), by squaring: the powers the shifts below multiply by.
+UW_HD uint32_t crc32_pow8(int k, bool inv = false) {
+  uint32_t p = inv ? CRC32_X_INV : CRC32_X;
+  for (int i = 0; i < 3 + k; ++i) p = crc32_multmod(p, p);
+  return p;
+}
+// The state `s` moved n bytes on (n > 0: n zero bytes appended; n < 0: -n bytes taken back,
+// which only undoes zero bytes), with pow[k] = x^(8 * 2^k) for every bit k of n and inv[k] =
+// x^(-8 * 2^k) for every bit k of -n.
+UW_HD uint32_t crc32_shift(uint32_t s, int64_t n, const uint32_t* pow, const uint32_t* inv) {
+  const uint32_t* t = n < 0 ? inv : pow;
+  uint64_t m = n < 0 ? static_cast<uint64_t>(-n) : static_cast<uint64_t>(n);
+  for (int k = 0; m != 0; ++k, m >>= 1)
+    if (m & 1u) s = crc32_multmod(s, t[k]);
+  return s;
+}
+
 }  // namespace unweight

@@ -89,6 +89,25 @@ def _time_index(torch, ops, enc, planes, lut, err, runs, dense) -> dict:
             "host_ms": host_ms, "out_GBps": dense / (med * 1e-3) / 1e9, "host_GBps": dense / (host_ms * 1e-3) / 1e9}
 
 
+def _time_load_check(torch, ops, h, ew, enc, out, err, runs, dense) -> dict:
+    """The load check of a palette weight as a GPU holds it (runtime/verify.py): decoded into a
+    buffer and hashed there (ops.crc32_ranges), against the host pass it replaces (the CPU
+    codec's decode and crc32 of the stored planes, all host threads).  The device's crc32 is
+    checked against the header's.  out_GBps: GB of BF16 weights checked per second; crc_GBps:
+    the hash alone."""
+    from unweight.codec.verify import decode_verified
+    t0 = time.perf_counter()
+    decode_verified(enc.header, enc.planes, keep=False)
+    host_ms = (time.perf_counter() - t0) * 1e3
+    h.decode_op(ew, out, err)
+    crc = int(ops.crc32_ranges(out, 1).view(torch.int32).item()) & 0xFFFFFFFF
+    t = bu.graph_time(torch, [lambda: (h.decode_op(ew, out, err), ops.crc32_ranges(out, 1))], runs=runs)
+    c = bu.graph_time(torch, [lambda: ops.crc32_ranges(out, 1)], runs=runs)
+    return {**t, "crc_median_ms": c["median_ms"], "matches_header": crc == enc.header.crc32, "host_ms": host_ms,
+            "out_GBps": dense / (t["median_ms"] * 1e-3) / 1e9, "crc_GBps": dense / (c["median_ms"] * 1e-3) / 1e9,
+            "host_GBps": dense / (host_ms * 1e-3) / 1e9}
+
+
 INDEX_INTERVALS = (1024, 256)
 # A finer index, timed on matrices whose chains at S = 256 cannot fill the device at RING_MAX's
 # two 512-thread CTAs per SM (4096 x 4096: 65,536 chains where 132 SMs hold 135,168): S = 128
@@ -221,6 +240,8 @@ def bench_shape(torch, name, N, K, seed, runs, l2, skip=(), part: str | None = N
                                                      "moved_GBps": (nb + dense) / s / 1e9}
         if e != "palette" or loaders:
             time_variants(e, ws, outs)
+        if e == "palette" and loaders:
+            row["load_check"] = _time_load_check(torch, ops, h, ew, enc, outs[0], err, max(5, runs // 2), dense)
         if e == "palette" and rest and "tiled" not in skip and kp.pal_tiled_ok(N, K):
             # The same planes tile-major (ops/layout.py), as a runtime holding its matmul weights
             # that way decodes them for decode + cuBLAS ("palette_tiled": not a decoder variant).

@@ -678,6 +678,48 @@ def group_decode(rec, device):
         rec.check(f"checkpoint index built on the device ({'a stack of 3x96x520' if stack else '300x1090'}) vs host "
                   "codec", device_index, stack)
 
+    def device_crc(nbytes, offset):
+        # The load check's hash (ops.crc32_ranges): zlib's crc32 of ranges of any length and start.
+        import zlib
+
+        from unweight import ops
+        host = np.random.default_rng(nbytes).integers(0, 256, size=offset + 3 * nbytes, dtype=np.uint8)
+        got = ops.crc32_ranges(torch.from_numpy(host).to(device)[offset:], 3)
+        got = [int(c) for c in got.view(torch.int32).cpu().numpy().view(np.uint32)]
+        want = [zlib.crc32(host[offset + r * nbytes:offset + (r + 1) * nbytes].tobytes()) for r in range(3)]
+        return {"passed": got == want, "bytes": nbytes, "offset": offset}
+    for nbytes, offset in ((1, 0), (4097, 7), (3 * 32768 + 5, 3), ((64 << 20) + 9, 1)):
+        rec.check(f"crc32 of 3 ranges of {nbytes} bytes from byte {offset} on the device vs zlib", device_crc,
+                  nbytes, offset)
+
+    def held_check():
+        # runtime/verify.py on the device: a held palette and huffman weight pass, a flipped bit fails.
+        from unweight.format.errors import ChecksumError
+        from unweight.runtime.modules import CompressedLinear
+        from unweight.runtime.prepare import prepare_module
+        from unweight.runtime.verify import HeldCheck
+        lin = torch.nn.Linear(1029, 300, bias=False, device=device, dtype=torch.bfloat16)
+        with torch.no_grad():
+            lin.weight.copy_(h.bf16_tensor(h.make_weights(300, 1029, seed=9), device))
+        r = {}
+        for enc_name in ("huffman", "palette"):
+            m = CompressedLinear.from_linear(lin, enc_name)
+            prepare_module(m)
+            check = HeldCheck()
+            check.module("w", m)
+            ok = check.finish() == 1
+            m.weight__sm.view(-1)[12345] ^= 4
+            try:  # (a GPU raises at finish; the CPU codec, on the self-test's CPU, at once)
+                check.module("w", m)
+                check.finish()
+                caught = False
+            except ChecksumError:
+                caught = True
+            r[enc_name] = ok and caught
+        r["passed"] = all(r.values())
+        return r
+    rec.check("load check of held weights on the device (passes, then names a flipped bit)", held_check)
+
     def graph_capture():
         if device != "cuda":
             return {"skipped": True, "why": "CUDA graphs need CUDA"}

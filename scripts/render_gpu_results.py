@@ -184,6 +184,17 @@ def decode_table(bench: dict) -> list[str]:
         lines += ["", f"Load-time checkpoint index (S=256) built on the GPU: {dev[0]:.0f}-{dev[-1]:.0f} ms per GB of "
                   f"BF16 weights; on the host codec: {host[0]:.0f}-{host[-1]:.0f} ms per GB"
                   f"{'' if ok else ' (the GPU index differed from the host one)'}."]
+    # The load check of the weights a GPU holds (decode + crc32 there) against the host pass.
+    lc = [r["load_check"] for r in rows if (r.get("load_check") or {}).get("out_GBps")]
+    if lc:
+        dev = sorted(1e3 / i["out_GBps"] for i in lc)
+        crc = sorted(1e3 / i["crc_GBps"] for i in lc)
+        host = sorted(1e3 / i["host_GBps"] for i in lc)
+        ok = all(i.get("matches_header") for i in lc)
+        lines += ["", f"Load check of the palette weights a GPU holds (decode + crc32 on the GPU): {dev[0]:.1f}-"
+                  f"{dev[-1]:.1f} ms per GB of BF16 weights, the crc32 alone {crc[0]:.1f}-{crc[-1]:.1f}; the host "
+                  f"pass it replaces: {host[0]:.0f}-{host[-1]:.0f} ms per GB"
+                  f"{'' if ok else ' (a GPU crc32 differed from the header)'}."]
     return lines + [""]
 
 

@@ -75,6 +75,16 @@ def tiny_llama(tie: bool = True, seed: int = 0):
     return LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
 
 
+def n_encoded(path) -> int:
+    """How many encoded tensors a compressed checkpoint folder holds."""
+    from unweight.format.checkpoint import CompressedCheckpoint
+    ck = CompressedCheckpoint(path)
+    try:
+        return len(ck.encoded)
+    finally:
+        ck.close()
+
+
 def save_and_compress(model, root, name, encoding="huffman"):
     """Save model under root/name-src once and compress it to root/name-<encoding> once."""
     from unweight import api

@@ -193,6 +193,14 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("PREFETCH_MAX_CTAS") = plan::PREFETCH_MAX_CTAS;
   m.attr("PREFETCH_MAX_RANGES") = plan::PREFETCH_MAX_RANGES;
   m.attr("PREFETCH_LINE") = plan::PREFETCH_LINE;
+  m.attr("CRC_THREADS") = plan::CRC_THREADS;
+  m.attr("CRC_STEPS") = plan::CRC_STEPS;
+  m.attr("CRC_STRIDE_BYTES") = plan::CRC_STRIDE_BYTES;
+  m.attr("CRC_PIECE_BYTES") = plan::CRC_PIECE_BYTES;
+  m.attr("CRC_TABLE_WORDS") = plan::CRC_TABLE_WORDS;
+  m.attr("CRC_POW_TERMS") = plan::CRC_POW_TERMS;
+  m.attr("CRC_INV_TERMS") = plan::CRC_INV_TERMS;
+  m.attr("CRC_MAX_CTAS") = plan::CRC_MAX_CTAS;
   m.attr("SCAN_THREADS") = plan::SCAN_THREADS;
   m.attr("PMMA_WARPS") = plan::PMMA_WARPS;
   m.attr("PMMA_THREADS") = plan::PMMA_THREADS;
@@ -311,6 +319,8 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("plan_enc_grid", &plan::enc_grid);
   m.def("plan_hist_grid", &plan::hist_grid);
   m.def("plan_prefetch_grid", &plan::prefetch_grid);
+  m.def("plan_crc_pieces", &plan::crc_pieces);
+  m.def("plan_crc_grid", &plan::crc_grid);
   m.def("plan_pmma_ntiles", &plan::pmma_ntiles, py::arg("M"), py::arg("wg") = false);
   m.def("plan_pmma_chunks", &plan::pmma_chunks, py::arg("M"), py::arg("wg") = false);
   m.def("plan_pmma_row_blocks", &plan::pmma_row_blocks);
@@ -457,6 +467,19 @@ PYBIND11_MODULE(_cuda, m) {
     check(cuda::prefetch_l2(p.data(), bytes.data(), static_cast<int>(p.size()), stream_of(stream)));
   }, py::arg("ptrs"), py::arg("bytes"), py::arg("stream") = 0,
      "Bring the device byte ranges [ptrs[i], ptrs[i] + bytes[i]) into L2 (a hint; reads and writes nothing).");
+
+  m.def("crc32_ranges", [](uintptr_t p, int64_t bytes, int64_t ranges, uintptr_t table, uintptr_t out,
+                           uintptr_t stream) {
+    check(cuda::crc32_ranges(dev<const uint8_t>(p), bytes, ranges, dev<const uint32_t>(table), dev<uint32_t>(out),
+                             stream_of(stream)));
+  }, py::arg("p"), py::arg("bytes"), py::arg("ranges"), py::arg("table"), py::arg("out"), py::arg("stream") = 0,
+     "out[r] (uint32 [ranges], device) = zlib's crc32 of device bytes [p + r * bytes, p + (r + 1) * bytes); table: "
+     "crc32_stride_table() on the device.");
+  m.def("crc32_stride_table", []() {
+    arr<uint32_t> u({16, 256});
+    cuda::crc32_stride_table(u.mutable_data());
+    return u;
+  }, "The device CRC's stride tables, uint32 [16, 256] (host memory).");
 
   m.def("exp_histogram", [](uintptr_t exps, int64_t n, uintptr_t hist, uintptr_t stream) {
     need(exps && hist, "null device pointer");
@@ -869,6 +892,30 @@ PYBIND11_MODULE(_cuda, m) {
     check(e);
   }, py::arg("buf"), py::arg("offsets"), py::arg("bytes"),
      "Host run of the L2 prefetch body over ranges of buf (each line checked against buf's bounds).");
+
+  m.def("emulate_crc32_ranges", [](arr<uint8_t> buf, int64_t offset, int64_t bytes, int64_t ranges) {
+    // The launch may read the 16-byte words around the ranges (aligned loads): those words
+    // must lie in buf, and they are the only global memory besides the tables and out.
+    need(offset >= 0 && bytes >= 0 && ranges >= 0, "negative offset, size or count");
+    const uintptr_t b = reinterpret_cast<uintptr_t>(buf.data());
+    const uintptr_t lo = (b + offset) & ~uintptr_t{15}, hi = (b + offset + bytes * ranges + 15) & ~uintptr_t{15};
+    need(lo >= b && hi <= b + static_cast<uintptr_t>(buf.size()), "buf must hold the 16-byte words around the ranges");
+    arr<uint32_t> table({16, 256});
+    cuda::crc32_stride_table(table.mutable_data());
+    arr<uint32_t> out(std::max<int64_t>(ranges, 1));
+    const char* e;
+    {
+      const emu::GlobalBounds bounds{{reinterpret_cast<const void*>(lo), hi - lo},
+                                     {table.data(), static_cast<size_t>(table.size()) * 4},
+                                     {out.data(), static_cast<size_t>(out.size()) * 4}};
+      py::gil_scoped_release nogil;
+      e = cuda::emulate::crc32_ranges(buf.data() + offset, bytes, ranges, table.data(), out.mutable_data());
+    }
+    check(e);
+    return py::array_t<uint32_t>(ranges, out.data());
+  }, py::arg("buf"), py::arg("offset"), py::arg("bytes"), py::arg("ranges"),
+     "Host run of the CRC-32 body: uint32 [ranges], the crc32 of bytes [offset + r * bytes, ...) of buf (every "
+     "global access checked against the words around the ranges).");
 
   m.def("emulate_exp_histogram", [](arr<uint8_t> exps) {
     arr<uint64_t> hist(256);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "emu/warp_emu.h"
+#include "crc32.cuh"
 #include "launch_util.h"
 #include "palette_decode.cuh"
 #include "prefetch.cuh"
@@ -99,6 +100,15 @@ const char* prefetch_l2(const uint8_t* const* p, const int64_t* bytes, int n) {
   if (a.n == 0) return nullptr;
   return emu::launch(plan::prefetch_grid(lines), 1, plan::PREFETCH_THREADS, 0,
                      [&](emu::ThreadCtx& c) { prefetch_body(c, a); });
+}
+
+const char* crc32_ranges(const uint8_t* p, int64_t bytes, int64_t ranges, const uint32_t* table, uint32_t* out) {
+  Crc32Args a;
+  if (const char* e = crc32_plan(p, bytes, ranges, table, out, &a)) return e;
+  std::fill(out, out + ranges, 0u);
+  if (ranges == 0 || a.pieces == 0) return nullptr;
+  return emu::launch(plan::crc_grid(ranges * a.pieces), 1, plan::CRC_THREADS, plan::CRC_TABLE_WORDS * 4,
+                     [&](emu::ThreadCtx& c) { crc32_body(c, a); });
 }
 
 const char* exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist) {

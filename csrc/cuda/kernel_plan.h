@@ -130,6 +130,17 @@ constexpr int PREFETCH_THREADS = 256;
 constexpr int64_t PREFETCH_MAX_CTAS = 32;
 constexpr int PREFETCH_MAX_RANGES = 4;
 constexpr int64_t PREFETCH_LINE = 128;
+// Device CRC-32 of byte ranges (crc32.cu): a warp per piece of CRC_STEPS 512-byte strides
+// (32 KiB), each lane one 16-byte word per stride, through CRC_TABLE_WORDS of shared tables;
+// the grid strides over the pieces, at most CRC_MAX_CTAS CTAs (each copies the tables once).
+constexpr int CRC_THREADS = 256;
+constexpr int CRC_STEPS = 64;
+constexpr int64_t CRC_STRIDE_BYTES = 512;  // a warp's 32 lanes x 16 bytes
+constexpr int64_t CRC_PIECE_BYTES = CRC_STRIDE_BYTES * CRC_STEPS;
+constexpr int CRC_TABLE_WORDS = 16 * 256;
+constexpr int CRC_POW_TERMS = 48;  // x^(8 * 2^k), k < 48: a range below 2^48 bytes
+constexpr int CRC_INV_TERMS = 9;   // x^(-8 * 2^k), k < 9: a shift back of < 512 bytes
+constexpr int64_t CRC_MAX_CTAS = 1024;
 // Fused palette GEMM on tensor cores (palette_matmul.cu, design in docs/design/gpu-kernels.md):
 // y^T = W x^T as mma.sync m16n8k16 with W the A operand.  A CTA of PMMA_WARPS warps covers
 // PMMA_ROWS rows of W and one K-split; each warp owns a PMMA_TILE_N-row tile and streams it
@@ -477,6 +488,17 @@ UW_PLAN_HD int64_t enc_grid(int64_t rows, int64_t cols) {
 UW_PLAN_HD int64_t prefetch_grid(int64_t lines) {
   const int64_t want = cdiv(lines, PREFETCH_THREADS);
   return want < 1 ? 1 : (want > PREFETCH_MAX_CTAS ? PREFETCH_MAX_CTAS : want);
+}
+
+// --- device CRC-32 -----------------------------------------------------------------------
+// Pieces of one range of `bytes` bytes: its 16-byte words (at most cdiv(bytes + 15, 16), the
+// range need not start on a word) in pieces of CRC_STEPS strides; and the CTAs for all of them.
+UW_PLAN_HD int64_t crc_pieces(int64_t bytes) {
+  return bytes <= 0 ? 0 : cdiv(cdiv(bytes + 15, 16), CRC_PIECE_BYTES / 16);
+}
+UW_PLAN_HD int64_t crc_grid(int64_t pieces) {
+  const int64_t want = cdiv(pieces, CRC_THREADS / 32);
+  return want < 1 ? 1 : (want > CRC_MAX_CTAS ? CRC_MAX_CTAS : want);
 }
 
 // --- histogram --------------------------------------------------------------------------

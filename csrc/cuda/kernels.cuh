@@ -125,6 +125,16 @@ const char* palette_gather_rows(const int64_t* ids, int64_t n_ids, const uint8_t
 // (prefetch.cuh); a hint that reads and writes nothing.
 const char* prefetch_l2(const uint8_t* const* p, const int64_t* bytes, int n, void* stream);
 
+// ----------------------------------------------------------------------- CRC-32
+// out[r] = zlib's crc32 of the r-th of `ranges` consecutive device byte ranges of `bytes` bytes
+// from p (any alignment; crc32.cuh).  out: uint32 [ranges] on the device, written whole (the
+// launcher zeroes it first); table: the uint32 [16][256] stride tables on the device, as
+// crc32_stride_table fills them.
+const char* crc32_ranges(const uint8_t* p, int64_t bytes, int64_t ranges, const uint32_t* table, uint32_t* out,
+                         void* stream);
+// The stride tables, uint32 [16][256] (host memory).
+void crc32_stride_table(uint32_t* u);
+
 // ----------------------------------------------------------------------- transcode
 // hist[256] (uint64, device, zeroed by the caller) += counts of the n exponent bytes.
 const char* exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist, void* stream);
@@ -308,6 +318,8 @@ const char* palette_gemv_slots(const uint16_t* x, int64_t ldx, const int64_t* id
 // ka[i], and lane 31's copy of the first.
 const char* warp_lower_bounds(const uint32_t* v, int64_t n, const uint64_t* ka, const uint64_t* kb, int64_t count,
                               int64_t* out);
+// The CRC-32 body through the warp emulator (host buffers; out zeroed here).
+const char* crc32_ranges(const uint8_t* p, int64_t bytes, int64_t ranges, const uint32_t* table, uint32_t* out);
 }  // namespace emulate
 
 }  // namespace cuda

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "crc32.cuh"
 #include "huffman_decode.cuh"
 #include "launch_util.h"
 #include "palette_decode.cuh"
@@ -202,6 +203,31 @@ const char* prefetch_plan(const uint8_t* const* p, const int64_t* bytes, int n, 
   }
   return nullptr;
 }
+
+// The CRC launch's arguments, or the error.
+const char* crc32_plan(const uint8_t* p, int64_t bytes, int64_t ranges, const uint32_t* table, uint32_t* out,
+                       Crc32Args* a) {
+  if (bytes < 0 || ranges < 0) return "crc32: negative range size or count";
+  if (bytes >= (int64_t{1} << 47)) return "crc32: ranges of 2^47 bytes or more";
+  if (ranges > 0 && bytes > 0 && (p == nullptr || table == nullptr)) return "crc32: null buffer";
+  if (ranges > 0 && out == nullptr) return "crc32: null output";
+  if (ranges > 0 && !aligned(table, 16)) return "crc32: the tables must be 16-byte aligned";
+  const int64_t pieces = plan::crc_pieces(bytes);
+  if (pieces > 0 && ranges > INT64_MAX / pieces) return "crc32: too many pieces";
+  *a = Crc32Args{};
+  a->p = p;
+  a->bytes = bytes;
+  a->ranges = ranges;
+  a->pieces = pieces;
+  a->table = table;
+  a->out = out;
+  for (int k = 0; k < plan::CRC_POW_TERMS; ++k) a->pow[k] = crc32_pow8(k);
+  for (int k = 0; k < plan::CRC_INV_TERMS; ++k) a->inv[k] = crc32_pow8(k, true);
+  // zlib's crc32 of a message is its raw state xor the state of the start value 0xFFFFFFFF moved
+  // over the message, xor 0xFFFFFFFF: the crc32 of `bytes` zero bytes.
+  a->zeros_crc = crc32_shift(0xFFFFFFFFu, bytes, a->pow, a->inv) ^ 0xFFFFFFFFu;
+  return nullptr;
+}
 }  // namespace detail
 
 const char* prefetch_l2(const uint8_t* const* p, const int64_t* bytes, int n, void* stream) {
@@ -212,6 +238,20 @@ const char* prefetch_l2(const uint8_t* const* p, const int64_t* bytes, int n, vo
   launch_prefetch_l2(a, plan::prefetch_grid(lines), static_cast<cudaStream_t>(stream));
   return launch_status();
 }
+
+const char* crc32_ranges(const uint8_t* p, int64_t bytes, int64_t ranges, const uint32_t* table, uint32_t* out,
+                         void* stream) {
+  Crc32Args a;
+  if (const char* e = crc32_plan(p, bytes, ranges, table, out, &a)) return e;
+  if (ranges == 0) return nullptr;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (cudaMemsetAsync(out, 0, static_cast<size_t>(ranges) * 4, s) != cudaSuccess) return launch_status();
+  if (a.pieces == 0) return nullptr;  // empty ranges: crc32 0
+  launch_crc32(a, plan::crc_grid(ranges * a.pieces), s);
+  return launch_status();
+}
+
+void crc32_stride_table(uint32_t* u) { detail::crc32_stride_table(u); }
 
 const char* exp_histogram(const uint8_t* exps, int64_t n, unsigned long long* hist, void* stream) {
   if (n <= 0) return nullptr;

@@ -709,3 +709,50 @@ def test_wgmma_palette_gemm_is_accurate_and_repeatable(M, NK):
     assert torch.equal(fused_op(ew, x, None, PALETTE_GEMM_WG).view(torch.int16), y.view(torch.int16))
     assert fused_vs_cublas(ew, x, w, err, PALETTE_GEMM_WG)["passed"]
     assert int(err.item()) == 0
+
+
+@pytest.mark.parametrize("offset", [0, 1, 7, 16])
+@pytest.mark.parametrize("nbytes", [1, 17, 512, 4097, kp.CRC_PIECE_BYTES + 3, (1 << 22) + 5])
+def test_crc32_ranges_give_zlibs_crc32(offset, nbytes):
+    import zlib
+
+    from unweight import ops
+    ranges = 3
+    host = np.random.default_rng(nbytes + offset).integers(0, 256, size=offset + nbytes * ranges, dtype=np.uint8)
+    dev = torch.from_numpy(host).cuda()[offset:]  # a view that starts off a 16-byte word
+    got = ops.crc32_ranges(dev, ranges).view(torch.int32).cpu().numpy().view(np.uint32)
+    want = [zlib.crc32(host[offset + r * nbytes:offset + (r + 1) * nbytes].tobytes()) for r in range(ranges)]
+    assert [int(c) for c in got] == want
+
+
+def test_crc32_of_every_row_of_a_large_matrix():
+    import zlib
+
+    from unweight import ops
+    w = bf16_tensor(make_weights(4097, 1029, seed=3), "cuda")
+    got = ops.crc32_ranges(w, 4097).view(torch.int32).cpu().numpy().view(np.uint32)
+    assert [int(c) for c in got] == [zlib.crc32(r.tobytes()) for r in bits(w)]
+
+
+@pytest.mark.parametrize("enc_name", ENCODINGS)
+def test_held_check_names_a_weight_changed_on_the_device(enc_name):
+    """runtime/verify.py on the GPU: a module's planes decoded into the scratch and hashed there
+    pass, and a bit flipped in the device copy fails with the module named."""
+    from unweight.format.errors import ChecksumError
+    from unweight.runtime import scratch
+    from unweight.runtime.modules import CompressedLinear
+    from unweight.runtime.prepare import prepare_module
+    from unweight.runtime.verify import HeldCheck
+    lin = torch.nn.Linear(1029, 300, bias=False, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(bf16_tensor(make_weights(300, 1029, seed=9), "cuda"))
+    m = CompressedLinear.from_linear(lin, enc_name)
+    prepare_module(m)
+    scratch.reset_device_errors("cuda")
+    check = HeldCheck()
+    check.module("layer.weight", m)
+    assert check.finish() == 1
+    m.weight__sm.view(-1)[12345] ^= 4
+    check.module("layer.weight", m)
+    with pytest.raises(ChecksumError, match="layer.weight"):
+        check.finish()

@@ -16,12 +16,14 @@ tracing, CUDA-graph capture) and a CPU implementation where one exists.
     transcode.py  build_lut, exp_histogram, palette_encode, palette_verbatim,
                   transcode_to_palette(), build_index()                      (load time)
     prefetch.py   prefetch_l2                                                (weights into L2 ahead of a matmul)
+    checksum.py   crc32_ranges                                               (load-time crc32 where the bytes live)
     run.py        the forward's ops as the runtime calls them: each kernel directly in eager
                   mode, the op wherever torch must see it (_ext.direct)
 
 Importing it imports torch and registers the ops; it never touches a CUDA device.
 """
 from ._ext import cuda_available, cuda_kernels_built
+from .checksum import crc32_ranges
 from .decode import decode_huffman, decode_palette, decode_palette_slots
 from .gather import gather_rows_huffman, gather_rows_palette
 from .layout import (inverse_nibble_map, pair_index, palette_pairs, paired_palette, remap_index, split_halves,
@@ -45,4 +47,4 @@ __all__ = ["cuda_available", "cuda_kernels_built", "decode_huffman", "decode_pal
            "palette_verbatim", "transcode_to_palette", "build_index", "tile_palette_planes", "untile_palette_planes",
            "palette_pairs", "paired_palette",
            "remap_index", "inverse_nibble_map", "pair_index", "stored_index", "split_halves", "split_palette_planes",
-           "verbatim_rows", "prefetch_l2", "run"]
+           "verbatim_rows", "prefetch_l2", "crc32_ranges", "run"]

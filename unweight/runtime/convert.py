@@ -34,6 +34,7 @@ from ..format.errors import FormatError, InputError
 from ..format.header import TensorHeader
 from . import experts
 from .modules import CompressedEmbedding, CompressedLinear
+from .verify import piece_key
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
     rename = experts.hf_renamer(model)
     modules, resolve = _resolver(model, set(ck.names()))
     prefix = getattr(model, "base_model_prefix", "") or ""
-    report = {"compressed": [], "tied": [], "dense_fallback": [], "experts": []}
+    report = {"compressed": [], "tied": [], "dense_fallback": [], "experts": [], "locations": {}}
     replaced = {}  # module name -> compressed module
     ck_params = set()  # model param names present in the checkpoint (encoded or raw)
     raw_fused = {}  # fused experts parameter (transformers' name) -> a raw checkpoint tensor fused into it
@@ -157,6 +158,7 @@ def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
         mod_name, attr = r
         full = f"{mod_name}.{attr}" if mod_name else attr
         ck_params.add(full)
+        report["locations"][full] = ck.location(base)
         mod = modules[mod_name]
         w = getattr(mod, attr)
         if h.stack and tuple(w.shape) != h.shape:
@@ -206,6 +208,8 @@ def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
             return path, leaf
 
         pieces = {k: v[:3] for k, v in g["pieces"].items()}
+        for (source, expert), (base, *_) in g["pieces"].items():
+            report["locations"][piece_key(full, source, expert)] = ck.location(base)
         report["experts"].append(experts.install_fused(model, mod_name, attr, pieces, g["n"], plane_path))
         ck_params.add(full)
     _check_distributed_experts(report)

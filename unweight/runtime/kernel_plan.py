@@ -57,6 +57,15 @@ PREFETCH_THREADS = 256
 PREFETCH_MAX_CTAS = 32
 PREFETCH_MAX_RANGES = 4
 PREFETCH_LINE = 128
+# Device CRC-32 (csrc/cuda/crc32.cu): a warp per piece of CRC_STEPS 512-byte strides.
+CRC_THREADS = 256
+CRC_STEPS = 64
+CRC_STRIDE_BYTES = 512
+CRC_PIECE_BYTES = CRC_STRIDE_BYTES * CRC_STEPS
+CRC_TABLE_WORDS = 16 * 256
+CRC_POW_TERMS = 48
+CRC_INV_TERMS = 9
+CRC_MAX_CTAS = 1024
 HIST_THREADS = 256
 HIST_MAX_CTAS = 1024
 SCAN_THREADS = 1024
@@ -348,6 +357,15 @@ def enc_grid(rows: int, cols: int) -> int:
 # --- exponent histogram: grid-stride over 16-byte vectors ---------------------------------
 def prefetch_grid(lines: int) -> int:
     return max(1, min(PREFETCH_MAX_CTAS, cdiv(lines, PREFETCH_THREADS)))
+
+
+def crc_pieces(nbytes: int) -> int:
+    """Pieces of one CRC range: its 16-byte words (it need not start on one) in pieces of CRC_STEPS strides."""
+    return 0 if nbytes <= 0 else cdiv(cdiv(nbytes + 15, 16), CRC_PIECE_BYTES // 16)
+
+
+def crc_grid(pieces: int) -> int:
+    return max(1, min(CRC_MAX_CTAS, cdiv(pieces, CRC_THREADS // 32)))
 
 
 def hist_grid(n_bytes: int) -> int:

@@ -48,6 +48,7 @@ from . import policy as policies
 from .convert import decode_fallbacks, set_module
 from .modes import check_mode, check_plane_order
 from .modules import CompressedEmbedding, CompressedLinear, CompressedWeightMixin, compressed_modules
+from .verify import HeldCheck
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,8 @@ def _auto_modes(owners: list, stacks: list = (), policy: policies.DispatchPolicy
 
 
 def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolicy | None = None,
-            plane_order: str = "auto", merge_siblings: bool | str = "auto", l2_prefetch: bool = False) -> dict:
+            plane_order: str = "auto", merge_siblings: bool | str = "auto", l2_prefetch: bool = False,
+            verify: bool = False) -> dict:
     """Finish a model whose compressed modules hold loaded planes: validate, apply `mode`,
     build device tables, set the dispatch policy (default: the measured one, which only ever
     picks a fused kernel on CUDA), reserve scratch.  plane_order: "tiled" holds every palette
@@ -256,8 +258,10 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     planes views of it; "auto" (the default) only where the policy measured the stack faster
     than its members apart (never on CPU); False never.  l2_prefetch: on a model whose
     compressed matmuls are on one CUDA device, prefetch each matmul's weight into L2 while the
-    kernels before it run (runtime/prefetch.py; a hint that changes no result).  Returns the
-    summary stored as model.unweight_info."""
+    kernels before it run (runtime/prefetch.py; a hint that changes no result).  verify: check
+    every weight the model holds, once its mode is applied, against its checkpoint crc32 where
+    it is held (runtime/verify.py: a GPU decodes and hashes its own weights); ChecksumError
+    names the first that differs.  Returns the summary stored as model.unweight_info."""
     check_mode(mode)
     check_plane_order(plane_order, ValueError)
     if merge_siblings not in (True, False, "auto"):
@@ -298,13 +302,16 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
         else:
             choice[id(m)] = mode
     dense_of = {}
+    check = HeldCheck(policy, plan.get("locations")) if verify else None
     counts = {"dense": 0, "huffman": 0, "palette": 0}
     # Owners first so a tied module finds its source's dense Parameter.
     for n, m in sorted(cms, key=lambda it: it[1].is_tied):
         c = choice[id(m.owner())]
         if c == "dense":
             m.policy = policy  # its decode at load runs the decoder the table chose for its shape
-            _to_dense(model, n, m, dense_of)
+            new = _to_dense(model, n, m, dense_of)
+            if check is not None and not m.is_tied:
+                check.dense(f"{n}.weight", m.header, new.weight)
             counts["dense"] += 1
             continue
         if not m.is_tied:
@@ -315,7 +322,7 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
             _add_index(m, policy)
             _build_lut(m)
         counts[m.encoding_name] += 1
-    experts_info = _prepare_experts(model, plan, stacks, mode, auto, policy)
+    experts_info = _prepare_experts(model, plan, stacks, mode, auto, policy, check)
     # Scratch: one per device, the largest decoded weight that decodes into it (an experts
     # module's parameters each have a slot: their sum).
     need = dict(experts_info.pop("scratch"))
@@ -335,6 +342,14 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
         paired += m.palette_order == "paired" and not m.is_tied
     for *_, st in experts.expert_stacks(model):
         st.policy = policy
+    verified = None
+    if check is not None:  # the weights as the forwards will read them (before stacking siblings)
+        for n, m in compressed_modules(model):
+            if not m.is_tied:
+                check.module(f"{n}.weight", m)
+        for n, _, _, st in experts.expert_stacks(model):
+            check.stack(n, st)
+        verified = check.finish()
     stacked = (siblings.merge_siblings(model, "auto" if merge_siblings == "auto" else "always", plane_order)
                if merge_siblings else {"groups": [], "skipped": {}})
     prefetcher = None
@@ -347,7 +362,8 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
         else:
             log.warning("unweight: L2 prefetch needs every compressed matmul on one CUDA device (%s); left off",
                         ", ".join(sorted(devs)))
-    info = {"mode": mode, "modules": counts, "experts": experts_info, "tiled_modules": tiled,
+    info = {"mode": mode, "modules": counts, "experts": experts_info, "verified_tensors": verified,
+            "tiled_modules": tiled,
             "paired_palette_modules": paired, "sibling_groups": len(stacked["groups"]),
             "l2_prefetch_bytes": prefetcher.budget if prefetcher is not None else 0,
             **_held_totals(model, experts_info),
@@ -388,7 +404,7 @@ def _stack_mode(st, mode: str, auto: dict) -> str:
 
 
 def _prepare_experts(model: nn.Module, plan: dict, stacks: list, mode: str, auto: dict,
-                     policy: policies.DispatchPolicy | None) -> dict:
+                     policy: policies.DispatchPolicy | None, check: HeldCheck | None = None) -> dict:
     """Apply the mode to every ExpertStack (a transcode on a GPU decodes with the policy's
     decoder); returns the summary for model.unweight_info plus the scratch each device needs
     ("scratch": {device: weights})."""
@@ -399,7 +415,10 @@ def _prepare_experts(model: nn.Module, plan: dict, stacks: list, mode: str, auto
     for name, mod, attr, st in stacks:
         m = _stack_mode(st, mode, auto)
         if m == "dense":
+            headers = HeldCheck.stack_headers(st)
             experts.to_dense(model, mod, attr, st, created.get((name.rpartition(".")[0], attr), []))
+            if check is not None:
+                check.dense_stack(name, headers, getattr(mod, attr))
             info["dense"] += 1
             continue
         experts.transcode(st, m, policy)

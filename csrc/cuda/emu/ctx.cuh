@@ -51,6 +51,7 @@
 //                                             after it) and griddepcontrol.launch_dependents
 //              atomic_add(p, v)               atomicAdd on global or shared memory (int, unsigned,
 //                                             unsigned long long); returns the old value
+//              atomic_xor(p, v)               atomicXor on global or shared memory (unsigned)
 //   grid       st_grid(p, v)  ld_grid(p)      an fp32 store to / load from global memory that
 //                                             another CTA of the launch loads / stored (ld_grid
 //                                             reads through L2); the emulator checks the
@@ -331,6 +332,7 @@ struct DeviceCtx {
   }
   template <class T>
   UW_HD T atomic_add(T* p, T v) { return atomicAdd(p, v); }
+  UW_HD unsigned atomic_xor(unsigned* p, unsigned v) { return atomicXor(p, v); }
   template <class T>
   UW_HD T shfl(T v, int src, unsigned mask = kFullMask) { return __shfl_sync(mask, v, src); }
   template <class T>
@@ -483,6 +485,7 @@ struct DeviceCtx {
   UW_HD float ld_grid(const float*) const { return 0.f; }
   template <class T>
   UW_HD T atomic_add(T*, T) { return T(); }
+  UW_HD unsigned atomic_xor(unsigned*, unsigned) { return 0; }
   template <class T>
   UW_HD T shfl(T v, int, unsigned = kFullMask) { return v; }
   template <class T>

@@ -145,6 +145,9 @@ class ThreadCtx {
   UW_HD T atomic_add(T* p, T v) {  // fibers never run concurrently: a plain add is atomic
     UW_EMU_HOST_ONLY(h_atomic(p, sizeof(T)); const T old = *p; *p = old + v; return old;)
   }
+  UW_HD unsigned atomic_xor(unsigned* p, unsigned v) {
+    UW_EMU_HOST_ONLY(h_atomic(p, sizeof(unsigned)); const unsigned old = *p; *p = old ^ v; return old;)
+  }
   template <class T>
   UW_HD T shfl(T v, int src, unsigned mask = kFullMask) { UW_EMU_HOST_ONLY(return h_shfl(v, src, mask);) }
   template <class T>

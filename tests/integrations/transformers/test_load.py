@@ -13,7 +13,7 @@ from unweight.format.safetensors_io import SafetensorsFile
 from unweight.runtime import scratch
 from unweight.runtime.modules import CompressedEmbedding, CompressedLinear, compressed_modules
 
-from tests.conftest import save_and_compress, train_step_grads
+from tests.conftest import n_encoded, save_and_compress, train_step_grads
 
 IDS = torch.tensor([[1, 17, 45, 200, 3, 99, 310, 5]])
 
@@ -271,6 +271,7 @@ def test_cuda_load_matches_cuda_reference(llama_ck, mode):
     ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, device_map="cuda").eval()
     scratch.reset_device_errors("cuda")  # the counter is per device: earlier corrupt-input tests add to it
     m = unweight.load(cks["huffman"], device="cuda", mode=mode)
+    assert m.unweight_info["verified_tensors"] == n_encoded(cks["huffman"])  # each checked on the GPU
     ids = IDS.cuda()
     assert torch.equal(_logits(m, ids), _logits(ref, ids))
     assert scratch.device_errors("cuda") == 0

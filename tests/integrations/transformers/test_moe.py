@@ -14,7 +14,7 @@ from unweight import api
 from unweight.format.errors import InputError
 from unweight.runtime import experts as ex
 
-from tests.conftest import train_step_grads
+from tests.conftest import n_encoded, train_step_grads
 
 transformers = pytest.importorskip("transformers")
 
@@ -278,7 +278,55 @@ def test_cuda_palette_load_of_a_huffman_checkpoint(moe, kind):
     scratch.reset_device_errors("cuda")
     model = unweight.load(cks["huffman"], device="cuda", mode="palette")
     assert model.unweight_info["experts"]["encodings"] == ["palette"]
+    assert model.unweight_info["verified_tensors"] == n_encoded(cks["huffman"])  # checked on the GPU
     ids = IDS.cuda()
     with torch.no_grad():
         assert torch.equal(model(ids).logits, ref(ids).logits)
     assert scratch.device_errors("cuda") == 0
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+@pytest.mark.parametrize("mode", ["huffman", "palette", "dense"])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "llama4_text"])
+def test_load_check_reaches_every_expert(moe, kind, mode, on_device, monkeypatch):
+    """Every checkpoint tensor, each expert's included, is checked once placed (runtime/verify.py);
+    on_device: through the branch a GPU takes (decode into the scratch, hash, combine)."""
+    from unweight.runtime import verify as rv
+    if on_device:
+        monkeypatch.setattr(rv.HeldCheck, "on_device", staticmethod(lambda device: True))
+    _, cks, ref = moe[kind]
+    m = _load(cks["huffman"], mode)
+    assert m.unweight_info["verified_tensors"] == n_encoded(cks["huffman"])
+    with torch.no_grad():
+        assert torch.equal(m(IDS).logits, ref)
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+@pytest.mark.parametrize("mode", ["palette", "dense"])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "llama4_text"])
+def test_an_expert_changed_after_placing_is_named(moe, kind, mode, on_device, monkeypatch):
+    from unweight.format.errors import ChecksumError
+    from unweight.runtime import verify as rv
+    if on_device:
+        monkeypatch.setattr(rv.HeldCheck, "on_device", staticmethod(lambda device: True))
+    _, cks, _ = moe[kind]
+    m = unweight.load(cks["palette"], device="cpu", mode="palette", verify=False)
+    name, mod, attr, st = ex.expert_stacks(m)[0]
+    headers = rv.HeldCheck.stack_headers(st)
+    per_expert = isinstance(st.sources[-1], list)
+    want = rv.piece_key(name, len(st.sources) - 1, st.num_experts - 1) if per_expert else name
+    check = rv.HeldCheck()
+    if mode == "palette":
+        sm = (st.sources[-1][-1] if per_expert else st.sources[-1]).plane("__sm")
+        sm.view(-1)[-3] ^= 1  # the last expert's last piece
+        run = lambda: check.stack(name, st)  # noqa: E731
+    else:
+        ex.to_dense(m, mod, attr, st, [])
+        w = getattr(mod, attr)
+        with torch.no_grad():
+            w.view(torch.int16)[-1, -1, -1] ^= 1
+        run = lambda: check.dense_stack(name, headers, w)  # noqa: E731
+    with pytest.raises(ChecksumError) as e:
+        run()
+        check.finish()
+    assert want in str(e.value) and "\n" not in str(e.value)

@@ -33,7 +33,9 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
     mode: "auto" | "huffman" | "palette" | "dense" (runtime/prepare.py).
     model_class: the transformers class to instantiate (default: config.architectures[0]
         when transformers has it, else AutoModel).
-    verify: decode-and-checksum pass at load (structure and raw checksums are always checked).
+    verify: check every encoded weight against its crc32 once placed, where it is held (a GPU
+        decodes and hashes its own: runtime/verify.py; structure and raw checksums are always
+        checked before placing; UNWEIGHT_VERIFY=host checks the files on the CPU instead).
     plane_order: "tiled" holds palette matmul weights tile-major in memory (the order the
         fused kernels stream; the same results: runtime/prepare.py), "file" as stored, "auto"
         (the default) each in the order the dispatch table measured faster for its shape on

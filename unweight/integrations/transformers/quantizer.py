@@ -27,7 +27,7 @@ from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from ...format import constants as C
-from ...format.errors import InputError
+from ...format.errors import FormatError, InputError
 from ...format.quant_config import check_format_version, refuse_source_quantization
 
 # The loading machinery (codec, runtime, torch ops) is imported inside the methods that use it:
@@ -124,10 +124,15 @@ class UnweightHfQuantizer(HfQuantizer):
         try:
             verify = env_verify(bool(getattr(self.quantization_config, "verify", True)))
             # Under torch.distributed (transformers' tensor parallelism) each rank reads and
-            # decodes only its shard of every encoded tensor after loading (tp.py); here only the
-            # structure and the raw tensors' checksums are checked.
+            # decodes only its shard of every encoded tensor after loading (tp.py).  Otherwise the
+            # encoded tensors are checked once placed, where they are held (prepare's verify:
+            # a GPU decodes and hashes its own weights), unless UNWEIGHT_VERIFY=host asks for the
+            # CPU pass over the files here.  Here: the structure and the raw tensors' checksums.
             deferred = tp.distributed_world() > 1
-            verify_checkpoint(ck, decode=verify and not deferred)
+            host = verify and not deferred and env_verify_where() == "host"
+            verify_checkpoint(ck, decode=host)
+            # (how many encoded tensors the check after placing must reach)
+            model._unweight_held_check = len(ck.encoded) if verify and not deferred and not host else 0
             convert.convert_model(model, ck)
             if deferred:
                 tp.defer_planes(model, ck, folder)
@@ -154,8 +159,16 @@ class UnweightHfQuantizer(HfQuantizer):
             tp.reinstall_styles(model, before)
             return model
         merge = getattr(self.quantization_config, "merge_siblings", "auto")
-        prepare(model, mode, plane_order=order, merge_siblings=merge if merge in (True, False) else "auto",
-                l2_prefetch=bool(getattr(self.quantization_config, "l2_prefetch", False)))
+        expect = int(getattr(model, "_unweight_held_check", 0) or 0)
+        info = prepare(model, mode, plane_order=order, merge_siblings=merge if merge in (True, False) else "auto",
+                       l2_prefetch=bool(getattr(self.quantization_config, "l2_prefetch", False)), verify=expect > 0)
+        if expect:
+            # Dense fallbacks were decoded, and checked, where convert placed them.
+            plan = getattr(model, "_unweight_plan", {}) or {}
+            done = info["verified_tensors"] + len(plan.get("dense_fallback", []))
+            if done < expect:
+                raise FormatError(f"unweight: the load check reached {done} of the checkpoint's {expect} encoded "
+                                  "tensors; set UNWEIGHT_VERIFY=host to check them on the CPU before loading")
         return model
 
     def is_serializable(self):
@@ -181,6 +194,12 @@ def env_verify(default: bool) -> bool:
     tensors' checksums are always checked)."""
     v = os.environ.get("UNWEIGHT_VERIFY")
     return default if v is None else v not in ("0", "false", "no")
+
+
+def env_verify_where() -> str:
+    """Where the pass runs: "held" (the default: each weight once placed, on its device) or
+    "host" (UNWEIGHT_VERIFY=host: the CPU codec over the checkpoint files, before placing)."""
+    return "host" if os.environ.get("UNWEIGHT_VERIFY", "").lower() == "host" else "held"
 
 
 def register() -> bool:

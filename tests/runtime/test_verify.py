@@ -1,0 +1,125 @@
+"""The load check of the weights a model holds (unweight/runtime/verify.py): every encoded
+tensor reached, each in the form a forward reads, and a weight that differs named in one line.
+
+On this CPU the GPU branch (decode into the scratch, hash with ops.crc32_ranges, combine) runs
+through the ops' CPU kernels by treating the CPU as a device that checks its own weights
+(HeldCheck.on_device patched); the CUDA kernel's body is tested in tests/cuda/test_crc_logic.py.
+"""
+import pytest
+import torch
+
+import unweight
+from unweight.format.checkpoint import CompressedCheckpoint
+from unweight.format.errors import ChecksumError, FormatError
+from unweight.runtime import prepare as prep
+from unweight.runtime import verify as rv
+from unweight.runtime.modules import compressed_modules
+
+from tests.conftest import n_encoded
+
+
+@pytest.fixture(params=["host", "device"])
+def where(request, monkeypatch):
+    """Which branch checks the CPU's weights: the CPU codec's ("host") or the one a GPU takes."""
+    if request.param == "device":
+        monkeypatch.setattr(rv.HeldCheck, "on_device", staticmethod(lambda device: True))
+    return request.param
+
+
+@pytest.mark.parametrize("mode", ["huffman", "palette", "dense"])
+@pytest.mark.parametrize("enc", ["huffman", "palette"])
+def test_every_encoded_tensor_is_checked_once_placed(llama_ck, where, mode, enc):
+    path = llama_ck[1][enc]
+    m = unweight.load(path, device="cpu", mode=mode)
+    assert m.unweight_info["verified_tensors"] == n_encoded(path)
+
+
+def test_host_pass_before_placing_or_none(llama_ck, monkeypatch):
+    path = llama_ck[1]["huffman"]
+    monkeypatch.setenv("UNWEIGHT_VERIFY", "host")
+    assert unweight.load(path, device="cpu", mode="huffman").unweight_info["verified_tensors"] is None
+    monkeypatch.setenv("UNWEIGHT_VERIFY", "0")
+    assert unweight.load(path, device="cpu", mode="huffman").unweight_info["verified_tensors"] is None
+
+
+def _flip_held(module, suffix: str = "__sm"):
+    t = getattr(module, "weight" + suffix)
+    t.view(torch.uint8).view(-1)[t.numel() // 2] ^= 1
+
+
+@pytest.mark.parametrize("mode", ["huffman", "palette"])
+def test_a_weight_changed_after_placing_is_named(llama_ck, where, mode):
+    m = unweight.load(llama_ck[1]["huffman"], device="cpu", mode=mode, verify=False)
+    name, q = next((n, x) for n, x in compressed_modules(m) if n.endswith("layers.1.self_attn.q_proj"))
+    _flip_held(q)
+    check = rv.HeldCheck(locations={f"{name}.weight": f"{name}.weight (model.safetensors)"})
+    with pytest.raises(ChecksumError) as e:  # (the CPU codec raises at once, a device at finish)
+        for n, x in compressed_modules(m):
+            if not x.is_tied:
+                check.module(f"{n}.weight", x)
+        check.finish()
+    msg = str(e.value)
+    assert "q_proj" in msg and "model.safetensors" in msg and "\n" not in msg
+
+
+def test_a_dense_weight_is_checked_by_its_own_bytes(llama_ck, where):
+    m = unweight.load(llama_ck[1]["palette"], device="cpu", mode="dense")
+    w = m.model.layers[0].mlp.down_proj.weight
+    check = rv.HeldCheck()
+    hdr = CompressedCheckpoint(llama_ck[1]["palette"])
+    try:
+        h = hdr.header("model.layers.0.mlp.down_proj.weight")
+    finally:
+        hdr.close()
+    check.dense("down_proj", h, w)
+    assert check.finish() == 1
+    with torch.no_grad():
+        w.view(torch.int16)[3, 5] ^= 1
+    check.dense("down_proj", h, w)
+    with pytest.raises(ChecksumError, match="down_proj"):
+        check.finish()
+
+
+def test_a_check_that_misses_a_tensor_fails_the_load(llama_ck, monkeypatch):
+    real = rv.HeldCheck.module
+    skipped = []
+
+    def module(self, where, m):
+        if not skipped:
+            skipped.append(where)
+            return
+        real(self, where, m)
+
+    monkeypatch.setattr(rv.HeldCheck, "module", module)
+    with pytest.raises(FormatError, match="reached") as e:
+        unweight.load(llama_ck[1]["huffman"], device="cpu", mode="huffman")
+    assert "\n" not in str(e.value)
+
+
+def test_corrupt_file_found_after_placing_names_tensor_and_file(llama_ck, tmp_path, where):
+    import shutil
+    from tests.integrations.transformers.test_load import _flip
+    dst = str(tmp_path / "ck")
+    shutil.copytree(llama_ck[1]["palette"], dst)
+    name = "model.layers.1.mlp.up_proj.weight"
+    _flip(dst + "/model.safetensors", name + "__sm", delta=1, at=0.5)
+    with pytest.raises(FormatError) as e:
+        unweight.load(dst, device="cpu", mode="palette")
+    msg = str(e.value)
+    assert name in msg and "model.safetensors" in msg and "\n" not in msg
+
+
+def test_finish_syncs_once_per_device_and_resets(llama_ck, where):
+    m = unweight.load(llama_ck[1]["palette"], device="cpu", mode="palette", verify=False)
+    check = rv.HeldCheck()
+    owners = [(n, x) for n, x in compressed_modules(m) if not x.is_tied]
+    for n, x in owners:
+        check.module(n, x)
+    assert check.finish() == len(owners)
+    assert check.finish() == len(owners)  # the count is kept; nothing is compared twice
+
+
+def test_prepare_without_verify_checks_nothing(llama_ck):
+    m = unweight.load(llama_ck[1]["palette"], device="cpu", mode="palette", verify=False)
+    info = prep.prepare(m, "palette")
+    assert info["verified_tensors"] is None

@@ -1,0 +1,164 @@
+"""Load-time check that every weight a model holds is the checkpoint's, where it is held.
+
+Each encoded tensor's header carries the crc32 of its original BF16 bytes.  With
+``prepare(verify=True)`` (what transformers' loader asks for unless verification is off, or the
+model is tensor-parallel, whose shards tp.py checks against the shard records) every weight is
+checked after its mode has been applied, in the form a forward reads it:
+
+* a compressed module on a GPU: its planes as held (transcoded, indexed, tile-major, paired
+  palette) decoded by the decode a forward runs into the device scratch, and hashed there
+  (ops.crc32_ranges);
+* an expert stack on a GPU: each expert decoded into the scratch the same way, each piece's
+  rows hashed, a stored stack's matrices combined into its crc32 (codec.crc);
+* a weight decoded to dense at load: the dense tensor's own bytes, on its device;
+* anything held on the CPU: the CPU codec's decode of the held planes
+  (codec.verify.decode_verified, which also checks a stored checkpoint index exactly).
+
+The GPU side copies nothing back to the host but the crcs, and no CPU decodes a GPU's weights:
+the check costs one decode and one hash per weight at device speed, where a host pass before
+the load costs a CPU decode of the whole checkpoint.  One host sync per check; a mismatch is
+one ChecksumError line naming the tensor, and a corrupt plane the decoders counted is a
+FormatError naming the device.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .. import ops
+from ..codec.crc import combine_row_shard_crcs
+from ..codec.verify import decode_verified
+from ..format.errors import ChecksumError
+from ..format.header import TensorHeader
+from . import dispatch, scratch
+
+log = logging.getLogger(__name__)
+
+
+def piece_key(name: str, piece: int, expert: int) -> str:
+    """How an expert's piece of a stack made of per-expert checkpoint tensors is named."""
+    return f"{name} (piece {piece}) expert {expert}"
+
+
+def _host_planes(planes: dict) -> dict:
+    return {s: t.detach().cpu().numpy() for s, t in planes.items()}
+
+
+class HeldCheck:
+    """Checks queued weight by weight (each call launches its device work and returns), then
+    compared in ``finish``.  policy: the DispatchPolicy whose decoders the forwards run (None:
+    the extension's default decoders; every decoder gives the same bits)."""
+
+    def __init__(self, policy=None, locations: dict | None = None):
+        self.policy = policy
+        self.locations = locations or {}  # weight name -> where the checkpoint holds it (name and file)
+        self.checked = 0  # checkpoint tensors checked
+        self._pending = []  # (where, stored crc32, uint32 [n] crcs of consecutive pieces, bytes of each)
+        self._devices = set()
+
+    @staticmethod
+    def on_device(device: torch.device) -> bool:
+        """Whether weights on `device` are checked there (a GPU with the kernels built)."""
+        return device.type == "cuda" and ops.cuda_kernels_built()
+
+    def _where(self, name: str) -> str:
+        return self.locations.get(name, name)
+
+    def _add(self, where: str, crc: int, crcs: Tensor, nbytes: list) -> None:
+        self._pending.append((self._where(where), int(crc), crcs, nbytes))
+        if crcs.device.type == "cuda":
+            self._devices.add(crcs.device)
+        self.checked += 1
+
+    def module(self, where: str, m) -> None:
+        """A compressed module (not a tied one) as held, after its mode was applied."""
+        h: TensorHeader = m.header
+        if not self.on_device(m.device):
+            decode_verified(h, m.owner().host_planes(), where=self._where(where), keep=False)
+            self.checked += 1
+            return
+        w = m.encoded()
+        buf = scratch.weights(m.device, w.rows * w.cols)
+        out = dispatch.decode_into([w], buf, w.rows, w.cols, self.policy)
+        self._add(where, h.crc32, ops.crc32_ranges(out, 1), [w.rows * w.cols * 2])
+
+    def dense(self, where: str, h: TensorHeader, weight: Tensor) -> None:
+        """A weight decoded to a dense bf16 tensor at load (its bytes hashed where they are)."""
+        t = weight.detach()
+        if not self.on_device(t.device):
+            t = t.cpu()
+        self._add(where, h.crc32, ops.crc32_ranges(t.contiguous(), 1), [t.numel() * t.element_size()])
+
+    @staticmethod
+    def stack_headers(st) -> list:
+        """Per piece of an ExpertStack (row order): its stacked tensor's header, or the list of
+        its experts' headers (read before a dense conversion drops the planes)."""
+        return [[p.header for p in src] if isinstance(src, list) else src.header for src in st.sources]
+
+    def _stack_crcs(self, where: str, headers: list, rows_of_expert, n_experts: int, cols: int) -> None:
+        """rows_of_expert(e): expert e as a bf16 [rows, cols] tensor on the device, its pieces'
+        rows in order; each piece's rows hashed, compared per stored tensor."""
+        crcs = [[] for _ in headers]
+        for e in range(n_experts):
+            w = rows_of_expert(e)
+            r0 = 0
+            for k, h in enumerate(headers):
+                n = (h[e] if isinstance(h, list) else h).rows
+                crcs[k].append(ops.crc32_ranges(w[r0:r0 + n], 1))
+                r0 += n
+        for k, h in enumerate(headers):
+            if isinstance(h, list):
+                for e, he in enumerate(h):
+                    self._add(piece_key(where, k, e), he.crc32, crcs[k][e], [he.rows * cols * 2])
+            else:
+                self._add(where, h.crc32, torch.cat(crcs[k]), [h.rows * cols * 2] * n_experts)
+
+    def stack(self, where: str, st) -> None:
+        """A compressed ExpertStack as held, after its mode was applied."""
+        if not self.on_device(st.device):
+            for k, src in enumerate(st.sources):
+                for e, p in enumerate(src) if isinstance(src, list) else [(None, src)]:
+                    name = where if e is None else piece_key(where, k, e)
+                    decode_verified(p.header, _host_planes(p.planes()), where=self._where(name), keep=False)
+                    self.checked += 1
+            return
+        n = st.rows * st.cols
+        buf = scratch.weights(st.device, n)[:n]
+        self._stack_crcs(where, self.stack_headers(st), lambda e: st.decode_expert(e, buf), st.num_experts, st.cols)
+
+    def dense_stack(self, where: str, headers: list, param: Tensor) -> None:
+        """A stack decoded to a dense [E, rows, cols] parameter at load (headers: stack_headers
+        of the stack it replaced)."""
+        t = param.detach()
+        if not self.on_device(t.device):
+            t = t.cpu()
+        t = t.contiguous()
+        self._stack_crcs(where, headers, lambda e: t[e], t.size(0), t.size(2))
+
+    def finish(self) -> int:
+        """Wait for the queued device work (one copy of the crcs per device), raise ChecksumError
+        at the first weight whose bytes differ from its stored crc32, then FormatError where a
+        decoder counted corrupt data; returns the number of checkpoint tensors checked."""
+        by_dev: dict = {}
+        for j, (_, _, c, _) in enumerate(self._pending):
+            by_dev.setdefault(c.device, []).append(j)
+        got = [None] * len(self._pending)
+        for js in by_dev.values():
+            host = torch.cat([self._pending[j][2].view(torch.int32) for j in js]).cpu().numpy().view(np.uint32)
+            i = 0
+            for j in js:
+                n = self._pending[j][2].numel()
+                got[j], i = host[i:i + n], i + n
+        for (where, want, c, nbytes), g in zip(self._pending, got):
+            crc = int(g[0]) if len(g) == 1 else int(combine_row_shard_crcs(g, nbytes))
+            if crc != want:
+                raise ChecksumError(f"{where}: the weight held on {c.device} does not match its crc32 "
+                                    f"(0x{crc:08x}, stored 0x{want:08x}): the checkpoint or the load is corrupt")
+        for dev in sorted(self._devices, key=str):
+            scratch.check_device_errors(dev, "load check")
+        n, self._pending, self._devices = self.checked, [], set()
+        log.info("unweight: %d weight(s) checked against their crc32 where they are held", n)
+        return n
