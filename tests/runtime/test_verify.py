@@ -123,3 +123,22 @@ def test_prepare_without_verify_checks_nothing(llama_ck):
     m = unweight.load(llama_ck[1]["palette"], device="cpu", mode="palette", verify=False)
     info = prep.prepare(m, "palette")
     assert info["verified_tensors"] is None
+
+
+def test_errors_counted_before_the_check_are_not_its_own(llama_ck, monkeypatch):
+    from unweight.runtime import scratch
+    monkeypatch.setattr(rv.HeldCheck, "on_device", staticmethod(lambda device: True))
+    m = unweight.load(llama_ck[1]["palette"], device="cpu", mode="palette", verify=False)
+    scratch.error_counter("cpu").add_(3)  # an earlier load's corrupt input
+    try:
+        check = rv.HeldCheck()
+        for n, x in compressed_modules(m):
+            if not x.is_tied:
+                check.module(n, x)
+        assert check.finish() > 0
+        check.module("q", next(x for _, x in compressed_modules(m) if not x.is_tied))
+        scratch.error_counter("cpu").add_(1)  # a decode of this check counting a corrupt block
+        with pytest.raises(FormatError, match="load check: 1 corrupt"):
+            check.finish()
+    finally:
+        scratch.reset_device_errors("cpu")

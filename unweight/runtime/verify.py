@@ -31,7 +31,7 @@ from torch import Tensor
 from .. import ops
 from ..codec.crc import combine_row_shard_crcs
 from ..codec.verify import decode_verified
-from ..format.errors import ChecksumError
+from ..format.errors import ChecksumError, FormatError
 from ..format.header import TensorHeader
 from . import dispatch, scratch
 
@@ -57,7 +57,7 @@ class HeldCheck:
         self.locations = locations or {}  # weight name -> where the checkpoint holds it (name and file)
         self.checked = 0  # checkpoint tensors checked
         self._pending = []  # (where, stored crc32, uint32 [n] crcs of consecutive pieces, bytes of each)
-        self._devices = set()
+        self._devices = {}  # device -> its error counter before the first decode queued here
 
     @staticmethod
     def on_device(device: torch.device) -> bool:
@@ -67,10 +67,13 @@ class HeldCheck:
     def _where(self, name: str) -> str:
         return self.locations.get(name, name)
 
+    def _device(self, device: torch.device) -> None:
+        # Only what this check's decodes count is its own: an earlier load may have left counts.
+        if device not in self._devices:
+            self._devices[device] = scratch.device_errors(device)
+
     def _add(self, where: str, crc: int, crcs: Tensor, nbytes: list) -> None:
         self._pending.append((self._where(where), int(crc), crcs, nbytes))
-        if crcs.device.type == "cuda":
-            self._devices.add(crcs.device)
         self.checked += 1
 
     def module(self, where: str, m) -> None:
@@ -81,6 +84,7 @@ class HeldCheck:
             self.checked += 1
             return
         w = m.encoded()
+        self._device(m.device)
         buf = scratch.weights(m.device, w.rows * w.cols)
         out = dispatch.decode_into([w], buf, w.rows, w.cols, self.policy)
         self._add(where, h.crc32, ops.crc32_ranges(out, 1), [w.rows * w.cols * 2])
@@ -126,6 +130,7 @@ class HeldCheck:
                     self.checked += 1
             return
         n = st.rows * st.cols
+        self._device(st.device)
         buf = scratch.weights(st.device, n)[:n]
         self._stack_crcs(where, self.stack_headers(st), lambda e: st.decode_expert(e, buf), st.num_experts, st.cols)
 
@@ -157,8 +162,11 @@ class HeldCheck:
             if crc != want:
                 raise ChecksumError(f"{where}: the weight held on {c.device} does not match its crc32 "
                                     f"(0x{crc:08x}, stored 0x{want:08x}): the checkpoint or the load is corrupt")
-        for dev in sorted(self._devices, key=str):
-            scratch.check_device_errors(dev, "load check")
-        n, self._pending, self._devices = self.checked, [], set()
+        for dev, before in sorted(self._devices.items(), key=lambda kv: str(kv[0])):
+            found = scratch.device_errors(dev) - before
+            if found:
+                raise FormatError(f"load check: {found} corrupt segment(s) or block(s) found by the decoders on "
+                                  f"{scratch.device_key(dev)}")
+        n, self._pending, self._devices = self.checked, [], {}
         log.info("unweight: %d weight(s) checked against their crc32 where they are held", n)
         return n
