@@ -120,6 +120,14 @@ def runs(cu):
     top = bytes(np.argsort(-hist, kind="stable")[:16].astype(np.uint8).tobytes())
     out.append(("transcode", "exponent histogram", [HR, HK], lambda: cu.emulate_exp_histogram(exps)))
     out.append(("transcode", "palette encode", [HR, HK], lambda: cu.emulate_palette_encode(exps, top)))
+    crc_buf = aligned(np.random.default_rng(7).integers(0, 256, size=1 << 20, dtype=np.uint8))
+
+    def crc():
+        import zlib
+        if int(cu.emulate_crc32_ranges(crc_buf, 0, crc_buf.size, 1)[0]) != zlib.crc32(crc_buf.tobytes()):
+            raise RuntimeError("emulated crc32 is wrong")
+
+    out.append(("crc32", "1 MiB, one range", [crc_buf.size], crc))
     return out
 
 

@@ -77,7 +77,7 @@ UW_HD void crc32_body(Ctx& c, const Crc32Args& a) {
   for (int i = c.tid(); i < plan::CRC_TABLE_WORDS / 4; i += plan::CRC_THREADS) {
     uint32_t v[4];
     ld_stream_v4(reinterpret_cast<const uint8_t*>(a.table + 4 * i), v);
-    for (int j = 0; j < 4; ++j) c.sts(u + 4 * i + j, v[j]);
+    c.sts(reinterpret_cast<uint4*>(u) + i, make_uint4(v[0], v[1], v[2], v[3]));  // one 16-byte store: no conflicts
   }
   c.syncthreads();
   constexpr int kWarps = plan::CRC_THREADS / 32;

@@ -21,7 +21,7 @@ def test_report_covers_every_family_and_writes_json(tmp_path, capsys):
     assert doc["benchmark"] == "emu_profile" and doc["commit"] and doc["date"]
     families = {r["kernel"] for r in doc["kernels"]}
     assert families == {"palette_gemm", "palette_gemv", "palette_decode", "huffman_decode", "huffman_gather_rows",
-                        "transcode"}
+                        "transcode", "crc32"}
     for r in doc["kernels"]:
         for k in ep.KINDS:
             d = r[k]
