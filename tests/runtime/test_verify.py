@@ -5,6 +5,7 @@ On this CPU the GPU branch (decode into the scratch, hash with ops.crc32_ranges,
 through the ops' CPU kernels by treating the CPU as a device that checks its own weights
 (HeldCheck.on_device patched); the CUDA kernel's body is tested in tests/cuda/test_crc_logic.py.
 """
+import numpy as np
 import pytest
 import torch
 
@@ -142,3 +143,31 @@ def test_errors_counted_before_the_check_are_not_its_own(llama_ck, monkeypatch):
             check.finish()
     finally:
         scratch.reset_device_errors("cpu")
+
+
+@pytest.mark.parametrize("block", ["rows", "cols"])
+def test_a_ranks_record_from_its_device_is_the_hosts(block):
+    """The tensor-parallel record a rank makes from its block decoded on its device
+    (shard_record_of, held_shard_record: vLLM's GPU load) is the one the host codec makes."""
+    from unweight.codec import tensor_codec as tc
+    from unweight.codec.shard_check import check_shard_records, shard_record
+    from unweight.runtime.weights import EncodedWeight
+    g = torch.Generator().manual_seed(1)
+    full = (torch.randn(24, 40, generator=g) * 0.02).to(torch.bfloat16)
+    bits = full.view(torch.int16).numpy().view(np.uint16)
+    header = tc.encode(bits, "palette").header
+    halves = ([((0, 12), (0, 40)), ((12, 24), (0, 40))] if block == "rows"
+              else [((0, 24), (0, 24)), ((0, 24), (24, 40))])
+    records = []
+    for rows, cols in halves:
+        part = np.ascontiguousarray(bits[rows[0]:rows[1], cols[0]:cols[1]])
+        want = shard_record(part, cols=cols) if block == "cols" else shard_record(part, rows=rows)
+        t = torch.from_numpy(part.view(np.int16)).view(torch.bfloat16)
+        assert rv.shard_record_of(t, rows, cols, 40) == want
+        enc = tc.encode(part, "huffman")
+        w = EncodedWeight.from_header(enc.header, {s: torch.from_numpy(np.ascontiguousarray(a))
+                                                   for s, a in enc.planes.items()},
+                                      table=torch.from_numpy(np.ascontiguousarray(enc.header.table, dtype=np.uint8)))
+        assert rv.held_shard_record(w, rows, cols, 40) == want
+        records.append(want)
+    assert check_shard_records(records, header, "w") is not False

@@ -47,6 +47,24 @@ def _host_planes(planes: dict) -> dict:
     return {s: t.detach().cpu().numpy() for s, t in planes.items()}
 
 
+def shard_record_of(out: Tensor, rows: tuple, cols: tuple, full_cols: int) -> tuple:
+    """codec.shard_check's record of a tensor-parallel rank's block, decoded (bf16 [r1-r0, c1-c0],
+    contiguous) on its device and hashed there: each row's crc32 for a block of columns, the
+    block's for a block of whole rows.  One host sync (the records are gathered next)."""
+    per_row = tuple(cols) != (0, full_cols)
+    c = ops.crc32_ranges(out, out.size(0) if per_row else 1)
+    crcs = [int(x) for x in c.view(torch.int32).cpu().numpy().view(np.uint32)]
+    return ("cols", int(cols[0]), int(cols[1]), crcs) if per_row else ("rows", int(rows[0]), int(rows[1]), crcs[0])
+
+
+def held_shard_record(w, rows: tuple, cols: tuple, full_cols: int, policy=None) -> tuple:
+    """shard_record_of a held piece (an EncodedWeight on a GPU, as a forward reads it) decoded
+    into the device scratch (reserved by the caller) by the decoder a forward runs."""
+    n = w.rows * w.cols
+    out = dispatch.decode_into([w], scratch.weights(w.device, n), w.rows, w.cols, policy)
+    return shard_record_of(out, rows, cols, full_cols)
+
+
 class HeldCheck:
     """Checks queued weight by weight (each call launches its device work and returns), then
     compared in ``finish``.  policy: the DispatchPolicy whose decoders the forwards run (None:

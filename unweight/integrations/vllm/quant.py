@@ -62,13 +62,13 @@ from ...runtime.modes import check_mode, check_plane_order, sharded_mode
 from ...runtime.policy import DispatchPolicy
 from ...runtime.siblings import stack_gain, stack_weights
 from ...runtime.tuning_table import load_table
+from ...runtime.verify import HeldCheck, held_shard_record, shard_record_of
 from ...runtime.weights import hold_paired, hold_row_index
 from . import ops as uvops
 from .common import (PLANE_DTYPES, device_piece, gather, hold_tiled, log, missing_plane, report_layer, take_shard,
                      tp_info)
 
 _DEFAULT_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
-
 
 
 class _GemmHolder(torch.nn.Module):
@@ -412,10 +412,16 @@ class _UnweightMethodBase(QuantizeMethodBase):
         dev = next((p.device for p in layer.parameters(recurse=False)), torch.device("cpu"))
         verify = os.environ.get("UNWEIGHT_VERIFY", "1") not in ("0", "false", "no")
         mode = sharded_mode(self.config.mode, layer._uw_pieces[self.shard_ids[0]]["header"].encoding_name)
-        weights, report = [], []
+        # On a GPU each piece is checked as held (runtime/verify.py): decoded there by the decoder
+        # a forward runs and hashed there, the records then gathered as the host's are; a dense
+        # layer's pieces by the rows of the weight decoded below.  Elsewhere: the host codec.
+        on_device = verify and HeldCheck.on_device(dev) and os.environ.get("UNWEIGHT_VERIFY", "").lower() != "host"
+        if on_device and mode != "dense":
+            scratch.reserve(dev, layer._uw_out_rows * layer._uw_cols)
+        weights, report, dense_checks = [], [], []
         for sid in self.shard_ids:
             pc = layer._uw_pieces[sid]
-            if verify:
+            if verify and not on_device:
                 self._verify_piece(layer, pc)
             w = device_piece(pc["header"], pc["planes"], dev, mode, pc["name"])
             # Tile-major only where the pieces feed matmuls alone: not an embedding (its row
@@ -423,6 +429,11 @@ class _UnweightMethodBase(QuantizeMethodBase):
             if mode != "dense" and (not isinstance(layer, VocabParallelEmbedding)
                                     or isinstance(layer, ParallelLMHead)):
                 w = hold_tiled(w, self.config.plane_order, uvops.current_policy())
+            if on_device and mode != "dense":
+                mine = held_shard_record(w, pc["rows"], pc["cols"], pc["full_header"].cols, uvops.current_policy())
+                check_shard_records(gather(layer, mine), pc["full_header"], pc["name"])
+            elif on_device:
+                dense_checks.append((pc, sum(x.rows for x in weights)))
             weights.append(w)
             held = sum(int(t.numel() * t.element_size()) for t in uvops.piece_planes(w, _EMPTY) if t is not None)
             hs = pc["header"]
@@ -448,6 +459,9 @@ class _UnweightMethodBase(QuantizeMethodBase):
                                                    for t in uvops.piece_planes(w, _EMPTY) if t is not None)}
         if mode == "dense":
             w = dispatch.decode_new(weights, layer._uw_out_rows, layer._uw_cols, uvops.current_policy())
+            for pc, r0 in dense_checks:
+                mine = shard_record_of(w[r0:r0 + pc["header"].rows], pc["rows"], pc["cols"], pc["full_header"].cols)
+                check_shard_records(gather(layer, mine), pc["full_header"], pc["name"])
             layer.register_buffer("uw_dense", w, persistent=False)
             layer._uw_n, layer._uw_meta = 0, []
             for r in report:
@@ -490,7 +504,8 @@ class _UnweightMethodBase(QuantizeMethodBase):
         return gain is not None and gain > 1.0
 
     def _verify_piece(self, layer, pc):
-        """Decode this rank's shard once and check the TP group's shards against the stored crc32."""
+        """Decode this rank's shard once on the host and check the TP group's shards against the
+        stored crc32."""
         hs, ps, h = pc["header"], pc["planes"], pc["full_header"]
         w = tc.decode(hs, ps, verify=False, where=pc["name"])
         check_index(hs, ps, w, where=pc["name"])  # the GPU decoders start chains at it
