@@ -123,6 +123,35 @@ def test_tp1_eager_compiled_and_decode_at_load(models, tmp_path):
     assert held <= 0.68 * bf16, (held, bf16)
 
 
+def test_tp1_load_check_as_a_gpu_makes_it(models, tmp_path):
+    """The load check a GPU runs (each piece decoded and hashed where it is held, the records
+    checked as the host's are), taken here on the CPU: compressed, palette and dense layers
+    load and generate the BF16 model's tokens, and a flipped bit in a stored plane stops the
+    load naming the tensor."""
+    import shutil
+
+    from unweight.format.safetensors_io import SafetensorsFile
+    var = _llama_variants(models, str(tmp_path))
+    bad = str(tmp_path / "bad-plane")
+    shutil.copytree(models["palette"], bad)
+    f = os.path.join(bad, "model.safetensors")
+    name = "model.layers.1.self_attn.o_proj.weight__sm"
+    st = SafetensorsFile(f)
+    start = st.data_start + st.info(name)[2]
+    st.close()
+    with open(f, "r+b") as fh:
+        fh.seek(start + 100)
+        v = fh.read(1)[0]
+        fh.seek(start + 100)
+        fh.write(bytes([v ^ 1]))
+    res, _ = _run([{"model": models["bf16"]}, {"model": models["huffman"], "held_check": True},
+                   {"model": var["palette"], "held_check": True}, {"model": var["dense"], "held_check": True},
+                   {"model": bad, "held_check": True}])
+    base = _ok(res[0])
+    assert _ok(res[1]) == base and _ok(res[2]) == base and _ok(res[3]) == base
+    assert "model.layers.1.self_attn.o_proj" in res[4]["error"] and "checksum mismatch" in res[4]["error"]
+
+
 def test_tp2_each_rank_holds_only_its_compressed_shard(models):
     cfgs = [
         {"model": models["bf16"], "tp": 2, "eager": True},

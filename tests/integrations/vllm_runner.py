@@ -22,7 +22,7 @@ def run_one(cfg: dict) -> dict:
     """Build an LLM for one configuration, generate greedily, time it if asked, tear it down.
 
     cfg: model, tp (1), eager (True), load_format ("auto"), lora (False), prompts, max_tokens (12),
-    timing.
+    timing, held_check (False: the load check's GPU branch on the CPU, for the rest of the process).
     """
     import gc
 
@@ -30,6 +30,11 @@ def run_one(cfg: dict) -> dict:
     from vllm.inputs import TokensPrompt
 
     prompts = cfg.get("prompts") or PROMPTS
+    if cfg.get("held_check"):
+        # The load check's GPU branch on this CPU (runtime/verify.py: the pieces decoded and hashed
+        # where they are held, through the ops' CPU kernels); the engine runs in this process.
+        from unweight.runtime import verify
+        verify.HeldCheck.on_device = staticmethod(lambda device: True)
     t0 = time.perf_counter()
     kw = {}
     if cfg.get("tp", 1) == 1:
