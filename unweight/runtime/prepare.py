@@ -243,7 +243,7 @@ def _auto_modes(owners: list, stacks: list = (), policy: policies.DispatchPolicy
 
 def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolicy | None = None,
             plane_order: str = "auto", merge_siblings: bool | str = "auto", l2_prefetch: bool = False,
-            verify: bool = False) -> dict:
+            verify: bool | HeldCheck = False) -> dict:
     """Finish a model whose compressed modules hold loaded planes: validate, apply `mode`,
     build device tables, set the dispatch policy (default: the measured one, which only ever
     picks a fused kernel on CUDA), reserve scratch.  plane_order: "tiled" holds every palette
@@ -261,7 +261,9 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     kernels before it run (runtime/prefetch.py; a hint that changes no result).  verify: check
     every weight the model holds, once its mode is applied, against its checkpoint crc32 where
     it is held (runtime/verify.py: a GPU decodes and hashes its own weights); ChecksumError
-    names the first that differs.  Returns the summary stored as model.unweight_info."""
+    names the first that differs.  A HeldCheck given as `verify` is the one used (tensor
+    parallelism: its shard records; its policy becomes prepare's).  Returns the summary stored
+    as model.unweight_info."""
     check_mode(mode)
     check_plane_order(plane_order, ValueError)
     if merge_siblings not in (True, False, "auto"):
@@ -302,7 +304,12 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
         else:
             choice[id(m)] = mode
     dense_of = {}
-    check = HeldCheck(policy, plan.get("locations")) if verify else None
+    if isinstance(verify, HeldCheck):
+        check = verify
+        check.policy = policy
+        check.locations = {**plan.get("locations", {}), **check.locations}
+    else:
+        check = HeldCheck(policy, plan.get("locations")) if verify else None
     counts = {"dense": 0, "huffman": 0, "palette": 0}
     # Owners first so a tied module finds its source's dense Parameter.
     for n, m in sorted(cms, key=lambda it: it[1].is_tied):

@@ -30,7 +30,9 @@ from torch import Tensor
 
 from .. import ops
 from ..codec.crc import combine_row_shard_crcs
-from ..codec.verify import decode_verified
+from ..codec import tensor_codec as tc
+from ..codec.shard_check import shard_record
+from ..codec.verify import check_index, decode_verified
 from ..format.errors import ChecksumError, FormatError
 from ..format.header import TensorHeader
 from . import dispatch, scratch
@@ -70,9 +72,19 @@ class HeldCheck:
     compared in ``finish``.  policy: the DispatchPolicy whose decoders the forwards run (None:
     the extension's default decoders; every decoder gives the same bits)."""
 
-    def __init__(self, policy=None, locations: dict | None = None):
+    def __init__(self, policy=None, locations: dict | None = None, shards: dict | None = None,
+                 group_check=None):
+        """locations: {weight name: where the checkpoint holds it (name and file)}, for messages.
+        shards: {weight name: (checkpoint name, rows, cols, the whole tensor's header)} of the
+        weights this rank holds a tensor-parallel block of (rows or cols None: all of them);
+        each makes a codec.shard_check record, and finish hands the records and headers, keyed
+        by checkpoint name, to group_check(records, headers), which gathers them over the group
+        and checks them against the stored crc32s."""
         self.policy = policy
-        self.locations = locations or {}  # weight name -> where the checkpoint holds it (name and file)
+        self.locations = locations or {}
+        self.shards = shards or {}
+        self.group_check = group_check
+        self._records, self._record_headers = {}, {}
         self.checked = 0  # checkpoint tensors checked
         self._pending = []  # (where, stored crc32, uint32 [n] crcs of consecutive pieces, bytes of each)
         self._devices = {}  # device -> its error counter before the first decode queued here
@@ -94,8 +106,35 @@ class HeldCheck:
         self._pending.append((self._where(where), int(crc), crcs, nbytes))
         self.checked += 1
 
+    def _record(self, shard: tuple, record: tuple) -> None:
+        base, _, _, full = shard
+        self._records[base], self._record_headers[base] = record, full
+        self.checked += 1
+
+    @staticmethod
+    def _block(shard: tuple) -> tuple:
+        """(rows, cols) of a shard entry, each a range (a None side is the whole)."""
+        _, rows, cols, full = shard
+        return tuple(rows) if rows is not None else (0, full.rows), tuple(cols) if cols is not None else (0, full.cols)
+
+    def _shard(self, where: str, shard: tuple, m) -> None:
+        rows, cols = self._block(shard)
+        full = shard[3]
+        if self.on_device(m.device):
+            self._device(m.device)
+            self._record(shard, held_shard_record(m.encoded(), rows, cols, full.cols, self.policy))
+            return
+        h, planes = m.header, m.owner().host_planes()
+        w = tc.decode(h, planes, verify=False, where=self._where(where))
+        check_index(h, planes, w, where=self._where(where))  # the GPU decoders start chains at it
+        self._record(shard, shard_record(w, cols=cols) if cols != (0, full.cols) else shard_record(w, rows=rows))
+
     def module(self, where: str, m) -> None:
         """A compressed module (not a tied one) as held, after its mode was applied."""
+        shard = self.shards.get(where)
+        if shard is not None:
+            self._shard(where, shard, m)
+            return
         h: TensorHeader = m.header
         if not self.on_device(m.device):
             decode_verified(h, m.owner().host_planes(), where=self._where(where), keep=False)
@@ -112,6 +151,10 @@ class HeldCheck:
         t = weight.detach()
         if not self.on_device(t.device):
             t = t.cpu()
+        shard = self.shards.get(where)
+        if shard is not None:
+            self._record(shard, shard_record_of(t.contiguous(), *self._block(shard), shard[3].cols))
+            return
         self._add(where, h.crc32, ops.crc32_ranges(t.contiguous(), 1), [t.numel() * t.element_size()])
 
     @staticmethod
@@ -162,9 +205,11 @@ class HeldCheck:
         self._stack_crcs(where, headers, lambda e: t[e], t.size(0), t.size(2))
 
     def finish(self) -> int:
-        """Wait for the queued device work (one copy of the crcs per device), raise ChecksumError
-        at the first weight whose bytes differ from its stored crc32, then FormatError where a
-        decoder counted corrupt data; returns the number of checkpoint tensors checked."""
+        """Wait for the queued device work (one copy of the crcs per device), hand the
+        tensor-parallel records to group_check (before raising anything of this rank's own, so
+        no other rank waits in the gather for it), then raise ChecksumError at the first weight
+        whose bytes differ from its stored crc32, and FormatError where a decoder counted
+        corrupt data; returns the number of checkpoint tensors checked."""
         by_dev: dict = {}
         for j, (_, _, c, _) in enumerate(self._pending):
             by_dev.setdefault(c.device, []).append(j)
@@ -175,16 +220,26 @@ class HeldCheck:
             for j in js:
                 n = self._pending[j][2].numel()
                 got[j], i = host[i:i + n], i + n
+        bad = None
         for (where, want, c, nbytes), g in zip(self._pending, got):
             crc = int(g[0]) if len(g) == 1 else int(combine_row_shard_crcs(g, nbytes))
             if crc != want:
-                raise ChecksumError(f"{where}: the weight held on {c.device} does not match its crc32 "
+                bad = ChecksumError(f"{where}: the weight held on {c.device} does not match its crc32 "
                                     f"(0x{crc:08x}, stored 0x{want:08x}): the checkpoint or the load is corrupt")
-        for dev, before in sorted(self._devices.items(), key=lambda kv: str(kv[0])):
-            found = scratch.device_errors(dev) - before
-            if found:
-                raise FormatError(f"load check: {found} corrupt segment(s) or block(s) found by the decoders on "
-                                  f"{scratch.device_key(dev)}")
+                break
+        found = {dev: scratch.device_errors(dev) - before for dev, before in self._devices.items()}
+        records, headers = self._records, self._record_headers
         n, self._pending, self._devices = self.checked, [], {}
+        self._records, self._record_headers = {}, {}
+        if records:
+            if self.group_check is None:
+                raise ValueError("HeldCheck: tensor-parallel records without a group_check")
+            self.group_check(records, headers)
+        if bad is not None:
+            raise bad
+        for dev, k in sorted(found.items(), key=lambda kv: str(kv[0])):
+            if k:
+                raise FormatError(f"load check: {k} corrupt segment(s) or block(s) found by the decoders on "
+                                  f"{scratch.device_key(dev)}")
         log.info("unweight: %d weight(s) checked against their crc32 where they are held", n)
         return n

@@ -46,6 +46,9 @@ from transformers.distributed import DistributedConfig
 from unweight.runtime.modules import compressed_modules
 
 tp, out_path, paths = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+if os.environ.get("HELD_CHECK_AS_ON_A_GPU"):  # the load check's GPU branch, on this CPU
+    from unweight.runtime import verify
+    verify.HeldCheck.on_device = staticmethod(lambda device: True)
 rank = int(os.environ.get("RANK", 0))
 ids = torch.tensor([[1, 5, 9, 77, 100, 3, 250, 17]])
 res = {}
@@ -108,14 +111,14 @@ def tp_models(tmp_path_factory):
     return root, paths
 
 
-def _env():
-    return dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+def _env(**extra):
+    return dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
 
 
-def _torchrun(root, *args, nproc=2, timeout=300):
+def _torchrun(root, *args, nproc=2, timeout=300, **env):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
            str(_free_port()), str(root / "worker.py"), str(nproc), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=str(root))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(**env), cwd=str(root))
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +213,29 @@ def test_corrupt_shard_fails_the_tp_load(tp_models):
     msg = p.stdout + p.stderr
     assert "model.layers.0.self_attn.q_proj.weight: checksum mismatch across the tensor-parallel shards" in msg
     assert msg.count("ChecksumError") >= 2  # both ranks, not only the one holding the bad bytes
+
+
+def test_blocks_checked_as_a_gpu_checks_them(tp_models, tp_runs):
+    """The load check's GPU branch (each rank's blocks decoded and hashed where they are held,
+    runtime/verify.py; the records gathered and checked as the host's are), taken on this CPU:
+    the same logits and tokens as the load through the host branch, and a flipped bit in one
+    rank's block stops both ranks naming the tensor."""
+    root, paths = tp_models
+    p = _torchrun(root, str(root / "held"), json.dumps({k: paths[k] for k in ("uw-tie0", "uw-tie1")}),
+                  HELD_CHECK_AS_ON_A_GPU="1")
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-6000:])
+    for rank in range(2):
+        with open(root / f"held.{rank}.json") as f:
+            got = json.load(f)
+        for k in ("uw-tie0", "uw-tie1"):
+            assert got[k]["tokens"] == tp_runs[(2, rank)][k]["tokens"]
+            assert got[k]["logits"] == tp_runs[(2, rank)][k]["logits"]
+    test_corrupt_shard_fails_the_tp_load(tp_models)  # (makes the corrupt copy)
+    p = _torchrun(root, str(root / "held-bad"), json.dumps({"bad": [str(root / "bad"), None]}),
+                  HELD_CHECK_AS_ON_A_GPU="1")
+    msg = p.stdout + p.stderr
+    assert p.returncode != 0 and msg.count("ChecksumError") >= 2
+    assert "model.layers.0.self_attn.q_proj.weight: checksum mismatch across the tensor-parallel shards" in msg
 
 
 def test_wrong_checkpoint_index_fails_the_tp_load(tp_models):

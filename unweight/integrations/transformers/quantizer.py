@@ -129,10 +129,11 @@ class UnweightHfQuantizer(HfQuantizer):
             # a GPU decodes and hashes its own weights), unless UNWEIGHT_VERIFY=host asks for the
             # CPU pass over the files here.  Here: the structure and the raw tensors' checksums.
             deferred = tp.distributed_world() > 1
-            host = verify and not deferred and env_verify_where() == "host"
-            verify_checkpoint(ck, decode=host)
-            # (how many encoded tensors the check after placing must reach)
-            model._unweight_held_check = len(ck.encoded) if verify and not deferred and not host else 0
+            host = verify and env_verify_where() == "host"
+            verify_checkpoint(ck, decode=host and not deferred)
+            # (how many encoded tensors the check after placing must reach; under tensor
+            # parallelism each rank checks its block of each and the group combines them)
+            model._unweight_held_check = len(ck.encoded) if verify and not host else 0
             convert.convert_model(model, ck)
             if deferred:
                 tp.defer_planes(model, ck, folder)
@@ -150,18 +151,23 @@ class UnweightHfQuantizer(HfQuantizer):
             convert.check_loading(model, *loading)
         mode = getattr(self.quantization_config, "mode", "auto") or "auto"
         order = getattr(self.quantization_config, "plane_order", "auto") or "auto"
+        expect = int(getattr(model, "_unweight_held_check", 0) or 0)
         if getattr(model, "_unweight_tp", None):
-            tp.load_tp_planes(model, verify=env_verify(bool(getattr(self.quantization_config, "verify", True))))
+            # The blocks are checked as held after prepare (held_check) unless the host pass was
+            # asked for (UNWEIGHT_VERIFY=host: each rank decodes its blocks here) or none was.
+            host = env_verify(bool(getattr(self.quantization_config, "verify", True))) and not expect
+            tp.load_tp_planes(model, verify=host)
             mode = tp.resolve_mode(mode, model)
             before = dict(model.named_modules())
             # transformers' TP plan shards each projection on its own: stacking would mix the shards
-            prepare(model, mode, plane_order=order, merge_siblings=False)
+            info = prepare(model, mode, plane_order=order, merge_siblings=False,
+                           verify=tp.held_check(model) if expect else False)
             tp.reinstall_styles(model, before)
-            return model
-        merge = getattr(self.quantization_config, "merge_siblings", "auto")
-        expect = int(getattr(model, "_unweight_held_check", 0) or 0)
-        info = prepare(model, mode, plane_order=order, merge_siblings=merge if merge in (True, False) else "auto",
-                       l2_prefetch=bool(getattr(self.quantization_config, "l2_prefetch", False)), verify=expect > 0)
+        else:
+            merge = getattr(self.quantization_config, "merge_siblings", "auto")
+            info = prepare(model, mode, plane_order=order, merge_siblings=merge if merge in (True, False) else "auto",
+                           l2_prefetch=bool(getattr(self.quantization_config, "l2_prefetch", False)),
+                           verify=expect > 0)
         if expect:
             # Dense fallbacks were decoded, and checked, where convert placed them.
             plan = getattr(model, "_unweight_plan", {}) or {}

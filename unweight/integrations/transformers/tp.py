@@ -21,10 +21,12 @@ distributed_config=DistributedConfig(tp_plan="auto"))`` after ``import unweight`
    (colwise style: rows; rowwise style: columns; anything replicated: the whole tensor), so only
    the shard's bytes are ever read.  ``in_features``/``out_features`` keep the full widths (the TP
    classes use them to build the global DTensor shapes).
-4. Integrity: with verify on, each rank decodes only its shard, and the TP group checks every
-   sharded tensor's stored crc32 by crc32 arithmetic over the shards' crcs
-   (codec/shard_check.py), the same policy as the vLLM integration.
-   Replicated tensors are decoded and checked whole; raw tensors keep their crc check.
+4. Integrity: with verify on, each rank checks only its shard, as held once prepare has applied
+   the mode (:func:`held_check`, runtime/verify.py: on a GPU decoded and hashed there, on the
+   CPU by the codec), and the TP group checks every sharded tensor's stored crc32 by crc32
+   arithmetic over the shards' crcs (codec/shard_check.py), the same policy as the vLLM
+   integration.  Replicated tensors are checked whole; raw tensors keep their crc check.
+   UNWEIGHT_VERIFY=host decodes each rank's blocks on the host here instead.
 
 Embeddings and tied output projections stay replicated and compressed: a vocab-parallel
 embedding / ``colwise_gather_output`` lm_head tied to a replicated embedding computes the same
@@ -162,6 +164,17 @@ def _check_group_crcs(mine: dict, headers: dict, group):
         check_shard_records([d[base] for d in everyone if base in d], h, base)
 
 
+def held_check(model: nn.Module):
+    """The load check of this rank's weights as held (runtime/verify.py HeldCheck, for
+    prepare's verify): each tensor-parallel block makes a shard record, which the group
+    gathers and checks against the stored crc32s; each whole tensor is checked alone."""
+    from ...runtime.verify import HeldCheck
+    held = getattr(model, "_unweight_tp_held", None) or {"shards": {}, "group": None, "locations": {}}
+    group = held["group"]
+    return HeldCheck(locations=held["locations"], shards=held["shards"],
+                     group_check=lambda records, headers: _check_group_crcs(records, headers, group))
+
+
 def _install(m: CompressedWeightMixin, header, planes: dict, device):
     for suf in m._suffixes:
         m._buffers.pop("weight" + suf, None)
@@ -204,13 +217,14 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
     kinds = {}
     for name, m in compressed_modules(model):
         kinds[name] = _shard_kind(name, m, *_style(plan, name)) if mesh is not None else "full"
-    done, mine_crcs, sharded_headers = {}, {}, {}
+    done, mine_crcs, sharded_headers, shards, files = {}, {}, {}, {}, {}
     ck = CompressedCheckpoint(info["folder"])
     try:
         for name, base in info["bases"].items():
             m = modules[name]
             h = ck.header(base)
             where = ck.location(base)
+            files[f"{name}.weight"] = where
             planes = ck.planes(base)  # memory-mapped: shard_planes reads only the shard's bytes
             kind = kinds[name]
             rows = cols = None
@@ -227,6 +241,7 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
             else:
                 hs, ps = sh.shard_planes(h, planes, rows=rows, cols=cols, where=where)
                 tc.check_planes(hs, ps, where)
+                shards[f"{name}.weight"] = (base, rows, cols, h)
                 if verify:
                     w = tc.decode(hs, ps, where=where, verify=False)
                     check_index(hs, ps, w, where=where)  # the GPU decoders start chains at it
@@ -245,6 +260,8 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
             _unhook(modules[name])
             log.info("unweight: %s stays replicated (compressed) under tensor parallelism", name)
     model._unweight_tp_layout = {n: {"kind": k, "rows": r, "cols": c} for n, (k, r, c) in done.items()}
+    # (for the check of the held blocks after prepare: held_check)
+    model._unweight_tp_held = {"shards": shards, "group": group, "locations": files}
     if mesh is not None:
         log.info("unweight: tensor-parallel rank %d/%d loaded %d compressed tensors (%d sharded)", rank, size,
                  len(done), sum(1 for k, _, _ in done.values() if k in ("rows", "cols")))
