@@ -334,6 +334,39 @@ def test_moe_compiled(moe_models, tmp_path):
         assert 0 < v["held_bytes"] < 0.8 * v["bf16_bytes"], v
 
 
+def test_moe_load_check_as_a_gpu_makes_it(moe_models, tmp_path):
+    """The expert pieces checked as a GPU checks them (runtime/verify.py: decoded and hashed
+    where they are held; in palette mode the stacks built from the experts decoded there), taken
+    on this CPU: the BF16 model's tokens in the checkpoint's mode and in palette mode, and a
+    flipped bit in one expert's plane stops the load naming it."""
+    import shutil
+
+    from unweight.format.safetensors_io import SafetensorsFile
+    src, comp = moe_models["qwen3_moe"]
+    pal, bad = str(tmp_path / "palette"), str(tmp_path / "bad")
+    shutil.copytree(comp, pal)
+    cfg_path = os.path.join(pal, "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["quantization_config"]["mode"] = "palette"
+    json.dump(cfg, open(cfg_path, "w"))
+    shutil.copytree(pal, bad)
+    f = os.path.join(bad, "model.safetensors")
+    name = "model.layers.1.mlp.experts.5.down_proj.weight"
+    st = SafetensorsFile(f)
+    start = st.data_start + st.info(name + "__sm")[2]
+    st.close()
+    with open(f, "r+b") as fh:
+        fh.seek(start + 77)
+        v = fh.read(1)[0]
+        fh.seek(start + 77)
+        fh.write(bytes([v ^ 1]))
+    res, _ = _run([{"model": src, "max_tokens": 8}, {"model": comp, "max_tokens": 8, "held_check": True},
+                   {"model": pal, "max_tokens": 8, "held_check": True},
+                   {"model": bad, "max_tokens": 8, "held_check": True}], timeout=600)
+    assert _ok(res[1]) == _ok(res[0]) and _ok(res[2]) == _ok(res[0])
+    assert name in res[3]["error"] and "checksum mismatch" in res[3]["error"]
+
+
 def test_palette_pieces_when_the_experts_make_no_stack():
     """Palette mode's fallback for a layer whose experts would pad their verbatim lists past
     SLOT_PADDING_MAX: one palette piece per expert and shard id, decoding to the experts'
@@ -355,6 +388,13 @@ def test_palette_pieces_when_the_experts_make_no_stack():
     me = types.SimpleNamespace(prefix="model.layers.0.mlp.experts")
     moe.UnweightFusedMoEMethod._palette_pieces(me, [4, 5, 6], host, w13, w2, report, torch.device("cpu"))
     assert len(w13) == len(w2) == 3 and all(p.encoding_name == "palette" for ps in w13 + w2 for p in ps)
+    # the same from the stacks a GPU decodes its experts into (bf16 tensors)
+    stacks = {k: torch.from_numpy(np.stack(v).view(np.int16)).view(torch.bfloat16) for k, v in host.items()}
+    w13b, w2b = [], []
+    moe.UnweightFusedMoEMethod._palette_pieces(me, [4, 5, 6], stacks, w13b, w2b, [dict(r) for r in report],
+                                               torch.device("cpu"))
+    for a, b in zip(w13 + w2, w13b + w2b):
+        assert all(torch.equal(x.sm, y.sm) and torch.equal(x.idx, y.idx) for x, y in zip(a, b))
     for i in range(3):
         got13 = dispatch.decode_new(w13[i], 64, 128)
         got2 = dispatch.decode_new(w2[i], 128, 32)

@@ -68,6 +68,7 @@ from ...runtime import dispatch, scratch
 from ...runtime import kernel_plan as kp
 from ...runtime.expert_slots import ExpertSlots, routed_forward
 from ...runtime.tuning_table import PALETTE_GEMV_MMA
+from ...runtime.verify import HeldCheck, shard_record_of
 from ...runtime.modes import sharded_mode
 from .ops import current_policy
 from .common import PLANE_DTYPES, device_piece, gather, log, missing_plane, report_layer, take_shard, tp_info
@@ -108,6 +109,12 @@ def moe_quant_method(config, layer, prefix: str):
     if layer.moe_config.has_bias:
         raise InputError(f"{prefix}: compressed experts with biases are not supported; use --load-format unweight")
     return UnweightFusedMoEMethod(config, layer.moe_config, prefix, names)
+
+
+def _held_record(w, pc: dict) -> tuple:
+    """A piece's shard record from its held form decoded on the device (a transient bf16 block)."""
+    out = dispatch.decode_new([w], w.rows, w.cols, current_policy())
+    return shard_record_of(out, pc["rows"], pc["cols"], pc["full_header"].cols)
 
 
 def _per_shard(pieces: list) -> list:
@@ -223,11 +230,18 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
             mode = "palette"
             log.info("unweight: %s -> palette experts on CUDA (mode auto: the routed decode runs inside CUDA "
                      "graphs)", self.prefix)
-        decoded = self._verify(layer, keep=mode == "palette") if verify else {}
-        w13, w2, report = [], [], []
+        # On a GPU the pieces are checked as held, decoded and hashed there (runtime/verify.py);
+        # palette stacks are then built from the experts decoded there, unless they would take
+        # more than a quarter of the free device memory at once.
+        gpu = HeldCheck.on_device(dev) and os.environ.get("UNWEIGHT_VERIFY", "").lower() != "host"
+        stacks = self._device_stacks(layer, local, dev, verify) if gpu and mode == "palette" else None
+        host_check = verify and (not gpu or (mode == "palette" and stacks is None))
+        decoded = self._verify(layer, keep=mode == "palette") if host_check else {}
+        w13, w2, report, mine = [], [], [], {}
         # Palette mode: the layer's experts held as one palette stack per projection
         # (runtime/expert_slots.py), so that the experts a batch routes to decode from the device
-        # ids (a CUDA graph cannot read the routing on the host), built from the host weights.
+        # ids (a CUDA graph cannot read the routing on the host), built from the weights decoded
+        # on the device, or on the host.
         host = {"w13": [], "w2": []} if mode == "palette" else None
         for e in local:
             ws = {}
@@ -235,25 +249,31 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
                 pc = layer._uw_pieces[(e, sid)]
                 hs = pc["header"]
                 if host is not None:
-                    ws[sid] = decoded.pop(pc["name"], None)
-                    if ws[sid] is None:
+                    ws[sid] = None if stacks is not None else decoded.pop(pc["name"], None)
+                    if ws[sid] is None and stacks is None:
                         ws[sid] = tc.decode(hs, pc["planes"], verify=False, where=pc["name"])
                     held, enc = 0, "palette"  # filled in from the stacks below
                 else:
                     ws[sid] = device_piece(hs, pc["planes"], dev, "auto" if mode == "dense" else mode, pc["name"])
                     held = sum(int(t.numel() * t.element_size()) for t in _piece_tensors(ws[sid]))
                     enc = ws[sid].encoding_name
+                    if gpu and verify:
+                        mine[pc["name"]] = _held_record(ws[sid], pc)
                 report.append({"name": pc["name"], "expert": e, "shard_id": sid, "encoding": enc,
                                "full_shape": [pc["full_header"].rows, pc["full_header"].cols],
                                "rows": list(pc["rows"]), "cols": list(pc["cols"]), "held_shape": [hs.rows, hs.cols],
                                "held_bytes": held, "full_planes_bytes": pc["full_bytes"],
                                "bf16_shard_bytes": hs.rows * hs.cols * 2})
-            if host is not None:
+            if host is not None and stacks is None:
                 host["w13"].append(np.concatenate([ws["w1"], ws["w3"]]))
                 host["w2"].append(ws["w2"])
-            else:
+            elif host is None:
                 w13.append([ws["w1"], ws["w3"]])
                 w2.append([ws["w2"]])
+        if mine:
+            self._check_group(layer, mine)
+        if stacks is not None:
+            host = stacks  # ({"w13": bf16 [E, 2I, H], "w2": bf16 [E, H, I]} on the device)
         for stem in ("w13_weight", "w2_weight"):
             for suf in C.ALL_SUFFIXES:
                 delattr(layer, stem + suf)
@@ -261,7 +281,8 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         layer._uw_experts = local
         layer._uw_slots = None
         if host is not None:
-            slots = tuple(ExpertSlots.from_weights(np.stack(host[k]), dev) for k in ("w13", "w2"))
+            slots = tuple(ExpertSlots.from_weights(host[k] if stacks is not None else np.stack(host[k]), dev)
+                          for k in ("w13", "w2"))
             if sum(st.padding_bytes for st in slots) <= SLOT_PADDING_MAX * sum(st.held_bytes() for st in slots):
                 layer._uw_slots = slots
                 _share_stack_bytes(report, slots)
@@ -314,22 +335,61 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
                  len(local), rank, size, report[0]["rows"], held / max(1, bf16))
 
     def _palette_pieces(self, local, host, w13, w2, report, dev) -> None:
-        """Palette pieces per expert from the host weights host["w13"][i] ([2I, H], gate over
-        up) and host["w2"][i] of local expert i (what palette mode holds when the layer's
-        experts do not make one stack), appended to w13 / w2, with the report's held bytes."""
+        """Palette pieces per expert from the weights host["w13"][i] ([2I, H], gate over up) and
+        host["w2"][i] of local expert i (uint16 host arrays, or bf16 stacks on the device),
+        what palette mode holds when the layer's experts do not make one stack, appended to
+        w13 / w2, with the report's held bytes."""
         held = {}
+
+        def bits(a):  # uint16 [rows, cols] on the host (the stacks decoded on the device: a copy back)
+            return a if isinstance(a, np.ndarray) else a.view(torch.int16).cpu().numpy().view(np.uint16)
+
         for i, e in enumerate(local):
-            half = host["w13"][i].shape[0] // 2
+            up, down = bits(host["w13"][i]), bits(host["w2"][i])
+            half = up.shape[0] // 2
             ps = {sid: device_piece(enc.header, enc.planes, dev, "palette", f"{self.prefix}.{e}.{sid}")
-                  for sid, enc in (("w1", tc.encode(host["w13"][i][:half], "palette")),
-                                   ("w3", tc.encode(host["w13"][i][half:], "palette")),
-                                   ("w2", tc.encode(host["w2"][i], "palette")))}
+                  for sid, enc in (("w1", tc.encode(up[:half], "palette")), ("w3", tc.encode(up[half:], "palette")),
+                                   ("w2", tc.encode(down, "palette")))}
             for sid, p in ps.items():
                 held[(e, sid)] = sum(int(t.numel() * t.element_size()) for t in _piece_tensors(p))
             w13.append([ps["w1"], ps["w3"]])
             w2.append([ps["w2"]])
         for r in report:
             r["held_bytes"] = held[(r["expert"], r["shard_id"])]
+
+    def _device_stacks(self, layer, local: list, dev, verify: bool) -> dict | None:
+        """The local experts decoded on the device from their pieces moved there as stored:
+        {"w13": bf16 [E, 2I, H] (gate over up), "w2": bf16 [E, H, I]}, each piece checked from
+        its rows there (verify: one gather for the layer); None when the two stacks would take
+        more than a quarter of the device's free memory (the caller decodes on the host)."""
+        h1, h2 = layer._uw_pieces[(local[0], "w1")]["header"], layer._uw_pieces[(local[0], "w2")]["header"]
+        inter, hidden = h1.rows, h1.cols
+        need = len(local) * 3 * inter * hidden * 2
+        if dev.type == "cuda" and need > torch.cuda.mem_get_info(dev)[0] // 4:
+            log.info("unweight: %s decodes its experts on the host (%d bytes of BF16 experts would not fit a quarter "
+                     "of the free memory of %s)", self.prefix, need, dev)
+            return None
+        out = {"w13": torch.empty((len(local), 2 * inter, hidden), dtype=torch.bfloat16, device=dev),
+               "w2": torch.empty((len(local), h2.rows, h2.cols), dtype=torch.bfloat16, device=dev)}
+        mine = {}
+        for i, e in enumerate(local):
+            for sid in SHARD_IDS:
+                pc = layer._uw_pieces[(e, sid)]
+                rows = out["w2"][i] if sid == "w2" else out["w13"][i, :inter] if sid == "w1" else out["w13"][i, inter:]
+                piece = device_piece(pc["header"], pc["planes"], dev, "auto", pc["name"])
+                dispatch.decode_into([piece], rows.view(-1), rows.size(0), rows.size(1), current_policy())
+                if verify:
+                    h = pc["full_header"]
+                    mine[pc["name"]] = shard_record_of(rows, pc["rows"], pc["cols"], h.cols)
+        if mine:
+            self._check_group(layer, mine)
+        return out
+
+    def _check_group(self, layer, mine: dict) -> None:
+        """The TP group's check of every expert piece of the layer from each rank's records."""
+        everyone = gather(layer, mine)
+        for pc in layer._uw_pieces.values():
+            check_shard_records([d[pc["name"]] for d in everyone if pc["name"] in d], pc["full_header"], pc["name"])
 
     def _verify(self, layer, keep: bool = False) -> dict:
         """Decode each piece once; the TP group checks every expert tensor's stored crc32 from
@@ -345,9 +405,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
             h = pc["full_header"]
             mine[pc["name"]] = (shard_record(w, rows=pc["rows"]) if tuple(pc["cols"]) == (0, h.cols)
                                 else shard_record(w, cols=pc["cols"]))
-        everyone = gather(layer, mine)
-        for pc in layer._uw_pieces.values():
-            check_shard_records([d[pc["name"]] for d in everyone if pc["name"] in d], pc["full_header"], pc["name"])
+        self._check_group(layer, mine)
         return decoded
 
     # ------------------------------------------------------------------ forward
