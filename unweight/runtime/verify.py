@@ -1,9 +1,9 @@
 """Load-time check that every weight a model holds is the checkpoint's, where it is held.
 
 Each encoded tensor's header carries the crc32 of its original BF16 bytes.  With
-``prepare(verify=True)`` (what transformers' loader asks for unless verification is off, or the
-model is tensor-parallel, whose shards tp.py checks against the shard records) every weight is
-checked after its mode has been applied, in the form a forward reads it:
+``prepare(verify=...)`` (what transformers' loader asks for unless verification is off or
+UNWEIGHT_VERIFY=host) every weight is checked after its mode has been applied, in the form a
+forward reads it:
 
 * a compressed module on a GPU: its planes as held (transcoded, indexed, tile-major, paired
   palette) decoded by the decode a forward runs into the device scratch, and hashed there
@@ -19,6 +19,10 @@ the check costs one decode and one hash per weight at device speed, where a host
 the load costs a CPU decode of the whole checkpoint.  One host sync per check; a mismatch is
 one ChecksumError line naming the tensor, and a corrupt plane the decoders counted is a
 FormatError naming the device.
+
+Under tensor parallelism a rank holds a block of a tensor, whose crc32 no header stores: the
+block makes a codec.shard_check record instead (HeldCheck's shards; held_shard_record and
+shard_record_of for vLLM's layers), and the group combines the records into the stored crc32.
 """
 from __future__ import annotations
 
@@ -29,8 +33,8 @@ import torch
 from torch import Tensor
 
 from .. import ops
-from ..codec.crc import combine_row_shard_crcs
 from ..codec import tensor_codec as tc
+from ..codec.crc import combine_row_shard_crcs
 from ..codec.shard_check import shard_record
 from ..codec.verify import check_index, decode_verified
 from ..format.errors import ChecksumError, FormatError
