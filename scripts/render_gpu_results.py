@@ -516,6 +516,14 @@ def e2e_table(bench: dict, key: str = "e2e") -> list[str]:
                                                   + (f"; {FULL_DEPTH} layers ~{deep:.2f}x" if deep else "") + "]"
                                                   if rel else ""))
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    for enc in ("palette", "huffman"):  # the load check of the model's weights as a mode holds them
+        lc = e2e.get(f"load_check_{enc}") or {}
+        if lc.get("ms_per_GB"):
+            lines += ["", f"Load check of this model's {lc['tensors']} compressed weights as `{lc['mode']}` holds "
+                      f"them (each decoded and hashed on the GPU): {lc['seconds'] * 1e3:.0f} ms, "
+                      f"{lc['ms_per_GB']:.1f} ms per GB of BF16 weights."]
+        elif lc.get("error"):
+            lines += ["", f"Load check as `{lc['mode']}` holds the weights: {lc['error'][:160]}"]
     return lines + [""]
 
 

@@ -680,3 +680,20 @@ def test_clock_sampler_samples_while_the_block_runs(tmp_path, monkeypatch):
     with bu.ClockSampler() as cs:
         pass
     assert "error" in cs.summary()
+
+
+def test_e2e_times_the_load_check_once_per_encoding():
+    """The e2e benchmark times the load check (runtime/verify.py) of the model's weights as the
+    first palette and huffman modes hold them, and the README render prints it."""
+    import torch
+
+    import render_gpu_results as rg
+    res = bench_e2e.run(torch, 1, [1], ["bf16", "palette", "palette+tiled", "huffman"], bu.Budget(600), device="cpu",
+                        prompt=4, steps=1, runs=2, log=lambda m: None,
+                        cfg_over=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2))
+    for enc in ("palette", "huffman"):
+        lc = res[f"load_check_{enc}"]
+        assert lc["mode"] == enc and lc["tensors"] > 0 and lc["bf16_bytes"] > 0 and lc["ms_per_GB"] > 0, lc
+    text = "\n".join(rg.e2e_table({"raw": {"e2e": res}}))
+    assert "Load check of this model's" in text and "as `palette` holds" in text and "as `huffman` holds" in text
