@@ -75,6 +75,22 @@ def tiny_llama(tie: bool = True, seed: int = 0):
     return LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
 
 
+def flip_stored_byte(path, tensor, delta=1, at=0.5, offset=None):
+    """Change one byte of a stored tensor in a safetensors file, in place: the byte `offset`
+    bytes into it, else at fraction `at` of it, plus delta (mod 256)."""
+    from unweight.format.safetensors_io import SafetensorsFile
+    f = SafetensorsFile(path)
+    _, _, b, e = f.info(tensor)
+    start = f.data_start
+    f.close()
+    pos = start + b + (offset if offset is not None else int((e - b) * at))
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        v = fh.read(1)[0]
+        fh.seek(pos)
+        fh.write(bytes([(v + delta) & 0xFF]))
+
+
 def n_encoded(path) -> int:
     """How many encoded tensors a compressed checkpoint folder holds."""
     from unweight.format.checkpoint import CompressedCheckpoint

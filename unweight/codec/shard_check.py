@@ -17,8 +17,9 @@ import numpy as np
 
 from ..format.errors import ChecksumError
 from ..format.header import TensorHeader
+from . import tensor_codec as tc
 from .shard import combine_col_shard_crcs, combine_row_shard_crcs, row_crcs
-from .verify import raw_crc32
+from .verify import check_index, raw_crc32
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,18 @@ def shard_record(w: np.ndarray, rows: tuple | None = None, cols: tuple | None = 
         return ("cols", int(cols[0]), int(cols[1]), [int(c) for c in row_crcs(w)])
     r0, r1 = rows if rows is not None else (0, w.shape[0])
     return ("rows", int(r0), int(r1), raw_crc32(w))
+
+
+def decode_record(h: TensorHeader, planes: dict, rows: tuple | None, cols: tuple | None, full_cols: int,
+                  where: str = "") -> tuple:
+    """A rank's block decoded on the host, its stored checkpoint index checked exactly against
+    it (the GPU decoders start chains at it), and its record: (uint16 [r1-r0, c1-c0], record).
+    The record is of columns where cols is given and is not the whole width full_cols, else
+    of rows (rows None: all of them)."""
+    w = tc.decode(h, planes, verify=False, where=where)
+    check_index(h, planes, w, where=where)
+    per_row = cols is not None and tuple(cols) != (0, full_cols)
+    return w, shard_record(w, cols=cols) if per_row else shard_record(w, rows=rows)
 
 
 def check_shard_records(records: list, header: TensorHeader, where: str = "") -> bool:

@@ -224,6 +224,10 @@ class _Planes:
     def planes(self) -> dict:
         return {suf: self.plane(suf) for suf in self.suffixes}
 
+    def host_planes(self) -> dict:
+        """{suffix: NumPy array} of the planes as held, on the host (copied from a device)."""
+        return {suf: t.detach().cpu().numpy() for suf, t in self.planes().items()}
+
     @property
     def device(self) -> torch.device:
         return self.plane(C.SUFFIX_SM).device
@@ -763,8 +767,7 @@ def transcode(stack: ExpertStack, target: str, policy=None) -> None:
             p.replace(*ops.transcode_to_palette(h, p.planes(), _device_lut(p, err), err,
                                                 dispatch.decoder_variant(h, p.device, policy)))
             continue
-        host = {s: t.detach().cpu().numpy() for s, t in p.planes().items()}
-        w = tc.decode(h, host, verify=False)
+        w = tc.decode(h, p.host_planes(), verify=False)
         enc = tc.encode(w, target, grid=(h.rows_per_group, h.cols_per_chunk))
         p.replace(enc.header, enc.planes)
 

@@ -27,16 +27,16 @@ shard_record_of for vLLM's layers), and the group combines the records into the 
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from .. import ops
-from ..codec import tensor_codec as tc
 from ..codec.crc import combine_row_shard_crcs
-from ..codec.shard_check import shard_record
-from ..codec.verify import check_index, decode_verified
+from ..codec.shard_check import decode_record
+from ..codec.verify import decode_verified
 from ..format.errors import ChecksumError, FormatError
 from ..format.header import TensorHeader
 from . import dispatch, scratch
@@ -44,13 +44,22 @@ from . import dispatch, scratch
 log = logging.getLogger(__name__)
 
 
+def verify_setting(default: bool = True) -> str | None:
+    """The load's decode-and-checksum pass as UNWEIGHT_VERIFY sets it: None for 0 / false /
+    no (off: the structure and raw checksums are still checked), "host" for the CPU codec's
+    pass over the stored planes before placing, else "held" (each weight checked once placed,
+    where it is held); unset, "held" when `default` (the loader's verify option), else None."""
+    v = os.environ.get("UNWEIGHT_VERIFY")
+    if v is None:
+        return "held" if default else None
+    if v in ("0", "false", "no"):
+        return None
+    return "host" if v.lower() == "host" else "held"
+
+
 def piece_key(name: str, piece: int, expert: int) -> str:
     """How an expert's piece of a stack made of per-expert checkpoint tensors is named."""
     return f"{name} (piece {piece}) expert {expert}"
-
-
-def _host_planes(planes: dict) -> dict:
-    return {s: t.detach().cpu().numpy() for s, t in planes.items()}
 
 
 def shard_record_of(out: Tensor, rows: tuple, cols: tuple, full_cols: int) -> tuple:
@@ -63,12 +72,15 @@ def shard_record_of(out: Tensor, rows: tuple, cols: tuple, full_cols: int) -> tu
     return ("cols", int(cols[0]), int(cols[1]), crcs) if per_row else ("rows", int(rows[0]), int(rows[1]), crcs[0])
 
 
+def _decode_held(w, policy=None) -> Tensor:
+    """A held weight (an EncodedWeight on a GPU, as a forward reads it) decoded into the device
+    scratch (reserved by the caller) by the decoder a forward runs: bf16 [rows, cols]."""
+    return dispatch.decode_into([w], scratch.weights(w.device, w.rows * w.cols), w.rows, w.cols, policy)
+
+
 def held_shard_record(w, rows: tuple, cols: tuple, full_cols: int, policy=None) -> tuple:
-    """shard_record_of a held piece (an EncodedWeight on a GPU, as a forward reads it) decoded
-    into the device scratch (reserved by the caller) by the decoder a forward runs."""
-    n = w.rows * w.cols
-    out = dispatch.decode_into([w], scratch.weights(w.device, n), w.rows, w.cols, policy)
-    return shard_record_of(out, rows, cols, full_cols)
+    """shard_record_of a held piece decoded into the device scratch (_decode_held)."""
+    return shard_record_of(_decode_held(w, policy), rows, cols, full_cols)
 
 
 class HeldCheck:
@@ -128,10 +140,8 @@ class HeldCheck:
             self._device(m.device)
             self._record(shard, held_shard_record(m.encoded(), rows, cols, full.cols, self.policy))
             return
-        h, planes = m.header, m.owner().host_planes()
-        w = tc.decode(h, planes, verify=False, where=self._where(where))
-        check_index(h, planes, w, where=self._where(where))  # the GPU decoders start chains at it
-        self._record(shard, shard_record(w, cols=cols) if cols != (0, full.cols) else shard_record(w, rows=rows))
+        self._record(shard, decode_record(m.header, m.owner().host_planes(), rows, cols, full.cols,
+                                          self._where(where))[1])
 
     def module(self, where: str, m) -> None:
         """A compressed module (not a tied one) as held, after its mode was applied."""
@@ -146,9 +156,7 @@ class HeldCheck:
             return
         w = m.encoded()
         self._device(m.device)
-        buf = scratch.weights(m.device, w.rows * w.cols)
-        out = dispatch.decode_into([w], buf, w.rows, w.cols, self.policy)
-        self._add(where, h.crc32, ops.crc32_ranges(out, 1), [w.rows * w.cols * 2])
+        self._add(where, h.crc32, ops.crc32_ranges(_decode_held(w, self.policy), 1), [w.rows * w.cols * 2])
 
     def dense(self, where: str, h: TensorHeader, weight: Tensor) -> None:
         """A weight decoded to a dense bf16 tensor at load (its bytes hashed where they are)."""
@@ -191,7 +199,7 @@ class HeldCheck:
             for k, src in enumerate(st.sources):
                 for e, p in enumerate(src) if isinstance(src, list) else [(None, src)]:
                     name = where if e is None else piece_key(where, k, e)
-                    decode_verified(p.header, _host_planes(p.planes()), where=self._where(name), keep=False)
+                    decode_verified(p.header, p.host_planes(), where=self._where(name), keep=False)
                     self.checked += 1
             return
         n = st.rows * st.cols

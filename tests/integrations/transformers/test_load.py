@@ -9,11 +9,10 @@ import torch
 
 import unweight
 from unweight.format.errors import ChecksumError, FormatError
-from unweight.format.safetensors_io import SafetensorsFile
 from unweight.runtime import scratch
 from unweight.runtime.modules import CompressedEmbedding, CompressedLinear, compressed_modules
 
-from tests.conftest import n_encoded, save_and_compress, train_step_grads
+from tests.conftest import flip_stored_byte, n_encoded, save_and_compress, train_step_grads
 
 IDS = torch.tensor([[1, 17, 45, 200, 3, 99, 310, 5]])
 
@@ -102,19 +101,6 @@ def test_inductor_compiled_model_is_the_bf16_model(llama_ck, mode):
     torch._dynamo.reset()
 
 
-def _flip(path, tensor, delta=1, at=0.5):
-    f = SafetensorsFile(path)
-    dt, shape, b, e = f.info(tensor)
-    start = f.data_start
-    f.close()
-    pos = start + b + int((e - b) * at)
-    with open(path, "r+b") as fh:
-        fh.seek(pos)
-        v = fh.read(1)[0]
-        fh.seek(pos)
-        fh.write(bytes([(v + delta) & 0xFF]))
-
-
 def _copy(ck, tmp_path):
     dst = str(tmp_path / "ck")
     shutil.copytree(ck, dst)
@@ -125,7 +111,7 @@ def _copy(ck, tmp_path):
 def test_corrupt_plane_fails_load_naming_tensor_and_file(llama_ck, tmp_path, plane):
     dst, shard = _copy(llama_ck[1]["huffman"], tmp_path)
     name = "model.layers.1.mlp.down_proj.weight"
-    _flip(shard, name + plane, delta=0x40 if plane == "__off" else 1, at=0.5)
+    flip_stored_byte(shard, name + plane, delta=0x40 if plane == "__off" else 1, at=0.5)
     with pytest.raises(FormatError) as ei:
         unweight.load(dst, device="cpu", mode="huffman")
     msg = str(ei.value)
@@ -134,7 +120,7 @@ def test_corrupt_plane_fails_load_naming_tensor_and_file(llama_ck, tmp_path, pla
 
 def test_corrupt_raw_tensor_fails_checksum(llama_ck, tmp_path):
     dst, shard = _copy(llama_ck[1]["huffman"], tmp_path)
-    _flip(shard, "model.norm.weight")
+    flip_stored_byte(shard, "model.norm.weight")
     with pytest.raises(ChecksumError, match="model.norm.weight"):
         unweight.load(dst, device="cpu", mode="huffman")
 
@@ -151,7 +137,7 @@ def test_truncated_shard(llama_ck, tmp_path):
 
 def test_verify_off_still_validates_structure(llama_ck, tmp_path, monkeypatch):
     dst, shard = _copy(llama_ck[1]["huffman"], tmp_path)
-    _flip(shard, "model.layers.0.self_attn.q_proj.weight__sm")  # data error: only the checksum pass sees it
+    flip_stored_byte(shard, "model.layers.0.self_attn.q_proj.weight__sm")  # data error: only the checksum pass sees it
     m = unweight.load(dst, device="cpu", mode="huffman", verify=False)
     assert m.unweight_info["modules"]["huffman"] == 12
     monkeypatch.setenv("UNWEIGHT_VERIFY", "1")

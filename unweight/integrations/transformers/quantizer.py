@@ -115,6 +115,7 @@ class UnweightHfQuantizer(HfQuantizer):
         from ...codec.verify import verify_checkpoint
         from ...format.checkpoint import CompressedCheckpoint
         from ...runtime import convert
+        from ...runtime.verify import verify_setting
         from . import tp
         if not checkpoint_files:
             raise InputError("unweight: from_pretrained gave no checkpoint files")
@@ -122,14 +123,14 @@ class UnweightHfQuantizer(HfQuantizer):
         refuse_source_quantization(getattr(self.quantization_config, "source_quantization_config", None), folder)
         ck = CompressedCheckpoint(folder)
         try:
-            verify = env_verify(bool(getattr(self.quantization_config, "verify", True)))
-            # Under torch.distributed (transformers' tensor parallelism) each rank reads and
-            # decodes only its shard of every encoded tensor after loading (tp.py).  Otherwise the
-            # encoded tensors are checked once placed, where they are held (prepare's verify:
-            # a GPU decodes and hashes its own weights), unless UNWEIGHT_VERIFY=host asks for the
-            # CPU pass over the files here.  Here: the structure and the raw tensors' checksums.
+            where = verify_setting(bool(getattr(self.quantization_config, "verify", True)))
+            # The encoded tensors are checked once placed, where they are held (prepare's verify:
+            # a GPU decodes and hashes its own weights; under torch.distributed, transformers'
+            # tensor parallelism, each rank its blocks), unless UNWEIGHT_VERIFY=host asks for the
+            # CPU pass: over the files here, or over each rank's blocks as tp.py reads them.
+            # Here always: the structure and the raw tensors' checksums.
             deferred = tp.distributed_world() > 1
-            host = verify and env_verify_where() == "host"
+            verify, host = where is not None, where == "host"
             verify_checkpoint(ck, decode=host and not deferred)
             # (how many encoded tensors the check after placing must reach; under tensor
             # parallelism each rank checks its block of each and the group combines them)
@@ -145,6 +146,7 @@ class UnweightHfQuantizer(HfQuantizer):
     def _process_model_after_weight_loading(self, model, **kwargs):
         from ...runtime import convert
         from ...runtime.prepare import prepare
+        from ...runtime.verify import verify_setting
         from . import tp
         loading = getattr(model, "_unweight_loading", None)
         if loading is not None:
@@ -155,7 +157,7 @@ class UnweightHfQuantizer(HfQuantizer):
         if getattr(model, "_unweight_tp", None):
             # The blocks are checked as held after prepare (held_check) unless the host pass was
             # asked for (UNWEIGHT_VERIFY=host: each rank decodes its blocks here) or none was.
-            host = env_verify(bool(getattr(self.quantization_config, "verify", True))) and not expect
+            host = not expect and verify_setting(bool(getattr(self.quantization_config, "verify", True))) is not None
             tp.load_tp_planes(model, verify=host)
             mode = tp.resolve_mode(mode, model)
             before = dict(model.named_modules())
@@ -193,19 +195,6 @@ class UnweightHfQuantizer(HfQuantizer):
     @property
     def is_compileable(self) -> bool:
         return True
-
-
-def env_verify(default: bool) -> bool:
-    """The decode-and-checksum pass at load: on unless UNWEIGHT_VERIFY=0 (structure and raw
-    tensors' checksums are always checked)."""
-    v = os.environ.get("UNWEIGHT_VERIFY")
-    return default if v is None else v not in ("0", "false", "no")
-
-
-def env_verify_where() -> str:
-    """Where the pass runs: "held" (the default: each weight once placed, on its device) or
-    "host" (UNWEIGHT_VERIFY=host: the CPU codec over the checkpoint files, before placing)."""
-    return "host" if os.environ.get("UNWEIGHT_VERIFY", "").lower() == "host" else "held"
 
 
 def register() -> bool:

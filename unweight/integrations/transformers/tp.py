@@ -45,8 +45,8 @@ import torch.nn as nn
 
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
-from ...codec.shard_check import check_shard_records, shard_record
-from ...codec.verify import check_index, decode_verified
+from ...codec.shard_check import check_shard_records, decode_record
+from ...codec.verify import decode_verified
 from ...format.checkpoint import CompressedCheckpoint
 from ...format.errors import InputError
 from ...runtime.convert import prefixed_names
@@ -243,9 +243,7 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
                 tc.check_planes(hs, ps, where)
                 shards[f"{name}.weight"] = (base, rows, cols, h)
                 if verify:
-                    w = tc.decode(hs, ps, where=where, verify=False)
-                    check_index(hs, ps, w, where=where)  # the GPU decoders start chains at it
-                    mine_crcs[base] = shard_record(w, rows=rows, cols=cols)
+                    mine_crcs[base] = decode_record(hs, ps, rows, cols, h.cols, where)[1]
                     sharded_headers[base] = h
             del planes
             ck.release_encoded(base)

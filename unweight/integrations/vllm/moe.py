@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
 import numpy as np
 import torch
@@ -59,8 +58,7 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import Un
 
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
-from ...codec.shard_check import check_shard_records, shard_record
-from ...codec.verify import check_index
+from ...codec.shard_check import check_shard_records, decode_record
 from ...format import constants as C
 from ...format.errors import FormatError, InputError
 from ...format.header import TensorHeader
@@ -68,7 +66,7 @@ from ...runtime import dispatch, scratch
 from ...runtime import kernel_plan as kp
 from ...runtime.expert_slots import ExpertSlots, routed_forward
 from ...runtime.tuning_table import PALETTE_GEMV_MMA
-from ...runtime.verify import HeldCheck, shard_record_of
+from ...runtime.verify import HeldCheck, shard_record_of, verify_setting
 from ...runtime.modes import sharded_mode
 from .ops import current_policy
 from .common import PLANE_DTYPES, device_piece, gather, log, missing_plane, report_layer, take_shard, tp_info
@@ -220,7 +218,8 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
                               "(a missing safetensors shard, or a --load-format that does not read the "
                               "checkpoint, e.g. dummy)")
         dev = next((p.device for p in layer.parameters(recurse=False)), torch.device("cpu"))
-        verify = os.environ.get("UNWEIGHT_VERIFY", "1") not in ("0", "false", "no")
+        where = verify_setting()
+        verify = where is not None
         first = layer._uw_pieces[(local[0], "w1")]["header"]
         mode = sharded_mode(self.config.mode, first.encoding_name)
         if self.config.mode == "auto" and mode == "huffman" and dev.type == "cuda":
@@ -233,7 +232,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         # On a GPU the pieces are checked as held, decoded and hashed there (runtime/verify.py);
         # palette stacks are then built from the experts decoded there, unless they would take
         # more than a quarter of the free device memory at once.
-        gpu = HeldCheck.on_device(dev) and os.environ.get("UNWEIGHT_VERIFY", "").lower() != "host"
+        gpu = where != "host" and HeldCheck.on_device(dev)
         stacks = self._device_stacks(layer, local, dev, verify) if gpu and mode == "palette" else None
         host_check = verify and (not gpu or (mode == "palette" and stacks is None))
         decoded = self._verify(layer, keep=mode == "palette") if host_check else {}
@@ -398,13 +397,10 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         them), else {}."""
         mine, decoded = {}, {}
         for pc in layer._uw_pieces.values():
-            w = tc.decode(pc["header"], pc["planes"], verify=False, where=pc["name"])
+            w, mine[pc["name"]] = decode_record(pc["header"], pc["planes"], pc["rows"], pc["cols"],
+                                                pc["full_header"].cols, pc["name"])
             if keep:
                 decoded[pc["name"]] = w
-            check_index(pc["header"], pc["planes"], w, where=pc["name"])  # the GPU decoders start chains at it
-            h = pc["full_header"]
-            mine[pc["name"]] = (shard_record(w, rows=pc["rows"]) if tuple(pc["cols"]) == (0, h.cols)
-                                else shard_record(w, cols=pc["cols"]))
         self._check_group(layer, mine)
         return decoded
 

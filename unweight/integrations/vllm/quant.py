@@ -50,8 +50,8 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
-from ...codec.shard_check import check_shard_records, shard_record
-from ...codec.verify import check_index, check_raw, check_records
+from ...codec.shard_check import check_shard_records, decode_record
+from ...codec.verify import check_raw, check_records
 from ...format import constants as C
 from ...format.checkpoint import CompressedCheckpoint
 from ...format.errors import FormatError, InputError
@@ -62,7 +62,7 @@ from ...runtime.modes import check_mode, check_plane_order, sharded_mode
 from ...runtime.policy import DispatchPolicy
 from ...runtime.siblings import stack_gain, stack_weights
 from ...runtime.tuning_table import load_table
-from ...runtime.verify import HeldCheck, held_shard_record, shard_record_of
+from ...runtime.verify import HeldCheck, held_shard_record, shard_record_of, verify_setting
 from ...runtime.weights import hold_paired, hold_row_index
 from . import ops as uvops
 from .common import (PLANE_DTYPES, device_piece, gather, hold_tiled, log, missing_plane, report_layer, take_shard,
@@ -410,12 +410,13 @@ class _UnweightMethodBase(QuantizeMethodBase):
                               "(a missing safetensors shard, or a --load-format that does not read the "
                               "checkpoint, e.g. dummy)")
         dev = next((p.device for p in layer.parameters(recurse=False)), torch.device("cpu"))
-        verify = os.environ.get("UNWEIGHT_VERIFY", "1") not in ("0", "false", "no")
+        where = verify_setting()
+        verify = where is not None
         mode = sharded_mode(self.config.mode, layer._uw_pieces[self.shard_ids[0]]["header"].encoding_name)
         # On a GPU each piece is checked as held (runtime/verify.py): decoded there by the decoder
         # a forward runs and hashed there, the records then gathered as the host's are; a dense
         # layer's pieces by the rows of the weight decoded below.  Elsewhere: the host codec.
-        on_device = verify and HeldCheck.on_device(dev) and os.environ.get("UNWEIGHT_VERIFY", "").lower() != "host"
+        on_device = where == "held" and HeldCheck.on_device(dev)
         if on_device and mode != "dense":
             scratch.reserve(dev, layer._uw_out_rows * layer._uw_cols)
         weights, report, dense_checks = [], [], []
@@ -506,11 +507,8 @@ class _UnweightMethodBase(QuantizeMethodBase):
     def _verify_piece(self, layer, pc):
         """Decode this rank's shard once on the host and check the TP group's shards against the
         stored crc32."""
-        hs, ps, h = pc["header"], pc["planes"], pc["full_header"]
-        w = tc.decode(hs, ps, verify=False, where=pc["name"])
-        check_index(hs, ps, w, where=pc["name"])  # the GPU decoders start chains at it
-        (r0, r1), (c0, c1) = pc["rows"], pc["cols"]
-        mine = shard_record(w, rows=(r0, r1)) if (c0, c1) == (0, h.cols) else shard_record(w, cols=(c0, c1))
+        h = pc["full_header"]
+        _, mine = decode_record(pc["header"], pc["planes"], pc["rows"], pc["cols"], h.cols, pc["name"])
         check_shard_records(gather(layer, mine), h, pc["name"])
 
     def _planes(self, layer) -> list:
