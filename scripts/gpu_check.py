@@ -678,19 +678,31 @@ def group_decode(rec, device):
         rec.check(f"checkpoint index built on the device ({'a stack of 3x96x520' if stack else '300x1090'}) vs host "
                   "codec", device_index, stack)
 
+    def crc_kernel():
+        # The kernel itself on a GPU (ops.crc32_ranges hashes on the host where the kernel fails
+        # its self-test); the op's CPU kernel for the dry run's CPU pass.
+        from unweight import ops
+        from unweight.ops import checksum
+        return checksum.kernel_crc32_ranges if torch.device(device).type == "cuda" else ops.crc32_ranges
+
     def device_crc(nbytes, offset):
         # The load check's hash (ops.crc32_ranges): zlib's crc32 of ranges of any length and start.
         import zlib
 
-        from unweight import ops
         host = np.random.default_rng(nbytes).integers(0, 256, size=offset + 3 * nbytes, dtype=np.uint8)
-        got = ops.crc32_ranges(torch.from_numpy(host).to(device)[offset:], 3)
+        got = crc_kernel()(torch.from_numpy(host).to(device)[offset:], 3)
         got = [int(c) for c in got.view(torch.int32).cpu().numpy().view(np.uint32)]
         want = [zlib.crc32(host[offset + r * nbytes:offset + (r + 1) * nbytes].tobytes()) for r in range(3)]
         return {"passed": got == want, "bytes": nbytes, "offset": offset}
     for nbytes, offset in ((1, 0), (4097, 7), (3 * 32768 + 5, 3), ((64 << 20) + 9, 1)):
         rec.check(f"crc32 of 3 ranges of {nbytes} bytes from byte {offset} on the device vs zlib", device_crc,
                   nbytes, offset)
+
+    def crc_self_test():
+        # What every load asks before hashing on the device (ops.checksum.kernel_ok).
+        from unweight.ops import checksum
+        return {"passed": bool(checksum.self_test(torch.device(device), crc_kernel()))}
+    rec.check("crc32 kernel self-test (the loaders' gate to hashing on the device)", crc_self_test)
 
     def held_check():
         # runtime/verify.py on the device: a held palette and huffman weight pass, a flipped bit fails.

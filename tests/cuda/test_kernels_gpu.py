@@ -714,23 +714,29 @@ def test_wgmma_palette_gemm_is_accurate_and_repeatable(M, NK):
 @pytest.mark.parametrize("offset", [0, 1, 7, 16])
 @pytest.mark.parametrize("nbytes", [1, 17, 512, 4097, kp.CRC_PIECE_BYTES + 3, (1 << 22) + 5])
 def test_crc32_ranges_give_zlibs_crc32(offset, nbytes):
+    """The kernel itself (ops.crc32_ranges would hash on the host were its self-test to fail)."""
     import zlib
 
-    from unweight import ops
+    from unweight.ops import checksum
     ranges = 3
     host = np.random.default_rng(nbytes + offset).integers(0, 256, size=offset + nbytes * ranges, dtype=np.uint8)
     dev = torch.from_numpy(host).cuda()[offset:]  # a view that starts off a 16-byte word
-    got = ops.crc32_ranges(dev, ranges).view(torch.int32).cpu().numpy().view(np.uint32)
+    got = checksum.kernel_crc32_ranges(dev, ranges).view(torch.int32).cpu().numpy().view(np.uint32)
     want = [zlib.crc32(host[offset + r * nbytes:offset + (r + 1) * nbytes].tobytes()) for r in range(ranges)]
     assert [int(c) for c in got] == want
+
+
+def test_crc32_kernel_passes_its_self_test():
+    from unweight.ops import checksum
+    assert checksum.self_test(torch.device("cuda")) and checksum.kernel_ok(torch.device("cuda"))
 
 
 def test_crc32_of_every_row_of_a_large_matrix():
     import zlib
 
-    from unweight import ops
+    from unweight.ops import checksum
     w = bf16_tensor(make_weights(4097, 1029, seed=3), "cuda")
-    got = ops.crc32_ranges(w, 4097).view(torch.int32).cpu().numpy().view(np.uint32)
+    got = checksum.kernel_crc32_ranges(w, 4097).view(torch.int32).cpu().numpy().view(np.uint32)
     assert [int(c) for c in got] == [zlib.crc32(r.tobytes()) for r in bits(w)]
 
 

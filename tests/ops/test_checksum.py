@@ -50,3 +50,39 @@ def test_fake_tensor_shape():
     with FakeTensorMode():
         out = torch.ops.unweight.crc32_ranges(torch.empty(8, 4, dtype=torch.bfloat16), 8)
     assert out.shape == (8,) and out.dtype == torch.uint32
+
+
+def test_self_test_passes_zlibs_crc32_and_fails_any_other():
+    from unweight.ops import checksum
+    assert checksum.self_test(torch.device("cpu"), ops.crc32_ranges)
+
+    def one_off(data, ranges):  # right everywhere but one range of one call
+        out = ops.crc32_ranges(data, ranges)
+        if ranges == 8:
+            out.view(torch.int32)[5] ^= 1 << 31
+        return out
+    assert not checksum.self_test(torch.device("cpu"), one_off)
+
+
+@pytest.mark.parametrize("kernel_right", [True, False])
+def test_a_device_whose_kernel_fails_its_self_test_hashes_on_the_host(monkeypatch, caplog, kernel_right):
+    """The CUDA registration's choice, taken on CPU tensors: the device kernel where its
+    self-test passed, else the host's zlib-equal crc32 with one warning per device; the
+    checksums are right either way."""
+    from unweight.ops import checksum
+    calls = []
+
+    def kernel(data, ranges):
+        calls.append(ranges)
+        out = ops.crc32_ranges(data, ranges)
+        return out if kernel_right else out ^ 1
+    monkeypatch.setattr(checksum, "kernel_crc32_ranges", kernel)
+    monkeypatch.setattr(checksum, "_KERNEL_OK", {})
+    t = torch.arange(4096, dtype=torch.int16)
+    want = _crcs(ops.crc32_ranges(t, 4))
+    for _ in range(2):
+        assert _crcs(checksum._crc32_ranges_cuda(t, 4)) == want
+    assert checksum.kernel_ok(torch.device("cpu")) is kernel_right
+    assert calls == [r for _, _, r in checksum._SELF_TEST] + ([4, 4] if kernel_right else [])
+    warned = [r for r in caplog.records if "self-test" in r.getMessage()]
+    assert len(warned) == (0 if kernel_right else 1)

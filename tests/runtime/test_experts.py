@@ -399,10 +399,13 @@ def test_paired_palette_order_holds_the_same_experts_and_gives_back_the_stored_b
     stored = {k: v.clone() for k, v in holder.state_dict().items()}
     can = [p for p in st.planes() if ops.paired_palette([int(b) for b in p.header.palette[: p.header.pal_size]])]
     assert can  # the writer's order does not pair
+    before = [{s: a.copy() for s, a in p.host_planes().items()} for p in st.planes()]
     assert ex.hold_paired(st, True) == len(can) and ex.hold_paired(st, True) == len(can)
     assert all(ops.palette_pairs(p.weight(0 if p.header.stack else None).palette) for p in can)
     held = dict(holder.named_buffers())  # what the kernels read
     assert any(not torch.equal(t, stored[k]) for k, t in held.items() if k.endswith(C.SUFFIX_IDX))
+    for p, b in zip(st.planes(), before):  # the CPU codec reads them as stored (load check, transcode)
+        assert all(np.array_equal(a, b[s]) for s, a in p.host_planes().items())
     for e in range(E):
         assert torch.equal(st[e].view(torch.uint16), want[e])
     assert all(torch.equal(v, stored[k]) for k, v in holder.state_dict().items())

@@ -11,7 +11,7 @@ import torch
 
 import unweight
 from unweight.format.checkpoint import CompressedCheckpoint
-from unweight.format.errors import ChecksumError, FormatError
+from unweight.format.errors import ChecksumError, DeviceFaultError, FormatError
 from unweight.runtime import prepare as prep
 from unweight.runtime import verify as rv
 from unweight.runtime.modules import compressed_modules
@@ -170,3 +170,41 @@ def test_a_ranks_record_from_its_device_is_the_hosts(block):
         assert rv.held_shard_record(w, rows, cols, 40) == want
         records.append(want)
     assert check_shard_records(records, header, "w") is not False
+
+
+def _faulty(real, at: int = 0):
+    """A decode that gives the real one's bytes with one bit flipped (a device kernel fault)."""
+    def decode(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.view(torch.int16).view(-1)[at] ^= 1
+        return out
+    return decode
+
+
+@pytest.mark.parametrize("enc", ["huffman", "palette"])
+def test_a_device_decode_fault_is_told_from_a_corrupt_checkpoint(llama_ck, monkeypatch, enc):
+    """A GPU's decode that differs from the CPU codec's on intact planes is a DeviceFaultError
+    naming the tensor, the device and the decoder; its planes are not called corrupt."""
+    monkeypatch.setattr(rv.HeldCheck, "on_device", staticmethod(lambda device: True))
+    monkeypatch.setattr(rv, "_decode_held", _faulty(rv._decode_held, at=7))
+    with pytest.raises(DeviceFaultError) as e:
+        unweight.load(llama_ck[1][enc], device="cpu", mode=enc)
+    msg = str(e.value)
+    assert "model.safetensors" in msg and "cpu" in msg and "\n" not in msg
+    assert f"{'ring' if enc == 'huffman' else 'wide'} decoder" in msg and "not a corrupt checkpoint" in msg
+    assert not isinstance(e.value, FormatError)
+
+
+def test_corrupt_planes_stay_a_checksum_error_when_a_device_decodes_them(llama_ck, monkeypatch):
+    """The CPU codec's second decode of held planes that changed names them as corrupt."""
+    monkeypatch.setattr(rv.HeldCheck, "on_device", staticmethod(lambda device: True))
+    m = unweight.load(llama_ck[1]["palette"], device="cpu", mode="palette", verify=False)
+    name, q = next((n, x) for n, x in compressed_modules(m) if n.endswith("layers.0.mlp.gate_proj"))
+    _flip_held(q)
+    check = rv.HeldCheck()
+    for n, x in compressed_modules(m):
+        if not x.is_tied:
+            check.module(f"{n}.weight", x)
+    with pytest.raises(ChecksumError, match="gate_proj") as e:
+        check.finish()
+    assert not isinstance(e.value, DeviceFaultError)

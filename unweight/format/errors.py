@@ -25,6 +25,10 @@ class ChecksumError(FormatError):
     """Decoded bytes do not match the checksum stored at compress time."""
 
 
+class DeviceFaultError(UnweightError):
+    """A device kernel's output differs from the CPU codec's decode of the same intact planes."""
+
+
 class InputError(UnweightError):
     """Bad arguments or source: missing paths, foreign files, unsupported inputs."""
 

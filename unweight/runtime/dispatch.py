@@ -80,6 +80,13 @@ def decoder_variant(w: EncodedWeight | TensorHeader, device: torch.device, polic
     return _DECODERS[w.encoding_name] or (policy.decoder(w, device) if policy is not None else 0)
 
 
+def decoder_name(w: EncodedWeight | TensorHeader, device: torch.device, policy: DispatchPolicy | None) -> str:
+    """The name (kernel_plan.HUFF_VARIANTS / PAL_VARIANTS) of the decoder decoder_variant picks."""
+    huff = w.encoding_name == "huffman"
+    v = decoder_variant(w, device, policy) or (kp.HUFF_DEFAULT_VARIANT if huff else kp.PAL_DEFAULT_VARIANT)
+    return next((n for n, x in (kp.HUFF_VARIANTS if huff else kp.PAL_VARIANTS).items() if x == v), str(v))
+
+
 def _decode_piece(w: EncodedWeight, out: Tensor, err: Tensor, policy: DispatchPolicy | None) -> None:
     v = decoder_variant(w, out.device, policy)
     if w.is_huffman:

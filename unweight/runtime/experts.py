@@ -225,8 +225,12 @@ class _Planes:
         return {suf: self.plane(suf) for suf in self.suffixes}
 
     def host_planes(self) -> dict:
-        """{suffix: NumPy array} of the planes as held, on the host (copied from a device)."""
-        return {suf: t.detach().cpu().numpy() for suf, t in self.planes().items()}
+        """{suffix: NumPy array} of the planes as stored (a paired palette's index put back),
+        on the host (copied from a device)."""
+        planes, cur = self.planes(), self.paired()
+        if cur is not None:
+            planes = {**planes, C.SUFFIX_IDX: ops_layout.stored_index(planes[C.SUFFIX_IDX], cur[1])}
+        return {suf: t.detach().cpu().numpy() for suf, t in planes.items()}
 
     @property
     def device(self) -> torch.device:

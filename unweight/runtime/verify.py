@@ -16,9 +16,16 @@ forward reads it:
 
 The GPU side copies nothing back to the host but the crcs, and no CPU decodes a GPU's weights:
 the check costs one decode and one hash per weight at device speed, where a host pass before
-the load costs a CPU decode of the whole checkpoint.  One host sync per check; a mismatch is
-one ChecksumError line naming the tensor, and a corrupt plane the decoders counted is a
-FormatError naming the device.
+the load costs a CPU decode of the whole checkpoint.  One host sync per check; a corrupt plane
+the decoders counted is a FormatError naming the device.
+
+A weight held on a GPU that does not match its crc32 is then decoded from the planes it holds
+by the CPU codec, so that the one-line error says which side is wrong: a ChecksumError naming
+the tensor and its file where the planes themselves are corrupt, a DeviceFaultError naming the
+tensor, the device and its decoder where they decode to the checkpoint's weight on the CPU (a
+device kernel fault: such a model must not load either, since its forwards run that device's
+kernels).  The hash itself cannot be the faulty side: ops.crc32_ranges self-tests its kernel
+on each device against zlib and hashes on the host where that fails.
 
 Under tensor parallelism a rank holds a block of a tensor, whose crc32 no header stores: the
 block makes a codec.shard_check record instead (HeldCheck's shards; held_shard_record and
@@ -37,7 +44,7 @@ from .. import ops
 from ..codec.crc import combine_row_shard_crcs
 from ..codec.shard_check import decode_record
 from ..codec.verify import decode_verified
-from ..format.errors import ChecksumError, FormatError
+from ..format.errors import ChecksumError, DeviceFaultError, FormatError
 from ..format.header import TensorHeader
 from . import dispatch, scratch
 
@@ -102,7 +109,9 @@ class HeldCheck:
         self.group_check = group_check
         self._records, self._record_headers = {}, {}
         self.checked = 0  # checkpoint tensors checked
-        self._pending = []  # (where, stored crc32, uint32 [n] crcs of consecutive pieces, bytes of each)
+        # (where, stored crc32, uint32 [n] crcs of consecutive pieces, bytes of each, diagnose):
+        # diagnose() runs on a mismatch (see _fault); None where nothing is left to decode again.
+        self._pending = []
         self._devices = {}  # device -> its error counter before the first decode queued here
 
     @staticmethod
@@ -118,9 +127,23 @@ class HeldCheck:
         if device not in self._devices:
             self._devices[device] = scratch.device_errors(device)
 
-    def _add(self, where: str, crc: int, crcs: Tensor, nbytes: list) -> None:
-        self._pending.append((self._where(where), int(crc), crcs, nbytes))
+    def _add(self, where: str, crc: int, crcs: Tensor, nbytes: list, diagnose=None) -> None:
+        self._pending.append((self._where(where), int(crc), crcs, nbytes, diagnose))
         self.checked += 1
+
+    def _fault(self, where: str, h: TensorHeader, host_planes, device: torch.device, decoder: str = ""):
+        """diagnose() of a weight decoded on `device` from planes it still holds: the CPU codec
+        decodes them (host_planes(): {suffix: array} as stored) and raises the codec's
+        ChecksumError / FormatError, naming the tensor and file, where they are corrupt; else
+        returns the DeviceFaultError to raise."""
+        def diagnose():
+            at = self._where(where)
+            decode_verified(h, host_planes(), where=at, keep=False)
+            by = f" by its {decoder} decoder" if decoder else ""
+            return DeviceFaultError(f"{at}: decoded on {device}{by} the weight does not match its crc32, while the "
+                                    "CPU codec decodes the planes held there to it: a fault of that device's kernels, "
+                                    "not a corrupt checkpoint")
+        return diagnose
 
     def _record(self, shard: tuple, record: tuple) -> None:
         base, _, _, full = shard
@@ -156,7 +179,9 @@ class HeldCheck:
             return
         w = m.encoded()
         self._device(m.device)
-        self._add(where, h.crc32, ops.crc32_ranges(_decode_held(w, self.policy), 1), [w.rows * w.cols * 2])
+        self._add(where, h.crc32, ops.crc32_ranges(_decode_held(w, self.policy), 1), [w.rows * w.cols * 2],
+                  self._fault(where, h, m.owner().host_planes, m.device,
+                              dispatch.decoder_name(w, m.device, self.policy)))
 
     def dense(self, where: str, h: TensorHeader, weight: Tensor) -> None:
         """A weight decoded to a dense bf16 tensor at load (its bytes hashed where they are)."""
@@ -175,9 +200,11 @@ class HeldCheck:
         its experts' headers (read before a dense conversion drops the planes)."""
         return [[p.header for p in src] if isinstance(src, list) else src.header for src in st.sources]
 
-    def _stack_crcs(self, where: str, headers: list, rows_of_expert, n_experts: int, cols: int) -> None:
+    def _stack_crcs(self, where: str, headers: list, rows_of_expert, n_experts: int, cols: int,
+                    sources: list | None = None, device: torch.device | None = None) -> None:
         """rows_of_expert(e): expert e as a bf16 [rows, cols] tensor on the device, its pieces'
-        rows in order; each piece's rows hashed, compared per stored tensor."""
+        rows in order; each piece's rows hashed, compared per stored tensor.  sources: the
+        stack's (ExpertStack.sources, whose planes a mismatch is decoded from on the CPU)."""
         crcs = [[] for _ in headers]
         for e in range(n_experts):
             w = rows_of_expert(e)
@@ -186,12 +213,19 @@ class HeldCheck:
                 n = (h[e] if isinstance(h, list) else h).rows
                 crcs[k].append(ops.crc32_ranges(w[r0:r0 + n], 1))
                 r0 += n
+        def diagnose(name, p):
+            return self._fault(name, p.header, p.host_planes, device) if sources is not None else None
         for k, h in enumerate(headers):
             if isinstance(h, list):
                 for e, he in enumerate(h):
-                    self._add(piece_key(where, k, e), he.crc32, crcs[k][e], [he.rows * cols * 2])
+                    name = piece_key(where, k, e)
+                    self._add(name, he.crc32, crcs[k][e], [he.rows * cols * 2],
+                              diagnose(name, sources[k][e] if sources is not None else None))
             else:
-                self._add(where, h.crc32, torch.cat(crcs[k]), [h.rows * cols * 2] * n_experts)
+                # (joined through int32 views: torch's CUDA uint32 support is partial)
+                joined = torch.cat([c.view(torch.int32) for c in crcs[k]]).view(torch.uint32)
+                self._add(where, h.crc32, joined, [h.rows * cols * 2] * n_experts,
+                          diagnose(where, sources[k] if sources is not None else None))
 
     def stack(self, where: str, st) -> None:
         """A compressed ExpertStack as held, after its mode was applied."""
@@ -205,7 +239,8 @@ class HeldCheck:
         n = st.rows * st.cols
         self._device(st.device)
         buf = scratch.weights(st.device, n)[:n]
-        self._stack_crcs(where, self.stack_headers(st), lambda e: st.decode_expert(e, buf), st.num_experts, st.cols)
+        self._stack_crcs(where, self.stack_headers(st), lambda e: st.decode_expert(e, buf), st.num_experts, st.cols,
+                         st.sources, st.device)
 
     def dense_stack(self, where: str, headers: list, param: Tensor) -> None:
         """A stack decoded to a dense [E, rows, cols] parameter at load (headers: stack_headers
@@ -220,10 +255,11 @@ class HeldCheck:
         """Wait for the queued device work (one copy of the crcs per device), hand the
         tensor-parallel records to group_check (before raising anything of this rank's own, so
         no other rank waits in the gather for it), then raise ChecksumError at the first weight
-        whose bytes differ from its stored crc32, and FormatError where a decoder counted
-        corrupt data; returns the number of checkpoint tensors checked."""
+        whose bytes differ from its stored crc32 (or, where the CPU codec decodes the planes
+        the device holds to the stored weight, DeviceFaultError), and FormatError where a
+        decoder counted corrupt data; returns the number of checkpoint tensors checked."""
         by_dev: dict = {}
-        for j, (_, _, c, _) in enumerate(self._pending):
+        for j, (_, _, c, _, _) in enumerate(self._pending):
             by_dev.setdefault(c.device, []).append(j)
         got = [None] * len(self._pending)
         for js in by_dev.values():
@@ -232,12 +268,13 @@ class HeldCheck:
             for j in js:
                 n = self._pending[j][2].numel()
                 got[j], i = host[i:i + n], i + n
-        bad = None
-        for (where, want, c, nbytes), g in zip(self._pending, got):
+        bad = diagnose = None
+        for (where, want, c, nbytes, diag), g in zip(self._pending, got):
             crc = int(g[0]) if len(g) == 1 else int(combine_row_shard_crcs(g, nbytes))
             if crc != want:
                 bad = ChecksumError(f"{where}: the weight held on {c.device} does not match its crc32 "
                                     f"(0x{crc:08x}, stored 0x{want:08x}): the checkpoint or the load is corrupt")
+                diagnose = diag
                 break
         found = {dev: scratch.device_errors(dev) - before for dev, before in self._devices.items()}
         records, headers = self._records, self._record_headers
@@ -248,7 +285,7 @@ class HeldCheck:
                 raise ValueError("HeldCheck: tensor-parallel records without a group_check")
             self.group_check(records, headers)
         if bad is not None:
-            raise bad
+            raise (diagnose() if diagnose is not None else None) or bad
         for dev, k in sorted(found.items(), key=lambda kv: str(kv[0])):
             if k:
                 raise FormatError(f"load check: {k} corrupt segment(s) or block(s) found by the decoders on "

@@ -330,3 +330,32 @@ def test_an_expert_changed_after_placing_is_named(moe, kind, mode, on_device, mo
         run()
         check.finish()
     assert want in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "llama4_text"])
+def test_a_device_fault_in_an_experts_decode_is_not_called_a_corrupt_checkpoint(moe, kind, monkeypatch):
+    """An expert decoded on a GPU to other bytes than the CPU codec gives from the same intact
+    planes (held in paired palette order, as on CUDA) fails the check as a DeviceFaultError."""
+    from unweight.format.errors import DeviceFaultError, FormatError
+    from unweight.runtime import verify as rv
+    monkeypatch.setattr(rv.HeldCheck, "on_device", staticmethod(lambda device: True))
+    _, cks, _ = moe[kind]
+    m = unweight.load(cks["palette"], device="cpu", mode="palette", verify=False)
+    name, _, _, st = ex.expert_stacks(m)[0]
+    assert ex.hold_paired(st, True)
+    real = ex.ExpertStack.decode_expert
+
+    def decode_expert(self, e, out):
+        w = real(self, e, out)
+        if e == self.num_experts - 1:
+            w.view(torch.int16)[-1, -1] ^= 1  # the last piece's last row
+        return w
+
+    monkeypatch.setattr(ex.ExpertStack, "decode_expert", decode_expert)
+    check = rv.HeldCheck()
+    check.stack(name, st)
+    with pytest.raises(DeviceFaultError) as e:
+        check.finish()
+    per_expert = isinstance(st.sources[-1], list)
+    want = rv.piece_key(name, len(st.sources) - 1, st.num_experts - 1) if per_expert else name
+    assert want in str(e.value) and "\n" not in str(e.value) and not isinstance(e.value, FormatError)
