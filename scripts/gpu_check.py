@@ -1064,6 +1064,19 @@ def group_fused(rec, device):
     for enc_name in paths:
         rec.check(f"fused {enc_name} captured in a CUDA graph replays bitwise", graph_capture, enc_name)
 
+    def loader_selftest():
+        # What every GPU load runs before a forward (runtime/selftest.py): each fused path the
+        # shipped table picks on this GPU against float64; a failure takes that path out there.
+        if device != "cuda":
+            return {"skipped": True, "why": "the table's paths are measured on GPUs (CPU: tests/runtime)"}
+        from unweight.runtime import policy as policies
+        from unweight.runtime import selftest
+        res = selftest.check_fused_paths(policies.measured(), device)
+        failed = [f"{p}{' tiled' if t else ''} M={m}: {r.get('error') or r['max_err']}"
+                  for (p, t, m), r in res.items() if not r["passed"]]
+        return {"checked": len(res), "failed": failed, "passed": not failed}
+    rec.check("the loaders' self-test of the fused paths the table picks on this GPU", loader_selftest)
+
     def errors_zero():
         from unweight.runtime import scratch
         n = int(err.item()) + (scratch.device_errors(device) if device == "cuda" else 0)

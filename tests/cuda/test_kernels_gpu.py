@@ -726,6 +726,15 @@ def test_crc32_ranges_give_zlibs_crc32(offset, nbytes):
     assert [int(c) for c in got] == want
 
 
+def test_the_loaders_self_test_passes_every_fused_path_the_table_picks_here():
+    """runtime/selftest.py on the real kernels: no path the shipped table picks on this GPU is
+    taken out (a run on a GPU the table never measured checks nothing)."""
+    from unweight.runtime import policy as policies
+    from unweight.runtime import selftest
+    res = selftest.check_fused_paths(policies.measured(), torch.device("cuda"))
+    assert [k for k, r in res.items() if not r["passed"]] == []
+
+
 def test_crc32_kernel_passes_its_self_test():
     from unweight.ops import checksum
     assert checksum.self_test(torch.device("cuda")) and checksum.kernel_ok(torch.device("cuda"))

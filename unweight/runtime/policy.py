@@ -21,7 +21,7 @@ from . import kernel_plan as kp
 from .tuning_table import (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMM_WG,
                            PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA,
                            PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH, PALETTE_GEMV_MMA_BULK,
-                           PALETTE_GEMV_MMA_QUEUE, GEMV_PATHS, TuningTable, bucket, load_table, split_key,
+                           PALETTE_GEMV_MMA_QUEUE, GEMV_PATHS, TILED, TuningTable, bucket, load_table, split_key,
                            table_encoding)
 from .weights import EncodedWeight
 
@@ -45,6 +45,36 @@ class DispatchPolicy:
         self._refused: set = set()
         self._decoders: dict[tuple, int] = {}
         self._reported: set = set()  # (device name, N, K) of unmeasured shapes already named
+        self._fused_checked: set = set()  # devices whose fused paths runtime/selftest.py checked
+        self._faulty: set = set()  # (device, path, tiled) that failed that check: never run
+
+    @staticmethod
+    def _dev(device) -> tuple:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            return device.type, torch.cuda.current_device()
+        return device.type, device.index
+
+    def fused_checked(self, device) -> bool:
+        """Whether runtime/selftest.py checked this policy's fused paths on `device`."""
+        return self._dev(device) in self._fused_checked
+
+    def mark_fused_checked(self, device) -> None:
+        self._fused_checked.add(self._dev(device))
+
+    def mark_faulty(self, device, path: str, tiled: bool, why: str) -> None:
+        """Never run `path` on weights held in that plane order on `device` (its self-test
+        failed: runtime/selftest.py); one warning."""
+        self._faulty.add((self._dev(device), path, bool(tiled)))
+        order = "tile-major" if tiled else "file-order"
+        msg = (f"unweight: the fused kernel {path} gave wrong results on {torch.device(device)} for {order} planes "
+               f"({why}); layers it would run there take decode + cuBLAS, the BF16 model's results")
+        warnings.warn(msg, stacklevel=2)
+        log.warning(msg)
+
+    def faulty(self, device, path: str, tiled: bool) -> bool:
+        """Whether `path` failed its self-test on `device` for that plane order (mark_faulty)."""
+        return bool(self._faulty) and (self._dev(device), path, bool(tiled)) in self._faulty
 
     def device_name(self, device: torch.device) -> str:
         """torch.cuda.get_device_name of a CUDA device (cached per index: the table's key)."""
@@ -68,7 +98,8 @@ class DispatchPolicy:
         key = self._key(w, M, device)
         if key in self._refused:
             return DECODE_CUBLAS
-        return self.table.lookup(*key[:4], M)
+        path = self.table.lookup(*key[:4], M)
+        return DECODE_CUBLAS if self.faulty(device, path, w.tiled) else path
 
     def unmeasured(self, w: EncodedWeight, device) -> bool:
         """Whether a palette weight the fused kernels could take has no measurement for its
@@ -104,7 +135,7 @@ class DispatchPolicy:
         palette [N, K] weight at batch M on `device` (for callers composing the kernel into
         something else than a linear, e.g. a MoE layer's routed experts)."""
         device = torch.device(device)
-        if self.table is None or not self.table.entries or device.type != "cuda":
+        if self.table is None or not self.table.entries or device.type != "cuda" or self.faulty(device, path, False):
             return False
         return self.table.faster(self.device_name(device), N, K, "palette", M, path)
 
@@ -120,7 +151,8 @@ class DispatchPolicy:
             return None
         name, enc, b, N = self.device_name(device), table_encoding("palette", tiled), bucket(M), sum(rows)
         stacked = self.table.best_ms(name, N, K, enc, b)
-        if stacked is None or self.table.lookup(name, N, K, enc, M) == DECODE_CUBLAS:
+        path = self.table.lookup(name, N, K, enc, M)
+        if stacked is None or path == DECODE_CUBLAS or self.faulty(device, path, tiled):
             return None
         base = self.table.best_ms(name, N, K, enc, b, DECODE_CUBLAS)
         if base is None:
@@ -188,7 +220,8 @@ class DispatchPolicy:
         name = self.device_name(device)
         for key, e in self.table.entries.items():
             dev, n, k, enc, _bucket = split_key(key)
-            if dev == name and self.table.lookup(dev, n, k, enc, int(e.get("M", 1))) != DECODE_CUBLAS:
+            path = self.table.lookup(dev, n, k, enc, int(e.get("M", 1)))
+            if dev == name and path != DECODE_CUBLAS and not self.faulty(device, path, enc.endswith(TILED)):
                 return True
         return False
 

@@ -42,7 +42,7 @@ import torch.nn as nn
 from .. import ops
 from ..codec import tensor_codec as tc
 from ..format import constants as C
-from . import dispatch, experts, scratch, siblings
+from . import dispatch, experts, scratch, selftest, siblings
 from . import prefetch as l2
 from . import policy as policies
 from .convert import decode_fallbacks, set_module
@@ -357,6 +357,11 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
         for n, _, _, st in experts.expert_stacks(model):
             check.stack(n, st)
         verified = check.finish()
+    # The fused kernels the policy may run on each GPU, checked there before any forward (and
+    # before stacking siblings, whose gain counts only paths that passed).
+    for d in need:
+        if torch.device(d).type == "cuda":
+            selftest.check_fused_paths(policy, d)
     stacked = (siblings.merge_siblings(model, "auto" if merge_siblings == "auto" else "always", plane_order)
                if merge_siblings else {"groups": [], "skipped": {}})
     prefetcher = None

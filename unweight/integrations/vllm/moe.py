@@ -68,7 +68,7 @@ from ...runtime.expert_slots import ExpertSlots, routed_forward
 from ...runtime.tuning_table import PALETTE_GEMV_MMA
 from ...runtime.verify import HeldCheck, shard_record_of, verify_setting
 from ...runtime.modes import sharded_mode
-from .ops import current_policy
+from .ops import check_fused, current_policy
 from .common import PLANE_DTYPES, device_piece, gather, log, missing_plane, report_layer, take_shard, tp_info
 
 
@@ -233,6 +233,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         # palette stacks are then built from the experts decoded there, unless they would take
         # more than a quarter of the free device memory at once.
         gpu = where != "host" and HeldCheck.on_device(dev)
+        check_fused(dev)  # before the first forward decides on the routed experts' fused GEMV
         stacks = self._device_stacks(layer, local, dev, verify) if gpu and mode == "palette" else None
         host_check = verify and (not gpu or (mode == "palette" and stacks is None))
         decoded = self._verify(layer, keep=mode == "palette") if host_check else {}

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ...format import constants as C
-from ...runtime import dispatch
+from ...runtime import dispatch, selftest
 from ...runtime.policy import DispatchPolicy
 from ...runtime.weights import EncodedWeight
 
@@ -51,6 +51,14 @@ def set_policy(policy: DispatchPolicy) -> None:
 def current_policy() -> DispatchPolicy | None:
     """The policy set_policy set (None before a load)."""
     return _POLICY.get("p")
+
+
+def check_fused(device: torch.device) -> None:
+    """Check the fused kernels the policy may run on a CUDA `device` there before any forward
+    (runtime/selftest.py: once per device; a path that fails is not used)."""
+    policy = current_policy()
+    if policy is not None and torch.device(device).type == "cuda":
+        selftest.check_fused_paths(policy, device)
 
 
 def piece_meta(w: EncodedWeight) -> list:

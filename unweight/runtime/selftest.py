@@ -1,0 +1,142 @@
+"""Before a model on a GPU may run a fused palette kernel, the kernel is checked on that GPU.
+
+The load check (runtime/verify.py) proves that every weight decodes to the checkpoint's
+bits, but a forward through a fused kernel never writes the weight: a kernel that read its
+planes wrongly on some device would give wrong logits from a model that passed every check.
+The kernels are checked through the warp emulator in CI and by the GPU runbook, yet a user's
+device, driver or build may differ from those.  So the first preparation of a model on a GPU
+(prepare(), vLLM's weight processing) runs each fused path the tuning table can pick there,
+at each batch it would run, on a small weight of its own against the same product in float64,
+and a path that misses the runbook's accuracy bar is not used on that device: its layers run
+decode + cuBLAS, the BF16 model's results, with one warning naming the path.
+
+The weight: [384, 1024] BF16 N(0, 0.02) with about one 32-weight block in 80 holding a far
+exponent (so verbatim blocks, which every fused kernel patches in its own way, are in every
+check), held as the loaders hold a palette weight on a GPU (paired palette order, the
+verbatim row index, tile-major where the table's entry is).  x: [M, 1024] BF16 N(0, 1).  The
+bar (the runbook's, tests/cuda/helpers.py fused_bound): the max error against the float64
+product at most twice cuBLAS BF16's own plus 2^-18 of the largest output, every output
+finite, and two runs bitwise equal.  Cost: two launches and one host sync per (path, plane
+order, batch) the table uses on the device, once per process and policy: tens of ms.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from .. import ops
+from ..codec import tensor_codec as tc
+from ..format import constants as C
+from ..ops import layout as ops_layout
+from . import dispatch
+from .policy import DispatchPolicy
+from .tuning_table import DECODE_CUBLAS, TILED, split_key
+from .weights import EncodedWeight, hold_paired, hold_row_index
+
+log = logging.getLogger(__name__)
+
+SHAPE = (384, 1024)  # rows, cols: whole 16 x 64 tiles, K a multiple of every kernel's step
+_FAR_EVERY = 80  # about one block in this many holds a far exponent (a verbatim block)
+
+
+def _weight_bits() -> np.ndarray:
+    """uint16 [384, 1024]: BF16 N(0, 0.02) with a far exponent in about 1/80 of the blocks."""
+    rng = np.random.default_rng(0x5E1F)
+    w = (rng.standard_normal(SHAPE) * 0.02).astype(np.float32)
+    bits = (w.view(np.uint32) >> 16).astype(np.uint16)  # truncation: any BF16 will do
+    blocks = bits.reshape(SHAPE[0], -1, C.PAL_BLOCK)
+    far = rng.random(blocks.shape[:2]) < 1.0 / _FAR_EVERY
+    # Exponents 60-99 (2^-67..2^-28), each too rare to enter the palette of N(0, 0.02)'s
+    # exponents (~107-122): every such block is a verbatim one.
+    far_exp = rng.integers(60, 100, int(far.sum())).astype(np.uint16)
+    blocks[far, 0] = (blocks[far, 0] & 0x807F) | (far_exp << 7)
+    return bits
+
+
+def _held(bits: np.ndarray, device: torch.device, tiled: bool) -> EncodedWeight:
+    """The palette weight of `bits` on `device` as the GPU loaders hold one."""
+    enc = tc.encode(bits, "palette", threads=1)
+    planes = {s: torch.from_numpy(np.ascontiguousarray(a)).to(device) for s, a in enc.planes.items()}
+    w = EncodedWeight.from_header(enc.header, planes, name="self-test weight")
+    if tiled:
+        w.sm, w.idx = ops_layout.tile_palette_planes(w.sm, w.idx)
+        w.tiled = True
+    return hold_row_index(hold_paired(w))
+
+
+def paths_to_check(policy: DispatchPolicy, device: torch.device) -> list:
+    """[(path, tiled, M)]: every fused path the policy's table can run on `device` (each
+    entry's choice, and any path it timed faster than decode + cuBLAS, which
+    DispatchPolicy.measured_faster may grant), at each entry's batch, without repeats."""
+    name = policy.device_name(device)
+    out = set()
+    for key, e in policy.table.entries.items():
+        dev, n, k, enc, _ = split_key(key)
+        if dev != name or not enc.startswith("palette"):
+            continue
+        M = int(e.get("M", 1))
+        for path in set(e.get("times_ms", {})) | {policy.table.lookup(dev, n, k, enc, M)}:
+            if path != DECODE_CUBLAS and (path == policy.table.lookup(dev, n, k, enc, M)
+                                          or policy.table.faster(dev, n, k, enc, M, path)):
+                out.add((path, enc.endswith(TILED), M))
+    return sorted(out)
+
+
+def _compare(y: torch.Tensor, y2: torch.Tensor, x: torch.Tensor, wt: torch.Tensor) -> dict:
+    """The runbook's bar for a fused product y (bf16 [M, N]) of x [M, K] and wt [N, K]."""
+    ref = x.double() @ wt.double().T
+    e_c = float((x @ wt.T).double().sub(ref).abs().max())
+    err = y.double().sub(ref).abs()
+    finite = bool(torch.isfinite(err).all())
+    e_k = float(err.max()) if finite else float("inf")
+    bound = 2.0 * e_c + 2.0 ** -18 * float(ref.abs().max())
+    same = bool(torch.equal(y.view(torch.int16), y2.view(torch.int16)))
+    return {"max_err": e_k, "bound": bound, "finite": finite, "deterministic": same,
+            "passed": finite and e_k <= bound and same}
+
+
+def check_fused_paths(policy: DispatchPolicy, device, run=None) -> dict:
+    """Check every fused path paths_to_check lists on `device` (once per policy and device) and
+    mark those that miss the bar as faulty there (DispatchPolicy.mark_faulty: their layers take
+    decode + cuBLAS, one warning each).  run(w, x2, path) -> y: the fused product (default
+    dispatch.fused; a stand-in for the tests).  Returns {(path, tiled, M): result} of this
+    call's checks ({} when the device was checked before or nothing can be fused there)."""
+    device = torch.device(device)
+    if policy.table is None or device.type not in ("cuda", "cpu") or policy.fused_checked(device):
+        return {}
+    if device.type == "cuda" and not ops.cuda_kernels_built():
+        return {}
+    todo = paths_to_check(policy, device)
+    policy.mark_fused_checked(device)
+    if not todo:
+        return {}
+    run = run or dispatch.fused
+    bits = _weight_bits()
+    wt = torch.from_numpy(bits.view(np.int16)).to(device).view(torch.bfloat16)
+    held = {}
+    g = torch.Generator().manual_seed(0x5E1F)
+    results = {}
+    for path, tiled, M in todo:
+        if tiled not in held:
+            held[tiled] = _held(bits, device, tiled)
+        x = torch.randn(M, SHAPE[1], generator=g).to(torch.bfloat16).to(device)
+        try:
+            y, y2 = run(held[tiled], x, path), run(held[tiled], x, path)
+        except ValueError:  # the kernel refuses this batch or shape: the forward refuses it too
+            continue
+        except RuntimeError as e:
+            r = {"passed": False, "error": str(e).splitlines()[0] if str(e) else type(e).__name__}
+        else:
+            r = _compare(y, y2, x, wt)
+        results[(path, tiled, M)] = r
+        if not r["passed"]:
+            why = r.get("error") or (f"max error {r['max_err']:.3g} against a bound of {r['bound']:.3g}"
+                                     + ("" if r["deterministic"] else ", two runs differ"))
+            policy.mark_faulty(device, path, tiled, f"{why} at batch {M} on its self-test weight")
+    if results:
+        bad = sum(not r["passed"] for r in results.values())
+        log.info("unweight: fused kernels checked on %s: %d (path, plane order, batch) checks, %d failed",
+                 policy.device_name(device), len(results), bad)
+    return results
