@@ -1074,8 +1074,11 @@ def group_fused(rec, device):
         res = selftest.check_fused_paths(policies.measured(), device)
         failed = [f"{p}{' tiled' if t else ''} M={m}: {r.get('error') or r['max_err']}"
                   for (p, t, m), r in res.items() if not r["passed"]]
-        return {"checked": len(res), "failed": failed, "passed": not failed}
-    rec.check("the loaders' self-test of the fused paths the table picks on this GPU", loader_selftest)
+        gathers = selftest.check_gather(device, again=True)
+        failed += [f"{enc} row gather" for enc, ok in gathers.items() if not ok]
+        return {"checked": len(res), "gathers": gathers, "failed": failed, "passed": not failed and len(gathers) == 2}
+    rec.check("the loaders' self-test of the fused paths the table picks on this GPU and of the row gathers",
+              loader_selftest)
 
     def errors_zero():
         from unweight.runtime import scratch

@@ -735,6 +735,12 @@ def test_the_loaders_self_test_passes_every_fused_path_the_table_picks_here():
     assert [k for k, r in res.items() if not r["passed"]] == []
 
 
+def test_the_loaders_self_test_passes_the_row_gathers():
+    from unweight.runtime import dispatch, selftest
+    assert selftest.check_gather(torch.device("cuda"), again=True) == {"palette": True, "huffman": True}
+    assert not dispatch.gather_faulty(torch.device("cuda"), "palette")
+
+
 def test_crc32_kernel_passes_its_self_test():
     from unweight.ops import checksum
     assert checksum.self_test(torch.device("cuda")) and checksum.kernel_ok(torch.device("cuda"))

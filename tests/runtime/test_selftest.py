@@ -144,3 +144,36 @@ def test_a_launch_error_marks_the_path_and_a_refusal_skips_it(policy):
 
 def test_no_table_no_check():
     assert selftest.check_fused_paths(DispatchPolicy(None), CPU, run=_right) == {}
+
+
+@pytest.fixture
+def fresh_gather_state(monkeypatch):
+    monkeypatch.setattr(selftest, "_GATHER_CHECKED", set())
+    monkeypatch.setattr(dispatch, "_GATHER_FAULTY", set())
+
+
+def test_row_gathers_pass_once_per_device(fresh_gather_state):
+    assert selftest.check_gather(CPU) == {"palette": True, "huffman": True}
+    assert selftest.check_gather(CPU) == {}
+    assert not dispatch.gather_faulty(CPU, "palette") and not dispatch.gather_faulty(CPU, "huffman")
+
+
+def test_a_wrong_gather_gives_way_to_the_decoded_table(fresh_gather_state):
+    def gather(w, ids):
+        rows = dispatch._gather_piece(w, ids)
+        if w.is_huffman:
+            rows.view(torch.int16)[3, 7] ^= 1 << 7  # one exponent bit of one row
+        return rows
+    with pytest.warns(UserWarning, match="huffman row-gather kernel gave rows other than the weight's"):
+        assert selftest.check_gather(CPU, gather) == {"palette": True, "huffman": False}
+    assert dispatch.gather_faulty(CPU, "huffman") and not dispatch.gather_faulty(CPU, "palette")
+    # The device path with the gather marked faulty: the decoded table's rows, and an id out of
+    # range a zero row counted as one error, as the gather kernels do.
+    bits = selftest._weight_bits()
+    w = selftest._held_huffman(bits, CPU)
+    ids = torch.tensor([[3, 383], [0, 384]])
+    err = dispatch.scratch.error_counter(CPU)
+    before = int(err.item())
+    got = dispatch._embedding_cuda([w], ids, w.rows, w.cols).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(got[0], bits[[3, 383]]) and np.array_equal(got[1, 0], bits[0])
+    assert not got[1, 1].any() and int(err.item()) == before + 1

@@ -283,12 +283,46 @@ def _gather_piece(w: EncodedWeight, ids: Tensor, err: Tensor | None = None) -> T
     return ops.run.gather_rows_palette(ids, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette, err, w.vrow)
 
 
+# (device type, index, encoding name) whose row-gather kernel failed its check on that device
+# (runtime/selftest.py check_gather): its embeddings decode the table there instead.
+_GATHER_FAULTY: set = set()
+
+
+def _gather_key(device: torch.device, encoding: str) -> tuple:
+    index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
+    return device.type, index, encoding
+
+
+def mark_gather_faulty(device, encoding: str) -> None:
+    """Embeddings of `encoding` ("huffman" | "palette") on `device` stop using its row-gather
+    kernel: each forward decodes the table into the scratch and gathers from it (correct, and
+    a table's decode per forward)."""
+    _GATHER_FAULTY.add(_gather_key(torch.device(device), encoding))
+
+
+def gather_faulty(device, encoding: str) -> bool:
+    return bool(_GATHER_FAULTY) and _gather_key(torch.device(device), encoding) in _GATHER_FAULTY
+
+
+def _embedding_decoded(pieces: list, ids: Tensor, out_rows: int, cols: int, err: Tensor) -> Tensor:
+    """The rows from the table decoded into the scratch, with the gather kernels' handling of
+    ids out of range (a zero row, one count each in err)."""
+    table = decode_into(pieces, scratch.weights(ids.device, out_rows * cols), out_rows, cols)
+    flat = ids.reshape(-1).to(torch.int64)
+    bad = (flat < 0) | (flat >= out_rows)
+    err.add_(bad.sum(dtype=torch.int32).view(1))
+    rows = F.embedding(flat.clamp(0, max(out_rows - 1, 0)), table)
+    return torch.where(bad[:, None], torch.zeros_like(rows), rows).view(*ids.shape, cols)
+
+
 def _embedding_cuda(pieces: list, ids: Tensor, out_rows: int, cols: int) -> Tensor:
     """The device path: row-gather kernels that take the ids on the device, so neither the
     table is decoded nor the ids read back (no host sync; CUDA-graph capturable).  An id out of
     range gives a zero row and counts one error in the device's counter, where F.embedding
     would stop the context with a device-side assert."""
     err = scratch.error_counter(ids.device)
+    if _GATHER_FAULTY and any(gather_faulty(ids.device, p.encoding_name) for p in pieces):
+        return _embedding_decoded(pieces, ids, out_rows, cols, err)
     if len(pieces) == 1 and out_rows == pieces[0].rows:
         return _gather_piece(pieces[0], ids, err).view(*ids.shape, cols)
     flat = ids.reshape(-1).to(torch.int64)

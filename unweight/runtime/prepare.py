@@ -357,11 +357,12 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
         for n, _, _, st in experts.expert_stacks(model):
             check.stack(n, st)
         verified = check.finish()
-    # The fused kernels the policy may run on each GPU, checked there before any forward (and
-    # before stacking siblings, whose gain counts only paths that passed).
+    # The fused kernels the policy may run on each GPU and its row gathers, checked there before
+    # any forward (and before stacking siblings, whose gain counts only paths that passed).
     for d in need:
         if torch.device(d).type == "cuda":
             selftest.check_fused_paths(policy, d)
+            selftest.check_gather(d)
     stacked = (siblings.merge_siblings(model, "auto" if merge_siblings == "auto" else "always", plane_order)
                if merge_siblings else {"groups": [], "skipped": {}})
     prefetcher = None

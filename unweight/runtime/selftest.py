@@ -1,4 +1,5 @@
-"""Before a model on a GPU may run a fused palette kernel, the kernel is checked on that GPU.
+"""Before a model on a GPU may run a fused palette kernel or a row gather, the kernel is
+checked on that GPU.
 
 The load check (runtime/verify.py) proves that every weight decodes to the checkpoint's
 bits, but a forward through a fused kernel never writes the weight: a kernel that read its
@@ -18,10 +19,16 @@ bar (the runbook's, tests/cuda/helpers.py fused_bound): the max error against th
 product at most twice cuBLAS BF16's own plus 2^-18 of the largest output, every output
 finite, and two runs bitwise equal.  Cost: two launches and one host sync per (path, plane
 order, batch) the table uses on the device, once per process and policy: tens of ms.
+
+The embedding row gathers (huffman and palette) likewise never write the whole weight, so
+check_gather gathers ten rows of the same weight, held as the loaders hold each encoding,
+and compares their bits; a gather that differs gives way, on that device, to a decode of the
+table per forward (dispatch.mark_gather_faulty).
 """
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy as np
 import torch
@@ -30,7 +37,7 @@ from .. import ops
 from ..codec import tensor_codec as tc
 from ..format import constants as C
 from ..ops import layout as ops_layout
-from . import dispatch
+from . import dispatch, scratch
 from .policy import DispatchPolicy
 from .tuning_table import DECODE_CUBLAS, TILED, split_key
 from .weights import EncodedWeight, hold_paired, hold_row_index
@@ -95,6 +102,57 @@ def _compare(y: torch.Tensor, y2: torch.Tensor, x: torch.Tensor, wt: torch.Tenso
     same = bool(torch.equal(y.view(torch.int16), y2.view(torch.int16)))
     return {"max_err": e_k, "bound": bound, "finite": finite, "deterministic": same,
             "passed": finite and e_k <= bound and same}
+
+
+_GATHER_CHECKED: set = set()  # devices whose row-gather kernels check_gather checked
+_GATHER_IDS = (0, 383, 5, 5, 200, 17, 1, 382, 96, 255)  # ends, repeats, every part of the weight
+
+
+def _held_huffman(bits: np.ndarray, device: torch.device) -> EncodedWeight:
+    """The huffman weight of `bits` on `device` as the GPU loaders hold one: the checkpoint
+    index at the loaders' S, the decode tables built there."""
+    enc = tc.encode(bits, "huffman", threads=1)
+    enc = tc.with_index(enc.header, enc.planes, threads=1, chk_interval=C.LOAD_CHK_INTERVAL)
+    planes = {s: torch.from_numpy(np.ascontiguousarray(a)).to(device) for s, a in enc.planes.items()}
+    table = torch.from_numpy(np.ascontiguousarray(enc.header.table, dtype=np.uint8)).to(device)
+    err = scratch.error_counter(device)
+    lut = (ops.build_lut(table, enc.header.exp_lo, enc.header.exp_hi, err) if device.type == "cuda"
+           else torch.empty(0, dtype=torch.uint16))
+    return EncodedWeight.from_header(enc.header, planes, table, lut, name="self-test weight")
+
+
+def check_gather(device, gather=None, again: bool = False) -> dict:
+    """Check the embedding row-gather kernels (huffman and palette) on `device` once per
+    process: rows _GATHER_IDS of the self-test weight, held as the loaders hold one, against
+    its bits.  One that gives other bits is marked faulty there (dispatch.mark_gather_faulty,
+    one warning): embeddings of that encoding decode their table per forward instead.
+    gather(w, ids) -> bf16 rows (default: the dispatch's kernel call; a stand-in for the tests);
+    again: check a device checked before (the runbook).  Returns {encoding: passed} of this
+    call's checks ({} when checked before)."""
+    device = torch.device(device)
+    key = dispatch._gather_key(device, "")
+    if (key in _GATHER_CHECKED and not again) or (device.type == "cuda" and not ops.cuda_kernels_built()):
+        return {}
+    _GATHER_CHECKED.add(key)
+    gather = gather or (lambda w, ids: dispatch._gather_piece(w, ids, scratch.error_counter(device)))
+    bits = _weight_bits()
+    ids = torch.tensor(_GATHER_IDS, dtype=torch.int64, device=device)
+    want = bits[list(_GATHER_IDS)]
+    out = {}
+    for name, w in (("palette", _held(bits, device, False)), ("huffman", _held_huffman(bits, device))):
+        try:
+            got = gather(w, ids).view(torch.int16).cpu().numpy().view(np.uint16)
+            why = None if np.array_equal(got, want) else "rows other than the weight's"
+        except RuntimeError as e:
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        out[name] = why is None
+        if why is not None:
+            dispatch.mark_gather_faulty(device, name)
+            msg = (f"unweight: the {name} row-gather kernel gave {why} on {device} in its self-test; "
+                   f"{name} embeddings there decode their table at each forward instead")
+            warnings.warn(msg, stacklevel=2)
+            log.warning(msg)
+    return out
 
 
 def check_fused_paths(policy: DispatchPolicy, device, run=None) -> dict:

@@ -54,11 +54,14 @@ def current_policy() -> DispatchPolicy | None:
 
 
 def check_fused(device: torch.device) -> None:
-    """Check the fused kernels the policy may run on a CUDA `device` there before any forward
-    (runtime/selftest.py: once per device; a path that fails is not used)."""
+    """Check the fused kernels the policy may run on a CUDA `device`, and its row gathers,
+    there before any forward (runtime/selftest.py: once per device; one that fails is not used)."""
+    if torch.device(device).type != "cuda":
+        return
     policy = current_policy()
-    if policy is not None and torch.device(device).type == "cuda":
+    if policy is not None:
         selftest.check_fused_paths(policy, device)
+    selftest.check_gather(device)
 
 
 def piece_meta(w: EncodedWeight) -> list:
