@@ -1076,9 +1076,12 @@ def group_fused(rec, device):
                   for (p, t, m), r in res.items() if not r["passed"]]
         gathers = selftest.check_gather(device, again=True)
         failed += [f"{enc} row gather" for enc, ok in gathers.items() if not ok]
-        return {"checked": len(res), "gathers": gathers, "failed": failed, "passed": not failed and len(gathers) == 2}
-    rec.check("the loaders' self-test of the fused paths the table picks on this GPU and of the row gathers",
-              loader_selftest)
+        slots = selftest.check_slots(device, again=True)
+        failed += [f"expert-slot {what}" for what, ok in slots.items() if not ok]
+        return {"checked": len(res), "gathers": gathers, "slots": slots, "failed": failed,
+                "passed": not failed and len(gathers) == 2 and len(slots) == 2}
+    rec.check("the loaders' self-test of the fused paths the table picks on this GPU, the row gathers and the "
+              "expert-slot kernels", loader_selftest)
 
     def errors_zero():
         from unweight.runtime import scratch

@@ -741,6 +741,12 @@ def test_the_loaders_self_test_passes_the_row_gathers():
     assert not dispatch.gather_faulty(torch.device("cuda"), "palette")
 
 
+def test_the_loaders_self_test_passes_the_expert_slot_kernels():
+    from unweight.runtime import selftest
+    assert selftest.check_slots(torch.device("cuda"), again=True) == {"decode": True, "gemv": True}
+    assert selftest.slots_ok(torch.device("cuda"), "decode") and selftest.slots_ok(torch.device("cuda"), "gemv")
+
+
 def test_crc32_kernel_passes_its_self_test():
     from unweight.ops import checksum
     assert checksum.self_test(torch.device("cuda")) and checksum.kernel_ok(torch.device("cuda"))

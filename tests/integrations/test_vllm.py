@@ -327,8 +327,9 @@ def test_moe_compiled(moe_models, tmp_path):
 def test_moe_load_check_as_a_gpu_makes_it(moe_models, tmp_path):
     """The expert pieces checked as a GPU checks them (runtime/verify.py: decoded and hashed
     where they are held; in palette mode the stacks built from the experts decoded there), taken
-    on this CPU: the BF16 model's tokens in the checkpoint's mode and in palette mode, and a
-    flipped bit in one expert's plane stops the load naming it."""
+    on this CPU: the BF16 model's tokens in the checkpoint's mode and in palette mode (also with
+    the slot decode taken out, as a failed self-test takes it out on a GPU), and a flipped bit in
+    one expert's plane stops the load naming it."""
     import shutil
     src, comp = moe_models["qwen3_moe"]
     pal, bad = str(tmp_path / "palette"), str(tmp_path / "bad")
@@ -340,11 +341,14 @@ def test_moe_load_check_as_a_gpu_makes_it(moe_models, tmp_path):
     shutil.copytree(pal, bad)
     name = "model.layers.1.mlp.experts.5.down_proj.weight"
     flip_stored_byte(os.path.join(bad, "model.safetensors"), name + "__sm", offset=77)
-    res, _ = _run([{"model": src, "max_tokens": 8}, {"model": comp, "max_tokens": 8, "held_check": True},
-                   {"model": pal, "max_tokens": 8, "held_check": True},
-                   {"model": bad, "max_tokens": 8, "held_check": True}], timeout=600)
+    res, out = _run([{"model": src, "max_tokens": 8}, {"model": comp, "max_tokens": 8, "held_check": True},
+                     {"model": pal, "max_tokens": 8, "held_check": True},
+                     {"model": bad, "max_tokens": 8, "held_check": True},
+                     {"model": pal, "max_tokens": 8, "held_check": True, "slot_decode_faulty": True}], timeout=600)
     assert _ok(res[1]) == _ok(res[0]) and _ok(res[2]) == _ok(res[0])
     assert name in res[3]["error"] and "checksum mismatch" in res[3]["error"]
+    # A slot decode that failed its self-test: per-expert palette pieces, the same tokens.
+    assert _ok(res[4]) == _ok(res[0]) and "keeps per-expert palette pieces (the slot decode failed" in out
 
 
 def test_palette_pieces_when_the_experts_make_no_stack():

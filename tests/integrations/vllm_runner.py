@@ -22,7 +22,9 @@ def run_one(cfg: dict) -> dict:
     """Build an LLM for one configuration, generate greedily, time it if asked, tear it down.
 
     cfg: model, tp (1), eager (True), load_format ("auto"), lora (False), prompts, max_tokens (12),
-    timing, held_check (False: the load check's GPU branch on the CPU, for the rest of the process).
+    timing, held_check (False: the load check's GPU branch on the CPU, for the rest of the process),
+    slot_decode_faulty (False: the expert-slot decode taken out on the CPU as a failed self-test
+    takes it out on a GPU, for the rest of the process).
     """
     import gc
 
@@ -35,6 +37,11 @@ def run_one(cfg: dict) -> dict:
         # where they are held, through the ops' CPU kernels); the engine runs in this process.
         from unweight.runtime import verify
         verify.HeldCheck.on_device = staticmethod(lambda device: True)
+    if cfg.get("slot_decode_faulty"):
+        import torch
+
+        from unweight.runtime import selftest
+        selftest.mark_slots_faulty(torch.device("cpu"), "decode", "wrong bits (a test)")
     t0 = time.perf_counter()
     kw = {}
     if cfg.get("tp", 1) == 1:

@@ -177,3 +177,40 @@ def test_a_wrong_gather_gives_way_to_the_decoded_table(fresh_gather_state):
     got = dispatch._embedding_cuda([w], ids, w.rows, w.cols).view(torch.int16).numpy().view(np.uint16)
     assert np.array_equal(got[0], bits[[3, 383]]) and np.array_equal(got[1, 0], bits[0])
     assert not got[1, 1].any() and int(err.item()) == before + 1
+
+
+@pytest.fixture
+def fresh_slots_state(monkeypatch):
+    monkeypatch.setattr(selftest, "_SLOTS_CHECKED", set())
+    monkeypatch.setattr(selftest, "_SLOTS_FAULTY", set())
+
+
+def test_expert_slot_kernels_pass_once_per_device(fresh_slots_state):
+    assert selftest.check_slots(CPU) == {"decode": True, "gemv": True}
+    assert selftest.check_slots(CPU) == {}
+    assert selftest.slots_ok(CPU, "decode") and selftest.slots_ok(CPU, "gemv")
+
+
+@pytest.mark.parametrize("what", ["decode", "gemv"])
+def test_a_wrong_expert_slot_kernel_is_taken_out(fresh_slots_state, what):
+    from unweight.runtime.expert_slots import ExpertSlots
+
+    class Wrong(ExpertSlots):
+        def decode(self, ids, out):
+            w = super().decode(ids, out)
+            if what == "decode":
+                w.view(torch.int16)[1, 2, 3] ^= 1
+            return w
+
+        def gemv(self, x, ids):
+            y = super().gemv(x, ids)
+            if what == "gemv":
+                y[2, 9] = -y[2, 9] if y[2, 9] != 0 else 1
+            return y
+
+    with pytest.warns(UserWarning, match=f"expert-slot {what} kernel gave"):
+        res = selftest.check_slots(CPU, Wrong.from_weights)
+    assert res == {"decode": what != "decode", "gemv": what != "gemv"}
+    assert selftest.slots_ok(CPU, "decode") == (what != "decode")
+    assert selftest.slots_ok(CPU, "gemv") == (what != "gemv")
+    assert selftest.slots_ok(torch.device("cuda", 0), what)  # another device

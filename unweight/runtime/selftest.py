@@ -23,7 +23,10 @@ order, batch) the table uses on the device, once per process and policy: tens of
 The embedding row gathers (huffman and palette) likewise never write the whole weight, so
 check_gather gathers ten rows of the same weight, held as the loaders hold each encoding,
 and compares their bits; a gather that differs gives way, on that device, to a decode of the
-table per forward (dispatch.mark_gather_faulty).
+table per forward (dispatch.mark_gather_faulty).  check_slots does the same for the kernels
+vLLM's palette MoE layers run on their routed experts: the decode by device ids (a failure
+keeps one palette piece per expert, routed on the host) and the slots GEMV (a failure decodes
+the routed experts before their matmul).
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from ..codec import tensor_codec as tc
 from ..format import constants as C
 from ..ops import layout as ops_layout
 from . import dispatch, scratch
+from .expert_slots import ExpertSlots
 from .policy import DispatchPolicy
 from .tuning_table import DECODE_CUBLAS, TILED, split_key
 from .weights import EncodedWeight, hold_paired, hold_row_index
@@ -152,6 +156,70 @@ def check_gather(device, gather=None, again: bool = False) -> dict:
                    f"{name} embeddings there decode their table at each forward instead")
             warnings.warn(msg, stacklevel=2)
             log.warning(msg)
+    return out
+
+
+_SLOTS_CHECKED: set = set()  # devices whose expert-slot kernels check_slots checked
+_SLOTS_FAULTY: set = set()  # (device key, "decode" | "gemv") that failed there
+_SLOT_IDS = (2, 0, 2, 1)  # a repeat, every expert
+
+
+def slots_ok(device, what: str) -> bool:
+    """Whether the expert-slot kernel `what` ("decode": ops.decode_palette_slots, "gemv":
+    ops.palette_gemv_slots) may run on `device`: not failed by check_slots there."""
+    return not _SLOTS_FAULTY or (dispatch._gather_key(torch.device(device), ""), what) not in _SLOTS_FAULTY
+
+
+def mark_slots_faulty(device, what: str, why: str) -> None:
+    """Take the expert-slot kernel `what` out on `device` (slots_ok), with one warning."""
+    _SLOTS_FAULTY.add((dispatch._gather_key(torch.device(device), ""), what))
+    msg = (f"unweight: the expert-slot {what} kernel gave {why} on {torch.device(device)} in its self-test; "
+           + ("MoE layers there keep one palette piece per expert, routed on the host" if what == "decode" else
+              "routed experts there are decoded before their matmul"))
+    warnings.warn(msg, stacklevel=2)
+    log.warning(msg)
+
+
+def check_slots(device, slots_of=None, again: bool = False) -> dict:
+    """Check the kernels vLLM's palette MoE layers run on routed experts (runtime/expert_slots.py)
+    on `device` once per process: three experts cut from the self-test weight ([3, 128, 1024],
+    ExpertSlots as the layers build them) decoded by device ids _SLOT_IDS against their bits,
+    and the slots GEMV of those ids against the float64 products (the fused paths' bar).  A
+    kernel that misses is taken out there (mark_slots_faulty).  slots_of(w, device): the
+    ExpertSlots to check (a stand-in for the tests).  Returns {"decode": ok, "gemv": ok} of this
+    call's checks ({} when checked before)."""
+    device = torch.device(device)
+    key = dispatch._gather_key(device, "")
+    if (key in _SLOTS_CHECKED and not again) or (device.type == "cuda" and not ops.cuda_kernels_built()):
+        return {}
+    _SLOTS_CHECKED.add(key)
+    w = _weight_bits().reshape(3, SHAPE[0] // 3, SHAPE[1])
+    slots = (slots_of or ExpertSlots.from_weights)(w, device)
+    ids = torch.tensor(_SLOT_IDS, dtype=torch.int64, device=device)
+    S, rows, cols = len(_SLOT_IDS), w.shape[1], w.shape[2]
+    out, whys = {}, {}
+    try:
+        buf = torch.empty(S * rows * cols, dtype=torch.bfloat16, device=device)
+        got = slots.decode(ids, buf).view(torch.int16).cpu().numpy().view(np.uint16)
+        whys["decode"] = None if np.array_equal(got, w[list(_SLOT_IDS)]) else "experts other than the weight's"
+    except RuntimeError as e:
+        whys["decode"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+    g = torch.Generator().manual_seed(0x5107)
+    x = torch.randn(S, cols, generator=g).to(torch.bfloat16).to(device)
+    try:
+        y, y2 = slots.gemv(x, ids), slots.gemv(x, ids)
+        wt = torch.from_numpy(w[list(_SLOT_IDS)].view(np.int16)).to(device).view(torch.bfloat16)
+        r = [_compare(y[s:s + 1], y2[s:s + 1], x[s:s + 1], wt[s]) for s in range(S)]
+        bad = [q for q in r if not q["passed"]]
+        whys["gemv"] = None if not bad else (
+            f"a max error of {bad[0]['max_err']:.3g} against a bound of {bad[0]['bound']:.3g}"
+            + ("" if bad[0]["deterministic"] else ", two runs differing"))
+    except RuntimeError as e:
+        whys["gemv"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+    for what, why in whys.items():
+        out[what] = why is None
+        if why is not None:
+            mark_slots_faulty(device, what, why)
     return out
 
 

@@ -62,13 +62,13 @@ from ...codec.shard_check import check_shard_records, decode_record
 from ...format import constants as C
 from ...format.errors import FormatError, InputError
 from ...format.header import TensorHeader
-from ...runtime import dispatch, scratch
+from ...runtime import dispatch, scratch, selftest
 from ...runtime import kernel_plan as kp
 from ...runtime.expert_slots import ExpertSlots, routed_forward
 from ...runtime.tuning_table import PALETTE_GEMV_MMA
 from ...runtime.verify import HeldCheck, shard_record_of, verify_setting
 from ...runtime.modes import sharded_mode
-from .ops import check_fused, current_policy
+from .ops import check_kernels, current_policy
 from .common import PLANE_DTYPES, device_piece, gather, log, missing_plane, report_layer, take_shard, tp_info
 
 
@@ -233,7 +233,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         # palette stacks are then built from the experts decoded there, unless they would take
         # more than a quarter of the free device memory at once.
         gpu = where != "host" and HeldCheck.on_device(dev)
-        check_fused(dev)  # before the first forward decides on the routed experts' fused GEMV
+        check_kernels(dev)  # before the slots are built and a forward picks the routed experts' GEMV
         stacks = self._device_stacks(layer, local, dev, verify) if gpu and mode == "palette" else None
         host_check = verify and (not gpu or (mode == "palette" and stacks is None))
         decoded = self._verify(layer, keep=mode == "palette") if host_check else {}
@@ -281,14 +281,19 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         layer._uw_experts = local
         layer._uw_slots = None
         if host is not None:
-            slots = tuple(ExpertSlots.from_weights(host[k] if stacks is not None else np.stack(host[k]), dev)
-                          for k in ("w13", "w2"))
-            if sum(st.padding_bytes for st in slots) <= SLOT_PADDING_MAX * sum(st.held_bytes() for st in slots):
+            slots = (tuple(ExpertSlots.from_weights(host[k] if stacks is not None else np.stack(host[k]), dev)
+                           for k in ("w13", "w2")) if selftest.slots_ok(dev, "decode") else None)
+            if slots is not None and (sum(st.padding_bytes for st in slots)
+                                      <= SLOT_PADDING_MAX * sum(st.held_bytes() for st in slots)):
                 layer._uw_slots = slots
                 _share_stack_bytes(report, slots)
-            else:  # an expert with many verbatim blocks: per-expert pieces, routed on the host
-                log.info("unweight: %s keeps per-expert palette pieces (padding its experts' verbatim lists to one "
-                         "length would add %d bytes)", self.prefix, sum(st.padding_bytes for st in slots))
+            else:  # per-expert pieces, routed on the host
+                if slots is None:
+                    log.info("unweight: %s keeps per-expert palette pieces (the slot decode failed its self-test "
+                             "on %s)", self.prefix, dev)
+                else:  # an expert with many verbatim blocks
+                    log.info("unweight: %s keeps per-expert palette pieces (padding its experts' verbatim lists to "
+                             "one length would add %d bytes)", self.prefix, sum(st.padding_bytes for st in slots))
                 self._palette_pieces(local, host, w13, w2, report, dev)
             del host, slots
         if w2:
@@ -451,6 +456,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
             s13, s2 = layer._uw_slots
             shapes = ((s13.rows // 2, s13.cols), (s2.rows, s2.cols))
             v = (act == "silu" and not layer.apply_router_weight_on_input and policy is not None
+                 and selftest.slots_ok(device, "gemv")
                  and all(policy.measured_faster(n, k, 1, PALETTE_GEMV_MMA, device)
                          and kp.pgemv_supported(1, k, kp.PGEMV_VARIANT_MMA) for n, k in shapes))
             layer._uw_slots_gemv = v

@@ -53,15 +53,17 @@ def current_policy() -> DispatchPolicy | None:
     return _POLICY.get("p")
 
 
-def check_fused(device: torch.device) -> None:
-    """Check the fused kernels the policy may run on a CUDA `device`, and its row gathers,
-    there before any forward (runtime/selftest.py: once per device; one that fails is not used)."""
+def check_kernels(device: torch.device) -> None:
+    """Check on a CUDA `device`, before any forward, the fused kernels the policy may run there,
+    its row gathers and its expert-slot kernels (runtime/selftest.py: once per device; one that
+    fails is not used)."""
     if torch.device(device).type != "cuda":
         return
     policy = current_policy()
     if policy is not None:
         selftest.check_fused_paths(policy, device)
     selftest.check_gather(device)
+    selftest.check_slots(device)
 
 
 def piece_meta(w: EncodedWeight) -> list:

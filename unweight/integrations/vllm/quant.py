@@ -482,7 +482,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
             if uvops.current_policy() is not None and (not isinstance(layer, VocabParallelEmbedding)
                                                        or isinstance(layer, ParallelLMHead)):
                 uvops.current_policy().report_unmeasured([(w, dev) for w in weights])
-            uvops.check_fused(dev)  # its fused kernels and row gathers, once per device
+            uvops.check_kernels(dev)  # the kernels its forwards may run, once per device
         held = record["stacked"]["held_bytes"] if "stacked" in record else sum(r["held_bytes"] for r in report)
         bf16 = sum(r["bf16_shard_bytes"] for r in report)
         report_layer(self.prefix, {**record, "pieces": report, "held_bytes": held, "bf16_bytes": bf16})
