@@ -65,7 +65,10 @@ class DispatchPolicy:
     def mark_faulty(self, device, path: str, tiled: bool, why: str) -> None:
         """Never run `path` on weights held in that plane order on `device` (its self-test
         failed: runtime/selftest.py); one warning."""
-        self._faulty.add((self._dev(device), path, bool(tiled)))
+        key = (self._dev(device), path, bool(tiled))
+        if key in self._faulty:
+            return
+        self._faulty.add(key)
         order = "tile-major" if tiled else "file-order"
         msg = (f"unweight: the fused kernel {path} gave wrong results on {torch.device(device)} for {order} planes "
                f"({why}); layers it would run there take decode + cuBLAS, the BF16 model's results")

@@ -66,6 +66,21 @@ def _weight_bits() -> np.ndarray:
     return bits
 
 
+_REFUSED = "refused"  # _attempt's verdict for a problem the kernel refuses
+
+
+def _attempt(fn):
+    """fn() -> None where the kernel was right, else why not.  A ValueError (the kernel
+    refuses the problem, as it would a forward's, which then falls back) gives _REFUSED, a
+    RuntimeError (a launch error) its first line."""
+    try:
+        return fn()
+    except ValueError:
+        return _REFUSED
+    except RuntimeError as e:
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def _held(bits: np.ndarray, device: torch.device, tiled: bool) -> EncodedWeight:
     """The palette weight of `bits` on `device` as the GPU loaders hold one."""
     enc = tc.encode(bits, "palette", threads=1)
@@ -88,9 +103,9 @@ def paths_to_check(policy: DispatchPolicy, device: torch.device) -> list:
         if dev != name or not enc.startswith("palette"):
             continue
         M = int(e.get("M", 1))
-        for path in set(e.get("times_ms", {})) | {policy.table.lookup(dev, n, k, enc, M)}:
-            if path != DECODE_CUBLAS and (path == policy.table.lookup(dev, n, k, enc, M)
-                                          or policy.table.faster(dev, n, k, enc, M, path)):
+        chosen = policy.table.lookup(dev, n, k, enc, M)
+        for path in set(e.get("times_ms", {})) | {chosen}:
+            if path != DECODE_CUBLAS and (path == chosen or policy.table.faster(dev, n, k, enc, M, path)):
                 out.add((path, enc.endswith(TILED), M))
     return sorted(out)
 
@@ -143,12 +158,13 @@ def check_gather(device, gather=None, again: bool = False) -> dict:
     ids = torch.tensor(_GATHER_IDS, dtype=torch.int64, device=device)
     want = bits[list(_GATHER_IDS)]
     out = {}
+    def rows_of(w):
+        got = gather(w, ids).view(torch.int16).cpu().numpy().view(np.uint16)
+        return None if np.array_equal(got, want) else "rows other than the weight's"
     for name, w in (("palette", _held(bits, device, False)), ("huffman", _held_huffman(bits, device))):
-        try:
-            got = gather(w, ids).view(torch.int16).cpu().numpy().view(np.uint16)
-            why = None if np.array_equal(got, want) else "rows other than the weight's"
-        except RuntimeError as e:
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        why = _attempt(lambda: rows_of(w))
+        if why == _REFUSED:
+            continue
         out[name] = why is None
         if why is not None:
             dispatch.mark_gather_faulty(device, name)
@@ -197,26 +213,24 @@ def check_slots(device, slots_of=None, again: bool = False) -> dict:
     slots = (slots_of or ExpertSlots.from_weights)(w, device)
     ids = torch.tensor(_SLOT_IDS, dtype=torch.int64, device=device)
     S, rows, cols = len(_SLOT_IDS), w.shape[1], w.shape[2]
-    out, whys = {}, {}
-    try:
+    def decoded():
         buf = torch.empty(S * rows * cols, dtype=torch.bfloat16, device=device)
         got = slots.decode(ids, buf).view(torch.int16).cpu().numpy().view(np.uint16)
-        whys["decode"] = None if np.array_equal(got, w[list(_SLOT_IDS)]) else "experts other than the weight's"
-    except RuntimeError as e:
-        whys["decode"] = str(e).splitlines()[0] if str(e) else type(e).__name__
-    g = torch.Generator().manual_seed(0x5107)
-    x = torch.randn(S, cols, generator=g).to(torch.bfloat16).to(device)
-    try:
+        return None if np.array_equal(got, w[list(_SLOT_IDS)]) else "experts other than the weight's"
+
+    def products():
+        x = torch.randn(S, cols, generator=torch.Generator().manual_seed(0x5107)).to(torch.bfloat16).to(device)
         y, y2 = slots.gemv(x, ids), slots.gemv(x, ids)
         wt = torch.from_numpy(w[list(_SLOT_IDS)].view(np.int16)).to(device).view(torch.bfloat16)
-        r = [_compare(y[s:s + 1], y2[s:s + 1], x[s:s + 1], wt[s]) for s in range(S)]
-        bad = [q for q in r if not q["passed"]]
-        whys["gemv"] = None if not bad else (
-            f"a max error of {bad[0]['max_err']:.3g} against a bound of {bad[0]['bound']:.3g}"
-            + ("" if bad[0]["deterministic"] else ", two runs differing"))
-    except RuntimeError as e:
-        whys["gemv"] = str(e).splitlines()[0] if str(e) else type(e).__name__
-    for what, why in whys.items():
+        bad = [q for q in (_compare(y[s:s + 1], y2[s:s + 1], x[s:s + 1], wt[s]) for s in range(S))
+               if not q["passed"]]
+        return None if not bad else (f"a max error of {bad[0]['max_err']:.3g} against a bound of "
+                                     f"{bad[0]['bound']:.3g}" + ("" if bad[0]["deterministic"] else
+                                                                 ", two runs differing"))
+    out = {}
+    for what, why in (("decode", _attempt(decoded)), ("gemv", _attempt(products))):
+        if why == _REFUSED:
+            continue
         out[what] = why is None
         if why is not None:
             mark_slots_faulty(device, what, why)
@@ -248,14 +262,15 @@ def check_fused_paths(policy: DispatchPolicy, device, run=None) -> dict:
         if tiled not in held:
             held[tiled] = _held(bits, device, tiled)
         x = torch.randn(M, SHAPE[1], generator=g).to(torch.bfloat16).to(device)
-        try:
-            y, y2 = run(held[tiled], x, path), run(held[tiled], x, path)
-        except ValueError:  # the kernel refuses this batch or shape: the forward refuses it too
+        r = {}
+
+        def product():
+            r.update(_compare(run(held[tiled], x, path), run(held[tiled], x, path), x, wt))
+        why = _attempt(product)
+        if why == _REFUSED:  # the kernel refuses this batch or shape: the forward refuses it too
             continue
-        except RuntimeError as e:
-            r = {"passed": False, "error": str(e).splitlines()[0] if str(e) else type(e).__name__}
-        else:
-            r = _compare(y, y2, x, wt)
+        if why is not None:
+            r = {"passed": False, "error": why}
         results[(path, tiled, M)] = r
         if not r["passed"]:
             why = r.get("error") or (f"max error {r['max_err']:.3g} against a bound of {r['bound']:.3g}"
