@@ -2752,7 +2752,7 @@ def stage_model(st: Stage) -> bool:
         bitwise_expected = evaluation.bitwise_by_construction(m, mode, DEV)
         same = bool(torch.equal(lg.view(torch.int16), ref_logits.view(torch.int16)))
         info = {k: v for k, v in (m.unweight_info or {}).items() if k in ("mode", "modules", "held_bytes", "bf16_bytes",
-                                                                            "ratio")}
+                                                                            "ratio", "kernel_checks")}
         diff = float((lg.float() - ref_logits.float()).abs().max())
         r = {"load_seconds": round(load_s, 2), "logits_bitwise": same, "max_abs_logit_diff": diff,
              "bitwise_by_construction": bitwise_expected, "greedy_tokens_equal": bool(torch.equal(toks, ref_tokens)),

@@ -359,10 +359,14 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
         verified = check.finish()
     # The fused kernels the policy may run on each GPU and its row gathers, checked there before
     # any forward (and before stacking siblings, whose gain counts only paths that passed).
+    kernel_checks = {}  # what this preparation checked (a device checked earlier: nothing new)
     for d in need:
         if torch.device(d).type == "cuda":
-            selftest.check_fused_paths(policy, d)
-            selftest.check_gather(d)
+            fused = selftest.check_fused_paths(policy, d)
+            kernel_checks[d] = {"fused_checked": len(fused),
+                                "fused_failed": sorted({f"{p}{' (tile-major)' if t else ''}"
+                                                        for (p, t, _), r in fused.items() if not r["passed"]}),
+                                "row_gathers": selftest.check_gather(d)}
     stacked = (siblings.merge_siblings(model, "auto" if merge_siblings == "auto" else "always", plane_order)
                if merge_siblings else {"groups": [], "skipped": {}})
     prefetcher = None
@@ -381,6 +385,7 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
             "l2_prefetch_bytes": prefetcher.budget if prefetcher is not None else 0,
             **_held_totals(model, experts_info),
             "scratch_bytes": {d: scratch.scratch_bytes(d) for d in need},
+            "kernel_checks": kernel_checks,
             "tied": plan.get("tied", []),
             "dense_fallback": [f"{fb['module']}.{fb['attr']} ({fb['type']})" for fb in plan.get("dense_fallback", [])]}
     model.unweight_info = info
