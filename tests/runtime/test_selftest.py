@@ -32,9 +32,14 @@ def policy(monkeypatch):
     return p
 
 
+_DECODED = {}
+
+
 def _right(w, x, path):
-    wt = dispatch.decode_new([w], w.rows, w.cols)
-    return (x.float() @ wt.float().T).to(torch.bfloat16)
+    key = (id(w), w.tiled)
+    if _DECODED.get(key, (None,))[0] is not w:
+        _DECODED[key] = (w, dispatch.decode_new([w], w.rows, w.cols).float())
+    return (x.float() @ _DECODED[key][1].T).to(torch.bfloat16)
 
 
 def _weight(rows: int, cols: int, tiled: bool) -> EncodedWeight:

@@ -7,7 +7,8 @@ planes wrongly on some device would give wrong logits from a model that passed e
 The kernels are checked through the warp emulator in CI and by the GPU runbook, yet a user's
 device, driver or build may differ from those.  So the first preparation of a model on a GPU
 (prepare(), vLLM's weight processing) runs each fused path the tuning table can pick there,
-at each batch it would run, on a small weight of its own against the same product in float64,
+at both ends of each batch bucket it would run, on a small weight of its own against the same
+product in float64,
 and a path that misses the runbook's accuracy bar is not used on that device: its layers run
 decode + cuBLAS, the BF16 model's results, with one warning naming the path.
 
@@ -17,7 +18,7 @@ check), held as the loaders hold a palette weight on a GPU (paired palette order
 verbatim row index, tile-major where the table's entry is).  x: [M, 1024] BF16 N(0, 1).  The
 bar (the runbook's, tests/cuda/helpers.py fused_bound): the max error against the float64
 product at most twice cuBLAS BF16's own plus 2^-18 of the largest output, every output
-finite, and two runs bitwise equal.  Cost: two launches and one host sync per (path, plane
+finite, and two runs bitwise equal.  Cost: two launches and a few host syncs per (path, plane
 order, batch) the table uses on the device, once per process and policy: tens of ms.
 
 The embedding row gathers (huffman and palette) likewise never write the whole weight, so
@@ -43,7 +44,8 @@ from ..ops import layout as ops_layout
 from . import dispatch, scratch
 from .expert_slots import ExpertSlots
 from .policy import DispatchPolicy
-from .tuning_table import DECODE_CUBLAS, TILED, split_key
+from . import kernel_plan as kp
+from .tuning_table import DECODE_CUBLAS, TILED, bucket_bounds, split_key
 from .weights import EncodedWeight, hold_paired, hold_row_index
 
 log = logging.getLogger(__name__)
@@ -95,18 +97,22 @@ def _held(bits: np.ndarray, device: torch.device, tiled: bool) -> EncodedWeight:
 def paths_to_check(policy: DispatchPolicy, device: torch.device) -> list:
     """[(path, tiled, M)]: every fused path the policy's table can run on `device` (each
     entry's choice, and any path it timed faster than decode + cuBLAS, which
-    DispatchPolicy.measured_faster may grant), at each entry's batch, without repeats."""
+    DispatchPolicy.measured_faster may grant), at both ends of the entry's batch bucket and
+    at the batch it was timed at (a kernel's tiling over the batch changes inside a bucket),
+    without repeats."""
     name = policy.device_name(device)
     out = set()
     for key, e in policy.table.entries.items():
-        dev, n, k, enc, _ = split_key(key)
+        dev, n, k, enc, b = split_key(key)
         if dev != name or not enc.startswith("palette"):
             continue
         M = int(e.get("M", 1))
+        lo, hi = bucket_bounds(b)
+        batches = {m for m in (lo, hi, M) if m is not None and 1 <= m <= kp.PMMA_MAX_M}
         chosen = policy.table.lookup(dev, n, k, enc, M)
         for path in set(e.get("times_ms", {})) | {chosen}:
             if path != DECODE_CUBLAS and (path == chosen or policy.table.faster(dev, n, k, enc, M, path)):
-                out.add((path, enc.endswith(TILED), M))
+                out.update((path, enc.endswith(TILED), m) for m in batches)
     return sorted(out)
 
 

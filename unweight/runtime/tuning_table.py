@@ -163,6 +163,18 @@ def bucket(M: int) -> str:
     return BUCKETS[-1]
 
 
+def bucket_bounds(name: str) -> tuple:
+    """(lowest, highest) batch of a bucket of BUCKETS (highest None for the open one)."""
+    lo = 1
+    for hi, n in _BUCKET_BOUNDS:
+        if n == name:
+            return lo, hi
+        lo = hi + 1
+    if name == BUCKETS[-1]:
+        return lo, None
+    raise ValueError(f"unknown batch bucket {name!r}")
+
+
 def default_cache_path() -> str:
     """The user's tuning cache: $UNWEIGHT_TUNING_CACHE, else ~/.cache/unweight/tuning.json."""
     env = os.environ.get(ENV_CACHE)
