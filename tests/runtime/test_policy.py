@@ -159,3 +159,39 @@ def test_unmeasured_palette_shapes_are_reported_once(monkeypatch, caplog):
         prepare._report_unmeasured([fake(measured), fake(other, group=measured)], fresh)
         prepare._report_unmeasured([fake(other)], None)  # no policy: decode + F.linear by choice
     assert not [r for r in caplog.records if "no measurement" in r.getMessage()]
+
+
+def test_a_shape_the_table_did_not_measure_runs_the_nearest_shapes_winner(on_cuda):
+    """The fused path chosen for the nearest shape measured on that GPU (TuningTable.
+    nearest_choice), never on the CPU, never against a measurement of its own, never with
+    nearest=False, and never a path its self-test took out."""
+    p, cuda, measured = on_cuda
+    other = _module("palette", n=48)[1].encoded()
+    assert p.linear_path(other, 1, cuda) == pol.PALETTE_GEMM
+    assert p.linear_path(other, 1, torch.device("cpu")) == pol.DECODE_CUBLAS
+    strict = pol.DispatchPolicy(p.table, nearest=False)
+    strict.device_name = lambda device: DEV
+    assert strict.linear_path(other, 1, cuda) == pol.DECODE_CUBLAS
+    p.table.record(DEV, 48, 128, "palette", 1, {"decode_cublas": 1.0, "palette_gemm": 1.5})  # its own: slower
+    fresh = pol.DispatchPolicy(p.table)
+    fresh.device_name = lambda device: DEV
+    assert fresh.linear_path(other, 1, cuda) == pol.DECODE_CUBLAS
+    assert fresh.linear_path(other, 4, cuda) == pol.PALETTE_GEMM  # (not measured at 2-4: the nearest's)
+    with pytest.warns(UserWarning):
+        fresh.mark_faulty(cuda, pol.PALETTE_GEMM, False, "a test")
+    assert fresh.linear_path(other, 4, cuda) == pol.DECODE_CUBLAS
+
+
+def test_expert_stacks_fuse_only_measured_shapes(on_cuda):
+    """measured_only(): the same table and learnt state, no nearest-shape choice (what prepare
+    gives expert stacks)."""
+    p, cuda, measured = on_cuda
+    other = _module("palette", n=48)[1].encoded()
+    strict = p.measured_only()
+    assert strict is p.measured_only() and strict.measured_only() is strict and strict.table is p.table
+    assert p.linear_path(other, 1, cuda) == pol.PALETTE_GEMM
+    assert strict.linear_path(other, 1, cuda) == pol.DECODE_CUBLAS
+    assert strict.linear_path(measured, 1, cuda) == pol.PALETTE_GEMM
+    with pytest.warns(UserWarning):
+        p.mark_faulty(cuda, pol.PALETTE_GEMM, False, "a test")
+    assert strict.linear_path(measured, 1, cuda) == pol.DECODE_CUBLAS

@@ -321,3 +321,23 @@ def test_faster_is_a_recorded_win_over_decode_cublas():
     assert not t.faster(DEV, 64, 128, "palette", 4, "palette_gemv_mma")  # a tie is no win
     from unweight.runtime.policy import DispatchPolicy
     assert not DispatchPolicy(t).measured_faster(64, 128, 1, "palette_gemv_mma", "cpu")
+
+
+def test_nearest_choice_is_the_nearest_measured_shapes_winner_by_a_margin():
+    t = tuning.TuningTable()
+    dev = "NVIDIA H200"
+    t.record(dev, 4096, 4096, "palette", 1, {"decode_cublas": 2.0, "palette_gemv_mma": 1.0})
+    t.record(dev, 14336, 4096, "palette", 1, {"decode_cublas": 2.0, "palette_gemm": 1.0})
+    t.record(dev, 4096, 4096, "palette", 16, {"decode_cublas": 1.0, "palette_gemm": 0.9})  # won by 1.11x only
+    t.record(dev, 4096, 4096, "palette", 4, {"decode_cublas": 2.0, "palette_gemv": 1.0})
+    t.record(dev, 4096, 4096, "palette", 32, {"decode_cublas": 2.0, "palette_gemv": 1.0})  # (a hand-edited entry)
+    assert t.nearest_choice(dev, 3072, 4096, "palette", 1) == ("palette_gemv_mma", (4096, 4096))
+    assert t.nearest_choice(dev, 12288, 4096, "palette", 1) == ("palette_gemm", (14336, 4096))
+    assert t.nearest_choice(dev, 768, 2048, "palette", 1) == ("palette_gemv_mma", (4096, 4096))
+    assert t.nearest_choice(dev, 3072, 4096, "palette", 16) == ("decode_cublas", (4096, 4096))  # below the margin
+    assert t.nearest_choice(dev, 3072, 4096, "palette", 3) == ("palette_gemv", (4096, 4096))
+    assert t.nearest_choice(dev, 3072, 4096, "palette", 20) == ("decode_cublas", (4096, 4096))  # GEMV takes <= 4
+    assert t.nearest_choice(dev, 3072, 4096, "palette:tiled", 1) is None  # nothing measured tile-major
+    assert t.nearest_choice("NVIDIA H100 80GB HBM3", 3072, 4096, "palette", 1) is None
+    assert t.nearest_choice(dev, 3072, 4096, "palette", 64) is None  # nor in that bucket
+    assert t.has(dev, 4096, 4096, "palette", 1) and not t.has(dev, 3072, 4096, "palette", 1)

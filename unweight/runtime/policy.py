@@ -9,6 +9,7 @@ bit for bit.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from typing import Callable
@@ -36,10 +37,16 @@ __all__ = ["DispatchPolicy", "measured", "DECODE_CUBLAS", "PALETTE_GEMM", "PALET
 class DispatchPolicy:
     """table: measured choices (None: never fused); dense_linear: the GEMM run after a decode,
     fn(x, w, bias) -> y (F.linear by default; vLLM passes its own CPU GEMM so a compressed
-    model computes with the same kernel as vLLM's BF16 path)."""
+    model computes with the same kernel as vLLM's BF16 path); nearest: a palette shape the
+    table did not measure on its GPU runs the choice of the nearest measured shape there
+    (TuningTable.nearest_choice: a fused path only where it won by EXTRAPOLATE_MARGIN), where
+    False runs decode + cuBLAS for it."""
 
-    def __init__(self, table: TuningTable | None = None, dense_linear: Callable | None = None):
+    def __init__(self, table: TuningTable | None = None, dense_linear: Callable | None = None,
+                 nearest: bool = True):
         self.table = table
+        self.nearest = nearest
+        self._nearest: dict = {}  # (table key, M) -> the path nearest_choice gave
         self.dense_linear = dense_linear or F.linear
         self._names: dict[int, str] = {}
         self._refused: set = set()
@@ -47,6 +54,20 @@ class DispatchPolicy:
         self._reported: set = set()  # (device name, N, K) of unmeasured shapes already named
         self._fused_checked: set = set()  # devices whose fused paths runtime/selftest.py checked
         self._faulty: set = set()  # (device, path, tiled) that failed that check: never run
+
+    def measured_only(self) -> "DispatchPolicy":
+        """This policy with `nearest` off, sharing its table and what it learnt (refusals,
+        faulty paths): for the expert stacks, whose fused kernels read a matrix of a stack
+        (rebased verbatim lists) that no GPU has run yet, so that only a measurement of their
+        own shapes puts them on a fused kernel."""
+        if not self.nearest:
+            return self
+        strict = self.__dict__.get("_strict")
+        if strict is None:
+            strict = copy.copy(self)
+            strict.nearest = False
+            self._strict = strict
+        return strict
 
     @staticmethod
     def _dev(device) -> tuple:
@@ -102,13 +123,18 @@ class DispatchPolicy:
         if key in self._refused:
             return DECODE_CUBLAS
         path = self.table.lookup(*key[:4], M)
+        if path == DECODE_CUBLAS and self.nearest:
+            path = self._nearest.get((key, M))
+            if path is None:
+                near = None if self.table.has(*key[:4], M) else self.table.nearest_choice(*key[:4], M)
+                path = self._nearest[(key, M)] = near[0] if near is not None else DECODE_CUBLAS
         return DECODE_CUBLAS if self.faulty(device, path, w.tiled) else path
 
     def unmeasured(self, w: EncodedWeight, device) -> bool:
         """Whether a palette weight the fused kernels could take has no measurement for its
-        device, shape and plane order at batch 1 (a CUDA device): every batch then runs
-        decode + cuBLAS, the BF16 model's bits at a fraction of its speed, until the table
-        holds one (`unweight tune`)."""
+        device, shape and plane order at batch 1 (a CUDA device): every batch then runs what
+        the nearest measured shape chose (with `nearest`) or decode + cuBLAS, the BF16 model's
+        bits at a fraction of its speed, until the table holds one (`unweight tune`)."""
         device = torch.device(device)
         if device.type != "cuda" or w.is_huffman or not kp.pmma_supported(1, w.cols):
             return False
@@ -129,9 +155,11 @@ class DispatchPolicy:
                     miss.setdefault(name, set()).add((w.rows, w.cols))
         for name, shapes in sorted(miss.items()):
             some = ", ".join(f"[{n}x{k}]" for n, k in sorted(shapes)[:4]) + (", ..." if len(shapes) > 4 else "")
+            how = ("the fused kernel chosen for the nearest measured shape where it won there, else decode + "
+                   "cuBLAS (the BF16 model's results at a fraction of its speed)" if self.nearest else
+                   "decode + cuBLAS, the BF16 model's results at a fraction of its speed")
             log.warning("unweight: %d palette matmul shape(s) on %s have no measurement in the tuning table (%s): "
-                        "they run decode + cuBLAS, the BF16 model's results at a fraction of its speed; "
-                        "`unweight tune PATH` measures them", len(shapes), name, some)
+                        "they run %s; `unweight tune PATH` measures them", len(shapes), name, some, how)
 
     def measured_faster(self, N: int, K: int, M: int, path: str, device) -> bool:
         """Whether the table timed `path` strictly faster than decode + cuBLAS for a file-order

@@ -20,7 +20,14 @@ Rules:
   * a fused path is chosen only from measurements, and only when it was strictly faster than
     decode + cuBLAS timed in the same run (``choose``); the lookup re-applies that rule to
     the recorded times, so a hand-edited or stale entry can never select a slower path;
-  * no measurement for the device / shape / bucket -> decode + cuBLAS.
+  * no measurement for the device / shape / bucket -> decode + cuBLAS, or, where the policy
+    asks (``nearest_choice``, DispatchPolicy's default), the choice of the nearest shape
+    measured on that device, encoding and bucket, when that choice beat decode + cuBLAS there
+    by EXTRAPOLATE_MARGIN or more and takes this shape.  On every shape the H200 measured,
+    the fastest fused path took 0.3-0.6x decode + cuBLAS's time at batch 1-16 (the fourth
+    H200 run, README "GPU results"), so for a shape no run
+    measured (a mixture of experts' experts, another model's projections) the nearest
+    shape's winner is the better bet than the path that is slowest there.
 
 The same entries decide the order a runtime holds a palette matmul weight's planes in
 (``plane_order``, for plane_order="auto"): tile-major only where the table timed the shape in
@@ -120,6 +127,10 @@ GEMV_PATHS = {PALETTE_GEMV: kp.PGEMV_VARIANT_DEFAULT, PALETTE_GEMV_DEEP: kp.PGEM
               PALETTE_GEMV_MMA_BULK: kp.PGEMV_VARIANT_MMA_BULK, PALETTE_GEMV_MMA_QUEUE: kp.PGEMV_VARIANT_MMA_QUEUE}
 # Paths that run only on tile-major planes: never chosen for a file-order entry.
 TILED_ONLY = tuple(p for p, v in GEMV_PATHS.items() if kp.pgemv_needs_tiled(v))
+# A shape with no measurement runs the fused path chosen for the nearest measured shape only
+# when that path took at most 1 / EXTRAPOLATE_MARGIN of decode + cuBLAS's time there.
+EXTRAPOLATE_MARGIN = 1.25
+
 # Times recorded under other names (a fused Huffman kernel some earlier tables list) are kept
 # out of every choice: only these paths exist.
 CHOICES = (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMM_WG, PALETTE_GEMV,
@@ -326,6 +337,36 @@ class TuningTable:
         path = choose(e["times_ms"], encoding)
         self._chosen[k] = (e, path)
         return path
+
+    def has(self, device: str, N: int, K: int, encoding: str, M: int) -> bool:
+        """Whether the table holds a measurement for this key at M's bucket."""
+        return entry_key(device, N, K, encoding, bucket(M)) in self.entries
+
+    def nearest_choice(self, device: str, N: int, K: int, encoding: str, M: int) -> tuple | None:
+        """For a shape the table did not measure at M's bucket: (path, (N', K')), the choice of
+        the measured shape on `device` with the same encoding and bucket nearest [N, K] (the
+        least |ln N/N'| + |ln K/K'|; ties to the larger), where that choice is a fused path
+        that took at most 1 / EXTRAPOLATE_MARGIN of decode + cuBLAS's time there and can take
+        [N, K] at batch M (``candidates``); else (decode_cublas, (N', K')).  None: nothing
+        measured on that device, encoding and bucket."""
+        b = bucket(M)
+        best = None
+        for key, e in self.entries.items():
+            d, n, k, enc, bb = split_key(key)
+            if d != device or enc != encoding or bb != b or n <= 0 or k <= 0:
+                continue
+            rank = (abs(math.log(n / N)) + abs(math.log(k / K)), -n, -k)
+            if best is None or rank < best[0]:
+                best = (rank, n, k, e)
+        if best is None:
+            return None
+        _, n, k, e = best
+        path = self.lookup(device, n, k, encoding, M)
+        t, base = e["times_ms"].get(path), e["times_ms"].get(DECODE_CUBLAS)
+        if (path == DECODE_CUBLAS or not (_finite(t) and _finite(base)) or base < EXTRAPOLATE_MARGIN * t
+                or path not in candidates(encoding, M, K)):
+            return DECODE_CUBLAS, (n, k)
+        return path, (n, k)
 
     def faster(self, device: str, N: int, K: int, encoding: str, M: int, path: str) -> bool:
         """Whether `path` was timed strictly faster than decode_cublas in the same run for this
