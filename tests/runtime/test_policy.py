@@ -195,3 +195,13 @@ def test_expert_stacks_fuse_only_measured_shapes(on_cuda):
     with pytest.warns(UserWarning):
         p.mark_faulty(cuda, pol.PALETTE_GEMM, False, "a test")
     assert strict.linear_path(measured, 1, cuda) == pol.DECODE_CUBLAS
+
+
+def test_the_environment_can_keep_unmeasured_shapes_on_decode_and_cublas(monkeypatch):
+    assert pol.DispatchPolicy(None).nearest
+    for v in ("0", "false", "No"):
+        monkeypatch.setenv("UNWEIGHT_NEAREST_SHAPES", v)
+        assert not pol.DispatchPolicy(None).nearest and not pol.measured().nearest
+    monkeypatch.setenv("UNWEIGHT_NEAREST_SHAPES", "1")
+    assert pol.DispatchPolicy(None).nearest
+    assert not pol.DispatchPolicy(None, nearest=False).nearest

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import warnings
 from typing import Callable
 
@@ -28,6 +29,8 @@ from .weights import EncodedWeight
 
 log = logging.getLogger(__name__)
 
+ENV_NEAREST = "UNWEIGHT_NEAREST_SHAPES"
+
 __all__ = ["DispatchPolicy", "measured", "DECODE_CUBLAS", "PALETTE_GEMM", "PALETTE_GEMM_WIDE", "PALETTE_GEMM_XS",
            "PALETTE_GEMM_WG",
            "PALETTE_GEMV", "PALETTE_GEMV_DEEP", "PALETTE_GEMV_STAGED", "PALETTE_GEMV_MMA", "PALETTE_GEMV_MMA_STAGED",
@@ -40,11 +43,14 @@ class DispatchPolicy:
     model computes with the same kernel as vLLM's BF16 path); nearest: a palette shape the
     table did not measure on its GPU runs the choice of the nearest measured shape there
     (TuningTable.nearest_choice: a fused path only where it won by EXTRAPOLATE_MARGIN), where
-    False runs decode + cuBLAS for it."""
+    False runs decode + cuBLAS for it (None: False where UNWEIGHT_NEAREST_SHAPES is 0 / false /
+    no, else True)."""
 
     def __init__(self, table: TuningTable | None = None, dense_linear: Callable | None = None,
-                 nearest: bool = True):
+                 nearest: bool | None = None):
         self.table = table
+        if nearest is None:
+            nearest = os.environ.get(ENV_NEAREST, "1").lower() not in ("0", "false", "no")
         self.nearest = nearest
         self._nearest: dict = {}  # (table key, M) -> the path nearest_choice gave
         self.dense_linear = dense_linear or F.linear
