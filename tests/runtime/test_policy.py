@@ -182,21 +182,6 @@ def test_a_shape_the_table_did_not_measure_runs_the_nearest_shapes_winner(on_cud
     assert fresh.linear_path(other, 4, cuda) == pol.DECODE_CUBLAS
 
 
-def test_expert_stacks_fuse_only_measured_shapes(on_cuda):
-    """measured_only(): the same table and learnt state, no nearest-shape choice (what prepare
-    gives expert stacks)."""
-    p, cuda, measured = on_cuda
-    other = _module("palette", n=48)[1].encoded()
-    strict = p.measured_only()
-    assert strict is p.measured_only() and strict.measured_only() is strict and strict.table is p.table
-    assert p.linear_path(other, 1, cuda) == pol.PALETTE_GEMM
-    assert strict.linear_path(other, 1, cuda) == pol.DECODE_CUBLAS
-    assert strict.linear_path(measured, 1, cuda) == pol.PALETTE_GEMM
-    with pytest.warns(UserWarning):
-        p.mark_faulty(cuda, pol.PALETTE_GEMM, False, "a test")
-    assert strict.linear_path(measured, 1, cuda) == pol.DECODE_CUBLAS
-
-
 def test_the_environment_can_keep_unmeasured_shapes_on_decode_and_cublas(monkeypatch):
     assert pol.DispatchPolicy(None).nearest
     for v in ("0", "false", "No"):

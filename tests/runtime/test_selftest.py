@@ -72,14 +72,17 @@ def test_paths_to_check_are_the_tables_fused_choices_on_that_device(policy):
 def test_right_products_pass_once_per_device(policy):
     res = selftest.check_fused_paths(policy, CPU, run=_right)
     assert res and all(r["passed"] for r in res.values())
-    assert set(res) == set(selftest.paths_to_check(policy, CPU))
+    todo = selftest.paths_to_check(policy, CPU)
+    assert set(res) == set(todo) | {(p, selftest.STACK, M) for p, tiled, M in todo if not tiled}
     assert not policy._faulty
     assert selftest.check_fused_paths(policy, CPU, run=_right) == {}  # checked once
 
 
 def _wrong_sign(w, x, path):
+    """The largest output's sign flipped."""
     y = _right(w, x, path)
-    y[0, 5] = -y[0, 5] if y[0, 5] != 0 else 1
+    i = int(y.float().abs().argmax())
+    y.view(-1)[i] = -y.view(-1)[i]
     return y
 
 
@@ -113,6 +116,32 @@ def test_a_wrong_path_is_not_used_on_that_device(policy, wrong, why):
     failed = {k for k, r in res.items() if not r["passed"]}
     assert failed and all(p == PALETTE_GEMV_MMA and tiled for p, tiled, _ in failed)
     assert policy.faulty(CPU, PALETTE_GEMV_MMA, True) and not policy.faulty(CPU, PALETTE_GEMV_MMA, False)
+
+
+@pytest.mark.filterwarnings("ignore:unweight")
+def test_a_path_wrong_on_a_stacks_matrix_is_taken_out_for_stacks_only(policy):
+    def run(w, x, path):
+        return (_wrong_sign if w.in_stack and path == PALETTE_GEMV_MMA else _right)(w, x, path)
+    with pytest.warns(UserWarning, match="stack-matrix planes"):
+        res = selftest.check_fused_paths(policy, CPU, run=run)
+    assert {k for k, r in res.items() if not r["passed"]} == {
+        k for k in res if k[0] == PALETTE_GEMV_MMA and k[1] == selftest.STACK}
+    assert policy.faulty(CPU, PALETTE_GEMV_MMA, False, in_stack=True)
+    assert not policy.faulty(CPU, PALETTE_GEMV_MMA, False) and not policy.faulty(CPU, PALETTE_GEMV_MMA, True)
+    dev = torch.device("cuda", 0)
+    policy.mark_faulty(dev, PALETTE_GEMV_MMA, False, "a test", in_stack=True)
+    w = _weight(4096, 4096, False)
+    assert policy.linear_path(w, 1, dev) == PALETTE_GEMV_MMA
+    w.in_stack = True
+    assert policy.linear_path(w, 1, dev) == DECODE_CUBLAS
+
+
+def test_the_stack_matrix_is_held_as_the_loaders_hold_one():
+    bits = selftest._weight_bits()
+    w, holder = selftest._held_stack_matrix(bits, CPU)
+    assert w.in_stack and (w.rows, w.cols) == (128, 1024) and w.vpos.numel() > 0
+    got = dispatch.decode_new([w], w.rows, w.cols).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(got, bits[128:256])
 
 
 @pytest.mark.filterwarnings("ignore:unweight")

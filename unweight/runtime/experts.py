@@ -280,7 +280,7 @@ class _Planes:
         paired = self.paired()
         pal = [int(b) for b in h.palette[: h.pal_size]] if paired is None else list(paired[0])
         return EncodedWeight(C.ENC_PALETTE, h.rows, h.cols, h.rows_per_group, h.cols_per_chunk, 0, 0, pal, sm,
-                             idx=idx, vpos=vpos, vexp=vexp, vrow=vrow)
+                             idx=idx, vpos=vpos, vexp=vexp, vrow=vrow, in_stack=e is not None)
 
     def paired(self) -> tuple | None:
         """(palette, nibble map) when idx holds the paired palette order (hold_paired), else None."""

@@ -9,7 +9,6 @@ bit for bit.
 """
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import warnings
@@ -59,21 +58,7 @@ class DispatchPolicy:
         self._decoders: dict[tuple, int] = {}
         self._reported: set = set()  # (device name, N, K) of unmeasured shapes already named
         self._fused_checked: set = set()  # devices whose fused paths runtime/selftest.py checked
-        self._faulty: set = set()  # (device, path, tiled) that failed that check: never run
-
-    def measured_only(self) -> "DispatchPolicy":
-        """This policy with `nearest` off, sharing its table and what it learnt (refusals,
-        faulty paths): for the expert stacks, whose fused kernels read a matrix of a stack
-        (rebased verbatim lists) that no GPU has run yet, so that only a measurement of their
-        own shapes puts them on a fused kernel."""
-        if not self.nearest:
-            return self
-        strict = self.__dict__.get("_strict")
-        if strict is None:
-            strict = copy.copy(self)
-            strict.nearest = False
-            self._strict = strict
-        return strict
+        self._faulty: set = set()  # (device, path, tiled, in_stack) that failed that check: never run
 
     @staticmethod
     def _dev(device) -> tuple:
@@ -89,22 +74,22 @@ class DispatchPolicy:
     def mark_fused_checked(self, device) -> None:
         self._fused_checked.add(self._dev(device))
 
-    def mark_faulty(self, device, path: str, tiled: bool, why: str) -> None:
-        """Never run `path` on weights held in that plane order on `device` (its self-test
-        failed: runtime/selftest.py); one warning."""
-        key = (self._dev(device), path, bool(tiled))
+    def mark_faulty(self, device, path: str, tiled: bool, why: str, in_stack: bool = False) -> None:
+        """Never run `path` on weights held in that plane order (in_stack: matrices of a 3-D
+        expert stack) on `device` (its self-test failed: runtime/selftest.py); one warning."""
+        key = (self._dev(device), path, bool(tiled), bool(in_stack))
         if key in self._faulty:
             return
         self._faulty.add(key)
-        order = "tile-major" if tiled else "file-order"
+        order = "stack-matrix" if in_stack else "tile-major" if tiled else "file-order"
         msg = (f"unweight: the fused kernel {path} gave wrong results on {torch.device(device)} for {order} planes "
                f"({why}); layers it would run there take decode + cuBLAS, the BF16 model's results")
         warnings.warn(msg, stacklevel=2)
         log.warning(msg)
 
-    def faulty(self, device, path: str, tiled: bool) -> bool:
+    def faulty(self, device, path: str, tiled: bool, in_stack: bool = False) -> bool:
         """Whether `path` failed its self-test on `device` for that plane order (mark_faulty)."""
-        return bool(self._faulty) and (self._dev(device), path, bool(tiled)) in self._faulty
+        return bool(self._faulty) and (self._dev(device), path, bool(tiled), bool(in_stack)) in self._faulty
 
     def device_name(self, device: torch.device) -> str:
         """torch.cuda.get_device_name of a CUDA device (cached per index: the table's key)."""
@@ -134,7 +119,7 @@ class DispatchPolicy:
             if path is None:
                 near = None if self.table.has(*key[:4], M) else self.table.nearest_choice(*key[:4], M)
                 path = self._nearest[(key, M)] = near[0] if near is not None else DECODE_CUBLAS
-        return DECODE_CUBLAS if self.faulty(device, path, w.tiled) else path
+        return DECODE_CUBLAS if self.faulty(device, path, w.tiled, w.in_stack) else path
 
     def unmeasured(self, w: EncodedWeight, device) -> bool:
         """Whether a palette weight the fused kernels could take has no measurement for its

@@ -348,7 +348,7 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
         _hold_palette(m)
         paired += m.palette_order == "paired" and not m.is_tied
     for *_, st in experts.expert_stacks(model):
-        st.policy = policy.measured_only()  # (their fused kernels only where their own shapes were timed)
+        st.policy = policy
     verified = None
     if check is not None:  # the weights as the forwards will read them (before stacking siblings)
         for n, m in compressed_modules(model):

@@ -41,7 +41,7 @@ from .. import ops
 from ..codec import tensor_codec as tc
 from ..format import constants as C
 from ..ops import layout as ops_layout
-from . import dispatch, scratch
+from . import dispatch, experts, scratch
 from .expert_slots import ExpertSlots
 from .policy import DispatchPolicy
 from . import kernel_plan as kp
@@ -51,6 +51,7 @@ from .weights import EncodedWeight, hold_paired, hold_row_index
 log = logging.getLogger(__name__)
 
 SHAPE = (384, 1024)  # rows, cols: whole 16 x 64 tiles, K a multiple of every kernel's step
+STACK = "stack"  # check_fused_paths' plane order of a matrix of a 3-D expert stack
 _FAR_EVERY = 80  # about one block in this many holds a far exponent (a verbatim block)
 
 
@@ -92,6 +93,22 @@ def _held(bits: np.ndarray, device: torch.device, tiled: bool) -> EncodedWeight:
         w.sm, w.idx = ops_layout.tile_palette_planes(w.sm, w.idx)
         w.tiled = True
     return hold_row_index(hold_paired(w))
+
+
+def _held_stack_matrix(bits: np.ndarray, device: torch.device) -> tuple:
+    """(matrix 1 of a 3-D palette stack of the weight's rows cut in three, as the loaders hold
+    an expert stack: its rebased verbatim list and row index, paired order; its holder, which
+    owns the planes)."""
+    stack = bits.reshape(3, SHAPE[0] // 3, SHAPE[1])
+    enc = tc.encode(stack, "palette", threads=1)
+    holder = experts.PlaneHolder()
+    for suf, a in enc.planes.items():
+        holder.register_buffer("w" + suf, torch.from_numpy(np.ascontiguousarray(a)).to(device))
+    p = experts._Planes(holder, "w", enc.header)
+    st = experts.ExpertStack("self-test stack", stack.shape, torch.bfloat16, [p])
+    experts.prepare_planes(st)
+    experts.hold_paired(st)
+    return p.weight(1), holder
 
 
 def paths_to_check(policy: DispatchPolicy, device: torch.device) -> list:
@@ -244,11 +261,13 @@ def check_slots(device, slots_of=None, again: bool = False) -> dict:
 
 
 def check_fused_paths(policy: DispatchPolicy, device, run=None) -> dict:
-    """Check every fused path paths_to_check lists on `device` (once per policy and device) and
-    mark those that miss the bar as faulty there (DispatchPolicy.mark_faulty: their layers take
+    """Check every fused path paths_to_check lists on `device` (once per policy and device),
+    each file-order one also on a matrix of a 3-D expert stack, and mark those that miss the
+    bar as faulty there for that plane order (DispatchPolicy.mark_faulty: their layers take
     decode + cuBLAS, one warning each).  run(w, x2, path) -> y: the fused product (default
-    dispatch.fused; a stand-in for the tests).  Returns {(path, tiled, M): result} of this
-    call's checks ({} when the device was checked before or nothing can be fused there)."""
+    dispatch.fused; a stand-in for the tests).  Returns {(path, order, M): result} of this
+    call's checks, order False (file order), True (tile-major) or STACK ({} when the device
+    was checked before or nothing can be fused there)."""
     device = torch.device(device)
     if policy.table is None or device.type not in ("cuda", "cpu") or policy.fused_checked(device):
         return {}
@@ -260,28 +279,34 @@ def check_fused_paths(policy: DispatchPolicy, device, run=None) -> dict:
         return {}
     run = run or dispatch.fused
     bits = _weight_bits()
-    wt = torch.from_numpy(bits.view(np.int16)).to(device).view(torch.bfloat16)
+    rows = SHAPE[0] // 3
+    wts = {order: torch.from_numpy((bits[rows:2 * rows] if order == STACK else bits).view(np.int16)).to(device)
+           .view(torch.bfloat16) for order in (False, True, STACK)}
     held = {}
     g = torch.Generator().manual_seed(0x5E1F)
     results = {}
-    for path, tiled, M in todo:
-        if tiled not in held:
-            held[tiled] = _held(bits, device, tiled)
+    # Each path on the weight in the plane order the table timed it in, and each file-order
+    # path also on a stack's matrix (where expert stacks run it).
+    for path, order, M in todo + [(p, STACK, M) for p, tiled, M in todo if not tiled]:
+        if order not in held:
+            held[order] = _held_stack_matrix(bits, device) if order == STACK else (_held(bits, device, order), None)
+        w = held[order][0]
         x = torch.randn(M, SHAPE[1], generator=g).to(torch.bfloat16).to(device)
         r = {}
 
         def product():
-            r.update(_compare(run(held[tiled], x, path), run(held[tiled], x, path), x, wt))
+            r.update(_compare(run(w, x, path), run(w, x, path), x, wts[order]))
         why = _attempt(product)
         if why == _REFUSED:  # the kernel refuses this batch or shape: the forward refuses it too
             continue
         if why is not None:
             r = {"passed": False, "error": why}
-        results[(path, tiled, M)] = r
+        results[(path, order, M)] = r
         if not r["passed"]:
             why = r.get("error") or (f"max error {r['max_err']:.3g} against a bound of {r['bound']:.3g}"
                                      + ("" if r["deterministic"] else ", two runs differ"))
-            policy.mark_faulty(device, path, tiled, f"{why} at batch {M} on its self-test weight")
+            policy.mark_faulty(device, path, order is True, f"{why} at batch {M} on its self-test weight",
+                               in_stack=order == STACK)
     if results:
         bad = sum(not r["passed"] for r in results.values())
         log.info("unweight: fused kernels checked on %s: %d (path, plane order, batch) checks, %d failed",

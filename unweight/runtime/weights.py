@@ -28,18 +28,21 @@ class EncodedWeight:
     [rows + 1], ops.verbatim_rows; hold_row_index), which the fused CUDA kernels take in place
     of a search of vpos, or None.  Unused planes are None.  tiled: a palette
     weight's sm and idx hold their bytes tile-major (ops/layout.py), which every palette op
-    is told; False (file order) unless the holder permuted them.
+    is told; False (file order) unless the holder permuted them.  in_stack: a matrix of a
+    stored 3-D stack (views of its planes, its verbatim list rebased from the stack's:
+    runtime/experts.py), which the fused kernels' self-test checks apart (runtime/selftest.py).
     """
 
     __slots__ = ("encoding", "rows", "cols", "rows_per_group", "cols_per_chunk", "exp_lo", "exp_hi", "palette",
                  "sm", "exp", "off", "table", "lut", "idx", "vpos", "vexp", "name", "chk", "chk_interval", "tiled",
-                 "vrow")
+                 "vrow", "in_stack")
 
     def __init__(self, encoding: int, rows: int, cols: int, rows_per_group: int, cols_per_chunk: int, exp_lo: int,
                  exp_hi: int, palette: list, sm: Tensor, exp: Tensor | None = None, off: Tensor | None = None,
                  table: Tensor | None = None, lut: Tensor | None = None, idx: Tensor | None = None,
                  vpos: Tensor | None = None, vexp: Tensor | None = None, name: str = "",
-                 chk: Tensor | None = None, chk_interval: int = 0, tiled: bool = False, vrow: Tensor | None = None):
+                 chk: Tensor | None = None, chk_interval: int = 0, tiled: bool = False, vrow: Tensor | None = None,
+                 in_stack: bool = False):
         self.encoding, self.rows, self.cols = encoding, rows, cols
         self.rows_per_group, self.cols_per_chunk = rows_per_group, cols_per_chunk
         self.exp_lo, self.exp_hi, self.palette = exp_lo, exp_hi, palette
@@ -49,6 +52,7 @@ class EncodedWeight:
         self.chk, self.chk_interval = (chk, int(chk_interval)) if chk is not None and chk_interval else (None, 0)
         self.tiled = bool(tiled)
         self.vrow = vrow
+        self.in_stack = bool(in_stack)
 
     @classmethod
     def from_header(cls, header: TensorHeader, planes: dict, table: Tensor | None = None, lut: Tensor | None = None,
