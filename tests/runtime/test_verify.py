@@ -208,3 +208,28 @@ def test_corrupt_planes_stay_a_checksum_error_when_a_device_decodes_them(llama_c
     with pytest.raises(ChecksumError, match="gate_proj") as e:
         check.finish()
     assert not isinstance(e.value, DeviceFaultError)
+
+
+@pytest.mark.parametrize("faulty", [False, True])
+def test_a_failed_group_check_names_a_device_fault_on_the_rank_that_has_one(llama_ck, monkeypatch, faulty):
+    """Under tensor parallelism the stored crc32 is checked from the group's records; when
+    that fails, a rank whose device decoded its block to other bytes than the CPU codec does
+    from the same held planes says so (DeviceFaultError), and the others keep the group's
+    ChecksumError."""
+    monkeypatch.setattr(rv.HeldCheck, "on_device", staticmethod(lambda device: True))
+    if faulty:
+        monkeypatch.setattr(rv, "_decode_held", _faulty(rv._decode_held, at=11))
+    m = unweight.load(llama_ck[1]["palette"], device="cpu", mode="palette", verify=False)
+    name, q = next((n, x) for n, x in compressed_modules(m) if n.endswith("layers.0.self_attn.o_proj"))
+    seen = {}
+
+    def group_check(records, headers):
+        seen.update(records)
+        raise ChecksumError("model.layers.0.self_attn.o_proj.weight: the group's crc32 differs (a test)")
+    check = rv.HeldCheck(shards={f"{name}.weight": ("ck.o_proj", None, (0, q.header.cols // 2), q.header)},
+                         group_check=group_check)
+    check.module(f"{name}.weight", q)
+    with pytest.raises(ChecksumError if not faulty else DeviceFaultError) as e:
+        check.finish()
+    assert seen["ck.o_proj"][0] == "cols" and "\n" not in str(e.value)
+    assert ("ck.o_proj" in str(e.value) and "cpu" in str(e.value)) if faulty else "(a test)" in str(e.value)

@@ -108,6 +108,9 @@ class HeldCheck:
         self.shards = shards or {}
         self.group_check = group_check
         self._records, self._record_headers = {}, {}
+        # checkpoint name -> (device, the host's record of the same held block): a diagnosis of
+        # a group check that fails (finish)
+        self._host_records = {}
         self.checked = 0  # checkpoint tensors checked
         # (where, stored crc32, uint32 [n] crcs of consecutive pieces, bytes of each, diagnose):
         # diagnose() runs on a mismatch (see _fault); None where nothing is left to decode again.
@@ -162,6 +165,8 @@ class HeldCheck:
         if self.on_device(m.device):
             self._device(m.device)
             self._record(shard, held_shard_record(m.encoded(), rows, cols, full.cols, self.policy))
+            self._host_records[shard[0]] = (m.device, lambda: decode_record(
+                m.header, m.owner().host_planes(), rows, cols, full.cols, self._where(where))[1])
             return
         self._record(shard, decode_record(m.header, m.owner().host_planes(), rows, cols, full.cols,
                                           self._where(where))[1])
@@ -251,6 +256,19 @@ class HeldCheck:
         t = t.contiguous()
         self._stack_crcs(where, headers, lambda e: t[e], t.size(0), t.size(2))
 
+    @staticmethod
+    def _block_fault(records: dict, host_records: dict) -> DeviceFaultError | None:
+        """After a group check failed: the first of this rank's blocks decoded on a device whose
+        record differs from the CPU codec's decode of the planes held there (a device kernel
+        fault), as a DeviceFaultError; None where every block's records agree (the planes
+        themselves, here or on another rank, are what differs from the checkpoint)."""
+        for base, (device, host) in host_records.items():
+            if host() != records[base]:
+                return DeviceFaultError(f"{base}: this rank's block decoded on {device} differs from the CPU codec's "
+                                        "decode of the planes held there: a fault of that device's kernels, not a "
+                                        "corrupt checkpoint")
+        return None
+
     def finish(self) -> int:
         """Wait for the queued device work (one copy of the crcs per device), hand the
         tensor-parallel records to group_check (before raising anything of this rank's own, so
@@ -277,13 +295,16 @@ class HeldCheck:
                 diagnose = diag
                 break
         found = {dev: scratch.device_errors(dev) - before for dev, before in self._devices.items()}
-        records, headers = self._records, self._record_headers
+        records, headers, host_records = self._records, self._record_headers, self._host_records
         n, self._pending, self._devices = self.checked, [], {}
-        self._records, self._record_headers = {}, {}
+        self._records, self._record_headers, self._host_records = {}, {}, {}
         if records:
             if self.group_check is None:
                 raise ValueError("HeldCheck: tensor-parallel records without a group_check")
-            self.group_check(records, headers)
+            try:
+                self.group_check(records, headers)
+            except ChecksumError as e:
+                raise self._block_fault(records, host_records) or e from None
         if bad is not None:
             raise (diagnose() if diagnose is not None else None) or bad
         for dev, k in sorted(found.items(), key=lambda kv: str(kv[0])):
