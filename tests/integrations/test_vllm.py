@@ -127,8 +127,8 @@ def test_tp1_eager_compiled_and_decode_at_load(models, tmp_path):
 def test_tp1_load_check_as_a_gpu_makes_it(models, tmp_path):
     """The load check a GPU runs (each piece decoded and hashed where it is held, the records
     checked as the host's are), taken here on the CPU: compressed, palette and dense layers
-    load and generate the BF16 model's tokens, and a flipped bit in a stored plane stops the
-    load naming the tensor."""
+    load and generate the BF16 model's tokens, a flipped bit in a stored plane stops the load
+    naming the tensor, and a wrong device decode stops it naming a device fault."""
     import shutil
     var = _llama_variants(models, str(tmp_path))
     bad = str(tmp_path / "bad-plane")
@@ -136,10 +136,13 @@ def test_tp1_load_check_as_a_gpu_makes_it(models, tmp_path):
     flip_stored_byte(os.path.join(bad, "model.safetensors"), "model.layers.1.self_attn.o_proj.weight__sm", offset=100)
     res, _ = _run([{"model": models["bf16"]}, {"model": models["huffman"], "held_check": True},
                    {"model": var["palette"], "held_check": True}, {"model": var["dense"], "held_check": True},
-                   {"model": bad, "held_check": True}])
+                   {"model": bad, "held_check": True},
+                   {"model": models["palette"], "held_check": True, "device_decode_fault": True}])
     base = _ok(res[0])
     assert _ok(res[1]) == base and _ok(res[2]) == base and _ok(res[3]) == base
     assert "model.layers.1.self_attn.o_proj" in res[4]["error"] and "checksum mismatch" in res[4]["error"]
+    # A device whose decode is wrong: named as a fault of its kernels, not of the checkpoint.
+    assert "DeviceFaultError" in res[5]["error"] and "not a corrupt checkpoint" in res[5]["error"]
 
 
 def test_tp2_each_rank_holds_only_its_compressed_shard(models):

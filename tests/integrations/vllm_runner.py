@@ -24,7 +24,9 @@ def run_one(cfg: dict) -> dict:
     cfg: model, tp (1), eager (True), load_format ("auto"), lora (False), prompts, max_tokens (12),
     timing, held_check (False: the load check's GPU branch on the CPU, for the rest of the process),
     slot_decode_faulty (False: the expert-slot decode taken out on the CPU as a failed self-test
-    takes it out on a GPU, for the rest of the process).
+    takes it out on a GPU, for the rest of the process), device_decode_fault (False: the load
+    check's decode of held pieces flips one bit, as a faulty device kernel would, for the rest
+    of the process).
     """
     import gc
 
@@ -37,6 +39,15 @@ def run_one(cfg: dict) -> dict:
         # where they are held, through the ops' CPU kernels); the engine runs in this process.
         from unweight.runtime import verify
         verify.HeldCheck.on_device = staticmethod(lambda device: True)
+    if cfg.get("device_decode_fault"):
+        from unweight.runtime import verify as rv
+        real = rv._decode_held
+
+        def faulty(*args, **kwargs):
+            out = real(*args, **kwargs)
+            out.view(-1)[3] = -out.view(-1)[3] if out.view(-1)[3] != 0 else 1
+            return out
+        rv._decode_held = faulty
     if cfg.get("slot_decode_faulty"):
         import torch
 

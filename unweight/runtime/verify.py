@@ -90,6 +90,17 @@ def held_shard_record(w, rows: tuple, cols: tuple, full_cols: int, policy=None) 
     return shard_record_of(_decode_held(w, policy), rows, cols, full_cols)
 
 
+def block_fault(name: str, device, record: tuple, host_record) -> DeviceFaultError | None:
+    """After the group's check of a stored crc32 failed: a DeviceFaultError when this rank's
+    `record` of its block, decoded on `device`, differs from host_record() (the CPU codec's
+    decode of the same planes: a device kernel fault), else None (the planes themselves, here
+    or on another rank, differ from the checkpoint)."""
+    if host_record() == record:
+        return None
+    return DeviceFaultError(f"{name}: this rank's block decoded on {device} differs from the CPU codec's decode of "
+                            "the same planes: a fault of that device's kernels, not a corrupt checkpoint")
+
+
 class HeldCheck:
     """Checks queued weight by weight (each call launches its device work and returns), then
     compared in ``finish``.  policy: the DispatchPolicy whose decoders the forwards run (None:
@@ -258,15 +269,11 @@ class HeldCheck:
 
     @staticmethod
     def _block_fault(records: dict, host_records: dict) -> DeviceFaultError | None:
-        """After a group check failed: the first of this rank's blocks decoded on a device whose
-        record differs from the CPU codec's decode of the planes held there (a device kernel
-        fault), as a DeviceFaultError; None where every block's records agree (the planes
-        themselves, here or on another rank, are what differs from the checkpoint)."""
+        """block_fault of the first of this rank's blocks decoded on a device that has one."""
         for base, (device, host) in host_records.items():
-            if host() != records[base]:
-                return DeviceFaultError(f"{base}: this rank's block decoded on {device} differs from the CPU codec's "
-                                        "decode of the planes held there: a fault of that device's kernels, not a "
-                                        "corrupt checkpoint")
+            fault = block_fault(base, device, records[base], host)
+            if fault is not None:
+                return fault
         return None
 
     def finish(self) -> int:

@@ -54,7 +54,7 @@ from ...codec.shard_check import check_shard_records, decode_record
 from ...codec.verify import check_raw, check_records
 from ...format import constants as C
 from ...format.checkpoint import CompressedCheckpoint
-from ...format.errors import FormatError, InputError
+from ...format.errors import ChecksumError, FormatError, InputError
 from ...format.header import TensorHeader
 from ...format.quant_config import check_format_version, refuse_source_quantization
 from ...runtime import dispatch, scratch
@@ -62,7 +62,7 @@ from ...runtime.modes import check_mode, check_plane_order, sharded_mode
 from ...runtime.policy import DispatchPolicy
 from ...runtime.siblings import stack_gain, stack_weights
 from ...runtime.tuning_table import load_table
-from ...runtime.verify import HeldCheck, held_shard_record, shard_record_of, verify_setting
+from ...runtime.verify import HeldCheck, block_fault, held_shard_record, shard_record_of, verify_setting
 from ...runtime.weights import hold_paired, hold_row_index
 from . import ops as uvops
 from .common import (PLANE_DTYPES, device_piece, gather, hold_tiled, log, missing_plane, report_layer, take_shard,
@@ -432,7 +432,12 @@ class _UnweightMethodBase(QuantizeMethodBase):
                 w = hold_tiled(w, self.config.plane_order, uvops.current_policy())
             if on_device and mode != "dense":
                 mine = held_shard_record(w, pc["rows"], pc["cols"], pc["full_header"].cols, uvops.current_policy())
-                check_shard_records(gather(layer, mine), pc["full_header"], pc["name"])
+                try:
+                    check_shard_records(gather(layer, mine), pc["full_header"], pc["name"])
+                except ChecksumError as e:  # this rank's device, or the planes? (the host decodes them too)
+                    fault = block_fault(pc["name"], dev, mine, lambda pc=pc: decode_record(
+                        pc["header"], pc["planes"], pc["rows"], pc["cols"], pc["full_header"].cols, pc["name"])[1])
+                    raise (fault or e) from None
             elif on_device:
                 dense_checks.append((pc, sum(x.rows for x in weights)))
             weights.append(w)
