@@ -283,25 +283,21 @@ def _gather_piece(w: EncodedWeight, ids: Tensor, err: Tensor | None = None) -> T
     return ops.run.gather_rows_palette(ids, w.sm, w.idx, w.vpos, w.vexp, w.rows, w.cols, w.palette, err, w.vrow)
 
 
-# (device type, index, encoding name) whose row-gather kernel failed its check on that device
+# (device key, encoding name) whose row-gather kernel failed its check on that device
 # (runtime/selftest.py check_gather): its embeddings decode the table there instead.
 _GATHER_FAULTY: set = set()
-
-
-def _gather_key(device: torch.device, encoding: str) -> tuple:
-    index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
-    return device.type, index, encoding
 
 
 def mark_gather_faulty(device, encoding: str) -> None:
     """Embeddings of `encoding` ("huffman" | "palette") on `device` stop using its row-gather
     kernel: each forward decodes the table into the scratch and gathers from it (correct, and
     a table's decode per forward)."""
-    _GATHER_FAULTY.add(_gather_key(torch.device(device), encoding))
+    _GATHER_FAULTY.add((scratch.device_key(device), encoding))
 
 
 def gather_faulty(device, encoding: str) -> bool:
-    return bool(_GATHER_FAULTY) and _gather_key(torch.device(device), encoding) in _GATHER_FAULTY
+    """Whether mark_gather_faulty took that encoding's row gather out on `device`."""
+    return bool(_GATHER_FAULTY) and (scratch.device_key(device), encoding) in _GATHER_FAULTY
 
 
 def _embedding_decoded(pieces: list, ids: Tensor, out_rows: int, cols: int, err: Tensor) -> Tensor:

@@ -3,9 +3,11 @@
 A policy is an explicit object handed to the compressed modules (runtime/prepare.py sets it)
 or to the vLLM adapter, never state registered by an import.  ``DispatchPolicy(None)`` always
 decodes into scratch and runs the dense GEMM; ``measured()`` consults the tuning table
-(runtime/tuning_table.py) and runs a fused kernel only where it was measured faster on this
-device.  CPU tensors never reach a fused kernel, so CPU forwards stay decode + F.linear,
-bit for bit.
+(runtime/tuning_table.py) and runs a fused kernel where it was measured faster on this
+device, or, for a shape not measured there, where the nearest measured shape's was (by a
+margin; ``nearest``), and never one that failed its check on the device
+(runtime/selftest.py).  CPU tensors never reach a fused kernel, so CPU forwards stay
+decode + F.linear, bit for bit.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch.nn.functional as F
 
 from ..format.header import TensorHeader
 from . import kernel_plan as kp
+from . import scratch
 from .tuning_table import (DECODE_CUBLAS, PALETTE_GEMM, PALETTE_GEMM_WIDE, PALETTE_GEMM_XS, PALETTE_GEMM_WG,
                            PALETTE_GEMV, PALETTE_GEMV_DEEP, PALETTE_GEMV_STAGED, PALETTE_GEMV_MMA,
                            PALETTE_GEMV_MMA_STAGED, PALETTE_GEMV_MMA_PREFETCH, PALETTE_GEMV_MMA_BULK,
@@ -60,24 +63,17 @@ class DispatchPolicy:
         self._fused_checked: set = set()  # devices whose fused paths runtime/selftest.py checked
         self._faulty: set = set()  # (device, path, tiled, in_stack) that failed that check: never run
 
-    @staticmethod
-    def _dev(device) -> tuple:
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            return device.type, torch.cuda.current_device()
-        return device.type, device.index
-
     def fused_checked(self, device) -> bool:
         """Whether runtime/selftest.py checked this policy's fused paths on `device`."""
-        return self._dev(device) in self._fused_checked
+        return scratch.device_key(device) in self._fused_checked
 
     def mark_fused_checked(self, device) -> None:
-        self._fused_checked.add(self._dev(device))
+        self._fused_checked.add(scratch.device_key(device))
 
     def mark_faulty(self, device, path: str, tiled: bool, why: str, in_stack: bool = False) -> None:
         """Never run `path` on weights held in that plane order (in_stack: matrices of a 3-D
         expert stack) on `device` (its self-test failed: runtime/selftest.py); one warning."""
-        key = (self._dev(device), path, bool(tiled), bool(in_stack))
+        key = (scratch.device_key(device), path, bool(tiled), bool(in_stack))
         if key in self._faulty:
             return
         self._faulty.add(key)
@@ -89,7 +85,7 @@ class DispatchPolicy:
 
     def faulty(self, device, path: str, tiled: bool, in_stack: bool = False) -> bool:
         """Whether `path` failed its self-test on `device` for that plane order (mark_faulty)."""
-        return bool(self._faulty) and (self._dev(device), path, bool(tiled), bool(in_stack)) in self._faulty
+        return bool(self._faulty) and (scratch.device_key(device), path, bool(tiled), bool(in_stack)) in self._faulty
 
     def device_name(self, device: torch.device) -> str:
         """torch.cuda.get_device_name of a CUDA device (cached per index: the table's key)."""

@@ -8,9 +8,11 @@ The kernels are checked through the warp emulator in CI and by the GPU runbook, 
 device, driver or build may differ from those.  So the first preparation of a model on a GPU
 (prepare(), vLLM's weight processing) runs each fused path the tuning table can pick there,
 at both ends of each batch bucket it would run, on a small weight of its own against the same
-product in float64,
-and a path that misses the runbook's accuracy bar is not used on that device: its layers run
-decode + cuBLAS, the BF16 model's results, with one warning naming the path.
+product in float64, and a path that misses the runbook's accuracy bar is not used on that
+device: its layers run decode + cuBLAS, the BF16 model's results, with one warning naming the
+path.  Each file-order path runs on a matrix of a 3-D expert stack too (the views and rebased
+verbatim list transformers' routed experts read), and is taken out for such matrices alone
+where only that fails.
 
 The weight: [384, 1024] BF16 N(0, 0.02) with about one 32-weight block in 80 holding a far
 exponent (so verbatim blocks, which every fused kernel patches in its own way, are in every
@@ -42,9 +44,9 @@ from ..codec import tensor_codec as tc
 from ..format import constants as C
 from ..ops import layout as ops_layout
 from . import dispatch, experts, scratch
+from . import kernel_plan as kp
 from .expert_slots import ExpertSlots
 from .policy import DispatchPolicy
-from . import kernel_plan as kp
 from .tuning_table import DECODE_CUBLAS, TILED, bucket_bounds, split_key
 from .weights import EncodedWeight, hold_paired, hold_row_index
 
@@ -172,7 +174,7 @@ def check_gather(device, gather=None, again: bool = False) -> dict:
     again: check a device checked before (the runbook).  Returns {encoding: passed} of this
     call's checks ({} when checked before)."""
     device = torch.device(device)
-    key = dispatch._gather_key(device, "")
+    key = scratch.device_key(device)
     if (key in _GATHER_CHECKED and not again) or (device.type == "cuda" and not ops.cuda_kernels_built()):
         return {}
     _GATHER_CHECKED.add(key)
@@ -181,6 +183,7 @@ def check_gather(device, gather=None, again: bool = False) -> dict:
     ids = torch.tensor(_GATHER_IDS, dtype=torch.int64, device=device)
     want = bits[list(_GATHER_IDS)]
     out = {}
+
     def rows_of(w):
         got = gather(w, ids).view(torch.int16).cpu().numpy().view(np.uint16)
         return None if np.array_equal(got, want) else "rows other than the weight's"
@@ -206,12 +209,12 @@ _SLOT_IDS = (2, 0, 2, 1)  # a repeat, every expert
 def slots_ok(device, what: str) -> bool:
     """Whether the expert-slot kernel `what` ("decode": ops.decode_palette_slots, "gemv":
     ops.palette_gemv_slots) may run on `device`: not failed by check_slots there."""
-    return not _SLOTS_FAULTY or (dispatch._gather_key(torch.device(device), ""), what) not in _SLOTS_FAULTY
+    return not _SLOTS_FAULTY or (scratch.device_key(device), what) not in _SLOTS_FAULTY
 
 
 def mark_slots_faulty(device, what: str, why: str) -> None:
     """Take the expert-slot kernel `what` out on `device` (slots_ok), with one warning."""
-    _SLOTS_FAULTY.add((dispatch._gather_key(torch.device(device), ""), what))
+    _SLOTS_FAULTY.add((scratch.device_key(device), what))
     msg = (f"unweight: the expert-slot {what} kernel gave {why} on {torch.device(device)} in its self-test; "
            + ("MoE layers there keep one palette piece per expert, routed on the host" if what == "decode" else
               "routed experts there are decoded before their matmul"))
@@ -228,7 +231,7 @@ def check_slots(device, slots_of=None, again: bool = False) -> dict:
     ExpertSlots to check (a stand-in for the tests).  Returns {"decode": ok, "gemv": ok} of this
     call's checks ({} when checked before)."""
     device = torch.device(device)
-    key = dispatch._gather_key(device, "")
+    key = scratch.device_key(device)
     if (key in _SLOTS_CHECKED and not again) or (device.type == "cuda" and not ops.cuda_kernels_built()):
         return {}
     _SLOTS_CHECKED.add(key)
@@ -236,6 +239,7 @@ def check_slots(device, slots_of=None, again: bool = False) -> dict:
     slots = (slots_of or ExpertSlots.from_weights)(w, device)
     ids = torch.tensor(_SLOT_IDS, dtype=torch.int64, device=device)
     S, rows, cols = len(_SLOT_IDS), w.shape[1], w.shape[2]
+
     def decoded():
         buf = torch.empty(S * rows * cols, dtype=torch.bfloat16, device=device)
         got = slots.decode(ids, buf).view(torch.int16).cpu().numpy().view(np.uint16)
@@ -250,6 +254,7 @@ def check_slots(device, slots_of=None, again: bool = False) -> dict:
         return None if not bad else (f"a max error of {bad[0]['max_err']:.3g} against a bound of "
                                      f"{bad[0]['bound']:.3g}" + ("" if bad[0]["deterministic"] else
                                                                  ", two runs differing"))
+
     out = {}
     for what, why in (("decode", _attempt(decoded)), ("gemv", _attempt(products))):
         if why == _REFUSED:
