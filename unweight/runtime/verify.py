@@ -229,19 +229,20 @@ class HeldCheck:
                 n = (h[e] if isinstance(h, list) else h).rows
                 crcs[k].append(ops.crc32_ranges(w[r0:r0 + n], 1))
                 r0 += n
-        def diagnose(name, p):
-            return self._fault(name, p.header, p.host_planes, device) if sources is not None else None
+
+        def diagnose(name, p):  # p: the _Planes a mismatch is decoded again from (None: no planes)
+            return self._fault(name, p.header, p.host_planes, device) if p is not None else None
         for k, h in enumerate(headers):
+            src = sources[k] if sources is not None else None
             if isinstance(h, list):
                 for e, he in enumerate(h):
                     name = piece_key(where, k, e)
                     self._add(name, he.crc32, crcs[k][e], [he.rows * cols * 2],
-                              diagnose(name, sources[k][e] if sources is not None else None))
+                              diagnose(name, src[e] if src is not None else None))
             else:
                 # (joined through int32 views: torch's CUDA uint32 support is partial)
                 joined = torch.cat([c.view(torch.int32) for c in crcs[k]]).view(torch.uint32)
-                self._add(where, h.crc32, joined, [h.rows * cols * 2] * n_experts,
-                          diagnose(where, sources[k] if sources is not None else None))
+                self._add(where, h.crc32, joined, [h.rows * cols * 2] * n_experts, diagnose(where, src))
 
     def stack(self, where: str, st) -> None:
         """A compressed ExpertStack as held, after its mode was applied."""
