@@ -33,7 +33,7 @@ from torch import Tensor
 
 from . import _ext
 
-__all__ = ["crc32_ranges", "kernel_ok", "kernel_crc32_ranges"]
+__all__ = ["crc32_ranges", "kernel_ok", "kernel_crc32_ranges", "self_test"]
 
 log = logging.getLogger(__name__)
 
