@@ -426,3 +426,36 @@ def test_decode_steps_take_the_slots_gemv_only_where_measured(monkeypatch):
     t.record(dev, 512, 128, "palette", 1, {"decode_cublas": 1.0, "palette_gemv_mma": 1.1})
     assert decide(t, lay)  # (decided once per layer)
     assert not decide(t, layer())
+
+
+@pytest.mark.parametrize("device_wrong", [False, True])
+def test_a_failed_expert_group_check_names_a_device_fault(monkeypatch, device_wrong):
+    """The palette MoE method's TP check of expert pieces decoded on a device: when the stored
+    crc32 is missed, a piece whose device record differs from the CPU codec's decode of the
+    same planes is a DeviceFaultError; where they agree (the planes themselves differ from the
+    checkpoint) the group's ChecksumError stands."""
+    import dataclasses
+    import types
+
+    import numpy as np
+    import torch
+
+    from tests.conftest import bf16_gaussian
+    from unweight.codec import tensor_codec as tc
+    from unweight.codec.shard_check import decode_record
+    from unweight.format.errors import ChecksumError, DeviceFaultError
+    from unweight.integrations.vllm import moe
+    monkeypatch.setattr(moe, "gather", lambda layer, mine: [mine])  # one rank
+    w = bf16_gaussian(np.random.default_rng(1), (64, 128))
+    enc = tc.encode(w, "palette")
+    stored = dataclasses.replace(enc.header, crc32=enc.header.crc32 ^ 1)  # what the checkpoint says differs
+    pc = {"name": "model.layers.0.mlp.experts.3.down_proj.weight", "header": enc.header, "planes": enc.planes,
+          "rows": (0, 64), "cols": (0, 128), "full_header": stored}
+    layer = types.SimpleNamespace(_uw_pieces={(3, "w2"): pc})
+    _, record = decode_record(enc.header, enc.planes, (0, 64), (0, 128), 128, pc["name"])
+    if device_wrong:
+        record = (record[0], record[1], record[2], record[3] ^ 2)
+    me = types.SimpleNamespace(prefix="model.layers.0.mlp.experts")
+    with pytest.raises(DeviceFaultError if device_wrong else ChecksumError) as e:
+        moe.UnweightFusedMoEMethod._check_group(me, layer, {pc["name"]: record}, torch.device("cpu"))
+    assert pc["name"] in str(e.value) and isinstance(e.value, DeviceFaultError) == device_wrong

@@ -60,13 +60,13 @@ from ...codec import shard as sh
 from ...codec import tensor_codec as tc
 from ...codec.shard_check import check_shard_records, decode_record
 from ...format import constants as C
-from ...format.errors import FormatError, InputError
+from ...format.errors import ChecksumError, FormatError, InputError
 from ...format.header import TensorHeader
 from ...runtime import dispatch, scratch, selftest
 from ...runtime import kernel_plan as kp
 from ...runtime.expert_slots import ExpertSlots, routed_forward
 from ...runtime.tuning_table import PALETTE_GEMV_MMA
-from ...runtime.verify import HeldCheck, shard_record_of, verify_setting
+from ...runtime.verify import HeldCheck, block_fault, shard_record_of, verify_setting
 from ...runtime.modes import sharded_mode
 from .ops import check_kernels, current_policy
 from .common import PLANE_DTYPES, device_piece, gather, log, missing_plane, report_layer, take_shard, tp_info
@@ -271,7 +271,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
                 w13.append([ws["w1"], ws["w3"]])
                 w2.append([ws["w2"]])
         if mine:
-            self._check_group(layer, mine)
+            self._check_group(layer, mine, dev)
         if stacks is not None:
             host = stacks  # ({"w13": bf16 [E, 2I, H], "w2": bf16 [E, H, I]} on the device)
         for stem in ("w13_weight", "w2_weight"):
@@ -387,14 +387,27 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
                     h = pc["full_header"]
                     mine[pc["name"]] = shard_record_of(rows, pc["rows"], pc["cols"], h.cols)
         if mine:
-            self._check_group(layer, mine)
+            self._check_group(layer, mine, dev)
         return out
 
-    def _check_group(self, layer, mine: dict) -> None:
-        """The TP group's check of every expert piece of the layer from each rank's records."""
+    def _check_group(self, layer, mine: dict, device=None) -> None:
+        """The TP group's check of every expert piece of the layer from each rank's records.
+        device: where this rank's records were decoded (None: on the host); when the check
+        fails, a piece whose device record differs from the CPU codec's decode of the same
+        planes raises DeviceFaultError (runtime.verify.block_fault) in its place."""
         everyone = gather(layer, mine)
-        for pc in layer._uw_pieces.values():
-            check_shard_records([d[pc["name"]] for d in everyone if pc["name"] in d], pc["full_header"], pc["name"])
+        try:
+            for pc in layer._uw_pieces.values():
+                check_shard_records([d[pc["name"]] for d in everyone if pc["name"] in d], pc["full_header"],
+                                    pc["name"])
+        except ChecksumError as e:
+            for pc in layer._uw_pieces.values() if device is not None else ():
+                if pc["name"] in mine:
+                    fault = block_fault(pc["name"], device, mine[pc["name"]], lambda pc=pc: decode_record(
+                        pc["header"], pc["planes"], pc["rows"], pc["cols"], pc["full_header"].cols, pc["name"])[1])
+                    if fault is not None:
+                        raise fault from None
+            raise e from None
 
     def _verify(self, layer, keep: bool = False) -> dict:
         """Decode each piece once; the TP group checks every expert tensor's stored crc32 from
