@@ -1065,21 +1065,13 @@ def group_fused(rec, device):
         rec.check(f"fused {enc_name} captured in a CUDA graph replays bitwise", graph_capture, enc_name)
 
     def loader_selftest():
-        # What every GPU load runs before a forward (runtime/selftest.py): each fused path the
-        # shipped table picks on this GPU against float64; a failure takes that path out there.
+        # What every GPU load runs before a forward (`unweight selftest`, api.selftest): the
+        # CRC-32 kernel, each fused path the shipped table picks on this GPU, the row gathers
+        # and the expert-slot kernels; a failure takes that kernel out there.
         if device != "cuda":
             return {"skipped": True, "why": "the table's paths are measured on GPUs (CPU: tests/runtime)"}
-        from unweight.runtime import policy as policies
-        from unweight.runtime import selftest
-        res = selftest.check_fused_paths(policies.measured(), device)
-        failed = [f"{p}{' tiled' if t else ''} M={m}: {r.get('error') or r['max_err']}"
-                  for (p, t, m), r in res.items() if not r["passed"]]
-        gathers = selftest.check_gather(device, again=True)
-        failed += [f"{enc} row gather" for enc, ok in gathers.items() if not ok]
-        slots = selftest.check_slots(device, again=True)
-        failed += [f"expert-slot {what}" for what, ok in slots.items() if not ok]
-        return {"checked": len(res), "gathers": gathers, "slots": slots, "failed": failed,
-                "passed": not failed and len(gathers) == 2 and len(slots) == 2}
+        from unweight import api
+        return api.selftest(device=device)
     rec.check("the loaders' self-test of the fused paths the table picks on this GPU, the row gathers and the "
               "expert-slot kernels", loader_selftest)
 

@@ -713,6 +713,29 @@ def test_tune_refuses_without_a_cuda_gpu(tiny_model, tmp_path, monkeypatch):
     assert not cache.exists()
 
 
+def test_selftest_refuses_without_a_cuda_gpu(monkeypatch):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(InputError, match="CUDA GPU, not on cpu"):
+        unweight.api.selftest(device="cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(InputError, match="CUDA GPU, and none is visible"):
+        unweight.api.selftest()
+
+
+@pytest.mark.cuda
+def test_selftest_on_the_gpu_passes():
+    """Every kernel a load checks passes on this GPU (the CRC-32 kernel, the fused paths the
+    shipped table picks here, the row gathers, the expert slots)."""
+    torch = pytest.importorskip("torch")
+    from unweight import ops
+    if not torch.cuda.is_available() or not ops.cuda_kernels_built():
+        pytest.skip("needs a CUDA GPU and unweight._cuda")
+    r = unweight.api.selftest()
+    assert r["passed"], r
+    assert r["row_gathers"] == {"palette": True, "huffman": True} and r["expert_slots"] == {"decode": True,
+                                                                                            "gemv": True}
+
+
 @pytest.mark.cuda
 def test_tune_on_the_gpu_records_every_shape(tiny_model, tmp_path):
     """On a CUDA GPU: every encoded shape gets a path at the bucket asked for, in both

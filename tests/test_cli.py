@@ -420,3 +420,34 @@ def test_tune_table_names_each_rows_plane_order_and_the_auto_order(monkeypatch):
                     ["4096x4096", "palette", "tiled", "1", "palette_gemv_mma", "-", "tiled"],
                     ["4096x4096", "huffman", "file", "1", "decode_cublas", "ring", "-"]]
     assert "1 shapes timed on NVIDIA H200" in r.output
+
+
+def test_selftest_off_a_gpu_is_one_line():
+    p = run("selftest", env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert_one_line_error(p, 2)
+    assert "CUDA GPU" in p.stderr
+    p = run("selftest", "--device", "cpu")
+    assert_one_line_error(p, 2)
+
+
+@pytest.mark.parametrize("passed", [True, False])
+def test_selftest_table_and_exit_status(monkeypatch, passed):
+    """`unweight selftest`'s table (from api.selftest's result): a row per kind of kernel, the
+    failed fused checks listed under theirs, and exit 1 when a kernel failed."""
+    from click.testing import CliRunner
+
+    from unweight import api
+    from unweight.cli import main
+    failed = [] if passed else ["palette_gemv_mma (tile-major) at batch 1: max error 0.3 against 0.01"]
+    res = {"device": "NVIDIA H200", "crc32": True, "fused": {"checked": 156, "failed": failed},
+           "row_gathers": {"palette": True, "huffman": True}, "expert_slots": {"decode": True, "gemv": passed},
+           "passed": passed, "seconds": 0.4}
+    monkeypatch.setattr(api, "selftest", lambda **k: res)
+    r = CliRunner().invoke(main, ["selftest"])
+    assert r.exit_code == (0 if passed else 1), r.output
+    assert f"156 checks, {len(failed)} failed" in r.output and "palette ok, huffman ok" in r.output
+    assert ("every check passed" in r.output) == passed
+    assert ("palette_gemv_mma (tile-major) at batch 1" in r.output) != passed
+    assert ("gemv FAILED" in r.output) != passed
+    r = CliRunner().invoke(main, ["selftest", "--json"])
+    assert json.loads(r.output) == res

@@ -522,6 +522,55 @@ def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
     return sorted(shapes)
 
 
+def _cuda_device(device: str, what: str):
+    """torch.device of `device`, a visible CUDA GPU with the CUDA extension built; else one
+    InputError line beginning with `what` ("unweight tune measures")."""
+    try:
+        import torch
+    except ImportError:
+        raise InputError(f"{what} on a CUDA GPU and needs torch (pip install unweight[runtime])") from None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InputError(f"bad device {device!r}") from None
+    if dev.type != "cuda":
+        raise InputError(f"{what} on a CUDA GPU, not on {device}")
+    if not torch.cuda.is_available():
+        raise InputError(f"{what} on a CUDA GPU, and none is visible here")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise InputError(f"no CUDA device {device} here ({torch.cuda.device_count()} visible)")
+    from .ops import cuda_kernels_built
+    if not cuda_kernels_built():
+        raise InputError(f"{what} with the CUDA extension (unweight._cuda), which this install lacks")
+    return dev
+
+
+def selftest(*, device: str = "cuda") -> dict:
+    """Run on this machine's CUDA GPU the checks a load runs before it uses the GPU's kernels:
+    the CRC-32 kernel of the load check against zlib (ops.checksum), each fused matmul path the
+    tuning table may pick on this GPU, the embedding row gathers and the expert-slot kernels of
+    vLLM's MoE layers (runtime/selftest.py).  A kernel that fails is one a load takes out in
+    favour of a slower path with the right bits.  Returns {"device", "crc32", "fused":
+    {"checked", "failed"}, "row_gathers", "expert_slots", "passed", "seconds"}."""
+    dev = _cuda_device(device, "unweight selftest checks kernels")
+    import torch
+    from .ops import checksum
+    from .runtime import policy as policies
+    from .runtime import selftest as st
+    t0 = time.perf_counter()
+    crc = bool(checksum.self_test(dev))
+    fused = st.check_fused_paths(policies.measured(), dev)
+    failed = sorted({f"{p}{' (tile-major)' if o is True else ' (stack matrix)' if o == st.STACK else ''} at "
+                     f"batch {m}: {r.get('error') or 'max error %.3g against %.3g' % (r['max_err'], r['bound'])}"
+                     for (p, o, m), r in fused.items() if not r["passed"]})
+    gathers = st.check_gather(dev, again=True)
+    slots = st.check_slots(dev, again=True)
+    return {"device": torch.cuda.get_device_name(dev), "crc32": crc,
+            "fused": {"checked": len(fused), "failed": failed}, "row_gathers": gathers, "expert_slots": slots,
+            "passed": crc and not failed and all(gathers.values()) and all(slots.values()),
+            "seconds": time.perf_counter() - t0}
+
+
 def tune(path, *, device: str = "cuda", encodings=("palette", "huffman"), buckets=None, tp: int = 1,
          cache: str | None = None, iters: int = 50) -> dict:
     """Measure, on this machine's CUDA GPU, which path runs each of a compressed checkpoint's
@@ -537,24 +586,8 @@ def tune(path, *, device: str = "cuda", encodings=("palette", "huffman"), bucket
         if e not in ("palette", "huffman"):
             raise InputError(f"unknown encoding {e!r}; one of palette, huffman")
     shapes = tune_shapes(path, tp)
-    try:
-        import torch
-    except ImportError:
-        raise InputError("unweight tune measures on a CUDA GPU and needs torch (pip install unweight[runtime])") \
-            from None
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise InputError(f"bad device {device!r}") from None
-    if dev.type != "cuda":
-        raise InputError(f"unweight tune measures on a CUDA GPU, not on {device}")
-    if not torch.cuda.is_available():
-        raise InputError("unweight tune measures on a CUDA GPU, and none is visible here")
-    if dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise InputError(f"no CUDA device {device} here ({torch.cuda.device_count()} visible)")
-    from .ops import cuda_kernels_built
-    if not cuda_kernels_built():
-        raise InputError("unweight tune needs the CUDA extension (unweight._cuda), which this install lacks")
+    dev = _cuda_device(device, "unweight tune measures")
+    import torch
     from .runtime.tuning_table import BUCKETS, default_cache_path, split_key
     if buckets is not None:
         bad = [b for b in buckets if b not in BUCKETS]

@@ -234,6 +234,31 @@ def tune(path, device, encodings, buckets, tp, cache, as_json):
             f"{len(r['shapes'])} shapes timed on {r['device']} in {r['seconds']:.0f} s; choices recorded in {r['cache']}")
 
 
+@main.command()
+@click.option("--device", default="cuda", show_default=True, help="The CUDA device to check.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def selftest(device, as_json):
+    """Check this GPU's kernels as every load does before it uses them (exit 1 when one fails)."""
+    from . import api
+    r = _run(api.selftest, device=device)
+    if as_json:
+        _result(json.dumps(r, indent=2))
+    else:
+        def verdicts(d: dict) -> str:
+            return ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in d.items()) or "not run"
+        f = r["fused"]
+        rows = [["crc32 kernel (load check)", "ok" if r["crc32"] else "FAILED"],
+                ["fused matmul paths", (f"{f['checked']} checks, {len(f['failed'])} failed" if f["checked"]
+                                        else "none: the tuning table measured none on this GPU")],
+                *[["", why] for why in f["failed"]],
+                ["row gathers", verdicts(r["row_gathers"])],
+                ["expert slots", verdicts(r["expert_slots"])]]
+        verdict = "every check passed" if r["passed"] else "a kernel failed; loads on this GPU take it out"
+        _result(_table(rows, ["kernels", "result"]) + f"\n{r['device']}: {verdict} ({r['seconds']:.1f} s)")
+    if not r["passed"]:
+        sys.exit(1)
+
+
 def _check_output(output: str):
     """Refuse an --output that cannot be written before the run, not after both models were
     evaluated (hours on a full run).  Missing folders on its way are made when it is written."""
