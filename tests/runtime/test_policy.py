@@ -190,3 +190,16 @@ def test_the_environment_can_keep_unmeasured_shapes_on_decode_and_cublas(monkeyp
     monkeypatch.setenv("UNWEIGHT_NEAREST_SHAPES", "1")
     assert pol.DispatchPolicy(None).nearest
     assert not pol.DispatchPolicy(None, nearest=False).nearest
+
+
+def test_auto_plane_order_of_a_shape_not_timed_in_both_is_the_nearest_ones(on_cuda):
+    p, cuda, _ = on_cuda
+    for enc, ms in (("palette", 0.2), ("palette:tiled", 0.1)):
+        p.table.record(DEV, 64, 128, enc, 1, {"decode_cublas": 1.0, "palette_gemm": ms})
+    assert p.plane_order(64, 128, cuda) == "tiled"
+    assert p.plane_order(48, 128, cuda) == "tiled"  # not timed: 64 x 128's
+    assert p.plane_order(40, 128, cuda) == "file"  # timed in file order only: the table's rule
+    assert p.plane_order(48, 128, torch.device("cpu")) == "file"
+    strict = pol.DispatchPolicy(p.table, nearest=False)
+    strict.device_name = lambda device: DEV
+    assert strict.plane_order(48, 128, cuda) == "file"

@@ -341,3 +341,18 @@ def test_nearest_choice_is_the_nearest_measured_shapes_winner_by_a_margin():
     assert t.nearest_choice("NVIDIA H100 80GB HBM3", 3072, 4096, "palette", 1) is None
     assert t.nearest_choice(dev, 3072, 4096, "palette", 64) is None  # nor in that bucket
     assert t.has(dev, 4096, 4096, "palette", 1) and not t.has(dev, 3072, 4096, "palette", 1)
+
+
+def test_nearest_order_is_the_order_of_the_nearest_shape_timed_in_both():
+    t = tuning.TuningTable()
+    dev = "NVIDIA H200"
+    for enc, ms in (("palette", 1.2), ("palette:tiled", 1.0)):
+        t.record(dev, 4096, 4096, enc, 1, {"decode_cublas": 2.0, "palette_gemv_mma": ms})
+    for enc, ms in (("palette", 1.0), ("palette:tiled", 1.2)):
+        t.record(dev, 128256, 4096, enc, 1, {"decode_cublas": 2.0, "palette_gemm": ms})
+    t.record(dev, 2048, 2048, "palette", 1, {"decode_cublas": 2.0, "palette_gemm": 1.0})  # one order only
+    assert t.orders_timed(dev, 4096, 4096) == {"palette", "palette:tiled"}
+    assert t.orders_timed(dev, 2048, 2048) == {"palette"} and t.orders_timed(dev, 768, 2048) == set()
+    assert t.nearest_order(dev, 768, 2048) == "tiled"
+    assert t.nearest_order(dev, 65536, 4096) == "file"
+    assert t.nearest_order("NVIDIA H100 80GB HBM3", 768, 2048) is None

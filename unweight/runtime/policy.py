@@ -189,11 +189,16 @@ class DispatchPolicy:
     def plane_order(self, N: int, K: int, device) -> str:
         """The order to hold a palette [N, K] matmul weight's planes in on `device` for
         plane_order="auto": "tiled" where the table measured it faster tile-major there
-        (TuningTable.plane_order), else "file" (always on CPU, where the codec reads file order)."""
+        (TuningTable.plane_order), or, for a shape it did not time at all and with `nearest`,
+        where the nearest shape it timed in both orders was (TuningTable.nearest_order); else
+        "file" (always on CPU, where the codec reads file order)."""
         device = torch.device(device)
         if self.table is None or not self.table.entries or device.type != "cuda":
             return "file"
-        return self.table.plane_order(self.device_name(device), N, K)
+        name = self.device_name(device)
+        if not self.nearest or self.table.orders_timed(name, N, K):
+            return self.table.plane_order(name, N, K)
+        return self.table.nearest_order(name, N, K) or "file"
 
     def decoder(self, w: EncodedWeight | TensorHeader, device: torch.device) -> int:
         """The CUDA decoder variant for w (a weight or a tensor header: its rows, cols,

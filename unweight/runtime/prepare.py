@@ -250,8 +250,9 @@ def prepare(model: nn.Module, mode: str = "auto", policy: policies.DispatchPolic
     matmul weight that can be tile-major (CompressedWeightMixin.set_plane_order; the same
     results, the planes in the order the fused kernels stream; on CPU, where the codec reads
     file order, each decode untiles them first), "file" keeps the stored order, "auto" each
-    weight in the order the policy's table measured faster for its shape and device (file
-    order where nothing was measured, and on CPU).  Palette weights on CUDA hold their
+    weight in the order the policy's table measured faster for its shape and device (a shape
+    it never timed: the nearest timed shape's, DispatchPolicy.plane_order; file order where
+    nothing applies, and on CPU).  Palette weights on CUDA hold their
     palette in paired order (CompressedWeightMixin.set_palette_order).  merge_siblings: True
     stacks each parent's sibling projections that read one input (q/k/v, gate/up;
     runtime/siblings.py) into one palette matrix that a forward multiplies once, the members'

@@ -386,6 +386,28 @@ class TuningTable:
         t = e["times_ms"].get(path or choose(e["times_ms"], encoding))
         return float(t) if _finite(t) else None
 
+    def _palette_orders(self, device: str) -> dict:
+        """{(N, K): the palette table encodings ("palette", "palette:tiled") `device` timed it in}."""
+        out = {}
+        for key in self.entries:
+            d, n, k, enc, _ = split_key(key)
+            if d == device and enc in ("palette", "palette" + TILED) and n > 0 and k > 0:
+                out.setdefault((n, k), set()).add(enc)
+        return out
+
+    def orders_timed(self, device: str, N: int, K: int) -> set:
+        """The palette table encodings ("palette", "palette:tiled") `device` timed [N, K] in."""
+        return self._palette_orders(device).get((N, K), set())
+
+    def nearest_order(self, device: str, N: int, K: int) -> str | None:
+        """plane_order of the shape nearest [N, K] (|ln N/N'| + |ln K/K'|; ties to the larger)
+        among those `device` timed in both plane orders; None when it timed none so."""
+        shapes = [nk for nk, encs in self._palette_orders(device).items() if len(encs) == 2]
+        if not shapes:
+            return None
+        n, k = min(shapes, key=lambda nk: (abs(math.log(nk[0] / N)) + abs(math.log(nk[1] / K)), -nk[0], -nk[1]))
+        return self.plane_order(device, n, k)
+
     def plane_order(self, device: str, N: int, K: int) -> str:
         """"tiled" when the palette [N, K] weight was timed in both plane orders on `device`
         and, over the buckets timed in both, the geometric mean of (best tile-major time /

@@ -39,8 +39,9 @@ def load(path: str, device: str | torch.device | None = None, mode: str = "auto"
     plane_order: "tiled" holds palette matmul weights tile-major in memory (the order the
         fused kernels stream; the same results: runtime/prepare.py), "file" as stored, "auto"
         (the default) each in the order the dispatch table measured faster for its shape on
-        its GPU, file order where nothing was measured.  Tile-major is for a GPU: on CPU every
-        decode first puts the planes back in file order, which only costs.
+        its GPU (a shape never timed: the nearest timed shape's order), file order where nothing
+        applies.  Tile-major is for a GPU: on CPU every decode first puts the planes back in
+        file order, which only costs.
     merge_siblings: True holds each set of sibling projections that read one input (q/k/v,
         gate/up) as one stacked palette matrix, one matmul per set (runtime/siblings.py);
         "auto" (the default) only where the dispatch table measured the stack faster than its

@@ -24,7 +24,8 @@ stored encoding (serving is where memory is short), "dense" decodes each rank's 
 BF16 at load.  ``quantization_config.plane_order`` (or UNWEIGHT_PLANE_ORDER) "tiled" holds the
 palette pieces of linear layers tile-major (ops/layout.py; the same results), "file" as
 stored, and "auto" (the default) each piece in the order the dispatch table measured faster
-for its shape on this GPU (file order where nothing was measured, and on CPU).
+for its shape on this GPU (a shape never timed: the nearest timed shape's; file order where
+nothing applies, and on CPU).
 ``quantization_config.merge_siblings`` (or UNWEIGHT_MERGE_SIBLINGS) true holds a merged layer's
 palette pieces (q/k/v, gate/up) as one matrix under one palette (runtime/siblings.py): one
 fused launch per forward instead of one per piece and a concatenation; "auto" (the default)
