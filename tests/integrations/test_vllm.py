@@ -390,11 +390,12 @@ def test_palette_pieces_when_the_experts_make_no_stack():
     assert all(0 < r["held_bytes"] < 0.8 * (2 * 32 * 128 if r["shard_id"] != "w2" else 2 * 128 * 32) for r in report)
 
 
-def test_decode_steps_take_the_slots_gemv_only_where_measured(monkeypatch):
+def test_decode_steps_take_the_slots_gemv_where_measured_or_like_the_nearest(monkeypatch):
     """The palette MoE method's choice of routed_forward at decode steps: only for a silu layer
     with router weights on the outputs whose rank blocks (gate/up [I/tp, H] for the stacked
     w13, down [H, I/tp], the shapes `unweight tune` times) both timed the tensor-core GEMV
-    faster than decode + cuBLAS at batch 1 on the device; decided once per layer."""
+    faster than decode + cuBLAS at batch 1 on the device, or, a shape not measured, whose
+    nearest measured shape did by 1.25x; decided once per layer."""
     import types
 
     import torch
@@ -409,17 +410,20 @@ def test_decode_steps_take_the_slots_gemv_only_where_measured(monkeypatch):
         stacks = (types.SimpleNamespace(rows=256, cols=512), types.SimpleNamespace(rows=512, cols=128))
         return types.SimpleNamespace(activation=activation, apply_router_weight_on_input=on_input, _uw_slots=stacks)
 
-    def decide(table, lay):
-        monkeypatch.setattr(moe, "current_policy", lambda: DispatchPolicy(table))
+    def decide(table, lay, nearest=True):
+        monkeypatch.setattr(moe, "current_policy", lambda: DispatchPolicy(table, nearest=nearest))
         me = types.SimpleNamespace(prefix="model.layers.0.mlp.experts")
         return moe.UnweightFusedMoEMethod._slots_gemv(me, lay, torch.device("cuda"))
 
     t = TuningTable()
     assert not decide(t, layer())  # nothing measured
+    t.record(dev, 128, 512, "palette", 1, {"decode_cublas": 1.0, "palette_gemv_mma": 0.9})
+    assert not decide(t, layer())  # down [512, 128] not measured, and the nearest won by less than 1.25x
     t.record(dev, 128, 512, "palette", 1, {"decode_cublas": 1.0, "palette_gemv_mma": 0.7})
-    assert not decide(t, layer())  # down [512, 128] not measured
+    assert decide(t, layer())  # down not measured: the nearest shape's win by 1.25x or more stands for it
+    assert not decide(t, layer(), nearest=False)  # measured shapes only
     t.record(dev, 512, 128, "palette", 1, {"decode_cublas": 1.0, "palette_gemv_mma": 0.9})
-    assert decide(t, layer())
+    assert decide(t, layer(), nearest=False)
     assert not decide(t, layer("gelu")) and not decide(t, layer(on_input=True))
     lay = layer()
     assert decide(t, lay) and lay._uw_slots_gemv is True

@@ -203,3 +203,12 @@ def test_auto_plane_order_of_a_shape_not_timed_in_both_is_the_nearest_ones(on_cu
     strict = pol.DispatchPolicy(p.table, nearest=False)
     strict.device_name = lambda device: DEV
     assert strict.plane_order(48, 128, cuda) == "file"
+
+
+def test_measured_faster_of_a_shape_not_measured_asks_the_nearest(on_cuda):
+    p, cuda, _ = on_cuda
+    assert p.measured_faster(40, 128, 1, pol.PALETTE_GEMM, cuda)  # its own measurement
+    assert p.measured_faster(48, 128, 1, pol.PALETTE_GEMM, cuda)  # 40 x 128's
+    strict = pol.DispatchPolicy(p.table, nearest=False)
+    strict.device_name = lambda device: DEV
+    assert not strict.measured_faster(48, 128, 1, pol.PALETTE_GEMM, cuda)

@@ -356,3 +356,13 @@ def test_nearest_order_is_the_order_of_the_nearest_shape_timed_in_both():
     assert t.nearest_order(dev, 768, 2048) == "tiled"
     assert t.nearest_order(dev, 65536, 4096) == "file"
     assert t.nearest_order("NVIDIA H100 80GB HBM3", 768, 2048) is None
+
+
+def test_nearest_faster_asks_the_nearest_shape_for_one_path():
+    t = tuning.TuningTable()
+    dev = "NVIDIA H200"
+    t.record(dev, 4096, 4096, "palette", 1, {"decode_cublas": 2.0, "palette_gemv_mma": 1.0, "palette_gemm": 1.9})
+    assert t.nearest_faster(dev, 768, 2048, "palette", 1, "palette_gemv_mma")
+    assert not t.nearest_faster(dev, 768, 2048, "palette", 1, "palette_gemm")  # faster, not by the margin
+    assert not t.nearest_faster(dev, 768, 2048, "palette", 1, "decode_cublas")
+    assert not t.nearest_faster(dev, 768, 2048, "palette", 16, "palette_gemv_mma")  # nothing at 5-16

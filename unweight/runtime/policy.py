@@ -150,12 +150,17 @@ class DispatchPolicy:
 
     def measured_faster(self, N: int, K: int, M: int, path: str, device) -> bool:
         """Whether the table timed `path` strictly faster than decode + cuBLAS for a file-order
-        palette [N, K] weight at batch M on `device` (for callers composing the kernel into
-        something else than a linear, e.g. a MoE layer's routed experts)."""
+        palette [N, K] weight at batch M on `device`, or, for a shape it did not measure and
+        with `nearest`, by EXTRAPOLATE_MARGIN for the nearest measured shape (for callers
+        composing the kernel into something else than a linear, e.g. a MoE layer's routed
+        experts)."""
         device = torch.device(device)
         if self.table is None or not self.table.entries or device.type != "cuda" or self.faulty(device, path, False):
             return False
-        return self.table.faster(self.device_name(device), N, K, "palette", M, path)
+        name = self.device_name(device)
+        if self.nearest and not self.table.has(name, N, K, "palette", M):
+            return self.table.nearest_faster(name, N, K, "palette", M, path)
+        return self.table.faster(name, N, K, "palette", M, path)
 
     def stack_gain(self, rows: list, K: int, device, tiled: bool, M: int = 1) -> float | None:
         """How much faster palette [rows_i, K] weights that read one input run as one stacked

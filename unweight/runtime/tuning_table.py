@@ -342,13 +342,9 @@ class TuningTable:
         """Whether the table holds a measurement for this key at M's bucket."""
         return entry_key(device, N, K, encoding, bucket(M)) in self.entries
 
-    def nearest_choice(self, device: str, N: int, K: int, encoding: str, M: int) -> tuple | None:
-        """For a shape the table did not measure at M's bucket: (path, (N', K')), the choice of
-        the measured shape on `device` with the same encoding and bucket nearest [N, K] (the
-        least |ln N/N'| + |ln K/K'|; ties to the larger), where that choice is a fused path
-        that took at most 1 / EXTRAPOLATE_MARGIN of decode + cuBLAS's time there and can take
-        [N, K] at batch M (``candidates``); else (decode_cublas, (N', K')).  None: nothing
-        measured on that device, encoding and bucket."""
+    def _nearest(self, device: str, N: int, K: int, encoding: str, M: int) -> tuple | None:
+        """(N', K', entry) of the shape measured on `device` with this encoding at M's bucket
+        nearest [N, K] (the least |ln N/N'| + |ln K/K'|; ties to the larger); None: none."""
         b = bucket(M)
         best = None
         for key, e in self.entries.items():
@@ -358,15 +354,34 @@ class TuningTable:
             rank = (abs(math.log(n / N)) + abs(math.log(k / K)), -n, -k)
             if best is None or rank < best[0]:
                 best = (rank, n, k, e)
-        if best is None:
-            return None
-        _, n, k, e = best
-        path = self.lookup(device, n, k, encoding, M)
+        return None if best is None else best[1:]
+
+    @staticmethod
+    def _won_by_margin(e: dict, path: str) -> bool:
+        """Whether entry e timed `path` at most 1 / EXTRAPOLATE_MARGIN of decode + cuBLAS's time."""
         t, base = e["times_ms"].get(path), e["times_ms"].get(DECODE_CUBLAS)
-        if (path == DECODE_CUBLAS or not (_finite(t) and _finite(base)) or base < EXTRAPOLATE_MARGIN * t
-                or path not in candidates(encoding, M, K)):
+        return path != DECODE_CUBLAS and _finite(t) and _finite(base) and base >= EXTRAPOLATE_MARGIN * t
+
+    def nearest_choice(self, device: str, N: int, K: int, encoding: str, M: int) -> tuple | None:
+        """For a shape the table did not measure at M's bucket: (path, (N', K')), the choice of
+        the nearest measured shape (_nearest), where that choice is a fused path that took at
+        most 1 / EXTRAPOLATE_MARGIN of decode + cuBLAS's time there and can take [N, K] at
+        batch M (``candidates``); else (decode_cublas, (N', K')).  None: nothing measured on
+        that device, encoding and bucket."""
+        near = self._nearest(device, N, K, encoding, M)
+        if near is None:
+            return None
+        n, k, e = near
+        path = self.lookup(device, n, k, encoding, M)
+        if not self._won_by_margin(e, path) or path not in candidates(encoding, M, K):
             return DECODE_CUBLAS, (n, k)
         return path, (n, k)
+
+    def nearest_faster(self, device: str, N: int, K: int, encoding: str, M: int, path: str) -> bool:
+        """For a shape the table did not measure at M's bucket: whether the nearest measured
+        shape (_nearest) timed `path` at most 1 / EXTRAPOLATE_MARGIN of decode + cuBLAS's time."""
+        near = self._nearest(device, N, K, encoding, M)
+        return near is not None and self._won_by_margin(near[2], path)
 
     def faster(self, device: str, N: int, K: int, encoding: str, M: int, path: str) -> bool:
         """Whether `path` was timed strictly faster than decode_cublas in the same run for this
