@@ -248,3 +248,11 @@ def test_a_wrong_expert_slot_kernel_is_taken_out(fresh_slots_state, what):
     assert selftest.slots_ok(CPU, "decode") == (what != "decode")
     assert selftest.slots_ok(CPU, "gemv") == (what != "gemv")
     assert selftest.slots_ok(torch.device("cuda", 0), what)  # another device
+
+
+def test_expert_slots_that_cannot_be_built_take_both_kernels_out(fresh_slots_state):
+    def broken(w, device):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    with pytest.warns(UserWarning, match="illegal memory access"):
+        assert selftest.check_slots(CPU, broken) == {"decode": False, "gemv": False}
+    assert not selftest.slots_ok(CPU, "decode") and not selftest.slots_ok(CPU, "gemv")

@@ -236,7 +236,16 @@ def check_slots(device, slots_of=None, again: bool = False) -> dict:
         return {}
     _SLOTS_CHECKED.add(key)
     w = _weight_bits().reshape(3, SHAPE[0] // 3, SHAPE[1])
-    slots = (slots_of or ExpertSlots.from_weights)(w, device)
+    made = {}
+    # (the slots are built by the layers' own encode on the device: a failure there is the
+    # decode's too, since the layers would build theirs the same way)
+    why = _attempt(lambda: made.update(slots=(slots_of or ExpertSlots.from_weights)(w, device)))
+    if why is not None:
+        if why != _REFUSED:
+            mark_slots_faulty(device, "decode", why)
+            mark_slots_faulty(device, "gemv", why)
+        return {} if why == _REFUSED else {"decode": False, "gemv": False}
+    slots = made["slots"]
     ids = torch.tensor(_SLOT_IDS, dtype=torch.int64, device=device)
     S, rows, cols = len(_SLOT_IDS), w.shape[1], w.shape[2]
 
