@@ -14,6 +14,7 @@ import torch
 from ... import ops
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
+from ...codec.shard_check import decode_record
 from ...format import constants as C
 from ...format.errors import FormatError
 from ...format.header import TensorHeader
@@ -137,3 +138,9 @@ def gather(layer, record) -> list:
     out = [None] * size
     dist.all_gather_object(out, record, group=g.cpu_group)
     return out
+
+
+def piece_record(pc: dict) -> tuple:
+    """(uint16 [rows, cols] block, shard record) of a piece (a layer's _uw_pieces entry)
+    decoded from its planes on the host, its stored index checked (codec.shard_check)."""
+    return decode_record(pc["header"], pc["planes"], pc["rows"], pc["cols"], pc["full_header"].cols, pc["name"])

@@ -58,7 +58,7 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import Un
 
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
-from ...codec.shard_check import check_shard_records, decode_record
+from ...codec.shard_check import check_shard_records
 from ...format import constants as C
 from ...format.errors import ChecksumError, FormatError, InputError
 from ...format.header import TensorHeader
@@ -69,7 +69,8 @@ from ...runtime.tuning_table import PALETTE_GEMV_MMA
 from ...runtime.verify import HeldCheck, block_fault, shard_record_of, verify_setting
 from ...runtime.modes import sharded_mode
 from .ops import check_kernels, current_policy
-from .common import PLANE_DTYPES, device_piece, gather, log, missing_plane, report_layer, take_shard, tp_info
+from .common import (PLANE_DTYPES, device_piece, gather, log, missing_plane, piece_record, report_layer, take_shard,
+                     tp_info)
 
 
 SHARD_IDS = ("w1", "w3", "w2")  # vLLM's names: gate, up (stacked into w13), down
@@ -403,8 +404,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         except ChecksumError as e:
             for pc in layer._uw_pieces.values() if device is not None else ():
                 if pc["name"] in mine:
-                    fault = block_fault(pc["name"], device, mine[pc["name"]], lambda pc=pc: decode_record(
-                        pc["header"], pc["planes"], pc["rows"], pc["cols"], pc["full_header"].cols, pc["name"])[1])
+                    fault = block_fault(pc["name"], device, mine[pc["name"]], lambda pc=pc: piece_record(pc)[1])
                     if fault is not None:
                         raise fault from None
             raise e from None
@@ -416,8 +416,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         them), else {}."""
         mine, decoded = {}, {}
         for pc in layer._uw_pieces.values():
-            w, mine[pc["name"]] = decode_record(pc["header"], pc["planes"], pc["rows"], pc["cols"],
-                                                pc["full_header"].cols, pc["name"])
+            w, mine[pc["name"]] = piece_record(pc)
             if keep:
                 decoded[pc["name"]] = w
         self._check_group(layer, mine)

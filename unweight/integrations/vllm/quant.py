@@ -51,7 +51,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
-from ...codec.shard_check import check_shard_records, decode_record
+from ...codec.shard_check import check_shard_records
 from ...codec.verify import check_raw, check_records
 from ...format import constants as C
 from ...format.checkpoint import CompressedCheckpoint
@@ -66,8 +66,8 @@ from ...runtime.tuning_table import load_table
 from ...runtime.verify import HeldCheck, block_fault, held_shard_record, shard_record_of, verify_setting
 from ...runtime.weights import hold_paired, hold_row_index
 from . import ops as uvops
-from .common import (PLANE_DTYPES, device_piece, gather, hold_tiled, log, missing_plane, report_layer, take_shard,
-                     tp_info)
+from .common import (PLANE_DTYPES, device_piece, gather, hold_tiled, log, missing_plane, piece_record, report_layer,
+                     take_shard, tp_info)
 
 _DEFAULT_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
@@ -436,8 +436,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
                 try:
                     check_shard_records(gather(layer, mine), pc["full_header"], pc["name"])
                 except ChecksumError as e:  # this rank's device, or the planes? (the host decodes them too)
-                    fault = block_fault(pc["name"], dev, mine, lambda pc=pc: decode_record(
-                        pc["header"], pc["planes"], pc["rows"], pc["cols"], pc["full_header"].cols, pc["name"])[1])
+                    fault = block_fault(pc["name"], dev, mine, lambda pc=pc: piece_record(pc)[1])
                     raise (fault or e) from None
             elif on_device:
                 dense_checks.append((pc, sum(x.rows for x in weights)))
@@ -515,7 +514,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
         """Decode this rank's shard once on the host and check the TP group's shards against the
         stored crc32."""
         h = pc["full_header"]
-        _, mine = decode_record(pc["header"], pc["planes"], pc["rows"], pc["cols"], h.cols, pc["name"])
+        _, mine = piece_record(pc)
         check_shard_records(gather(layer, mine), h, pc["name"])
 
     def _planes(self, layer) -> list:
