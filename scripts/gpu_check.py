@@ -11,7 +11,8 @@ Stages (``--stage``, comma-separated, or ``all``):
                  65536 BF16 patterns, verbatim-heavy palettes, the golden files; the transcode
                  against the host codec; fused kernels against cuBLAS BF16 (error vs float64
                  <= 2x cuBLAS's, repeats bitwise) and their host emulation; corrupt planes
-                 counted on the device; CUDA-graph capture of the decode and fused ops.
+                 counted on the device; CUDA-graph capture of the decode and fused ops; the
+                 self-tests every load runs before using the kernels (``unweight selftest``).
                  The runtime's default kernels first; then each kernel variant that is not
                  the default (VARIANT_TAGS: the other Huffman decoders, VEC8 palette
                  decode, wide-stage and shared-x GEMM, the palette GEMV) as a group of its
