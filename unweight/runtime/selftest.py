@@ -48,7 +48,7 @@ from . import kernel_plan as kp
 from .expert_slots import ExpertSlots
 from .policy import DispatchPolicy
 from .tuning_table import DECODE_CUBLAS, TILED, bucket_bounds, split_key
-from .weights import EncodedWeight, hold_paired, hold_row_index
+from .weights import EncodedWeight, code_table, device_planes, hold_paired, hold_row_index
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,7 @@ def _attempt(fn):
 def _held(bits: np.ndarray, device: torch.device, tiled: bool) -> EncodedWeight:
     """The palette weight of `bits` on `device` as the GPU loaders hold one."""
     enc = tc.encode(bits, "palette", threads=1)
-    planes = {s: torch.from_numpy(np.ascontiguousarray(a)).to(device) for s, a in enc.planes.items()}
-    w = EncodedWeight.from_header(enc.header, planes, name="self-test weight")
+    w = EncodedWeight.from_header(enc.header, device_planes(enc.planes, device), name="self-test weight")
     if tiled:
         w.sm, w.idx = ops_layout.tile_palette_planes(w.sm, w.idx)
         w.tiled = True
@@ -104,8 +103,8 @@ def _held_stack_matrix(bits: np.ndarray, device: torch.device) -> tuple:
     stack = bits.reshape(3, SHAPE[0] // 3, SHAPE[1])
     enc = tc.encode(stack, "palette", threads=1)
     holder = experts.PlaneHolder()
-    for suf, a in enc.planes.items():
-        holder.register_buffer("w" + suf, torch.from_numpy(np.ascontiguousarray(a)).to(device))
+    for suf, t in device_planes(enc.planes, device).items():
+        holder.register_buffer("w" + suf, t)
     p = experts._Planes(holder, "w", enc.header)
     st = experts.ExpertStack("self-test stack", stack.shape, torch.bfloat16, [p])
     experts.prepare_planes(st)
@@ -148,6 +147,16 @@ def _compare(y: torch.Tensor, y2: torch.Tensor, x: torch.Tensor, wt: torch.Tenso
             "passed": finite and e_k <= bound and same}
 
 
+def _due(checked: set, device: torch.device, again: bool) -> bool:
+    """Whether a check kept in `checked` (device keys) is to run on `device` now (not checked
+    before, or again; a GPU with the kernels built), noting it as checked."""
+    key = scratch.device_key(device)
+    if (key in checked and not again) or (device.type == "cuda" and not ops.cuda_kernels_built()):
+        return False
+    checked.add(key)
+    return True
+
+
 _GATHER_CHECKED: set = set()  # devices whose row-gather kernels check_gather checked
 _GATHER_IDS = (0, 383, 5, 5, 200, 17, 1, 382, 96, 255)  # ends, repeats, every part of the weight
 
@@ -157,12 +166,12 @@ def _held_huffman(bits: np.ndarray, device: torch.device) -> EncodedWeight:
     index at the loaders' S, the decode tables built there."""
     enc = tc.encode(bits, "huffman", threads=1)
     enc = tc.with_index(enc.header, enc.planes, threads=1, chk_interval=C.LOAD_CHK_INTERVAL)
-    planes = {s: torch.from_numpy(np.ascontiguousarray(a)).to(device) for s, a in enc.planes.items()}
-    table = torch.from_numpy(np.ascontiguousarray(enc.header.table, dtype=np.uint8)).to(device)
+    table = code_table(enc.header, device)
     err = scratch.error_counter(device)
     lut = (ops.build_lut(table, enc.header.exp_lo, enc.header.exp_hi, err) if device.type == "cuda"
            else torch.empty(0, dtype=torch.uint16))
-    return EncodedWeight.from_header(enc.header, planes, table, lut, name="self-test weight")
+    return EncodedWeight.from_header(enc.header, device_planes(enc.planes, device), table, lut,
+                                     name="self-test weight")
 
 
 def check_gather(device, gather=None, again: bool = False) -> dict:
@@ -174,10 +183,8 @@ def check_gather(device, gather=None, again: bool = False) -> dict:
     again: check a device checked before (the runbook).  Returns {encoding: passed} of this
     call's checks ({} when checked before)."""
     device = torch.device(device)
-    key = scratch.device_key(device)
-    if (key in _GATHER_CHECKED and not again) or (device.type == "cuda" and not ops.cuda_kernels_built()):
+    if not _due(_GATHER_CHECKED, device, again):
         return {}
-    _GATHER_CHECKED.add(key)
     gather = gather or (lambda w, ids: dispatch._gather_piece(w, ids, scratch.error_counter(device)))
     bits = _weight_bits()
     ids = torch.tensor(_GATHER_IDS, dtype=torch.int64, device=device)
@@ -231,10 +238,8 @@ def check_slots(device, slots_of=None, again: bool = False) -> dict:
     ExpertSlots to check (a stand-in for the tests).  Returns {"decode": ok, "gemv": ok} of this
     call's checks ({} when checked before)."""
     device = torch.device(device)
-    key = scratch.device_key(device)
-    if (key in _SLOTS_CHECKED and not again) or (device.type == "cuda" and not ops.cuda_kernels_built()):
+    if not _due(_SLOTS_CHECKED, device, again):
         return {}
-    _SLOTS_CHECKED.add(key)
     w = _weight_bits().reshape(3, SHAPE[0] // 3, SHAPE[1])
     made = {}
     # (the slots are built by the layers' own encode on the device: a failure there is the

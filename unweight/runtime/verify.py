@@ -173,14 +173,14 @@ class HeldCheck:
     def _shard(self, where: str, shard: tuple, m) -> None:
         rows, cols = self._block(shard)
         full = shard[3]
+        def host_record():  # the CPU codec's record of the block (a diagnosis on a GPU)
+            return decode_record(m.header, m.owner().host_planes(), rows, cols, full.cols, self._where(where))[1]
         if self.on_device(m.device):
             self._device(m.device)
             self._record(shard, held_shard_record(m.encoded(), rows, cols, full.cols, self.policy))
-            self._host_records[shard[0]] = (m.device, lambda: decode_record(
-                m.header, m.owner().host_planes(), rows, cols, full.cols, self._where(where))[1])
+            self._host_records[shard[0]] = (m.device, host_record)
             return
-        self._record(shard, decode_record(m.header, m.owner().host_planes(), rows, cols, full.cols,
-                                          self._where(where))[1])
+        self._record(shard, host_record())
 
     def module(self, where: str, m) -> None:
         """A compressed module (not a tied one) as held, after its mode was applied."""

@@ -7,6 +7,8 @@ gather and matmul path.
 """
 from __future__ import annotations
 
+import numpy as np
+import torch
 from torch import Tensor
 
 from ..format import constants as C
@@ -77,6 +79,16 @@ class EncodedWeight:
     @property
     def device(self):
         return self.sm.device
+
+
+def device_planes(planes: dict, device) -> dict:
+    """{suffix: tensor on `device`} of host planes ({suffix: NumPy array})."""
+    return {s: torch.from_numpy(np.ascontiguousarray(a)).to(device) for s, a in planes.items()}
+
+
+def code_table(header: TensorHeader, device) -> Tensor:
+    """A huffman header's code lengths uint8 [4, exp_hi-exp_lo+1] on `device` (the decode ops' table)."""
+    return torch.from_numpy(np.ascontiguousarray(header.table, dtype=np.uint8)).to(device)
 
 
 def hold_paired(w: EncodedWeight) -> EncodedWeight:

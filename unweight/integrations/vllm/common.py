@@ -22,7 +22,7 @@ from ...runtime import dispatch
 from ...runtime import kernel_plan as kp
 from ...runtime import scratch
 from ...runtime.policy import resolve_plane_order
-from ...runtime.weights import EncodedWeight, hold_paired, hold_row_index
+from ...runtime.weights import EncodedWeight, code_table, device_planes, hold_paired, hold_row_index
 from .ops import current_policy
 
 # a child of vLLM's logger, so the lines show up in every vLLM process with vLLM's formatting
@@ -86,10 +86,10 @@ def device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> Encod
     holds its palette in paired order (runtime.weights.hold_paired: the decode's cheaper
     lookup, the same weights) and its verbatim list's row index (hold_row_index: the fused
     kernels' cursors)."""
-    planes = {s: torch.from_numpy(np.ascontiguousarray(a)).to(dev) for s, a in ps.items()}
+    planes = device_planes(ps, dev)
     table = lut = None
     if hs.encoding == C.ENC_HUFFMAN:
-        table = torch.from_numpy(np.ascontiguousarray(hs.table, dtype=np.uint8)).to(dev)
+        table = code_table(hs, dev)
         lut = torch.empty(0, dtype=torch.uint16, device=dev)
         if dev.type == "cuda" and ops.cuda_kernels_built():
             lut = ops.build_lut(table, hs.exp_lo, hs.exp_hi, scratch.error_counter(dev))
