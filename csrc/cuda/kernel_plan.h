@@ -268,12 +268,18 @@ constexpr int PGEMV_MMA_MIN_STEPS = 4;
 // PGEMV_MMA_STAGED_DEPTH slots in shared memory through cp.async: DEPTH - 1 steps (9 KB) in
 // flight per warp without the 48 registers the register-direct stream spends on them, at
 // PGEMV_MMA_STAGED_CTAS_PER_SM CTAs per SM (144 KB per SM in flight where the register-direct
-// variant has 48-96).  Four n-tiles (batch 17-32) run at PGEMV_MMA4_CTAS_PER_SM CTAs per SM, as
-// that variant does.
+// variant has 48-96).  Four n-tiles (batch 17-32) run at PGEMV_MMA4_RING_CTAS_PER_SM CTAs per SM
+// (below).
 constexpr int PGEMV_VARIANT_MMA_STAGED = 5;
 constexpr int PGEMV_MMA_STAGED_DEPTH = 4;
 constexpr int PGEMV_MMA_STAGED_SLOT = PGEMV_MMA_ROWS * (PGEMV_MMA_COLS + PGEMV_MMA_COLS / 2);
 constexpr int PGEMV_MMA_STAGED_CTAS_PER_SM = 2;
+// The ring variants (staged, bulk copies) at four n-tiles (batch 17-32): their loads in flight
+// live in shared memory, not registers, so their 16 accumulators and x fit 128 registers
+// (ptxas sm_90a: 128 each; 4 and 16 bytes of spill stores, made once at the setup and reloaded
+// from L1 7 times per 4 steps) and they keep two CTAs per SM, 144 KB in flight where one CTA
+// has 72 KB.  The register-direct variants' four n-tiles need 168 (PGEMV_MMA4_CTAS_PER_SM).
+constexpr int PGEMV_MMA4_RING_CTAS_PER_SM = 2;
 // The prefetching tensor-core variant (dispatch path palette_gemv_mma_prefetch): the
 // register-direct variant (its loads, bits and CTAs per SM) with an L2 prefetch of the step
 // PGEMV_MMA_PREFETCH_STEPS past its last load: 12 KB asked of DRAM per warp instead of 6, the

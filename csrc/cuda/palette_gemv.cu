@@ -9,10 +9,11 @@
 // through cp.async into per-warp shared-memory rings (PGEMV_STAGED_SMEM_BYTES of dynamic
 // shared memory, under the 48 KB that needs no opt-in).  The tensor-core variant
 // (pgemv_mma_body): batches of up to 32 rows; __launch_bounds__(256, 2) for one or two
-// n-tiles of 8, (256, 1) for four.  Its staged form: the same bounds, loads through cp.async
-// into per-warp rings (PGEMV_MMA_STAGED_SMEM_BYTES, past 48 KB: opted in per device).  Its
-// prefetching form: the register-direct kernel's bounds and shared memory.  Its bulk-copy form
-// (sm_90+, tile-major planes): the same bounds, steps fetched by cp.async.bulk into per-warp
+// n-tiles of 8, (256, 1) for four.  Its staged form: (256, 2) at every batch (its loads in
+// flight hold no registers, so four n-tiles fit 128), loads through cp.async into per-warp
+// rings (PGEMV_MMA_STAGED_SMEM_BYTES, past 48 KB: opted in per device).  Its prefetching form:
+// the register-direct kernel's bounds and shared memory.  Its bulk-copy form (sm_90+,
+// tile-major planes): the staged form's bounds, steps fetched by cp.async.bulk into per-warp
 // rings (PGEMV_MMA_BULK_SMEM_BYTES, opted in); the launcher refuses it on an older device.  Its
 // queued form (pgemv_mma_queue_body, palette_gemv_queue): the register-direct kernel's bounds,
 // no shared memory, a persistent grid the caller sizes (plan::pgemv_mma_queue_grid).
@@ -96,7 +97,7 @@ __global__ void __launch_bounds__(plan::PGEMV_THREADS,
 
 template <int MB, bool kPaired>
 __global__ void __launch_bounds__(plan::PGEMV_THREADS,
-                                  MB > 16 ? plan::PGEMV_MMA4_CTAS_PER_SM : plan::PGEMV_MMA_STAGED_CTAS_PER_SM)
+                                  MB > 16 ? plan::PGEMV_MMA4_RING_CTAS_PER_SM : plan::PGEMV_MMA_STAGED_CTAS_PER_SM)
     pgemv_mma_staged_kernel(PgemvArgs a) {
   emu::DeviceCtx c;
   pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA_STAGED>(c, a);
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(plan::PGEMV_THREADS,
 }
 template <int MB, bool kPaired>
 __global__ void __launch_bounds__(plan::PGEMV_THREADS,
-                                  MB > 16 ? plan::PGEMV_MMA4_CTAS_PER_SM : plan::PGEMV_MMA_BULK_CTAS_PER_SM)
+                                  MB > 16 ? plan::PGEMV_MMA4_RING_CTAS_PER_SM : plan::PGEMV_MMA_BULK_CTAS_PER_SM)
     pgemv_mma_bulk_kernel(PgemvArgs a) {
   emu::DeviceCtx c;
   pgemv_variant_body<MB, kPaired, plan::PGEMV_VARIANT_MMA_BULK>(c, a);
@@ -139,6 +140,9 @@ static_assert(plan::PGEMV_MMA_ROWS * plan::PGEMV_MMA_MAX_M * 4 <= plan::PGEMV_MM
               "a warp's sums fit its bulk ring");
 static_assert(plan::PGEMV_MMA_STAGED_CTAS_PER_SM * (plan::PGEMV_MMA_STAGED_SMEM_BYTES + 1024) <= 228 * 1024,
               "the staged tensor-core GEMV's rings let PGEMV_MMA_STAGED_CTAS_PER_SM CTAs share an sm_90 SM");
+static_assert(plan::PGEMV_MMA4_RING_CTAS_PER_SM <= plan::PGEMV_MMA_STAGED_CTAS_PER_SM &&
+                  plan::PGEMV_MMA4_RING_CTAS_PER_SM <= plan::PGEMV_MMA_BULK_CTAS_PER_SM,
+              "the ring variants' rings are the same at every batch: as many CTAs share an SM at batch 17-32");
 
 // The kernel of a resolved variant V at MB batch rows.
 template <int MB, bool kPaired, int V>

@@ -282,6 +282,7 @@ def test_mma_parts_cover_every_step_once_and_fill_the_device():
 def test_mma_cpp_plan_matches_python():
     for name in ("PGEMV_VARIANT_MMA", "PGEMV_MMA_ROWS", "PGEMV_MMA_COLS", "PGEMV_MMA_MAX_M", "PGEMV_MMA_CTAS_PER_SM",
                  "PGEMV_MMA_WARPS_PER_SM", "PGEMV_MMA_MIN_STEPS", "PGEMV_MMA_SMEM_BYTES", "PGEMV_MMA4_CTAS_PER_SM",
+                 "PGEMV_MMA4_RING_CTAS_PER_SM",
                  "PGEMV_VARIANT_MMA_STAGED", "PGEMV_MMA_STAGED_DEPTH", "PGEMV_MMA_STAGED_SLOT",
                  "PGEMV_MMA_STAGED_CTAS_PER_SM", "PGEMV_MMA_STAGED_SMEM_BYTES", "PGEMV_VARIANT_MMA_PREFETCH",
                  "PGEMV_MMA_PREFETCH_STEPS", "PGEMV_VARIANT_MMA_BULK", "PGEMV_MMA_BULK_DEPTH", "PGEMV_MMA_BULK_SLOT",

@@ -151,6 +151,9 @@ PGEMV_MMA_COLS = 128
 PGEMV_MMA_MAX_M = 32
 PGEMV_MMA_CTAS_PER_SM = 2
 PGEMV_MMA4_CTAS_PER_SM = 1
+# The ring variants (staged, bulk copies) hold their loads in shared memory, so at four n-tiles
+# they fit 128 registers and keep two CTAs per SM.
+PGEMV_MMA4_RING_CTAS_PER_SM = 2
 PGEMV_MMA_WARPS_PER_SM = PGEMV_MMA_CTAS_PER_SM * PGEMV_WARPS
 PGEMV_MMA_MIN_STEPS = 4
 # The staged tensor-core variant (path palette_gemv_mma_staged): the same tiles, steps, parts and
