@@ -706,21 +706,26 @@ def expert_stacks(model: nn.Module) -> list:
 # ----------------------------------------------------------------------------- after loading
 
 
-def add_index(stack: ExpertStack, policy=None) -> None:
+def add_index(stack: ExpertStack, policy=None) -> dict:
     """The checkpoint index (S = LOAD_CHK_INTERVAL) for every huffman tensor of a stack kept
     compressed on a GPU whose file has none: without it an expert's decode runs a thread per
     segment, a few hundred threads for a whole GPU.  Built on the GPU (ops.build_index, with
-    the decoder the DispatchPolicy `policy` measured fastest for the stream as stored)."""
+    the decoder the DispatchPolicy `policy` measured fastest for the stream as stored).
+    Returns the decode tables it built, {plane attr: uint16 [4, 4096]}, for prepare_planes
+    (the index leaves the code tables as they are)."""
     from .. import ops  # the ops layer: the device index
+    luts = {}
     for p in stack.planes():
         h = p.header
         if h.encoding != C.ENC_HUFFMAN or h.chk_interval or p.device.type != "cuda" or not ops.cuda_kernels_built():
             continue
         err = scratch.error_counter(p.device)
-        indexed = ops.build_index(h, p.planes(), _device_lut(p, err), err,
-                                  variant=dispatch.decoder_variant(h, p.device, policy))
+        lut = _device_lut(p, err)
+        indexed = ops.build_index(h, p.planes(), lut, err, variant=dispatch.decoder_variant(h, p.device, policy))
         if indexed is not None:
             p.replace(*indexed)
+            luts[(id(p.module), p.attr)] = lut
+    return luts
 
 
 def _device_lut(p: _Planes, err: Tensor) -> Tensor:
@@ -730,16 +735,19 @@ def _device_lut(p: _Planes, err: Tensor) -> Tensor:
     return ops.build_lut(p.code_table(), p.header.exp_lo, p.header.exp_hi, err)
 
 
-def prepare_planes(stack: ExpertStack) -> None:
-    """Per-device tables a compressed stack needs: CUDA Huffman decode tables, and for palette
-    stacks each matrix's verbatim range with its block ids rebased to the matrix."""
+def prepare_planes(stack: ExpertStack, luts: dict | None = None) -> None:
+    """Per-device tables a compressed stack needs: CUDA Huffman decode tables (those add_index
+    returned for the same planes, `luts`, else built here), and for palette stacks each
+    matrix's verbatim range with its block ids rebased to the matrix."""
     for p in stack.planes():
         h = p.header
         if hasattr(p.module, p.attr + "_lut"):
             delattr(p.module, p.attr + "_lut")
         if h.encoding == C.ENC_HUFFMAN and p.device.type == "cuda":
-            p.module.register_buffer(p.attr + "_lut", _device_lut(p, scratch.error_counter(p.device)),
-                                     persistent=False)
+            lut = (luts or {}).get((id(p.module), p.attr))
+            if lut is None:
+                lut = _device_lut(p, scratch.error_counter(p.device))
+            p.module.register_buffer(p.attr + "_lut", lut, persistent=False)
         if h.encoding == C.ENC_PALETTE and h.stack:
             p.rebase_verbatim()
 

@@ -441,8 +441,7 @@ def _prepare_experts(model: nn.Module, plan: dict, stacks: list, mode: str, auto
             info["dense"] += 1
             continue
         experts.transcode(st, m, policy)
-        experts.add_index(st, policy)
-        experts.prepare_planes(st)
+        experts.prepare_planes(st, experts.add_index(st, policy))
         info["paired_palette_tensors"] += experts.hold_paired(st)  # on CUDA
         st.slot = slots.get(id(mod), 0)
         slots[id(mod)] = st.slot + st.rows * st.cols
