@@ -296,6 +296,8 @@ const char* queue_plan(const uint16_t* x, int64_t ldx, int M, const uint8_t* sm,
   // (the kernel counts units, rows and its queue's answers in 32 bits)
   if (N > 0x7FFFFFFFll - plan::PGEMV_MMA_ROWS || tiles * units + 2 * ctas * plan::PGEMV_WARPS > 0x7FFFFFFFll)
     return "palette_gemv_queue: more units than a 32-bit queue counts";
+  // (and a lane's two rows of a tile, at most 16 rows apart, a 32-bit distance in the planes)
+  if (K >= (int64_t{1} << 27)) return "palette_gemv_queue: K past 2^27 columns";
   if (queue == nullptr || (units > 1 && ws == nullptr)) return "palette_gemv_queue: null workspace or counters";
   // Units past the tile's steps would be empty (cdiv(steps, units) each): the kernel takes the
   // count that leaves none, which sums the same parts (an empty part adds +0 to a sum that

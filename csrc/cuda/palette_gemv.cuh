@@ -745,12 +745,15 @@ UW_HD void pgemv_mma_queue_body(Ctx& c, const PgemvArgs& a) {
   const int32_t P = a.parts;
   int32_t u = static_cast<int32_t>(c.block_x()) * plan::PGEMV_WARPS + c.warp();
   // Per unit: its tile's first row, first step, steps, half step (plan as the register-direct
-  // kernel's), and the lane's plane bases at its first step.
+  // kernel's), and the lane's byte of row r_lo at its first step in the sign+mantissa plane with
+  // row r_hi's distance from it.  The index plane's offsets are those halved (PalProduct::idx_at),
+  // so the lane's four plane bases are made from three registers where each load needs them:
+  // held as four pointers they spilled at batch 9-16, reloaded from local memory every step.
   struct Unit {
     int32_t tile, row0, s0;
     int nq, q_half;
-    const uint8_t* sp[2];
-    const uint8_t* ip[2];
+    int64_t o;    // sm_at(r_lo, first column)
+    int32_t dhi;  // sm_at(r_hi, first column) - o: >= 0, < 16 K (the launcher holds K under 2^27)
   };
   const int64_t last = a.N - 1;
   auto setup = [&](int32_t unit, Unit& w) {
@@ -765,13 +768,19 @@ UW_HD void pgemv_mma_queue_body(Ctx& c, const PgemvArgs& a) {
     const int64_t r_lo = w.row0 + g < last ? int64_t{w.row0} + g : last;
     const int64_t r_hi = w.row0 + g + 8 < last ? int64_t{w.row0} + g + 8 : last;
     const int64_t c0 = s0 * COLS + 16 * t;
-    w.sp[0] = a.sm + a.sm_at(r_lo, c0);
-    w.sp[1] = a.sm + a.sm_at(r_hi, c0);
-    w.ip[0] = a.idx + a.idx_at(r_lo, c0);
-    w.ip[1] = a.idx + a.idx_at(r_hi, c0);
+    w.o = a.sm_at(r_lo, c0);
+    w.dhi = static_cast<int32_t>(a.sm_at(r_hi, c0) - w.o);
   };
   const PmmaSteps d{static_cast<int>(a.sm_cols(COLS)), static_cast<int>(a.sm_cols(HALF)),
                     static_cast<int>(a.idx_cols(COLS)), static_cast<int>(a.idx_cols(HALF))};
+  // Step q's loads of unit w (pgemv_mma_load from the unit's bases).
+  auto unit_load = [&](const Unit& w, int q, uint32_t (&s)[2][2][4], uint32_t (&n)[2][2][2]) {
+    const int64_t o_hi = w.o + w.dhi;
+    const uint8_t* const sp[2] = {a.sm + w.o, a.sm + o_hi};
+    const uint8_t* const ip[2] = {a.idx + static_cast<int64_t>(static_cast<uint64_t>(w.o) / 2),
+                                  a.idx + static_cast<int64_t>(static_cast<uint64_t>(o_hi) / 2)};
+    pgemv_mma_load(sp, ip, d, q, w.q_half, s, n);
+  };
   const uint64_t bpr = static_cast<uint64_t>(a.K / PAL_BLOCK);
   int32_t* const head = a.queue + plan::PGEMV_QUEUE_HEAD;
   int32_t* const arrivals = a.queue + plan::PGEMV_QUEUE_TILES;
@@ -781,8 +790,8 @@ UW_HD void pgemv_mma_queue_body(Ctx& c, const PgemvArgs& a) {
     Unit cu{}, nu{};
     uint32_t sa[2][2][4], na[2][2][2], sb[2][2][4], nb[2][2][2];
     setup(u, cu);
-    pgemv_mma_load(cu.sp, cu.ip, d, 0, cu.q_half, sa, na);
-    if (cu.nq > 1) pgemv_mma_load(cu.sp, cu.ip, d, 1, cu.q_half, sb, nb);
+    unit_load(cu, 0, sa, na);
+    if (cu.nq > 1) unit_load(cu, 1, sb, nb);
     // (as the register-direct kernel: the planes before the wait, the rest after it, and the
     // next launch let start only then)
     c.grid_dep_wait();  // (the queue, the sums, x and y: an earlier launch may still use them)
@@ -831,24 +840,24 @@ UW_UNROLL()
       int q = 0;
       for (; q + 3 < cu.nq; q += 2) {
         step(q, sa, na);
-        pgemv_mma_load(cu.sp, cu.ip, d, q + 2, cu.q_half, sa, na);
+        unit_load(cu, q + 2, sa, na);
         step(q + 1, sb, nb);
-        pgemv_mma_load(cu.sp, cu.ip, d, q + 3, cu.q_half, sb, nb);
+        unit_load(cu, q + 3, sb, nb);
       }
       const int32_t un = W + c.shfl(asked, 0);  // (W + a count below U + W: no overflow)
       const bool has_next = un < U;  // warp-uniform
       if (has_next) setup(un, nu);
       // A one-step unit: the stream's second step is the next unit's first.
       if (cu.nq == 1 && has_next) {
-        pgemv_mma_load(nu.sp, nu.ip, d, 0, nu.q_half, sb, nb);
+        unit_load(nu, 0, sb, nb);
         x_lines(nu, 0);
       }
       // Global step q2 of the stream: this unit's, or the next unit's q2 - nq.
       auto refill = [&](int q2, uint32_t (&s)[2][2][4], uint32_t (&n)[2][2][2]) {
         if (q2 < cu.nq)
-          pgemv_mma_load(cu.sp, cu.ip, d, q2, cu.q_half, s, n);
+          unit_load(cu, q2, s, n);
         else if (has_next && q2 - cu.nq < nu.nq) {
-          pgemv_mma_load(nu.sp, nu.ip, d, q2 - cu.nq, nu.q_half, s, n);
+          unit_load(nu, q2 - cu.nq, s, n);
           x_lines(nu, q2 - cu.nq);
         }
       };
