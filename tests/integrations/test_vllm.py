@@ -354,6 +354,83 @@ def test_moe_load_check_as_a_gpu_makes_it(moe_models, tmp_path):
     assert _ok(res[4]) == _ok(res[0]) and "keeps per-expert palette pieces (the slot decode failed" in out
 
 
+@pytest.fixture(scope="module")
+def mla_models(tmp_path_factory):
+    """DeepSeek-V3-shaped (Kimi-K2's architecture) BF16 model, its huffman checkpoint, a copy in
+    palette mode, and one with a flipped bit in a kv_b_proj plane."""
+    import shutil
+
+    import unweight
+    from tests.integrations.vllm_model import make_moe
+    d = tmp_path_factory.mktemp("vllm_mla")
+    out = {"bf16": make_moe(str(d / "bf16"), "deepseek_v3"), "huffman": str(d / "huffman")}
+    unweight.compress(out["bf16"], out["huffman"], progress=False)
+    for name in ("palette", "bad"):
+        out[name] = str(d / name)
+        shutil.copytree(out["huffman"], out[name])
+        cfg_path = os.path.join(out[name], "config.json")
+        cfg = json.load(open(cfg_path))
+        cfg["quantization_config"]["mode"] = "palette"
+        json.dump(cfg, open(cfg_path, "w"))
+    flip_stored_byte(os.path.join(out["bad"], "model.safetensors"), "model.layers.1.self_attn.kv_b_proj.weight__sm",
+                     offset=77)
+    return out
+
+
+def _check_mla_reports(reports: dict, tp: int, mode: str) -> None:
+    """Every rank: kv_b_proj decoded at load (vLLM's MLA reads it dense), every other matrix of
+    attention, MLP, experts and head held compressed in `mode`.  (A replicated layer, such as
+    fused_qkv_a_proj, reports itself as rank 0 of 1 from every rank: it is found under rank 0.)"""
+    assert sorted(reports) == list(range(tp))
+    for rank, r in reports.items():
+        for layer in (0, 1):
+            kvb = r[f"model.layers.{layer}.self_attn.kv_b_proj"]
+            assert kvb["path"] == "decoded-to-bf16-at-load" and "MLA" in kvb["reason"], kvb
+            for name in ("fused_qkv_a_proj", "q_b_proj", "o_proj") if rank == 0 else ("q_b_proj", "o_proj"):
+                v = r[f"model.layers.{layer}.self_attn.{name}"]
+                assert v["path"] == "compressed" and v["mode"] == mode, (name, v)
+        for name in ("model.layers.0.mlp.gate_up_proj", "model.layers.1.mlp.shared_experts.gate_up_proj",
+                     "model.layers.1.mlp.experts", "lm_head"):
+            assert r[name]["path"] == "compressed" and r[name]["mode"] == mode, (name, r[name])
+        held = sum(v["held_bytes"] for v in r.values() if "held_bytes" in v)
+        bf16 = sum(v["bf16_bytes"] for v in r.values() if "bf16_bytes" in v)
+        assert held < 0.8 * bf16, (rank, held, bf16)
+
+
+def test_mla_moe_serves_compressed_with_kv_b_proj_decoded(mla_models):
+    """DeepSeek-V3 / Kimi-K2's layout (multi-head latent attention, routed and shared experts)
+    at TP=1 and TP=2, huffman and palette: greedy tokens equal to vLLM serving the BF16 original
+    in the same configuration.  vLLM's MLA attention reads kv_b_proj's weight itself at load
+    (it folds it into its per-head matrices), so that one matrix per layer is decoded there and
+    handed to vLLM as an unquantized layer; a flipped bit in its planes stops the load naming
+    it.  --load-format unweight (everything decoded at load) serves it too."""
+    m = mla_models
+    res, _ = _run([{"model": m["bf16"], "max_tokens": 8}, {"model": m["huffman"], "max_tokens": 8},
+                   {"model": m["palette"], "max_tokens": 8, "held_check": True},
+                   {"model": m["bad"], "max_tokens": 8},
+                   {"model": m["huffman"], "max_tokens": 8, "load_format": "unweight"}], timeout=600)
+    assert _ok(res[1]) == _ok(res[0]) and _ok(res[2]) == _ok(res[0]) and _ok(res[4]) == _ok(res[0])
+    _check_mla_reports(res[1]["reports"], 1, "huffman")
+    _check_mla_reports(res[2]["reports"], 1, "palette")
+    err = res[3]["error"]
+    assert "model.layers.1.self_attn.kv_b_proj.weight" in err and "checksum mismatch" in err
+    res, _ = _run([{"model": m["bf16"], "tp": 2, "max_tokens": 8}, {"model": m["palette"], "tp": 2, "max_tokens": 8}],
+                  timeout=600)
+    assert _ok(res[1]) == _ok(res[0])
+    _check_mla_reports(res[1]["reports"], 2, "palette")
+
+
+def test_mla_moe_compiled(mla_models):
+    """vLLM's default compiled mode on the MLA + shared-experts layout: the routed experts run
+    behind unweight_vllm::moe_routed (vLLM's runner, not its CPU experts kernel, runs the shared
+    expert), the same tokens as the compiled BF16 model."""
+    m = mla_models
+    res, _ = _run([{"model": m["bf16"], "eager": False, "max_tokens": 8},
+                   {"model": m["palette"], "eager": False, "max_tokens": 8}], timeout=600)
+    assert _ok(res[1]) == _ok(res[0])
+    _check_mla_reports(res[1]["reports"], 1, "palette")
+
+
 def test_palette_pieces_when_the_experts_make_no_stack():
     """Palette mode's fallback for a layer whose experts would pad their verbatim lists past
     SLOT_PADDING_MAX: one palette piece per expert and shard id, decoding to the experts'

@@ -32,7 +32,11 @@ def make_llama(dst: str, *, tie: bool = False, heads: int = 8, kv_heads: int = 2
 def make_moe(dst: str, arch: str, *, seed: int = 0) -> str:
     """Write a tiny 2-layer MoE in bf16 to dst (transformers saves per-expert 2-D tensors);
     arch "qwen3_moe" or "mixtral": hidden 256, 8 experts of intermediate 256, top-2, 8 heads /
-    4 KV heads, vocab 1024; every side a multiple of 256.  Returns dst."""
+    4 KV heads, vocab 1024; every side a multiple of 256.  "deepseek_v3" (Kimi-K2's
+    architecture): multi-head latent attention (q and kv LoRA ranks 256, 8 heads of 64 + 64
+    rope dims) and, after one dense layer, a MoE layer of 8 routed experts of intermediate 256
+    (top-2 of 2 groups, sigmoid scores with a correction bias, as "noaux_tc") and one shared
+    expert.  Returns dst."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -44,6 +48,14 @@ def make_moe(dst: str, arch: str, *, seed: int = 0) -> str:
                                    head_dim=32, **common)
     elif arch == "mixtral":
         cfg = AutoConfig.for_model("mixtral", intermediate_size=256, num_local_experts=8, **common)
+    elif arch == "deepseek_v3":
+        common["num_key_value_heads"] = 8
+        cfg = AutoConfig.for_model("deepseek_v3", intermediate_size=512, moe_intermediate_size=256,
+                                   n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
+                                   topk_group=1, topk_method="noaux_tc", scoring_func="sigmoid",
+                                   routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=256, kv_lora_rank=256,
+                                   qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64, rope_scaling=None,
+                                   **common)
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)

@@ -446,12 +446,19 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
         if layer._uw_w13 is None:  # dense mode: vLLM's own path on the decoded weights
             return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
-        if x.device.type == "cpu" and shared_experts is None:
+        if x.device.type == "cpu" and (shared_experts is None or not self._kernel_runs_shared()):
             # vLLM traces the CPU MoE forward into its compiled graph (on CUDA it calls it
             # through its own opaque op): the routed-expert selection below depends on the
-            # data, so it runs behind an op of ours that the compiler does not look into.
+            # data, so it runs behind an op of ours that the compiler does not look into.  The
+            # op takes no module: with shared experts (DeepSeek-V3, Kimi-K2) only where vLLM's
+            # kernel would not run them either (its synchronous finalize: vLLM's MoE runner does).
             return torch.ops.unweight_vllm.moe_routed(x, topk_weights, topk_ids, self.prefix)
         return self.apply_routed(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+
+    def _kernel_runs_shared(self) -> bool:
+        """Whether vLLM's experts kernel, handed the layer's shared experts, runs them itself (an
+        asynchronous finalize overlapping them with its combine); True where it cannot say."""
+        return bool(getattr(self.moe_kernel, "can_overlap_shared_experts", True))
 
     def _slots_gemv(self, layer, device) -> bool:
         """Whether this layer's routed experts run on their compressed stacks at a decode step

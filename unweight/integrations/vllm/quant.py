@@ -414,6 +414,9 @@ class _UnweightMethodBase(QuantizeMethodBase):
         where = verify_setting()
         verify = where is not None
         mode = sharded_mode(self.config.mode, layer._uw_pieces[self.shard_ids[0]]["header"].encoding_name)
+        handed_over = _read_dense_by_vllm(self.prefix, layer)
+        if handed_over:
+            mode = "dense"
         # On a GPU each piece is checked as held (runtime/verify.py): decoded there by the decoder
         # a forward runs and hashed there, the records then gathered as the host's are; a dense
         # layer's pieces by the rows of the weight decoded below.  Elsewhere: the host codec.
@@ -468,11 +471,15 @@ class _UnweightMethodBase(QuantizeMethodBase):
             for pc, r0 in dense_checks:
                 mine = shard_record_of(w[r0:r0 + pc["header"].rows], pc["rows"], pc["cols"], pc["full_header"].cols)
                 check_shard_records(gather(layer, mine), pc["full_header"], pc["name"])
-            layer.register_buffer("uw_dense", w, persistent=False)
             layer._uw_n, layer._uw_meta = 0, []
             for r in report:
                 r["held_bytes"] = r["bf16_shard_bytes"]
             record["path"] = "decoded-to-bf16-at-load"
+            if handed_over:
+                _hand_over(layer, w)
+                record["reason"] = "vLLM's MLA attention reads this weight dense"
+            else:
+                layer.register_buffer("uw_dense", w, persistent=False)
         else:
             tensors, meta = [], []
             for i, w in enumerate(weights):
@@ -529,6 +536,30 @@ class _UnweightMethodBase(QuantizeMethodBase):
 
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)
+
+# Linear layers whose dense weight vLLM reads itself rather than through the layer's forward:
+# multi-head latent attention (DeepSeek-V2/V3, Kimi-K2) absorbs kv_b_proj's weight into its
+# per-head matrices at load (get_and_maybe_dequant_weights, which knows only dense, FP8 and
+# packed-integer weights) and its CPU backend multiplies by them.  kv_b_proj is ~0.05% of such
+# a model's weights.
+_READ_DENSE = ("kv_b_proj",)
+
+
+def _read_dense_by_vllm(prefix: str, layer) -> bool:
+    """Whether vLLM reads the linear layer `prefix`'s weight as a dense tensor of its own: such
+    a layer is decoded at load and handed to vLLM as an unquantized layer (_hand_over)."""
+    return isinstance(layer, LinearBase) and prefix.rsplit(".", 1)[-1] in _READ_DENSE
+
+
+def _hand_over(layer, w: torch.Tensor) -> None:
+    """Give `layer` its rank's decoded BF16 weight w [out, in] as vLLM's unquantized linear
+    layers hold it (a ``weight`` Parameter, vLLM's UnquantizedLinearMethod and its post-load
+    set-up), so vLLM's own code reads the original bits and its GEMM computes with them, as for
+    the BF16 checkpoint."""
+    layer.register_parameter("weight", nn.Parameter(w, requires_grad=False))
+    method = UnquantizedLinearMethod()
+    layer.quant_method = method
+    method.process_weights_after_loading(layer)
 
 
 class UnweightLinearMethod(_UnweightMethodBase, LinearMethodBase):
