@@ -259,3 +259,28 @@ def test_kimi_k2_layer_plans_tp8_and_each_rank_decodes_its_shard_alone():
         # A single rank (TP=1) holding the whole tensor: no "shards" in the message.
         with pytest.raises(ChecksumError, match="mismatch of the decoded tensor"):
             check_shard_records([("rows", 0, e.header.rows, e.header.crc32 ^ 1)], e.header, name)
+
+
+@pytest.mark.parametrize("encoding", ["huffman", "palette"])
+def test_a_stack_matrix_stands_alone_and_its_shards_read_only_it(encoding):
+    """tc.matrix_planes: matrix e of a stack (Llama 4's [E, H, 2I] experts) as a tensor of its
+    own, whose column and row shards decode to the matrix's block, bit for bit, for every e;
+    the index of a huffman stack is dropped, verbatim blocks are rebased to the matrix."""
+    rng = np.random.default_rng(3)
+    w = bf16_gaussian(rng, (4, 256, 512))
+    w.reshape(-1)[rng.integers(0, w.size, 60)] = 0x7F00 | rng.integers(0, 0x7F, 60).astype(np.uint16)
+    e = tc.encode(w, encoding, threads=2, chk_interval=256 if encoding == "huffman" else 0)
+    assert e.header.stack == 4
+    for m in range(4):
+        h, p = tc.matrix_planes(e.header, e.planes, m)
+        assert h.stack == 0 and h.shape == (256, 512) and h.crc32 == 0 and not h.chk_interval
+        tc.check_planes(h, p)
+        assert bytes(TensorHeader.parse(p[C.SUFFIX_HDR]).pack()) == bytes(h.pack())
+        assert tc.decode(h, p, threads=2, verify=False).tobytes() == w[m].tobytes()
+        for rows, cols in (((128, 256), None), (None, (128, 384)), ((0, 128), (256, 512))):
+            hs, ps = sh.shard_planes(h, p, rows=rows, cols=cols)
+            r0, r1 = rows or (0, 256)
+            c0, c1 = cols or (0, 512)
+            assert tc.decode(hs, ps, threads=2, verify=False).tobytes() == w[m, r0:r1, c0:c1].tobytes()
+    with pytest.raises(IndexError):
+        tc.matrix_planes(e.header, e.planes, 4)

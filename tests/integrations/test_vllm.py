@@ -354,16 +354,14 @@ def test_moe_load_check_as_a_gpu_makes_it(moe_models, tmp_path):
     assert _ok(res[4]) == _ok(res[0]) and "keeps per-expert palette pieces (the slot decode failed" in out
 
 
-@pytest.fixture(scope="module")
-def mla_models(tmp_path_factory):
-    """DeepSeek-V3-shaped (Kimi-K2's architecture) BF16 model, its huffman checkpoint, a copy in
-    palette mode, and one with a flipped bit in a kv_b_proj plane."""
+def _compressed_variants(d, arch: str, bad_plane: str, offset: int) -> dict:
+    """A `arch` BF16 model (vllm_model.make_moe) in folder d, its huffman checkpoint, a copy in
+    palette mode, and one in palette mode with a flipped bit in `bad_plane`."""
     import shutil
 
     import unweight
     from tests.integrations.vllm_model import make_moe
-    d = tmp_path_factory.mktemp("vllm_mla")
-    out = {"bf16": make_moe(str(d / "bf16"), "deepseek_v3"), "huffman": str(d / "huffman")}
+    out = {"bf16": make_moe(str(d / "bf16"), arch), "huffman": str(d / "huffman")}
     unweight.compress(out["bf16"], out["huffman"], progress=False)
     for name in ("palette", "bad"):
         out[name] = str(d / name)
@@ -372,9 +370,16 @@ def mla_models(tmp_path_factory):
         cfg = json.load(open(cfg_path))
         cfg["quantization_config"]["mode"] = "palette"
         json.dump(cfg, open(cfg_path, "w"))
-    flip_stored_byte(os.path.join(out["bad"], "model.safetensors"), "model.layers.1.self_attn.kv_b_proj.weight__sm",
-                     offset=77)
+    flip_stored_byte(os.path.join(out["bad"], "model.safetensors"), bad_plane, offset=offset)
     return out
+
+
+@pytest.fixture(scope="module")
+def mla_models(tmp_path_factory):
+    """DeepSeek-V3-shaped (Kimi-K2's architecture) BF16 model, its huffman checkpoint, a copy in
+    palette mode, and one with a flipped bit in a kv_b_proj plane."""
+    return _compressed_variants(tmp_path_factory.mktemp("vllm_mla"), "deepseek_v3",
+                                "model.layers.1.self_attn.kv_b_proj.weight__sm", 77)
 
 
 def _check_mla_reports(reports: dict, tp: int, mode: str) -> None:
@@ -429,6 +434,59 @@ def test_mla_moe_compiled(mla_models):
                    {"model": m["palette"], "eager": False, "max_tokens": 8}], timeout=600)
     assert _ok(res[1]) == _ok(res[0])
     _check_mla_reports(res[1]["reports"], 1, "palette")
+
+
+@pytest.fixture(scope="module")
+def llama4_models(tmp_path_factory):
+    """A Llama 4-shaped BF16 model (experts as 3-D stacks), its huffman checkpoint, a copy in
+    palette mode, and one with a flipped bit in a down_proj stack's plane."""
+    return _compressed_variants(tmp_path_factory.mktemp("vllm_llama4"), "llama4_text",
+                                "model.layers.1.feed_forward.experts.down_proj__sm", 7777)
+
+
+def _check_llama4_reports(reports: dict, tp: int, mode: str) -> None:
+    """Every rank: each layer's stacked experts held compressed in `mode` as its block of the
+    intermediate size, the stacks' crc32 checked; q/k/v decoded at load (vLLM's Llama 4 loader
+    permutes q and k); o_proj, the shared expert and the head compressed."""
+    inter = 256
+    assert sorted(reports) == list(range(tp))
+    for rank, r in reports.items():
+        for layer in (0, 1):
+            ex = r[f"model.layers.{layer}.feed_forward.experts"]
+            assert ex["path"] == "compressed" and ex["mode"] == mode and ex["experts"] == 8, ex
+            st = ex["stacked"]
+            assert st["gate_up"].endswith("experts.gate_up_proj") and st["down"].endswith("experts.down_proj")
+            assert st["intermediate"] == [rank * inter // tp, (rank + 1) * inter // tp] and st["stack_checked"]
+            assert [pc["shard_id"] for pc in ex["pieces"]] == ["w1", "w3", "w2"]
+            assert all(pc["held_bytes"] < 0.8 * pc["bf16_shard_bytes"] for pc in ex["pieces"]), ex["pieces"]
+            if rank == 0:  # (a layer built unquantized reports without a rank: found under rank 0)
+                qkv = r[f"model.layers.{layer}.self_attn.qkv_proj"]
+                assert qkv["path"] == "decoded-to-bf16-at-load" and "q_proj" in qkv["reason"], qkv
+            for name in ("self_attn.o_proj", "feed_forward.shared_expert.gate_up_proj"):
+                v = r[f"model.layers.{layer}.{name}"]
+                assert v["path"] == "compressed" and v["mode"] == mode, (name, v)
+        assert r["lm_head"]["path"] == "compressed"
+
+
+def test_llama4_stacked_experts_serve_compressed(llama4_models):
+    """Llama 4's layout (experts as 3-D stacks gate_up_proj [E, H, 2I], down_proj [E, I, H]) at
+    TP=1 and TP=2, huffman and palette: greedy tokens equal to vLLM serving the BF16 original in
+    the same configuration.  Each rank holds its block of every expert compressed, transposed
+    into the orientation vLLM's experts kernel takes, after checking the stacks' crc32 across
+    the group; a flipped bit in a stack stops the load naming it."""
+    m = llama4_models
+    res, _ = _run([{"model": m["bf16"], "max_tokens": 8}, {"model": m["huffman"], "max_tokens": 8},
+                   {"model": m["palette"], "max_tokens": 8, "held_check": True},
+                   {"model": m["bad"], "max_tokens": 8}], timeout=600)
+    assert _ok(res[1]) == _ok(res[0]) and _ok(res[2]) == _ok(res[0])
+    _check_llama4_reports(res[1]["reports"], 1, "huffman")
+    _check_llama4_reports(res[2]["reports"], 1, "palette")
+    err = res[3]["error"]
+    assert "model.layers.1.feed_forward.experts.down_proj" in err and "checksum mismatch" in err
+    res, _ = _run([{"model": m["bf16"], "tp": 2, "max_tokens": 8}, {"model": m["palette"], "tp": 2, "max_tokens": 8}],
+                  timeout=600)
+    assert _ok(res[1]) == _ok(res[0])
+    _check_llama4_reports(res[1]["reports"], 2, "palette")
 
 
 def test_palette_pieces_when_the_experts_make_no_stack():

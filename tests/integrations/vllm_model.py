@@ -36,7 +36,9 @@ def make_moe(dst: str, arch: str, *, seed: int = 0) -> str:
     architecture): multi-head latent attention (q and kv LoRA ranks 256, 8 heads of 64 + 64
     rope dims) and, after one dense layer, a MoE layer of 8 routed experts of intermediate 256
     (top-2 of 2 groups, sigmoid scores with a correction bias, as "noaux_tc") and one shared
-    expert.  Returns dst."""
+    expert.  "llama4_text": Llama 4's layout, the experts of every layer stored as the 3-D stacks
+    ``feed_forward.experts.gate_up_proj`` [8, 256, 512] and ``down_proj`` [8, 256, 256] (top-1,
+    router weights applied on the input), beside a shared expert.  Returns dst."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -48,6 +50,10 @@ def make_moe(dst: str, arch: str, *, seed: int = 0) -> str:
                                    head_dim=32, **common)
     elif arch == "mixtral":
         cfg = AutoConfig.for_model("mixtral", intermediate_size=256, num_local_experts=8, **common)
+    elif arch == "llama4_text":
+        common.update(num_experts_per_tok=1)
+        cfg = AutoConfig.for_model("llama4_text", head_dim=32, intermediate_size=256, intermediate_size_mlp=512,
+                                   num_local_experts=8, interleave_moe_layer_step=1, rope_scaling=None, **common)
     elif arch == "deepseek_v3":
         common["num_key_value_heads"] = 8
         cfg = AutoConfig.for_model("deepseek_v3", intermediate_size=512, moe_intermediate_size=256,

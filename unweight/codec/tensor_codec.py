@@ -312,9 +312,9 @@ def planes_for(header: TensorHeader) -> tuple:
     return C.HUFFMAN_PLANES + ((C.SUFFIX_CHK,) if header.chk_interval else ())
 
 
-def check_planes(header: TensorHeader, planes: dict, where: str = "") -> None:
-    """Validate plane presence, dtypes and shapes against the header; FormatError otherwise."""
-    at = f" of {where}" if where else ""
+def plane_shapes(header: TensorHeader) -> dict:
+    """{suffix: (NumPy dtype, shape)} of the planes the header describes, but its ``__hdr``
+    (FORMAT.md, "Checkpoint container"); shape None for ``__exp``, whose length its offsets give."""
     k = header.cols
     want = {C.SUFFIX_SM: (np.uint8, header.shape)}
     if header.encoding == C.ENC_HUFFMAN:
@@ -322,12 +322,19 @@ def check_planes(header: TensorHeader, planes: dict, where: str = "") -> None:
         want[C.SUFFIX_EXP] = (np.uint8, None)
         if header.chk_interval:
             want[C.SUFFIX_CHK] = (np.uint16, (header.n_matrices * header.n_segments, header.chk_cols))
-        elif C.SUFFIX_CHK in planes:
-            raise FormatError(f"plane {C.SUFFIX_CHK}{at} is present but the header has no checkpoint interval")
     else:
         want[C.SUFFIX_IDX] = (np.uint8, header.shape[:-1] + ((k + 1) // 2,))
         want[C.SUFFIX_VPOS] = (np.uint32, (header.num_verbatim,))
         want[C.SUFFIX_VEXP] = (np.uint8, (header.num_verbatim, C.PAL_BLOCK))
+    return want
+
+
+def check_planes(header: TensorHeader, planes: dict, where: str = "") -> None:
+    """Validate plane presence, dtypes and shapes against the header; FormatError otherwise."""
+    at = f" of {where}" if where else ""
+    want = plane_shapes(header)
+    if header.encoding == C.ENC_HUFFMAN and not header.chk_interval and C.SUFFIX_CHK in planes:
+        raise FormatError(f"plane {C.SUFFIX_CHK}{at} is present but the header has no checkpoint interval")
     for suf, (dt, shape) in want.items():
         if suf not in planes:
             raise FormatError(f"missing plane {suf}{at}")
@@ -466,6 +473,33 @@ def _decode_matrix_into(header: TensorHeader, planes: dict, e: int, out: np.ndar
         _C.palette_decode(planes[C.SUFFIX_SM][e], planes[C.SUFFIX_IDX][e], header.n_matrices * n, k, e * n,
                           (e + 1) * n, np.frombuffer(header.palette[: header.pal_size], np.uint8),
                           planes[C.SUFFIX_VPOS], planes[C.SUFFIX_VEXP], out, threads)
+
+
+def matrix_planes(header: TensorHeader, planes: dict, e: int) -> tuple[TensorHeader, dict]:
+    """Matrix e of a stack as a tensor of its own: (header of an [N, K] matrix with crc32 0
+    and no checkpoint index, planes).  The planes are views of the stack's where they can be
+    (sign+mantissa and index bytes, the stream), with offsets and verbatim block ids rebased to
+    the matrix, so a shard of it (codec.shard.shard_planes) reads only its own bytes."""
+    if not header.stack or not 0 <= e < header.stack:
+        raise IndexError(f"matrix {e} of a tensor of shape {header.shape}")
+    new = dataclasses.replace(header, stack=0, crc32=0)
+    out = {C.SUFFIX_SM: planes[C.SUFFIX_SM][e]}
+    if header.encoding == C.ENC_HUFFMAN:
+        s0, s1 = matrix_segments(header, e)
+        off = planes[C.SUFFIX_OFF][s0:s1 + 1].astype(np.int64)
+        out[C.SUFFIX_EXP] = planes[C.SUFFIX_EXP][off[0]:off[-1] + C.STREAM_SLACK_BYTES]
+        out[C.SUFFIX_OFF] = (off - off[0]).astype(np.uint32)
+        new = dataclasses.replace(new, chk_interval=0)
+    else:
+        bpm = header.rows * (-(-header.cols // C.PAL_BLOCK))
+        vpos = planes[C.SUFFIX_VPOS]
+        a, b = np.searchsorted(vpos, [e * bpm, (e + 1) * bpm])
+        out[C.SUFFIX_IDX] = planes[C.SUFFIX_IDX][e]
+        out[C.SUFFIX_VPOS] = (vpos[a:b].astype(np.int64) - e * bpm).astype(np.uint32)
+        out[C.SUFFIX_VEXP] = planes[C.SUFFIX_VEXP][a:b]
+        new = dataclasses.replace(new, num_verbatim=int(b - a))
+    out[C.SUFFIX_HDR] = new.pack()
+    return new, out
 
 
 def decode_matrix(header: TensorHeader, planes: dict, e: int, threads: int | None = None,

@@ -82,16 +82,41 @@ class UnweightDecodingLoader(DefaultModelLoader):
 
 
 def claimed_tensors(model: torch.nn.Module) -> set:
-    """Checkpoint names of the encoded tensors the model's unweight methods take as planes."""
-    from .moe import UnweightFusedMoEMethod
+    """Checkpoint names of the encoded tensors the model's unweight methods take as planes
+    through the model's loader."""
+    from .moe import UnweightFusedMoEMethod, UnweightStackedMoEMethod
     out = set()
     for m in model.modules():
         qm = getattr(m, "quant_method", None)
         if isinstance(qm, quant._UnweightMethodBase):
             out.update(n for n, _ in qm.parts)
-        elif isinstance(qm, UnweightFusedMoEMethod):
+        elif isinstance(qm, UnweightFusedMoEMethod) and not isinstance(qm, UnweightStackedMoEMethod):
             out.update(qm.names.values())
     return out
+
+
+def stacked_tensors(model: torch.nn.Module) -> dict:
+    """{checkpoint name: (method, layer)} of the expert stacks the model's unweight methods take
+    straight from the weight stream (moe.UnweightStackedMoEMethod.take_plane)."""
+    from .moe import UnweightStackedMoEMethod
+    out = {}
+    for m in model.modules():
+        qm = getattr(m, "quant_method", None)
+        if isinstance(qm, UnweightStackedMoEMethod):
+            out.update({n: (qm, m) for n in qm.stacks.values()})
+    return out
+
+
+def _hand_stacks(weights, stacks: dict):
+    """The weight stream less the planes of `stacks` ({name: (method, layer)}), which go to
+    their methods as they pass."""
+    for name, t in weights:
+        base, suf = split_name(name)
+        if suf is not None and base in stacks:
+            method, layer = stacks[base]
+            method.take_plane(layer, base, suf, t)
+            continue
+        yield name, t
 
 
 _DEFAULT_GET_ALL_WEIGHTS = DefaultModelLoader.get_all_weights
@@ -104,7 +129,9 @@ def _get_all_weights(self, model_config, model):
     if getattr(model_config, "quantization", None) != C.QUANT_METHOD:
         yield from weights
         return
-    yield from decode_planes_iterator(weights, keep=claimed_tensors(model))
+    stacks = stacked_tensors(model)
+    yield from decode_planes_iterator(_hand_stacks(weights, stacks) if stacks else weights,
+                                      keep=claimed_tensors(model))
 
 
 DefaultModelLoader.get_all_weights = _get_all_weights

@@ -46,6 +46,7 @@ raw and partly compressed.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -58,7 +59,7 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import Un
 
 from ...codec import shard as sh
 from ...codec import tensor_codec as tc
-from ...codec.shard_check import check_shard_records
+from ...codec.shard_check import check_shard_records, shard_record
 from ...format import constants as C
 from ...format.errors import ChecksumError, FormatError, InputError
 from ...format.header import TensorHeader
@@ -93,21 +94,29 @@ def moe_quant_method(config, layer, prefix: str):
     enc = [n in config.encoded for n in names.values()]
     if not any(enc):
         stacked = [n for n in config.encoded if n.startswith(prefix + ".")]
-        if stacked:
-            raise InputError(f"{prefix}: experts stored as stacked tensors ({stacked[0]}) are not served compressed; "
-                             f"use --load-format unweight")
-        report_layer(prefix, {"path": "raw-bf16"})
-        return None
+        if not stacked:
+            report_layer(prefix, {"path": "raw-bf16"})
+            return None
+        stacks = {"w13": f"{prefix}.gate_up_proj", "w2": f"{prefix}.down_proj"}
+        if not all(config.encoded.get(n, [0] * 6)[5] for n in stacks.values()):
+            raise InputError(f"{prefix}: experts stored as {stacked[0]} are not served compressed (Llama 4's "
+                             f"gate_up_proj and down_proj stacks are); use --load-format unweight")
+        _refuse_ep_and_bias(layer, prefix)
+        return UnweightStackedMoEMethod(config, layer.moe_config, prefix, stacks)
     if not all(enc):
         raw = next(n for n, e in zip(names.values(), enc) if not e)
         raise InputError(f"{prefix}: experts mix compressed and raw weights ({raw} raw); serve them with "
                          f"--load-format unweight (decodes to bf16 at load)")
+    _refuse_ep_and_bias(layer, prefix)
+    return UnweightFusedMoEMethod(config, layer.moe_config, prefix, names)
+
+
+def _refuse_ep_and_bias(layer, prefix: str) -> None:
     if layer.use_ep:
         raise InputError(f"{prefix}: compressed experts are served with tensor parallelism only, not expert "
                          f"parallelism; drop --enable-expert-parallel or use --load-format unweight")
     if layer.moe_config.has_bias:
         raise InputError(f"{prefix}: compressed experts with biases are not supported; use --load-format unweight")
-    return UnweightFusedMoEMethod(config, layer.moe_config, prefix, names)
 
 
 def _held_record(w, pc: dict) -> tuple:
@@ -158,16 +167,21 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
 
     # ------------------------------------------------------------------ create / load
 
-    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
-                       **extra_weight_attrs):
+    @staticmethod
+    def _placeholders(layer, loader) -> None:
+        """Empty parameters named like the planes (w13_weight__sm, ...), loader(stem, suffix)
+        their weight loaders; they hold nothing and give the layer its device."""
         layer._uw_pending = {}
         layer._uw_pieces = {}
-        for stem in ("w13_weight", "w2_weight"):
+        for stem in ("w13", "w2"):
             for suf in C.ALL_SUFFIXES:
-                # empty: holds nothing; the loader below keeps what reaches it
                 p = nn.Parameter(torch.empty(0, dtype=PLANE_DTYPES[suf]), requires_grad=False)
-                p.weight_loader = self._make_loader(layer, suf)
-                layer.register_parameter(stem + suf, p)
+                p.weight_loader = loader(stem, suf)
+                layer.register_parameter(f"{stem}_weight{suf}", p)
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
+                       **extra_weight_attrs):
+        self._placeholders(layer, lambda stem, suf: self._make_loader(layer, suf))
         for (_, sid), name in self.names.items():  # a grid TP cannot split fails here, before any read
             m = self.config.encoded[name]
             self._shard_range(layer, TensorHeader(encoding=m[2], rows=m[0], cols=m[1], rows_per_group=m[3],
@@ -302,7 +316,8 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         else:
             inter, hidden = layer._uw_slots[1].cols, layer._uw_slots[1].rows
         layer._uw_shape = (inter, hidden)
-        record = {"tp_rank": rank, "tp_size": size, "verified": verify, "mode": mode, "experts": len(local)}
+        record = {"tp_rank": rank, "tp_size": size, "verified": verify, "mode": mode, "experts": len(local),
+                  **getattr(layer, "_uw_record_extra", {})}
         if mode == "dense":
             # decoded once here (by the decoder the tuning table chose per shape; every variant
             # writes the same bits); the unquantized method's own weight conversion then applies
@@ -519,6 +534,141 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
                                      apply_router_weight_on_input=layer.apply_router_weight_on_input,
                                      global_num_experts=len(sel), expert_map=None, shared_experts=shared_experts,
                                      shared_experts_input=shared_experts_input)
+
+
+class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
+    """Experts stored as 3-D stacks, as Llama 4's checkpoints hold them: ``gate_up_proj``
+    [E, H, 2I] and ``down_proj`` [E, I, H], every expert's matrices transposed against the
+    [2I, H] / [H, I] that vLLM's experts kernel takes.  The stacks' planes come to take_plane
+    straight from the weight stream (loader.py), not through the model's loader, which would
+    transpose and split them as BF16.  After loading, each rank decodes its block of every expert from the
+    stacks' segments alone (the gate and up columns and the down rows of its intermediate
+    range), checks each stack's crc32 across the TP group from those blocks, and holds each
+    block transposed into vLLM's orientation as a piece re-encoded in the stack's encoding
+    (a rank-local tensor: its own crc32 is checked as the layer is held).  From there the layer
+    is the per-expert method's: modes, palette stacks, routed decode and checks on a GPU."""
+
+    def __init__(self, config, moe, prefix: str, stacks: dict):
+        E = config.encoded[stacks["w13"]][5]
+        names = {(e, sid): f"{stacks['w2' if sid == 'w2' else 'w13']}[{e}].{sid}" for e in range(E)
+                 for sid in SHARD_IDS}
+        super().__init__(config, moe, prefix, names)
+        self.stacks = stacks  # {"w13": gate_up stack name, "w2": down stack name}
+
+    def _stack_header(self, stem: str) -> TensorHeader:
+        m = self.config.encoded[self.stacks[stem]]
+        return TensorHeader(encoding=m[2], rows=m[0], cols=m[1], rows_per_group=m[3], cols_per_chunk=m[4], crc32=0,
+                            stack=m[5])
+
+    def _stack_ranges(self, layer, h13: TensorHeader, h2: TensorHeader) -> tuple:
+        """This rank's intermediate range [i0, i1): the gate columns [i0, i1) and up columns
+        [I + i0, I + i1) of every gate_up matrix, the rows [i0, i1) of every down matrix;
+        checked against the stacks' shapes and grids (InputError naming the tensor)."""
+        rank, size = tp_info(layer)
+        moe = layer.moe_config
+        inter, hidden = moe.intermediate_size_per_partition_unpadded * size, moe.hidden_dim_unpadded
+        for h, name, want in ((h13, self.stacks["w13"], (hidden, 2 * inter)), (h2, self.stacks["w2"], (inter, hidden))):
+            if (h.stack, h.rows, h.cols) != (layer.global_num_experts, *want):
+                raise InputError(f"{name} [{h.stack}x{h.rows}x{h.cols}]: model expects "
+                                 f"[{layer.global_num_experts}x{want[0]}x{want[1]}]")
+        what = f"{self.stacks['w13']} [{h13.rows}x{h13.cols}, {h13.encoding_name} grid {h13.rows_per_group}x" \
+               f"{h13.cols_per_chunk}]"
+        cols = sh.tp_shard_range(inter, size, rank, sh.col_grid(h13), what=what, axis="cols")
+        if inter % sh.col_grid(h13):
+            raise InputError(f"{what}: the up half starts at column {inter}, not on the segment grid "
+                             f"(multiples of {sh.col_grid(h13)}); use --load-format unweight")
+        what = f"{self.stacks['w2']} [{h2.rows}x{h2.cols}, {h2.encoding_name} grid {h2.rows_per_group}x" \
+               f"{h2.cols_per_chunk}]"
+        rows = sh.tp_shard_range(inter, size, rank, sh.row_grid(h2), what=what, axis="rows")
+        if tuple(rows) != tuple(cols):
+            raise InputError(f"{self.prefix}: the gate_up and down stacks' grids split the intermediate size "
+                             f"differently at this TP size; use --load-format unweight")
+        return tuple(cols)
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
+                       **extra_weight_attrs):
+        self._placeholders(layer, lambda stem, suf: self._stack_loader(layer, stem, suf))
+        self._stack_ranges(layer, self._stack_header("w13"), self._stack_header("w2"))  # before any read
+
+    def _stack_loader(self, layer, stem: str, suffix: str):
+        def load(param, loaded_weight, weight_name=None, shard_id=None, expert_id=None, return_success=False):
+            # The planes of a stack go to take_plane from the weight stream (loader.py), past the
+            # model's own loader, which would transpose and split them as BF16 stacks.
+            raise InputError(f"{self.stacks[stem]}: its planes reached the model's own weight loader (a load "
+                             f"format other than the default); serve it with the default load format or "
+                             f"--load-format unweight")
+        load.supports_moe_loading = True
+        return load
+
+    def take_plane(self, layer, name: str, suffix: str, t: torch.Tensor) -> None:
+        """One plane of one of the layer's stacks, as the checkpoint holds it (loader.py hands
+        it over from the weight stream)."""
+        stem = "w13" if name == self.stacks["w13"] else "w2"
+        layer._uw_pending.setdefault(stem, {})[suffix] = t
+
+    def _stack_planes(self, layer, stem: str) -> tuple[TensorHeader, dict]:
+        """A stack's header and planes (NumPy views of the loaded tensors), checked against it."""
+        name = self.stacks[stem]
+        pend = layer._uw_pending.pop(stem, {})
+        if C.SUFFIX_HDR not in pend:
+            raise missing_plane(pend, name)
+        h = TensorHeader.parse(pend[C.SUFFIX_HDR].numpy(), name)
+        planes = {C.SUFFIX_HDR: pend[C.SUFFIX_HDR].numpy()}
+        for suf in tc.plane_shapes(h):
+            if suf not in pend:
+                raise missing_plane(pend, name)
+            planes[suf] = pend[suf].numpy()
+        tc.check_planes(h, planes, name)
+        return h, planes
+
+    def process_weights_after_loading(self, layer) -> None:
+        if "w13" in layer._uw_pending or "w2" in layer._uw_pending or not layer._uw_pieces:
+            self._pieces_from_stacks(layer)
+        super().process_weights_after_loading(layer)
+
+    def _pieces_from_stacks(self, layer) -> None:
+        rank, size = tp_info(layer)
+        (h13, p13), (h2, p2) = self._stack_planes(layer, "w13"), self._stack_planes(layer, "w2")
+        i0, i1 = self._stack_ranges(layer, h13, h2)
+        inter = h2.rows
+        verify = verify_setting() is not None
+
+        def block(h, planes, e, rows=None, cols=None):
+            where = f"{self.stacks['w13' if h is h13 else 'w2']}[{e}]"
+            hm, pm = tc.matrix_planes(h, planes, e)
+            hs, ps = sh.shard_planes(hm, pm, rows=rows, cols=cols, where=where)
+            return tc.decode(hs, ps, verify=False, where=where)
+
+        gate_crcs, up_crcs, down_recs = [], [], []
+        full = {stem: sum(int(a.nbytes) for a in planes.values()) for stem, planes in (("w13", p13), ("w2", p2))}
+        for e in range(h13.stack):
+            g, u = block(h13, p13, e, cols=(i0, i1)), block(h13, p13, e, cols=(inter + i0, inter + i1))
+            d = block(h2, p2, e, rows=(i0, i1))
+            if verify:
+                gate_crcs += [int(c) for c in sh.row_crcs(g)]
+                up_crcs += [int(c) for c in sh.row_crcs(u)]
+                down_recs.append(shard_record(d, rows=(e * inter + i0, e * inter + i1)))
+            for sid, w, stem in (("w1", g.T, "w13"), ("w3", u.T, "w13"), ("w2", d.T, "w2")):
+                w = np.ascontiguousarray(w)
+                enc = tc.encode(w, h13.encoding_name if stem == "w13" else h2.encoding_name)
+                layer._uw_pieces[(e, sid)] = {
+                    "name": f"{self.names[(e, sid)]} rank {rank}", "header": enc.header, "planes": enc.planes,
+                    "full_header": enc.header, "rows": (0, w.shape[0]), "cols": (0, w.shape[1]),
+                    # (the stack's plane bytes over its experts and, for gate_up, its two halves)
+                    "full_bytes": full[stem] // (h13.stack * (2 if stem == "w13" else 1) * size)}
+        if verify:  # each stack's crc32 from the group's blocks: [E*H, 2I] and [E*I, H] as matrices
+            mine = {"w13": [("cols", i0, i1, gate_crcs), ("cols", inter + i0, inter + i1, up_crcs)],
+                    "w2": down_recs}
+            everyone = gather(layer, mine)
+            for stem, h in (("w13", h13), ("w2", h2)):
+                view = dataclasses.replace(h, rows=h.stack * h.rows, stack=0)
+                if not check_shard_records([r for d in everyone for r in d[stem]], view, self.stacks[stem]):
+                    raise ChecksumError(f"{self.stacks[stem]}: the ranks' blocks do not cover the stack, so its "
+                                        f"crc32 could not be checked")
+        layer._uw_record_extra = {"stacked": {"gate_up": self.stacks["w13"], "down": self.stacks["w2"],
+                                              "intermediate": [i0, i1], "stack_checked": verify}}
+        log.info("unweight: %s: rank %d/%d took intermediate [%d, %d) of %d stacked experts' gate_up and down",
+                 self.prefix, rank, size, i0, i1, h13.stack)
 
 
 # prefix -> (method, layer) of the compressed MoE layers, for moe_routed to find its layer by

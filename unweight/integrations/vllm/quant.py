@@ -14,6 +14,10 @@ Loading, per layer and rank:
     shard), checks the TP group's shard crcs against the stored crc32 of every tensor by
     crc32 arithmetic (no rank decodes a whole tensor), registers the pieces as buffers and
     removes the placeholders.
+Two kinds of layer are decoded at load instead, because vLLM itself handles their weights
+as BF16 tensors: MLA's kv_b_proj, whose weight its attention reads at load
+(_read_dense_by_vllm, handed over as an unquantized layer), and the layers of tensors an
+architecture's loader rewrites before a layer sees them (_REWRITTEN_AT_LOAD: Llama 4's q/k).
 Forward: one ``unweight_vllm::linear`` / ``::embedding`` op call per layer, running the
 shared runtime dispatch (decode into the per-device scratch, then vLLM's own GEMM; a fused
 kernel where the measured policy picks one).
@@ -70,6 +74,13 @@ from .common import (PLANE_DTYPES, device_piece, gather, hold_tiled, log, missin
                      take_shard, tp_info)
 
 _DEFAULT_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+# Checkpoint tensors that an architecture's vLLM loader rewrites before any layer sees them,
+# which planes would skip (the layer would compute with the checkpoint's weights, not the ones
+# vLLM's model expects): Llama 4 permutes the rows of each attention head's q and k for its
+# rotary layout.  The layers holding them are built unquantized and fed decoded tensors.
+_REWRITTEN_AT_LOAD = {"Llama4ForCausalLM": ("q_proj", "k_proj"),
+                      "Llama4ForConditionalGeneration": ("q_proj", "k_proj")}
 
 
 class _GemmHolder(torch.nn.Module):
@@ -154,12 +165,14 @@ class UnweightConfig(QuantizationConfig):
         if merge_siblings not in (True, False, "auto"):
             raise InputError(f"merge_siblings={merge_siblings!r}: choose true, false or \"auto\"")
         self.merge_siblings = merge_siblings
-        # base tensor name -> [rows, cols, encoding, R, C]; filled by maybe_update_config
+        # base tensor name -> [rows, cols, encoding, R, C, stack]; filled by maybe_update_config
         self.encoded: dict[str, list] = {}
         self.model_path: str | None = None
         self.tie_word_embeddings = False
         # set by the "unweight" load format: every layer unquantized, planes decoded at load
         self.decode_at_load = False
+        # projections the model's own loader rewrites before they reach a layer (_REWRITTEN_AT_LOAD)
+        self.rewritten: tuple = ()
 
     def __repr__(self):
         return f"UnweightConfig(format_version={self.format_version}, encoding={self.encoding}, mode={self.mode})"
@@ -204,6 +217,8 @@ class UnweightConfig(QuantizationConfig):
         self.model_path = path
         if hf_config is not None:
             self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+            archs = getattr(hf_config, "architectures", None) or []
+            self.rewritten = tuple(sorted({m for a in archs for m in _REWRITTEN_AT_LOAD.get(a, ())}))
         cp = CompressedCheckpoint(path)
         try:
             for base, planes in cp.encoded.items():
@@ -213,7 +228,7 @@ class UnweightConfig(QuantizationConfig):
                 if missing:
                     raise FormatError(f"{cp.location(base)}: compressed tensor is missing plane {missing[0]} "
                                       f"(re-run unweight compress, or copy the complete checkpoint)")
-                self.encoded[base] = [h.rows, h.cols, h.encoding, h.rows_per_group, h.cols_per_chunk]
+                self.encoded[base] = [h.rows, h.cols, h.encoding, h.rows_per_group, h.cols_per_chunk, h.stack]
             # Raw tensors (norms, biases, tensors left unencoded) reach the model through vLLM's
             # own loader, which checks nothing: their stored crc32 are checked here, once, so a
             # flipped bit stops the server at start instead of serving another model.
@@ -236,6 +251,12 @@ class UnweightConfig(QuantizationConfig):
             return [(f"{prefix}.weight", None)]
         ids = ["q", "k", "v"] if last == "qkv_proj" and len(subs) == 3 else list(range(len(subs)))
         return [(f"{head}.{s}.weight" if head else f"{s}.weight", i) for s, i in zip(subs, ids)]
+
+    def _rewritten(self, name: str) -> bool:
+        """Whether the model's own weight loader rewrites checkpoint tensor `name` (a language
+        model's attention projection listed in _REWRITTEN_AT_LOAD for the architecture)."""
+        mods = name.split(".")
+        return len(mods) > 2 and mods[-2] in self.rewritten and "self_attn" in mods and "vision" not in name
 
     def _embedding_name(self, layer: VocabParallelEmbedding, prefix: str) -> str | None:
         if prefix:
@@ -260,6 +281,13 @@ class UnweightConfig(QuantizationConfig):
                 return UnquantizedLinearMethod()
             parts = self._parts(prefix)
             enc = [n in self.encoded for n, _ in parts]
+            rewritten = [n for n, _ in parts if self._rewritten(n)]
+            if rewritten and any(enc):
+                # Its tensors reach the model decoded (loader.py: no unweight method claims them),
+                # so that the model's loader rewrites them as it does the BF16 checkpoint's.
+                report_layer(prefix, {"path": "decoded-to-bf16-at-load",
+                                      "reason": f"vLLM's loader rewrites {rewritten[0]} at load"})
+                return UnquantizedLinearMethod()
             if all(enc):
                 return UnweightLinearMethod(self, prefix, parts)
             if not any(enc):
