@@ -622,7 +622,7 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
         return h, planes
 
     def process_weights_after_loading(self, layer) -> None:
-        if "w13" in layer._uw_pending or "w2" in layer._uw_pending or not layer._uw_pieces:
+        if not layer._uw_pieces:
             self._pieces_from_stacks(layer)
         super().process_weights_after_loading(layer)
 

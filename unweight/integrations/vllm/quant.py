@@ -14,10 +14,10 @@ Loading, per layer and rank:
     shard), checks the TP group's shard crcs against the stored crc32 of every tensor by
     crc32 arithmetic (no rank decodes a whole tensor), registers the pieces as buffers and
     removes the placeholders.
-Two kinds of layer are decoded at load instead, because vLLM itself handles their weights
-as BF16 tensors: MLA's kv_b_proj, whose weight its attention reads at load
-(_read_dense_by_vllm, handed over as an unquantized layer), and the layers of tensors an
-architecture's loader rewrites before a layer sees them (_REWRITTEN_AT_LOAD: Llama 4's q/k).
+Layers whose weights vLLM itself handles as BF16 tensors are built unquantized and fed
+decoded tensors instead (UnweightConfig._read_as_bf16): MLA's kv_b_proj, whose weight its
+attention reads at load, and the tensors an architecture's loader rewrites before a layer
+sees them (Llama 4's q/k).
 Forward: one ``unweight_vllm::linear`` / ``::embedding`` op call per layer, running the
 shared runtime dispatch (decode into the per-device scratch, then vLLM's own GEMM; a fused
 kernel where the measured policy picks one).
@@ -75,10 +75,16 @@ from .common import (PLANE_DTYPES, device_piece, gather, hold_tiled, log, missin
 
 _DEFAULT_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
-# Checkpoint tensors that an architecture's vLLM loader rewrites before any layer sees them,
-# which planes would skip (the layer would compute with the checkpoint's weights, not the ones
-# vLLM's model expects): Llama 4 permutes the rows of each attention head's q and k for its
-# rotary layout.  The layers holding them are built unquantized and fed decoded tensors.
+# Tensors vLLM handles as BF16 itself, which planes would escape: the layers holding them are
+# built unquantized and fed decoded tensors (loader.py: no unweight method claims them), so
+# vLLM does with them what it does with the BF16 checkpoint's.
+# - Read dense, any architecture: multi-head latent attention (DeepSeek-V2/V3, Kimi-K2) folds
+#   kv_b_proj's weight into its per-head matrices at load (get_and_maybe_dequant_weights knows
+#   only dense, FP8 and packed-integer weights); ~0.05% of such a model's weights.
+# - Rewritten by an architecture's loader before a layer sees them (planes would skip it, and
+#   the layer compute with the checkpoint's weights, not the ones vLLM's model expects): Llama 4
+#   permutes the rows of each attention head's q and k for its rotary layout.
+_READ_DENSE = {"kv_b_proj": "vLLM's MLA attention reads this weight dense"}
 _REWRITTEN_AT_LOAD = {"Llama4ForCausalLM": ("q_proj", "k_proj"),
                       "Llama4ForConditionalGeneration": ("q_proj", "k_proj")}
 
@@ -252,11 +258,17 @@ class UnweightConfig(QuantizationConfig):
         ids = ["q", "k", "v"] if last == "qkv_proj" and len(subs) == 3 else list(range(len(subs)))
         return [(f"{head}.{s}.weight" if head else f"{s}.weight", i) for s, i in zip(subs, ids)]
 
-    def _rewritten(self, name: str) -> bool:
-        """Whether the model's own weight loader rewrites checkpoint tensor `name` (a language
-        model's attention projection listed in _REWRITTEN_AT_LOAD for the architecture)."""
+    def _read_as_bf16(self, name: str) -> str | None:
+        """Why vLLM handles checkpoint tensor `name` as BF16 itself (_READ_DENSE, or a language
+        model's attention projection listed in _REWRITTEN_AT_LOAD for the architecture), else None."""
         mods = name.split(".")
-        return len(mods) > 2 and mods[-2] in self.rewritten and "self_attn" in mods and "vision" not in name
+        if len(mods) < 2:
+            return None
+        if mods[-2] in _READ_DENSE:
+            return _READ_DENSE[mods[-2]]
+        if mods[-2] in self.rewritten and "self_attn" in mods and "vision" not in name:
+            return f"vLLM's loader rewrites {mods[-2]} at load"
+        return None
 
     def _embedding_name(self, layer: VocabParallelEmbedding, prefix: str) -> str | None:
         if prefix:
@@ -281,12 +293,11 @@ class UnweightConfig(QuantizationConfig):
                 return UnquantizedLinearMethod()
             parts = self._parts(prefix)
             enc = [n in self.encoded for n, _ in parts]
-            rewritten = [n for n, _ in parts if self._rewritten(n)]
-            if rewritten and any(enc):
-                # Its tensors reach the model decoded (loader.py: no unweight method claims them),
-                # so that the model's loader rewrites them as it does the BF16 checkpoint's.
-                report_layer(prefix, {"path": "decoded-to-bf16-at-load",
-                                      "reason": f"vLLM's loader rewrites {rewritten[0]} at load"})
+            why = [r for r in (self._read_as_bf16(n) for n, _ in parts) if r]
+            if why and any(enc):
+                rank, size = tp_info(layer)
+                report_layer(prefix, {"path": "decoded-to-bf16-at-load", "reason": why[0], "tp_rank": rank,
+                                      "tp_size": size})
                 return UnquantizedLinearMethod()
             if all(enc):
                 return UnweightLinearMethod(self, prefix, parts)
@@ -442,9 +453,6 @@ class _UnweightMethodBase(QuantizeMethodBase):
         where = verify_setting()
         verify = where is not None
         mode = sharded_mode(self.config.mode, layer._uw_pieces[self.shard_ids[0]]["header"].encoding_name)
-        handed_over = _read_dense_by_vllm(self.prefix, layer)
-        if handed_over:
-            mode = "dense"
         # On a GPU each piece is checked as held (runtime/verify.py): decoded there by the decoder
         # a forward runs and hashed there, the records then gathered as the host's are; a dense
         # layer's pieces by the rows of the weight decoded below.  Elsewhere: the host codec.
@@ -499,15 +507,11 @@ class _UnweightMethodBase(QuantizeMethodBase):
             for pc, r0 in dense_checks:
                 mine = shard_record_of(w[r0:r0 + pc["header"].rows], pc["rows"], pc["cols"], pc["full_header"].cols)
                 check_shard_records(gather(layer, mine), pc["full_header"], pc["name"])
+            layer.register_buffer("uw_dense", w, persistent=False)
             layer._uw_n, layer._uw_meta = 0, []
             for r in report:
                 r["held_bytes"] = r["bf16_shard_bytes"]
             record["path"] = "decoded-to-bf16-at-load"
-            if handed_over:
-                _hand_over(layer, w)
-                record["reason"] = "vLLM's MLA attention reads this weight dense"
-            else:
-                layer.register_buffer("uw_dense", w, persistent=False)
         else:
             tensors, meta = [], []
             for i, w in enumerate(weights):
@@ -564,31 +568,6 @@ class _UnweightMethodBase(QuantizeMethodBase):
 
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)
-
-# Linear layers whose dense weight vLLM reads itself rather than through the layer's forward:
-# multi-head latent attention (DeepSeek-V2/V3, Kimi-K2) absorbs kv_b_proj's weight into its
-# per-head matrices at load (get_and_maybe_dequant_weights, which knows only dense, FP8 and
-# packed-integer weights) and its CPU backend multiplies by them.  kv_b_proj is ~0.05% of such
-# a model's weights.
-_READ_DENSE = ("kv_b_proj",)
-
-
-def _read_dense_by_vllm(prefix: str, layer) -> bool:
-    """Whether vLLM reads the linear layer `prefix`'s weight as a dense tensor of its own: such
-    a layer is decoded at load and handed to vLLM as an unquantized layer (_hand_over)."""
-    return isinstance(layer, LinearBase) and prefix.rsplit(".", 1)[-1] in _READ_DENSE
-
-
-def _hand_over(layer, w: torch.Tensor) -> None:
-    """Give `layer` its rank's decoded BF16 weight w [out, in] as vLLM's unquantized linear
-    layers hold it (a ``weight`` Parameter, vLLM's UnquantizedLinearMethod and its post-load
-    set-up), so vLLM's own code reads the original bits and its GEMM computes with them, as for
-    the BF16 checkpoint."""
-    layer.register_parameter("weight", nn.Parameter(w, requires_grad=False))
-    method = UnquantizedLinearMethod()
-    layer.quant_method = method
-    method.process_weights_after_loading(layer)
-
 
 class UnweightLinearMethod(_UnweightMethodBase, LinearMethodBase):
     """Linear layer whose rank-local weight is kept as compressed pieces."""
