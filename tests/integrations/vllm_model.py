@@ -38,7 +38,10 @@ def make_moe(dst: str, arch: str, *, seed: int = 0) -> str:
     (top-2 of 2 groups, sigmoid scores with a correction bias, as "noaux_tc") and one shared
     expert.  "llama4_text": Llama 4's layout, the experts of every layer stored as the 3-D stacks
     ``feed_forward.experts.gate_up_proj`` [8, 256, 512] and ``down_proj`` [8, 256, 256] (top-1,
-    router weights applied on the input), beside a shared expert.  Returns dst."""
+    router weights applied on the input), beside a shared expert.  "llama4": the same language
+    model as Llama 4 Scout's published checkpoint holds it, under ``language_model.``, beside a
+    one-layer vision tower (hidden 256) and its projector (Llama4ForConditionalGeneration).
+    Returns dst."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -50,10 +53,17 @@ def make_moe(dst: str, arch: str, *, seed: int = 0) -> str:
                                    head_dim=32, **common)
     elif arch == "mixtral":
         cfg = AutoConfig.for_model("mixtral", intermediate_size=256, num_local_experts=8, **common)
-    elif arch == "llama4_text":
+    elif arch in ("llama4_text", "llama4"):
         common.update(num_experts_per_tok=1)
         cfg = AutoConfig.for_model("llama4_text", head_dim=32, intermediate_size=256, intermediate_size_mlp=512,
                                    num_local_experts=8, interleave_moe_layer_step=1, rope_scaling=None, **common)
+        if arch == "llama4":
+            vision = dict(hidden_size=256, num_hidden_layers=1, num_attention_heads=4, intermediate_size=512,
+                          image_size=112, patch_size=14, projector_input_dim=512, projector_output_dim=256,
+                          vision_output_dim=256)
+            cfg = AutoConfig.for_model("llama4", text_config=cfg.to_dict(), vision_config=vision,
+                                       image_token_index=1000, boi_token_index=1001, eoi_token_index=1002,
+                                       tie_word_embeddings=False, torch_dtype="bfloat16")
     elif arch == "deepseek_v3":
         common["num_key_value_heads"] = 8
         cfg = AutoConfig.for_model("deepseek_v3", intermediate_size=512, moe_intermediate_size=256,
@@ -65,7 +75,11 @@ def make_moe(dst: str, arch: str, *, seed: int = 0) -> str:
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg)
+    if arch == "llama4":
+        from transformers import Llama4ForConditionalGeneration
+        model = Llama4ForConditionalGeneration(cfg)
+    else:
+        model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():
         for n, p in model.named_parameters():
             if p.ndim == 1:  # norms: some spread, as in make_llama

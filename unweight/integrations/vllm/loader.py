@@ -30,11 +30,11 @@ from .common import log, missing_plane, report_layer
 LOAD_FORMAT = "unweight"
 
 
-def decode_planes_iterator(weights, where: str = "", keep=frozenset()) -> Generator[tuple[str, torch.Tensor], None,
-                                                                                      None]:
+def decode_planes_iterator(weights, where: str = "", keep=frozenset(),
+                           elsewhere=None) -> Generator[tuple[str, torch.Tensor], None, None]:
     """(name, tensor) stream of a compressed checkpoint -> (name, tensor) with encoded tensors
     decoded to bf16 [N, K] (host) under their original names; raw tensors, and the planes of
-    the encoded tensors named in `keep`, pass through.
+    the encoded tensors named in `keep` or for which elsewhere(name) is true, pass through.
 
     The planes of one tensor are stored next to each other in its shard, so at most one
     tensor's planes are held at a time (apart from interleaved orders, which still work).
@@ -42,7 +42,7 @@ def decode_planes_iterator(weights, where: str = "", keep=frozenset()) -> Genera
     pending: dict[str, dict] = {}
     for name, t in weights:
         base, suf = split_name(name)
-        if suf is None or base in keep:
+        if suf is None or base in keep or (elsewhere is not None and elsewhere(base)):
             yield name, t
             continue
         pl = pending.setdefault(base, {})
@@ -78,7 +78,28 @@ class UnweightDecodingLoader(DefaultModelLoader):
         return super().create_model(vllm_config, model_config, prefix)
 
     def get_all_weights(self, model_config, model):
-        yield from decode_planes_iterator(super().get_all_weights(model_config, model))
+        yield from decode_planes_iterator(super().get_all_weights(model_config, model),
+                                          elsewhere=built_elsewhere(model))
+
+
+def built_elsewhere(model: torch.nn.Module):
+    """None, or a test of checkpoint names: true for a tensor of a layer this rank does not
+    build (another pipeline stage's layers, or a tower left out by --language-model-only).
+
+    vLLM's loaders skip such tensors by name prefix (models.utils.is_pp_missing_parameter), so
+    their planes pass by undecoded: decoding them would cost each stage the whole model's
+    decode.  Names are mapped to vLLM's as the model's loader maps them (hf_to_vllm_mapper); a
+    name that maps elsewhere, or to nothing, is decoded as before."""
+    from vllm.model_executor.models.utils import get_pp_missing_layer_names
+    missing = tuple(get_pp_missing_layer_names(model))
+    if not missing:
+        return None
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+
+    def elsewhere(name: str) -> bool:
+        mapped = mapper.map_name(name) if mapper is not None else name
+        return mapped is not None and mapped.startswith(missing)
+    return elsewhere
 
 
 def claimed_tensors(model: torch.nn.Module) -> set:
@@ -131,7 +152,7 @@ def _get_all_weights(self, model_config, model):
         return
     stacks = stacked_tensors(model)
     yield from decode_planes_iterator(_hand_stacks(weights, stacks) if stacks else weights,
-                                      keep=claimed_tensors(model))
+                                      keep=claimed_tensors(model), elsewhere=built_elsewhere(model))
 
 
 DefaultModelLoader.get_all_weights = _get_all_weights
