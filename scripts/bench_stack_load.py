@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Load-time cost of serving Llama 4's expert stacks compressed in vLLM, per rank (CPU).
+
+A Llama 4 checkpoint stores each MoE layer's experts as two stacks, gate_up_proj [E, H, 2I]
+and down_proj [E, I, H].  At load each vLLM rank takes, for every expert, its block of the
+intermediate size from the stacks' segments (gate columns [i0, i1), up columns [I + i0,
+I + i1), down rows [i0, i1)), transposes each into the orientation vLLM's experts kernel takes
+and re-encodes it (unweight/integrations/vllm/moe.py, UnweightStackedMoEMethod).  This times
+those steps through the same codec calls (tensor_codec.matrix_planes, shard.decode_block,
+tensor_codec.encode) on synthetic N(0, 0.02) BF16 stacks of a few experts with Scout's and
+Maverick's expert shape (hidden 5120, intermediate 8192), at each TP size, and scales the
+per-expert time to the models' expert counts (Scout: 48 MoE layers of 16 experts; Maverick: 24
+of 128).  The stacks are encoded with the writer's grid, whose 2048-column gate_up chunks are
+wider than a rank's 1024 columns at TP 8: there a rank decodes the chunks that hold its block.
+
+    python scripts/bench_stack_load.py [--experts 2] [--tp 1,2,4,8] [--encodings huffman,palette]
+                                       [--threads N] [--out PATH]
+
+Prints a table and writes JSON (default benchmarks/results/stack-load-<date>-<machine>-<commit>.json).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bench_util as bu  # noqa: E402
+
+HIDDEN, INTER = 5120, 8192  # Llama 4 Scout and Maverick's expert shape
+MODELS = {"scout": 48 * 16, "maverick": 24 * 128}  # experts over all MoE layers
+
+
+def gaussian_bf16(rng, shape):
+    """uint16 [shape]: BF16 bit patterns of N(0, 0.02), rounded to nearest even."""
+    import numpy as np
+    f = (rng.standard_normal(shape, dtype=np.float32) * 0.02).view(np.uint32)
+    return ((f + 0x7FFF + ((f >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def rank_share(tc, sh, gu, dn, e: int, i0: int, i1: int, encoding: str, threads: int) -> dict:
+    """One expert's share for one rank: seconds to decode its three blocks, to transpose them and
+    to re-encode them; bytes of BF16 the share holds."""
+    import numpy as np
+    import torch
+    t_dec = t_tr = t_enc = 0.0
+    nbytes = 0
+    for enc, kw in ((gu, {"cols": (i0, i1)}), (gu, {"cols": (INTER + i0, INTER + i1)}), (dn, {"rows": (i0, i1)})):
+        t = time.perf_counter()
+        hm, pm = tc.matrix_planes(enc.header, enc.planes, e)
+        w = sh.decode_block(hm, pm, threads=threads, **kw)
+        t_dec += time.perf_counter() - t
+        t = time.perf_counter()
+        # the transpose as moe.transposed makes it (that module needs vLLM to import)
+        wt = torch.from_numpy(w.view(np.int16)).t().contiguous().numpy().view(np.uint16)
+        t_tr += time.perf_counter() - t
+        t = time.perf_counter()
+        tc.encode(wt, encoding, threads=threads)
+        t_enc += time.perf_counter() - t
+        nbytes += w.nbytes
+    return {"decode_s": t_dec, "transpose_s": t_tr, "encode_s": t_enc, "bf16_bytes": nbytes}
+
+
+def run(experts: int, tps: list, encodings: list, threads: int) -> list:
+    import numpy as np
+
+    from unweight.codec import shard as sh
+    from unweight.codec import tensor_codec as tc
+    rng = np.random.default_rng(0)
+    gu = tc.encode(gaussian_bf16(rng, (experts, HIDDEN, 2 * INTER)), "huffman", threads=threads)
+    dn = tc.encode(gaussian_bf16(rng, (experts, INTER, HIDDEN)), "huffman", threads=threads)
+    rows = []
+    for tp in tps:
+        i0, i1 = 0, INTER // tp  # rank 0's block; every rank's is the same size
+        for encoding in encodings:
+            per = [rank_share(tc, sh, gu, dn, e, i0, i1, encoding, threads) for e in range(experts)]
+            dec, tr, enc = (statistics.median(p[k] for p in per) for k in ("decode_s", "transpose_s", "encode_s"))
+            mb = per[0]["bf16_bytes"] / 1e6
+            row = {"tp": tp, "stack_encoding": "huffman", "held_encoding": encoding,
+                   "gate_up_grid": [gu.header.rows_per_group, gu.header.cols_per_chunk],
+                   "down_grid": [dn.header.rows_per_group, dn.header.cols_per_chunk],
+                   "expert_share_mb": round(mb, 1), "decode_s": round(dec, 4), "transpose_s": round(tr, 4),
+                   "encode_s": round(enc, 4), "mb_per_s": round(mb / (dec + tr + enc), 1)}
+            row.update({f"{m}_s": round(n * (dec + tr + enc), 1) for m, n in MODELS.items()})
+            rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--experts", type=bu.positive_int, default=2, help="experts in the synthetic stacks")
+    ap.add_argument("--tp", type=bu.positive_int_list, default=[1, 2, 4, 8])
+    ap.add_argument("--encodings", default="huffman,palette", help="encodings the rank holds its blocks in")
+    ap.add_argument("--threads", type=bu.positive_int, default=None, help="codec threads (default: all cores)")
+    ap.add_argument("--out", help="result JSON")
+    args = ap.parse_args(argv)
+    encodings = [e for e in args.encodings.split(",") if e]
+    if not encodings or any(e not in ("huffman", "palette") for e in encodings):
+        return bu.fail(f"bench_stack_load: --encodings takes huffman and/or palette, not {args.encodings!r}")
+    if any(INTER % tp for tp in args.tp):
+        return bu.fail(f"bench_stack_load: every --tp must divide the intermediate size {INTER}")
+    out = bu.writable_path(args.out, "bench_stack_load") if args.out else None
+    from unweight.codec import tensor_codec as tc
+    threads = args.threads or tc.default_threads()
+    rows = run(args.experts, args.tp, encodings, threads)
+    bu.print_table(rows, ["tp", "held_encoding", "expert_share_mb", "decode_s", "transpose_s", "encode_s", "mb_per_s",
+                          "scout_s", "maverick_s"])
+    res = {"env": bu.environment(), "threads": threads, "experts_timed": args.experts, "hidden": HIDDEN,
+           "intermediate": INTER, "model_experts": MODELS, "rows": rows}
+    out = out or bu.result_path("stack-load", bu.machine_tag())
+    print("wrote", bu.write_json(out, res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
