@@ -102,14 +102,6 @@ def _plane_key(rename, ck: CompressedCheckpoint, base: str) -> str:
     return keys[C.SUFFIX_HDR]
 
 
-def _check_distributed_experts(report: dict) -> None:
-    if report["experts"] and torch.distributed.is_available() and torch.distributed.is_initialized() \
-            and torch.distributed.get_world_size() > 1:
-        e = report["experts"][0]
-        raise InputError(f"unweight: compressed MoE experts ({e['module']}.{e['attr']}) under transformers tensor "
-                         f"parallelism are not supported; decompress the checkpoint or load it on one process")
-
-
 def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
     """Replace (on the meta device) every module holding an encoded tensor; see module doc.
 
@@ -212,7 +204,6 @@ def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
             report["locations"][piece_key(full, source, expert)] = ck.location(base)
         report["experts"].append(experts.install_fused(model, mod_name, attr, pieces, g["n"], plane_path))
         ck_params.add(full)
-    _check_distributed_experts(report)
 
     # Ties: an output projection tied to a compressed weight and absent from the checkpoint
     # shares the source's planes.  Every tie touching a replaced module leaves transformers'

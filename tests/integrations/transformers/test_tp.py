@@ -6,6 +6,8 @@ one plain process gives the TP=1 references.  Checked: logits bit-identical and 
 identical to the BF16 model under the same TP=2 run; tokens identical to TP=1 wherever the
 BF16 model itself agrees between TP=1 and TP=2; each rank holds only its block of every
 column-/row-parallel weight, still compressed, decoding to exactly that block of the original.
+Mixture-of-experts models: experts the plan leaves alone are held whole and compressed on
+every rank; experts it shards are refused in one line.
 """
 import json
 import os
@@ -34,6 +36,17 @@ def _tp_api():
 CFG = dict(vocab_size=320, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
            num_key_value_heads=4, max_position_embeddings=64, initializer_range=0.05, pad_token_id=0,
            bos_token_id=1, eos_token_id=2)
+
+# Each worker's last lines: its results, one file per rank, then the group's end.
+_WORKER_END = r'''
+    res[key] = r
+    del m
+with open(f"{out_path}.{rank}.json", "w") as f:
+    json.dump(res, f)
+if dist.is_initialized():
+    dist.barrier()
+    dist.destroy_process_group()
+'''
 
 WORKER = r'''
 import hashlib, json, os, sys
@@ -76,14 +89,7 @@ for key, (path, src) in paths.items():
                     w = w[:, lay["cols"][0]:lay["cols"][1]]
                 info["matches_block"] = bool(torch.equal(mod.decode_weight(), w))
             r["modules"][n] = info
-    res[key] = r
-    del m
-with open(f"{out_path}.{rank}.json", "w") as f:
-    json.dump(res, f)
-if dist.is_initialized():
-    dist.barrier()
-    dist.destroy_process_group()
-'''
+''' + _WORKER_END
 
 
 def _free_port() -> int:
@@ -314,3 +320,86 @@ def test_tp_through_an_older_transformers_api_is_refused():
     m._tp_size = 2
     with pytest.raises(InputError, match=r"need transformers >= 5\.24"):
         tp.load_tp_planes(m)
+
+
+MOE_WORKER = r"""
+import hashlib, json, os, sys
+import torch
+import torch.distributed as dist
+import unweight
+from transformers import AutoModelForCausalLM
+from transformers.distributed import DistributedConfig
+from unweight.runtime.experts import expert_stacks
+from unweight.runtime.modules import compressed_modules
+
+out_path, paths = sys.argv[2], json.loads(sys.argv[3])
+rank = int(os.environ.get("RANK", 0))
+ids = torch.tensor([[1, 5, 9, 77, 100, 3, 250, 17]])
+sha = lambda t: hashlib.sha1(t.contiguous().view(torch.int16).numpy().tobytes()).hexdigest()
+res = {}
+for key, path in paths.items():
+    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
+                                             distributed_config=DistributedConfig(tp_plan="auto")).eval()
+    with torch.no_grad():
+        logits = m(ids).logits
+    r = {"logits": hashlib.sha1(logits.float().numpy().tobytes()).hexdigest(), "experts": {}}
+    stacks = expert_stacks(m)
+    if stacks:
+        for n, _, _, st in stacks:
+            r["experts"][n] = {"sha": sha(st.materialize()), "held": st.held_bytes(), "bf16": st.decoded_bytes()}
+        r["sharded"] = sorted(n for n, mod in compressed_modules(m)
+                              if getattr(m, "_unweight_tp_layout", {}).get(n, {}).get("kind") in ("rows", "cols"))
+    else:
+        for n, mod in m.named_modules():
+            if type(mod).__name__.endswith("Experts"):
+                for a, t in mod.named_parameters(recurse=False):
+                    r["experts"][f"{n}.{a}"] = {"sha": sha(t.detach())}
+""" + _WORKER_END
+
+
+def _moe_checkpoints(root, archs):
+    from tests.integrations.vllm_model import make_moe
+    paths = {}
+    for arch in archs:
+        src, dst = str(root / f"{arch}-bf16"), str(root / f"{arch}-huffman")
+        make_moe(src, arch)
+        api.compress(src, dst, progress=False)
+        paths[f"bf16-{arch}"], paths[f"uw-{arch}"] = src, dst
+    (root / "worker.py").write_text(MOE_WORKER)
+    return paths
+
+
+def test_moe_experts_stay_whole_and_compressed_where_the_plan_leaves_them(tmp_path):
+    """Qwen3-MoE, Mixtral and DeepSeek-V3 (MLA: kv_a_proj_with_mqa under its own style, a
+    replicated weight; routed and shared experts) under TP=2 with transformers' own plans,
+    which give the routed experts no style: every rank holds every expert compressed and
+    whole (decoding to the BF16 model's experts, bit for bit) beside its sharded attention,
+    and the logits equal the BF16 model's under the same TP run, bit for bit."""
+    _tp_api()
+    archs = ("qwen3_moe", "mixtral", "deepseek_v3")
+    paths = _moe_checkpoints(tmp_path, archs)
+    p = _torchrun(tmp_path, str(tmp_path / "moe"), json.dumps(paths), timeout=600)
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-6000:])
+    for rank in range(2):
+        with open(tmp_path / f"moe.{rank}.json") as f:
+            r = json.load(f)
+        for arch in archs:
+            bf, uw = r[f"bf16-{arch}"], r[f"uw-{arch}"]
+            assert uw["logits"] == bf["logits"], (rank, arch)
+            assert sorted(uw["experts"]) == sorted(bf["experts"]) and uw["experts"], (rank, arch)
+            for n, e in uw["experts"].items():
+                assert e["sha"] == bf["experts"][n]["sha"] and 0 < e["held"] < 0.8 * e["bf16"], (rank, arch, n)
+            assert any(n.endswith("o_proj") for n in uw["sharded"]), (rank, arch)
+
+
+def test_experts_the_plan_shards_are_refused(tmp_path):
+    """Llama 4's plan shards its experts (moe_tp_experts on the experts module): compressed
+    stacks cannot follow it, so both ranks stop before loading with one line naming the
+    module, the style and the ways out, rather than compute with misplaced weights."""
+    _tp_api()
+    paths = _moe_checkpoints(tmp_path, ("llama4_text",))
+    p = _torchrun(tmp_path, str(tmp_path / "l4"), json.dumps({"uw": paths["uw-llama4_text"]}))
+    msg = p.stdout + p.stderr
+    assert p.returncode != 0 and msg.count("InputError") >= 2
+    assert ("plan gives model.layers.0.feed_forward.experts the style 'moe_tp_experts', which compressed experts "
+            "(model.layers.0.feed_forward.experts.") in msg

@@ -137,6 +137,7 @@ class UnweightHfQuantizer(HfQuantizer):
             model._unweight_held_check = len(ck.encoded) if verify and not host else 0
             convert.convert_model(model, ck)
             if deferred:
+                tp.check_experts(model)
                 tp.defer_planes(model, ck, folder)
         finally:
             ck.close()

@@ -101,6 +101,33 @@ def defer_planes(model: nn.Module, ck: CompressedCheckpoint, folder: str) -> int
     return len(bases)
 
 
+def check_experts(model: nn.Module) -> int:
+    """Refuse (InputError, one line) compressed experts that the model's TP plan shards.
+
+    A plan that gives an experts module, its parameters or a module above it a style (Llama
+    4's moe_tp_experts / packed_rowwise, expert parallelism's routers) would shard or route
+    parameters that are compressed stacks here, and the model would compute with the wrong
+    weights.  Experts the plan leaves alone (Qwen3-MoE, Mixtral and DeepSeek-V3's routed
+    experts in transformers' own plans) are replicated: every rank loads and checks the whole
+    stacks, and computes the layer's full output itself.  Returns how many are replicated."""
+    from ...runtime.experts import expert_stacks
+    stacks = expert_stacks(model)
+    if not stacks:
+        return 0
+    plan = {k: v for k, v in _resolved_plan(model).items() if v not in (None, "replicate")}
+    for full, _, _, _ in stacks:
+        mod = full.rpartition(".")[0]  # the experts module
+        # the parameter, the module, a module above it, or another tensor of the module
+        hit = next((k for k in plan if k in (full, mod) or mod.startswith(k + ".") or k.startswith(mod + ".")), None)
+        if hit is not None:
+            raise InputError(f"unweight: transformers' tensor-parallel plan gives {hit} the style {plan[hit]!r}, "
+                             f"which compressed experts ({full}) cannot follow; serve the model with vLLM, "
+                             f"override the plan in DistributedConfig(tp_plan=...), or decompress the checkpoint")
+    log.info("unweight: %d compressed experts parameters stay replicated (whole on every rank) under tensor "
+             "parallelism: the plan gives them no style", len(stacks))
+    return len(stacks)
+
+
 # ------------------------------------------------------------------------ after loading
 
 
@@ -146,6 +173,10 @@ def _shard_kind(name: str, m: CompressedWeightMixin, style_name, style) -> str:
             return "rows"
         if isinstance(style, RowwiseParallel):
             return "cols"
+        if type(style).__name__ == "MlaKvAProjParallel":
+            # MLA's kv_a_proj_with_mqa (DeepSeek-V2/V3, Kimi-K2): a replicated weight whose
+            # wrapper only all-reduces the rope part's gradient; its forward is the module's own.
+            return "full"
     raise InputError(f"unweight: tensor-parallel style {style_name!r} of {name} ({type(m).__name__}"
                      f"{', tied' if m.is_tied else ''}) is not supported for compressed weights; "
                      f"override it in DistributedConfig(tp_plan=...) or load without tensor parallelism")
