@@ -403,3 +403,25 @@ def test_experts_the_plan_shards_are_refused(tmp_path):
     assert p.returncode != 0 and msg.count("InputError") >= 2
     assert ("plan gives model.layers.0.feed_forward.experts the style 'moe_tp_experts', which compressed experts "
             "(model.layers.0.feed_forward.experts.") in msg
+
+
+def test_styles_that_place_blocks_otherwise_are_refused_and_mla_kv_a_is_replicated():
+    """tp._shard_kind on a compressed Linear: colwise / rowwise give the rank's rows / columns;
+    a subclass that places blocks its own way (unit_colwise: whole heads per rank, replicated
+    when there are fewer heads than ranks) and packed styles are refused in one line, not
+    read as contiguous blocks; MLA's kv_a_proj style keeps the weight whole."""
+    _tp_api()
+    import torch.nn as nn
+    from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
+
+    from unweight.format.errors import InputError
+    from unweight.integrations.transformers import tp
+    from unweight.runtime.modules import CompressedLinear
+    lin = nn.Linear(64, 64, bias=False).to(torch.bfloat16)
+    m = CompressedLinear.from_linear(lin)
+    kind = {s: tp._shard_kind("x.k_proj", m, s, ALL_PARALLEL_STYLES[s])
+            for s in ("colwise", "rowwise", "mla_kv_a_proj")}
+    assert kind == {"colwise": "rows", "rowwise": "cols", "mla_kv_a_proj": "full"}
+    for s in ("unit_colwise", "unit_rowwise", "packed_colwise", "packed_rowwise", "all_reduce"):
+        with pytest.raises(InputError, match=f"tensor-parallel style '{s}' of x.k_proj .* is not supported"):
+            tp._shard_kind("x.k_proj", m, s, ALL_PARALLEL_STYLES[s])

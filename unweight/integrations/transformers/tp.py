@@ -169,9 +169,11 @@ def _shard_kind(name: str, m: CompressedWeightMixin, style_name, style) -> str:
             and style.output_layouts == style.input_layouts:  # colwise_gather_output: full logits locally
         return "unhook"
     if isinstance(m, CompressedLinear) and not m.is_tied:
-        if isinstance(style, ColwiseParallel):
+        # The exact classes: a subclass may place blocks otherwise (UnitColwiseParallel gives
+        # ranks whole heads, replicated when there are fewer heads than ranks).
+        if type(style) is ColwiseParallel:
             return "rows"
-        if isinstance(style, RowwiseParallel):
+        if type(style) is RowwiseParallel:
             return "cols"
         if type(style).__name__ == "MlaKvAProjParallel":
             # MLA's kv_a_proj_with_mqa (DeepSeek-V2/V3, Kimi-K2): a replicated weight whose
