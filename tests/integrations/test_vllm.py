@@ -475,10 +475,14 @@ def test_llama4_stacked_experts_serve_compressed(llama4_models):
     into the orientation vLLM's experts kernel takes, after checking the stacks' crc32 across
     the group; a flipped bit in a stack stops the load naming it."""
     m = llama4_models
-    res, _ = _run([{"model": m["bf16"], "max_tokens": 8}, {"model": m["huffman"], "max_tokens": 8},
-                   {"model": m["palette"], "max_tokens": 8, "held_check": True},
-                   {"model": m["bad"], "max_tokens": 8}], timeout=600)
+    res, out = _run([{"model": m["bf16"], "max_tokens": 8}, {"model": m["huffman"], "max_tokens": 8},
+                     {"model": m["palette"], "max_tokens": 8, "held_check": True},
+                     {"model": m["bad"], "max_tokens": 8}], timeout=600)
     assert _ok(res[1]) == _ok(res[0]) and _ok(res[2]) == _ok(res[0])
+    # A layer's blocks are cut as soon as its two stacks have come, before the stream reaches
+    # the next layer (so a rank never holds more than one layer's stacks).
+    took = out.index("model.layers.0.feed_forward.experts: rank 0/1 took intermediate")
+    assert took < out.index("model.layers.1.self_attn.q_proj.weight -> decoded to bf16 at load")
     _check_llama4_reports(res[1]["reports"], 1, "huffman")
     _check_llama4_reports(res[2]["reports"], 1, "palette")
     err = res[3]["error"]

@@ -595,6 +595,19 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
         it over from the weight stream)."""
         stem = "w13" if name == self.stacks["w13"] else "w2"
         layer._uw_pending.setdefault(stem, {})[suffix] = t
+        # Once both stacks are whole, this rank's blocks are cut from them at once: a rank holds
+        # one layer's stacks at a time, not every layer's until the load ends (the stream's
+        # tensors are copies in host memory: some 130 GB of Scout's stacks, on each rank).
+        if all(self._arrived(layer, s) for s in ("w13", "w2")):
+            self._pieces_from_stacks(layer)
+
+    def _arrived(self, layer, stem: str) -> bool:
+        """Whether every plane of the layer's `stem` stack has come."""
+        pend = layer._uw_pending.get(stem, {})
+        if C.SUFFIX_HDR not in pend:
+            return False
+        h = TensorHeader.parse(pend[C.SUFFIX_HDR].numpy(), self.stacks[stem])
+        return all(s in pend for s in tc.plane_shapes(h))
 
     def _stack_planes(self, layer, stem: str) -> tuple[TensorHeader, dict]:
         """A stack's header and planes (NumPy views of the loaded tensors), checked against it."""
@@ -613,8 +626,22 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
 
     def process_weights_after_loading(self, layer) -> None:
         if not layer._uw_pieces:
-            self._pieces_from_stacks(layer)
+            self._pieces_from_stacks(layer)  # (a stack short of a plane: names it)
+        self._check_stacks(layer)
         super().process_weights_after_loading(layer)
+
+    def _check_stacks(self, layer) -> None:
+        """Each stack's crc32 from the TP group's block records ([E*H, 2I] and [E*I, H] taken
+        as matrices), gathered after the load, outside the weight stream (the blocks are cut as
+        the stacks arrive)."""
+        mine, views = layer.__dict__.pop("_uw_stack_records", None), layer.__dict__.pop("_uw_stack_views", {})
+        if mine is None:
+            return
+        everyone = gather(layer, mine)
+        for stem, view in views.items():
+            if not check_shard_records([r for d in everyone for r in d[stem]], view, self.stacks[stem]):
+                raise ChecksumError(f"{self.stacks[stem]}: the ranks' blocks do not cover the stack, so its "
+                                    f"crc32 could not be checked")
 
     def _pieces_from_stacks(self, layer) -> None:
         rank, size = tp_info(layer)
@@ -647,15 +674,11 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
                     "full_header": enc.header, "rows": (0, w.shape[0]), "cols": (0, w.shape[1]),
                     # (the stack's plane bytes over its experts and, for gate_up, its two halves)
                     "full_bytes": full[stem] // (h13.stack * (2 if stem == "w13" else 1) * size)}
-        if verify:  # each stack's crc32 from the group's blocks: [E*H, 2I] and [E*I, H] as matrices
-            mine = {"w13": [("cols", i0, i1, gate_crcs), ("cols", inter + i0, inter + i1, up_crcs)],
-                    "w2": down_recs}
-            everyone = gather(layer, mine)
-            for stem, h in (("w13", h13), ("w2", h2)):
-                view = dataclasses.replace(h, rows=h.stack * h.rows, stack=0)
-                if not check_shard_records([r for d in everyone for r in d[stem]], view, self.stacks[stem]):
-                    raise ChecksumError(f"{self.stacks[stem]}: the ranks' blocks do not cover the stack, so its "
-                                        f"crc32 could not be checked")
+        if verify:  # (checked across the group by _check_stacks once the load is done)
+            layer._uw_stack_records = {"w13": [("cols", i0, i1, gate_crcs),
+                                               ("cols", inter + i0, inter + i1, up_crcs)], "w2": down_recs}
+            layer._uw_stack_views = {stem: dataclasses.replace(h, rows=h.stack * h.rows, stack=0)
+                                     for stem, h in (("w13", h13), ("w2", h2))}
         layer._uw_record_extra = {"stacked": {"gate_up": self.stacks["w13"], "down": self.stacks["w2"],
                                               "intermediate": [i0, i1], "stack_checked": verify}}
         log.info("unweight: %s: rank %d/%d took intermediate [%d, %d) of %d stacked experts' gate_up and down",
