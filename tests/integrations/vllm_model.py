@@ -58,8 +58,10 @@ def make_moe(dst: str, arch: str, *, seed: int = 0) -> str:
         cfg = AutoConfig.for_model("llama4_text", head_dim=32, intermediate_size=256, intermediate_size_mlp=512,
                                    num_local_experts=8, interleave_moe_layer_step=1, rope_scaling=None, **common)
         if arch == "llama4":
-            vision = dict(hidden_size=256, num_hidden_layers=1, num_attention_heads=4, intermediate_size=512,
-                          image_size=112, patch_size=14, projector_input_dim=512, projector_output_dim=256,
+            # (the pixel shuffle's 0.5 ratio makes 4 x 256 = 1024 features per patch group: the
+            # adapter's input, which transformers names intermediate_size)
+            vision = dict(hidden_size=256, num_hidden_layers=1, num_attention_heads=4, intermediate_size=1024,
+                          image_size=112, patch_size=14, projector_input_dim=256, projector_output_dim=256,
                           vision_output_dim=256)
             cfg = AutoConfig.for_model("llama4", text_config=cfg.to_dict(), vision_config=vision,
                                        image_token_index=1000, boi_token_index=1001, eoi_token_index=1002,

@@ -361,3 +361,34 @@ def test_a_device_fault_in_an_experts_decode_is_not_called_a_corrupt_checkpoint(
     per_expert = isinstance(st.sources[-1], list)
     want = rv.piece_key(name, len(st.sources) - 1, st.num_experts - 1) if per_expert else name
     assert want in str(e.value) and "\n" not in str(e.value) and not isinstance(e.value, FormatError)
+
+
+def test_multimodal_llama4_checkpoint_loads_whole(tmp_path):
+    """Llama 4 as Scout's published checkpoint holds it (Llama4ForConditionalGeneration: the
+    language model under ``language_model.``, experts as stacks; a vision tower and its
+    projector): in every mode, the image features and the logits of a prompt holding an image
+    equal the BF16 model's, bit for bit."""
+    from transformers import Llama4ForConditionalGeneration
+
+    import unweight
+    from tests.integrations.vllm_model import make_moe
+    src = make_moe(str(tmp_path / "bf16"), "llama4")
+    dst = str(tmp_path / "huffman")
+    unweight.compress(src, dst, progress=False)
+    torch.manual_seed(0)
+    pix = torch.randn(1, 3, 112, 112).to(torch.bfloat16)
+    ids = torch.tensor([[1, 5, 1001] + [1000] * 16 + [1002, 77, 100, 3]])  # <image> 16 patch groups </image>
+
+    def run(m):
+        with torch.no_grad():
+            f = m.get_image_features(pixel_values=pix)
+            f = getattr(f, "pooler_output", f)
+            return (f if torch.is_tensor(f) else f[0]), m(input_ids=ids, pixel_values=pix).logits
+
+    ref = run(Llama4ForConditionalGeneration.from_pretrained(src, dtype=torch.bfloat16).eval())
+    assert ref[0].shape == (1, 16, 256)
+    for mode in ("huffman", "palette", "dense"):
+        m = unweight.load(dst, device="cpu", mode=mode)
+        assert type(m).__name__ == "Llama4ForConditionalGeneration"
+        got = run(m)
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]), mode
