@@ -694,6 +694,23 @@ def test_tune_shapes_add_the_stacked_siblings(llama_ck):
     assert {(256, 64), (128, 64)} <= set(tune_shapes(ck["palette"], tp=2))
 
 
+def test_tune_shapes_add_the_blocks_vllm_holds_llama4_stacks_as(tmp_path):
+    """Llama 4's expert stacks (gate_up_proj [E, H, 2I], down_proj [E, I, H]): beside the
+    stored per-expert matrices, the transposed blocks vLLM holds and looks up (gate and up
+    [I / tp, H], down [H, I / tp]), at tp 1 and per rank."""
+    from tests.conftest import bf16_gaussian, write_checkpoint
+    from unweight.api import tune_shapes
+    rng = np.random.default_rng(0)
+    E, H, inter = 2, 256, 512
+    src = write_checkpoint(str(tmp_path / "src"), {
+        "model.layers.0.feed_forward.experts.gate_up_proj": ("BF16", bf16_gaussian(rng, (E, H, 2 * inter))),
+        "model.layers.0.feed_forward.experts.down_proj": ("BF16", bf16_gaussian(rng, (E, inter, H)))})
+    c = str(tmp_path / "c")
+    unweight.compress(src, c, progress=False)
+    assert {(H, 2 * inter), (inter, H), (H, inter)} <= set(tune_shapes(c))
+    assert {(inter // 4, H), (H, inter // 4)} <= set(tune_shapes(c, tp=4))
+
+
 def test_tune_refuses_without_a_cuda_gpu(tiny_model, tmp_path, monkeypatch):
     """Off a CUDA GPU, tune stops before timing anything with one InputError; bad options too."""
     torch = pytest.importorskip("torch")

@@ -487,7 +487,9 @@ def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
     which says which applies, is not read), and the whole shape (replicated layers).  Each set
     of sibling projections (runtime/stacking.py: q/k/v, gate/up) adds its stacked shape, as a
     runtime that stacks them runs it (runtime/siblings.py; with tp, the rank's row blocks
-    stacked)."""
+    stacked).  Llama 4's expert stacks (``gate_up_proj`` [E, H, 2I], ``down_proj`` [E, I, H])
+    add the blocks vLLM holds them as, transposed (integrations/vllm/moe.py): gate and up
+    [I / tp, H], down [H, I / tp]."""
     path = sources.as_path(path, "path")
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file or folder")
@@ -506,6 +508,11 @@ def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
                     continue  # this tensor cannot be split tp ways along that axis
                 for r, c in plan:
                     shapes.add((int(h.rows) if r is None else r[1] - r[0], int(h.cols) if c is None else c[1] - c[0]))
+            leaf = base.rpartition(".")[2]
+            if h.stack and leaf == "gate_up_proj" and h.cols % (2 * tp) == 0:
+                shapes.add((int(h.cols) // 2 // tp, int(h.rows)))
+            elif h.stack and leaf == "down_proj" and h.rows % tp == 0:
+                shapes.add((int(h.cols), int(h.rows) // tp))
         for group in sibling_tensors(ck.encoded):
             hs = [ck.header(b) for b in group]
             if len({int(h.cols) for h in hs}) != 1 or any(h.stack for h in hs):
