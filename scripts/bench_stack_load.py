@@ -10,11 +10,13 @@ those steps through the same codec calls (tensor_codec.matrix_planes, shard.deco
 tensor_codec.encode) on synthetic N(0, 0.02) BF16 stacks of a few experts with Scout's and
 Maverick's expert shape (hidden 5120, intermediate 8192), at each TP size, and scales the
 per-expert time to the models' expert counts (Scout: 48 MoE layers of 16 experts; Maverick: 24
-of 128).  The stacks are encoded with the writer's grid, whose 2048-column gate_up chunks are
-wider than a rank's 1024 columns at TP 8: there a rank decodes the chunks that hold its block.
+of 128).  The stacks are encoded with the writer's grid: gate_up in 1024-column chunks (a
+stack's columns split 16 ways), so every TP size up to 8 takes whole chunks.  --old-grid
+encodes gate_up as writers before that rule did, in 2048-column chunks, wider than a rank's
+1024 columns at TP 8: there a rank decodes the chunks that hold its block and cuts it out.
 
     python scripts/bench_stack_load.py [--experts 2] [--tp 1,2,4,8] [--encodings huffman,palette]
-                                       [--threads N] [--out PATH]
+                                       [--old-grid] [--threads N] [--out PATH]
 
 Prints a table and writes JSON (default benchmarks/results/stack-load-<date>-<machine>-<commit>.json).
 """
@@ -63,13 +65,14 @@ def rank_share(tc, sh, gu, dn, e: int, i0: int, i1: int, encoding: str, threads:
     return {"decode_s": t_dec, "transpose_s": t_tr, "encode_s": t_enc, "bf16_bytes": nbytes}
 
 
-def run(experts: int, tps: list, encodings: list, threads: int) -> list:
+def run(experts: int, tps: list, encodings: list, threads: int, old_grid: bool = False) -> list:
     import numpy as np
 
     from unweight.codec import shard as sh
     from unweight.codec import tensor_codec as tc
     rng = np.random.default_rng(0)
-    gu = tc.encode(gaussian_bf16(rng, (experts, HIDDEN, 2 * INTER)), "huffman", threads=threads)
+    grid = tc.choose_grid(HIDDEN, 2 * INTER) if old_grid else None  # (the 2-D rule: 8 column chunks)
+    gu = tc.encode(gaussian_bf16(rng, (experts, HIDDEN, 2 * INTER)), "huffman", threads=threads, grid=grid)
     dn = tc.encode(gaussian_bf16(rng, (experts, INTER, HIDDEN)), "huffman", threads=threads)
     rows = []
     for tp in tps:
@@ -93,6 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--experts", type=bu.positive_int, default=2, help="experts in the synthetic stacks")
     ap.add_argument("--tp", type=bu.positive_int_list, default=[1, 2, 4, 8])
     ap.add_argument("--encodings", default="huffman,palette", help="encodings the rank holds its blocks in")
+    ap.add_argument("--old-grid", action="store_true",
+                    help="gate_up in 2048-column chunks, as writers before the stacked grid rule")
     ap.add_argument("--threads", type=bu.positive_int, default=None, help="codec threads (default: all cores)")
     ap.add_argument("--out", help="result JSON")
     args = ap.parse_args(argv)
@@ -104,10 +109,11 @@ def main(argv=None) -> int:
     out = bu.writable_path(args.out, "bench_stack_load") if args.out else None
     from unweight.codec import tensor_codec as tc
     threads = args.threads or tc.default_threads()
-    rows = run(args.experts, args.tp, encodings, threads)
+    rows = run(args.experts, args.tp, encodings, threads, args.old_grid)
     bu.print_table(rows, ["tp", "held_encoding", "expert_share_mb", "decode_s", "transpose_s", "encode_s", "mb_per_s",
                           "scout_s", "maverick_s"])
-    res = {"env": bu.environment(), "threads": threads, "experts_timed": args.experts, "hidden": HIDDEN,
+    res = {"env": bu.environment(), "threads": threads, "old_grid": args.old_grid, "experts_timed": args.experts,
+           "hidden": HIDDEN,
            "intermediate": INTER, "model_experts": MODELS, "rows": rows}
     out = out or bu.result_path("stack-load", bu.machine_tag())
     print("wrote", bu.write_json(out, res))

@@ -128,7 +128,7 @@ def _header_bound(name: str, dt: str, shape, hi: int, encodings: tuple, segment_
     if encodings:
         *stack, n, k = (int(x) for x in shape)
         e = stack[0] if stack else 1
-        R, Cc = tc.choose_grid(n, k, segment_weights)
+        R, Cc = tc.choose_grid(n, k, segment_weights, stacked=bool(stack))
         nseg = e * -(-n // R) * -(-k // Cc)
         blocks = e * n * -(-k // C.PAL_BLOCK)
         common = [(C.SUFFIX_HDR, "U8", [C.HEADER_BYTES + C.HUFF_NUM_CTX * 256]), (C.SUFFIX_SM, "U8", shape)]

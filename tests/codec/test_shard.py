@@ -1,5 +1,6 @@
 """Tensor-parallel shards of encoded tensors (unweight.codec.shard): bitwise equal to the
 slice of the full decode, only the shard's segments touched, clear errors off the grid."""
+import dataclasses
 import zlib
 
 import numpy as np
@@ -307,3 +308,16 @@ def test_decode_block_cuts_any_block_from_the_segments_that_hold_it(encoding):
         got = sh.decode_block(h, e.planes, rows=rows, cols=cols, threads=2)
         assert got.shape == (r1 - r0, c1 - c0) and got.flags.c_contiguous
         assert got.tobytes() == w[r0:r1, c0:c1].tobytes(), (rows, cols)
+
+
+def test_a_stack_cuts_its_columns_16_ways_where_chunks_stay_512_wide():
+    """The writer's grid for the matrices of a 3-D stack: 16 column chunks where each stays
+    >= 512 wide (each half of a fused [gate | up] axis then splits 8 ways on chunk edges:
+    Llama 4's gate_up at TP 8), else the 2-D rule; a 2-D matrix keeps 8."""
+    rng = np.random.default_rng(0)
+    for shape, C_ in (((2, 64, 8192), 512), ((64, 8192), 1024), ((2, 64, 5120), 640), ((2, 32, 512), 64)):
+        e = tc.encode(bf16_gaussian(rng, shape), "huffman", threads=2)
+        assert e.header.cols_per_chunk == C_, shape
+        assert tc.choose_grid(*shape[-2:], stacked=len(shape) == 3)[1] == C_
+    h = tc.encode(bf16_gaussian(rng, (2, 64, 8192)), "huffman", threads=2).header
+    assert len(sh.tp_plan(dataclasses.replace(h, stack=0, cols=4096), 8, "cols")) == 8  # each half, 8 ways

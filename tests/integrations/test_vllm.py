@@ -494,15 +494,16 @@ def test_llama4_stacked_experts_serve_compressed(llama4_models):
 
 
 def test_llama4_stack_blocks_narrower_than_the_segment_grid(llama4_models, tmp_path, monkeypatch):
-    """A gate_up stack written with one chunk per row (512 columns; Scout's at TP 8 has 1024-
-    column blocks in 2048-column chunks): at TP=2 each rank's 128 gate and 128 up columns lie
-    inside a chunk, so it decodes the chunks that hold them and keeps its part; greedy tokens
-    equal to BF16's, and each stack's crc32 checked across the group."""
+    """A gate_up stack written with one chunk per row (512 columns; as Scout's at TP 8 in files
+    from writers before the stacked grid rule, 1024-column blocks in 2048-column chunks): at
+    TP=2 each rank's 128 gate and 128 up columns lie inside a chunk, so it decodes the chunks
+    that hold them and keeps its part; greedy tokens equal to BF16's, and each stack's crc32
+    checked across the group."""
     import unweight
     from unweight.codec import tensor_codec as tc
     from unweight.format.checkpoint import CompressedCheckpoint
     cols = tc.col_splits
-    monkeypatch.setattr(tc, "col_splits", lambda n: 1 if n == 512 else cols(n))
+    monkeypatch.setattr(tc, "col_splits", lambda n, stacked=False: 1 if n == 512 else cols(n, stacked))
     ck = str(tmp_path / "coarse")
     unweight.compress(llama4_models["bf16"], ck, progress=False)
     monkeypatch.undo()

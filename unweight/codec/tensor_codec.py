@@ -68,18 +68,23 @@ def tp_splits(n: int) -> int:
     return next((p for p in (8, 4, 2) if n % (C.PAL_BLOCK * p) == 0), 1)
 
 
-def col_splits(n: int) -> int:
+def col_splits(n: int, stacked: bool = False) -> int:
     """Column chunks the writer cuts n columns into: 8 when n is a multiple of 256 (row-parallel
     shards at TP 2, 4 and 8 start on chunk edges); otherwise the largest p in (4, 2) that
     leaves chunks of >= 512 columns, each a multiple of PAL_BLOCK (narrow chunks cost the
     CPU decoder up to ~15% on small matrices, so they are cut only where TP needs them); 1 if
-    none."""
+    none.  stacked (the matrices of a 3-D stack): 16 where that leaves chunks of >= 512
+    columns, each a multiple of PAL_BLOCK, so that each half of a fused [gate | up] column
+    axis (Llama 4's gate_up_proj [E, H, 2I]) splits 8 ways on chunk edges too."""
+    if stacked and n % (16 * C.PAL_BLOCK) == 0 and n // 16 >= 512:
+        return 16
     if n % (8 * C.PAL_BLOCK) == 0:
         return 8
     return next((p for p in (4, 2) if n % (C.PAL_BLOCK * p) == 0 and n // p >= 512), 1)
 
 
-def choose_grid(rows: int, cols: int, segment_weights: int = C.DEFAULT_SEGMENT_WEIGHTS) -> tuple[int, int]:
+def choose_grid(rows: int, cols: int, segment_weights: int = C.DEFAULT_SEGMENT_WEIGHTS,
+                stacked: bool = False) -> tuple[int, int]:
     """Writer policy for the segment grid (R rows x C columns); readers take it from the header.
 
     The writer does not know whether a matrix will be column-parallel (split by rows) or
@@ -92,7 +97,7 @@ def choose_grid(rows: int, cols: int, segment_weights: int = C.DEFAULT_SEGMENT_W
     bit/weight wherever the target is reached; smaller segments buy GPU decode parallelism for
     ~32/segment_weights bit/weight.
     """
-    C_ = cols // col_splits(cols)
+    C_ = cols // col_splits(cols, stacked)
     want = max(1, math.ceil(segment_weights / C_))
     p = tp_splits(rows)
     if p > 1:
@@ -156,7 +161,7 @@ def encode(w: np.ndarray, encoding: str = "huffman", segment_weights: int = C.DE
         raise ValueError(f"a palette stack of shape {w.shape} has more blocks than uint32 verbatim ids can "
                          f"name; split this tensor before compressing")
     sm = empty(w.shape, np.uint8, threads)
-    R, C_ = grid or choose_grid(rows, cols, segment_weights)
+    R, C_ = grid or choose_grid(rows, cols, segment_weights, stacked=bool(stack))
     bands = _bands(rows, cols, R, band_bytes) if band_bytes and encoding == "huffman" and not stack else None
     hist = np.zeros((C.HUFF_NUM_CTX, 256), dtype=np.int64)
     if bands is None:
