@@ -206,7 +206,7 @@ def _drop_plane(src, dst, victim):
     json.dump(j, open(idx, "w"))
 
 
-def _old_grid(rows, cols, segment_weights):
+def _old_grid(rows, cols, segment_weights, stacked=False):
     """The writer's grid before every multiple of 256 split 8 ways: chunks of >= 512 columns
     only, R a power of two."""
     import math
