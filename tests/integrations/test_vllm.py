@@ -493,6 +493,20 @@ def test_llama4_stacked_experts_serve_compressed(llama4_models):
     _check_llama4_reports(res[1]["reports"], 2, "palette")
 
 
+def test_llama4_compiled_with_bf16_rounding_emulated(llama4_models):
+    """vLLM's compiled mode on Llama 4's layout with inductor's bf16 rounding emulated
+    (emulate_precision_casts): the compressed model's greedy tokens equal the compiled BF16
+    model's, 32 tokens of each prompt.  (Without it inductor keeps some of the BF16 graph's
+    bf16 intermediates in fp32 where its fusions reach across what the compressed model runs
+    behind its routed-experts op, and this tiny random model's near-tied logits flip.)"""
+    m = llama4_models
+    cfg = {"eager": False, "max_tokens": 32,
+           "compilation_config": {"inductor_compile_config": {"emulate_precision_casts": True}}}
+    runs = [_run([{"model": m[k], **cfg}], timeout=600)[0][0] for k in ("bf16", "palette")]  # a process each
+    assert _ok(runs[1]) == _ok(runs[0])
+    _check_llama4_reports(runs[1]["reports"], 1, "palette")
+
+
 def test_llama4_stack_blocks_narrower_than_the_segment_grid(llama4_models, tmp_path, monkeypatch):
     """A gate_up stack written with one chunk per row (512 columns; as Scout's at TP 8 in files
     from writers before the stacked grid rule, 1024-column blocks in 2048-column chunks): at

@@ -22,7 +22,8 @@ def run_one(cfg: dict) -> dict:
     """Build an LLM for one configuration, generate greedily, time it if asked, tear it down.
 
     cfg: model, tp (1), eager (True), load_format ("auto"), lora (False), language_model_only
-    (False: a multimodal model's towers left out, vLLM's --language-model-only), prompts, max_tokens (12),
+    (False: a multimodal model's towers left out, vLLM's --language-model-only), compilation_config
+    (vLLM's, e.g. inductor settings), prompts, max_tokens (12),
     timing, held_check (False: the load check's GPU branch on the CPU, for the rest of the process),
     slot_decode_faulty (False: the expert-slot decode taken out on the CPU as a failed self-test
     takes it out on a GPU, for the rest of the process), device_decode_fault (False: the load
@@ -60,6 +61,8 @@ def run_one(cfg: dict) -> dict:
         kw["distributed_executor_backend"] = "uni"  # no worker process to spawn: faster CI
     if cfg.get("language_model_only"):
         kw["language_model_only"] = True
+    if cfg.get("compilation_config"):
+        kw["compilation_config"] = cfg["compilation_config"]
     try:
         llm = LLM(model=cfg["model"], dtype="bfloat16", tensor_parallel_size=cfg.get("tp", 1),
                   enforce_eager=cfg.get("eager", True), max_model_len=256, skip_tokenizer_init=True,
