@@ -354,14 +354,14 @@ def test_moe_load_check_as_a_gpu_makes_it(moe_models, tmp_path):
     assert _ok(res[4]) == _ok(res[0]) and "keeps per-expert palette pieces (the slot decode failed" in out
 
 
-def _compressed_variants(d, arch: str, bad_plane: str, offset: int) -> dict:
-    """A `arch` BF16 model (vllm_model.make_moe) in folder d, its huffman checkpoint, a copy in
-    palette mode, and one in palette mode with a flipped bit in `bad_plane`."""
+def _compressed_variants(d, arch: str, bad_plane: str, offset: int, **kw) -> dict:
+    """A `arch` BF16 model (vllm_model.make_moe, with kw) in folder d, its huffman checkpoint, a
+    copy in palette mode, and one in palette mode with a flipped bit in `bad_plane`."""
     import shutil
 
     import unweight
     from tests.integrations.vllm_model import make_moe
-    out = {"bf16": make_moe(str(d / "bf16"), arch), "huffman": str(d / "huffman")}
+    out = {"bf16": make_moe(str(d / "bf16"), arch, **kw), "huffman": str(d / "huffman")}
     unweight.compress(out["bf16"], out["huffman"], progress=False)
     for name in ("palette", "bad"):
         out[name] = str(d / name)
@@ -376,10 +376,11 @@ def _compressed_variants(d, arch: str, bad_plane: str, offset: int) -> dict:
 
 @pytest.fixture(scope="module")
 def mla_models(tmp_path_factory):
-    """DeepSeek-V3-shaped (Kimi-K2's architecture) BF16 model, its huffman checkpoint, a copy in
+    """DeepSeek-V3-shaped (Kimi-K2's architecture) BF16 model whose checkpoint also holds a
+    multi-token-prediction layer, as DeepSeek-V3's does; its huffman checkpoint, a copy in
     palette mode, and one with a flipped bit in a kv_b_proj plane."""
     return _compressed_variants(tmp_path_factory.mktemp("vllm_mla"), "deepseek_v3",
-                                "model.layers.1.self_attn.kv_b_proj.weight__sm", 77)
+                                "model.layers.1.self_attn.kv_b_proj.weight__sm", 77, mtp=True)
 
 
 def _check_mla_reports(reports: dict, tp: int, mode: str) -> None:
@@ -410,11 +411,14 @@ def test_mla_moe_serves_compressed_with_kv_b_proj_decoded(mla_models):
     handed to vLLM as an unquantized layer; a flipped bit in its planes stops the load naming
     it.  --load-format unweight (everything decoded at load) serves it too."""
     m = mla_models
-    res, _ = _run([{"model": m["bf16"], "max_tokens": 8}, {"model": m["huffman"], "max_tokens": 8},
-                   {"model": m["palette"], "max_tokens": 8, "held_check": True},
-                   {"model": m["bad"], "max_tokens": 8},
-                   {"model": m["huffman"], "max_tokens": 8, "load_format": "unweight"}], timeout=600)
+    res, out = _run([{"model": m["bf16"], "max_tokens": 8}, {"model": m["huffman"], "max_tokens": 8},
+                     {"model": m["palette"], "max_tokens": 8, "held_check": True},
+                     {"model": m["bad"], "max_tokens": 8},
+                     {"model": m["huffman"], "max_tokens": 8, "load_format": "unweight"}], timeout=600)
     assert _ok(res[1]) == _ok(res[0]) and _ok(res[2]) == _ok(res[0]) and _ok(res[4]) == _ok(res[0])
+    # The multi-token-prediction layer (model.layers.2), which the model skips, is never decoded.
+    assert "model.layers.1.mlp.experts.0.gate_proj.weight -> decoded to bf16 at load" in out  # (load_format)
+    assert "model.layers.2." not in "".join(ln for ln in out.splitlines(True) if "decoded to bf16 at load" in ln)
     _check_mla_reports(res[1]["reports"], 1, "huffman")
     _check_mla_reports(res[2]["reports"], 1, "palette")
     err = res[3]["error"]
@@ -576,10 +580,12 @@ def test_llama4_multimodal_checkpoint_serves_its_language_model_compressed(llama
 
 
 def test_tensors_of_layers_built_elsewhere_pass_by_undecoded(tmp_path):
-    """A rank that does not build some layers (another pipeline stage's, or a tower left out)
-    holds vLLM's missing-layer placeholders for them: their tensors' planes pass through the
-    weight stream undecoded (vLLM's loaders skip them by name), under the names the model's
-    hf_to_vllm_mapper gives; every other tensor arrives decoded, bit for bit."""
+    """A model that does not build some layers the checkpoint holds (another pipeline stage's,
+    a tower left out: vLLM's missing-layer placeholders; a numbered layer past its container,
+    as DeepSeek-V3's multi-token-prediction layer in the main model, or every layer but that
+    one in the draft model): their tensors' planes pass through the weight stream undecoded
+    (vLLM's loaders skip them by name), under the names the model's hf_to_vllm_mapper gives;
+    every other tensor arrives decoded, bit for bit."""
     import numpy as np
     import torch
     from safetensors import safe_open
@@ -591,30 +597,36 @@ def test_tensors_of_layers_built_elsewhere_pass_by_undecoded(tmp_path):
     from unweight.integrations.vllm.loader import built_elsewhere, decode_planes_iterator
 
     rng = np.random.default_rng(3)
-    w = {f"model.layers.{i}.mlp.weight": bf16_gaussian(rng, (256, 256)) for i in range(3)}
+    w = {f"model.layers.{i}.mlp.weight": bf16_gaussian(rng, (256, 256)) for i in range(4)}
     src = write_checkpoint(str(tmp_path / "src"), {k: ("BF16", v) for k, v in w.items()})
     unweight.compress(src, str(tmp_path / "ck"), progress=False)
+    with safe_open(str(tmp_path / "ck" / "model.safetensors"), "pt") as f:
+        stream = [(k, f.get_tensor(k)) for k in f.keys()]
 
     class Model(torch.nn.Module):
         hf_to_vllm_mapper = WeightsMapper(orig_to_new_prefix={"model.": "decoder."})
 
-        def __init__(self):
+        def __init__(self, layers):
             super().__init__()
             self.decoder = torch.nn.Module()
-            self.decoder.layers = torch.nn.ModuleList([torch.nn.Linear(256, 256), PPMissingLayer(),
-                                                       torch.nn.Linear(256, 256)])
+            self.decoder.layers = layers
 
-    model = Model()
+    def split(model):
+        out = list(decode_planes_iterator(iter(stream), elsewhere=built_elsewhere(model)))
+        decoded = {k: t for k, t in out if split_name(k)[1] is None}
+        for k, t in decoded.items():
+            assert np.array_equal(t.view(torch.int16).numpy().view(np.uint16), w[k])
+        return sorted(decoded), sorted({split_name(k)[0] for k, _ in out if split_name(k)[1] is not None})
+
     assert built_elsewhere(torch.nn.Linear(2, 2)) is None
-    with safe_open(str(tmp_path / "ck" / "model.safetensors"), "pt") as f:
-        stream = [(k, f.get_tensor(k)) for k in f.keys()]
-    out = list(decode_planes_iterator(iter(stream), elsewhere=built_elsewhere(model)))
-    decoded = {k: t for k, t in out if split_name(k)[1] is None}
-    assert sorted(decoded) == ["model.layers.0.mlp.weight", "model.layers.2.mlp.weight"]
-    for k, t in decoded.items():
-        assert np.array_equal(t.view(torch.int16).numpy().view(np.uint16), w[k])
-    passed = sorted({split_name(k)[0] for k, _ in out if split_name(k)[1] is not None})
-    assert passed == ["model.layers.1.mlp.weight"]
+    lin = lambda: torch.nn.Linear(256, 256)  # noqa: E731
+    # a pipeline stage without layer 1, and no layer 3 at all (a spec-decode layer)
+    assert split(Model(torch.nn.ModuleList([lin(), PPMissingLayer(), lin()]))) == (
+        ["model.layers.0.mlp.weight", "model.layers.2.mlp.weight"],
+        ["model.layers.1.mlp.weight", "model.layers.3.mlp.weight"])
+    # the draft model: only layer 3, in a ModuleDict keyed by its index
+    assert split(Model(torch.nn.ModuleDict({"3": lin()}))) == (
+        ["model.layers.3.mlp.weight"], [f"model.layers.{i}.mlp.weight" for i in range(3)])
 
 
 def test_palette_pieces_when_the_experts_make_no_stack():

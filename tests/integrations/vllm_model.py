@@ -29,7 +29,7 @@ def make_llama(dst: str, *, tie: bool = False, heads: int = 8, kv_heads: int = 2
     return dst
 
 
-def make_moe(dst: str, arch: str, *, seed: int = 0) -> str:
+def make_moe(dst: str, arch: str, *, seed: int = 0, mtp: bool = False) -> str:
     """Write a tiny 2-layer MoE in bf16 to dst (transformers saves per-expert 2-D tensors);
     arch "qwen3_moe" or "mixtral": hidden 256, 8 experts of intermediate 256, top-2, 8 heads /
     4 KV heads, vocab 1024; every side a multiple of 256.  "deepseek_v3" (Kimi-K2's
@@ -41,7 +41,9 @@ def make_moe(dst: str, arch: str, *, seed: int = 0) -> str:
     router weights applied on the input), beside a shared expert.  "llama4": the same language
     model as Llama 4 Scout's published checkpoint holds it, under ``language_model.``, beside a
     one-layer vision tower (hidden 256) and its projector (Llama4ForConditionalGeneration).
-    Returns dst."""
+    mtp ("deepseek_v3"): the checkpoint also holds a multi-token-prediction layer after the
+    last one, as DeepSeek-V3's does (model.layers.2: a copy of layer 1's tensors with its
+    eh_proj and norms), which the model itself does not build.  Returns dst."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -91,4 +93,15 @@ def make_moe(dst: str, arch: str, *, seed: int = 0) -> str:
     model = model.to(torch.bfloat16)
     os.makedirs(dst, exist_ok=True)
     model.save_pretrained(dst, safe_serialization=True)
+    if mtp:
+        from safetensors.torch import load_file, save_file
+        f = os.path.join(dst, "model.safetensors")
+        sd = load_file(f)
+        n, h = cfg.num_hidden_layers, cfg.hidden_size
+        sd.update({k.replace(f"model.layers.{n - 1}.", f"model.layers.{n}."): v.clone() for k, v in sd.items()
+                   if k.startswith(f"model.layers.{n - 1}.")})
+        sd[f"model.layers.{n}.eh_proj.weight"] = (0.05 * torch.randn(h, 2 * h)).to(torch.bfloat16)
+        for norm in ("enorm", "hnorm"):
+            sd[f"model.layers.{n}.{norm}.weight"] = torch.ones(h, dtype=torch.bfloat16)
+        save_file(sd, f, metadata={"format": "pt"})
     return dst

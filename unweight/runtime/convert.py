@@ -108,12 +108,13 @@ def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
     An encoded tensor that resolves to no parameter of the model fails with InputError (one
     line naming it): a model that loads must be the original model.
     Returns a report {"compressed": [...], "tied": [...], "dense_fallback": [...], "experts":
-    [...]} which is also stored as model._unweight_plan.
+    [...], "ignored": [checkpoint names the model's _keys_to_ignore_on_load_unexpected drop]}
+    which is also stored as model._unweight_plan.
     """
     rename = experts.hf_renamer(model)
     modules, resolve = _resolver(model, set(ck.names()))
     prefix = getattr(model, "base_model_prefix", "") or ""
-    report = {"compressed": [], "tied": [], "dense_fallback": [], "experts": [], "locations": {}}
+    report = {"compressed": [], "tied": [], "dense_fallback": [], "experts": [], "ignored": [], "locations": {}}
     replaced = {}  # module name -> compressed module
     ck_params = set()  # model param names present in the checkpoint (encoded or raw)
     raw_fused = {}  # fused experts parameter (transformers' name) -> a raw checkpoint tensor fused into it
@@ -126,7 +127,13 @@ def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
         if r:
             ck_params.add(f"{r[0]}.{r[1]}" if r[0] else r[1])
     fused = {}  # fused experts parameter (transformers' name) -> {"n": sources, "pieces": {(source, expert): ...}}
+    # Checkpoint tensors the model's own loader drops (DeepSeek-V3's multi-token-prediction
+    # layer, model.layers.61): transformers skips their plane keys by the same patterns.
+    ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []]
     for base in ck.encoded:
+        if any(p.search(base) for p in ignored):
+            report["ignored"].append(base)
+            continue
         h = ck.header(base)
         shapes = _plane_shapes(ck, base)
         tc.check_planes(h, ck.planes(base), ck.location(base))  # mmap views: shapes + two offsets read

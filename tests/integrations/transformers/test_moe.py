@@ -392,3 +392,31 @@ def test_multimodal_llama4_checkpoint_loads_whole(tmp_path):
         assert type(m).__name__ == "Llama4ForConditionalGeneration"
         got = run(m)
         assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]), mode
+
+
+def test_tensors_the_model_ignores_are_left_out(tmp_path):
+    """DeepSeek-V3's checkpoints hold a multi-token-prediction layer (model.layers.61) that
+    transformers' model drops (_keys_to_ignore_on_load_unexpected): compressed, it is left out
+    the same way, and the model loads in every mode with the BF16 model's logits."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+    src = _make("deepseek_v3", str(tmp_path / "bf16"))
+    f = os.path.join(src, "model.safetensors")
+    sd = load_file(f)
+    torch.manual_seed(1)
+    sd["model.layers.61.eh_proj.weight"] = (torch.randn(128, 256) * 0.02).to(torch.bfloat16)
+    sd["model.layers.61.mlp.experts.0.gate_proj.weight"] = (torch.randn(64, 128) * 0.02).to(torch.bfloat16)
+    save_file(sd, f, metadata={"format": "pt"})
+    dst = str(tmp_path / "huffman")
+    api.compress(src, dst, progress=False)
+    from unweight.format.checkpoint import CompressedCheckpoint
+    ck = CompressedCheckpoint(dst)
+    assert {"model.layers.61.eh_proj.weight", "model.layers.61.mlp.experts.0.gate_proj.weight"} <= set(ck.encoded)
+    ck.close()
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(src).eval()(IDS).logits
+    for mode in ("huffman", "palette", "dense"):
+        m = unweight.load(dst, device="cpu", mode=mode)
+        assert "model.layers.61.eh_proj.weight" in m._unweight_plan["ignored"]
+        with torch.no_grad():
+            assert torch.equal(m(IDS).logits, ref), mode

@@ -83,22 +83,38 @@ class UnweightDecodingLoader(DefaultModelLoader):
 
 
 def built_elsewhere(model: torch.nn.Module):
-    """None, or a test of checkpoint names: true for a tensor of a layer this rank does not
-    build (another pipeline stage's layers, or a tower left out by --language-model-only).
+    """None, or a test of checkpoint names: true for a tensor of a layer this model does not
+    build here, which vLLM's loaders skip by name (so its planes pass by undecoded: decoding
+    them would cost the whole decode of what is skipped):
 
-    vLLM's loaders skip such tensors by name prefix (models.utils.is_pp_missing_parameter), so
-    their planes pass by undecoded: decoding them would cost each stage the whole model's
-    decode.  Names are mapped to vLLM's as the model's loader maps them (hf_to_vllm_mapper); a
-    name that maps elsewhere, or to nothing, is decoded as before."""
+    * a layer of another pipeline stage, or a tower --language-model-only leaves out
+      (models.utils.is_pp_missing_parameter's placeholders);
+    * a numbered layer its container does not hold: DeepSeek-V3's multi-token-prediction
+      layer (model.layers.61) in the main model, every other layer in the draft model that
+      holds only that one (vLLM skips them by index, get_spec_layer_idx_from_weight_name).
+
+    Names are mapped to vLLM's as the model's loader maps them (hf_to_vllm_mapper); a name
+    that maps elsewhere, or to nothing, is decoded as before."""
     from vllm.model_executor.models.utils import get_pp_missing_layer_names
     missing = tuple(get_pp_missing_layer_names(model))
-    if not missing:
+    numbered = {n: set(m._modules) for n, m in model.named_modules()
+                if isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict)) and m._modules}
+    if not missing and not numbered:
         return None
     mapper = getattr(model, "hf_to_vllm_mapper", None)
 
     def elsewhere(name: str) -> bool:
         mapped = mapper.map_name(name) if mapper is not None else name
-        return mapped is not None and mapped.startswith(missing)
+        if mapped is None:
+            return False
+        if missing and mapped.startswith(missing):
+            return True
+        parts = mapped.split(".")
+        for j in range(1, len(parts) - 1):
+            held = numbered.get(".".join(parts[:j]))
+            if held is not None and parts[j].isdigit() and parts[j] not in held:
+                return True
+        return False
     return elsewhere
 
 
