@@ -35,13 +35,6 @@ HIDDEN, INTER = 5120, 8192  # Llama 4 Scout and Maverick's expert shape
 MODELS = {"scout": 48 * 16, "maverick": 24 * 128}  # experts over all MoE layers
 
 
-def gaussian_bf16(rng, shape):
-    """uint16 [shape]: BF16 bit patterns of N(0, 0.02), rounded to nearest even."""
-    import numpy as np
-    f = (rng.standard_normal(shape, dtype=np.float32) * 0.02).view(np.uint32)
-    return ((f + 0x7FFF + ((f >> 16) & 1)) >> 16).astype(np.uint16)
-
-
 def rank_share(tc, sh, gu, dn, e: int, i0: int, i1: int, encoding: str, threads: int) -> dict:
     """One expert's share for one rank: seconds to decode its three blocks, to transpose them and
     to re-encode them; bytes of BF16 the share holds."""
@@ -66,14 +59,14 @@ def rank_share(tc, sh, gu, dn, e: int, i0: int, i1: int, encoding: str, threads:
 
 
 def run(experts: int, tps: list, encodings: list, threads: int, old_grid: bool = False) -> list:
-    import numpy as np
-
     from unweight.codec import shard as sh
     from unweight.codec import tensor_codec as tc
-    rng = np.random.default_rng(0)
+    from unweight.tools.tune import gaussian_bf16
     grid = tc.choose_grid(HIDDEN, 2 * INTER) if old_grid else None  # (the 2-D rule: 8 column chunks)
-    gu = tc.encode(gaussian_bf16(rng, (experts, HIDDEN, 2 * INTER)), "huffman", threads=threads, grid=grid)
-    dn = tc.encode(gaussian_bf16(rng, (experts, INTER, HIDDEN)), "huffman", threads=threads)
+    gu = tc.encode(gaussian_bf16(experts * HIDDEN, 2 * INTER, seed=0).reshape(experts, HIDDEN, 2 * INTER), "huffman",
+                   threads=threads, grid=grid)
+    dn = tc.encode(gaussian_bf16(experts * INTER, HIDDEN, seed=1).reshape(experts, INTER, HIDDEN), "huffman",
+                   threads=threads)
     rows = []
     for tp in tps:
         i0, i1 = 0, INTER // tp  # rank 0's block; every rank's is the same size

@@ -541,11 +541,12 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
     [E, H, 2I] and ``down_proj`` [E, I, H], every expert's matrices transposed against the
     [2I, H] / [H, I] that vLLM's experts kernel takes.  The stacks' planes come to take_plane
     straight from the weight stream (loader.py), not through the model's loader, which would
-    transpose and split them as BF16.  After loading, each rank decodes its block of every expert from the
-    stacks' segments alone (the gate and up columns and the down rows of its intermediate
-    range), checks each stack's crc32 across the TP group from those blocks, and holds each
-    block transposed into vLLM's orientation as a piece re-encoded in the stack's encoding
-    (a rank-local tensor: its own crc32 is checked as the layer is held).  From there the layer
+    transpose and split them as BF16.  As soon as a layer's two stacks have come, each rank
+    decodes its block of every expert from the stacks' segments alone (the gate and up columns
+    and the down rows of its intermediate range) and holds each block transposed into vLLM's
+    orientation as a piece re-encoded in the stack's encoding (a rank-local tensor: its own
+    crc32 is checked as the layer is held); after the load the TP group checks each stack's
+    crc32 from those blocks.  From there the layer
     is the per-expert method's: modes, palette stacks, routed decode and checks on a GPU."""
 
     def __init__(self, config, moe, prefix: str, stacks: dict):
@@ -562,8 +563,8 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
 
     def _stack_ranges(self, layer, h13: TensorHeader, h2: TensorHeader) -> tuple:
         """This rank's intermediate range [i0, i1): the gate columns [i0, i1) and up columns
-        [I + i0, I + i1) of every gate_up matrix, the rows [i0, i1) of every down matrix;
-        checked against the stacks' shapes and grids (InputError naming the tensor)."""
+        [I + i0, I + i1) of every gate_up matrix, the rows [i0, i1) of every down matrix; the
+        stacks' shapes checked against the model's (InputError naming the tensor)."""
         rank, size = tp_info(layer)
         moe = layer.moe_config
         inter, hidden = moe.intermediate_size_per_partition_unpadded * size, moe.hidden_dim_unpadded
@@ -651,8 +652,8 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
         verify = verify_setting() is not None
 
         def block(h, planes, e, rows=None, cols=None):
-            # (a block narrower than the stack's segment grid, such as Scout's gate_up at TP 8:
-            # 1024 columns of a 2048-column chunk, is cut from the segments that hold it)
+            # (a block narrower than the stack's segment grid, such as Scout's gate_up at TP 8 in
+            # a file with 2048-column chunks, is cut from the segments that hold it)
             where = f"{self.stacks['w13' if h is h13 else 'w2']}[{e}]"
             hm, pm = tc.matrix_planes(h, planes, e)
             return sh.decode_block(hm, pm, rows=rows, cols=cols, where=where)
@@ -688,7 +689,8 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
 def transposed(w: np.ndarray) -> np.ndarray:
     """uint16 [K, N] copy of a host uint16 [N, K] matrix.  Through torch: its blocked,
     multithreaded copy runs ~4x numpy's strided one (12 against 41 ms for 5120 x 2048 on two
-    cores), which made the transposes most of a Llama 4 rank's load-time work on its stacks."""
+    cores); the transposes are still about 40% of a Llama 4 rank's load-time work on its
+    stacks (scripts/bench_stack_load.py)."""
     return torch.from_numpy(w.view(np.int16)).t().contiguous().numpy().view(np.uint16)
 
 

@@ -569,6 +569,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 
+
 class UnweightLinearMethod(_UnweightMethodBase, LinearMethodBase):
     """Linear layer whose rank-local weight is kept as compressed pieces."""
 
