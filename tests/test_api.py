@@ -697,7 +697,8 @@ def test_tune_shapes_add_the_stacked_siblings(llama_ck):
 def test_tune_shapes_add_the_blocks_vllm_holds_llama4_stacks_as(tmp_path):
     """Llama 4's expert stacks (gate_up_proj [E, H, 2I], down_proj [E, I, H]): beside the
     stored per-expert matrices, the transposed blocks vLLM holds and looks up (gate and up
-    [I / tp, H], down [H, I / tp]), at tp 1 and per rank."""
+    [I / tp, H], down [H, I / tp]), at tp 1 and per rank, and whole at any tp (expert
+    parallelism)."""
     from tests.conftest import bf16_gaussian, write_checkpoint
     from unweight.api import tune_shapes
     rng = np.random.default_rng(0)
@@ -708,7 +709,7 @@ def test_tune_shapes_add_the_blocks_vllm_holds_llama4_stacks_as(tmp_path):
     c = str(tmp_path / "c")
     unweight.compress(src, c, progress=False)
     assert {(H, 2 * inter), (inter, H), (H, inter)} <= set(tune_shapes(c))
-    assert {(inter // 4, H), (H, inter // 4)} <= set(tune_shapes(c, tp=4))
+    assert {(inter // 4, H), (H, inter // 4), (inter, H), (H, inter)} <= set(tune_shapes(c, tp=4))
 
 
 def test_tune_refuses_without_a_cuda_gpu(tiny_model, tmp_path, monkeypatch):

@@ -489,7 +489,8 @@ def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
     runtime that stacks them runs it (runtime/siblings.py; with tp, the rank's row blocks
     stacked).  Llama 4's expert stacks (``gate_up_proj`` [E, H, 2I], ``down_proj`` [E, I, H])
     add the blocks vLLM holds them as, transposed (integrations/vllm/moe.py): gate and up
-    [I / tp, H], down [H, I / tp]."""
+    [I / tp, H], down [H, I / tp], and [I, H], [H, I] (whole experts, as vLLM's expert
+    parallelism holds them at any TP size; per-expert 2-D tensors are in the set whole)."""
     path = sources.as_path(path, "path")
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file or folder")
@@ -509,10 +510,11 @@ def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
                 for r, c in plan:
                     shapes.add((int(h.rows) if r is None else r[1] - r[0], int(h.cols) if c is None else c[1] - c[0]))
             leaf = base.rpartition(".")[2]
-            if h.stack and leaf == "gate_up_proj" and h.cols % (2 * tp) == 0:
-                shapes.add((int(h.cols) // 2 // tp, int(h.rows)))
-            elif h.stack and leaf == "down_proj" and h.rows % tp == 0:
-                shapes.add((int(h.cols), int(h.rows) // tp))
+            for t in {1, tp}:  # (whole experts: TP 1, or expert parallelism at any TP)
+                if h.stack and leaf == "gate_up_proj" and h.cols % (2 * t) == 0:
+                    shapes.add((int(h.cols) // 2 // t, int(h.rows)))
+                elif h.stack and leaf == "down_proj" and h.rows % t == 0:
+                    shapes.add((int(h.cols), int(h.rows) // t))
         for group in sibling_tensors(ck.encoded):
             hs = [ck.header(b) for b in group]
             if len({int(h.cols) for h in hs}) != 1 or any(h.stack for h in hs):

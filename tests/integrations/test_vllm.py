@@ -512,6 +512,42 @@ def test_llama4_stacked_experts_serve_compressed(llama4_models, tmp_path, monkey
     _check_llama4_reports(res[2]["reports"], 2, "huffman")
 
 
+def test_expert_parallel_ranks_hold_their_own_experts_compressed(moe_models, llama4_models):
+    """--enable-expert-parallel at TP=2: Qwen3-MoE (per-expert tensors, huffman) and Llama 4
+    (3-D stacks, palette) give the greedy tokens of vLLM serving the BF16 original the same way.
+    Each rank holds only its 4 of the 8 experts, whole (every intermediate row and column),
+    compressed, each checked against its stored crc32 (the stacks' across the ranks).  vLLM's
+    CPU experts kernel ignores the expert map and crashes on the BF16 model; the baseline runs
+    with the stand-in plugin in tests/integrations/cpu_experts_map, which makes it skip other
+    ranks' experts as vLLM's GPU kernels do."""
+    inter, experts = 256, 8
+    ep = {"tp": 2, "expert_parallel": True, "max_tokens": 8}
+    env = _torchvision_env()
+    paths = [os.path.join(ROOT, "tests", "integrations", "cpu_experts_map"),
+             env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))]
+    res, _ = _run([{"model": moe_models["qwen3_moe"][0], **ep}, {"model": moe_models["qwen3_moe"][1], **ep},
+                   {"model": llama4_models["bf16"], **ep}, {"model": llama4_models["palette"], **ep}],
+                  timeout=600, extra_env={"PYTHONPATH": os.pathsep.join(p for p in paths if p)})
+    assert _ok(res[1]) == _ok(res[0]) and _ok(res[3]) == _ok(res[2])
+    for r, layers in ((res[1], ("model.layers.0.mlp.experts", "model.layers.1.mlp.experts")),
+                      (res[3], ("model.layers.0.feed_forward.experts", "model.layers.1.feed_forward.experts"))):
+        assert sorted(r["reports"]) == [0, 1]
+        for rank, rep in r["reports"].items():
+            for name in layers:
+                v = rep[name]
+                assert v["path"] == "compressed" and v["verified"], v
+                assert (v["ep_rank"], v["ep_size"], v["tp_rank"], v["tp_size"]) == (rank, 2, 0, 1)
+                assert v["experts"] == experts // 2
+                for pc in v["pieces"]:
+                    assert pc["experts"] == experts // 2
+                    assert pc["expert_range"] == [rank * experts // 2, (rank + 1) * experts // 2 - 1], pc
+                    assert (pc["rows"] if pc["shard_id"] != "w2" else pc["cols"]) == [0, inter], pc
+                    assert pc["held_bytes"] < 0.8 * pc["bf16_shard_bytes"], pc
+                if "stacked" in v:
+                    assert v["mode"] == "palette" and v["stacked"]["intermediate"] == [0, inter]
+                    assert v["stacked"]["stack_checked"]
+
+
 def test_llama4_compiled_with_bf16_rounding_emulated(llama4_models):
     """vLLM's compiled mode on Llama 4's layout with inductor's bf16 rounding emulated
     (emulate_precision_casts): the compressed model's greedy tokens equal the compiled BF16
@@ -716,13 +752,14 @@ def test_a_failed_expert_group_check_names_a_device_fault(monkeypatch, device_wr
     from unweight.codec.shard_check import decode_record
     from unweight.format.errors import ChecksumError, DeviceFaultError
     from unweight.integrations.vllm import moe
-    monkeypatch.setattr(moe, "gather", lambda layer, mine: [mine])  # one rank
+    monkeypatch.setattr(moe, "gather", lambda layer, mine, size=None: [mine])  # one rank
     w = bf16_gaussian(np.random.default_rng(1), (64, 128))
     enc = tc.encode(w, "palette")
     stored = dataclasses.replace(enc.header, crc32=enc.header.crc32 ^ 1)  # what the checkpoint says differs
     pc = {"name": "model.layers.0.mlp.experts.3.down_proj.weight", "header": enc.header, "planes": enc.planes,
           "rows": (0, 64), "cols": (0, 128), "full_header": stored}
-    layer = types.SimpleNamespace(_uw_pieces={(3, "w2"): pc})
+    one = types.SimpleNamespace(tp_rank=0, tp_size=1, ep_rank=0, ep_size=1)
+    layer = types.SimpleNamespace(_uw_pieces={(3, "w2"): pc}, moe_config=types.SimpleNamespace(moe_parallel_config=one))
     _, record = decode_record(enc.header, enc.planes, (0, 64), (0, 128), 128, pc["name"])
     if device_wrong:
         record = (record[0], record[1], record[2], record[3] ^ 2)
@@ -730,3 +767,74 @@ def test_a_failed_expert_group_check_names_a_device_fault(monkeypatch, device_wr
     with pytest.raises(DeviceFaultError if device_wrong else ChecksumError) as e:
         moe.UnweightFusedMoEMethod._check_group(me, layer, {pc["name"]: record}, torch.device("cpu"))
     assert pc["name"] in str(e.value) and isinstance(e.value, DeviceFaultError) == device_wrong
+
+
+@pytest.mark.parametrize("branch", ["host", "slots", "capturing"])
+@pytest.mark.parametrize("placement", ["linear", "round_robin"])
+def test_expert_parallel_routing_keeps_each_ranks_part(monkeypatch, branch, placement):
+    """Expert parallelism, 8 experts on 2 ranks: each rank's routing made local (local_routing)
+    and its experts selected (routed_selection), applied as vLLM's experts kernel applies a
+    routing to the decoded stack, give exactly the part of every token's weighted sum that
+    the rank's experts make, and the two parts add up to the whole; in every branch (routed
+    experts read on the host, palette slots by the device ids, every local expert while a CUDA
+    graph is captured), for a rank none of whose experts is routed, and for a decode step
+    (slot s: routing choice s).  The host branch decodes only the rank's routed experts."""
+    import types
+
+    import torch
+
+    from unweight.integrations.vllm import moe
+    G, T, k, D = 8, 6, 2, 4
+    gen = torch.Generator().manual_seed(0)
+    f = torch.randint(-50, 50, (G, D), generator=gen).double()  # each expert's output (exact sums)
+    ranks = [[e for e in range(G) if (e // 4 if placement == "linear" else e % 2) == r] for r in (0, 1)]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: branch == "capturing")
+    routings = [torch.stack([torch.randperm(G, generator=gen)[:k] for _ in range(T)]),
+                torch.tensor([[ranks[0][0], ranks[0][1]]] * T),  # nothing routed to rank 1
+                torch.tensor([[ranks[1][2], ranks[0][3]]])]  # a decode step: fewer choices than experts
+    for ids in routings:
+        ids = ids.to(torch.int32)
+        w = torch.randint(1, 8, ids.shape, generator=gen).double() / 8
+        whole = (w[..., None] * f[ids.long()]).sum(1)
+        parts = []
+        for local in ranks:
+            emap = torch.full((G,), -1, dtype=torch.int32)
+            emap[local] = torch.arange(len(local), dtype=torch.int32)
+            layer = types.SimpleNamespace(use_ep=True, _expert_map=emap, _uw_experts=local,
+                                          _uw_slots=object() if branch == "slots" else None)
+            lw, lids, mine = moe.local_routing(layer, w, ids)
+            sel, rid = moe.routed_selection(layer, lids, mine, on_device=branch != "host")
+            sel = sel.tolist() if isinstance(sel, torch.Tensor) else sel
+            stack = f[[local[i] for i in sel]]  # the decoded experts, in the order of sel
+            part = (lw[..., None] * stack[rid.long()]).sum(1)
+            own = torch.isin(ids, torch.tensor(local))
+            assert torch.equal(part, (torch.where(own, w, 0)[..., None] * f[ids.long()]).sum(1))
+            if branch == "host":
+                routed = sorted({int(e) for e in ids[own]})
+                assert [local[i] for i in sel] == (routed or [local[0]])
+            parts.append(part)
+        assert torch.equal(parts[0] + parts[1], whole)
+        assert torch.equal(moe.local_routing(types.SimpleNamespace(use_ep=False), w, ids)[1], ids)  # without EP
+
+
+def test_moe_layouts_the_compressed_experts_do_not_serve_are_refused_in_one_line():
+    """vLLM's all-to-all MoE kernels (expert parallelism across data-parallel ranks) and experts
+    split over data-parallel ranks without expert parallelism (vLLM flattens its MoE TP across
+    them) are refused naming the layer; TP, and expert parallelism over the TP ranks, pass."""
+    import types
+
+    from unweight.format.errors import InputError
+    from unweight.integrations.vllm import moe
+
+    def layer(tp, use_ep=False, all2all=False, bias=False):
+        pc = types.SimpleNamespace(use_all2all_kernels=all2all, use_ep=use_ep, tp_size=tp)
+        return types.SimpleNamespace(tp_rank=0, tp_size=2,  # the model's TP group
+                                     moe_config=types.SimpleNamespace(moe_parallel_config=pc, has_bias=bias))
+    moe._refuse_unserved(layer(2), "model.layers.0.mlp.experts")
+    moe._refuse_unserved(layer(1, use_ep=True), "model.layers.0.mlp.experts")
+    for bad, words in ((layer(1, use_ep=True, all2all=True), "across data-parallel"),
+                       (layer(4), "data parallelism without expert parallelism"), (layer(2, bias=True), "biases")):
+        with pytest.raises(InputError) as e:
+            moe._refuse_unserved(bad, "model.layers.0.mlp.experts")
+        assert str(e.value).startswith("model.layers.0.mlp.experts: ") and words in str(e.value)
+        assert "\n" not in str(e.value)

@@ -23,7 +23,8 @@ def run_one(cfg: dict) -> dict:
 
     cfg: model, tp (1), eager (True), load_format ("auto"), lora (False), language_model_only
     (False: a multimodal model's towers left out, vLLM's --language-model-only), compilation_config
-    (vLLM's, e.g. inductor settings), prompts, max_tokens (12),
+    (vLLM's, e.g. inductor settings), expert_parallel (False: vLLM's --enable-expert-parallel),
+    prompts, max_tokens (12),
     timing, held_check (False: the load check's GPU branch on the CPU, for the rest of the process),
     slot_decode_faulty (False: the expert-slot decode taken out on the CPU as a failed self-test
     takes it out on a GPU, for the rest of the process), device_decode_fault (False: the load
@@ -63,6 +64,8 @@ def run_one(cfg: dict) -> dict:
         kw["language_model_only"] = True
     if cfg.get("compilation_config"):
         kw["compilation_config"] = cfg["compilation_config"]
+    if cfg.get("expert_parallel"):
+        kw["enable_expert_parallel"] = True
     try:
         llm = LLM(model=cfg["model"], dtype="bfloat16", tensor_parallel_size=cfg.get("tp", 1),
                   enforce_eager=cfg.get("eager", True), max_model_len=256, skip_tokenizer_init=True,
@@ -117,7 +120,7 @@ def omp_bind(tp: int) -> str:
 
 def run_configs(configs: list, timeout: float | None = 420, extra_env: dict | None = None) -> tuple[list, str]:
     """Run configurations in a child process (this module as a script); returns (results,
-    output).  Each result carries "reports": {tp rank: {layer: record}}, the layer reports the
+    output).  Each result carries "reports": {rank: {layer: record}}, the layer reports the
     unweight vLLM plugin logs while loading that configuration."""
     import subprocess
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -138,7 +141,9 @@ def run_configs(configs: list, timeout: float | None = 420, extra_env: dict | No
             cur = int(line.split()[1])
         elif "unweight layer report " in line and cur is not None:
             rec = json.loads(line.split("unweight layer report ", 1)[1])
-            res[cur]["reports"].setdefault(rec.get("tp_rank", 0), {})[rec["layer"]] = rec
+            # (an expert-parallel MoE layer's experts are tp rank 0 of 1 on every rank: its ep rank
+            # is the rank of the worker that logged it)
+            res[cur]["reports"].setdefault(rec.get("ep_rank", rec.get("tp_rank", 0)), {})[rec["layer"]] = rec
     return res, p.stdout + p.stderr
 
 

@@ -127,14 +127,27 @@ def hold_tiled(w: EncodedWeight, order: str = "tiled", policy=None) -> EncodedWe
     return w
 
 
-def gather(layer, record) -> list:
-    """Every TP rank's `record` (any picklable object), in rank order, through vLLM's CPU group."""
-    _, size = tp_info(layer)
+def moe_ranks(layer) -> tuple[int, int, int, int]:
+    """(tp rank, tp size, ep rank, ep size) of a RoutedExperts layer's experts, from vLLM's
+    FusedMoEParallelConfig: with --enable-expert-parallel each rank holds whole experts (tp 0
+    of 1, ep rank of the TP group's size); without it, ep 0 of 1 and the model's TP."""
+    pc = layer.moe_config.moe_parallel_config
+    return int(pc.tp_rank), int(pc.tp_size), int(pc.ep_rank), int(pc.ep_size)
+
+
+def gather(layer, record, size: int | None = None) -> list:
+    """Every rank's `record` (any picklable object), in rank order, through vLLM's CPU group
+    of the model's TP ranks.  size: the ranks that hold parts of the layer (default: the
+    layer's TP size; an expert-parallel MoE layer passes its EP size, the same ranks)."""
+    if size is None:
+        _, size = tp_info(layer)
     if size == 1:
         return [record]
     import torch.distributed as dist
     from vllm.distributed import get_tp_group
     g = getattr(layer, "parallel_group", None) or get_tp_group()
+    if g.world_size != size:
+        raise RuntimeError(f"unweight: {size} ranks hold parts of the layer but its group has {g.world_size}")
     out = [None] * size
     dist.all_gather_object(out, record, group=g.cpu_group)
     return out

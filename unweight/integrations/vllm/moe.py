@@ -40,9 +40,17 @@ decoded weights.  The scratch then holds
 the BF16 weights of one layer's routed experts; layers run one at a time, so it is one
 layer's worth, never the model's.
 
-Not covered (one-line error at model construction, use --load-format unweight): expert
-parallelism, expert biases, experts stored as 3-D stacks, a layer whose experts are partly
-raw and partly compressed.
+Expert parallelism (--enable-expert-parallel over the TP ranks): vLLM gives each rank whole
+experts (tp 0 of 1); the loader keeps only this rank's, each checked whole against its crc32,
+and the forward turns the routing's global ids into this rank's local ids on the device
+(local_routing), other ranks' choices adding nothing, as vLLM's kernels do with its expert
+map; vLLM's layer sums the ranks' outputs.
+
+Not covered (one-line error at model construction, use --load-format unweight): vLLM's
+all-to-all MoE kernels (expert parallelism across data-parallel, context-parallel or
+sequence-parallel ranks), experts split over data-parallel ranks without expert
+parallelism, expert biases, a layer whose experts are partly raw and partly compressed, and
+3-D expert stacks other than Llama 4's gate_up_proj / down_proj.
 """
 from __future__ import annotations
 
@@ -70,8 +78,8 @@ from ...runtime.tuning_table import PALETTE_GEMV_MMA
 from ...runtime.verify import HeldCheck, block_fault, shard_record_of, verify_setting
 from ...runtime.modes import sharded_mode
 from .ops import check_kernels, current_policy
-from .common import (PLANE_DTYPES, device_piece, gather, log, missing_plane, piece_record, report_layer, take_shard,
-                     tp_info)
+from .common import (PLANE_DTYPES, device_piece, gather, log, missing_plane, moe_ranks, piece_record, report_layer,
+                     take_shard, tp_info)
 
 
 SHARD_IDS = ("w1", "w3", "w2")  # vLLM's names: gate, up (stacked into w13), down
@@ -101,22 +109,42 @@ def moe_quant_method(config, layer, prefix: str):
         if not all(config.encoded.get(n, [0] * 6)[5] for n in stacks.values()):
             raise InputError(f"{prefix}: experts stored as {stacked[0]} are not served compressed (Llama 4's "
                              f"gate_up_proj and down_proj stacks are); use --load-format unweight")
-        _refuse_ep_and_bias(layer, prefix)
+        _refuse_unserved(layer, prefix)
         return UnweightStackedMoEMethod(config, layer.moe_config, prefix, stacks)
     if not all(enc):
         raw = next(n for n, e in zip(names.values(), enc) if not e)
         raise InputError(f"{prefix}: experts mix compressed and raw weights ({raw} raw); serve them with "
                          f"--load-format unweight (decodes to bf16 at load)")
-    _refuse_ep_and_bias(layer, prefix)
+    _refuse_unserved(layer, prefix)
     return UnweightFusedMoEMethod(config, layer.moe_config, prefix, names)
 
 
-def _refuse_ep_and_bias(layer, prefix: str) -> None:
-    if layer.use_ep:
-        raise InputError(f"{prefix}: compressed experts are served with tensor parallelism only, not expert "
-                         f"parallelism; drop --enable-expert-parallel or use --load-format unweight")
+def _refuse_unserved(layer, prefix: str) -> None:
+    """One-line errors for what the compressed methods do not serve: vLLM's all-to-all MoE
+    kernels (expert parallelism across data-parallel, context-parallel or sequence-parallel
+    ranks: they move tokens and routing between ranks inside the experts kernel, past the
+    routed decode), experts split over data-parallel ranks without expert parallelism, and
+    expert biases."""
+    pc = layer.moe_config.moe_parallel_config
+    if pc.use_all2all_kernels:
+        raise InputError(f"{prefix}: compressed experts are served with tensor parallelism, or expert parallelism "
+                         f"over the tensor-parallel ranks, not expert parallelism across data-parallel, "
+                         f"context-parallel or sequence-parallel ranks; use --load-format unweight")
+    if not pc.use_ep and pc.tp_size != tp_info(layer)[1]:
+        raise InputError(f"{prefix}: compressed experts split over {pc.tp_size} ranks (data parallelism without "
+                         f"expert parallelism) are not served; use --load-format unweight")
     if layer.moe_config.has_bias:
         raise InputError(f"{prefix}: compressed experts with biases are not supported; use --load-format unweight")
+
+
+def _local_experts(layer) -> list:
+    """The global ids of this rank's experts in the order of their local ids (all of them
+    without expert parallelism)."""
+    ids = {e: layer._map_global_expert_id_to_local_expert_id(e) for e in range(layer.global_num_experts)}
+    local = sorted((e for e, i in ids.items() if i >= 0), key=ids.get)
+    if [ids[e] for e in local] != list(range(len(local))):
+        raise InputError(f"unweight: vLLM's expert map of this rank is not numbered 0..{len(local) - 1}")
+    return local
 
 
 def _held_record(w, pc: dict) -> tuple:
@@ -200,8 +228,9 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         return load
 
     def _shard_range(self, layer, h: TensorHeader, sid: str, name: str):
-        """(rows, cols) of this rank's block of one expert matrix, checked against the grid."""
-        rank, size = tp_info(layer)
+        """(rows, cols) of this rank's block of one expert matrix, checked against the grid
+        (the whole matrix under expert parallelism)."""
+        rank, size, _, _ = moe_ranks(layer)
         moe = layer.moe_config
         inter, hidden = moe.intermediate_size_per_partition_unpadded * size, moe.hidden_dim_unpadded
         what = f"{name} [{h.rows}x{h.cols}, {h.encoding_name} grid {h.rows_per_group}x{h.cols_per_chunk}]"
@@ -222,10 +251,10 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
     # ------------------------------------------------------------------ after load
 
     def process_weights_after_loading(self, layer) -> None:
-        rank, size = tp_info(layer)
+        rank, size, ep_rank, ep_size = moe_ranks(layer)
         for key, pend in layer._uw_pending.items():
             raise missing_plane(pend, self.names[key])
-        local = [e for e in range(layer.global_num_experts) if layer._map_global_expert_id_to_local_expert_id(e) >= 0]
+        local = _local_experts(layer)
         missing = [self.names[(e, sid)] for e in local for sid in SHARD_IDS
                    if (e, sid) in self.names and (e, sid) not in layer._uw_pieces]
         if missing:
@@ -318,6 +347,8 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         layer._uw_shape = (inter, hidden)
         record = {"tp_rank": rank, "tp_size": size, "verified": verify, "mode": mode, "experts": len(local),
                   **getattr(layer, "_uw_record_extra", {})}
+        if ep_size > 1:
+            record.update(ep_rank=ep_rank, ep_size=ep_size)
         if mode == "dense":
             # decoded once here (by the decoder the tuning table chose per shape; every variant
             # writes the same bits); the unquantized method's own weight conversion then applies
@@ -351,9 +382,10 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         if log.isEnabledFor(logging.DEBUG):
             log.debug("unweight: %s expert pieces %s", self.prefix, json.dumps(report))
         report_layer(self.prefix, {**record, "pieces": _per_shard(report), "held_bytes": held, "bf16_bytes": bf16})
-        log.info("unweight: %s -> %s (%d experts, rank %d/%d holds intermediate %s of each, %.3fx of its bf16 "
+        log.info("unweight: %s -> %s (%d experts%s, rank %d/%d holds intermediate %s of each, %.3fx of its bf16 "
                  "shard)", self.prefix, "compressed in memory" if mode != "dense" else "decoded to bf16 at load",
-                 len(local), rank, size, report[0]["rows"], held / max(1, bf16))
+                 len(local), f" of {layer.global_num_experts}" if ep_size > 1 else "",
+                 rank, size, report[0]["rows"], held / max(1, bf16))
 
     def _palette_pieces(self, local, host, w13, w2, report, dev) -> None:
         """Palette pieces per expert from the weights host["w13"][i] ([2I, H], gate over up) and
@@ -411,7 +443,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         device: where this rank's records were decoded (None: on the host); when the check
         fails, a piece whose device record differs from the CPU codec's decode of the same
         planes raises DeviceFaultError (runtime.verify.block_fault) in its place."""
-        everyone = gather(layer, mine)
+        everyone = gather(layer, mine, moe_ranks(layer)[1])  # (under EP each rank checks its whole experts)
         try:
             for pc in layer._uw_pieces.values():
                 check_shard_records([d[pc["name"]] for d in everyone if pc["name"] in d], pc["full_header"],
@@ -499,29 +531,16 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         return v
 
     def apply_routed(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
-        """The compressed experts' forward: decode the routed experts into scratch, then vLLM's
-        experts kernel on them.  On CUDA, palette stacks decode by the device ids: slot s holds
-        the expert of routing choice s (of T * k, or every local expert when there are fewer),
-        with no host sync, so a CUDA graph captures it; a Huffman layer reads the routed ids on
-        the host, and decodes every local expert while a graph is being captured."""
-        if x.device.type != "cpu" and layer._uw_slots is not None:
-            flat = topk_ids.reshape(-1)
-            if flat.numel() < len(layer._uw_experts):
-                if shared_experts is None and self._slots_gemv(layer, x.device):
-                    return routed_forward(*layer._uw_slots, x, topk_weights, topk_ids)
-                sel = flat
-                ids = torch.arange(flat.numel(), device=flat.device, dtype=topk_ids.dtype).view_as(topk_ids)
-            else:
-                sel = torch.arange(len(layer._uw_experts), device=flat.device)
-                ids = topk_ids
-        elif x.device.type == "cpu" or not torch.cuda.is_current_stream_capturing():
-            # Only the routed experts, renumbered in increasing order onto the decoded stack.
-            used = torch.unique(topk_ids)
-            sel = used.tolist()
-            ids = torch.searchsorted(used, topk_ids).to(topk_ids.dtype)
-        else:
-            sel = list(range(len(layer._uw_experts)))
-            ids = topk_ids
+        """The compressed experts' forward: the routing made this rank's (local_routing), the
+        experts it routes to decoded into scratch (routed_selection says which), then vLLM's
+        experts kernel on them; at a decode step where _slots_gemv holds, the routed experts
+        run on the compressed palette stacks instead (routed_forward)."""
+        on_device = x.device.type != "cpu"
+        topk_weights, topk_ids, mine = local_routing(layer, topk_weights, topk_ids)
+        if (on_device and layer._uw_slots is not None and topk_ids.numel() < len(layer._uw_experts)
+                and shared_experts is None and self._slots_gemv(layer, x.device)):
+            return routed_forward(*layer._uw_slots, x, topk_weights, topk_ids)
+        sel, ids = routed_selection(layer, topk_ids, mine, on_device)
         w13, w2 = self._decode_experts(layer, sel, x.device)
         w13, w2 = convert_to_unquantized_kernel_format(self.unquantized_backend, moe_config=layer.moe_config,
                                                        w13_weight=w13, w2_weight=w2, layer=layer)
@@ -564,8 +583,9 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
     def _stack_ranges(self, layer, h13: TensorHeader, h2: TensorHeader) -> tuple:
         """This rank's intermediate range [i0, i1): the gate columns [i0, i1) and up columns
         [I + i0, I + i1) of every gate_up matrix, the rows [i0, i1) of every down matrix; the
-        stacks' shapes checked against the model's (InputError naming the tensor)."""
-        rank, size = tp_info(layer)
+        stacks' shapes checked against the model's (InputError naming the tensor); under
+        expert parallelism the whole [0, I)."""
+        rank, size, _, _ = moe_ranks(layer)
         moe = layer.moe_config
         inter, hidden = moe.intermediate_size_per_partition_unpadded * size, moe.hidden_dim_unpadded
         for h, name, want in ((h13, self.stacks["w13"], (hidden, 2 * inter)), (h2, self.stacks["w2"], (inter, hidden))):
@@ -638,14 +658,15 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
         mine, views = layer.__dict__.pop("_uw_stack_records", None), layer.__dict__.pop("_uw_stack_views", {})
         if mine is None:
             return
-        everyone = gather(layer, mine)
+        _, tp, _, ep = moe_ranks(layer)
+        everyone = gather(layer, mine, tp * ep)  # (the ranks' blocks: intermediate ranges, or whole experts)
         for stem, view in views.items():
             if not check_shard_records([r for d in everyone for r in d[stem]], view, self.stacks[stem]):
                 raise ChecksumError(f"{self.stacks[stem]}: the ranks' blocks do not cover the stack, so its "
                                     f"crc32 could not be checked")
 
     def _pieces_from_stacks(self, layer) -> None:
-        rank, size = tp_info(layer)
+        rank, size, _, ep = moe_ranks(layer)
         (h13, p13), (h2, p2) = self._stack_planes(layer, "w13"), self._stack_planes(layer, "w2")
         i0, i1 = self._stack_ranges(layer, h13, h2)
         inter = h2.rows
@@ -658,14 +679,22 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
             hm, pm = tc.matrix_planes(h, planes, e)
             return sh.decode_block(hm, pm, rows=rows, cols=cols, where=where)
 
-        gate_crcs, up_crcs, down_recs = [], [], []
+        gate_crcs, up_crcs, gate_up_recs, down_recs = [], [], [], []
         full = {stem: sum(int(a.nbytes) for a in planes.values()) for stem, planes in (("w13", p13), ("w2", p2))}
-        for e in range(h13.stack):
-            g, u = block(h13, p13, e, cols=(i0, i1)), block(h13, p13, e, cols=(inter + i0, inter + i1))
+        hidden = h13.rows
+        for e in _local_experts(layer):
+            if ep > 1:  # whole experts: a matrix's gate and up halves from one decode
+                gu = block(h13, p13, e)
+                g, u = gu[:, :inter], gu[:, inter:]
+            else:
+                g, u = block(h13, p13, e, cols=(i0, i1)), block(h13, p13, e, cols=(inter + i0, inter + i1))
             d = block(h2, p2, e, rows=(i0, i1))
-            if verify:
+            if verify and ep > 1:
+                gate_up_recs.append(shard_record(gu, rows=(e * hidden, (e + 1) * hidden)))
+            elif verify:
                 gate_crcs += [int(c) for c in sh.row_crcs(g)]
                 up_crcs += [int(c) for c in sh.row_crcs(u)]
+            if verify:
                 down_recs.append(shard_record(d, rows=(e * inter + i0, e * inter + i1)))
             for sid, w, stem in (("w1", g, "w13"), ("w3", u, "w13"), ("w2", d, "w2")):
                 w = transposed(w)
@@ -676,14 +705,53 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
                     # (the stack's plane bytes over its experts and, for gate_up, its two halves)
                     "full_bytes": full[stem] // (h13.stack * (2 if stem == "w13" else 1) * size)}
         if verify:  # (checked across the group by _check_stacks once the load is done)
-            layer._uw_stack_records = {"w13": [("cols", i0, i1, gate_crcs),
-                                               ("cols", inter + i0, inter + i1, up_crcs)], "w2": down_recs}
+            layer._uw_stack_records = {"w13": gate_up_recs or [("cols", i0, i1, gate_crcs),
+                                                               ("cols", inter + i0, inter + i1, up_crcs)],
+                                       "w2": down_recs}
             layer._uw_stack_views = {stem: dataclasses.replace(h, rows=h.stack * h.rows, stack=0)
                                      for stem, h in (("w13", h13), ("w2", h2))}
         layer._uw_record_extra = {"stacked": {"gate_up": self.stacks["w13"], "down": self.stacks["w2"],
                                               "intermediate": [i0, i1], "stack_checked": verify}}
-        log.info("unweight: %s: rank %d/%d took intermediate [%d, %d) of %d stacked experts' gate_up and down",
-                 self.prefix, rank, size, i0, i1, h13.stack)
+        log.info("unweight: %s: rank %d/%d took intermediate [%d, %d) of %d of %d stacked experts' gate_up and down",
+                 self.prefix, rank, size, i0, i1, len(_local_experts(layer)), h13.stack)
+
+
+def local_routing(layer, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> tuple:
+    """(topk_weights, topk_ids, mine) of this rank's experts.  Without expert parallelism the
+    routing as it is (ids are local ids) and mine None.  Under it topk_ids [T, k] hold global
+    expert ids: each becomes its local id from vLLM's expert map (layer._expert_map, -1 for
+    another rank's expert; read on the device, no host sync), and a choice of another rank's
+    expert gets weight 0 on local expert 0, whose output the weight zeroes, as vLLM's kernels
+    skip what the map leaves out (vLLM's layer sums the ranks' outputs after the method);
+    mine: bool [T, k], the choices of this rank's experts."""
+    if not layer.use_ep:
+        return topk_weights, topk_ids, None
+    loc = layer._expert_map[topk_ids.long()]
+    mine = loc >= 0
+    return (torch.where(mine, topk_weights, torch.zeros_like(topk_weights)),
+            torch.where(mine, loc, torch.zeros_like(loc)).to(topk_ids.dtype), mine)
+
+
+def routed_selection(layer, topk_ids: torch.Tensor, mine: torch.Tensor | None, on_device: bool) -> tuple:
+    """(sel, ids): the local experts to decode for the local routing topk_ids [T, k] (mine from
+    local_routing) and the routing renumbered onto them.  sel: for palette stacks on a device,
+    an integer tensor there (slot s: the expert of routing choice s, of T * k, or every local
+    expert when there are fewer; no host sync, so a CUDA graph captures it); otherwise a list
+    of local ids: the routed ones in increasing order (read on the host; under expert
+    parallelism only this rank's, and local expert 0 when none is routed here), or every
+    local expert while a CUDA graph is being captured (a host read would break the capture)."""
+    n = len(layer._uw_experts)
+    if on_device and layer._uw_slots is not None:
+        flat = topk_ids.reshape(-1)
+        if flat.numel() < n:
+            return flat, torch.arange(flat.numel(), device=flat.device, dtype=topk_ids.dtype).view_as(topk_ids)
+        return torch.arange(n, device=flat.device), topk_ids
+    if not on_device or not torch.cuda.is_current_stream_capturing():
+        used = torch.unique(topk_ids if mine is None else topk_ids[mine])
+        if used.numel() == 0:
+            used = topk_ids.new_zeros(1)
+        return used.tolist(), torch.searchsorted(used, topk_ids).to(topk_ids.dtype)
+    return list(range(n)), topk_ids
 
 
 def transposed(w: np.ndarray) -> np.ndarray:
