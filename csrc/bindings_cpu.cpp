@@ -72,6 +72,17 @@ PYBIND11_MODULE(_C, m) {
     return crc32_parallel(cptr(data), n, threads);
   }, py::arg("data"), py::arg("threads") = 1);
 
+  m.def("crc32_rows", [](arr<uint8_t> data, int64_t rows, int threads) {
+    need(rows > 0 && data.size() % rows == 0, "crc32_rows: the data must split into `rows` rows of equal length");
+    arr<uint32_t> out({static_cast<py::ssize_t>(rows)});
+    const int64_t row_bytes = data.size() / rows;
+    uint32_t* o = mptr(out);
+    py::gil_scoped_release nogil;
+    crc32_rows(cptr(data), rows, row_bytes, o, threads);
+    return out;
+  }, py::arg("data"), py::arg("rows"), py::arg("threads") = 1,
+     "uint32 [rows]: crc32 of each of the `rows` equal rows of a contiguous uint8 buffer.");
+
   m.def("split_histogram", [](arr<uint16_t> w, arr<uint8_t> sm, arr<int64_t> hist, int threads) {
     need(sm.size() == w.size(), "sm plane size mismatch");
     need(hist.size() == HUFF_NUM_CTX * 256, "hist must have HUFF_NUM_CTX*256 entries");

@@ -86,4 +86,12 @@ uint32_t crc32_parallel(const uint8_t* data, int64_t nbytes, int threads) {
   return static_cast<uint32_t>(total);
 }
 
+void crc32_rows(const uint8_t* data, int64_t rows, int64_t row_bytes, uint32_t* out, int threads) {
+  // Rows of a few KiB each: a worker takes ~256 KiB of them at a time.
+  const int64_t grain = std::max<int64_t>(1, (int64_t(256) << 10) / std::max<int64_t>(1, row_bytes));
+  parallel_for(rows, threads, grain, [&](int64_t r) {
+    out[r] = crc32_any(0, data + r * row_bytes, static_cast<size_t>(row_bytes));
+  });
+}
+
 }  // namespace unweight

@@ -8,4 +8,9 @@ namespace unweight {
 // split across `threads` and the pieces' crcs combined.
 uint32_t crc32_parallel(const uint8_t* data, int64_t nbytes, int threads);
 
+// out[r] = crc32 of row r's bytes data[r * row_bytes, (r + 1) * row_bytes), r in [0, rows): the
+// records a column shard's check combines (one crc per row of a block), rows split across
+// `threads`.
+void crc32_rows(const uint8_t* data, int64_t rows, int64_t row_bytes, uint32_t* out, int threads);
+
 }  // namespace unweight

@@ -704,8 +704,9 @@ def test_e2e_times_the_load_check_once_per_encoding():
 def test_stack_load_bench_times_a_rank_share_and_scales_it(tmp_path, capsys, old_grid):
     """bench_stack_load.py at TP 8 on one Scout-shaped expert: a row per held encoding, the
     gate_up grid's chunks as wide as the rank's 1024 columns (the stacked grid rule) or, with
-    --old-grid, twice as wide (the covering decode), the three step times and the per-model
-    totals scaled from them."""
+    --old-grid, twice as wide (the covering decode), the four step times (decode, load-check
+    crcs, transpose, encode) and the per-model totals scaled from them, and the totals with the
+    per-row crcs taken one Python call a row."""
     out = tmp_path / "r.json"
     assert bench_stack_load.main(["--experts", "1", "--tp", "8", "--encodings", "palette", "--threads", "2",
                                   "--out", str(out)] + (["--old-grid"] if old_grid else [])) == 0
@@ -714,8 +715,10 @@ def test_stack_load_bench_times_a_rank_share_and_scales_it(tmp_path, capsys, old
     assert row["tp"] == 8 and row["held_encoding"] == "palette" and res["old_grid"] == old_grid
     assert row["gate_up_grid"][1] == (2048 if old_grid else 1024)
     assert row["expert_share_mb"] == round(3 * 5120 * 1024 * 2 / 1e6, 1)
-    per = row["decode_s"] + row["transpose_s"] + row["encode_s"]
+    per = row["decode_s"] + row["check_s"] + row["transpose_s"] + row["encode_s"]
     assert row["scout_s"] == pytest.approx(48 * 16 * per, rel=0.01, abs=0.1) and row["maverick_s"] > row["scout_s"]
+    py = per - row["check_s"] + row["check_py_rows_s"]
+    assert row["scout_py_rows_s"] == pytest.approx(48 * 16 * py, rel=0.01, abs=0.1)
     assert "maverick_s" in capsys.readouterr().out
 
 

@@ -267,7 +267,12 @@ def shard_crc32(header: TensorHeader, planes: dict, threads: int | None = None, 
     return zlib.crc32(w.reshape(-1).view(np.uint8))
 
 
-def row_crcs(w: np.ndarray) -> np.ndarray:
-    """uint32 [N]: crc32 of each row's bytes of a uint16 [N, K] matrix (column-shard checking)."""
+def row_crcs(w: np.ndarray, threads: int | None = None) -> np.ndarray:
+    """uint32 [N]: crc32 of each row's bytes of a uint16 [N, K] matrix (column-shard checking),
+    by the C++ codec's crc32 across `threads` (default: the codec's).  A crc32 per row in
+    Python cost ~2.7 us a row on 2 KiB rows, six times the crc of the same bytes in one piece:
+    ~20 s per rank for Llama 4 Scout's gate and up blocks at TP 8."""
     w = np.ascontiguousarray(w)
-    return np.array([zlib.crc32(w[r].view(np.uint8)) for r in range(w.shape[0])], dtype=np.uint32)
+    if w.shape[0] == 0:
+        return np.zeros(0, dtype=np.uint32)
+    return tc.row_crcs(w, threads)

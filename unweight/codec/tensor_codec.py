@@ -61,6 +61,11 @@ class Encoded:
         return sum(int(a.nbytes) for a in self.planes.values())
 
 
+def row_crcs(w: np.ndarray, threads: int | None = None) -> np.ndarray:
+    """uint32 [N]: crc32 of each row's bytes of a C-contiguous [N, K] array (N >= 1)."""
+    return _C.crc32_rows(w.reshape(-1).view(np.uint8), w.shape[0], threads or default_threads())
+
+
 def tp_splits(n: int) -> int:
     """Ways the writer's grid lets a matrix's rows (n of them) split for tensor parallelism:
     the largest p in (8, 4, 2) that cuts n into p equal parts, each a multiple of PAL_BLOCK;
