@@ -483,8 +483,9 @@ def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
     """The [N, K] matrix shapes a GPU runs for a compressed checkpoint's encoded tensors (an
     expert stack's per-expert matrix), sorted.  tp > 1: the shapes of one rank's block under
     tensor parallelism, split by rows (column-parallel layers) and by columns (row-parallel
-    layers), each where the tensor's segment grid lets it split tp ways (the architecture,
-    which says which applies, is not read), and the whole shape (replicated layers).  Each set
+    layers), each where the axis splits into tp equal parts (on the segment grid or not: the
+    loaders recode a block off it; the architecture, which says which split applies, is not
+    read), and the whole shape (replicated layers).  Each set
     of sibling projections (runtime/stacking.py: q/k/v, gate/up) adds its stacked shape, as a
     runtime that stacks them runs it (runtime/siblings.py; with tp, the rank's row blocks
     stacked).  Llama 4's expert stacks (``gate_up_proj`` [E, H, 2I], ``down_proj`` [E, I, H])
@@ -494,7 +495,6 @@ def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
     path = sources.as_path(path, "path")
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file or folder")
-    from .codec import shard as sh
     from .runtime.stacking import sibling_tensors
     ck = CompressedCheckpoint(path)
     shapes = set()
@@ -502,13 +502,10 @@ def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
         for base in ck.encoded:
             h = ck.header(base)
             shapes.add((int(h.rows), int(h.cols)))
-            for role in (("rows", "cols") if tp > 1 else ()):
-                try:
-                    plan = sh.tp_plan(h, tp, role, base)
-                except sh.ShardError:
-                    continue  # this tensor cannot be split tp ways along that axis
-                for r, c in plan:
-                    shapes.add((int(h.rows) if r is None else r[1] - r[0], int(h.cols) if c is None else c[1] - c[0]))
+            if tp > 1 and h.rows % tp == 0:
+                shapes.add((int(h.rows) // tp, int(h.cols)))
+            if tp > 1 and h.cols % tp == 0:
+                shapes.add((int(h.rows), int(h.cols) // tp))
             leaf = base.rpartition(".")[2]
             for t in {1, tp}:  # (whole experts: TP 1, or expert parallelism at any TP)
                 if h.stack and leaf == "gate_up_proj" and h.cols % (2 * t) == 0:
@@ -520,12 +517,8 @@ def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
             if len({int(h.cols) for h in hs}) != 1 or any(h.stack for h in hs):
                 continue
             shapes.add((sum(int(h.rows) for h in hs), int(hs[0].cols)))
-            if tp > 1:
-                try:
-                    rows = [sh.tp_plan(h, tp, "rows", b)[0][0] for h, b in zip(hs, group)]
-                except sh.ShardError:
-                    continue
-                shapes.add((sum(r[1] - r[0] for r in rows), int(hs[0].cols)))
+            if tp > 1 and all(h.rows % tp == 0 for h in hs):
+                shapes.add((sum(int(h.rows) // tp for h in hs), int(hs[0].cols)))
     finally:
         ck.close()
     return sorted(shapes)

@@ -321,3 +321,30 @@ def test_a_stack_cuts_its_columns_16_ways_where_chunks_stay_512_wide():
         assert tc.choose_grid(*shape[-2:], stacked=len(shape) == 3)[1] == C_
     h = tc.encode(bf16_gaussian(rng, (2, 64, 8192)), "huffman", threads=2).header
     assert len(sh.tp_plan(dataclasses.replace(h, stack=0, cols=4096), 8, "cols")) == 8  # each half, 8 ways
+
+
+@pytest.mark.parametrize("encoding", ["huffman", "palette"])
+def test_block_planes_copies_blocks_on_the_grid_and_recodes_the_others(encoding):
+    """block_planes: a block on the segment grid is its segments copied (not recoded, crc32 0);
+    any other equal split of rows or columns (TP 16 of 2048 columns written in 256-column
+    chunks, TP 3, a block inside one segment) is decoded from the segments that hold it and
+    encoded anew in the same encoding, its own crc32 stored; both decode to the block's bits,
+    verbatim and rare exponents included."""
+    w, e = _enc((96, 2048), encoding, outliers=True)
+    h = e.header
+    assert sh.on_grid(h) and sh.on_grid(h, rows=(0, h.rows_per_group), cols=(0, h.cols_per_chunk))
+    cases = [(None, (c, c + 2048 // 16)) for c in range(0, 2048, 2048 // 16)]
+    cases += [((r, r + 32), None) for r in range(0, 96, 32)] + [((r, r + 24), None) for r in range(0, 96, 24)]
+    cases += [((5, 9), (40, 72)), ((0, 96), (0, 2048))]
+    for rows, cols in cases:
+        hb, pb, recoded = sh.block_planes(h, e.planes, rows=rows, cols=cols, threads=2, where="t")
+        r0, r1 = rows or (0, 96)
+        c0, c1 = cols or (0, 2048)
+        want = np.ascontiguousarray(w[r0:r1, c0:c1])
+        assert recoded == (not sh.on_grid(h, rows, cols)), (rows, cols)
+        assert hb.encoding_name == encoding and (hb.rows, hb.cols) == want.shape
+        assert hb.crc32 == (zlib.crc32(want.tobytes()) if recoded else 0)
+        assert tc.decode(hb, pb, threads=2, verify=recoded).tobytes() == want.tobytes(), (rows, cols)
+    if encoding == "huffman":  # 128-column blocks of 256-column chunks, 24-row blocks of 32-row groups
+        assert (h.rows_per_group, h.cols_per_chunk) == (32, 256)
+        assert not sh.on_grid(h, cols=(128, 256)) and not sh.on_grid(h, rows=(24, 48))

@@ -145,13 +145,31 @@ def test_tp1_load_check_as_a_gpu_makes_it(models, tmp_path):
     assert "DeviceFaultError" in res[5]["error"] and "not a corrupt checkpoint" in res[5]["error"]
 
 
-def test_tp2_each_rank_holds_only_its_compressed_shard(models):
+def test_tp2_each_rank_holds_only_its_compressed_shard(models, tmp_path, monkeypatch):
+    """TP=2: greedy tokens equal to the BF16 model's; each rank holds only its block of every
+    matrix, compressed, checked against the stored crc32 across the group.  Also a file from
+    the earlier writer (one 512-wide chunk for o_proj's K = 512): each rank's 256 columns of
+    o_proj are off the segment grid, so it decodes them from the chunk and encodes them anew
+    (reported "recoded"), with the same tokens."""
+    import unweight
+    from unweight.codec import tensor_codec as tc
+    old = str(tmp_path / "old_grid")
+    monkeypatch.setattr(tc, "choose_grid", _old_grid)
+    unweight.compress(models["bf16"], old, progress=False)
+    monkeypatch.undo()
     cfgs = [
         {"model": models["bf16"], "tp": 2, "eager": True},
         {"model": models["huffman"], "tp": 2, "eager": True},
+        {"model": old, "tp": 2, "eager": True},
     ]
     res, log = _run(cfgs)
-    assert _ok(res[1]) == _ok(res[0])
+    assert _ok(res[1]) == _ok(res[0]) and _ok(res[2]) == _ok(res[0])
+    for rank, r in res[2]["reports"].items():
+        (pc,) = r["model.layers.0.self_attn.o_proj"]["pieces"]
+        assert pc["recoded"] and pc["cols"] == [rank * HIDDEN // 2, (rank + 1) * HIDDEN // 2], pc
+        assert r["model.layers.0.self_attn.o_proj"]["verified"] and pc["held_bytes"] < 0.7 * pc["bf16_shard_bytes"]
+        assert not any(pc["recoded"] for pc in r["model.layers.1.mlp.down_proj"]["pieces"])  # (on its grid)
+    assert "is off the 16x512 segment grid: decoded from the segments that hold it and encoded anew" in log
     reps = res[1]["reports"]
     assert sorted(reps) == [0, 1]
     hidden, kv_rows, ffn = HIDDEN, 2 * HIDDEN // 8, FFN  # 8 heads, 2 KV heads
@@ -166,6 +184,7 @@ def test_tp2_each_rank_holds_only_its_compressed_shard(models):
             assert v["path"] == "compressed", (rank, name, v)
             assert v["tp_rank"] == rank and v["tp_size"] == 2
             for pc in v["pieces"]:
+                assert not pc["recoded"]  # (the writer's grid splits every matrix on segment edges at TP 2)
                 (r0, r1), (c0, c1) = pc["rows"], pc["cols"]
                 # the held planes are exactly the shard: its shape, and about half the tensor's bytes
                 assert pc["held_shape"] == [r1 - r0, c1 - c0]
@@ -215,11 +234,9 @@ def _old_grid(rows, cols, segment_weights, stacked=False):
     return min(r, 1 << (rows - 1).bit_length()), c
 
 
-def test_bad_checkpoints_stop_at_load_with_one_line_cause(models, tmp_path, monkeypatch):
+def test_bad_checkpoints_stop_at_load_with_one_line_cause(models, tmp_path):
     import shutil
 
-    import unweight
-    from unweight.codec import tensor_codec as tc
     miss = str(tmp_path / "missing_plane")
     _drop_plane(models["huffman"], miss, "model.layers.0.mlp.down_proj.weight__exp")
     ver = str(tmp_path / "version")
@@ -228,23 +245,12 @@ def test_bad_checkpoints_stop_at_load_with_one_line_cause(models, tmp_path, monk
     cfg["quantization_config"]["format_version"] = "2.0"
     json.dump(cfg, open(os.path.join(ver, "config.json"), "w"))
     tp3 = models["huffman"]
-    old = str(tmp_path / "old_grid")
-    monkeypatch.setattr(tc, "choose_grid", _old_grid)
-    unweight.compress(models["bf16"], old, progress=False)
-    monkeypatch.undo()
-    res, log = _run([{"model": miss}, {"model": ver}, {"model": tp3, "tp": 3}, {"model": old, "tp": 2}],
-                    timeout=300)
+    res, log = _run([{"model": miss}, {"model": ver}, {"model": tp3, "tp": 3}], timeout=300)
     # Each stops in vLLM's config step (main process, before any worker or request) with our
     # one-line cause inside vLLM's wrapper.
     assert "down_proj.weight" in res[0]["error"] and "missing plane __exp" in res[0]["error"]
     assert "unsupported unweight format version 2.0" in res[1]["error"]
     assert "divisible" in res[2]["error"]  # head count vs TP: vLLM's own check names both numbers
-    # A file from the earlier writer (one 512-wide chunk for o_proj's K = 512): at TP=2 each
-    # rank stops building the model with the tensor and the TP sizes its grid allows.
-    assert "error" in res[3]
-    assert ("model.layers.0.self_attn.o_proj.weight [512x512, huffman grid 16x512]: a cols shard of 256 is not a "
-            "multiple of the segment grid (512 cols)") in log
-    assert "allowed --tensor-parallel-size values: [1] (or re-compress" in log
 
 
 def test_misaligned_tp_names_allowed_sizes():
@@ -267,14 +273,28 @@ def moe_models(tmp_path_factory):
     return out
 
 
-def test_moe_tp2_experts_stay_compressed_per_rank(moe_models):
+def test_moe_tp2_experts_stay_compressed_per_rank(moe_models, tmp_path, monkeypatch):
     """Qwen3-MoE and Mixtral (per-expert 2-D tensors) at TP=2: greedy tokens equal to vLLM
     serving the BF16 original at TP=2; every expert's gate/up/down is held compressed as this
-    rank's block of intermediate rows / columns, and checked against its stored crc32."""
+    rank's block of intermediate rows / columns, and checked against its stored crc32.  Also
+    a Qwen3-MoE file from the earlier writer, whose experts' down_proj (K = 256) is one chunk:
+    each rank's 128 columns of it are decoded and encoded anew ("recoded"), same tokens."""
+    import unweight
+    from unweight.codec import tensor_codec as tc
+    old = str(tmp_path / "qwen3_old_grid")
+    monkeypatch.setattr(tc, "choose_grid", _old_grid)
+    unweight.compress(moe_models["qwen3_moe"][0], old, progress=False)
+    monkeypatch.undo()
     cfgs = []
     for src, comp in moe_models.values():
         cfgs += [{"model": src, "tp": 2, "max_tokens": 8}, {"model": comp, "tp": 2, "max_tokens": 8}]
-    res, log = _run(cfgs, timeout=600)
+    res, log = _run(cfgs + [{"model": old, "tp": 2, "max_tokens": 8}], timeout=600)
+    assert _ok(res[4]) == _ok(res[0])
+    for rank, r in res[4]["reports"].items():
+        for name in ("model.layers.0.mlp.experts", "model.layers.1.mlp.experts"):
+            pcs = {pc["shard_id"]: pc for pc in r[name]["pieces"]}
+            assert pcs["w2"]["recoded"] == 8 and pcs["w1"]["recoded"] == pcs["w3"]["recoded"] == 0, pcs
+            assert pcs["w2"]["cols"] == [rank * 128, (rank + 1) * 128] and r[name]["verified"]
     inter, hidden, experts = 256, 256, 8
     for i, arch in enumerate(moe_models):
         assert _ok(res[2 * i + 1]) == _ok(res[2 * i]), arch
@@ -288,6 +308,7 @@ def test_moe_tp2_experts_stay_compressed_per_rank(moe_models):
                 assert [pc["shard_id"] for pc in v["pieces"]] == ["w1", "w3", "w2"]  # one per shard id
                 assert len(json.dumps(v)) < 2000  # the same size at 8 experts or 384
                 assert all(pc["experts"] == experts and pc["expert_range"] == [0, experts - 1] for pc in v["pieces"])
+                assert not any(pc["recoded"] for pc in v["pieces"])
                 half = [rank * inter // 2, (rank + 1) * inter // 2]
                 for pc in v["pieces"]:
                     if pc["shard_id"] == "w2":  # down: the rank's intermediate columns

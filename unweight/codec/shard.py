@@ -35,6 +35,7 @@ from . import tensor_codec as tc
 from .crc import combine_col_shard_crcs, combine_row_shard_crcs, crc32_combine
 
 __all__ = ["ShardError", "shard_planes", "shard_source_ranges", "tp_shard_range", "tp_plan", "allowed_tp_sizes",
+           "on_grid", "block_planes", "decode_block",
            "row_grid", "col_grid", "shard_crc32", "crc32_combine", "combine_row_shard_crcs",
            "combine_col_shard_crcs", "row_crcs"]
 
@@ -246,6 +247,31 @@ def decode_block(header: TensorHeader, planes: dict, rows=None, cols=None, *, th
     if (a, b, c, d) == (r0, r1, c0, c1):
         return w
     return np.ascontiguousarray(w[a - r0:b - r0, c - c0:d - c0])
+
+
+def on_grid(header: TensorHeader, rows=None, cols=None) -> bool:
+    """Whether the block rows x cols (ranges, None: a whole axis) has its edges on the tensor's
+    segment grid (multiples of it, or the tensor's end), so shard_planes can copy it."""
+    def ok(rng, n, grid):
+        return rng is None or (rng[0] % grid == 0 and (rng[1] % grid == 0 or rng[1] == n))
+    return ok(rows, header.rows, row_grid(header)) and ok(cols, header.cols, col_grid(header))
+
+
+def block_planes(header: TensorHeader, planes: dict, rows=None, cols=None, *, threads: int | None = None,
+                 where: str = "tensor") -> tuple[TensorHeader, dict, bool]:
+    """(header, planes, recoded) of the block rows x cols as a self-contained tensor in the
+    tensor's encoding: its segments copied (shard_planes, crc32 0) when the block lies on the
+    segment grid; otherwise the segments that hold it decoded, the block cut out and encoded
+    anew with the writer's grid for its shape (its own code table and crc32; recoded True).
+    The second way serves any equal split of a tensor for tensor parallelism, e.g. TP 16 of
+    a 2048-column matrix written in 256-column chunks, at the cost of a decode and an encode
+    of the block at load."""
+    if on_grid(header, rows, cols):
+        hs, ps = shard_planes(header, planes, rows=rows, cols=cols, where=where)
+        return hs, ps, False
+    w = decode_block(header, planes, rows=rows, cols=cols, threads=threads, where=where)
+    enc = tc.encode(w, header.encoding_name, threads=threads)
+    return enc.header, enc.planes, True
 
 
 def with_crc(header: TensorHeader, planes: dict, crc: int) -> tuple[TensorHeader, dict]:

@@ -113,6 +113,15 @@ def tp_models(tmp_path_factory):
         api.compress(src, dst, progress=False)
         paths[f"bf16-tie{int(tie)}"] = [src, None]
         paths[f"uw-tie{int(tie)}"] = [dst, src]
+    # The untied model with a grid no TP-2 block lies on: 48-row groups, one chunk of every
+    # row; each rank decodes its blocks from the segments that hold them and encodes them anew.
+    from unittest import mock
+
+    from unweight.codec import tensor_codec as tc
+    coarse = str(root / "tie0-coarse")
+    with mock.patch.object(tc, "choose_grid", lambda rows, cols, *a, **k: (min(rows, 48), cols)):
+        api.compress(paths["bf16-tie0"][0], coarse, progress=False)
+    paths["uw-coarse"] = [coarse, paths["bf16-tie0"][0]]
     (root / "worker.py").write_text(WORKER)
     return root, paths
 
@@ -159,6 +168,19 @@ def test_tp2_matches_bf16_tp2_and_tp1(tp_runs, tie):
         assert tp_runs[(2, 0)][uw]["tokens"] == tp_runs[(1, 0)][uw]["tokens"]
     if tie == 0:  # this seed's untied model agrees between TP=1 and TP=2 (checked in BF16 above)
         assert tp_runs[(1, 0)][bf]["tokens"] == tp_runs[(2, 0)][bf]["tokens"]
+
+
+def test_tp2_blocks_off_the_segment_grid_are_recoded(tp_runs):
+    """A file whose grid no TP-2 block lies on (48-row groups, whole-row chunks): logits and
+    tokens bit-equal to the BF16 model's under TP=2; every rank's block of every sharded
+    matrix decodes to exactly that block of the original."""
+    for rank in (0, 1):
+        r = tp_runs[(2, rank)]
+        assert r["uw-coarse"]["logits"] == r["bf16-tie0"]["logits"]
+        assert r["uw-coarse"]["tokens"] == r["bf16-tie0"]["tokens"]
+        sharded = [i for i in r["uw-coarse"]["modules"].values() if i["layout"] and (i["layout"]["rows"] or
+                                                                                 i["layout"]["cols"])]
+        assert len(sharded) >= 14 and all(i["matches_block"] for i in sharded)
 
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")

@@ -17,9 +17,10 @@ distributed_config=DistributedConfig(tp_plan="auto"))`` after ``import unweight`
    local output shard; rowwise feeds the local input shard and all-reduces the partial output.
    No collective here is ours: they are the TP classes' own.
 3. After weights load, :func:`load_tp_planes` reads each encoded tensor from the memory-mapped
-   checkpoint and keeps only this rank's block with :func:`unweight.codec.shard.shard_planes`
+   checkpoint and keeps only this rank's block with :func:`unweight.codec.shard.block_planes`
    (colwise style: rows; rowwise style: columns; anything replicated: the whole tensor), so only
-   the shard's bytes are ever read.  ``in_features``/``out_features`` keep the full widths (the TP
+   the bytes of the segments that hold the block are ever read: a block on the segment grid is
+   its segments copied, any other is decoded from them and encoded anew.  ``in_features``/``out_features`` keep the full widths (the TP
    classes use them to build the global DTensor shapes).
 4. Integrity: with verify on, each rank checks only its shard, as held once prepare has applied
    the mode (:func:`held_check`, runtime/verify.py: on a GPU decoded and hashed there, on the
@@ -262,9 +263,9 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
             kind = kinds[name]
             rows = cols = None
             if kind == "rows":
-                rows = sh.tp_shard_range(h.rows, size, rank, sh.row_grid(h), what=base, axis="rows")
+                rows = sh.tp_shard_range(h.rows, size, rank, what=base, axis="rows")
             elif kind == "cols":
-                cols = sh.tp_shard_range(h.cols, size, rank, sh.col_grid(h), what=base, axis="cols")
+                cols = sh.tp_shard_range(h.cols, size, rank, what=base, axis="cols")
             if rows is None and cols is None:
                 hs, ps = h, {k: np.array(v) for k, v in planes.items()}  # own copy of the whole tensor
                 if verify:
@@ -272,7 +273,14 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
                 else:
                     tc.check_planes(hs, ps, where)
             else:
-                hs, ps = sh.shard_planes(h, planes, rows=rows, cols=cols, where=where)
+                # (a block off the segment grid is decoded from the segments that hold it and
+                # encoded anew: any equal split serves)
+                hs, ps, recoded = sh.block_planes(h, planes, rows=rows, cols=cols, where=where)
+                if recoded:
+                    log.info("unweight: %s: rank %d's block rows %s cols %s is off the %dx%d segment grid: decoded "
+                             "from the segments that hold it and encoded anew", base, rank,
+                             list(rows or (0, h.rows)), list(cols or (0, h.cols)), h.rows_per_group,
+                             h.cols_per_chunk)
                 tc.check_planes(hs, ps, where)
                 shards[f"{name}.weight"] = (base, rows, cols, h)
                 if verify:

@@ -54,8 +54,9 @@ def tp_info(layer) -> tuple[int, int]:
 def take_shard(pend: dict, name: str, shard_range) -> dict | None:
     """This rank's piece of one encoded tensor, once `pend` ({suffix: mapped plane}) holds all
     its planes (None before).  shard_range(full header) -> (rows, cols) of the rank's block.
-    The piece: its header and planes (fresh host arrays, only the block's segments), the full
-    tensor's header, the block's ranges and the full planes' bytes."""
+    The piece: its header and planes (fresh host arrays: the block's segments, or where the
+    block is off the segment grid the block decoded from the segments that hold it and encoded
+    anew, "recoded"), the full tensor's header, the block's ranges and the full planes' bytes."""
     if C.SUFFIX_HDR not in pend:
         return None
     h = TensorHeader.parse(pend[C.SUFFIX_HDR].numpy(), name)
@@ -65,9 +66,14 @@ def take_shard(pend: dict, name: str, shard_range) -> dict | None:
     planes = {s: pend[s].numpy() for s in need}
     tc.check_planes(h, planes, name)
     rows, cols = shard_range(h)
-    hs, ps = sh.shard_planes(h, planes, rows=rows, cols=cols, where=name)
+    hs, ps, recoded = sh.block_planes(h, planes, rows=rows, cols=cols, where=name)
+    if recoded:
+        log.info("unweight: %s: this rank's block rows %s cols %s is off the %dx%d segment grid: decoded from the "
+                 "segments that hold it and encoded anew", name, list(rows or (0, h.rows)),
+                 list(cols or (0, h.cols)), h.rows_per_group, h.cols_per_chunk)
     return {"name": name, "header": hs, "planes": ps, "full_header": h, "rows": rows or (0, h.rows),
-            "cols": cols or (0, h.cols), "full_bytes": int(sum(a.nbytes for a in planes.values()))}
+            "cols": cols or (0, h.cols), "full_bytes": int(sum(a.nbytes for a in planes.values())),
+            "recoded": recoded}
 
 
 def missing_plane(pend: dict, name: str) -> FormatError:

@@ -159,8 +159,10 @@ def _per_shard(pieces: list) -> list:
     log of a Qwen3-235B-sized model at TP=8 tens of MB.  The loader gives every expert of a
     layer the same shapes and rank block; the entry keeps those of the first expert ("name"),
     "experts" counts them and "expert_range" gives the first and last id, the byte counts are
-    sums and "encoding" joins the encodings seen.  Experts that differ in shape (none should)
-    keep one piece each.  The per-expert list goes to the DEBUG log."""
+    sums, "encoding" joins the encodings seen and "recoded" counts the pieces decoded and
+    encoded anew at load (blocks off the segment grid; every block of a 3-D stack).  Experts
+    that differ in shape (none should) keep one piece each.  The per-expert list goes to the
+    DEBUG log."""
     same = ("full_shape", "rows", "cols", "held_shape")
     out = []
     for sid in SHARD_IDS:
@@ -174,6 +176,7 @@ def _per_shard(pieces: list) -> list:
         out.append({"shard_id": sid, "name": first["name"], "experts": len(mine),
                     "expert_range": [first["expert"], mine[-1]["expert"]],
                     "encoding": ",".join(sorted({p["encoding"] for p in mine})),
+                    "recoded": sum(p["recoded"] for p in mine),
                     **{k: first[k] for k in same},
                     **{k: sum(p[k] for p in mine) for k in ("held_bytes", "full_planes_bytes", "bf16_shard_bytes")}})
     return out
@@ -228,8 +231,8 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         return load
 
     def _shard_range(self, layer, h: TensorHeader, sid: str, name: str):
-        """(rows, cols) of this rank's block of one expert matrix, checked against the grid
-        (the whole matrix under expert parallelism)."""
+        """(rows, cols) of this rank's block of one expert matrix (the whole matrix under expert
+        parallelism); any equal split (take_shard recodes a block off the segment grid)."""
         rank, size, _, _ = moe_ranks(layer)
         moe = layer.moe_config
         inter, hidden = moe.intermediate_size_per_partition_unpadded * size, moe.hidden_dim_unpadded
@@ -238,8 +241,8 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         if (h.rows, h.cols) != want:
             raise InputError(f"{what}: model expects [{want[0]}x{want[1]}]")
         if sid == "w2":
-            return None, sh.tp_shard_range(h.cols, size, rank, sh.col_grid(h), what=what, axis="cols")
-        return sh.tp_shard_range(h.rows, size, rank, sh.row_grid(h), what=what, axis="rows"), None
+            return None, sh.tp_shard_range(h.cols, size, rank, what=what, axis="cols")
+        return sh.tp_shard_range(h.rows, size, rank, what=what, axis="rows"), None
 
     def _maybe_finish_piece(self, layer, key):
         name = self.names[key]
@@ -307,7 +310,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
                                "full_shape": [pc["full_header"].rows, pc["full_header"].cols],
                                "rows": list(pc["rows"]), "cols": list(pc["cols"]), "held_shape": [hs.rows, hs.cols],
                                "held_bytes": held, "full_planes_bytes": pc["full_bytes"],
-                               "bf16_shard_bytes": hs.rows * hs.cols * 2})
+                               "bf16_shard_bytes": hs.rows * hs.cols * 2, "recoded": pc["recoded"]})
             if host is not None and stacks is None:
                 host["w13"].append(np.concatenate([ws["w1"], ws["w3"]]))
                 host["w2"].append(ws["w2"])
@@ -703,7 +706,8 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
                     "name": f"{self.names[(e, sid)]} rank {rank}", "header": enc.header, "planes": enc.planes,
                     "full_header": enc.header, "rows": (0, w.shape[0]), "cols": (0, w.shape[1]),
                     # (the stack's plane bytes over its experts and, for gate_up, its two halves)
-                    "full_bytes": full[stem] // (h13.stack * (2 if stem == "w13" else 1) * size)}
+                    "full_bytes": full[stem] // (h13.stack * (2 if stem == "w13" else 1) * size),
+                    "recoded": True}
         if verify:  # (checked across the group by _check_stacks once the load is done)
             layer._uw_stack_records = {"w13": gate_up_recs or [("cols", i0, i1, gate_crcs),
                                                                ("cols", inter + i0, inter + i1, up_crcs)],

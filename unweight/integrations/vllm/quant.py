@@ -376,24 +376,21 @@ class _UnweightMethodBase(QuantizeMethodBase):
     # ---- shard geometry
 
     def _shard_range(self, layer, h: TensorHeader, shard_id, name: str):
-        """(rows, cols) of this rank's block of the checkpoint tensor, checked against the grid."""
+        """(rows, cols) of this rank's block of the checkpoint tensor, its shape checked against
+        the model's.  Any block: one off the segment grid is decoded from the segments that
+        hold it and encoded anew (take_shard)."""
         rank, size = tp_info(layer)
-        rg, cg = sh.row_grid(h), sh.col_grid(h)
         what = f"{name} [{h.rows}x{h.cols}, {h.encoding_name} grid {h.rows_per_group}x{h.cols_per_chunk}]"
         if isinstance(layer, VocabParallelEmbedding):
             si = layer.shard_indices
             a, b = si.org_vocab_start_index, si.org_vocab_end_index
             if h.rows != layer.org_vocab_size or h.cols != layer.embedding_dim:
                 raise InputError(f"{what}: model expects [{layer.org_vocab_size}x{layer.embedding_dim}]")
-            if size > 1 and (a % rg or (b % rg and b != h.rows)):
-                ok = [t for t in (1, 2, 4, 8, 16) if (-(-h.rows // 64) * 64 // t) % rg == 0]
-                raise sh.ShardError(f"{what}: the vocab shard [{a}, {b}) of rank {rank} is not on the segment grid; "
-                                    f"allowed --tensor-parallel-size values: {ok} (or --load-format unweight)")
             return (a, b), None
         if isinstance(layer, RowParallelLinear):
             if h.cols != layer.input_size or h.rows != layer.output_size:
                 raise InputError(f"{what}: model expects [{layer.output_size}x{layer.input_size}]")
-            return None, sh.tp_shard_range(h.cols, size, rank, cg, what=what, axis="cols")
+            return None, sh.tp_shard_range(h.cols, size, rank, what=what, axis="cols")
         if isinstance(layer, QKVParallelLinear):
             hs = layer.v_head_size if shard_id == "v" else layer.head_size
             if shard_id == "q":
@@ -403,29 +400,16 @@ class _UnweightMethodBase(QuantizeMethodBase):
             if h.rows != total * hs or h.cols != layer.input_size:
                 raise InputError(f"{what}: model expects [{total * hs}x{layer.input_size}]")
             a, b = idx * n, idx * n + n
-            if size > 1 and (a % rg or (b % rg and b != h.rows)):
-                def kv_rows(t):
-                    # rows of k (and v) a rank starts its block at a multiple of: its share of the
-                    # kv heads, or one head when there are fewer kv heads than ranks (replicated)
-                    kv = layer.total_num_kv_heads
-                    return (kv // t if kv >= t and kv % t == 0 else 1) * layer.head_size
-
-                heads_ok = [t for t in (1, 2, 4, 8, 16) if t == 1 or (
-                    layer.total_num_heads % t == 0 and (layer.total_num_heads // t * layer.head_size) % rg == 0
-                    and kv_rows(t) % rg == 0)]
-                raise sh.ShardError(f"{what}: rank {rank}'s {shard_id} rows [{a}, {b}) are not on the segment grid "
-                                    f"({rg} rows); allowed --tensor-parallel-size values: {heads_ok} "
-                                    f"(or --load-format unweight)")
             return (a, b), None
         if isinstance(layer, MergedColumnParallelLinear):
             full = layer.output_sizes[shard_id]
             if h.rows != full or h.cols != layer.input_size:
                 raise InputError(f"{what}: model expects [{full}x{layer.input_size}]")
-            return sh.tp_shard_range(full, size, rank, rg, what=what, axis="rows"), None
+            return sh.tp_shard_range(full, size, rank, what=what, axis="rows"), None
         if isinstance(layer, ColumnParallelLinear):
             if h.rows != layer.output_size or h.cols != layer.input_size:
                 raise InputError(f"{what}: model expects [{layer.output_size}x{layer.input_size}]")
-            return sh.tp_shard_range(h.rows, size, rank, rg, what=what, axis="rows"), None
+            return sh.tp_shard_range(h.rows, size, rank, what=what, axis="rows"), None
         if isinstance(layer, ReplicatedLinear):
             return None, None
         raise InputError(f"{self.prefix}: unweight has no tensor-parallel rule for {type(layer).__name__}; "
@@ -487,7 +471,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
                            "rows": list(pc["rows"]), "cols": list(pc["cols"]), "held_shape": [hs.rows, hs.cols],
                            "held_bytes": held, "full_planes_bytes": pc["full_bytes"],
                            "plane_order": "tiled" if w.tiled else "file",
-                           "bf16_shard_bytes": hs.rows * hs.cols * 2})
+                           "bf16_shard_bytes": hs.rows * hs.cols * 2, "recoded": pc["recoded"]})
         for suf in C.ALL_SUFFIXES:
             delattr(layer, "weight" + suf)
         del layer._uw_pieces, layer._uw_pending
