@@ -20,8 +20,9 @@ distributed_config=DistributedConfig(tp_plan="auto"))`` after ``import unweight`
    checkpoint and keeps only this rank's block with :func:`unweight.codec.shard.block_planes`
    (colwise style: rows; rowwise style: columns; anything replicated: the whole tensor), so only
    the bytes of the segments that hold the block are ever read: a block on the segment grid is
-   its segments copied, any other is decoded from them and encoded anew.  ``in_features``/``out_features`` keep the full widths (the TP
-   classes use them to build the global DTensor shapes).
+   its segments copied, any other is decoded from them and encoded anew.
+   ``in_features``/``out_features`` keep the full widths (the TP classes use them to build the
+   global DTensor shapes).
 4. Integrity: with verify on, each rank checks only its shard, as held once prepare has applied
    the mode (:func:`held_check`, runtime/verify.py: on a GPU decoded and hashed there, on the
    CPU by the codec), and the TP group checks every sharded tensor's stored crc32 by crc32
