@@ -17,6 +17,7 @@ import bench_kernels  # noqa: E402
 import bench_moe  # noqa: E402
 import bench_scale  # noqa: E402
 import bench_stack_load  # noqa: E402
+import bench_tp_blocks  # noqa: E402
 import bench_vllm  # noqa: E402
 
 GPU_SCRIPTS = (bench_decode, bench_kernels, bench_e2e)
@@ -726,4 +727,29 @@ def test_stack_load_bench_times_a_rank_share_and_scales_it(tmp_path, capsys, old
                                           (["--tp", "3"], "every --tp must divide the intermediate size 8192")])
 def test_stack_load_bench_refuses_bad_arguments(argv, needle, capsys):
     code, err = _exit(lambda: bench_stack_load.main(argv), capsys)
+    assert code == 2 and needle in err[-1]
+
+
+def test_tp_blocks_bench_times_copied_and_recoded_blocks(tmp_path, capsys):
+    """bench_tp_blocks.py on DeepSeek-V3's expert down-projection [7168, 2048] (256-column
+    chunks): at TP 8 rank 0's 256 columns are copied segments, at TP 16 its 128 columns are
+    decoded and encoded anew; each row scales the time per matrix to the model's count."""
+    out = tmp_path / "r.json"
+    assert bench_tp_blocks.main(["--tp", "8,16", "--matrix", "expert down", "--reps", "1", "--threads", "2",
+                                 "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    r8, r16 = res["rows"]
+    assert (r8["tp"], r8["held"], r8["recoded"]) == (8, [7168, 256], False)
+    assert (r16["tp"], r16["held"], r16["recoded"]) == (16, [7168, 128], True)
+    for r in (r8, r16):
+        assert r["grid"] == [32, 256] and r["count"] == 58 * 256 and r["seconds"] > 0
+        assert r["model_seconds"] == pytest.approx(r["seconds"] * r["count"], rel=0.01, abs=0.1)
+    assert res["per_rank_seconds"] == {"8": r8["model_seconds"], "16": r16["model_seconds"]}
+    assert "per rank, all matrices above" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, needle", [(["--matrix", "lm_head"], "--matrix takes one of"),
+                                          (["--tp", "3"], "--tp 3 does not split every matrix")])
+def test_tp_blocks_bench_refuses_bad_arguments(argv, needle, capsys):
+    code, err = _exit(lambda: bench_tp_blocks.main(argv), capsys)
     assert code == 2 and needle in err[-1]
