@@ -723,10 +723,13 @@ def test_stack_load_bench_times_a_rank_share_and_scales_it(tmp_path, capsys, old
     assert "maverick_s" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, needle", [(["--encodings", "zstd"], "--encodings takes huffman and/or palette"),
-                                          (["--tp", "3"], "every --tp must divide the intermediate size 8192")])
-def test_stack_load_bench_refuses_bad_arguments(argv, needle, capsys):
-    code, err = _exit(lambda: bench_stack_load.main(argv), capsys)
+@pytest.mark.parametrize("script, argv, needle", [
+    (bench_stack_load, ["--encodings", "zstd"], "--encodings takes huffman and/or palette"),
+    (bench_stack_load, ["--tp", "3"], "every --tp must divide the intermediate size 8192"),
+    (bench_tp_blocks, ["--matrix", "lm_head"], "--matrix takes one of"),
+    (bench_tp_blocks, ["--tp", "3"], "--tp 3 does not split every matrix")])
+def test_load_benches_refuse_bad_arguments(script, argv, needle, capsys):
+    code, err = _exit(lambda: script.main(argv), capsys)
     assert code == 2 and needle in err[-1]
 
 
@@ -746,10 +749,3 @@ def test_tp_blocks_bench_times_copied_and_recoded_blocks(tmp_path, capsys):
         assert r["model_seconds"] == pytest.approx(r["seconds"] * r["count"], rel=0.01, abs=0.1)
     assert res["per_rank_seconds"] == {"8": r8["model_seconds"], "16": r16["model_seconds"]}
     assert "per rank, all matrices above" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("argv, needle", [(["--matrix", "lm_head"], "--matrix takes one of"),
-                                          (["--tp", "3"], "--tp 3 does not split every matrix")])
-def test_tp_blocks_bench_refuses_bad_arguments(argv, needle, capsys):
-    code, err = _exit(lambda: bench_tp_blocks.main(argv), capsys)
-    assert code == 2 and needle in err[-1]
