@@ -345,6 +345,9 @@ def test_block_planes_copies_blocks_on_the_grid_and_recodes_the_others(encoding)
         assert hb.encoding_name == encoding and (hb.rows, hb.cols) == want.shape
         assert hb.crc32 == (zlib.crc32(want.tobytes()) if recoded else 0)
         assert tc.decode(hb, pb, threads=2, verify=recoded).tobytes() == want.tobytes(), (rows, cols)
+    for rows in ((96, 96), (90, 100)):  # (an empty block, or one past the end: one line)
+        with pytest.raises(sh.ShardError, match="is empty or outside"):
+            sh.block_planes(h, e.planes, rows=rows, where="t")
     if encoding == "huffman":  # 128-column blocks of 256-column chunks, 24-row blocks of 32-row groups
         assert (h.rows_per_group, h.cols_per_chunk) == (32, 256)
         assert not sh.on_grid(h, cols=(128, 256)) and not sh.on_grid(h, rows=(24, 48))
