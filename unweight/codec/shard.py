@@ -35,7 +35,7 @@ from . import tensor_codec as tc
 from .crc import combine_col_shard_crcs, combine_row_shard_crcs, crc32_combine
 
 __all__ = ["ShardError", "shard_planes", "shard_source_ranges", "tp_shard_range", "tp_plan", "allowed_tp_sizes",
-           "on_grid", "block_planes", "decode_block",
+           "on_grid", "block_planes", "recoded_note", "decode_block",
            "row_grid", "col_grid", "shard_crc32", "crc32_combine", "combine_row_shard_crcs",
            "combine_col_shard_crcs", "row_crcs"]
 
@@ -241,7 +241,10 @@ def decode_block(header: TensorHeader, planes: dict, rows=None, cols=None, *, th
     stored crc32; the caller checks what the block contributes to the tensor's)."""
     (r0, r1), (c0, c1) = grid_cover(rows, header.rows, row_grid(header)), grid_cover(cols, header.cols,
                                                                                       col_grid(header))
-    hs, ps = shard_planes(header, planes, rows=(r0, r1), cols=(c0, c1), where=where)
+    if (r0, r1, c0, c1) == (0, header.rows, 0, header.cols):  # (the whole tensor: no segments to cut)
+        hs, ps = header, planes
+    else:
+        hs, ps = shard_planes(header, planes, rows=(r0, r1), cols=(c0, c1), where=where)
     w = tc.decode(hs, ps, threads=threads, verify=False, where=where)
     (a, b), (c, d) = rows or (0, header.rows), cols or (0, header.cols)
     if (a, b, c, d) == (r0, r1, c0, c1):
@@ -255,6 +258,13 @@ def on_grid(header: TensorHeader, rows=None, cols=None) -> bool:
     def ok(rng, n, grid):
         return rng is None or (rng[0] % grid == 0 and (rng[1] % grid == 0 or rng[1] == n))
     return ok(rows, header.rows, row_grid(header)) and ok(cols, header.cols, col_grid(header))
+
+
+def recoded_note(header: TensorHeader, rows=None, cols=None) -> str:
+    """The loaders' log line for a block block_planes recoded."""
+    return (f"block rows {list(rows or (0, header.rows))} cols {list(cols or (0, header.cols))} is off the "
+            f"{header.rows_per_group}x{header.cols_per_chunk} segment grid: decoded from the segments that hold it "
+            f"and encoded anew")
 
 
 def block_planes(header: TensorHeader, planes: dict, rows=None, cols=None, *, threads: int | None = None,

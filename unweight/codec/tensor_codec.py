@@ -48,6 +48,11 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
+def row_crcs(w: np.ndarray, threads: int | None = None) -> np.ndarray:
+    """uint32 [N]: crc32 of each row's bytes of a C-contiguous [N, K] array (N >= 1)."""
+    return _C.crc32_rows(w.reshape(-1).view(np.uint8), w.shape[0], threads or default_threads())
+
+
 @dataclasses.dataclass
 class Encoded:
     """An encoded matrix: parsed header, planes by suffix, and statistics for reports."""
@@ -59,11 +64,6 @@ class Encoded:
     @property
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in self.planes.values())
-
-
-def row_crcs(w: np.ndarray, threads: int | None = None) -> np.ndarray:
-    """uint32 [N]: crc32 of each row's bytes of a C-contiguous [N, K] array (N >= 1)."""
-    return _C.crc32_rows(w.reshape(-1).view(np.uint8), w.shape[0], threads or default_threads())
 
 
 def tp_splits(n: int) -> int:

@@ -278,10 +278,7 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
                 # encoded anew: any equal split serves)
                 hs, ps, recoded = sh.block_planes(h, planes, rows=rows, cols=cols, where=where)
                 if recoded:
-                    log.info("unweight: %s: rank %d's block rows %s cols %s is off the %dx%d segment grid: decoded "
-                             "from the segments that hold it and encoded anew", base, rank,
-                             list(rows or (0, h.rows)), list(cols or (0, h.cols)), h.rows_per_group,
-                             h.cols_per_chunk)
+                    log.info("unweight: %s: rank %d's %s", base, rank, sh.recoded_note(h, rows, cols))
                 tc.check_planes(hs, ps, where)
                 shards[f"{name}.weight"] = (base, rows, cols, h)
                 if verify:

@@ -68,9 +68,7 @@ def take_shard(pend: dict, name: str, shard_range) -> dict | None:
     rows, cols = shard_range(h)
     hs, ps, recoded = sh.block_planes(h, planes, rows=rows, cols=cols, where=name)
     if recoded:
-        log.info("unweight: %s: this rank's block rows %s cols %s is off the %dx%d segment grid: decoded from the "
-                 "segments that hold it and encoded anew", name, list(rows or (0, h.rows)),
-                 list(cols or (0, h.cols)), h.rows_per_group, h.cols_per_chunk)
+        log.info("unweight: %s: this rank's %s", name, sh.recoded_note(h, rows, cols))
     return {"name": name, "header": hs, "planes": ps, "full_header": h, "rows": rows or (0, h.rows),
             "cols": cols or (0, h.cols), "full_bytes": int(sum(a.nbytes for a in planes.values())),
             "recoded": recoded}

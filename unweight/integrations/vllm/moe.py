@@ -685,7 +685,8 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
         gate_crcs, up_crcs, gate_up_recs, down_recs = [], [], [], []
         full = {stem: sum(int(a.nbytes) for a in planes.values()) for stem, planes in (("w13", p13), ("w2", p2))}
         hidden = h13.rows
-        for e in _local_experts(layer):
+        local = _local_experts(layer)
+        for e in local:
             if ep > 1:  # whole experts: a matrix's gate and up halves from one decode
                 gu = block(h13, p13, e)
                 g, u = gu[:, :inter], gu[:, inter:]
@@ -717,7 +718,7 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
         layer._uw_record_extra = {"stacked": {"gate_up": self.stacks["w13"], "down": self.stacks["w2"],
                                               "intermediate": [i0, i1], "stack_checked": verify}}
         log.info("unweight: %s: rank %d/%d took intermediate [%d, %d) of %d of %d stacked experts' gate_up and down",
-                 self.prefix, rank, size, i0, i1, len(_local_experts(layer)), h13.stack)
+                 self.prefix, rank, size, i0, i1, len(local), h13.stack)
 
 
 def local_routing(layer, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> tuple:
