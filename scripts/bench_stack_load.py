@@ -17,7 +17,7 @@ stack's columns split 16 ways), so every TP size up to 8 takes whole chunks.  --
 encodes gate_up as writers before that rule did, in 2048-column chunks, wider than a rank's
 1024 columns at TP 8: there a rank decodes the chunks that hold its block and cuts it out.
 The load check is also timed with its per-row crcs as a crc32 call per row from Python
-(`check_py_rows_s`, what shard.row_crcs did before it took the C++ codec's) for comparison
+(`check_py_rows_s`, against shard.row_crcs, which takes them in the C++ codec) for comparison
 (`<model>_py_rows_s`); the other totals use the codec's.
 
     python scripts/bench_stack_load.py [--experts 2] [--tp 1,2,4,8] [--encodings huffman,palette]

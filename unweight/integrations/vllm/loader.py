@@ -94,7 +94,7 @@ def built_elsewhere(model: torch.nn.Module):
       holds only that one (vLLM skips them by index, get_spec_layer_idx_from_weight_name).
 
     Names are mapped to vLLM's as the model's loader maps them (hf_to_vllm_mapper); a name
-    that maps elsewhere, or to nothing, is decoded as before."""
+    that maps elsewhere, or to nothing, is decoded."""
     from vllm.model_executor.models.utils import get_pp_missing_layer_names
     missing = tuple(get_pp_missing_layer_names(model))
     numbered = {n: set(m._modules) for n, m in model.named_modules()
