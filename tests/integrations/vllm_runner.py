@@ -3,8 +3,10 @@
     python -m tests.integrations.vllm_runner '[{"model": DIR, "tp": 2, "eager": true}, ...]'
 
 Configurations run one after another in this process (one vLLM import for all of them);
-TP=1 uses the in-process "uni" executor.  Set VLLM_ENABLE_V1_MULTIPROCESSING=0 to keep the
-engine core in this process too.  The caller sets
+TP=1 uses the in-process "uni" executor.  With --dp-rank R --dp-size N --dp-port P the process
+is data-parallel rank R of N, as in vLLM's offline data-parallel example (run_dp_configs
+starts the N ranks): it generates for prompts R, R + N, ... of each configuration.  Set
+VLLM_ENABLE_V1_MULTIPROCESSING=0 to keep the engine core in this process too.  The caller sets
 the environment (HF_HUB_OFFLINE, VLLM_CPU_KVCACHE_SPACE, VLLM_CPU_OMP_THREADS_BIND).
 """
 from __future__ import annotations
@@ -147,12 +149,86 @@ def run_configs(configs: list, timeout: float | None = 420, extra_env: dict | No
     return res, p.stdout + p.stderr
 
 
+def run_dp_configs(configs: list, dp: int = 2, timeout: float = 600,
+                   extra_env: dict | None = None) -> tuple[list, str]:
+    """Run configurations with vLLM's data parallelism over `dp` ranks of TP 1: one child
+    process per rank, all at once, each running the configurations one after another on its
+    share of the prompts.  Returns (results, output) as run_configs does: "tokens" in the
+    prompts' order, "reports" {data-parallel rank: {layer: record}}, "error" the first
+    rank's error."""
+    import socket
+    import subprocess
+    import tempfile
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    cpus = sorted(os.sched_getaffinity(0))
+    procs, logs = [], []
+    # (each rank writes to a file: a rank blocked on a full pipe would stall the others in
+    # their collectives)
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(dp):
+            env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
+                       VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND=str(cpus[r % len(cpus)]))
+            env.update(extra_env or {})
+            logs.append(open(os.path.join(tmp, f"rank{r}.log"), "w+"))
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tests.integrations.vllm_runner", "--dp-rank", str(r), "--dp-size", str(dp),
+                 "--dp-port", str(port), json.dumps(configs)], cwd=root, env=env, stdout=logs[-1],
+                stderr=subprocess.STDOUT, text=True))
+        deadline = time.monotonic() + timeout
+        try:
+            for p in procs:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        outs = []
+        for f in logs:
+            f.seek(0)
+            outs.append(f.read())
+            f.close()
+    res = [{"tokens": [None] * len(c.get("prompts") or PROMPTS), "reports": {}, "config": c} for c in configs]
+    for r, out in enumerate(outs):
+        got = [json.loads(ln[len("RESULT "):]) for ln in out.splitlines() if ln.startswith("RESULT ")]
+        if len(got) != len(configs):
+            tails = "\n".join(f"--- rank {k}:\n{o[-6000:]}" for k, o in enumerate(outs))
+            raise RuntimeError(f"vLLM data-parallel rank {r} failed:\n{tails}")
+        cur = None
+        for line in out.splitlines():
+            if line.startswith("BEGIN "):
+                cur = int(line.split()[1])
+            elif "unweight layer report " in line and cur is not None:
+                rec = json.loads(line.split("unweight layer report ", 1)[1])
+                res[cur]["reports"].setdefault(r, {})[rec["layer"]] = rec
+        for i, g in enumerate(got):
+            if "error" in g:
+                res[i].setdefault("error", f"rank {r}: {g['error']}")
+                continue
+            for j, t in enumerate(g["tokens"]):
+                res[i]["tokens"][r + j * dp] = t
+    return res, "\n".join(outs)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("configs", help="JSON list of run_one configurations")
+    ap.add_argument("--dp-rank", type=int, default=None, help="this process's data-parallel rank")
+    ap.add_argument("--dp-size", type=int, default=1)
+    ap.add_argument("--dp-port", type=int, default=0, help="the data-parallel master's port (configuration i: +7i)")
     a = ap.parse_args(argv)
     for i, cfg in enumerate(json.loads(a.configs)):
         print(f"BEGIN {i}", flush=True)
+        if a.dp_rank is not None:
+            # (vLLM reads these when each LLM is built; every configuration gets its own port)
+            os.environ.update(VLLM_DP_RANK=str(a.dp_rank), VLLM_DP_RANK_LOCAL=str(a.dp_rank),
+                              VLLM_DP_SIZE=str(a.dp_size), VLLM_DP_MASTER_IP="127.0.0.1",
+                              VLLM_DP_MASTER_PORT=str(a.dp_port + 7 * i))
+            cfg = dict(cfg, prompts=(cfg.get("prompts") or PROMPTS)[a.dp_rank::a.dp_size])
         res = run_one(cfg)
         res["config"] = cfg
         print("RESULT " + json.dumps(res), flush=True)

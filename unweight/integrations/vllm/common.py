@@ -139,17 +139,23 @@ def moe_ranks(layer) -> tuple[int, int, int, int]:
     return int(pc.tp_rank), int(pc.tp_size), int(pc.ep_rank), int(pc.ep_size)
 
 
-def gather(layer, record, size: int | None = None) -> list:
-    """Every rank's `record` (any picklable object), in rank order, through vLLM's CPU group
-    of the model's TP ranks.  size: the ranks that hold parts of the layer (default: the
-    layer's TP size; an expert-parallel MoE layer passes its EP size, the same ranks)."""
+def gather(layer, record, size: int | None = None, experts: bool = False) -> list:
+    """Every rank's `record` (any picklable object), in rank order, through the CPU group of
+    the ranks that hold parts of the layer: the model's TP ranks, or for a MoE layer's experts
+    (experts=True) vLLM's expert group (its TP ranks times its data-parallel ranks: experts
+    are split over all of them, by expert under expert parallelism, else by intermediate
+    range).  size: how many ranks hold parts (default: the layer's TP size)."""
     if size is None:
         _, size = tp_info(layer)
     if size == 1:
         return [record]
     import torch.distributed as dist
-    from vllm.distributed import get_tp_group
-    g = getattr(layer, "parallel_group", None) or get_tp_group()
+    if experts:
+        from vllm.distributed import get_ep_group
+        g = get_ep_group()
+    else:
+        from vllm.distributed import get_tp_group
+        g = getattr(layer, "parallel_group", None) or get_tp_group()
     if g.world_size != size:
         raise RuntimeError(f"unweight: {size} ranks hold parts of the layer but its group has {g.world_size}")
     out = [None] * size

@@ -46,11 +46,21 @@ and the forward turns the routing's global ids into this rank's local ids on the
 (local_routing), other ranks' choices adding nothing, as vLLM's kernels do with its expert
 map; vLLM's layer sums the ranks' outputs.
 
-Not covered (one-line error at model construction, use --load-format unweight): vLLM's
-all-to-all MoE kernels (expert parallelism across data-parallel, context-parallel or
-sequence-parallel ranks), experts split over data-parallel ranks without expert
-parallelism, expert biases, a layer whose experts are partly raw and partly compressed, and
-3-D expert stacks other than Llama 4's gate_up_proj / down_proj.
+Data parallelism (--data-parallel-size > 1): the experts are split over the TP x DP ranks of
+vLLM's expert group (by expert with --enable-expert-parallel, else by intermediate range),
+and the load check gathers the ranks' records over that group.  The method reports no
+internal modular kernel under DP (supports_internal_mk), so vLLM's MoE runner gathers every
+DP rank's tokens and router logits before apply and reduce-scatters the output after; the
+routed decode then sees every token this rank's experts serve, and the experts kernel is
+built without vLLM's dispatch step (_init_moe_kernel).  The runner's gather goes through the
+all-to-all backend's manager, which only the all-gather backend (vLLM's default) serves;
+DeepEP and the other all-to-all kernels dispatch inside the kernel, after the decode would
+have chosen, and are refused.
+
+Not covered (one-line error at model construction, use --load-format unweight): context- or
+sequence-parallel MoE ranks, data parallelism through other all-to-all backends, expert
+biases, a layer whose experts are partly raw and partly compressed, and 3-D expert stacks
+other than Llama 4's gate_up_proj / down_proj.
 """
 from __future__ import annotations
 
@@ -79,7 +89,7 @@ from ...runtime.verify import HeldCheck, block_fault, shard_record_of, verify_se
 from ...runtime.modes import sharded_mode
 from .ops import check_kernels, current_policy
 from .common import (PLANE_DTYPES, device_piece, gather, log, missing_plane, moe_ranks, piece_record, report_layer,
-                     take_shard, tp_info)
+                     take_shard)
 
 
 SHARD_IDS = ("w1", "w3", "w2")  # vLLM's names: gate, up (stacked into w13), down
@@ -120,19 +130,20 @@ def moe_quant_method(config, layer, prefix: str):
 
 
 def _refuse_unserved(layer, prefix: str) -> None:
-    """One-line errors for what the compressed methods do not serve: vLLM's all-to-all MoE
-    kernels (expert parallelism across data-parallel, context-parallel or sequence-parallel
-    ranks: they move tokens and routing between ranks inside the experts kernel, past the
-    routed decode), experts split over data-parallel ranks without expert parallelism, and
-    expert biases."""
+    """One-line errors for what the compressed methods do not serve: context- or
+    sequence-parallel MoE ranks (untested: their tokens move between ranks by other paths
+    of vLLM's runner), data parallelism through an all-to-all backend other than the
+    all-gather one, and expert biases."""
     pc = layer.moe_config.moe_parallel_config
-    if pc.use_all2all_kernels:
-        raise InputError(f"{prefix}: compressed experts are served with tensor parallelism, or expert parallelism "
-                         f"over the tensor-parallel ranks, not expert parallelism across data-parallel, "
-                         f"context-parallel or sequence-parallel ranks; use --load-format unweight")
-    if not pc.use_ep and pc.tp_size != tp_info(layer)[1]:
-        raise InputError(f"{prefix}: compressed experts split over {pc.tp_size} ranks (data parallelism without "
-                         f"expert parallelism) are not served; use --load-format unweight")
+    if pc.pcp_size > 1 or pc.is_sequence_parallel:
+        raise InputError(f"{prefix}: compressed experts are served with tensor, expert and data parallelism, not "
+                         f"with context-parallel or sequence-parallel ranks; use --load-format unweight")
+    if pc.dp_size > 1 and pc.all2all_backend != "allgather_reducescatter":
+        # (vLLM's runner gathers the DP ranks' tokens through the backend's manager, and only
+        # the all-gather one has that call; DeepEP's and the others' dispatch inside a kernel)
+        raise InputError(f"{prefix}: compressed experts under data parallelism take vLLM's all-gather dispatch "
+                         f"(--all2all-backend allgather_reducescatter, the default), not {pc.all2all_backend}; "
+                         f"use --load-format unweight")
     if layer.moe_config.has_bias:
         raise InputError(f"{prefix}: compressed experts with biases are not supported; use --load-format unweight")
 
@@ -195,6 +206,27 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
     @property
     def supports_eplb(self) -> bool:
         return False
+
+    @property
+    def supports_internal_mk(self) -> bool:
+        """False under data parallelism, so vLLM's MoE runner gathers every DP rank's tokens and
+        router logits before apply and reduce-scatters its output after (its naive dispatch):
+        the routed decode then sees the routing of every token this rank's experts serve.
+        vLLM's own kernel would gather inside its prepare step, after the decode has chosen."""
+        return self.moe.moe_parallel_config.dp_size == 1 and super().supports_internal_mk
+
+    def _init_moe_kernel(self, layer) -> None:
+        """vLLM's unquantized kernel for this platform; under data parallelism with its
+        dispatch and combine left out (vLLM's runner does them around apply, see
+        supports_internal_mk)."""
+        super()._init_moe_kernel(layer)
+        if self.moe.moe_parallel_config.dp_size > 1:
+            from vllm.model_executor.layers.fused_moe import modular_kernel as mk
+            from vllm.model_executor.layers.fused_moe.prepare_finalize.no_dp_ep import (
+                make_moe_prepare_and_finalize_no_dp_ep)
+            experts = self.moe_kernel.fused_experts
+            self.moe_kernel = mk.FusedMoEKernel(make_moe_prepare_and_finalize_no_dp_ep(
+                issubclass(type(experts), mk.FusedMoEExpertsMonolithic)), experts)
 
     # ------------------------------------------------------------------ create / load
 
@@ -446,7 +478,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         device: where this rank's records were decoded (None: on the host); when the check
         fails, a piece whose device record differs from the CPU codec's decode of the same
         planes raises DeviceFaultError (runtime.verify.block_fault) in its place."""
-        everyone = gather(layer, mine, moe_ranks(layer)[1])  # (under EP each rank checks its whole experts)
+        everyone = gather(layer, mine, moe_ranks(layer)[1], experts=True)  # (under EP: its whole experts)
         try:
             for pc in layer._uw_pieces.values():
                 check_shard_records([d[pc["name"]] for d in everyone if pc["name"] in d], pc["full_header"],
@@ -662,7 +694,7 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
         if mine is None:
             return
         _, tp, _, ep = moe_ranks(layer)
-        everyone = gather(layer, mine, tp * ep)  # (the ranks' blocks: intermediate ranges, or whole experts)
+        everyone = gather(layer, mine, tp * ep, experts=True)  # (blocks: intermediate ranges, or whole experts)
         for stem, view in views.items():
             if not check_shard_records([r for d in everyone for r in d[stem]], view, self.stacks[stem]):
                 raise ChecksumError(f"{self.stacks[stem]}: the ranks' blocks do not cover the stack, so its "
