@@ -707,6 +707,31 @@ def test_tune_shapes_add_the_blocks_vllm_holds_llama4_stacks_as(tmp_path):
     assert {(inter // 4, H), (H, inter // 4), (inter, H), (H, inter)} <= set(tune_shapes(c, tp=4))
 
 
+def test_tune_shapes_split_experts_over_the_data_parallel_ranks(tmp_path):
+    """dp > 1: a MoE's experts (per-expert tensors and Llama 4's stacks) also get their blocks
+    split over tp * dp ranks, as vLLM holds them under data parallelism without expert
+    parallelism; other layers only their tp blocks."""
+    from tests.conftest import bf16_gaussian, write_checkpoint
+    from unweight.api import tune_shapes
+    rng = np.random.default_rng(0)
+    H, inter = 256, 512
+    src = write_checkpoint(str(tmp_path / "src"), {
+        "model.layers.0.mlp.experts.0.gate_proj.weight": ("BF16", bf16_gaussian(rng, (inter, H))),
+        "model.layers.0.mlp.experts.0.down_proj.weight": ("BF16", bf16_gaussian(rng, (H, inter))),
+        "model.layers.0.self_attn.o_proj.weight": ("BF16", bf16_gaussian(rng, (H, 3 * H))),
+        "model.layers.1.feed_forward.experts.gate_up_proj": ("BF16", bf16_gaussian(rng, (2, H, 2 * inter))),
+        "model.layers.1.feed_forward.experts.down_proj": ("BF16", bf16_gaussian(rng, (2, inter, H)))})
+    c = str(tmp_path / "c")
+    unweight.compress(src, c, progress=False)
+    tp2, dp2 = set(tune_shapes(c, tp=2)), set(tune_shapes(c, tp=2, dp=2))
+    quarter = {(inter // 4, H), (H, inter // 4)}  # (gate and down per expert, and the stacks' transposed blocks)
+    assert not quarter & tp2 and quarter <= dp2 and tp2 <= dp2
+    assert {(H // 2, 3 * H), (H, 3 * H // 2)} <= tp2  # (o_proj: its tp blocks only)
+    assert (H // 4, 3 * H) not in dp2 and (H, 3 * H // 4) not in dp2
+    dp_only = set(tune_shapes(c, dp=2))
+    assert dp_only >= set(tune_shapes(c)) | {(inter // 2, H), (H, inter // 2)} and (H // 2, 3 * H) not in dp_only
+
+
 def test_tune_refuses_without_a_cuda_gpu(tiny_model, tmp_path, monkeypatch):
     """Off a CUDA GPU, tune stops before timing anything with one InputError; bad options too."""
     torch = pytest.importorskip("torch")
@@ -721,8 +746,9 @@ def test_tune_refuses_without_a_cuda_gpu(tiny_model, tmp_path, monkeypatch):
         unweight.api.tune(c, cache=str(cache))
     with pytest.raises(InputError, match="unknown encoding"):
         unweight.api.tune(c, encodings=("fp8",))
-    with pytest.raises(InputError, match="tp must be at least 1"):
-        unweight.api.tune(c, tp=0)
+    for bad in ({"tp": 0}, {"dp": 0}):
+        with pytest.raises(InputError, match="tp and dp must be at least 1"):
+            unweight.api.tune(c, **bad)
     assert not cache.exists()
 
 

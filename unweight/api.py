@@ -479,19 +479,22 @@ def inspect(path, jobs: int | None = None) -> dict:
                        "file_bytes": files, "bits_per_weight": 8 * files / max(1, tot_w)}}
 
 
-def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
+def tune_shapes(path, tp: int = 1, dp: int = 1) -> list[tuple[int, int]]:
     """The [N, K] matrix shapes a GPU runs for a compressed checkpoint's encoded tensors (an
     expert stack's per-expert matrix), sorted.  tp > 1: the shapes of one rank's block under
     tensor parallelism, split by rows (column-parallel layers) and by columns (row-parallel
     layers), each where the axis splits into tp equal parts (on the segment grid or not: the
     loaders recode a block off it; the architecture, which says which split applies, is not
-    read), and the whole shape (replicated layers).  Each set
+    read), and the whole shape (replicated layers).  dp > 1: a MoE's experts (tensors named
+    ``.experts.``) also split into tp * dp parts, as vLLM splits them over its TP x DP ranks
+    under data parallelism without expert parallelism.  Each set
     of sibling projections (runtime/stacking.py: q/k/v, gate/up) adds its stacked shape, as a
     runtime that stacks them runs it (runtime/siblings.py; with tp, the rank's row blocks
     stacked).  Llama 4's expert stacks (``gate_up_proj`` [E, H, 2I], ``down_proj`` [E, I, H])
     add the blocks vLLM holds them as, transposed (integrations/vllm/moe.py): gate and up
-    [I / tp, H], down [H, I / tp], and [I, H], [H, I] (whole experts, as vLLM's expert
-    parallelism holds them at any TP size; per-expert 2-D tensors are in the set whole)."""
+    [I / t, H], down [H, I / t] for t = tp (and tp * dp), and [I, H], [H, I] (whole experts,
+    as vLLM's expert parallelism holds them at any TP size; per-expert 2-D tensors are in the
+    set whole)."""
     path = sources.as_path(path, "path")
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file or folder")
@@ -502,12 +505,14 @@ def tune_shapes(path, tp: int = 1) -> list[tuple[int, int]]:
         for base in ck.encoded:
             h = ck.header(base)
             shapes.add((int(h.rows), int(h.cols)))
-            if tp > 1 and h.rows % tp == 0:
-                shapes.add((int(h.rows) // tp, int(h.cols)))
-            if tp > 1 and h.cols % tp == 0:
-                shapes.add((int(h.rows), int(h.cols) // tp))
             leaf = base.rpartition(".")[2]
-            for t in {1, tp}:  # (whole experts: TP 1, or expert parallelism at any TP)
+            splits = {1, tp} | ({tp * dp} if ".experts." in f".{base}." else set())
+            for t in splits - {1}:
+                if h.rows % t == 0:
+                    shapes.add((int(h.rows) // t, int(h.cols)))
+                if h.cols % t == 0:
+                    shapes.add((int(h.rows), int(h.cols) // t))
+            for t in splits:  # (whole experts: TP 1, or expert parallelism at any TP)
                 if h.stack and leaf == "gate_up_proj" and h.cols % (2 * t) == 0:
                     shapes.add((int(h.cols) // 2 // t, int(h.rows)))
                 elif h.stack and leaf == "down_proj" and h.rows % t == 0:
@@ -574,20 +579,20 @@ def selftest(*, device: str = "cuda") -> dict:
 
 
 def tune(path, *, device: str = "cuda", encodings=("palette", "huffman"), buckets=None, tp: int = 1,
-         cache: str | None = None, iters: int = 50) -> dict:
+         dp: int = 1, cache: str | None = None, iters: int = 50) -> dict:
     """Measure, on this machine's CUDA GPU, which path runs each of a compressed checkpoint's
     matrix shapes fastest at each batch bucket, and which decoder variant decodes it fastest
     (unweight.tools.tune, on N(0, 0.02) weights of each shape and encoding); the choices go
     to the tuning cache (`cache`, default $UNWEIGHT_TUNING_CACHE or
     ~/.cache/unweight/tuning.json), which models loaded afterwards dispatch by.  Returns the
     device name, the cache path and the choices."""
-    if tp < 1:
-        raise InputError(f"tp must be at least 1, got {tp}")
+    if tp < 1 or dp < 1:
+        raise InputError(f"tp and dp must be at least 1, got {tp} and {dp}")
     encodings = tuple(encodings)
     for e in encodings:
         if e not in ("palette", "huffman"):
             raise InputError(f"unknown encoding {e!r}; one of palette, huffman")
-    shapes = tune_shapes(path, tp)
+    shapes = tune_shapes(path, tp, dp)
     dev = _cuda_device(device, "unweight tune measures")
     import torch
     from .runtime.tuning_table import BUCKETS, default_cache_path, split_key

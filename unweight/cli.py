@@ -213,14 +213,17 @@ def _tune_buckets() -> list:
               help="Batch buckets to time (repeatable; default: all a fused kernel takes).")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Also time one rank's blocks under this tensor-parallel size.")
+@click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Also time the experts' blocks split over TP x DP ranks (vLLM's data parallelism without "
+                   "expert parallelism).")
 @click.option("--cache", default=None, help="Tuning cache to update (default: $UNWEIGHT_TUNING_CACHE or "
                                             "~/.cache/unweight/tuning.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print the choices as JSON.")
-def tune(path, device, encodings, buckets, tp, cache, as_json):
+def tune(path, device, encodings, buckets, tp, dp, cache, as_json):
     """Time the kernels on this GPU for PATH's matrix shapes and record the fastest in the tuning cache."""
     from . import api
     r = _run(api.tune, path, device=device, encodings=encodings or ("palette", "huffman"),
-             buckets=list(buckets) or None, tp=tp, cache=cache)
+             buckets=list(buckets) or None, tp=tp, dp=dp, cache=cache)
     if as_json:
         _result(json.dumps(r, indent=2))
         return
