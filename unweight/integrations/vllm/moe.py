@@ -417,10 +417,11 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         if log.isEnabledFor(logging.DEBUG):
             log.debug("unweight: %s expert pieces %s", self.prefix, json.dumps(report))
         report_layer(self.prefix, {**record, "pieces": _per_shard(report), "held_bytes": held, "bf16_bytes": bf16})
-        log.info("unweight: %s -> %s (%d experts%s, rank %d/%d holds intermediate %s of each, %.3fx of its bf16 "
-                 "shard)", self.prefix, "compressed in memory" if mode != "dense" else "decoded to bf16 at load",
-                 len(local), f" of {layer.global_num_experts}" if ep_size > 1 else "",
-                 rank, size, report[0]["rows"], held / max(1, bf16))
+        where = (f"{len(local)} experts of {layer.global_num_experts} on expert-parallel rank {ep_rank}/{ep_size}, "
+                 f"whole" if ep_size > 1 else
+                 f"{len(local)} experts, rank {rank}/{size} holds intermediate {report[0]['rows']} of each")
+        log.info("unweight: %s -> %s (%s, %.3fx of its bf16 shard)", self.prefix,
+                 "compressed in memory" if mode != "dense" else "decoded to bf16 at load", where, held / max(1, bf16))
 
     def _palette_pieces(self, local, host, w13, w2, report, dev) -> None:
         """Palette pieces per expert from the weights host["w13"][i] ([2I, H], gate over up) and
@@ -749,8 +750,12 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
                                      for stem, h in (("w13", h13), ("w2", h2))}
         layer._uw_record_extra = {"stacked": {"gate_up": self.stacks["w13"], "down": self.stacks["w2"],
                                               "intermediate": [i0, i1], "stack_checked": verify}}
-        log.info("unweight: %s: rank %d/%d took intermediate [%d, %d) of %d of %d stacked experts' gate_up and down",
-                 self.prefix, rank, size, i0, i1, len(local), h13.stack)
+        if ep > 1:
+            log.info("unweight: %s: expert-parallel rank %d/%d took %d of %d stacked experts' gate_up and down, whole",
+                     self.prefix, moe_ranks(layer)[2], ep, len(local), h13.stack)
+        else:
+            log.info("unweight: %s: rank %d/%d took intermediate [%d, %d) of %d stacked experts' gate_up and down",
+                     self.prefix, rank, size, i0, i1, h13.stack)
 
 
 def local_routing(layer, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> tuple:
