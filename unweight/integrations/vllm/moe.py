@@ -135,7 +135,7 @@ def _refuse_unserved(layer, prefix: str) -> None:
     of vLLM's runner), data parallelism through an all-to-all backend other than the
     all-gather one, and expert biases."""
     pc = layer.moe_config.moe_parallel_config
-    if pc.pcp_size > 1 or pc.is_sequence_parallel:
+    if getattr(pc, "pcp_size", 1) > 1 or getattr(pc, "is_sequence_parallel", False):
         raise InputError(f"{prefix}: compressed experts are served with tensor, expert and data parallelism, not "
                          f"with context-parallel or sequence-parallel ranks; use --load-format unweight")
     if pc.dp_size > 1 and pc.all2all_backend != "allgather_reducescatter":
