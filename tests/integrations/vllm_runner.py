@@ -149,6 +149,33 @@ def run_configs(configs: list, timeout: float | None = 420, extra_env: dict | No
     return res, p.stdout + p.stderr
 
 
+def _dp_ports(n: int) -> int:
+    """The first of 10 * n free ports for n configurations' data-parallel masters (vLLM takes
+    the master port and the ones after it), below the kernel's ephemeral range: the ports
+    bind(0) hands out come from that range, close to one another, so a base taken from it
+    is soon near the ports other vLLM processes (a concurrent test's) are given."""
+    import random
+    import socket
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            top = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        top = 32768
+
+    def free(p):
+        with socket.socket() as sk:
+            try:
+                sk.bind(("127.0.0.1", p))
+            except OSError:
+                return False
+        return True
+    for _ in range(200):
+        base = random.randrange(20000, max(20001, top - 10 * n))
+        if all(free(p) for p in range(base, base + 10 * n)):
+            return base
+    raise RuntimeError("no free ports for vLLM's data-parallel masters")
+
+
 def run_dp_configs(configs: list, dp: int = 2, timeout: float = 600,
                    extra_env: dict | None = None) -> tuple[list, str]:
     """Run configurations with vLLM's data parallelism over `dp` ranks of TP 1: one child
@@ -156,13 +183,10 @@ def run_dp_configs(configs: list, dp: int = 2, timeout: float = 600,
     share of the prompts.  Returns (results, output) as run_configs does: "tokens" in the
     prompts' order, "reports" {data-parallel rank: {layer: record}}, "error" the first
     rank's error."""
-    import socket
     import subprocess
     import tempfile
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
+    port = _dp_ports(len(configs))
     cpus = sorted(os.sched_getaffinity(0))
     procs, logs = [], []
     # (each rank writes to a file: a rank blocked on a full pipe would stall the others in
@@ -219,7 +243,7 @@ def main(argv=None):
     ap.add_argument("configs", help="JSON list of run_one configurations")
     ap.add_argument("--dp-rank", type=int, default=None, help="this process's data-parallel rank")
     ap.add_argument("--dp-size", type=int, default=1)
-    ap.add_argument("--dp-port", type=int, default=0, help="the data-parallel master's port (configuration i: +7i)")
+    ap.add_argument("--dp-port", type=int, default=0, help="the data-parallel master's port (configuration i: +10i)")
     a = ap.parse_args(argv)
     for i, cfg in enumerate(json.loads(a.configs)):
         print(f"BEGIN {i}", flush=True)
@@ -227,7 +251,7 @@ def main(argv=None):
             # (vLLM reads these when each LLM is built; every configuration gets its own port)
             os.environ.update(VLLM_DP_RANK=str(a.dp_rank), VLLM_DP_RANK_LOCAL=str(a.dp_rank),
                               VLLM_DP_SIZE=str(a.dp_size), VLLM_DP_MASTER_IP="127.0.0.1",
-                              VLLM_DP_MASTER_PORT=str(a.dp_port + 7 * i))
+                              VLLM_DP_MASTER_PORT=str(a.dp_port + 10 * i))
             cfg = dict(cfg, prompts=(cfg.get("prompts") or PROMPTS)[a.dp_rank::a.dp_size])
         res = run_one(cfg)
         res["config"] = cfg
