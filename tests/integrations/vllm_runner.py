@@ -120,32 +120,48 @@ def omp_bind(tp: int) -> str:
     return "|".join(str(cpus[(start + i) % len(cpus)]) for i in range(tp))
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _child_env(omp_threads_bind: str, extra_env: dict | None) -> dict:
+    """The environment of a runner child process."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_CPU_OMP_THREADS_BIND=omp_threads_bind)
+    env.update(extra_env or {})
+    return env
+
+
+def _layer_reports(out: str, n: int) -> list:
+    """[configuration i: [layer record, ...]]: the layer reports the unweight vLLM plugin logged
+    in a runner's output, attributed to configurations by its BEGIN markers."""
+    recs = [[] for _ in range(n)]
+    cur = None
+    for line in out.splitlines():
+        if line.startswith("BEGIN "):
+            cur = int(line.split()[1])
+        elif "unweight layer report " in line and cur is not None:
+            recs[cur].append(json.loads(line.split("unweight layer report ", 1)[1]))
+    return recs
+
+
 def run_configs(configs: list, timeout: float | None = 420, extra_env: dict | None = None) -> tuple[list, str]:
     """Run configurations in a child process (this module as a script); returns (results,
     output).  Each result carries "reports": {rank: {layer: record}}, the layer reports the
     unweight vLLM plugin logs while loading that configuration."""
     import subprocess
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-               VLLM_CPU_OMP_THREADS_BIND=omp_bind(max(c.get("tp", 1) for c in configs)))
-    env.update(extra_env or {})
-    p = subprocess.run([sys.executable, "-m", "tests.integrations.vllm_runner", json.dumps(configs)], cwd=root,
+    env = _child_env(omp_bind(max(c.get("tp", 1) for c in configs)), extra_env)
+    p = subprocess.run([sys.executable, "-m", "tests.integrations.vllm_runner", json.dumps(configs)], cwd=_ROOT,
                        env=env, capture_output=True, text=True, timeout=timeout)
     res = [json.loads(line[len("RESULT "):]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
     if len(res) != len(configs):
         raise RuntimeError(f"vLLM runner failed (rc={p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
-    # vLLM's log lines go to stdout or stderr: attribute them by the BEGIN markers on stdout.
-    for r in res:
+    # (vLLM's log lines go to stdout or stderr: the BEGIN markers on stdout attribute them)
+    for r, recs in zip(res, _layer_reports(p.stdout + "\n" + p.stderr, len(res))):
         r["reports"] = {}
-    cur = None
-    for line in (p.stdout + "\n" + p.stderr).splitlines():
-        if line.startswith("BEGIN "):
-            cur = int(line.split()[1])
-        elif "unweight layer report " in line and cur is not None:
-            rec = json.loads(line.split("unweight layer report ", 1)[1])
+        for rec in recs:
             # (an expert-parallel MoE layer's experts are tp rank 0 of 1 on every rank: its ep rank
             # is the rank of the worker that logged it)
-            res[cur]["reports"].setdefault(rec.get("ep_rank", rec.get("tp_rank", 0)), {})[rec["layer"]] = rec
+            r["reports"].setdefault(rec.get("ep_rank", rec.get("tp_rank", 0)), {})[rec["layer"]] = rec
     return res, p.stdout + p.stderr
 
 
@@ -185,7 +201,6 @@ def run_dp_configs(configs: list, dp: int = 2, timeout: float = 600,
     rank's error."""
     import subprocess
     import tempfile
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     port = _dp_ports(len(configs))
     cpus = sorted(os.sched_getaffinity(0))
     procs, logs = [], []
@@ -193,13 +208,11 @@ def run_dp_configs(configs: list, dp: int = 2, timeout: float = 600,
     # their collectives)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(dp):
-            env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
-                       VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND=str(cpus[r % len(cpus)]))
-            env.update(extra_env or {})
+            env = _child_env(str(cpus[r % len(cpus)]), extra_env)
             logs.append(open(os.path.join(tmp, f"rank{r}.log"), "w+"))
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.integrations.vllm_runner", "--dp-rank", str(r), "--dp-size", str(dp),
-                 "--dp-port", str(port), json.dumps(configs)], cwd=root, env=env, stdout=logs[-1],
+                 "--dp-port", str(port), json.dumps(configs)], cwd=_ROOT, env=env, stdout=logs[-1],
                 stderr=subprocess.STDOUT, text=True))
         deadline = time.monotonic() + timeout
         try:
@@ -222,13 +235,9 @@ def run_dp_configs(configs: list, dp: int = 2, timeout: float = 600,
         if len(got) != len(configs):
             tails = "\n".join(f"--- rank {k}:\n{o[-6000:]}" for k, o in enumerate(outs))
             raise RuntimeError(f"vLLM data-parallel rank {r} failed:\n{tails}")
-        cur = None
-        for line in out.splitlines():
-            if line.startswith("BEGIN "):
-                cur = int(line.split()[1])
-            elif "unweight layer report " in line and cur is not None:
-                rec = json.loads(line.split("unweight layer report ", 1)[1])
-                res[cur]["reports"].setdefault(r, {})[rec["layer"]] = rec
+        for i, recs in enumerate(_layer_reports(out, len(configs))):
+            if recs:
+                res[i]["reports"][r] = {rec["layer"]: rec for rec in recs}
         for i, g in enumerate(got):
             if "error" in g:
                 res[i].setdefault("error", f"rank {r}: {g['error']}")

@@ -111,13 +111,24 @@ def tp_plan(header: TensorHeader, tp: int, role: str, what: str = "tensor") -> l
     return [(b, None) if role == "rows" else (None, b) for b in blocks]
 
 
+def _edges_on_grid(a: int, b: int, n: int, grid: int) -> bool:
+    """Whether [a, b) starts on the grid and ends on it or at the tensor's end n."""
+    return a % grid == 0 and (b % grid == 0 or b == n)
+
+
+def _in_bounds(rng, n: int, axis: str, where: str, hint: str = "") -> tuple[int, int]:
+    """(a, b) of rng, or ShardError when it is empty or reaches outside [0, n)."""
+    a, b = int(rng[0]), int(rng[1])
+    if not 0 <= a < b <= n:
+        raise ShardError(f"{where}: {axis} range [{a}, {b}) is empty or outside [0, {n}){hint}")
+    return a, b
+
+
 def _check_range(rng, n: int, grid: int, axis: str, where: str) -> tuple[int, int]:
     if rng is None:
         return 0, n
-    a, b = int(rng[0]), int(rng[1])
-    if not 0 <= a < b <= n:
-        raise ShardError(f"{where}: {axis} range [{a}, {b}) is empty or outside [0, {n})")
-    if a % grid or (b % grid and b != n):
+    a, b = _in_bounds(rng, n, axis, where)
+    if not _edges_on_grid(a, b, n, grid):
         raise ShardError(f"{where}: {axis} range [{a}, {b}) is not on the segment grid (edges must be "
                          f"multiples of {grid} or the tensor end {n})")
     return a, b
@@ -255,9 +266,8 @@ def decode_block(header: TensorHeader, planes: dict, rows=None, cols=None, *, th
 def on_grid(header: TensorHeader, rows=None, cols=None) -> bool:
     """Whether the block rows x cols (ranges, None: a whole axis) has its edges on the tensor's
     segment grid (multiples of it, or the tensor's end), so shard_planes can copy it."""
-    def ok(rng, n, grid):
-        return rng is None or (rng[0] % grid == 0 and (rng[1] % grid == 0 or rng[1] == n))
-    return ok(rows, header.rows, row_grid(header)) and ok(cols, header.cols, col_grid(header))
+    return all(rng is None or _edges_on_grid(rng[0], rng[1], n, grid)
+               for rng, n, grid in ((rows, header.rows, row_grid(header)), (cols, header.cols, col_grid(header))))
 
 
 def recoded_note(header: TensorHeader, rows=None, cols=None) -> str:
@@ -277,9 +287,8 @@ def block_planes(header: TensorHeader, planes: dict, rows=None, cols=None, *, th
     a 2048-column matrix written in 256-column chunks, at the cost of a decode and an encode
     of the block at load."""
     for rng, n, axis in ((rows, header.rows, "rows"), (cols, header.cols, "cols")):
-        if rng is not None and not 0 <= rng[0] < rng[1] <= n:
-            raise ShardError(f"{where}: {axis} block [{rng[0]}, {rng[1]}) is empty or outside [0, {n}) (a "
-                             f"tensor-parallel size larger than the tensor can share)")
+        if rng is not None:
+            _in_bounds(rng, n, axis, where, " (a tensor-parallel size larger than the tensor can share)")
     if on_grid(header, rows, cols):
         hs, ps = shard_planes(header, planes, rows=rows, cols=cols, where=where)
         return hs, ps, False

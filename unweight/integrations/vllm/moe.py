@@ -702,7 +702,7 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
                                     f"crc32 could not be checked")
 
     def _pieces_from_stacks(self, layer) -> None:
-        rank, size, _, ep = moe_ranks(layer)
+        rank, size, ep_rank, ep = moe_ranks(layer)
         (h13, p13), (h2, p2) = self._stack_planes(layer, "w13"), self._stack_planes(layer, "w2")
         i0, i1 = self._stack_ranges(layer, h13, h2)
         inter = h2.rows
@@ -752,7 +752,7 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
                                               "intermediate": [i0, i1], "stack_checked": verify}}
         if ep > 1:
             log.info("unweight: %s: expert-parallel rank %d/%d took %d of %d stacked experts' gate_up and down, whole",
-                     self.prefix, moe_ranks(layer)[2], ep, len(local), h13.stack)
+                     self.prefix, ep_rank, ep, len(local), h13.stack)
         else:
             log.info("unweight: %s: rank %d/%d took intermediate [%d, %d) of %d stacked experts' gate_up and down",
                      self.prefix, rank, size, i0, i1, h13.stack)
