@@ -512,6 +512,34 @@ def matrix_planes(header: TensorHeader, planes: dict, e: int) -> tuple[TensorHea
     return new, out
 
 
+def stack_slice(header: TensorHeader, planes: dict, e0: int, e1: int) -> tuple[TensorHeader, dict]:
+    """Matrices [e0, e1) of a stack as a stack of their own (an expert-parallel rank's experts):
+    (header with stack e1 - e0 and crc32 0, planes).  Views of the stack's planes where they
+    can be, offsets and verbatim block ids rebased to matrix e0 (stacks carry no checkpoint
+    index: FORMAT.md, "Stacked tensors").  Nothing is decoded or
+    re-encoded; the stored crc32 covers the whole stack, so the slice's is 0 (its holder checks
+    it against the stack's with the other ranks' slices)."""
+    if not header.stack or not 0 <= e0 < e1 <= header.stack:
+        raise IndexError(f"matrices [{e0}, {e1}) of a tensor of shape {header.shape}")
+    new = dataclasses.replace(header, stack=e1 - e0, crc32=0)
+    out = {C.SUFFIX_SM: planes[C.SUFFIX_SM][e0:e1]}
+    if header.encoding == C.ENC_HUFFMAN:
+        s0, s1 = matrix_segments(header, e0)[0], matrix_segments(header, e1 - 1)[1]
+        off = planes[C.SUFFIX_OFF][s0:s1 + 1].astype(np.int64)
+        out[C.SUFFIX_EXP] = planes[C.SUFFIX_EXP][off[0]:off[-1] + C.STREAM_SLACK_BYTES]
+        out[C.SUFFIX_OFF] = (off - off[0]).astype(np.uint32)
+    else:
+        bpm = header.rows * (-(-header.cols // C.PAL_BLOCK))
+        vpos = planes[C.SUFFIX_VPOS]
+        a, b = np.searchsorted(vpos, [e0 * bpm, e1 * bpm])
+        out[C.SUFFIX_IDX] = planes[C.SUFFIX_IDX][e0:e1]
+        out[C.SUFFIX_VPOS] = (vpos[a:b].astype(np.int64) - e0 * bpm).astype(np.uint32)
+        out[C.SUFFIX_VEXP] = planes[C.SUFFIX_VEXP][a:b]
+        new = dataclasses.replace(new, num_verbatim=int(b - a))
+    out[C.SUFFIX_HDR] = new.pack()
+    return new, out
+
+
 def decode_matrix(header: TensorHeader, planes: dict, e: int, threads: int | None = None,
                   where: str = "") -> np.ndarray:
     """Decode matrix e of a stack alone (an expert of a stacked MoE tensor): uint16 [N, K],
@@ -612,11 +640,14 @@ def with_index(header: TensorHeader, planes: dict, threads: int | None = None,
     return Encoded(hdr, out, {"index_bits_per_weight": chk.size * 16 / header.numel})
 
 
-def transcode_to_palette(header: TensorHeader, planes: dict, threads: int | None = None) -> Encoded:
-    """Huffman -> palette using nothing but the compressed tensor (decode, then re-encode)."""
+def transcode_to_palette(header: TensorHeader, planes: dict, threads: int | None = None,
+                         verify: bool = True) -> Encoded:
+    """Huffman -> palette using nothing but the compressed tensor (decode, then re-encode).
+    verify: check the decoded weight against header.crc32 (False for a tensor-parallel block,
+    whose header carries no crc32 of its own)."""
     if header.encoding == C.ENC_PALETTE:
         return Encoded(header, planes, {})
-    w = decode(header, planes, threads)
+    w = decode(header, planes, threads, verify=verify)
     return encode(w, "palette", threads=threads, grid=(header.rows_per_group, header.cols_per_chunk))
 
 

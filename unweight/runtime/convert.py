@@ -108,8 +108,9 @@ def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
     An encoded tensor that resolves to no parameter of the model fails with InputError (one
     line naming it): a model that loads must be the original model.
     Returns a report {"compressed": [...], "tied": [...], "dense_fallback": [...], "experts":
-    [...], "ignored": [checkpoint names the model's _keys_to_ignore_on_load_unexpected drop]}
-    which is also stored as model._unweight_plan.
+    [each experts parameter: its module, attr, layout, and the checkpoint names it is made of:
+    "base" (a stack) or "bases" {(piece, expert): name}], "ignored": [checkpoint names the
+    model's _keys_to_ignore_on_load_unexpected drop]} which is also stored as model._unweight_plan.
     """
     rename = experts.hf_renamer(model)
     modules, resolve = _resolver(model, set(ck.names()))
@@ -165,7 +166,7 @@ def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
             raise InputError(f"unweight: checkpoint tensor {ck.location(base)} is {list(h.shape)}, the model's "
                              f"{full} is {list(w.shape)}")
         if h.stack and experts.is_experts_param(mod, attr, h):
-            report["experts"].append(experts.install_stack(mod_name, mod, attr, shapes, h))
+            report["experts"].append(dict(experts.install_stack(mod_name, mod, attr, shapes, h), base=base))
             continue
         fits = attr == "weight" and tuple(w.shape) == (h.rows, h.cols)
         if fits and type(mod) is nn.Linear:
@@ -209,7 +210,8 @@ def convert_model(model: nn.Module, ck: CompressedCheckpoint) -> dict:
         pieces = {k: v[:3] for k, v in g["pieces"].items()}
         for (source, expert), (base, *_) in g["pieces"].items():
             report["locations"][piece_key(full, source, expert)] = ck.location(base)
-        report["experts"].append(experts.install_fused(model, mod_name, attr, pieces, g["n"], plane_path))
+        report["experts"].append(dict(experts.install_fused(model, mod_name, attr, pieces, g["n"], plane_path),
+                                      bases={k: v[0] for k, v in pieces.items()}))
         ck_params.add(full)
 
     # Ties: an output projection tied to a compressed weight and absent from the checkpoint

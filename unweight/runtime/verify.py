@@ -33,6 +33,7 @@ shard_record_of for vLLM's layers), and the group combines the records into the 
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -42,7 +43,7 @@ from torch import Tensor
 
 from .. import ops
 from ..codec.crc import combine_row_shard_crcs
-from ..codec.shard_check import decode_record
+from ..codec.shard_check import decode_record, shard_record
 from ..codec.verify import decode_verified
 from ..format.errors import ChecksumError, DeviceFaultError, FormatError
 from ..format.header import TensorHeader
@@ -101,6 +102,23 @@ def block_fault(name: str, device, record: tuple, host_record) -> DeviceFaultErr
                             "the same planes: a fault of that device's kernels, not a corrupt checkpoint")
 
 
+def _deferred(check):
+    """A HeldCheck method whose ChecksumError / FormatError (a CPU decode of corrupt planes, a
+    host-side kernel run) is kept for finish, which raises it after the group's gather: a rank
+    holding corrupt weights that other ranks do not hold (expert parallelism, one rank's block)
+    still meets them there.  After an error, later checks are skipped."""
+    @functools.wraps(check)
+    def run(self, where: str, *args, **kwargs):
+        if self._error is not None:
+            return
+        try:
+            check(self, where, *args, **kwargs)
+        except (ChecksumError, FormatError) as e:
+            # (a decoder's own message may not say which weight it was decoding)
+            self._error = e if where in str(e) else type(e)(f"{self._where(where)}: {e}")
+    return run
+
+
 class HeldCheck:
     """Checks queued weight by weight (each call launches its device work and returns), then
     compared in ``finish``.  policy: the DispatchPolicy whose decoders the forwards run (None:
@@ -110,7 +128,9 @@ class HeldCheck:
                  group_check=None):
         """locations: {weight name: where the checkpoint holds it (name and file)}, for messages.
         shards: {weight name: (checkpoint name, rows, cols, the whole tensor's header)} of the
-        weights this rank holds a tensor-parallel block of (rows or cols None: all of them);
+        weights this rank holds a tensor-parallel block of (rows or cols None: all of them),
+        and of the stacked experts tensors it holds an expert-parallel slice of (rows of the
+        stack taken as one [E * rows, cols] matrix, which the header then describes);
         each makes a codec.shard_check record, and finish hands the records and headers, keyed
         by checkpoint name, to group_check(records, headers), which gathers them over the group
         and checks them against the stored crc32s."""
@@ -127,6 +147,7 @@ class HeldCheck:
         # diagnose() runs on a mismatch (see _fault); None where nothing is left to decode again.
         self._pending = []
         self._devices = {}  # device -> its error counter before the first decode queued here
+        self._error = None  # the first host check's error, raised by finish after the group check
 
     @staticmethod
     def on_device(device: torch.device) -> bool:
@@ -135,6 +156,7 @@ class HeldCheck:
 
     def _where(self, name: str) -> str:
         return self.locations.get(name, name)
+
 
     def _device(self, device: torch.device) -> None:
         # Only what this check's decodes count is its own: an earlier load may have left counts.
@@ -182,6 +204,7 @@ class HeldCheck:
             return
         self._record(shard, host_record())
 
+    @_deferred
     def module(self, where: str, m) -> None:
         """A compressed module (not a tied one) as held, after its mode was applied."""
         shard = self.shards.get(where)
@@ -199,6 +222,7 @@ class HeldCheck:
                   self._fault(where, h, m.owner().host_planes, m.device,
                               dispatch.decoder_name(w, m.device, self.policy)))
 
+    @_deferred
     def dense(self, where: str, h: TensorHeader, weight: Tensor) -> None:
         """A weight decoded to a dense bf16 tensor at load (its bytes hashed where they are)."""
         t = weight.detach()
@@ -244,8 +268,34 @@ class HeldCheck:
                 joined = torch.cat([c.view(torch.int32) for c in crcs[k]]).view(torch.uint32)
                 self._add(where, h.crc32, joined, [h.rows * cols * 2] * n_experts, diagnose(where, src))
 
+    def _stack_shard(self, where: str, shard: tuple, n_experts: int, rows: int, cols: int, rows_of_expert,
+                     host_record, device: torch.device) -> None:
+        """The record of an expert-parallel rank's experts of a stacked tensor: rows [r0, r1) of
+        the stack taken as one [E * rows, cols] matrix (shard[3]), from each expert's crc32 on
+        its device (rows_of_expert(e): bf16 [rows, cols]) combined on the host, or from
+        host_record() (the CPU codec's decode) on the CPU."""
+        if not self.on_device(device):
+            self._record(shard, host_record())
+            return
+        self._device(device)
+        crcs = torch.cat([ops.crc32_ranges(rows_of_expert(e), 1).view(torch.int32) for e in range(n_experts)])
+        crc = combine_row_shard_crcs(crcs.cpu().numpy().view(np.uint32), [rows * cols * 2] * n_experts)
+        r0, r1 = self._block(shard)[0]
+        self._record(shard, ("rows", r0, r1, int(crc)))
+        self._host_records[shard[0]] = (device, host_record)
+
+    @_deferred
     def stack(self, where: str, st) -> None:
         """A compressed ExpertStack as held, after its mode was applied."""
+        shard = self.shards.get(where)
+        if shard is not None:  # an expert-parallel rank's slice of one stacked tensor
+            p, (r0, r1) = st.sources[0], self._block(shard)[0]
+            n = st.rows * st.cols
+            buf = scratch.weights(st.device, n)[:n] if self.on_device(st.device) else None
+            self._stack_shard(where, shard, st.num_experts, st.rows, st.cols, lambda e: st.decode_expert(e, buf),
+                              lambda: decode_record(p.header, p.host_planes(), (r0, r1), None, st.cols,
+                                                    self._where(where))[1], st.device)
+            return
         if not self.on_device(st.device):
             for k, src in enumerate(st.sources):
                 for e, p in enumerate(src) if isinstance(src, list) else [(None, src)]:
@@ -259,6 +309,7 @@ class HeldCheck:
         self._stack_crcs(where, self.stack_headers(st), lambda e: st.decode_expert(e, buf), st.num_experts, st.cols,
                          st.sources, st.device)
 
+    @_deferred
     def dense_stack(self, where: str, headers: list, param: Tensor) -> None:
         """A stack decoded to a dense [E, rows, cols] parameter at load (headers: stack_headers
         of the stack it replaced)."""
@@ -266,6 +317,13 @@ class HeldCheck:
         if not self.on_device(t.device):
             t = t.cpu()
         t = t.contiguous()
+        shard = self.shards.get(where)
+        if shard is not None:  # an expert-parallel rank's slice of one stacked tensor
+            r0, r1 = self._block(shard)[0]
+            self._stack_shard(where, shard, t.size(0), t.size(1), t.size(2), lambda e: t[e],
+                              lambda: shard_record(t.view(torch.int16).numpy().view(np.uint16), rows=(r0, r1)),
+                              t.device)
+            return
         self._stack_crcs(where, headers, lambda e: t[e], t.size(0), t.size(2))
 
     @staticmethod
@@ -306,13 +364,17 @@ class HeldCheck:
         records, headers, host_records = self._records, self._record_headers, self._host_records
         n, self._pending, self._devices = self.checked, [], {}
         self._records, self._record_headers, self._host_records = {}, {}, {}
-        if records:
+        error, self._error = self._error, None
+        # Every rank given shard entries gathers, its own records or none (a host check failed).
+        if records or (self.shards and self.group_check is not None):
             if self.group_check is None:
                 raise ValueError("HeldCheck: tensor-parallel records without a group_check")
             try:
                 self.group_check(records, headers)
             except ChecksumError as e:
-                raise self._block_fault(records, host_records) or e from None
+                raise error or self._block_fault(records, host_records) or e from None
+        if error is not None:
+            raise error
         if bad is not None:
             raise (diagnose() if diagnose is not None else None) or bad
         for dev, k in sorted(found.items(), key=lambda kv: str(kv[0])):

@@ -116,7 +116,7 @@ class UnweightHfQuantizer(HfQuantizer):
         from ...format.checkpoint import CompressedCheckpoint
         from ...runtime import convert
         from ...runtime.verify import verify_setting
-        from . import tp
+        from . import ep, tp
         if not checkpoint_files:
             raise InputError("unweight: from_pretrained gave no checkpoint files")
         folder = os.path.dirname(os.path.abspath(checkpoint_files[0]))
@@ -137,6 +137,10 @@ class UnweightHfQuantizer(HfQuantizer):
             model._unweight_held_check = len(ck.encoded) if verify and not host else 0
             convert.convert_model(model, ck)
             if deferred:
+                tp.refuse_fsdp(model)
+                # (other ranks' per-expert tensors are checked where they are held)
+                left = ep.keep_local_experts(model, ck, folder)
+                model._unweight_held_check = max(0, model._unweight_held_check - left)
                 tp.check_experts(model)
                 tp.defer_planes(model, ck, folder)
         finally:
@@ -148,7 +152,7 @@ class UnweightHfQuantizer(HfQuantizer):
         from ...runtime import convert
         from ...runtime.prepare import prepare
         from ...runtime.verify import verify_setting
-        from . import tp
+        from . import ep, tp
         loading = getattr(model, "_unweight_loading", None)
         if loading is not None:
             convert.check_loading(model, *loading)
@@ -160,6 +164,9 @@ class UnweightHfQuantizer(HfQuantizer):
             # asked for (UNWEIGHT_VERIFY=host: each rank decodes its blocks here) or none was.
             host = not expect and verify_setting(bool(getattr(self.quantization_config, "verify", True))) is not None
             tp.load_tp_planes(model, verify=host)
+            ep.load_local_stacks(model, tp.device_of(model), verify=host)
+            if host:
+                tp.host_check_experts(model)
             mode = tp.resolve_mode(mode, model)
             before = dict(model.named_modules())
             # transformers' TP plan shards each projection on its own: stacking would mix the shards

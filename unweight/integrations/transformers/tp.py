@@ -50,7 +50,7 @@ from ...codec import tensor_codec as tc
 from ...codec.shard_check import check_shard_records, decode_record
 from ...codec.verify import decode_verified
 from ...format.checkpoint import CompressedCheckpoint
-from ...format.errors import InputError
+from ...format.errors import ChecksumError, FormatError, InputError
 from ...runtime.convert import prefixed_names
 from ...runtime.modes import sharded_mode
 from ...runtime.modules import CompressedEmbedding, CompressedLinear, CompressedWeightMixin, compressed_modules
@@ -68,6 +68,17 @@ def distributed_world() -> int:
 
 
 # ------------------------------------------------------------------------ before loading
+
+
+def refuse_fsdp(model: nn.Module) -> None:
+    """FSDP (``DistributedConfig(fsdp_size=...)``, ``dp_replicate_size``) gathers and re-shards
+    Parameters for training; compressed weights are buffers held for inference: refused in one
+    line rather than left to FSDP's wrappers."""
+    dc = getattr(model.config, "distributed_config", None)
+    if dc is not None and int(getattr(dc, "dp_size", 1) or 1) > 1:
+        raise InputError(f"unweight: FSDP (fsdp_size x dp_replicate_size = {dc.dp_size}) shards parameters for "
+                         "training and compressed checkpoints load for inference; give the ranks to tp_size / "
+                         "ep_size, or decompress the checkpoint to train")
 
 
 def defer_planes(model: nn.Module, ck: CompressedCheckpoint, folder: str) -> int:
@@ -204,10 +215,19 @@ def held_check(model: nn.Module):
     prepare's verify): each tensor-parallel block makes a shard record, which the group
     gathers and checks against the stored crc32s; each whole tensor is checked alone."""
     from ...runtime.verify import HeldCheck
+    from . import ep
     held = getattr(model, "_unweight_tp_held", None) or {"shards": {}, "group": None, "locations": {}}
     group = held["group"]
-    return HeldCheck(locations=held["locations"], shards=held["shards"],
-                     group_check=lambda records, headers: _check_group_crcs(records, headers, group))
+    # Expert parallelism's slices of stacked tensors: checked over the EP group (ep.py).
+    ep_shards, ep_bases = ep.shard_entries(model), ep.ep_bases(model)
+
+    def group_check(records, headers):
+        def part(d, mine):
+            return {b: v for b, v in d.items() if (b in ep_bases) == mine}
+        _check_group_crcs(part(records, False), part(headers, False), group)
+        if ep_bases:
+            ep.check_group(part(records, True), part(headers, True), ep.ep_group(model))
+    return HeldCheck(locations=held["locations"], shards={**held["shards"], **ep_shards}, group_check=group_check)
 
 
 def _install(m: CompressedWeightMixin, header, planes: dict, device):
@@ -221,7 +241,7 @@ def _install(m: CompressedWeightMixin, header, planes: dict, device):
         m.in_features, m.out_features = keep  # full widths: the TP classes build global shapes from them
 
 
-def _device_of(model) -> torch.device:
+def device_of(model) -> torch.device:
     for t in list(model.parameters()) + list(model.buffers()):
         if t.device.type != "meta":
             return t.device
@@ -247,12 +267,13 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
     rank, size = (mesh.get_local_rank(), mesh.size()) if mesh is not None else (0, 1)
     group = mesh.get_group() if mesh is not None else None
     modules = dict(model.named_modules())
-    device = _device_of(model)
+    device = device_of(model)
     # Every compressed module of the model, tied ones included, gets its kind checked first.
     kinds = {}
     for name, m in compressed_modules(model):
         kinds[name] = _shard_kind(name, m, *_style(plan, name)) if mesh is not None else "full"
     done, mine_crcs, sharded_headers, shards, files = {}, {}, {}, {}, {}
+    error = None  # this rank's first block that failed its host decode
     ck = CompressedCheckpoint(info["folder"])
     try:
         for name, base in info["bases"].items():
@@ -281,9 +302,12 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
                     log.info("unweight: %s: rank %d's %s", base, rank, sh.recoded_note(h, rows, cols))
                 tc.check_planes(hs, ps, where)
                 shards[f"{name}.weight"] = (base, rows, cols, h)
-                if verify:
-                    mine_crcs[base] = decode_record(hs, ps, rows, cols, h.cols, where)[1]
-                    sharded_headers[base] = h
+                if verify and error is None:
+                    try:
+                        mine_crcs[base] = decode_record(hs, ps, rows, cols, h.cols, where)[1]
+                        sharded_headers[base] = h
+                    except (ChecksumError, FormatError) as e:
+                        error = e  # raised after the group's gather, which every rank must reach
             del planes
             ck.release_encoded(base)
             _install(m, hs, ps, device)
@@ -291,7 +315,13 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
     finally:
         ck.close()
     if verify and mesh is not None:
-        _check_group_crcs(mine_crcs, sharded_headers, group)
+        try:
+            _check_group_crcs(mine_crcs, sharded_headers, group)
+        except ChecksumError:
+            if error is None:
+                raise
+    if error is not None:
+        raise error
     for name, kind in kinds.items():
         if kind == "unhook":
             _unhook(modules[name])
@@ -303,6 +333,28 @@ def load_tp_planes(model: nn.Module, verify: bool = True) -> dict:
         log.info("unweight: tensor-parallel rank %d/%d loaded %d compressed tensors (%d sharded)", rank, size,
                  len(done), sum(1 for k, _, _ in done.values() if k in ("rows", "cols")))
     return done
+
+
+def host_check_experts(model: nn.Module) -> int:
+    """UNWEIGHT_VERIFY=host under torch.distributed: every compressed expert this rank holds
+    whole (each per-expert tensor; a stack no expert-parallel plan cut), decoded on the host
+    and checked against its crc32, as the checkpoint-wide pass does without distribution (a
+    stack's expert-parallel slice is checked across the group as it is read: ep.py).  Returns
+    how many tensors were checked."""
+    from ...runtime.experts import expert_stacks
+    from ...runtime.verify import piece_key
+    sliced = set((getattr(model, "_unweight_ep", None) or {}).get("stacks") or {})
+    locations = (getattr(model, "_unweight_plan", {}) or {}).get("locations", {})
+    n = 0
+    for name, _, _, st in expert_stacks(model):
+        if name in sliced:
+            continue
+        for k, src in enumerate(st.sources):
+            for e, p in enumerate(src) if isinstance(src, list) else [(None, src)]:
+                key = name if e is None else piece_key(name, k, e)
+                decode_verified(p.header, p.host_planes(), where=locations.get(key, key), keep=False)
+                n += 1
+    return n
 
 
 def reinstall_styles(model: nn.Module, before: dict):
