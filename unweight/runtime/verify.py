@@ -147,7 +147,7 @@ class HeldCheck:
         # diagnose() runs on a mismatch (see _fault); None where nothing is left to decode again.
         self._pending = []
         self._devices = {}  # device -> its error counter before the first decode queued here
-        self._error = None  # the first host check's error, raised by finish after the group check
+        self._error = None  # the first check's error (_deferred), raised by finish after the group check
 
     @staticmethod
     def on_device(device: torch.device) -> bool:
@@ -156,7 +156,6 @@ class HeldCheck:
 
     def _where(self, name: str) -> str:
         return self.locations.get(name, name)
-
 
     def _device(self, device: torch.device) -> None:
         # Only what this check's decodes count is its own: an earlier load may have left counts.

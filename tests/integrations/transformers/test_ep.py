@@ -105,13 +105,15 @@ def ep_models(tmp_path_factory):
             dst = str(root / f"{arch}-{enc}")
             api.compress(src, dst, encoding=enc, progress=False)
             paths[f"{enc}-{arch}"] = dst
-    # a huffman checkpoint loaded in palette mode: each rank's blocks transcoded on the host
-    dst = root / "qwen3_moe-huffman-as-palette"
-    shutil.copytree(paths["huffman-qwen3_moe"], dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["quantization_config"]["mode"] = "palette"
-    (dst / "config.json").write_text(json.dumps(cfg))
-    paths["palmode-qwen3_moe"] = str(dst)
+    # huffman checkpoints loaded in palette mode (each rank's blocks transcoded on the host) and
+    # in dense mode (a stack's slice decoded to a Parameter of this rank's experts)
+    for mode, arch in (("palette", "qwen3_moe"), ("dense", "gpt_oss")):
+        dst = root / f"{arch}-huffman-as-{mode}"
+        shutil.copytree(paths[f"huffman-{arch}"], dst)
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg["quantization_config"]["mode"] = mode
+        (dst / "config.json").write_text(json.dumps(cfg))
+        paths[f"{mode}mode-{arch}"] = str(dst)
     (root / "worker.py").write_text(WORKER)
     return root, paths
 
@@ -144,14 +146,18 @@ def test_ep2_matches_bf16_ep2_and_holds_half_the_experts(ep_models, ep_runs, arc
         assert LAYOUTS[arch][1] == "stacked" or held == set(range(lo, hi)), (rank, held)
 
 
-def test_tensor_parallel_blocks_of_a_huffman_checkpoint_held_as_palette(ep_runs):
+def test_huffman_checkpoints_held_as_palette_and_dense(ep_runs):
     """mode="palette" on a huffman checkpoint: each rank's tensor-parallel blocks (whose headers
     carry no crc32 of their own) are transcoded on the host and checked as held, and the
-    experts with them; logits equal the BF16 model's."""
+    experts with them; mode="dense": a gpt-oss stack's slice becomes a Parameter of this rank's
+    experts, checked across the group as a compressed slice is.  Logits equal the BF16 model's."""
     for rank in (0, 1):
-        bf, uw = ep_runs[rank]["bf16-qwen3_moe"], ep_runs[rank]["palmode-qwen3_moe"]
+        bf, uw = ep_runs[rank]["bf16-qwen3_moe"], ep_runs[rank]["palettemode-qwen3_moe"]
         assert "error" not in uw, uw
         assert uw["encodings"] == ["palette"] and uw["logits"] == bf["logits"], (rank, uw["encodings"])
+        bf, uw = ep_runs[rank]["bf16-gpt_oss"], ep_runs[rank]["densemode-gpt_oss"]
+        assert "error" not in uw, uw
+        assert uw["logits"] == bf["logits"] and uw["experts"] == bf["experts"], (rank, uw["experts"])
 
 
 def test_ep2_with_all_to_all_dispatch(ep_models):

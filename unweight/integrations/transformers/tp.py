@@ -28,7 +28,11 @@ distributed_config=DistributedConfig(tp_plan="auto"))`` after ``import unweight`
    CPU by the codec), and the TP group checks every sharded tensor's stored crc32 by crc32
    arithmetic over the shards' crcs (codec/shard_check.py), the same policy as the vLLM
    integration.  Replicated tensors are checked whole; raw tensors keep their crc check.
-   UNWEIGHT_VERIFY=host decodes each rank's blocks on the host here instead.
+   UNWEIGHT_VERIFY=host decodes each rank's blocks on the host here instead (and the experts
+   each rank holds: :func:`host_check_experts`).  A rank whose block fails its decode raises
+   after the group's gather, so the other ranks are not left waiting in it.
+
+Expert parallelism (``ep_size`` > 1) cuts the experts before this runs: ep.py.
 
 Embeddings and tied output projections stay replicated and compressed: a vocab-parallel
 embedding / ``colwise_gather_output`` lm_head tied to a replicated embedding computes the same
