@@ -220,6 +220,7 @@ def load_local_stacks(model: nn.Module, device: torch.device, verify: bool = Fal
                 mod.register_buffer(attr + suf, torch.from_numpy(ps[suf]).to(device), persistent=False)
             p.set_header(hs)
             ck.release_encoded(base)
+            s["header"] = h  # (the whole stack's: its crc32 is what the group's records check)
             done[full] = (lo, hi)
     finally:
         ck.close()
@@ -243,27 +244,13 @@ def _matrix_view(h):
 
 def shard_entries(model: nn.Module) -> dict:
     """{stack name: (checkpoint name, rows, None, whole header)} of the stacked tensors this rank
-    holds a slice of: runtime/verify.HeldCheck's shard entries (rows of the [E * rows, cols]
-    matrix view)."""
-    info = getattr(model, _ATTR, None)
-    if not info or not info["stacks"]:
-        return {}
-    ck = CompressedCheckpoint(info["folder"])
-    try:
-        out = {}
-        for full, s in info["stacks"].items():
-            h = ck.header(s["base"])
-            lo, hi = s["experts"]
-            out[full] = (s["base"], (lo * h.rows, hi * h.rows), None, _matrix_view(h))
-        return out
-    finally:
-        ck.close()
-
-
-def ep_bases(model: nn.Module) -> set:
-    """Checkpoint names of the stacked tensors whose records the EP group checks."""
-    info = getattr(model, _ATTR, None) or {}
-    return {s["base"] for s in (info.get("stacks") or {}).values()}
+    holds a slice of (after load_local_stacks): runtime/verify.HeldCheck's shard entries, rows
+    of the stack taken as one [E * rows, cols] matrix."""
+    out = {}
+    for full, s in ((getattr(model, _ATTR, None) or {}).get("stacks") or {}).items():
+        h, (lo, hi) = s["header"], s["experts"]
+        out[full] = (s["base"], (lo * h.rows, hi * h.rows), None, _matrix_view(h))
+    return out
 
 
 def check_group(mine: dict, headers: dict, group) -> None:

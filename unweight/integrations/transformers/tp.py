@@ -223,7 +223,8 @@ def held_check(model: nn.Module):
     held = getattr(model, "_unweight_tp_held", None) or {"shards": {}, "group": None, "locations": {}}
     group = held["group"]
     # Expert parallelism's slices of stacked tensors: checked over the EP group (ep.py).
-    ep_shards, ep_bases = ep.shard_entries(model), ep.ep_bases(model)
+    ep_shards = ep.shard_entries(model)
+    ep_bases = {entry[0] for entry in ep_shards.values()}
 
     def group_check(records, headers):
         def part(d, mine):
