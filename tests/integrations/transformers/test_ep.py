@@ -94,7 +94,8 @@ def _run(root, name: str, paths: dict, timeout=600, **env):
 
 @pytest.fixture(scope="module")
 def ep_models(tmp_path_factory):
-    """(root, {key: folder}): each arch in BF16, huffman, and palette."""
+    """(root, {key: folder}): each arch in BF16, huffman and palette, and two huffman
+    checkpoints whose config asks for another mode."""
     _tp_api()
     root = tmp_path_factory.mktemp("unweight_ep")
     paths = {}
@@ -127,7 +128,9 @@ def ep_runs(ep_models):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("enc", ["huffman", "palette"])
 def test_ep2_matches_bf16_ep2_and_holds_half_the_experts(ep_models, ep_runs, arch, enc):
-    _, paths = ep_models
+    """Logits and greedy tokens equal to the BF16 model's under the same TP = EP = 2 run; each
+    rank's experts parameters hold its E / 2 experts (the module's num_experts too), compressed,
+    decoding to the BF16 model's local experts; per-expert holders only for those experts."""
     E = {k: v for k, v in LAYOUTS[arch][0].items() if k in ("num_experts", "n_routed_experts", "num_local_experts")}
     E = next(iter(E.values()))
     for rank in (0, 1):
