@@ -212,14 +212,18 @@ def test_a_flipped_bit_in_one_ranks_experts_is_named(ep_models, verify):
     assert runs[0]["stacked"]["error"].startswith("ChecksumError")
 
 
-def test_fsdp_is_refused_in_one_line(ep_models):
-    """FSDP wraps Parameters for training; a compressed checkpoint under fsdp_size > 1 stops on
-    every rank with one line saying so."""
+@pytest.mark.parametrize("layout, says", [({"tp_size": 1, "fsdp_size": 2}, "FSDP (fsdp_size x dp_replicate_size = 2)"),
+                                          ({"tp_size": 1, "ep_size": 1, "pp_size": 2},
+                                           "pipeline parallelism (pp_size = 2)")])
+def test_fsdp_and_pipeline_parallelism_are_refused_in_one_line(ep_models, layout, says):
+    """FSDP wraps Parameters for training, and pipeline parallelism's stage split does not place
+    compressed modules: a compressed checkpoint under either stops on every rank with one line
+    saying so."""
     root, paths = ep_models
-    runs = _run(root, "fsdp", {"uw": paths["huffman-qwen3_moe"]}, LOAD_ONLY="1",
-                KW=json.dumps({"tp_size": 1, "fsdp_size": 2}))
+    runs = _run(root, f"refused-{len(says)}", {"uw": paths["huffman-qwen3_moe"]}, LOAD_ONLY="1",
+                KW=json.dumps(layout))
     for rank in (0, 1):
-        assert runs[rank]["uw"]["error"].startswith("InputError: unweight: FSDP (fsdp_size x dp_replicate_size = 2)")
+        assert runs[rank]["uw"]["error"].startswith(f"InputError: unweight: {says}"), runs[rank]
 
 
 

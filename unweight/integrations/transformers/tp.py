@@ -74,15 +74,20 @@ def distributed_world() -> int:
 # ------------------------------------------------------------------------ before loading
 
 
-def refuse_fsdp(model: nn.Module) -> None:
-    """FSDP (``DistributedConfig(fsdp_size=...)``, ``dp_replicate_size``) gathers and re-shards
-    Parameters for training; compressed weights are buffers held for inference: refused in one
-    line rather than left to FSDP's wrappers."""
+def refuse_unserved_layouts(model: nn.Module) -> None:
+    """Refuse in one line the distributed layouts compressed checkpoints do not follow: FSDP
+    (``DistributedConfig(fsdp_size=...)``, ``dp_replicate_size``), which gathers and re-shards
+    Parameters for training, where compressed weights are buffers held for inference; and
+    pipeline parallelism (``pp_size``), whose stage split does not place the compressed modules
+    (it fails with a bare KeyError of a module name)."""
     dc = getattr(model.config, "distributed_config", None)
     if dc is not None and int(getattr(dc, "dp_size", 1) or 1) > 1:
         raise InputError(f"unweight: FSDP (fsdp_size x dp_replicate_size = {dc.dp_size}) shards parameters for "
                          "training and compressed checkpoints load for inference; give the ranks to tp_size / "
                          "ep_size, or decompress the checkpoint to train")
+    if dc is not None and int(getattr(dc, "pp_size", 1) or 1) > 1:
+        raise InputError(f"unweight: pipeline parallelism (pp_size = {dc.pp_size}) is not supported for compressed "
+                         "checkpoints; give the ranks to tp_size / ep_size, or serve the model with vLLM")
 
 
 def defer_planes(model: nn.Module, ck: CompressedCheckpoint, folder: str) -> int:
