@@ -492,22 +492,11 @@ def matrix_planes(header: TensorHeader, planes: dict, e: int) -> tuple[TensorHea
     the matrix, so a shard of it (codec.shard.shard_planes) reads only its own bytes."""
     if not header.stack or not 0 <= e < header.stack:
         raise IndexError(f"matrix {e} of a tensor of shape {header.shape}")
-    new = dataclasses.replace(header, stack=0, crc32=0)
-    out = {C.SUFFIX_SM: planes[C.SUFFIX_SM][e]}
-    if header.encoding == C.ENC_HUFFMAN:
-        s0, s1 = matrix_segments(header, e)
-        off = planes[C.SUFFIX_OFF][s0:s1 + 1].astype(np.int64)
-        out[C.SUFFIX_EXP] = planes[C.SUFFIX_EXP][off[0]:off[-1] + C.STREAM_SLACK_BYTES]
-        out[C.SUFFIX_OFF] = (off - off[0]).astype(np.uint32)
-        new = dataclasses.replace(new, chk_interval=0)
-    else:
-        bpm = header.rows * (-(-header.cols // C.PAL_BLOCK))
-        vpos = planes[C.SUFFIX_VPOS]
-        a, b = np.searchsorted(vpos, [e * bpm, (e + 1) * bpm])
-        out[C.SUFFIX_IDX] = planes[C.SUFFIX_IDX][e]
-        out[C.SUFFIX_VPOS] = (vpos[a:b].astype(np.int64) - e * bpm).astype(np.uint32)
-        out[C.SUFFIX_VEXP] = planes[C.SUFFIX_VEXP][a:b]
-        new = dataclasses.replace(new, num_verbatim=int(b - a))
+    h, out = stack_slice(header, planes, e, e + 1)  # a one-matrix stack, taken as a matrix
+    new = dataclasses.replace(h, stack=0, chk_interval=0)
+    out[C.SUFFIX_SM] = out[C.SUFFIX_SM][0]
+    if C.SUFFIX_IDX in out:
+        out[C.SUFFIX_IDX] = out[C.SUFFIX_IDX][0]
     out[C.SUFFIX_HDR] = new.pack()
     return new, out
 
