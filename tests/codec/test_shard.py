@@ -257,6 +257,9 @@ def test_kimi_k2_layer_plans_tp8_and_each_rank_decodes_its_shard_alone():
         bad[3] = (kind, a, b, crc ^ 1 if kind == "rows" else [crc[0] ^ 1] + crc[1:])
         with pytest.raises(ChecksumError, match="across the tensor-parallel shards"):
             check_shard_records(bad, e.header, name)
+        # The messages name the blocks as the caller does (an expert-parallel stack's slices).
+        with pytest.raises(ChecksumError, match="across the expert-parallel slices"):
+            check_shard_records(bad, e.header, name, "expert-parallel slices")
         # A single rank (TP=1) holding the whole tensor: no "shards" in the message.
         with pytest.raises(ChecksumError, match="mismatch of the decoded tensor"):
             check_shard_records([("rows", 0, e.header.rows, e.header.crc32 ^ 1)], e.header, name)

@@ -33,9 +33,10 @@ def make_moe(dst: str, arch: str, *, seed: int = 0, mtp: bool = False) -> str:
     """Write a tiny 2-layer MoE in bf16 to dst (transformers saves per-expert 2-D tensors);
     arch "qwen3_moe" or "mixtral": hidden 256, 8 experts of intermediate 256, top-2, 8 heads /
     4 KV heads, vocab 1024; every side a multiple of 256.  "deepseek_v3" (Kimi-K2's
-    architecture): multi-head latent attention (q and kv LoRA ranks 256, 8 heads of 64 + 64
-    rope dims) and, after one dense layer, a MoE layer of 8 routed experts of intermediate 256
-    (top-2 of 2 groups, sigmoid scores with a correction bias, as "noaux_tc") and one shared
+    architecture): multi-head latent attention (q LoRA rank 256, kv LoRA rank 512 and 64 rope
+    dims as in DeepSeek-V3, 8 heads of 64 + 64 dims: vLLM's reference CPU MLA decode kernel, the
+    one machines without AMX run, takes only a 512 + 64 latent) and, after one dense layer, a
+    MoE layer of 8 routed experts of intermediate 256 (top-2 of 2 groups, sigmoid scores with a correction bias, as "noaux_tc") and one shared
     expert.  "llama4_text": Llama 4's layout, the experts of every layer stored as the 3-D stacks
     ``feed_forward.experts.gate_up_proj`` [8, 256, 512] and ``down_proj`` [8, 256, 256] (top-1,
     router weights applied on the input), beside a shared expert.  "llama4": the same language
@@ -73,7 +74,7 @@ def make_moe(dst: str, arch: str, *, seed: int = 0, mtp: bool = False) -> str:
         cfg = AutoConfig.for_model("deepseek_v3", intermediate_size=512, moe_intermediate_size=256,
                                    n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
                                    topk_group=1, topk_method="noaux_tc", scoring_func="sigmoid",
-                                   routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=256, kv_lora_rank=256,
+                                   routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=256, kv_lora_rank=512,
                                    qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64, rope_scaling=None,
                                    **common)
     else:

@@ -44,18 +44,20 @@ def decode_record(h: TensorHeader, planes: dict, rows: tuple | None, cols: tuple
     return w, shard_record(w, cols=cols) if per_row else shard_record(w, rows=rows)
 
 
-def check_shard_records(records: list, header: TensorHeader, where: str = "") -> bool:
+def check_shard_records(records: list, header: TensorHeader, where: str = "",
+                        parts: str = "tensor-parallel shards") -> bool:
     """Check the gathered records of one tensor (every rank's; duplicates from replicated
     shards allowed) against header.crc32.  Raises ChecksumError on a mismatch; returns False
-    (with a log line) when the blocks do not tile the tensor, so no check was possible."""
+    (with a log line) when the blocks do not tile the tensor, so no check was possible.
+    parts: what the blocks are, for the messages (an expert-parallel stack's are slices)."""
     kind = records[0][0]
     uniq = {r[1]: (r[2], r[3]) for r in records}
     starts = sorted(uniq)
     n = header.rows if kind == "rows" else header.cols
     tiles = starts[0] == 0 and uniq[starts[-1]][0] == n and all(uniq[a][0] == b for a, b in zip(starts, starts[1:]))
     if not tiles or any(r[0] != kind for r in records):
-        log.warning("unweight: %s: the tensor-parallel shards do not tile the tensor; its crc32 is not checked "
-                    "across ranks", where)
+        log.warning("unweight: %s: the %s do not tile the tensor; its crc32 is not checked across ranks",
+                    where, parts)
         return False
     if kind == "rows":
         crc = combine_row_shard_crcs([uniq[s][1] for s in starts], [(uniq[s][0] - s) * header.cols * 2 for s in starts])
@@ -63,6 +65,6 @@ def check_shard_records(records: list, header: TensorHeader, where: str = "") ->
         crc = combine_col_shard_crcs([np.asarray(uniq[s][1], dtype=np.uint32) for s in starts],
                                      [(uniq[s][0] - s) * 2 for s in starts])
     if crc != header.crc32:
-        across = "across the tensor-parallel shards" if len(starts) > 1 else "of the decoded tensor"
+        across = f"across the {parts}" if len(starts) > 1 else "of the decoded tensor"
         raise ChecksumError(f"{where}: checksum mismatch {across} (decoded bytes differ from the original)")
     return True

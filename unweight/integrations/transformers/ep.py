@@ -260,6 +260,6 @@ def check_group(mine: dict, headers: dict, group) -> None:
     everyone = [None] * torch.distributed.get_world_size(group)
     torch.distributed.all_gather_object(everyone, mine, group=group)
     for base, h in headers.items():
-        if not check_shard_records([d[base] for d in everyone if base in d], h, base):
+        if not check_shard_records([d[base] for d in everyone if base in d], h, base, "expert-parallel slices"):
             raise ChecksumError(f"{base}: the expert-parallel ranks' slices do not cover the stack, so its crc32 "
                                 "could not be checked")
