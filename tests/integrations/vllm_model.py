@@ -36,8 +36,8 @@ def make_moe(dst: str, arch: str, *, seed: int = 0, mtp: bool = False) -> str:
     architecture): multi-head latent attention (q LoRA rank 256, kv LoRA rank 512 and 64 rope
     dims as in DeepSeek-V3, 8 heads of 64 + 64 dims: vLLM's reference CPU MLA decode kernel, the
     one machines without AMX run, takes only a 512 + 64 latent) and, after one dense layer, a
-    MoE layer of 8 routed experts of intermediate 256 (top-2 of 2 groups, sigmoid scores with a correction bias, as "noaux_tc") and one shared
-    expert.  "llama4_text": Llama 4's layout, the experts of every layer stored as the 3-D stacks
+    MoE layer of 8 routed experts of intermediate 256 (top-2 of 2 groups, sigmoid scores with a
+    correction bias, as "noaux_tc") and one shared expert.  "llama4_text": Llama 4's layout, the experts of every layer stored as the 3-D stacks
     ``feed_forward.experts.gate_up_proj`` [8, 256, 512] and ``down_proj`` [8, 256, 256] (top-1,
     router weights applied on the input), beside a shared expert.  "llama4": the same language
     model as Llama 4 Scout's published checkpoint holds it, under ``language_model.``, beside a
