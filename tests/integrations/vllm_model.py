@@ -30,21 +30,22 @@ def make_llama(dst: str, *, tie: bool = False, heads: int = 8, kv_heads: int = 2
 
 
 def make_moe(dst: str, arch: str, *, seed: int = 0, mtp: bool = False) -> str:
-    """Write a tiny 2-layer MoE in bf16 to dst (transformers saves per-expert 2-D tensors);
-    arch "qwen3_moe" or "mixtral": hidden 256, 8 experts of intermediate 256, top-2, 8 heads /
-    4 KV heads, vocab 1024; every side a multiple of 256.  "deepseek_v3" (Kimi-K2's
-    architecture): multi-head latent attention (q LoRA rank 256, kv LoRA rank 512 and 64 rope
-    dims as in DeepSeek-V3, 8 heads of 64 + 64 dims: vLLM's reference CPU MLA decode kernel, the
-    one machines without AMX run, takes only a 512 + 64 latent) and, after one dense layer, a
-    MoE layer of 8 routed experts of intermediate 256 (top-2 of 2 groups, sigmoid scores with a
-    correction bias, as "noaux_tc") and one shared expert.  "llama4_text": Llama 4's layout, the experts of every layer stored as the 3-D stacks
-    ``feed_forward.experts.gate_up_proj`` [8, 256, 512] and ``down_proj`` [8, 256, 256] (top-1,
-    router weights applied on the input), beside a shared expert.  "llama4": the same language
-    model as Llama 4 Scout's published checkpoint holds it, under ``language_model.``, beside a
-    one-layer vision tower (hidden 256) and its projector (Llama4ForConditionalGeneration).
-    mtp ("deepseek_v3"): the checkpoint also holds a multi-token-prediction layer after the
-    last one, as DeepSeek-V3's does (model.layers.2: a copy of layer 1's tensors with its
-    eh_proj and norms), which the model itself does not build.  Returns dst."""
+    """Write a tiny 2-layer MoE in bf16 to dst (transformers saves per-expert 2-D tensors); arch
+    "qwen3_moe" or "mixtral": hidden 256, 8 experts of intermediate 256, top-2, 8 heads / 4 KV
+    heads, vocab 1024; every side a multiple of 256.  "deepseek_v3" (Kimi-K2's architecture):
+    multi-head latent attention (q LoRA rank 256, kv LoRA rank 512 and 64 rope dims as in
+    DeepSeek-V3, 8 heads of 64 + 64 dims: vLLM's reference CPU MLA decode kernel, the one
+    machines without AMX run, takes only a 512 + 64 latent) and, after one dense layer, a MoE
+    layer of 8 routed experts of intermediate 256 (top-2 of 2 groups, sigmoid scores with a
+    correction bias, as "noaux_tc") and one shared expert.  "llama4_text": Llama 4's layout, the
+    experts of every layer stored as the 3-D stacks ``feed_forward.experts.gate_up_proj``
+    [8, 256, 512] and ``down_proj`` [8, 256, 256] (top-1, router weights applied on the input),
+    beside a shared expert.  "llama4": the same language model as Llama 4 Scout's published
+    checkpoint holds it, under ``language_model.``, beside a one-layer vision tower (hidden 256)
+    and its projector (Llama4ForConditionalGeneration). mtp ("deepseek_v3"): the checkpoint also
+    holds a multi-token-prediction layer after the last one, as DeepSeek-V3's does
+    (model.layers.2: a copy of layer 1's tensors with its eh_proj and norms), which the model
+    itself does not build.  Returns dst."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
