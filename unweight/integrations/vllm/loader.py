@@ -192,7 +192,7 @@ def _plane_aware(skip):
     return should_skip_weight
 
 
-try:  # (a vLLM without the filter, as before 0.32's, reads every expert's tensors, BF16 and planes alike)
+try:  # (a vLLM without the filter reads every expert's tensors, BF16 and planes alike)
     from vllm.model_executor.model_loader import weight_utils as _weight_utils
     if hasattr(_weight_utils, "should_skip_weight"):
         _weight_utils.should_skip_weight = _plane_aware(_weight_utils.should_skip_weight)
