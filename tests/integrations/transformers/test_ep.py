@@ -85,7 +85,7 @@ def _run(root, name: str, paths: dict, timeout=600, **env):
            str(root / "worker.py"), str(root / name), json.dumps(paths), json.dumps(kw)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(**env), cwd=str(root))
     assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-6000:])
-    out = {}
+    out = {"log": p.stdout + p.stderr}
     for rank in range(2):
         with open(root / f"{name}.{rank}.json") as f:
             out[rank] = json.load(f)
@@ -130,7 +130,8 @@ def ep_runs(ep_models):
 def test_ep2_matches_bf16_ep2_and_holds_half_the_experts(ep_models, ep_runs, arch, enc):
     """Logits and greedy tokens equal to the BF16 model's under the same TP = EP = 2 run; each
     rank's experts parameters hold its E / 2 experts (the module's num_experts too), compressed,
-    decoding to the BF16 model's local experts; per-expert holders only for those experts."""
+    decoding to the BF16 model's local experts; per-expert holders only for those experts; no
+    warning from transformers that the plan's rules for the stacks are not applied."""
     E = {k: v for k, v in LAYOUTS[arch][0].items() if k in ("num_experts", "n_routed_experts", "num_local_experts")}
     E = next(iter(E.values()))
     for rank in (0, 1):
@@ -147,6 +148,9 @@ def test_ep2_matches_bf16_ep2_and_holds_half_the_experts(ep_models, ep_runs, arc
         lo, hi = rank * E // 2, (rank + 1) * E // 2
         held = {int(h.split(".experts.")[1].split(".")[0]) for h in uw["holders"]}
         assert LAYOUTS[arch][1] == "stacked" or held == set(range(lo, hi)), (rank, held)
+    # transformers' "ep_plan rules [...] match nothing ... will not be applied" about the
+    # compressed stacks (not Parameters, yet distributed as the rules ask) is not shown
+    assert "`ep_plan` rules" not in ep_runs["log"]
 
 
 def test_huffman_checkpoints_held_as_palette_and_dense(ep_runs):
@@ -244,3 +248,22 @@ def test_plans_compressed_experts_cannot_follow_are_refused():
                         ({"model.layers.0.mlp": "ep_dispatch_experts"}, "model.layers.0.mlp the style")):
         with pytest.raises(InputError, match="expert-parallel plan gives " + named.replace(".", r"\.")):
             ep._style_of(plan, full, mod)
+
+
+def test_only_warnings_about_compressed_stacks_rules_are_dropped():
+    """The filter on transformers' plan logger drops a "rules [...] match nothing" warning only
+    when every rule it names is a compressed stack's; any other rule keeps the whole warning."""
+    import logging
+
+    from unweight.integrations.transformers.ep import _CompressedStackRules
+    f = _CompressedStackRules()
+    f.names = {"model.layers.*.mlp.experts.gate_up_proj", "model.layers.*.mlp.experts.down_proj"}
+
+    def shown(rules):
+        msg = f"`ep_plan` rules {sorted(rules)} match nothing in Qwen3MoeForCausalLM and will not be applied."
+        return f.filter(logging.LogRecord("transformers.distributed.mixin", logging.WARNING, "", 0, msg, None, None))
+    assert not shown(f.names)
+    assert not shown({"model.layers.*.mlp.experts.down_proj"})
+    assert shown(f.names | {"model.layers.*.mlp.gate"})
+    assert shown({"model.layers.*.self_attn.q_proj"})
+    assert f.filter(logging.LogRecord("transformers.distributed.mixin", logging.WARNING, "", 0, "other", None, None))

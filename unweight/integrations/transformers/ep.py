@@ -33,6 +33,10 @@ against its own crc32 (the ranks' ranges tile [0, E), so every tensor is checked
 stacked tensor's slice is rows [r * E/N * rows, (r + 1) * E/N * rows) of the stack taken as one
 [E * rows, cols] matrix: each rank makes a codec.shard_check record of it and the EP group
 combines the records into the stored crc32 (runtime/verify.py, HeldCheck.stack).
+
+transformers warns that the plan's ``grouped_gemm`` rules for the stacks "match nothing ... and
+will not be applied" (they name Parameters, and the stacks are not); :func:`quiet_stack_rules`
+drops that warning, and only that one, since the layout those rules ask for is applied here.
 """
 from __future__ import annotations
 
@@ -159,6 +163,43 @@ def keep_local_experts(model: nn.Module, ck: CompressedCheckpoint, folder: str) 
                  "parameters (%d per-expert checkpoint tensors of other ranks left unread)", rank, size, size, cut,
                  dropped)
     return dropped
+
+
+class _CompressedStackRules(logging.Filter):
+    """Drops transformers' warning that plan rules "match nothing" when every rule it names is
+    the parameter rule of a compressed experts stack.  Those rules name ExpertStacks, which are
+    not Parameters; the expert parallelism they stand for is applied (keep_local_experts), so
+    the warning's "will not be applied" would mislead.  A warning naming any other rule passes."""
+
+    _RULES = re.compile(r"`\w+` rules \[(.*)\] match nothing")
+
+    def __init__(self):
+        super().__init__()
+        self.names: set = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        m = self._RULES.search(record.getMessage())
+        if m is None:
+            return True
+        named = set(re.findall(r"'([^']*)'", m.group(1)))
+        return not named or not named <= self.names
+
+
+_QUIET = _CompressedStackRules()
+
+
+def quiet_stack_rules(model: nn.Module) -> None:
+    """Install the filter above on transformers' plan logger for this model's compressed experts
+    stacks (their names with layer numbers as ``*``, as the plans write them); before any plan is
+    resolved."""
+    try:
+        from transformers.distributed.parallel_utils import replace_layer_number_by_wildcard
+    except ImportError:  # another transformers layout: its warnings pass unchanged
+        return
+    _QUIET.names |= {replace_layer_number_by_wildcard(full) for full, _, _, _ in expert_stacks(model)}
+    plan_log = logging.getLogger("transformers.distributed.mixin")
+    if _QUIET not in plan_log.filters:
+        plan_log.addFilter(_QUIET)
 
 
 def check_mesh(model: nn.Module) -> None:

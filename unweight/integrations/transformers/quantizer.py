@@ -137,6 +137,7 @@ class UnweightHfQuantizer(HfQuantizer):
             model._unweight_held_check = len(ck.encoded) if verify and not host else 0
             convert.convert_model(model, ck)
             if deferred:
+                ep.quiet_stack_rules(model)
                 tp.refuse_unserved_layouts(model)
                 # (other ranks' per-expert tensors are checked where they are held)
                 left = ep.keep_local_experts(model, ck, folder)
