@@ -482,6 +482,7 @@ def _check_llama4_reports(reports: dict, tp: int, mode: str) -> None:
             st = ex["stacked"]
             assert st["gate_up"].endswith("experts.gate_up_proj") and st["down"].endswith("experts.down_proj")
             assert st["intermediate"] == [rank * inter // tp, (rank + 1) * inter // tp] and st["stack_checked"]
+            assert st["read_bytes"] == st["stack_bytes"]  # (tensor parallelism: the stream's whole stacks)
             assert [pc["shard_id"] for pc in ex["pieces"]] == ["w1", "w3", "w2"]
             assert all(pc["held_bytes"] < 0.8 * pc["bf16_shard_bytes"] for pc in ex["pieces"]), ex["pieces"]
             if rank == 0:  # (a layer built unquantized reports without a rank: found under rank 0)
@@ -540,7 +541,9 @@ def test_expert_parallel_ranks_hold_their_own_experts_compressed(moe_models, lla
     compressed, each checked against its stored crc32 (the stacks' across the ranks).  vLLM's
     CPU experts kernel ignores the expert map and crashes on the BF16 model; the baseline runs
     with the stand-in plugin in tests/integrations/vllm_cpu_standins, which makes it skip other
-    ranks' experts as vLLM's GPU kernels do.  With vLLM's --enable-ep-weight-filter a rank
+    ranks' experts as vLLM's GPU kernels do.  A rank reads of Llama 4's stacks only its own
+    experts' segments, from the mapped files; a flipped bit in one rank's part of a stack stops
+    the load naming it.  With vLLM's --enable-ep-weight-filter a rank
     reads none of the other ranks' expert planes from the files (without it, every plane of the
     other 4 experts' gate, up and down reaches it and is dropped), same tokens."""
     from unweight.format.checkpoint import CompressedCheckpoint
@@ -549,11 +552,16 @@ def test_expert_parallel_ranks_hold_their_own_experts_compressed(moe_models, lla
     planes = len(ck.encoded["model.layers.0.mlp.experts.0.down_proj.weight"])
     ck.close()
     ep = {"tp": 2, "expert_parallel": True, "max_tokens": 8}
-    res, _ = _run([{"model": moe_models["qwen3_moe"][0], **ep}, {"model": moe_models["qwen3_moe"][1], **ep},
-                   {"model": llama4_models["bf16"], **ep}, {"model": llama4_models["palette"], **ep},
-                   {"model": moe_models["qwen3_moe"][1], "ep_weight_filter": True, **ep}],
-                  timeout=600, extra_env=_standins_env())
+    res, log = _run([{"model": moe_models["qwen3_moe"][0], **ep}, {"model": moe_models["qwen3_moe"][1], **ep},
+                     {"model": llama4_models["bf16"], **ep}, {"model": llama4_models["palette"], **ep},
+                     {"model": moe_models["qwen3_moe"][1], "ep_weight_filter": True, **ep},
+                     {"model": llama4_models["bad"], **ep}],
+                    timeout=600, extra_env=_standins_env())
     assert _ok(res[1]) == _ok(res[0]) and _ok(res[3]) == _ok(res[2]) and _ok(res[4]) == _ok(res[0])
+    # (the flipped byte lies in expert 0, rank 0's: the group's check of the stack finds it; the
+    # workers' one-line cause is in their log, the engine's error says a worker failed)
+    assert "error" in res[5]
+    assert "model.layers.1.feed_forward.experts.down_proj: checksum mismatch" in log, log[-3000:]
     for r, rank, v in _expert_layer_reports(res[1], res[3], res[4]):
         assert (v["ep_rank"], v["ep_size"], v["tp_rank"], v["tp_size"]) == (rank, 2, 0, 1)
         if r is not res[3]:  # per-expert tensors: 4 planes of 3 projections of 4 other experts, or none
@@ -567,6 +575,9 @@ def test_expert_parallel_ranks_hold_their_own_experts_compressed(moe_models, lla
         if "stacked" in v:
             assert v["mode"] == "palette" and v["stacked"]["intermediate"] == [0, inter]
             assert v["stacked"]["stack_checked"]
+            # the rank read its own experts' segments of the stacks from the files, not the stacks
+            st = v["stacked"]
+            assert 0.45 * st["stack_bytes"] < st["read_bytes"] < 0.55 * st["stack_bytes"], st
 
 
 def test_data_parallel_experts_stay_compressed(moe_models, llama4_models, mla_models):
@@ -606,6 +617,7 @@ def test_data_parallel_experts_stay_compressed(moe_models, llama4_models, mla_mo
         else:
             assert (v["ep_rank"], v["ep_size"], v["experts"]) == (rank, 2, experts // 2), v
             assert v["stacked"]["intermediate"] == [0, inter] and v["stacked"]["stack_checked"]
+            assert v["stacked"]["read_bytes"] < 0.55 * v["stacked"]["stack_bytes"], v["stacked"]
     err = res[4]["error"]
     assert "model.layers.1.feed_forward.experts.down_proj" in err and "checksum mismatch" in err
     assert _ok(res[6]) == _ok(res[5])

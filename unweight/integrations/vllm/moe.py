@@ -605,7 +605,9 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
     and the down rows of its intermediate range) and holds each block transposed into vLLM's
     orientation as a piece re-encoded in the stack's encoding (a rank-local tensor: its own
     crc32 is checked as the layer is held); after the load the TP group checks each stack's
-    crc32 from those blocks.  From there the layer
+    crc32 from those blocks.  Under expert parallelism a rank takes its whole experts instead,
+    reading their segments itself from the memory-mapped files while the stream skips the
+    stacks (the other experts' bytes are never read).  From there the layer
     is the per-expert method's: modes, palette stacks, routed decode and checks on a GPU."""
 
     def __init__(self, config, moe, prefix: str, stacks: dict):
@@ -640,6 +642,11 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
                        **extra_weight_attrs):
         self._placeholders(layer, lambda stem, suf: self._stack_loader(layer, stem, suf))
         self._stack_ranges(layer, self._stack_header("w13"), self._stack_header("w2"))  # before any read
+        # Under expert parallelism a rank needs its own experts' matrices only: it reads their
+        # segments from the mapped files itself (_stack_planes), and the weight stream skips
+        # the stacks' planes unread (loader.py: common.SELF_READ_STACKS during the load; where
+        # a stream does not ask, they arrive and are taken as without it).
+        self.self_read = moe_ranks(layer)[3] > 1 and self.config.model_path is not None
 
     def _stack_loader(self, layer, stem: str, suffix: str):
         def load(param, loaded_weight, weight_name=None, shard_id=None, expert_id=None, return_success=False):
@@ -671,9 +678,22 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
         return all(s in pend for s in tc.plane_shapes(h))
 
     def _stack_planes(self, layer, stem: str) -> tuple[TensorHeader, dict]:
-        """A stack's header and planes (NumPy views of the loaded tensors), checked against it."""
+        """A stack's header and planes (NumPy views of the loaded tensors, or of the mapped
+        checkpoint file when the stream skipped them: nothing read until a matrix's segments
+        are taken), checked against it."""
         name = self.stacks[stem]
         pend = layer._uw_pending.pop(stem, {})
+        if not pend and self.self_read:
+            from ...format.checkpoint import CompressedCheckpoint
+            ck = CompressedCheckpoint(self.config.model_path)
+            try:
+                h, planes = ck.header(name), ck.planes(name)
+                tc.check_planes(h, planes, ck.location(name))
+            except Exception:
+                ck.close()
+                raise
+            layer._uw_mapped = getattr(layer, "_uw_mapped", []) + [(ck, name)]
+            return h, planes
         if C.SUFFIX_HDR not in pend:
             raise missing_plane(pend, name)
         h = TensorHeader.parse(pend[C.SUFFIX_HDR].numpy(), name)
@@ -700,8 +720,9 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
             return
         _, tp, _, ep = moe_ranks(layer)
         everyone = gather(layer, mine, tp * ep, experts=True)  # (blocks: intermediate ranges, or whole experts)
+        parts = "expert-parallel slices" if ep > 1 else "tensor-parallel shards"
         for stem, view in views.items():
-            if not check_shard_records([r for d in everyone for r in d[stem]], view, self.stacks[stem]):
+            if not check_shard_records([r for d in everyone for r in d[stem]], view, self.stacks[stem], parts):
                 raise ChecksumError(f"{self.stacks[stem]}: the ranks' blocks do not cover the stack, so its "
                                     f"crc32 could not be checked")
 
@@ -712,11 +733,16 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
         inter = h2.rows
         verify = verify_setting() is not None
 
+        mapped = layer.__dict__.pop("_uw_mapped", [])  # (checkpoint, name) of stacks read here
+        read = {}  # (stack name, expert) -> plane bytes of the expert's matrix taken from a stack
+
         def block(h, planes, e, rows=None, cols=None):
             # (a block narrower than the stack's segment grid, such as Scout's gate_up at TP 8 in
             # a file with 2048-column chunks, is cut from the segments that hold it)
-            where = f"{self.stacks['w13' if h is h13 else 'w2']}[{e}]"
+            stack = self.stacks['w13' if h is h13 else 'w2']
+            where = f"{stack}[{e}]"
             hm, pm = tc.matrix_planes(h, planes, e)
+            read[(stack, e)] = sum(int(a.nbytes) for a in pm.values())
             return sh.decode_block(hm, pm, rows=rows, cols=cols, where=where)
 
         gate_crcs, up_crcs, gate_up_recs, down_recs = [], [], [], []
@@ -752,8 +778,17 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
                                        "w2": down_recs}
             layer._uw_stack_views = {stem: dataclasses.replace(h, rows=h.stack * h.rows, stack=0)
                                      for stem, h in (("w13", h13), ("w2", h2))}
+        for ck, name in mapped:  # (the pieces are copies: the mapped pages can go)
+            ck.release_encoded(name)
+            ck.close()
+        # plane bytes this rank read of the stacks: its experts' segments of a stack it read
+        # itself, the whole of one the weight stream brought
+        mine = {name for _, name in mapped}
+        got = sum(n for (stack, _), n in read.items() if stack in mine) + \
+            sum(full[stem] for stem, name in self.stacks.items() if name not in mine)
         layer._uw_record_extra = {"stacked": {"gate_up": self.stacks["w13"], "down": self.stacks["w2"],
-                                              "intermediate": [i0, i1], "stack_checked": verify}}
+                                              "intermediate": [i0, i1], "stack_checked": verify,
+                                              "stack_bytes": full["w13"] + full["w2"], "read_bytes": got}}
         if ep > 1:
             log.info("unweight: %s: expert-parallel rank %d/%d took %d of %d stacked experts' gate_up and down, whole",
                      self.prefix, ep_rank, ep, len(local), h13.stack)
