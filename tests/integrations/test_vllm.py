@@ -543,9 +543,9 @@ def test_expert_parallel_ranks_hold_their_own_experts_compressed(moe_models, lla
     with the stand-in plugin in tests/integrations/vllm_cpu_standins, which makes it skip other
     ranks' experts as vLLM's GPU kernels do.  A rank reads of Llama 4's stacks only its own
     experts' segments, from the mapped files; a flipped bit in one rank's part of a stack stops
-    the load naming it.  With vLLM's --enable-ep-weight-filter a rank
-    reads none of the other ranks' expert planes from the files (without it, every plane of the
-    other 4 experts' gate, up and down reaches it and is dropped), same tokens."""
+    the load naming it.  With vLLM's --enable-ep-weight-filter a rank reads none of the other
+    ranks' expert planes from the files (without it, every plane of the other 4 experts' gate,
+    up and down reaches it and is dropped), same tokens."""
     from unweight.format.checkpoint import CompressedCheckpoint
     inter, experts = 256, 8
     ck = CompressedCheckpoint(moe_models["qwen3_moe"][1])
@@ -564,7 +564,7 @@ def test_expert_parallel_ranks_hold_their_own_experts_compressed(moe_models, lla
     assert "model.layers.1.feed_forward.experts.down_proj: checksum mismatch" in log, log[-3000:]
     for r, rank, v in _expert_layer_reports(res[1], res[3], res[4]):
         assert (v["ep_rank"], v["ep_size"], v["tp_rank"], v["tp_size"]) == (rank, 2, 0, 1)
-        if r is not res[3]:  # per-expert tensors: 4 planes of 3 projections of 4 other experts, or none
+        if r is not res[3]:  # per-expert tensors: every plane of 3 projections of 4 other experts, or none
             assert v["other_ranks_planes"] == (0 if r is res[4] else planes * 3 * experts // 2), v
         assert v["experts"] == experts // 2
         for pc in v["pieces"]:
