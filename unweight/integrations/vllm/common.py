@@ -28,11 +28,11 @@ from .ops import current_policy
 # a child of vLLM's logger, so the lines show up in every vLLM process with vLLM's formatting
 log = logging.getLogger("vllm.unweight")
 
-# Checkpoint names of the expert stacks that their layers' methods read from the files
-# themselves, their own experts' segments only (moe.UnweightStackedMoEMethod under expert
-# parallelism): vLLM's weight stream skips their planes unread.  Set for the length of one
-# load by loader.py, from the model being loaded.
-SELF_READ_STACKS: set = set()
+# Checkpoint names of encoded tensors whose planes vLLM's weight stream skips unread: under
+# expert parallelism, other ranks' per-expert tensors and the expert stacks that their layers'
+# methods read themselves, their own experts' segments only (moe.UnweightStackedMoEMethod).
+# Set for the length of one load by loader.py, from the model being loaded.
+SKIP_UNREAD: set = set()
 
 PLANE_DTYPES = {C.SUFFIX_HDR: torch.uint8, C.SUFFIX_SM: torch.uint8, C.SUFFIX_EXP: torch.uint8,
                 C.SUFFIX_OFF: torch.uint32, C.SUFFIX_IDX: torch.uint8, C.SUFFIX_VPOS: torch.uint32,

@@ -10,8 +10,9 @@ The quantization path (``--load-format auto`` on an unweight checkpoint) uses th
 decoding for the layers a model builds without a quantization config (Mixtral's
 embedding, for one): vLLM's default loader is wrapped so that a compressed tensor no unweight
 method claims reaches the model decoded, under its own name.  vLLM's expert-parallel weight
-filter is given the planes' tensor names, so it skips other ranks' experts' planes unread,
-and the planes of expert stacks read by their own methods (under expert parallelism).
+filter is given the planes' tensor names, and under expert parallelism the stream skips other
+ranks' experts' planes unread whether the filter is on or not, and the planes of the expert
+stacks their methods read themselves.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from ...format import constants as C
 from ...format.checkpoint import split_name
 from ...format.header import TensorHeader
 from . import quant
-from .common import SELF_READ_STACKS, log, missing_plane, report_layer
+from .common import SKIP_UNREAD, log, missing_plane, moe_ranks, report_layer
 
 LOAD_FORMAT = "unweight"
 
@@ -164,18 +165,36 @@ _DEFAULT_GET_ALL_WEIGHTS = DefaultModelLoader.get_all_weights
 def _get_all_weights(self, model_config, model):
     """DefaultModelLoader.get_all_weights for unweight checkpoints: encoded tensors that no
     unweight method claims (layers built without a quantization config) arrive decoded."""
-    SELF_READ_STACKS.clear()  # (this load's, not an earlier model's in the same process)
+    SKIP_UNREAD.clear()  # (this load's, not an earlier model's in the same process)
     weights = _DEFAULT_GET_ALL_WEIGHTS(self, model_config, model)
     if getattr(model_config, "quantization", None) != C.QUANT_METHOD:
         yield from weights
         return
     stacks = stacked_tensors(model)
-    SELF_READ_STACKS.update(name for name, (method, _) in stacks.items() if method.self_read)
+    SKIP_UNREAD.update(unread_tensors(model))
     try:
         yield from decode_planes_iterator(_hand_stacks(weights, stacks) if stacks else weights,
                                           keep=claimed_tensors(model), elsewhere=built_elsewhere(model))
     finally:
-        SELF_READ_STACKS.clear()
+        SKIP_UNREAD.clear()
+
+
+def unread_tensors(model: torch.nn.Module) -> set:
+    """Checkpoint names of the encoded tensors this rank's weight stream need not read, under
+    expert parallelism: the other ranks' per-expert tensors (compressed experts take no
+    redundant experts: vLLM's EPLB is refused for them), and the expert stacks whose methods
+    read their own experts' segments themselves."""
+    from .moe import UnweightFusedMoEMethod, UnweightStackedMoEMethod, _local_experts
+    out = set()
+    for m in model.modules():
+        qm = getattr(m, "quant_method", None)
+        if isinstance(qm, UnweightStackedMoEMethod):
+            if qm.self_read:
+                out.update(qm.stacks.values())
+        elif isinstance(qm, UnweightFusedMoEMethod) and moe_ranks(m)[3] > 1:
+            local = set(_local_experts(m))
+            out.update(name for (e, _), name in qm.names.items() if e not in local)
+    return out
 
 
 DefaultModelLoader.get_all_weights = _get_all_weights
@@ -187,15 +206,15 @@ def _plane_aware(skip):
     the tensor's own name: ``...experts.7.down_proj.weight__sm`` as ``...experts.7.down_proj.weight``.
     vLLM's rule takes only names ending in ``.weight``, so without this every rank would read
     every expert's planes from the files and drop the others' (the MoE layer report's
-    ``other_ranks_planes``), where with BF16 files it reads only its own experts.  The planes
-    of the expert stacks their methods read themselves (common.SELF_READ_STACKS) are skipped
-    with the filter on or off."""
+    ``other_ranks_planes``), where with BF16 files it reads only its own experts.  With the
+    filter on or off, the planes of common.SKIP_UNREAD's tensors are skipped: under expert
+    parallelism a rank reads neither other ranks' experts nor the stacks it reads itself."""
     if getattr(skip, "unweight_planes", False):
         return skip
 
     def should_skip_weight(weight_name: str, local_expert_ids) -> bool:
         base, suffix = split_name(weight_name)
-        if suffix is not None and base in SELF_READ_STACKS:
+        if suffix is not None and base in SKIP_UNREAD:
             return True
         return skip(base if suffix else weight_name, local_expert_ids)
     should_skip_weight.unweight_planes = True

@@ -644,7 +644,7 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
         self._stack_ranges(layer, self._stack_header("w13"), self._stack_header("w2"))  # before any read
         # Under expert parallelism a rank needs its own experts' matrices only: it reads their
         # segments from the mapped files itself (_stack_planes), and the weight stream skips
-        # the stacks' planes unread (loader.py: common.SELF_READ_STACKS during the load; where
+        # the stacks' planes unread (loader.py: common.SKIP_UNREAD during the load; where
         # a stream does not ask, they arrive and are taken as without it).
         self.self_read = moe_ranks(layer)[3] > 1 and self.config.model_path is not None
 
