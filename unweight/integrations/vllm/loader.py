@@ -164,7 +164,8 @@ _DEFAULT_GET_ALL_WEIGHTS = DefaultModelLoader.get_all_weights
 
 def _get_all_weights(self, model_config, model):
     """DefaultModelLoader.get_all_weights for unweight checkpoints: encoded tensors that no
-    unweight method claims (layers built without a quantization config) arrive decoded."""
+    unweight method claims (layers built without a quantization config) arrive decoded, and
+    under expert parallelism the tensors of unread_tensors are skipped unread."""
     SKIP_UNREAD.clear()  # (this load's, not an earlier model's in the same process)
     weights = _DEFAULT_GET_ALL_WEIGHTS(self, model_config, model)
     if getattr(model_config, "quantization", None) != C.QUANT_METHOD:
