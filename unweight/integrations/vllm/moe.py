@@ -684,15 +684,17 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
         name = self.stacks[stem]
         pend = layer._uw_pending.pop(stem, {})
         if not pend and self.self_read:
-            from ...format.checkpoint import CompressedCheckpoint
-            ck = CompressedCheckpoint(self.config.model_path)
+            ck = layer.__dict__.get("_uw_ck")  # (one opening of the checkpoint for both stacks)
+            if ck is None:
+                from ...format.checkpoint import CompressedCheckpoint
+                ck = layer._uw_ck = CompressedCheckpoint(self.config.model_path)
             try:
                 h, planes = ck.header(name), ck.planes(name)
                 tc.check_planes(h, planes, ck.location(name))
             except Exception:
-                ck.close()
+                layer.__dict__.pop("_uw_ck").close()
                 raise
-            layer._uw_mapped = getattr(layer, "_uw_mapped", []) + [(ck, name)]
+            layer._uw_mapped = getattr(layer, "_uw_mapped", []) + [name]
             return h, planes
         if C.SUFFIX_HDR not in pend:
             raise missing_plane(pend, name)
@@ -733,7 +735,8 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
         inter = h2.rows
         verify = verify_setting() is not None
 
-        mapped = layer.__dict__.pop("_uw_mapped", [])  # (checkpoint, name) of stacks read here
+        mapped = layer.__dict__.pop("_uw_mapped", [])  # names of the stacks read here, from ck
+        ck = layer.__dict__.pop("_uw_ck", None)
         read = {}  # (stack name, expert) -> plane bytes of the expert's matrix taken from a stack
 
         def block(h, planes, e, rows=None, cols=None):
@@ -778,14 +781,14 @@ class UnweightStackedMoEMethod(UnweightFusedMoEMethod):
                                        "w2": down_recs}
             layer._uw_stack_views = {stem: dataclasses.replace(h, rows=h.stack * h.rows, stack=0)
                                      for stem, h in (("w13", h13), ("w2", h2))}
-        for ck, name in mapped:  # (the pieces are copies: the mapped pages can go)
-            ck.release_encoded(name)
+        if ck is not None:  # (the pieces are copies: the mapped pages can go)
+            for name in mapped:
+                ck.release_encoded(name)
             ck.close()
         # plane bytes this rank read of the stacks: its experts' segments of a stack it read
         # itself, the whole of one the weight stream brought
-        mine = {name for _, name in mapped}
-        got = sum(n for (stack, _), n in read.items() if stack in mine) + \
-            sum(full[stem] for stem, name in self.stacks.items() if name not in mine)
+        got = sum(n for (stack, _), n in read.items() if stack in mapped) + \
+            sum(full[stem] for stem, name in self.stacks.items() if name not in mapped)
         layer._uw_record_extra = {"stacked": {"gate_up": self.stacks["w13"], "down": self.stacks["w2"],
                                               "intermediate": [i0, i1], "stack_checked": verify,
                                               "stack_bytes": full["w13"] + full["w2"], "read_bytes": got}}
