@@ -33,7 +33,7 @@ import _bench_util as bu  # noqa: E402
 def run(configs):
     from tests.integrations.vllm_runner import run_configs
     try:
-        res, output = run_configs(configs, timeout=None)
+        res, output = run_configs(configs, timeout=None, quick_gc=False)  # (vLLM's collections as they are)
     except RuntimeError as e:
         # The runner's message carries the child's whole output: its first line, and the last
         # line of the child's error, say what failed.

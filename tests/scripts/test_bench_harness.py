@@ -521,8 +521,8 @@ def test_vllm_bad_model_is_one_line_and_cleans_up(monkeypatch, capsys, tmp_path)
 
 def test_vllm_refused_configuration_is_one_line(monkeypatch, capsys):
     from tests.integrations import vllm_runner
-    monkeypatch.setattr(vllm_runner, "run_configs",
-                        lambda configs, timeout=None: ([{"error": "ValueError: tp 3 does not divide 8 heads"}], ""))
+    refused = [{"error": "ValueError: tp 3 does not divide 8 heads"}]
+    monkeypatch.setattr(vllm_runner, "run_configs", lambda configs, timeout=None, quick_gc=True: (refused, ""))
     code, err = _exit(lambda: bench_vllm.run([{"model": "/m", "tp": 3}]), capsys)
     assert code == 1 and err == ["bench_vllm: TP=3 /m: ValueError: tp 3 does not divide 8 heads"]
 
