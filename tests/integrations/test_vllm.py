@@ -204,6 +204,43 @@ def test_tp2_each_rank_holds_only_its_compressed_shard(models, tmp_path, monkeyp
         assert r["lm_head"]["verified"]  # shard crcs of the TP group combined to the stored crc32
 
 
+@pytest.mark.skipif(os.environ.get("UNWEIGHT_VLLM_TP8") != "1",
+                    reason="8 vLLM ranks on a small CPU machine take minutes (their shared-memory collectives "
+                           "spin); UNWEIGHT_VLLM_TP8=1 runs it")
+def test_tp8_each_rank_holds_an_eighth_compressed(models):
+    """TP=8, the layout of one 8-GPU node: greedy tokens equal to vLLM serving the BF16 model at
+    TP=8, and each of the 8 ranks holds its eighth of every matrix compressed, on the writer's
+    grid (nothing recoded), checked against the stored crc32 across the group: o_proj's 64 of
+    512 columns, q's 64 rows, the k and v rows of the one KV head vLLM gives the rank (2 KV
+    heads over 8 ranks: each replicated on 4), 128 of the MLP's and the vocabulary's rows."""
+    cfgs = [{"model": models["bf16"], "tp": 8, "max_tokens": 4}, {"model": models["huffman"], "tp": 8, "max_tokens": 4}]
+    res, _ = _run(cfgs, timeout=1200)
+    assert _ok(res[1]) == _ok(res[0])
+    reps = res[1]["reports"]
+    assert sorted(reps) == list(range(8))
+    head = HIDDEN // 8  # (8 heads of 64)
+    for rank, r in reps.items():
+        def rows(layer, shard=None):
+            pcs = [pc for pc in r[layer]["pieces"] if shard is None or pc["shard_id"] == shard]
+            assert len(pcs) == 1 and not pcs[0]["recoded"] and r[layer]["verified"], (rank, layer, pcs)
+            return pcs[0]["rows"], pcs[0]["cols"]
+        for layer in (0, 1):
+            p = f"model.layers.{layer}"
+            assert rows(f"{p}.self_attn.o_proj")[1] == [rank * head, (rank + 1) * head]
+            assert rows(f"{p}.self_attn.qkv_proj", "q")[0] == [rank * head, (rank + 1) * head]
+            kv = rank // 4  # the KV head vLLM replicates onto this rank
+            assert rows(f"{p}.self_attn.qkv_proj", "k")[0] == rows(f"{p}.self_attn.qkv_proj", "v")[0] == \
+                [kv * head, (kv + 1) * head]
+            assert rows(f"{p}.mlp.gate_up_proj", 0)[0] == rows(f"{p}.mlp.gate_up_proj", 1)[0] == \
+                [rank * FFN // 8, (rank + 1) * FFN // 8]
+            assert rows(f"{p}.mlp.down_proj")[1] == [rank * FFN // 8, (rank + 1) * FFN // 8]
+        for name in ("model.embed_tokens", "lm_head"):
+            assert rows(name)[0] == [rank * VOCAB // 8, (rank + 1) * VOCAB // 8]
+        held = sum(v["held_bytes"] for v in r.values() if v["path"] == "compressed")
+        bf16 = sum(v["bf16_bytes"] for v in r.values() if v["path"] == "compressed")
+        assert held <= 0.7 * bf16, (rank, held, bf16)
+
+
 def _drop_plane(src, dst, victim):
     """Copy a compressed checkpoint without one plane tensor (and without it in the index, whose
     records are kept consistent, so the missing plane is what the load finds)."""
