@@ -571,6 +571,38 @@ def test_llama4_stacked_experts_serve_compressed(llama4_models, tmp_path, monkey
     _check_llama4_reports(res[2]["reports"], 2, "huffman")
 
 
+@pytest.mark.skipif(os.environ.get("UNWEIGHT_VLLM_TP8") != "1",
+                    reason="8 vLLM ranks on a small CPU machine take minutes (their shared-memory collectives "
+                           "spin); UNWEIGHT_VLLM_TP8=1 runs it")
+def test_moe_tp8_and_ep8_as_on_one_node(moe_models):
+    """Qwen3-MoE over 8 ranks, the two layouts of one 8-GPU node: TP=8 (each rank 32 of every
+    expert's 256 intermediate rows and columns) and TP=8 with --enable-expert-parallel (each rank
+    one whole expert, no plane of the other 7 read), greedy tokens equal to vLLM serving the
+    BF16 original the same way, every expert piece checked against its stored crc32."""
+    from tests.integrations.vllm_model import PROMPTS
+    src, comp = moe_models["qwen3_moe"]
+    one = {"tp": 8, "max_tokens": 2, "prompts": PROMPTS[:2]}
+    ep = {**one, "expert_parallel": True}
+    res, _ = _run([{"model": src, **one}, {"model": comp, **one}, {"model": src, **ep}, {"model": comp, **ep}],
+                  timeout=1500, extra_env=_standins_env())
+    assert _ok(res[1]) == _ok(res[0]) and _ok(res[3]) == _ok(res[2])
+    inter, experts = 256, 8
+    for r, parallel in ((res[1], "tp"), (res[3], "ep")):
+        assert sorted(r["reports"]) == list(range(8))
+        for rank, rep in r["reports"].items():
+            for name in ("model.layers.0.mlp.experts", "model.layers.1.mlp.experts"):
+                v = rep[name]
+                assert v["path"] == "compressed" and v["verified"], v
+                for pc in v["pieces"]:
+                    part = pc["rows"] if pc["shard_id"] != "w2" else pc["cols"]
+                    if parallel == "tp":
+                        assert part == [rank * inter // 8, (rank + 1) * inter // 8] and pc["experts"] == experts, pc
+                    else:
+                        assert part == [0, inter] and pc["expert_range"] == [rank, rank], pc
+                if parallel == "ep":
+                    assert (v["ep_rank"], v["ep_size"], v["experts"], v["other_ranks_planes"]) == (rank, 8, 1, 0), v
+
+
 def test_expert_parallel_ranks_hold_their_own_experts_compressed(moe_models, llama4_models):
     """--enable-expert-parallel at TP=2: Qwen3-MoE (per-expert tensors, huffman) and Llama 4
     (3-D stacks, palette) give the greedy tokens of vLLM serving the BF16 original the same way.
