@@ -603,6 +603,31 @@ def test_moe_tp8_and_ep8_as_on_one_node(moe_models):
                     assert (v["ep_rank"], v["ep_size"], v["experts"], v["other_ranks_planes"]) == (rank, 8, 1, 0), v
 
 
+@pytest.mark.skipif(os.environ.get("UNWEIGHT_VLLM_TP8") != "1",
+                    reason="8 vLLM ranks on a small CPU machine take minutes (their shared-memory collectives "
+                           "spin); UNWEIGHT_VLLM_TP8=1 runs it")
+def test_mla_experts_over_8_ranks(mla_models):
+    """DeepSeek-V3 / Kimi-K2's layout at TP=8 with --enable-expert-parallel, as one 8-GPU node
+    serves it, palette: greedy tokens equal to the BF16 original's the same way.  Each rank
+    holds one head of attention (q_b_proj's 128 rows, o_proj's 64 columns), kv_b_proj decoded
+    at load, and one whole routed expert, no plane of the other seven read; every piece checked
+    against its stored crc32."""
+    from tests.integrations.vllm_model import PROMPTS
+    m = mla_models
+    ep = {"tp": 8, "expert_parallel": True, "max_tokens": 2, "prompts": PROMPTS[:2]}
+    res, _ = _run([{"model": m["bf16"], **ep}, {"model": m["palette"], **ep}], timeout=1500, extra_env=_standins_env())
+    assert _ok(res[1]) == _ok(res[0])
+    reports = res[1]["reports"]
+    _check_mla_reports(reports, 8, "palette")
+    for rank, r in reports.items():
+        for name, part, width in (("q_b_proj", "rows", 128), ("o_proj", "cols", 64)):  # (one head: 64 + 64, 64)
+            (pc,) = r[f"model.layers.1.self_attn.{name}"]["pieces"]
+            assert pc[part] == [rank * width, (rank + 1) * width] and not pc["recoded"], (rank, name, pc)
+        v = r["model.layers.1.mlp.experts"]
+        assert v["verified"] and (v["ep_rank"], v["ep_size"], v["experts"], v["other_ranks_planes"]) == (rank, 8, 1, 0)
+        assert all(pc["expert_range"] == [rank, rank] for pc in v["pieces"]), v["pieces"]
+
+
 def test_expert_parallel_ranks_hold_their_own_experts_compressed(moe_models, llama4_models):
     """--enable-expert-parallel at TP=2: Qwen3-MoE (per-expert tensors, huffman) and Llama 4
     (3-D stacks, palette) give the greedy tokens of vLLM serving the BF16 original the same way.
