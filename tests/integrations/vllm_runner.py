@@ -228,7 +228,7 @@ def run_dp_configs(configs: list, dp: int = 2, timeout: float = 600,
     # their collectives)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(dp):
-            env = _child_env(str(cpus[r % len(cpus)]), extra_env, True)
+            env = _child_env(str(cpus[r % len(cpus)]), extra_env, quick_gc=True)
             logs.append(open(os.path.join(tmp, f"rank{r}.log"), "w+"))
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.integrations.vllm_runner", "--dp-rank", str(r), "--dp-size", str(dp),
