@@ -244,7 +244,8 @@ ext_modules = [
     )
 ]
 CUDA_SOURCES = ("huffman_decode.cu", "palette_decode.cu", "transcode.cu", "palette_matmul.cu", "palette_gemv.cu",
-                "prefetch.cu", "crc32.cu", "launch.cu", "emulate.cu", "emu/selftest.cu", "bindings_cuda.cpp")
+                "prefetch.cu", "crc32.cu", "launch.cu", "emulate.cu", "emu/selftest.cu", "emu/fiber.cpp",
+                "bindings_cuda.cpp")
 cuda_sources = [os.path.join("csrc", "cuda", f) for f in CUDA_SOURCES]
 if find_nvcc() and all(os.path.exists(os.path.join(HERE, s)) for s in cuda_sources):
     ext_modules.append(CudaExtension("unweight._cuda", cuda_sources))

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../decode_primitives.h"
+#include "emu/fiber.h"
 #include "emu/global_bounds.h"
 #include "emu/host_buffer.h"
 #include "emu/selftest.h"
@@ -608,6 +609,9 @@ PYBIND11_MODULE(_cuda, m) {
      "[E, V], vexp [E, V, 32]; ids int64 read on the device; parts as palette_gemv's tensor-core variant.");
 
   // --------------------------------------------------------------------- warp emulator self-tests
+  m.def("emu_fiber_fast", &emu::fiber_fast,
+        "Whether the emulator switches fibers without ucontext here (emu/fiber.h): x86-64 Linux without a shadow "
+        "stack, unless UNWEIGHT_EMU_UCONTEXT=1.");
   m.def("emu_selftest_mma", [](arr<uint16_t> A, arr<uint16_t> B, arr<float> C) {
     need(A.size() == 256 && B.size() == 128 && C.size() == 128, "A [16,16], B [16,8] bf16 bits and C [16,8] fp32");
     arr<float> D({16, 8});

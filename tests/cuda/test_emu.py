@@ -2,6 +2,11 @@
 against plain matmuls of the same tiles, its warp collectives, barriers and cp.async groups against their
 CUDA / PTX meaning, and the errors it reports for bodies that would hang, break a rule or race
 on shared memory."""
+import os
+import platform
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -193,3 +198,35 @@ def test_bulk_copies_land_at_the_wait_that_sees_their_phase():
 def test_bulk_copy_rules_are_errors(kind, what):
     err, _ = _cuda.emu_selftest_bulk(kind)
     assert err is not None and what in err, err
+
+
+def _shadow_stack() -> bool:
+    """Whether this process runs with a CET shadow stack (Linux reports it in /proc)."""
+    try:
+        with open("/proc/self/status") as f:
+            return any(line.startswith("x86_Thread_features:") and "shstk" in line for line in f)
+    except OSError:
+        return False
+
+
+def test_fibers_switch_in_user_space_where_they_can():
+    """x86-64 Linux without a shadow stack switches the emulator's fibers in user space
+    (emu/fiber.h); anywhere else, or with UNWEIGHT_EMU_UCONTEXT=1, through ucontext."""
+    want = (sys.platform.startswith("linux") and platform.machine() == "x86_64" and not _shadow_stack()
+            and os.environ.get("UNWEIGHT_EMU_UCONTEXT") != "1")
+    assert _cuda.emu_fiber_fast() is want
+
+
+def test_the_ucontext_fallback_runs_the_same_bodies():
+    """The fallback (what other machines take) passes this file's tests and the tensor-core GEMV
+    at batch 17 (two n-tiles and a half step) at every parts."""
+    if os.environ.get("UNWEIGHT_EMU_UCONTEXT") == "1":
+        pytest.skip("already on the fallback")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    gemv = "tests/cuda/test_gemv_logic.py::test_mma_gemv_meets_the_bf16_gemm_bound[40-1088-17]"
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                        os.path.abspath(__file__), gemv],
+                       cwd=root, env={**os.environ, "UNWEIGHT_EMU_UCONTEXT": "1"}, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert " passed" in p.stdout and "failed" not in p.stdout

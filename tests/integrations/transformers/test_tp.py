@@ -221,9 +221,9 @@ def test_each_rank_holds_only_its_compressed_shard(tp_runs, tie):
             assert head["layout"]["rows"] == [rank * V // 2, (rank + 1) * V // 2]
 
 
-def test_corrupt_shard_fails_the_tp_load(tp_models):
-    """A flipped bit in rank 1's rows of one colwise weight: every rank stops with the
-    tensor's name (each rank decodes only its shard; the group checks the stored crc32)."""
+def _corrupt_copy(tp_models):
+    """A copy of the tied huffman checkpoint with a flipped bit in rank 1's rows of
+    layer 0's q_proj (made once per module)."""
     import struct
     root, paths = tp_models
     bad = root / "bad"
@@ -236,6 +236,14 @@ def test_corrupt_shard_fails_the_tp_load(tp_models):
         e = meta["model.layers.0.self_attn.q_proj.weight__sm"]
         b[8 + n + e["data_offsets"][0] + 700 * CFG["hidden_size"] + 5] ^= 0x40  # row 700: rank 1's half
         f.write_bytes(bytes(b))
+    return bad
+
+
+def test_corrupt_shard_fails_the_tp_load(tp_models):
+    """A flipped bit in rank 1's rows of one colwise weight: every rank stops with the
+    tensor's name (each rank decodes only its shard; the group checks the stored crc32)."""
+    root, _ = tp_models
+    bad = _corrupt_copy(tp_models)
     p = _torchrun(root, str(root / "bad-out"), json.dumps({"bad": [str(bad), None]}))
     assert p.returncode != 0
     msg = p.stdout + p.stderr
@@ -258,8 +266,7 @@ def test_blocks_checked_as_a_gpu_checks_them(tp_models, tp_runs):
         for k in ("uw-tie0", "uw-tie1"):
             assert got[k]["tokens"] == tp_runs[(2, rank)][k]["tokens"]
             assert got[k]["logits"] == tp_runs[(2, rank)][k]["logits"]
-    test_corrupt_shard_fails_the_tp_load(tp_models)  # (makes the corrupt copy)
-    p = _torchrun(root, str(root / "held-bad"), json.dumps({"bad": [str(root / "bad"), None]}),
+    p = _torchrun(root, str(root / "held-bad"), json.dumps({"bad": [str(_corrupt_copy(tp_models)), None]}),
                   HELD_CHECK_AS_ON_A_GPU="1")
     msg = p.stdout + p.stderr
     assert p.returncode != 0 and msg.count("ChecksumError") >= 2
