@@ -612,6 +612,8 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("emu_fiber_fast", &emu::fiber_fast,
         "Whether the emulator switches fibers without ucontext here (emu/fiber.h): x86-64 Linux without a shadow "
         "stack, unless UNWEIGHT_EMU_UCONTEXT=1.");
+  m.def("emu_fiber_switch_ns", &emu::fiber_switch_ns, py::arg("n") = 1000000,
+        "Nanoseconds per fiber switch, timed over n round trips on this thread (the path emu_fiber_fast names).");
   m.def("emu_selftest_mma", [](arr<uint16_t> A, arr<uint16_t> B, arr<float> C) {
     need(A.size() == 256 && B.size() == 128 && C.size() == 128, "A [16,16], B [16,8] bf16 bits and C [16,8] fp32");
     arr<float> D({16, 8});

@@ -215,6 +215,8 @@ def test_fibers_switch_in_user_space_where_they_can():
     want = (sys.platform.startswith("linux") and platform.machine() == "x86_64" and not _shadow_stack()
             and os.environ.get("UNWEIGHT_EMU_UCONTEXT") != "1")
     assert _cuda.emu_fiber_fast() is want
+    ns = _cuda.emu_fiber_switch_ns(1000)  # (a timing: only its sanity is checked)
+    assert 0 < ns < 1e6, ns
 
 
 def test_the_ucontext_fallback_runs_the_same_bodies():

@@ -1,8 +1,10 @@
 // Fiber switching for the warp emulator (fiber.h says why it is not swapcontext alone).
 #include "fiber.h"
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <cstring>
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -139,6 +141,32 @@ void fiber_switch(Fiber* from, Fiber* to) {
   }
 #endif
   swapcontext(&from->uc, &to->uc);
+}
+
+namespace {
+struct PingPong {
+  Fiber main, other;
+  long left = 0;
+};
+void ping_pong_body(void* arg) {
+  PingPong& p = *static_cast<PingPong*>(arg);
+  for (;;) {
+    --p.left;
+    fiber_switch(&p.other, &p.main);
+  }
+}
+}  // namespace
+
+double fiber_switch_ns(long n) {
+  if (n < 1) n = 1;
+  PingPong p;
+  std::unique_ptr<char[]> stack(new char[64 * 1024]);
+  fiber_make(&p.other, stack.get(), 64 * 1024, &ping_pong_body, &p);
+  p.left = n;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (p.left > 0) fiber_switch(&p.main, &p.other);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s * 1e9 / (2.0 * static_cast<double>(n));  // two switches per round trip
 }
 
 }  // namespace emu

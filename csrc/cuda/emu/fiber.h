@@ -31,6 +31,9 @@ void fiber_make(Fiber* f, char* stack, size_t bytes, void (*fn)(void*), void* ar
 // Saves the running context into `from` and resumes `to` (a fiber made by fiber_make, or a
 // context an earlier switch saved).  Returns when something switches back to `from`.
 void fiber_switch(Fiber* from, Fiber* to);
+// Nanoseconds per switch, timed over n round trips between this context and one fiber (the
+// figure warp_emu.h's cost note quotes; _cuda.emu_fiber_switch_ns).
+double fiber_switch_ns(long n);
 
 }  // namespace emu
 }  // namespace unweight
