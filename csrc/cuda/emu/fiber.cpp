@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <memory>
 #include <cstring>
+#include <memory>
 
 #if defined(__x86_64__) && defined(__linux__)
 #include <sys/syscall.h>
@@ -23,6 +23,20 @@ namespace {
 void uc_entry(unsigned fn_hi, unsigned fn_lo, unsigned arg_hi, unsigned arg_lo) {
   auto fn = reinterpret_cast<void (*)(void*)>((static_cast<uintptr_t>(fn_hi) << 32) | fn_lo);
   fn(reinterpret_cast<void*>((static_cast<uintptr_t>(arg_hi) << 32) | arg_lo));
+}
+
+// fiber_switch_ns: the timed context and one fiber, switching back and forth `left` times.
+constexpr size_t kPingPongStack = 64 * 1024;
+struct PingPong {
+  Fiber main, other;
+  long left = 0;
+};
+void ping_pong_body(void* arg) {
+  PingPong& p = *static_cast<PingPong*>(arg);
+  for (;;) {
+    --p.left;
+    fiber_switch(&p.other, &p.main);
+  }
 }
 
 }  // namespace
@@ -86,10 +100,10 @@ namespace emu {
 
 bool fiber_fast() {
 #if UW_FIBER_ASM
+  // UNWEIGHT_EMU_UCONTEXT=1 takes the fallback anyway (its tests run the same bodies on it).
   // arch_prctl(ARCH_SHSTK_STATUS): bit 0 set while the thread runs with a shadow stack, which
   // checks every return against the stack the call was made on.  Kernels without it say
   // EINVAL: no shadow stack.
-  // UNWEIGHT_EMU_UCONTEXT=1 takes the fallback anyway (its tests run the same bodies on it).
   static const bool fast = [] {
     const char* force = std::getenv("UNWEIGHT_EMU_UCONTEXT");
     if (force != nullptr && std::strcmp(force, "1") == 0) return false;
@@ -143,25 +157,11 @@ void fiber_switch(Fiber* from, Fiber* to) {
   swapcontext(&from->uc, &to->uc);
 }
 
-namespace {
-struct PingPong {
-  Fiber main, other;
-  long left = 0;
-};
-void ping_pong_body(void* arg) {
-  PingPong& p = *static_cast<PingPong*>(arg);
-  for (;;) {
-    --p.left;
-    fiber_switch(&p.other, &p.main);
-  }
-}
-}  // namespace
-
 double fiber_switch_ns(long n) {
   if (n < 1) n = 1;
   PingPong p;
-  std::unique_ptr<char[]> stack(new char[64 * 1024]);
-  fiber_make(&p.other, stack.get(), 64 * 1024, &ping_pong_body, &p);
+  std::unique_ptr<char[]> stack(new char[kPingPongStack]);
+  fiber_make(&p.other, stack.get(), kPingPongStack, &ping_pong_body, &p);
   p.left = n;
   const auto t0 = std::chrono::steady_clock::now();
   while (p.left > 0) fiber_switch(&p.main, &p.other);

@@ -3,12 +3,12 @@
 //
 // Why not ucontext alone: glibc's swapcontext saves and restores the signal mask, a
 // rt_sigprocmask system call on every switch, and an emulated launch switches once per lane
-// per collective; those calls were about 80% of the time of the emulated kernel tests.  The
+// per collective; through swapcontext those calls take about 80% of an emulated kernel test's time.  The
 // emulator's fibers all share one signal mask, so on x86-64 Linux a switch (fiber.cpp) saves
 // only what the System V ABI has a called function preserve -- rbx, rbp, r12-r15, the stack
 // pointer, MXCSR and the x87 control word -- and makes no system call.  Elsewhere, and in a
 // process running with a CET shadow stack (which a plain stack switch would trip), it is
-// swapcontext as before.  No CUDA types here: fiber.cpp compiles with the host compiler.
+// swapcontext.  No CUDA types here: fiber.cpp compiles with the host compiler.
 #pragma once
 #include <ucontext.h>
 
