@@ -11,8 +11,16 @@ created since the last collection; the runner takes one real full collection aft
 configuration (``FULL_COLLECT``), so an engine's cycles do not pile up across the
 configurations a runner process serves one after another.  Nothing else changes: no object is
 kept alive that the real collection would free for good, only later.
+
+Being first on the path, this module is the ``sitecustomize`` Python imports at startup, so it
+runs the one it shadows (a distribution's or a virtual environment's, found later on sys.path)
+as that would have run without it.
 """
 import gc
+import importlib.machinery
+import importlib.util
+import os
+import sys
 
 FULL_COLLECT = gc.collect
 
@@ -22,3 +30,17 @@ def _young_collect(generation: int = 2) -> int:
 
 
 gc.collect = _young_collect
+
+
+def _run_shadowed() -> None:
+    """Execute the next ``sitecustomize`` on sys.path after this folder, if there is one."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    shadowed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shadowed)
+
+
+_run_shadowed()
