@@ -3,7 +3,9 @@
 Every configuration must generate greedily the same tokens as vLLM serving the original BF16
 model in the same mode (eager or compiled: compilation changes float rounding, so each mode
 has its own baseline).  With TP=2, the load report every rank writes proves from the code
-path that it holds only its own segments, in compressed form.
+path that it holds only its own segments, in compressed form.  Tensor-parallel runs start one
+process per rank (vLLM's external_launcher executor, as torchrun starts them), except the one
+that starts its ranks as a server does (vLLM's own worker processes) and the 8-rank ones.
 """
 import json
 import os
@@ -15,7 +17,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (scripts/test_vllm.sh 
 
 from tests.conftest import flip_stored_byte  # noqa: E402
 from tests.integrations.vllm_model import PROMPTS, make_llama  # noqa: E402
-from tests.integrations.vllm_runner import run_configs  # noqa: E402
+from tests.integrations.vllm_runner import run_configs, run_tp_configs  # noqa: E402
 
 # Hidden size under 1024: its row-parallel o_proj (K = 512) shards at TP=2 only because the
 # writer's grid cuts every multiple of 256 into 8 column chunks (64 wide here).
@@ -32,7 +34,15 @@ pytestmark = pytest.mark.skipif(not _plugin_installed(),
                                 reason="unweight's vllm.general_plugins entry point is not installed")
 
 
-def _run(configs, timeout=420, extra_env=None):
+def _run(configs, timeout=420, extra_env=None, own_workers=False):
+    """Run configurations in a child process (vllm_runner.run_configs).  Tensor-parallel ones (one
+    tp above 1) run as one process per rank under vLLM's external_launcher executor
+    (run_tp_configs: one vLLM import per rank for all the configurations, where vLLM's own
+    executor spawns new worker processes for every engine), unless own_workers: vLLM's default
+    executor, as a server starts its ranks (workers that find the plugin through its entry point)."""
+    tps = {c.get("tp", 1) for c in configs}
+    if not own_workers and len(tps) == 1 and min(tps) > 1:
+        return run_tp_configs(configs, timeout, extra_env)
     return run_configs(configs, timeout, extra_env)
 
 
@@ -167,7 +177,7 @@ def test_tp2_each_rank_holds_only_its_compressed_shard(models, tmp_path, monkeyp
         {"model": models["huffman"], "tp": 2, "eager": True},
         {"model": old, "tp": 2, "eager": True},
     ]
-    res, log = _run(cfgs)
+    res, log = _run(cfgs, own_workers=True)
     assert _ok(res[1]) == _ok(res[0]) and _ok(res[2]) == _ok(res[0])
     for rank, r in res[2]["reports"].items():
         (pc,) = r["model.layers.0.self_attn.o_proj"]["pieces"]
@@ -217,7 +227,7 @@ def test_tp8_each_rank_holds_an_eighth_compressed(models):
     512 columns, q's 64 rows, the k and v rows of the one KV head vLLM gives the rank (2 KV
     heads over 8 ranks: each replicated on 4), 128 of the MLP's and the vocabulary's rows."""
     cfgs = [{"model": models["bf16"], "tp": 8, "max_tokens": 4}, {"model": models["huffman"], "tp": 8, "max_tokens": 4}]
-    res, _ = _run(cfgs, timeout=1200)
+    res, _ = _run(cfgs, timeout=1200, own_workers=True)
     assert _ok(res[1]) == _ok(res[0])
     reps = res[1]["reports"]
     assert sorted(reps) == list(range(8))
@@ -584,7 +594,8 @@ def test_moe_tp8_and_ep8_as_on_one_node(moe_models):
     one = {"tp": 8, "max_tokens": 2, "prompts": PROMPTS[:2]}
     ep = {**one, "expert_parallel": True}
     res, _ = _run([{"model": src, **one}, {"model": comp, **one}, {"model": src, **ep}, {"model": comp, **ep}],
-                  timeout=1500, extra_env=_standins_env())
+                  timeout=1500, extra_env=_standins_env(),
+                  own_workers=True)
     assert _ok(res[1]) == _ok(res[0]) and _ok(res[3]) == _ok(res[2])
     inter, experts = 256, 8
     for r, parallel in ((res[1], "tp"), (res[3], "ep")):
@@ -612,7 +623,8 @@ def test_mla_experts_over_8_ranks(mla_models):
     against its stored crc32."""
     m = mla_models
     ep = {"tp": 8, "expert_parallel": True, "max_tokens": 2, "prompts": PROMPTS[:2]}
-    res, _ = _run([{"model": m["bf16"], **ep}, {"model": m["palette"], **ep}], timeout=1500, extra_env=_standins_env())
+    res, _ = _run([{"model": m["bf16"], **ep}, {"model": m["palette"], **ep}], timeout=1500, extra_env=_standins_env(),
+                  own_workers=True)
     assert _ok(res[1]) == _ok(res[0])
     reports = res[1]["reports"]
     _check_mla_reports(reports, 8, "palette")

@@ -5,7 +5,9 @@
 Configurations run one after another in this process (one vLLM import for all of them);
 TP=1 uses the in-process "uni" executor.  With --dp-rank R --dp-size N --dp-port P the process
 is data-parallel rank R of N, as in vLLM's offline data-parallel example (run_dp_configs
-starts the N ranks): it generates for prompts R, R + N, ... of each configuration.  Set
+starts the N ranks): it generates for prompts R, R + N, ... of each configuration.  With
+--tp-rank R --tp-size N --tp-port P it is tensor-parallel rank R of N under vLLM's
+"external_launcher" executor, as torchrun starts it (run_tp_configs starts the N ranks).  Set
 VLLM_ENABLE_V1_MULTIPROCESSING=0 to keep the engine core in this process too.  The caller sets
 the environment (HF_HUB_OFFLINE, VLLM_CPU_OMP_THREADS_BIND; run_configs and run_dp_configs do).
 
@@ -29,7 +31,8 @@ from .vllm_model import make_llama, PROMPTS  # noqa: F401  (re-exported for call
 def run_one(cfg: dict) -> dict:
     """Build an LLM for one configuration, generate greedily, time it if asked, tear it down.
 
-    cfg: model, tp (1), eager (True), load_format ("auto"), lora (False), language_model_only
+    cfg: model, tp (1), executor (vLLM's distributed_executor_backend: "uni" at tp 1, else
+    vLLM's choice), eager (True), load_format ("auto"), lora (False), language_model_only
     (False: a multimodal model's towers left out, vLLM's --language-model-only), compilation_config
     (vLLM's, e.g. inductor settings), expert_parallel (False: vLLM's --enable-expert-parallel),
     ep_weight_filter (False: vLLM's --enable-ep-weight-filter),
@@ -69,6 +72,10 @@ def run_one(cfg: dict) -> dict:
     kw = {}
     if cfg.get("tp", 1) == 1:
         kw["distributed_executor_backend"] = "uni"  # no worker process to spawn: faster CI
+    if cfg.get("executor"):
+        kw["distributed_executor_backend"] = cfg["executor"]
+    if cfg.get("executor") == "external_launcher":
+        _group_named_by_port()
     if cfg.get("language_model_only"):
         kw["language_model_only"] = True
     if cfg.get("compilation_config"):
@@ -117,6 +124,20 @@ def run_one(cfg: dict) -> dict:
         except Exception:  # noqa: BLE001 - best effort between configurations
             pass
     return res
+
+
+def _group_named_by_port() -> None:
+    """vLLM's external_launcher executor joins its process group through "env://", and vllm-cpu
+    names the group's shared-memory segments after the init method's last part: every run on the
+    machine would take the same names, and two at once (two tests) fail with EEXIST.  The same
+    group joined through tcp://MASTER_ADDR:MASTER_PORT has its segments named after the port,
+    which run_tp_configs gives each configuration of its own."""
+    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
+
+    def distributed_args(self) -> tuple[str, int, int]:
+        return (f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", int(os.environ["RANK"]),
+                int(os.environ["LOCAL_RANK"]))
+    ExecutorWithExternalLauncher._distributed_args = distributed_args
 
 
 def omp_bind(tp: int) -> str:
@@ -267,15 +288,150 @@ def run_dp_configs(configs: list, dp: int = 2, timeout: float = 600,
     return res, "\n".join(outs)
 
 
+def run_tp_configs(configs: list, timeout: float = 600, extra_env: dict | None = None,
+                   grace: float = 30.0) -> tuple[list, str]:
+    """Run tensor-parallel configurations, all at one tp = N > 1, under vLLM's
+    "external_launcher" executor: N child processes, one per rank, each building every
+    configuration's engine in process, one after another (as torchrun runs vLLM's offline
+    example).  Returns (results, output) as run_configs does.
+
+    The same runs through vLLM's own executor start N worker processes per engine, each
+    importing vLLM anew (~10 s of CPU a worker); here the N processes serve every
+    configuration.  A rank whose configuration fails may leave the others waiting in a
+    collective (vLLM's shared-memory ones spin): once a rank has reported an error or ended,
+    the others get `grace` seconds to report that configuration, then all N are stopped and
+    the configurations after it run in N new processes."""
+    import subprocess
+    import tempfile
+    tps = {c.get("tp", 1) for c in configs}
+    if len(tps) != 1 or min(tps) < 2:
+        raise ValueError(f"run_tp_configs takes configurations of one tp above 1, not {sorted(tps)}")
+    n = tps.pop()
+    cores = omp_bind(n).split("|")
+    port = _dp_ports(len(configs))
+    deadline = time.monotonic() + timeout
+    results: list = []
+    output = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            while len(results) < len(configs):
+                first = len(results)
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"vLLM tensor-parallel ranks: configurations {first}+ not run in {timeout} s")
+                todo = configs[first:]
+                procs, paths = [], []
+                for r in range(n):
+                    paths.append(os.path.join(tmp, f"from{first}-rank{r}.log"))
+                    with open(paths[-1], "w") as log_file:  # (a file, not a pipe: see run_dp_configs)
+                        procs.append(subprocess.Popen(
+                            [sys.executable, "-m", "tests.integrations.vllm_runner", "--tp-rank", str(r),
+                             "--tp-size", str(n), "--tp-port", str(port + 10 * first), json.dumps(todo)],
+                            cwd=_ROOT, env=_child_env(cores[r], extra_env, quick_gc=True), stdout=log_file,
+                            stderr=subprocess.STDOUT, text=True))
+                got = _watch_ranks(procs, paths, len(todo), deadline, grace)
+                outs = []
+                for path in paths:
+                    with open(path) as f:
+                        outs.append(f.read())
+                output += [f"--- configurations {first}+, rank {r}:\n{o}" for r, o in enumerate(outs)]
+                merged = _merge_ranks(todo, got, outs)
+                if not merged:
+                    tails = "\n".join(f"--- rank {r}:\n{o[-6000:]}" for r, o in enumerate(outs))
+                    rcs = [p.returncode for p in procs]
+                    raise RuntimeError(f"vLLM tensor-parallel ranks failed (rc={rcs}):\n{tails}")
+                results += merged
+    finally:
+        _remove_group_segments(port, len(configs))
+    return results, "\n".join(output)
+
+
+def _merge_ranks(todo: list, got: list, outs: list) -> list:
+    """The results of the leading configurations of `todo` that every rank reported, or that
+    one rank failed: a rank's error is the configuration's; else rank 0's tokens, which every
+    rank must have generated; "reports" from every rank's output (`outs`), as run_configs."""
+    merged = []
+    for i, cfg in enumerate(todo):
+        mine = [g[i] for g in got if len(g) > i]
+        err = next((m["error"] for m in mine if "error" in m), None)
+        if err is None and len(mine) < len(got):
+            break  # (a rank ended without a word on this configuration)
+        if err is None and any(m["tokens"] != mine[0]["tokens"] for m in mine):
+            err = "the ranks did not all generate the same tokens"
+        res = {"error": err} if err else dict(mine[0])
+        res["config"] = cfg
+        res["reports"] = {}
+        for out in outs:
+            for rec in _layer_reports(out, len(todo))[i]:
+                res["reports"].setdefault(rec.get("ep_rank", rec.get("tp_rank", 0)), {})[rec["layer"]] = rec
+        merged.append(res)
+    return merged
+
+
+def _remove_group_segments(port: int, count: int) -> None:
+    """Unlink the shared-memory segments of the process groups of `count` configurations from
+    master port `port` (_group_named_by_port's names: the port, then the group), which vllm-cpu
+    leaves behind (8 MiB each, two per group and rank count)."""
+    import glob
+    for i in range(count):
+        for path in glob.glob(f"/dev/shm/{port + 10 * i}-*-cpushm_*"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _watch_ranks(procs: list, paths: list, count: int, deadline: float, grace: float) -> list:
+    """Wait for N rank processes (their output in `paths`) to report `count` configurations,
+    to end, or to stall: `grace` seconds after a rank has reported an error or ended, the
+    ranks still running are stopped.  Returns each rank's RESULT records so far."""
+    def results() -> list:
+        out = []
+        for path in paths:
+            with open(path) as f:
+                lines = f.read().split("\n")[:-1]  # (not a line still being written)
+            out.append([json.loads(ln[len("RESULT "):]) for ln in lines if ln.startswith("RESULT ")])
+        return out
+    stalled_since = None
+    try:
+        while time.monotonic() < deadline:
+            got = results()
+            if all(p.poll() is not None for p in procs) or all(len(g) == count for g in got):
+                break
+            # (a rank ended, or one has not reported a configuration that another failed)
+            failed = [j for g in got for j, r in enumerate(g) if "error" in r]
+            if any(p.poll() is not None for p in procs) or any(len(g) <= j for j in failed for g in got):
+                stalled_since = stalled_since or time.monotonic()
+                if time.monotonic() - stalled_since > grace:
+                    break
+            else:
+                stalled_since = None
+            time.sleep(0.25)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    return results()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("configs", help="JSON list of run_one configurations")
     ap.add_argument("--dp-rank", type=int, default=None, help="this process's data-parallel rank")
     ap.add_argument("--dp-size", type=int, default=1)
     ap.add_argument("--dp-port", type=int, default=0, help="the data-parallel master's port (configuration i: +10i)")
+    ap.add_argument("--tp-rank", type=int, default=None, help="this process's tensor-parallel rank")
+    ap.add_argument("--tp-size", type=int, default=1)
+    ap.add_argument("--tp-port", type=int, default=0, help="the process group's master port (configuration i: +10i)")
     a = ap.parse_args(argv)
     for i, cfg in enumerate(json.loads(a.configs)):
         print(f"BEGIN {i}", flush=True)
+        if a.tp_rank is not None:
+            # (torchrun's variables, read when each LLM initializes its process group; every
+            # configuration gets its own port)
+            os.environ.update(RANK=str(a.tp_rank), LOCAL_RANK=str(a.tp_rank), WORLD_SIZE=str(a.tp_size),
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.tp_port + 10 * i))
+            cfg = dict(cfg, executor="external_launcher")
         if a.dp_rank is not None:
             # (vLLM reads these when each LLM is built; every configuration gets its own port)
             os.environ.update(VLLM_DP_RANK=str(a.dp_rank), VLLM_DP_RANK_LOCAL=str(a.dp_rank),
