@@ -183,6 +183,16 @@ def _layer_reports(out: str, n: int) -> list:
     return recs
 
 
+def _by_rank(recs: list) -> dict:
+    """{rank: {layer: record}} of one configuration's layer reports.  (An expert-parallel MoE
+    layer's experts are tp rank 0 of 1 on every rank: its ep rank is the rank of the worker
+    that logged it.)"""
+    out: dict = {}
+    for rec in recs:
+        out.setdefault(rec.get("ep_rank", rec.get("tp_rank", 0)), {})[rec["layer"]] = rec
+    return out
+
+
 def run_configs(configs: list, timeout: float | None = 420, extra_env: dict | None = None,
                 quick_gc: bool = True) -> tuple[list, str]:
     """Run configurations in a child process (this module as a script); returns (results,
@@ -198,16 +208,12 @@ def run_configs(configs: list, timeout: float | None = 420, extra_env: dict | No
         raise RuntimeError(f"vLLM runner failed (rc={p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
     # (vLLM's log lines go to stdout or stderr: the BEGIN markers on stdout attribute them)
     for r, recs in zip(res, _layer_reports(p.stdout + "\n" + p.stderr, len(res))):
-        r["reports"] = {}
-        for rec in recs:
-            # (an expert-parallel MoE layer's experts are tp rank 0 of 1 on every rank: its ep rank
-            # is the rank of the worker that logged it)
-            r["reports"].setdefault(rec.get("ep_rank", rec.get("tp_rank", 0)), {})[rec["layer"]] = rec
+        r["reports"] = _by_rank(recs)
     return res, p.stdout + p.stderr
 
 
-def _dp_ports(n: int) -> int:
-    """The first of 10 * n free ports for n configurations' data-parallel masters (vLLM takes
+def _master_ports(n: int) -> int:
+    """The first of 10 * n free ports for n configurations' process-group masters (vLLM takes
     the master port and the ones after it), below the kernel's ephemeral range: the ports
     bind(0) hands out come from that range, close to one another, so a base taken from it
     is soon near the ports other vLLM processes (a concurrent test's) are given."""
@@ -233,6 +239,17 @@ def _dp_ports(n: int) -> int:
     raise RuntimeError("no free ports for vLLM's data-parallel masters")
 
 
+def _start_rank(log_path: str, args: list, core: str, extra_env: dict | None):
+    """This module as a script, one rank of a run over several processes, bound to `core`, its
+    output in the file `log_path` (not a pipe: a rank blocked on a full pipe would stall the
+    others in their collectives)."""
+    import subprocess
+    with open(log_path, "w") as log_file:
+        return subprocess.Popen([sys.executable, "-m", "tests.integrations.vllm_runner", *args], cwd=_ROOT,
+                                env=_child_env(core, extra_env, quick_gc=True), stdout=log_file,
+                                stderr=subprocess.STDOUT, text=True)
+
+
 def run_dp_configs(configs: list, dp: int = 2, timeout: float = 600,
                    extra_env: dict | None = None) -> tuple[list, str]:
     """Run configurations with vLLM's data parallelism over `dp` ranks of TP 1: one child
@@ -242,19 +259,13 @@ def run_dp_configs(configs: list, dp: int = 2, timeout: float = 600,
     rank's error."""
     import subprocess
     import tempfile
-    port = _dp_ports(len(configs))
+    port = _master_ports(len(configs))
     cpus = sorted(os.sched_getaffinity(0))
-    procs, logs = [], []
-    # (each rank writes to a file: a rank blocked on a full pipe would stall the others in
-    # their collectives)
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(dp):
-            env = _child_env(str(cpus[r % len(cpus)]), extra_env, quick_gc=True)
-            logs.append(open(os.path.join(tmp, f"rank{r}.log"), "w+"))
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tests.integrations.vllm_runner", "--dp-rank", str(r), "--dp-size", str(dp),
-                 "--dp-port", str(port), json.dumps(configs)], cwd=_ROOT, env=env, stdout=logs[-1],
-                stderr=subprocess.STDOUT, text=True))
+        paths = [os.path.join(tmp, f"rank{r}.log") for r in range(dp)]
+        procs = [_start_rank(paths[r], ["--dp-rank", str(r), "--dp-size", str(dp), "--dp-port", str(port),
+                                        json.dumps(configs)], str(cpus[r % len(cpus)]), extra_env)
+                 for r in range(dp)]
         deadline = time.monotonic() + timeout
         try:
             for p in procs:
@@ -266,10 +277,9 @@ def run_dp_configs(configs: list, dp: int = 2, timeout: float = 600,
                 p.kill()
                 p.wait()
         outs = []
-        for f in logs:
-            f.seek(0)
-            outs.append(f.read())
-            f.close()
+        for path in paths:
+            with open(path) as f:
+                outs.append(f.read())
     res = [{"tokens": [None] * len(c.get("prompts") or PROMPTS), "reports": {}, "config": c} for c in configs]
     for r, out in enumerate(outs):
         got = [json.loads(ln[len("RESULT "):]) for ln in out.splitlines() if ln.startswith("RESULT ")]
@@ -301,14 +311,13 @@ def run_tp_configs(configs: list, timeout: float = 600, extra_env: dict | None =
     collective (vLLM's shared-memory ones spin): once a rank has reported an error or ended,
     the others get `grace` seconds to report that configuration, then all N are stopped and
     the configurations after it run in N new processes."""
-    import subprocess
     import tempfile
     tps = {c.get("tp", 1) for c in configs}
     if len(tps) != 1 or min(tps) < 2:
         raise ValueError(f"run_tp_configs takes configurations of one tp above 1, not {sorted(tps)}")
     n = tps.pop()
     cores = omp_bind(n).split("|")
-    port = _dp_ports(len(configs))
+    port = _master_ports(len(configs))
     deadline = time.monotonic() + timeout
     results: list = []
     output = []
@@ -319,15 +328,10 @@ def run_tp_configs(configs: list, timeout: float = 600, extra_env: dict | None =
                 if time.monotonic() >= deadline:
                     raise RuntimeError(f"vLLM tensor-parallel ranks: configurations {first}+ not run in {timeout} s")
                 todo = configs[first:]
-                procs, paths = [], []
-                for r in range(n):
-                    paths.append(os.path.join(tmp, f"from{first}-rank{r}.log"))
-                    with open(paths[-1], "w") as log_file:  # (a file, not a pipe: see run_dp_configs)
-                        procs.append(subprocess.Popen(
-                            [sys.executable, "-m", "tests.integrations.vllm_runner", "--tp-rank", str(r),
-                             "--tp-size", str(n), "--tp-port", str(port + 10 * first), json.dumps(todo)],
-                            cwd=_ROOT, env=_child_env(cores[r], extra_env, quick_gc=True), stdout=log_file,
-                            stderr=subprocess.STDOUT, text=True))
+                paths = [os.path.join(tmp, f"from{first}-rank{r}.log") for r in range(n)]
+                procs = [_start_rank(paths[r], ["--tp-rank", str(r), "--tp-size", str(n), "--tp-port",
+                                                str(port + 10 * first), json.dumps(todo)], cores[r], extra_env)
+                         for r in range(n)]
                 got = _watch_ranks(procs, paths, len(todo), deadline, grace)
                 outs = []
                 for path in paths:
@@ -349,6 +353,7 @@ def _merge_ranks(todo: list, got: list, outs: list) -> list:
     """The results of the leading configurations of `todo` that every rank reported, or that
     one rank failed: a rank's error is the configuration's; else rank 0's tokens, which every
     rank must have generated; "reports" from every rank's output (`outs`), as run_configs."""
+    reports = [_layer_reports(out, len(todo)) for out in outs]
     merged = []
     for i, cfg in enumerate(todo):
         mine = [g[i] for g in got if len(g) > i]
@@ -359,10 +364,7 @@ def _merge_ranks(todo: list, got: list, outs: list) -> list:
             err = "the ranks did not all generate the same tokens"
         res = {"error": err} if err else dict(mine[0])
         res["config"] = cfg
-        res["reports"] = {}
-        for out in outs:
-            for rec in _layer_reports(out, len(todo))[i]:
-                res["reports"].setdefault(rec.get("ep_rank", rec.get("tp_rank", 0)), {})[rec["layer"]] = rec
+        res["reports"] = _by_rank([rec for rank in reports for rec in rank[i]])
         merged.append(res)
     return merged
 
