@@ -9,6 +9,7 @@ that starts its ranks as a server does (vLLM's own worker processes) and the 8-r
 """
 import json
 import os
+import re
 from importlib import metadata
 
 import pytest
@@ -99,8 +100,12 @@ def _llama_variants(models, root) -> dict:
 def test_tp1_eager_compiled_and_decode_at_load(models, tmp_path):
     """Eager and compiled against their own BF16 baselines, decoded at load, the palette and
     dense modes chosen in quantization_config, a flipped bit in a raw tensor (stops the load in
-    the main process), and LoRA / the dummy load format (refused in one line)."""
+    the main process), LoRA / the dummy load format (refused in one line), and a model whose
+    output head is its embedding (tie_word_embeddings)."""
+    import unweight
     var = _llama_variants(models, str(tmp_path))
+    tied = make_llama(str(tmp_path / "tied_bf16"), hidden=HIDDEN, ffn=FFN, tie=True)
+    unweight.compress(tied, str(tmp_path / "tied"), progress=False)
     cfgs = [
         {"model": models["bf16"], "eager": True},
         {"model": models["huffman"], "eager": True},
@@ -112,6 +117,8 @@ def test_tp1_eager_compiled_and_decode_at_load(models, tmp_path):
         {"model": var["flipped"]},
         {"model": models["huffman"], "lora": True},
         {"model": models["huffman"], "load_format": "dummy"},
+        {"model": tied, "eager": True},
+        {"model": str(tmp_path / "tied"), "eager": True},
     ]
     res, log = _run(cfgs)
     base_eager, base_compiled = _ok(res[0]), _ok(res[2])
@@ -127,6 +134,8 @@ def test_tp1_eager_compiled_and_decode_at_load(models, tmp_path):
     assert "checksum mismatch in tensor 'model.layers.0.input_layernorm.weight'" in res[7]["error"]
     assert "LoRA adapters need the base weights dense" in res[8]["error"]
     assert "does not read the checkpoint, e.g. dummy" in res[9]["error"]
+    assert _ok(res[11]) == _ok(res[10])         # the tied head computes with the compressed embedding
+    assert res[11]["reports"][0]["model.embed_tokens"]["path"] == "compressed"
     # Each path says what every layer did.
     assert "-> compressed in memory (huffman" in log
     assert "-> decoded to bf16 at load" in log
@@ -522,7 +531,7 @@ def llama4_models(tmp_path_factory):
 def _check_llama4_reports(reports: dict, tp: int, mode: str) -> None:
     """Every rank: each layer's stacked experts held compressed in `mode` as its block of the
     intermediate size, the stacks' crc32 checked; q/k/v decoded at load (vLLM's Llama 4 loader
-    permutes q and k); o_proj, the shared expert and the head compressed."""
+    permutes q and k, found by asking it); o_proj, the shared expert and the head compressed."""
     inter = 256
     assert sorted(reports) == list(range(tp))
     for rank, r in reports.items():
@@ -537,7 +546,9 @@ def _check_llama4_reports(reports: dict, tp: int, mode: str) -> None:
             assert all(pc["held_bytes"] < 0.8 * pc["bf16_shard_bytes"] for pc in ex["pieces"]), ex["pieces"]
             if rank == 0:  # (a layer built unquantized reports without a rank: found under rank 0)
                 qkv = r[f"model.layers.{layer}.self_attn.qkv_proj"]
-                assert qkv["path"] == "decoded-to-bf16-at-load" and "q_proj" in qkv["reason"], qkv
+                assert qkv["path"] == "decoded-to-bf16-at-load", qkv
+                assert re.fullmatch(r"vLLM's loader of Llama4For(CausalLM|ConditionalGeneration) rewrites q_proj "
+                                    r"at load \(view, transpose, reshape\)", qkv["reason"]), qkv
             for name in ("self_attn.o_proj", "feed_forward.shared_expert.gate_up_proj"):
                 v = r[f"model.layers.{layer}.{name}"]
                 assert v["path"] == "compressed" and v["mode"] == mode, (name, v)
@@ -567,8 +578,13 @@ def test_llama4_stacked_experts_serve_compressed(llama4_models, tmp_path, monkey
     ck.close()
     res, out = _run([{"model": m["bf16"], "max_tokens": 8}, {"model": m["huffman"], "max_tokens": 8},
                      {"model": m["palette"], "max_tokens": 8, "held_check": True},
-                     {"model": m["bad"], "max_tokens": 8}], timeout=600)
+                     {"model": m["bad"], "max_tokens": 8},
+                     {"model": m["palette"], "max_tokens": 8, "rewrite_check": False}], timeout=600)
     assert _ok(res[1]) == _ok(res[0]) and _ok(res[2]) == _ok(res[0])
+    # What asking the loader prevents: without it, q and k reach their layers as stored (the
+    # loader's permutation, keyed on ".weight", passes the planes by), every checksum passes, and
+    # the model computes other tokens.
+    assert _ok(res[4]) != _ok(res[0])
     # A layer's blocks are cut as soon as its two stacks have come, before the stream reaches
     # the next layer (so a rank never holds more than one layer's stacks).
     took = out.index("model.layers.0.feed_forward.experts: rank 0/1 took intermediate")

@@ -41,7 +41,9 @@ def run_one(cfg: dict) -> dict:
     slot_decode_faulty (False: the expert-slot decode taken out on the CPU as a failed self-test
     takes it out on a GPU, for the rest of the process), device_decode_fault (False: the load
     check's decode of held pieces flips one bit, as a faulty device kernel would, for the rest
-    of the process).
+    of the process), rewrite_check (True: False takes out the question to the model's loader of
+    which tensors it rewrites, loader.decode_rewritten, for the rest of the process, to show what
+    it prevents).
     """
     import gc
 
@@ -63,6 +65,9 @@ def run_one(cfg: dict) -> dict:
             out.view(-1)[3] = -out.view(-1)[3] if out.view(-1)[3] != 0 else 1
             return out
         rv._decode_held = faulty
+    if not cfg.get("rewrite_check", True):
+        from unweight.integrations.vllm import loader
+        loader.decode_rewritten = lambda *args, **kwargs: {}
     if cfg.get("slot_decode_faulty"):
         import torch
 

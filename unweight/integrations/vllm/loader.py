@@ -12,7 +12,9 @@ embedding, for one): vLLM's default loader is wrapped so that a compressed tenso
 method claims reaches the model decoded, under its own name.  vLLM's expert-parallel weight
 filter is given the planes' tensor names, and under expert parallelism the stream skips other
 ranks' experts' planes unread whether the filter is on or not, and the planes of the expert
-stacks their methods read themselves.
+stacks their methods read themselves.  Before the load starts, the model's own loader is asked
+whether it would rewrite a tensor whose planes pass it by; such a tensor's layer is rebuilt as a
+BF16 one and fed the decoded tensor (rewrites.py).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from ...format.checkpoint import split_name
 from ...format.header import TensorHeader
 from . import quant
 from .common import SKIP_UNREAD, log, missing_plane, moe_ranks, report_layer
+from .rewrites import decode_rewritten
 
 LOAD_FORMAT = "unweight"
 
@@ -121,18 +124,29 @@ def built_elsewhere(model: torch.nn.Module):
     return elsewhere
 
 
-def claimed_tensors(model: torch.nn.Module) -> set:
-    """Checkpoint names of the encoded tensors the model's unweight methods take as planes
-    through the model's loader."""
+def claimed_tensors(model: torch.nn.Module) -> dict:
+    """{checkpoint name: layer} of the encoded tensors the model's unweight methods take as
+    planes through the model's loader, each with the layer whose method takes it (a tied output
+    head takes none: it computes with its embedding's)."""
     from .moe import UnweightFusedMoEMethod, UnweightStackedMoEMethod
-    out = set()
+    out = {}
     for m in model.modules():
         qm = getattr(m, "quant_method", None)
-        if isinstance(qm, quant._UnweightMethodBase):
-            out.update(n for n, _ in qm.parts)
+        if isinstance(qm, quant._UnweightMethodBase) and getattr(m, "_uw_tied_to", None) is None:
+            out.update((n, m) for n, _ in qm.parts)
         elif isinstance(qm, UnweightFusedMoEMethod) and not isinstance(qm, UnweightStackedMoEMethod):
-            out.update(qm.names.values())
+            out.update((n, m) for n in qm.names.values())
     return out
+
+
+def _stored_shapes(model: torch.nn.Module) -> dict:
+    """{checkpoint name: stored shape} of the model's encoded tensors, from its unweight config."""
+    for m in model.modules():
+        qm = getattr(m, "quant_method", None)
+        cfg = getattr(qm, "config", None)
+        if isinstance(cfg, quant.UnweightConfig):
+            return {n: (e[5], e[0], e[1]) if e[5] else (e[0], e[1]) for n, e in cfg.encoded.items()}
+    return {}
 
 
 def stacked_tensors(model: torch.nn.Module) -> dict:
@@ -199,6 +213,23 @@ def unread_tensors(model: torch.nn.Module) -> set:
 
 
 DefaultModelLoader.get_all_weights = _get_all_weights
+
+_DEFAULT_LOAD_WEIGHTS = DefaultModelLoader.load_weights
+
+
+def _load_weights(self, model, model_config):
+    """DefaultModelLoader.load_weights for unweight checkpoints: first, before a byte is read,
+    the model's own loader is asked which compressed tensors it would rewrite on their way to
+    their layers (planes would pass such a rewrite by); their layers are rebuilt as BF16 ones,
+    fed decoded tensors (rewrites.decode_rewritten, quant.decode_layer_at_load).  Here and not in
+    the weight stream: the model's load_weights lists its parameters before reading the stream."""
+    if getattr(model_config, "quantization", None) == C.QUANT_METHOD:
+        decode_rewritten(model, claimed_tensors(model), _stored_shapes(model), quant.decode_layer_at_load,
+                         skip=unread_tensors(model))
+    return _DEFAULT_LOAD_WEIGHTS(self, model, model_config)
+
+
+DefaultModelLoader.load_weights = _load_weights
 
 
 def _plane_aware(skip):

@@ -75,18 +75,15 @@ from .common import (PLANE_DTYPES, device_piece, gather, hold_tiled, log, missin
 
 _DEFAULT_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
-# Tensors vLLM handles as BF16 itself, which planes would escape: the layers holding them are
-# built unquantized and fed decoded tensors (loader.py: no unweight method claims them), so
-# vLLM does with them what it does with the BF16 checkpoint's.
-# - Read dense, any architecture: multi-head latent attention (DeepSeek-V2/V3, Kimi-K2) folds
-#   kv_b_proj's weight into its per-head matrices at load (get_and_maybe_dequant_weights knows
-#   only dense, FP8 and packed-integer weights); ~0.05% of such a model's weights.
-# - Rewritten by an architecture's loader before a layer sees them (planes would skip it, and
-#   the layer compute with the checkpoint's weights, not the ones vLLM's model expects): Llama 4
-#   permutes the rows of each attention head's q and k for its rotary layout.
+# Tensors vLLM reads dense, which planes would escape: the layers holding them are built
+# unquantized and fed decoded tensors (loader.py: no unweight method claims them), so vLLM does
+# with them what it does with the BF16 checkpoint's.  Multi-head latent attention (DeepSeek-V2/V3,
+# Kimi-K2) folds kv_b_proj's weight into its per-head matrices at load
+# (get_and_maybe_dequant_weights knows only dense, FP8 and packed-integer weights); ~0.05% of such
+# a model's weights.  Tensors a model's own loader rewrites on their way to their layers (Llama 4's
+# q and k) are found by asking the loader, and their layers rebuilt the same way, before the load
+# (rewrites.py, decode_layer_at_load).
 _READ_DENSE = {"kv_b_proj": "vLLM's MLA attention reads this weight dense"}
-_REWRITTEN_AT_LOAD = {"Llama4ForCausalLM": ("q_proj", "k_proj"),
-                      "Llama4ForConditionalGeneration": ("q_proj", "k_proj")}
 
 
 class _GemmHolder(torch.nn.Module):
@@ -177,8 +174,6 @@ class UnweightConfig(QuantizationConfig):
         self.tie_word_embeddings = False
         # set by the "unweight" load format: every layer unquantized, planes decoded at load
         self.decode_at_load = False
-        # projections the model's own loader rewrites before they reach a layer (_REWRITTEN_AT_LOAD)
-        self.rewritten: tuple = ()
 
     def __repr__(self):
         return f"UnweightConfig(format_version={self.format_version}, encoding={self.encoding}, mode={self.mode})"
@@ -223,8 +218,6 @@ class UnweightConfig(QuantizationConfig):
         self.model_path = path
         if hf_config is not None:
             self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-            archs = getattr(hf_config, "architectures", None) or []
-            self.rewritten = tuple(sorted({m for a in archs for m in _REWRITTEN_AT_LOAD.get(a, ())}))
         cp = CompressedCheckpoint(path)
         try:
             for base, planes in cp.encoded.items():
@@ -259,16 +252,9 @@ class UnweightConfig(QuantizationConfig):
         return [(f"{head}.{s}.weight" if head else f"{s}.weight", i) for s, i in zip(subs, ids)]
 
     def _read_as_bf16(self, name: str) -> str | None:
-        """Why vLLM handles checkpoint tensor `name` as BF16 itself (_READ_DENSE, or a language
-        model's attention projection listed in _REWRITTEN_AT_LOAD for the architecture), else None."""
+        """Why vLLM reads checkpoint tensor `name` dense (_READ_DENSE), else None."""
         mods = name.split(".")
-        if len(mods) < 2:
-            return None
-        if mods[-2] in _READ_DENSE:
-            return _READ_DENSE[mods[-2]]
-        if mods[-2] in self.rewritten and "self_attn" in mods and "vision" not in name:
-            return f"vLLM's loader rewrites {mods[-2]} at load"
-        return None
+        return _READ_DENSE.get(mods[-2]) if len(mods) >= 2 else None
 
     def _embedding_name(self, layer: VocabParallelEmbedding, prefix: str) -> str | None:
         if prefix:
@@ -563,6 +549,36 @@ class UnweightLinearMethod(_UnweightMethodBase, LinearMethodBase):
 
     def apply(self, layer, x, bias=None):
         return self._linear(layer, x, bias)
+
+
+def decode_layer_at_load(layer: nn.Module, reason: str) -> bool:
+    """Rebuild `layer`, a linear layer built with an unweight method whose weights have not been
+    read yet, as the BF16 layer vLLM builds without unweight: its plane placeholders removed and
+    its weight created as the layer's constructor creates an unquantized one, so that the load
+    feeds it decoded tensors (loader.claimed_tensors no longer claims its parts) through the
+    model's own loader, rewrites included.  Reports the layer decoded, for `reason`.  False, and
+    nothing done, for any other layer."""
+    qm = getattr(layer, "quant_method", None)
+    if not (isinstance(layer, LinearBase) and isinstance(qm, UnweightLinearMethod)):
+        return False
+    for suf in C.ALL_SUFFIXES:
+        layer._parameters.pop("weight" + suf, None)
+    for attr in ("_uw_pending", "_uw_pieces", "_uw_out_rows", "_uw_cols", "_uw_method"):
+        layer.__dict__.pop(attr, None)
+    method = UnquantizedLinearMethod()
+    layer.quant_method = method
+    # (as LinearBase's constructors call it: ReplicatedLinear with its whole input and its own
+    # loader; the others with their partition and the v2 loader, which vLLM pairs with this method)
+    replicated = isinstance(layer, ReplicatedLinear)
+    method.create_weights(layer=layer,
+                          input_size_per_partition=layer.input_size if replicated else layer.input_size_per_partition,
+                          output_partition_sizes=layer.output_partition_sizes, input_size=layer.input_size,
+                          output_size=layer.output_size, params_dtype=layer.params_dtype,
+                          weight_loader=layer.weight_loader if replicated else layer.weight_loader_v2)
+    rank, size = tp_info(layer)
+    report_layer(qm.prefix, {"path": "decoded-to-bf16-at-load", "reason": reason, "tp_rank": rank, "tp_size": size})
+    log.info("unweight: %s -> decoded to bf16 at load (%s)", qm.prefix, reason)
+    return True
 
 
 class UnweightEmbeddingMethod(_UnweightMethodBase):
