@@ -31,6 +31,7 @@ Imports vLLM nowhere: the check needs only the model object.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 
 import torch
@@ -209,6 +210,7 @@ def loader_rewrites(model: nn.Module, owners: dict[str, nn.Module], shapes: dict
     names = one_per_kind(n for n in owners if n not in skip and n in shapes)
     if load_weights is None or not names:
         return {}
+    t0 = time.perf_counter()
     reached: dict = {}
     added = _stand_in_parameters(model, reached)
     try:
@@ -229,9 +231,10 @@ def loader_rewrites(model: nn.Module, owners: dict[str, nn.Module], shapes: dict
             raise InputError(f"vLLM's loader of {arch} takes {n} to {paths.get(id(layer), '?')}, not to "
                              f"{paths.get(id(owners[n]), '?')}, the layer that holds its planes: serve this "
                              "checkpoint with --load-format unweight (every weight decoded to BF16 at load)")
+    got = sum(1 for n in names if n in reached)
     log.info("unweight: %s's loader asked about %d kinds of compressed tensor: %d rewritten on the way to their "
-             "layers, %d unchanged, %d skipped", arch, len(names), len(changed),
-             sum(1 for n in names if n in reached) - len(changed), len(names) - sum(1 for n in names if n in reached))
+             "layers, %d unchanged, %d skipped (%.2f s)", arch, len(names), len(changed), got - len(changed),
+             len(names) - got, time.perf_counter() - t0)
     return {n: changed[_kind(n)] for n in owners if _kind(n) in changed}
 
 
