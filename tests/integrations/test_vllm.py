@@ -520,6 +520,41 @@ def test_mla_moe_compiled(mla_models):
     _check_mla_reports(res[1]["reports"], 1, "palette")
 
 
+def test_fused_qkv_and_gate_up_serve_compressed(tmp_path):
+    """Phi-3's checkpoint layout: q, k and v stored as one matrix, gate and up as one. Each rank
+    cuts its sections of every fused matrix (at TP 2 its q rows, the one KV head's k and v rows,
+    which both ranks hold, its gate rows and its up rows) and the group checks each matrix's
+    crc32 from all of them; greedy tokens equal to vLLM serving the BF16 original, huffman and
+    palette, the load check as a GPU makes it too; a flipped bit in a fused matrix's plane
+    stops the load naming it."""
+    import shutil
+
+    import unweight
+    from tests.integrations.vllm_model import make_phi3
+    src = make_phi3(str(tmp_path / "bf16"))
+    huff, pal, bad = (str(tmp_path / n) for n in ("huffman", "palette", "bad"))
+    unweight.compress(src, huff, progress=False)
+    unweight.compress(src, pal, encoding="palette", progress=False)
+    shutil.copytree(huff, bad)
+    flip_stored_byte(os.path.join(bad, "model.safetensors"), "model.layers.1.self_attn.qkv_proj.weight__sm",
+                     offset=300)
+    res, out = _run([{"model": src}, {"model": huff}, {"model": pal}, {"model": bad},
+                     {"model": pal, "held_check": True}])
+    assert "do not tile" not in out  # (every fused matrix checked whole, not skipped)
+    assert _ok(res[1]) == _ok(res[0]) and _ok(res[2]) == _ok(res[0]) and _ok(res[4]) == _ok(res[0])
+    assert "model.layers.1.self_attn.qkv_proj.weight" in res[3]["error"] and "checksum mismatch" in res[3]["error"]
+    qkv = res[1]["reports"][0]["model.layers.0.self_attn.qkv_proj"]
+    assert qkv["path"] == "compressed" and [pc["rows"] for pc in qkv["pieces"]] == [[0, 512], [512, 576], [576, 640]]
+    res, out = _run([{"model": src, "tp": 2}, {"model": huff, "tp": 2}, {"model": pal, "tp": 2}], timeout=600)
+    assert _ok(res[1]) == _ok(res[0]) and _ok(res[2]) == _ok(res[0]) and "do not tile" not in out
+    for rank in (0, 1):
+        r = res[1]["reports"][rank]
+        assert [pc["rows"] for pc in r["model.layers.0.self_attn.qkv_proj"]["pieces"]] == [
+            [256 * rank, 256 * rank + 256], [512, 576], [576, 640]]
+        assert [pc["rows"] for pc in r["model.layers.1.mlp.gate_up_proj"]["pieces"]] == [
+            [512 * rank, 512 * rank + 512], [1024 + 512 * rank, 1536 + 512 * rank]]
+
+
 @pytest.fixture(scope="module")
 def llama4_models(tmp_path_factory):
     """A Llama 4-shaped BF16 model (experts as 3-D stacks), its huffman checkpoint, a copy in

@@ -107,3 +107,28 @@ def make_moe(dst: str, arch: str, *, seed: int = 0, mtp: bool = False) -> str:
             sd[f"model.layers.{n}.{norm}.weight"] = torch.ones(h, dtype=torch.bfloat16)
         save_file(sd, f, metadata={"format": "pt"})
     return dst
+
+
+def make_phi3(dst: str, *, kv_heads: int = 1, seed: int = 0) -> str:
+    """Write a 2-layer Phi-3 [hidden 512, 8 heads of 64, ffn 1024, vocab 1024] in bf16 to dst,
+    whose checkpoint holds q, k and v as one matrix ``qkv_proj`` [(8 + 2 kv_heads) x 64, 512] and
+    gate and up as one ``gate_up_proj`` [2048, 512], as Phi-3's do; return dst.  One KV head
+    by default: at TP 2 both ranks hold the same k and v rows."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model("phi3", vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                               num_attention_heads=8, num_key_value_heads=kv_heads, max_position_embeddings=512,
+                               tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                               torch_dtype="bfloat16")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p, dtype=torch.float32))
+            else:
+                p.normal_(0.0, 0.05)
+    os.makedirs(dst, exist_ok=True)
+    model.save_pretrained(dst, safe_serialization=True)
+    return dst

@@ -115,7 +115,7 @@ def device_piece(hs: TensorHeader, ps: dict, dev, mode: str, name: str) -> Encod
         else:
             # On the host: a shard's header carries no crc32 of its own (shard_planes), so the
             # decode here is not checked against one; the piece was checked with the TP
-            # group's shard records (_verify_piece).
+            # group's shard records (quant._check_group).
             w = tc.decode(hs, {s: np.ascontiguousarray(a) for s, a in ps.items()}, verify=False)
             enc = tc.encode(w, mode, grid=(hs.rows_per_group, hs.cols_per_chunk))
             return device_piece(enc.header, enc.planes, dev, mode, name)

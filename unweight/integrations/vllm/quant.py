@@ -251,6 +251,21 @@ class UnweightConfig(QuantizationConfig):
         ids = ["q", "k", "v"] if last == "qkv_proj" and len(subs) == 3 else list(range(len(subs)))
         return [(f"{head}.{s}.weight" if head else f"{s}.weight", i) for s, i in zip(subs, ids)]
 
+    def _fused_parts(self, layer, prefix: str, parts: list) -> list:
+        """`parts`, or for a QKV or merged-column layer whose checkpoint stores its parts as one
+        matrix ``{prefix}.weight`` (Phi-3's qkv_proj and gate_up_proj, which vLLM's packed
+        mapping maps to themselves), that matrix once per part's shard id: each part's piece is
+        its section of the matrix's rows."""
+        name = f"{prefix}.weight"
+        names = [n for n, _ in parts]
+        if name not in self.encoded or (names != [name] and all(n in self.encoded for n in names)):
+            return parts
+        if isinstance(layer, QKVParallelLinear):
+            return [(name, sid) for sid in ("q", "k", "v")]
+        if isinstance(layer, MergedColumnParallelLinear):
+            return [(name, i) for i in range(len(layer.output_sizes))]
+        return parts
+
     def _read_as_bf16(self, name: str) -> str | None:
         """Why vLLM reads checkpoint tensor `name` dense (_READ_DENSE), else None."""
         mods = name.split(".")
@@ -277,7 +292,7 @@ class UnweightConfig(QuantizationConfig):
         if isinstance(layer, LinearBase):
             if self.decode_at_load:
                 return UnquantizedLinearMethod()
-            parts = self._parts(prefix)
+            parts = self._fused_parts(layer, prefix, self._parts(prefix))
             enc = [n in self.encoded for n, _ in parts]
             why = [r for r in (self._read_as_bf16(n) for n, _ in parts) if r]
             if why and any(enc):
@@ -324,6 +339,9 @@ class _UnweightMethodBase(QuantizeMethodBase):
         self.prefix = prefix
         self.parts = parts  # [(checkpoint name, shard id)]
         self.shard_ids = [sid for _, sid in parts]
+        # one stored matrix holding every part as a section of rows (Phi-3's qkv_proj and
+        # gate_up_proj): each part's piece is cut from it, and the group checks it as a whole
+        self.fused = len(parts) > 1 and len({n for n, _ in parts}) == 1
 
     # ---- create
 
@@ -354,9 +372,11 @@ class _UnweightMethodBase(QuantizeMethodBase):
         def load(param, loaded_weight, shard_id=None):
             if shard_id is None:
                 shard_id = getattr(loaded_weight, "shard_id", None)
-            pend = layer._uw_pending.setdefault(shard_id, {})
-            pend[suffix] = loaded_weight
-            self._maybe_finish_piece(layer, shard_id)
+            # a fused matrix's planes come once (vLLM's loaders give a whole stored tensor no
+            # shard id): every part's piece is cut from them
+            for sid in (self.shard_ids if self.fused and shard_id is None else [shard_id]):
+                layer._uw_pending.setdefault(sid, {})[suffix] = loaded_weight
+                self._maybe_finish_piece(layer, sid)
         return load
 
     # ---- shard geometry
@@ -377,6 +397,27 @@ class _UnweightMethodBase(QuantizeMethodBase):
             if h.cols != layer.input_size or h.rows != layer.output_size:
                 raise InputError(f"{what}: model expects [{layer.output_size}x{layer.input_size}]")
             return None, sh.tp_shard_range(h.cols, size, rank, what=what, axis="cols")
+        if self.fused and isinstance(layer, QKVParallelLinear):
+            hs, vs = layer.head_size, layer.v_head_size
+            q, kv = layer.total_num_heads * hs, layer.total_num_kv_heads
+            if h.rows != q + kv * (hs + vs) or h.cols != layer.input_size:
+                raise InputError(f"{what}: model expects [{q + kv * (hs + vs)}x{layer.input_size}] (q, k and v "
+                                 "stored as one matrix)")
+            if shard_id == "q":
+                n, off = layer.num_heads * hs, rank * layer.num_heads * hs
+            else:
+                width = vs if shard_id == "v" else hs
+                n = layer.num_kv_heads * width
+                off = q + (kv * hs if shard_id == "v" else 0) + (rank // layer.num_kv_head_replicas) * n
+            return (off, off + n), None
+        if self.fused and isinstance(layer, MergedColumnParallelLinear):
+            total = sum(layer.output_sizes)
+            if h.rows != total or h.cols != layer.input_size:
+                raise InputError(f"{what}: model expects [{total}x{layer.input_size}] ({len(layer.output_sizes)} "
+                                 "parts stored as one matrix)")
+            off = sum(layer.output_sizes[:shard_id])
+            a, b = sh.tp_shard_range(layer.output_sizes[shard_id], size, rank, what=what, axis="rows")
+            return (off + a, off + b), None
         if isinstance(layer, QKVParallelLinear):
             hs = layer.v_head_size if shard_id == "v" else layer.head_size
             if shard_id == "q":
@@ -429,11 +470,11 @@ class _UnweightMethodBase(QuantizeMethodBase):
         on_device = where == "held" and HeldCheck.on_device(dev)
         if on_device and mode != "dense":
             scratch.reserve(dev, layer._uw_out_rows * layer._uw_cols)
-        weights, report, dense_checks = [], [], []
+        weights, report, dense_checks, checks = [], [], [], []
         for sid in self.shard_ids:
             pc = layer._uw_pieces[sid]
-            if verify and not on_device:
-                self._verify_piece(layer, pc)
+            if verify and not on_device:  # (the host decodes the rank's block once)
+                checks.append((pc, piece_record(pc)[1], None))
             w = device_piece(pc["header"], pc["planes"], dev, mode, pc["name"])
             # Tile-major only where the pieces feed matmuls alone: not an embedding (its row
             # gather reads file order), which a tied lm_head computes with.
@@ -442,11 +483,9 @@ class _UnweightMethodBase(QuantizeMethodBase):
                 w = hold_tiled(w, self.config.plane_order, uvops.current_policy())
             if on_device and mode != "dense":
                 mine = held_shard_record(w, pc["rows"], pc["cols"], pc["full_header"].cols, uvops.current_policy())
-                try:
-                    check_shard_records(gather(layer, mine), pc["full_header"], pc["name"])
-                except ChecksumError as e:  # this rank's device, or the planes? (the host decodes them too)
-                    fault = block_fault(pc["name"], dev, mine, lambda pc=pc: piece_record(pc)[1])
-                    raise (fault or e) from None
+                # on a mismatch: this rank's device, or the planes? (the host decodes them too)
+                checks.append((pc, mine, lambda pc=pc, mine=mine: block_fault(pc["name"], dev, mine,
+                                                                              lambda: piece_record(pc)[1])))
             elif on_device:
                 dense_checks.append((pc, sum(x.rows for x in weights)))
             weights.append(w)
@@ -458,6 +497,7 @@ class _UnweightMethodBase(QuantizeMethodBase):
                            "held_bytes": held, "full_planes_bytes": pc["full_bytes"],
                            "plane_order": "tiled" if w.tiled else "file",
                            "bf16_shard_bytes": hs.rows * hs.cols * 2, "recoded": pc["recoded"]})
+        self._check_group(layer, checks)
         for suf in C.ALL_SUFFIXES:
             delattr(layer, "weight" + suf)
         del layer._uw_pieces, layer._uw_pending
@@ -474,9 +514,8 @@ class _UnweightMethodBase(QuantizeMethodBase):
                                                    for t in uvops.piece_planes(w, _EMPTY) if t is not None)}
         if mode == "dense":
             w = dispatch.decode_new(weights, layer._uw_out_rows, layer._uw_cols, uvops.current_policy())
-            for pc, r0 in dense_checks:
-                mine = shard_record_of(w[r0:r0 + pc["header"].rows], pc["rows"], pc["cols"], pc["full_header"].cols)
-                check_shard_records(gather(layer, mine), pc["full_header"], pc["name"])
+            self._check_group(layer, [(pc, shard_record_of(w[r0:r0 + pc["header"].rows], pc["rows"], pc["cols"],
+                                                           pc["full_header"].cols), None) for pc, r0 in dense_checks])
             layer.register_buffer("uw_dense", w, persistent=False)
             layer._uw_n, layer._uw_meta = 0, []
             for r in report:
@@ -519,12 +558,20 @@ class _UnweightMethodBase(QuantizeMethodBase):
                           uvops.current_policy(), dev)
         return gain is not None and gain > 1.0
 
-    def _verify_piece(self, layer, pc):
-        """Decode this rank's shard once on the host and check the TP group's shards against the
-        stored crc32."""
-        h = pc["full_header"]
-        _, mine = piece_record(pc)
-        check_shard_records(gather(layer, mine), h, pc["name"])
+    def _check_group(self, layer, checks: list) -> None:
+        """Check the TP group's blocks of each tensor against its stored crc32.  checks: [(piece,
+        this rank's shard record of it, None or a callable giving the DeviceFaultError that
+        explains a mismatch)].  Each piece's records are gathered and checked on their own; a
+        fused matrix's (every part a section of one stored tensor) all together, since only
+        all the parts' blocks of all ranks tile the tensor."""
+        for group in ([checks] if self.fused and checks else [[c] for c in checks]):
+            pc = group[0][0]
+            records = [r for rank in gather(layer, [mine for _, mine, _ in group]) for r in rank]
+            try:
+                check_shard_records(records, pc["full_header"], pc["name"])
+            except ChecksumError as e:
+                fault = next((f for f in (why() for _, _, why in group if why is not None) if f is not None), None)
+                raise (fault or e) from None
 
     def _planes(self, layer) -> list:
         return [getattr(layer, f"uw_{i // uvops.PLANES_PER_PIECE}_{i % uvops.PLANES_PER_PIECE}")
