@@ -63,4 +63,4 @@ CPUS=$("$VPY" -c "import os; print(len(os.sched_getaffinity(0)))")
 XDIST=()
 if [ "${UNWEIGHT_TEST_JOBS:-$CPUS}" -gt 1 ]; then XDIST=(-n 2 --dist load); fi
 "$VPY" -m pytest -q -p no:cacheprovider --durations=10 ${XDIST[@]+"${XDIST[@]}"} tests/codec/test_shard.py \
-  tests/integrations/test_vllm.py tests/integrations/test_vllm_serve.py "$@"
+  tests/integrations/test_vllm.py tests/integrations/test_vllm_serve.py tests/scripts/test_vllm_families.py "$@"

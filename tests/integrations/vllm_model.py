@@ -122,7 +122,16 @@ def make_phi3(dst: str, *, kv_heads: int = 1, seed: int = 0) -> str:
                                tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                                torch_dtype="bfloat16")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    save_spread(AutoModelForCausalLM.from_config(cfg), dst)
+    return dst
+
+
+def save_spread(model, dst: str) -> None:
+    """Save `model` in bf16 to dst with its norms away from 1.0 (exact in any format) and its
+    matrices at a trained model's spread (N(0, 0.05)), from torch's current seed."""
+    import torch
+
+    model = model.to(torch.bfloat16)
     with torch.no_grad():
         for p in model.parameters():
             if p.ndim == 1:
@@ -131,4 +140,3 @@ def make_phi3(dst: str, *, kv_heads: int = 1, seed: int = 0) -> str:
                 p.normal_(0.0, 0.05)
     os.makedirs(dst, exist_ok=True)
     model.save_pretrained(dst, safe_serialization=True)
-    return dst
