@@ -379,8 +379,13 @@ def test_moe_tp2_experts_stay_compressed_per_rank(moe_models, tmp_path, monkeypa
                     assert pc["held_shape"] == [pc["rows"][1] - pc["rows"][0], pc["cols"][1] - pc["cols"][0]]
                     assert pc["held_bytes"] < 0.7 * pc["bf16_shard_bytes"], pc
                     assert pc["held_bytes"] < 0.6 * pc["full_planes_bytes"], pc
-    # Mixtral builds its embedding without a quantization config: that tensor reaches it decoded.
-    assert "model.embed_tokens.weight -> decoded to bf16 at load" in log
+    # Mixtral builds its embedding without a quantization config: before the load it takes its
+    # compressed tensor (quant.compress_embedding_at_load), each rank its half of the vocabulary.
+    mixtral = res[2 * list(moe_models).index("mixtral") + 1]["reports"]
+    for rank, r in mixtral.items():
+        emb = r["model.embed_tokens"]
+        assert emb["path"] == "compressed" and [pc["rows"] for pc in emb["pieces"]] == [[512 * rank, 512 * rank + 512]]
+    assert "model.embed_tokens -> held compressed (vLLM builds it without a quantization config)" in log
 
 
 def test_moe_compiled(moe_models, tmp_path):

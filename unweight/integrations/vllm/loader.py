@@ -7,9 +7,10 @@ the whole tensors it is handed (that is the price of the fallback; the quantizat
 the one that keeps weights compressed).  Every decode is crc-verified.
 
 The quantization path (``--load-format auto`` on an unweight checkpoint) uses the same
-decoding for the layers a model builds without a quantization config (Mixtral's
-embedding, for one): vLLM's default loader is wrapped so that a compressed tensor no unweight
-method claims reaches the model decoded, under its own name.  vLLM's expert-parallel weight
+decoding for the layers a model builds without a quantization config (a vision tower's, for
+one; an embedding or head built so is held compressed instead, quant.compress_embedding_at_load):
+vLLM's default loader is wrapped so that a compressed tensor no unweight method claims reaches
+the model decoded, under its own name.  vLLM's expert-parallel weight
 filter is given the planes' tensor names, and under expert parallelism the stream skips other
 ranks' experts' planes unread whether the filter is on or not, and the planes of the expert
 stacks their methods read themselves.  Before the load starts, the model's own loader is asked
@@ -219,11 +220,15 @@ _DEFAULT_LOAD_WEIGHTS = DefaultModelLoader.load_weights
 
 def _load_weights(self, model, model_config):
     """DefaultModelLoader.load_weights for unweight checkpoints: first, before a byte is read,
-    the model's own loader is asked which compressed tensors it would rewrite on their way to
-    their layers (planes would pass such a rewrite by); their layers are rebuilt as BF16 ones,
-    fed decoded tensors (rewrites.decode_rewritten, quant.decode_layer_at_load).  Here and not in
-    the weight stream: the model's load_weights lists its parameters before reading the stream."""
+    embeddings vLLM built without a quantization config take their compressed tensors
+    (quant.compress_embedding_at_load); then the model's own loader is asked which compressed
+    tensors it would rewrite on their way to their layers (planes would pass such a rewrite by),
+    and their layers are rebuilt as BF16 ones, fed decoded tensors (rewrites.decode_rewritten,
+    quant.decode_layer_at_load).  Here and not in the weight stream: the model's load_weights
+    lists its parameters before reading the stream."""
     if getattr(model_config, "quantization", None) == C.QUANT_METHOD:
+        for path, m in list(model.named_modules()):
+            quant.compress_embedding_at_load(model, m, path)
         decode_rewritten(model, claimed_tensors(model), _stored_shapes(model), quant.decode_layer_at_load,
                          skip=unread_tensors(model))
     return _DEFAULT_LOAD_WEIGHTS(self, model, model_config)

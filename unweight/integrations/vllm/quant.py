@@ -628,6 +628,35 @@ def decode_layer_at_load(layer: nn.Module, reason: str) -> bool:
     return True
 
 
+def compress_embedding_at_load(model: nn.Module, layer: nn.Module, path: str) -> str | None:
+    """Hold compressed an embedding or output head that vLLM built without a quantization config
+    (Gemma 2's input embedding, StableLM's and Mixtral's), whose weights have not been read yet
+    and whose checkpoint tensor is encoded: its BF16 weight removed and the unweight method's
+    plane placeholders created as the layer's constructor creates a quantized layer's, so the
+    load feeds it planes.  A weight another module shares (a head tied to it) is left as it is.
+    Returns the checkpoint name it now takes, else None (nothing done)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    if not isinstance(layer, VocabParallelEmbedding) or type(layer.quant_method) is not UnquantizedEmbeddingMethod:
+        return None
+    config = next((m.quant_method.config for m in model.modules()
+                   if isinstance(getattr(m, "quant_method", None), _UnweightMethodBase)), None)
+    weight = getattr(layer, "weight", None)
+    if config is None or config.decode_at_load or not isinstance(weight, nn.Parameter):
+        return None
+    if any(m is not layer and getattr(m, "weight", None) is weight for m in model.modules()):
+        return None
+    name = config._embedding_name(layer, path)
+    if name is None or name != f"{path}.weight":  # (only the tensor of its own name: no guess)
+        return None
+    del layer._parameters["weight"]
+    method = UnweightEmbeddingMethod(config, path, [(name, None)])
+    layer.quant_method = method
+    method.create_weights(layer, layer.input_size_per_partition, layer.output_partition_sizes, layer.input_size,
+                          layer.output_size, params_dtype=layer.params_dtype, weight_loader=layer.weight_loader)
+    log.info("unweight: %s -> held compressed (vLLM builds it without a quantization config)", path)
+    return name
+
+
 class UnweightEmbeddingMethod(_UnweightMethodBase):
     """Vocab-parallel embedding / lm_head kept as the rank's compressed vocab rows."""
 
