@@ -107,3 +107,29 @@ def test_decompressed_model_loads_as_the_original(fp8_model):
     import unweight  # noqa: F401  (registers the quantizer)
     with pytest.raises(InputError, match=r"quantized with 'fp8' before compression.*unweight decompress"):
         AutoModelForCausalLM.from_pretrained(comp, dtype=torch.bfloat16)
+
+
+def test_a_quantization_config_under_text_config_is_kept_as_the_source(fp8_model, tmp_path):
+    """A multimodal model may keep its quantization_config under text_config only: compress
+    records it as the source (and where it was), leaves it there, and decompress gives back
+    the config as it was."""
+    import shutil
+    src = str(tmp_path / "src")
+    shutil.copytree(fp8_model[0], src)
+    p = os.path.join(src, "config.json")
+    with open(p) as fh:
+        c = json.load(fh)
+    c["text_config"] = {"quantization_config": c.pop("quantization_config"), "hidden_size": 256}
+    with open(p, "w") as fh:
+        json.dump(c, fh, indent=2)
+    comp, back = str(tmp_path / "comp"), str(tmp_path / "back")
+    api.compress(src, comp, progress=False)
+    with open(os.path.join(comp, "config.json")) as fh:
+        out = json.load(fh)
+    qc = out["quantization_config"]
+    assert qc["quant_method"] == "unweight" and qc["source_quantization_config"] == FP8_CONFIG
+    assert qc["source_quantization_config_in"] == "text_config"
+    assert out["text_config"]["quantization_config"] == FP8_CONFIG
+    api.decompress(comp, back, progress=False)
+    with open(os.path.join(back, "config.json")) as fh:
+        assert json.load(fh) == c

@@ -255,10 +255,17 @@ def compress(src, dst, *, encoding: str = "huffman", jobs: int | None = None,
         quant = {"quant_method": C.QUANT_METHOD, "format_version": C.FORMAT_VERSION, "encoding": encoding,
                  "encoded_dtype": "bfloat16", "tool_version": __version__}
         out_cfg = dict(cfg or {})
+        text = out_cfg.get("text_config")
         if out_cfg.get("quantization_config"):
-            # A model quantized by another method (fp8 block scales, ...): its tensors are stored
-            # as they are (only BF16 is encoded) and decompress puts its config back.
+            # A model quantized by another method (fp8 block scales, int4 experts, ...): its
+            # tensors are stored as they are (only BF16 is encoded) and decompress puts its
+            # config back; runtimes hand that method its own tensors (FORMAT.md, "Checkpoint container").
             quant["source_quantization_config"] = out_cfg["quantization_config"]
+        elif isinstance(text, dict) and text.get("quantization_config"):
+            # (a multimodal model may keep it under its language model's config, where it stays:
+            # readers such as vLLM take the top-level block first)
+            quant["source_quantization_config"] = text["quantization_config"]
+            quant["source_quantization_config_in"] = "text_config"
         out_cfg["quantization_config"] = quant
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(out_cfg, f, indent=2)
@@ -347,7 +354,7 @@ def decompress(src, dst, *, overwrite: bool = False, jobs: int | None = None,
             cfg = ck.config()
             if cfg is not None:
                 qc = cfg.pop("quantization_config", None) or {}
-                if qc.get("source_quantization_config"):
+                if qc.get("source_quantization_config") and not qc.get("source_quantization_config_in"):
                     cfg["quantization_config"] = qc["source_quantization_config"]
                 if cfg:
                     with open(os.path.join(tmp, "config.json"), "w") as f:

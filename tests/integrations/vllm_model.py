@@ -140,3 +140,78 @@ def save_spread(model, dst: str) -> None:
                 p.normal_(0.0, 0.05)
     os.makedirs(dst, exist_ok=True)
     model.save_pretrained(dst, safe_serialization=True)
+
+
+
+
+KIMI_INT4_EXPERTS = (r".*\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight",
+                     ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                      "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"])
+"""Kimi-K2.5's published split: routed experts int4, everything else (its ignore list) bf16."""
+QUANTIZED_MLP = (r".*\.mlp\.(gate|up|down)_proj\.weight", ["lm_head", "re:.*self_attn.*"])
+"""A dense model's MLP quantized, its attention, embeddings and head bf16."""
+
+
+def quantize_compressed_tensors(src: str, dst: str, split=KIMI_INT4_EXPERTS, scheme: str = "w4a16", *,
+                                group: int = 32) -> str:
+    """Copy the bf16 model in src to dst with the matrices that `split`'s pattern matches
+    quantized in compressed-tensors' format, the rest left bf16 and named by the config's ignore
+    list (`split`'s second item).  scheme "w4a16": "pack-quantized" as Kimi-K2.5's published
+    checkpoint holds its experts, symmetric int4 in groups of `group` along each row
+    (``weight_packed`` int32 [rows, cols / 8], ``weight_scale`` bf16 [rows, cols / group],
+    ``weight_shape`` int64 [2]; packed by compressed-tensors' own packer, a vLLM dependency).
+    "w8a8": "int-quantized", int8 ``weight`` [rows, cols] with a per-row F32 ``weight_scale``
+    [rows, 1] and activations quantized per token at run time.  Returns dst."""
+    import json
+    import re
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    pattern, ignore = split
+    os.makedirs(dst, exist_ok=True)
+    for f in os.listdir(src):
+        if not f.endswith(".safetensors"):
+            shutil.copy(os.path.join(src, f), os.path.join(dst, f))
+    for f in sorted(os.listdir(src)):
+        if not f.endswith(".safetensors"):
+            continue
+        out = {}
+        for name, w in load_file(os.path.join(src, f)).items():
+            if not re.fullmatch(pattern, name):
+                out[name] = w
+                continue
+            base, (rows, cols) = name[: -len(".weight")], w.shape
+            if scheme == "w8a8":
+                scale = (w.float().abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-8)
+                out[name] = torch.round(w.float() / scale).clamp(-128, 127).to(torch.int8)
+                out[f"{base}.weight_scale"] = scale
+                continue
+            from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+            g = w.float().reshape(rows, cols // group, group)
+            scale = (g.abs().amax(dim=2) / 7.0).clamp(min=1e-8).to(torch.bfloat16)
+            q = torch.round(g / scale.float().unsqueeze(2)).clamp(-8, 7).to(torch.int8).reshape(rows, cols)
+            out[f"{base}.weight_packed"] = pack_to_int32(q, 4)
+            out[f"{base}.weight_scale"] = scale
+            out[f"{base}.weight_shape"] = torch.tensor([rows, cols], dtype=torch.int64)
+        save_file(out, os.path.join(dst, f), metadata={"format": "pt"})
+    if scheme == "w8a8":
+        group_0 = {"targets": ["Linear"], "output_activations": None,
+                   "weights": {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": False,
+                               "strategy": "channel"},
+                   "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": True,
+                                         "strategy": "token"}}
+    else:
+        group_0 = {"targets": ["Linear"], "input_activations": None, "output_activations": None,
+                   "weights": {"num_bits": 4, "type": "int", "symmetric": True, "dynamic": False, "strategy": "group",
+                               "group_size": group, "actorder": None, "observer": "minmax", "observer_kwargs": {}}}
+    with open(os.path.join(dst, "config.json")) as fh:
+        cfg = json.load(fh)
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "quantization_status": "compressed",
+        "format": "int-quantized" if scheme == "w8a8" else "pack-quantized", "config_groups": {"group_0": group_0},
+        "ignore": list(ignore), "kv_cache_scheme": None}
+    with open(os.path.join(dst, "config.json"), "w") as fh:
+        json.dump(cfg, fh, indent=2)
+    return dst

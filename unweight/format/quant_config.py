@@ -42,11 +42,13 @@ def version_advice(major: int) -> str:
 
 
 def refuse_source_quantization(source_qc, where: str) -> None:
-    """Runtimes serve BF16 weights: a checkpoint of a model quantized by another method before
-    compression (``source_quantization_config``: fp8 block scales, ...) holds that method's
-    tensors as they were, which only that method's loader knows.  InputError naming the way out."""
+    """The transformers loader holds BF16 weights only: a checkpoint of a model quantized by
+    another method before compression (``source_quantization_config``: fp8 block scales, int4
+    experts, ...) holds that method's tensors as they were, which only that method's loader
+    knows (vLLM's plugin hands them to it).  InputError naming the ways out."""
     if source_qc:
         method = source_qc.get("quant_method", "?") if isinstance(source_qc, dict) else "?"
-        raise InputError(f"{where}: the model was quantized with {method!r} before compression; unweight runtimes "
-                         f"serve BF16 weights only: run `unweight decompress` and load the result, which loads "
-                         f"exactly as the original")
+        raise InputError(f"{where}: the model was quantized with {method!r} before compression; unweight's "
+                         f"transformers loader holds BF16 weights only: serve it with vLLM (its {method} layers run "
+                         f"as the original's), or run `unweight decompress` and load the result, which loads exactly "
+                         f"as the original")

@@ -105,6 +105,16 @@ def expert_names(layer, prefix: str) -> dict:
             for sid in SHARD_IDS if ckpt[sid] is not None}
 
 
+def experts_compressed(config, layer, prefix: str) -> bool:
+    """Whether the checkpoint holds any weight of the RoutedExperts layer `prefix` compressed:
+    per expert (``{prefix}.7.down_proj.weight``), or as 3-D stacks (Llama 4's gate_up_proj).
+    (Not the other bf16 tensors of a quantized model's experts, its int4 weights' group
+    scales ``{prefix}.7.down_proj.weight_scale``: they reach that method decoded.)"""
+    if any(n in config.encoded for n in expert_names(layer, prefix).values()):
+        return True
+    return any(n.startswith(prefix + ".") and meta[5] for n, meta in config.encoded.items())
+
+
 def moe_quant_method(config, layer, prefix: str):
     """The method for a RoutedExperts layer: compressed when every expert weight is stored
     encoded, None (vLLM's unquantized method) when none is; InputError otherwise."""

@@ -18,6 +18,10 @@ Layers whose weights vLLM itself handles as BF16 tensors are built unquantized a
 decoded tensors instead (UnweightConfig._read_as_bf16): MLA's kv_b_proj, whose weight its
 attention reads at load, and the tensors an architecture's loader rewrites before a layer
 sees them (Llama 4's q/k).
+A model quantized by another method before compression (``source_quantization_config``):
+layers holding no compressed tensor get the method vLLM gives them for the original
+checkpoint, built from the original's config (source_config); the config's hooks that vLLM
+calls (packed modules, name mappers, kv-cache scale names) reach it too.
 Forward: one ``unweight_vllm::linear`` / ``::embedding`` op call per layer, running the
 shared runtime dispatch (decode into the per-device scratch, then vLLM's own GEMM; a fused
 kernel where the measured policy picks one).
@@ -61,7 +65,7 @@ from ...format import constants as C
 from ...format.checkpoint import CompressedCheckpoint
 from ...format.errors import ChecksumError, FormatError, InputError
 from ...format.header import TensorHeader
-from ...format.quant_config import check_format_version, refuse_source_quantization
+from ...format.quant_config import check_format_version
 from ...runtime import dispatch, scratch
 from ...runtime.modes import check_mode, check_plane_order, sharded_mode
 from ...runtime.policy import DispatchPolicy
@@ -174,6 +178,12 @@ class UnweightConfig(QuantizationConfig):
         self.tie_word_embeddings = False
         # set by the "unweight" load format: every layer unquantized, planes decoded at load
         self.decode_at_load = False
+        # the quantization config of a model quantized before compression, as vLLM's config
+        # object and as written (source_config); None for a bf16 model
+        self.source: QuantizationConfig | None = None
+        self.source_qc: dict | None = None
+        # names of the tensors stored raw in a dense float dtype; filled by maybe_update_config
+        self.dense_raw: set[str] = set()
 
     def __repr__(self):
         return f"UnweightConfig(format_version={self.format_version}, encoding={self.encoding}, mode={self.mode})"
@@ -194,11 +204,62 @@ class UnweightConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "UnweightConfig":
-        refuse_source_quantization(config.get("source_quantization_config"), "unweight checkpoint")
-        return cls(format_version=config.get("format_version", C.FORMAT_VERSION), encoding=config.get("encoding"),
+        self = cls(format_version=config.get("format_version", C.FORMAT_VERSION), encoding=config.get("encoding"),
                    mode=os.environ.get("UNWEIGHT_MODE") or config.get("mode") or "auto",
                    plane_order=os.environ.get("UNWEIGHT_PLANE_ORDER") or config.get("plane_order") or "auto",
                    merge_siblings=_flag(os.environ.get("UNWEIGHT_MERGE_SIBLINGS"), config.get("merge_siblings")))
+        if config.get("source_quantization_config") is not None:
+            self.source_qc = config["source_quantization_config"]
+            self.source = source_config(self.source_qc)
+        return self
+
+    # ------------------------------------------------- a model quantized before compression
+
+    # A checkpoint of a model another method quantized (Kimi-K2.5's int4 experts under
+    # compressed-tensors, DeepSeek-V3's fp8 blocks) holds that method's tensors as they were and
+    # its bf16 matrices compressed.  The stored tensors decide each layer's method: compressed
+    # weights an unweight method, weights stored dense (bf16, f16, f32: dense_raw) vLLM's
+    # unquantized one, any other the method vLLM gives the layer for the original checkpoint,
+    # from the original quantization config (source_config).  Not the config alone: a model may
+    # build a tower without it (vLLM's Kimi-K2.5 builds its vision tower so, whose weights are
+    # bf16 but match the config's targets).  vLLM's hooks on the config reach both.
+
+    @property
+    def packed_modules_mapping(self) -> dict:
+        return self._packed_modules_mapping
+
+    @packed_modules_mapping.setter
+    def packed_modules_mapping(self, mapping: dict) -> None:
+        # (vLLM sets the model's mapping on the config it built; the source method needs it too)
+        self._packed_modules_mapping = mapping
+        if getattr(self, "source", None) is not None:
+            self.source.packed_modules_mapping = mapping
+
+    def apply_vllm_mapper(self, hf_to_vllm_mapper) -> None:
+        if self.source is not None:
+            self.source.apply_vllm_mapper(hf_to_vllm_mapper)
+
+    def get_cache_scale_mapper(self):
+        return self.source.get_cache_scale_mapper() if self.source is not None else super().get_cache_scale_mapper()
+
+    def get_checkpoint_weight_mapper(self):
+        return (self.source.get_checkpoint_weight_mapper() if self.source is not None
+                else super().get_checkpoint_weight_mapper())
+
+    @property
+    def _ignore_unexpected_suffixes(self):
+        return (self.source if self.source is not None else super())._ignore_unexpected_suffixes
+
+    def _source_method(self, layer: nn.Module, prefix: str):
+        """The original checkpoint's method for a layer that holds no compressed tensor."""
+        method = self.source.get_quant_method(layer, prefix)
+        rank, size = tp_info(layer)
+        if _quantizes(method):
+            report_layer(prefix, {"path": "source-quantized", "method": self.source.get_name(), "tp_rank": rank,
+                                  "tp_size": size})
+        elif isinstance(layer, (LinearBase, VocabParallelEmbedding)) and not self.decode_at_load:
+            report_layer(prefix or "embedding", {"path": "raw-bf16", "tp_rank": rank, "tp_size": size})
+        return method
 
     def maybe_update_config(self, model_name: str, hf_config=None, revision: str | None = None):
         """Read every encoded tensor's header (small ``__hdr`` planes only) from the checkpoint.
@@ -231,6 +292,7 @@ class UnweightConfig(QuantizationConfig):
             # Raw tensors (norms, biases, tensors left unencoded) reach the model through vLLM's
             # own loader, which checks nothing: their stored crc32 are checked here, once, so a
             # flipped bit stops the server at start instead of serving another model.
+            self.dense_raw = {n for n in cp.raw if cp.info(n)[0] in ("BF16", "F16", "F32")}
             check_records(cp)
             for name in cp.raw:
                 check_raw(cp, name)
@@ -238,6 +300,23 @@ class UnweightConfig(QuantizationConfig):
         finally:
             cp.close()
         log.info("unweight: %d compressed tensors in %s", len(self.encoded), path)
+        if self.source is not None:
+            self._update_source(model_name, hf_config, revision)
+
+    def _update_source(self, model_name: str, hf_config, revision) -> None:
+        """What vLLM does for the original config when it builds it: compressed-tensors is told
+        the attention head counts (weight_utils.get_quant_config: for per-head scales at TP),
+        then each method's own update hook runs."""
+        qc = self.source_qc
+        if hf_config is not None and qc.get("quant_method") == "compressed-tensors" and "config_groups" in qc:
+            text = getattr(hf_config, "text_config", None) or hf_config
+            heads = getattr(text, "num_attention_heads", None)
+            kv = getattr(text, "num_key_value_heads", None)
+            if heads is not None:
+                self.source = source_config({**qc, "total_num_heads": heads,
+                                             "total_num_kv_heads": kv if kv is not None else heads})
+                self.source.packed_modules_mapping = self.packed_modules_mapping
+        self.source.maybe_update_config(model_name, hf_config=hf_config, revision=revision)
 
     # -------------------------------------------------------------------- layer routing
 
@@ -290,39 +369,73 @@ class UnweightConfig(QuantizationConfig):
         if not self.decode_at_load:
             _refuse_lora()
         if isinstance(layer, LinearBase):
-            if self.decode_at_load:
-                return UnquantizedLinearMethod()
             parts = self._fused_parts(layer, prefix, self._parts(prefix))
             enc = [n in self.encoded for n, _ in parts]
+            if not any(enc):
+                if self.source is not None and not all(n in self.dense_raw for n, _ in parts):
+                    return self._source_method(layer, prefix)
+                if not self.decode_at_load:
+                    report_layer(prefix, {"path": "raw-bf16"})
+                return UnquantizedLinearMethod()
+            if self.decode_at_load:
+                return UnquantizedLinearMethod()
             why = [r for r in (self._read_as_bf16(n) for n, _ in parts) if r]
-            if why and any(enc):
+            if why:
                 rank, size = tp_info(layer)
                 report_layer(prefix, {"path": "decoded-to-bf16-at-load", "reason": why[0], "tp_rank": rank,
                                       "tp_size": size})
                 return UnquantizedLinearMethod()
             if all(enc):
                 return UnweightLinearMethod(self, prefix, parts)
-            if not any(enc):
-                report_layer(prefix, {"path": "raw-bf16"})
-                return UnquantizedLinearMethod()
             raw = [n for (n, _), e in zip(parts, enc) if not e]
             raise InputError(f"{prefix}: merged layer mixes compressed and raw parts ({', '.join(raw)} raw); "
                              f"serve it with --load-format unweight (decodes to bf16 at load)")
         if isinstance(layer, VocabParallelEmbedding):
-            if self.decode_at_load:
-                return None
             name = self._embedding_name(layer, prefix)
             if name is None:
-                report_layer(prefix or "embedding", {"path": "raw-bf16"})
+                if self.source is not None and f"{prefix}.weight" not in self.dense_raw:
+                    return self._source_method(layer, prefix)
+                if not self.decode_at_load:
+                    report_layer(prefix or "embedding", {"path": "raw-bf16"})
+                return None
+            if self.decode_at_load:
                 return None
             return UnweightEmbeddingMethod(self, prefix or name.rsplit(".", 1)[0], [(name, None)])
         from vllm.model_executor.layers.fused_moe import RoutedExperts
         if isinstance(layer, RoutedExperts):
+            from .moe import expert_names, experts_compressed, moe_quant_method
+            if not experts_compressed(self, layer, prefix):
+                dense = all(n in self.dense_raw for n in expert_names(layer, prefix).values())
+                if self.source is not None and not dense:
+                    return self._source_method(layer, prefix)
+                if not self.decode_at_load:
+                    report_layer(prefix, {"path": "raw-bf16"})
+                return None
             if self.decode_at_load:
                 return None  # vLLM's unquantized experts, fed decoded bf16 by the loader
-            from .moe import moe_quant_method
             return moe_quant_method(self, layer, prefix)
-        return None
+        # (attention: a source method's kv-cache scales)
+        return self.source.get_quant_method(layer, prefix) if self.source is not None else None
+
+
+def source_config(source_qc) -> QuantizationConfig:
+    """vLLM's config object for the method that quantized a model before compression, built
+    from the quantization_config the original checkpoint carried (kept by ``unweight compress``
+    as ``source_quantization_config``).  InputError for a method this vLLM does not know."""
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+    method = source_qc.get("quant_method") if isinstance(source_qc, dict) else None
+    if method == C.QUANT_METHOD or method not in QUANTIZATION_METHODS:
+        raise InputError(f"unweight checkpoint: the model was quantized with {method!r} before compression, which "
+                         f"this vLLM does not serve; run `unweight decompress` and serve the original checkpoint")
+    return get_quantization_config(method).from_config(dict(source_qc))
+
+
+def _quantizes(method) -> bool:
+    """Whether a source method computes with quantized weights (else: vLLM's bf16 one, or none)."""
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    return method is not None and not isinstance(
+        method, (UnquantizedLinearMethod, UnquantizedEmbeddingMethod, UnquantizedFusedMoEMethod))
 
 
 # ------------------------------------------------------------------------------ shared machinery
