@@ -9,8 +9,10 @@ and the compressed checkpoint in one process; greedy tokens of three prompts com
 table says per family: the architecture vLLM built, whether the tokens equal the original's,
 how many layers were held compressed and how many decoded to BF16 at load (and why: vLLM reads
 them dense, or the model's loader rewrites them), and the compressed layers' held bytes over
-their BF16 bytes.  Exit status 1 when a family's tokens differ or its load fails.  JSON goes to
-benchmarks/results/.
+their BF16 bytes.  A family quantized before compression (llama_int8_mlp: compressed-tensors'
+int8 MLP) is served beside its quantized original, and the table counts the layers run by the
+original's method.  Exit status 1 when a family's tokens differ or its load fails.  JSON goes
+to benchmarks/results/.
 """
 from __future__ import annotations
 
@@ -35,12 +37,18 @@ _DENSE = {"llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {"head_dim": 32}, "o
           "gemma3_text": {"head_dim": 32, "tie_word_embeddings": True}}
 # built by the vLLM tests' model makers (tests/integrations/vllm_model.py)
 _OTHER = ("phi3", "qwen3_moe", "mixtral", "deepseek_v3", "llama4_text")
-FAMILIES = tuple(_DENSE) + _OTHER
+# quantized by another method before compression: family -> (the bf16 family, its quantization);
+# the original served beside the compressed checkpoint is the quantized model
+_QUANTIZED = {"llama_int8_mlp": ("llama", "compressed-tensors W8A8 int8 MLP, attention bf16")}
+FAMILIES = tuple(_DENSE) + _OTHER + tuple(_QUANTIZED)
 
 
 def _make(family: str, dst: str) -> str:
     """Write the family's tiny BF16 model to dst; return dst."""
     from tests.integrations import vllm_model
+    if family in _QUANTIZED:
+        bf16 = _make(_QUANTIZED[family][0], dst + "_bf16")
+        return vllm_model.quantize_compressed_tensors(bf16, dst, vllm_model.QUANTIZED_MLP, "w8a8")
     if family == "phi3":
         return vllm_model.make_phi3(dst)
     if family in _OTHER:
@@ -54,10 +62,11 @@ def _make(family: str, dst: str) -> str:
 
 
 def _row(family: str, arch: str, base: dict, comp: dict) -> dict:
-    row = {"family": family, "architecture": arch}
+    row = {"family": family, "architecture": arch,
+           "original": _QUANTIZED[family][1] if family in _QUANTIZED else "bf16"}
     if "error" in base or "error" in comp:
-        row["error"] = comp.get("error") or f"the BF16 original: {base['error']}"
-        row["tokens_match_bf16"] = False
+        row["error"] = comp.get("error") or f"the original: {base['error']}"
+        row["tokens_match_original"] = False
         return row
     rep = comp["reports"].get(0) or comp["reports"].get("0") or {}
     comp_layers = [v for v in rep.values() if v.get("path") == "compressed"]
@@ -71,7 +80,8 @@ def _row(family: str, arch: str, base: dict, comp: dict) -> dict:
     decoded = {**layers, **{k: "its layer is built without a quantization config" for k in dec
                             if k not in layers and k.rsplit(".", 2)[0] not in near}}
     held, bf16 = sum(v["held_bytes"] for v in comp_layers), sum(v["bf16_bytes"] for v in comp_layers)
-    row.update(tokens_match_bf16=comp["tokens"] == base["tokens"], layers_compressed=len(comp_layers),
+    row.update(tokens_match_original=comp["tokens"] == base["tokens"], layers_compressed=len(comp_layers),
+               layers_source_quantized=sum(v.get("path") == "source-quantized" for v in rep.values()),
                layers_decoded_at_load=len(decoded), decoded_reasons=sorted(set(decoded.values())), decoded=decoded,
                held_over_bf16=held / bf16 if bf16 else None)
     return row
@@ -127,18 +137,18 @@ def _scan(families, work, out_path) -> int:
            "prompts": 3, "max_tokens": 8, "results": rows}
     path = out_path or bu.result_path("vllm-families", bu.machine_tag(env.get("gpu")), env["commit"] or "")
     bu.write_json(path, out)
-    sys.stdout.write(f"{'family':12s} {'architecture':34s} {'tokens':7s} {'compressed':>10s} {'decoded':>8s} "
-                     f"{'held/bf16':>9s}  decoded because\n")
+    sys.stdout.write(f"{'family':14s} {'architecture':34s} {'tokens':7s} {'compressed':>10s} {'decoded':>8s} "
+                     f"{'quantized':>9s} {'held/bf16':>9s}  decoded because\n")
     for r in rows:
         if "error" in r:
-            sys.stdout.write(f"{r['family']:12s} {r['architecture']:34s} ERROR   {r['error']}\n")
+            sys.stdout.write(f"{r['family']:14s} {r['architecture']:34s} ERROR   {r['error']}\n")
             continue
-        same = "equal" if r["tokens_match_bf16"] else "DIFFER"
-        sys.stdout.write(f"{r['family']:12s} {r['architecture']:34s} {same:7s} {r['layers_compressed']:10d} "
-                         f"{r['layers_decoded_at_load']:8d} "
+        same = "equal" if r["tokens_match_original"] else "DIFFER"
+        sys.stdout.write(f"{r['family']:14s} {r['architecture']:34s} {same:7s} {r['layers_compressed']:10d} "
+                         f"{r['layers_decoded_at_load']:8d} {r['layers_source_quantized']:9d} "
                          f"{r['held_over_bf16']:9.3f}  {'; '.join(r['decoded_reasons'])}\n")
     sys.stdout.write(f"wrote {path}\n")
-    return 0 if all(r.get("tokens_match_bf16") for r in rows) else 1
+    return 0 if all(r.get("tokens_match_original") for r in rows) else 1
 
 
 if __name__ == "__main__":
