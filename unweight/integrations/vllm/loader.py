@@ -140,14 +140,20 @@ def claimed_tensors(model: torch.nn.Module) -> dict:
     return out
 
 
-def _stored_shapes(model: torch.nn.Module) -> dict:
-    """{checkpoint name: stored shape} of the model's encoded tensors, from its unweight config."""
+def _unweight_config(model: torch.nn.Module):
+    """The UnweightConfig the model's unweight methods were built with, else None."""
     for m in model.modules():
-        qm = getattr(m, "quant_method", None)
-        cfg = getattr(qm, "config", None)
+        cfg = getattr(getattr(m, "quant_method", None), "config", None)
         if isinstance(cfg, quant.UnweightConfig):
-            return {n: (e[5], e[0], e[1]) if e[5] else (e[0], e[1]) for n, e in cfg.encoded.items()}
-    return {}
+            return cfg
+    return None
+
+
+def _stored_shapes(config) -> dict:
+    """{checkpoint name: stored shape} of the encoded tensors an unweight config lists."""
+    if config is None:
+        return {}
+    return {n: (e[5], e[0], e[1]) if e[5] else (e[0], e[1]) for n, e in config.encoded.items()}
 
 
 def stacked_tensors(model: torch.nn.Module) -> dict:
@@ -227,9 +233,11 @@ def _load_weights(self, model, model_config):
     quant.decode_layer_at_load).  Here and not in the weight stream: the model's load_weights
     lists its parameters before reading the stream."""
     if getattr(model_config, "quantization", None) == C.QUANT_METHOD:
-        for path, m in list(model.named_modules()):
-            quant.compress_embedding_at_load(model, m, path)
-        decode_rewritten(model, claimed_tensors(model), _stored_shapes(model), quant.decode_layer_at_load,
+        config = _unweight_config(model)
+        if config is not None:
+            for path, m in list(model.named_modules()):
+                quant.compress_embedding_at_load(config, model, m, path)
+        decode_rewritten(model, claimed_tensors(model), _stored_shapes(config), quant.decode_layer_at_load,
                          skip=unread_tensors(model))
     return _DEFAULT_LOAD_WEIGHTS(self, model, model_config)
 

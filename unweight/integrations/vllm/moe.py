@@ -116,15 +116,13 @@ def experts_compressed(config, layer, prefix: str) -> bool:
 
 
 def moe_quant_method(config, layer, prefix: str):
-    """The method for a RoutedExperts layer: compressed when every expert weight is stored
-    encoded, None (vLLM's unquantized method) when none is; InputError otherwise."""
+    """The method for a RoutedExperts layer some of whose weights are stored encoded
+    (experts_compressed): compressed when every expert weight is, or both of Llama 4's stacks;
+    InputError otherwise."""
     names = expert_names(layer, prefix)
     enc = [n in config.encoded for n in names.values()]
     if not any(enc):
         stacked = [n for n in config.encoded if n.startswith(prefix + ".")]
-        if not stacked:
-            report_layer(prefix, {"path": "raw-bf16"})
-            return None
         stacks = {"w13": f"{prefix}.gate_up_proj", "w2": f"{prefix}.down_proj"}
         if not all(config.encoded.get(n, [0] * 6)[5] for n in stacks.values()):
             raise InputError(f"{prefix}: experts stored as {stacked[0]} are not served compressed (Llama 4's "

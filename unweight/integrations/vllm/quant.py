@@ -250,6 +250,16 @@ class UnweightConfig(QuantizationConfig):
     def _ignore_unexpected_suffixes(self):
         return (self.source if self.source is not None else super())._ignore_unexpected_suffixes
 
+    def _uncompressed_method(self, layer: nn.Module, prefix: str, names: list, unquantized):
+        """The method of a layer none of whose weights (checkpoint `names`) is compressed: the
+        source method's, unless every weight is stored dense; else `unquantized` (vLLM's bf16
+        method, or None for vLLM's default)."""
+        if self.source is not None and not all(n in self.dense_raw for n in names):
+            return self._source_method(layer, prefix)
+        if not self.decode_at_load:
+            report_layer(prefix or "embedding", {"path": "raw-bf16"})
+        return unquantized
+
     def _source_method(self, layer: nn.Module, prefix: str):
         """The original checkpoint's method for a layer that holds no compressed tensor."""
         method = self.source.get_quant_method(layer, prefix)
@@ -372,11 +382,7 @@ class UnweightConfig(QuantizationConfig):
             parts = self._fused_parts(layer, prefix, self._parts(prefix))
             enc = [n in self.encoded for n, _ in parts]
             if not any(enc):
-                if self.source is not None and not all(n in self.dense_raw for n, _ in parts):
-                    return self._source_method(layer, prefix)
-                if not self.decode_at_load:
-                    report_layer(prefix, {"path": "raw-bf16"})
-                return UnquantizedLinearMethod()
+                return self._uncompressed_method(layer, prefix, [n for n, _ in parts], UnquantizedLinearMethod())
             if self.decode_at_load:
                 return UnquantizedLinearMethod()
             why = [r for r in (self._read_as_bf16(n) for n, _ in parts) if r]
@@ -393,11 +399,7 @@ class UnweightConfig(QuantizationConfig):
         if isinstance(layer, VocabParallelEmbedding):
             name = self._embedding_name(layer, prefix)
             if name is None:
-                if self.source is not None and f"{prefix}.weight" not in self.dense_raw:
-                    return self._source_method(layer, prefix)
-                if not self.decode_at_load:
-                    report_layer(prefix or "embedding", {"path": "raw-bf16"})
-                return None
+                return self._uncompressed_method(layer, prefix, [f"{prefix}.weight"], None)
             if self.decode_at_load:
                 return None
             return UnweightEmbeddingMethod(self, prefix or name.rsplit(".", 1)[0], [(name, None)])
@@ -405,12 +407,7 @@ class UnweightConfig(QuantizationConfig):
         if isinstance(layer, RoutedExperts):
             from .moe import expert_names, experts_compressed, moe_quant_method
             if not experts_compressed(self, layer, prefix):
-                dense = all(n in self.dense_raw for n in expert_names(layer, prefix).values())
-                if self.source is not None and not dense:
-                    return self._source_method(layer, prefix)
-                if not self.decode_at_load:
-                    report_layer(prefix, {"path": "raw-bf16"})
-                return None
+                return self._uncompressed_method(layer, prefix, list(expert_names(layer, prefix).values()), None)
             if self.decode_at_load:
                 return None  # vLLM's unquantized experts, fed decoded bf16 by the loader
             return moe_quant_method(self, layer, prefix)
@@ -741,7 +738,7 @@ def decode_layer_at_load(layer: nn.Module, reason: str) -> bool:
     return True
 
 
-def compress_embedding_at_load(model: nn.Module, layer: nn.Module, path: str) -> str | None:
+def compress_embedding_at_load(config: UnweightConfig, model: nn.Module, layer: nn.Module, path: str) -> str | None:
     """Hold compressed an embedding or output head that vLLM built without a quantization config
     (Gemma 2's input embedding, StableLM's and Mixtral's), whose weights have not been read yet
     and whose checkpoint tensor is encoded: its BF16 weight removed and the unweight method's
@@ -751,10 +748,8 @@ def compress_embedding_at_load(model: nn.Module, layer: nn.Module, path: str) ->
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
     if not isinstance(layer, VocabParallelEmbedding) or type(layer.quant_method) is not UnquantizedEmbeddingMethod:
         return None
-    config = next((m.quant_method.config for m in model.modules()
-                   if isinstance(getattr(m, "quant_method", None), _UnweightMethodBase)), None)
     weight = getattr(layer, "weight", None)
-    if config is None or config.decode_at_load or not isinstance(weight, nn.Parameter):
+    if config.decode_at_load or not isinstance(weight, nn.Parameter):
         return None
     if any(m is not layer and getattr(m, "weight", None) is weight for m in model.modules()):
         return None
