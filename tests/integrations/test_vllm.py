@@ -522,7 +522,7 @@ def test_mla_moe_compiled(mla_models):
     unweight_vllm::moe_routed (vLLM's runner, not its CPU experts kernel, runs the shared
     expert), the same tokens as the compiled BF16 model.  Inductor's bf16 rounding emulated, as
     for Llama 4: without it, on a CPU whose torch kernels are AVX2 ones, the third prompt's
-    fifth token differs (measured; on AVX-512 machines it did not)."""
+    fifth token differs."""
     m = mla_models
     cfg = {"eager": False, "max_tokens": 8, "compilation_config": _EMULATED_CASTS}
     res, _ = _run([{"model": m["bf16"], **cfg}, {"model": m["palette"], **cfg}], timeout=600)
